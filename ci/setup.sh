@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Idempotent set-up: a virtual environment in the checkout with runnercheck installed.
+# torch==2.13.0 (a CPU wheel) is installed only when no torch is importable; a GPU host
+# keeps its own CUDA torch (the venv sees system site-packages).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+py="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$py" -m venv --system-site-packages .venv
+fi
+vpy=.venv/bin/python
+stamp=.venv/.runnercheck-installed
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
+  exit 0
+fi
+if ! "$vpy" -c "import torch" >/dev/null 2>&1; then
+  "$vpy" -m pip install -q "torch==2.13.0"
+fi
+if ! "$vpy" -m pip install -q -e . >.venv/pip.log 2>&1; then cat .venv/pip.log >&2; exit 1; fi
+"$vpy" -c "import torch, triton, numpy, scipy, hypothesis, impl" 
+touch "$stamp"

@@ -1,0 +1,80 @@
+"""Suite-wide test configuration.
+
+TRITON_INTERPRET must be set before triton is imported anywhere, so this runs first: when no
+CUDA device is present, kernels run in Triton's interpreter on CPU tensors.
+"""
+from __future__ import annotations
+
+import os
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+if not _cuda_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, Verbosity, settings  # noqa: E402
+
+settings.register_profile(
+    "dev", max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "ci",
+    max_examples=20,
+    deadline=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "nightly",
+    max_examples=500,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    verbosity=Verbosity.normal,
+)
+settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        action="store",
+        default="auto",
+        choices=["auto", "cuda", "cpu", "sim"],
+        help="device kind for device-parametrised tests (auto: cuda when present, else cpu)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def device_kind(request: pytest.FixtureRequest) -> str:
+    kind = request.config.getoption("--device")
+    if kind == "auto":
+        kind = "cuda" if _cuda_available() else "cpu"
+    if kind == "cuda" and not _cuda_available():
+        pytest.skip("needs a CUDA device")
+    return kind
+
+
+@pytest.fixture
+def device(device_kind: str):
+    from impl.device import Device
+
+    return Device(device_kind, seed=0)

@@ -1,0 +1,425 @@
+"""The device layer: every piece of a step's device work is enqueued through one `Device`.
+
+Kinds
+-----
+``cuda``  ``enqueue(fn)`` runs ``fn`` now under the runner's one stream; ``fn`` only *launches*
+          work (kernels, async copies), so it returns before the GPU has done anything.
+``cpu``   ``enqueue(fn)`` runs ``fn`` now on CPU tensors (Triton kernels interpreted).  Work is done
+          when ``enqueue`` returns: good for fast, exact unit tests, blind to races.
+``sim``   ``enqueue(fn)`` appends ``fn`` to a queue.  A seeded `LagPolicy` decides when queued work
+          runs -- never later than an event the host waits on.  This reproduces what a real GPU
+          does to a careless host: a pinned staging buffer rewritten before the queued copy ran is
+          copied with its *new* contents; a host read of a device tensor sees stale data.  Because
+          the policy is seeded, every interleaving is replayable.
+
+Ownership
+---------
+The `Device` owns the stream (cuda) or the work queue (sim) and the events it hands out.  It does
+not own the tensors it allocates: their owners (state table, buffers, input batch) hold them.  It
+*registers* every device allocation and pinned host allocation by storage pointer, so detectors
+can tell "device memory" from host memory even when both are CPU tensors
+(`is_device_memory`, `is_pinned_memory`).
+
+Host-wait hooks
+---------------
+Every host wait on device work (`DeviceEvent.synchronize`, `Device.synchronize`) first calls the
+functions in `HOST_WAIT_HOOKS` with a short description.  The sync detector (``checks/sync.py``)
+installs one; `impl` itself never imports a checker.
+"""
+from __future__ import annotations
+
+import os
+import random
+import threading
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+DEVICE_KINDS = ("cuda", "cpu", "sim")
+LAG_POLICIES = ("run-immediately", "lag-k-steps", "random-drain")
+
+HOST_WAIT_HOOKS: list[Callable[[str], None]] = []
+
+
+class DeviceError(RuntimeError):
+    """Misuse of the device layer (unknown kind, CUDA asked for without a GPU, bad policy)."""
+
+
+# --------------------------------------------------------------------------- registries
+
+_registry_lock = threading.Lock()
+_device_storages: dict[int, weakref.ref] = {}
+_pinned_storages: dict[int, weakref.ref] = {}
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _register(table: dict[int, weakref.ref], t: torch.Tensor) -> None:
+    ptr = _storage_ptr(t)
+    if ptr == 0:  # zero-size tensors have no storage to tell apart
+        return
+    with _registry_lock:
+        table[ptr] = weakref.ref(t)
+
+
+def _registered(table: dict[int, weakref.ref], t: torch.Tensor) -> bool:
+    ref = table.get(_storage_ptr(t))
+    return ref is not None and ref() is not None
+
+
+def is_device_memory(t: object) -> bool:
+    """True for CUDA tensors and for CPU tensors allocated through a cpu/sim `Device`."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    if t.is_cuda:
+        return True
+    return _registered(_device_storages, t)
+
+
+def is_pinned_memory(t: object) -> bool:
+    """True for page-locked host tensors (or their cpu/sim stand-ins allocated by `Device.pinned`)."""
+    if not isinstance(t, torch.Tensor) or t.is_cuda:
+        return False
+    return _registered(_pinned_storages, t) or (torch.cuda.is_available() and t.is_pinned())
+
+
+def _call_host_wait_hooks(what: str) -> None:
+    for hook in list(HOST_WAIT_HOOKS):
+        hook(what)
+
+
+# --------------------------------------------------------------------------- lag policies
+
+
+class LagPolicy:
+    """Decides when a sim device's queued work runs.  Subclasses override the ``on_*`` hooks."""
+
+    name = "base"
+
+    def on_enqueue(self, dev: "Device") -> None:
+        pass
+
+    def on_step_boundary(self, dev: "Device") -> None:
+        pass
+
+    def on_query(self, dev: "Device") -> None:
+        pass
+
+    def describe(self) -> dict:
+        return {"name": self.name}
+
+
+class RunImmediately(LagPolicy):
+    """The GPU keeps up: queued work runs as soon as it is enqueued."""
+
+    name = "run-immediately"
+
+    def on_enqueue(self, dev: "Device") -> None:
+        dev._run_pending(len(dev._queue))
+
+
+class LagKSteps(LagPolicy):
+    """The GPU lags by k steps: work enqueued in step s runs when step s + k + 1 begins.
+
+    So while the host prepares steps s+1 .. s+k, step s's work is still pending (k = 0: the
+    work runs as soon as it is enqueued)."""
+
+    name = "lag-k-steps"
+
+    def __init__(self, k: int = 2):
+        if k < 0:
+            raise DeviceError(f"lag-k-steps needs k >= 0, got {k}")
+        self.k = k
+
+    def on_enqueue(self, dev: "Device") -> None:
+        if self.k == 0:
+            dev._run_pending(len(dev._queue))
+
+    def on_step_boundary(self, dev: "Device") -> None:
+        cutoff = dev.step_index - self.k - 1
+        n = 0
+        for item in dev._queue:
+            if item.step_index > cutoff:
+                break
+            n += 1
+        dev._run_pending(n)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "k": self.k}
+
+
+class RandomDrain(LagPolicy):
+    """At every enqueue, query and step boundary, a seeded random number of the oldest items run."""
+
+    name = "random-drain"
+
+    def __init__(self, seed: int = 0, p_stall: float = 0.5):
+        self.seed = seed
+        self.p_stall = p_stall
+        self.rng = random.Random(seed)
+
+    def _drain_some(self, dev: "Device") -> None:
+        pending = len(dev._queue)
+        if pending == 0 or self.rng.random() < self.p_stall:
+            return
+        dev._run_pending(self.rng.randint(1, pending))
+
+    on_enqueue = _drain_some
+    on_query = _drain_some
+    on_step_boundary = _drain_some
+
+    def describe(self) -> dict:
+        return {"name": self.name, "seed": self.seed, "p_stall": self.p_stall}
+
+
+def make_lag_policy(spec: str | LagPolicy | dict, seed: int = 0) -> LagPolicy:
+    """``"run-immediately"``, ``"lag-k-steps"`` / ``"lag-3-steps"``, ``"random-drain"``, or a describe() dict."""
+    if isinstance(spec, LagPolicy):
+        return spec
+    if isinstance(spec, dict):
+        name = spec.get("name")
+        if name == "run-immediately":
+            return RunImmediately()
+        if name == "lag-k-steps":
+            return LagKSteps(int(spec.get("k", 2)))
+        if name == "random-drain":
+            return RandomDrain(int(spec.get("seed", seed)), float(spec.get("p_stall", 0.5)))
+        raise DeviceError(f"unknown lag policy {spec!r}; known: {LAG_POLICIES}")
+    if spec == "run-immediately":
+        return RunImmediately()
+    if spec == "random-drain":
+        return RandomDrain(seed)
+    if spec == "lag-k-steps":
+        return LagKSteps(2)
+    if isinstance(spec, str) and spec.startswith("lag-") and spec.endswith("-steps"):
+        try:
+            return LagKSteps(int(spec[4:-6]))
+        except ValueError:
+            pass
+    raise DeviceError(f"unknown lag policy {spec!r}; known: {LAG_POLICIES} (or lag-K-steps)")
+
+
+# --------------------------------------------------------------------------- events
+
+
+class DeviceEvent:
+    """A marker in the device's work order.  ``query`` never blocks; ``synchronize`` is a host wait."""
+
+    def __init__(self, dev: "Device"):
+        self._dev = dev
+        self._cuda_event: torch.cuda.Event | None = None
+        self._seq = -1
+        self.recorded = False
+
+    def record(self) -> "DeviceEvent":
+        dev = self._dev
+        if dev.kind == "cuda":
+            self._cuda_event = torch.cuda.Event()
+            self._cuda_event.record(dev.stream)
+        elif dev.kind == "sim":
+            self._seq = dev._next_seq - 1
+        self.recorded = True
+        return self
+
+    def query(self) -> bool:
+        dev = self._dev
+        if not self.recorded:
+            raise DeviceError("query() on an event that was never recorded")
+        if dev.kind == "cuda":
+            return self._cuda_event.query()
+        if dev.kind == "sim":
+            dev.policy.on_query(dev)
+            return dev._done_seq >= self._seq
+        return True
+
+    def synchronize(self) -> None:
+        dev = self._dev
+        if not self.recorded:
+            raise DeviceError("synchronize() on an event that was never recorded")
+        _call_host_wait_hooks("DeviceEvent.synchronize")
+        if dev.kind == "cuda":
+            self._cuda_event.synchronize()
+        elif dev.kind == "sim":
+            dev._run_through(self._seq)
+
+
+@dataclass
+class _QueuedWork:
+    seq: int
+    step_index: int
+    fn: Callable[[], None]
+    label: str
+
+
+# --------------------------------------------------------------------------- device
+
+
+class Device:
+    """One device and its single always-enqueueing stream (or sim queue).  See the module docstring."""
+
+    def __init__(self, kind: str = "auto", *, seed: int = 0, lag_policy: str | LagPolicy | dict = "random-drain", cuda_index: int = 0):
+        if kind == "auto":
+            kind = "cuda" if torch.cuda.is_available() else "sim"
+        if kind not in DEVICE_KINDS:
+            raise DeviceError(f"unknown device kind {kind!r}; expected one of {DEVICE_KINDS} or 'auto'")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise DeviceError("device kind 'cuda' asked for, but torch sees no CUDA device")
+        self.kind = kind
+        self.seed = seed
+        self.step_index = 0
+        self.num_enqueued = 0
+        if kind == "cuda":
+            self.torch_device = torch.device("cuda", cuda_index)
+            self.stream = torch.cuda.Stream(device=self.torch_device)
+        else:
+            self.torch_device = torch.device("cpu")
+            self.stream = None
+        self._queue: deque[_QueuedWork] = deque()
+        self._next_seq = 0
+        self._done_seq = -1
+        self._running = False
+        self.policy: LagPolicy = make_lag_policy(lag_policy, seed) if kind == "sim" else RunImmediately()
+        self.trace: list[str] | None = None  # sim: labels in the order they ran, when enabled
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def is_cuda(self) -> bool:
+        return self.kind == "cuda"
+
+    @property
+    def triton_interpreted(self) -> bool:
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "seed": self.seed, "policy": self.policy.describe() if self.kind == "sim" else None}
+
+    # ---------------------------------------------------------------- allocation
+    def empty(self, shape: Sequence[int] | int, dtype: torch.dtype) -> torch.Tensor:
+        """Device memory (registered so detectors know it is device data)."""
+        t = torch.empty(shape, dtype=dtype, device=self.torch_device)
+        if self.kind != "cuda":
+            _register(_device_storages, t)
+        return t
+
+    def zeros(self, shape: Sequence[int] | int, dtype: torch.dtype) -> torch.Tensor:
+        t = self.empty(shape, dtype)
+        t.zero_()
+        return t
+
+    def full(self, shape: Sequence[int] | int, value: float | int, dtype: torch.dtype) -> torch.Tensor:
+        t = self.empty(shape, dtype)
+        t.fill_(value)
+        return t
+
+    def to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A registered device copy of a host tensor (init-time only: it may block on cuda)."""
+        out = self.empty(tuple(t.shape), t.dtype)
+        out.copy_(t)
+        return out
+
+    def pinned(self, shape: Sequence[int] | int, dtype: torch.dtype) -> torch.Tensor:
+        """Page-locked host memory (a registered plain CPU tensor on cpu/sim)."""
+        if self.kind == "cuda":
+            return torch.empty(shape, dtype=dtype, pin_memory=True)
+        t = torch.empty(shape, dtype=dtype)
+        _register(_pinned_storages, t)
+        return t
+
+    def is_device_tensor(self, t: torch.Tensor) -> bool:
+        return is_device_memory(t)
+
+    # ---------------------------------------------------------------- work
+    def enqueue(self, fn: Callable[[], None], label: str = "") -> None:
+        """Hand device work to the stream/queue.  Returns without waiting for it on cuda and sim."""
+        self.num_enqueued += 1
+        if self.kind == "cuda":
+            with torch.cuda.stream(self.stream):
+                fn()
+            return
+        if self.kind == "cpu":
+            fn()
+            return
+        if self._running:
+            # Work enqueued from inside running work keeps stream order: run it right away.
+            fn()
+            return
+        self._queue.append(_QueuedWork(self._next_seq, self.step_index, fn, label))
+        self._next_seq += 1
+        self.policy.on_enqueue(self)
+
+    def record_event(self) -> DeviceEvent:
+        return DeviceEvent(self).record()
+
+    def begin_step(self) -> None:
+        """Mark a step boundary (lag policies measure lag in steps)."""
+        self.step_index += 1
+        if self.kind == "sim":
+            self.policy.on_step_boundary(self)
+
+    def inject_delay(self, microseconds: float) -> None:
+        """Make the device lag the host: on cuda a spin kernel on the stream; a no-op elsewhere."""
+        if self.kind != "cuda" or microseconds <= 0:
+            return
+        cycles = int(microseconds * _clock_mhz(self.torch_device))
+        self.enqueue(lambda: torch.cuda._sleep(cycles), "delay")
+
+    def synchronize(self) -> None:
+        """Wait for all enqueued work (a host wait: never in the hot path)."""
+        _call_host_wait_hooks("Device.synchronize")
+        if self.kind == "cuda":
+            self.stream.synchronize()
+        elif self.kind == "sim":
+            self._run_pending(len(self._queue))
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._queue)
+
+    def set_lag_policy(self, policy: str | LagPolicy | dict) -> None:
+        if self.kind != "sim":
+            raise DeviceError(f"lag policies apply to the sim device, not {self.kind!r}")
+        self.policy = make_lag_policy(policy, self.seed)
+
+    # ---------------------------------------------------------------- sim internals
+    def _run_pending(self, n: int) -> None:
+        for _ in range(min(n, len(self._queue))):
+            item = self._queue.popleft()
+            self._running = True
+            try:
+                item.fn()
+            finally:
+                self._running = False
+            self._done_seq = item.seq
+            if self.trace is not None:
+                self.trace.append(item.label)
+
+    def _run_through(self, seq: int) -> None:
+        n = 0
+        for item in self._queue:
+            if item.seq > seq:
+                break
+            n += 1
+        self._run_pending(n)
+
+
+_CLOCK_MHZ: dict[int, float] = {}
+
+
+def _clock_mhz(dev: torch.device) -> float:
+    idx = dev.index or 0
+    if idx not in _CLOCK_MHZ:
+        try:
+            rate = torch.cuda.get_device_properties(idx).clock_rate  # kHz
+            _CLOCK_MHZ[idx] = rate / 1000.0 if rate else 1980.0
+        except (AttributeError, RuntimeError):
+            _CLOCK_MHZ[idx] = 1980.0
+    return _CLOCK_MHZ[idx]
+
+
+def triton_interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"

@@ -1,0 +1,410 @@
+"""The scheduler <-> runner contract, shared by the runner (`impl`) and the oracle (`reference`).
+
+This module imports nothing else from `impl`: the oracle may import it.
+
+One step of the contract
+------------------------
+The scheduler sends a `SchedulerOutput`; the runner answers (asynchronously) with a
+`ModelRunnerOutput`.  For every scheduled request the step computes the tokens at positions
+``[num_computed, num_computed + n)`` of that request's prefill/sequence, where ``n`` is its entry in
+`SchedulerOutput.num_scheduled_tokens` and ``num_computed`` is the request's computed-token count
+*before* the step (for a new request: 0; for a cached request: `CachedRequest.num_computed_tokens`).
+A request *samples* in a step when the scheduled tokens reach the end of everything the runner
+knows about it (its whole prefill, or for a decode the last sampled token).  A partial prefill chunk
+samples nothing (its `sampled_token_ids` entry is empty).
+
+Draft tokens (speculative decoding): ``draft_token_ids[req]`` lists k draft tokens appended after
+the request's last known token; ``n`` then counts them (``n = 1 + k`` for a decode).  The runner
+samples one target token at each of the k+1 positions with the position-keyed noise, accepts
+drafts while they equal the target's token, and returns the accepted drafts plus the first
+target token that disagreed (or the bonus token).  Because noise is keyed by position, the output
+equals that of a run without drafts.
+
+Seeds: a request whose `SamplingParams.seed` is None samples with `effective_seed(...)`, derived
+from the runner's base seed and the request id, so every run is replayable and the oracle
+(given the same base seed) samples the same tokens.  The seed used is reported in
+`ModelRunnerOutput.seeds`.
+
+Errors: `validate_scheduler_output` raises a subclass of `SchedulerOutputError` naming the request
+and field; a runner calls it before changing any state (all-or-nothing).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence, runtime_checkable
+
+MAX_SEED = 2**63 - 1
+DEFAULT_MAX_LOGPROBS = 20
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class SchedulerOutputError(ValueError):
+    """A bad `SchedulerOutput` (or request) rejected at the runner's boundary.
+
+    ``req_id`` and ``field`` name what was wrong; no runner state was changed.
+    """
+
+    def __init__(self, message: str, *, req_id: str | None = None, field: str | None = None):
+        where = []
+        if req_id is not None:
+            where.append(f"request {req_id!r}")
+        if field is not None:
+            where.append(f"field {field!r}")
+        prefix = f"[{', '.join(where)}] " if where else ""
+        super().__init__(prefix + message)
+        self.req_id = req_id
+        self.field = field
+
+
+class UnknownRequestError(SchedulerOutputError):
+    """A cached/finished/preempted/scheduled id the runner does not hold."""
+
+
+class DuplicateRequestError(SchedulerOutputError):
+    """A new request whose id is already live, or an id listed twice in one step."""
+
+
+class TokenOutOfVocabError(SchedulerOutputError):
+    """A prompt, output, draft or stop token id outside ``[0, vocab_size)``."""
+
+
+class ScheduledTokensError(SchedulerOutputError):
+    """Negative, zero, over-budget or beyond-the-known-tokens scheduled counts."""
+
+
+class MaxModelLenError(SchedulerOutputError):
+    """A sequence that would grow beyond ``max_model_len``."""
+
+
+class BlockIdError(SchedulerOutputError):
+    """A KV block id out of range, or too few blocks for the scheduled tokens."""
+
+
+class SamplingParamsError(SchedulerOutputError):
+    """A sampling parameter outside its domain (temperature < 0 or NaN, top_p outside (0, 1], ...)."""
+
+
+class LogprobsLimitError(SchedulerOutputError):
+    """More (prompt) logprobs asked for than the runner's ``max_logprobs``."""
+
+
+class FinishedAndScheduledError(SchedulerOutputError):
+    """A request listed as finished or preempted and also scheduled or cached in the same step."""
+
+
+class CapacityError(SchedulerOutputError):
+    """More live requests than ``max_num_reqs`` rows."""
+
+
+# --------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling parameters.
+
+    ``top_k = -1`` and ``top_p = 1.0`` and ``min_p = 0.0`` mean "off"; ``temperature = 0`` is
+    greedy.  ``logprobs`` / ``prompt_logprobs``: number of top logprobs to return, None for none
+    (0 returns only the sampled / actual token's logprob and rank).
+    """
+
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    seed: int | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] = ()
+
+    def validate(self, vocab_size: int, max_logprobs: int, req_id: str | None = None) -> None:
+        def bad(cls: type[SchedulerOutputError], name: str, why: str) -> SchedulerOutputError:
+            return cls(f"{name}={getattr(self, name)!r}: {why}", req_id=req_id, field=name)
+
+        t = self.temperature
+        if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
+            raise bad(SamplingParamsError, "temperature", "must be a finite number >= 0")
+        if not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
+            raise bad(SamplingParamsError, "top_k", "must be -1 (off) or >= 1")
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise bad(SamplingParamsError, "top_p", "must lie in (0, 1]")
+        if not (isinstance(self.min_p, (int, float)) and 0.0 <= self.min_p <= 1.0):
+            raise bad(SamplingParamsError, "min_p", "must lie in [0, 1]")
+        rp = self.repetition_penalty
+        if not (isinstance(rp, (int, float)) and math.isfinite(rp) and rp > 0):
+            raise bad(SamplingParamsError, "repetition_penalty", "must be a finite number > 0")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and -2.0 <= v <= 2.0):
+                raise bad(SamplingParamsError, name, "must lie in [-2, 2]")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED):
+            raise bad(SamplingParamsError, "seed", f"must be an int in [0, {MAX_SEED}]")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if not isinstance(v, int) or v < 0:
+                raise bad(SamplingParamsError, name, "must be None or an int >= 0")
+            if v > max_logprobs:
+                raise bad(LogprobsLimitError, name, f"at most {max_logprobs} allowed")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise bad(SamplingParamsError, "max_tokens", "must be an int >= 1")
+        for tok in self.stop_token_ids:
+            if not isinstance(tok, int) or not 0 <= tok < vocab_size:
+                raise bad(TokenOutOfVocabError, "stop_token_ids", f"token {tok!r} outside [0, {vocab_size})")
+
+
+@dataclass(frozen=True)
+class NewRequest:
+    """A request entering the runner: admitted for the first time, or resumed after preemption.
+
+    For a resumed request ``output_token_ids`` holds every token it produced before preemption;
+    its prefill is ``prompt_token_ids + output_token_ids`` (the prompt alone counts as the prompt
+    for penalties and prompt logprobs).
+    """
+
+    req_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling_params: SamplingParams
+    block_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...] = ()
+
+    @property
+    def prefill_token_ids(self) -> tuple[int, ...]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def is_resumed(self) -> bool:
+        return len(self.output_token_ids) > 0
+
+
+@dataclass(frozen=True)
+class CachedRequest:
+    """A request already in the runner: blocks appended this step, and its computed count.
+
+    ``num_computed_tokens`` is the scheduler's count of tokens already scheduled before this step
+    (with async scheduling it includes tokens whose outputs have not arrived yet).
+    """
+
+    req_id: str
+    new_block_ids: tuple[int, ...]
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step's schedule.  Batch order is the order of ``num_scheduled_tokens``."""
+
+    step_id: int
+    new_requests: tuple[NewRequest, ...] = ()
+    cached_requests: tuple[CachedRequest, ...] = ()
+    num_scheduled_tokens: Mapping[str, int] = field(default_factory=dict)
+    finished_req_ids: frozenset[str] = frozenset()
+    preempted_req_ids: frozenset[str] = frozenset()
+    draft_token_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Logprobs of one position, from the raw model logits (log-softmax before any processing).
+
+    ``token_id`` is the sampled token (or, for prompt logprobs, the actual next prompt token);
+    ``rank`` is 1 + the number of tokens with a strictly larger logit.
+    """
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_token_ids: tuple[int, ...]
+    top_logprobs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """One step's result, in batch order.
+
+    ``sampled_token_ids[i]`` is empty for a partial prefill chunk; for drafts it holds the accepted
+    drafts plus one target token.  ``logprobs[i]`` has one entry per sampled token (None when the
+    request asked for none).  ``prompt_logprobs[req_id]`` covers the prompt positions computed this
+    step whose next token is a prompt token.  ``nan_flags[i]`` is True when any of the request's
+    logit rows held a NaN (the token is then chosen by the NaN rule of the sampler).
+    """
+
+    step_id: int
+    req_ids: tuple[str, ...]
+    sampled_token_ids: tuple[tuple[int, ...], ...]
+    logprobs: tuple[tuple[TokenLogprobs, ...] | None, ...] = ()
+    prompt_logprobs: Mapping[str, tuple[TokenLogprobs, ...]] = field(default_factory=dict)
+    nan_flags: tuple[bool, ...] = ()
+    seeds: Mapping[str, int] = field(default_factory=dict)
+
+    def token_dict(self) -> dict[str, tuple[int, ...]]:
+        return dict(zip(self.req_ids, self.sampled_token_ids))
+
+
+# --------------------------------------------------------------------------- runner protocol
+
+
+@runtime_checkable
+class AsyncOutput(Protocol):
+    def get(self) -> ModelRunnerOutput:
+        """Wait for the step's device work (the one allowed wait) and return its output."""
+        ...
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Anything the differential machine and `runnercheck stress` can drive against the oracle."""
+
+    def execute_model(self, sched: SchedulerOutput) -> AsyncOutput: ...
+
+
+@dataclass(frozen=True)
+class RunnerLimits:
+    """What the boundary checks against; shared by the runner and the oracle."""
+
+    vocab_size: int
+    max_num_reqs: int
+    max_model_len: int
+    max_num_batched_tokens: int
+    num_kv_blocks: int
+    block_size: int
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS
+    max_num_draft_tokens: int = 4
+
+
+@dataclass
+class LiveRequest:
+    """The host's mirror of one live request, as the boundary check needs it."""
+
+    num_tokens: int  # prefill + outputs known so far (upper bound of what the device will hold)
+    num_computed_upper: int  # tokens scheduled so far (upper bound of device num_computed)
+    num_blocks: int
+
+
+def effective_seed(params: SamplingParams, req_id: str, base_seed: int) -> int:
+    """The seed a request samples with: its own, or one derived from (base seed, request id)."""
+    if params.seed is not None:
+        return params.seed
+    digest = hashlib.blake2b(f"{base_seed}:{req_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & MAX_SEED
+
+
+def _check_tokens(tokens: Sequence[int], vocab_size: int, req_id: str, name: str) -> None:
+    for tok in tokens:
+        if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
+            raise TokenOutOfVocabError(
+                f"token {tok!r} outside [0, {vocab_size})", req_id=req_id, field=name
+            )
+
+
+def validate_scheduler_output(
+    sched: SchedulerOutput, live: Mapping[str, LiveRequest], limits: RunnerLimits
+) -> None:
+    """Raise a `SchedulerOutputError` subclass if `sched` is not a valid next step.
+
+    Pure: reads ``live`` (the host mirror before the step) and changes nothing.
+    """
+    if not isinstance(sched, SchedulerOutput):
+        raise SchedulerOutputError(f"expected SchedulerOutput, got {type(sched).__name__}")
+    gone = set()
+    for name, ids in (("finished_req_ids", sched.finished_req_ids), ("preempted_req_ids", sched.preempted_req_ids)):
+        for rid in ids:
+            if rid not in live:
+                raise UnknownRequestError("not a live request", req_id=rid, field=name)
+            if rid in gone:
+                raise DuplicateRequestError("both finished and preempted", req_id=rid, field=name)
+            gone.add(rid)
+    after: dict[str, LiveRequest] = {k: v for k, v in live.items() if k not in gone}
+
+    seen_new: set[str] = set()
+    for req in sched.new_requests:
+        rid = req.req_id
+        if not isinstance(rid, str) or not rid:
+            raise SchedulerOutputError("request id must be a non-empty string", req_id=str(rid), field="req_id")
+        if rid in after or rid in seen_new:
+            raise DuplicateRequestError("request id already live", req_id=rid, field="req_id")
+        if rid in gone:
+            raise FinishedAndScheduledError("finished/preempted and re-added in one step", req_id=rid, field="req_id")
+        seen_new.add(rid)
+        if len(req.prompt_token_ids) == 0:
+            raise ScheduledTokensError("empty prompt", req_id=rid, field="prompt_token_ids")
+        _check_tokens(req.prompt_token_ids, limits.vocab_size, rid, "prompt_token_ids")
+        _check_tokens(req.output_token_ids, limits.vocab_size, rid, "output_token_ids")
+        req.sampling_params.validate(limits.vocab_size, limits.max_logprobs, rid)
+        n = len(req.prefill_token_ids)
+        if n > limits.max_model_len:
+            raise MaxModelLenError(f"prefill of {n} tokens > max_model_len {limits.max_model_len}", req_id=rid, field="prompt_token_ids")
+        for b in req.block_ids:
+            if not isinstance(b, int) or not 0 <= b < limits.num_kv_blocks:
+                raise BlockIdError(f"block id {b!r} outside [0, {limits.num_kv_blocks})", req_id=rid, field="block_ids")
+        after[rid] = LiveRequest(num_tokens=n, num_computed_upper=0, num_blocks=len(req.block_ids))
+    if len(after) > limits.max_num_reqs:
+        raise CapacityError(f"{len(after)} live requests > max_num_reqs {limits.max_num_reqs}", field="new_requests")
+
+    seen_cached: set[str] = set()
+    for c in sched.cached_requests:
+        rid = c.req_id
+        if rid in gone:
+            raise FinishedAndScheduledError("finished/preempted and cached in one step", req_id=rid, field="cached_requests")
+        if rid not in live:
+            raise UnknownRequestError("cached request is not live", req_id=rid, field="cached_requests")
+        if rid in seen_cached or rid in seen_new:
+            raise DuplicateRequestError("listed twice", req_id=rid, field="cached_requests")
+        seen_cached.add(rid)
+        for b in c.new_block_ids:
+            if not isinstance(b, int) or not 0 <= b < limits.num_kv_blocks:
+                raise BlockIdError(f"block id {b!r} outside [0, {limits.num_kv_blocks})", req_id=rid, field="new_block_ids")
+        lr = after[rid]
+        if not isinstance(c.num_computed_tokens, int) or not 0 <= c.num_computed_tokens <= lr.num_tokens:
+            raise ScheduledTokensError(
+                f"num_computed_tokens {c.num_computed_tokens!r} outside [0, {lr.num_tokens}]", req_id=rid, field="num_computed_tokens"
+            )
+        after[rid] = LiveRequest(lr.num_tokens, c.num_computed_tokens, lr.num_blocks + len(c.new_block_ids))
+
+    total = 0
+    for rid, n in sched.num_scheduled_tokens.items():
+        if rid in gone:
+            raise FinishedAndScheduledError("finished/preempted and scheduled in one step", req_id=rid, field="num_scheduled_tokens")
+        if rid not in after:
+            raise UnknownRequestError("scheduled request is not live", req_id=rid, field="num_scheduled_tokens")
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+            raise ScheduledTokensError(f"scheduled tokens {n!r} must be an int >= 1", req_id=rid, field="num_scheduled_tokens")
+        lr = after[rid]
+        drafts = tuple(sched.draft_token_ids.get(rid, ()))
+        _check_tokens(drafts, limits.vocab_size, rid, "draft_token_ids")
+        if len(drafts) > limits.max_num_draft_tokens:
+            raise ScheduledTokensError(f"{len(drafts)} drafts > {limits.max_num_draft_tokens}", req_id=rid, field="draft_token_ids")
+        start = lr.num_computed_upper
+        known = lr.num_tokens + len(drafts)
+        if start + n > known:
+            raise ScheduledTokensError(
+                f"scheduling {n} tokens from {start} runs past the {known} tokens known", req_id=rid, field="num_scheduled_tokens"
+            )
+        if drafts and start + n != known:
+            raise ScheduledTokensError("drafts need the whole remainder scheduled", req_id=rid, field="draft_token_ids")
+        if start + n > limits.max_model_len:
+            raise MaxModelLenError(f"position {start + n} > max_model_len {limits.max_model_len}", req_id=rid, field="num_scheduled_tokens")
+        needed_blocks = -(-(start + n) // limits.block_size)
+        if lr.num_blocks < needed_blocks:
+            raise BlockIdError(f"{lr.num_blocks} blocks < {needed_blocks} needed", req_id=rid, field="block_ids")
+        total += n
+    for rid in sched.draft_token_ids:
+        if rid not in sched.num_scheduled_tokens:
+            raise ScheduledTokensError("drafts for an unscheduled request", req_id=rid, field="draft_token_ids")
+    if total > limits.max_num_batched_tokens:
+        raise ScheduledTokensError(
+            f"{total} scheduled tokens > max_num_batched_tokens {limits.max_num_batched_tokens}", field="num_scheduled_tokens"
+        )

@@ -1,0 +1,1 @@
+"""The built-in decoder: config and weights (`weights`), and its paged forward."""
