@@ -43,6 +43,25 @@ LAG_POLICIES = ("run-immediately", "lag-k-steps", "random-drain")
 
 HOST_WAIT_HOOKS: list[Callable[[str], None]] = []
 
+_work_context = threading.local()
+
+
+def device_work_active() -> bool:
+    """True while this thread runs an enqueued closure (device-side work, not a host read).
+
+    On cpu/sim the "device" is the host, and Triton's interpreter converts tensors to numpy to run
+    kernels; detectors use this to tell that apart from the host reading device data.
+    """
+    return getattr(_work_context, "depth", 0) > 0
+
+
+def _run_as_device_work(fn: Callable[[], None]) -> None:
+    _work_context.depth = getattr(_work_context, "depth", 0) + 1
+    try:
+        fn()
+    finally:
+        _work_context.depth -= 1
+
 
 class DeviceError(RuntimeError):
     """Misuse of the device layer (unknown kind, CUDA asked for without a GPU, bad policy)."""
@@ -339,14 +358,14 @@ class Device:
         self.num_enqueued += 1
         if self.kind == "cuda":
             with torch.cuda.stream(self.stream):
-                fn()
+                _run_as_device_work(fn)
             return
         if self.kind == "cpu":
-            fn()
+            _run_as_device_work(fn)
             return
         if self._running:
             # Work enqueued from inside running work keeps stream order: run it right away.
-            fn()
+            _run_as_device_work(fn)
             return
         self._queue.append(_QueuedWork(self._next_seq, self.step_index, fn, label))
         self._next_seq += 1
@@ -391,7 +410,7 @@ class Device:
             item = self._queue.popleft()
             self._running = True
             try:
-                item.fn()
+                _run_as_device_work(item.fn)
             finally:
                 self._running = False
             self._done_seq = item.seq
