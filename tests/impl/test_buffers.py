@@ -1,0 +1,105 @@
+"""Staging slots and staged writes: lifetimes, later-wins, capacity rollover, races on sim."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from impl.buffers import (
+    SlotState,
+    StagedWriteTensor,
+    StagingCapacityError,
+    StagingLifetimeError,
+    StagingPool,
+    StagingWriter,
+)
+from impl.device import Device
+
+
+def _flush_all(pool: StagingPool, step: int, tensors: list[StagedWriteTensor]) -> StagingWriter:
+    writer = StagingWriter(pool, step)
+    for t in tensors:
+        t.flush(writer)
+    writer.submit()
+    for t in tensors:
+        t.enqueue_apply()
+    return writer
+
+
+@pytest.mark.parametrize("kind", ["cpu", "sim"])
+def test_staged_writes_apply_and_later_wins(kind):
+    dev = Device(kind, seed=1, lag_policy="lag-1-steps") if kind == "sim" else Device(kind)
+    pool = StagingPool(dev, num_slots=4, capacity_bytes=4096)
+    table = StagedWriteTensor(dev, (4, 8), torch.int32, "table", fill=-1)
+    table.stage(1, 2, [5, 6, 7])
+    table.stage(1, 3, [9])  # overlaps: later wins
+    table.stage(3, 0, [1, 2])
+    _flush_all(pool, 0, [table])
+    dev.synchronize()
+    expect = torch.full((4, 8), -1, dtype=torch.int32)
+    expect[1, 2:5] = torch.tensor([5, 9, 7], dtype=torch.int32)
+    expect[3, 0:2] = torch.tensor([1, 2], dtype=torch.int32)
+    assert torch.equal(table.base, expect)
+
+
+def test_slot_cycle_and_reuse_waits_for_event():
+    dev = Device("sim", lag_policy="lag-5-steps")
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=256)
+    seen: list[tuple[int, str, str]] = []
+    pool.observers.append(lambda s, old, new: seen.append((s.index, old.value, new.value)))
+    a = pool.acquire(0)
+    a.alloc(4, torch.int64)[0].fill_(1)
+    pool.submit(a)
+    b = pool.acquire(1)
+    pool.submit(b)
+    assert a.state is SlotState.IN_FLIGHT and b.state is SlotState.IN_FLIGHT
+    c = pool.acquire(2)  # none free: waits on the oldest in-flight copy
+    assert c is a and pool.num_backpressure_waits == 1
+    assert seen[:3] == [(0, "FREE", "WRITING"), (0, "WRITING", "IN_FLIGHT"), (1, "FREE", "WRITING")]
+
+
+def test_alloc_after_submit_is_a_lifetime_error():
+    dev = Device("sim")
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=256)
+    slot = pool.acquire(0)
+    pool.submit(slot)
+    with pytest.raises(StagingLifetimeError, match="slot 0"):
+        slot.alloc(1, torch.int32)
+    with pytest.raises(StagingLifetimeError):
+        pool.submit(slot)
+
+
+def test_capacity_rollover_and_oversize():
+    dev = Device("cpu")
+    pool = StagingPool(dev, num_slots=4, capacity_bytes=96)
+    t = StagedWriteTensor(dev, (2, 40), torch.int32, "wide")
+    t.stage(0, 0, list(range(10)))
+    t.stage(1, 0, list(range(10, 20)))
+    writer = _flush_all(pool, 0, [t])
+    assert writer.num_slots_used == 2  # meta (32 B) + values (80 B) do not fit one 96 B slot: rollover
+    assert t.base[0, :10].tolist() == list(range(10)) and t.base[1, :10].tolist() == list(range(10, 20))
+    w2 = StagingWriter(pool, 1)
+    with pytest.raises(StagingCapacityError):
+        w2.alloc(100, torch.int64)
+
+
+def test_bad_stage_is_rejected_and_changes_nothing():
+    dev = Device("cpu")
+    t = StagedWriteTensor(dev, (2, 4), torch.float32, "p")
+    with pytest.raises(IndexError):
+        t.stage(2, 0, [1.0])
+    with pytest.raises(IndexError):
+        t.stage(0, 3, [1.0, 2.0])
+    assert t.num_pending == 0
+
+
+def test_sim_race_when_host_rewrites_in_flight_slot():
+    """The race class: rewrite a submitted slot before its copy ran -> the device sees new bytes."""
+    dev = Device("sim", lag_policy="lag-2-steps")
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=256)
+    slot = pool.acquire(0)
+    host, devview = slot.alloc(4, torch.int32)
+    host.copy_(torch.tensor([1, 2, 3, 4], dtype=torch.int32))
+    pool.submit(slot)
+    host.fill_(0)  # a stale reference written after submit
+    dev.synchronize()
+    assert devview.tolist() == [0, 0, 0, 0]
