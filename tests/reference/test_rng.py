@@ -33,7 +33,8 @@ def _check_tables(device: str, vocab: int) -> None:
         assert torch.equal(hi[r], rhi), (s, p)
         assert torch.equal(lo[r], rlo), (s, p)
         rnoise = ref_rng.gumbel_from_bits(rhi, rlo)
-        torch.testing.assert_close(noise[r].double(), rnoise, rtol=2e-6, atol=2e-6)
+        # fp32 log on the GPU differs from float64 by a few ulps (measured on an H200: <= 4.1e-6 relative).
+        torch.testing.assert_close(noise[r].double(), rnoise, rtol=2e-5, atol=2e-5)
 
 
 def test_known_answer():
