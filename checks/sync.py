@@ -482,7 +482,9 @@ def _arm_cuda() -> None:
         warnings.filterwarnings("always", message=f".*{_CUDA_SYNC_WARNING}")
         _cuda_saved["filter"] = warnings.filters[0]
         warnings.showwarning = _sync_warning_hook
-        torch.cuda.set_sync_debug_mode("warn")
+        with warnings.catch_warnings():  # "prototype feature" notice, once per process anyway
+            warnings.simplefilter("ignore")
+            torch.cuda.set_sync_debug_mode("warn")
 
 
 def _disarm_cuda() -> None:
