@@ -1,0 +1,207 @@
+"""Seeded random churn, recorded as an operation trace that replays without the generator.
+
+Each tick, `Churn` adds requests (random prompt lengths within the limits and random
+`SamplingParams`: greedy, temperature, top-k / top-p / min-p, penalties, explicit seeds or none,
+logprobs, prompt logprobs, stop tokens), aborts random unfinished requests and force-preempts
+random running ones.  Every operation it applies is appended to ``trace`` as a JSON-able dict,
+one list per tick::
+
+    {"op": "add", "req_id": "r7", "prompt": [3, 14, ...], "params": {...SamplingParams fields...}}
+    {"op": "abort", "req_id": "r2"}
+    {"op": "preempt", "req_id": "r5"}
+
+`TraceReplay` applies a recorded trace tick by tick, so a replay depends only on the trace (not on
+this module's random code path).  Both are ``before_tick`` callbacks for `stress.driver`.
+
+Ownership: a `Churn` owns its RNG and its trace (host lists, appended to only by `__call__`).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Sequence
+
+from impl.interface import RunnerLimits, SamplingParams
+from stress.scheduler import SchedulerSim
+
+OPS = ("add", "abort", "preempt")
+
+
+class TraceError(ValueError):
+    """A malformed operation or SamplingParams dict in a trace."""
+
+
+def params_to_dict(params: SamplingParams) -> dict:
+    d = asdict(params)
+    d["stop_token_ids"] = list(params.stop_token_ids)
+    return d
+
+
+def params_from_dict(d: Any) -> SamplingParams:
+    """Inverse of `params_to_dict`; `TraceError` on unknown or missing fields or wrong types."""
+    if not isinstance(d, dict):
+        raise TraceError(f"sampling params must be an object, got {type(d).__name__}")
+    names = {f.name for f in fields(SamplingParams)}
+    unknown = set(d) - names
+    if unknown:
+        raise TraceError(f"unknown sampling params {sorted(unknown)}")
+    kwargs = dict(d)
+    stops = kwargs.get("stop_token_ids", [])
+    if not isinstance(stops, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stops):
+        raise TraceError(f"stop_token_ids must be a list of ints, got {stops!r}")
+    kwargs["stop_token_ids"] = tuple(stops)
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
+        if name in kwargs and (isinstance(kwargs[name], bool) or not isinstance(kwargs[name], (int, float))):
+            raise TraceError(f"{name} must be a number, got {kwargs[name]!r}")
+    for name in ("top_k", "max_tokens"):
+        if name in kwargs and (isinstance(kwargs[name], bool) or not isinstance(kwargs[name], int)):
+            raise TraceError(f"{name} must be an int, got {kwargs[name]!r}")
+    for name in ("seed", "logprobs", "prompt_logprobs"):
+        v = kwargs.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise TraceError(f"{name} must be an int or null, got {v!r}")
+    return SamplingParams(**kwargs)
+
+
+def validate_operation(op: Any) -> None:
+    """Shape check of one trace entry (`TraceError`); values are checked when applied."""
+    if not isinstance(op, dict):
+        raise TraceError(f"operation must be an object, got {type(op).__name__}")
+    kind = op.get("op")
+    if kind not in OPS:
+        raise TraceError(f"operation kind {kind!r} not one of {OPS}")
+    if not isinstance(op.get("req_id"), str) or not op["req_id"]:
+        raise TraceError(f"{kind} operation needs a non-empty string req_id")
+    expected = {"op", "req_id", "prompt", "params"} if kind == "add" else {"op", "req_id"}
+    if set(op) != expected:
+        raise TraceError(f"{kind} operation has fields {sorted(op)}, expected {sorted(expected)}")
+    if kind == "add":
+        prompt = op["prompt"]
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            raise TraceError(f"add {op['req_id']!r}: prompt must be a non-empty list of ints")
+        params_from_dict(op["params"])
+
+
+def apply_operation(scheduler: SchedulerSim, op: dict) -> None:
+    kind = op["op"]
+    if kind == "add":
+        scheduler.add_request(op["req_id"], op["prompt"], params_from_dict(op["params"]))
+    elif kind == "abort":
+        scheduler.abort(op["req_id"])
+    else:
+        scheduler.preempt(op["req_id"])
+
+
+@dataclass(frozen=True)
+class ChurnConfig:
+    """Rates and ranges of the random churn (per tick)."""
+
+    add_prob: float = 0.6
+    max_adds_per_tick: int = 2
+    max_unfinished: int = 12
+    abort_prob: float = 0.05
+    preempt_prob: float = 0.08
+    max_prompt_len: int = 40
+    max_new_tokens: int = 24
+    greedy_prob: float = 0.25
+    top_k_prob: float = 0.3
+    top_p_prob: float = 0.3
+    min_p_prob: float = 0.2
+    penalty_prob: float = 0.2
+    seed_prob: float = 0.5
+    logprobs_prob: float = 0.3
+    prompt_logprobs_prob: float = 0.15
+    stop_prob: float = 0.3
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Churn:
+    """Seeded operation generator; call it as ``before_tick``.  ``trace`` records what it applied."""
+
+    def __init__(self, limits: RunnerLimits, seed: int, config: ChurnConfig | None = None):
+        self.limits = limits
+        self.config = config or ChurnConfig()
+        self.rng = random.Random(seed)
+        self.trace: list[list[dict]] = []
+        self._next_id = 0
+
+    def __call__(self, tick: int, scheduler: SchedulerSim) -> None:
+        while len(self.trace) < tick:
+            self.trace.append([])
+        ops = self._operations(scheduler)
+        for op in ops:
+            apply_operation(scheduler, op)
+        self.trace.append(ops)
+
+    def _operations(self, scheduler: SchedulerSim) -> list[dict]:
+        cfg, rng = self.config, self.rng
+        ops: list[dict] = []
+        unfinished = list(scheduler.unfinished_ids)
+        if unfinished and rng.random() < cfg.abort_prob:
+            victim = rng.choice(unfinished)
+            ops.append({"op": "abort", "req_id": victim})
+            unfinished.remove(victim)
+        running = [r for r in scheduler.running_ids if r in unfinished]
+        if running and rng.random() < cfg.preempt_prob:
+            ops.append({"op": "preempt", "req_id": rng.choice(running)})
+        for _ in range(cfg.max_adds_per_tick):
+            if len(unfinished) >= cfg.max_unfinished or rng.random() >= cfg.add_prob:
+                break
+            op = self._new_request()
+            ops.append(op)
+            unfinished.append(op["req_id"])
+        return ops
+
+    def _new_request(self) -> dict:
+        cfg, rng, lim = self.config, self.rng, self.limits
+        req_id = f"r{self._next_id}"
+        self._next_id += 1
+        pool_tokens = lim.num_kv_blocks * lim.block_size
+        longest = min(lim.max_model_len, pool_tokens)
+        prompt_len = rng.randint(1, max(1, min(cfg.max_prompt_len, longest - 1)))
+        prompt = [rng.randrange(lim.vocab_size) for _ in range(prompt_len)]
+        max_tokens = rng.randint(1, max(1, min(cfg.max_new_tokens, longest - prompt_len)))
+        return {"op": "add", "req_id": req_id, "prompt": prompt, "params": params_to_dict(self._params(max_tokens))}
+
+    def _params(self, max_tokens: int) -> SamplingParams:
+        cfg, rng, lim = self.config, self.rng, self.limits
+        kw: dict[str, Any] = {"max_tokens": max_tokens}
+        kw["temperature"] = 0.0 if rng.random() < cfg.greedy_prob else round(rng.uniform(0.3, 1.5), 3)
+        if rng.random() < cfg.top_k_prob:
+            kw["top_k"] = rng.randint(1, min(64, lim.vocab_size))
+        if rng.random() < cfg.top_p_prob:
+            kw["top_p"] = round(rng.uniform(0.3, 0.99), 3)
+        if rng.random() < cfg.min_p_prob:
+            kw["min_p"] = round(rng.uniform(0.01, 0.3), 3)
+        if rng.random() < cfg.penalty_prob:
+            kw["repetition_penalty"] = round(rng.uniform(0.8, 1.5), 3)
+        if rng.random() < cfg.penalty_prob:
+            kw["frequency_penalty"] = round(rng.uniform(-1.0, 1.0), 3)
+        if rng.random() < cfg.penalty_prob:
+            kw["presence_penalty"] = round(rng.uniform(-1.0, 1.0), 3)
+        if rng.random() < cfg.seed_prob:
+            kw["seed"] = rng.randrange(2**63)
+        if rng.random() < cfg.logprobs_prob:
+            kw["logprobs"] = rng.randint(0, min(5, lim.max_logprobs))
+        if rng.random() < cfg.prompt_logprobs_prob:
+            kw["prompt_logprobs"] = rng.randint(0, min(3, lim.max_logprobs))
+        if rng.random() < cfg.stop_prob:
+            kw["stop_token_ids"] = tuple(rng.randrange(lim.vocab_size) for _ in range(rng.randint(1, 2)))
+        return SamplingParams(**kw)
+
+
+class TraceReplay:
+    """Apply a recorded trace as ``before_tick``: tick t gets ``trace[t]`` (nothing past its end)."""
+
+    def __init__(self, trace: Sequence[Sequence[dict]]):
+        for ops in trace:
+            for op in ops:
+                validate_operation(op)
+        self.trace = [list(ops) for ops in trace]
+
+    def __call__(self, tick: int, scheduler: SchedulerSim) -> None:
+        if tick < len(self.trace):
+            for op in self.trace[tick]:
+                apply_operation(scheduler, op)

@@ -1,0 +1,333 @@
+"""Runner factories: the seam through which `runnercheck stress` and the differential driver get a runner.
+
+Factory contract
+----------------
+A runner factory is any callable ::
+
+    factory(weights: ModelWeights, limits: RunnerLimits, device: impl.device.Device, base_seed: int)
+        -> impl.interface.Runner
+
+returning an object with ``execute_model(sched: SchedulerOutput) -> AsyncOutput`` whose
+``.get()`` returns the step's `ModelRunnerOutput`.  The runner must sample requests without a
+seed with ``impl.interface.effective_seed(params, req_id, base_seed)`` so the oracle (built with
+the same base seed) samples the same tokens.  On the command line a factory is named
+``package.module:attribute`` (``--runner``); the default is ``impl.runner:make_runner``, the GPU
+runner.
+
+Factories here
+--------------
+``simple_runner``     a deliberately simple second runner: host-side, recomputes every request's
+                      whole sequence every step with a dense float32 PyTorch forward (no KV cache,
+                      no paging), and samples with a float32 Gumbel-max pipeline that follows
+                      docs/SAMPLING.md using ``reference.rng``'s bits.  It proves that the seam
+                      takes any runner, and gives the harness an fp32 runner to test against.
+``reference_runner``  the float64 oracle (`reference.runner.ReferenceRunner`) as a runner
+                      (`reference.runner.AsyncReferenceRunner`: outputs complete on return).
+"""
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from impl.interface import (
+    ModelRunnerOutput,
+    RunnerLimits,
+    SamplingParams,
+    SchedulerOutput,
+    TokenLogprobs,
+    effective_seed,
+)
+from impl.model.weights import ModelWeights
+from reference.rng import philox_64bits
+
+RunnerFactory = Callable[..., object]
+DEFAULT_RUNNER_SPEC = "impl.runner:make_runner"
+
+
+class RunnerSpecError(ValueError):
+    """A ``package.module:factory`` spec that cannot be resolved to a callable."""
+
+
+def resolve_runner_factory(spec: str) -> RunnerFactory:
+    """Import ``package.module:attribute`` and return the callable; `RunnerSpecError` otherwise."""
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise RunnerSpecError(f"runner spec {spec!r} must look like 'package.module:factory'")
+    module_name, attr = spec.split(":")
+    if not module_name or not attr:
+        raise RunnerSpecError(f"runner spec {spec!r} must look like 'package.module:factory'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise RunnerSpecError(f"cannot import {module_name!r} for runner {spec!r}: {e}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise RunnerSpecError(f"{module_name!r} has no callable {attr!r} (runner {spec!r})")
+    return factory
+
+
+class CompletedOutput:
+    """An `AsyncOutput` whose step already ran: ``get()`` returns at once."""
+
+    def __init__(self, output: ModelRunnerOutput):
+        self._output = output
+
+    def get(self) -> ModelRunnerOutput:
+        return self._output
+
+
+# --------------------------------------------------------------------------- dense fp32 model
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class DenseModel:
+    """The decoder applied to one whole sequence at a time, float32, dense causal attention.
+
+    Owns a float32 CPU copy of the weights (read-only after construction).
+    """
+
+    def __init__(self, weights: ModelWeights):
+        self.config = weights.config
+        self.weights = weights.to("cpu", torch.float32)
+        c = self.config
+        self.inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
+
+    @torch.no_grad()
+    def logits(self, token_ids: list[int]) -> torch.Tensor:
+        """``[len(token_ids), vocab]`` float32 logits; row i predicts token i + 1."""
+        c, w = self.config, self.weights
+        t = len(token_ids)
+        ids = torch.tensor(token_ids, dtype=torch.long)
+        angles = torch.arange(t, dtype=torch.float64)[:, None] * self.inv_freq[None, :]
+        cos = torch.cat((angles.cos(), angles.cos()), -1).to(torch.float32)[:, None, :]
+        sin = torch.cat((angles.sin(), angles.sin()), -1).to(torch.float32)[:, None, :]
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        group = c.num_heads // c.num_kv_heads
+        x = w.embed[ids]
+        for lw in w.layers:
+            h = _rms_norm(x, lw.input_norm, c.rms_norm_eps)
+            q, k, v = h @ lw.q_proj.T, h @ lw.k_proj.T, h @ lw.v_proj.T
+            if lw.q_bias is not None:
+                q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
+            q = q.view(t, c.num_heads, c.head_dim)
+            k = k.view(t, c.num_kv_heads, c.head_dim)
+            v = v.view(t, c.num_kv_heads, c.head_dim)
+            if lw.q_norm is not None:
+                q = _rms_norm(q, lw.q_norm, c.rms_norm_eps)
+                k = _rms_norm(k, lw.k_norm, c.rms_norm_eps)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(c.head_dim)
+            probs = scores.masked_fill(~causal, float("-inf")).softmax(-1)
+            attn = torch.einsum("hqk,khd->qhd", probs, v).reshape(t, c.num_heads * c.head_dim)
+            x = x + attn @ lw.o_proj.T
+            h = _rms_norm(x, lw.post_attn_norm, c.rms_norm_eps)
+            x = x + (F.silu(h @ lw.gate_proj.T) * (h @ lw.up_proj.T)) @ lw.down_proj.T
+        return _rms_norm(x, w.final_norm, c.rms_norm_eps) @ w.lm_head.T
+
+
+# --------------------------------------------------------------------------- fp32 sampler
+
+
+def gumbel_noise_fp32(seed: int, position: int, vocab_size: int) -> torch.Tensor:
+    """The RNG spec's noise computed in float32 from the exact 64 bits (what the kernels do)."""
+    hi, lo = philox_64bits(seed, position, torch.arange(vocab_size, dtype=torch.int64))
+    u = hi.to(torch.float32) * 2.0**-32 + (lo.to(torch.float32) + 0.5) * 2.0**-64
+    u = torch.clamp(u, max=1.0 - 2.0**-24)
+    return -torch.log(-torch.log1p(-u))
+
+
+def _penalize(logits: torch.Tensor, params: SamplingParams, prompt: list[int], outputs: list[int]) -> torch.Tensor:
+    vocab = logits.shape[0]
+    out_counts = torch.bincount(torch.tensor(outputs, dtype=torch.long), minlength=vocab).to(torch.float32)
+    if params.repetition_penalty != 1.0:
+        seen = out_counts > 0
+        if prompt:
+            seen |= torch.bincount(torch.tensor(prompt, dtype=torch.long), minlength=vocab) > 0
+        r = params.repetition_penalty
+        logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
+    if params.frequency_penalty != 0.0:
+        logits = logits - params.frequency_penalty * out_counts
+    if params.presence_penalty != 0.0:
+        logits = logits - params.presence_penalty * (out_counts > 0).to(torch.float32)
+    return logits
+
+
+def _keep_mask(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """min-p, then top-k, then top-p over already temperature-scaled scores."""
+    keep = scores > float("-inf")
+    if params.min_p > 0.0:
+        keep &= scores >= scores.max() + math.log(params.min_p)
+    if params.top_k != -1 and params.top_k < int(keep.sum()):
+        kept_desc = torch.sort(scores[keep], descending=True).values
+        keep &= scores >= kept_desc[params.top_k - 1]
+    if params.top_p < 1.0:
+        kept_desc = torch.sort(scores[keep], descending=True).values
+        mass = torch.cumsum(torch.softmax(kept_desc, 0), 0)
+        reach = int(torch.searchsorted(mass, torch.tensor([params.top_p], dtype=mass.dtype)))
+        tau = kept_desc[min(reach, kept_desc.numel() - 1)]
+        keep &= scores >= tau
+    return keep
+
+
+def sample_row_fp32(raw: torch.Tensor, params: SamplingParams, seed: int, position: int, prompt: list[int], outputs: list[int]) -> int:
+    """One logit row -> the token, following docs/SAMPLING.md in float32."""
+    posinf = torch.isposinf(raw)
+    if posinf.any():
+        return int(torch.nonzero(posinf)[0])
+    logits = raw.masked_fill(torch.isnan(raw), float("-inf"))
+    if bool(torch.isneginf(logits).all()):
+        return 0
+    logits = _penalize(logits, params, prompt, outputs)
+    if params.temperature == 0.0:
+        return int(torch.argmax(logits))
+    scores = logits / params.temperature
+    keep = _keep_mask(scores, params)
+    noisy = torch.where(keep, scores + gumbel_noise_fp32(seed, position, raw.shape[0]), float("-inf"))
+    return int(torch.argmax(noisy))
+
+
+def token_logprobs_fp32(raw: torch.Tensor, token: int, top_n: int) -> TokenLogprobs:
+    """Logprob, rank and top-n of ``token`` from raw logits (NaN as -inf; ties by lower index)."""
+    logits = raw.masked_fill(torch.isnan(raw), float("-inf"))
+    logprobs = logits - torch.logsumexp(logits, 0)
+    rank = 1 + int((logits > logits[token]).sum())
+    order = torch.sort(logits, descending=True, stable=True).indices[:top_n]
+    return TokenLogprobs(
+        token_id=token,
+        logprob=float(logprobs[token]),
+        rank=rank,
+        top_token_ids=tuple(int(i) for i in order),
+        top_logprobs=tuple(float(logprobs[i]) for i in order),
+    )
+
+
+# --------------------------------------------------------------------------- the simple runner
+
+
+@dataclass
+class _SimpleRequest:
+    prompt_len: int
+    tokens: list[int]  # prefill + outputs so far
+    params: SamplingParams
+    seed: int
+    resumed: bool
+    num_computed: int = 0
+    blocks: int = 0
+
+
+@dataclass
+class SimpleRunner:
+    """Host-side runner: every step recomputes each scheduled request's sequence from scratch.
+
+    Owns one `_SimpleRequest` per live request (host memory, admitted -> finished/preempted, written
+    only by `execute_model`).  Validates each step with `RunnerBoundaryMirror` before any change.
+    """
+
+    weights: ModelWeights
+    limits: RunnerLimits
+    base_seed: int = 0
+    requests: dict[str, _SimpleRequest] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from stress.scheduler import RunnerBoundaryMirror
+
+        self.model = DenseModel(self.weights)
+        self.mirror = RunnerBoundaryMirror(self.limits)
+
+    def execute_model(self, sched: SchedulerOutput) -> CompletedOutput:
+        self.mirror.check(sched)
+        for rid in sched.finished_req_ids | sched.preempted_req_ids:
+            del self.requests[rid]
+        for req in sched.new_requests:
+            self.requests[req.req_id] = _SimpleRequest(
+                prompt_len=len(req.prompt_token_ids),
+                tokens=list(req.prefill_token_ids),
+                params=req.sampling_params,
+                seed=effective_seed(req.sampling_params, req.req_id, self.base_seed),
+                resumed=req.is_resumed,
+            )
+        for c in sched.cached_requests:
+            self.requests[c.req_id].num_computed = c.num_computed_tokens
+        req_ids, sampled, logprobs, nan_flags = [], [], [], []
+        prompt_logprobs: dict[str, tuple[TokenLogprobs, ...]] = {}
+        seeds: dict[str, int] = {}
+        for rid, n in sched.num_scheduled_tokens.items():
+            state = self.requests[rid]
+            drafts = list(sched.draft_token_ids.get(rid, ()))
+            toks, lps, flag, plps = self._step_request(state, n, drafts)
+            req_ids.append(rid)
+            sampled.append(tuple(toks))
+            logprobs.append(None if state.params.logprobs is None else tuple(lps))
+            nan_flags.append(flag)
+            seeds[rid] = state.seed
+            if plps:
+                prompt_logprobs[rid] = tuple(plps)
+        out = ModelRunnerOutput(
+            step_id=sched.step_id,
+            req_ids=tuple(req_ids),
+            sampled_token_ids=tuple(sampled),
+            logprobs=tuple(logprobs),
+            prompt_logprobs=prompt_logprobs,
+            nan_flags=tuple(nan_flags),
+            seeds=seeds,
+        )
+        self.mirror.observe(out)
+        return CompletedOutput(out)
+
+    def _step_request(self, state: _SimpleRequest, n: int, drafts: list[int]):
+        start = state.num_computed
+        known = len(state.tokens)
+        logits = self.model.logits(state.tokens + drafts)
+        params = state.params
+        plps: list[TokenLogprobs] = []
+        if params.prompt_logprobs is not None and not state.resumed:
+            for i in range(start, min(start + n, state.prompt_len - 1)):
+                plps.append(token_logprobs_fp32(logits[i], state.tokens[i + 1], params.prompt_logprobs))
+        if start + n != known + len(drafts):  # a partial prefill chunk samples nothing
+            state.num_computed = start + n
+            return [], [], False, plps
+        produced: list[int] = []
+        lps: list[TokenLogprobs] = []
+        prompt = state.tokens[: state.prompt_len]
+        rows = logits[known - 1 : known + len(drafts)]
+        # The flag covers every row the step computed for the request, sampled or not.
+        flagged = bool((torch.isnan(rows) | torch.isposinf(rows)).any())
+        for j in range(len(drafts) + 1):
+            row = rows[j]
+            outputs = state.tokens[state.prompt_len :] + drafts[:j]
+            tok = sample_row_fp32(row, params, state.seed, known + j, prompt, outputs)
+            produced.append(tok)
+            if params.logprobs is not None:
+                lps.append(token_logprobs_fp32(row, tok, params.logprobs))
+            if j == len(drafts) or tok != drafts[j]:
+                break
+        state.tokens.extend(produced)
+        state.num_computed = min(start + n, len(state.tokens) - 1)
+        return produced, lps, flagged, plps
+
+
+def simple_runner(weights: ModelWeights, limits: RunnerLimits, device: object, base_seed: int) -> SimpleRunner:
+    """Factory for `SimpleRunner`.  It computes on the host, so ``device`` is accepted and unused."""
+    return SimpleRunner(weights, limits, base_seed)
+
+
+def reference_runner(weights: ModelWeights, limits: RunnerLimits, device: object, base_seed: int) -> object:
+    """Factory for the float64 oracle as a runner (host-side; ``device`` is accepted and unused)."""
+    from reference.runner import AsyncReferenceRunner, ReferenceRunner
+
+    return AsyncReferenceRunner(ReferenceRunner(weights, limits, base_seed=base_seed))
