@@ -1,0 +1,80 @@
+"""Per-row KV block tables, appended to through staged diffs.
+
+Ownership
+---------
+``table`` -- a `StagedWriteTensor` ``[max_num_reqs, max_blocks_per_req]`` int32 on the device, for
+the runner's lifetime; row r holds the physical KV block ids of the request in state row r, in
+order.  Its one writer is the staged-write apply kernel: a new request stages its whole list at
+column 0, a cached request stages only the blocks appended this step, at the column after its
+last one.  Cells past a row's count are stale and never read (the input-prep kernel indexes only
+blocks covering computed positions).  The per-step gather into batch order and the slot mapping
+are done by the input-prep kernel (`impl.kernels.input_prep`), which reads this tensor.
+
+Host state: the number of blocks in each row (an exact mirror: the host is the only source of
+block ids).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from impl.buffers import StagedWriteTensor, StagingWriter
+from impl.device import Device
+from impl.hotpath import hot_path
+from impl.interface import BlockIdError, LiveRequest, SchedulerOutput
+
+
+def blocks_per_request(max_model_len: int, block_size: int) -> int:
+    return -(-max_model_len // block_size)
+
+
+class BlockTable:
+    """Block ids of every row (device, staged appends) and their counts (host).  See the module docstring."""
+
+    def __init__(self, device: Device, max_num_reqs: int, max_model_len: int, block_size: int):
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.max_blocks_per_req = blocks_per_request(max_model_len, block_size)
+        self.table = StagedWriteTensor(device, (max_num_reqs, self.max_blocks_per_req), torch.int32, "block_table")
+        self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
+
+    @property
+    def base(self) -> torch.Tensor:
+        return self.table.base
+
+    def check(self, sched: SchedulerOutput, live: Mapping[str, LiveRequest]) -> None:
+        """Reject block lists longer than a row holds (before any state changes)."""
+        limit = self.max_blocks_per_req
+        for req in sched.new_requests:
+            if len(req.block_ids) > limit:
+                raise BlockIdError(f"{len(req.block_ids)} blocks > {limit} per request", req_id=req.req_id, field="block_ids")
+        for cached in sched.cached_requests:
+            total = live[cached.req_id].num_blocks + len(cached.new_block_ids)
+            if total > limit:
+                raise BlockIdError(f"{total} blocks > {limit} per request", req_id=cached.req_id, field="new_block_ids")
+
+    @hot_path
+    def assign(self, row: int, block_ids: tuple[int, ...]) -> None:
+        """A newly admitted row's whole block list."""
+        self.num_blocks[row] = len(block_ids)
+        if block_ids:
+            self.table.stage(row, 0, block_ids)
+
+    @hot_path
+    def append(self, row: int, block_ids: tuple[int, ...]) -> None:
+        if block_ids:
+            self.table.stage(row, int(self.num_blocks[row]), block_ids)
+            self.num_blocks[row] += len(block_ids)
+
+    def release(self, row: int) -> None:
+        self.num_blocks[row] = 0
+
+    @hot_path
+    def flush(self, writer: StagingWriter) -> None:
+        self.table.flush(writer)
+
+    def enqueue_apply(self) -> None:
+        self.table.enqueue_apply()

@@ -1,0 +1,207 @@
+"""The input batch: persistent device inputs of one step, and the host plan that fills them.
+
+`StepPlan` (host, numpy, O(scheduled requests)) describes a step in batch order: the state rows,
+``query_start_loc``, drafts, where each request's logit rows start, prompt-logprob rows and the
+host ints the kernels and the forward need (upper bounds from the host mirror where the device
+holds the exact value).  `InputBatch.stage` writes the plan's compact arrays into the step's
+staging slot; `InputBatch.enqueue_prepare` enqueues the input-prep kernel, which fills the
+persistent buffers from device row state.
+
+Ownership: `InputBatch` owns every buffer below; all live on the device at fixed addresses for
+the runner's lifetime (CUDA graphs replay against them), hold one step's contents, and are
+written only by the input-prep kernel:
+
+    input_ids, positions, slot_mapping     int64 [max_num_batched_tokens]
+    query_start_loc                        int32 [max_num_reqs + 1]
+    seq_lens, idx_mapping                  int32 [max_num_reqs]
+    block_table                            int32 [max_num_reqs, max_blocks_per_req] (gathered by idx_mapping)
+    logits_indices                         int64 [max_logit_rows] (sampling rows, then prompt-logprob rows)
+    logits_state_rows                      int32 [max_sampling_rows] (state row of each sampling row)
+    logits_positions                       int64 [max_sampling_rows] (noise position of each sampling row)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from impl.block_table import BlockTable
+from impl.buffers import StagingWriter
+from impl.device import Device
+from impl.hotpath import hot_path
+from impl.interface import SchedulerOutput
+from impl.kernels.input_prep import launch_prepare_inputs
+from impl.output import PromptLogprobRequest
+from impl.state import RequestStateTable
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """One step in batch order, computed on the host from the schedule and the host mirror."""
+
+    req_ids: tuple[str, ...]
+    rows: np.ndarray  # int32 [R]: state row of each request
+    cu: np.ndarray  # int32 [R + 1]: query_start_loc
+    draft_start: np.ndarray  # int32 [R + 1]
+    drafts: np.ndarray  # int32 [D]
+    logits_start: np.ndarray  # int32 [R + 1]: request i owns sampling rows [logits_start[i], logits_start[i+1])
+    prompt_token_index: np.ndarray  # int32 [P]: batch token index of each prompt-logprob row
+    prompt_targets: np.ndarray  # int64 [P]: the next prompt token each row is scored against
+    prompt_requests: tuple[PromptLogprobRequest, ...]
+    num_logprobs: tuple[int | None, ...]
+    num_tokens: int
+    max_query_len: int
+    max_seq_len: int  # upper bound (host mirror)
+    max_num_logprobs: int  # -1: nobody asked this step
+    max_num_prompt_logprobs: int  # -1: no prompt-logprob rows this step
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+    @property
+    def num_sampling_rows(self) -> int:
+        return int(self.logits_start[-1])
+
+    @property
+    def num_prompt_rows(self) -> int:
+        return len(self.prompt_token_index)
+
+
+def plan_step(sched: SchedulerOutput, state: RequestStateTable) -> StepPlan:
+    """Build the step's plan (after admission and `apply_cached`, before `advance`)."""
+    req_ids = tuple(sched.num_scheduled_tokens)
+    num_reqs = len(req_ids)
+    query_lens = np.fromiter((sched.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=num_reqs)
+    draft_lists = [tuple(sched.draft_token_ids.get(r, ())) for r in req_ids]
+    num_drafts = np.fromiter((len(d) for d in draft_lists), dtype=np.int64, count=num_reqs)
+    starts = np.fromiter((state.live[r].num_computed_upper for r in req_ids), dtype=np.int64, count=num_reqs)
+
+    cu = np.zeros(num_reqs + 1, dtype=np.int32)
+    np.cumsum(query_lens, out=cu[1:])
+    draft_start = np.zeros(num_reqs + 1, dtype=np.int32)
+    np.cumsum(num_drafts, out=draft_start[1:])
+    logits_start = np.zeros(num_reqs + 1, dtype=np.int32)
+    np.cumsum(num_drafts + 1, out=logits_start[1:])
+    drafts = np.fromiter((t for d in draft_lists for t in d), dtype=np.int32, count=int(draft_start[-1]))
+
+    prompt_requests: list[PromptLogprobRequest] = []
+    prompt_index_parts: list[np.ndarray] = []
+    prompt_target_parts: list[np.ndarray] = []
+    num_logprobs: list[int | None] = []
+    offset = 0
+    for i, req_id in enumerate(req_ids):
+        info = state.info(req_id)
+        num_logprobs.append(info.params.logprobs)
+        k = info.params.prompt_logprobs
+        if k is None or info.is_resumed:
+            continue
+        # Positions p computed this step with p + 1 < prompt_len score prompt token p + 1.
+        first, stop = int(starts[i]), min(int(starts[i] + query_lens[i]), info.prompt_len - 1)
+        if stop <= first:
+            continue
+        positions = np.arange(first, stop, dtype=np.int64)
+        prompt_index_parts.append(cu[i] + positions - first)
+        prompt_target_parts.append(state.prefill_tokens_of(state.row_of(req_id))[first + 1 : stop + 1].astype(np.int64))
+        prompt_requests.append(PromptLogprobRequest(req_id, offset, stop - first, k))
+        offset += stop - first
+
+    asked = [n for n in num_logprobs if n is not None]
+    return StepPlan(
+        req_ids=req_ids,
+        rows=state.rows_array(req_ids),
+        cu=cu,
+        draft_start=draft_start,
+        drafts=drafts,
+        logits_start=logits_start,
+        prompt_token_index=np.concatenate(prompt_index_parts).astype(np.int32) if prompt_index_parts else np.zeros(0, np.int32),
+        prompt_targets=np.concatenate(prompt_target_parts) if prompt_target_parts else np.zeros(0, np.int64),
+        prompt_requests=tuple(prompt_requests),
+        num_logprobs=tuple(num_logprobs),
+        num_tokens=int(cu[-1]),
+        max_query_len=int(query_lens.max()) if num_reqs else 0,
+        max_seq_len=int((starts + query_lens).max()) if num_reqs else 0,
+        max_num_logprobs=max(asked) if asked else -1,
+        max_num_prompt_logprobs=max((p.num_top for p in prompt_requests), default=-1),
+    )
+
+
+@dataclass(frozen=True)
+class StagedStepArrays:
+    """Device views (inside the step's staging slot) of the plan's compact arrays."""
+
+    rows: torch.Tensor
+    cu: torch.Tensor
+    draft_start: torch.Tensor
+    drafts: torch.Tensor
+    logits_start: torch.Tensor
+    prompt_token_index: torch.Tensor
+    prompt_targets: torch.Tensor
+
+
+class InputBatch:
+    """Persistent per-step device inputs (see the module docstring for ownership)."""
+
+    def __init__(self, device: Device, *, max_num_reqs: int, max_num_batched_tokens: int, max_blocks_per_req: int, max_num_draft_tokens: int):
+        self.device = device
+        self.max_num_reqs = max_num_reqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_draft_tokens = max_num_draft_tokens
+        self.max_sampling_rows = max_num_reqs * (1 + max_num_draft_tokens)
+        self.max_prompt_rows = max_num_batched_tokens
+        self.max_logit_rows = self.max_sampling_rows + self.max_prompt_rows
+        t, r = max_num_batched_tokens, max_num_reqs
+        self.input_ids = device.zeros(t, torch.int64)
+        self.positions = device.zeros(t, torch.int64)
+        self.slot_mapping = device.full(t, -1, torch.int64)
+        self.query_start_loc = device.zeros(r + 1, torch.int32)
+        self.seq_lens = device.zeros(r, torch.int32)
+        self.idx_mapping = device.zeros(r, torch.int32)
+        self.block_table = device.zeros((r, max_blocks_per_req), torch.int32)
+        self.logits_indices = device.zeros(self.max_logit_rows, torch.int64)
+        self.logits_state_rows = device.zeros(self.max_sampling_rows, torch.int32)
+        self.logits_positions = device.zeros(self.max_sampling_rows, torch.int64)
+
+    @staticmethod
+    def staging_bytes_needed(max_num_reqs: int, max_num_batched_tokens: int, max_num_draft_tokens: int) -> int:
+        """Worst-case bytes of one step's compact arrays (each allocation 16-byte aligned)."""
+        r, t = max_num_reqs, max_num_batched_tokens
+        sizes = [4 * r, 4 * (r + 1), 4 * (r + 1), 4 * r * max_num_draft_tokens, 4 * (r + 1), 4 * t, 8 * t]
+        return sum(s + 16 for s in sizes)
+
+    @hot_path
+    def stage(self, plan: StepPlan, writer: StagingWriter) -> StagedStepArrays:
+        return StagedStepArrays(
+            rows=writer.stage_array(plan.rows, torch.int32),
+            cu=writer.stage_array(plan.cu, torch.int32),
+            draft_start=writer.stage_array(plan.draft_start, torch.int32),
+            drafts=writer.stage_array(plan.drafts, torch.int32),
+            logits_start=writer.stage_array(plan.logits_start, torch.int32),
+            prompt_token_index=writer.stage_array(plan.prompt_token_index, torch.int32),
+            prompt_targets=writer.stage_array(plan.prompt_targets, torch.int64),
+        )
+
+    @hot_path
+    def enqueue_prepare(self, plan: StepPlan, staged: StagedStepArrays, state: RequestStateTable, block_table: BlockTable) -> None:
+        """Enqueue the input-prep kernel for the step (after the staging slot's H2D and the staged-write applies)."""
+        num_reqs, num_tokens = plan.num_reqs, plan.num_tokens
+        num_sampling_rows, num_prompt_rows = plan.num_sampling_rows, plan.num_prompt_rows
+        row_state, prefill, table = state.base, state.prefill_tokens, block_table.base
+        block_size, max_drafts = block_table.block_size, self.max_num_draft_tokens
+
+        def prepare() -> None:
+            launch_prepare_inputs(
+                rows=staged.rows, cu=staged.cu, logits_start=staged.logits_start, draft_start=staged.draft_start,
+                drafts=staged.drafts, prompt_token_index=staged.prompt_token_index,
+                row_state=row_state, prefill_tokens=prefill, block_table=table,
+                input_ids=self.input_ids, positions=self.positions, slot_mapping=self.slot_mapping,
+                query_start_loc=self.query_start_loc, seq_lens=self.seq_lens, idx_mapping=self.idx_mapping,
+                block_table_out=self.block_table, logits_indices=self.logits_indices,
+                logits_rows=self.logits_state_rows, logits_positions=self.logits_positions,
+                num_reqs=num_reqs, num_tokens=num_tokens, padded_num_tokens=num_tokens,
+                num_sampling_rows=num_sampling_rows, num_prompt_rows=num_prompt_rows,
+                kv_block_size=block_size, max_drafts=max_drafts,
+            )
+
+        self.device.enqueue(prepare, "input prep")

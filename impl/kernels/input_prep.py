@@ -1,0 +1,137 @@
+"""The input-prep kernel: one step's model inputs gathered on the device from stable row state.
+
+One program per scheduled request (batch position ``i``, state row ``rows[i]``) reads the row's
+device-resident counts (``NUM_COMPUTED``, ``NUM_TOKENS``, ``PREFILL_LEN``, ``LAST_TOKEN``) and
+writes, for its tokens ``[query_start_loc[i], query_start_loc[i + 1])``:
+
+* ``input_ids``: a position below ``PREFILL_LEN`` reads the pinned prefill tokens (over UVA on
+  CUDA); position ``NUM_TOKENS - 1`` past the prefill is the last sampled token; positions from
+  ``NUM_TOKENS`` on are this step's drafts;
+* ``positions`` (``NUM_COMPUTED + j``), ``slot_mapping`` (through the row's block table),
+  ``seq_lens[i]`` (context length after the step), ``idx_mapping[i]``, ``query_start_loc``;
+* the gathered block-table row ``block_table_out[i]`` (the blocks covering the context);
+* its logit rows ``[logits_start[i], logits_start[i] + 1 + k)``: the token index of the last
+  ``1 + k`` scheduled tokens, the state row, and the noise position (the index of the token the
+  row produces, i.e. input position + 1).
+
+One extra *tail* program pads tokens ``[num_tokens, padded_num_tokens)`` (slot -1) and copies the
+host-computed prompt-logprob token indices after the sampling rows.  The host uploads only the
+compact per-step arrays (rows, query_start_loc, logits_start, draft_start, drafts, prompt
+indices); everything else comes from device state, so nothing is rebuilt per token on the host.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_ROW_FIELDS, NUM_TOKENS, PREFILL_LEN
+
+
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens", "padded_num_tokens", "num_sampling_rows", "num_prompt_rows"])
+def _prepare_inputs_kernel(
+    rows_ptr, cu_ptr, logits_start_ptr, draft_start_ptr, drafts_ptr, prompt_token_index_ptr,
+    row_state_ptr, prefill_ptr, prefill_row_stride, block_table_ptr, block_table_row_stride,
+    input_ids_ptr, positions_ptr, slot_mapping_ptr, query_start_loc_ptr, seq_lens_ptr, idx_mapping_ptr,
+    block_table_out_ptr, block_table_out_row_stride,
+    logits_indices_ptr, logits_rows_ptr, logits_positions_ptr,
+    num_reqs, num_tokens, padded_num_tokens, num_sampling_rows, num_prompt_rows,
+    ROW_FIELDS: tl.constexpr, COL_COMPUTED: tl.constexpr, COL_TOKENS: tl.constexpr,
+    COL_PREFILL: tl.constexpr, COL_LAST: tl.constexpr,
+    KV_BLOCK_SIZE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_LOGITS: tl.constexpr,
+):
+    i = tl.program_id(0)
+    if i == num_reqs:
+        # The tail program: padding tokens write nothing to the KV cache (slot -1).
+        for start in range(num_tokens, padded_num_tokens, BLOCK):
+            t = start + tl.arange(0, BLOCK)
+            m = t < padded_num_tokens
+            tl.store(input_ids_ptr + t, tl.zeros([BLOCK], tl.int64), mask=m)
+            tl.store(positions_ptr + t, tl.zeros([BLOCK], tl.int64), mask=m)
+            tl.store(slot_mapping_ptr + t, tl.full([BLOCK], -1, tl.int64), mask=m)
+        for start in range(0, num_prompt_rows, BLOCK):
+            p = start + tl.arange(0, BLOCK)
+            m = p < num_prompt_rows
+            token_index = tl.load(prompt_token_index_ptr + p, mask=m)
+            tl.store(logits_indices_ptr + num_sampling_rows + p, token_index.to(tl.int64), mask=m)
+        return
+
+    row = tl.load(rows_ptr + i)
+    q_start = tl.load(cu_ptr + i)
+    q_end = tl.load(cu_ptr + i + 1)
+    n = q_end - q_start
+    d_start = tl.load(draft_start_ptr + i)
+    k = tl.load(draft_start_ptr + i + 1) - d_start
+    state = row_state_ptr + row.to(tl.int64) * ROW_FIELDS
+    computed = tl.load(state + COL_COMPUTED)
+    known = tl.load(state + COL_TOKENS)
+    prefill_len = tl.load(state + COL_PREFILL)
+    last_token = tl.load(state + COL_LAST)
+    prefill_row = prefill_ptr + row.to(tl.int64) * prefill_row_stride
+    table_row = block_table_ptr + row.to(tl.int64) * block_table_row_stride
+
+    for start in range(0, n, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        m = j < n
+        pos = computed + j
+        from_prefill = pos < prefill_len
+        from_draft = pos >= known
+        prefill_tok = tl.load(prefill_row + pos, mask=m & from_prefill, other=0)
+        draft_tok = tl.load(drafts_ptr + d_start + (pos - known), mask=m & from_draft, other=0)
+        tok = tl.where(from_prefill, prefill_tok, tl.where(from_draft, draft_tok, last_token))
+        block_id = tl.load(table_row + pos // KV_BLOCK_SIZE, mask=m, other=0)
+        slot = block_id.to(tl.int64) * KV_BLOCK_SIZE + (pos % KV_BLOCK_SIZE)
+        t = q_start + j
+        tl.store(input_ids_ptr + t, tok.to(tl.int64), mask=m)
+        tl.store(positions_ptr + t, pos.to(tl.int64), mask=m)
+        tl.store(slot_mapping_ptr + t, slot, mask=m)
+
+    seq_len = computed + n
+    tl.store(seq_lens_ptr + i, seq_len)
+    tl.store(idx_mapping_ptr + i, row)
+    tl.store(query_start_loc_ptr + i + 1, q_end)
+    if i == 0:
+        tl.store(query_start_loc_ptr, q_start)
+
+    num_context_blocks = (seq_len + KV_BLOCK_SIZE - 1) // KV_BLOCK_SIZE
+    out_row = block_table_out_ptr + i.to(tl.int64) * block_table_out_row_stride
+    for start in range(0, num_context_blocks, BLOCK):
+        b = start + tl.arange(0, BLOCK)
+        m = b < num_context_blocks
+        tl.store(out_row + b, tl.load(table_row + b, mask=m), mask=m)
+
+    # Logit rows: the last 1 + k scheduled tokens (the last known token and the k drafts).
+    r = tl.arange(0, BLOCK_LOGITS)
+    m = r <= k
+    l_start = tl.load(logits_start_ptr + i)
+    tl.store(logits_indices_ptr + l_start + r, (q_end - 1 - k + r).to(tl.int64), mask=m)
+    tl.store(logits_rows_ptr + l_start + r, row + r * 0, mask=m)
+    tl.store(logits_positions_ptr + l_start + r, (seq_len - k + r).to(tl.int64), mask=m)
+
+
+def launch_prepare_inputs(
+    *,
+    rows: torch.Tensor, cu: torch.Tensor, logits_start: torch.Tensor, draft_start: torch.Tensor,
+    drafts: torch.Tensor, prompt_token_index: torch.Tensor,
+    row_state: torch.Tensor, prefill_tokens: torch.Tensor, block_table: torch.Tensor,
+    input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, idx_mapping: torch.Tensor,
+    block_table_out: torch.Tensor, logits_indices: torch.Tensor, logits_rows: torch.Tensor,
+    logits_positions: torch.Tensor,
+    num_reqs: int, num_tokens: int, padded_num_tokens: int, num_sampling_rows: int, num_prompt_rows: int,
+    kv_block_size: int, max_drafts: int,
+) -> None:
+    """Launch the input-prep kernel (call from inside the step's enqueued device work)."""
+    needs_tail = padded_num_tokens > num_tokens or num_prompt_rows > 0
+    grid = (num_reqs + (1 if needs_tail else 0),)
+    _prepare_inputs_kernel[grid](
+        rows, cu, logits_start, draft_start, drafts, prompt_token_index,
+        row_state, prefill_tokens, prefill_tokens.stride(0), block_table, block_table.stride(0),
+        input_ids, positions, slot_mapping, query_start_loc, seq_lens, idx_mapping,
+        block_table_out, block_table_out.stride(0),
+        logits_indices, logits_rows, logits_positions,
+        num_reqs, num_tokens, padded_num_tokens, num_sampling_rows, num_prompt_rows,
+        ROW_FIELDS=NUM_ROW_FIELDS, COL_COMPUTED=NUM_COMPUTED, COL_TOKENS=NUM_TOKENS,
+        COL_PREFILL=PREFILL_LEN, COL_LAST=LAST_TOKEN,
+        KV_BLOCK_SIZE=kv_block_size, BLOCK=128, BLOCK_LOGITS=max(2, triton.next_power_of_2(max_drafts + 1)),
+    )

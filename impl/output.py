@@ -1,0 +1,247 @@
+"""Step results on their way to the host: device result buffers, pinned output slots, `AsyncStepOutput`.
+
+Per step the device packs the sampled tokens, per-request sample counts, non-finite flags and
+(when asked) logprobs into one device byte buffer, copies it with ONE async D2H copy into a
+pinned output slot, and records an event.  `AsyncStepOutput.get()` is the only host wait: it
+synchronizes on that event and builds the `ModelRunnerOutput` from the slot.
+
+Ownership
+---------
+``num_sampled`` (int32 ``[max_num_reqs]``) and ``row_valid`` (int32 ``[max_logit_rows]``): device,
+runner lifetime, contents valid for one step; written only by the post-update kernel.
+``pack`` (uint8 device buffer): device, runner lifetime, one step; written only by the step's
+pack copies, read only by the step's D2H copy (stream order separates steps).
+``slots`` (pinned uint8 host buffers, a ring): pinned host, runner lifetime.  A slot is written
+only by its D2H copy and read only by the host after its event, by the `AsyncStepOutput` that
+holds it.  A slot is handed to a new step only after its holder has read it: either ``get()`` was
+called, or, when the ring wraps first, the holder materialises its output (waiting on its event
+if it is not complete, counted in ``num_backpressure_waits``) before the slot is reused.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from impl.device import Device, DeviceEvent
+from impl.hotpath import hot_path
+from impl.interface import ModelRunnerOutput, TokenLogprobs
+
+_ALIGN = 8
+
+
+@dataclass(frozen=True)
+class PromptLogprobRequest:
+    """Prompt-logprob rows of one request in this step: rows ``[offset, offset + count)`` of the prompt block."""
+
+    req_id: str
+    offset: int
+    count: int
+    num_top: int
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """Where each field sits in the packed output (byte offsets), for one step.  Host-known shapes only."""
+
+    num_reqs: int
+    num_rows: int  # sampling logit rows
+    num_top: int  # top logprobs per sampling row; -1: no logprobs this step
+    num_prompt_rows: int
+    num_prompt_top: int  # -1: no prompt logprobs this step
+    offsets: Mapping[str, tuple[int, torch.dtype, tuple[int, ...]]] = field(default_factory=dict)
+    nbytes: int = 0
+
+    @staticmethod
+    def build(num_reqs: int, num_rows: int, num_top: int, num_prompt_rows: int, num_prompt_top: int) -> "OutputLayout":
+        fields: list[tuple[str, torch.dtype, tuple[int, ...]]] = [
+            ("tokens", torch.int64, (num_rows,)),
+            ("num_sampled", torch.int32, (num_reqs,)),
+            ("nan_flags", torch.int32, (num_rows,)),
+        ]
+        if num_top >= 0:
+            fields += [
+                ("logprob", torch.float32, (num_rows,)), ("rank", torch.int32, (num_rows,)),
+                ("top_ids", torch.int32, (num_rows, num_top)), ("top_logprobs", torch.float32, (num_rows, num_top)),
+            ]
+        if num_prompt_rows > 0 and num_prompt_top >= 0:
+            fields += [
+                ("prompt_logprob", torch.float32, (num_prompt_rows,)), ("prompt_rank", torch.int32, (num_prompt_rows,)),
+                ("prompt_top_ids", torch.int32, (num_prompt_rows, num_prompt_top)),
+                ("prompt_top_logprobs", torch.float32, (num_prompt_rows, num_prompt_top)),
+            ]
+        offsets: dict[str, tuple[int, torch.dtype, tuple[int, ...]]] = {}
+        cursor = 0
+        for name, dtype, shape in fields:
+            cursor = -(-cursor // _ALIGN) * _ALIGN
+            offsets[name] = (cursor, dtype, shape)
+            cursor += int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        return OutputLayout(num_reqs, num_rows, num_top, num_prompt_rows, num_prompt_top, offsets, cursor)
+
+    def view(self, buf: torch.Tensor, name: str) -> torch.Tensor:
+        start, dtype, shape = self.offsets[name]
+        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        return buf[start : start + nbytes].view(dtype).view(shape)
+
+
+@dataclass(frozen=True)
+class StepOutputMeta:
+    """Host facts needed to build a step's `ModelRunnerOutput` (captured when the step is enqueued)."""
+
+    step_id: int
+    req_ids: tuple[str, ...]
+    logits_start: np.ndarray  # int64 [num_reqs + 1]
+    num_logprobs: tuple[int | None, ...]  # per request: top-n asked for, None for no logprobs
+    prompt_requests: tuple[PromptLogprobRequest, ...]
+    prompt_targets: np.ndarray  # int64 [num_prompt_rows]
+    seeds: Mapping[str, int]
+
+
+class AsyncStepOutput:
+    """One step's output: ``get()`` waits on the step's event (the one allowed wait) and decodes its slot."""
+
+    def __init__(self, ring: "OutputSlots", slot: int, event: DeviceEvent, layout: OutputLayout, meta: StepOutputMeta):
+        self._ring = ring
+        self._slot = slot
+        self._event = event
+        self._layout = layout
+        self._meta = meta
+        self._result: ModelRunnerOutput | None = None
+
+    @property
+    def step_id(self) -> int:
+        return self._meta.step_id
+
+    @property
+    def event(self) -> DeviceEvent:
+        return self._event
+
+    def ready(self) -> bool:
+        """True once the step's device work is done (never waits)."""
+        return self._result is not None or self._event.query()
+
+    def get(self) -> ModelRunnerOutput:
+        if self._result is None:
+            self._event.synchronize()
+            self._materialise()
+        return self._result
+
+    def _materialise(self) -> None:
+        self._result = decode_output(self._ring.slots[self._slot], self._layout, self._meta)
+        self._ring.release(self._slot, self)
+
+
+def decode_output(buf: torch.Tensor, layout: OutputLayout, meta: StepOutputMeta) -> ModelRunnerOutput:
+    """Build the `ModelRunnerOutput` from a completed slot (host data only)."""
+
+    def arr(name: str) -> np.ndarray:
+        return layout.view(buf, name).numpy()
+
+    tokens, num_sampled, nan_rows = arr("tokens"), arr("num_sampled"), arr("nan_flags")
+    has_logprobs = layout.num_top >= 0
+    if has_logprobs:
+        lp, rank, top_ids, top_lp = arr("logprob"), arr("rank"), arr("top_ids"), arr("top_logprobs")
+    sampled: list[tuple[int, ...]] = []
+    logprobs: list[tuple[TokenLogprobs, ...] | None] = []
+    nan_flags: list[bool] = []
+    for i, req_id in enumerate(meta.req_ids):
+        start = int(meta.logits_start[i])
+        end = start + int(num_sampled[i])
+        sampled.append(tuple(int(t) for t in tokens[start:end]))
+        # Flagged when any row the request sampled from held a non-finite value (all 1 + k rows,
+        # accepted or not); a partial prefill chunk samples nothing and is never flagged.
+        nan_flags.append(end > start and bool(nan_rows[start : int(meta.logits_start[i + 1])].any()))
+        n = meta.num_logprobs[i]
+        if n is None or not has_logprobs:
+            logprobs.append(None)
+            continue
+        logprobs.append(tuple(
+            TokenLogprobs(int(tokens[r]), float(lp[r]), int(rank[r]), tuple(int(x) for x in top_ids[r, :n]), tuple(float(x) for x in top_lp[r, :n]))
+            for r in range(start, end)
+        ))
+    prompt_logprobs: dict[str, tuple[TokenLogprobs, ...]] = {}
+    if meta.prompt_requests and layout.num_prompt_top >= 0:
+        plp, prank = arr("prompt_logprob"), arr("prompt_rank")
+        ptop_ids, ptop_lp = arr("prompt_top_ids"), arr("prompt_top_logprobs")
+        for pr in meta.prompt_requests:
+            prompt_logprobs[pr.req_id] = tuple(
+                TokenLogprobs(int(meta.prompt_targets[r]), float(plp[r]), int(prank[r]),
+                              tuple(int(x) for x in ptop_ids[r, : pr.num_top]), tuple(float(x) for x in ptop_lp[r, : pr.num_top]))
+                for r in range(pr.offset, pr.offset + pr.count)
+            )
+    return ModelRunnerOutput(
+        step_id=meta.step_id, req_ids=meta.req_ids, sampled_token_ids=tuple(sampled), logprobs=tuple(logprobs),
+        prompt_logprobs=prompt_logprobs, nan_flags=tuple(nan_flags), seeds=dict(meta.seeds),
+    )
+
+
+class OutputSlots:
+    """Device result buffers, the pack buffer and the ring of pinned output slots.  See the module docstring."""
+
+    def __init__(self, device: Device, *, num_slots: int, max_num_reqs: int, max_logit_rows: int, max_prompt_rows: int, max_logprobs: int):
+        if num_slots < 1:
+            raise ValueError(f"need at least one output slot, got {num_slots}")
+        self.device = device
+        self.num_sampled = device.zeros(max_num_reqs, torch.int32)
+        self.row_valid = device.zeros(max_logit_rows, torch.int32)
+        worst = OutputLayout.build(max_num_reqs, max_logit_rows, max_logprobs, max_prompt_rows, max_logprobs)
+        self.capacity_bytes = worst.nbytes
+        self.pack = device.zeros(self.capacity_bytes, torch.uint8)
+        self.slots = [device.pinned(self.capacity_bytes, torch.uint8) for _ in range(num_slots)]
+        self._holders: list[AsyncStepOutput | None] = [None] * num_slots
+        self._next = 0
+        self.num_backpressure_waits = 0
+
+    @hot_path
+    def acquire(self) -> int:
+        """The next slot, read by its previous holder first (materialised, waiting only if unfinished)."""
+        slot = self._next
+        self._next = (slot + 1) % len(self.slots)
+        holder = self._holders[slot]
+        if holder is not None:
+            if not holder.ready():
+                self.num_backpressure_waits += 1
+            holder.get()
+        return slot
+
+    def release(self, slot: int, holder: AsyncStepOutput) -> None:
+        if self._holders[slot] is holder:
+            self._holders[slot] = None
+
+    @hot_path
+    def enqueue_copy_out(self, slot: int, layout: OutputLayout, sampler_out: dict, prompt_out: dict | None, meta: StepOutputMeta) -> AsyncStepOutput:
+        """Pack the step's results and copy them into ``slot`` (one D2H), record the event; returns the step's output.
+
+        ``sampler_out`` / ``prompt_out`` are filled by earlier closures of the same step (on sim they
+        run later than this call, so they are read when the pack closure runs).
+        """
+        pack, host = self.pack, self.slots[slot]
+        num_sampled, nbytes = self.num_sampled, layout.nbytes
+
+        def copy_out() -> None:
+            out = sampler_out["out"]
+            layout.view(pack, "tokens").copy_(out.tokens[: layout.num_rows])
+            layout.view(pack, "num_sampled").copy_(num_sampled[: layout.num_reqs])
+            layout.view(pack, "nan_flags").copy_(out.nan_flags[: layout.num_rows])
+            if layout.num_top >= 0:
+                k = layout.num_top
+                layout.view(pack, "logprob").copy_(out.logprob[: layout.num_rows])
+                layout.view(pack, "rank").copy_(out.rank[: layout.num_rows])
+                layout.view(pack, "top_ids").copy_(out.top_ids[: layout.num_rows, :k])
+                layout.view(pack, "top_logprobs").copy_(out.top_logprobs[: layout.num_rows, :k])
+            if prompt_out is not None and layout.num_prompt_rows > 0 and layout.num_prompt_top >= 0:
+                p, k = prompt_out["out"], layout.num_prompt_top
+                n = layout.num_prompt_rows
+                layout.view(pack, "prompt_logprob").copy_(p.logprob[:n])
+                layout.view(pack, "prompt_rank").copy_(p.rank[:n])
+                layout.view(pack, "prompt_top_ids").copy_(p.top_ids[:n, :k])
+                layout.view(pack, "prompt_top_logprobs").copy_(p.top_logprobs[:n, :k])
+            host[:nbytes].copy_(pack[:nbytes], non_blocking=True)
+
+        self.device.enqueue(copy_out, f"d2h output slot{slot} step{meta.step_id}")
+        event = self.device.record_event()
+        result = AsyncStepOutput(self, slot, event, layout, meta)
+        self._holders[slot] = result
+        return result

@@ -1,0 +1,275 @@
+"""The model runner: one step = validate, update rows, stage, enqueue everything, return at once.
+
+Phases are explicit: construction is ``init`` (allocate every persistent buffer), `profile` runs a
+dummy forward to measure memory (nothing correctness needs happens there), `execute_model` runs
+steps.  The step's pieces live in their own modules: rows and the host mirror (`impl.state`),
+block tables (`impl.block_table`), the step plan and input buffers (`impl.input_batch`), the
+input-prep and post-update kernels (`impl.kernels`), the model (`impl.model.forward`), sampling
+(`impl.kernels.interim_sample` until `impl.sample` is wired) and the output ring (`impl.output`).
+
+Device work of a step, in one submit order on the one stream: H2D of the staging slot -> staged
+write applies -> input prep -> forward -> sampler -> post-update -> pack + one D2H into a pinned
+output slot -> event.  `execute_model` never waits in steady state; `AsyncStepOutput.get()` is the
+one wait.  Step N+1 may be submitted before step N's output is read (async scheduling): every
+count the next step needs lives on the device.
+
+Ownership: the runner owns its components (each documents its tensors); it holds no tensor of
+its own.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from impl.block_table import BlockTable
+from impl.buffers import StagingPool, StagingWriter
+from impl.device import Device
+from impl.hotpath import hot_path
+from impl.input_batch import InputBatch, StepPlan, plan_step
+from impl.interface import ModelRunnerOutput, RunnerLimits, SchedulerOutput, effective_seed, validate_scheduler_output
+from impl.kernels.interim_sample import InterimSampler, InterimSamplingState
+from impl.kernels.post_update import launch_post_update
+from impl.model.forward import PagedDecoder
+from impl.model.weights import ModelWeights
+from impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
+from impl.state import RequestStateTable
+
+
+class RunnerConfigError(ValueError):
+    """Limits that do not fit the model or each other (raised at construction)."""
+
+
+@dataclass(frozen=True)
+class StepStats:
+    step_id: int
+    num_reqs: int
+    num_tokens: int
+    h2d_bytes: int
+    num_enqueued: int
+    host_seconds: float
+
+
+class ReadyOutput:
+    """The output of a step that scheduled no tokens (admissions only): complete at once."""
+
+    def __init__(self, output: ModelRunnerOutput):
+        self._output = output
+
+    def ready(self) -> bool:
+        return True
+
+    def get(self) -> ModelRunnerOutput:
+        return self._output
+
+
+class ModelRunner:
+    """A vLLM-MRV2-style runner over the built-in paged decoder.  See the module docstring."""
+
+    def __init__(
+        self, weights: ModelWeights, limits: RunnerLimits, device: Device, *, base_seed: int = 0,
+        dtype: torch.dtype | None = None, staging_slots: int = 8, staging_bytes: int | None = None, output_slots: int = 8,
+    ):
+        _check_limits(weights, limits)
+        self.weights = weights
+        self.limits = limits
+        self.device = device
+        self.base_seed = base_seed
+        # fp32 by default: the runner is judged token-for-token against a float64 oracle.
+        self.dtype = dtype or torch.float32
+        self._staging_slots = staging_slots
+        self._staging_bytes = staging_bytes
+        self._output_slots = output_slots
+        self.last_step_stats: StepStats | None = None
+        self._init()
+
+    # ------------------------------------------------------------------ init
+    def _init(self) -> None:
+        lim, dev = self.limits, self.device
+        self.state = RequestStateTable(dev, lim.max_num_reqs, lim.max_model_len)
+        self.block_table = BlockTable(dev, lim.max_num_reqs, lim.max_model_len, lim.block_size)
+        self.input_batch = InputBatch(
+            dev, max_num_reqs=lim.max_num_reqs, max_num_batched_tokens=lim.max_num_batched_tokens,
+            max_blocks_per_req=self.block_table.max_blocks_per_req, max_num_draft_tokens=lim.max_num_draft_tokens,
+        )
+        self.model = PagedDecoder(self.weights, dev, dtype=self.dtype, num_kv_blocks=lim.num_kv_blocks, block_size=lim.block_size)
+        self.sampling_state = InterimSamplingState(dev, lim.max_num_reqs, lim.vocab_size)
+        self.sampler = InterimSampler(dev, lim.vocab_size, lim.max_logprobs)
+        self.sampled_tokens = dev.zeros(self.input_batch.max_sampling_rows, torch.int64)
+        self.outputs = OutputSlots(
+            dev, num_slots=self._output_slots, max_num_reqs=lim.max_num_reqs,
+            max_logit_rows=self.input_batch.max_sampling_rows, max_prompt_rows=self.input_batch.max_prompt_rows,
+            max_logprobs=lim.max_logprobs,
+        )
+        largest_alloc = max(
+            4 * lim.max_num_reqs * self.block_table.max_blocks_per_req,
+            InputBatch.staging_bytes_needed(lim.max_num_reqs, lim.max_num_batched_tokens, lim.max_num_draft_tokens),
+        )
+        capacity = self._staging_bytes or max(1 << 20, 2 * largest_alloc)
+        if capacity < largest_alloc:
+            raise RunnerConfigError(f"staging_bytes {capacity} < {largest_alloc}, the largest per-step staging allocation")
+        self.staging = StagingPool(dev, self._staging_slots, capacity)
+
+    # ------------------------------------------------------------------ profile
+    def profile(self) -> dict[str, Any]:
+        """A dummy forward over the largest batch, to measure memory.  Uses its own scratch inputs.
+
+        Padding slots (-1) keep the KV cache untouched; nothing here is needed for correctness.
+        """
+        lim, dev = self.limits, self.device
+        num_tokens = min(lim.max_num_batched_tokens, lim.max_model_len)
+        input_ids = dev.zeros(num_tokens, torch.int64)
+        positions = dev.zeros(num_tokens, torch.int64)
+        slot_mapping = dev.full(num_tokens, -1, torch.int64)
+        query_start_loc = dev.zeros(2, torch.int32)
+        seq_lens = dev.zeros(1, torch.int32)
+        block_table = dev.zeros((1, self.block_table.max_blocks_per_req), torch.int32)
+        logits_indices = dev.zeros(min(num_tokens, self.input_batch.max_sampling_rows), torch.int64)
+        if dev.is_cuda:
+            dev.synchronize()
+            torch.cuda.reset_peak_memory_stats(dev.torch_device)
+            before = torch.cuda.memory_allocated(dev.torch_device)
+
+        def dummy() -> None:
+            positions.copy_(torch.arange(num_tokens, device=positions.device))
+            query_start_loc[1] = num_tokens
+            seq_lens[0] = num_tokens
+            self.model.forward(input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_table, logits_indices,
+                               num_reqs=1, num_tokens=num_tokens, max_query_len=num_tokens, max_seq_len=num_tokens)
+
+        started = time.perf_counter()
+        dev.enqueue(dummy, "profile forward")
+        dev.synchronize()
+        report: dict[str, Any] = {"num_tokens": num_tokens, "seconds": time.perf_counter() - started,
+                                  "kv_cache_bytes": 2 * self.model.kv_cache.k.numel() * self.model.kv_cache.k.element_size()}
+        if dev.is_cuda:
+            report["peak_activation_bytes"] = torch.cuda.max_memory_allocated(dev.torch_device) - before
+        return report
+
+    # ------------------------------------------------------------------ execute
+    @hot_path
+    def execute_model(self, sched: SchedulerOutput) -> AsyncStepOutput | ReadyOutput:
+        started = time.perf_counter()
+        self._check(sched)
+        enqueued_before = self.device.num_enqueued
+        self.device.begin_step()
+        seeds = self._update_rows(sched)
+
+        writer = StagingWriter(self.staging, sched.step_id)
+        self.state.flush(writer)
+        self.block_table.flush(writer)
+        self.sampling_state.flush(writer)
+        if not sched.num_scheduled_tokens:
+            writer.submit()
+            self._enqueue_applies()
+            self._record_stats(sched.step_id, 0, 0, writer, enqueued_before, started)
+            return ReadyOutput(ModelRunnerOutput(sched.step_id, (), (), (), {}, (), seeds))
+
+        plan = plan_step(sched, self.state)
+        staged = self.input_batch.stage(plan, writer)
+        writer.submit()
+        self._enqueue_applies()
+        self.input_batch.enqueue_prepare(plan, staged, self.state, self.block_table)
+        result = self._enqueue_model_and_sampling(plan, staged)
+        output = self._enqueue_output(sched.step_id, plan, result, seeds)
+
+        self.state.mark_used(plan.rows.tolist(), output.event)
+        self.state.advance(plan.req_ids, sched.num_scheduled_tokens, {r: len(d) for r, d in sched.draft_token_ids.items()})
+        self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer, enqueued_before, started)
+        return output
+
+    def _check(self, sched: SchedulerOutput) -> None:
+        """All-or-nothing boundary: every check runs before any state (host, pinned or staged) changes."""
+        live = self.state.mirror_for(sched)
+        validate_scheduler_output(sched, live, self.limits)
+        self.state.check_computed_counts(sched)
+        self.block_table.check(sched, live)
+        InterimSamplingState.check(sched)
+
+    def _update_rows(self, sched: SchedulerOutput) -> dict[str, int]:
+        for req_id in sorted(sched.finished_req_ids | sched.preempted_req_ids):
+            self.block_table.release(self.state.release(req_id))
+        seeds: dict[str, int] = {}
+        for req in sched.new_requests:
+            seed = effective_seed(req.sampling_params, req.req_id, self.base_seed)
+            row = self.state.admit(req, seed)
+            self.block_table.assign(row, req.block_ids)
+            self.sampling_state.add_request(row, req.sampling_params, seed, req.prompt_token_ids, req.output_token_ids)
+            seeds[req.req_id] = seed
+        self.state.apply_cached(sched)
+        for cached in sched.cached_requests:
+            self.block_table.append(self.state.row_of(cached.req_id), cached.new_block_ids)
+        return seeds
+
+    def _enqueue_applies(self) -> None:
+        self.state.enqueue_apply()
+        self.block_table.enqueue_apply()
+        self.sampling_state.enqueue_apply()
+
+    def _enqueue_model_and_sampling(self, plan: StepPlan, staged) -> dict:
+        ib, result = self.input_batch, {}
+        num_reqs, num_tokens = plan.num_reqs, plan.num_tokens
+        num_rows, num_logits = plan.num_sampling_rows, plan.num_sampling_rows + plan.num_prompt_rows
+        max_query_len, max_seq_len, max_num_logprobs = plan.max_query_len, plan.max_seq_len, plan.max_num_logprobs
+
+        def forward() -> None:
+            result["logits"] = self.model.forward(
+                ib.input_ids, ib.positions, ib.slot_mapping, ib.query_start_loc, ib.seq_lens, ib.block_table,
+                ib.logits_indices[:num_logits], num_reqs=num_reqs, num_tokens=num_tokens,
+                max_query_len=max_query_len, max_seq_len=max_seq_len,
+            )
+
+        def sample() -> None:
+            out = self.sampler.sample(
+                result["logits"][:num_rows], self.sampling_state, ib.logits_state_rows, ib.logits_positions,
+                num_rows=num_rows, max_num_logprobs=max_num_logprobs,
+            )
+            result["out"] = out
+            self.sampled_tokens[:num_rows].copy_(out.tokens[:num_rows])
+
+        def post_update() -> None:
+            launch_post_update(
+                rows=staged.rows, cu=staged.cu, logits_start=staged.logits_start, draft_start=staged.draft_start,
+                drafts=staged.drafts, sampled=self.sampled_tokens, row_state=self.state.base,
+                num_sampled=self.outputs.num_sampled, row_valid=self.outputs.row_valid,
+                num_reqs=num_reqs, max_drafts=self.limits.max_num_draft_tokens,
+            )
+
+        self.device.enqueue(forward, "forward")
+        self.device.enqueue(sample, "sample")
+        self.device.enqueue(post_update, "post update")
+        self.sampling_state.enqueue_post_update(ib.logits_state_rows, self.sampled_tokens, self.outputs.row_valid, num_rows)
+        return result
+
+    def _enqueue_output(self, step_id: int, plan: StepPlan, result: dict, seeds: dict[str, int]) -> AsyncStepOutput:
+        layout = OutputLayout.build(plan.num_reqs, plan.num_sampling_rows, plan.max_num_logprobs,
+                                    plan.num_prompt_rows, plan.max_num_prompt_logprobs)
+        meta = StepOutputMeta(step_id, plan.req_ids, plan.logits_start.astype("int64"), plan.num_logprobs,
+                              plan.prompt_requests, plan.prompt_targets, seeds)
+        slot = self.outputs.acquire()
+        return self.outputs.enqueue_copy_out(slot, layout, result, None, meta)
+
+    def _record_stats(self, step_id: int, num_reqs: int, num_tokens: int, writer: StagingWriter, enqueued_before: int, started: float) -> None:
+        self.last_step_stats = StepStats(step_id, num_reqs, num_tokens, writer.bytes, self.device.num_enqueued - enqueued_before,
+                                         time.perf_counter() - started)
+
+
+def _check_limits(weights: ModelWeights, limits: RunnerLimits) -> None:
+    cfg = weights.config
+    if limits.vocab_size != cfg.vocab_size:
+        raise RunnerConfigError(f"limits.vocab_size {limits.vocab_size} != model vocab_size {cfg.vocab_size}")
+    if limits.max_model_len > cfg.max_model_len:
+        raise RunnerConfigError(f"limits.max_model_len {limits.max_model_len} > model max_model_len {cfg.max_model_len}")
+    for name in ("max_num_reqs", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "block_size"):
+        value = getattr(limits, name)
+        if not isinstance(value, int) or value < 1:
+            raise RunnerConfigError(f"limits.{name}={value!r} must be an int >= 1")
+    if limits.max_num_draft_tokens < 0 or limits.max_logprobs < 0:
+        raise RunnerConfigError("limits.max_num_draft_tokens and limits.max_logprobs must be >= 0")
+
+
+def make_runner(weights: ModelWeights, limits: RunnerLimits, device: Device, base_seed: int = 0) -> ModelRunner:
+    """The factory `runnercheck stress` and the differential driver use (``impl.runner:make_runner``)."""
+    return ModelRunner(weights, limits, device, base_seed=base_seed)
