@@ -78,13 +78,21 @@ class Divergence:
     detail: str = ""
 
     def line(self) -> str:
-        who = f"request {self.req_id!r} " if self.req_id is not None else ""
+        if self.kind == "runner-error":
+            return f"step {self.step}: runner raised {self.got}: {self.detail}"
+        where = " ".join(
+            part for part in (
+                f"request {self.req_id!r}" if self.req_id is not None else "",
+                f"position {self.position}" if self.position is not None else "",
+            ) if part
+        )
+        head = f"step {self.step}: {where}: " if where else f"step {self.step}: "
         if self.kind == "token":
             what = f"expected token {self.expected}, got {self.got}"
         else:
             what = f"{self.kind}: expected {self.expected!r}, got {self.got!r}"
         extra = f" ({self.detail})" if self.detail else ""
-        return f"step {self.step}: {who}{_where(self.position)}: {what}{extra}"
+        return head + what + extra
 
 
 def _where(position: int | None) -> str:

@@ -26,7 +26,8 @@ from typing import Callable, Protocol, Sequence
 
 from checks.compare import DEFAULT_LOGPROB_ATOL, Divergence, StepComparison, Tie, compare_step, first_output_positions
 from impl.interface import AsyncOutput, ModelRunnerOutput, Runner, SchedulerOutput
-from stress.scheduler import RunnerBoundaryMirror, SchedulerSim, SchedulerStats
+from stress.runners import RunnerBoundaryMirror
+from stress.scheduler import SchedulerSim, SchedulerStats
 
 
 class Oracle(Protocol):

@@ -28,9 +28,8 @@
 Ownership: a `SchedulerSim` owns its request records, the block pool and the in-flight step
 records; all of it is host-side Python state, written only by its own methods.
 
-`RunnerBoundaryMirror` is the runner's view of the same stream (what a runner keeps to validate
-each `SchedulerOutput` with `impl.interface.validate_scheduler_output`); the differential driver
-and the tests use it to prove every step the simulator emits is valid.
+`stress.runners.RunnerBoundaryMirror` is the runner's view of the same stream; the differential
+driver and the tests use it to prove every step the simulator emits is valid.
 """
 from __future__ import annotations
 
@@ -42,13 +41,11 @@ from typing import Mapping, Sequence
 
 from impl.interface import (
     CachedRequest,
-    LiveRequest,
     ModelRunnerOutput,
     NewRequest,
     RunnerLimits,
     SamplingParams,
     SchedulerOutput,
-    validate_scheduler_output,
 )
 
 
@@ -483,49 +480,3 @@ class SchedulerSim:
                 self._finish(req, "stop")
             elif len(req.outputs) >= req.params.max_tokens or len(req.prompt) + len(req.outputs) >= lim.max_model_len:
                 self._finish(req, "length")
-
-
-class RunnerBoundaryMirror:
-    """The runner-side view of a `SchedulerOutput` stream, for `validate_scheduler_output`.
-
-    ``live`` holds one `LiveRequest` per request the runner holds: ``num_tokens`` an upper bound of
-    the tokens it will hold (a sampling step adds one, or all drafts plus a bonus),
-    ``num_computed_upper`` the tokens scheduled so far.  A step with drafts leaves the upper bound
-    too high until its output is read: `observe` lowers it to the accepted length, which the
-    boundary check needs (drafts must extend exactly the known tokens).  Owned and written only by
-    `check` and `observe`.
-    """
-
-    def __init__(self, limits: RunnerLimits):
-        self.limits = limits
-        self.live: dict[str, LiveRequest] = {}
-        self._draft_steps: dict[int, dict[str, int]] = {}  # step id -> {req id: number of drafts}
-
-    def observe(self, out: ModelRunnerOutput) -> None:
-        """Learn how many drafts each request of ``out``'s step accepted."""
-        tokens = out.token_dict()
-        for rid, k in self._draft_steps.pop(out.step_id, {}).items():
-            produced = len(tokens.get(rid, ()))
-            if rid in self.live and 1 <= produced <= k + 1:
-                self.live[rid].num_tokens -= k + 1 - produced
-
-    def check(self, sched: SchedulerOutput) -> None:
-        """Validate ``sched`` against the mirror (raises before any change), then advance it."""
-        validate_scheduler_output(sched, self.live, self.limits)
-        for rid in sched.finished_req_ids | sched.preempted_req_ids:
-            del self.live[rid]
-        for req in sched.new_requests:
-            self.live[req.req_id] = LiveRequest(len(req.prefill_token_ids), 0, len(req.block_ids))
-        for c in sched.cached_requests:
-            lr = self.live[c.req_id]
-            lr.num_computed_upper = c.num_computed_tokens
-            lr.num_blocks += len(c.new_block_ids)
-        for rid, n in sched.num_scheduled_tokens.items():
-            lr = self.live[rid]
-            drafts = len(sched.draft_token_ids.get(rid, ()))
-            end = lr.num_computed_upper + n
-            if end == lr.num_tokens + drafts:
-                lr.num_tokens = end + 1
-                if drafts:
-                    self._draft_steps.setdefault(sched.step_id, {})[rid] = drafts
-            lr.num_computed_upper = end

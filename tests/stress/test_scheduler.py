@@ -14,7 +14,8 @@ from collections import deque
 import pytest
 
 from impl.interface import ModelRunnerOutput, RunnerLimits, SamplingParams, SchedulerOutput
-from stress.scheduler import RequestStatus, RunnerBoundaryMirror, SchedulerSim, SchedulerSimError
+from stress.runners import RunnerBoundaryMirror
+from stress.scheduler import RequestStatus, SchedulerSim, SchedulerSimError
 
 VOCAB = 8  # small, so that drafts guessed from history get accepted now and then
 
@@ -286,3 +287,33 @@ def test_bad_calls_raise_typed_errors() -> None:
     s0 = sim.schedule()
     with pytest.raises(SchedulerSimError, match="returned 2 tokens"):
         sim.update(ModelRunnerOutput(s0.step_id, ("a",), ((1, 2),)))
+
+
+def test_boundary_mirror_catches_a_planted_scheduling_bug() -> None:
+    """The mirror exists to reject invalid steps: plant one (a decode past the known tokens)."""
+    from dataclasses import replace
+
+    from impl.interface import ScheduledTokensError
+
+    lim = limits()
+    sim = SchedulerSim(lim, seed=0, max_inflight_steps=0)
+    runner = FakeRunner(lim)
+    sim.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4))
+    sim.update(runner.execute(sim.schedule()))
+    good = sim.schedule()
+    bad = replace(good, num_scheduled_tokens={"a": good.num_scheduled_tokens["a"] + 1})
+    with pytest.raises(ScheduledTokensError, match="runs past"):
+        runner.mirror.check(bad)
+    runner.execute(good)  # the mirror was left unchanged by the rejected step
+
+
+def test_check_invariants_catches_a_block_owned_twice() -> None:
+    lim = limits()
+    sim = SchedulerSim(lim, seed=0)
+    sim.add_request("a", [1] * 5, SamplingParams())
+    sim.add_request("b", [1] * 5, SamplingParams())
+    sim.schedule()
+    sim.check_invariants()
+    sim._running[1].blocks[0] = sim._running[0].blocks[0]  # plant the bug
+    with pytest.raises(SchedulerSimError, match="owned by"):
+        sim.check_invariants()

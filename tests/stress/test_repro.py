@@ -1,0 +1,216 @@
+"""Repro files (round trip, tampering, malformed input) and the `stress` / `replay` commands."""
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+from stress.cli import main as cli_main
+from stress.repro import Repro, ReproError
+from stress.runners import SimpleRunner
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_repro(**changes) -> Repro:
+    from impl.model.weights import preset
+
+    config = preset("micro")
+    fields = dict(
+        seed=7,
+        model={"preset": "micro", "config": config.to_dict()},
+        limits=dict(vocab_size=256, max_num_reqs=4, max_model_len=128, max_num_batched_tokens=32, num_kv_blocks=16,
+                    block_size=8, max_logprobs=20, max_num_draft_tokens=4),
+        scheduler={"max_inflight_steps": 1, "draft_prob": 0.25},
+        device="sim",
+        lag_policy={"name": "random-drain", "seed": 7, "p_stall": 0.5},
+        delay_policy=None,
+        mutant=None,
+        runner="stress.runners:simple_runner",
+        steps=3,
+        trace=[
+            [{"op": "add", "req_id": "r0", "prompt": [1, 2, 3], "params": {"temperature": 0.7, "seed": None, "stop_token_ids": [5]}}],
+            [{"op": "preempt", "req_id": "r0"}],
+            [{"op": "abort", "req_id": "r0"}],
+        ],
+        first_divergence="step 2: request 'r0' position 4: expected token 9, got 8",
+    )
+    fields.update(changes)
+    return Repro(**fields)
+
+
+def test_round_trip(tmp_path) -> None:
+    repro = make_repro()
+    path = repro.save(tmp_path / "sub" / "repro.json")
+    loaded = Repro.load(path)
+    assert loaded == repro
+    assert loaded.runner_limits().num_kv_blocks == 16 and loaded.model_config().vocab_size == 256
+
+
+def edit(path, fn) -> None:
+    doc = json.loads(path.read_text())
+    fn(doc)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        lambda d: d.update(seed=8),
+        lambda d: d["trace"][0][0]["prompt"].append(4),
+        lambda d: d.update(first_divergence=None),
+        lambda d: d.update(checksum="sha256:" + "0" * 64),
+    ],
+)
+def test_tampering_is_detected(tmp_path, tamper) -> None:
+    path = make_repro().save(tmp_path / "repro.json")
+    edit(path, tamper)
+    with pytest.raises(ReproError, match="checksum mismatch"):
+        Repro.load(path)
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "holds a JSON object"),
+        ('{"seed": NaN}', "non-finite"),
+        ("{}", "unknown repro version|missing field"),
+    ],
+)
+def test_malformed_text(tmp_path, text: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ReproError, match=message):
+        Repro.load(path)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (lambda d: d.update(version=2), "unknown repro version 2"),
+        (lambda d: d.pop("trace"), r"missing field\(s\) \['trace'\]"),
+        (lambda d: d.update(extra=1), r"unknown field\(s\) \['extra'\]"),
+        (lambda d: d.update(seed="7"), "field 'seed' must be an int"),
+        (lambda d: d.update(device="tpu"), "field 'device'"),
+        (lambda d: d["limits"].update(block_size=0), "field 'limits'"),
+        (lambda d: d["model"]["config"].update(vocab_size=-1), "model.config"),
+        (lambda d: d["scheduler"].update(draft_prob=2), "field 'scheduler'"),
+        (lambda d: d["trace"][1].append({"op": "explode", "req_id": "r0"}), r"trace\[1\]\[1\]"),
+        (lambda d: d["trace"][0][0]["params"].update(temprature=1.0), "unknown sampling params"),
+        (lambda d: d["trace"][0][0].update(prompt="abc"), "prompt must be"),
+    ],
+)
+def test_schema_violations_with_a_valid_checksum(change, message: str) -> None:
+    from stress.repro import checksum
+
+    doc = json.loads(make_repro().to_json())
+    doc.pop("checksum")
+    change(doc)
+    doc["checksum"] = checksum(doc)
+    with pytest.raises(ReproError, match=message):
+        Repro.from_json(json.dumps(doc))
+
+
+def test_missing_file(tmp_path) -> None:
+    with pytest.raises(ReproError, match="no such file"):
+        Repro.load(tmp_path / "nope.json")
+
+
+# --------------------------------------------------------------------------- the commands
+
+
+@pytest.fixture
+def planted_runner_module(monkeypatch):
+    """An importable runner factory whose runner emits one wrong token at step 5."""
+
+    class Planted(SimpleRunner):
+        def execute_model(self, sched):
+            done = super().execute_model(sched).get()
+            if sched.step_id != 5:
+                return _Ready(done)
+            i = next(i for i, t in enumerate(done.sampled_token_ids) if len(t) == 1)
+            sampled = list(done.sampled_token_ids)
+            new = (sampled[i][0] + 1) % self.limits.vocab_size
+            sampled[i] = (new,)
+            self.requests[done.req_ids[i]].tokens[-1] = new
+            return _Ready(type(done)(done.step_id, done.req_ids, tuple(sampled), done.logprobs, done.prompt_logprobs, done.nan_flags, done.seeds))
+
+    module = types.ModuleType("planted_runner_for_tests")
+    module.factory = lambda weights, limits, device, base_seed: Planted(weights, limits, base_seed)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return module.__name__
+
+
+class _Ready:
+    def __init__(self, out):
+        self.out = out
+
+    def get(self):
+        return self.out
+
+
+def stress_args(out_dir, runner: str, *extra: str) -> list[str]:
+    return ["stress", "--device", "sim", "--seed", "2", "--steps", "25", "--runner", runner, "--out", str(out_dir), "--no-progress", *extra]
+
+
+def test_stress_passes_with_the_simple_runner(tmp_path, capsys) -> None:
+    pytest.importorskip("reference.runner")
+    assert cli_main(stress_args(tmp_path, "stress.runners:simple_runner", "--draft-prob", "0.3")) == 0
+    out = capsys.readouterr().out
+    assert "agree" in out and "tokens / logprobs compared" in out
+    assert not (tmp_path / "repro.json").exists()
+
+
+def test_stress_divergence_writes_a_repro_that_replays(tmp_path, capsys, planted_runner_module) -> None:
+    pytest.importorskip("reference.runner")
+    assert cli_main(stress_args(tmp_path, f"{planted_runner_module}:factory")) == 1
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("DIVERGENCE "))[len("DIVERGENCE "):]
+    assert line.startswith("step 5: request ") and "expected token" in line
+    repro = Repro.load(tmp_path / "repro.json")
+    assert repro.first_divergence == line and repro.device == "sim" and repro.lag_policy["name"] == "random-drain"
+    assert repro.lag_policy["seed"] == 2 and repro.steps == len(repro.trace) and repro.steps <= 25
+
+    assert cli_main(["replay", str(tmp_path / "repro.json"), "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert f"DIVERGENCE {line}" in out and "the recorded divergence" in out
+
+    # replayed against a fixed runner, the recorded trace no longer diverges
+    assert cli_main(["replay", str(tmp_path / "repro.json"), "--runner", "stress.runners:simple_runner", "--no-progress"]) == 0
+    assert "no divergence any more" in capsys.readouterr().out
+
+
+def test_replay_of_a_bad_file_is_a_message_not_a_traceback(tmp_path, capsys) -> None:
+    path = make_repro().save(tmp_path / "repro.json")
+    edit(path, lambda d: d.update(steps=99))
+    assert cli_main(["replay", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "checksum mismatch" in err and "Traceback" not in err
+    assert cli_main(["replay", str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--mutant", "no-such-mutant"], "no-such-mutant"),
+        (["--runner", "nowhere.at_all:factory"], "cannot import 'nowhere.at_all'"),
+        (["--lag-policy", "sometimes"], "unknown lag policy"),
+    ],
+)
+def test_stress_setup_errors_exit_2(tmp_path, capsys, extra, message: str) -> None:
+    pytest.importorskip("reference.runner")
+    args = stress_args(tmp_path, "stress.runners:simple_runner")
+    args += extra
+    assert cli_main(args) == 2
+    assert message in capsys.readouterr().err
