@@ -342,3 +342,79 @@ def test_step_stats_and_no_wait_in_steady_state():
     assert 0 < decode_stats.h2d_bytes < stats0.h2d_bytes
     assert decode_stats.h2d_bytes <= 6 * 16 + 16
     assert decode_stats.num_enqueued >= 6
+
+
+# --------------------------------------------------------------------------- row reuse and drafts
+
+
+def _one_row_run(device: Device) -> list[tuple[int, ...]]:
+    """One row, reused every step: a request prefills and samples, and is gone the next step."""
+    limits = RunnerLimits(vocab_size=256, max_num_reqs=1, max_model_len=32, max_num_batched_tokens=8, num_kv_blocks=16, block_size=4)
+    runner = make_runner(_weights(), limits, device, 0)
+    outs, prev = [], None
+    for step in range(4):
+        new = NewRequest(f"r{step}", tuple(range(10 * step + 1, 10 * step + 7)), SamplingParams(temperature=0.0), (2 * step, 2 * step + 1))
+        gone = frozenset({prev}) if prev else frozenset()
+        outs.append(runner.execute_model(SchedulerOutput(step, (new,), (), {new.req_id: 6}, finished_req_ids=gone)))
+        prev = new.req_id
+    return [o.get().sampled_token_ids[0] for o in outs], runner
+
+
+def test_reused_row_waits_for_in_flight_prefill_reads():
+    want, _ = _one_row_run(Device("cpu"))
+    got, runner = _one_row_run(Device("sim", lag_policy="lag-2-steps"))
+    assert got == want
+    assert runner.state.num_quarantine_waits == 3
+
+
+def test_planted_bug_reusing_a_row_early_corrupts_in_flight_prefill(monkeypatch):
+    want, _ = _one_row_run(Device("cpu"))
+    from impl.state import RequestStateTable
+
+    monkeypatch.setattr(RequestStateTable, "is_quarantined", lambda self, row: False)
+    got, _ = _one_row_run(Device("sim", lag_policy="lag-2-steps"))
+    assert got != want
+
+
+def test_drafts_match_oracle_and_plain_decoding():
+    """Speculative steps (synchronous scheduling): accepted drafts + bonus equal plain decoding."""
+    weights = _weights()
+    limits = RunnerLimits(vocab_size=256, max_num_reqs=2, max_model_len=48, max_num_batched_tokens=16, num_kv_blocks=24, block_size=4)
+    params = {"g": SamplingParams(temperature=0.0, max_tokens=40), "t": SamplingParams(temperature=0.8, seed=7, max_tokens=40)}
+    prompts = {"g": (3, 1, 4, 1, 5), "t": (2, 7, 1, 8)}
+
+    def run(draft_plan: list[dict[str, list[int] | str]], plain: dict[str, list[int]] | None, check: bool):
+        runner = make_runner(weights, limits, Device("cpu"), 9)
+        oracle = reference_runner.ReferenceRunner(weights, limits, base_seed=9)
+        blocks = {"g": list(range(0, 10)), "t": list(range(10, 20))}
+        seqs = {r: list(p) for r, p in prompts.items()}
+        new = tuple(NewRequest(r, prompts[r], params[r], tuple(blocks[r])) for r in prompts)
+        sched = SchedulerOutput(0, new, (), {r: len(p) for r, p in prompts.items()})
+        stats: dict = {}
+        judge = oracle_judge(oracle, stats) if check else (lambda sched, got: None)
+        for step, plan in enumerate([{}] + draft_plan):
+            if step:
+                drafts = {}
+                for r, d in plan.items():
+                    if d == "right":  # the tokens plain decoding produces next: all accepted
+                        d = plain[r][len(seqs[r]) : len(seqs[r]) + 2]
+                    elif d == "half":  # first right, second wrong
+                        d = [plain[r][len(seqs[r])], (plain[r][len(seqs[r]) + 1] + 1) % 256]
+                    drafts[r] = tuple(d)
+                cached = tuple(CachedRequest(r, (), len(seqs[r]) - 1) for r in prompts)
+                sched = SchedulerOutput(step, (), cached, {r: 1 + len(drafts.get(r, ())) for r in prompts}, draft_token_ids=drafts)
+            got = runner.execute_model(sched).get()
+            judge(sched, got)
+            for r, toks in got.token_dict().items():
+                seqs[r].extend(toks)
+        return seqs, stats
+
+    plain, _ = run([{}] * 6, None, check=False)
+    plan = [{"g": "right", "t": "right"}, {"g": "half", "t": [0, 0]}, {"g": [1], "t": "half"}]
+    spec, stats = run(plan, plain, check=True)
+    for r in prompts:
+        n = min(len(spec[r]), len(plain[r]))
+        assert spec[r][:n] == plain[r][:n], r
+    # 1 (prefill) + 3 (two accepted + bonus) + 2 (one accepted + correction) + 1 (rejected + correction)
+    assert len(spec["g"]) == len(prompts["g"]) + 7
+    assert stats["tokens"] > 0

@@ -1,0 +1,52 @@
+"""Block tables: whole lists at admission, appends at the right column, limits checked at the boundary."""
+from __future__ import annotations
+
+import pytest
+
+from impl.block_table import BlockTable, blocks_per_request
+from impl.buffers import StagingPool, StagingWriter
+from impl.device import Device
+from impl.interface import BlockIdError, CachedRequest, LiveRequest, NewRequest, SamplingParams, SchedulerOutput
+
+
+def _flush(bt: BlockTable, pool: StagingPool, step: int) -> None:
+    writer = StagingWriter(pool, step)
+    bt.flush(writer)
+    writer.submit()
+    bt.enqueue_apply()
+
+
+@pytest.mark.parametrize("kind", ["cpu", "sim"])
+def test_assign_append_and_reuse(kind):
+    dev = Device(kind, lag_policy="lag-1-steps") if kind == "sim" else Device(kind)
+    pool = StagingPool(dev, num_slots=4, capacity_bytes=1024)
+    bt = BlockTable(dev, max_num_reqs=3, max_model_len=20, block_size=4)
+    assert bt.max_blocks_per_req == 5 == blocks_per_request(20, 4)
+    bt.assign(0, (7, 3))
+    bt.assign(2, (9,))
+    _flush(bt, pool, 0)
+    dev.begin_step()
+    bt.append(0, (11,))
+    bt.append(0, (12, 13))  # two appends in one step land after each other
+    bt.append(2, ())
+    _flush(bt, pool, 1)
+    dev.begin_step()
+    bt.release(2)
+    bt.assign(2, (1, 2))  # a new request in a reused row overwrites from column 0
+    _flush(bt, pool, 2)
+    dev.synchronize()
+    assert bt.base[0].tolist() == [7, 3, 11, 12, 13]
+    assert bt.base[2, :2].tolist() == [1, 2]
+    assert bt.num_blocks.tolist() == [5, 0, 2]
+
+
+def test_check_rejects_rows_that_overflow():
+    bt = BlockTable(Device("cpu"), max_num_reqs=2, max_model_len=8, block_size=4)
+    p = SamplingParams()
+    bt.check(SchedulerOutput(0, new_requests=(NewRequest("a", (1,), p, (0, 1)),)), {})
+    with pytest.raises(BlockIdError, match="3 blocks > 2"):
+        bt.check(SchedulerOutput(0, new_requests=(NewRequest("a", (1,), p, (0, 1, 2)),)), {})
+    live = {"a": LiveRequest(num_tokens=5, num_computed_upper=4, num_blocks=2)}
+    with pytest.raises(BlockIdError) as info:
+        bt.check(SchedulerOutput(1, cached_requests=(CachedRequest("a", (5,), 4),)), live)
+    assert info.value.req_id == "a" and info.value.field == "new_block_ids"

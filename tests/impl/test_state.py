@@ -1,0 +1,131 @@
+"""The request-state table: rows, generations, quarantine of freed rows, the mirror, staged row state."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from impl.buffers import StagingPool, StagingWriter
+from impl.device import Device
+from impl.interface import CachedRequest, CapacityError, NewRequest, SamplingParams, ScheduledTokensError, SchedulerOutput
+from impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_TOKENS, PREFILL_LEN, PROMPT_LEN, RequestStateTable, RowStateError
+
+P = SamplingParams(temperature=0.0)
+
+
+def _req(rid: str, prompt: tuple[int, ...], outputs: tuple[int, ...] = ()) -> NewRequest:
+    return NewRequest(rid, prompt, P, (0,), outputs)
+
+
+def _apply(table: RequestStateTable, pool: StagingPool, step: int) -> None:
+    writer = StagingWriter(pool, step)
+    table.flush(writer)
+    writer.submit()
+    table.enqueue_apply()
+
+
+def test_rows_generations_and_release_like_finish():
+    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=16)
+    rows = [table.admit(_req(r, (1, 2)), seed=0) for r in "abc"]
+    assert sorted(rows) == [0, 1, 2] and table.num_free == 0
+    gens = [table.generation_of(r) for r in "abc"]
+    assert gens == sorted(set(gens))
+    with pytest.raises(CapacityError):
+        table.admit(_req("d", (1,)), seed=0)
+    with pytest.raises(RowStateError):
+        table.admit(_req("a", (1,)), seed=0)
+    freed = table.release("b")  # preempted or finished: the same release
+    assert "b" not in table.live and table.num_free == 1
+    again = table.admit(_req("b", (1, 2), outputs=(3,)), seed=0)  # resumed: admitted as new
+    assert again == freed and table.generation_of("b") > max(gens)
+    assert table.info("b").is_resumed and table.info("b").prefill_len == 3 and table.info("b").prompt_len == 2
+    with pytest.raises(RowStateError):
+        table.release("zzz")
+
+
+def test_admission_stages_row_state_and_prefill_tokens():
+    dev = Device("cpu")
+    table = RequestStateTable(dev, max_num_reqs=4, max_model_len=16)
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=1024)
+    row = table.admit(_req("r", (5, 6, 7), outputs=(8, 9)), seed=0)
+    assert table.prefill_tokens[row, :5].tolist() == [5, 6, 7, 8, 9]
+    _apply(table, pool, 0)
+    state = table.base[row]
+    assert state[NUM_COMPUTED] == 0 and state[NUM_TOKENS] == 5 and state[PROMPT_LEN] == 3
+    assert state[PREFILL_LEN] == 5 and state[LAST_TOKEN] == 9
+
+
+def _read_row_later(dev: Device, table: RequestStateTable, row: int, n: int, sink: list) -> None:
+    """Stand-in for an input-prep kernel of an earlier step: reads the row's pinned tokens when it runs."""
+    src = table.prefill_tokens
+    dev.enqueue(lambda: sink.append(src[row, :n].tolist()), "reader")
+    table.mark_used([row], dev.record_event())
+
+
+def test_freed_row_is_quarantined_until_its_last_use_completes():
+    dev = Device("sim", lag_policy="lag-5-steps")
+    table = RequestStateTable(dev, max_num_reqs=2, max_model_len=8)
+    seen: list = []
+    row_a = table.admit(_req("a", (1, 1, 1)), seed=0)
+    table.admit(_req("c", (4,)), seed=0)
+    _read_row_later(dev, table, row_a, 3, seen)
+    table.release("a")
+    assert table.is_quarantined(row_a)
+    row_b = table.admit(_req("b", (2, 2, 2)), seed=0)  # the only free row is in use by queued work
+    assert row_b == row_a and table.num_quarantine_waits == 1
+    assert seen == [[1, 1, 1]], "the in-flight read saw the next request's tokens"
+
+
+def test_quarantine_prefers_a_completed_row_without_waiting():
+    dev = Device("sim", lag_policy="lag-5-steps")
+    table = RequestStateTable(dev, max_num_reqs=3, max_model_len=8)
+    seen: list = []
+    row_a = table.admit(_req("a", (1,)), seed=0)
+    row_c = table.admit(_req("c", (3,)), seed=0)
+    table.admit(_req("d", (4,)), seed=0)
+    table.mark_used([row_c], dev.record_event())  # nothing queued: complete
+    _read_row_later(dev, table, row_a, 1, seen)
+    table.release("a")
+    table.release("c")
+    assert table.admit(_req("b", (2,)), seed=0) == row_c
+    assert table.num_quarantine_waits == 0 and dev.num_pending == 1
+
+
+def test_planted_bug_without_quarantine_the_reader_sees_new_tokens(monkeypatch):
+    """The quarantine test above can fail: without quarantine the queued read is corrupted."""
+    monkeypatch.setattr(RequestStateTable, "is_quarantined", lambda self, row: False)
+    dev = Device("sim", lag_policy="lag-5-steps")
+    table = RequestStateTable(dev, max_num_reqs=2, max_model_len=8)
+    seen: list = []
+    row_a = table.admit(_req("a", (1, 1, 1)), seed=0)
+    table.admit(_req("c", (4,)), seed=0)
+    _read_row_later(dev, table, row_a, 3, seen)
+    table.release("a")
+    table.admit(_req("b", (2, 2, 2)), seed=0)
+    dev.synchronize()
+    assert seen == [[2, 2, 2]]
+
+
+def test_mirror_follows_steps_and_rejects_unexplained_computed_counts():
+    table = RequestStateTable(Device("cpu"), max_num_reqs=2, max_model_len=32)
+    table.admit(_req("a", tuple(range(10))), seed=0)
+    table.advance(["a"], {"a": 6}, {})  # partial chunk
+    assert (table.live["a"].num_tokens, table.live["a"].num_computed_upper) == (10, 6)
+    table.advance(["a"], {"a": 4}, {})  # completes the prefill: samples one token
+    assert (table.live["a"].num_tokens, table.live["a"].num_computed_upper) == (11, 10)
+    ok = SchedulerOutput(2, cached_requests=(CachedRequest("a", (), 10),), num_scheduled_tokens={"a": 1})
+    table.check_computed_counts(ok)
+    with pytest.raises(ScheduledTokensError, match="disagrees"):
+        table.check_computed_counts(SchedulerOutput(2, cached_requests=(CachedRequest("a", (), 9),)))
+    # Drafts: a decode with 3 drafts may have 0..3 rejected; the scheduler may report any of those.
+    table.advance(["a"], {"a": 4}, {"a": 3})
+    assert (table.live["a"].num_tokens, table.live["a"].num_computed_upper) == (15, 14)
+    late = SchedulerOutput(3, cached_requests=(CachedRequest("a", (), 12),), num_scheduled_tokens={"a": 1})
+    table.check_computed_counts(late)
+    view = table.mirror_for(late)
+    assert (view["a"].num_tokens, view["a"].num_computed_upper) == (13, 12)
+    assert table.live["a"].num_tokens == 15, "mirror_for must not change the table"
+    with pytest.raises(ScheduledTokensError):
+        table.check_computed_counts(SchedulerOutput(3, cached_requests=(CachedRequest("a", (), 10),)))
+    table.apply_cached(late)
+    assert (table.live["a"].num_tokens, table.live["a"].num_computed_upper) == (13, 12)
+    assert table.info("a").unconfirmed_drafts == 1
