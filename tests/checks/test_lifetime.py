@@ -1,6 +1,8 @@
 """Staging-slot lifetime checker: a correct pool passes; each planted lifetime bug is caught."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -46,6 +48,7 @@ def test_correct_run_has_no_violations(policy: str) -> None:
     assert "no violations" in checker.summary()
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the apply kernel on sim tensors needs TRITON_INTERPRET=1")
 def test_correct_staged_write_tensor_run_has_no_violations() -> None:
     dev, pool = _pool("random-drain", num_slots=2)
     checker = LifetimeChecker().attach(pool)
