@@ -42,15 +42,7 @@ def slot_checksum(slot: StagingSlot, nbytes: int) -> bytes:
 
 def event_completed(event: DeviceEvent) -> bool:
     """Whether ``event`` has completed, without running any queued work (unlike ``query`` on sim)."""
-    peek = getattr(event, "is_complete", None)
-    if callable(peek):
-        return bool(peek())
-    dev = event._dev  # noqa: SLF001 - no side-effect-free peek in the device layer yet
-    if dev.kind == "sim":
-        return dev._done_seq >= event._seq  # noqa: SLF001
-    if dev.kind == "cuda":
-        return bool(event._cuda_event.query())  # noqa: SLF001
-    return True
+    return bool(event.is_complete())
 
 
 class LifetimeChecker:

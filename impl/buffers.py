@@ -152,7 +152,7 @@ class StagingPool:
                 raise StagingLifetimeError("no staging slot is free or in flight: every slot is being written")
             slot = min(in_flight, key=lambda s: s.step)
             self.num_backpressure_waits += 1
-            slot.event.synchronize()
+            slot.event.synchronize()  # runnercheck: allow-host-read backpressure: only when every slot is in flight
             self._retire(slot)
         self._next = (slot.index + 1) % n
         slot.step = step

@@ -256,6 +256,17 @@ class DeviceEvent:
             return dev._done_seq >= self._seq
         return True
 
+    def is_complete(self) -> bool:
+        """Whether the work before the event has run, without letting a sim lag policy run any."""
+        dev = self._dev
+        if not self.recorded:
+            raise DeviceError("is_complete() on an event that was never recorded")
+        if dev.kind == "cuda":
+            return self._cuda_event.query()
+        if dev.kind == "sim":
+            return dev._done_seq >= self._seq
+        return True
+
     def synchronize(self) -> None:
         dev = self._dev
         if not self.recorded:
