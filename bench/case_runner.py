@@ -1,0 +1,270 @@
+"""Runner benchmarks: host cost per step vs the V1-style baseline, staged-write bytes, end to end."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from bench.common import BenchContext, Row
+from bench.v1_baseline import V1HostBatch
+from bench.workload import DecodeWorkload
+from impl.interface import RunnerLimits, SamplingParams
+from impl.model.weights import ModelConfig, preset, random_weights
+
+PARAMS = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_tokens=1 << 20)
+
+
+def _host_config(ctx: BenchContext) -> ModelConfig:
+    # The host cost does not depend on the model size (the forward is stubbed where it matters).
+    base = preset("micro") if ctx.quick else preset("tiny")
+    return replace(base, max_model_len=1024)
+
+
+def _limits(config: ModelConfig, num_reqs: int, budget: int, block_size: int, num_blocks: int) -> RunnerLimits:
+    return RunnerLimits(vocab_size=config.vocab_size, max_num_reqs=num_reqs, max_model_len=config.max_model_len,
+                        max_num_batched_tokens=budget, num_kv_blocks=num_blocks, block_size=block_size)
+
+
+def _make_runner(ctx: BenchContext, config: ModelConfig, limits: RunnerLimits, dtype=None):
+    from impl.runner import ModelRunner
+
+    weights = random_weights(config, seed=ctx.seed)
+    return ModelRunner(weights, limits, ctx.device, base_seed=ctx.seed, dtype=dtype)
+
+
+def _stub_forward(runner) -> None:
+    """Replace the model forward by a persistent logits buffer: what remains is the runner's own cost."""
+    rows = runner.input_batch.max_sampling_rows + runner.input_batch.max_prompt_rows
+    logits = runner.device.zeros((rows, runner.limits.vocab_size), torch.float32)
+    logits.normal_()
+
+    def forward(*args, **kwargs):
+        n = args[6].shape[0] if len(args) > 6 else kwargs["logits_indices"].shape[0]
+        return logits[:n]
+
+    runner.model.forward = forward
+
+
+def _drive(runner, work: DecodeWorkload, steps: int, *, async_mode: bool = True, around=None) -> list[float]:
+    """Run ``steps`` scheduler steps; returns host microseconds inside execute_model per step.
+
+    ``around``: a context-manager factory entered around each execute_model call (the detector).
+    """
+    host_us, pending = [], None
+    for _ in range(steps):
+        sched = work.next_step()
+        t0 = time.perf_counter()
+        if around is None:
+            out = runner.execute_model(sched)
+        else:
+            with around():
+                out = runner.execute_model(sched)
+        host_us.append((time.perf_counter() - t0) * 1e6)
+        if async_mode:
+            if pending is not None:
+                pending.get()
+            pending = out
+        else:
+            out.get()
+    if pending is not None:
+        pending.get()
+    return host_us
+
+
+def _warm_to_decode(runner, work: DecodeWorkload) -> None:
+    while not work.all_decoding:
+        runner.execute_model(work.next_step()).get()
+    for _ in range(3):
+        runner.execute_model(work.next_step()).get()
+
+
+def bench_host_cost(ctx: BenchContext) -> list[Row]:
+    from checks.sync import SyncReport, forbid_host_sync
+
+    config = _host_config(ctx)
+    out: list[Row] = []
+    sizes = (4,) if ctx.quick else (64, 256)
+    steps = 3 if ctx.quick else 200
+    for num_reqs in sizes:
+        block_size, prompt_len = 16, 32
+        num_blocks = num_reqs * (config.max_model_len // block_size)
+        limits = _limits(config, num_reqs, max(256, num_reqs * 2), block_size, num_blocks)
+        runner = _make_runner(ctx, config, limits)
+        _stub_forward(runner)
+        work = DecodeWorkload(num_reqs=num_reqs, prompt_len=prompt_len, vocab_size=config.vocab_size, block_size=block_size,
+                              num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens, churn=0.01, params=PARAMS, seed=ctx.seed)
+        _warm_to_decode(runner, work)
+        launches = _count_launches(ctx, lambda: _drive(runner, work, 5)) if ctx.device.is_cuda else None
+        report = SyncReport("count")
+        counted_us = _drive(runner, work, 5, around=lambda: forbid_host_sync(ctx.device.kind, mode="count", report=report))
+        host_us = _drive(runner, work, steps)
+        median = statistics.median(host_us)
+
+        baseline = V1HostBatch(num_reqs, config.max_model_len, limits.max_model_len // block_size, block_size,
+                               limits.max_num_batched_tokens, ctx.device.torch_device)
+        bwork = DecodeWorkload(num_reqs=num_reqs, prompt_len=prompt_len, vocab_size=config.vocab_size, block_size=block_size,
+                               num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens, churn=0.01, params=PARAMS, seed=ctx.seed)
+        base_us = _drive_baseline(baseline, bwork, steps)
+        base_median = statistics.median(base_us)
+        ratio = base_median / median if median else float("nan")
+        out += [
+            Row("host_cost", f"runner execute_model host time, {num_reqs} decode reqs (forward stubbed)", median, "us",
+                target="<= 150 us at 256", met=(median <= 150) if (ctx.device.is_cuda and num_reqs == 256) else None,
+                note=f"p90 {np.percentile(host_us, 90):.0f} us over {steps} steps, 1% churn"),
+            Row("host_cost", f"V1-style baseline prepare+upload, {num_reqs} reqs", base_median, "us",
+                note=f"persistent numpy batch, full block table upload ({baseline.h2d_bytes_last_step} B/step)"),
+            Row("host_cost", f"baseline / runner host time, {num_reqs} reqs", ratio, "x", target=">= 5x at 256",
+                met=(ratio >= 5) if (ctx.device.is_cuda and num_reqs == 256) else None),
+            Row("host_cost", f"host syncs per step, {num_reqs} reqs", report.count / max(1, len(counted_us)), "syncs",
+                target="0", met=report.count == 0, note=f"detector in count mode over {len(counted_us)} steps"),
+        ]
+        if launches is not None:
+            out.append(Row("host_cost", f"kernel launches per step, {num_reqs} reqs (forward stubbed)", launches / 5, "launches"))
+    return out
+
+
+def _drive_baseline(batch: V1HostBatch, work: DecodeWorkload, steps: int) -> list[float]:
+    """The same workload through the V1-style host batch: bookkeeping + prepare + upload."""
+    times: list[float] = []
+    warm = True
+    count = 0
+    while count < steps:
+        sched = work.next_step()
+        t0 = time.perf_counter()
+        for rid in sched.finished_req_ids:
+            batch.remove(rid)
+        for req in sched.new_requests:
+            batch.add(req.req_id, req.prompt_token_ids, req.block_ids)
+        for c in sched.cached_requests:
+            if c.new_block_ids:
+                batch.append_blocks(c.req_id, c.new_block_ids)
+        batch.prepare_inputs(list(sched.num_scheduled_tokens.items()))
+        for rid, n in sched.num_scheduled_tokens.items():
+            row = batch.row_of[rid]
+            if batch.num_computed[row] >= batch.num_tokens[row]:
+                batch.append_token(rid, 1)  # the sampled token a real step would append
+        if warm:
+            warm = not work.all_decoding
+            continue
+        times.append((time.perf_counter() - t0) * 1e6)
+        count += 1
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return times
+
+
+def _count_launches(ctx: BenchContext, fn) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def bench_staged_writes(ctx: BenchContext) -> list[Row]:
+    from bench.timing import device_time_us
+    from impl.buffers import StagedWriteTensor, StagingPool, StagingWriter
+
+    dev = ctx.device
+    num_reqs = 64 if ctx.quick else 1024
+    max_blocks = 64 if ctx.quick else 256
+    out: list[Row] = []
+    full_bytes = num_reqs * max_blocks * 4
+    rng = np.random.default_rng(ctx.seed)
+    for churn in (0.0, 0.01, 0.10):
+        table = StagedWriteTensor(dev, (num_reqs, max_blocks), torch.int32, "block_table")
+        pool = StagingPool(dev, num_slots=4, capacity_bytes=max(1 << 16, 2 * full_bytes))
+        steps, total = 20, 0
+        for step in range(steps):
+            # Every running request appends a block every block_size (16) steps; churned rows get a new table.
+            for row in range(num_reqs):
+                if rng.random() < churn:
+                    table.stage(row, 0, rng.integers(0, 1 << 20, size=8).tolist())
+                elif rng.random() < 1 / 16:
+                    table.stage(row, int(rng.integers(0, max_blocks)), [int(rng.integers(0, 1 << 20))])
+            writer = StagingWriter(pool, step)
+            table.flush(writer)
+            writer.submit()
+            table.enqueue_apply()
+            total += writer.bytes
+        dev.synchronize()
+        per_step = total / steps
+        out.append(Row("staged_writes", f"H2D bytes per step, {churn:.0%} churn", per_step, "B",
+                       target="< 5% of full table at 1%" if churn == 0.01 else None,
+                       met=(per_step < 0.05 * full_bytes) if churn == 0.01 else None,
+                       note=f"{per_step / full_bytes:.2%} of the full table ({full_bytes} B)"))
+    # Apply-kernel time for a 1%-churn step's diffs.
+    table = StagedWriteTensor(dev, (num_reqs, max_blocks), torch.int32, "block_table")
+    pool = StagingPool(dev, num_slots=4, capacity_bytes=1 << 20)
+
+    def one_apply() -> None:
+        for row in range(0, num_reqs, 100):
+            table.stage(row, 0, list(range(8)))
+        writer = StagingWriter(pool, 0)
+        table.flush(writer)
+        writer.submit()
+        table.enqueue_apply()
+
+    us = device_time_us(one_apply, cuda=dev.is_cuda)
+    out.append(Row("staged_writes", "stage + flush + apply (1% churn diffs), device+host time", us, "us"))
+    return out
+
+
+def bench_end_to_end(ctx: BenchContext) -> list[Row]:
+    """Qwen3-0.6B-shaped random weights, bf16: decode throughput, host vs GPU time, async vs sync."""
+    if ctx.quick:
+        config = replace(preset("micro"), max_model_len=256)
+        cases = [(2, 8, 7)]
+        dtype = torch.float32
+    else:
+        config = preset("qwen3-0.6b")
+        cases = [(64, 128, 128), (256, 512, 128)]
+        dtype = torch.bfloat16
+    out: list[Row] = []
+    for num_reqs, ctx_len, new_tokens in cases:
+        block_size = 16
+        num_blocks = num_reqs * (-(-(ctx_len + new_tokens + 8) // block_size)) + 16
+        limits = _limits(config, num_reqs, 8192 if not ctx.quick else 64, block_size, num_blocks)
+        results = {}
+        for mode in ("async", "sync"):
+            runner = _make_runner(ctx, config, limits, dtype=dtype)
+            work = DecodeWorkload(num_reqs=num_reqs, prompt_len=ctx_len, vocab_size=config.vocab_size, block_size=block_size,
+                                  num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens, churn=0.0, params=PARAMS, seed=ctx.seed)
+            _warm_to_decode(runner, work)
+            steps = new_tokens - 4
+            if ctx.device.is_cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            host_us = _drive(runner, work, steps, async_mode=(mode == "async"))
+            wall = time.perf_counter() - t0
+            gpu_us = _gpu_kernel_us_per_step(runner, work, 8, mode == "async") if ctx.device.is_cuda else None
+            results[mode] = wall
+            tag = f"{num_reqs} reqs x {ctx_len} ctx, {mode}"
+            out += [
+                Row("e2e", f"decode tokens/s, {tag}", num_reqs * steps / wall, "tok/s"),
+                Row("e2e", f"host us per step (execute_model), {tag}", statistics.median(host_us), "us"),
+                Row("e2e", f"wall us per step, {tag}", wall / steps * 1e6, "us"),
+            ]
+            if gpu_us is not None:
+                out += [
+                    Row("e2e", f"GPU kernel us per step, {tag}", gpu_us, "us"),
+                    Row("e2e", f"GPU-busy fraction, {tag}", gpu_us / (wall / steps * 1e6), "fraction"),
+                ]
+            del runner
+        out.append(Row("e2e", f"async / sync wall time, {num_reqs} reqs", results["async"] / results["sync"], "x",
+                       target="<= 1 (async never slower)", met=results["async"] <= results["sync"] * 1.02 if ctx.device.is_cuda else None))
+    return out
+
+
+def _gpu_kernel_us_per_step(runner, work: DecodeWorkload, steps: int, async_mode: bool) -> float:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _drive(runner, work, steps, async_mode=async_mode)
+        torch.cuda.synchronize()
+    total = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total / steps

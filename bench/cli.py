@@ -1,0 +1,100 @@
+"""`runnercheck bench [--quick] [--only NAME...] [--device ...] --out DIR`.
+
+Each case runs its comparison in one process and returns result rows; the command writes
+``DIR/bench.json`` and ``DIR/bench.md``.  Absolute times mean something only on a GPU (CUDA events
+via ``triton.testing.do_bench``); on CPU (``--quick`` in CI) the run is a smoke test.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from bench.common import BenchContext, Row
+
+
+def _cases() -> dict[str, Callable[[BenchContext], list[Row]]]:
+    from bench import case_runner, case_sampler
+
+    return {
+        "host_cost": case_runner.bench_host_cost,
+        "staged_writes": case_runner.bench_staged_writes,
+        "sampler": case_sampler.bench_sampler,
+        "logprobs": case_sampler.bench_logprobs,
+        "e2e": case_runner.bench_end_to_end,
+    }
+
+
+CASE_NAMES = ("host_cost", "staged_writes", "sampler", "logprobs", "e2e")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="small sizes (CPU smoke test)")
+    parser.add_argument("--only", nargs="+", choices=CASE_NAMES, metavar="NAME", help=f"cases to run: {', '.join(CASE_NAMES)}")
+    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu", "sim"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="out/bench", help="output folder (bench.json, bench.md)")
+
+
+def _markdown(meta: dict, rows: list[Row]) -> str:
+    lines = [
+        f"# runnercheck bench — {meta['date']}",
+        "",
+        f"`{meta['command']}` on {meta['device_name']} (torch {meta['torch']}, triton {meta['triton']}, "
+        f"device kind `{meta['device']}`{', quick' if meta['quick'] else ''})",
+        "",
+        "| case | measurement | value | unit | target | met | note |",
+        "|---|---|---:|---|---|---|---|",
+    ]
+    for r in rows:
+        met = "" if r.met is None else ("yes" if r.met else "**no**")
+        lines.append(f"| {r.case} | {r.name} | {r.value:.4g} | {r.unit} | {r.target or ''} | {met} | {r.note} |")
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    import triton
+
+    from impl.device import Device
+
+    dev = Device(args.device, seed=args.seed, lag_policy="run-immediately")
+    ctx = BenchContext(device=dev, quick=args.quick, seed=args.seed)
+    cases = _cases()
+    names = args.only or list(CASE_NAMES)
+    rows: list[Row] = []
+    failures: dict[str, str] = {}
+    for name in names:
+        t0 = time.perf_counter()
+        print(f"bench {name} ...", flush=True)
+        try:
+            got = cases[name](ctx)
+        except Exception as e:  # a broken case is reported, the others still run
+            failures[name] = f"{type(e).__name__}: {e}"
+            print(f"  FAILED: {failures[name]}", file=sys.stderr)
+            continue
+        rows.extend(got)
+        for r in got:
+            print(f"  {r.name:<55} {r.value:>12.4g} {r.unit}")
+        print(f"  ({time.perf_counter() - t0:.1f} s)")
+    meta = {
+        "date": _dt.date.today().isoformat(),
+        "command": "runnercheck bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
+        "device": dev.kind,
+        "device_name": torch.cuda.get_device_name(0) if dev.is_cuda else platform.processor() or "CPU",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "quick": args.quick,
+        "python": platform.python_version(),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps({"meta": meta, "rows": [r.to_dict() for r in rows], "failures": failures}, indent=2))
+    (out / "bench.md").write_text(_markdown(meta, rows))
+    print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
+    return 1 if failures else 0

@@ -1,0 +1,18 @@
+"""`runnercheck bench --quick` is a CPU smoke test: it runs every case and writes valid JSON."""
+from __future__ import annotations
+
+import json
+
+from stress.cli import main
+
+
+def test_bench_quick_writes_valid_json(tmp_path):
+    rc = main(["bench", "--quick", "--device", "sim", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert rc == 0, data["failures"]
+    cases = {row["case"] for row in data["rows"]}
+    assert cases == {"host_cost", "staged_writes", "sampler", "logprobs", "e2e"}
+    assert all(isinstance(row["value"], (int, float)) for row in data["rows"])
+    syncs = [r for r in data["rows"] if r["name"].startswith("host syncs per step")]
+    assert syncs and all(r["value"] == 0 for r in syncs)
+    assert (tmp_path / "bench.md").read_text().startswith("# runnercheck bench")
