@@ -18,6 +18,7 @@ written only by the input-prep kernel:
     logits_indices                         int64 [max_logit_rows] (sampling rows, then prompt-logprob rows)
     logits_state_rows                      int32 [max_sampling_rows] (state row of each sampling row)
     logits_positions                       int64 [max_sampling_rows] (noise position of each sampling row)
+    logits_draft_prefix                    int32 [max_sampling_rows, max_num_draft_tokens] (drafts before each row)
 """
 from __future__ import annotations
 
@@ -162,6 +163,7 @@ class InputBatch:
         self.logits_indices = device.zeros(self.max_logit_rows, torch.int64)
         self.logits_state_rows = device.zeros(self.max_sampling_rows, torch.int32)
         self.logits_positions = device.zeros(self.max_sampling_rows, torch.int64)
+        self.logits_draft_prefix = device.full((self.max_sampling_rows, max(1, max_num_draft_tokens)), -1, torch.int32)
 
     @staticmethod
     def staging_bytes_needed(max_num_reqs: int, max_num_batched_tokens: int, max_num_draft_tokens: int) -> int:
@@ -199,6 +201,7 @@ class InputBatch:
                 query_start_loc=self.query_start_loc, seq_lens=self.seq_lens, idx_mapping=self.idx_mapping,
                 block_table_out=self.block_table, logits_indices=self.logits_indices,
                 logits_rows=self.logits_state_rows, logits_positions=self.logits_positions,
+                draft_prefix=self.logits_draft_prefix,
                 num_reqs=num_reqs, num_tokens=num_tokens, padded_num_tokens=num_tokens,
                 num_sampling_rows=num_sampling_rows, num_prompt_rows=num_prompt_rows,
                 kv_block_size=block_size, max_drafts=max_drafts,

@@ -211,17 +211,18 @@ class OutputSlots:
             self._holders[slot] = None
 
     @hot_path
-    def enqueue_copy_out(self, slot: int, layout: OutputLayout, sampler_out: dict, prompt_out: dict | None, meta: StepOutputMeta) -> AsyncStepOutput:
+    def enqueue_copy_out(self, slot: int, layout: OutputLayout, results: dict, meta: StepOutputMeta) -> AsyncStepOutput:
         """Pack the step's results and copy them into ``slot`` (one D2H), record the event; returns the step's output.
 
-        ``sampler_out`` / ``prompt_out`` are filled by earlier closures of the same step (on sim they
-        run later than this call, so they are read when the pack closure runs).
+        ``results`` is filled by earlier closures of the same step (``"out"``: the sampler output,
+        ``"prompt"``: prompt logprobs); on sim they run later than this call, so it is read only
+        when the pack closure runs.
         """
         pack, host = self.pack, self.slots[slot]
         num_sampled, nbytes = self.num_sampled, layout.nbytes
 
         def copy_out() -> None:
-            out = sampler_out["out"]
+            out = results["out"]
             layout.view(pack, "tokens").copy_(out.tokens[: layout.num_rows])
             layout.view(pack, "num_sampled").copy_(num_sampled[: layout.num_reqs])
             layout.view(pack, "nan_flags").copy_(out.nan_flags[: layout.num_rows])
@@ -231,8 +232,8 @@ class OutputSlots:
                 layout.view(pack, "rank").copy_(out.rank[: layout.num_rows])
                 layout.view(pack, "top_ids").copy_(out.top_ids[: layout.num_rows, :k])
                 layout.view(pack, "top_logprobs").copy_(out.top_logprobs[: layout.num_rows, :k])
-            if prompt_out is not None and layout.num_prompt_rows > 0 and layout.num_prompt_top >= 0:
-                p, k = prompt_out["out"], layout.num_prompt_top
+            if layout.num_prompt_rows > 0 and layout.num_prompt_top >= 0:
+                p, k = results["prompt"], layout.num_prompt_top
                 n = layout.num_prompt_rows
                 layout.view(pack, "prompt_logprob").copy_(p.logprob[:n])
                 layout.view(pack, "prompt_rank").copy_(p.rank[:n])

@@ -5,7 +5,7 @@ dummy forward to measure memory (nothing correctness needs happens there), `exec
 steps.  The step's pieces live in their own modules: rows and the host mirror (`impl.state`),
 block tables (`impl.block_table`), the step plan and input buffers (`impl.input_batch`), the
 input-prep and post-update kernels (`impl.kernels`), the model (`impl.model.forward`), sampling
-(`impl.kernels.interim_sample` until `impl.sample` is wired) and the output ring (`impl.output`).
+(`impl.sample`) and the output ring (`impl.output`).
 
 Device work of a step, in one submit order on the one stream: H2D of the staging slot -> staged
 write applies -> input prep -> forward -> sampler -> post-update -> pack + one D2H into a pinned
@@ -28,13 +28,13 @@ from impl.block_table import BlockTable
 from impl.buffers import StagingPool, StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
-from impl.input_batch import InputBatch, StepPlan, plan_step
+from impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
 from impl.interface import ModelRunnerOutput, RunnerLimits, SchedulerOutput, effective_seed, validate_scheduler_output
-from impl.kernels.interim_sample import InterimSampler, InterimSamplingState
 from impl.kernels.post_update import launch_post_update
 from impl.model.forward import PagedDecoder
 from impl.model.weights import ModelWeights
 from impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
+from impl.sample import LogprobsComputer, Sampler, SamplingState
 from impl.state import RequestStateTable
 
 
@@ -95,9 +95,9 @@ class ModelRunner:
             max_blocks_per_req=self.block_table.max_blocks_per_req, max_num_draft_tokens=lim.max_num_draft_tokens,
         )
         self.model = PagedDecoder(self.weights, dev, dtype=self.dtype, num_kv_blocks=lim.num_kv_blocks, block_size=lim.block_size)
-        self.sampling_state = InterimSamplingState(dev, lim.max_num_reqs, lim.vocab_size)
-        self.sampler = InterimSampler(dev, lim.vocab_size, lim.max_logprobs)
-        self.sampled_tokens = dev.zeros(self.input_batch.max_sampling_rows, torch.int64)
+        self.sampling_state = SamplingState(dev, lim.max_num_reqs, lim.vocab_size)
+        self.sampler = Sampler(dev, lim.vocab_size, lim.max_logprobs, max_num_rows=self.input_batch.max_sampling_rows)
+        self.prompt_logprobs = LogprobsComputer(dev, lim.vocab_size, lim.max_logprobs, self.input_batch.max_prompt_rows)
         self.outputs = OutputSlots(
             dev, num_slots=self._output_slots, max_num_reqs=lim.max_num_reqs,
             max_logit_rows=self.input_batch.max_sampling_rows, max_prompt_rows=self.input_batch.max_prompt_rows,
@@ -186,7 +186,6 @@ class ModelRunner:
         validate_scheduler_output(sched, live, self.limits)
         self.state.check_computed_counts(sched)
         self.block_table.check(sched, live)
-        InterimSamplingState.check(sched)
 
     def _update_rows(self, sched: SchedulerOutput) -> dict[str, int]:
         for req_id in sorted(sched.finished_req_ids | sched.preempted_req_ids):
@@ -208,31 +207,34 @@ class ModelRunner:
         self.block_table.enqueue_apply()
         self.sampling_state.enqueue_apply()
 
-    def _enqueue_model_and_sampling(self, plan: StepPlan, staged) -> dict:
+    def _enqueue_model_and_sampling(self, plan: StepPlan, staged: StagedStepArrays) -> dict:
         ib, result = self.input_batch, {}
         num_reqs, num_tokens = plan.num_reqs, plan.num_tokens
-        num_rows, num_logits = plan.num_sampling_rows, plan.num_sampling_rows + plan.num_prompt_rows
+        num_rows, num_prompt_rows = plan.num_sampling_rows, plan.num_prompt_rows
         max_query_len, max_seq_len, max_num_logprobs = plan.max_query_len, plan.max_seq_len, plan.max_num_logprobs
+        draft_prefix = ib.logits_draft_prefix if len(plan.drafts) else None
+        prompt_top = plan.max_num_prompt_logprobs
 
         def forward() -> None:
             result["logits"] = self.model.forward(
                 ib.input_ids, ib.positions, ib.slot_mapping, ib.query_start_loc, ib.seq_lens, ib.block_table,
-                ib.logits_indices[:num_logits], num_reqs=num_reqs, num_tokens=num_tokens,
+                ib.logits_indices[: num_rows + num_prompt_rows], num_reqs=num_reqs, num_tokens=num_tokens,
                 max_query_len=max_query_len, max_seq_len=max_seq_len,
             )
 
         def sample() -> None:
-            out = self.sampler.sample(
-                result["logits"][:num_rows], self.sampling_state, ib.logits_state_rows, ib.logits_positions,
-                num_rows=num_rows, max_num_logprobs=max_num_logprobs,
+            logits = result["logits"]
+            result["out"] = self.sampler.sample(
+                logits[:num_rows], self.sampling_state, ib.logits_state_rows, ib.logits_positions,
+                num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=max_num_logprobs,
             )
-            result["out"] = out
-            self.sampled_tokens[:num_rows].copy_(out.tokens[:num_rows])
+            if num_prompt_rows:
+                result["prompt"] = self.prompt_logprobs.launch(logits[num_rows:], staged.prompt_targets, num_prompt_rows, prompt_top)
 
         def post_update() -> None:
             launch_post_update(
                 rows=staged.rows, cu=staged.cu, logits_start=staged.logits_start, draft_start=staged.draft_start,
-                drafts=staged.drafts, sampled=self.sampled_tokens, row_state=self.state.base,
+                drafts=staged.drafts, sampled=self.sampler.tokens, row_state=self.state.base,
                 num_sampled=self.outputs.num_sampled, row_valid=self.outputs.row_valid,
                 num_reqs=num_reqs, max_drafts=self.limits.max_num_draft_tokens,
             )
@@ -240,7 +242,7 @@ class ModelRunner:
         self.device.enqueue(forward, "forward")
         self.device.enqueue(sample, "sample")
         self.device.enqueue(post_update, "post update")
-        self.sampling_state.enqueue_post_update(ib.logits_state_rows, self.sampled_tokens, self.outputs.row_valid, num_rows)
+        self.sampling_state.enqueue_post_update(ib.logits_state_rows, self.sampler.tokens, self.outputs.row_valid, num_rows)
         return result
 
     def _enqueue_output(self, step_id: int, plan: StepPlan, result: dict, seeds: dict[str, int]) -> AsyncStepOutput:
@@ -249,7 +251,7 @@ class ModelRunner:
         meta = StepOutputMeta(step_id, plan.req_ids, plan.logits_start.astype("int64"), plan.num_logprobs,
                               plan.prompt_requests, plan.prompt_targets, seeds)
         slot = self.outputs.acquire()
-        return self.outputs.enqueue_copy_out(slot, layout, result, None, meta)
+        return self.outputs.enqueue_copy_out(slot, layout, result, meta)
 
     def _record_stats(self, step_id: int, num_reqs: int, num_tokens: int, writer: StagingWriter, enqueued_before: int, started: float) -> None:
         self.last_step_stats = StepStats(step_id, num_reqs, num_tokens, writer.bytes, self.device.num_enqueued - enqueued_before,

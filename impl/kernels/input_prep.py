@@ -11,8 +11,9 @@ writes, for its tokens ``[query_start_loc[i], query_start_loc[i + 1])``:
   ``seq_lens[i]`` (context length after the step), ``idx_mapping[i]``, ``query_start_loc``;
 * the gathered block-table row ``block_table_out[i]`` (the blocks covering the context);
 * its logit rows ``[logits_start[i], logits_start[i] + 1 + k)``: the token index of the last
-  ``1 + k`` scheduled tokens, the state row, and the noise position (the index of the token the
-  row produces, i.e. input position + 1).
+  ``1 + k`` scheduled tokens, the state row, the noise position (the index of the token the
+  row produces, i.e. input position + 1), and the draft prefix (row j: drafts ``d_1..d_j``,
+  -1 padded; the sampler counts them as outputs for penalties).
 
 One extra *tail* program pads tokens ``[num_tokens, padded_num_tokens)`` (slot -1) and copies the
 host-computed prompt-logprob token indices after the sampling rows.  The host uploads only the
@@ -34,11 +35,12 @@ def _prepare_inputs_kernel(
     row_state_ptr, prefill_ptr, prefill_row_stride, block_table_ptr, block_table_row_stride,
     input_ids_ptr, positions_ptr, slot_mapping_ptr, query_start_loc_ptr, seq_lens_ptr, idx_mapping_ptr,
     block_table_out_ptr, block_table_out_row_stride,
-    logits_indices_ptr, logits_rows_ptr, logits_positions_ptr,
+    logits_indices_ptr, logits_rows_ptr, logits_positions_ptr, draft_prefix_ptr, draft_prefix_row_stride,
     num_reqs, num_tokens, padded_num_tokens, num_sampling_rows, num_prompt_rows,
     ROW_FIELDS: tl.constexpr, COL_COMPUTED: tl.constexpr, COL_TOKENS: tl.constexpr,
     COL_PREFILL: tl.constexpr, COL_LAST: tl.constexpr,
     KV_BLOCK_SIZE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_LOGITS: tl.constexpr,
+    MAX_DRAFTS: tl.constexpr, BLOCK_DRAFTS: tl.constexpr,
 ):
     i = tl.program_id(0)
     if i == num_reqs:
@@ -107,6 +109,13 @@ def _prepare_inputs_kernel(
     tl.store(logits_indices_ptr + l_start + r, (q_end - 1 - k + r).to(tl.int64), mask=m)
     tl.store(logits_rows_ptr + l_start + r, row + r * 0, mask=m)
     tl.store(logits_positions_ptr + l_start + r, (seq_len - k + r).to(tl.int64), mask=m)
+    if MAX_DRAFTS > 0:
+        # Row r's penalties count drafts d_1..d_r as outputs: its prefix, padded with -1.
+        c = tl.arange(0, BLOCK_DRAFTS)
+        in_prefix = (c[None, :] < r[:, None]) & m[:, None]
+        prefix = tl.load(drafts_ptr + d_start + c[None, :] + r[:, None] * 0, mask=in_prefix, other=-1)
+        dst = draft_prefix_ptr + (l_start + r[:, None]).to(tl.int64) * draft_prefix_row_stride + c[None, :]
+        tl.store(dst, tl.where(in_prefix, prefix, -1), mask=m[:, None] & (c[None, :] < MAX_DRAFTS))
 
 
 def launch_prepare_inputs(
@@ -117,7 +126,7 @@ def launch_prepare_inputs(
     input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, idx_mapping: torch.Tensor,
     block_table_out: torch.Tensor, logits_indices: torch.Tensor, logits_rows: torch.Tensor,
-    logits_positions: torch.Tensor,
+    logits_positions: torch.Tensor, draft_prefix: torch.Tensor,
     num_reqs: int, num_tokens: int, padded_num_tokens: int, num_sampling_rows: int, num_prompt_rows: int,
     kv_block_size: int, max_drafts: int,
 ) -> None:
@@ -129,9 +138,10 @@ def launch_prepare_inputs(
         row_state, prefill_tokens, prefill_tokens.stride(0), block_table, block_table.stride(0),
         input_ids, positions, slot_mapping, query_start_loc, seq_lens, idx_mapping,
         block_table_out, block_table_out.stride(0),
-        logits_indices, logits_rows, logits_positions,
+        logits_indices, logits_rows, logits_positions, draft_prefix, draft_prefix.stride(0),
         num_reqs, num_tokens, padded_num_tokens, num_sampling_rows, num_prompt_rows,
         ROW_FIELDS=NUM_ROW_FIELDS, COL_COMPUTED=NUM_COMPUTED, COL_TOKENS=NUM_TOKENS,
         COL_PREFILL=PREFILL_LEN, COL_LAST=LAST_TOKEN,
         KV_BLOCK_SIZE=kv_block_size, BLOCK=128, BLOCK_LOGITS=max(2, triton.next_power_of_2(max_drafts + 1)),
+        MAX_DRAFTS=max_drafts, BLOCK_DRAFTS=max(2, triton.next_power_of_2(max_drafts)),
     )

@@ -63,6 +63,7 @@ def _buffers(dev: Device, tokens: int, logit_rows: int):
         seq_lens=dev.full(ROWS, -7, torch.int32), idx_mapping=dev.full(ROWS, -7, torch.int32),
         block_table_out=dev.full((ROWS, MAX_BLOCKS), -7, torch.int32), logits_indices=dev.full(logit_rows, -7, torch.int64),
         logits_rows=dev.full(logit_rows, -7, torch.int32), logits_positions=dev.full(logit_rows, -7, torch.int64),
+        draft_prefix=dev.full((logit_rows, MAX_DRAFTS), -7, torch.int32),
     )
 
 
@@ -106,6 +107,8 @@ def test_input_prep_matches_python_rules():
     assert out["logits_indices"][num_sampling:].tolist() == [0, 2]
     assert out["logits_rows"][:num_sampling].tolist() == lrows
     assert out["logits_positions"][:num_sampling].tolist() == lpos
+    # Draft rows count the drafts before them (request 2: rows 2, 3, 4 with drafts 8, 9).
+    assert out["draft_prefix"][:num_sampling].tolist() == [[-1, -1], [-1, -1], [-1, -1], [8, -1], [8, 9], [-1, -1]]
 
 
 @pytest.mark.parametrize("targets,accepted", [([8, 4, 5], 1), ([8, 9, 5], 2), ([1, 9, 5], 0)])

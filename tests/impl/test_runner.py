@@ -16,6 +16,7 @@ from impl.interface import (
     CapacityError,
     DuplicateRequestError,
     FinishedAndScheduledError,
+    LogprobsLimitError,
     MaxModelLenError,
     NewRequest,
     RunnerLimits,
@@ -126,18 +127,24 @@ class ScriptedScheduler:
             r.sampled_this_admission += 1
 
 
-def scenario() -> ScriptedScheduler:
-    greedy = SamplingParams(temperature=0.0, max_tokens=5)
-    hot = SamplingParams(temperature=0.9, seed=1234, max_tokens=6)
-    default = SamplingParams(temperature=1.0, max_tokens=4)
+def scenario(features: str = "light") -> ScriptedScheduler:
+    """Seven requests through four rows: admissions over time, chunked prefill, two preempt/resumes.
+
+    ``light``: greedy, temperature (seeded and derived seeds), penalties and min-p -- the sampling
+    paths that are cheap under the Triton interpreter, used for the lag-policy runs.  ``full``
+    adds top-k, top-p, logprobs and prompt logprobs (oracle-checked once on cpu, and on cuda).
+    """
+    sp = SamplingParams
+    full = features == "full"
     arrivals = [
-        _Req("a", tuple(range(3, 23)), greedy, 0),  # 20-token prompt: chunked over two steps
-        _Req("b", (7, 8, 9), hot, 0),
-        _Req("c", tuple(range(100, 109)), default, 1),
-        _Req("d", (42,), hot, 2),
-        _Req("e", tuple(range(50, 62)), greedy, 3),  # waits for a free row
-        _Req("f", (5, 6, 7, 8, 9, 10), default, 4),
-        _Req("g", tuple(range(200, 205)), hot, 6),
+        _Req("a", tuple(range(3, 23)), sp(temperature=0.0, logprobs=2 if full else None, max_tokens=3 if full else 5), 0),
+        _Req("b", (7, 8, 9), sp(temperature=0.9, seed=1234, top_k=20 if full else -1, top_p=0.9 if full else 1.0,
+                                repetition_penalty=1.3, max_tokens=6), 0),
+        _Req("c", tuple(range(100, 109)), sp(min_p=0.05, frequency_penalty=0.5, prompt_logprobs=3 if full else None, max_tokens=4), 1),
+        _Req("d", (42,), sp(temperature=0.7, presence_penalty=0.7, max_tokens=6), 2),
+        _Req("e", tuple(range(50, 62)), sp(temperature=0.0, repetition_penalty=1.2, max_tokens=5), 3),
+        _Req("f", (5, 6, 7, 8, 9, 10), sp(max_tokens=4), 4),
+        _Req("g", tuple(range(200, 205)), sp(temperature=1.2, seed=99, top_k=5 if full else -1, max_tokens=6), 6),
     ]
     return ScriptedScheduler(LIMITS, arrivals, preempt_at={3: "c", 5: "b"})
 
@@ -204,15 +211,19 @@ def trace_judge(reference_trace: list):
     return judge
 
 
-@pytest.fixture(scope="module")
-def oracle_checked_trace():
-    """The scripted run on cpu, every step judged by the float64 oracle (computed once per module)."""
+def _oracle_run(device: Device, features: str) -> tuple[list, dict, ModelRunner]:
     weights = _weights()
-    runner = make_runner(weights, LIMITS, Device("cpu"), 5)
+    runner = make_runner(weights, LIMITS, device, 5)
     oracle = reference_runner.ReferenceRunner(weights, LIMITS, base_seed=5)
     stats: dict = {}
-    trace = drive(runner, oracle_judge(oracle, stats), scenario())
+    trace = drive(runner, oracle_judge(oracle, stats), scenario(features))
     return trace, stats, runner
+
+
+@pytest.fixture(scope="module")
+def oracle_checked_trace():
+    """The light scripted run on cpu, every step judged by the float64 oracle (once per module)."""
+    return _oracle_run(Device("cpu"), "light")
 
 
 def test_runner_matches_oracle_cpu(oracle_checked_trace):
@@ -225,6 +236,12 @@ def test_runner_matches_oracle_cpu(oracle_checked_trace):
     assert any(len(v) == 0 for _, out in trace for v in out.sampled_token_ids), "no partial prefill chunk"
 
 
+def test_runner_matches_oracle_cpu_all_sampling_features():
+    trace, stats, _ = _oracle_run(Device("cpu"), "full")
+    assert stats["tokens"] >= 30
+    assert any(out.prompt_logprobs for _, out in trace) and any(lp for _, out in trace for lp in out.logprobs)
+
+
 @pytest.mark.parametrize("policy", ["run-immediately", "lag-2-steps", "random-drain"])
 def test_runner_matches_oracle_sim(policy, oracle_checked_trace):
     trace, _, _ = oracle_checked_trace
@@ -233,12 +250,9 @@ def test_runner_matches_oracle_sim(policy, oracle_checked_trace):
 
 
 @pytest.mark.gpu
-def test_runner_matches_oracle_cuda():
-    weights = _weights()
-    runner = make_runner(weights, LIMITS, Device("cuda"), 5)
-    oracle = reference_runner.ReferenceRunner(weights, LIMITS, base_seed=5)
-    stats: dict = {}
-    drive(runner, oracle_judge(oracle, stats), scenario())
+@pytest.mark.parametrize("features", ["light", "full"])
+def test_runner_matches_oracle_cuda(features):
+    _, stats, _ = _oracle_run(Device("cuda"), features)
     assert stats["tokens"] >= 30
 
 
@@ -255,8 +269,9 @@ def _fingerprint(runner: ModelRunner) -> str:
     h.update(st.prefill_tokens.numpy().tobytes())
     h.update(runner.block_table.num_blocks.tobytes())
     h.update(repr([s.state for s in runner.staging.slots]).encode())
-    pending = (st.row_state.num_pending, runner.block_table.table.num_pending,
-               runner.sampling_state.temperature.num_pending, runner.sampling_state.seed.num_pending)
+    ss = runner.sampling_state
+    pending = (st.row_state.num_pending, runner.block_table.table.num_pending, ss.num_pending,
+               [t.num_pending for t in ss._staged])
     h.update(repr(pending).encode())
     h.update(repr(runner.device.step_index).encode())
     return h.hexdigest()
@@ -278,6 +293,7 @@ def _bad_variants(sched_step: int, runner: ModelRunner) -> list[tuple[type, Sche
         (TokenOutOfVocabError, one_new(NewRequest("x", (1, 999), good, (0,)), 2)),
         (SamplingParamsError, one_new(NewRequest("x", (1, 2), SamplingParams(temperature=-1.0), (0,)), 2)),
         (SamplingParamsError, one_new(NewRequest("x", (1, 2), SamplingParams(top_p=0.0), (0,)), 2)),
+        (LogprobsLimitError, one_new(NewRequest("x", (1, 2), SamplingParams(logprobs=LIMITS.max_logprobs + 1), (0,)), 2)),
         (BlockIdError, one_new(NewRequest("x", (1, 2), good, (LIMITS.num_kv_blocks,)), 2)),
         (BlockIdError, one_new(NewRequest("x", (1,) * 8, good, (0,)), 8)),
         (BlockIdError, one_new(NewRequest("x", (1, 2), good, tuple(range(17))), 2)),
