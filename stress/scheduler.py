@@ -90,7 +90,6 @@ class _Request:
     num_computed: int = 0  # tokens scheduled since admission (rolled back after drafts)
     pending_samples: int = 0  # in-flight steps that will sample for it
     drafts_in_flight: bool = False
-    admission_seq: int = -1
     finish_reason: str | None = None
 
     def known_tokens(self) -> int:
@@ -135,7 +134,6 @@ class SchedulerSim:
         self._force_preempt: set[str] = set()
         self._inflight: deque[_StepRecord] = deque()
         self._next_step_id = 0
-        self._admissions = 0
         self.stats = SchedulerStats()
 
     # ---------------------------------------------------------------- requests from outside
@@ -307,8 +305,6 @@ class SchedulerSim:
             req.outputs_at_admission = len(req.outputs)
             req.num_computed = n
             req.drafts_in_flight = False
-            req.admission_seq = self._admissions
-            self._admissions += 1
             self._running.append(req)
             live += 1
             new_requests.append(NewRequest(req.req_id, req.prompt, req.params, tuple(req.blocks), tuple(req.outputs)))

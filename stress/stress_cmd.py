@@ -139,7 +139,8 @@ def apply_mutant(name: str, runner: object, device: object) -> None:
         raise StressSetupError(f"--mutant {name!r}: {e}") from None
 
 
-def run_config(config: StressConfig, before_tick: Callable, *, show_progress: bool = True) -> tuple[Session, RunResult]:
+def run_config(config: StressConfig, before_tick: Callable, *, show_progress: bool = True,
+               on_step: Callable[[StepReport], None] | None = None) -> tuple[Session, RunResult]:
     """Build the session and run it; ``before_tick`` is the churn or a trace replay."""
     session = build_session(config)
     before_enqueue = None
@@ -156,9 +157,11 @@ def run_config(config: StressConfig, before_tick: Callable, *, show_progress: bo
     )
     counts = {"ties": 0, "tokens": 0}
 
-    def on_step(report: StepReport) -> None:
+    def count(report: StepReport) -> None:
         counts["ties"] += len(report.comparison.ties)
         counts["tokens"] += report.comparison.tokens_compared
+        if on_step is not None:
+            on_step(report)
 
     with progress:
         task = progress.add_task(f"stress {config.device} seed {config.seed}", total=config.steps, status="")
@@ -167,7 +170,7 @@ def run_config(config: StressConfig, before_tick: Callable, *, show_progress: bo
             before_tick(tick, scheduler)
             progress.update(task, completed=tick, status=f"{counts['tokens']} tokens, {counts['ties']} ties")
 
-        driver = DifferentialRun(session.runner, session.oracle, session.scheduler, on_step=on_step,
+        driver = DifferentialRun(session.runner, session.oracle, session.scheduler, on_step=count,
                                  before_tick=ticking, before_enqueue=before_enqueue)
         result = driver.run(config.steps)
         progress.update(task, completed=config.steps)
@@ -189,15 +192,15 @@ def print_summary(config: StressConfig, result: RunResult, title: str) -> None:
          + (f" (delays {describe_policy(config.delay_policy)})" if config.delay_policy else "")),
         ("runner", config.runner + (f"  mutant={config.mutant}" if config.mutant else "")),
         ("model", f"{config.model_preset or 'custom'} (vocab {config.model_config.vocab_size}, {config.model_config.num_layers} layers)"),
-        ("seed / ticks / steps compared", f"{config.seed} / {result.ticks} / {result.steps}"),
+        ("seed, ticks, steps compared", f"{config.seed}, {result.ticks}, {result.steps}"),
         ("requests added / finished", f"{result.requests} / {result.finished}"),
         ("tokens / logprobs compared", f"{result.tokens_compared} / {result.logprobs_compared}"),
         ("ties adopted", str(len(result.ties))),
     ]
     if stats is not None:
         rows += [
-            ("preempted (blocks / forced), resumed", f"{stats.preempted_for_blocks} / {stats.preempted_forced}, {stats.resumed}"),
-            ("aborted, dropped late tokens, draft steps", f"{stats.aborted}, {stats.dropped_tokens}, {stats.draft_steps}"),
+            ("preempted blocks/forced, resumed", f"{stats.preempted_for_blocks} / {stats.preempted_forced}, {stats.resumed}"),
+            ("aborted, late dropped, drafts", f"{stats.aborted}, {stats.dropped_tokens}, {stats.draft_steps}"),
         ]
     rows.append(("elapsed", f"{result.elapsed_s:.1f} s"))
     for k, v in rows:

@@ -214,3 +214,46 @@ def test_stress_setup_errors_exit_2(tmp_path, capsys, extra, message: str) -> No
     args += extra
     assert cli_main(args) == 2
     assert message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- replay determinism
+
+
+def sim_config(runner: str, seed: int, steps: int):
+    from impl.model.weights import preset
+    from stress.scheduler import SchedulerConfig
+    from stress.stress_cmd import StressConfig, default_limits
+
+    config = preset("micro")
+    return StressConfig(seed=seed, steps=steps, device="sim", model_preset="micro", model_config=config,
+                        limits=default_limits(config), scheduler=SchedulerConfig(1, 0.3),
+                        lag_policy={"name": "random-drain", "seed": seed, "p_stall": 0.5}, delay_policy=None,
+                        mutant=None, runner=runner)
+
+
+def record_outputs(config, before_tick) -> list:
+    from stress.stress_cmd import run_config
+
+    seen = []
+    _, result = run_config(config, before_tick, show_progress=False, on_step=lambda report: seen.append(report.got))
+    assert result.ok, result.first_divergence_line()
+    return seen
+
+
+@pytest.mark.parametrize("runner,steps", [("stress.runners:simple_runner", 30), ("impl.runner:make_runner", 8)])
+def test_trace_replay_is_bit_for_bit_on_sim(runner: str, steps: int) -> None:
+    """Replaying the recorded trace re-creates every step's output exactly (the async runner on a
+    randomly draining sim device included): what `runnercheck replay` relies on."""
+    pytest.importorskip("reference.runner")
+    pytest.importorskip(runner.split(":")[0])
+    from stress.churn import Churn, ChurnConfig, TraceReplay
+
+    config = sim_config(runner, seed=11, steps=steps)
+    # greedy/temperature only: what every runner in this repository samples today
+    plain = ChurnConfig(top_k_prob=0, top_p_prob=0, min_p_prob=0, penalty_prob=0, logprobs_prob=0,
+                        prompt_logprobs_prob=0, add_prob=0.9)
+    churn = Churn(config.limits, seed=11, config=plain)
+    first = record_outputs(config, churn)
+    assert sum(len(t) for out in first for t in out.sampled_token_ids) > steps // 2
+    again = record_outputs(config, TraceReplay(churn.trace))
+    assert again == first
