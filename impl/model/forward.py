@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from impl.device import Device
-from impl.kernels.attention import paged_attention, write_kv_cache
+from impl.kernels.attention import paged_attention, rope_and_write_kv_cache
 from impl.model.weights import ModelConfig, ModelWeights
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -69,41 +69,30 @@ class PagedKVCache:
 class _DeviceLayer:
     """One layer's device weights.  q/k/v and gate/up are fused so each is one matmul launch."""
 
-    input_norm: torch.Tensor  # fp32 [hidden]
+    input_norm: torch.Tensor  # [hidden]
     qkv_weight: torch.Tensor  # [(heads + 2 kv_heads) * head_dim, hidden]
     qkv_bias: torch.Tensor | None
-    q_norm: torch.Tensor | None  # fp32 [head_dim]
-    k_norm: torch.Tensor | None  # fp32 [head_dim]
+    q_norm: torch.Tensor | None  # [head_dim]
+    k_norm: torch.Tensor | None  # [head_dim]
     o_proj: torch.Tensor  # [hidden, heads * head_dim]
-    post_attn_norm: torch.Tensor  # fp32 [hidden]
+    post_attn_norm: torch.Tensor  # [hidden]
     gate_up: torch.Tensor  # [2 * intermediate, hidden]: gate rows first, then up rows
     down_proj: torch.Tensor  # [hidden, intermediate]
-
-
-def _rms_norm(x: torch.Tensor, weight_fp32: torch.Tensor, eps: float) -> torch.Tensor:
-    # Statistics in fp32 whatever the activation dtype: bf16 sums of squares lose too much.
-    xf = x.float()
-    normed = xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + eps) * weight_fp32
-    return normed.to(x.dtype)
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE of ``x`` ``[T, heads, head_dim]`` with ``cos``/``sin`` ``[T, 1, head_dim/2]``."""
-    xf = x.float()
-    x1, x2 = xf.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
 class PagedDecoder:
     """The runner's built-in decoder: weights, RoPE tables and the paged KV cache on one device.
 
     Ownership: every tensor here is owned by this object, lives on the device, is made once at
-    construction and lives as long as the runner.  Weights (``embed``, ``layers``, ``lm_head`` in
-    the model dtype; norm weights in fp32) and the RoPE tables (``rope_cos``/``rope_sin``, fp32
-    ``[max_model_len, head_dim / 2]``, angles computed in float64) are written only at
-    construction.  ``kv_cache`` is a `PagedKVCache` written only by `forward`'s cache-write kernel.
-    The input tensors of `forward` belong to the caller (the input batch); activations are
-    per-call temporaries.
+    construction and lives as long as the runner.  Weights (``embed``, ``layers``, ``lm_head``, all
+    in the model dtype; q/k/v and gate/up fused into one matrix each) and the RoPE tables
+    (``rope_cos``/``rope_sin``, fp32 ``[max_model_len, head_dim / 2]``, angles computed in
+    float64) are written only at construction.  ``kv_cache`` is a `PagedKVCache` written only by
+    `forward`'s cache-write kernel.  The input tensors of `forward` belong to the caller (the
+    input batch) and are only read; activations are per-call temporaries.
+
+    Precision: matmuls in the model dtype with fp32 accumulation; RMSNorm statistics, q/k norm and
+    RoPE in fp32; attention softmax in fp32; logits returned as fp32.
     """
 
     def __init__(self, weights: ModelWeights, device: Device, *, dtype: torch.dtype, num_kv_blocks: int, block_size: int):
@@ -118,28 +107,25 @@ class PagedDecoder:
         def put(t: torch.Tensor) -> torch.Tensor:
             return device.to_device(t.detach().to(dtype).contiguous())
 
-        def put_fp32(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else device.to_device(t.detach().to(torch.float32).contiguous())
-
         self.layers: list[_DeviceLayer] = []
         for lw in weights.layers:
             qkv_bias = None
             if config.qkv_bias:
                 qkv_bias = put(torch.cat((lw.q_bias, lw.k_bias, lw.v_bias)))
             self.layers.append(_DeviceLayer(
-                input_norm=put_fp32(lw.input_norm),
+                input_norm=put(lw.input_norm),
                 qkv_weight=put(torch.cat((lw.q_proj, lw.k_proj, lw.v_proj), dim=0)),
                 qkv_bias=qkv_bias,
-                q_norm=put_fp32(lw.q_norm) if config.qk_norm else None,
-                k_norm=put_fp32(lw.k_norm) if config.qk_norm else None,
+                q_norm=put(lw.q_norm) if config.qk_norm else None,
+                k_norm=put(lw.k_norm) if config.qk_norm else None,
                 o_proj=put(lw.o_proj),
-                post_attn_norm=put_fp32(lw.post_attn_norm),
+                post_attn_norm=put(lw.post_attn_norm),
                 gate_up=put(torch.cat((lw.gate_proj, lw.up_proj), dim=0)),
                 down_proj=put(lw.down_proj),
             ))
         self.embed = put(weights.embed)
         self.lm_head = self.embed if config.tie_word_embeddings else put(weights.lm_head)
-        self.final_norm = put_fp32(weights.final_norm)
+        self.final_norm = put(weights.final_norm)
 
         half = config.head_dim // 2
         inv_freq = config.rope_theta ** (-torch.arange(half, dtype=torch.float64) * 2.0 / config.head_dim)
@@ -204,34 +190,29 @@ class PagedDecoder:
                                  logits_indices, num_reqs, num_tokens, max_query_len, max_seq_len)
         c = self.config
         T = num_tokens
-        # Clamped so a garbage position in a padding row cannot index outside the table (a
-        # device-side assert would kill the CUDA context); real positions are < max_model_len.
-        pos = positions[:T].clamp(0, c.max_model_len - 1)
-        cos = self.rope_cos.index_select(0, pos).unsqueeze(1)
-        sin = self.rope_sin.index_select(0, pos).unsqueeze(1)
-
+        hidden = (c.hidden_size,)
+        # Few, large launches: host time per step is dominated by launch count (RMSNorm is one
+        # torch op with fp32 statistics, the residual adds ride in addmm, q/k norm + RoPE + cache
+        # write are one kernel).
         x = F.embedding(input_ids[:T], self.embed)
         for layer, k_cache, v_cache in zip(self.layers, self.kv_cache.layer_k, self.kv_cache.layer_v):
-            h = _rms_norm(x, layer.input_norm, self.eps)
+            h = F.rms_norm(x, hidden, layer.input_norm, self.eps)
             q, k, v = F.linear(h, layer.qkv_weight, layer.qkv_bias).split(self._qkv_split, dim=-1)
-            q = q.view(T, c.num_heads, c.head_dim)
-            k = k.view(T, c.num_kv_heads, c.head_dim)
-            v = v.view(T, c.num_kv_heads, c.head_dim)
-            if layer.q_norm is not None:
-                q = _rms_norm(q, layer.q_norm, self.eps)
-                k = _rms_norm(k, layer.k_norm, self.eps)
-            q = _apply_rope(q, cos, sin)
-            k = _apply_rope(k, cos, sin)
-            write_kv_cache(k, v, k_cache, v_cache, slot_mapping, T, check=False)
-            attn = torch.empty_like(q)
-            paged_attention(q, k_cache, v_cache, block_table, query_start_loc, seq_lens, attn,
+            q_rotated = torch.empty((T, c.num_heads, c.head_dim), dtype=self.dtype, device=x.device)
+            rope_and_write_kv_cache(
+                q.view(T, c.num_heads, c.head_dim), k.view(T, c.num_kv_heads, c.head_dim),
+                v.view(T, c.num_kv_heads, c.head_dim), q_rotated, k_cache, v_cache, slot_mapping, positions,
+                self.rope_cos, self.rope_sin, layer.q_norm, layer.k_norm, eps=self.eps, num_tokens=T, check=False,
+            )
+            attn = torch.empty_like(q_rotated)
+            paged_attention(q_rotated, k_cache, v_cache, block_table, query_start_loc, seq_lens, attn,
                             num_reqs=num_reqs, num_tokens=T, max_query_len=max_query_len, scale=self.scale, check=False)
-            x = x + F.linear(attn.view(T, c.num_heads * c.head_dim), layer.o_proj)
-            h = _rms_norm(x, layer.post_attn_norm, self.eps)
+            x = torch.addmm(x, attn.view(T, c.num_heads * c.head_dim), layer.o_proj.t())
+            h = F.rms_norm(x, hidden, layer.post_attn_norm, self.eps)
             gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_proj)
+            x = torch.addmm(x, F.silu(gate) * up, layer.down_proj.t())
 
-        h = _rms_norm(x.index_select(0, logits_indices), self.final_norm, self.eps)
+        h = F.rms_norm(x.index_select(0, logits_indices), hidden, self.final_norm, self.eps)
         return F.linear(h, self.lm_head).float()
 
 

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from impl.device import Device
-from impl.kernels.attention import AttentionArgumentError, attention_launch, paged_attention, write_kv_cache
+from impl.kernels.attention import (
+    AttentionArgumentError, attention_launch, paged_attention, rope_and_write_kv_cache, write_kv_cache,
+)
 
 
 def dense_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -182,6 +184,57 @@ def test_padding_slots_write_nothing():
         want_k = key[written[s]] if s in written else before_k.view(16, 2, 16)[s]
         want_v = value[written[s]] if s in written else before_v.view(16, 2, 16)[s]
         assert torch.equal(flat_k[s], want_k) and torch.equal(flat_v[s], want_v), f"slot {s}"
+
+
+def _rotate_half_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """float64 RoPE of x [T, heads, D]: x * cos + rotate_half(x) * sin, angles pos * theta^(-2i/D)."""
+    dim = x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angle = positions.double()[:, None] * inv_freq[None, :]
+    cos, sin = torch.cat((angle.cos(), angle.cos()), -1)[:, None], torch.cat((angle.sin(), angle.sin()), -1)[:, None]
+    rotated = torch.cat((-x[..., dim // 2 :], x[..., : dim // 2]), dim=-1)
+    return x * cos + rotated * sin
+
+
+@pytest.mark.parametrize("with_qk_norm", [True, False])
+def test_rope_norm_and_cache_write_stage_matches_float64(with_qk_norm):
+    dev = Device("cpu")
+    gen = torch.Generator().manual_seed(4)
+    heads, kv_heads, dim, theta, max_pos = 6, 2, 24, 10000.0, 40
+    num_tokens, length = 5, 7
+    qkv = torch.randn(length, (heads + 2 * kv_heads) * dim, generator=gen, dtype=torch.float64)
+    positions = torch.tensor([0, 3, 17, 10**9, 39, 2, 2])  # token 3 is padding with a garbage position
+    slots = torch.tensor([5, 0, 9, -1, 12, 1, 1])  # past num_tokens: stale live slot 1
+    q_norm = 1 + 0.2 * torch.randn(dim, generator=gen, dtype=torch.float64)
+    k_norm = 1 + 0.2 * torch.randn(dim, generator=gen, dtype=torch.float64)
+    angles = torch.arange(max_pos, dtype=torch.float64)[:, None] * theta ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+
+    d = dev.to_device
+    qkv_d = d(qkv.float())
+    q, k, v = qkv_d.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q_out = dev.full((length, heads, dim), float("nan"), torch.float32)
+    k_cache, v_cache = dev.zeros((4, 4, kv_heads, dim), torch.float32), dev.zeros((4, 4, kv_heads, dim), torch.float32)
+    rope_and_write_kv_cache(
+        q.view(length, heads, dim), k.view(length, kv_heads, dim), v.view(length, kv_heads, dim), q_out, k_cache, v_cache,
+        d(slots), d(positions), d(angles.cos().float()), d(angles.sin().float()),
+        d(q_norm.float()) if with_qk_norm else None, d(k_norm.float()) if with_qk_norm else None, eps=1e-6, num_tokens=num_tokens,
+    )
+
+    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w if with_qk_norm else x
+
+    q64, k64, v64 = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    real = [0, 1, 2, 4]
+    want_q = _rotate_half_rope(norm(q64.reshape(length, heads, dim), q_norm), positions.clamp(max=max_pos - 1), theta)
+    assert (q_out[real].double() - want_q[real]).abs().max() < 1e-5
+    assert torch.isnan(q_out[num_tokens:]).all()
+    want_k = _rotate_half_rope(norm(k64.reshape(length, kv_heads, dim), k_norm), positions.clamp(max=max_pos - 1), theta)
+    flat_k, flat_v = k_cache.view(16, kv_heads, dim), v_cache.view(16, kv_heads, dim)
+    for token in real:
+        assert (flat_k[slots[token]].double() - want_k[token]).abs().max() < 1e-5
+        assert torch.equal(flat_v[slots[token]], v[token].view(kv_heads, dim))
+    untouched = [s for s in range(16) if s not in slots[real].tolist()]
+    assert not flat_k[untouched].any() and not flat_v[untouched].any()
 
 
 def test_comparison_catches_wrong_paging_and_wrong_context():

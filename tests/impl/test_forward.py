@@ -98,6 +98,8 @@ class StepDriver:
         # Stale entries past num_tokens point at a live slot: reading past num_tokens corrupts the cache.
         slots = torch.full((length,), parts[0].req.blocks[0] * self.bs, dtype=torch.int64)
         slots[num_real:num_tokens] = -1
+        # Padding tokens may carry any position: the decoder must not index outside its tables.
+        positions[num_real:num_tokens] = torch.tensor([10**9, -7, 3])[: num_tokens - num_real]
         qsl = torch.full((num_reqs + 3,), 5, dtype=torch.int32)
         seq_lens = torch.full((num_reqs + 2,), 9, dtype=torch.int32)
         table = torch.randint(0, self.decoder.kv_cache.num_blocks, (num_reqs + 2, self.max_blocks), generator=self.gen, dtype=torch.int32)
@@ -153,10 +155,13 @@ def _schedule(vocab: int, block_size: int, num_blocks: int, gen: torch.Generator
 
 
 def _run_schedule(weights: ModelWeights, dev: Device, *, dtype: torch.dtype, block_size: int, atol: float,
-                  reference=None) -> float:
+                  rel: float = 0.0, reference=None, mutate=None) -> float:
+    """Run the schedule; every logit row must be within ``atol + rel * max|dense row|``."""
     gen = torch.Generator().manual_seed(11)
     num_blocks = 40
     decoder = PagedDecoder(weights, dev, dtype=dtype, num_kv_blocks=num_blocks, block_size=block_size)
+    if mutate is not None:
+        mutate(decoder)
     reqs, steps = _schedule(weights.config.vocab_size, block_size, num_blocks, gen)
     dense = {id(r): dense_forward(weights, r.tokens) for r in reqs}
     driver = StepDriver(decoder, gen, max_blocks=8)
@@ -165,9 +170,11 @@ def _run_schedule(weights: ModelWeights, dev: Device, *, dtype: torch.dtype, blo
         logits, want = driver.run(parts, **kwargs)
         assert logits.dtype == torch.float32 and logits.shape == (len(want), weights.config.vocab_size)
         for row, (req, pos) in enumerate(want):
-            err = (logits[row].double() - dense[id(req)][pos]).abs().max().item()
+            want_row = dense[id(req)][pos]
+            err = (logits[row].double() - want_row).abs().max().item()
             worst = max(worst, err)
-            assert err <= atol, f"logits at position {pos}: max abs error {err:.3g} > {atol}"
+            tol = atol + rel * want_row.abs().max().item()
+            assert err <= tol, f"logits at position {pos}: max abs error {err:.3g} > {tol:.3g}"
             if reference is not None:
                 ref_err = (logits[row].double() - reference.logits(req.tokens[: pos + 1])[pos]).abs().max().item()
                 assert ref_err <= atol, f"vs ReferenceModel at position {pos}: {ref_err:.3g} > {atol}"
@@ -191,20 +198,13 @@ def test_forward_matches_reference_model():
                   reference=reference_model.ReferenceModel(weights))
 
 
-def test_dense_comparison_catches_a_wrong_rope_pairing():
-    """The comparison can fail: RoPE over interleaved pairs (GPT-J layout) instead of rotate-half
-    is caught.  (A uniform position shift would not be: attention sees only relative rotations.)"""
+def test_dense_comparison_catches_a_wrong_rope_direction():
+    """The comparison can fail: a decoder whose RoPE rotates the wrong way is caught.  (A uniform
+    position shift would not be: attention sees only relative rotations.)"""
     weights = random_weights(preset("micro"), seed=2)
-
-    def interleaved_rope(x, cos, sin):
-        xf = x.float()
-        even, odd = xf[..., 0::2], xf[..., 1::2]
-        return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2).to(x.dtype)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(forward_module, "_apply_rope", interleaved_rope)
-        with pytest.raises(AssertionError, match="max abs error"):
-            _run_schedule(weights, Device("cpu"), dtype=torch.float32, block_size=4, atol=1e-3)
+    with pytest.raises(AssertionError, match="max abs error"):
+        _run_schedule(weights, Device("cpu"), dtype=torch.float32, block_size=4, atol=1e-3,
+                      mutate=lambda decoder: decoder.rope_sin.neg_())
 
 
 def _one_step_inputs(decoder: PagedDecoder):
@@ -248,18 +248,17 @@ def test_forward_never_reads_device_data_on_the_host():
         decoder.forward(**tensors, **counts)
     assert scope.count == 0, scope.events
 
-    real_norm = forward_module._rms_norm
+    real_attention = forward_module.paged_attention
 
-    def norm_with_host_read(x, w, eps):
-        if x.sum().item() != x.sum().item():  # the planted bug: a host read of device data
-            raise AssertionError("unreachable")
-        return real_norm(x, w, eps)
+    def attention_sized_on_host(*args, **kwargs):
+        kwargs["max_query_len"] = min(kwargs["max_query_len"], int(args[5].max()))  # the planted host read
+        return real_attention(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(forward_module, "_rms_norm", norm_with_host_read)
+        mp.setattr(forward_module, "paged_attention", attention_sized_on_host)
         with sync.forbid_host_sync("cpu", mode="count") as scope:
             decoder.forward(**tensors, **counts)
-    assert scope.count > 0 and all("norm_with_host_read" in loc for _, loc in scope.events), scope.events
+    assert scope.count > 0 and all("attention_sized_on_host" in loc for _, loc in scope.events), scope.events
 
 
 # --------------------------------------------------------------------------- GPU (H200)
@@ -268,13 +267,15 @@ QWEN3_ONE_LAYER = dataclasses.replace(preset("qwen3-0.6b"), num_layers=1, vocab_
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype,atol", [(torch.float32, 2e-3), (torch.bfloat16, 0.25)])
-def test_qwen3_shaped_forward_on_gpu(dtype, atol):
+@pytest.mark.parametrize("dtype,atol,rel", [(torch.float32, 2e-3, 0.0), (torch.bfloat16, 0.0, 0.03)])
+def test_qwen3_shaped_forward_on_gpu(dtype, atol, rel):
     weights = random_weights(QWEN3_ONE_LAYER, seed=3)
     if dtype == torch.bfloat16:
         # Compare with the dense forward of the bf16-rounded weights: what the decoder is given.
         weights = weights.to("cpu", torch.bfloat16).to("cpu", torch.float32)
-    _run_schedule(weights, Device("cuda"), dtype=dtype, block_size=16, atol=atol)
+    # Tied embeddings of std 1 make logits of magnitude ~30: bf16 is judged relative to that.
+    worst = _run_schedule(weights, Device("cuda"), dtype=dtype, block_size=16, atol=atol, rel=rel)
+    print(f"{dtype}: worst abs logit error {worst:.3g}")
 
 
 @pytest.mark.gpu
