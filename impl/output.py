@@ -128,6 +128,13 @@ class AsyncStepOutput:
             self._materialise()
         return self._result
 
+    def materialise(self) -> None:
+        """Decode the slot now, waiting on the event only if the step is not done yet."""
+        if self._result is None:
+            if not self._event.query():
+                self._event.synchronize()
+            self._materialise()
+
     def _materialise(self) -> None:
         self._result = decode_output(self._ring.slots[self._slot], self._layout, self._meta)
         self._ring.release(self._slot, self)
@@ -139,28 +146,25 @@ def decode_output(buf: torch.Tensor, layout: OutputLayout, meta: StepOutputMeta)
     def arr(name: str) -> np.ndarray:
         return layout.view(buf, name).numpy()
 
-    tokens, num_sampled, nan_rows = arr("tokens"), arr("num_sampled"), arr("nan_flags")
-    has_logprobs = layout.num_top >= 0
-    if has_logprobs:
-        lp, rank, top_ids, top_lp = arr("logprob"), arr("rank"), arr("top_ids"), arr("top_logprobs")
-    sampled: list[tuple[int, ...]] = []
-    logprobs: list[tuple[TokenLogprobs, ...] | None] = []
-    nan_flags: list[bool] = []
-    for i, req_id in enumerate(meta.req_ids):
-        start = int(meta.logits_start[i])
-        end = start + int(num_sampled[i])
-        sampled.append(tuple(int(t) for t in tokens[start:end]))
-        # Flagged when any row the request sampled from held a non-finite value (all 1 + k rows,
-        # accepted or not); a partial prefill chunk samples nothing and is never flagged.
-        nan_flags.append(end > start and bool(nan_rows[start : int(meta.logits_start[i + 1])].any()))
-        n = meta.num_logprobs[i]
-        if n is None or not has_logprobs:
-            logprobs.append(None)
-            continue
-        logprobs.append(tuple(
-            TokenLogprobs(int(tokens[r]), float(lp[r]), int(rank[r]), tuple(int(x) for x in top_ids[r, :n]), tuple(float(x) for x in top_lp[r, :n]))
-            for r in range(start, end)
-        ))
+    tokens = arr("tokens").tolist()
+    starts = meta.logits_start
+    ends = starts[:-1] + arr("num_sampled").astype(np.int64)
+    # Flagged when any row the request sampled from held a non-finite value (all 1 + k rows,
+    # accepted or not); a partial prefill chunk samples nothing and is never flagged.
+    flagged_before = np.concatenate(([0], np.cumsum(arr("nan_flags") != 0)))
+    flagged = (flagged_before[starts[1:]] > flagged_before[starts[:-1]]) & (ends > starts[:-1])
+    sampled = tuple(tuple(tokens[a:b]) for a, b in zip(starts[:-1].tolist(), ends.tolist()))
+    logprobs: list[tuple[TokenLogprobs, ...] | None] = [None] * len(meta.req_ids)
+    if layout.num_top >= 0:
+        lp, rank = arr("logprob").tolist(), arr("rank").tolist()
+        top_ids, top_lp = arr("top_ids"), arr("top_logprobs")
+        for i, n in enumerate(meta.num_logprobs):
+            if n is None:
+                continue
+            logprobs[i] = tuple(
+                TokenLogprobs(tokens[r], lp[r], rank[r], tuple(top_ids[r, :n].tolist()), tuple(top_lp[r, :n].tolist()))
+                for r in range(int(starts[i]), int(ends[i]))
+            )
     prompt_logprobs: dict[str, tuple[TokenLogprobs, ...]] = {}
     if meta.prompt_requests and layout.num_prompt_top >= 0:
         plp, prank = arr("prompt_logprob"), arr("prompt_rank")
@@ -172,8 +176,8 @@ def decode_output(buf: torch.Tensor, layout: OutputLayout, meta: StepOutputMeta)
                 for r in range(pr.offset, pr.offset + pr.count)
             )
     return ModelRunnerOutput(
-        step_id=meta.step_id, req_ids=meta.req_ids, sampled_token_ids=tuple(sampled), logprobs=tuple(logprobs),
-        prompt_logprobs=prompt_logprobs, nan_flags=tuple(nan_flags), seeds=dict(meta.seeds),
+        step_id=meta.step_id, req_ids=meta.req_ids, sampled_token_ids=sampled, logprobs=tuple(logprobs),
+        prompt_logprobs=prompt_logprobs, nan_flags=tuple(flagged.tolist()), seeds=dict(meta.seeds),
     )
 
 
@@ -203,7 +207,7 @@ class OutputSlots:
         if holder is not None:
             if not holder.ready():
                 self.num_backpressure_waits += 1
-            holder.get()
+            holder.materialise()
         return slot
 
     def release(self, slot: int, holder: AsyncStepOutput) -> None:

@@ -175,7 +175,7 @@ class ModelRunner:
         result = self._enqueue_model_and_sampling(plan, staged)
         output = self._enqueue_output(sched.step_id, plan, result, seeds)
 
-        self.state.mark_used(plan.rows.tolist(), output.event)
+        self.state.mark_used(plan.rows, output.event)
         self.state.advance(plan.req_ids, sched.num_scheduled_tokens, {r: len(d) for r, d in sched.draft_token_ids.items()})
         self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer, enqueued_before, started)
         return output
