@@ -1,0 +1,330 @@
+"""A Hypothesis state machine: the runner against the oracle after every rule, detectors armed.
+
+Rules drive a `SchedulerSim` the way clients and a serving engine would: add requests (random
+prompts and `SamplingParams`: greedy, temperature, top-k / top-p / min-p, penalties, with or
+without seeds, logprobs, prompt logprobs, stop tokens), abort and preempt random live requests,
+run scheduler ticks, drain the outputs in flight, and on ``sim`` switch the device's lag policy
+(run-immediately, lag-k-steps with k in 1..3, random-drain with a drawn seed).  Ticks follow
+`stress.driver.DifferentialRun` exactly (its enqueue / deliver steps are reused): step N+1 is
+enqueued on the runner before step N's output is read, the oracle computes step N after that
+read, and ties are adopted as `checks.compare` defines.  Steps stay in flight across rules, so
+aborts, preemptions and lag switches land while device work is pending.
+
+Invariants, checked after every rule (and once more after a final drain in ``teardown``), in
+this order:
+
+1. no divergence between runner and oracle (a runner exception counts as one);
+2. zero host syncs: `checks.sync.arm_runner` in ``error`` mode around ``execute_model``
+   (``AsyncOutput.get`` is the one allowed wait);
+3. zero staging-lifetime violations: a `checks.lifetime.LifetimeChecker` on ``runner.staging``;
+4. row-table consistency (runners with an `impl.state.RequestStateTable` as ``runner.state``):
+   no row held by two requests, the live set equals what the request stream says the runner
+   holds, and free + used + quarantined rows = ``max_num_reqs``;
+5. the scheduler simulator's own bookkeeping (`SchedulerSim.check_invariants`).
+
+`TestRunnerMachine` is the CI test case (the settings profile decides ``max_examples``; the
+step count is kept small because interpreted Triton costs ~0.5 s per step on CPU);
+`LongRunnerMachine` is the bigger variant for ``-m stress`` / the nightly profile.  Subclasses
+override `RunnerMachine.build_runner` to test another runner (or a planted bug).
+
+Ownership: a machine instance owns one example's device, runner, oracle, scheduler, driver and
+detectors (host objects, one Hypothesis example, written by its rules).
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Iterable
+
+import hypothesis.strategies as st
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from impl.device import Device
+from impl.interface import RunnerLimits, SamplingParams
+from impl.model.weights import ModelWeights, preset, random_weights
+from stress.driver import DifferentialRun, RunResult
+from stress.runners import DEFAULT_RUNNER_SPEC, resolve_runner_factory
+from stress.scheduler import SchedulerSim
+from stress.stress_cmd import default_limits
+
+MACHINE_PRESET = "micro"
+_VOCAB = preset(MACHINE_PRESET).vocab_size
+MAX_PROMPT_LEN = 12
+MAX_NEW_TOKENS = 6
+MAX_UNFINISHED = 5
+MAX_LOGPROBS = 5
+MAX_PROMPT_LOGPROBS = 3
+SETTLE_TICKS = 6
+
+
+class MachineInvariantError(AssertionError):
+    """An invariant of `RunnerMachine` does not hold (divergence, host sync, lifetime, row table)."""
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+def _rounded(lo: float, hi: float) -> st.SearchStrategy[float]:
+    # Three decimals keep failing examples readable and exactly reproducible from the printout.
+    return st.floats(lo, hi, allow_nan=False, allow_infinity=False).map(lambda x: round(x, 3))
+
+
+@st.composite
+def sampling_params(draw: st.DrawFn, vocab_size: int = _VOCAB, max_new_tokens: int = MAX_NEW_TOKENS) -> SamplingParams:
+    """Random `SamplingParams`; each knob is off in its first alternative (what shrinking aims for)."""
+    return SamplingParams(
+        temperature=draw(st.one_of(st.just(0.0), _rounded(0.3, 1.5))),
+        top_k=draw(st.one_of(st.just(-1), st.integers(1, min(64, vocab_size)))),
+        top_p=draw(st.one_of(st.just(1.0), _rounded(0.3, 0.99))),
+        min_p=draw(st.one_of(st.just(0.0), _rounded(0.01, 0.3))),
+        repetition_penalty=draw(st.one_of(st.just(1.0), _rounded(0.8, 1.5))),
+        frequency_penalty=draw(st.one_of(st.just(0.0), _rounded(-1.0, 1.0))),
+        presence_penalty=draw(st.one_of(st.just(0.0), _rounded(-1.0, 1.0))),
+        seed=draw(st.one_of(st.none(), st.integers(0, 2**63 - 1))),
+        logprobs=draw(st.one_of(st.none(), st.integers(0, MAX_LOGPROBS))),
+        prompt_logprobs=draw(st.one_of(st.none(), st.none(), st.integers(0, MAX_PROMPT_LOGPROBS))),
+        max_tokens=draw(st.integers(1, max_new_tokens)),
+        stop_token_ids=tuple(draw(st.lists(st.integers(0, vocab_size - 1), max_size=2))),
+    )
+
+
+def prompts(vocab_size: int = _VOCAB, max_len: int = MAX_PROMPT_LEN) -> st.SearchStrategy[list[int]]:
+    return st.lists(st.integers(0, vocab_size - 1), min_size=1, max_size=max_len)
+
+
+def lag_policies() -> st.SearchStrategy[dict]:
+    """`impl.device.LagPolicy.describe()` dicts: run-immediately, lag-k-steps (k 1..3), random-drain."""
+    return st.one_of(
+        st.just({"name": "run-immediately"}),
+        st.integers(1, 3).map(lambda k: {"name": "lag-k-steps", "k": k}),
+        st.integers(0, 2**32 - 1).map(lambda s: {"name": "random-drain", "seed": s, "p_stall": 0.5}),
+    )
+
+
+# --------------------------------------------------------------------------- row table
+
+
+def check_row_table(state: Any, expected_live: Iterable[str]) -> None:
+    """Raise `MachineInvariantError` unless ``state`` (an `impl.state.RequestStateTable`) is consistent.
+
+    Reads the free list and last-use events directly: `RequestStateTable.is_quarantined` queries
+    events, and on ``sim`` a query lets the lag policy run work -- a check must not change the
+    interleaving it checks.
+    """
+    problems: list[str] = []
+    n = state.max_num_reqs
+    used: dict[int, str] = {}
+    for rid, row in state.req_to_row.items():
+        if not 0 <= row < n:
+            problems.append(f"request {rid!r} holds row {row}, outside [0, {n})")
+        elif row in used:
+            problems.append(f"row {row} is held by {used[row]!r} and {rid!r}")
+        else:
+            used[row] = rid
+    for row, rid in used.items():
+        info = state.rows[row]
+        if info is None or info.req_id != rid:
+            problems.append(f"row {row} is mapped to {rid!r} but its RowInfo names {None if info is None else info.req_id!r}")
+    for row, info in enumerate(state.rows):
+        if info is not None and used.get(row) != info.req_id:
+            problems.append(f"row {row} carries RowInfo of {info.req_id!r}, which does not hold it")
+    free = list(state._free)
+    if len(set(free)) != len(free):
+        problems.append(f"free list holds a row twice: {free}")
+    if set(free) & set(used):
+        problems.append(f"rows {sorted(set(free) & set(used))} are both free and held")
+    quarantined = [r for r in set(free) if state._last_use[r] is not None and not state._last_use[r].is_complete()]
+    ready = len(set(free)) - len(quarantined)
+    if ready + len(used) + len(quarantined) != n:
+        problems.append(
+            f"free {ready} + used {len(used)} + quarantined {len(quarantined)} = "
+            f"{ready + len(used) + len(quarantined)}, expected max_num_reqs {n}"
+        )
+    if set(state.live) != set(state.req_to_row):
+        problems.append(f"host mirror holds {sorted(state.live)} but rows are held by {sorted(state.req_to_row)}")
+    expected = set(expected_live)
+    if set(state.req_to_row) != expected:
+        problems.append(
+            f"rows are held by {sorted(state.req_to_row)} but the request stream leaves {sorted(expected)} live"
+        )
+    if problems:
+        raise MachineInvariantError("row table inconsistent:\n  " + "\n  ".join(problems))
+
+
+# --------------------------------------------------------------------------- the machine
+
+
+class RunnerMachine(RuleBasedStateMachine):
+    """The runner (by default ``impl.runner:make_runner``) against `reference.runner.ReferenceRunner`."""
+
+    device_kind: ClassVar[str] = "sim"
+    runner_spec: ClassVar[str] = DEFAULT_RUNNER_SPEC
+    limits_kwargs: ClassVar[dict] = {"max_num_reqs": 3, "block_size": 4, "num_kv_blocks": 12, "max_num_batched_tokens": 16}
+    settle_ticks: ClassVar[int] = SETTLE_TICKS
+    lag_switching: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.built = False
+        self.healthy = True  # False once a rule raised or an invariant failed: teardown then only drains
+        self.tick = 0
+        self.result = RunResult()
+
+    # ------------------------------------------------------------------ construction
+    def build_runner(self, weights: ModelWeights, limits: RunnerLimits, device: Device, seed: int) -> Any:
+        """The runner under test.  Override to test another runner or to plant a bug."""
+        return resolve_runner_factory(self.runner_spec)(weights, limits, device, seed)
+
+    @initialize(
+        seed=st.integers(0, 2**16 - 1),
+        lag=lag_policies(),
+        max_inflight=st.sampled_from([1, 2]),
+        draft_prob=st.sampled_from([0.0, 0.3]),
+        first_requests=st.lists(st.tuples(prompts(), sampling_params()), min_size=1, max_size=3),
+    )
+    def build(self, seed: int, lag: dict, max_inflight: int, draft_prob: float,
+              first_requests: list[tuple[list[int], SamplingParams]]) -> None:
+        from checks.lifetime import LifetimeChecker
+        from checks.sync import arm_runner
+        from reference.runner import ReferenceRunner
+
+        self.healthy = False
+        config = preset(MACHINE_PRESET)
+        self.limits = default_limits(config, **self.limits_kwargs)
+        self.weights = random_weights(config, seed=seed)
+        self.device = Device(self.device_kind, seed=seed, lag_policy=lag)
+        self.runner = self.build_runner(self.weights, self.limits, self.device, seed)
+        self.sync_report = arm_runner(self.runner, "error")
+        staging = getattr(self.runner, "staging", None)
+        self.lifetime = LifetimeChecker("error").attach(staging) if staging is not None else None
+        self.oracle = ReferenceRunner(self.weights, self.limits, base_seed=seed)
+        self.scheduler = SchedulerSim(self.limits, seed=seed, max_inflight_steps=max_inflight, draft_prob=draft_prob)
+        self.driver = DifferentialRun(self.runner, self.oracle, self.scheduler)
+        self.next_req = 0
+        self.built = True
+        for prompt, params in first_requests:  # every example starts with work, so its steps compute something
+            self._add(prompt, params)
+        self.healthy = True
+
+    # ------------------------------------------------------------------ rules
+    @precondition(lambda self: len(self.scheduler.unfinished_ids) < MAX_UNFINISHED)
+    @rule(prompt=prompts(), params=sampling_params())
+    def add_request(self, prompt: list[int], params: SamplingParams) -> None:
+        self.healthy = False
+        self._add(prompt, params)
+        self.healthy = True
+
+    def _add(self, prompt: list[int], params: SamplingParams) -> None:
+        self.scheduler.add_request(f"r{self.next_req}", prompt, params)
+        self.next_req += 1
+
+    @precondition(lambda self: bool(self.scheduler.unfinished_ids))
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        self.healthy = False
+        self.scheduler.abort(data.draw(st.sampled_from(sorted(self.scheduler.unfinished_ids)), label="abort"))
+        self.healthy = True
+
+    @precondition(lambda self: bool(self.scheduler.running_ids))
+    @rule(data=st.data())
+    def preempt(self, data: st.DataObject) -> None:
+        self.healthy = False
+        self.scheduler.preempt(data.draw(st.sampled_from(sorted(self.scheduler.running_ids)), label="preempt"))
+        self.healthy = True
+
+    @rule(ticks=st.integers(1, 3))
+    def step(self, ticks: int) -> None:
+        self.healthy = False
+        for _ in range(ticks):
+            self._tick()
+        self.healthy = True
+
+    @precondition(lambda self: self.driver._inflight)
+    @rule()
+    def drain(self) -> None:
+        self.healthy = False
+        self._deliver_all()
+        self.healthy = True
+
+    @precondition(lambda self: self.lag_switching and self.device.kind == "sim")
+    @rule(lag=lag_policies())
+    def switch_lag_policy(self, lag: dict) -> None:
+        self.healthy = False
+        self.device.set_lag_policy(lag)
+        self.healthy = True
+
+    # ------------------------------------------------------------------ ticks (stress.driver's order)
+    def _tick(self) -> None:
+        """One scheduler tick, as `DifferentialRun.run` runs it (minus the final drain)."""
+        if not self.result.ok:
+            return
+        sched, driver = self.scheduler, self.driver
+        if sched.can_schedule:
+            driver._enqueue(self.tick, sched.schedule())
+        while driver._inflight and (len(driver._inflight) > sched.config.max_inflight_steps or not sched.can_schedule):
+            if not driver._deliver(self.result):
+                break
+        self.tick += 1
+
+    def _deliver_all(self) -> None:
+        while self.driver._inflight and self.result.ok:
+            self.driver._deliver(self.result)
+
+    # ------------------------------------------------------------------ invariants
+    @invariant()
+    def everything_holds(self) -> None:
+        if self.built:
+            self.verify_invariants()
+
+    def verify_invariants(self) -> None:
+        try:
+            self._check()
+        except MachineInvariantError:
+            self.healthy = False
+            raise
+
+    def _check(self) -> None:
+        result = self.result
+        if not result.ok:
+            lines = [f"runner and oracle diverge at tick {self.tick}: {result.first_divergence_line()}"]
+            lines += [f"  also: {d.line()}" for d in result.divergences[1:5]]
+            if result.runner_traceback:
+                lines.append(result.runner_traceback.rstrip())
+            raise MachineInvariantError("\n".join(lines))
+        if self.sync_report.count:
+            raise MachineInvariantError(self.sync_report.summary())
+        if self.lifetime is not None and self.lifetime.violations:
+            raise MachineInvariantError(self.lifetime.summary())
+        state = getattr(self.runner, "state", None)
+        if state is not None and hasattr(state, "req_to_row"):
+            check_row_table(state, self.driver.mirror.live)
+        self.scheduler.check_invariants()
+
+    def teardown(self) -> None:
+        if not self.built:
+            return
+        try:
+            if self.healthy:
+                for _ in range(self.settle_ticks):  # let the last rules' requests reach the comparison
+                    self._tick()
+                self._deliver_all()
+                self.verify_invariants()
+        finally:
+            self.driver._drain_uncompared()
+            if self.lifetime is not None:
+                self.lifetime.detach(self.runner.staging)
+
+
+class LongRunnerMachine(RunnerMachine):
+    """Roomier limits (more rows to reuse, longer chunked prefills) for long runs."""
+
+    limits_kwargs: ClassVar[dict] = {"max_num_reqs": 4, "block_size": 8, "num_kv_blocks": 16, "max_num_batched_tokens": 32}
+
+
+TestRunnerMachine = RunnerMachine.TestCase
+TestRunnerMachine.settings = settings(stateful_step_count=10)
+
+TestLongRunnerMachine = LongRunnerMachine.TestCase
+TestLongRunnerMachine.settings = settings(stateful_step_count=40)
+
+__all__ = ["RunnerMachine", "LongRunnerMachine", "MachineInvariantError", "TestRunnerMachine", "TestLongRunnerMachine",
+           "check_row_table", "sampling_params", "lag_policies"]
