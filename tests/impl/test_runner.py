@@ -412,3 +412,13 @@ def test_nan_logits_are_flagged_like_the_oracle():
         judge(sched, got)
         flags.append(got.nan_flags)
     assert flags == [(False,), (True,), (True,)]
+
+
+def test_profile_is_a_dummy_forward_that_leaves_state_alone():
+    runner = make_runner(_weights(), LIMITS, Device("cpu"), 0)
+    before = _fingerprint(runner)
+    cache = runner.model.kv_cache.k.clone()
+    report = runner.profile()
+    assert report["num_tokens"] == LIMITS.max_num_batched_tokens and report["kv_cache_bytes"] > 0
+    assert _fingerprint(runner) == before
+    assert torch.equal(runner.model.kv_cache.k, cache), "padding slots must not write the KV cache"
