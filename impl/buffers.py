@@ -29,8 +29,10 @@ the host (cell by cell, in order) before packing, so no two kernel programs writ
 
 Capacity fallback: a `StagingWriter` fills one slot at a time; when an allocation does not fit
 it submits the current slot and continues in a freshly acquired one (stream order keeps every
-copy ahead of the kernels that read it).  One allocation larger than a whole slot raises
-`StagingCapacityError` — size ``capacity_bytes`` for the largest per-step array.
+copy ahead of the kernels that read it).  `StagedWriteTensor.flush` splits a step's diffs into
+batches whose arrays each fit a slot (cutting a long diff by columns), one apply launch per batch, so
+staged writes of any size fit.  A raw `StagingWriter.alloc` larger than a whole slot raises
+`StagingCapacityError` — size ``capacity_bytes`` for the largest compact per-step array.
 """
 from __future__ import annotations
 
@@ -142,13 +144,17 @@ class StagingPool:
         """A FREE slot, now WRITING.  Waits on the oldest in-flight copy only if none is free."""
         self.retire_completed()
         n = len(self.slots)
+        # A slot already used in this step still has unread device data: the step's kernels are
+        # enqueued after all of its copies, so reusing it now would overwrite what they read.
         for k in range(n):
             slot = self.slots[(self._next + k) % n]
-            if slot.state is SlotState.FREE:
+            if slot.state is SlotState.FREE and slot.step != step:
                 break
         else:
-            in_flight = [s for s in self.slots if s.state is SlotState.IN_FLIGHT]
+            in_flight = [s for s in self.slots if s.state is SlotState.IN_FLIGHT and s.step != step]
             if not in_flight:
+                if all(s.step == step for s in self.slots):
+                    raise StagingCapacityError(f"step {step} needs more than the pool's {n} staging slots of {self.capacity_bytes} bytes")
                 raise StagingLifetimeError("no staging slot is free or in flight: every slot is being written")
             slot = min(in_flight, key=lambda s: s.step)
             self.num_backpressure_waits += 1
@@ -249,6 +255,7 @@ class StagedWriteTensor:
         self.num_cols = shape[1] if len(shape) == 2 else 1
         self.base = device.full(shape, fill, dtype)
         self._pending: list[tuple[int, int, list]] = []
+        self._applies: list[Callable[[], None]] = []
         self.h2d_bytes_last_flush = 0
 
     @property
@@ -295,14 +302,46 @@ class StagedWriteTensor:
             merged.append((row, run_start, run))
         return merged
 
+    def _batches(self, diffs: list[tuple[int, int, list]], slot_bytes: int) -> list[list[tuple[int, int, list]]]:
+        """Split diffs into batches whose two staging arrays (meta, values) each fit one slot.
+
+        A diff longer than a slot holds is cut by columns into several diffs; merged diffs never
+        overlap, so batches can be applied in any order.
+        """
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        meta_bytes = 16  # four int32 per diff
+        max_values = max(1, slot_bytes // itemsize)
+        max_diffs = max(1, slot_bytes // meta_bytes)
+        batches: list[list[tuple[int, int, list]]] = [[]]
+        num_values = 0
+        for row, start, values in diffs:
+            for cut in range(0, len(values), max_values):
+                piece = values[cut : cut + max_values]
+                if batches[-1] and (num_values + len(piece) > max_values or len(batches[-1]) >= max_diffs):
+                    batches.append([])
+                    num_values = 0
+                batches[-1].append((row, start + cut, piece))
+                num_values += len(piece)
+        return batches
+
     @hot_path
     def flush(self, writer: StagingWriter) -> None:
-        """Pack pending diffs into staging and enqueue the apply kernel (after the writer submits)."""
+        """Pack pending diffs into staging and prepare the apply kernel(s) (enqueued by `enqueue_apply`).
+
+        Diffs that would not fit one staging slot are split into several batches (one apply launch
+        each), so a step never needs a single allocation larger than a slot.
+        """
         self.h2d_bytes_last_flush = 0
         if not self._pending:
             return
         diffs = self._merged_diffs()
         self._pending.clear()
+        applies = []
+        for batch in self._batches(diffs, writer.pool.capacity_bytes):
+            applies.append(self._pack(batch, writer))
+        self._applies = applies
+
+    def _pack(self, diffs: list[tuple[int, int, list]], writer: StagingWriter) -> Callable[[], None]:
         n = len(diffs)
         meta = np.empty((4, n), dtype=np.int32)
         flat: list = []
@@ -311,7 +350,7 @@ class StagedWriteTensor:
             flat.extend(values)
         meta_dev = writer.stage_array(meta, torch.int32)
         values_dev = writer.stage_array(flat, self.dtype)
-        self.h2d_bytes_last_flush = meta.nbytes + len(flat) * values_dev.element_size()
+        self.h2d_bytes_last_flush += meta.nbytes + len(flat) * values_dev.element_size()
         base, num_cols = self.base, self.num_cols
         max_len = max(len(v) for _, _, v in diffs)
         block = max(16, min(1024, triton.next_power_of_2(max_len)))
@@ -321,11 +360,10 @@ class StagedWriteTensor:
                 base, meta_dev[0:n], meta_dev[n : 2 * n], meta_dev[2 * n : 3 * n], meta_dev[3 * n : 4 * n], values_dev, num_cols, BLOCK=block
             )
 
-        self._apply = apply
+        return apply
 
     def enqueue_apply(self) -> None:
-        """Enqueue the kernel prepared by the last `flush` (call after the writer submitted)."""
-        apply = getattr(self, "_apply", None)
-        if apply is not None:
-            self._apply = None
+        """Enqueue the kernel(s) prepared by the last `flush` (call after the writer submitted)."""
+        applies, self._applies = self._applies, []
+        for apply in applies:
             self.device.enqueue(apply, f"apply {self.name}")
