@@ -1,0 +1,471 @@
+"""`runnercheck chisq`: chi-square tests of a sampler against the exact float64 distributions.
+
+A *case* (`SamplingCase`) is one logit template (one row, or a target row plus draft rows of one
+request), one `SamplingParams`, a token history, and a number of draws.  Draw ``i`` of a case is
+one request: its rows are sampled at noise positions ``offset + i * rows + j`` with the case's seed,
+so every draw uses an independent ``(seed, position)`` key.  Each row's counts are tested against
+`reference.sampler.expected_distribution`; tail cases add an exact binomial tail-mass test; multi-row
+cases add a joint independence test.  All tests of a run form one family (Holm by default).
+
+Self-tests of the tests: *calibration* (the chosen sampler over many seeds must reject at the
+stated rate) and *power* (each planted-bias sampler of `checks.samplers.PLANTED_BIASES` must be
+rejected in the case built to expose it).  The case catalogue lives in `checks.cases`-style
+builders below; numbers and the reasoning behind them are in docs/CHISQ.md.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from checks import stats
+from checks.samplers import (
+    PLANTED_BIASES, TokenHistory, accepts_keyword, has_penalties, load_sampler, planted_sampler, sampler_name,
+)
+from impl.interface import MAX_SEED, SamplingParams
+
+DEFAULT_ALPHA = 0.01
+CALIBRATION_ALPHA = 0.05
+# Positions are a 32-bit Philox counter word; offsets stay below 2^31 so offset + draws never wraps.
+MAX_POSITION_OFFSET = 2**31
+
+
+@dataclass(frozen=True, eq=False)
+class SamplingCase:
+    """One configuration of the matrix.
+
+    ``logits`` float32 ``[rows, V]`` (rows > 1: a target row and draft rows of one request, drawn
+    together).  ``tail_tokens``: the token set of the exact tail-mass test (None: no tail test).
+    ``index_bins``: test on this many contiguous token-index ranges instead of per-token bins (for
+    biases that act by index, e.g. tie-breaking); None: per-token bins, sparse ones pooled.
+    """
+
+    name: str
+    group: str
+    logits: torch.Tensor
+    params: SamplingParams
+    n_samples: int
+    history: TokenHistory = TokenHistory()
+    tail_tokens: range | None = None
+    index_bins: int | None = None
+    description: str = ""
+
+    @property
+    def rows(self) -> int:
+        return self.logits.shape[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.logits.shape[1]
+
+    def describe(self) -> dict[str, Any]:
+        p = self.params
+        params = {k: getattr(p, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                                              "frequency_penalty", "presence_penalty")
+                  if getattr(p, k) != getattr(SamplingParams(), k)}
+        return {"case": self.name, "group": self.group, "vocab_size": self.vocab_size, "rows": self.rows,
+                "params": params, "n_samples": self.n_samples, "prompt_len": len(self.history.prompt_ids),
+                "num_outputs": len(self.history.output_ids), "description": self.description}
+
+
+# --------------------------------------------------------------------------- the case catalogue
+
+
+def _normal(vocab: int, scale: float, seed: int) -> torch.Tensor:
+    return torch.randn(vocab, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * scale
+
+
+def _top_p_between_tokens(scores: np.ndarray, target: float) -> float:
+    """A top_p halfway between the cumulative masses either side of ``target``: no fragile boundary."""
+    probs = np.sort(np.exp(scores - scores.max()))[::-1]
+    cumulative = np.cumsum(probs / probs.sum())
+    m = int(np.searchsorted(cumulative, target))
+    below = cumulative[m - 1] if m > 0 else 0.0
+    return round(float((below + cumulative[m]) / 2), 6)
+
+
+def _row(values: torch.Tensor) -> torch.Tensor:
+    return values.to(torch.float32).reshape(1, -1)
+
+
+def _tail_case(name: str, depth: float, tail: int, n: int, description: str) -> SamplingCase:
+    logits = torch.full((1, tail + 1), -float(depth))
+    logits[0, 0] = 0.0
+    return SamplingCase(name, "tail", logits, SamplingParams(), n, tail_tokens=range(1, tail + 1),
+                        description=description)
+
+
+def build_cases(quick: bool = True) -> list[SamplingCase]:
+    """The configuration matrix; ``quick`` keeps vocabularies small enough for interpreted CPU runs."""
+    n = 20_000 if quick else 200_000
+    cases: list[SamplingCase] = []
+    base97 = _normal(97, 1.5, 97)
+    for t in (0.05, 0.5, 1.0, 2.0, 10.0):
+        # Logits scaled by T, so every temperature sees the same post-temperature distribution.
+        cases.append(SamplingCase(f"temperature-{t:g}-v97", "temperature", _row(base97 * t), SamplingParams(temperature=t), n,
+                                  description="N(0, 1.5^2) logits times T"))
+    cases.append(SamplingCase("greedy-v97", "temperature", _row(base97), SamplingParams(temperature=0.0), n // 10,
+                              description="temperature 0: argmax only"))
+    topk_base = _normal(97, 1.0, 11)
+    cases.append(SamplingCase("top-k-10-v97", "top-k", _row(topk_base), SamplingParams(top_k=10), n))
+    topp = _top_p_between_tokens(base97.numpy(), 0.8)
+    cases.append(SamplingCase("top-p-v97", "top-p", _row(base97), SamplingParams(top_p=topp), n,
+                              description=f"top_p={topp} halfway between two cumulative masses"))
+    cases.append(SamplingCase("min-p-0.05-v97", "min-p", _row(_normal(97, 2.0, 5)), SamplingParams(min_p=0.05), n))
+    combo_base = _normal(97, 0.7, 17)
+    s = combo_base.numpy() / 0.7
+    kept = np.sort(s[s >= s.max() + math.log(0.05)])[::-1][:30]
+    combo_p = _top_p_between_tokens(kept, 0.9)
+    cases.append(SamplingCase("combo-t0.7-k30-p-minp-v97", "combination", _row(combo_base),
+                              SamplingParams(temperature=0.7, top_k=30, top_p=combo_p, min_p=0.05), n))
+    history = TokenHistory(prompt_ids=(3, 5, 8, 13, 21, 34, 55, 89, 1, 2), output_ids=(5, 5, 7, 7, 7, 40, 41, 3, 60, 61, 61, 96))
+    pen_base = _normal(97, 1.5, 23)
+    for name, params in (
+        ("penalty-repetition-1.5", SamplingParams(repetition_penalty=1.5)),
+        ("penalty-frequency-presence", SamplingParams(frequency_penalty=0.8, presence_penalty=0.5)),
+        ("penalty-all-t0.8-k40", SamplingParams(temperature=0.8, top_k=40, repetition_penalty=1.3,
+                                               frequency_penalty=0.4, presence_penalty=0.3)),
+    ):
+        cases.append(SamplingCase(f"{name}-v97", "penalties", _row(pen_base), params, n, history=history))
+    cases.append(SamplingCase("near-ties-v64", "near-ties", _row(_normal(64, 1e-3, 64)), SamplingParams(), n,
+                              description="logits within ~1e-3 of each other"))
+    cases.append(SamplingCase("exact-ties-v16-index-bins", "near-ties", torch.zeros(1, 16), SamplingParams(), n,
+                              index_bins=4, description="16 equal logits; 4 contiguous index bins expose tie-breaking by index"))
+    base1000 = _normal(1000, 2.0, 1000)
+    p1000 = _top_p_between_tokens(base1000.numpy() / 1.2, 0.95)
+    cases.append(SamplingCase(f"v1000-t1.2-p{p1000:g}", "vocab", _row(base1000),
+                              SamplingParams(temperature=1.2, top_p=p1000), n // 4 if quick else n))
+    drafts = torch.stack([_normal(16, 1.0, 16), _normal(16, 1.0, 16) + _normal(16, 0.3, 61)]).to(torch.float32)
+    cases.append(SamplingCase("drafts-2rows-v16", "drafts", drafts, SamplingParams(), n,
+                              description="a target row and a draft row of one request at consecutive positions"))
+    cases.append(_tail_case("tail-d12-4096-v4097", 12.0, 4096, 5_000 if quick else 50_000,
+                            "one head token, 4096 tokens 12 logits below: tail mass 2.4%"))
+    if not quick:
+        base50257 = _normal(50257, 3.0, 50257)
+        p50257 = _top_p_between_tokens(base50257.numpy(), 0.95)
+        cases.append(SamplingCase(f"v50257-t1-p{p50257:g}", "vocab", _row(base50257), SamplingParams(top_p=p50257), n // 10))
+        cases.append(SamplingCase("v50257-t0.8-k200-minp", "vocab", _row(_normal(50257, 3.0, 7)),
+                                  SamplingParams(temperature=0.8, top_k=200, min_p=0.001), n // 10))
+        cases.append(_tail_case("tail-d16-65536-v65537", 16.0, 65536, 20_000,
+                                "one head token, 2^16 tokens 16 logits below: ~150 expected tail hits"))
+    return cases
+
+
+def deep_tail_cases() -> list[SamplingCase]:
+    """GPU-sized: 2^17 tail tokens 25 logits below (~50 expected hits) and 30 below (~0.3)."""
+    return [
+        _tail_case("tail-d25-131072-v131073", 25.0, 131072, 28_000_000,
+                   "2^17 tokens 25 logits below the head: 1.83e-6 tail mass, ~51 expected hits"),
+        _tail_case("tail-d30-131072-v131073", 30.0, 131072, 28_000_000,
+                   "2^17 tokens 30 logits below: ~0.34 expected hits; any excess is a bias"),
+    ]
+
+
+POWER_WHERE = ("quick", "full", "gpu")
+
+
+def power_cases() -> dict[str, tuple[SamplingCase, str]]:
+    """For each planted bias: the case built to expose it, and the cheapest mode that runs it.
+
+    ``quick``: a few 1e7 token-draws, every run.  ``full``: noise that is +inf with probability
+    2^-24 / 2^-25 per token, which takes ~2e8 token-draws to show (full mode).  ``gpu``: noise capped
+    near 22-23, which only a deep tail shows, ~1e12 token-draws (full mode on CUDA).
+    """
+    by_name = {c.name: c for c in build_cases(quick=True)}
+    probe = _tail_case("inf-noise-probe-d30-32767-v32768", 30.0, 32767, 12_000,
+                       "2^15 tokens 30 logits below (correct: ~4e-5 expected hits); +inf noise picks them")
+    deep = _tail_case("deep-tail-d24-65536-v65537", 24.0, 65536, 16_000_000,
+                      "2^16 tokens 24 logits below: ~40 expected hits; noise capped below 23 loses ~80% of them")
+    return {
+        "top-k-off-by-one": (by_name["top-k-10-v97"], "quick"),
+        "top-p-drop-boundary": (by_name["top-p-v97"], "quick"),
+        "top-p-extra-token": (by_name["top-p-v97"], "quick"),
+        "temperature-twice": (by_name["temperature-2-v97"], "quick"),
+        "penalty-wrong-sign": (by_name["penalty-frequency-presence-v97"], "quick"),
+        "draft-shared-noise": (by_name["drafts-2rows-v16"], "quick"),
+        "bf16-noise": (replace(by_name["exact-ties-v16-index-bins"], n_samples=2_000_000), "quick"),
+        "u24-uniform": (replace(probe, n_samples=6_000), "full"),
+        "fp16-noise": (probe, "full"),
+        "u31-floor": (deep, "gpu"),
+        "u32-uniform": (deep, "gpu"),
+    }
+
+
+def power_plan(quick: bool, device: torch.device) -> list[str]:
+    """The planted biases a run in this mode on this device can afford."""
+    allowed = {"quick"} if quick else ({"quick", "full", "gpu"} if device.type == "cuda" else {"quick", "full"})
+    return [bias for bias, (_, where) in power_cases().items() if where in allowed]
+
+
+# --------------------------------------------------------------------------- drawing and testing
+
+
+def case_seed(run_seed: int, case_name: str, repeat: int = 0) -> tuple[int, int]:
+    """(request seed, position offset) for one run of one case: independent across cases and repeats."""
+    digest = hashlib.blake2b(f"{run_seed}:{case_name}:{repeat}".encode(), digest_size=16).digest()
+    return int.from_bytes(digest[:8], "little") & MAX_SEED, int.from_bytes(digest[8:], "little") % MAX_POSITION_OFFSET
+
+
+def sampler_can_run(sampler: Callable, case: SamplingCase) -> str | None:
+    """None if ``sampler`` can run ``case``, else why not."""
+    if has_penalties(case.params) and not accepts_keyword(sampler, "history"):
+        return "penalties need a sampler that takes history="
+    return None
+
+
+def draw(
+    sampler: Callable, case: SamplingCase, *, seed: int, position_offset: int, device: torch.device,
+    n_samples: int | None = None, progress: Callable[[int], None] | None = None,
+) -> np.ndarray:
+    """Sample ``n_samples`` requests of ``case``: int64 ``[n, rows]`` token ids."""
+    n = case.n_samples if n_samples is None else n_samples
+    rows, vocab = case.rows, case.vocab_size
+    budget = (1 << 24) if device.type == "cuda" else (1 << 20)
+    per_call = max(1, min(n, budget // (rows * vocab)))
+    template = case.logits.to(device)
+    kwargs: dict[str, Any] = {}
+    if accepts_keyword(sampler, "history"):
+        kwargs["history"] = [case.history] * (per_call * rows)
+    out = np.empty((n, rows), dtype=np.int64)
+    for start in range(0, n, per_call):
+        m = min(per_call, n - start)
+        logits = template.repeat(m, 1)
+        positions = position_offset + start * rows + torch.arange(m * rows, dtype=torch.int64, device=device)
+        seeds = torch.full((m * rows,), seed, dtype=torch.int64, device=device)
+        call_kwargs = dict(kwargs)
+        if "history" in call_kwargs:
+            call_kwargs["history"] = call_kwargs["history"][: m * rows]
+        if rows > 1 and accepts_keyword(sampler, "request_index"):
+            call_kwargs["request_index"] = torch.arange(m, device=device).repeat_interleave(rows)
+        tokens = sampler(logits, [case.params] * (m * rows), seeds, positions, **call_kwargs)
+        out[start : start + m] = torch.as_tensor(tokens).reshape(m, rows).cpu().numpy()
+        if progress is not None:
+            progress(m)
+    return out
+
+
+def expected_rows(case: SamplingCase) -> list[np.ndarray]:
+    """The exact float64 distribution of each row (`reference.sampler.expected_distribution`)."""
+    from reference.sampler import expected_distribution
+
+    return [
+        expected_distribution(case.logits[j].to(torch.float64), case.params,
+                              case.history.prompt_ids, case.history.output_ids).numpy()
+        for j in range(case.rows)
+    ]
+
+
+def _index_bin_test(counts: np.ndarray, probs: np.ndarray, bins: int, **kw) -> stats.TestResult:
+    edges = np.linspace(0, counts.size, bins + 1).astype(int)
+    grouped_counts = np.add.reduceat(counts, edges[:-1])
+    grouped_probs = np.add.reduceat(probs, edges[:-1])
+    if np.any((probs == 0) & (counts > 0)):
+        return stats.chisquare_test(counts, probs, **kw)  # an impossible token: report it per token
+    labels = {i: f"tokens {edges[i]}..{edges[i + 1] - 1}" for i in range(bins)}
+    return stats.chisquare_test(grouped_counts, grouped_probs, label_fn=lambda g: labels[int(g[0])] if g.size == 1
+                                else f"pooled ({g.size} ranges)", **kw)
+
+
+def evaluate(case: SamplingCase, tokens: np.ndarray, expected: Sequence[np.ndarray], alpha: float) -> list[stats.TestResult]:
+    """All tests of one case's draws (uncorrected)."""
+    config = case.describe()
+    results = []
+    for j in range(case.rows):
+        counts = stats.token_counts(tokens[:, j], case.vocab_size)
+        suffix = f"/row{j}" if case.rows > 1 else ""
+        kw = dict(name=f"{case.name}{suffix}", config=config, alpha=alpha)
+        if case.index_bins:
+            results.append(_index_bin_test(counts, expected[j], case.index_bins, **kw))
+        else:
+            results.append(stats.chisquare_test(counts, expected[j], **kw))
+        if case.tail_tokens is not None:
+            results.append(stats.tail_mass_test(counts, expected[j], tail_tokens=np.arange(
+                case.tail_tokens.start, case.tail_tokens.stop), name=f"{case.name}{suffix}/tail", config=config, alpha=alpha))
+    if case.rows > 1:
+        results.append(stats.independence_test(tokens[:, 0], tokens[:, 1], expected[0], expected[1],
+                                               name=f"{case.name}/rows0-1-joint", config=config, alpha=alpha))
+    return results
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@dataclass
+class RunOptions:
+    quick: bool = True
+    device: str = "auto"
+    samples: int | None = None
+    seed: int = 0
+    alpha: float = DEFAULT_ALPHA
+    correction: str = "holm"
+    calibration: bool = True
+    calibration_runs: int | None = None
+    power: bool = True
+    deep_tail: bool = False
+    case_filter: str | None = None
+
+
+def resolve_device(kind: str) -> torch.device:
+    """chisq has no host/device races to simulate: ``sim`` and ``cpu`` both sample on CPU tensors."""
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("runnercheck chisq: --device cuda asked for, but no CUDA device is present")
+    return torch.device("cuda" if kind == "cuda" else "cpu")
+
+
+def default_sampler_spec(device: torch.device) -> str:
+    """The runner's sampler on a GPU; on CPU the PyTorch baseline (the interpreted kernel samples
+    ~50 rows/s, far too slow for ~1e6 draws; ask for it with ``--sampler impl --samples N``)."""
+    if device.type == "cuda":
+        from checks.impl_sampler import impl_sampler_available
+
+        if impl_sampler_available():
+            return "impl"
+    return "gumbel"
+
+
+def run_matrix(sampler: Callable, opts: RunOptions, device: torch.device, tick: Callable[[str, int], None]) -> tuple[list, list]:
+    cases = build_cases(opts.quick) + (deep_tail_cases() if opts.deep_tail else [])
+    if opts.case_filter:
+        cases = [c for c in cases if opts.case_filter in c.name]
+    results, skipped = [], []
+    for case in cases:
+        why = sampler_can_run(sampler, case)
+        if why:
+            skipped.append({"case": case.name, "reason": why})
+            continue
+        seed, offset = case_seed(opts.seed, case.name)
+        n = opts.samples or case.n_samples
+        tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device, n_samples=n,
+                      progress=lambda m, c=case: tick(c.name, m * c.rows * c.vocab_size))
+        results.extend(evaluate(case, tokens, expected_rows(case), opts.alpha))
+    stats.apply_correction(results, opts.correction, opts.alpha)
+    return results, skipped
+
+
+def run_calibration(sampler: Callable, opts: RunOptions, device: torch.device, tick) -> stats.CalibrationResult:
+    """The chosen sampler, assumed correct, on fresh seeds: rejections at 5% must stay in band."""
+    runs = opts.calibration_runs or (40 if opts.quick else 400)
+    case = SamplingCase("calibration-v32", "calibration", _row(_normal(32, 1.0, 32)), SamplingParams(top_k=24), 2_000)
+    expected = expected_rows(case)
+    p_values = []
+    for r in range(runs):
+        seed, offset = case_seed(opts.seed, case.name, r)
+        tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device,
+                      progress=lambda m: tick(case.name, m * case.vocab_size))
+        p_values.append(evaluate(case, tokens, expected, CALIBRATION_ALPHA)[0].p_value)
+    return stats.calibration_result(p_values, alpha=CALIBRATION_ALPHA, config_name=case.name, sampler=sampler_name(sampler))
+
+
+def run_power(opts: RunOptions, device: torch.device, tick, biases: Sequence[str] | None = None) -> list[stats.PowerResult]:
+    """Each planted bias on its exposing case; a repeat rejects when its Bonferroni min-p < alpha."""
+    repeats = 1 if opts.quick else 5
+    plan = power_cases()
+    results = []
+    for bias in biases if biases is not None else power_plan(opts.quick, device):
+        case, _ = plan[bias]
+        sampler = planted_sampler(bias)
+        expected = expected_rows(case)
+        min_ps = []
+        for r in range(repeats):
+            seed, offset = case_seed(opts.seed, f"power:{bias}", r)
+            tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device,
+                          progress=lambda m, c=case: tick(f"power {bias}", m * c.rows * c.vocab_size))
+            min_ps.append(stats.family_min_p(evaluate(case, tokens, expected, opts.alpha)))
+        results.append(stats.PowerResult(bias=bias, config_name=case.name, repeats=repeats,
+                                         rejections=sum(p < opts.alpha for p in min_ps), alpha=opts.alpha,
+                                         required_power=1.0 if repeats < 5 else 0.8, min_p_values=min_ps,
+                                         description=PLANTED_BIASES[bias].description))
+    return results
+
+
+@contextmanager
+def single_threaded_on_cpu(device: torch.device):
+    """Sample with one intra-op thread on CPU: on a shared 2-core box, torch's thread pool spinning
+    against other processes made these small [rows, V] ops 7-40x slower than one thread (measured)."""
+    if device.type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) -> stats.RunSummary:
+    """Matrix, then calibration and power as asked; returns the summary the report is written from."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    device = resolve_device(opts.device)
+    started = time.perf_counter()
+    with single_threaded_on_cpu(device), Progress(TextColumn("{task.description:<40}"), BarColumn(), TextColumn("{task.fields[done]:.3g} token-draws"),
+                  TimeElapsedColumn(), disable=not show_progress, transient=True) as bar:
+        task = bar.add_task("chisq", total=None, done=0.0)
+
+        def tick(label: str, work: int) -> None:
+            bar.update(task, description=label, done=bar.tasks[0].fields["done"] + work)
+
+        results, skipped = run_matrix(sampler, opts, device, tick)
+        calibration = run_calibration(sampler, opts, device, tick) if opts.calibration else None
+        power = run_power(opts, device, tick) if opts.power else []
+    return stats.RunSummary(
+        sampler=sampler_name(sampler), device=str(device), quick=opts.quick, seed=opts.seed, alpha=opts.alpha,
+        correction=opts.correction, tests=results, skipped=skipped, calibration=calibration, power=power,
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="small vocabularies and sample counts (CPU CI)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu", "sim"])
+    parser.add_argument("--samples", type=int, default=None, help="draws per case (default: each case's own)")
+    parser.add_argument("--sampler", default=None,
+                        help="gumbel | torch | impl | bias-<name> | package.module:function (default: impl if built, else gumbel)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="family-wise level after correction")
+    parser.add_argument("--correction", default="holm", choices=list(stats.CORRECTIONS))
+    parser.add_argument("--no-calibration", action="store_true")
+    parser.add_argument("--no-power", action="store_true")
+    parser.add_argument("--deep-tail", action="store_true", help="add the 2^17-token 25/30-logit tail cases (GPU-sized)")
+    parser.add_argument("--cases", default=None, help="only cases whose name contains this")
+    parser.add_argument("--out", required=True, type=Path, help="report folder")
+
+
+def run(args: argparse.Namespace) -> int:
+    from checks.report import print_summary, write_report
+
+    if args.samples is not None and args.samples < 1:
+        raise SystemExit("runnercheck chisq: --samples must be >= 1")
+    sampler = load_sampler(args.sampler or default_sampler_spec(resolve_device(args.device)))
+    opts = RunOptions(quick=args.quick, device=args.device, samples=args.samples, seed=args.seed, alpha=args.alpha,
+                      correction=args.correction, calibration=not args.no_calibration, power=not args.no_power,
+                      deep_tail=args.deep_tail, case_filter=args.cases)
+    summary = run_all(sampler, opts)
+    write_report(args.out, summary)
+    print_summary(summary, args.out)
+    return 0 if summary.passed else 1
+
+
+def run_quick(out_dir: str | Path, sampler: Callable | str | None = None, *, seed: int = 0) -> dict[str, Any]:
+    """The quick matrix + calibration + power, report written to ``out_dir``; the JSON summary dict."""
+    from checks.report import write_report
+
+    if sampler is None or isinstance(sampler, str):
+        sampler = load_sampler(sampler or default_sampler_spec(resolve_device("auto")))
+    summary = run_all(sampler, RunOptions(quick=True, seed=seed), show_progress=False)
+    write_report(Path(out_dir), summary)
+    return summary.to_dict(include_bins=False)

@@ -1,0 +1,210 @@
+"""Chi-square run reports: ``chisq.json`` (machine-readable), ``chisq.md`` (a table), ``report.html``
+(the same plus plots, PNGs embedded as base64 so the file travels alone), and the one-screen
+terminal summary.  Reads a `checks.stats.RunSummary`; computes nothing statistical itself.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from checks.stats import RunSummary, TestResult
+
+MAX_BIN_PLOTS = 6
+MAX_BINS_PER_PLOT = 40
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return _json_safe(value.item())
+    return value
+
+
+def _fmt_p(p: float | None) -> str:
+    if p is None:
+        return "-"
+    return "0" if p == 0 else f"{p:.3g}"
+
+
+def write_json(path: Path, summary: RunSummary) -> None:
+    path.write_text(json.dumps(_json_safe(summary.to_dict()), indent=1, allow_nan=False) + "\n")
+
+
+def markdown(summary: RunSummary) -> str:
+    verdict = "PASS" if summary.passed else "FAIL"
+    lines = [
+        f"# Sampler chi-square report: {verdict}",
+        "",
+        f"sampler `{summary.sampler}` on `{summary.device}`, {'quick' if summary.quick else 'full'} matrix, seed {summary.seed}, "
+        f"{len(summary.tests)} tests, {summary.correction} correction at alpha {summary.alpha:g}, {summary.elapsed_s:.1f} s",
+        "",
+        "| test | kind | n | statistic | dof | p | adjusted p | passed | notes |",
+        "|---|---|---:|---:|---:|---:|---:|:---:|---|",
+    ]
+    for t in summary.tests:
+        stat = "inf" if not math.isfinite(t.statistic) else f"{t.statistic:.4g}"
+        lines.append(f"| {t.name} | {t.kind} | {t.n_samples} | {stat} | {t.dof} | {_fmt_p(t.p_value)} | "
+                     f"{_fmt_p(t.adjusted_p_value)} | {'yes' if t.passed else '**NO**'} | {t.notes} |")
+    if summary.skipped:
+        lines += ["", "Skipped cases:", ""] + [f"* {s['case']}: {s['reason']}" for s in summary.skipped]
+    c = summary.calibration
+    if c is not None:
+        lines += ["", "## Calibration", "",
+                  f"{c.runs} runs of `{c.config_name}` with `{c.sampler}`: {c.rejections} rejections at alpha {c.alpha:g} "
+                  f"(rate {c.rejection_rate:.3f}); {c.coverage:.1%} binomial band [{c.band[0]}, {c.band[1]}]: "
+                  f"{'in band' if c.passed else '**OUT OF BAND**'}. KS p-value of the p-values vs U(0,1): {c.ks_p_value:.3g}."]
+    if summary.power:
+        lines += ["", "## Power (planted biases)", "", "| bias | case | repeats | rejected | power | required | passed |",
+                  "|---|---|---:|---:|---:|---:|:---:|"]
+        for p in summary.power:
+            lines.append(f"| {p.bias} | {p.config_name} | {p.repeats} | {p.rejections} | {p.power:.2f} | "
+                         f"{p.required_power:.2f} | {'yes' if p.passed else '**NO**'} |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _bins_figure(tests: list[TestResult]):
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(tests))
+    rows = math.ceil(len(tests) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
+    for ax, t in zip(axes.ravel(), tests):
+        bins = t.bins[:MAX_BINS_PER_PLOT]
+        x = np.arange(len(bins))
+        ax.bar(x, [b.expected for b in bins], color="#c8d6e5", label="expected")
+        ax.plot(x, [b.observed for b in bins], "o", color="#c0392b", ms=3, label="observed")
+        ax.set_yscale("symlog", linthresh=5)
+        ax.set_title(f"{t.name}\np={_fmt_p(t.p_value)} adj={_fmt_p(t.adjusted_p_value)}", fontsize=8)
+        ax.set_xlabel("bin (largest expected first)", fontsize=7)
+        ax.tick_params(labelsize=6)
+    for ax in axes.ravel()[len(tests):]:
+        ax.axis("off")
+    axes.ravel()[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _pvalue_figures(summary: RunSummary):
+    import matplotlib.pyplot as plt
+
+    matrix_p = np.array([t.p_value for t in summary.tests], dtype=np.float64)
+    calib_p = np.array(summary.calibration.p_values if summary.calibration else [], dtype=np.float64)
+    hist, ax = plt.subplots(figsize=(5, 3.2))
+    ax.hist([matrix_p, calib_p] if calib_p.size else [matrix_p], bins=20, range=(0, 1), stacked=True,
+            label=["matrix", "calibration"][: 2 if calib_p.size else 1], color=["#2e86de", "#10ac84"][: 2 if calib_p.size else 1])
+    ax.set_xlabel("p-value")
+    ax.set_ylabel("tests")
+    ax.set_title("p-value histogram (uniform if the sampler is right)", fontsize=9)
+    ax.legend(fontsize=7)
+    qq, ax2 = plt.subplots(figsize=(5, 3.2))
+    for values, label, color in ((matrix_p, "matrix", "#2e86de"), (calib_p, "calibration", "#10ac84")):
+        if values.size == 0:
+            continue
+        observed = np.sort(np.clip(values, 1e-300, 1.0))
+        uniform = (np.arange(1, values.size + 1) - 0.5) / values.size
+        ax2.plot(-np.log10(uniform), -np.log10(observed), "o", ms=3, color=color, label=label)
+    top = max(1.0, float(-np.log10(0.5 / max(matrix_p.size, calib_p.size, 1))))
+    ax2.plot([0, top], [0, top], "k--", lw=0.8)
+    ax2.set_xlabel("-log10 expected p (uniform quantiles)")
+    ax2.set_ylabel("-log10 observed p")
+    ax2.set_title("QQ plot of p-values", fontsize=9)
+    ax2.legend(fontsize=7)
+    return hist, qq
+
+
+def _power_figure(summary: RunSummary):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 0.35 * len(summary.power) + 1))
+    names = [p.bias for p in summary.power]
+    ax.barh(names, [p.power for p in summary.power], color=["#10ac84" if p.passed else "#c0392b" for p in summary.power])
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("power (rejection rate over repeats)")
+    ax.tick_params(labelsize=7)
+    return fig
+
+
+def html_report(summary: RunSummary) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    worst = sorted(summary.tests, key=lambda t: (1.0 if t.adjusted_p_value is None else t.adjusted_p_value, t.p_value))
+    images = []
+    if worst:
+        images.append(("observed vs expected, lowest adjusted p first", _png(_bins_figure(worst[:MAX_BIN_PLOTS]))))
+        hist, qq = _pvalue_figures(summary)
+        images += [("p-value histogram", _png(hist)), ("QQ plot", _png(qq))]
+    if summary.power:
+        images.append(("power of the planted biases", _png(_power_figure(summary))))
+    body = "\n".join(f'<h3>{html.escape(title)}</h3><img alt="{html.escape(title)}" src="data:image/png;base64,{data}">'
+                     for title, data in images)
+    md = html.escape(markdown(summary))
+    verdict = "PASS" if summary.passed else "FAIL"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>chisq {verdict}</title>"
+            "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}pre{white-space:pre-wrap;font-size:12px}</style>"
+            f"</head><body><h1>Sampler chi-square report: {verdict}</h1>{body}<h2>Tables</h2><pre>{md}</pre></body></html>\n")
+
+
+def write_report(out_dir: str | Path, summary: RunSummary) -> dict[str, Path]:
+    """Write chisq.json, chisq.md and report.html into ``out_dir`` (created); returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "chisq.json", "markdown": out / "chisq.md", "html": out / "report.html"}
+    write_json(paths["json"], summary)
+    paths["markdown"].write_text(markdown(summary))
+    paths["html"].write_text(html_report(summary))
+    return paths
+
+
+def print_summary(summary: RunSummary, out_dir: str | Path | None = None) -> None:
+    """The one-screen summary: counts, failing tests, calibration, power, verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    failed = summary.failed_tests
+    console.print(f"[bold]chisq[/bold] sampler={summary.sampler} device={summary.device} "
+                  f"{'quick' if summary.quick else 'full'} seed={summary.seed}: {len(summary.tests)} tests, "
+                  f"{len(failed)} failed ({summary.correction}, alpha {summary.alpha:g}), {summary.elapsed_s:.1f} s")
+    if failed:
+        table = Table("failed test", "p", "adjusted p", "notes", title="failures (first 15)")
+        for t in failed[:15]:
+            table.add_row(t.name, _fmt_p(t.p_value), _fmt_p(t.adjusted_p_value), t.notes[:60])
+        console.print(table)
+    for s in summary.skipped:
+        console.print(f"skipped {s['case']}: {s['reason']}")
+    c = summary.calibration
+    if c is not None:
+        console.print(f"calibration: {c.rejections}/{c.runs} rejected at {c.alpha:g}, band [{c.band[0]}, {c.band[1]}] "
+                      f"-> {'ok' if c.passed else 'OUT OF BAND'}")
+    if summary.power:
+        weak = [p for p in summary.power if not p.passed]
+        console.print(f"power: {len(summary.power) - len(weak)}/{len(summary.power)} planted biases rejected as required"
+                      + (": weak " + ", ".join(f"{p.bias} ({p.power:.2f})" for p in weak) if weak else ""))
+    if out_dir is not None:
+        console.print(f"report: {Path(out_dir) / 'report.html'}")
+    console.print("[bold green]PASS[/bold green]" if summary.passed else "[bold red]FAIL[/bold red]")
