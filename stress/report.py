@@ -1,0 +1,259 @@
+"""`runnercheck verify`'s report folder: ``summary.json`` (checked schema) and ``summary.md``.
+
+``summary.json`` (version 1)::
+
+    {
+      "version": 1,
+      "passed": true,                  # every run agreed, no unaccounted host sync, no lifetime
+                                       # violation, and the sampler statistics (if they ran) passed
+      "device": "sim", "seed": 0, "runner": "impl.runner:make_runner", "quick": true,
+      "model": "micro",
+      "divergences": 0,                # runs that stopped at a divergent step (each stops at its first)
+      "host_syncs": 0,                 # host reads/waits in execute_model beyond the counted waits
+      "counted_waits": 3,              # the runner's own back-pressure waits (reported, allowed)
+      "lifetime_violations": 0,
+      "steps": 90, "requests": 41, "ties": 0, "tokens_compared": 212,
+      "chisq": {"status": "ran" | "not available" | "error" | "skipped", "passed": bool | null, ...},
+      "runs": [{...one `RunRecord`...}, ...],
+      "elapsed_s": 97.3,
+      "notes": ["..."]
+    }
+
+`validate_summary` is the schema check (`SummaryError` names the field); `write_report` checks
+before it writes.
+
+Ownership: a `RunRecord` is plain host data built once per run by `stress.verify`; this module
+only reads it.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+SUMMARY_VERSION = 1
+CHISQ_STATUSES = ("ran", "not available", "error", "skipped")
+
+
+class SummaryError(ValueError):
+    """A summary document that does not follow the schema above."""
+
+
+@dataclass
+class RunRecord:
+    """One differential stress run of the verify plan, with its detector totals."""
+
+    name: str
+    seed: int
+    lag_policy: dict | None
+    delay_policy: dict | None
+    scheduler: dict
+    ticks: int
+    steps: int
+    requests: int
+    finished: int
+    tokens_compared: int
+    logprobs_compared: int
+    ties: int
+    tie_lines: list[str] = field(default_factory=list)
+    first_divergence: str | None = None
+    divergence_lines: list[str] = field(default_factory=list)
+    host_syncs: int = 0  # beyond counted_waits
+    host_sync_sites: list[str] = field(default_factory=list)
+    counted_waits: int = 0
+    lifetime_checked: bool = True
+    lifetime_violations: int = 0
+    lifetime_errors: list[str] = field(default_factory=list)
+    repro: str | None = None
+    elapsed_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.first_divergence is None and self.host_syncs == 0 and self.lifetime_violations == 0
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), passed=self.passed)
+
+
+def chisq_passed(chisq: dict) -> bool:
+    """Statistics that ran must have passed; ones that are not available or skipped do not fail the job."""
+    return chisq.get("status") in ("not available", "skipped") or (chisq.get("status") == "ran" and chisq.get("passed") is True)
+
+
+def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: int, runner: str, model: str,
+                  quick: bool, elapsed_s: float, notes: Sequence[str] = ()) -> dict:
+    """The ``summary.json`` document for ``runs`` and the statistics section ``chisq``."""
+    divergences = sum(r.first_divergence is not None for r in runs)
+    host_syncs = sum(r.host_syncs for r in runs)
+    lifetime = sum(r.lifetime_violations for r in runs)
+    doc = {
+        "version": SUMMARY_VERSION,
+        "passed": bool(runs) and divergences == 0 and host_syncs == 0 and lifetime == 0 and chisq_passed(chisq),
+        "device": device,
+        "seed": seed,
+        "runner": runner,
+        "model": model,
+        "quick": quick,
+        "divergences": divergences,
+        "host_syncs": host_syncs,
+        "counted_waits": sum(r.counted_waits for r in runs),
+        "lifetime_violations": lifetime,
+        "steps": sum(r.steps for r in runs),
+        "requests": sum(r.requests for r in runs),
+        "ties": sum(r.ties for r in runs),
+        "tokens_compared": sum(r.tokens_compared for r in runs),
+        "chisq": chisq,
+        "runs": [r.to_dict() for r in runs],
+        "elapsed_s": round(elapsed_s, 2),
+        "notes": list(notes),
+    }
+    validate_summary(doc)
+    return doc
+
+
+_INT_KEYS = ("divergences", "host_syncs", "counted_waits", "lifetime_violations", "steps", "requests", "ties",
+             "tokens_compared", "seed")
+_RUN_INT_KEYS = ("seed", "ticks", "steps", "requests", "finished", "tokens_compared", "logprobs_compared", "ties",
+                 "host_syncs", "counted_waits", "lifetime_violations")
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def validate_summary(doc: Any) -> None:
+    """Raise `SummaryError` unless ``doc`` follows the ``summary.json`` schema (and its totals add up)."""
+    if not isinstance(doc, dict):
+        raise SummaryError(f"a summary is a JSON object, got {type(doc).__name__}")
+    if doc.get("version") != SUMMARY_VERSION:
+        raise SummaryError(f"unknown summary version {doc.get('version')!r}")
+    for key in _INT_KEYS:
+        if not _is_count(doc.get(key)):
+            raise SummaryError(f"field {key!r} must be an int >= 0, got {doc.get(key)!r}")
+    for key in ("passed", "quick"):
+        if not isinstance(doc.get(key), bool):
+            raise SummaryError(f"field {key!r} must be a bool, got {doc.get(key)!r}")
+    if doc.get("device") not in ("cuda", "cpu", "sim"):
+        raise SummaryError(f"field 'device' must be one of cuda, cpu, sim, got {doc.get('device')!r}")
+    chisq = doc.get("chisq")
+    if not isinstance(chisq, dict) or chisq.get("status") not in CHISQ_STATUSES:
+        raise SummaryError(f"field 'chisq' must be an object whose status is one of {CHISQ_STATUSES}")
+    if chisq["status"] == "ran" and not isinstance(chisq.get("passed"), bool):
+        raise SummaryError("chisq.passed must be a bool when the statistics ran")
+    runs = doc.get("runs")
+    if not isinstance(runs, list) or not runs:
+        raise SummaryError("field 'runs' must be a non-empty list")
+    for i, run in enumerate(runs):
+        if not isinstance(run, dict):
+            raise SummaryError(f"runs[{i}] must be an object")
+        for key in _RUN_INT_KEYS:
+            if not _is_count(run.get(key)):
+                raise SummaryError(f"runs[{i}].{key} must be an int >= 0, got {run.get(key)!r}")
+        if not isinstance(run.get("passed"), bool) or not isinstance(run.get("name"), str):
+            raise SummaryError(f"runs[{i}] needs a string 'name' and a bool 'passed'")
+    totals = {
+        "divergences": sum(r.get("first_divergence") is not None for r in runs),
+        "host_syncs": sum(r["host_syncs"] for r in runs),
+        "lifetime_violations": sum(r["lifetime_violations"] for r in runs),
+        "steps": sum(r["steps"] for r in runs),
+        "ties": sum(r["ties"] for r in runs),
+    }
+    for key, total in totals.items():
+        if doc[key] != total:
+            raise SummaryError(f"field {key!r} is {doc[key]} but the runs add up to {total}")
+    expected = all(r["passed"] for r in runs) and chisq_passed(chisq)
+    if doc["passed"] != expected:
+        raise SummaryError(f"field 'passed' is {doc['passed']} but the runs and statistics say {expected}")
+
+
+def render_markdown(doc: dict) -> str:
+    """``summary.md``: the verdict, the totals, one table row per run, findings, the statistics."""
+    verdict = "PASSED" if doc["passed"] else "FAILED"
+    lines = [
+        f"# runnercheck verify: {verdict}",
+        "",
+        f"device `{doc['device']}`, seed {doc['seed']}, runner `{doc['runner']}`, model `{doc['model']}`"
+        f"{', quick' if doc['quick'] else ''}; {doc['elapsed_s']:.1f} s",
+        "",
+        "| check | result |",
+        "|---|---|",
+        f"| runner vs oracle | {doc['divergences']} divergent run(s); {doc['steps']} steps, {doc['tokens_compared']} tokens compared, {doc['ties']} tie(s) adopted |",
+        f"| host syncs in execute_model | {doc['host_syncs']} (plus {doc['counted_waits']} counted back-pressure wait(s)) |",
+        f"| staging lifetime | {doc['lifetime_violations']} violation(s) |",
+        f"| sampler statistics | {chisq_line(doc['chisq'])} |",
+        "",
+        "## Runs",
+        "",
+        "| run | seed | lag / delay | ticks | steps | requests | tokens | ties | syncs | waits | lifetime | result |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in doc["runs"]:
+        policy = _policy(r.get("lag_policy")) or _policy(r.get("delay_policy")) or "-"
+        lifetime = str(r["lifetime_violations"]) if r.get("lifetime_checked", True) else "n/a"
+        lines.append(
+            f"| {r['name']} | {r['seed']} | {policy} | {r['ticks']} | {r['steps']} | {r['requests']} | {r['tokens_compared']} "
+            f"| {r['ties']} | {r['host_syncs']} | {r['counted_waits']} | {lifetime} | {'ok' if r['passed'] else '**FAIL**'} |"
+        )
+    findings = [r for r in doc["runs"] if not r["passed"]]
+    if findings:
+        lines += ["", "## Findings", ""]
+        for r in findings:
+            lines.append(f"### {r['name']} (seed {r['seed']})")
+            lines.append("")
+            if r.get("first_divergence"):
+                lines.append(f"- divergence: `{r['first_divergence']}`")
+                lines += [f"  - also: `{d}`" for d in r.get("divergence_lines", [])[1:]]
+            if r.get("repro"):
+                lines.append(f"- repro: `{r['repro']}` (`runnercheck replay {r['repro']}`)")
+            lines += [f"- host sync: `{s}`" for s in r.get("host_sync_sites", [])]
+            lines += [f"- staging lifetime: `{e}`" for e in r.get("lifetime_errors", [])]
+            lines.append("")
+    ties = [t for r in doc["runs"] for t in r.get("tie_lines", [])]
+    if ties:
+        lines += ["", "## Ties adopted", ""] + [f"- {t}" for t in ties[:20]]
+        if len(ties) > 20:
+            lines.append(f"- ... and {len(ties) - 20} more")
+    if doc.get("notes"):
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _policy(p: dict | None) -> str:
+    if not p:
+        return ""
+    return " ".join([p["name"]] + [f"{k}={v}" for k, v in p.items() if k != "name"])
+
+
+def chisq_line(chisq: dict) -> str:
+    status = chisq.get("status")
+    if status == "ran":
+        return ("passed" if chisq.get("passed") else "**FAILED**") + (f" ({chisq['summary']})" if chisq.get("summary") else "")
+    if status == "error":
+        return f"**error**: {chisq.get('note', '')}"
+    return f"{status}: {chisq.get('note', '')} -- the sampler's distribution was NOT checked"
+
+
+def write_report(out_dir: str | Path, doc: dict) -> tuple[Path, Path]:
+    """Validate ``doc`` and write ``summary.json`` and ``summary.md`` into ``out_dir``."""
+    validate_summary(doc)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "summary.json", out / "summary.md"
+    json_path.write_text(json.dumps(doc, indent=1, sort_keys=True, default=str, allow_nan=False) + "\n")
+    md_path.write_text(render_markdown(doc))
+    return json_path, md_path
+
+
+def load_summary(path: str | Path) -> dict:
+    """Read and validate a ``summary.json``."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SummaryError(f"{path}: cannot read a summary ({e})") from None
+    validate_summary(doc)
+    return doc
+
+
+__all__ = ["RunRecord", "SummaryError", "SUMMARY_VERSION", "build_summary", "validate_summary", "render_markdown",
+           "write_report", "load_summary", "chisq_passed", "chisq_line"]

@@ -1,0 +1,312 @@
+"""`runnercheck verify`: the quick job passes on sim, planted bugs fail it with a report, the
+statistics degrade gracefully, the report schema holds, and the CUDA delay driver is calibrated."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from impl.runner import make_runner
+from stress import verify
+from stress.races import calibrate_cuda_delay
+from stress.report import RunRecord, SummaryError, build_summary, load_summary, render_markdown, validate_summary
+from stress.repro import Repro
+
+PLANTED_MODULE = "runnercheck_planted_runners"
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny matrices: intra-op threads only add contention on a shared 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    verify.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def run_verify(tmp_path: Path, *argv: str) -> tuple[int, Path]:
+    out = tmp_path / "verify"
+    return verify.run(parse("--out", str(out), "--no-progress", *argv)), out
+
+
+# --------------------------------------------------------------------------- the quick job
+
+
+def test_quick_job_on_sim_passes_and_writes_a_valid_report(tmp_path: Path, capsys) -> None:
+    rc, out = run_verify(tmp_path, "--device", "sim", "--quick", "--steps", "8")
+    doc = load_summary(out / "summary.json")  # schema-checked
+    assert rc == 0 and doc["passed"] is True, (out / "summary.md").read_text()
+    assert doc["device"] == "sim" and doc["seed"] == 0 and doc["divergences"] == 0
+    assert doc["host_syncs"] == 0 and doc["lifetime_violations"] == 0
+    assert [r["seed"] for r in doc["runs"]] == [0, 1, 2]
+    assert {r["lag_policy"]["name"] for r in doc["runs"]} == {"random-drain", "lag-k-steps"}
+    assert doc["steps"] >= 15 and doc["tokens_compared"] > 0
+    assert doc["chisq"]["status"] in ("ran", "not available")
+    assert "runnercheck verify: PASSED" in (out / "summary.md").read_text()
+    assert not (out / "repros").exists()
+    assert "PASSED" in capsys.readouterr().out
+
+
+def test_the_plan_covers_lag_policies_in_flight_depths_and_drafts() -> None:
+    sim = verify.plan_runs("sim", 5, "impl.runner:make_runner", quick=False)
+    assert [p.config.seed for p in sim] == list(range(5, 5 + len(sim)))
+    assert {p.config.lag_policy["name"] for p in sim} == {"run-immediately", "lag-k-steps", "random-drain"}
+    assert {p.config.scheduler.max_inflight_steps for p in sim} == {1, 2, 3}
+    assert any(p.config.scheduler.draft_prob > 0 for p in sim)
+    cuda = verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=True, cuda_delay=lambda s: calibrate_cuda_delay(s, 1000.0))
+    assert all(p.config.delay_policy["name"] == "random-delay" and p.config.lag_policy is None for p in cuda)
+    assert max(p.config.scheduler.max_inflight_steps for p in cuda) >= 3  # the GPU may trail by several steps
+
+
+# --------------------------------------------------------------------------- planted bugs
+
+
+class _Output:
+    def __init__(self, get):
+        self.get = get
+
+
+def wrong_token_runner(weights, limits, device, base_seed):
+    """The real runner, except that the first token it reports from step 3 on is off by one."""
+    runner = make_runner(weights, limits, device, base_seed)
+    original, flipped = runner.execute_model, []
+
+    def execute_model(sched):
+        inner = original(sched)
+        if sched.step_id < 3 or flipped:
+            return inner
+
+        def get():
+            out = inner.get()
+            for i, toks in enumerate(out.sampled_token_ids):
+                if toks and not flipped:
+                    flipped.append(out.req_ids[i])
+                    sampled = list(out.sampled_token_ids)
+                    sampled[i] = ((toks[0] + 1) % limits.vocab_size, *toks[1:])
+                    return dataclasses.replace(out, sampled_token_ids=tuple(sampled))
+            return out
+
+        return _Output(get)
+
+    runner.execute_model = execute_model
+    return runner
+
+
+def host_read_runner(weights, limits, device, base_seed):
+    """The real runner, plus a host read of a device count in every step."""
+    runner = make_runner(weights, limits, device, base_seed)
+    original = runner.execute_model
+
+    def execute_model(sched):
+        int(runner.state.base[0, 0])
+        return original(sched)
+
+    runner.execute_model = execute_model
+    return runner
+
+
+def stale_staging_runner(weights, limits, device, base_seed):
+    """The real runner, plus a host write into staging slots that are still in flight."""
+    from impl.buffers import SlotState
+
+    runner = make_runner(weights, limits, device, base_seed)
+    original = runner.execute_model
+
+    def execute_model(sched):
+        out = original(sched)
+        for slot in runner.staging.slots:
+            if slot.state is SlotState.IN_FLIGHT and slot.used_bytes:
+                slot.host[0] = (int(slot.host[0]) + 1) % 256
+        return out
+
+    runner.execute_model = execute_model
+    return runner
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    module = types.ModuleType(PLANTED_MODULE)
+    for factory in (wrong_token_runner, host_read_runner, stale_staging_runner):
+        setattr(module, factory.__name__, factory)
+    monkeypatch.setitem(sys.modules, PLANTED_MODULE, module)
+    return PLANTED_MODULE
+
+
+def test_planted_wrong_token_fails_the_job_with_a_replayable_repro(tmp_path: Path, planted: str, capsys) -> None:
+    spec = f"{planted}:wrong_token_runner"
+    rc, out = run_verify(tmp_path, "--device", "sim", "--quick", "--steps", "10", "--runs", "1", "--skip-chisq", "--runner", spec)
+    doc = load_summary(out / "summary.json")
+    assert rc == 1 and doc["passed"] is False and doc["divergences"] == 1
+    run = doc["runs"][0]
+    assert run["first_divergence"].startswith("step ") and "expected token" in run["first_divergence"]
+    repro = Repro.load(run["repro"])
+    assert (repro.runner, repro.seed, repro.first_divergence) == (spec, 0, run["first_divergence"])
+    assert repro.lag_policy == doc["runs"][0]["lag_policy"]
+    assert "DIVERGENCE" in capsys.readouterr().out and "## Findings" in (out / "summary.md").read_text()
+
+    from stress import replay
+
+    parser = argparse.ArgumentParser()
+    replay.add_arguments(parser)
+    assert replay.run(parser.parse_args([run["repro"], "--no-progress"])) == 1
+    assert "the recorded divergence" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "factory, key, evidence",
+    [("host_read_runner", "host_syncs", "int() on device memory"),
+     ("stale_staging_runner", "lifetime_violations", "changed while it was in flight")],
+)
+def test_planted_detector_findings_fail_the_job(tmp_path: Path, planted: str, factory: str, key: str, evidence: str) -> None:
+    rc, out = run_verify(tmp_path, "--device", "sim", "--quick", "--steps", "4", "--runs", "1", "--skip-chisq",
+                         "--runner", f"{planted}:{factory}")
+    doc = load_summary(out / "summary.json")
+    assert rc == 1 and doc["passed"] is False and doc[key] > 0 and doc["divergences"] == 0
+    sites = doc["runs"][0]["host_sync_sites"] + doc["runs"][0]["lifetime_errors"]
+    assert any(evidence in s for s in sites), sites
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("--runner", "no_such_module:factory"), ("--runner", "not-a-spec"), ("--steps", "0"), ("--seed", "-1")],
+    ids=["unknown-module", "bad-spec", "zero-steps", "negative-seed"],
+)
+def test_bad_arguments_exit_2_without_a_report(tmp_path: Path, argv, capsys) -> None:
+    rc, out = run_verify(tmp_path, "--device", "sim", *argv)
+    assert rc == 2 and not out.exists()
+    assert "runnercheck verify:" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_without_a_gpu_exits_2(tmp_path: Path) -> None:
+    assert run_verify(tmp_path, "--device", "cuda")[0] == 2
+
+
+# --------------------------------------------------------------------------- statistics section
+
+
+def test_statistics_not_importable_is_a_note_not_a_failure(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "checks.chisq", None)  # import raises ImportError
+    section = verify.run_chisq(tmp_path)
+    assert section["status"] == "not available" and section["passed"] is None
+    doc = build_summary([_record()], section, device="sim", seed=0, runner="r:f", model="micro", quick=True, elapsed_s=1.0)
+    assert doc["passed"] is True and "NOT checked" in render_markdown(doc)
+
+
+@pytest.mark.parametrize(
+    "run_quick, status, passed",
+    [(lambda out, sampler=None: {"passed": False, "num_tests": 3, "num_failed": 1}, "ran", False),
+     (lambda out, sampler=None: {"passed": True, "p": float("nan")}, "ran", True),
+     (lambda out, sampler=None: {"no": "verdict"}, "error", False),
+     (lambda out, sampler=None: 1 / 0, "error", False)],
+    ids=["failed", "passed-with-nan", "no-verdict", "raises"],
+)
+def test_statistics_verdict_decides(tmp_path: Path, monkeypatch, run_quick, status: str, passed: bool) -> None:
+    fake = types.ModuleType("checks.chisq")
+    fake.run_quick = run_quick
+    monkeypatch.setitem(sys.modules, "checks.chisq", fake)
+    section = verify.run_chisq(tmp_path)
+    assert (section["status"], section["passed"]) == (status, passed)
+    doc = build_summary([_record()], section, device="sim", seed=0, runner="r:f", model="micro", quick=True, elapsed_s=1.0)
+    assert doc["passed"] is passed
+    json.dumps(doc, allow_nan=False)  # NaN from the statistics is made JSON-safe
+
+
+# --------------------------------------------------------------------------- report schema
+
+
+def _record(**changes) -> RunRecord:
+    base = RunRecord(name="r", seed=0, lag_policy={"name": "lag-k-steps", "k": 1}, delay_policy=None,
+                     scheduler={"max_inflight_steps": 1, "draft_prob": 0.0}, ticks=5, steps=4, requests=3, finished=1,
+                     tokens_compared=6, logprobs_compared=2, ties=0)
+    return dataclasses.replace(base, **changes)
+
+
+def test_summary_totals_and_verdict_follow_the_runs(tmp_path: Path) -> None:
+    runs = [_record(), _record(name="bad", seed=1, first_divergence="step 2: request 'r0' position 5: expected token 1, got 2"),
+            _record(name="sync", seed=2, host_syncs=2, host_sync_sites=["2 x .item() at x.py:1"])]
+    doc = build_summary(runs, {"status": "skipped", "passed": None}, device="sim", seed=0, runner="r:f", model="micro",
+                        quick=True, elapsed_s=1.0)
+    assert (doc["passed"], doc["divergences"], doc["host_syncs"], doc["steps"]) == (False, 1, 2, 12)
+    md = render_markdown(doc)
+    assert "FAILED" in md and "expected token 1, got 2" in md and ".item() at x.py:1" in md
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [(lambda d: d.update(steps=d["steps"] + 1), "runs add up"),
+     (lambda d: d.update(passed=False), "'passed'"),
+     (lambda d: d.pop("host_syncs"), "'host_syncs'"),
+     (lambda d: d.update(chisq={"status": "ran"}), "chisq.passed"),
+     (lambda d: d.update(runs=[]), "non-empty"),
+     (lambda d: d.update(device="tpu"), "'device'")],
+    ids=["steps-total", "verdict", "missing-key", "chisq-verdict", "no-runs", "device"],
+)
+def test_summary_schema_rejects_inconsistent_documents(corrupt, message: str) -> None:
+    doc = build_summary([_record()], {"status": "skipped", "passed": None}, device="sim", seed=0, runner="r:f",
+                        model="micro", quick=True, elapsed_s=1.0)
+    validate_summary(doc)
+    corrupt(doc)
+    with pytest.raises(SummaryError, match=message):
+        validate_summary(doc)
+
+
+# --------------------------------------------------------------------------- the CUDA delay driver
+
+
+def test_cuda_delay_calibration_makes_the_mean_delay_exceed_the_host_tick() -> None:
+    from stress.races import DEFAULT_DELAY_PROB, DEFAULT_LAG_FACTOR
+    from stress.stress_cmd import RandomDelay
+
+    policy = calibrate_cuda_delay(7, host_tick_us=2000.0)
+    delay = RandomDelay.from_dict(policy)  # the repro format `runnercheck replay` reads
+    assert delay.describe() == policy and policy["seed"] == 7 and policy["p"] == DEFAULT_DELAY_PROB
+    mean_us = delay.p * delay.max_us / 2
+    assert mean_us == pytest.approx(DEFAULT_LAG_FACTOR * 2000.0, rel=1e-3) and mean_us > 2000.0
+    for bad in ({"host_tick_us": 0.0}, {"host_tick_us": 10.0, "p": 0.0}, {"host_tick_us": 10.0, "lag_factor": -1.0}):
+        with pytest.raises(ValueError):
+            calibrate_cuda_delay(0, **bad)
+
+
+@pytest.mark.gpu
+def test_delays_make_the_gpu_trail_the_host_and_the_job_passes(tmp_path: Path) -> None:
+    from stress.driver import DifferentialRun
+    from stress.races import measure_host_tick_us
+    from stress.stress_cmd import RandomDelay, build_session
+
+    plan = verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=True, ticks=60)
+    tick_us = measure_host_tick_us(plan[0].config)
+    config = dataclasses.replace(plan[1].config, delay_policy=calibrate_cuda_delay(1, tick_us))
+    session = build_session(config)
+    behind: list[int] = []
+    pending: list = []
+    original = session.runner.execute_model
+
+    def execute_model(sched):
+        behind.append(sum(not o.ready() for o in pending if hasattr(o, "ready")))
+        out = original(sched)
+        pending.append(out)
+        return out
+
+    session.runner.execute_model = execute_model
+    from stress.churn import Churn
+    from stress.races import RACE_CHURN
+
+    result = DifferentialRun(session.runner, session.oracle, session.scheduler, before_tick=Churn(config.limits, 1, RACE_CHURN),
+                             before_enqueue=RandomDelay.from_dict(config.delay_policy).hook(session.device)).run(60)
+    assert result.ok, result.first_divergence_line()
+    assert max(behind) >= 2, behind  # at some enqueue at least two earlier steps had not finished on the GPU
+    rc, out = run_verify(tmp_path, "--device", "cuda", "--quick", "--steps", "40", "--skip-chisq")
+    assert rc == 0, (out / "summary.md").read_text()
