@@ -1,0 +1,181 @@
+"""Logprobs of chosen tokens (sampled or actual next prompt tokens) and top-n lists, on the device.
+
+No ``[rows, vocab]`` logprob tensor exists: one Triton program per row computes the log-sum-exp,
+the target's rank and the top-n selection in a few passes over the raw logits
+(`impl.kernels.sampling_logprobs`).
+
+Ownership: a `LogprobsComputer` owns its output buffers (``logprob`` f32 ``[R]``, ``rank`` i32
+``[R]``, ``top_ids`` i32 ``[R, max_logprobs]``, ``top_logprobs`` f32 ``[R, max_logprobs]``) and its
+candidate scratch (i64 ``[R, CAND]``), all on the device for its lifetime, persistent addresses
+(CUDA graphs), written only by its kernel; a step's results are valid from the launch until the
+next launch, so the caller copies them out (one async D2H) before reusing the computer.
+
+Prompt logprobs
+---------------
+For prompt positions ``i`` (``i + 1 < prompt_len``) the target is prompt token ``i + 1``.  The
+runner never materialises the logits of a whole long prompt: `prompt_logprobs_chunked` asks a
+``compute_logits(start, end)`` callback for ``[end - start, V]`` logits of ``chunk_rows``
+positions at a time and runs the kernel on each chunk into the slices of caller-provided output
+tensors, so peak memory is ``chunk_rows * V`` floats whatever the prompt length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import triton
+
+from impl.device import Device
+from impl.hotpath import hot_path
+from impl.kernels.sampling_logprobs import token_logprobs_kernel
+
+
+class LogprobsError(ValueError):
+    """Bad arguments to the logprobs computation (shapes, dtypes, counts)."""
+
+
+@dataclass(frozen=True)
+class LogprobsOutput:
+    """Device views for ``num_rows`` rows: ``logprob [N]``, ``rank [N]``, ``top_ids [N, K]``, ``top_logprobs [N, K]``."""
+
+    logprob: torch.Tensor
+    rank: torch.Tensor
+    top_ids: torch.Tensor
+    top_logprobs: torch.Tensor
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """Launch shape shared by the sampler and logprobs kernels (see `default_selection_config`)."""
+
+    block: int
+    narrow_block: int
+    candidates: int
+    pivots: int = 16
+    max_passes: int = 16
+    num_warps: int = 8
+
+
+def default_selection_config(device: Device, candidate_capacity: int | None = None) -> SelectionConfig:
+    """Wide blocks on a GPU; small ones under the Triton interpreter (cost there is per op)."""
+    if device.is_cuda:
+        config = SelectionConfig(block=1024, narrow_block=256, candidates=1024)
+    else:
+        config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4)
+    if candidate_capacity is not None:
+        if candidate_capacity < 2 or candidate_capacity & (candidate_capacity - 1):
+            raise LogprobsError(f"candidate_capacity must be a power of two >= 2, got {candidate_capacity}")
+        config = SelectionConfig(config.block, config.narrow_block, candidate_capacity, config.pivots,
+                                 config.max_passes, config.num_warps)
+    return config
+
+
+def _check_logits(logits: torch.Tensor, num_rows: int, vocab_size: int, name: str = "logits") -> None:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        raise LogprobsError(f"{name} must be a 2-D tensor [rows, {vocab_size}]")
+    if logits.dtype != torch.float32:
+        raise LogprobsError(f"{name} must be float32, got {logits.dtype}")
+    if logits.shape[1] != vocab_size or logits.stride(1) != 1:
+        raise LogprobsError(f"{name} must have {vocab_size} contiguous columns, got shape {tuple(logits.shape)}")
+    if logits.shape[0] < num_rows:
+        raise LogprobsError(f"{name} has {logits.shape[0]} rows, fewer than num_rows={num_rows}")
+
+
+class LogprobsComputer:
+    """Runs the logprobs kernel into persistent buffers (ownership: see the module docstring)."""
+
+    def __init__(self, device: Device, vocab_size: int, max_logprobs: int, max_num_rows: int,
+                 config: SelectionConfig | None = None):
+        if vocab_size < 1 or max_num_rows < 1 or max_logprobs < 0:
+            raise LogprobsError("need vocab_size >= 1, max_num_rows >= 1 and max_logprobs >= 0")
+        self.device = device
+        self.vocab_size = vocab_size
+        self.max_logprobs = max_logprobs
+        self.max_num_rows = max_num_rows
+        self.max_top = triton.next_power_of_2(max(1, max_logprobs))
+        config = config or default_selection_config(device)
+        if config.candidates < 2 * self.max_top:
+            config = SelectionConfig(config.block, config.narrow_block, 2 * self.max_top, config.pivots,
+                                     config.max_passes, config.num_warps)
+        self.config = config
+        width = max(1, max_logprobs)
+        self.logprob = device.zeros(max_num_rows, torch.float32)
+        self.rank = device.zeros(max_num_rows, torch.int32)
+        self.top_ids = device.zeros((max_num_rows, width), torch.int32)
+        self.top_logprobs = device.zeros((max_num_rows, width), torch.float32)
+        self.scratch = device.zeros((max_num_rows, config.candidates), torch.int64)
+
+    def check(self, logits: torch.Tensor, target_ids: torch.Tensor, num_rows: int, num_top: int) -> None:
+        """Host-side shape checks (metadata only, never device data)."""
+        if isinstance(num_rows, bool) or not isinstance(num_rows, int) or not 0 <= num_rows <= self.max_num_rows:
+            raise LogprobsError(f"num_rows={num_rows!r} outside [0, {self.max_num_rows}]")
+        if isinstance(num_top, bool) or not isinstance(num_top, int) or not 0 <= num_top <= min(self.max_logprobs, self.vocab_size):
+            raise LogprobsError(f"num_top={num_top!r} outside [0, {min(self.max_logprobs, self.vocab_size)}]")
+        _check_logits(logits, num_rows, self.vocab_size)
+        if not isinstance(target_ids, torch.Tensor) or target_ids.dim() != 1 or target_ids.shape[0] < num_rows:
+            raise LogprobsError(f"target_ids must be a 1-D tensor of at least {num_rows} ids")
+        if target_ids.dtype not in (torch.int32, torch.int64):
+            raise LogprobsError(f"target_ids must be int32 or int64, got {target_ids.dtype}")
+
+    @hot_path
+    def launch(self, logits: torch.Tensor, target_ids: torch.Tensor, num_rows: int, num_top: int,
+               out: LogprobsOutput | None = None) -> LogprobsOutput:
+        """Launch the kernel for rows ``[0, num_rows)`` (device work only; call inside an enqueue).
+
+        Results go to this computer's buffers, or to ``out`` (views with the same layout rules:
+        ``top_ids``/``top_logprobs`` rows of stride >= ``num_top``, contiguous columns).
+        """
+        self.check(logits, target_ids, num_rows, num_top)
+        if out is None:
+            out = LogprobsOutput(self.logprob[:num_rows], self.rank[:num_rows], self.top_ids[:num_rows, :num_top],
+                                 self.top_logprobs[:num_rows, :num_top])
+        if num_rows == 0:
+            return out
+        c = self.config
+        top_stride = out.top_ids.stride(0) if out.top_ids.dim() == 2 else 1
+        if out.top_logprobs.stride(0) != top_stride:
+            raise LogprobsError("top_ids and top_logprobs must share a row stride")
+        token_logprobs_kernel[(num_rows,)](
+            logits, logits.stride(0), target_ids, self.scratch, out.logprob, out.rank, out.top_ids,
+            out.top_logprobs, top_stride, num_top, self.vocab_size,
+            BLOCK=c.block, NARROW_BLOCK=c.narrow_block, CAND=c.candidates, MAX_TOP=self.max_top,
+            NPIV=c.pivots, MAX_PASSES=c.max_passes, num_warps=c.num_warps)
+        return out
+
+
+def token_logprobs(logits: torch.Tensor, target_ids: torch.Tensor, num_rows: int, k: int, *,
+                   device: Device | None = None) -> LogprobsOutput:
+    """Convenience (not for the hot path: it allocates): logprob, rank and top-``k`` of each row's target."""
+    device = device or Device("cuda" if logits.is_cuda else "cpu")
+    computer = LogprobsComputer(device, logits.shape[1], max(k, 1), max(num_rows, 1))
+    return computer.launch(logits, target_ids, num_rows, k)
+
+
+def prompt_logprobs_chunked(
+    compute_logits: Callable[[int, int], torch.Tensor],
+    target_ids: torch.Tensor,
+    num_positions: int,
+    num_top: int,
+    computer: LogprobsComputer,
+    out: LogprobsOutput,
+    chunk_rows: int | None = None,
+) -> LogprobsOutput:
+    """Prompt logprobs for ``num_positions`` positions, ``chunk_rows`` at a time (device work only).
+
+    ``compute_logits(start, end)`` returns float32 logits ``[end - start, V]`` for positions
+    ``start..end-1``; ``target_ids[i]`` is the prompt token after position ``i``; ``out`` holds
+    ``[num_positions]`` / ``[num_positions, >= num_top]`` device tensors the results are written to.
+    """
+    chunk_rows = chunk_rows or computer.max_num_rows
+    if not 1 <= chunk_rows <= computer.max_num_rows:
+        raise LogprobsError(f"chunk_rows={chunk_rows} outside [1, {computer.max_num_rows}]")
+    if out.logprob.shape[0] < num_positions or target_ids.shape[0] < num_positions:
+        raise LogprobsError(f"out and target_ids must cover {num_positions} positions")
+    for start in range(0, num_positions, chunk_rows):
+        end = min(start + chunk_rows, num_positions)
+        logits = compute_logits(start, end)
+        chunk_out = LogprobsOutput(out.logprob[start:end], out.rank[start:end], out.top_ids[start:end],
+                                   out.top_logprobs[start:end])
+        computer.launch(logits, target_ids[start:end], end - start, num_top, out=chunk_out)
+    return out

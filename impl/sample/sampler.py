@@ -1,0 +1,123 @@
+"""The sampler: docs/SAMPLING.md on the device, in one Triton launch (plus one for logprobs).
+
+`Sampler.sample` is pure device work: it reads only host ints and tensor metadata, launches
+`impl.kernels.sampling.sampler_kernel` over ``num_rows`` logit rows (and
+`impl.kernels.sampling_logprobs.token_logprobs_kernel` when logprobs are asked for), and returns
+views of persistent output buffers.  Call it inside ``Device.enqueue`` like the rest of a step.
+
+Ownership: a `Sampler` owns ``tokens`` (i64 ``[R]``), ``nan_flags`` (i32 ``[R]``) and the candidate
+scratch (i64 ``[R, CAND]``), on the device for its lifetime with persistent addresses (so a CUDA
+graph can capture the launch), written only by the sampler kernel; its `LogprobsComputer` owns
+the logprob buffers.  A step's outputs are valid until the next `sample` call, so the runner
+copies them out (one async D2H into a pinned output slot) in the same enqueue.
+
+Per logit row ``i`` the kernel reads the state row ``logit_rows_to_state_rows[i]`` (several logit
+rows may share one: drafts), the noise position ``positions[i]`` and, for penalties, the row's
+draft prefix ``draft_prefix[i]`` (tokens counted as extra outputs, -1 padded).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from impl.device import Device
+from impl.hotpath import hot_path
+from impl.kernels.sampling import sampler_kernel
+from impl.sample.logprobs import LogprobsComputer, SelectionConfig, default_selection_config
+from impl.sample.state import SamplingState
+
+
+class SamplerError(ValueError):
+    """Arguments the sampler cannot take (shapes, dtypes, row counts); nothing was launched."""
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    """Device views for ``num_rows`` rows.
+
+    ``tokens`` i64 ``[N]``; ``nan_flags`` i32 ``[N]`` (1: the raw row held NaN or +inf).  With
+    ``max_num_logprobs = K >= 0``: ``logprob`` f32 ``[N]`` and ``rank`` i32 ``[N]`` of the sampled
+    token, ``top_ids`` i32 ``[N, K]`` and ``top_logprobs`` f32 ``[N, K]``; otherwise None.
+    """
+
+    tokens: torch.Tensor
+    nan_flags: torch.Tensor
+    logprob: torch.Tensor | None = None
+    rank: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+
+
+class Sampler:
+    """Samples one token per logit row from a `SamplingState` (see the module docstring)."""
+
+    def __init__(self, device: Device, vocab_size: int, max_logprobs: int = 20, *, max_num_rows: int = 256,
+                 candidate_capacity: int | None = None, config: SelectionConfig | None = None):
+        if vocab_size < 1 or max_num_rows < 1 or max_logprobs < 0:
+            raise SamplerError("need vocab_size >= 1, max_num_rows >= 1 and max_logprobs >= 0")
+        self.device = device
+        self.vocab_size = vocab_size
+        self.max_logprobs = max_logprobs
+        self.max_num_rows = max_num_rows
+        self.config = config or default_selection_config(device, candidate_capacity)
+        self.tokens = device.zeros(max_num_rows, torch.int64)
+        self.nan_flags = device.zeros(max_num_rows, torch.int32)
+        self.scratch = device.zeros((max_num_rows, self.config.candidates), torch.int64)
+        self._no_drafts = device.full(1, -1, torch.int32)
+        self.logprobs = LogprobsComputer(device, vocab_size, max_logprobs, max_num_rows, self.config)
+
+    def _check(self, logits: torch.Tensor, state: SamplingState, rows_map: torch.Tensor, positions: torch.Tensor,
+               num_rows: int, draft_prefix: torch.Tensor | None, max_num_logprobs: int) -> None:
+        if isinstance(num_rows, bool) or not isinstance(num_rows, int) or not 0 <= num_rows <= self.max_num_rows:
+            raise SamplerError(f"num_rows={num_rows!r} outside [0, {self.max_num_rows}]")
+        if not isinstance(state, SamplingState) or state.vocab_size != self.vocab_size:
+            raise SamplerError("state must be a SamplingState over the same vocabulary")
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or logits.dtype != torch.float32:
+            raise SamplerError("logits must be a float32 tensor [rows, vocab]")
+        if logits.shape[1] != self.vocab_size or logits.stride(1) != 1 or logits.shape[0] < num_rows:
+            raise SamplerError(f"logits shape {tuple(logits.shape)} does not cover {num_rows} rows of {self.vocab_size} contiguous columns")
+        for name, t, dtypes in (("logit_rows_to_state_rows", rows_map, (torch.int32,)),
+                                ("positions", positions, (torch.int64,))):
+            if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.shape[0] < num_rows or t.dtype not in dtypes:
+                raise SamplerError(f"{name} must be a 1-D {dtypes[0]} tensor of at least {num_rows} entries")
+        if draft_prefix is not None:
+            ok = (isinstance(draft_prefix, torch.Tensor) and draft_prefix.dim() == 2 and draft_prefix.dtype == torch.int32
+                  and draft_prefix.shape[0] >= num_rows and draft_prefix.stride(1) == 1)
+            if not ok:
+                raise SamplerError("draft_prefix must be an int32 tensor [>= num_rows, max_drafts] with contiguous columns")
+        if isinstance(max_num_logprobs, bool) or not isinstance(max_num_logprobs, int) or not -1 <= max_num_logprobs <= self.max_logprobs:
+            raise SamplerError(f"max_num_logprobs={max_num_logprobs!r} outside [-1, {self.max_logprobs}]")
+
+    @hot_path
+    def sample(self, logits: torch.Tensor, state: SamplingState, logit_rows_to_state_rows: torch.Tensor,
+               positions: torch.Tensor, *, num_rows: int, draft_prefix: torch.Tensor | None = None,
+               max_num_logprobs: int = -1) -> SamplerOutput:
+        """Sample rows ``[0, num_rows)`` of ``logits`` (float32 ``[>= num_rows, V]``).
+
+        ``logit_rows_to_state_rows`` int32, ``positions`` int64 (noise positions), both
+        ``[>= num_rows]``; ``draft_prefix`` int32 ``[num_rows, max_drafts]`` or None.  Launches
+        only; reads no device data on the host.
+        """
+        self._check(logits, state, logit_rows_to_state_rows, positions, num_rows, draft_prefix, max_num_logprobs)
+        tokens, flags = self.tokens[:num_rows], self.nan_flags[:num_rows]
+        if num_rows == 0:
+            return SamplerOutput(tokens, flags)
+        if draft_prefix is None or draft_prefix.shape[1] == 0:
+            drafts, draft_stride, num_drafts = self._no_drafts, 0, 0
+        else:
+            drafts, draft_stride, num_drafts = draft_prefix, draft_prefix.stride(0), draft_prefix.shape[1]
+        c = self.config
+        sampler_kernel[(num_rows,)](
+            logits, logits.stride(0), logit_rows_to_state_rows, positions,
+            state.temperature.base, state.top_k.base, state.top_p.base, state.min_p.base,
+            state.repetition_penalty.base, state.frequency_penalty.base, state.presence_penalty.base,
+            state.seed.base, state.prompt_mask.base, state.prompt_mask.base.stride(0),
+            state.output_counts, state.output_counts.stride(0), drafts, draft_stride, num_drafts,
+            self.scratch, tokens, flags, self.vocab_size,
+            BLOCK=c.block, NARROW_BLOCK=c.narrow_block, CAND=c.candidates,
+            NPIV=c.pivots, MAX_PASSES=c.max_passes, num_warps=c.num_warps)
+        if max_num_logprobs < 0:
+            return SamplerOutput(tokens, flags)
+        lp = self.logprobs.launch(logits, tokens, num_rows, max_num_logprobs)
+        return SamplerOutput(tokens, flags, lp.logprob, lp.rank, lp.top_ids, lp.top_logprobs)

@@ -1,0 +1,194 @@
+"""Per-row sampling state on the device: parameters, seeds, prompt bitmask, output-token counts.
+
+Ownership (the four questions)
+------------------------------
+`SamplingState` owns every tensor below.  All live on the device for the state's lifetime, are
+indexed by the request-state row (``[max_num_reqs, ...]``), and are meaningful from a request's
+admission into a row until the row is reused.  Their writers:
+
+* ``temperature`` f32, ``top_k`` i32, ``top_p`` f32, ``min_p`` f32, ``repetition_penalty`` f32,
+  ``frequency_penalty`` f32, ``presence_penalty`` f32, ``seed`` i64 -- `StagedWriteTensor` s,
+  written only by their apply kernels from diffs staged by `add_request`;
+* ``prompt_mask`` i32 ``[max_num_reqs, ceil(V / 32)]`` -- bit ``t % 32`` of word ``t // 32`` is set
+  when token ``t`` occurs in the user's prompt (a resumed request's re-fed outputs are not
+  prompt).  A `StagedWriteTensor`: the host builds the whole row of words at admission;
+* ``output_counts`` i32 ``[max_num_reqs, V]`` -- how often each token occurs in the request's
+  outputs.  Written only by kernels, in stream order: at admission a row reset (no upload of
+  ``V`` zeros), then the counts of a resumed request's earlier outputs added from a staged token
+  list; after each step `enqueue_post_update` adds the accepted sampled tokens.
+
+Seeds: the runner passes ``impl.interface.effective_seed(params, req_id, base_seed)``: the
+request's own seed, or for a request without one a seed derived from the runner's base seed and
+the request id (which the runner records and reports in ``ModelRunnerOutput.seeds``).  Noise is
+keyed by (seed, position, token id), so a resumed request continues its stream exactly.
+
+Host protocol per step: `add_request` (any number; the latest call for a row wins), then
+`flush(writer)` to pack the staged data into the step's staging writer, ``writer.submit()``, then
+`enqueue_apply()` to enqueue the applies and the reset/count kernels in that order.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+import triton
+
+from impl.buffers import StagedWriteTensor, StagingWriter
+from impl.device import Device
+from impl.hotpath import hot_path
+from impl.interface import MAX_SEED, SamplingParams, SamplingParamsError, TokenOutOfVocabError
+from impl.kernels.sampling_counts import add_token_counts_kernel, zero_count_rows_kernel
+
+_COUNT_BLOCK = 1024
+
+
+class SamplingStateError(ValueError):
+    """A row index or argument the sampling state cannot take (no state was changed)."""
+
+
+def prompt_bitmask_words(prompt_token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
+    """The int32 words of one ``prompt_mask`` row for these prompt tokens."""
+    words = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
+    ids = np.asarray(prompt_token_ids, dtype=np.int64)
+    if ids.size:
+        np.bitwise_or.at(words, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
+    return words.view(np.int32)
+
+
+def _check_tokens(tokens: Sequence[int], vocab_size: int, name: str) -> list[int]:
+    out = list(tokens)
+    for tok in out:
+        if isinstance(tok, bool) or not isinstance(tok, (int, np.integer)) or not 0 <= int(tok) < vocab_size:
+            raise TokenOutOfVocabError(f"token {tok!r} outside [0, {vocab_size})", field=name)
+    return [int(t) for t in out]
+
+
+class SamplingState:
+    """Per-row sampling parameters and penalty state (see the module docstring for ownership)."""
+
+    def __init__(self, device: Device, max_num_reqs: int, vocab_size: int):
+        if max_num_reqs < 1 or vocab_size < 1:
+            raise SamplingStateError(f"need max_num_reqs >= 1 and vocab_size >= 1, got {max_num_reqs}, {vocab_size}")
+        self.device = device
+        self.max_num_reqs = max_num_reqs
+        self.vocab_size = vocab_size
+        self.num_mask_words = (vocab_size + 31) // 32
+        self.temperature = StagedWriteTensor(device, max_num_reqs, torch.float32, "temperature", fill=1.0)
+        self.top_k = StagedWriteTensor(device, max_num_reqs, torch.int32, "top_k", fill=-1)
+        self.top_p = StagedWriteTensor(device, max_num_reqs, torch.float32, "top_p", fill=1.0)
+        self.min_p = StagedWriteTensor(device, max_num_reqs, torch.float32, "min_p", fill=0.0)
+        self.repetition_penalty = StagedWriteTensor(device, max_num_reqs, torch.float32, "repetition_penalty", fill=1.0)
+        self.frequency_penalty = StagedWriteTensor(device, max_num_reqs, torch.float32, "frequency_penalty", fill=0.0)
+        self.presence_penalty = StagedWriteTensor(device, max_num_reqs, torch.float32, "presence_penalty", fill=0.0)
+        self.seed = StagedWriteTensor(device, max_num_reqs, torch.int64, "seed", fill=0)
+        self.prompt_mask = StagedWriteTensor(device, (max_num_reqs, self.num_mask_words), torch.int32, "prompt_mask", fill=0)
+        self.output_counts = device.zeros((max_num_reqs, vocab_size), torch.int32)
+        self._staged = (
+            self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty,
+            self.frequency_penalty, self.presence_penalty, self.seed, self.prompt_mask,
+        )
+        self._pending_admissions: dict[int, list[int]] = {}  # row -> earlier outputs to count
+        self._prepared_kernels: list = []
+
+    # ------------------------------------------------------------------ host API
+    def add_request(
+        self,
+        row: int,
+        params: SamplingParams,
+        seed: int,
+        prompt_token_ids: Sequence[int],
+        output_token_ids: Sequence[int] = (),
+    ) -> None:
+        """Stage a request's admission into ``row`` (all checks first: a bad argument stages nothing)."""
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.max_num_reqs:
+            raise SamplingStateError(f"row {row!r} outside [0, {self.max_num_reqs})")
+        if not isinstance(params, SamplingParams):
+            raise SamplingStateError(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate(self.vocab_size, max_logprobs=self.vocab_size)
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise SamplingParamsError(f"seed={seed!r}: must be an int in [0, {MAX_SEED}]", field="seed")
+        prompt = _check_tokens(prompt_token_ids, self.vocab_size, "prompt_token_ids")
+        outputs = _check_tokens(output_token_ids, self.vocab_size, "output_token_ids")
+
+        self.temperature.stage_scalar(row, float(params.temperature))
+        self.top_k.stage_scalar(row, int(params.top_k))
+        self.top_p.stage_scalar(row, float(params.top_p))
+        self.min_p.stage_scalar(row, float(params.min_p))
+        self.repetition_penalty.stage_scalar(row, float(params.repetition_penalty))
+        self.frequency_penalty.stage_scalar(row, float(params.frequency_penalty))
+        self.presence_penalty.stage_scalar(row, float(params.presence_penalty))
+        self.seed.stage_scalar(row, seed)
+        self.prompt_mask.stage(row, 0, prompt_bitmask_words(prompt, self.vocab_size))
+        self._pending_admissions[row] = outputs
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending_admissions)
+
+    @hot_path
+    def flush(self, writer: StagingWriter) -> None:
+        """Pack everything staged since the last flush into ``writer`` (before ``writer.submit()``)."""
+        for tensor in self._staged:
+            tensor.flush(writer)
+        self._prepared_kernels = []
+        if not self._pending_admissions:
+            return
+        rows = sorted(self._pending_admissions)
+        pair_rows: list[int] = []
+        pair_tokens: list[int] = []
+        for row in rows:
+            tokens = self._pending_admissions[row]
+            pair_rows.extend([row] * len(tokens))
+            pair_tokens.extend(tokens)
+        self._pending_admissions = {}
+        counts, stride, vocab = self.output_counts, self.output_counts.stride(0), self.vocab_size
+        rows_dev = writer.stage_array(np.asarray(rows, dtype=np.int32), torch.int32)
+        num_rows = len(rows)
+        blocks = triton.cdiv(vocab, _COUNT_BLOCK)
+
+        def reset() -> None:
+            zero_count_rows_kernel[(num_rows, blocks)](counts, stride, rows_dev, vocab, BLOCK=_COUNT_BLOCK)
+
+        self._prepared_kernels.append(("reset output counts", reset))
+        if pair_tokens:
+            num_pairs = len(pair_tokens)
+            pair_rows_dev = writer.stage_array(np.asarray(pair_rows, dtype=np.int32), torch.int32)
+            pair_tokens_dev = writer.stage_array(np.asarray(pair_tokens, dtype=np.int32), torch.int32)
+
+            def add_earlier_outputs() -> None:
+                add_token_counts_kernel[(triton.cdiv(num_pairs, _COUNT_BLOCK),)](
+                    counts, stride, pair_rows_dev, pair_tokens_dev, pair_tokens_dev, num_pairs, vocab,
+                    HAS_VALID=False, BLOCK=_COUNT_BLOCK)
+
+            self._prepared_kernels.append(("count earlier outputs", add_earlier_outputs))
+
+    @hot_path
+    def enqueue_apply(self) -> None:
+        """Enqueue the staged applies, then the count reset, then the earlier-output counts."""
+        for tensor in self._staged:
+            tensor.enqueue_apply()
+        prepared, self._prepared_kernels = self._prepared_kernels, []
+        for label, launch in prepared:
+            self.device.enqueue(launch, label)
+
+    @hot_path
+    def launch_post_update(self, rows_dev: torch.Tensor, tokens_dev: torch.Tensor, valid_dev: torch.Tensor | None,
+                           num: int) -> None:
+        """Launch (from inside enqueued device work) ``counts[rows[i], tokens[i]] += 1`` where valid.
+
+        ``rows_dev`` int32/int64 state rows, ``tokens_dev`` int32/int64 tokens, ``valid_dev`` any
+        integer/bool dtype (nonzero = the token was accepted) or None for all; ``num`` a host int.
+        """
+        if num <= 0:
+            return
+        has_valid = valid_dev is not None
+        add_token_counts_kernel[(triton.cdiv(num, _COUNT_BLOCK),)](
+            self.output_counts, self.output_counts.stride(0), rows_dev, tokens_dev,
+            valid_dev if has_valid else tokens_dev, num, self.vocab_size, HAS_VALID=has_valid, BLOCK=_COUNT_BLOCK)
+
+    @hot_path
+    def enqueue_post_update(self, rows_dev: torch.Tensor, tokens_dev: torch.Tensor, valid_dev: torch.Tensor | None,
+                            num: int) -> None:
+        """Enqueue `launch_post_update` on the device (device inputs only; nothing is read back)."""
+        self.device.enqueue(lambda: self.launch_post_update(rows_dev, tokens_dev, valid_dev, num), "count sampled tokens")
