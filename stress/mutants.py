@@ -1,0 +1,609 @@
+"""The mutant catalogue: small, realistic bugs planted in a live runner from outside ``impl/``.
+
+A mutant proves that a check fails when it should.  Each one models a bug that real runners have
+shipped (one line says which), is installed by monkeypatching *instances* of the runner's parts (or,
+for kernel bugs, by launching a private copy of the sampling kernel with one device function
+rebound), and names the check(s) built to kill it:
+
+* ``sync``: the host-sync detector (`checks.sync.arm_runner`);
+* ``lifetime``: the staging-slot lifetime assertions (`checks.lifetime.LifetimeChecker`);
+* ``differential``: runner vs the float64 oracle under stress (`stress.driver.DifferentialRun`);
+* ``chisq``: chi-square / tail-mass tests of the runner's sampler (`checks.chisq`, `checks.stats`).
+
+There are no fault flags in ``impl``: ``apply`` patches attributes of the given runner (or of a
+sampler probe exposing ``.sampler``) and returns an `AppliedMutant` whose ``undo()`` (or ``with``
+exit) restores them.  A runner that carried a mutant should be discarded afterwards: undo restores
+code, not the state the bug already corrupted.
+
+Each mutant also names the `Workload` that exercises it: the slice of traffic (sampling params,
+limits, lag policy) in which its bug shows up within a few scheduler ticks.  ``needs_gpu`` marks
+mutants whose effect is too rare to see in an interpreted CPU run (deep-tail noise bugs: the
+chi-square probes they need draw ~10^8 token noises); `runnercheck mutants` runs those only on CUDA.
+
+Ownership: this module owns the cache of private sampling-kernel copies (host, process lifetime,
+written once per variant); `AppliedMutant` owns the record of what it patched.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import logging
+import random
+import sys
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Iterator
+
+import torch
+import triton
+import triton.language as tl
+
+from impl.buffers import SlotState
+from impl.interface import SamplingParams
+from impl.kernels.rng import neg_log1p_neg, philox_64bits, uniform_from_bits
+from impl.kernels.sampling import _filtered_threshold as _spec_filtered_threshold
+from impl.kernels.sampling_select import next_float_up
+from impl.state import NUM_COMPUTED
+from stress.churn import ChurnConfig
+
+CLASSES = ("race", "sync", "state", "sampler")
+CHECKS = ("sync", "lifetime", "differential", "chisq")
+_log = logging.getLogger(__name__)
+
+
+class UnknownMutantError(LookupError):
+    """A mutant name that is not in the catalogue."""
+
+
+class MutantTargetError(ValueError):
+    """The object a mutant is applied to lacks the parts the mutant patches (e.g. not an `impl` runner)."""
+
+
+# --------------------------------------------------------------------------- patching
+
+
+class AppliedMutant:
+    """An installed mutant; ``undo()`` (or leaving a ``with`` block) restores every patched attribute."""
+
+    def __init__(self, mutant: "Mutant"):
+        self.mutant = mutant
+        self._undo: list[Callable[[], None]] = []
+
+    def set(self, owner: Any, name: str, value: Any) -> None:
+        """Replace ``owner.name`` (an instance attribute shadowing a method, or a module global)."""
+        if isinstance(owner, ModuleType) or name in vars(owner):
+            old = getattr(owner, name)
+            self._undo.append(lambda: setattr(owner, name, old))
+        else:
+            self._undo.append(lambda: delattr(owner, name))
+        setattr(owner, name, value)
+
+    def undo(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def __enter__(self) -> "AppliedMutant":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.undo()
+
+
+@contextmanager
+def _global_swapped(module: ModuleType, name: str, value: Any) -> Iterator[None]:
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+def _params(rng: random.Random, max_tokens: int, **fields: Any) -> SamplingParams:
+    fields.setdefault("seed", rng.randrange(2**63) if rng.random() < 0.5 else None)
+    return SamplingParams(max_tokens=max_tokens, **fields)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The traffic a mutant is exercised with: churn, sampling params, limits, lag (sim) / delay (cuda).
+
+    ``params(rng, max_tokens)`` draws every added request's `SamplingParams` (None: the churn's own
+    random mix).  ``ticks`` is the tick budget of a ``--quick`` run; ``full_ticks`` of a full run.
+    """
+
+    name: str
+    description: str
+    churn: ChurnConfig
+    params: Callable[[random.Random, int], SamplingParams] | None = None
+    max_num_reqs: int = 2
+    block_size: int = 4
+    num_kv_blocks: int = 24
+    max_batched_tokens: int = 8
+    max_inflight: int = 1
+    lag_policy: str = "random-drain"
+    delay_us: float = 0.0
+    ticks: int = 10
+    full_ticks: int = 40
+
+
+_QUIET = dict(abort_prob=0.0, preempt_prob=0.0, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0, penalty_prob=0.0,
+              logprobs_prob=0.0, prompt_logprobs_prob=0.0, stop_prob=0.0, max_prompt_len=12, max_new_tokens=8)
+_SAMPLING = dict(_QUIET, max_prompt_len=6, max_new_tokens=6, add_prob=0.9)
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in (
+    Workload("steady", "greedy and temperature sampling, chunked prefills, random-drain lag",
+             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5))),
+    Workload("racing", "as steady; random-drain lag on sim, random delays up to 3 ms on cuda",
+             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5)), delay_us=3000.0, ticks=12),
+    Workload("lagging", "as steady; the device a full step behind (lag-1-steps on sim, delays up to 3 ms on cuda)",
+             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5)), lag_policy="lag-1-steps", delay_us=3000.0),
+    Workload("row-reuse", "short requests, aborts and preemptions: rows freed and re-admitted in one step",
+             ChurnConfig(**dict(_QUIET, add_prob=0.9, abort_prob=0.2, preempt_prob=0.5, max_new_tokens=3,
+                                max_prompt_len=6, greedy_prob=0.2)),
+             lag_policy="run-immediately", ticks=14),
+    Workload("top-k", "temperature 1, top-k 1..3", ChurnConfig(**_SAMPLING),
+             lambda rng, n: _params(rng, n, top_k=rng.randint(1, 3))),
+    Workload("top-p", "temperature 1, top-p 0.3..0.8", ChurnConfig(**_SAMPLING),
+             lambda rng, n: _params(rng, n, top_p=round(rng.uniform(0.3, 0.8), 3))),
+    Workload("temperature", "temperatures far from 1 (0.3..0.6 or 1.5..2)", ChurnConfig(**_SAMPLING),
+             lambda rng, n: _params(rng, n, temperature=round(rng.choice((rng.uniform(0.3, 0.6), rng.uniform(1.5, 2.0))), 3))),
+    Workload("penalties", "repetition, frequency and presence penalties, temperature 1", ChurnConfig(**_SAMPLING),
+             lambda rng, n: _params(rng, n, repetition_penalty=round(rng.uniform(1.3, 2.0), 3),
+                                    frequency_penalty=round(rng.uniform(0.5, 1.5), 3),
+                                    presence_penalty=round(rng.uniform(0.5, 1.5), 3))),
+    Workload("logprobs", "top-0..2 logprobs at temperatures 1.5..2.5", ChurnConfig(**_SAMPLING),
+             lambda rng, n: _params(rng, n, temperature=round(rng.uniform(1.5, 2.5), 3), logprobs=rng.randint(0, 2))),
+    Workload("noise", "plain temperature-1 sampling", ChurnConfig(**dict(_SAMPLING, greedy_prob=0.0))),
+)}
+
+
+# --------------------------------------------------------------------------- the catalogue
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One deliberate bug.  ``install(target, applied)`` patches ``target`` through ``applied.set``."""
+
+    name: str
+    cls: str
+    description: str
+    checks: tuple[str, ...]
+    workload: str
+    install: Callable[[Any, AppliedMutant], None]
+    requires: tuple[str, ...]
+    needs_gpu: bool = False
+    chisq_case: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.cls not in CLASSES or not set(self.checks) <= set(CHECKS) or self.workload not in WORKLOADS:
+            raise ValueError(f"mutant {self.name!r}: bad class, checks or workload")
+
+
+CATALOGUE: dict[str, Mutant] = {}
+
+
+def _mutant(name: str, cls: str, checks: tuple[str, ...], workload: str, requires: tuple[str, ...], description: str,
+            **extra: Any) -> Callable:
+    def register(install: Callable[[Any, AppliedMutant], None]) -> Callable:
+        CATALOGUE[name] = Mutant(name, cls, description, checks, workload, install, requires, **extra)
+        return install
+
+    return register
+
+
+# ---- races / lifetime
+
+
+@_mutant("reuse_staging_early", "race", ("lifetime", "differential"), "lagging", ("staging",),
+         "staging ring recycled without waiting for the H2D event (one slot deep, the event check skipped)")
+def _reuse_staging_early(runner: Any, m: AppliedMutant) -> None:
+    pool = runner.staging
+
+    def retire_without_waiting() -> None:
+        for slot in pool.slots:
+            if slot.state is SlotState.IN_FLIGHT:
+                pool._retire(slot)
+
+    m.set(pool, "slots", pool.slots[:1])
+    m.set(pool, "_next", 0)
+    m.set(pool, "retire_completed", retire_without_waiting)
+
+
+@_mutant("pageable_nonblocking_copy", "race", ("sync", "differential"), "racing", ("staging",),
+         "H2D copy issued non_blocking from a pageable scratch tensor reused every step instead of the pinned slot")
+def _pageable_nonblocking_copy(runner: Any, m: AppliedMutant) -> None:
+    pool = runner.staging
+    scratch = torch.empty(pool.capacity_bytes, dtype=torch.uint8)  # ordinary (pageable) host memory
+    submit = pool.submit
+
+    def submit_from_scratch(slot: Any) -> None:
+        scratch[: slot.used_bytes].copy_(slot.host[: slot.used_bytes])
+        pinned, slot.host = slot.host, scratch
+        try:
+            submit(slot)
+        finally:
+            slot.host = pinned
+
+    m.set(pool, "submit", submit_from_scratch)
+
+
+@_mutant("output_slot_overwritten_early", "race", ("differential",), "racing", ("outputs",),
+         "pinned output slot handed to the next step's D2H before the previous step's holder read it")
+def _output_slot_overwritten_early(runner: Any, m: AppliedMutant) -> None:
+    m.set(runner.outputs, "acquire", lambda: 0)
+
+
+# ---- hidden syncs
+
+
+@_mutant("item_in_step", "sync", ("sync",), "steady", ("state",),
+         "a debug log in the step reads each row's device num_computed with .item()")
+def _item_in_step(runner: Any, m: AppliedMutant) -> None:
+    state = runner.state
+    advance = state.advance
+
+    def advance_with_debug_log(req_ids: Any, num_scheduled: Any, num_drafts: Any) -> None:
+        for req_id in req_ids:
+            row = state.row_of(req_id)
+            _log.debug("row %d num_computed %d", row, state.base[row, NUM_COMPUTED].item())
+        advance(req_ids, num_scheduled, num_drafts)
+
+    m.set(state, "advance", advance_with_debug_log)
+
+
+@_mutant("synchronize_in_step", "sync", ("sync",), "steady", ("device",),
+         "torch.cuda.synchronize() before the step timer stops, for 'accurate' host timings")
+def _synchronize_in_step(runner: Any, m: AppliedMutant) -> None:
+    record_stats = runner._record_stats
+
+    def record_stats_synchronized(*args: Any) -> None:
+        if runner.device.is_cuda:
+            torch.cuda.synchronize()
+        else:
+            runner.device.synchronize()
+        record_stats(*args)
+
+    m.set(runner, "_record_stats", record_stats_synchronized)
+
+
+@_mutant("tensor_in_python_if", "sync", ("sync",), "steady", ("sampling_state",),
+         "the penalty-count kernel is skipped with `if not (valid != 0).any():` on a device tensor")
+def _tensor_in_python_if(runner: Any, m: AppliedMutant) -> None:
+    sampling_state = runner.sampling_state
+    enqueue_post_update = sampling_state.enqueue_post_update
+
+    def enqueue_unless_nothing_accepted(rows: Any, tokens: Any, valid: Any, num: int) -> None:
+        if valid is not None and not (valid[:num] != 0).any():
+            return
+        enqueue_post_update(rows, tokens, valid, num)
+
+    m.set(sampling_state, "enqueue_post_update", enqueue_unless_nothing_accepted)
+
+
+# ---- state
+
+
+@_mutant("stale_row_after_preempt", "state", ("differential",), "row-reuse", ("state", "sampling_state", "_update_rows"),
+         "preemption frees a row without bumping its generation: the next request admitted there looks like the "
+         "old one, so its sampling params, seed and penalty counts are never uploaded")
+def _stale_row_after_preempt(runner: Any, m: AppliedMutant) -> None:
+    state, sampling_state, update_rows = runner.state, runner.sampling_state, runner._update_rows
+    release, add_request = state.release, sampling_state.add_request
+    preempting: set[str] = set()
+    stale_rows: set[int] = set()
+
+    def update_rows_tracking_preemption(sched: Any) -> Any:
+        preempting.clear()
+        preempting.update(sched.preempted_req_ids)
+        return update_rows(sched)
+
+    def release_keeping_generation(req_id: str) -> int:
+        row = release(req_id)
+        if req_id in preempting:
+            stale_rows.add(row)
+        else:
+            stale_rows.discard(row)
+        return row
+
+    def add_request_unless_row_looks_current(row: int, *args: Any, **kwargs: Any) -> None:
+        if row in stale_rows:
+            stale_rows.discard(row)
+            return
+        add_request(row, *args, **kwargs)
+
+    m.set(runner, "_update_rows", update_rows_tracking_preemption)
+    m.set(state, "release", release_keeping_generation)
+    m.set(sampling_state, "add_request", add_request_unless_row_looks_current)
+
+
+@_mutant("staged_writes_wrong_order", "state", ("differential",), "row-reuse", ("state", "sampling_state"),
+         "the staged-diff merge keeps the first write to a cell: a row whose params are reset at release and "
+         "re-admitted in the same step keeps the reset (temperature 1, seed 0)")
+def _staged_writes_wrong_order(runner: Any, m: AppliedMutant) -> None:
+    state, sampling_state = runner.state, runner.sampling_state
+    release = state.release
+    defaults = ((sampling_state.temperature, 1.0), (sampling_state.seed, 0))
+
+    def release_resetting_params(req_id: str) -> int:
+        row = release(req_id)
+        for tensor, value in defaults:
+            tensor.stage_scalar(row, value)
+        return row
+
+    def first_write_wins(tensor: Any) -> Callable[[], list]:
+        def merged() -> list[tuple[int, int, list]]:
+            cells: dict[tuple[int, int], Any] = {}
+            for row, start, values in tensor._pending:
+                for j, v in enumerate(values):
+                    cells.setdefault((row, start + j), v)
+            return [(row, col, [v]) for (row, col), v in sorted(cells.items())]
+
+        return merged
+
+    m.set(state, "release", release_resetting_params)
+    for tensor, _ in defaults:
+        m.set(tensor, "_merged_diffs", first_write_wins(tensor))
+
+
+@_mutant("num_computed_not_advanced", "state", ("differential",), "steady", ("state",),
+         "post-update stores NUM_TOKENS and LAST_TOKEN but lost the NUM_COMPUTED store")
+def _num_computed_not_advanced(runner: Any, m: AppliedMutant) -> None:
+    import impl.runner as runner_module
+
+    launch, row_state = runner_module.launch_post_update, runner.state.base
+
+    def launch_keeping_num_computed(**kwargs: Any) -> None:
+        if kwargs["row_state"] is not row_state:  # another runner in this process: untouched
+            return launch(**kwargs)
+        kept = row_state[:, NUM_COMPUTED].clone()
+        launch(**kwargs)
+        row_state[:, NUM_COMPUTED].copy_(kept)
+
+    m.set(runner_module, "launch_post_update", launch_keeping_num_computed)
+
+
+def _after_input_prep(runner: Any, m: AppliedMutant, fix: Callable[[Any, Any], None], label: str) -> None:
+    """Enqueue ``fix(input_batch, plan)`` as device work right after the step's input-prep kernel."""
+    input_batch = runner.input_batch
+    enqueue_prepare = input_batch.enqueue_prepare
+
+    def enqueue_prepare_then_fix(plan: Any, staged: Any, state: Any, block_table: Any) -> None:
+        enqueue_prepare(plan, staged, state, block_table)
+        runner.device.enqueue(lambda: fix(input_batch, plan), label)
+
+    m.set(input_batch, "enqueue_prepare", enqueue_prepare_then_fix)
+
+
+@_mutant("idx_mapping_off_by_one", "state", ("differential",), "steady", ("input_batch", "state", "device"),
+         "the sampler's gather through idx_mapping is off by one: each logit row reads the next state row's "
+         "params, seed and penalty counts")
+def _idx_mapping_off_by_one(runner: Any, m: AppliedMutant) -> None:
+    num_rows = runner.state.max_num_reqs
+
+    def shift(ib: Any, plan: Any) -> None:
+        ib.logits_state_rows[: plan.num_sampling_rows].add_(1).remainder_(num_rows)
+
+    _after_input_prep(runner, m, shift, "mutant: sampler rows + 1")
+
+
+def _batch_index(ib: Any, plan: Any) -> torch.Tensor:
+    """The batch position of each of the step's tokens, from the device's query_start_loc (no host read)."""
+    token_index = torch.arange(plan.num_tokens, device=ib.positions.device, dtype=torch.int32)
+    return torch.searchsorted(ib.query_start_loc[1 : plan.num_reqs + 1], token_index, right=True)
+
+
+@_mutant("positions_off_by_one", "state", ("differential",), "steady", ("input_batch", "device"),
+         "a decode token's position is NUM_TOKENS instead of NUM_TOKENS - 1 (prefill positions right), so its "
+         "RoPE phase is one step off from the cached keys'")
+def _positions_off_by_one(runner: Any, m: AppliedMutant) -> None:
+    def shift_decodes(ib: Any, plan: Any) -> None:
+        query_lens = ib.query_start_loc[1 : plan.num_reqs + 1] - ib.query_start_loc[: plan.num_reqs]
+        ib.positions[: plan.num_tokens] += (query_lens[_batch_index(ib, plan)] == 1).to(torch.int64)
+
+    _after_input_prep(runner, m, shift_decodes, "mutant: decode positions + 1")
+
+
+@_mutant("slot_mapping_wrong_block", "state", ("differential",), "steady", ("input_batch", "block_table", "device"),
+         "slot mapping looks up the token's block one entry too far: block_table[row][pos // block_size + 1]")
+def _slot_mapping_wrong_block(runner: Any, m: AppliedMutant) -> None:
+    block_size = runner.block_table.block_size
+
+    def next_block_slots(ib: Any, plan: Any) -> None:
+        n, width = plan.num_tokens, ib.block_table.shape[1]
+        pos = ib.positions[:n]
+        column = torch.clamp(pos // block_size + 1, max=width - 1)
+        ib.slot_mapping[:n] = ib.block_table[_batch_index(ib, plan), column].to(torch.int64) * block_size + pos % block_size
+
+    _after_input_prep(runner, m, next_block_slots, "mutant: slot mapping")
+
+
+# ---- sampler
+
+
+class _ParamView:
+    """Stands in for a `StagedWriteTensor` of `SamplingState`: the sampler launch reads only ``.base``."""
+
+    def __init__(self, base: torch.Tensor):
+        self.base = base
+
+
+def _wrap_state(target: Any, m: AppliedMutant, views: Callable[[Any], dict[str, torch.Tensor]]) -> None:
+    """Sample with a copy of the state whose parameter tensors are rewritten (on the device, in the launch)."""
+    sampler = target.sampler
+    sample = sampler.sample
+
+    def sample_with_rewritten_params(logits: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
+        bent = copy.copy(state)
+        for name, base in views(state).items():
+            setattr(bent, name, _ParamView(base))
+        return sample(logits, bent, *args, **kwargs)
+
+    m.set(sampler, "sample", sample_with_rewritten_params)
+
+
+_KERNEL_VARIANTS: dict[str, ModuleType] = {}
+
+
+def _sampling_kernels_variant(tag: str, **rebound: Any) -> ModuleType:
+    """A private copy of `impl.kernels.sampling` with device functions rebound (its kernels compile afresh)."""
+    if tag not in _KERNEL_VARIANTS:
+        base = sys.modules["impl.kernels.sampling"]
+        spec = importlib.util.spec_from_file_location(f"stress._mutant_sampling_{tag}", base.__file__)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for name, fn in rebound.items():
+            setattr(module, name, fn)
+        _KERNEL_VARIANTS[tag] = module
+    return _KERNEL_VARIANTS[tag]
+
+
+def _launch_variant(target: Any, m: AppliedMutant, variant: ModuleType) -> None:
+    """``target.sampler`` launches ``variant``'s kernels in place of `impl.kernels.sampling`'s, for its own calls only."""
+    sampler = target.sampler
+    sample = sampler.sample
+    module = sys.modules[type(sampler).__module__]
+    base = sys.modules["impl.kernels.sampling"]
+    kernels = {name: getattr(variant, name) for name, value in vars(module).items()
+               if getattr(base, name, None) is value and isinstance(value, triton.runtime.KernelInterface)}
+    if not kernels:
+        raise MutantTargetError(f"{module.__name__} launches no kernel of impl.kernels.sampling")
+
+    def sample_with_variant(*args: Any, **kwargs: Any) -> Any:
+        with ExitStack() as stack:
+            for name, kernel in kernels.items():
+                stack.enter_context(_global_swapped(module, name, kernel))
+            return sample(*args, **kwargs)
+
+    m.set(sampler, "sample", sample_with_variant)
+
+
+@triton.jit
+def _fp16_gumbel_noise(seed, position, token_id):
+    hi, lo = philox_64bits(seed, position, token_id, 0)
+    u = uniform_from_bits(hi, lo).to(tl.float16).to(tl.float32)
+    return (-tl.log(neg_log1p_neg(u))).to(tl.float16).to(tl.float32)
+
+
+@triton.jit
+def _u24_gumbel_noise(seed, position, token_id):
+    hi, lo = philox_64bits(seed, position, token_id, 0)
+    u = (hi >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2^-24: torch.rand-style, can be exactly 0
+    return -tl.log(neg_log1p_neg(u))
+
+
+@triton.jit
+def _strict_top_p_threshold(logits_row, divisor, has_penalty, repetition, frequency, presence, prompt_mask_row,
+                            counts_row, draft_row, num_drafts, vocab_size, row_max, row_min, top_k, top_k_on, top_p,
+                            top_p_on, min_p, min_p_on, scratch_row, CAND: tl.constexpr, NPIV: tl.constexpr,
+                            BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
+    """`impl.kernels.sampling._filtered_threshold` (same signature) with the top-p comparison made strict."""
+    threshold, use_candidates, candidates = _spec_filtered_threshold(
+        logits_row, divisor, has_penalty, repetition, frequency, presence, prompt_mask_row, counts_row, draft_row,
+        num_drafts, vocab_size, row_max, row_min, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, scratch_row,
+        CAND, NPIV, BLOCK, MAX_PASSES)
+    # row_max bounds it so the row's top token always stays: an empty kept set would emit an id past the vocabulary
+    strict = tl.minimum(next_float_up(threshold), row_max)
+    return tl.where(top_p_on, strict, threshold), use_candidates, candidates
+
+
+@_mutant("fp16_gumbel_noise", "sampler", ("chisq",), "noise", ("sampler",),
+         "Gumbel noise computed in fp16: u < 2^-25 rounds to 0 (+inf noise), noise keeps 11 significant bits",
+         needs_gpu=True, chisq_case="fp16-noise")
+def _fp16_noise(target: Any, m: AppliedMutant) -> None:
+    _launch_variant(target, m, _sampling_kernels_variant("fp16_noise", gumbel_noise=_fp16_gumbel_noise))
+
+
+@_mutant("u24_uniform", "sampler", ("chisq",), "noise", ("sampler",),
+         "uniforms truncated to 24 bits (torch.rand-style): u can be 0 (+inf noise), noise capped near 16.6",
+         needs_gpu=True, chisq_case="u24-uniform")
+def _u24_uniform(target: Any, m: AppliedMutant) -> None:
+    _launch_variant(target, m, _sampling_kernels_variant("u24_uniform", gumbel_noise=_u24_gumbel_noise))
+
+
+@_mutant("top_k_off_by_one", "sampler", ("differential", "chisq"), "top-k", ("sampler",),
+         "top-k keeps k + 1 tokens (a `<= k` where `< k` was meant)", chisq_case="top-k-off-by-one")
+def _top_k_off_by_one(target: Any, m: AppliedMutant) -> None:
+    _wrap_state(target, m, lambda s: {"top_k": torch.where(s.top_k.base > 0, s.top_k.base + 1, s.top_k.base)})
+
+
+@_mutant("top_p_boundary_dropped", "sampler", ("differential", "chisq"), "top-p", ("sampler",),
+         "top-p keeps s > tau instead of s >= tau, dropping the token whose mass crosses top_p",
+         chisq_case="top-p-drop-boundary")
+def _top_p_boundary_dropped(target: Any, m: AppliedMutant) -> None:
+    _launch_variant(target, m, _sampling_kernels_variant("strict_top_p", _filtered_threshold=_strict_top_p_threshold))
+
+
+@_mutant("temperature_twice", "sampler", ("differential", "chisq"), "temperature", ("sampler",),
+         "temperature applied twice (once in the logits processor, once in the sampler)", chisq_case="temperature-twice")
+def _temperature_twice(target: Any, m: AppliedMutant) -> None:
+    _wrap_state(target, m, lambda s: {"temperature": s.temperature.base * s.temperature.base})
+
+
+@_mutant("penalty_sign_flipped", "sampler", ("differential", "chisq"), "penalties", ("sampler",),
+         "penalties applied with the wrong sign: repeated tokens are rewarded", chisq_case="penalty-wrong-sign")
+def _penalty_sign_flipped(target: Any, m: AppliedMutant) -> None:
+    _wrap_state(target, m, lambda s: {"repetition_penalty": 1.0 / s.repetition_penalty.base,
+                                      "frequency_penalty": -s.frequency_penalty.base,
+                                      "presence_penalty": -s.presence_penalty.base})
+
+
+@_mutant("logprobs_from_processed", "sampler", ("differential",), "logprobs", ("sampler",),
+         "logprobs computed from temperature-scaled logits instead of the raw logits")
+def _logprobs_from_processed(target: Any, m: AppliedMutant) -> None:
+    from impl.sample import SamplerOutput
+
+    sampler = target.sampler
+    sample = sampler.sample
+
+    def sample_then_logprobs_of_scores(logits: Any, state: Any, rows: Any, positions: Any, *, num_rows: int,
+                                       draft_prefix: Any = None, max_num_logprobs: int = -1) -> Any:
+        out = sample(logits, state, rows, positions, num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=-1)
+        if max_num_logprobs < 0 or num_rows == 0:
+            return out
+        temperature = state.temperature.base[rows[:num_rows].long()]
+        scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+        scores = (logits[:num_rows] / scale[:, None]).contiguous()
+        lp = sampler.logprobs.launch(scores, out.tokens, num_rows, max_num_logprobs)
+        return SamplerOutput(out.tokens, out.nan_flags, lp.logprob, lp.rank, lp.top_ids, lp.top_logprobs)
+
+    m.set(sampler, "sample", sample_then_logprobs_of_scores)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def get(name: str) -> Mutant:
+    try:
+        return CATALOGUE[name]
+    except KeyError:
+        raise UnknownMutantError(f"unknown mutant {name!r}; known: {', '.join(CATALOGUE)}") from None
+
+
+def apply(name: str, *, runner: Any = None, device: Any = None, target: Any = None) -> AppliedMutant:
+    """Install mutant ``name`` into ``runner`` (or ``target``: any object with the parts it patches).
+
+    ``device`` is accepted for the `runnercheck stress --mutant` call; mutants use the target's own.
+    Raises `UnknownMutantError` or `MutantTargetError` before patching anything.
+    """
+    mutant = get(name)
+    target = target if target is not None else runner
+    missing = [part for part in mutant.requires if not hasattr(target, part)]
+    if target is None or missing:
+        raise MutantTargetError(f"mutant {name!r} patches {', '.join(mutant.requires)}, "
+                                f"which {type(target).__name__} lacks ({', '.join(missing) or 'no target'})")
+    applied = AppliedMutant(mutant)
+    try:
+        mutant.install(target, applied)
+    except Exception:
+        applied.undo()
+        raise
+    return applied
+
+
+__all__ = ["CATALOGUE", "CHECKS", "CLASSES", "WORKLOADS", "AppliedMutant", "Mutant", "MutantTargetError",
+           "UnknownMutantError", "Workload", "apply", "get"]

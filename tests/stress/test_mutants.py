@@ -1,0 +1,222 @@
+"""The mutant catalogue (`stress.mutants`) and `runnercheck mutants` (`stress.mutants_cmd`).
+
+The CI test runs the whole quick catalogue on ``sim`` and asserts every CPU-manifesting mutant is
+killed by the check it was built for, with clean controls.  The others prove the harness can fail:
+a mutant that changes nothing survives, a kill by the wrong check is not "as designed", a control
+that fires fails the run, and applying/undoing a mutant leaves no trace.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from types import ModuleType
+
+import pytest
+import torch
+
+import impl.runner as runner_module
+import impl.sample.sampler as sampler_module
+from checks.chisq import power_cases
+from impl.device import Device
+from impl.model.weights import preset, random_weights
+from stress import cli
+from stress import mutants as catalogue
+from stress.mutants import CATALOGUE, CHECKS, CLASSES, WORKLOADS, MutantTargetError, UnknownMutantError
+from stress.mutants_cmd import (
+    ControlResult, MutantResult, MutantsOptions, MutantsReport, markdown, run_catalogue, run_chisq, run_differential,
+)
+from stress.runners import simple_runner
+from stress.stress_cmd import default_limits
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def micro_runner():
+    config = preset("micro")
+    return runner_module.make_runner(random_weights(config, seed=0), default_limits(config), Device("sim", seed=0))
+
+
+# --------------------------------------------------------------------------- the catalogue
+
+
+def test_catalogue_covers_every_class_and_names_the_required_mutants():
+    assert len(CATALOGUE) >= 18
+    by_class = {c: [m.name for m in CATALOGUE.values() if m.cls == c] for c in CLASSES}
+    assert all(by_class[c] for c in CLASSES), by_class
+    assert {"reuse_staging_early", "stale_row_after_preempt"} <= set(CATALOGUE)
+    assert len(by_class["race"]) >= 3 and len(by_class["sync"]) >= 3
+    assert len(by_class["state"]) >= 6 and len(by_class["sampler"]) >= 7
+
+
+def test_every_mutant_names_its_checks_workload_and_probe():
+    probes = power_cases()
+    for m in CATALOGUE.values():
+        assert m.description and m.checks and set(m.checks) <= set(CHECKS), m.name
+        assert m.workload in WORKLOADS, m.name
+        assert (m.chisq_case is not None) == ("chisq" in m.checks), m.name
+        if m.chisq_case:
+            assert m.chisq_case in probes, m.name
+        if m.needs_gpu:  # nothing a CPU run could kill: the chi-square probe is its designed check
+            assert m.checks == ("chisq",), m.name
+    designed = {c: {m.name for m in CATALOGUE.values() if c in m.checks} for c in CHECKS}
+    assert all(designed.values()), designed
+
+
+def test_unknown_mutant_is_a_lookup_error(micro_runner):
+    with pytest.raises(UnknownMutantError, match="no_such_bug"):
+        catalogue.apply("no_such_bug", runner=micro_runner)
+
+
+def test_a_runner_without_the_patched_parts_is_refused_untouched():
+    config = preset("micro")
+    runner = simple_runner(random_weights(config, seed=0), default_limits(config), None, 0)
+    before = dict(vars(runner))
+    with pytest.raises(MutantTargetError, match="staging"):
+        catalogue.apply("reuse_staging_early", runner=runner)
+    assert vars(runner) == before
+
+
+def _patchable(runner) -> dict[str, object]:
+    parts = {"runner": runner, **{name: getattr(runner, name) for name in (
+        "staging", "outputs", "state", "sampling_state", "input_batch", "block_table", "sampler")}}
+    parts.update({f"{n}.{t.name}": t for n, owner in (("sampling_state", runner.sampling_state),)
+                  for t in owner._staged})
+    parts.update({"impl.runner": runner_module, "impl.sample.sampler": sampler_module})
+    return parts
+
+
+def _snapshot(parts: dict[str, object]) -> dict[str, dict[str, int]]:
+    return {key: {k: id(v) for k, v in vars(obj).items() if not (isinstance(obj, ModuleType) and k.startswith("__"))}
+            for key, obj in parts.items()}
+
+
+@pytest.mark.parametrize("name", list(CATALOGUE))
+def test_apply_patches_the_runner_and_undo_restores_it(name, micro_runner):
+    parts = _patchable(micro_runner)
+    before = _snapshot(parts)
+    with catalogue.apply(name, runner=micro_runner) as applied:
+        assert applied.mutant.name == name
+        assert _snapshot(parts) != before, f"{name} patched nothing it could be caught by"
+    assert _snapshot(parts) == before
+
+
+def test_stress_command_installs_mutants_through_apply():
+    from stress.scheduler import SchedulerConfig
+    from stress.stress_cmd import StressConfig, StressSetupError, build_session
+
+    config = preset("micro")
+
+    def stress_config(mutant: str) -> StressConfig:
+        return StressConfig(0, 1, "sim", "micro", config, default_limits(config), SchedulerConfig(), None, None,
+                            mutant, "impl.runner:make_runner")
+
+    session = build_session(stress_config("reuse_staging_early"))
+    assert len(session.runner.staging.slots) == 1
+    with pytest.raises(StressSetupError, match="unknown mutant"):
+        build_session(stress_config("no_such_bug"))
+
+
+# --------------------------------------------------------------------------- the harness can fail
+
+
+def test_a_mutant_that_changes_nothing_survives_and_fails_the_run(monkeypatch):
+    noop = catalogue.Mutant("noop", "state", "changes nothing", ("differential",), "temperature",
+                            lambda target, applied: None, ())
+    monkeypatch.setitem(CATALOGUE, "noop", noop)
+    monkeypatch.setitem(WORKLOADS, "temperature", replace(WORKLOADS["temperature"], ticks=3))
+    report = run_catalogue(MutantsOptions(device="sim", only=("noop",)))
+    (result,) = report.mutants
+    assert result.status == "survived" and not result.killed and not result.as_designed
+    assert result.ticks == 3 and [c.name for c in report.controls] == ["temperature"]
+    assert not report.passed
+
+
+def test_a_kill_by_a_check_the_mutant_was_not_built_for_is_not_as_designed(monkeypatch):
+    real = CATALOGUE["item_in_step"]
+    monkeypatch.setitem(CATALOGUE, "item_in_step", catalogue.Mutant(
+        real.name, real.cls, real.description, ("lifetime",), real.workload, real.install, real.requires))
+    report = run_catalogue(MutantsOptions(device="sim", only=("item_in_step",)))
+    (result,) = report.mutants
+    assert result.killed_by == ["sync"] and not result.as_designed
+    assert not report.passed
+
+
+def test_a_control_that_fires_fails_the_run():
+    killed = MutantResult("m", "sync", "d", False, ["sync"], "steady", "killed", True, ["sync"], True,
+                          ["sync", "lifetime", "differential"], {"sync": "x"}, 2, 0.1)
+    report = MutantsReport("sim", True, 0, False, "cmd", "date", [killed], [ControlResult("workload", "steady", {}, 2, 0.1)], 1.0)
+    assert report.passed
+    report.controls.append(ControlResult("workload", "racing", {"differential": "step 3: ..."}, 2, 0.1))
+    assert not report.passed
+    assert "NOT CLEAN" in markdown(report)
+
+
+def test_the_sync_detector_stays_silent_on_an_unmutated_lagging_runner():
+    run = run_differential(WORKLOADS["lagging"], "sim", 1, 6)
+    assert run.fired == {} and run.ticks == 6 and run.tokens > 0
+
+
+# --------------------------------------------------------------------------- chi-square on the runner's sampler
+
+
+def test_chisq_probe_on_the_runners_sampler_kills_temperature_twice_and_passes_unmutated():
+    killed = run_chisq("temperature-twice", "sim", 0, mutant="temperature_twice", samples=200)
+    control = run_chisq("temperature-twice", "sim", 0, samples=200)
+    assert "chisq" in killed.fired and "temperature-2-v97" in killed.fired["chisq"]
+    assert control.fired == {}
+
+
+# --------------------------------------------------------------------------- the CI run
+
+
+def test_quick_sim_run_kills_every_cpu_mutant_as_designed(tmp_path, capsys):
+    rc = cli.main(["mutants", "--quick", "--device", "sim", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "mutants.json").read_text())
+    results = {m["name"]: m for m in report["mutants"]}
+    assert set(results) == set(CATALOGUE)
+    for name, m in results.items():
+        if CATALOGUE[name].needs_gpu:
+            assert m["status"] == "skipped", name
+            continue
+        assert m["killed"] and m["as_designed"], (name, m["evidence"])
+        assert set(m["killed_by"]) & set(CATALOGUE[name].checks), name
+        assert {"class", "description", "killed", "killed_by", "seconds"} <= set(m)
+    assert results["reuse_staging_early"]["killed_by"] == ["lifetime"]
+    assert "sync" in results["item_in_step"]["killed_by"]
+    assert all(c["clean"] for c in report["controls"]) and report["controls"]
+    assert rc == 0 and report["passed"]
+    matrix = (tmp_path / "mutants.md").read_text()
+    assert all(f"`{name}`" in matrix for name in CATALOGUE)
+    assert "runnercheck mutants: PASS" in capsys.readouterr().out
+
+
+def test_cli_rejects_unknown_names_and_a_missing_out(tmp_path, capsys):
+    assert cli.main(["mutants", "--device", "sim", "--only", "no_such_bug", "--out", str(tmp_path)]) == 2
+    assert "no_such_bug" in capsys.readouterr().err
+    assert cli.main(["mutants", "--device", "sim"]) == 2
+    assert cli.main(["mutants", "--list"]) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_quick_sim_run_kills_every_cpu_mutant_for_other_seeds(seed):
+    report = run_catalogue(MutantsOptions(device="sim", quick=True, seed=seed))
+    survivors = [(m.name, m.killed_by) for m in report.mutants if m.status != "skipped" and not m.as_designed]
+    assert not survivors and all(c.clean for c in report.controls), (survivors, report.controls)
+
+
+@pytest.mark.gpu
+def test_cuda_run_kills_every_mutant_including_the_noise_bugs(tmp_path):
+    rc = cli.main(["mutants", "--quick", "--device", "cuda", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "mutants.json").read_text())
+    results = {m["name"]: m for m in report["mutants"]}
+    assert results["fp16_gumbel_noise"]["killed_by"] == ["chisq"]
+    assert results["u24_uniform"]["killed_by"] == ["chisq"]
+    assert rc == 0 and report["passed"], [(n, m["evidence"]) for n, m in results.items() if not m["as_designed"]]
