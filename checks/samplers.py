@@ -45,7 +45,7 @@ TOP_P_BOUNDARY = ("spec", "drop", "extra")
 # Elements per chunk of [rows, V] work.  On CPU the ~8 int64 temporaries of the Philox rounds must
 # stay in cache (measured: 2^18 runs ~4e7 draws*tokens/s, 2^20 half that); a GPU wants big launches.
 CPU_CHUNK_ELEMENTS = 1 << 18
-CUDA_CHUNK_ELEMENTS = 1 << 24
+CUDA_CHUNK_ELEMENTS = 1 << 27
 
 
 class SamplerSpecError(ValueError):

@@ -295,10 +295,13 @@ def chisquare_test(
     f_obs = np.array([observed[g].sum() for g in groups], dtype=np.float64)
     f_exp = np.array([expected[g].sum() for g in groups], dtype=np.float64)
     if len(groups) < 2:
-        # One bin holds all the mass (greedy, a single kept token): nothing random to test.
+        # One bin holds all the mass (greedy, or a tail too sparse to bin apart from its head):
+        # nothing random to test here; a tail gets its own exact test (`tail_mass_test`).
+        only = groups[0] if groups else np.array([], dtype=np.int64)
+        notes = ("single bin: one possible token" if only.size == 1
+                 else f"single bin: all {only.size} possible tokens pooled, nothing to test")
         return TestResult(name=name, kind=kind, config=config, statistic=0.0, dof=0, p_value=1.0, n_samples=n,
-                          bins=_bins_for_report(groups, observed, expected, label_fn), passed=True,
-                          notes="single bin: every draw landed on the only possible outcome")
+                          bins=_bins_for_report(groups, observed, expected, label_fn), passed=True, notes=notes)
     f_exp *= f_obs.sum() / f_exp.sum()  # scipy insists the totals agree to ~1e-8 relative
     statistic, p_value = sps.chisquare(f_obs, f_exp)
     return TestResult(
