@@ -104,3 +104,7 @@ def impl_sampler_available() -> bool:
     except ImportError:
         return False
     return hasattr(module, "Sampler") and hasattr(module, "SamplingState")
+
+
+# `load_sampler("checks.impl_sampler:impl_sampler")`: one shared adapter (its parts are built lazily).
+impl_sampler = ImplSampler()
