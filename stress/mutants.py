@@ -25,15 +25,19 @@ written once per variant); `AppliedMutant` owns the record of what it patched.
 """
 from __future__ import annotations
 
+import atexit
 import copy
 import importlib.util
+import inspect
 import logging
 import random
+import shutil
 import sys
-from contextlib import ExitStack, contextmanager
+import tempfile
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Any, Callable, Iterator
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any, Callable
 
 import torch
 import triton
@@ -42,7 +46,7 @@ import triton.language as tl
 from impl.buffers import SlotState
 from impl.interface import SamplingParams
 from impl.kernels.rng import neg_log1p_neg, philox_64bits, uniform_from_bits
-from impl.kernels.sampling import _filtered_threshold as _spec_filtered_threshold
+import impl.kernels.sampling  # noqa: F401 - the module the kernel variants copy
 from impl.kernels.sampling_select import next_float_up
 from impl.state import NUM_COMPUTED
 from stress.churn import ChurnConfig
@@ -90,16 +94,6 @@ class AppliedMutant:
         self.undo()
 
 
-@contextmanager
-def _global_swapped(module: ModuleType, name: str, value: Any) -> Iterator[None]:
-    old = getattr(module, name)
-    setattr(module, name, value)
-    try:
-        yield
-    finally:
-        setattr(module, name, old)
-
-
 # --------------------------------------------------------------------------- workloads
 
 
@@ -110,10 +104,13 @@ def _params(rng: random.Random, max_tokens: int, **fields: Any) -> SamplingParam
 
 @dataclass(frozen=True)
 class Workload:
-    """The traffic a mutant is exercised with: churn, sampling params, limits, lag (sim) / delay (cuda).
+    """The traffic a mutant is exercised with: churn, sampling params, limits, and how far the device lags.
 
     ``params(rng, max_tokens)`` draws every added request's `SamplingParams` (None: the churn's own
-    random mix).  ``ticks`` is the tick budget of a ``--quick`` run; ``full_ticks`` of a full run.
+    random mix).  ``lag_policy`` is the sim device's; on cuda, ``cuda_lag`` makes the GPU trail the
+    host with injected delays calibrated on the host's tick (`stress.races`), otherwise the GPU runs
+    as fast as it can (ahead of a host that also runs the oracle).  ``ticks`` is the tick budget of
+    a ``--quick`` run, ``full_ticks`` of a full run.
     """
 
     name: str
@@ -126,9 +123,9 @@ class Workload:
     max_batched_tokens: int = 8
     max_inflight: int = 1
     lag_policy: str = "random-drain"
-    delay_us: float = 0.0
-    ticks: int = 10
-    full_ticks: int = 40
+    cuda_lag: bool = False
+    ticks: int = 16
+    full_ticks: int = 48
 
 
 _QUIET = dict(abort_prob=0.0, preempt_prob=0.0, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0, penalty_prob=0.0,
@@ -138,18 +135,22 @@ _SAMPLING = dict(_QUIET, max_prompt_len=6, max_new_tokens=6, add_prob=0.9)
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("steady", "greedy and temperature sampling, chunked prefills, random-drain lag",
              ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5))),
-    Workload("racing", "as steady; random-drain lag on sim, random delays up to 3 ms on cuda",
-             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5)), delay_us=3000.0, ticks=12),
-    Workload("lagging", "as steady; the device a full step behind (lag-1-steps on sim, delays up to 3 ms on cuda)",
-             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5)), lag_policy="lag-1-steps", delay_us=3000.0),
+    Workload("decode", "short prompts, long outputs, up to 4 requests: mostly decodes",
+             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5, max_prompt_len=4, max_new_tokens=16)),
+             max_num_reqs=4),
+    Workload("racing", "as steady; random-drain lag on sim, an undelayed GPU running ahead on cuda",
+             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5))),
+    Workload("lagging", "as steady; the device a step behind (lag-1-steps on sim, calibrated delays on cuda)",
+             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5)), lag_policy="lag-1-steps", cuda_lag=True),
     Workload("row-reuse", "short requests, aborts and preemptions: rows freed and re-admitted in one step",
-             ChurnConfig(**dict(_QUIET, add_prob=0.9, abort_prob=0.2, preempt_prob=0.5, max_new_tokens=3,
+             ChurnConfig(**dict(_QUIET, add_prob=0.9, abort_prob=0.2, preempt_prob=0.8, max_new_tokens=3,
                                 max_prompt_len=6, greedy_prob=0.2)),
-             lag_policy="run-immediately", ticks=14),
-    Workload("top-k", "temperature 1, top-k 1..3", ChurnConfig(**_SAMPLING),
-             lambda rng, n: _params(rng, n, top_k=rng.randint(1, 3))),
-    Workload("top-p", "temperature 1, top-p 0.3..0.8", ChurnConfig(**_SAMPLING),
-             lambda rng, n: _params(rng, n, top_p=round(rng.uniform(0.3, 0.8), 3))),
+             lag_policy="run-immediately", ticks=20),
+    Workload("top-k", "temperature 1, top-k 1 or 2", ChurnConfig(**_SAMPLING),
+             lambda rng, n: _params(rng, n, top_k=rng.randint(1, 2))),
+    Workload("top-p", "temperature 1, top-p 0.25..0.7 (a few tokens kept), up to 4 requests",
+             ChurnConfig(**_SAMPLING), lambda rng, n: _params(rng, n, top_p=round(rng.uniform(0.25, 0.7), 3)),
+             max_num_reqs=4),
     Workload("temperature", "temperatures far from 1 (0.3..0.6 or 1.5..2)", ChurnConfig(**_SAMPLING),
              lambda rng, n: _params(rng, n, temperature=round(rng.choice((rng.uniform(0.3, 0.6), rng.uniform(1.5, 2.0))), 3))),
     Workload("penalties", "repetition, frequency and presence penalties, temperature 1", ChurnConfig(**_SAMPLING),
@@ -379,7 +380,7 @@ def _after_input_prep(runner: Any, m: AppliedMutant, fix: Callable[[Any, Any], N
     m.set(input_batch, "enqueue_prepare", enqueue_prepare_then_fix)
 
 
-@_mutant("idx_mapping_off_by_one", "state", ("differential",), "steady", ("input_batch", "state", "device"),
+@_mutant("idx_mapping_off_by_one", "state", ("differential",), "decode", ("input_batch", "state", "device"),
          "the sampler's gather through idx_mapping is off by one: each logit row reads the next state row's "
          "params, seed and penalty counts")
 def _idx_mapping_off_by_one(runner: Any, m: AppliedMutant) -> None:
@@ -397,7 +398,7 @@ def _batch_index(ib: Any, plan: Any) -> torch.Tensor:
     return torch.searchsorted(ib.query_start_loc[1 : plan.num_reqs + 1], token_index, right=True)
 
 
-@_mutant("positions_off_by_one", "state", ("differential",), "steady", ("input_batch", "device"),
+@_mutant("positions_off_by_one", "state", ("differential",), "decode", ("input_batch", "device"),
          "a decode token's position is NUM_TOKENS instead of NUM_TOKENS - 1 (prefill positions right), so its "
          "RoPE phase is one step off from the cached keys'")
 def _positions_off_by_one(runner: Any, m: AppliedMutant) -> None:
@@ -425,13 +426,6 @@ def _slot_mapping_wrong_block(runner: Any, m: AppliedMutant) -> None:
 # ---- sampler
 
 
-class _ParamView:
-    """Stands in for a `StagedWriteTensor` of `SamplingState`: the sampler launch reads only ``.base``."""
-
-    def __init__(self, base: torch.Tensor):
-        self.base = base
-
-
 def _wrap_state(target: Any, m: AppliedMutant, views: Callable[[Any], dict[str, torch.Tensor]]) -> None:
     """Sample with a copy of the state whose parameter tensors are rewritten (on the device, in the launch)."""
     sampler = target.sampler
@@ -439,8 +433,8 @@ def _wrap_state(target: Any, m: AppliedMutant, views: Callable[[Any], dict[str, 
 
     def sample_with_rewritten_params(logits: Any, state: Any, *args: Any, **kwargs: Any) -> Any:
         bent = copy.copy(state)
-        for name, base in views(state).items():
-            setattr(bent, name, _ParamView(base))
+        for name, base in views(state).items():  # the launch reads only ``.base`` of each parameter
+            setattr(bent, name, SimpleNamespace(base=base))
         return sample(logits, bent, *args, **kwargs)
 
     m.set(sampler, "sample", sample_with_rewritten_params)
@@ -449,15 +443,18 @@ def _wrap_state(target: Any, m: AppliedMutant, views: Callable[[Any], dict[str, 
 _KERNEL_VARIANTS: dict[str, ModuleType] = {}
 
 
+def _load(path: Path | str, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _sampling_kernels_variant(tag: str, **rebound: Any) -> ModuleType:
     """A private copy of `impl.kernels.sampling` with device functions rebound (its kernels compile afresh)."""
     if tag not in _KERNEL_VARIANTS:
-        base = sys.modules["impl.kernels.sampling"]
-        spec = importlib.util.spec_from_file_location(f"stress._mutant_sampling_{tag}", base.__file__)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        for name, fn in rebound.items():
-            setattr(module, name, fn)
+        module = _load(sys.modules["impl.kernels.sampling"].__file__, f"stress._mutant_sampling_{tag}")
+        vars(module).update(rebound)
         _KERNEL_VARIANTS[tag] = module
     return _KERNEL_VARIANTS[tag]
 
@@ -474,10 +471,12 @@ def _launch_variant(target: Any, m: AppliedMutant, variant: ModuleType) -> None:
         raise MutantTargetError(f"{module.__name__} launches no kernel of impl.kernels.sampling")
 
     def sample_with_variant(*args: Any, **kwargs: Any) -> Any:
-        with ExitStack() as stack:
-            for name, kernel in kernels.items():
-                stack.enter_context(_global_swapped(module, name, kernel))
+        originals = {name: getattr(module, name) for name in kernels}
+        vars(module).update(kernels)
+        try:
             return sample(*args, **kwargs)
+        finally:
+            vars(module).update(originals)
 
     m.set(sampler, "sample", sample_with_variant)
 
@@ -496,19 +495,33 @@ def _u24_gumbel_noise(seed, position, token_id):
     return -tl.log(neg_log1p_neg(u))
 
 
-@triton.jit
-def _strict_top_p_threshold(logits_row, divisor, has_penalty, repetition, frequency, presence, prompt_mask_row,
-                            counts_row, draft_row, num_drafts, vocab_size, row_max, row_min, top_k, top_k_on, top_p,
-                            top_p_on, min_p, min_p_on, scratch_row, CAND: tl.constexpr, NPIV: tl.constexpr,
-                            BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
-    """`impl.kernels.sampling._filtered_threshold` (same signature) with the top-p comparison made strict."""
-    threshold, use_candidates, candidates = _spec_filtered_threshold(
-        logits_row, divisor, has_penalty, repetition, frequency, presence, prompt_mask_row, counts_row, draft_row,
-        num_drafts, vocab_size, row_max, row_min, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, scratch_row,
-        CAND, NPIV, BLOCK, MAX_PASSES)
-    # row_max bounds it so the row's top token always stays: an empty kept set would emit an id past the vocabulary
-    strict = tl.minimum(next_float_up(threshold), row_max)
-    return tl.where(top_p_on, strict, threshold), use_candidates, candidates
+def _strict_top_p_threshold() -> Any:
+    """`impl.kernels.sampling._filtered_threshold` wrapped so its top-p comparison is strict.
+
+    The wrapper is generated with the wrapped function's exact signature (written to a file: Triton
+    reads kernel source), so it follows the kernel's edits; it relies only on ``row_max`` and
+    ``top_p_on`` among the parameters and on the ``(threshold, use_candidates, candidates)`` result.
+    """
+    if "strict_top_p_threshold" not in _KERNEL_VARIANTS:
+        spec = sys.modules["impl.kernels.sampling"]._filtered_threshold
+        params = inspect.signature(spec.fn).parameters
+        if not {"row_max", "top_p_on"} <= set(params):
+            raise MutantTargetError("impl.kernels.sampling._filtered_threshold no longer takes row_max and top_p_on")
+        declared = ", ".join(f"{n}: tl.constexpr" if p.annotation in ("tl.constexpr", tl.constexpr) else n
+                             for n, p in params.items())
+        folder = Path(tempfile.mkdtemp(prefix="runnercheck-mutant-"))
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        (folder / "strict_top_p.py").write_text(
+            "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+            f"def strict_top_p_threshold({declared}):\n"
+            f"    threshold, use_candidates, candidates = spec_filtered_threshold({', '.join(params)})\n"
+            "    # bounded by row_max so the top token stays: an empty kept set would emit an id past the vocabulary\n"
+            "    strict = tl.minimum(next_float_up(threshold), row_max)\n"
+            "    return tl.where(top_p_on, strict, threshold), use_candidates, candidates\n")
+        module = _load(folder / "strict_top_p.py", "stress._mutant_strict_top_p")
+        module.spec_filtered_threshold, module.next_float_up = spec, next_float_up
+        _KERNEL_VARIANTS["strict_top_p_threshold"] = module
+    return _KERNEL_VARIANTS["strict_top_p_threshold"].strict_top_p_threshold
 
 
 @_mutant("fp16_gumbel_noise", "sampler", ("chisq",), "noise", ("sampler",),
@@ -535,7 +548,7 @@ def _top_k_off_by_one(target: Any, m: AppliedMutant) -> None:
          "top-p keeps s > tau instead of s >= tau, dropping the token whose mass crosses top_p",
          chisq_case="top-p-drop-boundary")
 def _top_p_boundary_dropped(target: Any, m: AppliedMutant) -> None:
-    _launch_variant(target, m, _sampling_kernels_variant("strict_top_p", _filtered_threshold=_strict_top_p_threshold))
+    _launch_variant(target, m, _sampling_kernels_variant("strict_top_p", _filtered_threshold=_strict_top_p_threshold()))
 
 
 @_mutant("temperature_twice", "sampler", ("differential", "chisq"), "temperature", ("sampler",),

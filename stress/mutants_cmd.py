@@ -4,18 +4,18 @@
                         [--chisq | --no-chisq] [--list] --out DIR
 
 For each mutant: build a runner, the oracle and a scheduler for the mutant's `Workload`, install the
-mutant, arm the host-sync detector (`checks.sync.arm_runner`, count mode) and the staging-lifetime
-checker (`checks.lifetime.LifetimeChecker`, count mode), and run `stress.driver.DifferentialRun`
-for the workload's tick budget; sampler mutants with a chi-square probe also get the chi-square /
-tail-mass tests of `checks.chisq` on the runner's own sampler kernel (`RunnerSamplerProbe`).  A
-check *kills* a mutant when it fires; a mutant is killed *as designed* when one of the checks it
-was built for fired.  ``--quick`` stops each mutant at the end of the tick in which the first check
-fired and uses the short tick budgets; a full run keeps going to the budget (or the divergence).
+mutant, arm the host-sync detector (`checks.sync.arm_runner`) and the staging-lifetime checker
+(`checks.lifetime.LifetimeChecker`), and run `stress.driver.DifferentialRun` until the first check
+fires or the workload's tick budget is spent (``--quick``: the short budgets).  Sampler mutants
+with a chi-square probe also get the chi-square / tail-mass tests of `checks.chisq` on the
+runner's own sampler kernel (`RunnerSamplerProbe`).  A check *kills* a mutant when it fires; a
+mutant is killed *as designed* when one of the checks it was built for fired.
 
 Controls: every workload used is also run without a mutant (quick: as many ticks as its slowest
-kill took; full: its whole budget), and every chi-square probe on the unmutated sampler; any check firing there makes the whole run fail,
-since a kill is then no evidence.  Mutants marked ``needs_gpu`` are skipped unless the device is
-cuda.  Chi-square runs by default only on cuda (an interpreted CPU sampler draws too slowly).
+kill took, the counterfactual of every kill; full: its whole budget), and every chi-square probe
+on the unmutated sampler.  Any check firing in a control fails the whole run: a kill is then no
+evidence.  Mutants marked ``needs_gpu`` are skipped unless the device is cuda.  Chi-square runs by
+default only on cuda (the interpreted CPU sampler draws ~30 rows a second).
 
 Writes DIR/mutants.json and the Markdown matrix DIR/mutants.md.  Exit 0 only when every mutant run
 was killed as designed and every control stayed silent; 1 otherwise; 2 on bad arguments.
@@ -119,7 +119,7 @@ class MutantsReport:
 
 
 class _StopRun(Exception):
-    """Raised from ``before_tick`` once a detector fired in a run that stops at the first kill."""
+    """Raised from ``before_tick`` once the sync detector fired: the run stops at the first kill."""
 
 
 def _churn(workload: Workload, limits: Any, seed: int) -> Callable:
@@ -132,6 +132,18 @@ def _churn(workload: Workload, limits: Any, seed: int) -> Callable:
             return workload.params(self.rng, max_tokens)
 
     return WorkloadChurn(limits, seed=seed, config=workload.churn)
+
+
+_HOST_TICK_US: list[float] = []  # measured once per process: the host's tick on this machine
+
+
+def _cuda_delay(config: Any) -> dict:
+    """A ``random-delay`` policy that keeps the GPU about two host ticks behind (`stress.races`)."""
+    from stress.races import calibrate_cuda_delay, measure_host_tick_us
+
+    if not _HOST_TICK_US:
+        _HOST_TICK_US.append(measure_host_tick_us(config))
+    return calibrate_cuda_delay(config.seed, _HOST_TICK_US[0])
 
 
 def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int, *, mutant: str | None = None) -> CheckRun:
@@ -158,9 +170,9 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     limits = default_limits(model_config, max_num_reqs=workload.max_num_reqs, block_size=workload.block_size,
                             num_kv_blocks=workload.num_kv_blocks, max_num_batched_tokens=workload.max_batched_tokens)
     lag = make_lag_policy(workload.lag_policy, seed).describe() if device_kind == "sim" else None
-    delay = RandomDelay(seed, workload.delay_us).describe() if device_kind == "cuda" and workload.delay_us > 0 else None
     config = StressConfig(seed, ticks, device_kind, MODEL_PRESET, model_config, limits,
-                          SchedulerConfig(workload.max_inflight, 0.0), lag, delay, None, DEFAULT_RUNNER_SPEC)
+                          SchedulerConfig(workload.max_inflight, 0.0), lag, None, None, DEFAULT_RUNNER_SPEC)
+    delay = _cuda_delay(config) if device_kind == "cuda" and workload.cuda_lag else None
     started = time.perf_counter()
     session = build_session(config)
     applied = catalogue.apply(mutant, runner=session.runner) if mutant else None
@@ -254,6 +266,8 @@ class RunnerSamplerProbe:
         logits = logits.to(where, torch.float32).contiguous()
         rows = torch.tensor(state_rows, dtype=torch.int32, device=where)
         positions = positions.to(where, torch.int64)
+        if self.device.is_cuda:  # inputs were made on the caller's stream; the sampler runs on the runner's
+            self.device.stream.wait_stream(torch.cuda.current_stream(where))
         tokens = torch.empty(n, dtype=torch.int64)
         for start in range(0, n, self.max_rows):
             stop, out = min(n, start + self.max_rows), {}

@@ -173,6 +173,30 @@ def test_chisq_probe_on_the_runners_sampler_kills_temperature_twice_and_passes_u
     assert control.fired == {}
 
 
+# Philox bits for (seed, position, token) with hi = 61: u < 2^-25, which fp16 rounds to 0 and a
+# 24-bit uniform truncates to 0, so either noise bug gives that token +inf noise.
+NOISE_WITNESS = (20240601, 33406, 53)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter evaluates log(0) and 0/0 on discarded lanes
+@pytest.mark.parametrize("name", ["fp16_gumbel_noise", "u24_uniform"])
+def test_noise_mutants_give_a_tiny_uniform_infinite_noise(name):
+    from impl.interface import SamplingParams
+    from reference.rng import philox_64bits
+    from stress.mutants_cmd import RunnerSamplerProbe
+
+    seed, position, token = NOISE_WITNESS
+    assert int(philox_64bits(seed, position, torch.tensor([token]))[0]) < 128
+    logits = torch.zeros(1, 256)
+    logits[0, token] = -30.0  # 30 below the rest: the spec's noise (at most ~45) cannot lift it here
+    probe = RunnerSamplerProbe(Device("cpu"), 256, max_rows=1, max_groups=1)
+    args = (logits, [SamplingParams()], torch.tensor([seed]), torch.tensor([position]))
+    assert int(probe(*args)[0]) != token
+    with catalogue.apply(name, target=probe):
+        assert int(probe(*args)[0]) == token
+    assert int(probe(*args)[0]) != token
+
+
 # --------------------------------------------------------------------------- the CI run
 
 
