@@ -346,7 +346,7 @@ def run_mutant(mutant: Mutant, opts: MutantsOptions) -> MutantResult:
         runs.append(run_differential(workload, opts.device, opts.seed, _ticks(workload, opts.quick), mutant=mutant.name))
     fired: dict[str, str] = {}
     for r in runs:
-        fired.update(r.fired)
+        fired.update({check: " ".join(text.split()) for check, text in r.fired.items()})  # one line each
     killed_by = [c for c in CHECKS if c in fired]
     return MutantResult(
         **base, status="killed" if killed_by else "survived", killed=bool(killed_by), killed_by=killed_by,
@@ -455,7 +455,7 @@ def write_report(report: MutantsReport, out_dir: str | Path) -> tuple[Path, Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quick", action="store_true", help="short tick budgets; stop each mutant at its first kill")
+    parser.add_argument("--quick", action="store_true", help="short tick budgets (every run stops at its first kill)")
     parser.add_argument("--device", default="auto", choices=["auto", "sim", "cuda"])
     parser.add_argument("--only", nargs="+", default=(), metavar="NAME", help="run only these mutants")
     parser.add_argument("--seed", type=int, default=0)
@@ -469,13 +469,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _print_catalogue() -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table("mutant", "class", "killed by", "workload", "description", title="runnercheck mutants")
     for m in CATALOGUE.values():
-        table.add_row(m.name, m.cls + (" (GPU)" if m.needs_gpu else ""), ", ".join(m.checks), m.workload, m.description)
-    Console().print(table)
+        gpu = ", needs a GPU" if m.needs_gpu else ""
+        print(f"{m.name:<32} {m.cls:<8} killed by {'/'.join(m.checks)}; workload {m.workload}{gpu}\n    {m.description}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -505,8 +501,11 @@ def run(args: argparse.Namespace) -> int:
     opts = MutantsOptions(device=device, quick=args.quick, seed=args.seed, only=tuple(dict.fromkeys(args.only)),
                           chisq=args.chisq, chisq_samples=args.chisq_samples)
     console = Console()
-    command = "runnercheck mutants" + (" --quick" if args.quick else "") + f" --device {device}" + (
-        f" --only {' '.join(opts.only)}" if opts.only else "") + f" --seed {args.seed} --out {args.out}"
+    command = " ".join(["runnercheck mutants", *(["--quick"] if args.quick else []), f"--device {device}",
+                        *([f"--only {' '.join(opts.only)}"] if opts.only else []),
+                        *({True: ["--chisq"], False: ["--no-chisq"]}.get(args.chisq, [])),
+                        *([f"--chisq-samples {args.chisq_samples}"] if args.chisq_samples else []),
+                        f"--seed {args.seed}", f"--out {args.out}"])
 
     def show(item: Any) -> None:
         if isinstance(item, MutantResult):
