@@ -352,7 +352,7 @@ def _print_summary(doc: dict, json_path: Path, md_path: Path) -> None:
     verdict = "[bold green]PASSED[/]" if doc["passed"] else "[bold red]FAILED[/]"
     table = Table(title=f"runnercheck verify: {verdict}", show_header=True)
     for col in ("run", "seed", "steps", "tokens", "ties", "syncs", "waits", "lifetime", "result"):
-        table.add_column(col, justify="left" if col in ("run", "result") else "right")
+        table.add_column(col, justify="left" if col in ("run", "result") else "right", no_wrap=col == "run")
     for r in doc["runs"]:
         lifetime = str(r["lifetime_violations"]) if r["lifetime_checked"] else "n/a"
         result = "ok" if r["passed"] else "[red]FAIL[/]"

@@ -280,6 +280,20 @@ def test_cuda_delay_calibration_makes_the_mean_delay_exceed_the_host_tick() -> N
             calibrate_cuda_delay(0, **bad)
 
 
+def test_the_cuda_plan_runs_end_to_end_off_cuda(tmp_path: Path) -> None:
+    """Calibration, the race churn, the CUDA limits and the delay hook, on cpu (where delays are no-ops)."""
+    from stress.races import measure_host_tick_us
+
+    warmup = dataclasses.replace(verify.plan_runs("cuda", 3, "impl.runner:make_runner", quick=True)[0].config, device="cpu")
+    tick_us = measure_host_tick_us(warmup, ticks=3)
+    assert tick_us > 0
+    planned = verify.plan_runs("cuda", 3, "impl.runner:make_runner", quick=True, ticks=4,
+                               cuda_delay=lambda seed: calibrate_cuda_delay(seed, tick_us))[1]
+    planned = dataclasses.replace(planned, config=dataclasses.replace(planned.config, device="cpu"))
+    record = verify.execute_run(planned, tmp_path)
+    assert record.passed and record.steps >= 3 and record.delay_policy["name"] == "random-delay"
+
+
 @pytest.mark.gpu
 def test_delays_make_the_gpu_trail_the_host_and_the_job_passes(tmp_path: Path) -> None:
     from stress.driver import DifferentialRun
