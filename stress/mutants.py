@@ -43,10 +43,10 @@ import torch
 import triton
 import triton.language as tl
 
+import impl.kernels.sampling  # noqa: F401 - the module the kernel variants copy
 from impl.buffers import SlotState
 from impl.interface import SamplingParams
 from impl.kernels.rng import neg_log1p_neg, philox_64bits, uniform_from_bits
-import impl.kernels.sampling  # noqa: F401 - the module the kernel variants copy
 from impl.kernels.sampling_select import next_float_up
 from impl.state import NUM_COMPUTED
 from stress.churn import ChurnConfig
@@ -446,6 +446,7 @@ _KERNEL_VARIANTS: dict[str, ModuleType] = {}
 def _load(path: Path | str, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # registered like any import: Triton and inspect may look a kernel's module up
     spec.loader.exec_module(module)
     return module
 
