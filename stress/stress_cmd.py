@@ -113,6 +113,7 @@ def build_session(config: StressConfig) -> Session:
         raise StressSetupError(f"runner factory {config.runner!r} failed: {type(e).__name__}: {e}") from None
     if config.mutant is not None:
         apply_mutant(config.mutant, runner, device)
+    arm_lifetime_checks(runner)
     from reference.runner import ReferenceRunner, ReferenceRunnerError
 
     try:
@@ -126,6 +127,20 @@ def build_session(config: StressConfig) -> Session:
         draft_prob=config.scheduler.draft_prob,
     )
     return Session(device, runner, oracle, scheduler)
+
+
+def arm_lifetime_checks(runner: object) -> None:
+    """Staging-lifetime assertions in error mode on the runner's staging pool, when it has one.
+
+    A violation raises inside ``execute_model``; the driver records it as the run's first
+    divergence (kind ``runner-error``), so it lands in the repro and replays like any other.
+    """
+    pool = getattr(runner, "staging", None)
+    if pool is None or not hasattr(pool, "observers"):
+        return
+    from checks.lifetime import LifetimeChecker
+
+    LifetimeChecker("error").attach(pool)
 
 
 def apply_mutant(name: str, runner: object, device: object) -> None:
@@ -227,7 +242,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=200, help="scheduler ticks (at most one step each)")
     parser.add_argument("--mutant", default=None, help="apply a deliberate bug from stress.mutants")
-    parser.add_argument("--lag-policy", default=None, help="sim only: run-immediately, lag-K-steps, random-drain (default, seeded by --seed)")
+    parser.add_argument("--lag-policy", default=None, help="sim only: run-immediately, lag-K-steps, random-drain (default, seeded by --seed; with --mutant, the lag of the mutant's workload)")
     parser.add_argument("--delay-us", type=float, default=0.0, help="cuda only: random injected device delays up to this many µs")
     parser.add_argument("--runner", default=DEFAULT_RUNNER_SPEC, help="runner factory 'package.module:factory'")
     parser.add_argument("--model", default="micro", choices=sorted(PRESETS))
@@ -239,6 +254,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-prob", type=float, default=0.0, help="probability a decode carries draft tokens")
     parser.add_argument("--out", default="out/stress", help="folder for repro.json")
     parser.add_argument("--no-progress", action="store_true")
+
+
+def _default_lag_policy(mutant: str | None) -> str:
+    """random-drain, or for a mutant the lag of the workload it was designed to show under."""
+    if mutant is None:
+        return "random-drain"
+    try:
+        from stress import mutants
+
+        return mutants.WORKLOADS[mutants.get(mutant).workload].lag_policy
+    except (ImportError, LookupError):
+        return "random-drain"  # an unknown mutant is reported when it is applied
 
 
 def config_from_args(args: argparse.Namespace) -> StressConfig:
@@ -257,7 +284,7 @@ def config_from_args(args: argparse.Namespace) -> StressConfig:
     lag = None
     if kind == "sim":
         try:
-            lag = make_lag_policy(args.lag_policy or "random-drain", args.seed).describe()
+            lag = make_lag_policy(args.lag_policy or _default_lag_policy(args.mutant), args.seed).describe()
         except DeviceError as e:
             raise StressSetupError(str(e)) from None
     elif args.lag_policy is not None:
