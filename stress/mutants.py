@@ -3,7 +3,7 @@
 A mutant proves that a check fails when it should.  Each one models a bug that real runners have
 shipped (one line says which), is installed by monkeypatching *instances* of the runner's parts (or,
 for kernel bugs, by launching a private copy of the sampling kernel with one device function
-rebound), and names the check(s) built to kill it:
+rebound: `stress.mutant_kernels`), and names the check(s) built to kill it:
 
 * ``sync``: the host-sync detector (`checks.sync.arm_runner`);
 * ``lifetime``: the staging-slot lifetime assertions (`checks.lifetime.LifetimeChecker`);
@@ -20,36 +20,32 @@ limits, lag policy) in which its bug shows up within a few scheduler ticks.  ``n
 mutants whose effect is too rare to see in an interpreted CPU run (deep-tail noise bugs: the
 chi-square probes they need draw ~10^8 token noises); `runnercheck mutants` runs those only on CUDA.
 
-Ownership: this module owns the cache of private sampling-kernel copies (host, process lifetime,
-written once per variant); `AppliedMutant` owns the record of what it patched.
+Ownership: `AppliedMutant` owns the record of what it patched; `stress.mutant_kernels` owns the
+cache of private sampling-kernel copies.
 """
 from __future__ import annotations
 
-import atexit
 import copy
-import importlib.util
-import inspect
 import logging
 import random
-import shutil
-import sys
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any, Callable
 
 import torch
-import triton
-import triton.language as tl
 
-import impl.kernels.sampling  # noqa: F401 - the module the kernel variants copy
 from impl.buffers import SlotState
 from impl.interface import SamplingParams
-from impl.kernels.rng import neg_log1p_neg, philox_64bits, uniform_from_bits
-from impl.kernels.sampling_select import next_float_up
 from impl.state import NUM_COMPUTED
 from stress.churn import ChurnConfig
+from stress.mutant_kernels import (
+    MutantTargetError,
+    fp16_gumbel_noise,
+    launch_variant,
+    sampling_kernels_variant,
+    strict_top_p_threshold,
+    u24_gumbel_noise,
+)
 
 CLASSES = ("race", "sync", "state", "sampler")
 CHECKS = ("sync", "lifetime", "differential", "chisq")
@@ -58,10 +54,6 @@ _log = logging.getLogger(__name__)
 
 class UnknownMutantError(LookupError):
     """A mutant name that is not in the catalogue."""
-
-
-class MutantTargetError(ValueError):
-    """The object a mutant is applied to lacks the parts the mutant patches (e.g. not an `impl` runner)."""
 
 
 # --------------------------------------------------------------------------- patching
@@ -440,103 +432,18 @@ def _wrap_state(target: Any, m: AppliedMutant, views: Callable[[Any], dict[str, 
     m.set(sampler, "sample", sample_with_rewritten_params)
 
 
-_KERNEL_VARIANTS: dict[str, ModuleType] = {}
-
-
-def _load(path: Path | str, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # registered like any import: Triton and inspect may look a kernel's module up
-    spec.loader.exec_module(module)
-    return module
-
-
-def _sampling_kernels_variant(tag: str, **rebound: Any) -> ModuleType:
-    """A private copy of `impl.kernels.sampling` with device functions rebound (its kernels compile afresh)."""
-    if tag not in _KERNEL_VARIANTS:
-        module = _load(sys.modules["impl.kernels.sampling"].__file__, f"stress._mutant_sampling_{tag}")
-        vars(module).update(rebound)
-        _KERNEL_VARIANTS[tag] = module
-    return _KERNEL_VARIANTS[tag]
-
-
-def _launch_variant(target: Any, m: AppliedMutant, variant: ModuleType) -> None:
-    """``target.sampler`` launches ``variant``'s kernels in place of `impl.kernels.sampling`'s, for its own calls only."""
-    sampler = target.sampler
-    sample = sampler.sample
-    module = sys.modules[type(sampler).__module__]
-    base = sys.modules["impl.kernels.sampling"]
-    kernels = {name: getattr(variant, name) for name, value in vars(module).items()
-               if getattr(base, name, None) is value and isinstance(value, triton.runtime.KernelInterface)}
-    if not kernels:
-        raise MutantTargetError(f"{module.__name__} launches no kernel of impl.kernels.sampling")
-
-    def sample_with_variant(*args: Any, **kwargs: Any) -> Any:
-        originals = {name: getattr(module, name) for name in kernels}
-        vars(module).update(kernels)
-        try:
-            return sample(*args, **kwargs)
-        finally:
-            vars(module).update(originals)
-
-    m.set(sampler, "sample", sample_with_variant)
-
-
-@triton.jit
-def _fp16_gumbel_noise(seed, position, token_id):
-    hi, lo = philox_64bits(seed, position, token_id, 0)
-    u = uniform_from_bits(hi, lo).to(tl.float16).to(tl.float32)
-    return (-tl.log(neg_log1p_neg(u))).to(tl.float16).to(tl.float32)
-
-
-@triton.jit
-def _u24_gumbel_noise(seed, position, token_id):
-    hi, lo = philox_64bits(seed, position, token_id, 0)
-    u = (hi >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2^-24: torch.rand-style, can be exactly 0
-    return -tl.log(neg_log1p_neg(u))
-
-
-def _strict_top_p_threshold() -> Any:
-    """`impl.kernels.sampling._filtered_threshold` wrapped so its top-p comparison is strict.
-
-    The wrapper is generated with the wrapped function's exact signature (written to a file: Triton
-    reads kernel source), so it follows the kernel's edits; it relies only on ``row_max`` and
-    ``top_p_on`` among the parameters and on the ``(threshold, use_candidates, candidates)`` result.
-    """
-    if "strict_top_p_threshold" not in _KERNEL_VARIANTS:
-        spec = sys.modules["impl.kernels.sampling"]._filtered_threshold
-        params = inspect.signature(spec.fn).parameters
-        if not {"row_max", "top_p_on"} <= set(params):
-            raise MutantTargetError("impl.kernels.sampling._filtered_threshold no longer takes row_max and top_p_on")
-        declared = ", ".join(f"{n}: tl.constexpr" if p.annotation in ("tl.constexpr", tl.constexpr) else n
-                             for n, p in params.items())
-        folder = Path(tempfile.mkdtemp(prefix="runnercheck-mutant-"))
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-        (folder / "strict_top_p.py").write_text(
-            "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
-            f"def strict_top_p_threshold({declared}):\n"
-            f"    threshold, use_candidates, candidates = spec_filtered_threshold({', '.join(params)})\n"
-            "    # bounded by row_max so the top token stays: an empty kept set would emit an id past the vocabulary\n"
-            "    strict = tl.minimum(next_float_up(threshold), row_max)\n"
-            "    return tl.where(top_p_on, strict, threshold), use_candidates, candidates\n")
-        module = _load(folder / "strict_top_p.py", "stress._mutant_strict_top_p")
-        module.spec_filtered_threshold, module.next_float_up = spec, next_float_up
-        _KERNEL_VARIANTS["strict_top_p_threshold"] = module
-    return _KERNEL_VARIANTS["strict_top_p_threshold"].strict_top_p_threshold
-
-
 @_mutant("fp16_gumbel_noise", "sampler", ("chisq",), "noise", ("sampler",),
          "Gumbel noise computed in fp16: u < 2^-25 rounds to 0 (+inf noise), noise keeps 11 significant bits",
          needs_gpu=True, chisq_case="fp16-noise")
 def _fp16_noise(target: Any, m: AppliedMutant) -> None:
-    _launch_variant(target, m, _sampling_kernels_variant("fp16_noise", gumbel_noise=_fp16_gumbel_noise))
+    launch_variant(target, m, sampling_kernels_variant("fp16_noise", gumbel_noise=fp16_gumbel_noise))
 
 
 @_mutant("u24_uniform", "sampler", ("chisq",), "noise", ("sampler",),
          "uniforms truncated to 24 bits (torch.rand-style): u can be 0 (+inf noise), noise capped near 16.6",
          needs_gpu=True, chisq_case="u24-uniform")
 def _u24_uniform(target: Any, m: AppliedMutant) -> None:
-    _launch_variant(target, m, _sampling_kernels_variant("u24_uniform", gumbel_noise=_u24_gumbel_noise))
+    launch_variant(target, m, sampling_kernels_variant("u24_uniform", gumbel_noise=u24_gumbel_noise))
 
 
 @_mutant("top_k_off_by_one", "sampler", ("differential", "chisq"), "top-k", ("sampler",),
@@ -549,7 +456,7 @@ def _top_k_off_by_one(target: Any, m: AppliedMutant) -> None:
          "top-p keeps s > tau instead of s >= tau, dropping the token whose mass crosses top_p",
          chisq_case="top-p-drop-boundary")
 def _top_p_boundary_dropped(target: Any, m: AppliedMutant) -> None:
-    _launch_variant(target, m, _sampling_kernels_variant("strict_top_p", _filtered_threshold=_strict_top_p_threshold()))
+    launch_variant(target, m, sampling_kernels_variant("strict_top_p", _filtered_threshold=strict_top_p_threshold()))
 
 
 @_mutant("temperature_twice", "sampler", ("differential", "chisq"), "temperature", ("sampler",),
