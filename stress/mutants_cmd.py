@@ -17,24 +17,24 @@ on the unmutated sampler.  Any check firing in a control fails the whole run: a 
 evidence.  Mutants marked ``needs_gpu`` are skipped unless the device is cuda.  Chi-square runs by
 default only on cuda (the interpreted CPU sampler draws ~30 rows a second).
 
-Writes DIR/mutants.json and the Markdown matrix DIR/mutants.md.  Exit 0 only when every mutant run
-was killed as designed and every control stayed silent; 1 otherwise; 2 on bad arguments.
+Writes DIR/mutants.json and the Markdown matrix DIR/mutants.md (`stress.mutants_report`).  Exit 0
+only when every mutant run was killed as designed and every control stayed silent; 1 otherwise; 2 on
+bad arguments.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
 
 from stress import mutants as catalogue
 from stress.mutants import CATALOGUE, CHECKS, WORKLOADS, Mutant, Workload
+from stress.mutants_report import ControlResult, MutantResult, MutantsReport, markdown, write_report
 
 MODEL_PRESET = "micro"
 CHISQ_ALPHA = 0.01
@@ -52,67 +52,6 @@ class CheckRun:
     ticks: int = 0
     tokens: int = 0
     seconds: float = 0.0
-
-
-@dataclass
-class MutantResult:
-    name: str
-    cls: str
-    description: str
-    needs_gpu: bool
-    designed: list[str]
-    workload: str
-    status: str  # killed | survived | skipped
-    killed: bool
-    killed_by: list[str]
-    as_designed: bool
-    checks_run: list[str]
-    evidence: dict[str, str]
-    ticks: int
-    seconds: float
-    skip_reason: str | None = None
-
-
-@dataclass
-class ControlResult:
-    """An unmutated control run: a workload's differential run or a chi-square probe."""
-
-    kind: str  # "workload" | "chisq"
-    name: str
-    fired: dict[str, str]
-    ticks: int
-    seconds: float
-
-    @property
-    def clean(self) -> bool:
-        return not self.fired
-
-
-@dataclass
-class MutantsReport:
-    device: str
-    quick: bool
-    seed: int
-    chisq: bool
-    command: str
-    date: str
-    mutants: list[MutantResult]
-    controls: list[ControlResult]
-    elapsed_s: float
-
-    @property
-    def passed(self) -> bool:
-        run = [m for m in self.mutants if m.status != "skipped"]
-        return all(m.as_designed for m in run) and all(c.clean for c in self.controls)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["controls"] = [dict(asdict(c), clean=c.clean) for c in self.controls]
-        d["passed"] = self.passed
-        d["mutants"] = [dict(asdict(m), **{"class": m.cls}) for m in self.mutants]
-        for m in d["mutants"]:
-            del m["cls"]
-        return d
 
 
 # --------------------------------------------------------------------------- the checks
@@ -394,61 +333,6 @@ def run_catalogue(opts: MutantsOptions, *, command: str = "", on_result: Callabl
         date=_dt.datetime.now().isoformat(timespec="seconds"), mutants=results, controls=controls,
         elapsed_s=time.perf_counter() - started,
     )
-
-
-# --------------------------------------------------------------------------- reports
-
-
-def _cell(result: MutantResult, check: str) -> str:
-    if check in result.evidence:
-        text = "KILL"
-    elif check in result.checks_run:
-        text = "-"
-    else:
-        text = ""
-    return f"**{text or 'not run'}**" if check in result.designed else text
-
-
-def markdown(report: MutantsReport) -> str:
-    run = [m for m in report.mutants if m.status != "skipped"]
-    killed = sum(m.as_designed for m in run)
-    lines = [
-        "# Mutant kill matrix", "",
-        f"`{report.command}` on {report.date}: device {report.device}, seed {report.seed}, "
-        f"{'quick' if report.quick else 'full'} run, chi-square {'on' if report.chisq else 'off'}, {report.elapsed_s:.0f} s.", "",
-        f"**{killed} of {len(run)} mutants killed as designed**"
-        f"{f', {len(report.mutants) - len(run)} skipped' if len(run) < len(report.mutants) else ''}; "
-        f"controls {'clean' if all(c.clean for c in report.controls) else 'NOT CLEAN'}.", "",
-        "KILL: the check fired; -: armed and silent until the run stopped (at the first kill or the tick budget); "
-        "blank: not run; bold: a check the mutant is designed to be killed by.", "",
-        "| mutant | class | " + " | ".join(CHECKS) + " | status | ticks | seconds |",
-        "|---|---|" + "---|" * len(CHECKS) + "---|---:|---:|",
-    ]
-    for m in report.mutants:
-        status = m.status if m.status != "killed" or m.as_designed else "killed (not as designed)"
-        if m.skip_reason:
-            status += f" ({m.skip_reason})"
-        lines.append(f"| `{m.name}` | {m.cls} | " + " | ".join(_cell(m, c) for c in CHECKS)
-                     + f" | {status} | {m.ticks} | {m.seconds:.1f} |")
-    lines += ["", "## Controls (no mutant: every check must stay silent)", "",
-              "| control | ticks | fired | seconds |", "|---|---:|---|---:|"]
-    for c in report.controls:
-        lines.append(f"| {c.kind} `{c.name}` | {c.ticks} | {', '.join(c.fired) or 'none'} | {c.seconds:.1f} |")
-    lines += ["", "## Mutants and evidence", ""]
-    for m in report.mutants:
-        lines.append(f"* `{m.name}` ({m.cls}, workload `{m.workload}`): {m.description}.")
-        for check, text in m.evidence.items():
-            lines.append(f"  * {check}: {text}")
-    return "\n".join(lines) + "\n"
-
-
-def write_report(report: MutantsReport, out_dir: str | Path) -> tuple[Path, Path]:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out / "mutants.json", out / "mutants.md"
-    json_path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")
-    md_path.write_text(markdown(report))
-    return json_path, md_path
 
 
 # --------------------------------------------------------------------------- CLI

@@ -22,9 +22,8 @@ from impl.model.weights import preset, random_weights
 from stress import cli
 from stress import mutants as catalogue
 from stress.mutants import CATALOGUE, CHECKS, CLASSES, WORKLOADS, MutantTargetError, UnknownMutantError
-from stress.mutants_cmd import (
-    ControlResult, MutantResult, MutantsOptions, MutantsReport, markdown, run_catalogue, run_differential,
-)
+from stress.mutants_cmd import MutantsOptions, run_catalogue, run_differential
+from stress.mutants_report import ControlResult, MutantResult, MutantsReport, markdown
 from stress.runners import simple_runner
 from stress.stress_cmd import default_limits
 
