@@ -23,14 +23,6 @@ from reference.rng import philox_64bits
 from reference.sampler import sample as reference_sample
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # --------------------------------------------------------------------------- the baseline sampler
 
 

@@ -5,7 +5,6 @@ import math
 from dataclasses import dataclass
 
 import pytest
-import torch
 
 import stress.runners as runners_mod
 from impl.device import Device
@@ -17,15 +16,6 @@ from stress.scheduler import SchedulerSim
 from stress.stress_cmd import default_limits
 
 TOL = 1e-3
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny matrices: intra-op threads only add contention on a shared 2-core box (10x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

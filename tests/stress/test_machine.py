@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -18,15 +17,6 @@ from stress.stress_cmd import default_limits
 # Collected here so the CI run and the long run are part of this module's tests.
 TestRunnerMachine = machine.TestRunnerMachine
 TestLongRunnerMachine = pytest.mark.stress(machine.TestLongRunnerMachine)
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny matrices: intra-op threads only add contention on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------- strategies

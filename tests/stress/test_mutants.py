@@ -28,14 +28,6 @@ from stress.runners import simple_runner
 from stress.stress_cmd import default_limits
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture
 def micro_runner():
     config = preset("micro")

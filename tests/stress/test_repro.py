@@ -6,19 +6,10 @@ import sys
 import types
 
 import pytest
-import torch
 
 from stress.cli import main as cli_main
 from stress.repro import Repro, ReproError
 from stress.runners import SimpleRunner
-
-
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def make_repro(**changes) -> Repro:

@@ -21,15 +21,6 @@ from stress.repro import Repro
 PLANTED_MODULE = "runnercheck_planted_runners"
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """Tiny matrices: intra-op threads only add contention on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     verify.add_arguments(parser)
