@@ -113,7 +113,6 @@ def build_session(config: StressConfig) -> Session:
         raise StressSetupError(f"runner factory {config.runner!r} failed: {type(e).__name__}: {e}") from None
     if config.mutant is not None:
         apply_mutant(config.mutant, runner, device)
-    arm_lifetime_checks(runner)
     from reference.runner import ReferenceRunner, ReferenceRunnerError
 
     try:
@@ -158,6 +157,7 @@ def run_config(config: StressConfig, before_tick: Callable, *, show_progress: bo
                on_step: Callable[[StepReport], None] | None = None) -> tuple[Session, RunResult]:
     """Build the session and run it; ``before_tick`` is the churn or a trace replay."""
     session = build_session(config)
+    arm_lifetime_checks(session.runner)  # verify and mutants attach their own checkers, in count mode
     before_enqueue = None
     if config.delay_policy is not None:
         before_enqueue = RandomDelay.from_dict(config.delay_policy).hook(session.device)
