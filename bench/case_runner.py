@@ -36,16 +36,18 @@ def _make_runner(ctx: BenchContext, config: ModelConfig, limits: RunnerLimits, d
 
 
 def _stub_forward(runner) -> None:
-    """Replace the model forward by a persistent logits buffer: what remains is the runner's own cost."""
+    """Replace the model forward by persistent buffers: what remains is the runner's own cost."""
     rows = runner.input_batch.max_sampling_rows + runner.input_batch.max_prompt_rows
+    hidden = runner.device.zeros((rows, runner.weights.config.hidden_size), runner.dtype)
     logits = runner.device.zeros((rows, runner.limits.vocab_size), torch.float32)
     logits.normal_()
 
     def forward(*args, **kwargs):
         n = args[6].shape[0] if len(args) > 6 else kwargs["logits_indices"].shape[0]
-        return logits[:n]
+        return hidden[:n]
 
     runner.model.forward = forward
+    runner.model.compute_logits = lambda h: logits[: h.shape[0]]
 
 
 def _drive(runner, work: DecodeWorkload, steps: int, *, async_mode: bool = True, around=None) -> list[float]:

@@ -34,8 +34,12 @@ from impl.kernels.post_update import launch_post_update
 from impl.model.forward import PagedDecoder
 from impl.model.weights import ModelWeights
 from impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
-from impl.sample import LogprobsComputer, Sampler, SamplingState
+from impl.sample import LogprobsComputer, LogprobsOutput, Sampler, SamplingState, prompt_logprobs_chunked
 from impl.state import RequestStateTable
+
+
+# Prompt-logprob positions whose logits exist at once (x vocab fp32): 256 x 151936 x 4 B = 156 MB.
+PROMPT_CHUNK_ROWS = 256
 
 
 class RunnerConfigError(ValueError):
@@ -216,20 +220,21 @@ class ModelRunner:
         prompt_top = plan.max_num_prompt_logprobs
 
         def forward() -> None:
-            result["logits"] = self.model.forward(
+            hidden = self.model.forward(
                 ib.input_ids, ib.positions, ib.slot_mapping, ib.query_start_loc, ib.seq_lens, ib.block_table,
                 ib.logits_indices[: num_rows + num_prompt_rows], num_reqs=num_reqs, num_tokens=num_tokens,
-                max_query_len=max_query_len, max_seq_len=max_seq_len,
+                max_query_len=max_query_len, max_seq_len=max_seq_len, return_hidden=True,
             )
+            result["hidden"] = hidden
+            result["logits"] = self.model.compute_logits(hidden[:num_rows])
 
         def sample() -> None:
-            logits = result["logits"]
             result["out"] = self.sampler.sample(
-                logits[:num_rows], self.sampling_state, ib.logits_state_rows, ib.logits_positions,
+                result["logits"], self.sampling_state, ib.logits_state_rows, ib.logits_positions,
                 num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=max_num_logprobs,
             )
             if num_prompt_rows:
-                result["prompt"] = self.prompt_logprobs.launch(logits[num_rows:], staged.prompt_targets, num_prompt_rows, prompt_top)
+                result["prompt"] = self._prompt_logprobs(result["hidden"][num_rows:], staged.prompt_targets, num_prompt_rows, prompt_top)
 
         def post_update() -> None:
             launch_post_update(
@@ -244,6 +249,15 @@ class ModelRunner:
         self.device.enqueue(post_update, "post update")
         self.sampling_state.enqueue_post_update(ib.logits_state_rows, self.sampler.tokens, self.outputs.row_valid, num_rows)
         return result
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, num_rows: int, num_top: int) -> LogprobsOutput:
+        """Prompt logprobs a chunk of positions at a time: peak memory is PROMPT_CHUNK_ROWS x vocab logits."""
+        computer = self.prompt_logprobs
+        out = LogprobsOutput(computer.logprob[:num_rows], computer.rank[:num_rows], computer.top_ids[:num_rows, :num_top],
+                             computer.top_logprobs[:num_rows, :num_top])
+        chunk = min(PROMPT_CHUNK_ROWS, computer.max_num_rows)
+        return prompt_logprobs_chunked(lambda start, end: self.model.compute_logits(hidden[start:end]), targets, num_rows,
+                                       num_top, computer, out, chunk_rows=chunk)
 
     def _enqueue_output(self, step_id: int, plan: StepPlan, result: dict, seeds: dict[str, int]) -> AsyncStepOutput:
         layout = OutputLayout.build(plan.num_reqs, plan.num_sampling_rows, plan.max_num_logprobs,

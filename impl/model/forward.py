@@ -177,8 +177,13 @@ class PagedDecoder:
         self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
         query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
         logits_indices: torch.Tensor, *, num_reqs: int, num_tokens: int, max_query_len: int, max_seq_len: int,
+        return_hidden: bool = False,
     ) -> torch.Tensor:
         """Run one step and return float32 logits ``[len(logits_indices), vocab]``.
+
+        With ``return_hidden`` it returns the final-normed hidden states ``[len(logits_indices),
+        hidden]`` instead; `compute_logits` turns any slice of them into logits, so a caller can
+        bound peak memory by taking logits a chunk of rows at a time (prompt logprobs).
 
         Uses the first ``num_tokens`` entries of input_ids/positions/slot_mapping and the first
         ``num_reqs`` requests of query_start_loc/seq_lens/block_table (see the attention module
@@ -213,7 +218,11 @@ class PagedDecoder:
             x = torch.addmm(x, F.silu(gate) * up, layer.down_proj.t())
 
         h = F.rms_norm(x.index_select(0, logits_indices), hidden, self.final_norm, self.eps)
-        return F.linear(h, self.lm_head).float()
+        return h if return_hidden else self.compute_logits(h)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[rows, vocab]`` of final-normed hidden states (from ``return_hidden``)."""
+        return F.linear(hidden_states, self.lm_head).float()
 
 
 __all__ = ["PagedKVCache", "PagedDecoder", "ForwardInputError", "SUPPORTED_DTYPES"]
