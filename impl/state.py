@@ -128,6 +128,14 @@ class RequestStateTable:
         event = self._last_use[row]
         return event is not None and not event.query()
 
+    def free_rows(self) -> tuple[int, ...]:
+        """The free list in order (quarantined rows included), for inspection."""
+        return tuple(self._free)
+
+    def quarantined_rows(self) -> tuple[int, ...]:
+        """Free rows whose last step has not completed, read without letting a sim device run work."""
+        return tuple(r for r in self._free if self._last_use[r] is not None and not self._last_use[r].is_complete())
+
     # ------------------------------------------------------------------ boundary (pure)
     def mirror_for(self, sched: SchedulerOutput) -> dict[str, LiveRequest]:
         """The mirror to validate `sched` against, corrected for draft rejections the scheduler reports.

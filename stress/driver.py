@@ -113,7 +113,7 @@ class DifferentialRun:
         self.tie_tolerance = tie_tolerance
         self.logprob_atol = logprob_atol
         self.mirror = RunnerBoundaryMirror(scheduler.limits)
-        self._inflight: deque[_InFlight] = deque()
+        self.inflight: deque[_InFlight] = deque()
 
     def run(self, ticks: int) -> RunResult:
         """Run ``ticks`` scheduler ticks (at most one step each), then deliver what is in flight."""
@@ -126,26 +126,27 @@ class DifferentialRun:
             if self.before_tick is not None:
                 self.before_tick(tick, sched_sim)
             if sched_sim.can_schedule:
-                self._enqueue(tick, sched_sim.schedule())
-            while self._inflight and (
-                len(self._inflight) > sched_sim.config.max_inflight_steps or not sched_sim.can_schedule
+                self.enqueue(tick, sched_sim.schedule())
+            while self.inflight and (
+                len(self.inflight) > sched_sim.config.max_inflight_steps or not sched_sim.can_schedule
             ):
-                if not self._deliver(result):
+                if not self.deliver(result):
                     stopped = True
                     break
             if stopped:
                 break
-        while self._inflight and not stopped:
-            stopped = not self._deliver(result)
-        self._drain_uncompared()
+        while self.inflight and not stopped:
+            stopped = not self.deliver(result)
+        self.drain_uncompared()
         result.requests = len(sched_sim.request_ids)
         result.finished = len(sched_sim.finished)
         result.scheduler_stats = sched_sim.stats
         result.elapsed_s = time.perf_counter() - started
         return result
 
-    # ---------------------------------------------------------------- internals
-    def _enqueue(self, tick: int, sched: SchedulerOutput) -> None:
+    # ---------------------------------------------------------------- steps (also driven rule by rule by stress/machine.py)
+    def enqueue(self, tick: int, sched: SchedulerOutput) -> None:
+        """Check ``sched`` at the runner's boundary and submit it; the step joins ``inflight``."""
         self.mirror.check(sched)
         item = _InFlight(tick, sched, None)
         try:
@@ -154,11 +155,11 @@ class DifferentialRun:
             item.output = self.runner.execute_model(sched)
         except Exception as e:  # the runner under test crashed: a finding, not a harness failure
             item.error, item.error_trace = e, traceback.format_exc()
-        self._inflight.append(item)
+        self.inflight.append(item)
 
-    def _deliver(self, result: RunResult) -> bool:
+    def deliver(self, result: RunResult) -> bool:
         """Compare the oldest in-flight step; False when the run must stop."""
-        item = self._inflight.popleft()
+        item = self.inflight.popleft()
         sched = item.sched
         got = None
         if item.error is None:
@@ -203,10 +204,10 @@ class DifferentialRun:
         if self.on_step is not None:
             self.on_step(StepReport(item.tick, item.sched, got, expected, cmp))
 
-    def _drain_uncompared(self) -> None:
+    def drain_uncompared(self) -> None:
         """Wait for steps left in flight after a stop, so the device is idle when the run returns."""
-        while self._inflight:
-            item = self._inflight.popleft()
+        while self.inflight:
+            item = self.inflight.popleft()
             if item.error is None:
                 try:
                     item.output.get()

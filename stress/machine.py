@@ -151,12 +151,12 @@ def check_row_table(state: Any, expected_live: Iterable[str]) -> None:
     for row, info in enumerate(state.rows):
         if info is not None and used.get(row) != info.req_id:
             problems.append(f"row {row} carries RowInfo of {info.req_id!r}, which does not hold it")
-    free = list(state._free)
+    free = list(state.free_rows())
     if len(set(free)) != len(free):
         problems.append(f"free list holds a row twice: {free}")
     if set(free) & set(used):
         problems.append(f"rows {sorted(set(free) & set(used))} are both free and held")
-    quarantined = [r for r in set(free) if state._last_use[r] is not None and not state._last_use[r].is_complete()]
+    quarantined = list(set(state.quarantined_rows()))
     ready = len(set(free)) - len(quarantined)
     if ready + len(used) + len(quarantined) != n:
         problems.append(
@@ -262,7 +262,7 @@ class RunnerMachine(RuleBasedStateMachine):
             self._tick()
         self.healthy = True
 
-    @precondition(lambda self: self.driver._inflight)
+    @precondition(lambda self: self.driver.inflight)
     @rule()
     def drain(self) -> None:
         self.healthy = False
@@ -283,15 +283,15 @@ class RunnerMachine(RuleBasedStateMachine):
             return
         sched, driver = self.scheduler, self.driver
         if sched.can_schedule:
-            driver._enqueue(self.tick, sched.schedule())
-        while driver._inflight and (len(driver._inflight) > sched.config.max_inflight_steps or not sched.can_schedule):
-            if not driver._deliver(self.result):
+            driver.enqueue(self.tick, sched.schedule())
+        while driver.inflight and (len(driver.inflight) > sched.config.max_inflight_steps or not sched.can_schedule):
+            if not driver.deliver(self.result):
                 break
         self.tick += 1
 
     def _deliver_all(self) -> None:
-        while self.driver._inflight and self.result.ok:
-            self.driver._deliver(self.result)
+        while self.driver.inflight and self.result.ok:
+            self.driver.deliver(self.result)
 
     # ------------------------------------------------------------------ invariants
     @invariant()
@@ -334,7 +334,7 @@ class RunnerMachine(RuleBasedStateMachine):
                 self._deliver_all()
                 self.verify_invariants()
         finally:
-            self.driver._drain_uncompared()
+            self.driver.drain_uncompared()
             if self.lifetime is not None:
                 self.lifetime.detach(self.runner.staging)
 
