@@ -315,6 +315,9 @@ class RunOptions:
     power: bool = True
     deep_tail: bool = False
     case_filter: str | None = None
+    matrix: bool = True
+    biases: tuple[str, ...] | None = None  # planted biases for the power report (None: the mode's plan)
+    power_repeats: int | None = None
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -372,9 +375,10 @@ def run_calibration(sampler: Callable, opts: RunOptions, device: torch.device, t
 
 def run_power(opts: RunOptions, device: torch.device, tick, biases: Sequence[str] | None = None) -> list[stats.PowerResult]:
     """Each planted bias on its exposing case; a repeat rejects when its Bonferroni min-p < alpha."""
-    repeats = 1 if opts.quick else 5
+    repeats = opts.power_repeats or (1 if opts.quick else 5)
     plan = power_cases()
     results = []
+    biases = biases if biases is not None else opts.biases
     for bias in biases if biases is not None else power_plan(opts.quick, device):
         case, _ = plan[bias]
         sampler = planted_sampler(bias)
@@ -420,7 +424,7 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) 
         def tick(label: str, work: int) -> None:
             bar.update(task, description=label, done=bar.tasks[0].fields["done"] + work)
 
-        results, skipped = run_matrix(sampler, opts, device, tick)
+        results, skipped = run_matrix(sampler, opts, device, tick) if opts.matrix else ([], [])
         calibration = run_calibration(sampler, opts, device, tick) if opts.calibration else None
         power = run_power(opts, device, tick) if opts.power else []
     return stats.RunSummary(
@@ -447,6 +451,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-power", action="store_true")
     parser.add_argument("--deep-tail", action="store_true", help="add the 2^17-token 25/30-logit tail cases (GPU-sized)")
     parser.add_argument("--cases", default=None, help="only cases whose name contains this")
+    parser.add_argument("--no-matrix", action="store_true", help="skip the configuration matrix (calibration/power only)")
+    parser.add_argument("--biases", nargs="+", default=None, metavar="BIAS",
+                        help="planted biases for the power report (default: those this mode and device can afford)")
+    parser.add_argument("--power-repeats", type=int, default=None, help="repeats per planted bias (default 5; quick 1)")
     parser.add_argument("--out", required=True, type=Path, help="report folder")
 
 
@@ -455,6 +463,13 @@ def run(args: argparse.Namespace) -> int:
 
     if args.samples is not None and args.samples < 1:
         print("runnercheck chisq: --samples must be >= 1", file=sys.stderr)
+        return 2
+    if args.power_repeats is not None and args.power_repeats < 1:
+        print("runnercheck chisq: --power-repeats must be >= 1", file=sys.stderr)
+        return 2
+    unknown = sorted(set(args.biases or ()) - set(power_cases()))
+    if unknown:
+        print(f"runnercheck chisq: unknown --biases {', '.join(unknown)} (known: {', '.join(power_cases())})", file=sys.stderr)
         return 2
     if not 0.0 < args.alpha < 1.0:
         print("runnercheck chisq: --alpha must lie in (0, 1)", file=sys.stderr)
@@ -466,7 +481,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     opts = RunOptions(quick=args.quick, device=args.device, samples=args.samples, seed=args.seed, alpha=args.alpha,
                       correction=args.correction, calibration=not args.no_calibration, power=not args.no_power,
-                      deep_tail=args.deep_tail, case_filter=args.cases)
+                      deep_tail=args.deep_tail, case_filter=args.cases, matrix=not args.no_matrix,
+                      biases=tuple(args.biases) if args.biases else None, power_repeats=args.power_repeats)
     summary = run_all(sampler, opts)
     write_report(args.out, summary)
     print_summary(summary, args.out)

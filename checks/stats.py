@@ -497,7 +497,7 @@ class RunSummary:
     @property
     def passed(self) -> bool:
         return (
-            bool(self.tests)
+            bool(self.tests or self.calibration is not None or self.power)  # a run that tested something
             and not self.failed_tests
             and (self.calibration is None or self.calibration.passed)
             and all(p.passed for p in self.power)

@@ -256,7 +256,20 @@ def test_cli_rejects_bad_arguments_with_status_2(tmp_path, capsys) -> None:
     assert main(["chisq", "--quick", "--sampler", "no_such_module_xyz:f", "--out", str(tmp_path)]) == 2
     assert "not found" in capsys.readouterr().err
     assert main(["chisq", "--quick", "--samples", "0", "--out", str(tmp_path)]) == 2
+    assert main(["chisq", "--quick", "--biases", "no-such-bias", "--out", str(tmp_path)]) == 2
+    assert "unknown --biases no-such-bias" in capsys.readouterr().err
+    assert main(["chisq", "--quick", "--power-repeats", "0", "--out", str(tmp_path)]) == 2
     assert not (tmp_path / "chisq.json").exists()
+
+
+def test_cli_power_only_run_of_chosen_biases(tmp_path) -> None:
+    from stress.cli import main
+
+    rc = main(["chisq", "--quick", "--no-matrix", "--no-calibration", "--biases", "top-k-off-by-one",
+               "--power-repeats", "2", "--device", "cpu", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "chisq.json").read_text())
+    assert rc == 0 and report["tests"] == []
+    assert [(p["bias"], p["repeats"], p["rejections"]) for p in report["power"]] == [("top-k-off-by-one", 2, 2)]
 
 
 def test_cli_arguments_are_declared() -> None:
