@@ -24,10 +24,9 @@ vocabulary:
   ``(order key of the score) << 32 | (2^32 - 1 - token id)``: descending order is score
   descending, ties by lower token id, which is what top-k/top-n tie rules ask for.
 
-Every pass re-reads the row (prefetching the next chunk while it works on the current one) and
-recomputes scores with `scores_from_raw`, which applies the same penalties/temperature (sampler)
-or the raw-logit rule (logprobs), so no ``[rows, vocab]`` intermediate is ever written.  Both
-passes work on a column range of the row, so split programs can select within their span.
+Score loading is the caller's: every pass re-reads the row through `load_row_scores`, which
+applies the same penalties/temperature (sampler) or the raw-logit rule (logprobs), so no
+``[rows, vocab]`` intermediate is ever written.
 """
 from __future__ import annotations
 
@@ -93,47 +92,43 @@ def apply_penalties(logit, offs, in_vocab, repetition, frequency, presence, prom
 
 
 @triton.jit
-def scores_from_raw(raw, offs, in_range, temperature, has_penalty, repetition, frequency, presence, prompt_mask_row,
-                    counts_row, draft_row, num_drafts, PROCESSED: tl.constexpr):
-    """Scores of a chunk of raw logits (lanes outside the range must hold -inf already).
+def load_row_scores(logits_row, offs, in_vocab, temperature, has_penalty, repetition, frequency, presence,
+                    prompt_mask_row, counts_row, draft_row, num_drafts, PROCESSED: tl.constexpr):
+    """``(score, raw)`` for a chunk of a logit row; out-of-vocab lanes score -inf.
 
     PROCESSED: NaN -> -inf, penalties (when ``has_penalty``), then division by ``temperature``
     (the caller passes 1.0 for greedy rows).  Otherwise the logprobs rule: NaN -> -inf and +inf
     clamped to FLT_MAX so that a flagged row still yields finite selections.
     """
+    raw = tl.load(logits_row + offs, mask=in_vocab, other=float("-inf"))
     logit = tl.where(raw != raw, float("-inf"), raw)
     if PROCESSED:
         if has_penalty:
-            logit = apply_penalties(logit, offs, in_range, repetition, frequency, presence, prompt_mask_row,
+            logit = apply_penalties(logit, offs, in_vocab, repetition, frequency, presence, prompt_mask_row,
                                     counts_row, draft_row, num_drafts)
         score = logit / temperature
     else:
         score = tl.minimum(logit, FLOAT32_MAX)
-    return score
-
-
-@triton.jit
-def load_raw_chunk(logits_row, offs, range_end):
-    """Raw logits of one chunk, -inf past ``range_end`` (loops prefetch the next chunk with it)."""
-    return tl.load(logits_row + offs, mask=offs < range_end, other=float("-inf"))
+    return score, raw
 
 
 @triton.jit
 def narrow_threshold(logits_row, temperature, has_penalty, repetition, frequency, presence, prompt_mask_row,
-                     counts_row, draft_row, num_drafts, range_start, range_end, row_max, row_min, lo, hi, hint,
-                     count_target, mass_fraction, bracket_cap, PROCESSED: tl.constexpr, BY_MASS: tl.constexpr,
-                     CAND: tl.constexpr, NPIV: tl.constexpr, BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
-    """Bracket ``x*`` = the largest score in ``[range_start, range_end)`` with F(x*) >= target.
+                     counts_row, draft_row, vocab_size, row_max, row_min, lo, hi, hint, count_target,
+                     mass_fraction, bracket_cap, num_drafts, PROCESSED: tl.constexpr,
+                     BY_MASS: tl.constexpr, CAND: tl.constexpr, NPIV: tl.constexpr, BLOCK: tl.constexpr,
+                     MAX_PASSES: tl.constexpr):
+    """Bracket ``x*`` = the largest score with F(x*) >= target (see the module docstring).
 
     ``lo`` must be <= x* when the caller expects an answer (F(lo) is measured in the first pass;
     if it falls short the outcome is BELOW); ``hi`` is exclusive and F(hi) must be 0
-    (``hi = next_float_up(row_max)``).  BY_MASS: F is the mass ``sum exp(s - row_max)`` and the
-    target ``mass_fraction * F_mass(lo)``; otherwise F is the count and the target
-    ``count_target`` (masses are then not computed and read 0).  Returns ``(outcome, lo, hi,
-    F_count(lo), F_mass(lo), F_count(hi), F_mass(hi), target)``; for EXACT, ``lo`` is x*.
+    (``hi = next_float_up(row_max)``).  BY_MASS: F is the mass and the target
+    ``mass_fraction * F_mass(lo)``; otherwise F is the count and the target ``count_target``
+    (masses are then not computed and read 0).  Returns ``(outcome, lo, hi, F_count(lo), F_mass(lo),
+    F_count(hi), F_mass(hi), target)``; for EXACT, ``lo`` is x*.
     """
-    NKEY: tl.constexpr = (NPIV - 2) // 4 + 1
-    NVAL: tl.constexpr = NPIV - 2 - NKEY
+    NVAL: tl.constexpr = (NPIV - 2) // 2
+    NKEY: tl.constexpr = NPIV - 2 - NVAL
     slot = tl.arange(0, NPIV)
     lanes = tl.arange(0, BLOCK)
     lo = tl.full((), 0.0, tl.float32) + lo  # callers may pass Python floats; the loop carries fp32
@@ -163,20 +158,17 @@ def narrow_threshold(logits_row, temperature, has_penalty, repetition, frequency
         mass_acc = tl.zeros((NPIV, BLOCK), tl.float32)
         inside_min = tl.full((BLOCK,), float("inf"), tl.float32)
         inside_max = tl.full((BLOCK,), float("-inf"), tl.float32)
-        raw_next = load_raw_chunk(logits_row, range_start + lanes, range_end)
-        for start in range(range_start, range_end, BLOCK):
+        for start in range(0, vocab_size, BLOCK):
             offs = start + lanes
-            in_range = offs < range_end
-            raw = raw_next
-            raw_next = load_raw_chunk(logits_row, offs + BLOCK, range_end)
-            score = scores_from_raw(raw, offs, in_range, temperature, has_penalty, repetition, frequency, presence,
-                                    prompt_mask_row, counts_row, draft_row, num_drafts, PROCESSED)
-            ge = (score[None, :] >= pivot[:, None]) & in_range[None, :]
+            in_vocab = offs < vocab_size
+            score, raw = load_row_scores(logits_row, offs, in_vocab, temperature, has_penalty, repetition, frequency,
+                                       presence, prompt_mask_row, counts_row, draft_row, num_drafts, PROCESSED)
+            ge = (score[None, :] >= pivot[:, None]) & in_vocab[None, :]
             count_acc += ge.to(tl.int32)
             if BY_MASS:
                 prob = tl.where(score == float("-inf"), 0.0, tl.exp(score - row_max))
                 mass_acc += tl.where(ge, prob[None, :], 0.0)
-            inside = in_range & (score >= lo) & (score < hi)
+            inside = in_vocab & (score >= lo) & (score < hi)
             inside_min = tl.minimum(inside_min, tl.where(inside, score, float("inf")))
             inside_max = tl.maximum(inside_max, tl.where(inside, score, float("-inf")))
         f_count = tl.sum(count_acc, axis=1)
@@ -233,8 +225,8 @@ def narrow_threshold(logits_row, temperature, has_penalty, repetition, frequency
 
 @triton.jit
 def gather_candidates(logits_row, temperature, has_penalty, repetition, frequency, presence, prompt_mask_row,
-                      counts_row, draft_row, num_drafts, range_start, range_end, lo, hi, base_b, store_above,
-                      scratch_row, PROCESSED: tl.constexpr, CAND: tl.constexpr, BLOCK: tl.constexpr):
+                      counts_row, draft_row, vocab_size, lo, hi, base_b, store_above, scratch_row,
+                      num_drafts, PROCESSED: tl.constexpr, CAND: tl.constexpr, BLOCK: tl.constexpr):
     """Sorted packed candidates (``[CAND]`` int64, descending; empty slots EMPTY_CANDIDATE).
 
     Region B (scores in ``[lo, hi)``) fills slots ``base_b, base_b + 1, ...`` in token order;
@@ -247,26 +239,20 @@ def gather_candidates(logits_row, temperature, has_penalty, repetition, frequenc
     above_lanes = (tl.zeros((BLOCK,), tl.int32) + (tl.full((), 0, tl.int32) + store_above)) != 0
     count_a = tl.full((), 0, tl.int32)
     count_b = tl.full((), 0, tl.int32)
-    raw_next = load_raw_chunk(logits_row, range_start + lanes, range_end)
-    for start in range(range_start, range_end, BLOCK):
+    for start in range(0, vocab_size, BLOCK):
         offs = start + lanes
-        in_range = offs < range_end
-        raw = raw_next
-        raw_next = load_raw_chunk(logits_row, offs + BLOCK, range_end)
-        score = scores_from_raw(raw, offs, in_range, temperature, has_penalty, repetition, frequency, presence,
-                                prompt_mask_row, counts_row, draft_row, num_drafts, PROCESSED)
-        in_b = in_range & (score >= lo) & (score < hi)
-        in_a = in_range & (score >= hi) & above_lanes
-        here_a = tl.sum(in_a.to(tl.int32), axis=0)
-        here_b = tl.sum(in_b.to(tl.int32), axis=0)
-        if here_a + here_b > 0:  # most chunks hold no candidate: skip the scans
-            packed = pack_candidate(score, offs)
-            slot_a = count_a + tl.cumsum(in_a.to(tl.int32), axis=0) - 1
-            slot_b = base_b + count_b + tl.cumsum(in_b.to(tl.int32), axis=0) - 1
-            tl.store(scratch_row + slot_a, packed, mask=in_a & (slot_a < CAND))
-            tl.store(scratch_row + slot_b, packed, mask=in_b & (slot_b < CAND))
-        count_a += here_a
-        count_b += here_b
+        in_vocab = offs < vocab_size
+        score, raw = load_row_scores(logits_row, offs, in_vocab, temperature, has_penalty, repetition, frequency,
+                                   presence, prompt_mask_row, counts_row, draft_row, num_drafts, PROCESSED)
+        in_b = in_vocab & (score >= lo) & (score < hi)
+        in_a = in_vocab & (score >= hi) & above_lanes
+        packed = pack_candidate(score, offs)
+        slot_a = count_a + tl.cumsum(in_a.to(tl.int32), axis=0) - 1
+        slot_b = base_b + count_b + tl.cumsum(in_b.to(tl.int32), axis=0) - 1
+        tl.store(scratch_row + slot_a, packed, mask=in_a & (slot_a < CAND))
+        tl.store(scratch_row + slot_b, packed, mask=in_b & (slot_b < CAND))
+        count_a += tl.sum(in_a.to(tl.int32), axis=0)
+        count_b += tl.sum(in_b.to(tl.int32), axis=0)
     tl.debug_barrier()  # the slots were written by other threads of this program
     slots = tl.arange(0, CAND)
     filled = (slots < count_a) | ((slots >= base_b) & (slots < base_b + count_b))

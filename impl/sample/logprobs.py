@@ -20,7 +20,7 @@ tensors, so peak memory is ``chunk_rows * V`` floats whatever the prompt length.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -29,7 +29,6 @@ import triton
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.kernels.sampling_logprobs import token_logprobs_kernel
-from impl.sample.launch_config import SelectionConfig, default_selection_config, split_shape
 
 
 class LogprobsError(ValueError):
@@ -44,6 +43,32 @@ class LogprobsOutput:
     rank: torch.Tensor
     top_ids: torch.Tensor
     top_logprobs: torch.Tensor
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """Launch shape shared by the sampler and logprobs kernels (see `default_selection_config`)."""
+
+    block: int
+    narrow_block: int
+    candidates: int
+    pivots: int = 16
+    max_passes: int = 16
+    num_warps: int = 8
+
+
+def default_selection_config(device: Device, candidate_capacity: int | None = None) -> SelectionConfig:
+    """Wide blocks on a GPU; small ones under the Triton interpreter (cost there is per op)."""
+    if device.is_cuda:
+        config = SelectionConfig(block=1024, narrow_block=256, candidates=1024)
+    else:
+        config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4)
+    if candidate_capacity is not None:
+        if candidate_capacity < 2 or candidate_capacity & (candidate_capacity - 1):
+            raise LogprobsError(f"candidate_capacity must be a power of two >= 2, got {candidate_capacity}")
+        config = SelectionConfig(config.block, config.narrow_block, candidate_capacity, config.pivots,
+                                 config.max_passes, config.num_warps)
+    return config
 
 
 def _check_logits(logits: torch.Tensor, num_rows: int, vocab_size: int, name: str = "logits") -> None:
@@ -70,18 +95,16 @@ class LogprobsComputer:
         self.max_num_rows = max_num_rows
         self.max_top = triton.next_power_of_2(max(1, max_logprobs))
         config = config or default_selection_config(device)
-        self.config = replace(config, logprob_candidates=max(config.logprob_candidates, 2 * self.max_top))
-        c = self.config
+        if config.candidates < 2 * self.max_top:
+            config = SelectionConfig(config.block, config.narrow_block, 2 * self.max_top, config.pivots,
+                                     config.max_passes, config.num_warps)
+        self.config = config
         width = max(1, max_logprobs)
         self.logprob = device.zeros(max_num_rows, torch.float32)
         self.rank = device.zeros(max_num_rows, torch.int32)
         self.top_ids = device.zeros((max_num_rows, width), torch.int32)
         self.top_logprobs = device.zeros((max_num_rows, width), torch.float32)
-        self.scratch = device.zeros((max_num_rows, c.max_splits, c.logprob_candidates), torch.int64)
-        self.merge = device.zeros((max_num_rows, c.max_splits * self.max_top), torch.int64)
-        self.partial_f = device.zeros((max_num_rows, c.max_splits, 2), torch.float32)
-        self.partial_i = device.zeros((max_num_rows, c.max_splits, 3), torch.int32)
-        self.counter = device.zeros(max_num_rows, torch.int32)  # self-resetting: 0 between launches
+        self.scratch = device.zeros((max_num_rows, config.candidates), torch.int64)
 
     def check(self, logits: torch.Tensor, target_ids: torch.Tensor, num_rows: int, num_top: int) -> None:
         """Host-side shape checks (metadata only, never device data)."""
@@ -97,31 +120,27 @@ class LogprobsComputer:
 
     @hot_path
     def launch(self, logits: torch.Tensor, target_ids: torch.Tensor, num_rows: int, num_top: int,
-               out: LogprobsOutput | None = None, *, num_splits: int | None = None) -> LogprobsOutput:
+               out: LogprobsOutput | None = None) -> LogprobsOutput:
         """Launch the kernel for rows ``[0, num_rows)`` (device work only; call inside an enqueue).
 
-        Results go to this computer's buffers, or to ``out`` (``logprob``/``rank`` ``[num_rows]``,
-        ``top_ids``/``top_logprobs`` ``[num_rows, >= num_top]`` sharing a row stride, contiguous
-        columns).  ``num_splits`` overrides the programs per row (tests).
+        Results go to this computer's buffers, or to ``out`` (views with the same layout rules:
+        ``top_ids``/``top_logprobs`` rows of stride >= ``num_top``, contiguous columns).
         """
         self.check(logits, target_ids, num_rows, num_top)
-        if num_splits is not None and not 1 <= num_splits <= self.config.max_splits:
-            raise LogprobsError(f"num_splits={num_splits!r} outside [1, {self.config.max_splits}]")
         if out is None:
             out = LogprobsOutput(self.logprob[:num_rows], self.rank[:num_rows], self.top_ids[:num_rows, :num_top],
                                  self.top_logprobs[:num_rows, :num_top])
-        elif out.top_ids.dim() != 2 or out.top_ids.shape[1] < num_top or out.top_logprobs.stride(0) != out.top_ids.stride(0):
-            raise LogprobsError("out.top_ids/top_logprobs must be [rows, >= num_top] with one row stride")
         if num_rows == 0:
             return out
         c = self.config
-        splits, split_len = split_shape(c, num_rows, self.vocab_size, c.narrow_block, num_splits)
-        token_logprobs_kernel[(num_rows, splits)](
-            logits, logits.stride(0), target_ids, self.scratch, self.merge, self.partial_f, self.partial_i,
-            self.counter, out.logprob, out.rank, out.top_ids, out.top_logprobs, out.top_ids.stride(0), num_top,
-            self.vocab_size, splits, split_len,
-            BLOCK=c.narrow_block, CAND=c.logprob_candidates, MAX_TOP=self.max_top, NPIV=c.pivots,
-            MAX_PASSES=c.max_passes, MAX_SPLITS=c.max_splits, num_warps=c.num_warps)
+        top_stride = out.top_ids.stride(0) if out.top_ids.dim() == 2 else 1
+        if out.top_logprobs.stride(0) != top_stride:
+            raise LogprobsError("top_ids and top_logprobs must share a row stride")
+        token_logprobs_kernel[(num_rows,)](
+            logits, logits.stride(0), target_ids, self.scratch, out.logprob, out.rank, out.top_ids,
+            out.top_logprobs, top_stride, num_top, self.vocab_size,
+            BLOCK=c.block, NARROW_BLOCK=c.narrow_block, CAND=c.candidates, MAX_TOP=self.max_top,
+            NPIV=c.pivots, MAX_PASSES=c.max_passes, num_warps=c.num_warps)
         return out
 
 

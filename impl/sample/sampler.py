@@ -1,20 +1,14 @@
-"""The sampler: docs/SAMPLING.md on the device, in three Triton launches (plus one for logprobs).
+"""The sampler: docs/SAMPLING.md on the device, in one Triton launch (plus one for logprobs).
 
-`Sampler.sample` is pure device work: it reads only host ints and tensor metadata, launches the
-kernels of `impl.kernels.sampling` over ``num_rows`` logit rows -- the split pass (every row, each
-read by several programs), the threshold selection (filtered rows only), the split threshold
-pass (rows whose kept set is too large to gather) -- and
-`impl.kernels.sampling_logprobs.token_logprobs_kernel` when logprobs are asked for, and returns
+`Sampler.sample` is pure device work: it reads only host ints and tensor metadata, launches
+`impl.kernels.sampling.sampler_kernel` over ``num_rows`` logit rows (and
+`impl.kernels.sampling_logprobs.token_logprobs_kernel` when logprobs are asked for), and returns
 views of persistent output buffers.  Call it inside ``Device.enqueue`` like the rest of a step.
-The programs per row come from `split_shape` (enough to fill the device; one when interpreted).
 
-Ownership: a `Sampler` owns ``tokens`` (i64 ``[R]``), ``nan_flags`` (i32 ``[R]``) and its working
-buffers -- candidate scratch (i64 ``[R, CAND]``), split partials (``[R, max_splits, 2]`` f32 and
-``[R, max_splits, 3]`` i32), per-row arrival counters (i32 ``[R]``, 0 between launches: the last
-program of a row resets its counter), row max/min (f32 ``[R, 2]``), thresholds (f32 ``[R]``) and
-stages (i32 ``[R]``) -- all on the device for its lifetime with persistent addresses (so a CUDA
-graph can capture the launches), written only by the sampling kernels; its `LogprobsComputer`
-owns the logprob buffers.  A step's outputs are valid until the next `sample` call, so the runner
+Ownership: a `Sampler` owns ``tokens`` (i64 ``[R]``), ``nan_flags`` (i32 ``[R]``) and the candidate
+scratch (i64 ``[R, CAND]``), on the device for its lifetime with persistent addresses (so a CUDA
+graph can capture the launch), written only by the sampler kernel; its `LogprobsComputer` owns
+the logprob buffers.  A step's outputs are valid until the next `sample` call, so the runner
 copies them out (one async D2H into a pinned output slot) in the same enqueue.
 
 Per logit row ``i`` the kernel reads the state row ``logit_rows_to_state_rows[i]`` (several logit
@@ -29,9 +23,8 @@ import torch
 
 from impl.device import Device
 from impl.hotpath import hot_path
-from impl.kernels.sampling import sample_kernel, sample_threshold_kernel, select_kernel
-from impl.sample.launch_config import SelectionConfig, default_selection_config, split_shape
-from impl.sample.logprobs import LogprobsComputer
+from impl.kernels.sampling import sampler_kernel
+from impl.sample.logprobs import LogprobsComputer, SelectionConfig, default_selection_config
 from impl.sample.state import SamplingState
 
 
@@ -70,20 +63,12 @@ class Sampler:
         self.config = config or default_selection_config(device, candidate_capacity)
         self.tokens = device.zeros(max_num_rows, torch.int64)
         self.nan_flags = device.zeros(max_num_rows, torch.int32)
-        c = self.config
-        self.scratch = device.zeros((max_num_rows, c.candidates), torch.int64)
-        self.partial_f = device.zeros((max_num_rows, c.max_splits, 2), torch.float32)
-        self.partial_i = device.zeros((max_num_rows, c.max_splits, 3), torch.int32)
-        self.counter = device.zeros(max_num_rows, torch.int32)  # self-resetting: 0 between launches
-        self.row_stats = device.zeros((max_num_rows, 2), torch.float32)
-        self.threshold = device.zeros(max_num_rows, torch.float32)
-        self.stage = device.zeros(max_num_rows, torch.int32)
+        self.scratch = device.zeros((max_num_rows, self.config.candidates), torch.int64)
         self._no_drafts = device.full(1, -1, torch.int32)
         self.logprobs = LogprobsComputer(device, vocab_size, max_logprobs, max_num_rows, self.config)
 
     def _check(self, logits: torch.Tensor, state: SamplingState, rows_map: torch.Tensor, positions: torch.Tensor,
-               num_rows: int, draft_prefix: torch.Tensor | None, max_num_logprobs: int,
-               num_splits: int | None) -> None:
+               num_rows: int, draft_prefix: torch.Tensor | None, max_num_logprobs: int) -> None:
         if isinstance(num_rows, bool) or not isinstance(num_rows, int) or not 0 <= num_rows <= self.max_num_rows:
             raise SamplerError(f"num_rows={num_rows!r} outside [0, {self.max_num_rows}]")
         if not isinstance(state, SamplingState) or state.vocab_size != self.vocab_size:
@@ -103,23 +88,18 @@ class Sampler:
                 raise SamplerError("draft_prefix must be an int32 tensor [>= num_rows, max_drafts] with contiguous columns")
         if isinstance(max_num_logprobs, bool) or not isinstance(max_num_logprobs, int) or not -1 <= max_num_logprobs <= self.max_logprobs:
             raise SamplerError(f"max_num_logprobs={max_num_logprobs!r} outside [-1, {self.max_logprobs}]")
-        if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int)
-                                       or not 1 <= num_splits <= self.config.max_splits):
-            raise SamplerError(f"num_splits={num_splits!r} outside [1, {self.config.max_splits}]")
 
     @hot_path
     def sample(self, logits: torch.Tensor, state: SamplingState, logit_rows_to_state_rows: torch.Tensor,
                positions: torch.Tensor, *, num_rows: int, draft_prefix: torch.Tensor | None = None,
-               max_num_logprobs: int = -1, num_splits: int | None = None) -> SamplerOutput:
+               max_num_logprobs: int = -1) -> SamplerOutput:
         """Sample rows ``[0, num_rows)`` of ``logits`` (float32 ``[>= num_rows, V]``).
 
         ``logit_rows_to_state_rows`` int32, ``positions`` int64 (noise positions), both
         ``[>= num_rows]``; ``draft_prefix`` int32 ``[num_rows, max_drafts]`` or None.  Launches
-        only; reads no device data on the host.  ``num_splits`` overrides the programs per row
-        (tests; by default enough to fill the device).
+        only; reads no device data on the host.
         """
-        self._check(logits, state, logit_rows_to_state_rows, positions, num_rows, draft_prefix, max_num_logprobs,
-                    num_splits)
+        self._check(logits, state, logit_rows_to_state_rows, positions, num_rows, draft_prefix, max_num_logprobs)
         tokens, flags = self.tokens[:num_rows], self.nan_flags[:num_rows]
         if num_rows == 0:
             return SamplerOutput(tokens, flags)
@@ -128,27 +108,16 @@ class Sampler:
         else:
             drafts, draft_stride, num_drafts = draft_prefix, draft_prefix.stride(0), draft_prefix.shape[1]
         c = self.config
-        splits, split_len = split_shape(c, num_rows, self.vocab_size, c.block, num_splits)
-        grid = (num_rows, splits)
-        params = (state.temperature.base, state.top_k.base, state.top_p.base, state.min_p.base,
-                  state.repetition_penalty.base, state.frequency_penalty.base, state.presence_penalty.base,
-                  state.seed.base, state.prompt_mask.base, state.prompt_mask.base.stride(0),
-                  state.output_counts, state.output_counts.stride(0), drafts, draft_stride, num_drafts)
-        head = (logits, logits.stride(0), logit_rows_to_state_rows, positions)
-        sample_kernel[grid](
-            *head, *params, self.partial_f, self.partial_i, self.counter, self.row_stats, self.stage,
-            tokens, flags, self.vocab_size, splits, split_len,
-            BLOCK=c.block, MAX_SPLITS=c.max_splits, num_warps=c.num_warps)
-        select_kernel[(num_rows,)](
-            *head, *params, self.scratch, self.row_stats, self.threshold, self.stage, tokens, self.vocab_size,
-            BLOCK=c.narrow_block, CAND=c.candidates, NPIV=c.pivots, MAX_PASSES=c.max_passes,
-            num_warps=c.select_num_warps)
-        sample_threshold_kernel[grid](
-            *head, state.temperature.base, state.repetition_penalty.base, state.frequency_penalty.base,
-            state.presence_penalty.base, state.seed.base, *params[8:],
-            self.partial_f, self.partial_i, self.counter, self.threshold, self.stage, tokens,
-            self.vocab_size, splits, split_len, BLOCK=c.block, MAX_SPLITS=c.max_splits, num_warps=c.num_warps)
+        sampler_kernel[(num_rows,)](
+            logits, logits.stride(0), logit_rows_to_state_rows, positions,
+            state.temperature.base, state.top_k.base, state.top_p.base, state.min_p.base,
+            state.repetition_penalty.base, state.frequency_penalty.base, state.presence_penalty.base,
+            state.seed.base, state.prompt_mask.base, state.prompt_mask.base.stride(0),
+            state.output_counts, state.output_counts.stride(0), drafts, draft_stride, num_drafts,
+            self.scratch, tokens, flags, self.vocab_size,
+            BLOCK=c.block, NARROW_BLOCK=c.narrow_block, CAND=c.candidates,
+            NPIV=c.pivots, MAX_PASSES=c.max_passes, num_warps=c.num_warps)
         if max_num_logprobs < 0:
             return SamplerOutput(tokens, flags)
-        lp = self.logprobs.launch(logits, tokens, num_rows, max_num_logprobs, num_splits=num_splits)
+        lp = self.logprobs.launch(logits, tokens, num_rows, max_num_logprobs)
         return SamplerOutput(tokens, flags, lp.logprob, lp.rank, lp.top_ids, lp.top_logprobs)

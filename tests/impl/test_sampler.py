@@ -261,8 +261,6 @@ def test_bad_arguments_raise_before_any_launch(dev, samplers):
         sampler.sample(logits, state, rows, positions, num_rows=2, draft_prefix=dev.zeros((2, 2), torch.int64))
     with pytest.raises(SamplerError, match="max_num_logprobs"):
         sampler.sample(logits, state, rows, positions, num_rows=2, max_num_logprobs=5)
-    with pytest.raises(SamplerError, match="num_splits"):
-        sampler.sample(logits, state, rows, positions, num_rows=2, num_splits=0)
     with pytest.raises(SamplerError, match="vocabulary"):
         sampler.sample(logits, SamplingState(dev, 2, VOCAB + 1), rows, positions, num_rows=2)
     assert torch.equal(sampler.tokens, before)
@@ -290,31 +288,3 @@ def test_sample_reads_no_device_data_on_the_host():
     dev.synchronize()
     results = reference_results(logits_host, requests, [LogitRow(0, 4), LogitRow(0, 5)])
     _check_agreement(box["out"].tokens.tolist(), results)
-
-
-# --------------------------------------------------------------------------- split programs
-
-
-def test_split_programs_give_the_same_tokens(dev):
-    """Rows read by 1 or 5 programs (64-column chunks) sample identically: plain and greedy rows
-    finish in the split pass, small kept sets in the select kernel, large ones (min-p only, flat
-    top-p) in the split threshold pass."""
-    from impl.sample import SelectionConfig
-
-    config = SelectionConfig(block=64, narrow_block=256, candidates=16, num_warps=4)
-    sampler = Sampler(dev, VOCAB, max_logprobs=2, max_num_rows=8, config=config)
-    params = [SamplingParams(), SamplingParams(temperature=0.0, presence_penalty=1.0), SamplingParams(min_p=0.001),
-              SamplingParams(top_p=0.97, temperature=3.0, repetition_penalty=1.2)]
-    requests = {row: RowRequest(p, 100 + row, (row, 2 * row), (3 * row,)) for row, p in enumerate(params)}
-    rows = [LogitRow(r % 4, 50 + r, (r,) if r >= 4 else ()) for r in range(5)]
-    logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(21)) * 2.0
-    logits[4, 77] = float("nan")
-    state = SamplingState(dev, NUM_STATE_ROWS, VOCAB)
-    admit(dev, state, requests)
-    seen = []
-    for splits in (1, 5):
-        out = run_sampler(dev, sampler, state, logits, rows, num_logprobs=2, num_splits=splits)
-        seen.append((out.tokens.tolist(), out.nan_flags.tolist(), out.top_ids.tolist()))
-    assert seen[0] == seen[1]
-    _check_agreement(seen[0][0], reference_results(logits, requests, rows))
-    assert int(sampler.counter.sum()) == 0  # arrival counters are left reset for the next launch

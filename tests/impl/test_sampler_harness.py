@@ -56,14 +56,14 @@ def logit_row_tensors(device: Device, rows: Sequence[LogitRow]) -> tuple[torch.T
 
 
 def run_sampler(device: Device, sampler: Sampler, state: SamplingState, logits: torch.Tensor,
-                rows: Sequence[LogitRow], num_logprobs: int = -1, num_splits: int | None = None):
+                rows: Sequence[LogitRow], num_logprobs: int = -1):
     state_rows, positions, prefix = logit_row_tensors(device, rows)
     logits_dev = device.to_device(logits.to(torch.float32))
     box = {}
 
     def work() -> None:
         box["out"] = sampler.sample(logits_dev, state, state_rows, positions, num_rows=len(rows),
-                                    draft_prefix=prefix, max_num_logprobs=num_logprobs, num_splits=num_splits)
+                                    draft_prefix=prefix, max_num_logprobs=num_logprobs)
 
     device.enqueue(work, "sample")
     device.synchronize()

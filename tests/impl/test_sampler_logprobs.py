@@ -1,8 +1,7 @@
 """Logprobs, ranks and top-n lists (sampled tokens and prompt chunks) against the float64 oracle.
 
-Small candidate capacities and several programs per row force the selection paths: span top-n
-merged across split programs, bracket gathers, and massive ties at the n-th value (lowest ids
-kept, in token order, across spans).
+Small candidate capacities force the selection paths: bracket gathers and massive ties at the
+n-th value (lowest ids kept, in token order).
 """
 from __future__ import annotations
 
@@ -30,8 +29,8 @@ def dev() -> Device:
 
 
 def _computer(dev: Device, capacity: int) -> LogprobsComputer:
-    # 64-column chunks: a 300-token row spans 5 chunks, so up to 5 split programs per row
-    config = SelectionConfig(block=64, narrow_block=64, candidates=16, logprob_candidates=capacity, num_warps=4)
+    # 64-column chunks: a 300-token row spans 5 chunks; small candidate capacities force the gather paths
+    config = SelectionConfig(block=64, narrow_block=64, candidates=capacity, num_warps=4)
     return LogprobsComputer(dev, VOCAB, MAX_LOGPROBS, 8, config)
 
 
@@ -59,15 +58,15 @@ def _special_rows(gen: torch.Generator) -> torch.Tensor:
     return logits
 
 
-@pytest.mark.parametrize(("capacity", "splits"), [(8, 1), (8, 5), (64, 3)])
-def test_logprobs_ranks_and_top_lists(dev, capacity, splits):
+@pytest.mark.parametrize("capacity", [8, 64])
+def test_logprobs_ranks_and_top_lists(dev, capacity):
     computer = _computer(dev, capacity)
-    logits = _special_rows(torch.Generator().manual_seed(capacity + splits))
+    logits = _special_rows(torch.Generator().manual_seed(capacity))
     targets = [3, 4, 5, 6, 7, 8]
     logits_dev = dev.to_device(logits)
     targets_dev = dev.to_device(torch.tensor(targets))
     for num_top in (0, 1, MAX_LOGPROBS):
-        out = computer.launch(logits_dev, targets_dev, len(targets), num_top, num_splits=splits)
+        out = computer.launch(logits_dev, targets_dev, len(targets), num_top)
         if dev.is_cuda:
             dev.synchronize()
         _assert_matches(out, logits, targets, num_top)
@@ -75,30 +74,28 @@ def test_logprobs_ranks_and_top_lists(dev, capacity, splits):
 
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**31), scale=st.sampled_from([0.1, 1.0, 30.0]), quantum=st.sampled_from([0.0, 0.25, 2.0]),
-       num_top=st.integers(0, MAX_LOGPROBS), splits=st.integers(1, 5), capacity=st.sampled_from([8, 32]))
-def test_logprobs_random_rows(dev, seed, scale, quantum, num_top, splits, capacity):
+       num_top=st.integers(0, MAX_LOGPROBS), capacity=st.sampled_from([8, 32]))
+def test_logprobs_random_rows(dev, seed, scale, quantum, num_top, capacity):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(3, VOCAB, generator=gen) * scale
     if quantum:
         logits = torch.round(logits / quantum) * quantum
     targets = torch.randint(0, VOCAB, (3,), generator=gen).tolist()
-    out = _computer(dev, capacity).launch(dev.to_device(logits), dev.to_device(torch.tensor(targets)), 3, num_top,
-                                          num_splits=splits)
+    out = _computer(dev, capacity).launch(dev.to_device(logits), dev.to_device(torch.tensor(targets)), 3, num_top)
     _assert_matches(out, logits, targets, num_top)
 
 
 def test_sampler_reports_logprobs_of_its_tokens(dev):
     from impl.sample import Sampler, SamplingState
 
-    config = SelectionConfig(block=64, narrow_block=64, candidates=16, logprob_candidates=16, num_warps=4)
+    config = SelectionConfig(block=64, narrow_block=64, candidates=16, num_warps=4)
     sampler = Sampler(dev, VOCAB, max_logprobs=MAX_LOGPROBS, max_num_rows=4, config=config)
     state = SamplingState(dev, 2, VOCAB)
     requests = {0: RowRequest(SamplingParams(top_k=20, repetition_penalty=1.5), 9, (4, 5)),
                 1: RowRequest(SamplingParams(temperature=0.0), 1, (6,))}
     admit(dev, state, requests)
     logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(4)) * 2
-    out = run_sampler(dev, sampler, state, logits, [LogitRow(0, 1), LogitRow(1, 2), LogitRow(0, 3)], num_logprobs=3,
-                      num_splits=4)
+    out = run_sampler(dev, sampler, state, logits, [LogitRow(0, 1), LogitRow(1, 2), LogitRow(0, 3)], num_logprobs=3)
     tokens = out.tokens.tolist()
     # logprobs come from the raw logits, not the penalised/filtered distribution
     view = LogprobsOutput(out.logprob, out.rank, out.top_ids, out.top_logprobs)
@@ -138,5 +135,3 @@ def test_bad_arguments(dev):
         computer.launch(logits.double(), targets, 2, 1)
     with pytest.raises(LogprobsError, match="target_ids"):
         computer.launch(logits, targets.float(), 2, 1)
-    with pytest.raises(LogprobsError, match="num_splits"):
-        computer.launch(logits, targets, 2, 1, num_splits=99)
