@@ -16,3 +16,12 @@ def test_bench_quick_writes_valid_json(tmp_path):
     syncs = [r for r in data["rows"] if r["name"].startswith("host syncs per step")]
     assert syncs and all(r["value"] == 0 for r in syncs)
     assert (tmp_path / "bench.md").read_text().startswith("# runnercheck bench")
+
+
+def test_host_profile_reports_execute_model_time_and_the_runner_functions(capsys) -> None:
+    from bench.host_profile import main as host_profile_main
+
+    assert host_profile_main(["--device", "cpu", "--reqs", "2", "--steps", "2", "--top", "15"]) == 0
+    text = capsys.readouterr().out
+    assert "median execute_model host time" in text
+    assert "tottime" in text

@@ -1,0 +1,71 @@
+"""Where the host time of a decode step goes: cProfile of ``execute_model`` (forward stubbed).
+
+    python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40]
+
+The same workload and runner set-up as the `host_cost` benchmark (`bench.case_runner`), with the
+profiler enabled only inside ``execute_model``; prints the median host time per step with and
+without the profiler, then the functions with the most own time.  On CPU the Triton interpreter
+runs the kernels inline, so there the profile is dominated by kernel bodies; use it on a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+from bench import case_runner
+from bench.common import BenchContext
+from bench.workload import DecodeWorkload
+from impl.device import Device
+
+
+def profile_host(device: Device, num_reqs: int, steps: int, top: int) -> str:
+    ctx = BenchContext(device, quick=False)
+    config = case_runner._host_config(ctx)
+    block_size, prompt_len = 16, 32
+    num_blocks = num_reqs * (config.max_model_len // block_size)
+    limits = case_runner._limits(config, num_reqs, max(256, num_reqs * 2), block_size, num_blocks)
+    runner = case_runner._make_runner(ctx, config, limits)
+    case_runner._stub_forward(runner)
+    work = DecodeWorkload(num_reqs=num_reqs, prompt_len=prompt_len, vocab_size=config.vocab_size, block_size=block_size,
+                          num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens, churn=0.01,
+                          params=case_runner.PARAMS, seed=0)
+    case_runner._warm_to_decode(runner, work)
+    plain = case_runner._drive(runner, work, steps)
+    profiler = cProfile.Profile()
+    profiled, pending = [], None
+    for _ in range(steps):
+        sched = work.next_step()
+        t0 = time.perf_counter()
+        profiler.enable()
+        out = runner.execute_model(sched)
+        profiler.disable()
+        profiled.append((time.perf_counter() - t0) * 1e6)
+        if pending is not None:
+            pending.get()
+        pending = out
+    pending.get()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return (f"{device.kind}, {num_reqs} decode requests, {steps} steps: median execute_model host time "
+            f"{statistics.median(plain):.0f} us ({statistics.median(profiled):.0f} us under cProfile)\n{text.getvalue()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu", "sim"])
+    parser.add_argument("--reqs", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args(argv)
+    if args.reqs < 1 or args.steps < 1 or args.top < 1:
+        parser.error("--reqs, --steps and --top must be >= 1")
+    print(profile_host(Device(args.device, seed=0), args.reqs, args.steps, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
