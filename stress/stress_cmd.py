@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -243,7 +243,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=200, help="scheduler ticks (at most one step each)")
     parser.add_argument("--mutant", default=None, help="apply a deliberate bug from stress.mutants")
     parser.add_argument("--lag-policy", default=None, help="sim only: run-immediately, lag-K-steps, random-drain (default, seeded by --seed; with --mutant, the lag of the mutant's workload)")
-    parser.add_argument("--delay-us", type=float, default=0.0, help="cuda only: random injected device delays up to this many µs")
+    parser.add_argument("--delay-us", type=_delay_arg, default=0.0,
+                        help="cuda only: random injected device delays up to this many µs, or 'auto': "
+                             "calibrated on the measured host tick so the GPU trails the host by about two ticks")
     parser.add_argument("--runner", default=DEFAULT_RUNNER_SPEC, help="runner factory 'package.module:factory'")
     parser.add_argument("--model", default="micro", choices=sorted(PRESETS))
     parser.add_argument("--max-num-reqs", type=int, default=4)
@@ -254,6 +256,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-prob", type=float, default=0.0, help="probability a decode carries draft tokens")
     parser.add_argument("--out", default="out/stress", help="folder for repro.json")
     parser.add_argument("--no-progress", action="store_true")
+
+
+def _delay_arg(text: str) -> float | str:
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of µs or 'auto', got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"--delay-us must be >= 0, got {text}")
+    return value
+
+
+def _calibrated_delay(config: StressConfig) -> dict:
+    """A delay policy from the host's measured tick (a short undelayed, unmutated warm-up run)."""
+    from stress.races import calibrate_cuda_delay, measure_host_tick_us
+
+    return calibrate_cuda_delay(config.seed, measure_host_tick_us(replace(config, mutant=None)))
 
 
 def _default_lag_policy(mutant: str | None) -> str:
@@ -289,15 +310,18 @@ def config_from_args(args: argparse.Namespace) -> StressConfig:
             raise StressSetupError(str(e)) from None
     elif args.lag_policy is not None:
         raise StressSetupError(f"--lag-policy applies to the sim device, not {kind!r}")
-    delay = RandomDelay(args.seed, args.delay_us).describe() if args.delay_us > 0 else None
+    if args.delay_us == "auto" and kind != "cuda":
+        raise StressSetupError(f"--delay-us auto calibrates delays on a real GPU (cuda), not {kind!r}")
+    delay = RandomDelay(args.seed, args.delay_us).describe() if args.delay_us not in ("auto", 0.0) else None
     try:
         limits = default_limits(model_config, max_num_reqs=args.max_num_reqs, block_size=args.block_size,
                                 num_kv_blocks=args.num_kv_blocks, max_num_batched_tokens=args.max_batched_tokens)
         sched = SchedulerConfig(args.max_inflight, args.draft_prob)
     except Exception as e:
         raise StressSetupError(str(e)) from None
-    return StressConfig(args.seed, args.steps, kind, args.model, model_config, limits, sched, lag, delay,
-                        args.mutant, args.runner)
+    config = StressConfig(args.seed, args.steps, kind, args.model, model_config, limits, sched, lag, delay,
+                          args.mutant, args.runner)
+    return replace(config, delay_policy=_calibrated_delay(config)) if args.delay_us == "auto" else config
 
 
 def repro_from_run(config: StressConfig, trace: list, result: RunResult):

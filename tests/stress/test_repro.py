@@ -197,6 +197,7 @@ def test_replay_of_a_bad_file_is_a_message_not_a_traceback(tmp_path, capsys) -> 
         (["--mutant", "no-such-mutant"], "no-such-mutant"),
         (["--runner", "nowhere.at_all:factory"], "cannot import 'nowhere.at_all'"),
         (["--lag-policy", "sometimes"], "unknown lag policy"),
+        (["--delay-us", "auto"], "calibrates delays on a real GPU"),
     ],
 )
 def test_stress_setup_errors_exit_2(tmp_path, capsys, extra, message: str) -> None:

@@ -1,6 +1,8 @@
 """Issue 7's acceptance path: a mutant's race is caught, recorded and replayed from the repro."""
 from __future__ import annotations
 
+import pytest
+
 from stress.cli import main
 
 
@@ -25,3 +27,15 @@ def test_same_command_without_the_mutant_passes(tmp_path):
     rc = main(["stress", "--device", "sim", "--seed", "1", "--steps", "30", "--no-progress", "--out", str(tmp_path / "d")])
     assert rc == 0
     assert not (tmp_path / "d" / "repro.json").exists()
+
+
+@pytest.mark.gpu
+def test_cuda_with_calibrated_delays_catches_reuse_staging_early(tmp_path, capsys):
+    """On a real GPU the race shows only while the GPU trails the host: delays calibrated on the host tick."""
+    out = tmp_path / "d"
+    rc = main(["stress", "--device", "cuda", "--mutant", "reuse_staging_early", "--seed", "1", "--steps", "120",
+               "--delay-us", "auto", "--max-inflight", "3", "--no-progress", "--out", str(out)])
+    first = _first_line(capsys.readouterr().out)
+    assert rc == 1, "the mutant survived"
+    assert (out / "repro.json").is_file()
+    assert "StagingLifetimeError" in first
