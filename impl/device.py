@@ -339,17 +339,32 @@ class Device:
     def zeros(self, shape: Sequence[int] | int, dtype: torch.dtype) -> torch.Tensor:
         t = self.empty(shape, dtype)
         t.zero_()
+        self._stream_waits_for_current()
         return t
 
     def full(self, shape: Sequence[int] | int, value: float | int, dtype: torch.dtype) -> torch.Tensor:
         t = self.empty(shape, dtype)
         t.fill_(value)
+        self._stream_waits_for_current()
         return t
+
+    def _stream_waits_for_current(self) -> None:
+        """Order the device's stream after work just issued on the caller's current stream.
+
+        Init-time fills and copies run on whatever stream is current (the default one outside
+        `enqueue`); kernels on the device's own stream must not read the memory before they land.
+        Enqueue-only: no host wait.
+        """
+        if self.kind == "cuda":
+            current = torch.cuda.current_stream(self.torch_device)
+            if current != self.stream:
+                self.stream.wait_stream(current)
 
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         """A registered device copy of a host tensor (init-time only: it may block on cuda)."""
         out = self.empty(tuple(t.shape), t.dtype)
         out.copy_(t)
+        self._stream_waits_for_current()
         return out
 
     def pinned(self, shape: Sequence[int] | int, dtype: torch.dtype) -> torch.Tensor:

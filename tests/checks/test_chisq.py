@@ -317,3 +317,22 @@ def test_deep_tails_pass_with_the_baseline_on_gpu() -> None:
         for r in results:
             print(f"{r.name}: p={r.p_value:.3g} {r.notes} ({time.perf_counter() - started:.1f} s)")  # for docs/CHISQ.md
         assert all(r.passed for r in results), [(r.name, r.notes) for r in results]
+
+
+@pytest.mark.gpu
+def test_impl_sampler_reads_logits_written_on_the_callers_stream() -> None:
+    """The adapter's kernels run on the runner's stream; the caller's logits come from its own.
+
+    Without ordering the two (H200, this session) the kernels read stale logits and positions:
+    one call drew the same tail token in all 2048 rows.
+    """
+    from checks.impl_sampler import ImplSampler
+
+    sampler = ImplSampler()
+    params = [SamplingParams(temperature=0.0)] * 8192
+    for i in range(10):
+        logits = torch.randn(8192, 4097, device="cuda") * (i + 1)  # new values on the default stream
+        seeds = torch.full((8192,), i, dtype=torch.int64, device="cuda")
+        positions = torch.arange(8192, dtype=torch.int64, device="cuda") + i * 8192
+        tokens = sampler(logits, params, seeds, positions)
+        assert torch.equal(tokens.cpu(), logits.argmax(dim=1).cpu()), i

@@ -33,8 +33,14 @@ def _check_tables(device: str, vocab: int) -> None:
         assert torch.equal(hi[r], rhi), (s, p)
         assert torch.equal(lo[r], rlo), (s, p)
         rnoise = ref_rng.gumbel_from_bits(rhi, rlo)
-        # fp32 log on the GPU differs from float64 by a few ulps (measured on an H200: <= 4.1e-6 relative).
-        torch.testing.assert_close(noise[r].double(), rnoise, rtol=2e-5, atol=2e-5)
+        # The kernel's u is fp32: near 1 it is rounded to ~2^-24, and noise = -log(-log(1 - u))
+        # moves by |du| / (w |log w|) with w = 1 - u (measured on an H200: 1.1e-4 at noise -2.5, w ~ 5e-6).
+        # Elsewhere fp32 log differs from float64 by a few ulps (H200: <= 4.1e-6 relative).
+        w = 1.0 - ref_rng.uniform_from_bits(rhi, rlo)
+        allowed = 2e-5 * (1.0 + rnoise.abs()) + 2.0**-23 / (w * -torch.log(w))
+        error = (noise[r].double() - rnoise).abs()
+        worst = int(torch.argmax(error / allowed))
+        assert bool((error <= allowed).all()), (s, p, worst, float(error[worst]), float(allowed[worst]), float(rnoise[worst]))
 
 
 def test_known_answer():
