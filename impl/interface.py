@@ -327,14 +327,23 @@ def validate_scheduler_output(
             if rid in gone:
                 raise DuplicateRequestError("both finished and preempted", req_id=rid, field=name)
             gone.add(rid)
-    after: dict[str, LiveRequest] = {k: v for k, v in live.items() if k not in gone}
+    # The step's view of the live table: ``live`` minus ``gone``, overlaid with what this step
+    # changes -- (num_tokens, num_computed_upper, num_blocks) -- so ``live`` is never copied.
+    changed: dict[str, tuple[int, int, int]] = {}
+
+    def state_after(rid: str) -> tuple[int, int, int] | None:
+        entry = changed.get(rid)
+        if entry is not None:
+            return entry
+        lr = live.get(rid)
+        return None if lr is None or rid in gone else (lr.num_tokens, lr.num_computed_upper, lr.num_blocks)
 
     seen_new: set[str] = set()
     for req in sched.new_requests:
         rid = req.req_id
         if not isinstance(rid, str) or not rid:
             raise SchedulerOutputError("request id must be a non-empty string", req_id=str(rid), field="req_id")
-        if rid in after or rid in seen_new:
+        if state_after(rid) is not None:
             raise DuplicateRequestError("request id already live", req_id=rid, field="req_id")
         if rid in gone:
             raise FinishedAndScheduledError("finished/preempted and re-added in one step", req_id=rid, field="req_id")
@@ -350,11 +359,13 @@ def validate_scheduler_output(
         for b in req.block_ids:
             if not isinstance(b, int) or not 0 <= b < limits.num_kv_blocks:
                 raise BlockIdError(f"block id {b!r} outside [0, {limits.num_kv_blocks})", req_id=rid, field="block_ids")
-        after[rid] = LiveRequest(num_tokens=n, num_computed_upper=0, num_blocks=len(req.block_ids))
-    if len(after) > limits.max_num_reqs:
-        raise CapacityError(f"{len(after)} live requests > max_num_reqs {limits.max_num_reqs}", field="new_requests")
+        changed[rid] = (n, 0, len(req.block_ids))
+    num_live_after = len(live) - len(gone) + len(seen_new)
+    if num_live_after > limits.max_num_reqs:
+        raise CapacityError(f"{num_live_after} live requests > max_num_reqs {limits.max_num_reqs}", field="new_requests")
 
     seen_cached: set[str] = set()
+    num_kv_blocks = limits.num_kv_blocks
     for c in sched.cached_requests:
         rid = c.req_id
         if rid in gone:
@@ -365,30 +376,33 @@ def validate_scheduler_output(
             raise DuplicateRequestError("listed twice", req_id=rid, field="cached_requests")
         seen_cached.add(rid)
         for b in c.new_block_ids:
-            if not isinstance(b, int) or not 0 <= b < limits.num_kv_blocks:
-                raise BlockIdError(f"block id {b!r} outside [0, {limits.num_kv_blocks})", req_id=rid, field="new_block_ids")
-        lr = after[rid]
-        if not isinstance(c.num_computed_tokens, int) or not 0 <= c.num_computed_tokens <= lr.num_tokens:
+            if not isinstance(b, int) or not 0 <= b < num_kv_blocks:
+                raise BlockIdError(f"block id {b!r} outside [0, {num_kv_blocks})", req_id=rid, field="new_block_ids")
+        lr = live[rid]
+        computed = c.num_computed_tokens
+        if not isinstance(computed, int) or not 0 <= computed <= lr.num_tokens:
             raise ScheduledTokensError(
-                f"num_computed_tokens {c.num_computed_tokens!r} outside [0, {lr.num_tokens}]", req_id=rid, field="num_computed_tokens"
+                f"num_computed_tokens {computed!r} outside [0, {lr.num_tokens}]", req_id=rid, field="num_computed_tokens"
             )
-        after[rid] = LiveRequest(lr.num_tokens, c.num_computed_tokens, lr.num_blocks + len(c.new_block_ids))
+        if computed != lr.num_computed_upper or c.new_block_ids:
+            changed[rid] = (lr.num_tokens, computed, lr.num_blocks + len(c.new_block_ids))
 
     total = 0
     for rid, n in sched.num_scheduled_tokens.items():
         if rid in gone:
             raise FinishedAndScheduledError("finished/preempted and scheduled in one step", req_id=rid, field="num_scheduled_tokens")
-        if rid not in after:
+        after = state_after(rid)
+        if after is None:
             raise UnknownRequestError("scheduled request is not live", req_id=rid, field="num_scheduled_tokens")
         if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
             raise ScheduledTokensError(f"scheduled tokens {n!r} must be an int >= 1", req_id=rid, field="num_scheduled_tokens")
-        lr = after[rid]
+        num_tokens, start, num_blocks = after
         drafts = tuple(sched.draft_token_ids.get(rid, ()))
-        _check_tokens(drafts, limits.vocab_size, rid, "draft_token_ids")
+        if drafts:
+            _check_tokens(drafts, limits.vocab_size, rid, "draft_token_ids")
         if len(drafts) > limits.max_num_draft_tokens:
             raise ScheduledTokensError(f"{len(drafts)} drafts > {limits.max_num_draft_tokens}", req_id=rid, field="draft_token_ids")
-        start = lr.num_computed_upper
-        known = lr.num_tokens + len(drafts)
+        known = num_tokens + len(drafts)
         if start + n > known:
             raise ScheduledTokensError(
                 f"scheduling {n} tokens from {start} runs past the {known} tokens known", req_id=rid, field="num_scheduled_tokens"
@@ -398,8 +412,8 @@ def validate_scheduler_output(
         if start + n > limits.max_model_len:
             raise MaxModelLenError(f"position {start + n} > max_model_len {limits.max_model_len}", req_id=rid, field="num_scheduled_tokens")
         needed_blocks = -(-(start + n) // limits.block_size)
-        if lr.num_blocks < needed_blocks:
-            raise BlockIdError(f"{lr.num_blocks} blocks < {needed_blocks} needed", req_id=rid, field="block_ids")
+        if num_blocks < needed_blocks:
+            raise BlockIdError(f"{num_blocks} blocks < {needed_blocks} needed", req_id=rid, field="block_ids")
         total += n
     for rid in sched.draft_token_ids:
         if rid not in sched.num_scheduled_tokens:

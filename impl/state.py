@@ -142,17 +142,20 @@ class RequestStateTable:
 
         A scheduler that learned that drafts were rejected lowers ``num_computed_tokens``; rejection
         lowers the known length by the same amount, so both upper bounds move down together (never
-        by more than the drafts still unconfirmed).  Pure: the table is not changed.
+        by more than the drafts still unconfirmed).  Pure: the table is not changed.  Without such a
+        correction this is the live mirror itself, to be read and not kept: the step's commits update it.
         """
-        view = dict(self.live)
+        view: dict[str, LiveRequest] | None = None
         for cached in sched.cached_requests:
             lr = self.live.get(cached.req_id) if isinstance(cached, CachedRequest) else None
             if lr is None:
                 continue
             shift = _rejection_shift(cached.num_computed_tokens, lr, self.rows[self.req_to_row[cached.req_id]])
             if shift:
+                if view is None:
+                    view = dict(self.live)  # copied only when a rejection moves a bound (rare)
                 view[cached.req_id] = LiveRequest(lr.num_tokens - shift, lr.num_computed_upper - shift, lr.num_blocks)
-        return view
+        return self.live if view is None else view
 
     def check_computed_counts(self, sched: SchedulerOutput) -> None:
         """Reject a cached ``num_computed_tokens`` that no device state can explain.
@@ -221,7 +224,10 @@ class RequestStateTable:
             info = self.rows[self.req_to_row[cached.req_id]]
             shift = lr.num_computed_upper - cached.num_computed_tokens
             info.unconfirmed_drafts -= shift
-            self.live[cached.req_id] = LiveRequest(lr.num_tokens - shift, cached.num_computed_tokens, lr.num_blocks + len(cached.new_block_ids))
+            # In place: the mirror's entries are this table's own (mirror_for hands them out read-only).
+            lr.num_tokens -= shift
+            lr.num_computed_upper = cached.num_computed_tokens
+            lr.num_blocks += len(cached.new_block_ids)
 
     @hot_path
     def advance(self, req_ids: Iterable[str], num_scheduled: Mapping[str, int], num_drafts: Mapping[str, int]) -> None:
@@ -234,7 +240,7 @@ class RequestStateTable:
             if end == lr.num_tokens + k:  # reached the end of what is known: it samples
                 num_tokens = end + 1
                 self.rows[self.req_to_row[req_id]].unconfirmed_drafts += k
-            self.live[req_id] = LiveRequest(num_tokens, end, lr.num_blocks)
+            lr.num_tokens, lr.num_computed_upper = num_tokens, end
 
     def mark_used(self, rows: Iterable[int], event: DeviceEvent) -> None:
         """Record the event after which the step that scheduled ``rows`` no longer reads them."""
