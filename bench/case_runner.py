@@ -83,6 +83,24 @@ def _warm_to_decode(runner, work: DecodeWorkload) -> None:
         runner.execute_model(work.next_step()).get()
 
 
+HOST_COST_PROMPT_LEN = 32
+
+
+def host_cost_setup(ctx: BenchContext, num_reqs: int):
+    """(runner with its forward stubbed, 1%-churn decode workload, limits), warmed up to all-decode."""
+    config = _host_config(ctx)
+    block_size = 16
+    num_blocks = num_reqs * (config.max_model_len // block_size)
+    limits = _limits(config, num_reqs, max(256, num_reqs * 2), block_size, num_blocks)
+    runner = _make_runner(ctx, config, limits)
+    _stub_forward(runner)
+    work = DecodeWorkload(num_reqs=num_reqs, prompt_len=HOST_COST_PROMPT_LEN, vocab_size=config.vocab_size,
+                          block_size=block_size, num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens,
+                          churn=0.01, params=PARAMS, seed=ctx.seed)
+    _warm_to_decode(runner, work)
+    return runner, work, limits
+
+
 def bench_host_cost(ctx: BenchContext) -> list[Row]:
     from checks.sync import SyncReport, forbid_host_sync
 
@@ -91,14 +109,8 @@ def bench_host_cost(ctx: BenchContext) -> list[Row]:
     sizes = (4,) if ctx.quick else (64, 256)
     steps = 3 if ctx.quick else 200
     for num_reqs in sizes:
-        block_size, prompt_len = 16, 32
-        num_blocks = num_reqs * (config.max_model_len // block_size)
-        limits = _limits(config, num_reqs, max(256, num_reqs * 2), block_size, num_blocks)
-        runner = _make_runner(ctx, config, limits)
-        _stub_forward(runner)
-        work = DecodeWorkload(num_reqs=num_reqs, prompt_len=prompt_len, vocab_size=config.vocab_size, block_size=block_size,
-                              num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens, churn=0.01, params=PARAMS, seed=ctx.seed)
-        _warm_to_decode(runner, work)
+        runner, work, limits = host_cost_setup(ctx, num_reqs)
+        block_size, prompt_len, num_blocks = limits.block_size, HOST_COST_PROMPT_LEN, limits.num_kv_blocks
         # Timed before the profiler and the detector have been attached, so neither can tax it.
         host_us = _drive(runner, work, steps)
         median = statistics.median(host_us)

@@ -18,22 +18,11 @@ import time
 
 from bench import case_runner
 from bench.common import BenchContext
-from bench.workload import DecodeWorkload
 from impl.device import Device
 
 
 def profile_host(device: Device, num_reqs: int, steps: int, top: int) -> str:
-    ctx = BenchContext(device, quick=False)
-    config = case_runner._host_config(ctx)
-    block_size, prompt_len = 16, 32
-    num_blocks = num_reqs * (config.max_model_len // block_size)
-    limits = case_runner._limits(config, num_reqs, max(256, num_reqs * 2), block_size, num_blocks)
-    runner = case_runner._make_runner(ctx, config, limits)
-    case_runner._stub_forward(runner)
-    work = DecodeWorkload(num_reqs=num_reqs, prompt_len=prompt_len, vocab_size=config.vocab_size, block_size=block_size,
-                          num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens, churn=0.01,
-                          params=case_runner.PARAMS, seed=0)
-    case_runner._warm_to_decode(runner, work)
+    runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs)
     plain = case_runner._drive(runner, work, steps)
     profiler = cProfile.Profile()
     profiled, pending = [], None
