@@ -92,7 +92,7 @@ class StagingSlot:
         """Reserve ``n`` elements: a host view to fill now and the device view kernels read later."""
         if self.state is not SlotState.WRITING:
             raise StagingLifetimeError("alloc on a staging slot that is not being written", slot=self.index, step=self.step, state=self.state)
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         nbytes = n * itemsize
         start = -(-self.used_bytes // _ALIGN) * _ALIGN
         if start + nbytes > self.capacity_bytes:
@@ -101,7 +101,7 @@ class StagingSlot:
         return self.host[start : start + nbytes].view(dtype), self.device[start : start + nbytes].view(dtype)
 
     def fits(self, n: int, dtype: torch.dtype) -> bool:
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = dtype.itemsize
         start = -(-self.used_bytes // _ALIGN) * _ALIGN
         return start + n * itemsize <= self.capacity_bytes
 
@@ -308,7 +308,7 @@ class StagedWriteTensor:
         A diff longer than a slot holds is cut by columns into several diffs; merged diffs never
         overlap, so batches can be applied in any order.
         """
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        itemsize = self.dtype.itemsize
         meta_bytes = 16  # four int32 per diff
         max_values = max(1, slot_bytes // itemsize)
         max_diffs = max(1, slot_bytes // meta_bytes)

@@ -391,17 +391,21 @@ def validate_scheduler_output(
     for rid, n in sched.num_scheduled_tokens.items():
         if rid in gone:
             raise FinishedAndScheduledError("finished/preempted and scheduled in one step", req_id=rid, field="num_scheduled_tokens")
-        after = state_after(rid)
+        after = changed.get(rid)
         if after is None:
-            raise UnknownRequestError("scheduled request is not live", req_id=rid, field="num_scheduled_tokens")
+            lr = live.get(rid)  # inlined state_after: this loop runs once per scheduled request
+            if lr is None or rid in gone:
+                raise UnknownRequestError("scheduled request is not live", req_id=rid, field="num_scheduled_tokens")
+            after = (lr.num_tokens, lr.num_computed_upper, lr.num_blocks)
         if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
             raise ScheduledTokensError(f"scheduled tokens {n!r} must be an int >= 1", req_id=rid, field="num_scheduled_tokens")
         num_tokens, start, num_blocks = after
-        drafts = tuple(sched.draft_token_ids.get(rid, ()))
+        drafts = sched.draft_token_ids.get(rid, ())
         if drafts:
+            drafts = tuple(drafts)
             _check_tokens(drafts, limits.vocab_size, rid, "draft_token_ids")
-        if len(drafts) > limits.max_num_draft_tokens:
-            raise ScheduledTokensError(f"{len(drafts)} drafts > {limits.max_num_draft_tokens}", req_id=rid, field="draft_token_ids")
+            if len(drafts) > limits.max_num_draft_tokens:
+                raise ScheduledTokensError(f"{len(drafts)} drafts > {limits.max_num_draft_tokens}", req_id=rid, field="draft_token_ids")
         known = num_tokens + len(drafts)
         if start + n > known:
             raise ScheduledTokensError(

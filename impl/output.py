@@ -77,12 +77,12 @@ class OutputLayout:
         for name, dtype, shape in fields:
             cursor = -(-cursor // _ALIGN) * _ALIGN
             offsets[name] = (cursor, dtype, shape)
-            cursor += int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+            cursor += int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         return OutputLayout(num_reqs, num_rows, num_top, num_prompt_rows, num_prompt_top, offsets, cursor)
 
     def view(self, buf: torch.Tensor, name: str) -> torch.Tensor:
         start, dtype, shape = self.offsets[name]
-        nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         return buf[start : start + nbytes].view(dtype).view(shape)
 
 

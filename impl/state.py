@@ -148,7 +148,7 @@ class RequestStateTable:
         view: dict[str, LiveRequest] | None = None
         for cached in sched.cached_requests:
             lr = self.live.get(cached.req_id) if isinstance(cached, CachedRequest) else None
-            if lr is None:
+            if lr is None or cached.num_computed_tokens == lr.num_computed_upper:  # nothing rejected (the usual step)
                 continue
             shift = _rejection_shift(cached.num_computed_tokens, lr, self.rows[self.req_to_row[cached.req_id]])
             if shift:
@@ -166,6 +166,8 @@ class RequestStateTable:
         """
         for cached in sched.cached_requests:
             lr = self.live[cached.req_id]
+            if cached.num_computed_tokens == lr.num_computed_upper:
+                continue
             info = self.rows[self.req_to_row[cached.req_id]]
             lowest = lr.num_computed_upper - info.unconfirmed_drafts
             if not lowest <= cached.num_computed_tokens <= lr.num_computed_upper:
