@@ -5,7 +5,9 @@
 The same workload and runner set-up as the `host_cost` benchmark (`bench.case_runner`), with the
 profiler enabled only inside ``execute_model``; prints the median host time per step with and
 without the profiler, then the functions with the most own time.  On CPU the Triton interpreter
-runs the kernels inline, so there the profile is dominated by kernel bodies; use it on a GPU.
+runs the kernels inline, so there the profile is dominated by kernel bodies, unless
+``--drop-device-work`` makes ``Device.enqueue`` a no-op: what remains is the runner's Python
+bookkeeping alone (outputs are garbage then; a measuring aid, never a correctness run).
 """
 from __future__ import annotations
 
@@ -21,7 +23,12 @@ from bench.common import BenchContext
 from impl.device import Device
 
 
-def profile_host(device: Device, num_reqs: int, steps: int, top: int) -> str:
+def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_device_work: bool = False) -> str:
+    if drop_device_work:
+        def count_only(fn, label: str = "") -> None:
+            device.num_enqueued += 1
+
+        device.enqueue = count_only
     runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs)
     plain = case_runner._drive(runner, work, steps)
     profiler = cProfile.Profile()
@@ -39,7 +46,8 @@ def profile_host(device: Device, num_reqs: int, steps: int, top: int) -> str:
     pending.get()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
-    return (f"{device.kind}, {num_reqs} decode requests, {steps} steps: median execute_model host time "
+    dropped = ", device work dropped" if drop_device_work else ""
+    return (f"{device.kind}{dropped}, {num_reqs} decode requests, {steps} steps: median execute_model host time "
             f"{statistics.median(plain):.0f} us ({statistics.median(profiled):.0f} us under cProfile)\n{text.getvalue()}")
 
 
@@ -49,10 +57,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reqs", type=int, default=64)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--drop-device-work", action="store_true",
+                        help="make Device.enqueue a no-op: time the Python bookkeeping alone (cpu/sim only)")
     args = parser.parse_args(argv)
     if args.reqs < 1 or args.steps < 1 or args.top < 1:
         parser.error("--reqs, --steps and --top must be >= 1")
-    print(profile_host(Device(args.device, seed=0), args.reqs, args.steps, args.top))
+    device = Device(args.device, seed=0)
+    if args.drop_device_work and device.is_cuda:
+        parser.error("--drop-device-work is for cpu/sim: on cuda the launches are part of the host cost")
+    print(profile_host(device, args.reqs, args.steps, args.top, args.drop_device_work))
     return 0
 
 

@@ -25,3 +25,10 @@ def test_host_profile_reports_execute_model_time_and_the_runner_functions(capsys
     text = capsys.readouterr().out
     assert "median execute_model host time" in text
     assert "tottime" in text
+
+
+def test_host_profile_can_time_the_bookkeeping_alone(capsys) -> None:
+    from bench.host_profile import main as host_profile_main
+
+    assert host_profile_main(["--device", "cpu", "--reqs", "4", "--steps", "3", "--top", "5", "--drop-device-work"]) == 0
+    assert "device work dropped" in capsys.readouterr().out
