@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import random
 from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
 from typing import Any, Callable
@@ -35,9 +34,8 @@ from typing import Any, Callable
 import torch
 
 from impl.buffers import SlotState
-from impl.interface import SamplingParams
 from impl.state import NUM_COMPUTED
-from stress.churn import ChurnConfig
+from stress.mutant_workloads import WORKLOADS, Workload
 from stress.mutant_kernels import (
     MutantTargetError,
     fp16_gumbel_noise,
@@ -84,75 +82,6 @@ class AppliedMutant:
 
     def __exit__(self, *exc: object) -> None:
         self.undo()
-
-
-# --------------------------------------------------------------------------- workloads
-
-
-def _params(rng: random.Random, max_tokens: int, **fields: Any) -> SamplingParams:
-    fields.setdefault("seed", rng.randrange(2**63) if rng.random() < 0.5 else None)
-    return SamplingParams(max_tokens=max_tokens, **fields)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """The traffic a mutant is exercised with: churn, sampling params, limits, and how far the device lags.
-
-    ``params(rng, max_tokens)`` draws every added request's `SamplingParams` (None: the churn's own
-    random mix).  ``lag_policy`` is the sim device's; on cuda, ``cuda_lag`` makes the GPU trail the
-    host with injected delays calibrated on the host's tick (`stress.races`), otherwise the GPU runs
-    as fast as it can (ahead of a host that also runs the oracle).  ``ticks`` is the tick budget of
-    a ``--quick`` run, ``full_ticks`` of a full run.
-    """
-
-    name: str
-    description: str
-    churn: ChurnConfig
-    params: Callable[[random.Random, int], SamplingParams] | None = None
-    max_num_reqs: int = 2
-    block_size: int = 4
-    num_kv_blocks: int = 24
-    max_batched_tokens: int = 8
-    max_inflight: int = 1
-    lag_policy: str = "random-drain"
-    cuda_lag: bool = False
-    ticks: int = 16
-    full_ticks: int = 48
-
-
-_QUIET = dict(abort_prob=0.0, preempt_prob=0.0, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0, penalty_prob=0.0,
-              logprobs_prob=0.0, prompt_logprobs_prob=0.0, stop_prob=0.0, max_prompt_len=12, max_new_tokens=8)
-_SAMPLING = dict(_QUIET, max_prompt_len=6, max_new_tokens=6, add_prob=0.9)
-
-WORKLOADS: dict[str, Workload] = {w.name: w for w in (
-    Workload("steady", "greedy and temperature sampling, chunked prefills, random-drain lag",
-             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5))),
-    Workload("decode", "short prompts, long outputs, up to 4 requests: mostly decodes",
-             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5, max_prompt_len=4, max_new_tokens=16)),
-             max_num_reqs=4),
-    Workload("racing", "as steady; random-drain lag on sim, an undelayed GPU running ahead on cuda",
-             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5))),
-    Workload("lagging", "as steady; the device a step behind (lag-1-steps on sim, calibrated delays on cuda)",
-             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5)), lag_policy="lag-1-steps", cuda_lag=True),
-    Workload("row-reuse", "short requests, aborts and preemptions: rows freed and re-admitted in one step",
-             ChurnConfig(**dict(_QUIET, add_prob=0.9, abort_prob=0.2, preempt_prob=0.8, max_new_tokens=3,
-                                max_prompt_len=6, greedy_prob=0.2)),
-             lag_policy="run-immediately", ticks=20),
-    Workload("top-k", "temperature 1, top-k 1 or 2", ChurnConfig(**_SAMPLING),
-             lambda rng, n: _params(rng, n, top_k=rng.randint(1, 2))),
-    Workload("top-p", "temperature 1, top-p 0.25..0.7 (a few tokens kept), up to 4 requests",
-             ChurnConfig(**_SAMPLING), lambda rng, n: _params(rng, n, top_p=round(rng.uniform(0.25, 0.7), 3)),
-             max_num_reqs=4),
-    Workload("temperature", "temperatures far from 1 (0.3..0.6 or 1.5..2)", ChurnConfig(**_SAMPLING),
-             lambda rng, n: _params(rng, n, temperature=round(rng.choice((rng.uniform(0.3, 0.6), rng.uniform(1.5, 2.0))), 3))),
-    Workload("penalties", "repetition, frequency and presence penalties, temperature 1", ChurnConfig(**_SAMPLING),
-             lambda rng, n: _params(rng, n, repetition_penalty=round(rng.uniform(1.3, 2.0), 3),
-                                    frequency_penalty=round(rng.uniform(0.5, 1.5), 3),
-                                    presence_penalty=round(rng.uniform(0.5, 1.5), 3))),
-    Workload("logprobs", "top-0..2 logprobs at temperatures 1.5..2.5", ChurnConfig(**_SAMPLING),
-             lambda rng, n: _params(rng, n, temperature=round(rng.uniform(1.5, 2.5), 3), logprobs=rng.randint(0, 2))),
-    Workload("noise", "plain temperature-1 sampling", ChurnConfig(**dict(_SAMPLING, greedy_prob=0.0))),
-)}
 
 
 # --------------------------------------------------------------------------- the catalogue
