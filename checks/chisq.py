@@ -427,8 +427,10 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) 
         results, skipped = run_matrix(sampler, opts, device, tick) if opts.matrix else ([], [])
         calibration = run_calibration(sampler, opts, device, tick) if opts.calibration else None
         power = run_power(opts, device, tick) if opts.power else []
+    # A power-only run draws from the planted samplers alone: do not name a sampler it never ran.
+    used = sampler_name(sampler) if opts.matrix or opts.calibration else "none (planted biases only)"
     return stats.RunSummary(
-        sampler=sampler_name(sampler), device=str(device), quick=opts.quick, seed=opts.seed, alpha=opts.alpha,
+        sampler=used, device=str(device), quick=opts.quick, seed=opts.seed, alpha=opts.alpha,
         correction=opts.correction, tests=results, skipped=skipped, calibration=calibration, power=power,
         elapsed_s=time.perf_counter() - started,
     )

@@ -269,6 +269,7 @@ def test_cli_power_only_run_of_chosen_biases(tmp_path) -> None:
                "--power-repeats", "2", "--device", "cpu", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "chisq.json").read_text())
     assert rc == 0 and report["tests"] == []
+    assert report["sampler"] == "none (planted biases only)"
     assert [(p["bias"], p["repeats"], p["rejections"]) for p in report["power"]] == [("top-k-off-by-one", 2, 2)]
 
 
