@@ -16,7 +16,6 @@ import cProfile
 import io
 import pstats
 import statistics
-import time
 
 from bench import case_runner
 from bench.common import BenchContext
@@ -31,19 +30,8 @@ def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_devic
         device.enqueue = count_only
     runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs)
     plain = case_runner._drive(runner, work, steps)
-    profiler = cProfile.Profile()
-    profiled, pending = [], None
-    for _ in range(steps):
-        sched = work.next_step()
-        t0 = time.perf_counter()
-        profiler.enable()
-        out = runner.execute_model(sched)
-        profiler.disable()
-        profiled.append((time.perf_counter() - t0) * 1e6)
-        if pending is not None:
-            pending.get()
-        pending = out
-    pending.get()
+    profiler = cProfile.Profile()  # a context manager: enabled only around each execute_model call
+    profiled = case_runner._drive(runner, work, steps, around=lambda: profiler)
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
     dropped = ", device work dropped" if drop_device_work else ""

@@ -331,19 +331,12 @@ def validate_scheduler_output(
     # changes -- (num_tokens, num_computed_upper, num_blocks) -- so ``live`` is never copied.
     changed: dict[str, tuple[int, int, int]] = {}
 
-    def state_after(rid: str) -> tuple[int, int, int] | None:
-        entry = changed.get(rid)
-        if entry is not None:
-            return entry
-        lr = live.get(rid)
-        return None if lr is None or rid in gone else (lr.num_tokens, lr.num_computed_upper, lr.num_blocks)
-
     seen_new: set[str] = set()
     for req in sched.new_requests:
         rid = req.req_id
         if not isinstance(rid, str) or not rid:
             raise SchedulerOutputError("request id must be a non-empty string", req_id=str(rid), field="req_id")
-        if state_after(rid) is not None:
+        if rid in seen_new or (rid in live and rid not in gone):
             raise DuplicateRequestError("request id already live", req_id=rid, field="req_id")
         if rid in gone:
             raise FinishedAndScheduledError("finished/preempted and re-added in one step", req_id=rid, field="req_id")
@@ -393,8 +386,8 @@ def validate_scheduler_output(
             raise FinishedAndScheduledError("finished/preempted and scheduled in one step", req_id=rid, field="num_scheduled_tokens")
         after = changed.get(rid)
         if after is None:
-            lr = live.get(rid)  # inlined state_after: this loop runs once per scheduled request
-            if lr is None or rid in gone:
+            lr = live.get(rid)  # not gone: checked above
+            if lr is None:
                 raise UnknownRequestError("scheduled request is not live", req_id=rid, field="num_scheduled_tokens")
             after = (lr.num_tokens, lr.num_computed_upper, lr.num_blocks)
         if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
