@@ -15,19 +15,13 @@ block ids).
 """
 from __future__ import annotations
 
-from typing import Mapping
-
 import numpy as np
 import torch
 
 from impl.buffers import StagedWriteTensor, StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
-from impl.interface import BlockIdError, LiveRequest, SchedulerOutput
-
-
-def blocks_per_request(max_model_len: int, block_size: int) -> int:
-    return -(-max_model_len // block_size)
+from impl.interface import blocks_per_request
 
 
 class BlockTable:
@@ -44,17 +38,6 @@ class BlockTable:
     @property
     def base(self) -> torch.Tensor:
         return self.table.base
-
-    def check(self, sched: SchedulerOutput, live: Mapping[str, LiveRequest]) -> None:
-        """Reject block lists longer than a row holds (before any state changes)."""
-        limit = self.max_blocks_per_req
-        for req in sched.new_requests:
-            if len(req.block_ids) > limit:
-                raise BlockIdError(f"{len(req.block_ids)} blocks > {limit} per request", req_id=req.req_id, field="block_ids")
-        for cached in sched.cached_requests:
-            total = live[cached.req_id].num_blocks + len(cached.new_block_ids)
-            if total > limit:
-                raise BlockIdError(f"{total} blocks > {limit} per request", req_id=cached.req_id, field="new_block_ids")
 
     @hot_path
     def assign(self, row: int, block_ids: tuple[int, ...]) -> None:

@@ -31,10 +31,10 @@ from impl.block_table import BlockTable
 from impl.buffers import StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
-from impl.interface import SchedulerOutput
 from impl.kernels.input_prep import launch_prepare_inputs
 from impl.output import PromptLogprobRequest
 from impl.state import RequestStateTable
+from impl.step_reader import StepArrays
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,8 @@ class StepPlan:
     max_seq_len: int  # upper bound (host mirror)
     max_num_logprobs: int  # -1: nobody asked this step
     max_num_prompt_logprobs: int  # -1: no prompt-logprob rows this step
+    query_lens: np.ndarray  # int64 [R]
+    num_drafts: np.ndarray  # int64 [R]
 
     @property
     def num_reqs(self) -> int:
@@ -70,62 +72,70 @@ class StepPlan:
         return len(self.prompt_token_index)
 
 
-def plan_step(sched: SchedulerOutput, state: RequestStateTable) -> StepPlan:
-    """Build the step's plan (after admission and `apply_cached`, before `advance`)."""
-    req_ids = tuple(sched.num_scheduled_tokens)
+def plan_step(step: StepArrays, state: RequestStateTable) -> StepPlan:
+    """Build the step's plan from its checked arrays (after admission and `apply_cached`, before `advance`).
+
+    Vectorised over the batch; per item only for requests with drafts or prompt logprobs.
+    """
+    req_ids, rows, query_lens, starts = step.req_ids, step.rows, step.query_lens, step.starts
     num_reqs = len(req_ids)
-    query_lens = np.fromiter((sched.num_scheduled_tokens[r] for r in req_ids), dtype=np.int64, count=num_reqs)
-    draft_lists = [tuple(sched.draft_token_ids.get(r, ())) for r in req_ids]
-    num_drafts = np.fromiter((len(d) for d in draft_lists), dtype=np.int64, count=num_reqs)
-    starts = np.fromiter((state.live[r].num_computed_upper for r in req_ids), dtype=np.int64, count=num_reqs)
+    num_drafts = step.num_drafts
 
     cu = np.zeros(num_reqs + 1, dtype=np.int32)
     np.cumsum(query_lens, out=cu[1:])
     draft_start = np.zeros(num_reqs + 1, dtype=np.int32)
-    np.cumsum(num_drafts, out=draft_start[1:])
     logits_start = np.zeros(num_reqs + 1, dtype=np.int32)
-    np.cumsum(num_drafts + 1, out=logits_start[1:])
-    drafts = np.fromiter((t for d in draft_lists for t in d), dtype=np.int32, count=int(draft_start[-1]))
+    if step.drafts is None:
+        drafts = _NO_DRAFTS
+        logits_start[1:] = np.arange(1, num_reqs + 1, dtype=np.int32)
+    else:
+        np.cumsum(num_drafts, out=draft_start[1:])
+        np.cumsum(num_drafts + 1, out=logits_start[1:])
+        drafts = np.fromiter((t for d in step.drafts for t in d), dtype=np.int32, count=int(draft_start[-1]))
+
+    asked = state.num_logprobs[rows]
+    max_num_logprobs = int(asked.max()) if num_reqs else -1
+    num_logprobs = (None,) * num_reqs if max_num_logprobs < 0 else tuple(None if n < 0 else n for n in asked.tolist())
 
     prompt_requests: list[PromptLogprobRequest] = []
     prompt_index_parts: list[np.ndarray] = []
     prompt_target_parts: list[np.ndarray] = []
-    num_logprobs: list[int | None] = []
+    # Positions p computed this step with p + 1 < prompt_len score prompt token p + 1.
+    prompt_k = state.prompt_logprobs[rows]
+    stops = np.minimum(starts + query_lens, state.prompt_len[rows] - 1)
     offset = 0
-    for i, req_id in enumerate(req_ids):
-        info = state.info(req_id)
-        num_logprobs.append(info.params.logprobs)
-        k = info.params.prompt_logprobs
-        if k is None or info.is_resumed:
-            continue
-        # Positions p computed this step with p + 1 < prompt_len score prompt token p + 1.
-        first, stop = int(starts[i]), min(int(starts[i] + query_lens[i]), info.prompt_len - 1)
-        if stop <= first:
-            continue
+    for i in np.flatnonzero((prompt_k >= 0) & (stops > starts)).tolist():
+        first, stop = int(starts[i]), int(stops[i])
         positions = np.arange(first, stop, dtype=np.int64)
         prompt_index_parts.append(cu[i] + positions - first)
-        prompt_target_parts.append(state.prefill_tokens_of(state.row_of(req_id))[first + 1 : stop + 1].astype(np.int64))
-        prompt_requests.append(PromptLogprobRequest(req_id, offset, stop - first, k))
+        prompt_target_parts.append(state.prefill_tokens_of(int(rows[i]))[first + 1 : stop + 1].astype(np.int64))
+        prompt_requests.append(PromptLogprobRequest(req_ids[i], offset, stop - first, int(prompt_k[i])))
         offset += stop - first
 
-    asked = [n for n in num_logprobs if n is not None]
     return StepPlan(
         req_ids=req_ids,
-        rows=state.rows_array(req_ids),
+        rows=rows.astype(np.int32),
         cu=cu,
         draft_start=draft_start,
         drafts=drafts,
         logits_start=logits_start,
-        prompt_token_index=np.concatenate(prompt_index_parts).astype(np.int32) if prompt_index_parts else np.zeros(0, np.int32),
-        prompt_targets=np.concatenate(prompt_target_parts) if prompt_target_parts else np.zeros(0, np.int64),
+        prompt_token_index=np.concatenate(prompt_index_parts).astype(np.int32) if prompt_index_parts else _NO_PROMPT_INDEX,
+        prompt_targets=np.concatenate(prompt_target_parts) if prompt_target_parts else _NO_PROMPT_TARGETS,
         prompt_requests=tuple(prompt_requests),
-        num_logprobs=tuple(num_logprobs),
+        num_logprobs=num_logprobs,
         num_tokens=int(cu[-1]),
         max_query_len=int(query_lens.max()) if num_reqs else 0,
         max_seq_len=int((starts + query_lens).max()) if num_reqs else 0,
-        max_num_logprobs=max(asked) if asked else -1,
+        max_num_logprobs=max_num_logprobs,
         max_num_prompt_logprobs=max((p.num_top for p in prompt_requests), default=-1),
+        query_lens=query_lens,
+        num_drafts=num_drafts,
     )
+
+
+_NO_DRAFTS = np.zeros(0, np.int32)
+_NO_PROMPT_INDEX = np.zeros(0, np.int32)
+_NO_PROMPT_TARGETS = np.zeros(0, np.int64)
 
 
 @dataclass(frozen=True)

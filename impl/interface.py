@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from collections.abc import Set as AbstractSet
 from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 MAX_SEED = 2**63 - 1
@@ -100,6 +101,15 @@ class CapacityError(SchedulerOutputError):
     """More live requests than ``max_num_reqs`` rows."""
 
 
+class StepIdError(SchedulerOutputError):
+    """A ``step_id`` that is not an int, or not larger than the last accepted step's."""
+
+
+class SchedulerOutputTypeError(SchedulerOutputError, TypeError):
+    """A field (or an element of one) of the wrong type: a list where a set is expected, ``None``
+    sampling params, a float token id, a request that is not a `NewRequest`/`CachedRequest`, ..."""
+
+
 # --------------------------------------------------------------------------- requests
 
 
@@ -129,6 +139,12 @@ class SamplingParams:
         def bad(cls: type[SchedulerOutputError], name: str, why: str) -> SchedulerOutputError:
             return cls(f"{name}={getattr(self, name)!r}: {why}", req_id=req_id, field=name)
 
+        for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+                     "presence_penalty", "seed", "logprobs", "prompt_logprobs", "max_tokens"):
+            if isinstance(getattr(self, name), bool):
+                raise bad(SamplingParamsError, name, "must be a number, not a bool")
+        if not isinstance(self.stop_token_ids, (tuple, list)):
+            raise bad(SchedulerOutputTypeError, "stop_token_ids", "must be a tuple of token ids")
         t = self.temperature
         if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
             raise bad(SamplingParamsError, "temperature", "must be a finite number >= 0")
@@ -158,7 +174,7 @@ class SamplingParams:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise bad(SamplingParamsError, "max_tokens", "must be an int >= 1")
         for tok in self.stop_token_ids:
-            if not isinstance(tok, int) or not 0 <= tok < vocab_size:
+            if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
                 raise bad(TokenOutOfVocabError, "stop_token_ids", f"token {tok!r} outside [0, {vocab_size})")
 
 
@@ -302,26 +318,135 @@ def effective_seed(params: SamplingParams, req_id: str, base_seed: int) -> int:
     return int.from_bytes(digest, "little") & MAX_SEED
 
 
-def _check_tokens(tokens: Sequence[int], vocab_size: int, req_id: str, name: str) -> None:
+def blocks_per_request(max_model_len: int, block_size: int) -> int:
+    """The most KV blocks one request can hold: enough for ``max_model_len`` tokens."""
+    return -(-max_model_len // block_size)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_step_id(step_id: object, last_step_id: int | None) -> None:
+    """``step_id`` must be an int >= 0 (not a bool), larger than the last accepted step's."""
+    if not _is_int(step_id) or step_id < 0:
+        raise StepIdError(f"step_id {step_id!r} must be an int >= 0", field="step_id")
+    if last_step_id is not None and step_id <= last_step_id:
+        raise StepIdError(f"step_id {step_id} is not larger than the last accepted step {last_step_id}", field="step_id")
+
+
+def check_containers(sched: object) -> None:
+    """The top-level containers of a `SchedulerOutput` (their elements are checked where they are read)."""
+    if not isinstance(sched, SchedulerOutput):
+        raise SchedulerOutputTypeError(f"expected SchedulerOutput, got {type(sched).__name__}")
+    for name in ("new_requests", "cached_requests"):
+        if not isinstance(getattr(sched, name), (tuple, list)):
+            raise SchedulerOutputTypeError(f"{name} must be a tuple, got {type(getattr(sched, name)).__name__}", field=name)
+    for name in ("finished_req_ids", "preempted_req_ids"):
+        if not isinstance(getattr(sched, name), AbstractSet):
+            raise SchedulerOutputTypeError(f"{name} must be a frozenset, got {type(getattr(sched, name)).__name__}", field=name)
+    for name in ("num_scheduled_tokens", "draft_token_ids"):
+        if not isinstance(getattr(sched, name), Mapping):
+            raise SchedulerOutputTypeError(f"{name} must be a mapping, got {type(getattr(sched, name)).__name__}", field=name)
+
+
+def check_req_id(rid: object, field: str) -> None:
+    if not isinstance(rid, str) or not rid:
+        raise SchedulerOutputTypeError(f"request id {rid!r} must be a non-empty string", req_id=str(rid), field=field)
+
+
+def check_tokens(tokens: object, vocab_size: int, req_id: str, name: str) -> None:
+    """A tuple (or list) of token ids, each an int in ``[0, vocab_size)``."""
+    if not isinstance(tokens, (tuple, list)):
+        raise SchedulerOutputTypeError(f"must be a tuple of token ids, got {type(tokens).__name__}", req_id=req_id, field=name)
     for tok in tokens:
-        if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
-            raise TokenOutOfVocabError(
-                f"token {tok!r} outside [0, {vocab_size})", req_id=req_id, field=name
-            )
+        if not _is_int(tok):
+            raise SchedulerOutputTypeError(f"token {tok!r} is not an int", req_id=req_id, field=name)
+        if not 0 <= tok < vocab_size:
+            raise TokenOutOfVocabError(f"token {tok!r} outside [0, {vocab_size})", req_id=req_id, field=name)
+
+
+def check_block_ids(block_ids: object, num_kv_blocks: int, req_id: str, name: str) -> None:
+    """A tuple (or list) of KV block ids, each an int in ``[0, num_kv_blocks)``."""
+    if not isinstance(block_ids, (tuple, list)):
+        raise SchedulerOutputTypeError(f"must be a tuple of block ids, got {type(block_ids).__name__}", req_id=req_id, field=name)
+    for b in block_ids:
+        if not _is_int(b):
+            raise SchedulerOutputTypeError(f"block id {b!r} is not an int", req_id=req_id, field=name)
+        if not 0 <= b < num_kv_blocks:
+            raise BlockIdError(f"block id {b!r} outside [0, {num_kv_blocks})", req_id=req_id, field=name)
+
+
+def check_new_request(req: object, limits: RunnerLimits) -> int:
+    """Everything about one new request that needs no runner state; returns its prefill length."""
+    if not isinstance(req, NewRequest):
+        raise SchedulerOutputTypeError(f"new_requests holds a {type(req).__name__}, not a NewRequest", field="new_requests")
+    rid = req.req_id
+    check_req_id(rid, "req_id")
+    if not isinstance(req.sampling_params, SamplingParams):
+        raise SchedulerOutputTypeError(f"sampling_params must be SamplingParams, got {type(req.sampling_params).__name__}",
+                                       req_id=rid, field="sampling_params")
+    check_tokens(req.prompt_token_ids, limits.vocab_size, rid, "prompt_token_ids")
+    check_tokens(req.output_token_ids, limits.vocab_size, rid, "output_token_ids")
+    if len(req.prompt_token_ids) == 0:
+        raise ScheduledTokensError("empty prompt", req_id=rid, field="prompt_token_ids")
+    req.sampling_params.validate(limits.vocab_size, limits.max_logprobs, rid)
+    n = len(req.prompt_token_ids) + len(req.output_token_ids)
+    if n > limits.max_model_len:
+        raise MaxModelLenError(f"prefill of {n} tokens > max_model_len {limits.max_model_len}", req_id=rid, field="prompt_token_ids")
+    check_block_ids(req.block_ids, limits.num_kv_blocks, rid, "block_ids")
+    limit = blocks_per_request(limits.max_model_len, limits.block_size)
+    if len(req.block_ids) > limit:
+        raise BlockIdError(f"{len(req.block_ids)} blocks > {limit} per request", req_id=rid, field="block_ids")
+    return n
+
+
+def check_drafts(rid: object, drafts: object, limits: RunnerLimits) -> int:
+    """One ``draft_token_ids`` entry (its request must be scheduled: checked by the caller); returns k."""
+    check_req_id(rid, "draft_token_ids")
+    check_tokens(drafts, limits.vocab_size, rid, "draft_token_ids")
+    if len(drafts) > limits.max_num_draft_tokens:
+        raise ScheduledTokensError(f"{len(drafts)} drafts > {limits.max_num_draft_tokens}", req_id=rid, field="draft_token_ids")
+    return len(drafts)
+
+
+def check_scheduled_count(rid: str, n: object, num_tokens: int, start: int, num_blocks: int, num_drafts: int,
+                          limits: RunnerLimits) -> None:
+    """One scheduled request's count against its state after the step's admissions and cached updates."""
+    if not _is_int(n):
+        raise SchedulerOutputTypeError(f"scheduled tokens {n!r} must be an int", req_id=rid, field="num_scheduled_tokens")
+    if n <= 0:
+        raise ScheduledTokensError(f"scheduled tokens {n!r} must be an int >= 1", req_id=rid, field="num_scheduled_tokens")
+    known = num_tokens + num_drafts
+    if start + n > known:
+        raise ScheduledTokensError(
+            f"scheduling {n} tokens from {start} runs past the {known} tokens known", req_id=rid, field="num_scheduled_tokens"
+        )
+    if num_drafts and start + n != known:
+        raise ScheduledTokensError("drafts need the whole remainder scheduled", req_id=rid, field="draft_token_ids")
+    if start + n > limits.max_model_len:
+        raise MaxModelLenError(f"position {start + n} > max_model_len {limits.max_model_len}", req_id=rid, field="num_scheduled_tokens")
+    needed_blocks = -(-(start + n) // limits.block_size)
+    if num_blocks < needed_blocks:
+        raise BlockIdError(f"{num_blocks} blocks < {needed_blocks} needed", req_id=rid, field="block_ids")
 
 
 def validate_scheduler_output(
-    sched: SchedulerOutput, live: Mapping[str, LiveRequest], limits: RunnerLimits
+    sched: SchedulerOutput, live: Mapping[str, LiveRequest], limits: RunnerLimits, last_step_id: int | None = None
 ) -> None:
     """Raise a `SchedulerOutputError` subclass if `sched` is not a valid next step.
 
-    Pure: reads ``live`` (the host mirror before the step) and changes nothing.
+    Pure: reads ``live`` (the host mirror before the step) and changes nothing.  ``last_step_id``:
+    the last step the caller accepted (None: step ids are only type-checked).  The obvious,
+    per-request form of the boundary: the oracle uses it; the runner checks the same rules on
+    arrays (`impl.step_reader`), and the bad-input tests hold the two to the same verdicts.
     """
-    if not isinstance(sched, SchedulerOutput):
-        raise SchedulerOutputError(f"expected SchedulerOutput, got {type(sched).__name__}")
-    gone = set()
+    check_containers(sched)
+    check_step_id(sched.step_id, last_step_id)
+    gone: set[str] = set()
     for name, ids in (("finished_req_ids", sched.finished_req_ids), ("preempted_req_ids", sched.preempted_req_ids)):
         for rid in ids:
+            check_req_id(rid, name)
             if rid not in live:
                 raise UnknownRequestError("not a live request", req_id=rid, field=name)
             if rid in gone:
@@ -331,90 +456,64 @@ def validate_scheduler_output(
     # changes -- (num_tokens, num_computed_upper, num_blocks) -- so ``live`` is never copied.
     changed: dict[str, tuple[int, int, int]] = {}
 
-    seen_new: set[str] = set()
     for req in sched.new_requests:
+        n = check_new_request(req, limits)
         rid = req.req_id
-        if not isinstance(rid, str) or not rid:
-            raise SchedulerOutputError("request id must be a non-empty string", req_id=str(rid), field="req_id")
-        if rid in seen_new or (rid in live and rid not in gone):
+        if rid in changed or (rid in live and rid not in gone):
             raise DuplicateRequestError("request id already live", req_id=rid, field="req_id")
         if rid in gone:
             raise FinishedAndScheduledError("finished/preempted and re-added in one step", req_id=rid, field="req_id")
-        seen_new.add(rid)
-        if len(req.prompt_token_ids) == 0:
-            raise ScheduledTokensError("empty prompt", req_id=rid, field="prompt_token_ids")
-        _check_tokens(req.prompt_token_ids, limits.vocab_size, rid, "prompt_token_ids")
-        _check_tokens(req.output_token_ids, limits.vocab_size, rid, "output_token_ids")
-        req.sampling_params.validate(limits.vocab_size, limits.max_logprobs, rid)
-        n = len(req.prefill_token_ids)
-        if n > limits.max_model_len:
-            raise MaxModelLenError(f"prefill of {n} tokens > max_model_len {limits.max_model_len}", req_id=rid, field="prompt_token_ids")
-        for b in req.block_ids:
-            if not isinstance(b, int) or not 0 <= b < limits.num_kv_blocks:
-                raise BlockIdError(f"block id {b!r} outside [0, {limits.num_kv_blocks})", req_id=rid, field="block_ids")
         changed[rid] = (n, 0, len(req.block_ids))
-    num_live_after = len(live) - len(gone) + len(seen_new)
+    num_live_after = len(live) - len(gone) + len(changed)
     if num_live_after > limits.max_num_reqs:
         raise CapacityError(f"{num_live_after} live requests > max_num_reqs {limits.max_num_reqs}", field="new_requests")
 
     seen_cached: set[str] = set()
-    num_kv_blocks = limits.num_kv_blocks
+    max_blocks = blocks_per_request(limits.max_model_len, limits.block_size)
     for c in sched.cached_requests:
+        if not isinstance(c, CachedRequest):
+            raise SchedulerOutputTypeError(f"cached_requests holds a {type(c).__name__}, not a CachedRequest", field="cached_requests")
         rid = c.req_id
+        check_req_id(rid, "cached_requests")
         if rid in gone:
             raise FinishedAndScheduledError("finished/preempted and cached in one step", req_id=rid, field="cached_requests")
         if rid not in live:
             raise UnknownRequestError("cached request is not live", req_id=rid, field="cached_requests")
-        if rid in seen_cached or rid in seen_new:
+        if rid in seen_cached or rid in changed:
             raise DuplicateRequestError("listed twice", req_id=rid, field="cached_requests")
         seen_cached.add(rid)
-        for b in c.new_block_ids:
-            if not isinstance(b, int) or not 0 <= b < num_kv_blocks:
-                raise BlockIdError(f"block id {b!r} outside [0, {num_kv_blocks})", req_id=rid, field="new_block_ids")
+        check_block_ids(c.new_block_ids, limits.num_kv_blocks, rid, "new_block_ids")
         lr = live[rid]
         computed = c.num_computed_tokens
-        if not isinstance(computed, int) or not 0 <= computed <= lr.num_tokens:
+        if not _is_int(computed):
+            raise SchedulerOutputTypeError(f"num_computed_tokens {computed!r} is not an int", req_id=rid, field="num_computed_tokens")
+        if not 0 <= computed <= lr.num_tokens:
             raise ScheduledTokensError(
                 f"num_computed_tokens {computed!r} outside [0, {lr.num_tokens}]", req_id=rid, field="num_computed_tokens"
             )
-        if computed != lr.num_computed_upper or c.new_block_ids:
-            changed[rid] = (lr.num_tokens, computed, lr.num_blocks + len(c.new_block_ids))
+        total_blocks = lr.num_blocks + len(c.new_block_ids)
+        if total_blocks > max_blocks:
+            raise BlockIdError(f"{total_blocks} blocks > {max_blocks} per request", req_id=rid, field="new_block_ids")
+        changed[rid] = (lr.num_tokens, computed, total_blocks)
 
+    num_drafts: dict[str, int] = {}
+    for rid, drafts in sched.draft_token_ids.items():
+        num_drafts[rid] = check_drafts(rid, drafts, limits)
+        if rid not in sched.num_scheduled_tokens:
+            raise ScheduledTokensError("drafts for an unscheduled request", req_id=rid, field="draft_token_ids")
     total = 0
     for rid, n in sched.num_scheduled_tokens.items():
+        check_req_id(rid, "num_scheduled_tokens")
         if rid in gone:
             raise FinishedAndScheduledError("finished/preempted and scheduled in one step", req_id=rid, field="num_scheduled_tokens")
         after = changed.get(rid)
         if after is None:
-            lr = live.get(rid)  # not gone: checked above
+            lr = live.get(rid)
             if lr is None:
                 raise UnknownRequestError("scheduled request is not live", req_id=rid, field="num_scheduled_tokens")
             after = (lr.num_tokens, lr.num_computed_upper, lr.num_blocks)
-        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-            raise ScheduledTokensError(f"scheduled tokens {n!r} must be an int >= 1", req_id=rid, field="num_scheduled_tokens")
-        num_tokens, start, num_blocks = after
-        drafts = sched.draft_token_ids.get(rid, ())
-        if drafts:
-            drafts = tuple(drafts)
-            _check_tokens(drafts, limits.vocab_size, rid, "draft_token_ids")
-            if len(drafts) > limits.max_num_draft_tokens:
-                raise ScheduledTokensError(f"{len(drafts)} drafts > {limits.max_num_draft_tokens}", req_id=rid, field="draft_token_ids")
-        known = num_tokens + len(drafts)
-        if start + n > known:
-            raise ScheduledTokensError(
-                f"scheduling {n} tokens from {start} runs past the {known} tokens known", req_id=rid, field="num_scheduled_tokens"
-            )
-        if drafts and start + n != known:
-            raise ScheduledTokensError("drafts need the whole remainder scheduled", req_id=rid, field="draft_token_ids")
-        if start + n > limits.max_model_len:
-            raise MaxModelLenError(f"position {start + n} > max_model_len {limits.max_model_len}", req_id=rid, field="num_scheduled_tokens")
-        needed_blocks = -(-(start + n) // limits.block_size)
-        if num_blocks < needed_blocks:
-            raise BlockIdError(f"{num_blocks} blocks < {needed_blocks} needed", req_id=rid, field="block_ids")
+        check_scheduled_count(rid, n, *after, num_drafts.get(rid, 0), limits)
         total += n
-    for rid in sched.draft_token_ids:
-        if rid not in sched.num_scheduled_tokens:
-            raise ScheduledTokensError("drafts for an unscheduled request", req_id=rid, field="draft_token_ids")
     if total > limits.max_num_batched_tokens:
         raise ScheduledTokensError(
             f"{total} scheduled tokens > max_num_batched_tokens {limits.max_num_batched_tokens}", field="num_scheduled_tokens"

@@ -29,13 +29,14 @@ from impl.buffers import StagingPool, StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
-from impl.interface import ModelRunnerOutput, RunnerLimits, SchedulerOutput, effective_seed, validate_scheduler_output
+from impl.interface import ModelRunnerOutput, RunnerLimits, SchedulerOutput, effective_seed
 from impl.kernels.post_update import launch_post_update
 from impl.model.forward import PagedDecoder
 from impl.model.weights import ModelWeights
 from impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
 from impl.sample import LogprobsComputer, LogprobsOutput, Sampler, SamplingState, prompt_logprobs_chunked
 from impl.state import RequestStateTable
+from impl.step_reader import StepArrays, read_step
 
 
 # Prompt-logprob positions whose logits exist at once (x vocab fp32): 256 x 151936 x 4 B = 156 MB.
@@ -87,6 +88,8 @@ class ModelRunner:
         self._staging_bytes = staging_bytes
         self._output_slots = output_slots
         self.last_step_stats: StepStats | None = None
+        self._last_step_id: int | None = None  # step ids must increase (checked at the boundary)
+        self._step: StepArrays | None = None  # the step being executed, read once by `_check`
         self._init()
 
     # ------------------------------------------------------------------ init
@@ -156,22 +159,24 @@ class ModelRunner:
     @hot_path
     def execute_model(self, sched: SchedulerOutput) -> AsyncStepOutput | ReadyOutput:
         started = time.perf_counter()
-        self._check(sched)
+        step = self._check(sched)
         enqueued_before = self.device.num_enqueued
         self.device.begin_step()
+        self._step = step
         seeds = self._update_rows(sched)
+        self._last_step_id = sched.step_id
 
         writer = StagingWriter(self.staging, sched.step_id)
         self.state.flush(writer)
         self.block_table.flush(writer)
         self.sampling_state.flush(writer)
-        if not sched.num_scheduled_tokens:
+        if not step.req_ids:
             writer.submit()
             self._enqueue_applies()
             self._record_stats(sched.step_id, 0, 0, writer, enqueued_before, started)
             return ReadyOutput(ModelRunnerOutput(sched.step_id, (), (), (), {}, (), seeds))
 
-        plan = plan_step(sched, self.state)
+        plan = plan_step(step, self.state)
         staged = self.input_batch.stage(plan, writer)
         writer.submit()
         self._enqueue_applies()
@@ -180,19 +185,19 @@ class ModelRunner:
         output = self._enqueue_output(sched.step_id, plan, result, seeds)
 
         self.state.mark_used(plan.rows, output.event)
-        self.state.advance(plan.req_ids, sched.num_scheduled_tokens, {r: len(d) for r, d in sched.draft_token_ids.items()})
+        self.state.plan_rows(plan.req_ids, step.rows)
+        self.state.advance(plan.req_ids, plan.query_lens, plan.num_drafts)
         self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer, enqueued_before, started)
         return output
 
-    def _check(self, sched: SchedulerOutput) -> None:
+    def _check(self, sched: SchedulerOutput) -> StepArrays:
         """All-or-nothing boundary: every check runs before any state (host, pinned or staged) changes."""
-        live = self.state.mirror_for(sched)
-        validate_scheduler_output(sched, live, self.limits)
-        self.state.check_computed_counts(sched)
-        self.block_table.check(sched, live)
+        return read_step(sched, self.state, self.limits, self._last_step_id)
 
     def _update_rows(self, sched: SchedulerOutput) -> dict[str, int]:
-        for req_id in sorted(sched.finished_req_ids | sched.preempted_req_ids):
+        """Releases and admissions per item; cached requests' counts and block appends from the step's arrays."""
+        step = self._step
+        for req_id in step.gone:
             self.block_table.release(self.state.release(req_id))
         seeds: dict[str, int] = {}
         for req in sched.new_requests:
@@ -201,9 +206,11 @@ class ModelRunner:
             self.block_table.assign(row, req.block_ids)
             self.sampling_state.add_request(row, req.sampling_params, seed, req.prompt_token_ids, req.output_token_ids)
             seeds[req.req_id] = seed
-        self.state.apply_cached(sched)
-        for cached in sched.cached_requests:
-            self.block_table.append(self.state.row_of(cached.req_id), cached.new_block_ids)
+        for i, req_id in step.new_positions:
+            step.rows[i] = self.state.req_to_row[req_id]
+        self.state.apply_cached(step.cached_rows, step.cached_computed, step.cached_new_blocks)
+        for row, block_ids in step.block_appends:
+            self.block_table.append(row, block_ids)
         return seeds
 
     def _enqueue_applies(self) -> None:

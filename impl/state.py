@@ -22,8 +22,19 @@ Tensors (owner: `RequestStateTable`; the four questions for each)
 ``prefill_tokens`` -- pinned host ``[max_num_reqs, max_model_len]`` int32, for the table's
     lifetime.  Written by the host only, at admission, into the admitted row; read by the
     input-prep kernel over UVA on CUDA (a plain host tensor on cpu/sim).
-Host-only state: row <-> request id, free list, generation numbers, the last-use event of each
-row, and the `LiveRequest` mirror (upper bounds of the device counts) used for validation.
+Host-only state: row <-> request id, free list, generation numbers, the last-use step of each row,
+and the host mirror -- numpy arrays ``[max_num_reqs]`` indexed by row, owned by the table, written
+only by its own methods (admission, release, `apply_cached`, `advance`), each vectorised over the
+step's rows:
+
+    num_tokens, num_computed     upper bounds of the device's NUM_TOKENS / NUM_COMPUTED
+    num_blocks                   KV blocks the request holds (exact)
+    unconfirmed_drafts           drafts scheduled whose acceptance the host has not learned: the
+                                 device counts may sit up to this many tokens below the bounds
+    generation                   admission number of the row's request (-1: free)
+    prompt_len                   the user's prompt length
+    num_logprobs                 top logprobs asked for (-1: none)
+    prompt_logprobs              top prompt logprobs asked for (-1: none, or a resumed request)
 
 Quarantine: device work enqueued in earlier steps may still read a freed row's pinned prefill
 tokens (the host writes them directly, outside stream order).  A freed row therefore stays out of
@@ -35,7 +46,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -43,15 +54,7 @@ import torch
 from impl.buffers import StagedWriteTensor, StagingWriter
 from impl.device import Device, DeviceEvent
 from impl.hotpath import hot_path
-from impl.interface import (
-    CachedRequest,
-    CapacityError,
-    LiveRequest,
-    NewRequest,
-    SamplingParams,
-    ScheduledTokensError,
-    SchedulerOutput,
-)
+from impl.interface import CapacityError, LiveRequest, NewRequest, SamplingParams
 
 NUM_COMPUTED = 0
 NUM_TOKENS = 1
@@ -67,7 +70,7 @@ class RowStateError(RuntimeError):
 
 @dataclass
 class RowInfo:
-    """Host-side facts about the request in one row (written by the host at admission)."""
+    """Host-side facts about the request in one row that the arrays do not hold (written at admission)."""
 
     req_id: str
     generation: int
@@ -76,15 +79,12 @@ class RowInfo:
     prompt_len: int
     prefill_len: int
     is_resumed: bool
-    # Drafts scheduled for this request whose acceptance the host has not learned: the device
-    # counts may sit up to this many tokens below the mirror's upper bounds.
-    unconfirmed_drafts: int = 0
 
 
 class RequestStateTable:
     """Rows, free list with quarantine, generation numbers, the host mirror, per-row device state.
 
-    See the module docstring for the ownership of every tensor.
+    See the module docstring for the ownership of every tensor and array.
     """
 
     def __init__(self, device: Device, max_num_reqs: int = 1024, max_model_len: int = 2048):
@@ -98,13 +98,28 @@ class RequestStateTable:
         self.prefill_tokens.zero_()
         self._prefill_np = self.prefill_tokens.numpy()
 
+        r = max_num_reqs
+        self.num_tokens = np.zeros(r, np.int64)
+        self.num_computed = np.zeros(r, np.int64)
+        self.num_blocks = np.zeros(r, np.int64)
+        self.unconfirmed_drafts = np.zeros(r, np.int64)
+        self.generation = np.full(r, -1, np.int64)
+        self.prompt_len = np.zeros(r, np.int64)
+        self.num_logprobs = np.full(r, -1, np.int64)
+        self.prompt_logprobs = np.full(r, -1, np.int64)
+
         self.req_to_row: dict[str, int] = {}
         self.rows: list[RowInfo | None] = [None] * max_num_reqs
-        self.live: dict[str, LiveRequest] = {}
         self._free: deque[int] = deque(range(max_num_reqs))
-        self._last_use: list[DeviceEvent | None] = [None] * max_num_reqs
+        # Quarantine: the step (a sequence number) that last scheduled each row, and the events
+        # of the steps whose work may still be running (oldest first; completed ones are dropped).
+        self._last_use_seq = np.full(r, -1, np.int64)
+        self._use_events: deque[tuple[int, DeviceEvent]] = deque()
+        self._use_seq = 0
         self._next_generation = 0
         self.num_quarantine_waits = 0
+        # The rows of the last planned batch, so `advance` need not look its ids up again.
+        self._planned: tuple[Sequence[str], np.ndarray] | None = None
 
     # ------------------------------------------------------------------ queries
     @property
@@ -115,6 +130,12 @@ class RequestStateTable:
     def num_free(self) -> int:
         return len(self._free)
 
+    @property
+    def live(self) -> dict[str, LiveRequest]:
+        """A snapshot of the mirror as `LiveRequest` s (for inspection and the per-request validator; not hot)."""
+        return {rid: LiveRequest(int(self.num_tokens[row]), int(self.num_computed[row]), int(self.num_blocks[row]))
+                for rid, row in self.req_to_row.items()}
+
     def row_of(self, req_id: str) -> int:
         return self.req_to_row[req_id]
 
@@ -124,8 +145,17 @@ class RequestStateTable:
     def generation_of(self, req_id: str) -> int:
         return self.info(req_id).generation
 
+    def _use_event(self, row: int) -> DeviceEvent | None:
+        seq = int(self._last_use_seq[row])
+        for s, event in self._use_events:
+            if s == seq:
+                return event
+            if s > seq:
+                break
+        return None  # never used, or its step was already seen complete
+
     def is_quarantined(self, row: int) -> bool:
-        event = self._last_use[row]
+        event = self._use_event(row)
         return event is not None and not event.query()
 
     def free_rows(self) -> tuple[int, ...]:
@@ -134,48 +164,32 @@ class RequestStateTable:
 
     def quarantined_rows(self) -> tuple[int, ...]:
         """Free rows whose last step has not completed, read without letting a sim device run work."""
-        return tuple(r for r in self._free if self._last_use[r] is not None and not self._last_use[r].is_complete())
+        out = []
+        for r in self._free:
+            event = self._use_event(r)
+            if event is not None and not event.is_complete():
+                out.append(r)
+        return tuple(out)
 
-    # ------------------------------------------------------------------ boundary (pure)
-    def mirror_for(self, sched: SchedulerOutput) -> dict[str, LiveRequest]:
-        """The mirror to validate `sched` against, corrected for draft rejections the scheduler reports.
+    def mirror_for(self, sched: object) -> dict[str, LiveRequest]:
+        """The mirror as the per-request validator sees it, corrected for draft rejections the scheduler reports.
 
         A scheduler that learned that drafts were rejected lowers ``num_computed_tokens``; rejection
         lowers the known length by the same amount, so both upper bounds move down together (never
-        by more than the drafts still unconfirmed).  Pure: the table is not changed.  Without such a
-        correction this is the live mirror itself, to be read and not kept: the step's commits update it.
+        by more than the drafts still unconfirmed).  Pure, and only used to diagnose a bad step.
         """
-        view: dict[str, LiveRequest] | None = None
-        for cached in sched.cached_requests:
-            lr = self.live.get(cached.req_id) if isinstance(cached, CachedRequest) else None
-            if lr is None or cached.num_computed_tokens == lr.num_computed_upper:  # nothing rejected (the usual step)
+        view = self.live
+        for cached in getattr(sched, "cached_requests", ()) or ():
+            rid = getattr(cached, "req_id", None)
+            row = self.req_to_row.get(rid) if isinstance(rid, str) else None
+            computed = getattr(cached, "num_computed_tokens", None)
+            if row is None or not isinstance(computed, int) or isinstance(computed, bool):
                 continue
-            shift = _rejection_shift(cached.num_computed_tokens, lr, self.rows[self.req_to_row[cached.req_id]])
-            if shift:
-                if view is None:
-                    view = dict(self.live)  # copied only when a rejection moves a bound (rare)
-                view[cached.req_id] = LiveRequest(lr.num_tokens - shift, lr.num_computed_upper - shift, lr.num_blocks)
-        return self.live if view is None else view
-
-    def check_computed_counts(self, sched: SchedulerOutput) -> None:
-        """Reject a cached ``num_computed_tokens`` that no device state can explain.
-
-        Positions come from the device-resident count.  Without drafts it equals the tokens
-        scheduled so far, so the scheduler must send exactly that; with unconfirmed drafts it may
-        be lower by at most their number.
-        """
-        for cached in sched.cached_requests:
-            lr = self.live[cached.req_id]
-            if cached.num_computed_tokens == lr.num_computed_upper:
-                continue
-            info = self.rows[self.req_to_row[cached.req_id]]
-            lowest = lr.num_computed_upper - info.unconfirmed_drafts
-            if not lowest <= cached.num_computed_tokens <= lr.num_computed_upper:
-                want = f"{lr.num_computed_upper}" if lowest == lr.num_computed_upper else f"[{lowest}, {lr.num_computed_upper}]"
-                raise ScheduledTokensError(
-                    f"num_computed_tokens {cached.num_computed_tokens} disagrees with the {want} tokens scheduled so far",
-                    req_id=cached.req_id, field="num_computed_tokens",
-                )
+            shift = int(self.num_computed[row]) - computed
+            if 0 < shift <= self.unconfirmed_drafts[row]:
+                lr = view[rid]
+                view[rid] = LiveRequest(lr.num_tokens - shift, lr.num_computed_upper - shift, lr.num_blocks)
+        return view
 
     # ------------------------------------------------------------------ commits
     @hot_path
@@ -184,8 +198,8 @@ class RequestStateTable:
         row = self.req_to_row.pop(req_id, None)
         if row is None:
             raise RowStateError(f"release of {req_id!r}, which holds no row")
-        del self.live[req_id]
         self.rows[row] = None
+        self.generation[row] = -1
         self._free.append(row)
         return row
 
@@ -199,10 +213,18 @@ class RequestStateTable:
         prompt_len, prefill_len = len(req.prompt_token_ids), len(prefill)
         self._prefill_np[row, :prefill_len] = prefill
         self.row_state.stage(row, 0, [0, prefill_len, prompt_len, prefill_len, prefill[-1]])
-        self.rows[row] = RowInfo(req.req_id, self._next_generation, req.sampling_params, seed, prompt_len, prefill_len, req.is_resumed)
+        params = req.sampling_params
+        self.rows[row] = RowInfo(req.req_id, self._next_generation, params, seed, prompt_len, prefill_len, req.is_resumed)
+        self.generation[row] = self._next_generation
         self._next_generation += 1
         self.req_to_row[req.req_id] = row
-        self.live[req.req_id] = LiveRequest(num_tokens=prefill_len, num_computed_upper=0, num_blocks=len(req.block_ids))
+        self.num_tokens[row] = prefill_len
+        self.num_computed[row] = 0
+        self.num_blocks[row] = len(req.block_ids)
+        self.unconfirmed_drafts[row] = 0
+        self.prompt_len[row] = prompt_len
+        self.num_logprobs[row] = -1 if params.logprobs is None else params.logprobs
+        self.prompt_logprobs[row] = -1 if params.prompt_logprobs is None or req.is_resumed else params.prompt_logprobs
         return row
 
     def _take_free_row(self, req_id: str) -> int:
@@ -215,39 +237,57 @@ class RequestStateTable:
         # Every free row may still be read by in-flight work: wait for the one freed first.
         row = self._free.popleft()
         self.num_quarantine_waits += 1
-        self._last_use[row].synchronize()
+        self._use_event(row).synchronize()
         return row
 
     @hot_path
-    def apply_cached(self, sched: SchedulerOutput) -> None:
-        """Adopt the scheduler's computed counts (already checked) and block counts into the mirror."""
-        for cached in sched.cached_requests:
-            lr = self.live[cached.req_id]
-            info = self.rows[self.req_to_row[cached.req_id]]
-            shift = lr.num_computed_upper - cached.num_computed_tokens
-            info.unconfirmed_drafts -= shift
-            # In place: the mirror's entries are this table's own (mirror_for hands them out read-only).
-            lr.num_tokens -= shift
-            lr.num_computed_upper = cached.num_computed_tokens
-            lr.num_blocks += len(cached.new_block_ids)
+    def apply_cached(self, rows: np.ndarray, num_computed: np.ndarray, num_new_blocks: np.ndarray) -> None:
+        """Adopt the scheduler's (checked) computed counts and appended blocks for the cached ``rows``.
+
+        A computed count below the mirror's bound reports rejected drafts: the known length moves
+        down by the same amount, and those drafts are no longer unconfirmed.
+        """
+        if len(rows) == 0:
+            return
+        shift = self.num_computed[rows] - num_computed
+        self.unconfirmed_drafts[rows] -= shift
+        self.num_tokens[rows] -= shift
+        self.num_computed[rows] = num_computed
+        self.num_blocks[rows] += num_new_blocks
+
+    def plan_rows(self, req_ids: Sequence[str], rows: np.ndarray) -> None:
+        """Remember the rows of a planned batch (`advance` on the same ids reuses them)."""
+        self._planned = (req_ids, rows)
 
     @hot_path
-    def advance(self, req_ids: Iterable[str], num_scheduled: Mapping[str, int], num_drafts: Mapping[str, int]) -> None:
-        """Move the mirror past one step: each scheduled request computed its tokens and may have sampled."""
-        for req_id in req_ids:
-            lr = self.live[req_id]
-            n, k = num_scheduled[req_id], num_drafts.get(req_id, 0)
-            end = lr.num_computed_upper + n
-            num_tokens = lr.num_tokens
-            if end == lr.num_tokens + k:  # reached the end of what is known: it samples
-                num_tokens = end + 1
-                self.rows[self.req_to_row[req_id]].unconfirmed_drafts += k
-            lr.num_tokens, lr.num_computed_upper = num_tokens, end
+    def advance(self, req_ids: Sequence[str], num_scheduled: Mapping[str, int] | np.ndarray,
+                num_drafts: Mapping[str, int] | np.ndarray) -> None:
+        """Move the mirror past one step: each scheduled request computed its tokens and may have sampled.
 
-    def mark_used(self, rows: Iterable[int], event: DeviceEvent) -> None:
+        ``num_scheduled``/``num_drafts``: per request, as mappings by id or arrays in ``req_ids`` order.
+        """
+        planned = self._planned
+        if planned is not None and planned[0] is req_ids:
+            rows = planned[1]
+        else:
+            rows = np.fromiter(map(self.req_to_row.__getitem__, req_ids), np.int64, len(req_ids))
+        n = _in_order(num_scheduled, req_ids)
+        k = _in_order(num_drafts, req_ids)
+        end = self.num_computed[rows] + n
+        samples = end == self.num_tokens[rows] + k  # reached the end of what is known
+        self.num_tokens[rows] = np.where(samples, end + 1, self.num_tokens[rows])
+        self.unconfirmed_drafts[rows] += np.where(samples, k, 0)
+        self.num_computed[rows] = end
+
+    @hot_path
+    def mark_used(self, rows: Iterable[int] | np.ndarray, event: DeviceEvent) -> None:
         """Record the event after which the step that scheduled ``rows`` no longer reads them."""
-        for row in rows:
-            self._last_use[row] = event
+        events = self._use_events
+        while events and events[0][1].is_complete():  # in stream order: every earlier step is done too
+            events.popleft()
+        self._use_seq += 1
+        events.append((self._use_seq, event))
+        self._last_use_seq[np.asarray(rows, dtype=np.int64)] = self._use_seq
 
     @hot_path
     def flush(self, writer: StagingWriter) -> None:
@@ -269,8 +309,7 @@ class RequestStateTable:
         return np.fromiter((self.req_to_row[r] for r in req_ids), dtype=np.int32)
 
 
-def _rejection_shift(num_computed: object, lr: LiveRequest, info: RowInfo) -> int:
-    if not isinstance(num_computed, int) or isinstance(num_computed, bool):
-        return 0
-    shift = lr.num_computed_upper - num_computed
-    return shift if 0 < shift <= info.unconfirmed_drafts else 0
+def _in_order(values: Mapping[str, int] | np.ndarray, req_ids: Sequence[str]) -> np.ndarray:
+    if isinstance(values, np.ndarray):
+        return values.astype(np.int64, copy=False)
+    return np.fromiter((values.get(r, 0) for r in req_ids), np.int64, len(req_ids))

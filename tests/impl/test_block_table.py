@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from impl.block_table import BlockTable, blocks_per_request
+from impl.block_table import BlockTable
 from impl.buffers import StagingPool, StagingWriter
 from impl.device import Device
-from impl.interface import BlockIdError, CachedRequest, LiveRequest, NewRequest, SamplingParams, SchedulerOutput
+from impl.interface import (
+    BlockIdError, CachedRequest, LiveRequest, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput, blocks_per_request,
+    validate_scheduler_output,
+)
 
 
 def _flush(bt: BlockTable, pool: StagingPool, step: int) -> None:
@@ -40,13 +43,15 @@ def test_assign_append_and_reuse(kind):
     assert bt.num_blocks.tolist() == [5, 0, 2]
 
 
-def test_check_rejects_rows_that_overflow():
-    bt = BlockTable(Device("cpu"), max_num_reqs=2, max_model_len=8, block_size=4)
+def test_boundary_rejects_rows_that_overflow():
+    """The per-request limit is a boundary rule (`validate_scheduler_output`; the runner's `read_step` holds the same)."""
+    limits = RunnerLimits(vocab_size=8, max_num_reqs=2, max_model_len=8, max_num_batched_tokens=8, num_kv_blocks=8, block_size=4)
+    assert blocks_per_request(limits.max_model_len, limits.block_size) == 2
     p = SamplingParams()
-    bt.check(SchedulerOutput(0, new_requests=(NewRequest("a", (1,), p, (0, 1)),)), {})
+    validate_scheduler_output(SchedulerOutput(0, new_requests=(NewRequest("a", (1,), p, (0, 1)),)), {}, limits)
     with pytest.raises(BlockIdError, match="3 blocks > 2"):
-        bt.check(SchedulerOutput(0, new_requests=(NewRequest("a", (1,), p, (0, 1, 2)),)), {})
+        validate_scheduler_output(SchedulerOutput(0, new_requests=(NewRequest("a", (1,), p, (0, 1, 2)),)), {}, limits)
     live = {"a": LiveRequest(num_tokens=5, num_computed_upper=4, num_blocks=2)}
     with pytest.raises(BlockIdError) as info:
-        bt.check(SchedulerOutput(1, cached_requests=(CachedRequest("a", (5,), 4),)), live)
+        validate_scheduler_output(SchedulerOutput(1, cached_requests=(CachedRequest("a", (5,), 4),)), live, limits)
     assert info.value.req_id == "a" and info.value.field == "new_block_ids"

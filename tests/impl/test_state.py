@@ -1,12 +1,16 @@
 """The request-state table: rows, generations, quarantine of freed rows, the mirror, staged row state."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from impl.buffers import StagingPool, StagingWriter
 from impl.device import Device
-from impl.interface import CachedRequest, CapacityError, NewRequest, SamplingParams, ScheduledTokensError, SchedulerOutput
+from impl.interface import (
+    CachedRequest, CapacityError, NewRequest, RunnerLimits, SamplingParams, ScheduledTokensError, SchedulerOutput,
+)
+from impl.step_reader import read_step
 from impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_TOKENS, PREFILL_LEN, PROMPT_LEN, RequestStateTable, RowStateError
 
 P = SamplingParams(temperature=0.0)
@@ -105,27 +109,34 @@ def test_planted_bug_without_quarantine_the_reader_sees_new_tokens(monkeypatch):
     assert seen == [[2, 2, 2]]
 
 
+def _read(table: RequestStateTable, sched: SchedulerOutput):
+    limits = RunnerLimits(vocab_size=64, max_num_reqs=table.max_num_reqs, max_model_len=table.max_model_len,
+                          max_num_batched_tokens=64, num_kv_blocks=16, block_size=4)
+    return read_step(sched, table, limits, None)
+
+
 def test_mirror_follows_steps_and_rejects_unexplained_computed_counts():
     table = RequestStateTable(Device("cpu"), max_num_reqs=2, max_model_len=32)
-    table.admit(_req("a", tuple(range(10))), seed=0)
+    row = table.admit(NewRequest("a", tuple(range(10)), P, (0, 1, 2, 3)), seed=0)
     table.advance(["a"], {"a": 6}, {})  # partial chunk
     assert (table.live["a"].num_tokens, table.live["a"].num_computed_upper) == (10, 6)
     table.advance(["a"], {"a": 4}, {})  # completes the prefill: samples one token
     assert (table.live["a"].num_tokens, table.live["a"].num_computed_upper) == (11, 10)
     ok = SchedulerOutput(2, cached_requests=(CachedRequest("a", (), 10),), num_scheduled_tokens={"a": 1})
-    table.check_computed_counts(ok)
+    _read(table, ok)
     with pytest.raises(ScheduledTokensError, match="disagrees"):
-        table.check_computed_counts(SchedulerOutput(2, cached_requests=(CachedRequest("a", (), 9),)))
+        _read(table, SchedulerOutput(2, cached_requests=(CachedRequest("a", (), 9),)))
     # Drafts: a decode with 3 drafts may have 0..3 rejected; the scheduler may report any of those.
-    table.advance(["a"], {"a": 4}, {"a": 3})
+    table.advance(np.array(["a"]).tolist(), np.array([4]), np.array([3]))
     assert (table.live["a"].num_tokens, table.live["a"].num_computed_upper) == (15, 14)
     late = SchedulerOutput(3, cached_requests=(CachedRequest("a", (), 12),), num_scheduled_tokens={"a": 1})
-    table.check_computed_counts(late)
+    step = _read(table, late)
     view = table.mirror_for(late)
     assert (view["a"].num_tokens, view["a"].num_computed_upper) == (13, 12)
-    assert table.live["a"].num_tokens == 15, "mirror_for must not change the table"
+    assert table.live["a"].num_tokens == 15, "reading a step must not change the table"
     with pytest.raises(ScheduledTokensError):
-        table.check_computed_counts(SchedulerOutput(3, cached_requests=(CachedRequest("a", (), 10),)))
-    table.apply_cached(late)
+        _read(table, SchedulerOutput(3, cached_requests=(CachedRequest("a", (), 10),)))
+    assert step.starts.tolist() == [12] and step.cached_rows.tolist() == [row]
+    table.apply_cached(step.cached_rows, step.cached_computed, step.cached_new_blocks)
     assert (table.live["a"].num_tokens, table.live["a"].num_computed_upper) == (13, 12)
-    assert table.info("a").unconfirmed_drafts == 1
+    assert table.unconfirmed_drafts[row] == 1

@@ -1,0 +1,212 @@
+"""One pass over a step's `SchedulerOutput`: read it into arrays and check it, before any state changes.
+
+`read_step` is the runner's boundary.  It applies the rules of
+`impl.interface.validate_scheduler_output` (the per-request form the oracle uses) plus the
+runner's own (computed counts against unconfirmed drafts), but reads the cached and scheduled
+requests with C-level passes (``map``, ``dict`` views, ``numpy``) and checks them with vectorised
+comparisons against the host mirror (`impl.state.RequestStateTable` arrays).  Per item it walks
+only what changed: finishes, preemptions, admissions, appended blocks and drafts.
+
+When a vectorised check fails, the per-request validator runs on the same step to name the
+request, field and error class exactly as the oracle would (`_diagnose`); the fast checks only
+decide *whether* a step is bad.  So both forms hold the same rules, and the bad-input tests hold
+them to the same verdicts.
+
+The result, `StepArrays`, serves the row updates (`apply_cached`, block appends, admissions)
+and the step plan (`impl.input_batch.plan_step`); nothing reads the `SchedulerOutput` again
+except the admissions themselves.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
+
+import numpy as np
+
+from impl.interface import (
+    CachedRequest,
+    CapacityError,
+    DuplicateRequestError,
+    FinishedAndScheduledError,
+    RunnerLimits,
+    ScheduledTokensError,
+    SchedulerOutput,
+    SchedulerOutputError,
+    UnknownRequestError,
+    blocks_per_request,
+    check_block_ids,
+    check_containers,
+    check_drafts,
+    check_new_request,
+    check_req_id,
+    check_step_id,
+    validate_scheduler_output,
+)
+from impl.state import RequestStateTable
+
+_REQ_ID = attrgetter("req_id")
+_NEW_BLOCKS = attrgetter("new_block_ids")
+_COMPUTED = attrgetter("num_computed_tokens")
+_EMPTY = np.zeros(0, np.int64)
+
+
+@dataclass(frozen=True)
+class StepArrays:
+    """A checked step, as arrays in the orders the rest of the step needs."""
+
+    gone: tuple[str, ...]  # finished + preempted ids, sorted (release order)
+    cached_rows: np.ndarray  # int64 [C]: row of each cached request
+    cached_computed: np.ndarray  # int64 [C]: its num_computed_tokens
+    cached_new_blocks: np.ndarray  # int64 [C]: blocks appended this step
+    block_appends: tuple[tuple[int, tuple[int, ...]], ...]  # (row, block ids) of cached requests with new blocks
+    req_ids: tuple[str, ...]  # scheduled, batch order
+    rows: np.ndarray  # int64 [R]: row of each scheduled request (-1 for a new one until it is admitted)
+    new_positions: tuple[tuple[int, str], ...]  # (batch index, id) of scheduled new requests
+    query_lens: np.ndarray  # int64 [R]
+    starts: np.ndarray  # int64 [R]: computed tokens before the step (upper bound)
+    num_drafts: np.ndarray  # int64 [R]
+    drafts: tuple[tuple[int, ...], ...] | None  # per scheduled request, batch order; None: no drafts this step
+    num_tokens: int
+
+
+def _all_of(values: list, types: set) -> bool:
+    return set(map(type, values)) <= types
+
+
+def _int_array(values: list) -> np.ndarray | None:
+    """int64 array of Python ints; None when one does not fit (the per-request checks reject it)."""
+    try:
+        return np.array(values, np.int64) if values else _EMPTY
+    except OverflowError:
+        return None
+
+
+def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last_step_id: int | None) -> StepArrays:
+    """Check ``sched`` against the host mirror and read it into `StepArrays`; changes nothing.
+
+    Raises a `SchedulerOutputError` subclass naming the request and field.
+    """
+    check_containers(sched)
+    check_step_id(sched.step_id, last_step_id)
+    r2r = state.req_to_row
+
+    gone: set[str] = set()
+    for name, ids in (("finished_req_ids", sched.finished_req_ids), ("preempted_req_ids", sched.preempted_req_ids)):
+        for rid in ids:
+            check_req_id(rid, name)
+            if rid not in r2r:
+                raise UnknownRequestError("not a live request", req_id=rid, field=name)
+            if rid in gone:
+                raise DuplicateRequestError("both finished and preempted", req_id=rid, field=name)
+            gone.add(rid)
+
+    new: dict[str, tuple[int, int]] = {}  # id -> (prefill length, blocks)
+    for req in sched.new_requests:
+        n = check_new_request(req, limits)
+        rid = req.req_id
+        if rid in new or (rid in r2r and rid not in gone):
+            raise DuplicateRequestError("request id already live", req_id=rid, field="req_id")
+        if rid in gone:
+            raise FinishedAndScheduledError("finished/preempted and re-added in one step", req_id=rid, field="req_id")
+        new[rid] = (n, len(req.block_ids))
+    num_live_after = len(r2r) - len(gone) + len(new)
+    if num_live_after > limits.max_num_reqs:
+        raise CapacityError(f"{num_live_after} live requests > max_num_reqs {limits.max_num_reqs}", field="new_requests")
+
+    # Mirror after this step's cached updates, by row (copies: the table is changed only by the commit).
+    num_tokens, num_computed, num_blocks = state.num_tokens, state.num_computed, state.num_blocks
+    cached = sched.cached_requests
+    nc = len(cached)
+    crows, ccomp, cnew, appends = _EMPTY, _EMPTY, _EMPTY, ()
+    if nc:
+        ids = list(map(_REQ_ID, cached)) if _all_of(cached, {CachedRequest}) else None
+        if ids is None or not _all_of(ids, {str}) or "" in ids or not gone.isdisjoint(ids) or not new.keys().isdisjoint(ids) \
+                or len(set(ids)) != nc:
+            _diagnose(sched, state, limits, last_step_id)
+        crows = np.fromiter(map(r2r.get, ids, repeat(-1)), np.int64, nc)
+        block_lists = list(map(_NEW_BLOCKS, cached))
+        computed_list = list(map(_COMPUTED, cached))
+        if (crows < 0).any() or not _all_of(block_lists, {tuple, list}) or not _all_of(computed_list, {int}):
+            _diagnose(sched, state, limits, last_step_id)
+        cnew = np.fromiter(map(len, block_lists), np.int64, nc)
+        with_blocks = np.flatnonzero(cnew).tolist()
+        for i in with_blocks:  # per item: only requests that appended blocks
+            check_block_ids(block_lists[i], limits.num_kv_blocks, ids[i], "new_block_ids")
+        appends = tuple((int(crows[i]), tuple(block_lists[i])) for i in with_blocks)
+        ccomp = _int_array(computed_list)
+        if ccomp is None:
+            _diagnose(sched, state, limits, last_step_id)
+        upper = num_computed[crows]
+        shift = upper - ccomp
+        bad = (ccomp < 0) | (shift < 0) | (shift > state.unconfirmed_drafts[crows])
+        bad |= num_blocks[crows] + cnew > blocks_per_request(limits.max_model_len, limits.block_size)
+        if bad.any():
+            _diagnose(sched, state, limits, last_step_id, computed_count_error=int(np.flatnonzero(bad)[0]))
+        num_tokens, num_computed, num_blocks = num_tokens.copy(), num_computed.copy(), num_blocks.copy()
+        num_tokens[crows] -= shift
+        num_computed[crows] = ccomp
+        num_blocks[crows] += cnew
+
+    scheduled = sched.num_scheduled_tokens
+    req_ids = tuple(scheduled)
+    nr = len(req_ids)
+    counts = list(scheduled.values())
+    if not _all_of(list(req_ids), {str}) or "" in scheduled or not gone.isdisjoint(req_ids) or not _all_of(counts, {int}):
+        _diagnose(sched, state, limits, last_step_id)
+    rows = np.fromiter(map(r2r.get, req_ids, repeat(-1)), np.int64, nr)
+    query_lens = _int_array(counts)
+    if query_lens is None:
+        _diagnose(sched, state, limits, last_step_id)
+    safe_rows = np.maximum(rows, 0)
+    known, starts, blocks = num_tokens[safe_rows], num_computed[safe_rows], num_blocks[safe_rows]
+    new_positions: list[tuple[int, str]] = []
+    for i in np.flatnonzero(rows < 0).tolist():  # per item: new (or unknown) ids
+        rid = req_ids[i]
+        if rid not in new:
+            raise UnknownRequestError("scheduled request is not live", req_id=rid, field="num_scheduled_tokens")
+        known[i], starts[i], blocks[i] = new[rid][0], 0, new[rid][1]
+        new_positions.append((i, rid))
+
+    num_drafts, drafts = np.zeros(nr, np.int64), None
+    if sched.draft_token_ids:
+        index_of = dict(zip(req_ids, range(nr)))
+        per_request: list[tuple[int, ...]] = [()] * nr
+        for rid, d in sched.draft_token_ids.items():  # per item: drafts
+            k = check_drafts(rid, d, limits)
+            i = index_of.get(rid)
+            if i is None:
+                raise ScheduledTokensError("drafts for an unscheduled request", req_id=rid, field="draft_token_ids")
+            num_drafts[i] = k
+            per_request[i] = tuple(d)
+        drafts = tuple(per_request)
+
+    end = starts + query_lens
+    bad = (query_lens <= 0) | (end > known + num_drafts) | ((num_drafts > 0) & (end != known + num_drafts))
+    bad |= (end > limits.max_model_len) | (-(-end // limits.block_size) > blocks)
+    total = int(query_lens.sum())
+    if bad.any() or total > limits.max_num_batched_tokens:
+        _diagnose(sched, state, limits, last_step_id)
+    return StepArrays(
+        gone=tuple(sorted(gone)), cached_rows=crows, cached_computed=ccomp, cached_new_blocks=cnew, block_appends=appends,
+        req_ids=req_ids, rows=rows, new_positions=tuple(new_positions), query_lens=query_lens, starts=starts,
+        num_drafts=num_drafts, drafts=drafts, num_tokens=total,
+    )
+
+
+def _diagnose(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last_step_id: int | None,
+              computed_count_error: int | None = None) -> None:
+    """A vectorised check failed: raise the error the per-request validator names for this step."""
+    validate_scheduler_output(sched, state.mirror_for(sched), limits, last_step_id)
+    if computed_count_error is not None:
+        # The oracle knows exact counts; the runner's bound is loose by the unconfirmed drafts.
+        cached = sched.cached_requests[computed_count_error]
+        row = state.req_to_row[cached.req_id]
+        upper = int(state.num_computed[row])
+        lowest = upper - int(state.unconfirmed_drafts[row])
+        want = f"{upper}" if lowest == upper else f"[{lowest}, {upper}]"
+        raise ScheduledTokensError(
+            f"num_computed_tokens {cached.num_computed_tokens} disagrees with the {want} tokens scheduled so far",
+            req_id=cached.req_id, field="num_computed_tokens",
+        )
+    raise SchedulerOutputError("rejected by the runner's array checks, though the per-request checks pass")
