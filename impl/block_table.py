@@ -2,7 +2,8 @@
 
 Ownership
 ---------
-``table`` -- a `StagedWriteTensor` ``[max_num_reqs, max_blocks_per_req]`` int32 on the device, for
+``table`` -- a `StagedWriteTensor` ``[max_num_reqs, max_blocks_per_req]`` int32 on the device (in the
+runner's `StagedWriteGroup` when one is given), for
 the runner's lifetime; row r holds the physical KV block ids of the request in state row r, in
 order.  Its one writer is the staged-write apply kernel: a new request stages its whole list at
 column 0, a cached request stages only the blocks appended this step, at the column after its
@@ -18,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from impl.buffers import StagedWriteTensor, StagingWriter
+from impl.buffers import StagedWriteGroup, StagedWriteTensor, StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.interface import blocks_per_request
@@ -27,12 +28,13 @@ from impl.interface import blocks_per_request
 class BlockTable:
     """Block ids of every row (device, staged appends) and their counts (host).  See the module docstring."""
 
-    def __init__(self, device: Device, max_num_reqs: int, max_model_len: int, block_size: int):
+    def __init__(self, device: Device, max_num_reqs: int, max_model_len: int, block_size: int,
+                 group: StagedWriteGroup | None = None):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.max_blocks_per_req = blocks_per_request(max_model_len, block_size)
-        self.table = StagedWriteTensor(device, (max_num_reqs, self.max_blocks_per_req), torch.int32, "block_table")
+        self.table = StagedWriteTensor(device, (max_num_reqs, self.max_blocks_per_req), torch.int32, "block_table", group=group)
         self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
 
     @property

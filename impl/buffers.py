@@ -83,6 +83,10 @@ class StagingSlot:
         self.capacity_bytes = capacity_bytes
         self.host = device.pinned(capacity_bytes, torch.uint8)
         self.device = device.empty(capacity_bytes, torch.uint8)
+        # Word views of both buffers, made once (the host one as numpy: per-step writes make no tensors).
+        whole = capacity_bytes // 4 * 4
+        self.host_words = self.host.numpy()[:whole].view(np.int32)
+        self.device_words = self.device[:whole].view(torch.int32)
         self.state = SlotState.FREE
         self.step = -1
         self.used_bytes = 0
@@ -99,6 +103,16 @@ class StagingSlot:
             raise StagingCapacityError(f"{nbytes} bytes do not fit in slot {self.index} ({self.capacity_bytes - start} left)")
         self.used_bytes = start + nbytes
         return self.host[start : start + nbytes].view(dtype), self.device[start : start + nbytes].view(dtype)
+
+    def alloc_words(self, n: int) -> tuple[np.ndarray, torch.Tensor]:
+        """`alloc` of ``n`` int32 words, the host side as a numpy view (no tensor made on the host)."""
+        if self.state is not SlotState.WRITING:
+            raise StagingLifetimeError("alloc on a staging slot that is not being written", slot=self.index, step=self.step, state=self.state)
+        start = -(-self.used_bytes // _ALIGN) * _ALIGN
+        if start + 4 * n > self.capacity_bytes:
+            raise StagingCapacityError(f"{4 * n} bytes do not fit in slot {self.index} ({self.capacity_bytes - start} left)")
+        self.used_bytes = start + 4 * n
+        return self.host_words[start // 4 : start // 4 + n], self.device_words[start // 4 : start // 4 + n]
 
     def fits(self, n: int, dtype: torch.dtype) -> bool:
         itemsize = dtype.itemsize
@@ -191,6 +205,35 @@ class StagingWriter:
         self.num_slots_used = 0
 
     @hot_path
+    def first_slot(self, reserve_bytes: int) -> StagingSlot:
+        """Acquire the step's first slot with its leading ``reserve_bytes`` kept for a fixed layout
+        (the caller writes them through views of its own, while the slot is WRITING)."""
+        if self.slot is not None:
+            raise StagingLifetimeError("first_slot after the writer already holds a slot", slot=self.slot.index, step=self.step)
+        if reserve_bytes > self.pool.capacity_bytes:
+            raise StagingCapacityError(f"a reserved layout of {reserve_bytes} bytes does not fit a {self.pool.capacity_bytes}-byte slot")
+        self.slot = self.pool.acquire(self.step)
+        self.num_slots_used += 1
+        self.slot.used_bytes = reserve_bytes
+        return self.slot
+
+    def trim_reserved(self, used_bytes: int) -> None:
+        """Give back the end of the reservation made by `first_slot`: only ``used_bytes`` of it were written."""
+        if self.slot is None or self.num_slots_used != 1 or used_bytes > self.slot.used_bytes:
+            raise StagingLifetimeError("trim_reserved without a larger reservation in the writer's first slot", step=self.step)
+        self.slot.used_bytes = used_bytes
+
+    @hot_path
+    def alloc_words(self, n: int) -> tuple[np.ndarray, torch.Tensor]:
+        """``n`` 32-bit words: a numpy host view to fill now and the int32 device view kernels read later."""
+        if self.slot is None or not self.slot.fits(n, torch.int32):
+            if self.slot is not None:
+                self._submit_current()
+            self.slot = self.pool.acquire(self.step)
+            self.num_slots_used += 1
+        return self.slot.alloc_words(n)
+
+    @hot_path
     def alloc(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self.slot is None or not self.slot.fits(n, dtype):
             if self.slot is not None:
@@ -201,6 +244,11 @@ class StagingWriter:
 
     def stage_array(self, values: Sequence | np.ndarray | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Copy host values into the slot; returns the device view (valid after submit, in stream order)."""
+        if dtype == torch.int32 and not isinstance(values, torch.Tensor):
+            src_words = np.asarray(values, np.int32).reshape(-1)
+            host_words, dev_words = self.alloc_words(src_words.size)
+            host_words[:] = src_words
+            return dev_words
         src = torch.as_tensor(np.asarray(values), dtype=dtype) if not isinstance(values, torch.Tensor) else values.to(dtype)
         host_view, dev_view = self.alloc(src.numel(), dtype)
         host_view.copy_(src.reshape(-1))
@@ -222,30 +270,177 @@ class StagingWriter:
 
 
 @triton.jit
-def _apply_staged_writes_kernel(base_ptr, row_ptr, start_ptr, len_ptr, offset_ptr, values_ptr, num_cols, BLOCK: tl.constexpr):
-    diff = tl.program_id(0)
-    row = tl.load(row_ptr + diff).to(tl.int64)
-    start = tl.load(start_ptr + diff)
-    length = tl.load(len_ptr + diff)
-    offset = tl.load(offset_ptr + diff)
+def _apply_word_diffs_kernel(arena_ptr, staged_ptr, values_offset, BLOCK: tl.constexpr):
+    """Diff ``d``: copy ``staged[values_offset + src : + length]`` to ``arena[dst : + length]`` (32-bit words)."""
+    d = tl.program_id(0)
+    dst = tl.load(staged_ptr + 3 * d).to(tl.int64)
+    length = tl.load(staged_ptr + 3 * d + 1)
+    src = tl.load(staged_ptr + 3 * d + 2).to(tl.int64) + values_offset
     for chunk in range(0, length, BLOCK):
         cols = chunk + tl.arange(0, BLOCK)
         mask = cols < length
-        vals = tl.load(values_ptr + offset + cols, mask=mask)
-        tl.store(base_ptr + row * num_cols + start + cols, vals, mask=mask)
+        tl.store(arena_ptr + dst + cols, tl.load(staged_ptr + src + cols, mask=mask), mask=mask)
+
+
+_APPLY_BLOCK = 128
+_META_WORDS = 3  # (destination word, length in words, source word) per diff
+_NP_DTYPES = {torch.int32: np.int32, torch.float32: np.float32, torch.int64: np.int64}
+
+
+class StagedWriteGroup:
+    """Persistent device tensors that share one int32 word arena, written by ONE apply launch per step.
+
+    Owner: whoever constructs it (the runner for its row state, block table and sampling state;
+    a standalone `StagedWriteTensor` owns a private group of its own).  ``arena`` lives on the
+    device for the owner's lifetime; each member's ``base`` is a view into it (int32, float32 or
+    int64 -- 4- and 8-byte elements as one or two words).  Its one writer is the apply kernel
+    enqueued by `enqueue_apply`.  `flush` gathers every member's merged diffs into one staging
+    allocation (diff table + values) -- more only when they do not fit one slot.
+    The arena is allocated by `seal` (or the first ``base`` access); members join before that.
+    """
+
+    def __init__(self, device: Device, name: str):
+        self.device = device
+        self.name = name
+        self.members: list[StagedWriteTensor] = []
+        self.arena: torch.Tensor | None = None
+        self._num_words = 0
+        self._applies: list[Callable[[], None]] = []
+        self.h2d_bytes_last_flush = 0
+
+    def _join(self, tensor: "StagedWriteTensor") -> int:
+        if self.arena is not None:
+            raise RuntimeError(f"staged-write group {self.name!r} is sealed: {tensor.name!r} cannot join")
+        offset = -(-self._num_words // 16) * 16  # 64-byte aligned members (int64 views need 8)
+        self._num_words = offset + tensor.num_words
+        self.members.append(tensor)
+        return offset
+
+    def seal(self) -> None:
+        """Allocate the arena and fill each member's view (init time)."""
+        if self.arena is not None:
+            return
+        self.arena = self.device.empty(max(1, self._num_words), torch.int32)
+        for t in self.members:
+            view = self.arena[t.word_offset : t.word_offset + t.num_words].view(t.dtype).view(t.shape)
+            view.fill_(t.fill)
+            t._base = view
+        self.device._stream_waits_for_current()
+
+    @hot_path
+    def flush(self, writer: StagingWriter) -> None:
+        """Pack every member's pending diffs into staging and prepare the apply launch (enqueued by `enqueue_apply`).
+
+        Values are gathered per element type (int32, float32, int64) and turned into words with one
+        numpy conversion each; the diff table holds (destination word, words, source word).
+        """
+        self.h2d_bytes_last_flush = 0
+        by_dtype: dict[torch.dtype, tuple[list[int], list[int], list]] = {}
+        for t in self.members:
+            if not t._pending:
+                continue
+            diffs = t._merged_diffs()
+            t._pending.clear()
+            dst, lens, values = by_dtype.setdefault(t.dtype, ([], [], []))
+            words_per, base, cols = t.words_per_element, t.word_offset, t.num_cols
+            for row, start, vals in diffs:
+                dst.append(base + (row * cols + start) * words_per)
+                lens.append(len(vals) * words_per)
+                values.extend(vals)
+        if not by_dtype:
+            return
+        self.seal()
+        dst_all: list[int] = []
+        len_all: list[int] = []
+        words: list[np.ndarray] = []
+        for dtype, (dst, lens, values) in by_dtype.items():
+            dst_all += dst
+            len_all += lens
+            words.append(np.array(values, _NP_DTYPES[dtype]).view(np.int32))
+        lens = np.array(len_all, np.int64)
+        values = words[0] if len(words) == 1 else np.concatenate(words)
+        src = np.zeros(len(lens), np.int64)
+        np.cumsum(lens[:-1], out=src[1:])
+        dst = np.array(dst_all, np.int64)
+        limit = writer.pool.capacity_bytes // 4 - 4  # words of one slot, less alignment
+        if _META_WORDS * len(lens) + len(values) <= limit:
+            self._applies = [self._pack(dst, lens, src, values, writer)]
+        else:
+            self._applies = [self._pack(*batch, writer) for batch in _word_batches(dst, lens, src, values, limit)]
+
+    def _pack(self, dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray, writer: StagingWriter) -> Callable[[], None]:
+        n = len(lens)
+        meta_words = _META_WORDS * n
+        host, staged = writer.alloc_words(meta_words + len(values))
+        meta = host[:meta_words].reshape(n, _META_WORDS)
+        meta[:, 0], meta[:, 1], meta[:, 2] = dst, lens, src
+        host[meta_words:] = values
+        self.h2d_bytes_last_flush += 4 * (meta_words + len(values))
+        arena = self.arena
+
+        def apply() -> None:
+            _apply_word_diffs_kernel[(n,)](arena, staged, meta_words, BLOCK=_APPLY_BLOCK)
+
+        return apply
+
+    @hot_path
+    def enqueue_apply(self) -> None:
+        """Enqueue the launch(es) prepared by the last `flush` (call after the writer submitted)."""
+        applies, self._applies = self._applies, []
+        for apply in applies:
+            self.device.enqueue(apply, f"apply {self.name}")
+
+
+def _word_batches(dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray, limit: int) -> list[tuple]:
+    """Split diffs into batches whose table + values fit ``limit`` words, cutting long diffs at even words.
+
+    Merged diffs never overlap, so the batches may be applied in any order.
+    """
+    max_piece = max(2, (limit - _META_WORDS) // 2 * 2)
+    batches: list[tuple] = []
+    cur_dst: list[int] = []
+    cur_len: list[int] = []
+    cur_vals: list[np.ndarray] = []
+    used = 0
+    for d, n, s in zip(dst.tolist(), lens.tolist(), src.tolist()):
+        for cut in range(0, n, max_piece):
+            piece = min(max_piece, n - cut)
+            if cur_len and used + _META_WORDS + piece > limit:
+                batches.append(_batch(cur_dst, cur_len, cur_vals))
+                cur_dst, cur_len, cur_vals, used = [], [], [], 0
+            cur_dst.append(d + cut)
+            cur_len.append(piece)
+            cur_vals.append(values[s + cut : s + cut + piece])
+            used += _META_WORDS + piece
+    if cur_len:
+        batches.append(_batch(cur_dst, cur_len, cur_vals))
+    return batches
+
+
+def _batch(dst: list[int], lens: list[int], vals: list[np.ndarray]) -> tuple:
+    lens_arr = np.array(lens, np.int64)
+    src = np.zeros(len(lens), np.int64)
+    np.cumsum(lens_arr[:-1], out=src[1:])
+    return np.array(dst, np.int64), lens_arr, src, np.concatenate(vals)
 
 
 class StagedWriteTensor:
     """A persistent device tensor written only through staged diffs.
 
     Owner: whoever constructs it (the state table, the block table, the sampler state).
-    ``base`` lives on the device for the owner's lifetime and its one writer is the apply kernel
-    enqueued by `flush`.  Pending diffs live on the host until `flush` (or `discard_pending`).
+    ``base`` lives on the device for the owner's lifetime, a view into its `StagedWriteGroup`'s
+    arena (``group``: shared with other tensors, flushed and applied by the group's owner; None:
+    a private group, flushed and applied through this tensor).  Its one writer is the group's
+    apply kernel.  Pending diffs live on the host until a flush (or `discard_pending`); diffs that
+    overlap within a row are merged there, later writes winning.
     """
 
-    def __init__(self, device: Device, shape: int | tuple[int, ...], dtype: torch.dtype, name: str, fill: float | int = 0):
+    def __init__(self, device: Device, shape: int | tuple[int, ...], dtype: torch.dtype, name: str, fill: float | int = 0,
+                 group: StagedWriteGroup | None = None):
         self.device = device
         self.name = name
+        if dtype not in _NP_DTYPES:
+            raise ValueError(f"{name}: StagedWriteTensor holds int32, float32 or int64, got {dtype}")
         self.dtype = dtype
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         if len(shape) not in (1, 2):
@@ -253,10 +448,26 @@ class StagedWriteTensor:
         self.shape = shape
         self.num_rows = shape[0]
         self.num_cols = shape[1] if len(shape) == 2 else 1
-        self.base = device.full(shape, fill, dtype)
+        self.fill = fill
+        self.words_per_element = dtype.itemsize // 4
+        self.num_words = self.num_rows * self.num_cols * self.words_per_element
+        self._private = group is None
+        self.group = StagedWriteGroup(device, name) if group is None else group
+        self.word_offset = self.group._join(self)
+        self._base: torch.Tensor | None = None
         self._pending: list[tuple[int, int, list]] = []
-        self._applies: list[Callable[[], None]] = []
-        self.h2d_bytes_last_flush = 0
+        if self._private:
+            self.group.seal()
+
+    @property
+    def base(self) -> torch.Tensor:
+        if self._base is None:
+            self.group.seal()
+        return self._base
+
+    @property
+    def h2d_bytes_last_flush(self) -> int:
+        return self.group.h2d_bytes_last_flush
 
     @property
     def num_pending(self) -> int:
@@ -279,6 +490,8 @@ class StagedWriteTensor:
         self._pending.clear()
 
     def _merged_diffs(self) -> list[tuple[int, int, list]]:
+        if len(self._pending) == 1:
+            return list(self._pending)
         by_row: dict[int, list[tuple[int, list]]] = {}
         for row, start, values in self._pending:
             by_row.setdefault(row, []).append((start, values))
@@ -302,68 +515,13 @@ class StagedWriteTensor:
             merged.append((row, run_start, run))
         return merged
 
-    def _batches(self, diffs: list[tuple[int, int, list]], slot_bytes: int) -> list[list[tuple[int, int, list]]]:
-        """Split diffs into batches whose two staging arrays (meta, values) each fit one slot.
-
-        A diff longer than a slot holds is cut by columns into several diffs; merged diffs never
-        overlap, so batches can be applied in any order.
-        """
-        itemsize = self.dtype.itemsize
-        meta_bytes = 16  # four int32 per diff
-        max_values = max(1, slot_bytes // itemsize)
-        max_diffs = max(1, slot_bytes // meta_bytes)
-        batches: list[list[tuple[int, int, list]]] = [[]]
-        num_values = 0
-        for row, start, values in diffs:
-            for cut in range(0, len(values), max_values):
-                piece = values[cut : cut + max_values]
-                if batches[-1] and (num_values + len(piece) > max_values or len(batches[-1]) >= max_diffs):
-                    batches.append([])
-                    num_values = 0
-                batches[-1].append((row, start + cut, piece))
-                num_values += len(piece)
-        return batches
-
     @hot_path
     def flush(self, writer: StagingWriter) -> None:
-        """Pack pending diffs into staging and prepare the apply kernel(s) (enqueued by `enqueue_apply`).
-
-        Diffs that would not fit one staging slot are split into several batches (one apply launch
-        each), so a step never needs a single allocation larger than a slot.
-        """
-        self.h2d_bytes_last_flush = 0
-        if not self._pending:
-            return
-        diffs = self._merged_diffs()
-        self._pending.clear()
-        applies = []
-        for batch in self._batches(diffs, writer.pool.capacity_bytes):
-            applies.append(self._pack(batch, writer))
-        self._applies = applies
-
-    def _pack(self, diffs: list[tuple[int, int, list]], writer: StagingWriter) -> Callable[[], None]:
-        n = len(diffs)
-        meta = np.empty((4, n), dtype=np.int32)
-        flat: list = []
-        for i, (row, start, values) in enumerate(diffs):
-            meta[:, i] = (row, start, len(values), len(flat))
-            flat.extend(values)
-        meta_dev = writer.stage_array(meta, torch.int32)
-        values_dev = writer.stage_array(flat, self.dtype)
-        self.h2d_bytes_last_flush += meta.nbytes + len(flat) * values_dev.element_size()
-        base, num_cols = self.base, self.num_cols
-        max_len = max(len(v) for _, _, v in diffs)
-        block = max(16, min(1024, triton.next_power_of_2(max_len)))
-
-        def apply() -> None:
-            _apply_staged_writes_kernel[(n,)](
-                base, meta_dev[0:n], meta_dev[n : 2 * n], meta_dev[2 * n : 3 * n], meta_dev[3 * n : 4 * n], values_dev, num_cols, BLOCK=block
-            )
-
-        return apply
+        """A private group: pack the pending diffs and prepare the apply.  A shared group's owner flushes it instead."""
+        if self._private:
+            self.group.flush(writer)
 
     def enqueue_apply(self) -> None:
-        """Enqueue the kernel(s) prepared by the last `flush` (call after the writer submitted)."""
-        applies, self._applies = self._applies, []
-        for apply in applies:
-            self.device.enqueue(apply, f"apply {self.name}")
+        """A private group: enqueue the apply prepared by the last `flush` (after the writer submitted)."""
+        if self._private:
+            self.group.enqueue_apply()

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from impl.block_table import BlockTable
-from impl.buffers import StagingWriter
+from impl.buffers import StagingSlot, StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.kernels.input_prep import launch_prepare_inputs
@@ -138,9 +138,12 @@ _NO_PROMPT_INDEX = np.zeros(0, np.int32)
 _NO_PROMPT_TARGETS = np.zeros(0, np.int64)
 
 
+_NP_DTYPES = {torch.int32: np.int32, torch.int64: np.int64}
+
+
 @dataclass(frozen=True)
 class StagedStepArrays:
-    """Device views (inside the step's staging slot) of the plan's compact arrays."""
+    """Device views (inside the step's staging slot, fixed layout, sized for the worst step) of the plan's compact arrays."""
 
     rows: torch.Tensor
     cu: torch.Tensor
@@ -174,25 +177,71 @@ class InputBatch:
         self.logits_state_rows = device.zeros(self.max_sampling_rows, torch.int32)
         self.logits_positions = device.zeros(self.max_sampling_rows, torch.int64)
         self.logits_draft_prefix = device.full((self.max_sampling_rows, max(1, max_num_draft_tokens)), -1, torch.int32)
+        self._layout = self.staging_layout(max_num_reqs, max_num_batched_tokens, max_num_draft_tokens)
+        self.staging_bytes = self.staging_bytes_needed(max_num_reqs, max_num_batched_tokens, max_num_draft_tokens)
+        self._views_by_slot: dict[int, tuple[dict[str, np.ndarray], StagedStepArrays, StagingSlot]] = {}
+
+    @staticmethod
+    def staging_layout(max_num_reqs: int, max_num_batched_tokens: int, max_num_draft_tokens: int) -> dict[str, tuple[int, int, torch.dtype]]:
+        """Where each compact per-step array sits at the start of a staging slot: name -> (byte offset, max elements, dtype).
+
+        A fixed layout (16-byte aligned, sized for the worst step), so each slot's device views
+        are made once and a step only fills the host side.
+        """
+        r, t = max_num_reqs, max_num_batched_tokens
+        fields = [("rows", r, torch.int32), ("cu", r + 1, torch.int32), ("draft_start", r + 1, torch.int32),
+                  ("logits_start", r + 1, torch.int32), ("drafts", r * max(1, max_num_draft_tokens), torch.int32),
+                  ("prompt_token_index", t, torch.int32), ("prompt_targets", t, torch.int64)]
+        layout, cursor = {}, 0
+        for name, n, dtype in fields:
+            layout[name] = (cursor, n, dtype)
+            cursor += -(-(n * dtype.itemsize) // 16) * 16
+        return layout
 
     @staticmethod
     def staging_bytes_needed(max_num_reqs: int, max_num_batched_tokens: int, max_num_draft_tokens: int) -> int:
-        """Worst-case bytes of one step's compact arrays (each allocation 16-byte aligned)."""
-        r, t = max_num_reqs, max_num_batched_tokens
-        sizes = [4 * r, 4 * (r + 1), 4 * (r + 1), 4 * r * max_num_draft_tokens, 4 * (r + 1), 4 * t, 8 * t]
-        return sum(s + 16 for s in sizes)
+        """Bytes of the fixed layout of one step's compact arrays (`staging_layout`)."""
+        layout = InputBatch.staging_layout(max_num_reqs, max_num_batched_tokens, max_num_draft_tokens)
+        offset, n, dtype = layout["prompt_targets"]
+        return offset + -(-(n * dtype.itemsize) // 16) * 16
+
+    def _slot_views(self, slot: StagingSlot) -> tuple[dict[str, np.ndarray], StagedStepArrays]:
+        """The host (numpy) and device views of ``slot``'s compact arrays, made on its first use."""
+        views = self._views_by_slot.get(slot.index)
+        if views is None or views[2] is not slot:
+            host_bytes = slot.host.numpy()
+            host, dev = {}, {}
+            for name, (offset, n, dtype) in self._layout.items():
+                nbytes = n * dtype.itemsize
+                host[name] = host_bytes[offset : offset + nbytes].view(_NP_DTYPES[dtype])
+                dev[name] = slot.device[offset : offset + nbytes].view(dtype)
+            views = (host, StagedStepArrays(**dev), slot)
+            self._views_by_slot[slot.index] = views
+        return views[0], views[1]
 
     @hot_path
     def stage(self, plan: StepPlan, writer: StagingWriter) -> StagedStepArrays:
-        return StagedStepArrays(
-            rows=writer.stage_array(plan.rows, torch.int32),
-            cu=writer.stage_array(plan.cu, torch.int32),
-            draft_start=writer.stage_array(plan.draft_start, torch.int32),
-            drafts=writer.stage_array(plan.drafts, torch.int32),
-            logits_start=writer.stage_array(plan.logits_start, torch.int32),
-            prompt_token_index=writer.stage_array(plan.prompt_token_index, torch.int32),
-            prompt_targets=writer.stage_array(plan.prompt_targets, torch.int64),
-        )
+        """Write the plan's compact arrays into the reserved start of the step's first staging slot."""
+        host, staged = self._slot_views(writer.first_slot(self.staging_bytes))
+        r = plan.num_reqs
+        host["rows"][:r] = plan.rows
+        host["cu"][: r + 1] = plan.cu
+        host["draft_start"][: r + 1] = plan.draft_start
+        host["logits_start"][: r + 1] = plan.logits_start
+        last = "logits_start"
+        if len(plan.drafts):
+            host["drafts"][: len(plan.drafts)] = plan.drafts
+            last = "drafts"
+        p = plan.num_prompt_rows
+        if p:
+            host["prompt_token_index"][:p] = plan.prompt_token_index
+            host["prompt_targets"][:p] = plan.prompt_targets
+            last = "prompt_targets"
+        # Regions past the last one written are not read this step: the slot's next allocations
+        # (the staged diffs) may use their bytes, and the H2D copy stops short of them.
+        offset, n, dtype = self._layout[last]
+        writer.trim_reserved(offset + n * dtype.itemsize)
+        return staged
 
     @hot_path
     def enqueue_prepare(self, plan: StepPlan, staged: StagedStepArrays, state: RequestStateTable, block_table: BlockTable) -> None:

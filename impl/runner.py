@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from impl.block_table import BlockTable
-from impl.buffers import StagingPool, StagingWriter
+from impl.buffers import StagedWriteGroup, StagingPool, StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
@@ -90,19 +90,23 @@ class ModelRunner:
         self.last_step_stats: StepStats | None = None
         self._last_step_id: int | None = None  # step ids must increase (checked at the boundary)
         self._step: StepArrays | None = None  # the step being executed, read once by `_check`
+        self._output_layouts: dict[tuple[int, ...], OutputLayout] = {}
         self._init()
 
     # ------------------------------------------------------------------ init
     def _init(self) -> None:
         lim, dev = self.limits, self.device
-        self.state = RequestStateTable(dev, lim.max_num_reqs, lim.max_model_len)
-        self.block_table = BlockTable(dev, lim.max_num_reqs, lim.max_model_len, lim.block_size)
+        # Row state, block tables and sampling parameters share one arena: one apply launch per step.
+        self.staged_writes = StagedWriteGroup(dev, "row state, block tables, sampling params")
+        self.state = RequestStateTable(dev, lim.max_num_reqs, lim.max_model_len, group=self.staged_writes)
+        self.block_table = BlockTable(dev, lim.max_num_reqs, lim.max_model_len, lim.block_size, group=self.staged_writes)
         self.input_batch = InputBatch(
             dev, max_num_reqs=lim.max_num_reqs, max_num_batched_tokens=lim.max_num_batched_tokens,
             max_blocks_per_req=self.block_table.max_blocks_per_req, max_num_draft_tokens=lim.max_num_draft_tokens,
         )
         self.model = PagedDecoder(self.weights, dev, dtype=self.dtype, num_kv_blocks=lim.num_kv_blocks, block_size=lim.block_size)
-        self.sampling_state = SamplingState(dev, lim.max_num_reqs, lim.vocab_size)
+        self.sampling_state = SamplingState(dev, lim.max_num_reqs, lim.vocab_size, group=self.staged_writes)
+        self.staged_writes.seal()
         self.sampler = Sampler(dev, lim.vocab_size, lim.max_logprobs, max_num_rows=self.input_batch.max_sampling_rows)
         self.prompt_logprobs = LogprobsComputer(dev, lim.vocab_size, lim.max_logprobs, self.input_batch.max_prompt_rows)
         self.outputs = OutputSlots(
@@ -166,20 +170,20 @@ class ModelRunner:
         seeds = self._update_rows(sched)
         self._last_step_id = sched.step_id
 
+        # One staging slot (more only when admissions overflow it), one H2D, one apply launch for
+        # every staged diff: the compact arrays first, at the slot's fixed layout, then the diffs.
         writer = StagingWriter(self.staging, sched.step_id)
-        self.state.flush(writer)
-        self.block_table.flush(writer)
+        if step.req_ids:
+            plan = plan_step(step, self.state)
+            staged = self.input_batch.stage(plan, writer)
+        self.staged_writes.flush(writer)
         self.sampling_state.flush(writer)
+        writer.submit()
+        self._enqueue_applies()
         if not step.req_ids:
-            writer.submit()
-            self._enqueue_applies()
             self._record_stats(sched.step_id, 0, 0, writer, enqueued_before, started)
             return ReadyOutput(ModelRunnerOutput(sched.step_id, (), (), (), {}, (), seeds))
 
-        plan = plan_step(step, self.state)
-        staged = self.input_batch.stage(plan, writer)
-        writer.submit()
-        self._enqueue_applies()
         self.input_batch.enqueue_prepare(plan, staged, self.state, self.block_table)
         result = self._enqueue_model_and_sampling(plan, staged)
         output = self._enqueue_output(sched.step_id, plan, result, seeds)
@@ -214,8 +218,7 @@ class ModelRunner:
         return seeds
 
     def _enqueue_applies(self) -> None:
-        self.state.enqueue_apply()
-        self.block_table.enqueue_apply()
+        self.staged_writes.enqueue_apply()
         self.sampling_state.enqueue_apply()
 
     def _enqueue_model_and_sampling(self, plan: StepPlan, staged: StagedStepArrays) -> dict:
@@ -267,8 +270,12 @@ class ModelRunner:
                                        num_top, computer, out, chunk_rows=chunk)
 
     def _enqueue_output(self, step_id: int, plan: StepPlan, result: dict, seeds: dict[str, int]) -> AsyncStepOutput:
-        layout = OutputLayout.build(plan.num_reqs, plan.num_sampling_rows, plan.max_num_logprobs,
-                                    plan.num_prompt_rows, plan.max_num_prompt_logprobs)
+        shape = (plan.num_reqs, plan.num_sampling_rows, plan.max_num_logprobs, plan.num_prompt_rows, plan.max_num_prompt_logprobs)
+        layout = self._output_layouts.get(shape)
+        if layout is None:  # built once per batch shape (frozen), not per step
+            if len(self._output_layouts) >= 1024:
+                self._output_layouts.clear()
+            layout = self._output_layouts[shape] = OutputLayout.build(*shape)
         meta = StepOutputMeta(step_id, plan.req_ids, plan.logits_start.astype("int64"), plan.num_logprobs,
                               plan.prompt_requests, plan.prompt_targets, seeds)
         slot = self.outputs.acquire()

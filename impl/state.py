@@ -6,7 +6,8 @@ generation number), its prefill being its prompt plus the outputs it already pro
 
 Tensors (owner: `RequestStateTable`; the four questions for each)
 ------------------------------------------------------------------
-``row_state`` -- a `StagedWriteTensor` ``[max_num_reqs, NUM_ROW_FIELDS]`` int32, on the device, for
+``row_state`` -- a `StagedWriteTensor` ``[max_num_reqs, NUM_ROW_FIELDS]`` int32 (in the runner's
+    `StagedWriteGroup` when one is given), on the device, for
     the table's lifetime; a row's cells are meaningful from its admission to its release.  Columns:
 
     * ``NUM_COMPUTED``: tokens whose KV is in the cache;
@@ -51,7 +52,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from impl.buffers import StagedWriteTensor, StagingWriter
+from impl.buffers import StagedWriteGroup, StagedWriteTensor, StagingWriter
 from impl.device import Device, DeviceEvent
 from impl.hotpath import hot_path
 from impl.interface import CapacityError, LiveRequest, NewRequest, SamplingParams
@@ -87,13 +88,14 @@ class RequestStateTable:
     See the module docstring for the ownership of every tensor and array.
     """
 
-    def __init__(self, device: Device, max_num_reqs: int = 1024, max_model_len: int = 2048):
+    def __init__(self, device: Device, max_num_reqs: int = 1024, max_model_len: int = 2048,
+                 group: StagedWriteGroup | None = None):
         if max_num_reqs < 1 or max_model_len < 1:
             raise ValueError(f"need max_num_reqs >= 1 and max_model_len >= 1, got {max_num_reqs}, {max_model_len}")
         self.device = device
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
-        self.row_state = StagedWriteTensor(device, (max_num_reqs, NUM_ROW_FIELDS), torch.int32, "row_state")
+        self.row_state = StagedWriteTensor(device, (max_num_reqs, NUM_ROW_FIELDS), torch.int32, "row_state", group=group)
         self.prefill_tokens = device.pinned((max_num_reqs, max_model_len), torch.int32)
         self.prefill_tokens.zero_()
         self._prefill_np = self.prefill_tokens.numpy()

@@ -74,6 +74,23 @@ def _all_of(values: list, types: set) -> bool:
     return set(map(type, values)) <= types
 
 
+def _rows_of(req_to_row: dict, ids: tuple) -> np.ndarray | None:
+    """Row of each id, -1 where it holds none; None when an id cannot even be looked up (unhashable)."""
+    try:
+        return np.fromiter(map(req_to_row.get, ids, repeat(-1)), np.int64, len(ids))
+    except TypeError:
+        return None
+
+
+def _hits(rows: np.ndarray, gone_rows: np.ndarray | None) -> bool:
+    """Whether any of ``rows`` is one of the (few) rows leaving this step."""
+    return gone_rows is not None and bool((rows[:, None] == gone_rows[None, :]).any())
+
+
+def _repeats(rows: np.ndarray, num_rows: int) -> bool:
+    return int(np.count_nonzero(np.bincount(rows, minlength=num_rows))) != len(rows)
+
+
 def _int_array(values: list) -> np.ndarray | None:
     """int64 array of Python ints; None when one does not fit (the per-request checks reject it)."""
     try:
@@ -118,16 +135,18 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     num_tokens, num_computed, num_blocks = state.num_tokens, state.num_computed, state.num_blocks
     cached = sched.cached_requests
     nc = len(cached)
-    crows, ccomp, cnew, appends = _EMPTY, _EMPTY, _EMPTY, ()
+    crows, ccomp, cnew, appends, ids = _EMPTY, _EMPTY, _EMPTY, (), ()
+    # Rows of the requests leaving this step: neither cached nor scheduled may name them.
+    gone_rows = np.fromiter(map(r2r.__getitem__, gone), np.int64, len(gone)) if gone else None
     if nc:
-        ids = list(map(_REQ_ID, cached)) if _all_of(cached, {CachedRequest}) else None
-        if ids is None or not _all_of(ids, {str}) or "" in ids or not gone.isdisjoint(ids) or not new.keys().isdisjoint(ids) \
-                or len(set(ids)) != nc:
+        # Ids are checked through the row lookup: a non-string, empty, new or unknown id has no row.
+        ids = tuple(map(_REQ_ID, cached)) if _all_of(cached, {CachedRequest}) else None
+        crows = _rows_of(r2r, ids) if ids is not None else None
+        if crows is None or (crows < 0).any() or _hits(crows, gone_rows) or _repeats(crows, state.max_num_reqs):
             _diagnose(sched, state, limits, last_step_id)
-        crows = np.fromiter(map(r2r.get, ids, repeat(-1)), np.int64, nc)
         block_lists = list(map(_NEW_BLOCKS, cached))
         computed_list = list(map(_COMPUTED, cached))
-        if (crows < 0).any() or not _all_of(block_lists, {tuple, list}) or not _all_of(computed_list, {int}):
+        if not _all_of(block_lists, {tuple, list}) or not _all_of(computed_list, {int}):
             _diagnose(sched, state, limits, last_step_id)
         cnew = np.fromiter(map(len, block_lists), np.int64, nc)
         with_blocks = np.flatnonzero(cnew).tolist()
@@ -152,11 +171,15 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     req_ids = tuple(scheduled)
     nr = len(req_ids)
     counts = list(scheduled.values())
-    if not _all_of(list(req_ids), {str}) or "" in scheduled or not gone.isdisjoint(req_ids) or not _all_of(counts, {int}):
-        _diagnose(sched, state, limits, last_step_id)
-    rows = np.fromiter(map(r2r.get, req_ids, repeat(-1)), np.int64, nr)
-    query_lens = _int_array(counts)
+    query_lens = _int_array(counts) if _all_of(counts, {int}) else None
     if query_lens is None:
+        _diagnose(sched, state, limits, last_step_id)
+    # The usual batch lists the cached requests first, in their order: their rows are known.
+    if nc and req_ids[:nc] == ids:
+        rows = np.concatenate((crows, _rows_of(r2r, req_ids[nc:]))) if nr > nc else crows.copy()
+    else:
+        rows = _rows_of(r2r, req_ids)
+    if rows is None or _hits(rows, gone_rows):
         _diagnose(sched, state, limits, last_step_id)
     safe_rows = np.maximum(rows, 0)
     known, starts, blocks = num_tokens[safe_rows], num_computed[safe_rows], num_blocks[safe_rows]
@@ -164,7 +187,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     for i in np.flatnonzero(rows < 0).tolist():  # per item: new (or unknown) ids
         rid = req_ids[i]
         if rid not in new:
-            raise UnknownRequestError("scheduled request is not live", req_id=rid, field="num_scheduled_tokens")
+            _diagnose(sched, state, limits, last_step_id)
         known[i], starts[i], blocks[i] = new[rid][0], 0, new[rid][1]
         new_positions.append((i, rid))
 

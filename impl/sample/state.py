@@ -8,7 +8,8 @@ admission into a row until the row is reused.  Their writers:
 
 * ``temperature`` f32, ``top_k`` i32, ``top_p`` f32, ``min_p`` f32, ``repetition_penalty`` f32,
   ``frequency_penalty`` f32, ``presence_penalty`` f32, ``seed`` i64 -- `StagedWriteTensor` s,
-  written only by their apply kernels from diffs staged by `add_request`;
+  written only by their apply kernels from diffs staged by `add_request` (with ``group``, views
+  into that `StagedWriteGroup`'s arena, applied by the group's owner in one launch with its others);
 * ``prompt_mask`` i32 ``[max_num_reqs, ceil(V / 32)]`` -- bit ``t % 32`` of word ``t // 32`` is set
   when token ``t`` occurs in the user's prompt (a resumed request's re-fed outputs are not
   prompt).  A `StagedWriteTensor`: the host builds the whole row of words at admission;
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 import triton
 
-from impl.buffers import StagedWriteTensor, StagingWriter
+from impl.buffers import StagedWriteGroup, StagedWriteTensor, StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.interface import MAX_SEED, SamplingParams, SamplingParamsError, TokenOutOfVocabError
@@ -67,22 +68,22 @@ def _check_tokens(tokens: Sequence[int], vocab_size: int, name: str) -> list[int
 class SamplingState:
     """Per-row sampling parameters and penalty state (see the module docstring for ownership)."""
 
-    def __init__(self, device: Device, max_num_reqs: int, vocab_size: int):
+    def __init__(self, device: Device, max_num_reqs: int, vocab_size: int, group: StagedWriteGroup | None = None):
         if max_num_reqs < 1 or vocab_size < 1:
             raise SamplingStateError(f"need max_num_reqs >= 1 and vocab_size >= 1, got {max_num_reqs}, {vocab_size}")
         self.device = device
         self.max_num_reqs = max_num_reqs
         self.vocab_size = vocab_size
         self.num_mask_words = (vocab_size + 31) // 32
-        self.temperature = StagedWriteTensor(device, max_num_reqs, torch.float32, "temperature", fill=1.0)
-        self.top_k = StagedWriteTensor(device, max_num_reqs, torch.int32, "top_k", fill=-1)
-        self.top_p = StagedWriteTensor(device, max_num_reqs, torch.float32, "top_p", fill=1.0)
-        self.min_p = StagedWriteTensor(device, max_num_reqs, torch.float32, "min_p", fill=0.0)
-        self.repetition_penalty = StagedWriteTensor(device, max_num_reqs, torch.float32, "repetition_penalty", fill=1.0)
-        self.frequency_penalty = StagedWriteTensor(device, max_num_reqs, torch.float32, "frequency_penalty", fill=0.0)
-        self.presence_penalty = StagedWriteTensor(device, max_num_reqs, torch.float32, "presence_penalty", fill=0.0)
-        self.seed = StagedWriteTensor(device, max_num_reqs, torch.int64, "seed", fill=0)
-        self.prompt_mask = StagedWriteTensor(device, (max_num_reqs, self.num_mask_words), torch.int32, "prompt_mask", fill=0)
+        self.temperature = StagedWriteTensor(device, max_num_reqs, torch.float32, "temperature", fill=1.0, group=group)
+        self.top_k = StagedWriteTensor(device, max_num_reqs, torch.int32, "top_k", fill=-1, group=group)
+        self.top_p = StagedWriteTensor(device, max_num_reqs, torch.float32, "top_p", fill=1.0, group=group)
+        self.min_p = StagedWriteTensor(device, max_num_reqs, torch.float32, "min_p", fill=0.0, group=group)
+        self.repetition_penalty = StagedWriteTensor(device, max_num_reqs, torch.float32, "repetition_penalty", fill=1.0, group=group)
+        self.frequency_penalty = StagedWriteTensor(device, max_num_reqs, torch.float32, "frequency_penalty", fill=0.0, group=group)
+        self.presence_penalty = StagedWriteTensor(device, max_num_reqs, torch.float32, "presence_penalty", fill=0.0, group=group)
+        self.seed = StagedWriteTensor(device, max_num_reqs, torch.int64, "seed", fill=0, group=group)
+        self.prompt_mask = StagedWriteTensor(device, (max_num_reqs, self.num_mask_words), torch.int32, "prompt_mask", fill=0, group=group)
         self.output_counts = device.zeros((max_num_reqs, vocab_size), torch.int32)
         self._staged = (
             self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty,
