@@ -338,7 +338,7 @@ def check_step_id(step_id: object, last_step_id: int | None) -> None:
 def check_containers(sched: object) -> None:
     """The top-level containers of a `SchedulerOutput` (their elements are checked where they are read)."""
     if not isinstance(sched, SchedulerOutput):
-        raise SchedulerOutputTypeError(f"expected SchedulerOutput, got {type(sched).__name__}")
+        raise SchedulerOutputError(f"expected SchedulerOutput, got {type(sched).__name__}")
     for name in ("new_requests", "cached_requests"):
         if not isinstance(getattr(sched, name), (tuple, list)):
             raise SchedulerOutputTypeError(f"{name} must be a tuple, got {type(getattr(sched, name)).__name__}", field=name)
