@@ -477,10 +477,10 @@ def validate_scheduler_output(
         check_req_id(rid, "cached_requests")
         if rid in gone:
             raise FinishedAndScheduledError("finished/preempted and cached in one step", req_id=rid, field="cached_requests")
+        if rid in seen_cached or rid in changed:
+            raise DuplicateRequestError("listed twice (cached twice, or new and cached)", req_id=rid, field="cached_requests")
         if rid not in live:
             raise UnknownRequestError("cached request is not live", req_id=rid, field="cached_requests")
-        if rid in seen_cached or rid in changed:
-            raise DuplicateRequestError("listed twice", req_id=rid, field="cached_requests")
         seen_cached.add(rid)
         check_block_ids(c.new_block_ids, limits.num_kv_blocks, rid, "new_block_ids")
         lr = live[rid]
