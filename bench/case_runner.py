@@ -11,6 +11,7 @@ import torch
 from bench.common import BenchContext, Row
 from bench.v1_baseline import V1HostBatch
 from bench.workload import DecodeWorkload
+from impl.device import Device
 from impl.interface import RunnerLimits, SamplingParams
 from impl.model.weights import ModelConfig, preset, random_weights
 
@@ -101,22 +102,46 @@ def host_cost_setup(ctx: BenchContext, num_reqs: int):
     return runner, work, limits
 
 
+def drop_device_work(device: Device) -> None:
+    """Make ``device.enqueue`` count and drop its work: what remains is the runner's host bookkeeping
+    (outputs are garbage; a measuring aid for cpu/sim, where kernels would otherwise run inline)."""
+    if device.is_cuda:
+        raise ValueError("device work is part of the host cost on cuda (launches); it is dropped only on cpu/sim")
+
+    def count_only(fn, label: str = "") -> None:
+        device.num_enqueued += 1
+
+    device.enqueue = count_only
+
+
 def bench_host_cost(ctx: BenchContext) -> list[Row]:
+    """Runner host us per decode step vs the V1-style baseline, at 64 and 256 requests.
+
+    On cuda the runner's launches are part of its host cost.  On cpu/sim the runner runs on a
+    device of its own whose work is dropped (interpreted kernels would swamp the bookkeeping), so
+    the figure is Python bookkeeping alone on both sides.
+    """
     from checks.sync import SyncReport, forbid_host_sync
 
     config = _host_config(ctx)
     out: list[Row] = []
     sizes = (4,) if ctx.quick else (64, 256)
     steps = 3 if ctx.quick else 200
+    device = ctx.device
+    if not device.is_cuda:
+        device = Device(ctx.device.kind, seed=ctx.seed, lag_policy="run-immediately")
+        drop_device_work(device)
+    hctx = BenchContext(device, quick=ctx.quick, seed=ctx.seed)
+    what = "forward stubbed" if device.is_cuda else "device work dropped"
     for num_reqs in sizes:
-        runner, work, limits = host_cost_setup(ctx, num_reqs)
+        runner, work, limits = host_cost_setup(hctx, num_reqs)
         block_size, prompt_len, num_blocks = limits.block_size, HOST_COST_PROMPT_LEN, limits.num_kv_blocks
         # Timed before the profiler and the detector have been attached, so neither can tax it.
         host_us = _drive(runner, work, steps)
         median = statistics.median(host_us)
-        launches = _count_launches(ctx, lambda: _drive(runner, work, 5)) if ctx.device.is_cuda else None
+        launches = _count_launches(ctx, lambda: _drive(runner, work, 5)) if device.is_cuda else None
         report = SyncReport("count")
-        counted_us = _drive(runner, work, 5, around=lambda: forbid_host_sync(ctx.device.kind, mode="count", report=report))
+        counted_us = _drive(runner, work, 5, around=lambda: forbid_host_sync(device.kind, mode="count", report=report))
 
         baseline = V1HostBatch(num_reqs, config.max_model_len, limits.max_model_len // block_size, block_size,
                                limits.max_num_batched_tokens, ctx.device.torch_device)
@@ -124,15 +149,16 @@ def bench_host_cost(ctx: BenchContext) -> list[Row]:
                                num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens, churn=0.01, params=PARAMS, seed=ctx.seed)
         base_us = _drive_baseline(baseline, bwork, steps)
         base_median = statistics.median(base_us)
-        ratio = base_median / median if median else float("nan")
+        ratio = median / base_median if base_median else float("nan")
         out += [
-            Row("host_cost", f"runner execute_model host time, {num_reqs} decode reqs (forward stubbed)", median, "us",
-                target="<= 150 us at 256", met=(median <= 150) if (ctx.device.is_cuda and num_reqs == 256) else None,
-                note=f"p90 {np.percentile(host_us, 90):.0f} us over {steps} steps, 1% churn"),
+            Row("host_cost", f"runner execute_model host time, {num_reqs} decode reqs ({what})", median, "us",
+                target="<= 150 us at 256 (CUDA graphs)", met=(median <= 150) if (device.is_cuda and num_reqs == 256) else None,
+                note=f"p90 {np.percentile(host_us, 90):.0f} us over {steps} steps, 1% churn, {device.kind}"),
             Row("host_cost", f"V1-style baseline prepare+upload, {num_reqs} reqs", base_median, "us",
                 note=f"persistent numpy batch, full block table upload ({baseline.h2d_bytes_last_step} B/step)"),
-            Row("host_cost", f"baseline / runner host time, {num_reqs} reqs", ratio, "x", target=">= 5x at 256",
-                met=(ratio >= 5) if (ctx.device.is_cuda and num_reqs == 256) else None),
+            Row("host_cost", f"runner / baseline host time, {num_reqs} reqs", ratio, "x", target="<= 0.333 (issue 14)",
+                met=(ratio <= 1 / 3) if (device.is_cuda and not ctx.quick) else None,
+                note=f"{'H200 target' if device.is_cuda else 'runner device work dropped: bookkeeping vs bookkeeping'}"),
             Row("host_cost", f"host syncs per step, {num_reqs} reqs", report.count / max(1, len(counted_us)), "syncs",
                 target="0", met=report.count == 0, note=f"detector in count mode over {len(counted_us)} steps"),
         ]
