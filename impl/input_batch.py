@@ -37,7 +37,7 @@ from impl.state import RequestStateTable
 from impl.step_reader import StepArrays
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepPlan:
     """One step in batch order, computed on the host from the schedule and the host mirror."""
 

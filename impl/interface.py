@@ -335,19 +335,25 @@ def check_step_id(step_id: object, last_step_id: int | None) -> None:
         raise StepIdError(f"step_id {step_id} is not larger than the last accepted step {last_step_id}", field="step_id")
 
 
+_CONTAINERS = (
+    ("new_requests", (tuple, list), (tuple, list), "tuple"),
+    ("cached_requests", (tuple, list), (tuple, list), "tuple"),
+    ("finished_req_ids", (frozenset, set), AbstractSet, "frozenset"),
+    ("preempted_req_ids", (frozenset, set), AbstractSet, "frozenset"),
+    ("num_scheduled_tokens", (dict,), Mapping, "mapping"),
+    ("draft_token_ids", (dict,), Mapping, "mapping"),
+)
+
+
 def check_containers(sched: object) -> None:
     """The top-level containers of a `SchedulerOutput` (their elements are checked where they are read)."""
     if not isinstance(sched, SchedulerOutput):
         raise SchedulerOutputError(f"expected SchedulerOutput, got {type(sched).__name__}")
-    for name in ("new_requests", "cached_requests"):
-        if not isinstance(getattr(sched, name), (tuple, list)):
-            raise SchedulerOutputTypeError(f"{name} must be a tuple, got {type(getattr(sched, name)).__name__}", field=name)
-    for name in ("finished_req_ids", "preempted_req_ids"):
-        if not isinstance(getattr(sched, name), AbstractSet):
-            raise SchedulerOutputTypeError(f"{name} must be a frozenset, got {type(getattr(sched, name)).__name__}", field=name)
-    for name in ("num_scheduled_tokens", "draft_token_ids"):
-        if not isinstance(getattr(sched, name), Mapping):
-            raise SchedulerOutputTypeError(f"{name} must be a mapping, got {type(getattr(sched, name)).__name__}", field=name)
+    # Exact types first: the abstract-base-class checks cost microseconds each.
+    for name, exact, abstract, what in _CONTAINERS:
+        value = getattr(sched, name)
+        if type(value) not in exact and not isinstance(value, abstract):
+            raise SchedulerOutputTypeError(f"{name} must be a {what}, got {type(value).__name__}", field=name)
 
 
 def check_req_id(rid: object, field: str) -> None:
@@ -359,6 +365,8 @@ def check_tokens(tokens: object, vocab_size: int, req_id: str, name: str) -> Non
     """A tuple (or list) of token ids, each an int in ``[0, vocab_size)``."""
     if not isinstance(tokens, (tuple, list)):
         raise SchedulerOutputTypeError(f"must be a tuple of token ids, got {type(tokens).__name__}", req_id=req_id, field=name)
+    if not tokens or (set(map(type, tokens)) == {int} and min(tokens) >= 0 and max(tokens) < vocab_size):
+        return  # C-level passes for the usual case; the loop below names the first bad token
     for tok in tokens:
         if not _is_int(tok):
             raise SchedulerOutputTypeError(f"token {tok!r} is not an int", req_id=req_id, field=name)
@@ -370,6 +378,8 @@ def check_block_ids(block_ids: object, num_kv_blocks: int, req_id: str, name: st
     """A tuple (or list) of KV block ids, each an int in ``[0, num_kv_blocks)``."""
     if not isinstance(block_ids, (tuple, list)):
         raise SchedulerOutputTypeError(f"must be a tuple of block ids, got {type(block_ids).__name__}", req_id=req_id, field=name)
+    if not block_ids or (set(map(type, block_ids)) == {int} and min(block_ids) >= 0 and max(block_ids) < num_kv_blocks):
+        return
     for b in block_ids:
         if not _is_int(b):
             raise SchedulerOutputTypeError(f"block id {b!r} is not an int", req_id=req_id, field=name)

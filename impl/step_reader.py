@@ -51,7 +51,7 @@ _COMPUTED = attrgetter("num_computed_tokens")
 _EMPTY = np.zeros(0, np.int64)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepArrays:
     """A checked step, as arrays in the orders the rest of the step needs."""
 
@@ -156,12 +156,14 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         ccomp = _int_array(computed_list)
         if ccomp is None:
             _diagnose(sched, state, limits, last_step_id)
-        upper = num_computed[crows]
-        shift = upper - ccomp
-        bad = (ccomp < 0) | (shift < 0) | (shift > state.unconfirmed_drafts[crows])
-        bad |= num_blocks[crows] + cnew > blocks_per_request(limits.max_model_len, limits.block_size)
+        shift = num_computed[crows] - ccomp
+        # One comparison for the computed-count window [upper - unconfirmed, upper]: a negative
+        # shift (and a negative count, since unconfirmed <= upper) wraps to a huge unsigned value.
+        bad = shift.view(np.uint64) > state.unconfirmed_drafts[crows].view(np.uint64)
         if bad.any():
             _diagnose(sched, state, limits, last_step_id, computed_count_error=int(np.flatnonzero(bad)[0]))
+        if with_blocks and (num_blocks[crows] + cnew).max() > blocks_per_request(limits.max_model_len, limits.block_size):
+            _diagnose(sched, state, limits, last_step_id)
         num_tokens, num_computed, num_blocks = num_tokens.copy(), num_computed.copy(), num_blocks.copy()
         num_tokens[crows] -= shift
         num_computed[crows] = ccomp
