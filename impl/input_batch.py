@@ -93,18 +93,24 @@ def plan_step(step: StepArrays, state: RequestStateTable) -> StepPlan:
         np.cumsum(num_drafts + 1, out=logits_start[1:])
         drafts = np.fromiter((t for d in step.drafts for t in d), dtype=np.int32, count=int(draft_start[-1]))
 
-    asked = state.num_logprobs[rows]
-    max_num_logprobs = int(asked.max()) if num_reqs else -1
-    num_logprobs = (None,) * num_reqs if max_num_logprobs < 0 else tuple(None if n < 0 else n for n in asked.tolist())
+    max_num_logprobs, num_logprobs = -1, (None,) * num_reqs
+    if state.num_logprob_rows:  # somebody live asked for logprobs
+        asked = state.num_logprobs[rows]
+        max_num_logprobs = int(asked.max()) if num_reqs else -1
+        if max_num_logprobs >= 0:
+            num_logprobs = tuple(None if n < 0 else n for n in asked.tolist())
 
     prompt_requests: list[PromptLogprobRequest] = []
     prompt_index_parts: list[np.ndarray] = []
     prompt_target_parts: list[np.ndarray] = []
-    # Positions p computed this step with p + 1 < prompt_len score prompt token p + 1.
-    prompt_k = state.prompt_logprobs[rows]
-    stops = np.minimum(starts + query_lens, state.prompt_len[rows] - 1)
     offset = 0
-    for i in np.flatnonzero((prompt_k >= 0) & (stops > starts)).tolist():
+    # Positions p computed this step with p + 1 < prompt_len score prompt token p + 1.
+    with_prompt = _NO_ROWS
+    if state.num_prompt_logprob_rows:
+        prompt_k = state.prompt_logprobs[rows]
+        stops = np.minimum(step.ends, state.prompt_len[rows] - 1)
+        with_prompt = np.flatnonzero((prompt_k >= 0) & (stops > starts)).tolist()
+    for i in with_prompt:
         first, stop = int(starts[i]), int(stops[i])
         positions = np.arange(first, stop, dtype=np.int64)
         prompt_index_parts.append(cu[i] + positions - first)
@@ -125,7 +131,7 @@ def plan_step(step: StepArrays, state: RequestStateTable) -> StepPlan:
         num_logprobs=num_logprobs,
         num_tokens=int(cu[-1]),
         max_query_len=int(query_lens.max()) if num_reqs else 0,
-        max_seq_len=int((starts + query_lens).max()) if num_reqs else 0,
+        max_seq_len=int(step.ends.max()) if num_reqs else 0,
         max_num_logprobs=max_num_logprobs,
         max_num_prompt_logprobs=max((p.num_top for p in prompt_requests), default=-1),
         query_lens=query_lens,
@@ -134,6 +140,7 @@ def plan_step(step: StepArrays, state: RequestStateTable) -> StepPlan:
 
 
 _NO_DRAFTS = np.zeros(0, np.int32)
+_NO_ROWS: list[int] = []
 _NO_PROMPT_INDEX = np.zeros(0, np.int32)
 _NO_PROMPT_TARGETS = np.zeros(0, np.int64)
 

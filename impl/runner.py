@@ -189,7 +189,7 @@ class ModelRunner:
         output = self._enqueue_output(sched.step_id, plan, result, seeds)
 
         self.state.mark_used(plan.rows, output.event)
-        self.state.plan_rows(plan.req_ids, step.rows)
+        self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
         self.state.advance(plan.req_ids, plan.query_lens, plan.num_drafts)
         self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer, enqueued_before, started)
         return output

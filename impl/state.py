@@ -109,6 +109,8 @@ class RequestStateTable:
         self.prompt_len = np.zeros(r, np.int64)
         self.num_logprobs = np.full(r, -1, np.int64)
         self.prompt_logprobs = np.full(r, -1, np.int64)
+        self.num_logprob_rows = 0  # live rows asking for logprobs / prompt logprobs (plans skip both when 0)
+        self.num_prompt_logprob_rows = 0
 
         self.req_to_row: dict[str, int] = {}
         self.rows: list[RowInfo | None] = [None] * max_num_reqs
@@ -121,7 +123,7 @@ class RequestStateTable:
         self._next_generation = 0
         self.num_quarantine_waits = 0
         # The rows of the last planned batch, so `advance` need not look its ids up again.
-        self._planned: tuple[Sequence[str], np.ndarray] | None = None
+        self._planned: tuple[Sequence[str], np.ndarray, np.ndarray, np.ndarray] | None = None
 
     # ------------------------------------------------------------------ queries
     @property
@@ -202,6 +204,9 @@ class RequestStateTable:
             raise RowStateError(f"release of {req_id!r}, which holds no row")
         self.rows[row] = None
         self.generation[row] = -1
+        self.num_logprob_rows -= int(self.num_logprobs[row] >= 0)
+        self.num_prompt_logprob_rows -= int(self.prompt_logprobs[row] >= 0)
+        self.num_logprobs[row] = self.prompt_logprobs[row] = -1
         self._free.append(row)
         return row
 
@@ -227,6 +232,8 @@ class RequestStateTable:
         self.prompt_len[row] = prompt_len
         self.num_logprobs[row] = -1 if params.logprobs is None else params.logprobs
         self.prompt_logprobs[row] = -1 if params.prompt_logprobs is None or req.is_resumed else params.prompt_logprobs
+        self.num_logprob_rows += int(self.num_logprobs[row] >= 0)
+        self.num_prompt_logprob_rows += int(self.prompt_logprobs[row] >= 0)
         return row
 
     def _take_free_row(self, req_id: str) -> int:
@@ -257,9 +264,10 @@ class RequestStateTable:
         self.num_computed[rows] = num_computed
         self.num_blocks[rows] += num_new_blocks
 
-    def plan_rows(self, req_ids: Sequence[str], rows: np.ndarray) -> None:
-        """Remember the rows of a planned batch (`advance` on the same ids reuses them)."""
-        self._planned = (req_ids, rows)
+    def plan_rows(self, req_ids: Sequence[str], rows: np.ndarray, ends: np.ndarray, known: np.ndarray) -> None:
+        """Remember a planned batch: its rows, where each request's tokens end, and the tokens known
+        before the step (this step's `advance` on the same ids uses them instead of looking up again)."""
+        self._planned = (req_ids, rows, ends, known)
 
     @hot_path
     def advance(self, req_ids: Sequence[str], num_scheduled: Mapping[str, int] | np.ndarray,
@@ -269,16 +277,16 @@ class RequestStateTable:
         ``num_scheduled``/``num_drafts``: per request, as mappings by id or arrays in ``req_ids`` order.
         """
         planned = self._planned
+        k = _in_order(num_drafts, req_ids)
         if planned is not None and planned[0] is req_ids:
-            rows = planned[1]
+            rows, end, known = planned[1], planned[2], planned[3]
         else:
             rows = np.fromiter(map(self.req_to_row.__getitem__, req_ids), np.int64, len(req_ids))
-        n = _in_order(num_scheduled, req_ids)
-        k = _in_order(num_drafts, req_ids)
-        end = self.num_computed[rows] + n
-        samples = end == self.num_tokens[rows] + k  # reached the end of what is known
-        self.num_tokens[rows] = np.where(samples, end + 1, self.num_tokens[rows])
-        self.unconfirmed_drafts[rows] += np.where(samples, k, 0)
+            end, known = self.num_computed[rows] + _in_order(num_scheduled, req_ids), self.num_tokens[rows]
+        samples = end == known + k  # reached the end of what is known
+        self.num_tokens[rows] = np.where(samples, end + 1, known)
+        if k.any():
+            self.unconfirmed_drafts[rows] += np.where(samples, k, 0)
         self.num_computed[rows] = end
 
     @hot_path

@@ -65,6 +65,8 @@ class StepArrays:
     new_positions: tuple[tuple[int, str], ...]  # (batch index, id) of scheduled new requests
     query_lens: np.ndarray  # int64 [R]
     starts: np.ndarray  # int64 [R]: computed tokens before the step (upper bound)
+    ends: np.ndarray  # int64 [R]: starts + query_lens
+    known: np.ndarray  # int64 [R]: tokens known before the step (upper bound; drafts not included)
     num_drafts: np.ndarray  # int64 [R]
     drafts: tuple[tuple[int, ...], ...] | None  # per scheduled request, batch order; None: no drafts this step
     num_tokens: int
@@ -207,14 +209,16 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         drafts = tuple(per_request)
 
     end = starts + query_lens
-    bad = (query_lens <= 0) | (end > known + num_drafts) | ((num_drafts > 0) & (end != known + num_drafts))
-    bad |= (end > limits.max_model_len) | (-(-end // limits.block_size) > blocks)
+    known_all = known if drafts is None else known + num_drafts
+    bad = (query_lens <= 0) | (end > known_all) | ((end + (limits.block_size - 1)) // limits.block_size > blocks)
+    if drafts is not None:
+        bad |= (num_drafts > 0) & (end != known_all)
     total = int(query_lens.sum())
-    if bad.any() or total > limits.max_num_batched_tokens:
+    if bad.any() or total > limits.max_num_batched_tokens or (nr and int(end.max()) > limits.max_model_len):
         _diagnose(sched, state, limits, last_step_id)
     return StepArrays(
         gone=tuple(sorted(gone)), cached_rows=crows, cached_computed=ccomp, cached_new_blocks=cnew, block_appends=appends,
-        req_ids=req_ids, rows=rows, new_positions=tuple(new_positions), query_lens=query_lens, starts=starts,
+        req_ids=req_ids, rows=rows, new_positions=tuple(new_positions), query_lens=query_lens, starts=starts, ends=end, known=known,
         num_drafts=num_drafts, drafts=drafts, num_tokens=total,
     )
 
