@@ -130,3 +130,78 @@ def test_pool_too_small_for_one_step_is_a_typed_error_not_a_race():
     t.stage(2, 0, list(range(100)))
     with pytest.raises(StagingCapacityError, match="needs more than"):
         _flush_all(pool, 0, [t])
+
+
+# --------------------------------------------------------------------------- staged-write groups
+
+
+def _group_of_three(dev: Device) -> tuple:
+    from impl.buffers import StagedWriteGroup
+
+    group = StagedWriteGroup(dev, "test")
+    ints = StagedWriteTensor(dev, (3, 4), torch.int32, "ints", fill=-1, group=group)
+    floats = StagedWriteTensor(dev, 3, torch.float32, "floats", fill=0.5, group=group)
+    longs = StagedWriteTensor(dev, (3, 4), torch.int64, "longs", fill=7, group=group)
+    group.seal()
+    return group, ints, floats, longs
+
+
+@pytest.mark.parametrize("capacity", [4096, 48])
+def test_group_applies_every_member_in_one_launch_per_slot(capacity):
+    """int32, float32 and int64 members share one arena; a flush is one staging allocation and one
+    apply launch (more only when a slot is too small, then int64 values are never cut in half)."""
+    dev = Device("sim", seed=2, lag_policy="random-drain")
+    group, ints, floats, longs = _group_of_three(dev)
+    assert (ints.base.tolist(), floats.base.tolist(), longs.base.tolist()) == ([[-1] * 4] * 3, [0.5] * 3, [[7] * 4] * 3)
+    ints.stage(0, 1, [1, 2, 3])
+    ints.stage(0, 2, [9])  # later wins within a member
+    floats.stage_scalar(2, 1.25)
+    longs.stage(1, 0, [2**40 + 5, -(2**35), 3, 2**50 + 1])
+    pool = StagingPool(dev, num_slots=8, capacity_bytes=capacity)
+    writer = StagingWriter(pool, 0)
+    enqueued = dev.num_enqueued
+    group.flush(writer)
+    writer.submit()
+    group.enqueue_apply()
+    dev.synchronize()
+    applies = dev.num_enqueued - enqueued - writer.num_slots_used  # minus the H2D copies
+    if capacity == 4096:
+        assert (applies, writer.num_slots_used) == (1, 1)
+    else:  # one launch per batch that fits a slot
+        assert applies > 1
+    assert ints.base[0].tolist() == [-1, 1, 9, 3] and ints.base[1].tolist() == [-1] * 4
+    assert floats.base.tolist() == [0.5, 0.5, 1.25]
+    assert longs.base.tolist() == [[7] * 4, [2**40 + 5, -(2**35), 3, 2**50 + 1], [7] * 4]
+    assert ints.num_pending == floats.num_pending == longs.num_pending == 0
+
+
+def test_members_of_a_group_are_flushed_by_the_group_not_by_themselves():
+    dev = Device("cpu")
+    group, ints, _, _ = _group_of_three(dev)
+    ints.stage(2, 0, [4])
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=1024)
+    writer = StagingWriter(pool, 0)
+    ints.flush(writer)  # a shared member: the group's owner flushes
+    assert ints.num_pending == 1 and writer.slot is None
+    group.flush(writer)
+    writer.submit()
+    group.enqueue_apply()
+    assert ints.base[2, 0] == 4
+    with pytest.raises(RuntimeError, match="sealed"):
+        StagedWriteTensor(dev, 2, torch.int32, "late", group=group)
+
+
+def test_first_slot_reserves_a_fixed_layout_and_diffs_follow_it():
+    dev = Device("cpu")
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=256)
+    writer = StagingWriter(pool, 0)
+    slot = writer.first_slot(64)
+    assert slot.state is SlotState.WRITING and slot.used_bytes == 64
+    writer.trim_reserved(16)
+    host, dev_view = writer.alloc_words(4)
+    host[:] = [1, 2, 3, 4]
+    assert slot.used_bytes == 32  # 16-byte aligned, right after the kept part of the reservation
+    writer.submit()
+    assert dev_view.tolist() == [1, 2, 3, 4]
+    with pytest.raises(StagingCapacityError):
+        StagingWriter(pool, 1).first_slot(512)

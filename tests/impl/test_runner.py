@@ -426,3 +426,25 @@ def test_profile_is_a_dummy_forward_that_leaves_state_alone():
     assert report["num_tokens"] == LIMITS.max_num_batched_tokens and report["kv_cache_bytes"] > 0
     assert _fingerprint(runner) == before
     assert torch.equal(runner.model.kv_cache.k, cache), "padding slots must not write the KV cache"
+
+
+def test_one_h2d_and_one_apply_launch_per_step():
+    """Row state, block tables and sampling params of two admissions reach the device through one
+    staging copy and one apply launch; a decode without new blocks applies nothing."""
+    device = Device("sim", seed=1, lag_policy="run-immediately")
+    runner = make_runner(_weights(), LIMITS, device, 0)
+    device.trace = []
+    p = SamplingParams(temperature=0.7, top_k=5, seed=3)
+    steps = [
+        SchedulerOutput(0, new_requests=(NewRequest("a", (1, 2, 3), p, (0,)), NewRequest("b", (4, 5), p, (1,))),
+                        num_scheduled_tokens={"a": 3, "b": 2}),
+        SchedulerOutput(1, cached_requests=(CachedRequest("a", (2,), 3), CachedRequest("b", (), 2)), num_scheduled_tokens={"a": 1, "b": 1}),
+        SchedulerOutput(2, cached_requests=(CachedRequest("a", (), 4), CachedRequest("b", (), 3)), num_scheduled_tokens={"a": 1, "b": 1}),
+    ]
+    counts = []
+    for sched in steps:
+        device.trace.clear()
+        runner.execute_model(sched).get()
+        labels = list(device.trace)
+        counts.append((sum(x.startswith("h2d") for x in labels), sum(x.startswith("apply") for x in labels)))
+    assert counts == [(1, 1), (1, 1), (1, 0)]
