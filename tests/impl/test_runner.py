@@ -448,3 +448,59 @@ def test_one_h2d_and_one_apply_launch_per_step():
         labels = list(device.trace)
         counts.append((sum(x.startswith("h2d") for x in labels), sum(x.startswith("apply") for x in labels)))
     assert counts == [(1, 1), (1, 1), (1, 0)]
+
+
+def _python_lines_of_a_decode_step(num_reqs: int) -> int:
+    """Python lines executed by one steady-state decode step (device work dropped: host bookkeeping only)."""
+    import sys
+
+    device = Device("cpu")
+    device.enqueue = lambda fn, label="": None  # the host side alone; nothing here reads results
+    limits = RunnerLimits(vocab_size=256, max_num_reqs=num_reqs, max_model_len=64, max_num_batched_tokens=4 * num_reqs,
+                          num_kv_blocks=num_reqs, block_size=16)
+    runner = make_runner(_weights(), limits, device, 0)
+    ids = [f"r{i}" for i in range(num_reqs)]
+    p = SamplingParams(temperature=0.5)
+    runner.execute_model(SchedulerOutput(0, new_requests=tuple(NewRequest(r, (1, 2, 3, 4), p, (i,)) for i, r in enumerate(ids)),
+                                         num_scheduled_tokens={r: 4 for r in ids}))
+
+    def decode(step: int) -> SchedulerOutput:
+        return SchedulerOutput(step, cached_requests=tuple(CachedRequest(r, (), 3 + step) for r in ids),
+                               num_scheduled_tokens={r: 1 for r in ids})
+
+    runner.execute_model(decode(1))
+    sched, lines = decode(2), [0]
+
+    def tracer(frame, event, arg):
+        if event == "line":
+            lines[0] += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        runner.execute_model(sched)
+    finally:
+        sys.settrace(None)
+    return lines[0]
+
+
+def test_steady_decode_step_has_no_python_loop_over_requests():
+    """The bookkeeping of a decode step (no admissions, finishes, new blocks) runs the same Python lines
+    for 8 requests as for 64: every per-request pass is a C-level one (map, dict views, numpy)."""
+    small, large = _python_lines_of_a_decode_step(8), _python_lines_of_a_decode_step(64)
+    assert large == small, f"{large - small} more Python lines for 56 more requests"
+
+
+def test_planted_per_request_loop_is_caught(monkeypatch):
+    """The test above can fail: a mirror update that walks the batch in Python shows up as extra lines."""
+    from impl.state import RequestStateTable
+
+    original = RequestStateTable.advance
+
+    def advance_walking_requests(self, req_ids, num_scheduled, num_drafts):
+        for req_id in req_ids:
+            self.req_to_row[req_id]
+        return original(self, req_ids, num_scheduled, num_drafts)
+
+    monkeypatch.setattr(RequestStateTable, "advance", advance_walking_requests)
+    assert _python_lines_of_a_decode_step(64) > _python_lines_of_a_decode_step(8)
