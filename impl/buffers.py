@@ -303,6 +303,7 @@ class StagedWriteGroup:
         self.device = device
         self.name = name
         self.members: list[StagedWriteTensor] = []
+        self._dirty: list[StagedWriteTensor] = []  # members with pending diffs, in the order they got them
         self.arena: torch.Tensor | None = None
         self._num_words = 0
         self._applies: list[Callable[[], None]] = []
@@ -336,8 +337,9 @@ class StagedWriteGroup:
         """
         self.h2d_bytes_last_flush = 0
         by_dtype: dict[torch.dtype, tuple[list[int], list[int], list]] = {}
-        for t in self.members:
-            if not t._pending:
+        dirty, self._dirty = self._dirty, []
+        for t in dirty:
+            if not t._pending:  # discarded since it was staged
                 continue
             diffs = t._merged_diffs()
             t._pending.clear()
@@ -360,7 +362,7 @@ class StagedWriteGroup:
         lens = np.array(len_all, np.int64)
         values = words[0] if len(words) == 1 else np.concatenate(words)
         src = np.zeros(len(lens), np.int64)
-        np.cumsum(lens[:-1], out=src[1:])
+        lens[:-1].cumsum(out=src[1:])
         dst = np.array(dst_all, np.int64)
         limit = writer.pool.capacity_bytes // 4 - 4  # words of one slot, less alignment
         if _META_WORDS * len(lens) + len(values) <= limit:
@@ -420,7 +422,7 @@ def _word_batches(dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np
 def _batch(dst: list[int], lens: list[int], vals: list[np.ndarray]) -> tuple:
     lens_arr = np.array(lens, np.int64)
     src = np.zeros(len(lens), np.int64)
-    np.cumsum(lens_arr[:-1], out=src[1:])
+    lens_arr[:-1].cumsum(out=src[1:])
     return np.array(dst, np.int64), lens_arr, src, np.concatenate(vals)
 
 
@@ -481,6 +483,8 @@ class StagedWriteTensor:
         if start < 0 or start + len(values) > self.num_cols:
             raise IndexError(f"{self.name}: columns [{start}, {start + len(values)}) outside [0, {self.num_cols})")
         if values:
+            if not self._pending:
+                self.group._dirty.append(self)  # the group flushes only members with diffs
             self._pending.append((row, start, values))
 
     def stage_scalar(self, row: int, value: float | int) -> None:

@@ -82,15 +82,15 @@ def plan_step(step: StepArrays, state: RequestStateTable) -> StepPlan:
     num_drafts = step.num_drafts
 
     cu = np.zeros(num_reqs + 1, dtype=np.int32)
-    np.cumsum(query_lens, out=cu[1:])
+    query_lens.cumsum(out=cu[1:])
     draft_start = np.zeros(num_reqs + 1, dtype=np.int32)
     logits_start = np.zeros(num_reqs + 1, dtype=np.int32)
     if step.drafts is None:
         drafts = _NO_DRAFTS
         logits_start[1:] = np.arange(1, num_reqs + 1, dtype=np.int32)
     else:
-        np.cumsum(num_drafts, out=draft_start[1:])
-        np.cumsum(num_drafts + 1, out=logits_start[1:])
+        num_drafts.cumsum(out=draft_start[1:])
+        (num_drafts + 1).cumsum(out=logits_start[1:])
         drafts = np.fromiter((t for d in step.drafts for t in d), dtype=np.int32, count=int(draft_start[-1]))
 
     max_num_logprobs, num_logprobs = -1, (None,) * num_reqs
@@ -109,7 +109,7 @@ def plan_step(step: StepArrays, state: RequestStateTable) -> StepPlan:
     if state.num_prompt_logprob_rows:
         prompt_k = state.prompt_logprobs[rows]
         stops = np.minimum(step.ends, state.prompt_len[rows] - 1)
-        with_prompt = np.flatnonzero((prompt_k >= 0) & (stops > starts)).tolist()
+        with_prompt = ((prompt_k >= 0) & (stops > starts)).nonzero()[0].tolist()
     for i in with_prompt:
         first, stop = int(starts[i]), int(stops[i])
         positions = np.arange(first, stop, dtype=np.int64)

@@ -177,9 +177,11 @@ class ModelRunner:
             plan = plan_step(step, self.state)
             staged = self.input_batch.stage(plan, writer)
         self.staged_writes.flush(writer)
-        self.sampling_state.flush(writer)
+        admitted = self.sampling_state.num_pending > 0  # its own kernels (count resets) follow admissions only
+        if admitted:
+            self.sampling_state.flush(writer)
         writer.submit()
-        self._enqueue_applies()
+        self._enqueue_applies(admitted)
         if not step.req_ids:
             self._record_stats(sched.step_id, 0, 0, writer, enqueued_before, started)
             return ReadyOutput(ModelRunnerOutput(sched.step_id, (), (), (), {}, (), seeds))
@@ -217,9 +219,10 @@ class ModelRunner:
             self.block_table.append(row, block_ids)
         return seeds
 
-    def _enqueue_applies(self) -> None:
+    def _enqueue_applies(self, admitted: bool) -> None:
         self.staged_writes.enqueue_apply()
-        self.sampling_state.enqueue_apply()
+        if admitted:
+            self.sampling_state.enqueue_apply()
 
     def _enqueue_model_and_sampling(self, plan: StepPlan, staged: StagedStepArrays) -> dict:
         ib, result = self.input_batch, {}

@@ -285,7 +285,7 @@ class RequestStateTable:
             end, known = self.num_computed[rows] + _in_order(num_scheduled, req_ids), self.num_tokens[rows]
         samples = end == known + k  # reached the end of what is known
         self.num_tokens[rows] = np.where(samples, end + 1, known)
-        if k.any():
+        if np.count_nonzero(k):
             self.unconfirmed_drafts[rows] += np.where(samples, k, 0)
         self.num_computed[rows] = end
 

@@ -86,7 +86,7 @@ def _rows_of(req_to_row: dict, ids: tuple) -> np.ndarray | None:
 
 def _hits(rows: np.ndarray, gone_rows: np.ndarray | None) -> bool:
     """Whether any of ``rows`` is one of the (few) rows leaving this step."""
-    return gone_rows is not None and bool((rows[:, None] == gone_rows[None, :]).any())
+    return gone_rows is not None and np.count_nonzero(rows[:, None] == gone_rows[None, :]) > 0
 
 
 def _repeats(rows: np.ndarray, num_rows: int) -> bool:
@@ -144,14 +144,14 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         # Ids are checked through the row lookup: a non-string, empty, new or unknown id has no row.
         ids = tuple(map(_REQ_ID, cached)) if _all_of(cached, {CachedRequest}) else None
         crows = _rows_of(r2r, ids) if ids is not None else None
-        if crows is None or (crows < 0).any() or _hits(crows, gone_rows) or _repeats(crows, state.max_num_reqs):
+        if crows is None or np.count_nonzero(crows < 0) or _hits(crows, gone_rows) or _repeats(crows, state.max_num_reqs):
             _diagnose(sched, state, limits, last_step_id)
         block_lists = list(map(_NEW_BLOCKS, cached))
         computed_list = list(map(_COMPUTED, cached))
         if not _all_of(block_lists, {tuple, list}) or not _all_of(computed_list, {int}):
             _diagnose(sched, state, limits, last_step_id)
         cnew = np.fromiter(map(len, block_lists), np.int64, nc)
-        with_blocks = np.flatnonzero(cnew).tolist()
+        with_blocks = cnew.nonzero()[0].tolist()
         for i in with_blocks:  # per item: only requests that appended blocks
             check_block_ids(block_lists[i], limits.num_kv_blocks, ids[i], "new_block_ids")
         appends = tuple((int(crows[i]), tuple(block_lists[i])) for i in with_blocks)
@@ -162,8 +162,8 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         # One comparison for the computed-count window [upper - unconfirmed, upper]: a negative
         # shift (and a negative count, since unconfirmed <= upper) wraps to a huge unsigned value.
         bad = shift.view(np.uint64) > state.unconfirmed_drafts[crows].view(np.uint64)
-        if bad.any():
-            _diagnose(sched, state, limits, last_step_id, computed_count_error=int(np.flatnonzero(bad)[0]))
+        if np.count_nonzero(bad):
+            _diagnose(sched, state, limits, last_step_id, computed_count_error=int(bad.nonzero()[0][0]))
         if with_blocks and (num_blocks[crows] + cnew).max() > blocks_per_request(limits.max_model_len, limits.block_size):
             _diagnose(sched, state, limits, last_step_id)
         num_tokens, num_computed, num_blocks = num_tokens.copy(), num_computed.copy(), num_blocks.copy()
@@ -188,7 +188,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     safe_rows = np.maximum(rows, 0)
     known, starts, blocks = num_tokens[safe_rows], num_computed[safe_rows], num_blocks[safe_rows]
     new_positions: list[tuple[int, str]] = []
-    for i in np.flatnonzero(rows < 0).tolist():  # per item: new (or unknown) ids
+    for i in (rows < 0).nonzero()[0].tolist():  # per item: new (or unknown) ids
         rid = req_ids[i]
         if rid not in new:
             _diagnose(sched, state, limits, last_step_id)
@@ -214,7 +214,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     if drafts is not None:
         bad |= (num_drafts > 0) & (end != known_all)
     total = int(query_lens.sum())
-    if bad.any() or total > limits.max_num_batched_tokens or (nr and int(end.max()) > limits.max_model_len):
+    if np.count_nonzero(bad) or total > limits.max_num_batched_tokens or (nr and int(end.max()) > limits.max_model_len):
         _diagnose(sched, state, limits, last_step_id)
     return StepArrays(
         gone=tuple(sorted(gone)), cached_rows=crows, cached_computed=ccomp, cached_new_blocks=cnew, block_appends=appends,
