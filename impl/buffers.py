@@ -269,7 +269,7 @@ class StagingWriter:
 # --------------------------------------------------------------------------- staged writes
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["values_offset"])
 def _apply_word_diffs_kernel(arena_ptr, staged_ptr, values_offset, BLOCK: tl.constexpr):
     """Diff ``d``: copy ``staged[values_offset + src : + length]`` to ``arena[dst : + length]`` (32-bit words)."""
     d = tl.program_id(0)
