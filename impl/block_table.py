@@ -54,6 +54,13 @@ class BlockTable:
             self.table.stage(row, int(self.num_blocks[row]), block_ids)
             self.num_blocks[row] += len(block_ids)
 
+    @hot_path
+    def append_many(self, rows: np.ndarray, counts: np.ndarray, block_ids: np.ndarray) -> None:
+        """Appends to several rows at once: ``block_ids`` holds ``counts[i]`` ids for ``rows[i]``, in order
+        (rows distinct, none admitted this step)."""
+        self.table.stage_ragged(rows, self.num_blocks[rows], counts, block_ids)
+        self.num_blocks[rows] += counts
+
     def release(self, row: int) -> None:
         self.num_blocks[row] = 0
 

@@ -337,33 +337,37 @@ class StagedWriteGroup:
         """
         self.h2d_bytes_last_flush = 0
         by_dtype: dict[torch.dtype, tuple[list[int], list[int], list]] = {}
+        dst_parts: list[np.ndarray] = []  # ragged diffs, already arrays
+        len_parts: list[np.ndarray] = []
+        word_parts: list[np.ndarray] = []
         dirty, self._dirty = self._dirty, []
         for t in dirty:
-            if not t._pending:  # discarded since it was staged
-                continue
-            diffs = t._merged_diffs()
-            t._pending.clear()
-            dst, lens, values = by_dtype.setdefault(t.dtype, ([], [], []))
             words_per, base, cols = t.words_per_element, t.word_offset, t.num_cols
-            for row, start, vals in diffs:
-                dst.append(base + (row * cols + start) * words_per)
-                lens.append(len(vals) * words_per)
-                values.extend(vals)
-        if not by_dtype:
+            if t._pending:
+                diffs = t._merged_diffs()
+                t._pending.clear()
+                dst, lens, values = by_dtype.setdefault(t.dtype, ([], [], []))
+                for row, start, vals in diffs:
+                    dst.append(base + (row * cols + start) * words_per)
+                    lens.append(len(vals) * words_per)
+                    values.extend(vals)
+            for rows, starts, lens_r, vals in t._ragged:
+                dst_parts.append(base + (rows * cols + starts) * words_per)
+                len_parts.append(lens_r * words_per)
+                word_parts.append(np.asarray(vals, _NP_DTYPES[t.dtype]).view(np.int32))
+            t._ragged.clear()
+        for dtype, (dst, lens, values) in by_dtype.items():
+            dst_parts.append(np.array(dst, np.int64))
+            len_parts.append(np.array(lens, np.int64))
+            word_parts.append(np.array(values, _NP_DTYPES[dtype]).view(np.int32))
+        if not dst_parts:
             return
         self.seal()
-        dst_all: list[int] = []
-        len_all: list[int] = []
-        words: list[np.ndarray] = []
-        for dtype, (dst, lens, values) in by_dtype.items():
-            dst_all += dst
-            len_all += lens
-            words.append(np.array(values, _NP_DTYPES[dtype]).view(np.int32))
-        lens = np.array(len_all, np.int64)
-        values = words[0] if len(words) == 1 else np.concatenate(words)
+        dst = np.concatenate(dst_parts) if len(dst_parts) > 1 else dst_parts[0]
+        lens = np.concatenate(len_parts) if len(len_parts) > 1 else len_parts[0]
+        values = np.concatenate(word_parts) if len(word_parts) > 1 else word_parts[0]
         src = np.zeros(len(lens), np.int64)
         lens[:-1].cumsum(out=src[1:])
-        dst = np.array(dst_all, np.int64)
         limit = writer.pool.capacity_bytes // 4 - 4  # words of one slot, less alignment
         if _META_WORDS * len(lens) + len(values) <= limit:
             self._applies = [self._pack(dst, lens, src, values, writer)]
@@ -458,6 +462,7 @@ class StagedWriteTensor:
         self.word_offset = self.group._join(self)
         self._base: torch.Tensor | None = None
         self._pending: list[tuple[int, int, list]] = []
+        self._ragged: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # from `stage_ragged`
         if self._private:
             self.group.seal()
 
@@ -473,7 +478,7 @@ class StagedWriteTensor:
 
     @property
     def num_pending(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._ragged)
 
     def stage(self, row: int, start: int, values: Sequence[float | int] | np.ndarray) -> None:
         """Record ``base[row, start:start+len(values)] = values`` for the next flush."""
@@ -483,15 +488,28 @@ class StagedWriteTensor:
         if start < 0 or start + len(values) > self.num_cols:
             raise IndexError(f"{self.name}: columns [{start}, {start + len(values)}) outside [0, {self.num_cols})")
         if values:
-            if not self._pending:
+            if not self._pending and not self._ragged:
                 self.group._dirty.append(self)  # the group flushes only members with diffs
             self._pending.append((row, start, values))
+
+    def stage_ragged(self, rows: np.ndarray, starts: np.ndarray, lens: np.ndarray, values: np.ndarray) -> None:
+        """Record ``base[rows[i], starts[i]:starts[i]+lens[i]] = `` the next ``lens[i]`` of ``values``, for all i
+        at once.  These cells must not be written by the tensor's other diffs of the step (no merge)."""
+        if len(rows) == 0:
+            return
+        if rows.min() < 0 or rows.max() >= self.num_rows or starts.min() < 0 or (starts + lens).max() > self.num_cols \
+                or int(lens.sum()) != len(values):
+            raise IndexError(f"{self.name}: ragged diffs outside [0, {self.num_rows}) x [0, {self.num_cols})")
+        if not self._pending and not self._ragged:
+            self.group._dirty.append(self)
+        self._ragged.append((rows, starts, lens, values))
 
     def stage_scalar(self, row: int, value: float | int) -> None:
         self.stage(row, 0, [value])
 
     def discard_pending(self) -> None:
         self._pending.clear()
+        self._ragged.clear()
 
     def _merged_diffs(self) -> list[tuple[int, int, list]]:
         if len(self._pending) == 1:

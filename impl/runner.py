@@ -215,8 +215,8 @@ class ModelRunner:
         for i, req_id in step.new_positions:
             step.rows[i] = self.state.req_to_row[req_id]
         self.state.apply_cached(step.cached_rows, step.cached_computed, step.cached_new_blocks)
-        for row, block_ids in step.block_appends:
-            self.block_table.append(row, block_ids)
+        if step.block_appends is not None:
+            self.block_table.append_many(*step.block_appends)
         return seeds
 
     def _enqueue_applies(self, admitted: bool) -> None:

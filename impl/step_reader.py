@@ -19,7 +19,7 @@ except the admissions themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import chain, repeat
 from operator import attrgetter
 
 import numpy as np
@@ -59,7 +59,7 @@ class StepArrays:
     cached_rows: np.ndarray  # int64 [C]: row of each cached request
     cached_computed: np.ndarray  # int64 [C]: its num_computed_tokens
     cached_new_blocks: np.ndarray  # int64 [C]: blocks appended this step
-    block_appends: tuple[tuple[int, tuple[int, ...]], ...]  # (row, block ids) of cached requests with new blocks
+    block_appends: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # (rows, counts, block ids) appended; None: none
     req_ids: tuple[str, ...]  # scheduled, batch order
     rows: np.ndarray  # int64 [R]: row of each scheduled request (-1 for a new one until it is admitted)
     new_positions: tuple[tuple[int, str], ...]  # (batch index, id) of scheduled new requests
@@ -137,7 +137,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     num_tokens, num_computed, num_blocks = state.num_tokens, state.num_computed, state.num_blocks
     cached = sched.cached_requests
     nc = len(cached)
-    crows, ccomp, cnew, appends, ids = _EMPTY, _EMPTY, _EMPTY, (), ()
+    crows, ccomp, cnew, appends, ids = _EMPTY, _EMPTY, _EMPTY, None, ()
     # Rows of the requests leaving this step: neither cached nor scheduled may name them.
     gone_rows = np.fromiter(map(r2r.__getitem__, gone), np.int64, len(gone)) if gone else None
     if nc:
@@ -151,10 +151,13 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         if not _all_of(block_lists, {tuple, list}) or not _all_of(computed_list, {int}):
             _diagnose(sched, state, limits, last_step_id)
         cnew = np.fromiter(map(len, block_lists), np.int64, nc)
-        with_blocks = cnew.nonzero()[0].tolist()
-        for i in with_blocks:  # per item: only requests that appended blocks
-            check_block_ids(block_lists[i], limits.num_kv_blocks, ids[i], "new_block_ids")
-        appends = tuple((int(crows[i]), tuple(block_lists[i])) for i in with_blocks)
+        with_blocks = cnew.nonzero()[0]
+        if len(with_blocks):  # only the requests that appended blocks, checked in C-level passes
+            appended = list(chain.from_iterable(map(block_lists.__getitem__, with_blocks.tolist())))
+            if set(map(type, appended)) != {int} or min(appended) < 0 or max(appended) >= limits.num_kv_blocks:
+                for i in with_blocks.tolist():  # names the first bad block id
+                    check_block_ids(block_lists[i], limits.num_kv_blocks, ids[i], "new_block_ids")
+            appends = (crows[with_blocks], cnew[with_blocks], np.array(appended, np.int64))
         ccomp = _int_array(computed_list)
         if ccomp is None:
             _diagnose(sched, state, limits, last_step_id)
@@ -164,7 +167,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         bad = shift.view(np.uint64) > state.unconfirmed_drafts[crows].view(np.uint64)
         if np.count_nonzero(bad):
             _diagnose(sched, state, limits, last_step_id, computed_count_error=int(bad.nonzero()[0][0]))
-        if with_blocks and (num_blocks[crows] + cnew).max() > blocks_per_request(limits.max_model_len, limits.block_size):
+        if len(with_blocks) and (num_blocks[crows] + cnew).max() > blocks_per_request(limits.max_model_len, limits.block_size):
             _diagnose(sched, state, limits, last_step_id)
         num_tokens, num_computed, num_blocks = num_tokens.copy(), num_computed.copy(), num_blocks.copy()
         num_tokens[crows] -= shift

@@ -111,7 +111,7 @@ def fingerprint(runner: ModelRunner) -> str:
     # device row state, block table, sampling state (all in the shared arena) and penalty counts
     put(runner.staged_writes.arena.numpy(), ss.output_counts.numpy(), bt.num_blocks)
     # pending work: staged diffs, admissions, prepared applies
-    put([(t.name, list(t._pending)) for t in runner.staged_writes.members], ss._pending_admissions,
+    put([(t.name, list(t._pending), t.num_pending) for t in runner.staged_writes.members], ss._pending_admissions,
         len(runner.staged_writes._applies), len(ss._prepared_kernels))
     # staging pool
     put([(s.state, s.step, s.used_bytes) for s in pool.slots], pool._next, pool.h2d_bytes_total,

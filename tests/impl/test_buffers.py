@@ -1,6 +1,7 @@
 """Staging slots and staged writes: lifetimes, later-wins, capacity rollover, races on sim."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -205,3 +206,23 @@ def test_first_slot_reserves_a_fixed_layout_and_diffs_follow_it():
     assert dev_view.tolist() == [1, 2, 3, 4]
     with pytest.raises(StagingCapacityError):
         StagingWriter(pool, 1).first_slot(512)
+
+
+def test_ragged_diffs_land_with_the_other_diffs_in_one_launch():
+    dev = Device("sim", seed=3, lag_policy="random-drain")
+    group, ints, floats, _ = _group_of_three(dev)
+    ints.stage(0, 0, [5])
+    ints.stage_ragged(np.array([1, 2]), np.array([1, 0]), np.array([2, 3]), np.array([7, 8, 9, 10, 11]))
+    floats.stage_scalar(0, 2.0)
+    with pytest.raises(IndexError):
+        ints.stage_ragged(np.array([2]), np.array([3]), np.array([2]), np.array([1, 2]))  # past the row
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=1024)
+    writer = StagingWriter(pool, 0)
+    enqueued = dev.num_enqueued
+    group.flush(writer)
+    writer.submit()
+    group.enqueue_apply()
+    dev.synchronize()
+    assert dev.num_enqueued - enqueued == 2  # one H2D, one apply
+    assert ints.base.tolist() == [[5, -1, -1, -1], [-1, 7, 8, -1], [9, 10, 11, -1]]
+    assert floats.base.tolist() == [2.0, 0.5, 0.5] and ints.num_pending == 0
