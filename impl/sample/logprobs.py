@@ -20,6 +20,7 @@ tensors, so peak memory is ``chunk_rows * V`` floats whatever the prompt length.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -55,19 +56,55 @@ class SelectionConfig:
     pivots: int = 16
     max_passes: int = 16
     num_warps: int = 8
+    chunk: int = 0  # vocabulary chunk per program of the split passes (0: ``block``)
+    slots: int = 32  # per-chunk candidate slots of the split gather (capped at ``candidates``)
+    split_warps: int = 4
+
+    @property
+    def split_chunk(self) -> int:
+        return self.chunk or self.block
+
+    @property
+    def chunk_slots(self) -> int:
+        return min(self.slots, self.candidates)
+
+
+@dataclass(frozen=True)
+class SplitLayout:
+    """How a row of ``vocab_size`` splits across programs: ``num_blocks`` chunks of ``chunk`` entries.
+
+    ``nb_p2``: ``num_blocks`` rounded up to a power of two (the combines' lane count); ``slot``: the
+    per-chunk candidate slots; ``group``: chunks per step of the candidate compaction.
+    """
+
+    chunk: int
+    num_blocks: int
+    nb_p2: int
+    slot: int
+    group: int
+
+    @classmethod
+    def of(cls, config: SelectionConfig, vocab_size: int) -> "SplitLayout":
+        chunk, slot = config.split_chunk, config.chunk_slots
+        for name, value in (("chunk", chunk), ("slots", slot)):
+            if value < 1 or value & (value - 1):
+                raise LogprobsError(f"SelectionConfig {name} must be a power of two, got {value}")
+        num_blocks = triton.cdiv(vocab_size, chunk)
+        nb_p2 = triton.next_power_of_2(num_blocks)
+        return cls(chunk, num_blocks, nb_p2, slot, min(nb_p2, max(1, 1024 // slot)))
 
 
 def default_selection_config(device: Device, candidate_capacity: int | None = None) -> SelectionConfig:
     """Wide blocks on a GPU; small ones under the Triton interpreter (cost there is per op)."""
     if device.is_cuda:
-        config = SelectionConfig(block=1024, narrow_block=256, candidates=1024)
+        config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=32)
     else:
-        config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4)
+        config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4, chunk=32, slots=16,
+                                 split_warps=1)
     if candidate_capacity is not None:
         if candidate_capacity < 2 or candidate_capacity & (candidate_capacity - 1):
             raise LogprobsError(f"candidate_capacity must be a power of two >= 2, got {candidate_capacity}")
-        config = SelectionConfig(config.block, config.narrow_block, candidate_capacity, config.pivots,
-                                 config.max_passes, config.num_warps)
+        config = dataclasses.replace(config, candidates=candidate_capacity)
     return config
 
 
@@ -96,8 +133,7 @@ class LogprobsComputer:
         self.max_top = triton.next_power_of_2(max(1, max_logprobs))
         config = config or default_selection_config(device)
         if config.candidates < 2 * self.max_top:
-            config = SelectionConfig(config.block, config.narrow_block, 2 * self.max_top, config.pivots,
-                                     config.max_passes, config.num_warps)
+            config = dataclasses.replace(config, candidates=2 * self.max_top)
         self.config = config
         width = max(1, max_logprobs)
         self.logprob = device.zeros(max_num_rows, torch.float32)
