@@ -9,14 +9,14 @@ the only synchronisation between them):
    argmax of ``s + g`` (greedy: of ``s``; filtered rows: no noise yet) -- penalties, temperature,
    noise and argmax fused in **one read** of the logits.
 2. `sampler_plan_kernel` (per row): combines the partials.  Unfiltered, greedy and non-finite rows
-   are final here.  A top-k row gets the bound ``max(k-th largest chunk max, min-p threshold)``
+   are final here.  A top-k row (``k`` at most the chunk count and half ``CAND``) gets the bound ``max(k-th largest chunk max, min-p threshold)``
    (``MODE_GATHER``); a min-p-only row its threshold (``MODE_THRESHOLD``); anything else (top-p
    without top-k, ``k`` above the number of chunks) goes to the fallback (``MODE_FALLBACK``).
 3. `sampler_select_kernel` (split): GATHER rows store their chunk's entries at or above the bound
    (chunks whose maximum is below it are not read); THRESHOLD rows redo the chunk's argmax of
    ``s + g`` over ``s >= threshold``.  Other rows exit at once.
-4. `sampler_finish_kernel` (per row): GATHER rows compact and sort their candidates, apply min-p,
-   top-k and top-p on them (`_filtered_threshold`) and take the Gumbel-max over the kept ones;
+4. `sampler_finish_kernel` (per row): GATHER rows compact their candidates (at most ``CAND``,
+   ranked by counting, never sorted), apply min-p, top-k and top-p on them (`_candidate_threshold`) and take the Gumbel-max over the kept ones;
    THRESHOLD rows combine the argmax partials.  A GATHER row whose candidates overflowed becomes
    FALLBACK.
 5. `sampler_row_kernel` (per row, FALLBACK rows only): the whole row in one program, by pivot
@@ -49,7 +49,9 @@ from impl.kernels.sampling_split import (
     MODE_GATHER,
     MODE_THRESHOLD,
     compact_block_candidates,
+    descending_ranks,
     kth_largest_block_max,
+    mass_at_or_above,
     reduce_block_argmax,
     store_block_candidates,
 )
@@ -131,7 +133,7 @@ def sampler_plan_kernel(
     state_row_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
     part_best_ptr, part_token_ptr, part_max_ptr, part_flag_ptr, part_inf_ptr, num_blocks,
     mode_ptr, bound_ptr, row_max_ptr, token_out_ptr, flag_out_ptr, vocab_size,
-    NB_P2: tl.constexpr,
+    NB_P2: tl.constexpr, CAND: tl.constexpr, COLS: tl.constexpr,
 ):
     row = tl.program_id(0)
     state_row, temperature, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, filtered = _row_params(
@@ -146,8 +148,9 @@ def sampler_plan_kernel(
 
     open_row = filtered & (inf_token >= vocab_size) & (row_max > float("-inf"))
     min_p_threshold = tl.where(min_p_on, row_max + tl.log(tl.where(min_p_on, min_p, 1.0)), float("-inf"))
-    kth = kth_largest_block_max(part_max_ptr, base, num_blocks, tl.minimum(tl.maximum(top_k, 1), NB_P2), NB_P2)
-    can_gather = top_k_on & (top_k <= num_blocks) & (kth > float("-inf"))
+    kth = kth_largest_block_max(part_max_ptr, base, num_blocks, top_k, NB_P2, COLS)
+    # k above half the candidate capacity would mostly overflow it: straight to the fallback
+    can_gather = top_k_on & (top_k <= num_blocks) & (top_k <= CAND // 2) & (kth > float("-inf"))
     mode = tl.where(~open_row, MODE_DONE,
                     tl.where(can_gather, MODE_GATHER,
                              tl.where(top_k_on | top_p_on, MODE_FALLBACK, MODE_THRESHOLD)))
@@ -201,31 +204,42 @@ def sampler_select_kernel(
 
 
 @triton.jit
-def _filtered_threshold(candidates, row_max, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on,
-                        CAND: tl.constexpr):
+def _filtered_threshold(kept_from, tau, row_max, top_p_on, use_candidates, candidates):
+    """``(threshold, use_candidates, candidates)``: keep ``s >= threshold`` (steps 4-6 combined).
+
+    ``kept_from`` is what min-p and top-k keep, ``tau`` the top-p threshold over those; the one
+    place both threshold searches (`_candidate_threshold`, `_narrowed_threshold`) end, so a
+    kernel variant that rebinds it (`stress.mutant_kernels`) changes every path.
+    """
+    return tl.where(top_p_on, tl.maximum(kept_from, tau), kept_from), use_candidates, candidates
+
+
+@triton.jit
+def _candidate_threshold(candidates, scratch_row, row_max, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on,
+                         CAND: tl.constexpr, COLS: tl.constexpr):
     """``(threshold, use_candidates, candidates)``: keep ``s >= threshold`` (steps 4-6).
 
-    ``candidates`` (sorted packed keys, descending) must hold every entry the filters can keep:
-    with top-k on, every entry at or above ``max(k-th largest, min-p threshold)``; otherwise every
-    entry at or above the min-p threshold.  Kept entries then form a prefix of the list.
+    ``candidates`` (packed keys, any order, also in ``scratch_row``) must hold every entry the
+    filters can keep: with top-k on, every entry at or above ``max(k-th largest, min-p threshold)``;
+    otherwise every entry at or above the min-p threshold.  Orders are counted, not sorted
+    (`sampling_split.descending_ranks`, `sampling_split.mass_at_or_above`).
     """
-    slots = tl.arange(0, CAND)
     values, candidate_ids = unpack_candidate(candidates)
     filled = candidates != EMPTY_CANDIDATE
+    rank = descending_ranks(candidates, scratch_row, CAND, COLS)
     min_p_threshold = tl.where(min_p_on, row_max + tl.log(tl.where(min_p_on, min_p, 1.0)), float("-inf"))
-    kept = filled & (values >= min_p_threshold)
+    kept = filled & (values >= min_p_threshold)  # the kept entries hold the smallest ranks
     num_kept = tl.sum(kept.to(tl.int32), axis=0)
     # top-k is a no-op when k >= the kept count; at k == kept count, the k-th value keeps them all too
-    kth = tl.max(tl.where(kept & (slots == top_k - 1), values, float("-inf")), axis=0)
+    kth = tl.max(tl.where(kept & (rank == top_k - 1), values, float("-inf")), axis=0)
     kth = tl.where(top_k_on & (num_kept >= top_k), kth, float("-inf"))
     kept_from = tl.maximum(min_p_threshold, kth)
     kept = filled & (values >= kept_from)
-    cum = tl.cumsum(tl.where(kept, tl.exp(values - row_max), 0.0), axis=0)
+    cum = mass_at_or_above(candidates, scratch_row, row_max, kept_from, CAND, COLS)
     goal = top_p * tl.max(tl.where(kept, cum, 0.0), axis=0)
-    # sorted descending: the first slot reaching the goal holds the largest such value
+    # the largest kept value whose cumulative mass (descending order) reaches the goal
     tau = tl.max(tl.where(kept & (cum >= goal), values, float("-inf")), axis=0)
-    threshold = tl.where(top_p_on, tl.maximum(kept_from, tau), kept_from)
-    return threshold, tl.full((), 1, tl.int32), candidates
+    return _filtered_threshold(kept_from, tau, row_max, top_p_on, tl.full((), 1, tl.int32), candidates)
 
 
 @triton.jit(do_not_specialize=["num_blocks"])
@@ -233,7 +247,8 @@ def sampler_finish_kernel(
     state_row_ptr, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr,
     mode_ptr, row_max_ptr, part_best_ptr, part_token_ptr, part_count_ptr, slots_ptr, scratch_ptr, num_blocks,
     token_out_ptr, vocab_size,
-    NB_P2: tl.constexpr, CAND: tl.constexpr, SLOT: tl.constexpr, GROUP: tl.constexpr,
+    NB_P2: tl.constexpr, SCRATCH: tl.constexpr, CAND: tl.constexpr, SLOT: tl.constexpr, GROUP: tl.constexpr,
+    COLS: tl.constexpr,
 ):
     row = tl.program_id(0)
     mode = tl.load(mode_ptr + row)
@@ -242,16 +257,17 @@ def sampler_finish_kernel(
         token = reduce_block_argmax(part_best_ptr, part_token_ptr, base, num_blocks, vocab_size, NB_P2)
         tl.store(token_out_ptr + row, token.to(tl.int64))
     if mode == MODE_GATHER:
-        overflow, candidates = compact_block_candidates(part_count_ptr, slots_ptr, base, num_blocks,
-                                                        scratch_ptr + row.to(tl.int64) * CAND, CAND, SLOT, GROUP)
+        scratch_row = scratch_ptr + row.to(tl.int64) * SCRATCH
+        overflow, candidates = compact_block_candidates(part_count_ptr, slots_ptr, base, num_blocks, scratch_row,
+                                                        CAND, SLOT, GROUP)
         if overflow != 0:
             tl.store(mode_ptr + row, MODE_FALLBACK)
         else:
             state_row, temperature, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, filtered = _row_params(
                 state_row_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab_size)
             row_max = tl.load(row_max_ptr + row)
-            threshold, use_candidates, candidates = _filtered_threshold(
-                candidates, row_max, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, CAND)
+            threshold, use_candidates, candidates = _candidate_threshold(
+                candidates, scratch_row, row_max, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, CAND, COLS)
             values, token_ids = unpack_candidate(candidates)
             kept = (candidates != EMPTY_CANDIDATE) & (values >= threshold)
             seed = tl.load(seed_ptr + state_row)
@@ -304,9 +320,8 @@ def _narrowed_threshold(logits_row, divisor, has_penalty, repetition, frequency,
             use_candidates = (outcome == OUTCOME_ALL).to(tl.int32)
         kth = tl.where(outcome == OUTCOME_EXACT, lo, kth)
     kept_from = tl.maximum(min_p_threshold, kth)
-    threshold = kept_from
+    tau = kept_from
     if top_p_on:
-        tau = kept_from
         if use_candidates != 0:
             values, candidate_ids = unpack_candidate(candidates)
             kept = (candidates != EMPTY_CANDIDATE) & (values >= kept_from)
@@ -337,8 +352,7 @@ def _narrowed_threshold(logits_row, divisor, has_penalty, repetition, frequency,
                 tau = tl.where(any_reached, tl.max(tl.where(reached, values, float("-inf")), axis=0),
                                tl.min(tl.where(filled, values, float("inf")), axis=0))
                 use_candidates = (outcome == OUTCOME_ALL).to(tl.int32)
-        threshold = tl.maximum(kept_from, tau)
-    return threshold, use_candidates, candidates
+    return _filtered_threshold(kept_from, tau, row_max, top_p_on, use_candidates, candidates)
 
 
 @triton.jit(do_not_specialize=["num_drafts"])

@@ -11,8 +11,8 @@ row still yields finite output (which is not compared).  Split like the sampler
    count, fewer than ``n`` chunks with a finite entry);
 3. `logprobs_select_kernel` (split): the entries at or above the bound, from the chunks whose max
    reaches it (the others are not read);
-4. `logprobs_finish_kernel` (per row): compacts and sorts them, stores the first ``n`` (ties by
-   lower index); overflowed rows become FALLBACK;
+4. `logprobs_finish_kernel` (per row): compacts them, ranks them by counting (no sort) and
+   stores the first ``n`` (ties by lower index); overflowed rows become FALLBACK;
 5. `token_logprobs_kernel` (per row, FALLBACK rows only): the whole row in one program by pivot
    narrowing (`sampling_select.narrow_threshold`, `gather_candidates`).
 """
@@ -26,10 +26,12 @@ from impl.kernels.sampling_split import (
     MODE_FALLBACK,
     MODE_GATHER,
     compact_block_candidates,
+    descending_ranks,
     kth_largest_block_max,
     store_block_candidates,
 )
 from impl.kernels.sampling_select import (
+    EMPTY_CANDIDATE,
     FLOAT32_MAX,
     OUTCOME_ALL,
     gather_candidates,
@@ -73,7 +75,7 @@ def logprobs_block_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, p
 @triton.jit(do_not_specialize=["num_blocks", "num_top"])
 def logprobs_plan_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, part_sum_ptr, part_above_ptr,
                          num_blocks, num_top, mode_ptr, bound_ptr, normalizer_ptr, logprob_out_ptr, rank_out_ptr,
-                         vocab_size, NB_P2: tl.constexpr):
+                         vocab_size, NB_P2: tl.constexpr, CAND: tl.constexpr, COLS: tl.constexpr):
     row = tl.program_id(0)
     base = row.to(tl.int64) * num_blocks
     blocks = tl.arange(0, NB_P2)
@@ -87,8 +89,8 @@ def logprobs_plan_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, pa
     target_score = _target_score(logits_ptr, logits_stride, target_ptr, row, vocab_size)
     tl.store(logprob_out_ptr + row, target_score - log_normalizer)
     tl.store(rank_out_ptr + row, 1 + tl.sum(above, axis=0))
-    bound = kth_largest_block_max(part_max_ptr, base, num_blocks, tl.minimum(tl.maximum(num_top, 1), NB_P2), NB_P2)
-    can_gather = (num_top <= num_blocks) & (bound > float("-inf"))
+    bound = kth_largest_block_max(part_max_ptr, base, num_blocks, num_top, NB_P2, COLS)
+    can_gather = (num_top <= num_blocks) & (num_top <= CAND // 2) & (bound > float("-inf"))
     tl.store(mode_ptr + row, tl.where(num_top == 0, MODE_DONE, tl.where(can_gather, MODE_GATHER, MODE_FALLBACK)))
     tl.store(bound_ptr + row, bound)
     tl.store(normalizer_ptr + row, log_normalizer)
@@ -114,21 +116,22 @@ def logprobs_select_kernel(logits_ptr, logits_stride, mode_ptr, bound_ptr, part_
 @triton.jit(do_not_specialize=["num_blocks", "num_top"])
 def logprobs_finish_kernel(mode_ptr, normalizer_ptr, part_count_ptr, slots_ptr, scratch_ptr, num_blocks, num_top,
                            top_ids_out_ptr, top_logprobs_out_ptr, top_stride,
-                           CAND: tl.constexpr, SLOT: tl.constexpr, GROUP: tl.constexpr):
+                           SCRATCH: tl.constexpr, CAND: tl.constexpr, SLOT: tl.constexpr, GROUP: tl.constexpr,
+                           COLS: tl.constexpr):
     row = tl.program_id(0)
     if tl.load(mode_ptr + row) == MODE_GATHER:
+        scratch_row = scratch_ptr + row.to(tl.int64) * SCRATCH
         overflow, candidates = compact_block_candidates(part_count_ptr, slots_ptr, row.to(tl.int64) * num_blocks,
-                                                        num_blocks, scratch_ptr + row.to(tl.int64) * CAND, CAND,
-                                                        SLOT, GROUP)
+                                                        num_blocks, scratch_row, CAND, SLOT, GROUP)
         if overflow != 0:
             tl.store(mode_ptr + row, MODE_FALLBACK)
         else:
             values, ids = unpack_candidate(candidates)
-            out_slots = tl.arange(0, CAND)
-            keep = out_slots < num_top
+            rank = descending_ranks(candidates, scratch_row, CAND, COLS)  # ties: lower token id first
+            keep = (candidates != EMPTY_CANDIDATE) & (rank < num_top)
             out_row = row.to(tl.int64) * top_stride
-            tl.store(top_ids_out_ptr + out_row + out_slots, ids.to(tl.int32), mask=keep)
-            tl.store(top_logprobs_out_ptr + out_row + out_slots, values - tl.load(normalizer_ptr + row), mask=keep)
+            tl.store(top_ids_out_ptr + out_row + rank, ids.to(tl.int32), mask=keep)
+            tl.store(top_logprobs_out_ptr + out_row + rank, values - tl.load(normalizer_ptr + row), mask=keep)
 
 
 @triton.jit(do_not_specialize=["num_top"])

@@ -68,6 +68,7 @@ class SelectionConfig:
     num_warps: int = 8
     chunk: int = 0  # vocabulary chunk per program of the split passes (0: ``block``)
     slots: int = 32  # per-chunk candidate slots of the split gather (capped at ``candidates``)
+    split_candidates: int = 256  # candidates per row of the split gather (capped at ``candidates``)
     split_warps: int = 4
 
     @property
@@ -84,24 +85,28 @@ class SplitLayout:
     """How a row of ``vocab_size`` splits across programs: ``num_blocks`` chunks of ``chunk`` entries.
 
     ``nb_p2``: ``num_blocks`` rounded up to a power of two (the combines' lane count); ``slot``: the
-    per-chunk candidate slots; ``group``: chunks per step of the candidate compaction.
+    per-chunk candidate slots; ``cand``: the row's candidate capacity; ``group``: chunks per step of
+    the candidate compaction; ``cols``: the column slice of the counting selections.
     """
 
     chunk: int
     num_blocks: int
     nb_p2: int
     slot: int
+    cand: int
     group: int
+    cols: int
 
     @classmethod
     def of(cls, config: SelectionConfig, vocab_size: int) -> "SplitLayout":
         chunk, slot = config.split_chunk, config.chunk_slots
-        for name, value in (("chunk", chunk), ("slots", slot)):
+        cand = min(config.split_candidates, config.candidates)
+        for name, value in (("chunk", chunk), ("slots", slot), ("split_candidates", cand)):
             if value < 1 or value & (value - 1):
                 raise LogprobsError(f"SelectionConfig {name} must be a power of two, got {value}")
         num_blocks = triton.cdiv(vocab_size, chunk)
         nb_p2 = triton.next_power_of_2(num_blocks)
-        return cls(chunk, num_blocks, nb_p2, slot, min(nb_p2, max(1, 1024 // slot)))
+        return cls(chunk, num_blocks, nb_p2, slot, cand, min(nb_p2, max(1, 1024 // slot)), min(32, cand))
 
 
 def default_selection_config(device: Device, candidate_capacity: int | None = None) -> SelectionConfig:
@@ -206,7 +211,7 @@ class LogprobsComputer:
         logprobs_plan_kernel[(num_rows,)](logits, logits.stride(0), target_ids, self.part_max, self.part_sum,
                                           self.part_above, lay.num_blocks, num_top, self.mode, self.bound,
                                           self.normalizer, out.logprob, out.rank, self.vocab_size, NB_P2=lay.nb_p2,
-                                          num_warps=4)
+                                          CAND=lay.cand, COLS=lay.cols, num_warps=4)
         if num_top == 0:
             return out
         logprobs_select_kernel[split](logits, logits.stride(0), self.mode, self.bound, self.part_max, self.part_count,
@@ -214,8 +219,8 @@ class LogprobsComputer:
                                       SLOT=lay.slot, num_warps=c.split_warps)
         logprobs_finish_kernel[(num_rows,)](self.mode, self.normalizer, self.part_count, self.chunk_slots,
                                             self.scratch, lay.num_blocks, num_top, out.top_ids, out.top_logprobs,
-                                            top_stride, CAND=c.candidates, SLOT=lay.slot, GROUP=lay.group,
-                                            num_warps=c.num_warps)
+                                            top_stride, SCRATCH=c.candidates, CAND=lay.cand, SLOT=lay.slot,
+                                            GROUP=lay.group, COLS=lay.cols, num_warps=c.num_warps)
         token_logprobs_kernel[(num_rows,)](
             logits, logits.stride(0), target_ids, self.scratch, self.mode, out.logprob, out.rank, out.top_ids,
             out.top_logprobs, top_stride, num_top, self.vocab_size,

@@ -8,7 +8,8 @@ Call it inside ``Device.enqueue`` like the rest of a step.
 
 Ownership: a `Sampler` owns, on the device for its lifetime, with persistent addresses (so a CUDA
 graph can capture the launches), sized at construction from ``max_num_rows`` (R) and the split
-layout (``NB`` chunks per row, ``SLOT`` candidate slots per chunk, ``CAND`` candidates per row):
+layout (``NB`` chunks per row, ``SLOT`` candidate slots per chunk, ``CAND`` candidates per row, the
+first ``layout.cand`` of them used by the split path):
 
 * outputs ``tokens`` (i64 ``[R]``) and ``nan_flags`` (i32 ``[R]``): written by the plan kernel,
   tokens overwritten by the finish and fallback kernels for the rows they decide;
@@ -149,7 +150,7 @@ class Sampler:
         sampler_plan_kernel[(num_rows,)](
             logit_rows_to_state_rows, *params, self.part_best, self.part_token, self.part_max, self.part_flag,
             self.part_inf, lay.num_blocks, self.mode, self.bound, self.row_max, tokens, flags, self.vocab_size,
-            NB_P2=lay.nb_p2, num_warps=4)
+            NB_P2=lay.nb_p2, CAND=lay.cand, COLS=lay.cols, num_warps=4)
         sampler_select_kernel[split](
             logits, logits.stride(0), logit_rows_to_state_rows, positions, state.temperature.base, *penalties,
             state.seed.base, *penalty_rows, self.mode, self.bound, self.part_best, self.part_token,
@@ -158,8 +159,8 @@ class Sampler:
         sampler_finish_kernel[(num_rows,)](
             logit_rows_to_state_rows, positions, *params, state.seed.base, self.mode, self.row_max,
             self.part_best, self.part_token, self.part_count, self.chunk_slots, self.scratch, lay.num_blocks,
-            tokens, self.vocab_size, NB_P2=lay.nb_p2, CAND=c.candidates, SLOT=lay.slot, GROUP=lay.group,
-            num_warps=c.num_warps)
+            tokens, self.vocab_size, NB_P2=lay.nb_p2, SCRATCH=c.candidates, CAND=lay.cand, SLOT=lay.slot,
+            GROUP=lay.group, COLS=lay.cols, num_warps=c.num_warps)
         sampler_row_kernel[(num_rows,)](
             logits, logits.stride(0), logit_rows_to_state_rows, positions, *params, *penalties, state.seed.base,
             *penalty_rows, self.scratch, self.mode, tokens, flags, self.vocab_size,
