@@ -114,7 +114,7 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
     if device.is_cuda:
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16)
     else:
-        config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4, chunk=32, slots=16,
+        config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4, chunk=64, slots=16,
                                  split_warps=1)
     if candidate_capacity is not None:
         if candidate_capacity < 2 or candidate_capacity & (candidate_capacity - 1):
