@@ -192,7 +192,8 @@ def run_chisq(out_dir: Path, skip: bool = False, seed: int = 0, *, device: str |
       sampler, in ``DIR/chisq``;
     * cpu / sim: the quick matrix on the PyTorch baseline in ``DIR/chisq`` (the interpreted kernel
       is far too slow for it), *and* the fixed `checks.chisq_cases.runner_sampler_cases` on the
-      runner's sampler, interpreted, in ``DIR/chisq-runner`` (~40 s on a 2-core box).
+      runner's sampler, interpreted, in ``DIR/chisq-runner`` (~20 s of CPU: measured 21.5 s CPU,
+      59 s wall on the 2-core dev box at load average 8.6).
 
     The section passes when every sampler's statistics that ran passed; one that is not available
     (e.g. ``impl.sample`` not importable) is named as such and does not fail the job; an error does.
