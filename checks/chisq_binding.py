@@ -242,26 +242,37 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m checks.chisq_binding", description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the full (GPU-sized) matrix instead of the quick one")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table (as in docs/CHISQ.md)")
     args = parser.parse_args(argv)
     cases = build_cases(quick=not args.full) + [c for c, _ in power_cases().values()]
     table = Table(title="which filters bind (every move detectable at the case's draws)")
     for col in ("case", "T", "n", "declared", "binds", "does not bind"):
         table.add_column(col)
     failed = 0
-    seen = set()
-    for case in cases:
-        if case.name in seen:
-            continue
-        seen.add(case.name)
+    rows = []
+    unique: dict[str, SamplingCase] = {}
+    for c in cases:
+        unique.setdefault(c.name, c)  # a power case may reuse a matrix case with more draws: show the matrix's
+    for case in unique.values():
         report = binding_report(case)
         problems = case_problems(case, report)
         failed += bool(problems)
-        short = lambda names: " ".join(SHORT_NAMES[n] for n in names) or "-"  # noqa: E731
-        table.add_row(case.name, f"{case.params.temperature:g}", str(case.n_samples), short(case.binds),
-                      short([n for n, b in report.items() if b.binds]),
-                      short([n for n, b in report.items() if not b.binds]), style="red" if problems else None)
-    Console(width=160).print(table)
+        rows.append(([case.name, f"{case.params.temperature:g}", str(case.n_samples), _short(case.binds),
+                      _short([n for n, b in report.items() if b.binds]), _short([n for n, b in report.items() if not b.binds])],
+                     bool(problems)))
+    if args.markdown:
+        print("| case | T | n | declared | binds | on, does not bind |\n|---|---:|---:|---|---|---|")
+        for cells, _ in rows:
+            print("| " + " | ".join(cells) + " |")
+    else:
+        for cells, bad in rows:
+            table.add_row(*cells, style="red" if bad else None)
+        Console(width=160).print(table)
     return 1 if failed else 0
+
+
+def _short(names: Sequence[str]) -> str:
+    return " ".join(SHORT_NAMES[n] for n in names) or "-"
 
 
 if __name__ == "__main__":
