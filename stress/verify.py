@@ -10,9 +10,10 @@ then the sampler statistics, then a report folder.
    lag-k-steps, random-drain) with one or more steps in flight and draft tokens; on ``cuda`` the
    GPU is made to lag the host by injected delays under heavy churn (`stress.races`).  Run ``i``
    uses seed ``S + i``.
-2. The sampler statistics (`run_chisq`, `stress.verify_chisq`), each named by the sampler it ran on: on cuda the quick
-   chi-square matrix on the runner's sampler; on CPU the quick matrix on the PyTorch baseline
-   plus a few fixed cases on the runner's sampler, interpreted (``DIR/chisq``, ``DIR/chisq-runner``).
+2. The sampler statistics (`run_chisq`, `stress.verify_chisq`), each named by the sampler it ran
+   on: on cuda the quick chi-square matrix on the runner's sampler; on CPU the quick matrix on the
+   PyTorch baseline plus a few fixed cases on the runner's sampler, interpreted (``DIR/chisq``,
+   ``DIR/chisq-runner``).
 3. ``DIR/summary.json`` and ``DIR/summary.md`` (`stress.report`), and ``DIR/repros/*.json`` for
    every divergent run (`stress.repro`; `runnercheck replay FILE` re-runs one).
 
