@@ -62,10 +62,10 @@ def run_statistics(out_dir: Path, skip: bool = False, seed: int = 0, *, device: 
     passed = all(e["passed"] is True for e in ran)
     section = {"status": "ran" if any(e["status"] == "ran" for e in entries) else "error", "passed": passed,
                "samplers": entries, "summary": "; ".join(_entry_summary(e) for e in entries)}
-    main = entries[0]
-    for key in ("result", "folder", "traceback", "note"):
-        if key in main:
-            section[key] = main[key]
+    if "folder" in entries[0]:
+        section["folder"] = entries[0]["folder"]
+    if section["status"] == "error":
+        section["note"] = "; ".join(e.get("note", "") for e in entries if e["status"] == "error")
     return section
 
 
