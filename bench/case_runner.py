@@ -208,7 +208,8 @@ def _count_launches(ctx: BenchContext, fn) -> int:
 
 def bench_staged_writes(ctx: BenchContext) -> list[Row]:
     from bench.timing import device_time_us
-    from impl.buffers import StagedWriteTensor, StagingPool, StagingWriter
+    from impl.buffers import StagingPool, StagingWriter
+    from impl.staged_writes import StagedWriteTensor
 
     dev = ctx.device
     num_reqs = 64 if ctx.quick else 1024

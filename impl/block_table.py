@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from impl.buffers import StagedWriteGroup, StagedWriteTensor, StagingWriter
+from impl.buffers import StagingWriter
+from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.interface import blocks_per_request

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from impl.block_table import BlockTable
-from impl.buffers import StagedWriteGroup, StagingPool, StagingWriter
+from impl.buffers import StagingPool, StagingWriter
+from impl.staged_writes import StagedWriteGroup
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step

@@ -52,7 +52,8 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from impl.buffers import StagedWriteGroup, StagedWriteTensor, StagingWriter
+from impl.buffers import StagingWriter
+from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from impl.device import Device, DeviceEvent
 from impl.hotpath import hot_path
 from impl.interface import CapacityError, LiveRequest, NewRequest, SamplingParams

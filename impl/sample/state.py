@@ -35,7 +35,8 @@ import numpy as np
 import torch
 import triton
 
-from impl.buffers import StagedWriteGroup, StagedWriteTensor, StagingWriter
+from impl.buffers import StagingWriter
+from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.interface import MAX_SEED, SamplingParams, SamplingParamsError, TokenOutOfVocabError

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from checks.lifetime import LifetimeChecker, event_completed
-from impl.buffers import SlotState, StagedWriteTensor, StagingLifetimeError, StagingPool, StagingWriter
+from impl.buffers import SlotState, StagingLifetimeError, StagingPool, StagingWriter
+from impl.staged_writes import StagedWriteTensor
 from impl.device import Device
 
 

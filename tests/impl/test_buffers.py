@@ -1,4 +1,4 @@
-"""Staging slots and staged writes: lifetimes, later-wins, capacity rollover, races on sim."""
+"""Staging slots (`impl.buffers`) and staged writes (`impl.staged_writes`): lifetimes, later-wins, capacity rollover, groups, races on sim."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,13 +7,13 @@ import torch
 
 from impl.buffers import (
     SlotState,
-    StagedWriteTensor,
     StagingCapacityError,
     StagingLifetimeError,
     StagingPool,
     StagingWriter,
 )
 from impl.device import Device
+from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 
 
 def _flush_all(pool: StagingPool, step: int, tensors: list[StagedWriteTensor]) -> StagingWriter:
@@ -137,8 +137,6 @@ def test_pool_too_small_for_one_step_is_a_typed_error_not_a_race():
 
 
 def _group_of_three(dev: Device) -> tuple:
-    from impl.buffers import StagedWriteGroup
-
     group = StagedWriteGroup(dev, "test")
     ints = StagedWriteTensor(dev, (3, 4), torch.int32, "ints", fill=-1, group=group)
     floats = StagedWriteTensor(dev, 3, torch.float32, "floats", fill=0.5, group=group)

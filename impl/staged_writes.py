@@ -1,0 +1,303 @@
+"""Staged diff writes into persistent device tensors: one arena, one staging allocation, one launch.
+
+A `StagedWriteTensor` owns a persistent device tensor ``base`` (``[rows]`` or ``[rows, cols]``)
+whose only writer is an apply kernel.  The host records diffs ``(row, start, values)`` (or ragged
+sets of them as arrays); a flush packs them into staging (`impl.buffers`) and an apply launch
+scatters them into ``base``.  Later writes to the same cell win: diffs that overlap within a row
+are merged on the host (cell by cell, in order) before packing, so no two kernel programs write
+one cell.  Tensors of a `StagedWriteGroup` share one int32 word arena and are applied together,
+one launch per step for all of them (more only when a step's diffs do not fit one staging slot:
+then they are batched, long diffs cut at even words, one launch per batch).
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from impl.buffers import StagingWriter
+from impl.device import Device
+from impl.hotpath import hot_path
+
+
+@triton.jit(do_not_specialize=["values_offset"])
+def _apply_word_diffs_kernel(arena_ptr, staged_ptr, values_offset, BLOCK: tl.constexpr):
+    """Diff ``d``: copy ``staged[values_offset + src : + length]`` to ``arena[dst : + length]`` (32-bit words)."""
+    d = tl.program_id(0)
+    dst = tl.load(staged_ptr + 3 * d).to(tl.int64)
+    length = tl.load(staged_ptr + 3 * d + 1)
+    src = tl.load(staged_ptr + 3 * d + 2).to(tl.int64) + values_offset
+    for chunk in range(0, length, BLOCK):
+        cols = chunk + tl.arange(0, BLOCK)
+        mask = cols < length
+        tl.store(arena_ptr + dst + cols, tl.load(staged_ptr + src + cols, mask=mask), mask=mask)
+
+
+_APPLY_BLOCK = 128
+_META_WORDS = 3  # (destination word, length in words, source word) per diff
+_NP_DTYPES = {torch.int32: np.int32, torch.float32: np.float32, torch.int64: np.int64}
+
+
+class StagedWriteGroup:
+    """Persistent device tensors that share one int32 word arena, written by ONE apply launch per step.
+
+    Owner: whoever constructs it (the runner for its row state, block table and sampling state;
+    a standalone `StagedWriteTensor` owns a private group of its own).  ``arena`` lives on the
+    device for the owner's lifetime; each member's ``base`` is a view into it (int32, float32 or
+    int64 -- 4- and 8-byte elements as one or two words).  Its one writer is the apply kernel
+    enqueued by `enqueue_apply`.  `flush` gathers every member's merged diffs into one staging
+    allocation (diff table + values) -- more only when they do not fit one slot.
+    The arena is allocated by `seal` (or the first ``base`` access); members join before that.
+    """
+
+    def __init__(self, device: Device, name: str):
+        self.device = device
+        self.name = name
+        self.members: list[StagedWriteTensor] = []
+        self._dirty: list[StagedWriteTensor] = []  # members with pending diffs, in the order they got them
+        self.arena: torch.Tensor | None = None
+        self._num_words = 0
+        self._applies: list[Callable[[], None]] = []
+        self.h2d_bytes_last_flush = 0
+
+    def _join(self, tensor: "StagedWriteTensor") -> int:
+        if self.arena is not None:
+            raise RuntimeError(f"staged-write group {self.name!r} is sealed: {tensor.name!r} cannot join")
+        offset = -(-self._num_words // 16) * 16  # 64-byte aligned members (int64 views need 8)
+        self._num_words = offset + tensor.num_words
+        self.members.append(tensor)
+        return offset
+
+    def seal(self) -> None:
+        """Allocate the arena and fill each member's view (init time)."""
+        if self.arena is not None:
+            return
+        self.arena = self.device.empty(max(1, self._num_words), torch.int32)
+        for t in self.members:
+            view = self.arena[t.word_offset : t.word_offset + t.num_words].view(t.dtype).view(t.shape)
+            view.fill_(t.fill)
+            t._base = view
+        self.device._stream_waits_for_current()
+
+    @hot_path
+    def flush(self, writer: StagingWriter) -> None:
+        """Pack every member's pending diffs into staging and prepare the apply launch (enqueued by `enqueue_apply`).
+
+        Values are gathered per element type (int32, float32, int64) and turned into words with one
+        numpy conversion each; the diff table holds (destination word, words, source word).
+        """
+        self.h2d_bytes_last_flush = 0
+        by_dtype: dict[torch.dtype, tuple[list[int], list[int], list]] = {}
+        dst_parts: list[np.ndarray] = []  # ragged diffs, already arrays
+        len_parts: list[np.ndarray] = []
+        word_parts: list[np.ndarray] = []
+        dirty, self._dirty = self._dirty, []
+        for t in dirty:
+            words_per, base, cols = t.words_per_element, t.word_offset, t.num_cols
+            if t._pending:
+                diffs = t._merged_diffs()
+                t._pending.clear()
+                dst, lens, values = by_dtype.setdefault(t.dtype, ([], [], []))
+                for row, start, vals in diffs:
+                    dst.append(base + (row * cols + start) * words_per)
+                    lens.append(len(vals) * words_per)
+                    values.extend(vals)
+            for rows, starts, lens_r, vals in t._ragged:
+                dst_parts.append(base + (rows * cols + starts) * words_per)
+                len_parts.append(lens_r * words_per)
+                word_parts.append(np.asarray(vals, _NP_DTYPES[t.dtype]).view(np.int32))
+            t._ragged.clear()
+        for dtype, (dst, lens, values) in by_dtype.items():
+            dst_parts.append(np.array(dst, np.int64))
+            len_parts.append(np.array(lens, np.int64))
+            word_parts.append(np.array(values, _NP_DTYPES[dtype]).view(np.int32))
+        if not dst_parts:
+            return
+        self.seal()
+        dst = np.concatenate(dst_parts) if len(dst_parts) > 1 else dst_parts[0]
+        lens = np.concatenate(len_parts) if len(len_parts) > 1 else len_parts[0]
+        values = np.concatenate(word_parts) if len(word_parts) > 1 else word_parts[0]
+        src = np.zeros(len(lens), np.int64)
+        lens[:-1].cumsum(out=src[1:])
+        limit = writer.pool.capacity_bytes // 4 - 4  # words of one slot, less alignment
+        if _META_WORDS * len(lens) + len(values) <= limit:
+            self._applies = [self._pack(dst, lens, src, values, writer)]
+        else:
+            self._applies = [self._pack(*batch, writer) for batch in _word_batches(dst, lens, src, values, limit)]
+
+    def _pack(self, dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray, writer: StagingWriter) -> Callable[[], None]:
+        n = len(lens)
+        meta_words = _META_WORDS * n
+        host, staged = writer.alloc_words(meta_words + len(values))
+        meta = host[:meta_words].reshape(n, _META_WORDS)
+        meta[:, 0], meta[:, 1], meta[:, 2] = dst, lens, src
+        host[meta_words:] = values
+        self.h2d_bytes_last_flush += 4 * (meta_words + len(values))
+        arena = self.arena
+
+        def apply() -> None:
+            _apply_word_diffs_kernel[(n,)](arena, staged, meta_words, BLOCK=_APPLY_BLOCK)
+
+        return apply
+
+    @hot_path
+    def enqueue_apply(self) -> None:
+        """Enqueue the launch(es) prepared by the last `flush` (call after the writer submitted)."""
+        applies, self._applies = self._applies, []
+        for apply in applies:
+            self.device.enqueue(apply, f"apply {self.name}")
+
+
+def _word_batches(dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray, limit: int) -> list[tuple]:
+    """Split diffs into batches whose table + values fit ``limit`` words, cutting long diffs at even words.
+
+    Merged diffs never overlap, so the batches may be applied in any order.
+    """
+    max_piece = max(2, (limit - _META_WORDS) // 2 * 2)
+    batches: list[tuple] = []
+    cur_dst: list[int] = []
+    cur_len: list[int] = []
+    cur_vals: list[np.ndarray] = []
+    used = 0
+    for d, n, s in zip(dst.tolist(), lens.tolist(), src.tolist()):
+        for cut in range(0, n, max_piece):
+            piece = min(max_piece, n - cut)
+            if cur_len and used + _META_WORDS + piece > limit:
+                batches.append(_batch(cur_dst, cur_len, cur_vals))
+                cur_dst, cur_len, cur_vals, used = [], [], [], 0
+            cur_dst.append(d + cut)
+            cur_len.append(piece)
+            cur_vals.append(values[s + cut : s + cut + piece])
+            used += _META_WORDS + piece
+    if cur_len:
+        batches.append(_batch(cur_dst, cur_len, cur_vals))
+    return batches
+
+
+def _batch(dst: list[int], lens: list[int], vals: list[np.ndarray]) -> tuple:
+    lens_arr = np.array(lens, np.int64)
+    src = np.zeros(len(lens), np.int64)
+    lens_arr[:-1].cumsum(out=src[1:])
+    return np.array(dst, np.int64), lens_arr, src, np.concatenate(vals)
+
+
+class StagedWriteTensor:
+    """A persistent device tensor written only through staged diffs.
+
+    Owner: whoever constructs it (the state table, the block table, the sampler state).
+    ``base`` lives on the device for the owner's lifetime, a view into its `StagedWriteGroup`'s
+    arena (``group``: shared with other tensors, flushed and applied by the group's owner; None:
+    a private group, flushed and applied through this tensor).  Its one writer is the group's
+    apply kernel.  Pending diffs live on the host until a flush (or `discard_pending`); diffs that
+    overlap within a row are merged there, later writes winning.
+    """
+
+    def __init__(self, device: Device, shape: int | tuple[int, ...], dtype: torch.dtype, name: str, fill: float | int = 0,
+                 group: StagedWriteGroup | None = None):
+        self.device = device
+        self.name = name
+        if dtype not in _NP_DTYPES:
+            raise ValueError(f"{name}: StagedWriteTensor holds int32, float32 or int64, got {dtype}")
+        self.dtype = dtype
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        if len(shape) not in (1, 2):
+            raise ValueError(f"{name}: StagedWriteTensor is 1-D or 2-D, got shape {shape}")
+        self.shape = shape
+        self.num_rows = shape[0]
+        self.num_cols = shape[1] if len(shape) == 2 else 1
+        self.fill = fill
+        self.words_per_element = dtype.itemsize // 4
+        self.num_words = self.num_rows * self.num_cols * self.words_per_element
+        self._private = group is None
+        self.group = StagedWriteGroup(device, name) if group is None else group
+        self.word_offset = self.group._join(self)
+        self._base: torch.Tensor | None = None
+        self._pending: list[tuple[int, int, list]] = []
+        self._ragged: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # from `stage_ragged`
+        if self._private:
+            self.group.seal()
+
+    @property
+    def base(self) -> torch.Tensor:
+        if self._base is None:
+            self.group.seal()
+        return self._base
+
+    @property
+    def h2d_bytes_last_flush(self) -> int:
+        return self.group.h2d_bytes_last_flush
+
+    @property
+    def num_pending(self) -> int:
+        return len(self._pending) + len(self._ragged)
+
+    def stage(self, row: int, start: int, values: Sequence[float | int] | np.ndarray) -> None:
+        """Record ``base[row, start:start+len(values)] = values`` for the next flush."""
+        values = list(values.tolist() if isinstance(values, np.ndarray) else values)
+        if not 0 <= row < self.num_rows:
+            raise IndexError(f"{self.name}: row {row} outside [0, {self.num_rows})")
+        if start < 0 or start + len(values) > self.num_cols:
+            raise IndexError(f"{self.name}: columns [{start}, {start + len(values)}) outside [0, {self.num_cols})")
+        if values:
+            if not self._pending and not self._ragged:
+                self.group._dirty.append(self)  # the group flushes only members with diffs
+            self._pending.append((row, start, values))
+
+    def stage_ragged(self, rows: np.ndarray, starts: np.ndarray, lens: np.ndarray, values: np.ndarray) -> None:
+        """Record ``base[rows[i], starts[i]:starts[i]+lens[i]] = `` the next ``lens[i]`` of ``values``, for all i
+        at once.  These cells must not be written by the tensor's other diffs of the step (no merge)."""
+        if len(rows) == 0:
+            return
+        if rows.min() < 0 or rows.max() >= self.num_rows or starts.min() < 0 or (starts + lens).max() > self.num_cols \
+                or int(lens.sum()) != len(values):
+            raise IndexError(f"{self.name}: ragged diffs outside [0, {self.num_rows}) x [0, {self.num_cols})")
+        if not self._pending and not self._ragged:
+            self.group._dirty.append(self)
+        self._ragged.append((rows, starts, lens, values))
+
+    def stage_scalar(self, row: int, value: float | int) -> None:
+        self.stage(row, 0, [value])
+
+    def discard_pending(self) -> None:
+        self._pending.clear()
+        self._ragged.clear()
+
+    def _merged_diffs(self) -> list[tuple[int, int, list]]:
+        if len(self._pending) == 1:
+            return list(self._pending)
+        by_row: dict[int, list[tuple[int, list]]] = {}
+        for row, start, values in self._pending:
+            by_row.setdefault(row, []).append((start, values))
+        merged: list[tuple[int, int, list]] = []
+        for row, diffs in by_row.items():
+            if len(diffs) == 1:
+                merged.append((row, diffs[0][0], diffs[0][1]))
+                continue
+            cells: dict[int, float | int] = {}
+            for start, values in diffs:  # in staging order: later writes overwrite
+                for j, v in enumerate(values):
+                    cells[start + j] = v
+            cols = sorted(cells)
+            run_start, run = cols[0], [cells[cols[0]]]
+            for c in cols[1:]:
+                if c == run_start + len(run):
+                    run.append(cells[c])
+                else:
+                    merged.append((row, run_start, run))
+                    run_start, run = c, [cells[c]]
+            merged.append((row, run_start, run))
+        return merged
+
+    @hot_path
+    def flush(self, writer: StagingWriter) -> None:
+        """A private group: pack the pending diffs and prepare the apply.  A shared group's owner flushes it instead."""
+        if self._private:
+            self.group.flush(writer)
+
+    def enqueue_apply(self) -> None:
+        """A private group: enqueue the apply prepared by the last `flush` (after the writer submitted)."""
+        if self._private:
+            self.group.enqueue_apply()
