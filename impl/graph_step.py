@@ -138,10 +138,11 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
 
     def forward() -> None:
         # max_seq_len is a bound, not the step's value: the kernels read the lengths from seq_lens.
-        result["logits"] = model.forward(
+        hidden = model.forward(
             ib.input_ids, ib.positions, ib.slot_mapping, ib.query_start_loc, ib.seq_lens, ib.block_table, logits_indices,
-            num_reqs=size, num_tokens=num_tokens, max_query_len=q, max_seq_len=max_seq_len,
+            num_reqs=size, num_tokens=num_tokens, max_query_len=q, max_seq_len=max_seq_len, return_hidden=True,
         )
+        result["logits"] = model.compute_logits(hidden)
 
     def sample() -> None:
         result["out"] = sampler.sample(result["logits"], sampling_state, ib.logits_state_rows, ib.logits_positions,

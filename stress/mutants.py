@@ -457,3 +457,7 @@ def apply(name: str, *, runner: Any = None, device: Any = None, target: Any = No
 
 __all__ = ["CATALOGUE", "CHECKS", "CLASSES", "WORKLOADS", "AppliedMutant", "Mutant", "MutantTargetError",
            "UnknownMutantError", "Workload", "apply", "get"]
+
+# The CUDA-graph mutants live in their own module and register themselves here (imported last:
+# it uses `_mutant` and `AppliedMutant` from this module).
+import stress.mutants_graphs  # noqa: E402,F401
