@@ -220,17 +220,18 @@ def test_cuda_replay_equals_eager_bit_for_bit(weights, drafts):
     assert graphed.graphs.graphs[next(iter(graphed.graphs.graphs))].cuda_graph is not None
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_cuda_replay_under_the_armed_sync_detector_counts_zero(weights):
+@pytest.mark.parametrize("kind", ["sim", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")])])
+def test_replay_under_the_armed_sync_detector_counts_zero(weights, kind):
+    """Async (two steps in flight), detector armed around every execute_model: replays read nothing back."""
     sync = pytest.importorskip("checks.sync")
-    runner = ModelRunner(weights, LIMITS, Device("cuda"), base_seed=7)
+    runner = ModelRunner(weights, LIMITS, Device(kind), base_seed=7)
     sched = SchedulerSim(LIMITS, seed=0)
     _requests(sched, logprobs=True)
     pending = []
     report = sync.arm_runner(runner, mode="count")
     while sched.has_work or pending:
-        if sched.has_work and len(pending) < 2 and sched.can_schedule():
+        if sched.has_work and len(pending) < 2 and sched.can_schedule:
             pending.append(runner.execute_model(sched.schedule()))
             continue
         sched.update(pending.pop(0).get())
