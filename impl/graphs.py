@@ -11,7 +11,8 @@ Per step the host picks (`select`):
 * a graph, when the batch is a uniform decode (every request ``query_len = 1 + k`` tokens with
   exactly ``k`` drafts, ``k`` = 0 or the runner's ``max_num_draft_tokens``), asks no prompt
   logprobs, and fits a capture size.  The bucket is the smallest capture size >= the batch; its
-  mode is (query_len, top-n logprobs: -1 or ``max_logprobs``).  The graph's own predicate
+  mode is (query_len, top-n logprobs: -1 or ``max_logprobs``).  A (size, mode) whose padded
+  tokens ``size * query_len`` exceed ``max_num_batched_tokens`` (the input buffers) has no graph.  The graph's own predicate
   (`StepGraph.admits`) must accept the batch too;
 * otherwise a fallback reason (`FALLBACK_REASONS`), counted; the step runs eager, unpadded.
 
@@ -38,7 +39,8 @@ import torch
 from impl.device import Device, _run_as_device_work
 from impl.graph_step import GraphKey, GraphMode, PaddedInputs, PaddedStep
 
-FALLBACK_REASONS = ("prompt_logprobs", "non_uniform", "batch_above_largest_size", "no_graph_for_mode")
+FALLBACK_REASONS = ("prompt_logprobs", "non_uniform", "batch_above_largest_size", "bucket_above_token_budget",
+                    "no_graph_for_mode")
 
 
 class GraphConfigError(ValueError):
@@ -103,12 +105,14 @@ class CudaGraphManager:
     """Buckets, predicates, capture and replay of bucketed decode steps.  See the module docstring."""
 
     def __init__(self, device: Device, *, enabled: bool, capture_sizes: Sequence[int] | None, max_num_reqs: int,
-                 max_num_draft_tokens: int, max_logprobs: int, build_step: Callable[[PaddedInputs, GraphKey], PaddedStep]):
+                 max_num_batched_tokens: int, max_num_draft_tokens: int, max_logprobs: int,
+                 build_step: Callable[[PaddedInputs, GraphKey], PaddedStep]):
         self.device = device
         self.enabled = bool(enabled)
         self.capture_sizes = validate_capture_sizes(capture_sizes, max_num_reqs)
         self.query_lens = (1,) if max_num_draft_tokens == 0 else (1, 1 + max_num_draft_tokens)
         self.max_logprobs = max_logprobs
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.modes = tuple(GraphMode(q, top) for q in self.query_lens for top in (-1, max_logprobs))
         self.inputs = PaddedInputs(device, max_num_reqs, max_num_draft_tokens, self.query_lens)
         self._build_step = build_step
@@ -129,6 +133,8 @@ class CudaGraphManager:
             self._pool = torch.cuda.graph_pool_handle()
         for size in sorted(self.capture_sizes, reverse=True):
             for mode in self.modes:
+                if size * mode.query_len > self.max_num_batched_tokens:
+                    continue  # no batch of this mode ever pads into it (see `select`)
                 key = GraphKey(size, mode)
                 step = self._build_step(self.inputs, key)
                 graph = StepGraph(step)
@@ -177,6 +183,8 @@ class CudaGraphManager:
         size = self.bucket_for(num_reqs)
         if size is None:
             return None, "batch_above_largest_size"
+        if size * query_len > self.max_num_batched_tokens:
+            return None, "bucket_above_token_budget"
         num_top = -1 if max_num_logprobs < 0 else self.max_logprobs
         key = GraphKey(size, GraphMode(query_len, num_top))
         graph = self.graphs.get(key)

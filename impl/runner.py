@@ -129,7 +129,7 @@ class ModelRunner:
         self.staging = StagingPool(dev, self._staging_slots, capacity)
         self.graphs = CudaGraphManager(
             dev, enabled=self._cuda_graphs, capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
-            max_num_draft_tokens=lim.max_num_draft_tokens, max_logprobs=lim.max_logprobs,
+            max_num_batched_tokens=lim.max_num_batched_tokens, max_num_draft_tokens=lim.max_num_draft_tokens, max_logprobs=lim.max_logprobs,
             build_step=lambda inputs, key: build_padded_step(self, inputs, key),
         )
 

@@ -163,6 +163,24 @@ def test_padding_rows_change_no_live_or_free_state(weights):
     assert changed <= slots_written, f"KV slots {sorted(changed - slots_written)} written by padding"
 
 
+def test_a_bucket_whose_padded_tokens_exceed_the_budget_has_no_graph_and_falls_back(weights):
+    """Budget 6: a bucket of 4 with drafts would pad to 8 tokens.  Not captured; 3 drafted decodes (6 tokens) run eager."""
+    limits = RunnerLimits(**{**LIMITS.__dict__, "max_num_batched_tokens": 6})
+    graphed = ModelRunner(weights, limits, Device("cpu"), base_seed=7, capture_sizes=(4,))
+    eager = ModelRunner(weights, limits, Device("cpu"), base_seed=7, capture_sizes=(4,), cuda_graphs=False)
+    assert {(k.size, k.mode.query_len) for k in graphed.graphs.graphs} == {(4, 1)}
+    sched = SchedulerSim(limits, seed=0, draft_prob=1.0)
+    for rid in "abc":
+        sched.add_request(rid, (3, 4), SamplingParams(temperature=0.0, max_tokens=4))
+    while sched.has_work:
+        step = sched.schedule()
+        got = [r.execute_model(step).get() for r in (graphed, eager)]
+        assert got[0] == got[1]
+        sched.update(got[0])
+    assert graphed.cuda_graph_stats()["fallbacks"].get("bucket_above_token_budget", 0) > 0
+    assert eager.cuda_graph_stats()["fallbacks"] == graphed.cuda_graph_stats()["fallbacks"]
+
+
 # --------------------------------------------------------------------------- recorded closures, failures
 
 
