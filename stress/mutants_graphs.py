@@ -80,9 +80,9 @@ def _graph_init_only_at_capture(runner: Any, m: AppliedMutant) -> None:
         for t, s in zip(offsets, saved):
             t.copy_(s)
 
-    runner.device.synchronize()
-    zero()  # what init would have left had it not written them
-    m._undo.append(restore)
+    device = runner.device
+    device.enqueue(zero, "mutant: offsets init never wrote")  # in stream order, ahead of every later step
+    m._undo.append(lambda: device.enqueue(restore, "mutant undo: offsets restored"))
     capture = graphs.capture
 
     def capture_then_fill_offsets() -> None:

@@ -181,6 +181,52 @@ def test_a_bucket_whose_padded_tokens_exceed_the_budget_has_no_graph_and_falls_b
     assert eager.cuda_graph_stats()["fallbacks"] == graphed.cuda_graph_stats()["fallbacks"]
 
 
+def test_padding_requests_in_the_kernels_write_no_state_and_no_kv_slot():
+    """Input prep, post-update and the pad kernel on rows [3, -1, -1] (bucket 3, one real request, q = 2)."""
+    from impl.kernels.input_prep import launch_pad_step_inputs, launch_prepare_inputs
+    from impl.kernels.post_update import launch_post_update
+    from impl.state import NUM_ROW_FIELDS
+
+    dev, q, size, bs = Device("cpu"), 2, 3, 4
+    state = dev.zeros((4, NUM_ROW_FIELDS), torch.int32)
+    state[3] = torch.tensor([5, 6, 5, 5, 77])  # a decode with one draft: last token 77 at position 5
+    state[0] = torch.tensor([9, 10, 9, 9, 11])  # the row padding reads parameters from
+    before = state.clone()
+    prefill = dev.pinned((4, 16), torch.int32)
+    prefill.zero_()
+    table = dev.zeros((4, 4), torch.int32)
+    table[3] = torch.tensor([5, 6, 7, 8], dtype=torch.int32)
+    rows_staged, drafts_staged = torch.tensor([3], dtype=torch.int32), torch.tensor([42], dtype=torch.int32)
+    rows, drafts = dev.full(size, 123, torch.int32), dev.full(size, 0, torch.int32)
+    launch_pad_step_inputs(rows=rows_staged, drafts=drafts_staged, padded_rows=rows, padded_drafts=drafts,
+                           num_reqs=1, num_drafts=1, size=size)
+    assert rows.tolist() == [3, -1, -1] and drafts[0].item() == 42
+    index = torch.arange(size + 1, dtype=torch.int32)
+    cu, logits_start, draft_start = index * q, index * q, index * (q - 1)
+    t = size * q
+    out = dict(input_ids=dev.full(t, -7, torch.int64), positions=dev.full(t, -7, torch.int64), slot_mapping=dev.full(t, -7, torch.int64),
+               query_start_loc=dev.full(size + 1, -7, torch.int32), seq_lens=dev.full(size, -7, torch.int32),
+               idx_mapping=dev.full(size, -7, torch.int32), block_table_out=dev.full((size, 4), -7, torch.int32),
+               logits_indices=dev.full(t, -7, torch.int64), logits_rows=dev.full(t, -7, torch.int32),
+               logits_positions=dev.full(t, -7, torch.int64), draft_prefix=dev.full((t, 1), -7, torch.int32))
+    launch_prepare_inputs(rows=rows, cu=cu, logits_start=logits_start, draft_start=draft_start, drafts=drafts,
+                          prompt_token_index=rows, row_state=state, prefill_tokens=prefill, block_table=table, **out,
+                          num_reqs=size, num_tokens=t, padded_num_tokens=t, num_sampling_rows=t, num_prompt_rows=0,
+                          kv_block_size=bs, max_drafts=1)
+    assert out["input_ids"].tolist() == [77, 42, 0, 0, 0, 0]
+    assert out["slot_mapping"].tolist() == [6 * bs + 1, 6 * bs + 2, -1, -1, -1, -1]  # padding: no KV slot
+    assert out["query_start_loc"].tolist() == [0, 2, 4, 6] and out["seq_lens"].tolist() == [7, 2, 2]
+    assert out["logits_rows"].tolist() == [3, 3, 0, 0, 0, 0]  # padding reads row 0's parameters
+    assert out["draft_prefix"].flatten().tolist() == [-1, 42, -1, -1, -1, -1]
+    sampled = torch.tensor([42, 50, 1, 2, 3, 4], dtype=torch.int64)
+    num_sampled, row_valid = dev.full(size, -7, torch.int32), dev.full(t, -7, torch.int32)
+    launch_post_update(rows=rows, cu=cu, logits_start=logits_start, draft_start=draft_start, drafts=drafts, sampled=sampled,
+                       row_state=state, num_sampled=num_sampled, row_valid=row_valid, num_reqs=size, max_drafts=1)
+    assert state[3].tolist() == [7, 8, 5, 5, 50]  # draft accepted, bonus token 50
+    assert torch.equal(state[:3], before[:3]), "a padding request wrote row state"
+    assert num_sampled.tolist() == [2, 0, 0] and row_valid.tolist() == [1, 1, 0, 0, 0, 0]
+
+
 # --------------------------------------------------------------------------- recorded closures, failures
 
 
