@@ -82,7 +82,7 @@ def _graph_init_only_at_capture(runner: Any, m: AppliedMutant) -> None:
 
     device = runner.device
     device.enqueue(zero, "mutant: offsets init never wrote")  # in stream order, ahead of every later step
-    m._undo.append(lambda: device.enqueue(restore, "mutant undo: offsets restored"))
+    m._undo.append(restore)  # undo restores at once (a mutated runner's queue may hold broken work)
     capture = graphs.capture
 
     def capture_then_fill_offsets() -> None:
