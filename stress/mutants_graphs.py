@@ -6,22 +6,40 @@ runner's graph manager (`impl.graphs.CudaGraphManager`, ``runner.graphs``):
 * ``graph_buffer_reallocated``: a persistent buffer re-allocated after capture -- the graph keeps
   the old address while eager code uses the new one (on cpu/sim the recorded launches hold the old
   tensor, so it diverges there too);
-* ``padding_row_writes_live_state``: padding rows of a bucket point at state row 0 instead of the
-  -1 sentinel, so the padding request advances a live row's counts and last token;
+* ``padding_row_writes_live_state``: padding rows of a bucket repeat the batch's last row instead
+  of the -1 sentinel, so the padding request advances that live row again and counts its token twice;
 * ``predicate_admits_larger_batch``: the bucket lookup rounds down and the graph's predicate drops
   its size check, so a batch larger than its bucket replays and its last requests are never run;
 * ``graph_init_only_at_capture``: the per-query-length offsets are written by the capture warm-up
   instead of at init; eager execution (``--eager``, which this mutant runs) reads zeros.
 
-All four use the ``decode`` workload (up to 4 requests, buckets 1, 2, 4: a batch of 3 pads one row
-or, rounded down, loses one).  Killed by the differential check (runner vs the float64 oracle).
+They use the ``decode`` workload (up to 4 requests, buckets 1, 2, 4: a batch of 3 pads one row or,
+rounded down, loses one); the padding mutant uses ``decode-penalties`` (registered here: decode
+with penalties), where a padding request's double count of a live row's output is visible even
+when, on the GPU, the live and the padding program write the same row state at once.  Killed by
+the differential check (runner vs the float64 oracle).
 """
 from __future__ import annotations
 
 import bisect
+import random
 from typing import Any
 
-from stress.mutants import AppliedMutant, _mutant
+from impl.interface import SamplingParams
+from stress.mutants import WORKLOADS, AppliedMutant, Workload, _mutant
+
+
+def _penalised(rng: random.Random, max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=round(rng.uniform(0.7, 1.0), 3),
+                          seed=rng.randrange(2**63) if rng.random() < 0.5 else None,
+                          frequency_penalty=round(rng.uniform(1.0, 2.0), 3), presence_penalty=round(rng.uniform(0.5, 1.5), 3))
+
+
+# Penalised decodes: a padding request counted into a live row's output counts shows up on the GPU
+# too, where the live and the padding program of one row run at once and write the same counts.
+WORKLOADS["decode-penalties"] = Workload(
+    "decode-penalties", "as decode, with frequency and presence penalties (output counts matter)",
+    WORKLOADS["decode"].churn, _penalised, max_num_reqs=4)
 
 
 @_mutant("graph_buffer_reallocated", "state", ("differential",), "decode", ("graphs", "state"),
@@ -31,19 +49,23 @@ def _graph_buffer_reallocated(runner: Any, m: AppliedMutant) -> None:
     m.set(table, "base", table.base.clone())
 
 
-@_mutant("padding_row_writes_live_state", "state", ("differential",), "decode", ("graphs",),
-         "bucket padding rows filled with state row 0 instead of the -1 sentinel: the padding request advances row 0")
+@_mutant("padding_row_writes_live_state", "state", ("differential",), "decode-penalties", ("graphs",),
+         "bucket padding rows repeat the batch's last row instead of the -1 sentinel: padding advances and counts a live row")
 def _padding_row_writes_live_state(runner: Any, m: AppliedMutant) -> None:
     inputs, device = runner.graphs.inputs, runner.device
     enqueue_pad = inputs.enqueue_pad
 
-    def pad_with_row_zero(rows: Any, drafts: Any, num_reqs: int, num_drafts: int, size: int) -> None:
+    def pad_with_last_row(rows: Any, drafts: Any, num_reqs: int, num_drafts: int, size: int) -> None:
         enqueue_pad(rows, drafts, num_reqs, num_drafts, size)
         if size > num_reqs:
             padded = inputs.rows
-            device.enqueue(lambda: padded[num_reqs:size].zero_(), "pad rows with row 0")
 
-    m.set(inputs, "enqueue_pad", pad_with_row_zero)
+            def repeat_last_row() -> None:
+                padded[num_reqs:size].copy_(padded[num_reqs - 1 : num_reqs].expand(size - num_reqs))
+
+            device.enqueue(repeat_last_row, "pad rows with the last live row")
+
+    m.set(inputs, "enqueue_pad", pad_with_last_row)
 
 
 @_mutant("predicate_admits_larger_batch", "state", ("differential",), "decode", ("graphs",),

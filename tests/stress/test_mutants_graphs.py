@@ -29,8 +29,9 @@ def test_graph_mutant_is_killed_on_sim_by_the_differential_check(name):
     assert "differential" in run.fired, (name, run)
 
 
-def test_the_decode_workload_is_silent_unmutated():
-    workload = WORKLOADS["decode"]
+@pytest.mark.parametrize("name", ["decode", "decode-penalties"])
+def test_the_graph_workloads_are_silent_unmutated(name):
+    workload = WORKLOADS[name]
     run = run_differential(workload, "sim", 0, workload.ticks)
     assert not run.fired, run
 
