@@ -238,6 +238,7 @@ def bench_end_to_end(ctx: BenchContext) -> list[Row]:
     one step late) and sync.  The batch size is fixed (no churn), so the graph runners capture
     that one size (two graphs: with and without logprobs).
     """
+    from impl.graphs import format_graph_stats
     from impl.runner import ModelRunner
 
     if ctx.quick:
@@ -281,11 +282,10 @@ def bench_end_to_end(ctx: BenchContext) -> list[Row]:
                 wall_by_mode[mode] = wall
                 tok_s[(graphs, mode)] = num_reqs * steps / wall
                 tag = f"{num_reqs} reqs x {ctx_len} ctx, {graphs}, {mode}"
-                fallbacks = ", ".join(f"{k} {v}" for k, v in sorted(stats["fallbacks"].items())) or "none"
                 out += [
                     Row("e2e", f"decode tokens/s, {tag}", tok_s[(graphs, mode)], "tok/s",
                         note=f"graph replays in the timed steps: {stats['replays'] - replays_before}/{steps}; "
-                             f"fallbacks over the run: {fallbacks}"),
+                             f"over the run: {format_graph_stats(stats)}"),
                     Row("e2e", f"host us per step (execute_model), {tag}", statistics.median(host_us), "us"),
                     Row("e2e", f"wall us per step, {tag}", wall / steps * 1e6, "us"),
                 ]

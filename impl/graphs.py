@@ -222,5 +222,13 @@ class CudaGraphManager:
                 "padded_eager": self.padded_eager, "num_graphs": len(self.graphs), "capture_sizes": list(self.capture_sizes)}
 
 
+def format_graph_stats(stats: dict[str, Any]) -> str:
+    """One line for a summary table: ``graphs on: 120 replays; fallbacks: non_uniform 3`` (from `CudaGraphManager.stats`)."""
+    fallbacks = ", ".join(f"{reason} {n}" for reason, n in sorted(stats.get("fallbacks", {}).items())) or "none"
+    if stats.get("enabled"):
+        return f"graphs on: {stats.get('replays', 0)} replays; fallbacks: {fallbacks}"
+    return f"graphs off (eager): {stats.get('padded_eager', 0)} bucketed steps; fallbacks: {fallbacks}"
+
+
 __all__ = ["CudaGraphManager", "FALLBACK_REASONS", "GraphCaptureError", "GraphConfigError", "StepGraph",
-           "default_capture_sizes", "validate_capture_sizes"]
+           "default_capture_sizes", "format_graph_stats", "validate_capture_sizes"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from impl.device import Device
-from impl.graphs import GraphCaptureError, GraphConfigError, default_capture_sizes, validate_capture_sizes
+from impl.graphs import GraphCaptureError, GraphConfigError, default_capture_sizes, format_graph_stats, validate_capture_sizes
 from impl.interface import RunnerLimits, SamplingParams
 from impl.model.weights import preset, random_weights
 from impl.runner import ModelRunner, make_runner
@@ -109,6 +109,8 @@ def test_replay_equals_eager_bit_for_bit_at_every_size_and_padding(weights, capt
     assert stats["enabled"] and stats["replays"] == sum(r for _, r in trace) > 0
     assert set(stats["fallbacks"]) == {"non_uniform"}  # the prefill steps
     assert eager.cuda_graph_stats()["padded_eager"] == stats["replays"]
+    assert format_graph_stats(stats) == f"graphs on: {stats['replays']} replays; fallbacks: non_uniform {stats['fallbacks']['non_uniform']}"
+    assert format_graph_stats(eager.cuda_graph_stats()).startswith("graphs off (eager)")
 
 
 def test_replay_matches_the_oracle_with_drafts_and_logprobs(weights):
