@@ -198,7 +198,7 @@ class ModelRunner:
         self.state.mark_used(plan.rows, output.event)
         self.state.advance(plan.req_ids, sched.num_scheduled_tokens, {r: len(d) for r, d in sched.draft_token_ids.items()})
         self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer, enqueued_before, started,
-                           graph_replayed=fallback is None and self.graphs.enabled, graph_fallback=fallback)
+                           fallback is None and self.graphs.enabled, fallback)
         return output
 
     def _check(self, sched: SchedulerOutput) -> None:
@@ -303,7 +303,7 @@ class ModelRunner:
         return self.outputs.enqueue_copy_out(slot, layout, result, meta)
 
     def _record_stats(self, step_id: int, num_reqs: int, num_tokens: int, writer: StagingWriter, enqueued_before: int, started: float,
-                      *, graph_replayed: bool = False, graph_fallback: str | None = None) -> None:
+                      graph_replayed: bool = False, graph_fallback: str | None = None) -> None:
         self.last_step_stats = StepStats(step_id, num_reqs, num_tokens, writer.bytes, self.device.num_enqueued - enqueued_before,
                                          time.perf_counter() - started, graph_replayed, graph_fallback)
 
