@@ -299,6 +299,9 @@ def _after_input_prep(runner: Any, m: AppliedMutant, fix: Callable[[Any, Any], N
         runner.device.enqueue(lambda: fix(input_batch, plan), label)
 
     m.set(input_batch, "enqueue_prepare", enqueue_prepare_then_fix)
+    from stress.mutants_graphs import after_graph_input_prep  # bucketed steps run input prep inside a graph
+
+    after_graph_input_prep(runner, m, fix, label)
 
 
 @_mutant("idx_mapping_off_by_one", "state", ("differential",), "decode", ("input_batch", "state", "device"),

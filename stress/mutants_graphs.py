@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import bisect
 import random
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Callable
 
 from impl.interface import SamplingParams
 from stress.mutants import WORKLOADS, AppliedMutant, Workload, _mutant
@@ -115,4 +116,33 @@ def _graph_init_only_at_capture(runner: Any, m: AppliedMutant) -> None:
     m.set(graphs, "enabled", False)  # the bug lives in eager execution: run it
 
 
-__all__: list[str] = []
+
+def after_graph_input_prep(runner: Any, m: AppliedMutant, fix: Callable[[Any, Any], None], label: str) -> None:
+    """Plant ``fix(input_batch, plan)`` right after input prep in bucketed steps too, and capture again.
+
+    `stress.mutants` plants input-prep bugs after the eager ``enqueue_prepare``; a bucketed step
+    runs its input prep inside the graph, so the same bug goes into every (size, mode) step the
+    manager builds (``plan`` carries the bucket's sizes) and the graphs are captured again with it.
+    A runner without a graph manager is left alone.
+    """
+    graphs = getattr(runner, "graphs", None)
+    if graphs is None:
+        return
+    build, input_batch = graphs._build_step, runner.input_batch
+
+    def build_with_fix(inputs: Any, key: Any) -> Any:
+        step = build(inputs, key)
+        num_tokens = key.size * key.mode.query_len
+        plan = SimpleNamespace(num_reqs=key.size, num_tokens=num_tokens, num_sampling_rows=num_tokens)
+        after = [name for name, _ in step.launches].index("input prep") + 1
+        step.launches.insert(after, (label, lambda: fix(input_batch, plan)))
+        return step
+
+    m.set(graphs, "_build_step", build_with_fix)
+    if graphs.captured:
+        m.set(graphs, "graphs", {})
+        m.set(graphs, "captured", False)
+        graphs.capture()
+
+
+__all__ = ["after_graph_input_prep"]
