@@ -5,7 +5,8 @@
 #
 #   bash ci/h200.sh OUTDIR JOB...      (all jobs: bash ci/h200.sh OUTDIR all)
 #
-#   bench         `runnercheck bench --device cuda`, run alone first (timings), then the others side by side:
+#   bench         `runnercheck bench --device cuda`, run alone first (timings; e2e runs graphs and eager, async and
+#                 sync: 8 Qwen3-0.6B runners), then the others side by side:
 #   host_profile  cProfile of execute_model, 256 decode requests (`python -m bench.host_profile`)
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
@@ -36,7 +37,7 @@ job() {  # job NAME LIMIT_S command...: run one job under a time limit, logging 
 want() { [[ "$jobs" == *" $1 "* ]]; }
 
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())" | tee "$out/versions.txt"
-want bench && job bench "${BENCH_LIMIT_S:-200}" $rc bench --device cuda --out "$out/bench"
+want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
 want host_profile && job host_profile "$limit" python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &
 want gpu_tests && job gpu_tests "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" tests \
   --deselect tests/stress/test_mutants.py::test_cuda_run_kills_every_mutant_including_the_noise_bugs \

@@ -1,15 +1,18 @@
 """The model runner: one step = validate, update rows, stage, enqueue everything, return at once.
 
-Phases are explicit: construction is ``init`` (allocate every persistent buffer), `profile` runs a
-dummy forward to measure memory (nothing correctness needs happens there), `execute_model` runs
-steps.  The step's pieces live in their own modules: rows and the host mirror (`impl.state`),
+Phases are explicit: construction is ``init`` (allocate every persistent buffer) then ``capture``
+(`impl.graphs.CudaGraphManager`: one graph per (capture size, mode), recorded closures on
+cpu/sim), `profile` runs a dummy forward to measure memory (nothing correctness needs happens
+there; it uses its own scratch inputs, so it may run before or after capture), `execute_model`
+runs steps and never captures.  The step's pieces live in their own modules: rows and the host mirror (`impl.state`),
 block tables (`impl.block_table`), the step plan and input buffers (`impl.input_batch`), the
 input-prep and post-update kernels (`impl.kernels`), the model (`impl.model.forward`), sampling
 (`impl.sample`) and the output ring (`impl.output`).
 
 Device work of a step, in one submit order on the one stream: H2D of the staging slot -> staged
 write applies -> input prep -> forward -> sampler -> post-update -> pack + one D2H into a pinned
-output slot -> event.  `execute_model` never waits in steady state; `AsyncStepOutput.get()` is the
+output slot -> event.  A uniform decode batch pads its rows into a capture-size bucket and runs
+input prep .. post-update as one graph replay (`impl.graph_step`); other batches run eager.  `execute_model` never waits in steady state; `AsyncStepOutput.get()` is the
 one wait.  Step N+1 may be submitted before step N's output is read (async scheduling): every
 count the next step needs lives on the device.
 
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -28,6 +31,8 @@ from impl.block_table import BlockTable
 from impl.buffers import StagingPool, StagingWriter
 from impl.staged_writes import StagedWriteGroup
 from impl.device import Device
+from impl.graph_step import build_padded_step
+from impl.graphs import CudaGraphManager, validate_capture_sizes
 from impl.hotpath import hot_path
 from impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
 from impl.interface import ModelRunnerOutput, RunnerLimits, SchedulerOutput, effective_seed
@@ -56,6 +61,8 @@ class StepStats:
     h2d_bytes: int
     num_enqueued: int
     host_seconds: float
+    graph_replayed: bool = False  # the step's device work was one graph replay
+    graph_fallback: str | None = None  # why a step with tokens ran eager (`impl.graphs.FALLBACK_REASONS`)
 
 
 class ReadyOutput:
@@ -77,8 +84,10 @@ class ModelRunner:
     def __init__(
         self, weights: ModelWeights, limits: RunnerLimits, device: Device, *, base_seed: int = 0,
         dtype: torch.dtype | None = None, staging_slots: int = 8, staging_bytes: int | None = None, output_slots: int = 8,
+        cuda_graphs: bool = True, capture_sizes: Sequence[int] | None = None,
     ):
         _check_limits(weights, limits)
+        validate_capture_sizes(capture_sizes, limits.max_num_reqs)  # typed error before anything is allocated
         self.weights = weights
         self.limits = limits
         self.device = device
@@ -92,7 +101,10 @@ class ModelRunner:
         self._last_step_id: int | None = None  # step ids must increase (checked at the boundary)
         self._step: StepArrays | None = None  # the step being executed, read once by `_check`
         self._output_layouts: dict[tuple[int, ...], OutputLayout] = {}
+        self._cuda_graphs = cuda_graphs
+        self._capture_sizes = capture_sizes
         self._init()
+        self.graphs.capture()
 
     # ------------------------------------------------------------------ init
     def _init(self) -> None:
@@ -123,6 +135,11 @@ class ModelRunner:
         if capacity < largest_alloc:
             raise RunnerConfigError(f"staging_bytes {capacity} < {largest_alloc}, the largest per-step staging allocation")
         self.staging = StagingPool(dev, self._staging_slots, capacity)
+        self.graphs = CudaGraphManager(
+            dev, enabled=self._cuda_graphs, capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
+            max_num_batched_tokens=lim.max_num_batched_tokens, max_num_draft_tokens=lim.max_num_draft_tokens, max_logprobs=lim.max_logprobs,
+            build_step=lambda inputs, key: build_padded_step(self, inputs, key),
+        )
 
     # ------------------------------------------------------------------ profile
     def profile(self) -> dict[str, Any]:
@@ -187,14 +204,14 @@ class ModelRunner:
             self._record_stats(sched.step_id, 0, 0, writer, enqueued_before, started)
             return ReadyOutput(ModelRunnerOutput(sched.step_id, (), (), (), {}, (), seeds))
 
-        self.input_batch.enqueue_prepare(plan, staged, self.state, self.block_table)
-        result = self._enqueue_model_and_sampling(plan, staged)
+        result, fallback = self._enqueue_device_step(plan, staged)
         output = self._enqueue_output(sched.step_id, plan, result, seeds)
 
         self.state.mark_used(plan.rows, output.event)
         self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
         self.state.advance(plan.req_ids, plan.query_lens, plan.num_drafts)
-        self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer, enqueued_before, started)
+        self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer, enqueued_before, started,
+                           fallback is None and self.graphs.enabled, fallback)
         return output
 
     def _check(self, sched: SchedulerOutput) -> StepArrays:
@@ -224,6 +241,24 @@ class ModelRunner:
         self.staged_writes.enqueue_apply()
         if admitted:
             self.sampling_state.enqueue_apply()
+
+    def _enqueue_device_step(self, plan: StepPlan, staged: StagedStepArrays) -> tuple[dict, str | None]:
+        """Input prep .. post-update: a bucketed step (one graph replay, or the same launches eagerly), else eager.
+
+        Returns the dict the sampler output lands in and the fallback reason (None: bucketed).
+        """
+        graphs = self.graphs
+        key, reason = graphs.select(plan.num_reqs, plan.cu, plan.draft_start, plan.num_prompt_rows, plan.max_num_logprobs)
+        if key is None:
+            graphs.count_fallback(reason)
+            self.input_batch.enqueue_prepare(plan, staged, self.state, self.block_table)
+            return self._enqueue_model_and_sampling(plan, staged), reason
+        graphs.inputs.enqueue_pad(staged.rows, staged.drafts, plan.num_reqs, len(plan.drafts), key.size)
+        return graphs.run(key), None
+
+    def cuda_graph_stats(self) -> dict[str, Any]:
+        """``{"enabled", "replays", "fallbacks": {reason: steps}}`` (plus padded-eager steps, graph count, sizes)."""
+        return self.graphs.stats()
 
     def _enqueue_model_and_sampling(self, plan: StepPlan, staged: StagedStepArrays) -> dict:
         ib, result = self.input_batch, {}
@@ -285,9 +320,10 @@ class ModelRunner:
         slot = self.outputs.acquire()
         return self.outputs.enqueue_copy_out(slot, layout, result, meta)
 
-    def _record_stats(self, step_id: int, num_reqs: int, num_tokens: int, writer: StagingWriter, enqueued_before: int, started: float) -> None:
+    def _record_stats(self, step_id: int, num_reqs: int, num_tokens: int, writer: StagingWriter, enqueued_before: int, started: float,
+                      graph_replayed: bool = False, graph_fallback: str | None = None) -> None:
         self.last_step_stats = StepStats(step_id, num_reqs, num_tokens, writer.bytes, self.device.num_enqueued - enqueued_before,
-                                         time.perf_counter() - started)
+                                         time.perf_counter() - started, graph_replayed, graph_fallback)
 
 
 def _check_limits(weights: ModelWeights, limits: RunnerLimits) -> None:
@@ -304,6 +340,10 @@ def _check_limits(weights: ModelWeights, limits: RunnerLimits) -> None:
         raise RunnerConfigError("limits.max_num_draft_tokens and limits.max_logprobs must be >= 0")
 
 
-def make_runner(weights: ModelWeights, limits: RunnerLimits, device: Device, base_seed: int = 0) -> ModelRunner:
-    """The factory `runnercheck stress` and the differential driver use (``impl.runner:make_runner``)."""
-    return ModelRunner(weights, limits, device, base_seed=base_seed)
+def make_runner(weights: ModelWeights, limits: RunnerLimits, device: Device, base_seed: int = 0, *,
+                cuda_graphs: bool = True) -> ModelRunner:
+    """The factory `runnercheck stress` and the differential driver use (``impl.runner:make_runner``).
+
+    ``cuda_graphs=False`` (the CLI's ``--eager``) runs bucketed steps eagerly instead of replaying graphs.
+    """
+    return ModelRunner(weights, limits, device, base_seed=base_seed, cuda_graphs=cuda_graphs)

@@ -299,6 +299,9 @@ def _after_input_prep(runner: Any, m: AppliedMutant, fix: Callable[[Any, Any], N
         runner.device.enqueue(lambda: fix(input_batch, plan), label)
 
     m.set(input_batch, "enqueue_prepare", enqueue_prepare_then_fix)
+    from stress.mutants_graphs import after_graph_input_prep  # bucketed steps run input prep inside a graph
+
+    after_graph_input_prep(runner, m, fix, label)
 
 
 @_mutant("idx_mapping_off_by_one", "state", ("differential",), "decode", ("input_batch", "state", "device"),
@@ -457,3 +460,7 @@ def apply(name: str, *, runner: Any = None, device: Any = None, target: Any = No
 
 __all__ = ["CATALOGUE", "CHECKS", "CLASSES", "WORKLOADS", "AppliedMutant", "Mutant", "MutantTargetError",
            "UnknownMutantError", "Workload", "apply", "get"]
+
+# The CUDA-graph mutants live in their own module and register themselves here (imported last:
+# it uses `_mutant` and `AppliedMutant` from this module).
+import stress.mutants_graphs  # noqa: E402,F401

@@ -15,6 +15,12 @@ writes, for its tokens ``[query_start_loc[i], query_start_loc[i + 1])``:
   row produces, i.e. input position + 1), and the draft prefix (row j: drafts ``d_1..d_j``,
   -1 padded; the sampler counts them as outputs for penalties).
 
+Padding requests (bucketed steps, `impl.graph_step`): a ``rows`` entry of -1 marks a request that
+only fills the bucket.  It computes ``query_len`` tokens of id 0 at positions ``0..`` with slot -1
+(no KV write), gathers the dummy row's blocks (attention reads them; the result is discarded),
+and its logit rows read the sampling parameters of `PADDING_STATE_ROW` with an empty draft
+prefix.  Nothing of it is written to row state, KV cache or a live request's output.
+
 One extra *tail* program pads tokens ``[num_tokens, padded_num_tokens)`` (slot -1) and copies the
 host-computed prompt-logprob token indices after the sampling rows.  The host uploads only the
 compact per-step arrays (rows, query_start_loc, logits_start, draft_start, drafts, prompt
@@ -27,6 +33,11 @@ import triton
 import triton.language as tl
 
 from impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_ROW_FIELDS, NUM_TOKENS, PREFILL_LEN
+
+# The state row a padding request's logit rows read their sampling parameters from (read only;
+# their samples are never copied out and their penalty counts are never taken in).
+PADDING_STATE_ROW: tl.constexpr = tl.constexpr(0)
+PADDING_ROW = -1  # the ``rows`` entry that marks a padding request of a bucketed step
 
 
 @triton.jit(do_not_specialize=["num_reqs", "num_tokens", "padded_num_tokens", "num_sampling_rows", "num_prompt_rows"])
@@ -64,13 +75,17 @@ def _prepare_inputs_kernel(
     n = q_end - q_start
     d_start = tl.load(draft_start_ptr + i)
     k = tl.load(draft_start_ptr + i + 1) - d_start
-    state = row_state_ptr + row.to(tl.int64) * ROW_FIELDS
-    computed = tl.load(state + COL_COMPUTED)
-    known = tl.load(state + COL_TOKENS)
-    prefill_len = tl.load(state + COL_PREFILL)
-    last_token = tl.load(state + COL_LAST)
-    prefill_row = prefill_ptr + row.to(tl.int64) * prefill_row_stride
-    table_row = block_table_ptr + row.to(tl.int64) * block_table_row_stride
+    # A padding request (row -1, bucketed steps) reads the dummy row PADDING_STATE_ROW only to keep
+    # every pointer in bounds; what it reads is replaced below, and it writes no state and no KV.
+    real = row >= 0
+    read_row = tl.where(real, row, PADDING_STATE_ROW)
+    state = row_state_ptr + read_row.to(tl.int64) * ROW_FIELDS
+    computed = tl.where(real, tl.load(state + COL_COMPUTED), 0)
+    known = tl.where(real, tl.load(state + COL_TOKENS), n)  # padding: no prefill, no drafts, token 0
+    prefill_len = tl.where(real, tl.load(state + COL_PREFILL), 0)
+    last_token = tl.where(real, tl.load(state + COL_LAST), 0)
+    prefill_row = prefill_ptr + read_row.to(tl.int64) * prefill_row_stride
+    table_row = block_table_ptr + read_row.to(tl.int64) * block_table_row_stride
 
     for start in range(0, n, BLOCK):
         j = start + tl.arange(0, BLOCK)
@@ -82,7 +97,8 @@ def _prepare_inputs_kernel(
         draft_tok = tl.load(drafts_ptr + d_start + (pos - known), mask=m & from_draft, other=0)
         tok = tl.where(from_prefill, prefill_tok, tl.where(from_draft, draft_tok, last_token))
         block_id = tl.load(table_row + pos // KV_BLOCK_SIZE, mask=m, other=0)
-        slot = block_id.to(tl.int64) * KV_BLOCK_SIZE + (pos % KV_BLOCK_SIZE)
+        # Padding tokens get slot -1: their K/V write is dropped (the scratch slot of padding).
+        slot = tl.where(real, block_id.to(tl.int64) * KV_BLOCK_SIZE + (pos % KV_BLOCK_SIZE), -1)
         t = q_start + j
         tl.store(input_ids_ptr + t, tok.to(tl.int64), mask=m)
         tl.store(positions_ptr + t, pos.to(tl.int64), mask=m)
@@ -107,12 +123,12 @@ def _prepare_inputs_kernel(
     m = r <= k
     l_start = tl.load(logits_start_ptr + i)
     tl.store(logits_indices_ptr + l_start + r, (q_end - 1 - k + r).to(tl.int64), mask=m)
-    tl.store(logits_rows_ptr + l_start + r, row + r * 0, mask=m)
+    tl.store(logits_rows_ptr + l_start + r, read_row + r * 0, mask=m)
     tl.store(logits_positions_ptr + l_start + r, (seq_len - k + r).to(tl.int64), mask=m)
     if MAX_DRAFTS > 0:
         # Row r's penalties count drafts d_1..d_r as outputs: its prefix, padded with -1.
         c = tl.arange(0, BLOCK_DRAFTS)
-        in_prefix = (c[None, :] < r[:, None]) & m[:, None]
+        in_prefix = (c[None, :] < r[:, None]) & (r <= tl.where(real, k, -1))[:, None]
         prefix = tl.load(drafts_ptr + d_start + c[None, :] + r[:, None] * 0, mask=in_prefix, other=-1)
         dst = draft_prefix_ptr + (l_start + r[:, None]).to(tl.int64) * draft_prefix_row_stride + c[None, :]
         tl.store(dst, tl.where(in_prefix, prefix, -1), mask=m[:, None] & (c[None, :] < MAX_DRAFTS))
@@ -145,3 +161,27 @@ def launch_prepare_inputs(
         KV_BLOCK_SIZE=kv_block_size, BLOCK=128, BLOCK_LOGITS=max(2, triton.next_power_of_2(max_drafts + 1)),
         MAX_DRAFTS=max_drafts, BLOCK_DRAFTS=max(2, triton.next_power_of_2(max_drafts)),
     )
+
+
+@triton.jit(do_not_specialize=["num_reqs", "num_drafts", "size"])
+def _pad_step_inputs_kernel(rows_ptr, drafts_ptr, padded_rows_ptr, padded_drafts_ptr, num_reqs, num_drafts, size,
+                            BLOCK: tl.constexpr):
+    for start in range(0, size, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        m = i < size
+        real = i < num_reqs
+        row = tl.load(rows_ptr + i, mask=m & real, other=-1)
+        tl.store(padded_rows_ptr + i, tl.where(real, row, -1), mask=m)
+    for start in range(0, num_drafts, BLOCK):
+        j = start + tl.arange(0, BLOCK)
+        m = j < num_drafts
+        tl.store(padded_drafts_ptr + j, tl.load(drafts_ptr + j, mask=m), mask=m)
+
+
+def launch_pad_step_inputs(*, rows: torch.Tensor, drafts: torch.Tensor, padded_rows: torch.Tensor, padded_drafts: torch.Tensor,
+                           num_reqs: int, num_drafts: int, size: int) -> None:
+    """Copy a bucketed step's rows and drafts into the persistent padded inputs; rows ``[num_reqs, size)`` get -1.
+
+    One launch (call inside enqueued device work); ``size`` is the bucket, ``num_drafts`` the real drafts.
+    """
+    _pad_step_inputs_kernel[(1,)](rows, drafts, padded_rows, padded_drafts, num_reqs, num_drafts, size, BLOCK=256)

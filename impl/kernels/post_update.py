@@ -11,7 +11,8 @@ new last token, and rewinds its counts past the rejected drafts::
 It also writes, for the host, ``num_sampled[i]`` (0 for a partial chunk, else ``a + 1``; the
 request's output tokens are logit rows ``[logits_start[i], logits_start[i] + num_sampled[i])``)
 and ``row_valid`` per logit row (1 for rows whose token became an output: what the sampler's
-penalty counts take in).
+penalty counts take in).  A padding request (row -1, `impl.graph_step`) writes no row state, 0
+to ``num_sampled`` and 0 to its ``row_valid`` entries.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def _post_update_kernel(
 ):
     i = tl.program_id(0)
     row = tl.load(rows_ptr + i)
+    real = row >= 0  # row -1: a padding request of a bucketed step (reads row 0, writes no state)
+    row = tl.maximum(row, 0)
     n = tl.load(cu_ptr + i + 1) - tl.load(cu_ptr + i)
     d_start = tl.load(draft_start_ptr + i)
     k = tl.load(draft_start_ptr + i + 1) - d_start
@@ -38,7 +41,7 @@ def _post_update_kernel(
     state = row_state_ptr + row.to(tl.int64) * ROW_FIELDS
     computed = tl.load(state + COL_COMPUTED)
     known = tl.load(state + COL_TOKENS)
-    samples = computed + n >= known + k
+    samples = (computed + n >= known + k) & real
 
     r = tl.arange(0, BLOCK_LOGITS)
     target = tl.load(sampled_ptr + l_start + r, mask=r <= k, other=0)
@@ -54,7 +57,8 @@ def _post_update_kernel(
         tl.store(state + COL_LAST, last.to(tl.int32))
         tl.store(num_sampled_ptr + i, accepted + 1)
     else:
-        tl.store(state + COL_COMPUTED, computed + n)
+        if real:
+            tl.store(state + COL_COMPUTED, computed + n)
         tl.store(num_sampled_ptr + i, 0)
     valid = (r <= accepted) & samples
     tl.store(row_valid_ptr + l_start + r, valid.to(tl.int32), mask=r <= k)

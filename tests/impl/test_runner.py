@@ -379,7 +379,9 @@ def test_step_stats_and_no_wait_in_steady_state():
     # under a prefill step that also carries the admission's staged diffs.
     assert 0 < decode_stats.h2d_bytes < prefill_stats.h2d_bytes
     assert decode_stats.h2d_bytes <= 7 * 16
-    assert decode_stats.num_enqueued >= 6
+    # The decode step is one graph replay (input prep .. post-update) between the slot's H2D + pad and the output D2H.
+    assert decode_stats.graph_replayed and decode_stats.graph_fallback is None
+    assert decode_stats.num_enqueued == 4 and prefill_stats.graph_fallback == "non_uniform"
 
 
 def test_planted_host_read_in_execute_model_is_caught(monkeypatch):

@@ -76,9 +76,11 @@ def test_a_runner_without_the_patched_parts_is_refused_untouched():
 
 def _patchable(runner) -> dict[str, object]:
     parts = {"runner": runner, **{name: getattr(runner, name) for name in (
-        "staging", "outputs", "state", "sampling_state", "input_batch", "block_table", "sampler")}}
+        "staging", "outputs", "state", "sampling_state", "input_batch", "block_table", "sampler", "graphs")}}
     parts.update({f"{n}.{t.name}": t for n, owner in (("sampling_state", runner.sampling_state),)
                   for t in owner._staged})
+    parts.update({"graphs.inputs": runner.graphs.inputs, "state.row_state": runner.state.row_state,
+                  **{f"graphs.{key.describe()}": g for key, g in runner.graphs.graphs.items()}})
     parts.update({"impl.runner": runner_module, "impl.sample.sampler": sampler_module})
     return parts
 

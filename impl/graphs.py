@@ -1,0 +1,234 @@
+"""The CUDA-graph manager: capture sizes, buckets, one graph per (size, mode), predicates, replay, fallbacks.
+
+Phase: `CudaGraphManager.capture` runs once, after the runner's ``init`` (and ``profile``, when
+the caller runs it) and before the first step; `execute_model` only *selects* and *replays*.
+Nothing correctness needs happens only here: every buffer a graph reads is initialised at init
+(`impl.graph_step.PaddedInputs`), and the captured launches are the same ones eager execution
+runs (`impl.graph_step.build_padded_step`).
+
+Per step the host picks (`select`):
+
+* a graph, when the batch is a uniform decode (every request ``query_len = 1 + k`` tokens with
+  exactly ``k`` drafts, ``k`` = 0 or the runner's ``max_num_draft_tokens``), asks no prompt
+  logprobs, and fits a capture size.  The bucket is the smallest capture size >= the batch; its
+  mode is (query_len, top-n logprobs: -1 or ``max_logprobs``).  A (size, mode) whose padded
+  tokens ``size * query_len`` exceed ``max_num_batched_tokens`` (the input buffers) has no graph.  The graph's own predicate
+  (`StepGraph.admits`) must accept the batch too;
+* otherwise a fallback reason (`FALLBACK_REASONS`), counted; the step runs eager, unpadded.
+
+With graphs on, the chosen graph is replayed as ONE enqueue: on ``cuda`` a ``CUDAGraph.replay``;
+on ``cpu``/``sim`` the launches recorded at capture run in order, still bound to the buffers they
+were recorded with -- so a buffer re-allocated after capture diverges on CPU as on the GPU.  With
+graphs off the same bucketed step runs eagerly (launches rebuilt and enqueued one by one), so
+eager and replay compute the same shapes and agree bit for bit.
+
+Ownership: the manager owns the `PaddedInputs` (see `impl.graph_step`), the recorded steps, the
+CUDA graphs and their memory pool (device, runner lifetime, written only at capture), and the
+replay/fallback counters (host).
+"""
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from impl.device import Device, _run_as_device_work
+from impl.graph_step import GraphKey, GraphMode, PaddedInputs, PaddedStep
+
+FALLBACK_REASONS = ("prompt_logprobs", "non_uniform", "batch_above_largest_size", "bucket_above_token_budget",
+                    "no_graph_for_mode")
+
+
+class GraphConfigError(ValueError):
+    """Capture sizes that cannot be used (raised at construction, naming the value)."""
+
+
+class GraphCaptureError(RuntimeError):
+    """A capture that failed (out of memory, an op that cannot be captured); names the graph and the op."""
+
+
+def default_capture_sizes(max_num_reqs: int) -> tuple[int, ...]:
+    """1, 2, 4, 8, then every 8 up to ``max_num_reqs`` (and ``max_num_reqs`` itself, so every batch has a bucket)."""
+    sizes = [s for s in (1, 2, 4, 8) if s <= max_num_reqs] + list(range(16, max_num_reqs + 1, 8))
+    if sizes[-1] != max_num_reqs:
+        sizes.append(max_num_reqs)
+    return tuple(sizes)
+
+
+def validate_capture_sizes(sizes: Sequence[int] | None, max_num_reqs: int) -> tuple[int, ...]:
+    """The capture sizes to use; a typed error naming the bad value for empty/unsorted/duplicated/non-positive/too large."""
+    if sizes is None:
+        return default_capture_sizes(max_num_reqs)
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+        raise GraphConfigError(f"capture_sizes={sizes!r} must be a sequence of ints")
+    values = list(sizes)
+    if not values:
+        raise GraphConfigError("capture_sizes=[] is empty: give at least one size (or cuda_graphs=False)")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise GraphConfigError(f"capture size {value!r} is not an int")
+        if value < 1:
+            raise GraphConfigError(f"capture size {value} is not positive")
+        if value > max_num_reqs:
+            raise GraphConfigError(f"capture size {value} is above max_num_reqs={max_num_reqs}")
+    for before, after in zip(values, values[1:]):
+        if after == before:
+            raise GraphConfigError(f"capture size {after} is duplicated in {values}")
+        if after < before:
+            raise GraphConfigError(f"capture sizes are not sorted: {after} after {before} in {values}")
+    return tuple(int(v) for v in values)
+
+
+@dataclass
+class StepGraph:
+    """One captured (size, mode): its recorded launches, its CUDA graph (cuda only) and its predicate."""
+
+    step: PaddedStep
+    cuda_graph: Any = None  # torch.cuda.CUDAGraph on cuda
+
+    @property
+    def key(self) -> GraphKey:
+        return self.step.key
+
+    def admits(self, num_reqs: int, query_len: int, num_drafts_each: int, num_top: int) -> bool:
+        """The graph's compatibility predicate: the batch fits its size and matches its mode exactly."""
+        mode = self.key.mode
+        return (1 <= num_reqs <= self.key.size and query_len == mode.query_len and num_drafts_each == mode.query_len - 1
+                and num_top == mode.num_top)
+
+
+class CudaGraphManager:
+    """Buckets, predicates, capture and replay of bucketed decode steps.  See the module docstring."""
+
+    def __init__(self, device: Device, *, enabled: bool, capture_sizes: Sequence[int] | None, max_num_reqs: int,
+                 max_num_batched_tokens: int, max_num_draft_tokens: int, max_logprobs: int,
+                 build_step: Callable[[PaddedInputs, GraphKey], PaddedStep]):
+        self.device = device
+        self.enabled = bool(enabled)
+        self.capture_sizes = validate_capture_sizes(capture_sizes, max_num_reqs)
+        self.query_lens = (1,) if max_num_draft_tokens == 0 else (1, 1 + max_num_draft_tokens)
+        self.max_logprobs = max_logprobs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.modes = tuple(GraphMode(q, top) for q in self.query_lens for top in (-1, max_logprobs))
+        self.inputs = PaddedInputs(device, max_num_reqs, max_num_draft_tokens, self.query_lens)
+        self._build_step = build_step
+        self.graphs: dict[GraphKey, StepGraph] = {}
+        self.captured = False
+        self.replays = 0
+        self.padded_eager = 0
+        self.fallbacks: Counter[str] = Counter()
+        self._pool = None
+
+    # ------------------------------------------------------------------ capture phase
+    def capture(self) -> None:
+        """Capture (cuda) or record (cpu/sim) one step per (size, mode), largest first.  Init-phase only."""
+        if not self.enabled or self.captured:
+            return
+        if self.device.is_cuda:
+            self.device.synchronize()
+            self._pool = torch.cuda.graph_pool_handle()
+        for size in sorted(self.capture_sizes, reverse=True):
+            for mode in self.modes:
+                if size * mode.query_len > self.max_num_batched_tokens:
+                    continue  # no batch of this mode ever pads into it (see `select`)
+                key = GraphKey(size, mode)
+                step = self._build_step(self.inputs, key)
+                graph = StepGraph(step)
+                if self.device.is_cuda:
+                    graph.cuda_graph = self._capture_cuda(step)
+                self.graphs[key] = graph
+        if self.device.is_cuda:
+            self.device.synchronize()
+        self.captured = True
+
+    def _capture_cuda(self, step: PaddedStep) -> torch.cuda.CUDAGraph:
+        dev, key = self.device, step.key
+        label = "warm-up"
+        try:
+            # Warm-up: Triton compiles, cuBLAS picks its kernels.  The padded rows are all -1 here
+            # (init value), so the step changes no row state, KV or penalty count.
+            for label, launch in step.launches:
+                dev.enqueue(launch, f"graph warm-up {key.describe()} {label}")
+            dev.synchronize()
+            cuda_graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(cuda_graph, pool=self._pool, stream=dev.stream):
+                for label, launch in step.launches:
+                    _run_as_device_work(launch)
+        except Exception as exc:
+            raise GraphCaptureError(f"capturing the CUDA graph of size {key.size} ({key.mode.describe()}) failed in "
+                                    f"op '{label}': {type(exc).__name__}: {exc}") from exc
+        return cuda_graph
+
+    # ------------------------------------------------------------------ per step (host)
+    def bucket_for(self, num_reqs: int) -> int | None:
+        """The smallest capture size >= ``num_reqs`` (None: above the largest)."""
+        i = bisect.bisect_left(self.capture_sizes, num_reqs)
+        return self.capture_sizes[i] if i < len(self.capture_sizes) else None
+
+    def select(self, num_reqs: int, cu: np.ndarray, draft_start: np.ndarray, num_prompt_rows: int,
+               max_num_logprobs: int) -> tuple[GraphKey | None, str | None]:
+        """(key, None) for a bucketed step, or (None, fallback reason).  Host ints and arrays only."""
+        if num_prompt_rows:
+            return None, "prompt_logprobs"
+        query_len = int(cu[1] - cu[0])
+        num_drafts = int(draft_start[1] - draft_start[0])
+        uniform = (query_len in self.query_lens and num_drafts == query_len - 1
+                   and bool(np.all(np.diff(cu) == query_len)) and bool(np.all(np.diff(draft_start) == num_drafts)))
+        if not uniform:
+            return None, "non_uniform"
+        size = self.bucket_for(num_reqs)
+        if size is None:
+            return None, "batch_above_largest_size"
+        if size * query_len > self.max_num_batched_tokens:
+            return None, "bucket_above_token_budget"
+        num_top = -1 if max_num_logprobs < 0 else self.max_logprobs
+        key = GraphKey(size, GraphMode(query_len, num_top))
+        graph = self.graphs.get(key)
+        if self.enabled and (graph is None or not graph.admits(num_reqs, query_len, num_drafts, num_top)):
+            return None, "no_graph_for_mode"
+        return key, None
+
+    def count_fallback(self, reason: str) -> None:
+        self.fallbacks[reason] += 1
+
+    def run(self, key: GraphKey) -> dict[str, Any]:
+        """Enqueue the bucketed step (after `PaddedInputs.enqueue_pad`); returns the dict its sampler output lands in."""
+        if not self.enabled:
+            step = self._build_step(self.inputs, key)
+            for label, launch in step.launches:
+                self.device.enqueue(launch, label)
+            self.padded_eager += 1
+            return step.result
+        graph = self.graphs[key]
+        self.replays += 1
+        if graph.cuda_graph is not None:
+            self.device.enqueue(graph.cuda_graph.replay, f"graph replay {key.describe()}")
+        else:
+            launches = graph.step.launches
+
+            def replay_recorded() -> None:
+                for _, launch in launches:
+                    launch()
+
+            self.device.enqueue(replay_recorded, f"graph replay {key.describe()}")
+        return graph.step.result
+
+    def stats(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "replays": self.replays, "fallbacks": dict(self.fallbacks),
+                "padded_eager": self.padded_eager, "num_graphs": len(self.graphs), "capture_sizes": list(self.capture_sizes)}
+
+
+def format_graph_stats(stats: dict[str, Any]) -> str:
+    """One line for a summary table: ``graphs on: 120 replays; fallbacks: non_uniform 3`` (from `CudaGraphManager.stats`)."""
+    fallbacks = ", ".join(f"{reason} {n}" for reason, n in sorted(stats.get("fallbacks", {}).items())) or "none"
+    if stats.get("enabled"):
+        return f"graphs on: {stats.get('replays', 0)} replays; fallbacks: {fallbacks}"
+    return f"graphs off (eager): {stats.get('padded_eager', 0)} bucketed steps; fallbacks: {fallbacks}"
+
+
+__all__ = ["CudaGraphManager", "FALLBACK_REASONS", "GraphCaptureError", "GraphConfigError", "StepGraph",
+           "default_capture_sizes", "format_graph_stats", "validate_capture_sizes"]

@@ -1,0 +1,148 @@
+"""CUDA-graph mutants (registered in the `stress.mutants` catalogue): bugs of bucketed, graph-replayed steps.
+
+Each models a bug graph-capturing runners have shipped, planted from outside ``impl/`` into a live
+runner's graph manager (`impl.graphs.CudaGraphManager`, ``runner.graphs``):
+
+* ``graph_buffer_reallocated``: a persistent buffer re-allocated after capture -- the graph keeps
+  the old address while eager code uses the new one (on cpu/sim the recorded launches hold the old
+  tensor, so it diverges there too);
+* ``padding_row_writes_live_state``: padding rows of a bucket repeat the batch's last row instead
+  of the -1 sentinel, so the padding request advances that live row again and counts its token twice;
+* ``predicate_admits_larger_batch``: the bucket lookup rounds down and the graph's predicate drops
+  its size check, so a batch larger than its bucket replays and its last requests are never run;
+* ``graph_init_only_at_capture``: the per-query-length offsets are written by the capture warm-up
+  instead of at init; eager execution (``--eager``, which this mutant runs) reads zeros.
+
+They use the ``decode`` workload (up to 4 requests, buckets 1, 2, 4: a batch of 3 pads one row or,
+rounded down, loses one); the padding mutant uses ``decode-penalties`` (registered here: decode
+with penalties), where a padding request's double count of a live row's output is visible even
+when, on the GPU, the live and the padding program write the same row state at once.  Killed by
+the differential check (runner vs the float64 oracle).
+"""
+from __future__ import annotations
+
+import bisect
+import random
+from types import SimpleNamespace
+from typing import Any, Callable
+
+from impl.interface import SamplingParams
+from stress.mutants import WORKLOADS, AppliedMutant, Workload, _mutant
+
+
+def _penalised(rng: random.Random, max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=round(rng.uniform(0.7, 1.0), 3),
+                          seed=rng.randrange(2**63) if rng.random() < 0.5 else None,
+                          frequency_penalty=round(rng.uniform(1.0, 2.0), 3), presence_penalty=round(rng.uniform(0.5, 1.5), 3))
+
+
+# Penalised decodes: a padding request counted into a live row's output counts shows up on the GPU
+# too, where the live and the padding program of one row run at once and write the same counts.
+WORKLOADS["decode-penalties"] = Workload(
+    "decode-penalties", "as decode, with frequency and presence penalties (output counts matter)",
+    WORKLOADS["decode"].churn, _penalised, max_num_reqs=4)
+
+
+@_mutant("graph_buffer_reallocated", "state", ("differential",), "decode", ("graphs", "state"),
+         "the row-state table re-allocated after capture: graph replays read and write the stale address")
+def _graph_buffer_reallocated(runner: Any, m: AppliedMutant) -> None:
+    table = runner.state.row_state
+    m.set(table, "base", table.base.clone())
+
+
+@_mutant("padding_row_writes_live_state", "state", ("differential",), "decode-penalties", ("graphs",),
+         "bucket padding rows repeat the batch's last row instead of the -1 sentinel: padding advances and counts a live row")
+def _padding_row_writes_live_state(runner: Any, m: AppliedMutant) -> None:
+    inputs, device = runner.graphs.inputs, runner.device
+    enqueue_pad = inputs.enqueue_pad
+
+    def pad_with_last_row(rows: Any, drafts: Any, num_reqs: int, num_drafts: int, size: int) -> None:
+        enqueue_pad(rows, drafts, num_reqs, num_drafts, size)
+        if size > num_reqs:
+            padded = inputs.rows
+
+            def repeat_last_row() -> None:
+                padded[num_reqs:size].copy_(padded[num_reqs - 1 : num_reqs].expand(size - num_reqs))
+
+            device.enqueue(repeat_last_row, "pad rows with the last live row")
+
+    m.set(inputs, "enqueue_pad", pad_with_last_row)
+
+
+@_mutant("predicate_admits_larger_batch", "state", ("differential",), "decode", ("graphs",),
+         "bucket lookup rounds down and the graph predicate skips its size check: a batch larger than its bucket replays")
+def _predicate_admits_larger_batch(runner: Any, m: AppliedMutant) -> None:
+    graphs = runner.graphs
+    sizes = graphs.capture_sizes
+
+    def bucket_rounded_down(num_reqs: int) -> int | None:
+        i = bisect.bisect_right(sizes, num_reqs) - 1
+        return sizes[max(i, 0)]
+
+    m.set(graphs, "bucket_for", bucket_rounded_down)
+    for graph in graphs.graphs.values():
+        def admits_any_size(num_reqs: int, query_len: int, num_drafts_each: int, num_top: int, mode: Any = graph.key.mode) -> bool:
+            return query_len == mode.query_len and num_drafts_each == mode.query_len - 1 and num_top == mode.num_top
+
+        m.set(graph, "admits", admits_any_size)
+
+
+@_mutant("graph_init_only_at_capture", "state", ("differential",), "decode", ("graphs",),
+         "per-query-length offsets written by the capture warm-up only; eager execution (run here) reads zeros")
+def _graph_init_only_at_capture(runner: Any, m: AppliedMutant) -> None:
+    graphs = runner.graphs
+    inputs = graphs.inputs
+    offsets = [*inputs.query_start.values(), *inputs.logits_start.values(), *inputs.draft_start.values()]
+    saved = [t.clone() for t in offsets]
+
+    def zero() -> None:
+        for t in offsets:
+            t.zero_()
+
+    def restore() -> None:
+        for t, s in zip(offsets, saved):
+            t.copy_(s)
+
+    device = runner.device
+    device.enqueue(zero, "mutant: offsets init never wrote")  # in stream order, ahead of every later step
+    m._undo.append(restore)  # undo restores at once (a mutated runner's queue may hold broken work)
+    capture = graphs.capture
+
+    def capture_then_fill_offsets() -> None:
+        capture()
+        inputs.fill_offsets()
+
+    m.set(graphs, "capture", capture_then_fill_offsets)
+    m.set(graphs, "enabled", False)  # the bug lives in eager execution: run it
+
+
+
+def after_graph_input_prep(runner: Any, m: AppliedMutant, fix: Callable[[Any, Any], None], label: str) -> None:
+    """Plant ``fix(input_batch, plan)`` right after input prep in bucketed steps too, and capture again.
+
+    `stress.mutants` plants input-prep bugs after the eager ``enqueue_prepare``; a bucketed step
+    runs its input prep inside the graph, so the same bug goes into every (size, mode) step the
+    manager builds (``plan`` carries the bucket's sizes) and the graphs are captured again with it.
+    A runner without a graph manager is left alone.
+    """
+    graphs = getattr(runner, "graphs", None)
+    if graphs is None:
+        return
+    build, input_batch = graphs._build_step, runner.input_batch
+
+    def build_with_fix(inputs: Any, key: Any) -> Any:
+        step = build(inputs, key)
+        num_tokens = key.size * key.mode.query_len
+        plan = SimpleNamespace(num_reqs=key.size, num_tokens=num_tokens, num_sampling_rows=num_tokens)
+        after = [name for name, _ in step.launches].index("input prep") + 1
+        step.launches.insert(after, (label, lambda: fix(input_batch, plan)))
+        return step
+
+    m.set(graphs, "_build_step", build_with_fix)
+    if graphs.captured:
+        m.set(graphs, "graphs", {})
+        m.set(graphs, "captured", False)
+        graphs.capture()
+
+
+__all__ = ["after_graph_input_prep"]

@@ -1,0 +1,46 @@
+"""The CUDA-graph mutants (`stress.mutants_graphs`): each is killed on sim by the check it was built
+for, within the quick tick budget of its workload, and the unmutated workload stays silent."""
+from __future__ import annotations
+
+import pytest
+
+from impl.device import Device
+from impl.model.weights import preset, random_weights
+from impl.runner import make_runner
+from stress import mutants as catalogue
+from stress.mutants import CATALOGUE, WORKLOADS
+from stress.mutants_cmd import run_differential
+from stress.stress_cmd import default_limits
+
+GRAPH_MUTANTS = ("graph_buffer_reallocated", "padding_row_writes_live_state", "predicate_admits_larger_batch",
+                 "graph_init_only_at_capture")
+
+
+def test_the_graph_mutants_are_in_the_catalogue():
+    assert set(GRAPH_MUTANTS) <= set(CATALOGUE)
+    for name in GRAPH_MUTANTS:
+        assert CATALOGUE[name].checks == ("differential",) and "graphs" in CATALOGUE[name].requires
+
+
+@pytest.mark.parametrize("name", GRAPH_MUTANTS)
+def test_graph_mutant_is_killed_on_sim_by_the_differential_check(name):
+    workload = WORKLOADS[CATALOGUE[name].workload]
+    run = run_differential(workload, "sim", 0, workload.ticks, mutant=name)
+    assert "differential" in run.fired, (name, run)
+
+
+@pytest.mark.parametrize("name", ["decode", "decode-penalties"])
+def test_the_graph_workloads_are_silent_unmutated(name):
+    workload = WORKLOADS[name]
+    run = run_differential(workload, "sim", 0, workload.ticks)
+    assert not run.fired, run
+
+
+def test_undo_restores_what_the_init_only_at_capture_mutant_changed():
+    config = preset("micro")
+    runner = make_runner(random_weights(config, seed=0), default_limits(config, max_num_reqs=4), Device("cpu"))
+    inputs = runner.graphs.inputs
+    before = {q: t.clone() for q, t in inputs.query_start.items()}
+    with catalogue.apply("graph_init_only_at_capture", runner=runner):
+        assert not runner.graphs.enabled and all(not t.any() for t in inputs.query_start.values())
+    assert runner.graphs.enabled and all(inputs.query_start[q].equal(t) for q, t in before.items())
