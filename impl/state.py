@@ -198,11 +198,12 @@ class RequestStateTable:
         prefill = req.prefill_token_ids
         prompt_len, prefill_len = len(req.prompt_token_ids), len(prefill)
         self._prefill_np[row, :prefill_len] = prefill
-        self.row_state.stage(row, 0, [0, prefill_len, prompt_len, prefill_len, prefill[-1]])
+        hit = req.num_computed_tokens  # prefix-cache hit: the first step computes from there
+        self.row_state.stage(row, 0, [hit, prefill_len, prompt_len, prefill_len, prefill[-1]])
         self.rows[row] = RowInfo(req.req_id, self._next_generation, req.sampling_params, seed, prompt_len, prefill_len, req.is_resumed)
         self._next_generation += 1
         self.req_to_row[req.req_id] = row
-        self.live[req.req_id] = LiveRequest(num_tokens=prefill_len, num_computed_upper=0, num_blocks=len(req.block_ids))
+        self.live[req.req_id] = LiveRequest(num_tokens=prefill_len, num_computed_upper=hit, num_blocks=len(req.block_ids))
         return row
 
     def _take_free_row(self, req_id: str) -> int:
