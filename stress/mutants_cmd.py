@@ -95,6 +95,7 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     own counted back-pressure waits (`stress.machine.unaccounted_syncs_message`); the run stops at
     the end of the tick in which it fired.  The differential stops at its first divergence.
     """
+    from checks.kv_provenance import arm_kv_provenance
     from checks.lifetime import LifetimeChecker
     from checks.sync import arm_runner
     from impl.device import make_lag_policy
@@ -114,14 +115,15 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     delay = _cuda_delay(config) if device_kind == "cuda" and workload.cuda_lag else None
     started = time.perf_counter()
     session = build_session(config)
-    applied = catalogue.apply(mutant, runner=session.runner) if mutant else None
+    applied = catalogue.apply(mutant, runner=session.runner, scheduler=session.scheduler) if mutant else None
     sync_report = arm_runner(session.runner, "count")
     lifetime = LifetimeChecker("error").attach(session.runner.staging)
+    provenance = arm_kv_provenance(session.runner)  # after the mutant: it checks what patched input prep produced
     churn = _churn(workload, limits, seed)
-    outcome = CheckRun(ran=["sync", "lifetime", "differential"])
+    outcome = CheckRun(ran=["sync", "lifetime", "differential", "provenance"])
 
     def before_tick(tick: int, scheduler: Any) -> None:
-        if unaccounted_syncs_message(sync_report, session.runner):
+        if unaccounted_syncs_message(sync_report, session.runner) or provenance.num_violations:
             raise _StopRun
         outcome.ticks = tick + 1
         churn(tick, scheduler)
@@ -151,6 +153,8 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     sync_problem = unaccounted_syncs_message(sync_report, session.runner)
     if sync_problem:
         outcome.fired["sync"] = sync_problem
+    if provenance.finish():
+        outcome.fired["provenance"] = f"{provenance.num_violations} violation(s); first: {provenance.violations[0].line()}"
     if lifetime.violations:
         outcome.fired["lifetime"] = f"{lifetime.violations} violation(s); first: {lifetime.errors[0]}"
     first = result.first_divergence if result is not None else None
