@@ -220,7 +220,7 @@ class KVProvenanceChecker:
     def _enqueue_check(self, sched: Any, plan: Any) -> None:
         self._apply(sched)
         req_ids, rows = tuple(plan.req_ids), [int(r) for r in plan.rows]
-        num_tokens, bs = int(plan.num_tokens), self.block_size
+        bs = self.block_size
         read = sched.step_id % self.sample_every == 0
         sections: list[np.ndarray] = []
         blk: list[tuple[int, int, int]] = []
@@ -260,7 +260,7 @@ class KVProvenanceChecker:
         step_id = sched.step_id
         self._step_req_ids[step_id] = req_ids
         ib = self.runner.input_batch
-        assert num_tokens == len(tok_row), "plan and schedule disagree on the step's tokens"
+        num_tokens = len(tok_row)  # the scheduled tokens (a padded batch's extra tokens write nothing)
 
         def check() -> None:
             if self._ring is not None:

@@ -95,13 +95,13 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     own counted back-pressure waits (`stress.machine.unaccounted_syncs_message`); the run stops at
     the end of the tick in which it fired.  The differential stops at its first divergence.
     """
-    from checks.kv_provenance import arm_kv_provenance
     from checks.lifetime import LifetimeChecker
     from checks.sync import arm_runner
     from impl.device import make_lag_policy
     from impl.model.weights import preset
     from stress.driver import DifferentialRun
     from stress.machine import unaccounted_syncs_message
+    from stress.prefix_checks import arm_prefix_checks
     from stress.runners import DEFAULT_RUNNER_SPEC
     from stress.scheduler import SchedulerConfig
     from stress.stress_cmd import RandomDelay, StressConfig, build_session, default_limits
@@ -118,12 +118,12 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     applied = catalogue.apply(mutant, runner=session.runner, scheduler=session.scheduler) if mutant else None
     sync_report = arm_runner(session.runner, "count")
     lifetime = LifetimeChecker("error").attach(session.runner.staging)
-    provenance = arm_kv_provenance(session.runner)  # after the mutant: it checks what patched input prep produced
+    prefix = arm_prefix_checks(session.runner, session.scheduler)  # after the mutant: it checks what patched input prep produced
     churn = _churn(workload, limits, seed)
     outcome = CheckRun(ran=["sync", "lifetime", "differential", "provenance"])
 
     def before_tick(tick: int, scheduler: Any) -> None:
-        if unaccounted_syncs_message(sync_report, session.runner) or provenance.num_violations:
+        if unaccounted_syncs_message(sync_report, session.runner) or prefix.fired():
             raise _StopRun
         outcome.ticks = tick + 1
         churn(tick, scheduler)
@@ -153,8 +153,9 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     sync_problem = unaccounted_syncs_message(sync_report, session.runner)
     if sync_problem:
         outcome.fired["sync"] = sync_problem
-    if provenance.finish():
-        outcome.fired["provenance"] = f"{provenance.num_violations} violation(s); first: {provenance.violations[0].line()}"
+    findings = prefix.findings()
+    if not findings.passed:
+        outcome.fired["provenance"] = f"{findings.provenance_violations} violation(s); first: {findings.provenance_lines[0]}"
     if lifetime.violations:
         outcome.fired["lifetime"] = f"{lifetime.violations} violation(s); first: {lifetime.errors[0]}"
     first = result.first_divergence if result is not None else None

@@ -137,6 +137,21 @@ class PrefixCache:
             else:
                 self._free.append(b)
 
+    @property
+    def num_evictable(self) -> int:
+        return len(self._evictable)
+
+    def evict(self, n: int) -> int:
+        """Evict up to ``n`` unreferenced cached blocks (least recently released first) to the free list,
+        as memory pressure from outside would; returns how many were evicted."""
+        count = 0
+        while count < n and self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            self._evict(block)
+            self._free.append(block)
+            count += 1
+        return count
+
     def register(self, block: int, h: int) -> bool:
         """Cache a held block whose full KV is the prefix hashed ``h``.  False when it is not cached:
         caching is off, the block already is, or another block already holds that prefix."""
