@@ -190,7 +190,8 @@ class KVProvenanceChecker:
 
         def enqueue_prepare_then_check(plan: Any, *args: Any, **kwargs: Any) -> None:
             enqueue_prepare(plan, *args, **kwargs)
-            if self._pending is not None:
+            # Only the step's own input prep (not, say, a dummy batch prepared while capturing graphs).
+            if self._pending is not None and tuple(plan.req_ids) == tuple(self._pending.num_scheduled_tokens):
                 self._enqueue_check(self._pending, plan)
 
         for owner, name, value in ((runner, "execute_model", execute_model_tracked), (ib, "enqueue_prepare", enqueue_prepare_then_check)):
@@ -301,12 +302,15 @@ class KVProvenanceChecker:
             base = self.hist_hash[tok_row, tok_start]
             self.hist_hash[tok_row, pexp + 1] = (base + summed[1:] - summed[tok_cu]) % M
             exp_hash = self.hist_hash[tok_row, pexp]
+            # What the slot now holds: the token at the position actually written, after the writer's own prefix
+            # there (equal to exp_hash unless the position is wrong, a violation already).
+            held_hash = self.hist_hash[tok_row, pos_a.clamp(0, self.hist_hash.shape[1] - 1)]
             valid = (slot_a >= 0) & (slot_a < self.num_slots)
             sink = torch.where(valid, slot_a, self.num_slots)
             self.shadow_tok[sink] = tok_a
             self.shadow_pos[sink] = pos_a
-            self.shadow_hash[sink] = exp_hash
-            self._note(step_id, req_ids, kind, [kind, tok_b, pexp, exp_slot // bs, slot_a, exp_tok, pexp, exp_hash,
+            self.shadow_hash[sink] = held_hash
+            self._note(step_id, req_ids, kind, [kind, tok_b, pexp, slot_a // bs, slot_a, exp_tok, pexp, exp_hash,
                                                 tok_a, pos_a, exp_slot])
         if read and len(rd_b):
             self.read_steps_checked += 1
@@ -380,8 +384,8 @@ def _violation(step: int, req_ids: Sequence[str], f: Sequence[int]) -> KVProvena
     if name == "seq-len":
         return KVProvenanceViolation(step, req_id, name, position, -1, -1, None, None,
                                      f"seq_len {f_pos}, the schedule's {e_pos}")
-    if name.startswith("write"):  # found: what the runner wrote (with the writer's prefix); f_hash: the schedule's slot
-        note = f"written to slot {slot}, the schedule's slot is {f_hash}" if name == "write-slot" else ""
+    if name.startswith("write"):  # block/slot: where the runner wrote; found: what it wrote; f_hash: the schedule's slot
+        note = f"the schedule's slot for position {position} is {f_hash}" if name == "write-slot" else ""
         return KVProvenanceViolation(step, req_id, name, position, block, slot, (e_tok, e_pos, e_hash),
                                      (f_tok, f_pos, e_hash), note)
     found = None if f_tok < 0 and f_pos < 0 else (f_tok, f_pos, f_hash)
