@@ -86,6 +86,32 @@ class PrefixCache:
             found.append(block)
         return found
 
+    def lookup_prefix(self, tokens: Sequence[int]) -> tuple[list[int], list[int]]:
+        """(hashes of the full blocks a hit may cover, the cached blocks of its longest matching run).
+
+        A hit covers at most ``(len(tokens) - 1) // block_size`` blocks: the last position is always
+        computed (to sample from).  Pure.
+        """
+        if not self.enabled:
+            return [], []
+        hashes = prefix_block_hashes(tokens, self.block_size, (len(tokens) - 1) // self.block_size)
+        return hashes, self.lookup(hashes)
+
+    def cache_computed(self, blocks: Sequence[int], tokens: Sequence[int], num_computed: int, hashes: list[int]) -> list[int]:
+        """Cache a running request's full blocks whose positions were computed and whose tokens are known.
+
+        ``hashes`` are those of its leading blocks already cached (or hit); returns the extended list.
+        """
+        if not self.enabled:
+            return hashes
+        full = min(num_computed, len(tokens), len(blocks) * self.block_size) // self.block_size
+        if full <= len(hashes):
+            return hashes
+        extended = prefix_block_hashes(tokens, self.block_size, full, hashes)
+        for j in range(len(hashes), full):
+            self.register(blocks[j], extended[j])
+        return extended
+
     def num_evictable_among(self, blocks: Iterable[int]) -> int:
         return sum(1 for b in blocks if b in self._evictable)
 

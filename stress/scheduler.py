@@ -8,16 +8,11 @@
   requests ahead of requests never admitted);
 * KV blocks from a finite pool of ``limits.num_kv_blocks`` blocks of ``limits.block_size`` tokens,
   handed out in a seeded order and reused last-freed-first (the most race-prone reuse);
-* prefix caching (on by default, `SchedulerConfig.prefix_caching`; the cache itself is
-  `stress.prefix_cache.PrefixCache`): a full block whose tokens are known and whose positions
-  were scheduled is cached under the hash of its tokens chained with its prefix's hash; an
-  admission looks its prefill's full blocks up and sends the hit as
+* prefix caching (on by default, `SchedulerConfig.prefix_caching`; hashes, reference counts and
+  LRU eviction live in `stress.prefix_cache.PrefixCache`): an admission's hit goes out as
   ``NewRequest.num_computed_tokens`` with the shared blocks leading its block list (never the
-  whole prefill: the last position is computed, to sample; never for a request asking for prompt
-  logprobs).  Blocks are reference-counted; a finished or preempted request drops its
-  references, unreferenced cached blocks stay cached until evicted least-recently-used first
-  when the free pool is empty.  ``stats.hit_rate`` is the fraction of prefill tokens served from
-  the cache;
+  whole prefill, never for prompt logprobs); ``stats.hit_rate`` is the fraction of prefill tokens
+  served from the cache;
 * chunked prefill (a prefill longer than the remaining budget is split over steps) and decode;
 * preemption when a running request needs a block and none is free: the victim is the most
   recently admitted running request not yet scheduled in this step (possibly the request itself);
@@ -57,7 +52,7 @@ from impl.interface import (
     SamplingParams,
     SchedulerOutput,
 )
-from stress.prefix_cache import PrefixCache, PrefixCacheError, prefix_block_hashes
+from stress.prefix_cache import PrefixCache, PrefixCacheError
 
 
 class SchedulerSimError(RuntimeError):
@@ -108,8 +103,7 @@ class _Request:
     prefill_len: int = 0  # tokens handed to the runner at the current admission
     outputs_at_admission: int = 0
     num_computed: int = 0  # tokens scheduled since admission (rolled back after drafts)
-    num_cached_blocks: int = 0  # leading blocks registered in (or looked up from) the prefix cache
-    block_hashes: list[int] = field(default_factory=list)  # chained hashes of its leading full blocks
+    block_hashes: list[int] = field(default_factory=list)  # of its leading blocks cached (or hit) so far
     pending_samples: int = 0  # in-flight steps that will sample for it
     drafts_in_flight: bool = False
     finish_reason: str | None = None
@@ -336,7 +330,6 @@ class SchedulerSim:
             self.blocks.take(hit_blocks)
             req.blocks = hit_blocks + self.blocks.allocate(-(-(hit + n) // lim.block_size) - len(hit_blocks))
             req.block_hashes = hashes[: len(hit_blocks)]
-            req.num_cached_blocks = len(hit_blocks)
             req.prefill_len = len(prefill)
             req.outputs_at_admission = len(req.outputs)
             req.num_computed = hit + n
@@ -406,8 +399,8 @@ class SchedulerSim:
                 raise SchedulerSimError(f"{req.req_id!r} in the running list with status {req.status}")
             if len(req.blocks) * lim.block_size < req.num_computed:
                 raise SchedulerSimError(f"{req.req_id!r}: {len(req.blocks)} blocks for {req.num_computed} computed tokens")
-            if req.num_cached_blocks > len(req.blocks) or len(req.block_hashes) != req.num_cached_blocks:
-                raise SchedulerSimError(f"{req.req_id!r}: {req.num_cached_blocks} cached blocks of {len(req.blocks)}")
+            if len(req.block_hashes) > len(req.blocks):
+                raise SchedulerSimError(f"{req.req_id!r}: {len(req.block_hashes)} cached blocks of {len(req.blocks)}")
         try:
             self.blocks.check({req.req_id: req.blocks for req in self._running})
         except PrefixCacheError as e:
@@ -485,19 +478,11 @@ class SchedulerSim:
         return new
 
     def _admission_plan(self, req: _Request, budget: int) -> tuple[tuple[int, ...], list[int], list[int], int] | None:
-        """(prefill, its leading block hashes, the hit's cached blocks, tokens to schedule), or None
-        when the first chunk's blocks are not available.  Pure: `schedule` and `can_schedule` agree.
-
-        The hit covers at most ``(len(prefill) - 1) // block_size`` blocks (the last position is
-        always computed, to sample); a request asking for prompt logprobs looks nothing up.
-        """
+        """(prefill, its block hashes, the hit's cached blocks, tokens to schedule), or None when the
+        first chunk's blocks are not available.  Pure, so `schedule` and `can_schedule` agree."""
         bs = self.limits.block_size
         prefill = req.prompt + tuple(req.outputs)
-        hashes: list[int] = []
-        hit_blocks: list[int] = []
-        if self.blocks.enabled and req.params.prompt_logprobs is None:
-            hashes = prefix_block_hashes(prefill, bs, (len(prefill) - 1) // bs)
-            hit_blocks = self.blocks.lookup(hashes)
+        hashes, hit_blocks = self.blocks.lookup_prefix(prefill) if req.params.prompt_logprobs is None else ([], [])
         hit = len(hit_blocks) * bs
         n = min(len(prefill) - hit, budget)
         need = -(-(hit + n) // bs) - len(hit_blocks)
@@ -507,18 +492,9 @@ class SchedulerSim:
 
     def _cache_computed_blocks(self) -> None:
         """Cache every running request's full blocks whose positions were scheduled and tokens are known."""
-        if not self.blocks.enabled:
-            return
-        bs = self.limits.block_size
         for req in self._running:
-            tokens = req.prompt + tuple(req.outputs)
-            full = min(req.num_computed, len(tokens), len(req.blocks) * bs) // bs
-            if full <= req.num_cached_blocks:
-                continue
-            req.block_hashes = prefix_block_hashes(tokens, bs, full, req.block_hashes)
-            for j in range(req.num_cached_blocks, full):
-                self.blocks.register(req.blocks[j], req.block_hashes[j])
-            req.num_cached_blocks = full
+            req.block_hashes = self.blocks.cache_computed(req.blocks, req.prompt + tuple(req.outputs), req.num_computed,
+                                                          req.block_hashes)
 
     def _preempt(self, req: _Request) -> None:
         self._running.remove(req)
@@ -531,7 +507,6 @@ class SchedulerSim:
         self.blocks.release(req.blocks)
         req.blocks = []
         req.block_hashes = []
-        req.num_cached_blocks = 0
 
     def _finish(self, req: _Request, reason: str) -> None:
         if req.status is RequestStatus.RUNNING:
