@@ -278,7 +278,7 @@ def _staged_writes_wrong_order(runner: Any, m: AppliedMutant) -> None:
         m.set(tensor, "_merged_diffs", first_write_wins(tensor))
 
 
-@_mutant("num_computed_not_advanced", "state", ("differential",), "steady", ("state",),
+@_mutant("num_computed_not_advanced", "state", ("differential", "provenance"), "steady", ("state",),
          "post-update stores NUM_TOKENS and LAST_TOKEN but lost the NUM_COMPUTED store")
 def _num_computed_not_advanced(runner: Any, m: AppliedMutant) -> None:
     import impl.runner as runner_module
@@ -325,7 +325,7 @@ def _batch_index(ib: Any, plan: Any) -> torch.Tensor:
     return torch.searchsorted(ib.query_start_loc[1 : plan.num_reqs + 1], token_index, right=True)
 
 
-@_mutant("positions_off_by_one", "state", ("differential",), "decode", ("input_batch", "device"),
+@_mutant("positions_off_by_one", "state", ("differential", "provenance"), "decode", ("input_batch", "device"),
          "a decode token's position is NUM_TOKENS instead of NUM_TOKENS - 1 (prefill positions right), so its "
          "RoPE phase is one step off from the cached keys'")
 def _positions_off_by_one(runner: Any, m: AppliedMutant) -> None:
@@ -336,7 +336,7 @@ def _positions_off_by_one(runner: Any, m: AppliedMutant) -> None:
     _after_input_prep(runner, m, shift_decodes, "mutant: decode positions + 1")
 
 
-@_mutant("slot_mapping_wrong_block", "state", ("differential",), "steady", ("input_batch", "block_table", "device"),
+@_mutant("slot_mapping_wrong_block", "state", ("differential", "provenance"), "steady", ("input_batch", "block_table", "device"),
          "slot mapping looks up the token's block one entry too far: block_table[row][pos // block_size + 1]")
 def _slot_mapping_wrong_block(runner: Any, m: AppliedMutant) -> None:
     block_size = runner.block_table.block_size
