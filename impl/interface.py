@@ -8,7 +8,8 @@ The scheduler sends a `SchedulerOutput`; the runner answers (asynchronously) wit
 `ModelRunnerOutput`.  For every scheduled request the step computes the tokens at positions
 ``[num_computed, num_computed + n)`` of that request's prefill/sequence, where ``n`` is its entry in
 `SchedulerOutput.num_scheduled_tokens` and ``num_computed`` is the request's computed-token count
-*before* the step (for a new request: 0; for a cached request: `CachedRequest.num_computed_tokens`).
+*before* the step (for a new request: its prefix-cache hit `NewRequest.num_computed_tokens`, usually
+0; for a cached request: `CachedRequest.num_computed_tokens`).
 A request *samples* in a step when the scheduled tokens reach the end of everything the runner
 knows about it (its whole prefill, or for a decode the last sampled token).  A partial prefill chunk
 samples nothing (its `sampled_token_ids` entry is empty).
@@ -110,6 +111,26 @@ class SchedulerOutputTypeError(SchedulerOutputError, TypeError):
     sampling params, a float token id, a request that is not a `NewRequest`/`CachedRequest`, ..."""
 
 
+class PrefixHitError(SchedulerOutputError):
+    """A new request's ``num_computed_tokens`` (prefix-cache hit) that the runner cannot honour."""
+
+
+class PrefixHitAlignmentError(PrefixHitError):
+    """A hit that is not a whole number of KV blocks."""
+
+
+class PrefixHitLengthError(PrefixHitError):
+    """A hit that is not an int, negative, or not below the prefill (at least one token must be computed)."""
+
+
+class PrefixHitBlocksError(PrefixHitError):
+    """A hit whose cached positions are not covered by the request's leading block ids."""
+
+
+class PrefixHitPromptLogprobsError(PrefixHitError):
+    """A hit on a request asking for prompt logprobs (their positions would never be computed)."""
+
+
 # --------------------------------------------------------------------------- requests
 
 
@@ -185,6 +206,14 @@ class NewRequest:
     For a resumed request ``output_token_ids`` holds every token it produced before preemption;
     its prefill is ``prompt_token_ids + output_token_ids`` (the prompt alone counts as the prompt
     for penalties and prompt logprobs).
+
+    ``num_computed_tokens`` is a prefix-cache hit: the KV of the first ``num_computed_tokens``
+    prefill positions already sits in the leading ``num_computed_tokens // block_size`` blocks of
+    ``block_ids`` (blocks other live requests may share, and which the runner must never write);
+    the first step computes from there.  It is a whole number of blocks and below the prefill
+    length (the last position is always computed, to sample from).  A request asking for prompt
+    logprobs gets no hit -- as in the engines, which skip the prefix cache for such requests,
+    because cached positions produce no logits (`validate_prefix_hit`).
     """
 
     req_id: str
@@ -192,6 +221,7 @@ class NewRequest:
     sampling_params: SamplingParams
     block_ids: tuple[int, ...]
     output_token_ids: tuple[int, ...] = ()
+    num_computed_tokens: int = 0
 
     @property
     def prefill_token_ids(self) -> tuple[int, ...]:
@@ -408,6 +438,7 @@ def check_new_request(req: object, limits: RunnerLimits) -> int:
     limit = blocks_per_request(limits.max_model_len, limits.block_size)
     if len(req.block_ids) > limit:
         raise BlockIdError(f"{len(req.block_ids)} blocks > {limit} per request", req_id=rid, field="block_ids")
+    validate_prefix_hit(req, limits.block_size)
     return n
 
 
@@ -439,6 +470,34 @@ def check_scheduled_count(rid: str, n: object, num_tokens: int, start: int, num_
     needed_blocks = -(-(start + n) // limits.block_size)
     if num_blocks < needed_blocks:
         raise BlockIdError(f"{num_blocks} blocks < {needed_blocks} needed", req_id=rid, field="block_ids")
+
+
+def validate_prefix_hit(req: NewRequest, block_size: int) -> None:
+    """Raise a `PrefixHitError` subclass if ``req.num_computed_tokens`` is not a usable prefix hit.
+
+    Pure and self-contained (reads only ``req``): a hit is an int, a multiple of ``block_size``,
+    below the prefill length, covered by the request's leading block ids, and absent when the
+    request asks for prompt logprobs.  Token ids, block-id ranges and sampling params are checked
+    by `validate_scheduler_output`, which calls this for every new request.
+    """
+    hit, rid = req.num_computed_tokens, req.req_id
+    if not isinstance(hit, int) or isinstance(hit, bool) or hit < 0:
+        raise PrefixHitLengthError(f"num_computed_tokens {hit!r} must be an int >= 0", req_id=rid, field="num_computed_tokens")
+    if hit == 0:
+        return
+    if hit % block_size:
+        raise PrefixHitAlignmentError(f"num_computed_tokens {hit} is not a multiple of the block size {block_size}",
+                                      req_id=rid, field="num_computed_tokens")
+    prefill_len = len(req.prompt_token_ids) + len(req.output_token_ids)
+    if hit >= prefill_len:
+        raise PrefixHitLengthError(f"num_computed_tokens {hit} must be below the prefill length {prefill_len}",
+                                   req_id=rid, field="num_computed_tokens")
+    if len(req.block_ids) * block_size < hit:
+        raise PrefixHitBlocksError(f"{len(req.block_ids)} blocks of {block_size} cannot hold the {hit} cached tokens",
+                                   req_id=rid, field="block_ids")
+    if req.sampling_params.prompt_logprobs is not None:
+        raise PrefixHitPromptLogprobsError("a request asking for prompt logprobs must not get a prefix-cache hit",
+                                           req_id=rid, field="num_computed_tokens")
 
 
 def validate_scheduler_output(
@@ -473,7 +532,7 @@ def validate_scheduler_output(
             raise DuplicateRequestError("request id already live", req_id=rid, field="req_id")
         if rid in gone:
             raise FinishedAndScheduledError("finished/preempted and re-added in one step", req_id=rid, field="req_id")
-        changed[rid] = (n, 0, len(req.block_ids))
+        changed[rid] = (n, req.num_computed_tokens, len(req.block_ids))
     num_live_after = len(live) - len(gone) + len(changed)
     if num_live_after > limits.max_num_reqs:
         raise CapacityError(f"{num_live_after} live requests > max_num_reqs {limits.max_num_reqs}", field="new_requests")

@@ -220,14 +220,15 @@ class RequestStateTable:
         prefill = req.prefill_token_ids
         prompt_len, prefill_len = len(req.prompt_token_ids), len(prefill)
         self._prefill_np[row, :prefill_len] = prefill
-        self.row_state.stage(row, 0, [0, prefill_len, prompt_len, prefill_len, prefill[-1]])
+        hit = req.num_computed_tokens  # prefix-cache hit: the first step computes from there
+        self.row_state.stage(row, 0, [hit, prefill_len, prompt_len, prefill_len, prefill[-1]])
         params = req.sampling_params
         self.rows[row] = RowInfo(req.req_id, self._next_generation, params, seed, prompt_len, prefill_len, req.is_resumed)
         self.generation[row] = self._next_generation
         self._next_generation += 1
         self.req_to_row[req.req_id] = row
         self.num_tokens[row] = prefill_len
-        self.num_computed[row] = 0
+        self.num_computed[row] = hit
         self.num_blocks[row] = len(req.block_ids)
         self.unconfirmed_drafts[row] = 0
         self.prompt_len[row] = prompt_len

@@ -120,7 +120,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
                 raise DuplicateRequestError("both finished and preempted", req_id=rid, field=name)
             gone.add(rid)
 
-    new: dict[str, tuple[int, int]] = {}  # id -> (prefill length, blocks)
+    new: dict[str, tuple[int, int, int]] = {}  # id -> (prefill length, blocks, prefix-cache hit)
     for req in sched.new_requests:
         n = check_new_request(req, limits)
         rid = req.req_id
@@ -128,7 +128,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
             raise DuplicateRequestError("request id already live", req_id=rid, field="req_id")
         if rid in gone:
             raise FinishedAndScheduledError("finished/preempted and re-added in one step", req_id=rid, field="req_id")
-        new[rid] = (n, len(req.block_ids))
+        new[rid] = (n, len(req.block_ids), req.num_computed_tokens)
     num_live_after = len(r2r) - len(gone) + len(new)
     if num_live_after > limits.max_num_reqs:
         raise CapacityError(f"{num_live_after} live requests > max_num_reqs {limits.max_num_reqs}", field="new_requests")
@@ -195,7 +195,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         rid = req_ids[i]
         if rid not in new:
             _diagnose(sched, state, limits, last_step_id)
-        known[i], starts[i], blocks[i] = new[rid][0], 0, new[rid][1]
+        known[i], blocks[i], starts[i] = new[rid]
         new_positions.append((i, rid))
 
     num_drafts, drafts = np.zeros(nr, np.int64), None

@@ -8,7 +8,10 @@ when the scheduled tokens reach the end of what it knows.  No KV cache, no rows,
 Conventions it fixes for the comparison with the GPU runner (`impl.interface`, docs/SAMPLING.md):
 
 * A request computes positions ``[start, start + n)`` where ``start`` is the cached request's
-  ``num_computed_tokens`` when the scheduler sends one, else the oracle's own count.
+  ``num_computed_tokens`` when the scheduler sends one, else the oracle's own count; a new request
+  starts at its prefix-cache hit (``NewRequest.num_computed_tokens``).  The oracle keeps no KV, so
+  a hit changes only where computing starts: logits still come from the whole token sequence,
+  and any KV mix-up in a runner's shared blocks shows up as a divergence.
 * It samples when ``start + n == len(tokens) + len(drafts)``.  Logit row ``j`` (``0 <= j <= k``
   drafts) is the logits at position ``len(tokens) - 1 + j``, sampled at noise position
   ``len(tokens) + j`` with the drafts ``d_1..d_j`` counted as outputs for the penalties; drafts are
@@ -181,7 +184,7 @@ class ReferenceRunner:
             work[req.req_id] = _RequestState(
                 tokens=list(req.prefill_token_ids),
                 prompt_len=len(req.prompt_token_ids),
-                num_computed=0,
+                num_computed=req.num_computed_tokens,  # a prefix-cache hit: the math is unchanged (full recompute)
                 num_blocks=len(req.block_ids),
                 params=req.sampling_params,
                 seed=seed,

@@ -3,7 +3,10 @@
 Each tick, `Churn` adds requests (random prompt lengths within the limits and random
 `SamplingParams`: greedy, temperature, top-k / top-p / min-p, penalties, explicit seeds or none,
 logprobs, prompt logprobs, stop tokens), aborts random unfinished requests and force-preempts
-random running ones.  Every operation it applies is appended to ``trace`` as a JSON-able dict,
+random running ones.  So that the scheduler's prefix cache hits often, a new prompt may start
+with one of a few fixed *system prompts* (``system_prompt_prob``), or continue a finished
+request's conversation: its prompt, its outputs, then a few new user tokens
+(``conversation_prob``).  Every operation it applies is appended to ``trace`` as a JSON-able dict,
 one list per tick::
 
     {"op": "add", "req_id": "r7", "prompt": [3, 14, ...], "params": {...SamplingParams fields...}}
@@ -112,6 +115,10 @@ class ChurnConfig:
     logprobs_prob: float = 0.3
     prompt_logprobs_prob: float = 0.15
     stop_prob: float = 0.3
+    system_prompt_prob: float = 0.8  # a new prompt starts with one of the shared system prompts
+    num_system_prompts: int = 1
+    system_prompt_len: int = 8
+    conversation_prob: float = 0.25  # a new prompt continues a finished request's conversation
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,6 +133,10 @@ class Churn:
         self.rng = random.Random(seed)
         self.trace: list[list[dict]] = []
         self._next_id = 0
+        # Drawn first, so they depend on the seed alone; the trace records whole prompts anyway.
+        self.system_prompts = [[self.rng.randrange(limits.vocab_size) for _ in range(self.config.system_prompt_len)]
+                               for _ in range(self.config.num_system_prompts)]
+        self._prompts: dict[str, list[int]] = {}  # every added request's prompt, for conversations
 
     def __call__(self, tick: int, scheduler: SchedulerSim) -> None:
         while len(self.trace) < tick:
@@ -149,12 +160,12 @@ class Churn:
         for _ in range(cfg.max_adds_per_tick):
             if len(unfinished) >= cfg.max_unfinished or rng.random() >= cfg.add_prob:
                 break
-            op = self._new_request()
+            op = self._new_request(scheduler)
             ops.append(op)
             unfinished.append(op["req_id"])
         return ops
 
-    def _new_request(self) -> dict:
+    def _new_request(self, scheduler: SchedulerSim) -> dict:
         cfg, rng, lim = self.config, self.rng, self.limits
         req_id = f"r{self._next_id}"
         self._next_id += 1
@@ -162,8 +173,21 @@ class Churn:
         longest = min(lim.max_model_len, pool_tokens)
         prompt_len = rng.randint(1, max(1, min(cfg.max_prompt_len, longest - 1)))
         prompt = [rng.randrange(lim.vocab_size) for _ in range(prompt_len)]
-        max_tokens = rng.randint(1, max(1, min(cfg.max_new_tokens, longest - prompt_len)))
+        prompt = self._shared_prefix(prompt, scheduler)[: max(1, min(longest - 1, 2 * cfg.max_prompt_len + cfg.system_prompt_len))]
+        self._prompts[req_id] = prompt
+        max_tokens = rng.randint(1, max(1, min(cfg.max_new_tokens, longest - len(prompt))))
         return {"op": "add", "req_id": req_id, "prompt": prompt, "params": params_to_dict(self._params(max_tokens))}
+
+    def _shared_prefix(self, fresh: list[int], scheduler: SchedulerSim) -> list[int]:
+        """``fresh`` user tokens behind a finished conversation or a system prompt (or alone)."""
+        cfg, rng = self.config, self.rng
+        finished = sorted(r for r in scheduler.finished if r in self._prompts)
+        if finished and rng.random() < cfg.conversation_prob:
+            old = rng.choice(finished)
+            return self._prompts[old] + list(scheduler.outputs(old)) + fresh[: max(1, len(fresh) // 4)]
+        if self.system_prompts and rng.random() < cfg.system_prompt_prob:
+            return rng.choice(self.system_prompts) + fresh[: max(1, len(fresh) // 2)]  # a user turn behind it
+        return fresh
 
     def _params(self, max_tokens: int) -> SamplingParams:
         cfg, rng, lim = self.config, self.rng, self.limits

@@ -2,7 +2,9 @@
 
 Rules drive a `SchedulerSim` the way clients and a serving engine would: add requests (random
 prompts and `SamplingParams`: greedy, temperature, top-k / top-p / min-p, penalties, with or
-without seeds, logprobs, prompt logprobs, stop tokens), abort and preempt random live requests,
+without seeds, logprobs, prompt logprobs, stop tokens), add requests that share a prefix with an
+earlier prompt or a fixed system prompt (so the scheduler's prefix cache hits), evict unreferenced
+cached blocks (memory pressure), abort and preempt random live requests,
 run scheduler ticks, drain the outputs in flight, and on ``sim`` switch the device's lag policy
 (run-immediately, lag-k-steps with k in 1..3, random-drain with a drawn seed).  Ticks follow
 `stress.driver.DifferentialRun` exactly (its enqueue / deliver steps are reused): step N+1 is
@@ -24,7 +26,9 @@ this order:
 4. row-table consistency (runners with an `impl.state.RequestStateTable` as ``runner.state``):
    no row held by two requests, the live set equals what the request stream says the runner
    holds, and free + used + quarantined rows = ``max_num_reqs``;
-5. the scheduler simulator's own bookkeeping (`SchedulerSim.check_invariants`).
+5. the scheduler simulator's own bookkeeping (`SchedulerSim.check_invariants`: block pool,
+   reference counts, prefix-cache maps);
+6. zero KV provenance violations (`checks.kv_provenance`, armed on runners with an input batch).
 
 `TestRunnerMachine` is the CI test case (the settings profile decides ``max_examples``; the
 step count is kept small because interpreted Triton costs ~0.5 s per step on CPU);
@@ -58,6 +62,7 @@ MAX_UNFINISHED = 5
 MAX_LOGPROBS = 5
 MAX_PROMPT_LOGPROBS = 3
 SETTLE_TICKS = 6
+SYSTEM_PROMPT = (7, 1, 8, 2, 8, 1, 8, 2)  # two blocks of the machine's block size 4
 
 
 class MachineInvariantError(AssertionError):
@@ -210,6 +215,7 @@ class RunnerMachine(RuleBasedStateMachine):
         from checks.lifetime import LifetimeChecker
         from checks.sync import arm_runner
         from reference.runner import ReferenceRunner
+        from stress.prefix_checks import arm_prefix_checks
 
         self.healthy = False
         config = preset(MACHINE_PRESET)
@@ -222,6 +228,8 @@ class RunnerMachine(RuleBasedStateMachine):
         self.lifetime = LifetimeChecker("error").attach(staging) if staging is not None else None
         self.oracle = ReferenceRunner(self.weights, self.limits, base_seed=seed)
         self.scheduler = SchedulerSim(self.limits, seed=seed, max_inflight_steps=max_inflight, draft_prob=draft_prob)
+        self.prefix = arm_prefix_checks(self.runner, self.scheduler)
+        self.prompts: dict[str, tuple[int, ...]] = {}
         self.driver = DifferentialRun(self.runner, self.oracle, self.scheduler)
         self.next_req = 0
         self.built = True
@@ -239,7 +247,25 @@ class RunnerMachine(RuleBasedStateMachine):
 
     def _add(self, prompt: list[int], params: SamplingParams) -> None:
         self.scheduler.add_request(f"r{self.next_req}", prompt, params)
+        self.prompts[f"r{self.next_req}"] = tuple(prompt)
         self.next_req += 1
+
+    @precondition(lambda self: len(self.scheduler.unfinished_ids) < MAX_UNFINISHED)
+    @rule(data=st.data(), suffix=prompts(max_len=4), params=sampling_params())
+    def add_sharing_request(self, data: st.DataObject, suffix: list[int], params: SamplingParams) -> None:
+        """A prompt sharing a prefix (a whole one, or cut anywhere) with an earlier prompt or the system prompt."""
+        self.healthy = False
+        base = data.draw(st.sampled_from([SYSTEM_PROMPT] + sorted(set(self.prompts.values()))), label="shared prefix")
+        cut = data.draw(st.integers(1, len(base)), label="prefix length")
+        self._add((list(base[:cut]) + suffix)[: MAX_PROMPT_LEN + 4], params)
+        self.healthy = True
+
+    @precondition(lambda self: self.scheduler.blocks.num_evictable > 0)
+    @rule(n=st.integers(1, 4))
+    def evict_cached_blocks(self, n: int) -> None:
+        self.healthy = False
+        self.scheduler.blocks.evict(n)
+        self.healthy = True
 
     @precondition(lambda self: bool(self.scheduler.unfinished_ids))
     @rule(data=st.data())
@@ -319,6 +345,8 @@ class RunnerMachine(RuleBasedStateMachine):
             raise MachineInvariantError(sync_problem)
         if self.lifetime is not None and self.lifetime.violations:
             raise MachineInvariantError(self.lifetime.summary())
+        if self.prefix.fired():
+            raise MachineInvariantError(self.prefix.checker.summary())
         state = getattr(self.runner, "state", None)
         if state is not None and hasattr(state, "req_to_row"):
             check_row_table(state, self.driver.mirror.live)

@@ -8,7 +8,12 @@ rebound: `stress.mutant_kernels`), and names the check(s) built to kill it:
 * ``sync``: the host-sync detector (`checks.sync.arm_runner`);
 * ``lifetime``: the staging-slot lifetime assertions (`checks.lifetime.LifetimeChecker`);
 * ``differential``: runner vs the float64 oracle under stress (`stress.driver.DifferentialRun`);
-* ``chisq``: chi-square / tail-mass tests of the runner's sampler (`checks.chisq`, `checks.stats`).
+* ``chisq``: chi-square / tail-mass tests of the runner's sampler (`checks.chisq`, `checks.stats`);
+* ``provenance``: the KV provenance shadow (`checks.kv_provenance.arm_kv_provenance`).
+
+Prefix-caching mutants live in `stress.mutants_prefix` (registered here at import); some of them
+are scheduler bugs (``target="scheduler"``): they patch the `stress.scheduler.SchedulerSim`
+passed as ``apply(..., scheduler=...)`` rather than the runner.
 
 There are no fault flags in ``impl``: ``apply`` patches attributes of the given runner (or of a
 sampler probe exposing ``.sampler``) and returns an `AppliedMutant` whose ``undo()`` (or ``with``
@@ -46,7 +51,7 @@ from stress.mutant_kernels import (
 )
 
 CLASSES = ("race", "sync", "state", "sampler")
-CHECKS = ("sync", "lifetime", "differential", "chisq")
+CHECKS = ("sync", "lifetime", "differential", "chisq", "provenance")
 _log = logging.getLogger(__name__)
 
 
@@ -100,6 +105,7 @@ class Mutant:
     requires: tuple[str, ...]
     needs_gpu: bool = False
     chisq_case: str | None = None
+    target: str = "runner"  # what ``install`` patches: "runner" (or a sampler probe) or "scheduler"
 
     def __post_init__(self) -> None:
         if self.cls not in CLASSES or not set(self.checks) <= set(CHECKS) or self.workload not in WORKLOADS:
@@ -272,7 +278,7 @@ def _staged_writes_wrong_order(runner: Any, m: AppliedMutant) -> None:
         m.set(tensor, "_merged_diffs", first_write_wins(tensor))
 
 
-@_mutant("num_computed_not_advanced", "state", ("differential",), "steady", ("state",),
+@_mutant("num_computed_not_advanced", "state", ("differential", "provenance"), "steady", ("state",),
          "post-update stores NUM_TOKENS and LAST_TOKEN but lost the NUM_COMPUTED store")
 def _num_computed_not_advanced(runner: Any, m: AppliedMutant) -> None:
     import impl.runner as runner_module
@@ -322,7 +328,7 @@ def _batch_index(ib: Any, plan: Any) -> torch.Tensor:
     return torch.searchsorted(ib.query_start_loc[1 : plan.num_reqs + 1], token_index, right=True)
 
 
-@_mutant("positions_off_by_one", "state", ("differential",), "decode", ("input_batch", "device"),
+@_mutant("positions_off_by_one", "state", ("differential", "provenance"), "decode", ("input_batch", "device"),
          "a decode token's position is NUM_TOKENS instead of NUM_TOKENS - 1 (prefill positions right), so its "
          "RoPE phase is one step off from the cached keys'")
 def _positions_off_by_one(runner: Any, m: AppliedMutant) -> None:
@@ -333,7 +339,7 @@ def _positions_off_by_one(runner: Any, m: AppliedMutant) -> None:
     _after_input_prep(runner, m, shift_decodes, "mutant: decode positions + 1")
 
 
-@_mutant("slot_mapping_wrong_block", "state", ("differential",), "steady", ("input_batch", "block_table", "device"),
+@_mutant("slot_mapping_wrong_block", "state", ("differential", "provenance"), "steady", ("input_batch", "block_table", "device"),
          "slot mapping looks up the token's block one entry too far: block_table[row][pos // block_size + 1]")
 def _slot_mapping_wrong_block(runner: Any, m: AppliedMutant) -> None:
     block_size = runner.block_table.block_size
@@ -437,14 +443,15 @@ def get(name: str) -> Mutant:
         raise UnknownMutantError(f"unknown mutant {name!r}; known: {', '.join(CATALOGUE)}") from None
 
 
-def apply(name: str, *, runner: Any = None, device: Any = None, target: Any = None) -> AppliedMutant:
-    """Install mutant ``name`` into ``runner`` (or ``target``: any object with the parts it patches).
+def apply(name: str, *, runner: Any = None, device: Any = None, target: Any = None, scheduler: Any = None) -> AppliedMutant:
+    """Install mutant ``name`` into ``runner`` (or ``target``: any object with the parts it patches;
+    a ``target="scheduler"`` mutant into ``scheduler``).
 
     ``device`` is accepted for the `runnercheck stress --mutant` call; mutants use the target's own.
     Raises `UnknownMutantError` or `MutantTargetError` before patching anything.
     """
     mutant = get(name)
-    target = target if target is not None else runner
+    target = target if target is not None else (scheduler if mutant.target == "scheduler" else runner)
     missing = [part for part in mutant.requires if not hasattr(target, part)]
     if target is None or missing:
         raise MutantTargetError(f"mutant {name!r} patches {', '.join(mutant.requires)}, "
@@ -457,6 +464,8 @@ def apply(name: str, *, runner: Any = None, device: Any = None, target: Any = No
         raise
     return applied
 
+
+import stress.mutants_prefix  # noqa: E402,F401 -- registers the prefix-caching mutants (it imports this module)
 
 __all__ = ["CATALOGUE", "CHECKS", "CLASSES", "WORKLOADS", "AppliedMutant", "Mutant", "MutantTargetError",
            "UnknownMutantError", "Workload", "apply", "get"]

@@ -101,6 +101,7 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     from impl.model.weights import preset
     from stress.driver import DifferentialRun
     from stress.machine import unaccounted_syncs_message
+    from stress.prefix_checks import arm_prefix_checks
     from stress.runners import DEFAULT_RUNNER_SPEC
     from stress.scheduler import SchedulerConfig
     from stress.stress_cmd import RandomDelay, StressConfig, build_session, default_limits
@@ -114,14 +115,15 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     delay = _cuda_delay(config) if device_kind == "cuda" and workload.cuda_lag else None
     started = time.perf_counter()
     session = build_session(config)
-    applied = catalogue.apply(mutant, runner=session.runner) if mutant else None
+    applied = catalogue.apply(mutant, runner=session.runner, scheduler=session.scheduler) if mutant else None
     sync_report = arm_runner(session.runner, "count")
     lifetime = LifetimeChecker("error").attach(session.runner.staging)
+    prefix = arm_prefix_checks(session.runner, session.scheduler)  # after the mutant: it checks what patched input prep produced
     churn = _churn(workload, limits, seed)
-    outcome = CheckRun(ran=["sync", "lifetime", "differential"])
+    outcome = CheckRun(ran=["sync", "lifetime", "differential", "provenance"])
 
     def before_tick(tick: int, scheduler: Any) -> None:
-        if unaccounted_syncs_message(sync_report, session.runner):
+        if unaccounted_syncs_message(sync_report, session.runner) or prefix.fired():
             raise _StopRun
         outcome.ticks = tick + 1
         churn(tick, scheduler)
@@ -151,6 +153,9 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     sync_problem = unaccounted_syncs_message(sync_report, session.runner)
     if sync_problem:
         outcome.fired["sync"] = sync_problem
+    findings = prefix.findings()
+    if not findings.passed:
+        outcome.fired["provenance"] = f"{findings.provenance_violations} violation(s); first: {findings.provenance_lines[0]}"
     if lifetime.violations:
         outcome.fired["lifetime"] = f"{lifetime.violations} violation(s); first: {lifetime.errors[0]}"
     first = result.first_divergence if result is not None else None

@@ -118,7 +118,7 @@ class RunnerBoundaryMirror:
         for rid in sched.finished_req_ids | sched.preempted_req_ids:
             del self.live[rid]
         for req in sched.new_requests:
-            self.live[req.req_id] = LiveRequest(len(req.prefill_token_ids), 0, len(req.block_ids))
+            self.live[req.req_id] = LiveRequest(len(req.prefill_token_ids), req.num_computed_tokens, len(req.block_ids))
         for c in sched.cached_requests:
             lr = self.live[c.req_id]
             lr.num_computed_upper = c.num_computed_tokens
@@ -312,6 +312,7 @@ class SimpleRunner:
                 params=req.sampling_params,
                 seed=effective_seed(req.sampling_params, req.req_id, self.base_seed),
                 resumed=req.is_resumed,
+                num_computed=req.num_computed_tokens,
             )
         for c in sched.cached_requests:
             self.requests[c.req_id].num_computed = c.num_computed_tokens

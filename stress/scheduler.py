@@ -8,6 +8,11 @@
   requests ahead of requests never admitted);
 * KV blocks from a finite pool of ``limits.num_kv_blocks`` blocks of ``limits.block_size`` tokens,
   handed out in a seeded order and reused last-freed-first (the most race-prone reuse);
+* prefix caching (on by default, `SchedulerConfig.prefix_caching`; hashes, reference counts and
+  LRU eviction live in `stress.prefix_cache.PrefixCache`): an admission's hit goes out as
+  ``NewRequest.num_computed_tokens`` with the shared blocks leading its block list (never the
+  whole prefill, never for prompt logprobs); ``stats.hit_rate`` is the fraction of prefill tokens
+  served from the cache;
 * chunked prefill (a prefill longer than the remaining budget is split over steps) and decode;
 * preemption when a running request needs a block and none is free: the victim is the most
   recently admitted running request not yet scheduled in this step (possibly the request itself);
@@ -47,6 +52,7 @@ from impl.interface import (
     SamplingParams,
     SchedulerOutput,
 )
+from stress.prefix_cache import PrefixCache, PrefixCacheError
 
 
 class SchedulerSimError(RuntimeError):
@@ -66,15 +72,24 @@ class SchedulerConfig:
 
     max_inflight_steps: int = 1
     draft_prob: float = 0.0
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_inflight_steps, int) or self.max_inflight_steps < 0:
             raise SchedulerSimError(f"max_inflight_steps={self.max_inflight_steps!r} must be an int >= 0")
         if not 0.0 <= self.draft_prob <= 1.0:
             raise SchedulerSimError(f"draft_prob={self.draft_prob!r} must lie in [0, 1]")
+        if not isinstance(self.prefix_caching, bool):
+            raise SchedulerSimError(f"prefix_caching={self.prefix_caching!r} must be a bool")
 
     def to_dict(self) -> dict:
-        return {"max_inflight_steps": self.max_inflight_steps, "draft_prob": self.draft_prob}
+        return {"max_inflight_steps": self.max_inflight_steps, "draft_prob": self.draft_prob,
+                "prefix_caching": self.prefix_caching}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "SchedulerConfig":
+        """Inverse of `to_dict`.  A record without ``prefix_caching`` predates it: caching off (as it ran)."""
+        return cls(int(d["max_inflight_steps"]), float(d["draft_prob"]), bool(d.get("prefix_caching", False)))
 
 
 @dataclass
@@ -88,6 +103,7 @@ class _Request:
     prefill_len: int = 0  # tokens handed to the runner at the current admission
     outputs_at_admission: int = 0
     num_computed: int = 0  # tokens scheduled since admission (rolled back after drafts)
+    block_hashes: list[int] = field(default_factory=list)  # of its leading blocks cached (or hit) so far
     pending_samples: int = 0  # in-flight steps that will sample for it
     drafts_in_flight: bool = False
     finish_reason: str | None = None
@@ -115,18 +131,29 @@ class SchedulerStats:
     finished: int = 0
     dropped_tokens: int = 0
     draft_steps: int = 0
+    prefill_tokens: int = 0  # tokens handed to the runner as prefill, over all admissions
+    cached_tokens: int = 0  # of those, served from the prefix cache (the hits)
+    prefix_hits: int = 0  # admissions with a hit
+    evictions: int = 0  # cached blocks evicted to be reused
+
+    @property
+    def hit_rate(self) -> float:
+        """Fraction of prefill tokens served from the prefix cache (0 when nothing was admitted)."""
+        return self.cached_tokens / self.prefill_tokens if self.prefill_tokens else 0.0
 
 
 class SchedulerSim:
     """See the module docstring.  Deterministic given ``seed`` and the sequence of calls."""
 
-    def __init__(self, limits: RunnerLimits, *, seed: int = 0, max_inflight_steps: int = 1, draft_prob: float = 0.0):
+    def __init__(self, limits: RunnerLimits, *, seed: int = 0, max_inflight_steps: int = 1, draft_prob: float = 0.0,
+                 prefix_caching: bool = True):
         self.limits = limits
-        self.config = SchedulerConfig(max_inflight_steps, draft_prob)
+        self.config = SchedulerConfig(max_inflight_steps, draft_prob, prefix_caching)
         self.seed = seed
         self._rng = random.Random(seed)
-        self._free_blocks = list(range(limits.num_kv_blocks))
-        self._rng.shuffle(self._free_blocks)
+        free_blocks = list(range(limits.num_kv_blocks))
+        self._rng.shuffle(free_blocks)
+        self.blocks = PrefixCache(free_blocks, limits.block_size, enabled=prefix_caching)
         self._requests: dict[str, _Request] = {}
         self._running: list[_Request] = []  # admission order
         self._waiting: deque[_Request] = deque()
@@ -208,7 +235,8 @@ class SchedulerSim:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free_blocks)
+        """Blocks an allocation can get (free, or cached and unreferenced: evictable)."""
+        return self.blocks.num_available
 
     @property
     def can_schedule(self) -> bool:
@@ -227,8 +255,7 @@ class SchedulerSim:
             return False
         for req in self._waiting:
             if req.pending_samples == 0:
-                first_chunk = min(len(req.prompt) + len(req.outputs), self.limits.max_num_batched_tokens)
-                return -(-first_chunk // self.limits.block_size) <= len(self._free_blocks)
+                return self._admission_plan(req, self.limits.max_num_batched_tokens) is not None
         return False
 
     @property
@@ -289,31 +316,39 @@ class SchedulerSim:
                 break
             if req.req_id in preempted_ids or req.pending_samples > 0:
                 continue  # resume only once every output of its last admission has arrived
-            prefill = req.prompt + tuple(req.outputs)
-            n = min(len(prefill), budget)
-            need = -(-n // lim.block_size)
-            if need > len(self._free_blocks):
+            plan = self._admission_plan(req, budget)
+            if plan is None:
                 break
+            prefill, hashes, hit_blocks, n = plan
+            hit = len(hit_blocks) * lim.block_size
             self._waiting.remove(req)
             if req.status is RequestStatus.PREEMPTED:
                 self.stats.resumed += 1
             else:
                 self.stats.admitted += 1
             req.status = RequestStatus.RUNNING
-            req.blocks = [self._free_blocks.pop() for _ in range(need)]
+            self.blocks.take(hit_blocks)
+            req.blocks = hit_blocks + self.blocks.allocate(-(-(hit + n) // lim.block_size) - len(hit_blocks))
+            req.block_hashes = hashes[: len(hit_blocks)]
             req.prefill_len = len(prefill)
             req.outputs_at_admission = len(req.outputs)
-            req.num_computed = n
+            req.num_computed = hit + n
             req.drafts_in_flight = False
             self._running.append(req)
             live += 1
-            new_requests.append(NewRequest(req.req_id, req.prompt, req.params, tuple(req.blocks), tuple(req.outputs)))
+            self.stats.prefill_tokens += len(prefill)
+            self.stats.cached_tokens += hit
+            self.stats.prefix_hits += hit > 0
+            new_requests.append(NewRequest(req.req_id, req.prompt, req.params, tuple(req.blocks), tuple(req.outputs), hit))
             scheduled[req.req_id] = n
-            if n == len(prefill):
+            if hit + n == len(prefill):
                 samplers[req.req_id] = 0
                 req.pending_samples += 1
             budget -= n
 
+        # Cached only now: a block computed in this step is hit from the next step on (stream order).
+        self._cache_computed_blocks()
+        self.stats.evictions = self.blocks.num_evictions
         self._next_step_id += 1
         self.stats.steps += 1
         self._inflight.append(_StepRecord(step_id, tuple(scheduled), samplers))
@@ -353,23 +388,23 @@ class SchedulerSim:
             self._take_tokens(req, tokens[rid])
             if num_drafts and req.status is RequestStatus.RUNNING:
                 req.num_computed = req.known_tokens() - 1  # rejected drafts' positions are recomputed
+        self._cache_computed_blocks()
 
     # ---------------------------------------------------------------- checks
     def check_invariants(self) -> None:
         """Raise `SchedulerSimError` if the block pool or request records are inconsistent."""
         lim = self.limits
-        owned: dict[int, str] = {}
         for req in self._running:
             if req.status is not RequestStatus.RUNNING:
                 raise SchedulerSimError(f"{req.req_id!r} in the running list with status {req.status}")
-            for b in req.blocks:
-                if b in owned:
-                    raise SchedulerSimError(f"block {b} owned by {owned[b]!r} and {req.req_id!r}")
-                owned[b] = req.req_id
             if len(req.blocks) * lim.block_size < req.num_computed:
                 raise SchedulerSimError(f"{req.req_id!r}: {len(req.blocks)} blocks for {req.num_computed} computed tokens")
-        if set(owned) & set(self._free_blocks) or len(owned) + len(self._free_blocks) != lim.num_kv_blocks:
-            raise SchedulerSimError("block pool and owned blocks do not partition the KV blocks")
+            if len(req.block_hashes) > len(req.blocks):
+                raise SchedulerSimError(f"{req.req_id!r}: {len(req.block_hashes)} cached blocks of {len(req.blocks)}")
+        try:
+            self.blocks.check({req.req_id: req.blocks for req in self._running})
+        except PrefixCacheError as e:
+            raise SchedulerSimError(f"block pool: {e}") from None
         if len(self._running) > lim.max_num_reqs:
             raise SchedulerSimError(f"{len(self._running)} running requests > max_num_reqs {lim.max_num_reqs}")
         for req in self._waiting:
@@ -431,16 +466,35 @@ class SchedulerSim:
         Returns the newly allocated block ids, or None when ``req`` itself was preempted.
         """
         need = -(-num_tokens // self.limits.block_size) - len(req.blocks)
-        while need > len(self._free_blocks):
+        while need > self.blocks.num_available:
             victim = self._running[-1]
             self._preempt(victim)
             preempted_ids.add(victim.req_id)
             self.stats.preempted_for_blocks += 1
             if victim is req:
                 return None
-        new = [self._free_blocks.pop() for _ in range(max(need, 0))]
+        new = self.blocks.allocate(max(need, 0))
         req.blocks.extend(new)
         return new
+
+    def _admission_plan(self, req: _Request, budget: int) -> tuple[tuple[int, ...], list[int], list[int], int] | None:
+        """(prefill, its block hashes, the hit's cached blocks, tokens to schedule), or None when the
+        first chunk's blocks are not available.  Pure, so `schedule` and `can_schedule` agree."""
+        bs = self.limits.block_size
+        prefill = req.prompt + tuple(req.outputs)
+        hashes, hit_blocks = self.blocks.lookup_prefix(prefill) if req.params.prompt_logprobs is None else ([], [])
+        hit = len(hit_blocks) * bs
+        n = min(len(prefill) - hit, budget)
+        need = -(-(hit + n) // bs) - len(hit_blocks)
+        if need > self.blocks.num_available - self.blocks.num_evictable_among(hit_blocks):
+            return None
+        return prefill, hashes, hit_blocks, n
+
+    def _cache_computed_blocks(self) -> None:
+        """Cache every running request's full blocks whose positions were scheduled and tokens are known."""
+        for req in self._running:
+            req.block_hashes = self.blocks.cache_computed(req.blocks, req.prompt + tuple(req.outputs), req.num_computed,
+                                                          req.block_hashes)
 
     def _preempt(self, req: _Request) -> None:
         self._running.remove(req)
@@ -450,8 +504,9 @@ class SchedulerSim:
         self._waiting.appendleft(req)
 
     def _release_blocks(self, req: _Request) -> None:
-        self._free_blocks.extend(reversed(req.blocks))
+        self.blocks.release(req.blocks)
         req.blocks = []
+        req.block_hashes = []
 
     def _finish(self, req: _Request, reason: str) -> None:
         if req.status is RequestStatus.RUNNING:

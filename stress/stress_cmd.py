@@ -124,6 +124,7 @@ def build_session(config: StressConfig) -> Session:
         seed=config.seed,
         max_inflight_steps=config.scheduler.max_inflight_steps,
         draft_prob=config.scheduler.draft_prob,
+        prefix_caching=config.scheduler.prefix_caching,
     )
     return Session(device, runner, oracle, scheduler)
 
@@ -216,6 +217,8 @@ def print_summary(config: StressConfig, result: RunResult, title: str) -> None:
         rows += [
             ("preempted blocks/forced, resumed", f"{stats.preempted_for_blocks} / {stats.preempted_forced}, {stats.resumed}"),
             ("aborted, late dropped, drafts", f"{stats.aborted}, {stats.dropped_tokens}, {stats.draft_steps}"),
+            ("prefix cache hit rate", f"{stats.hit_rate:.0%} of {stats.prefill_tokens} prefill tokens "
+                                      f"({stats.prefix_hits} hits, {stats.evictions} evictions)"),
         ]
     rows.append(("elapsed", f"{result.elapsed_s:.1f} s"))
     for k, v in rows:

@@ -166,6 +166,23 @@ class StaleStagingWriteMachine(PlantedMachine):
         runner.execute_model = execute_model
 
 
+class CachedBlockRewriteMachine(PlantedMachine):
+    """Admission with a prefix hit starts one block early: the prefill re-writes a shared cached block."""
+
+    def plant(self, runner) -> None:
+        from impl.state import NUM_COMPUTED
+
+        state, original = runner.state, runner.state.admit
+
+        def admit(req, seed):
+            row = original(req, seed)
+            if req.num_computed_tokens:
+                state.row_state.stage(row, NUM_COMPUTED, [req.num_computed_tokens - runner.limits.block_size])
+            return row
+
+        state.admit = admit
+
+
 FIND_BUG = settings(
     max_examples=8, stateful_step_count=6, derandomize=True, deadline=None, database=None,
     phases=[Phase.explicit, Phase.generate], suppress_health_check=[HealthCheck.too_slow],
@@ -176,11 +193,13 @@ FIND_BUG = settings(
     "planted, message",
     [
         (WrongTokenMachine, r"(?s)runner and oracle diverge .* expected token"),
-        (RowLeakMachine, r"row table inconsistent"),
+        (RowLeakMachine, r"row table inconsistent|no free row for"),  # or the leak starves the next admission
         (HostReadMachine, r"(?s)host sync.*int\(\) on device memory"),
         (StaleStagingWriteMachine, r"StagingLifetimeError|staging lifetime"),
+        pytest.param(CachedBlockRewriteMachine, r"kv provenance: .*write-position|runner and oracle diverge",
+                     marks=pytest.mark.slow),  # ~80 s on a CPU: it takes a few examples to reach a prefix hit
     ],
-    ids=["wrong-token", "row-leak", "host-read", "stale-staging-write"],
+    ids=["wrong-token", "row-leak", "host-read", "stale-staging-write", "cached-block-rewrite"],
 )
 def test_the_machine_finds_a_planted_bug(planted, message: str) -> None:
     with pytest.raises(MachineInvariantError, match=message):

@@ -92,9 +92,12 @@ def _snapshot(parts: dict[str, object]) -> dict[str, dict[str, int]]:
 
 @pytest.mark.parametrize("name", list(CATALOGUE))
 def test_apply_patches_the_runner_and_undo_restores_it(name, micro_runner):
-    parts = _patchable(micro_runner)
+    from stress.scheduler import SchedulerSim
+
+    scheduler = SchedulerSim(micro_runner.limits)  # scheduler mutants (prefix cache) patch it instead
+    parts = {**_patchable(micro_runner), "scheduler": scheduler, "scheduler.blocks": scheduler.blocks}
     before = _snapshot(parts)
-    with catalogue.apply(name, runner=micro_runner) as applied:
+    with catalogue.apply(name, runner=micro_runner, scheduler=scheduler) as applied:
         assert applied.mutant.name == name
         assert _snapshot(parts) != before, f"{name} patched nothing it could be caught by"
     assert _snapshot(parts) == before

@@ -25,29 +25,55 @@ def f(req_id: str, position: int) -> int:
 
 
 class FakeRunner:
-    """Validates every step at the boundary, tracks sequences, samples ``f(req, position)``."""
+    """Validates every step at the boundary, tracks sequences, samples ``f(req, position)``.
+
+    It also keeps a miniature KV cache: each slot ``(block, offset)`` holds the token prefix that
+    was "computed" into it, and every step checks that each scheduled request's context (prefix
+    hits included) is found in its blocks -- so a prefix-cache bookkeeping slip in the scheduler
+    (a wrong hit, a shared block reused while referenced) fails here.
+    """
 
     def __init__(self, limits: RunnerLimits):
         self.mirror = RunnerBoundaryMirror(limits)
+        self.block_size = limits.block_size
         self.seqs: dict[str, list[int]] = {}
         self.computed: dict[str, int] = {}
+        self.blocks: dict[str, list[int]] = {}
+        self.kv: dict[tuple[int, int], tuple[int, ...]] = {}
         self.accepted_drafts = 0
+        self.hits = 0
+
+    def _check_context(self, rid: str, start: int, tokens: list[int]) -> None:
+        bs, blocks = self.block_size, self.blocks[rid]
+        for p in range(start):
+            slot = (blocks[p // bs], p % bs)
+            assert self.kv.get(slot) == tuple(tokens[: p + 1]), f"{rid}: position {p} in block {slot[0]} holds another prefix"
+
+    def _write(self, rid: str, start: int, end: int, tokens: list[int]) -> None:
+        bs, blocks = self.block_size, self.blocks[rid]
+        for p in range(start, end):
+            self.kv[(blocks[p // bs], p % bs)] = tuple(tokens[: p + 1])
 
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         self.mirror.check(sched)
         for rid in sched.finished_req_ids | sched.preempted_req_ids:
-            del self.seqs[rid], self.computed[rid]
+            del self.seqs[rid], self.computed[rid], self.blocks[rid]
         for req in sched.new_requests:
             plen = len(req.prompt_token_ids)
             assert list(req.output_token_ids) == [f(req.req_id, plen + i) for i in range(len(req.output_token_ids))]
             self.seqs[req.req_id] = list(req.prefill_token_ids)
-            self.computed[req.req_id] = 0
+            self.computed[req.req_id] = req.num_computed_tokens
+            self.blocks[req.req_id] = list(req.block_ids)
+            self.hits += req.num_computed_tokens > 0
         for c in sched.cached_requests:
             self.computed[c.req_id] = c.num_computed_tokens
+            self.blocks[c.req_id] += c.new_block_ids
         sampled = []
         for rid, n in sched.num_scheduled_tokens.items():
             seq, start = self.seqs[rid], self.computed[rid]
             drafts = list(sched.draft_token_ids.get(rid, ()))
+            self._check_context(rid, start, seq)
+            self._write(rid, start, start + n, seq + drafts)
             produced: list[int] = []
             if start + n == len(seq) + len(drafts):
                 for j in range(len(drafts) + 1):
@@ -315,5 +341,164 @@ def test_check_invariants_catches_a_block_owned_twice() -> None:
     sim.schedule()
     sim.check_invariants()
     sim._running[1].blocks[0] = sim._running[0].blocks[0]  # plant the bug
-    with pytest.raises(SchedulerSimError, match="owned by"):
+    with pytest.raises(SchedulerSimError, match="refcount"):
         sim.check_invariants()
+
+
+# --------------------------------------------------------------------------- prefix caching
+
+SYSTEM = [3, 1, 4, 1, 5, 2, 6, 5]  # two full blocks of 4
+
+
+def _finish_one(sim: SchedulerSim, runner: FakeRunner) -> None:
+    drive(sim, runner, ahead=0)
+
+
+def test_shared_system_prompt_hits_and_shares_blocks() -> None:
+    lim = limits()
+    sim = SchedulerSim(lim, seed=0, max_inflight_steps=0)
+    runner = FakeRunner(lim)
+    sim.add_request("a", SYSTEM + [7], SamplingParams(max_tokens=6))
+    sim.update(runner.execute(sim.schedule()))  # a's prefill computed: its two full blocks are cached
+    sim.add_request("b", SYSTEM + [0, 2], SamplingParams(max_tokens=3))
+    s1 = sim.schedule()
+    (new,) = s1.new_requests
+    assert new.num_computed_tokens == 8 and s1.num_scheduled_tokens["b"] == 2
+    a_blocks = runner.blocks["a"]
+    assert new.block_ids[:2] == tuple(a_blocks[:2])  # shared, in both block-table rows
+    assert all(sim.blocks.refcount(b) == 2 for b in new.block_ids[:2])
+    sim.update(runner.execute(s1))
+    sim.check_invariants()
+    drive(sim, runner, ahead=0)
+    for rid, plen, n in (("a", 9, 6), ("b", 10, 3)):
+        assert list(sim.outputs(rid)) == expected_outputs(rid, plen, SamplingParams(max_tokens=n), lim.max_model_len)
+    assert sim.stats.cached_tokens == 8 and sim.stats.prefix_hits == 1 and sim.stats.prefill_tokens == 19
+    assert sim.stats.hit_rate == pytest.approx(8 / 19)
+
+
+def test_hit_never_covers_the_whole_prefill_nor_prompt_logprob_requests() -> None:
+    lim = limits()
+    sim = SchedulerSim(lim, seed=0, max_inflight_steps=0)
+    runner = FakeRunner(lim)
+    sim.add_request("a", SYSTEM, SamplingParams(max_tokens=2))
+    drive(sim, runner, ahead=0)
+    sim.add_request("same", SYSTEM, SamplingParams(max_tokens=2))
+    sim.add_request("logprobs", SYSTEM + [1], SamplingParams(max_tokens=2, prompt_logprobs=1))
+    s = sim.schedule()
+    hits = {r.req_id: r.num_computed_tokens for r in s.new_requests}
+    assert hits == {"same": 4, "logprobs": 0}  # the whole 8-token prompt is cached, the last block is recomputed
+    sim.update(runner.execute(s))
+    drive(sim, runner, ahead=0)
+
+
+def test_unreferenced_cached_blocks_are_evicted_least_recently_released_first() -> None:
+    lim = limits(num_kv_blocks=6, max_num_reqs=1)
+    sim = SchedulerSim(lim, seed=0, max_inflight_steps=0)
+    runner = FakeRunner(lim)
+    sim.add_request("a", [1, 1, 1, 1, 2], SamplingParams(max_tokens=1))  # caches [1,1,1,1]
+    drive(sim, runner, ahead=0)
+    sim.add_request("b", [2, 2, 2, 2, 3], SamplingParams(max_tokens=1))  # caches [2,2,2,2]
+    drive(sim, runner, ahead=0)
+    assert sim.blocks.num_cached == 2 and sim.num_free_blocks == 6
+    sim.add_request("big", [0] * 17, SamplingParams(max_tokens=1))  # 5 blocks: the free ones, then one eviction
+    drive(sim, runner, ahead=0)
+    assert sim.stats.evictions >= 1
+    sim.add_request("again-b", [2, 2, 2, 2, 5], SamplingParams(max_tokens=1))
+    sim.add_request("again-a", [1, 1, 1, 1, 5], SamplingParams(max_tokens=1))
+    s = sim.schedule()
+    assert s.new_requests[0].num_computed_tokens == 4  # b's block (released later) survived
+    sim.update(runner.execute(s))
+    drive(sim, runner, ahead=0)
+    assert sim.stats.prefix_hits == 1  # a's block, released first, was evicted
+
+
+def test_preempting_one_sharer_keeps_the_shared_blocks_for_the_other() -> None:
+    lim = limits()
+    sim = SchedulerSim(lim, seed=0, max_inflight_steps=0)
+    runner = FakeRunner(lim)
+    sim.add_request("a", SYSTEM + [7], SamplingParams(max_tokens=8))
+    sim.update(runner.execute(sim.schedule()))
+    sim.add_request("b", SYSTEM + [0], SamplingParams(max_tokens=8))
+    sim.update(runner.execute(sim.schedule()))
+    shared = runner.blocks["b"][:2]
+    assert sim.preempt("a")
+    sim.update(runner.execute(sim.schedule()))
+    assert all(sim.blocks.refcount(b) == 1 for b in shared)
+    sim.check_invariants()
+    drive(sim, runner, ahead=0)  # b keeps reading the shared blocks; a resumes with a hit
+    for rid, plen in (("a", 9), ("b", 9)):
+        assert list(sim.outputs(rid)) == expected_outputs(rid, plen, SamplingParams(max_tokens=8), lim.max_model_len)
+
+
+def test_check_invariants_catches_a_reference_dropped_early() -> None:
+    lim = limits()
+    sim = SchedulerSim(lim, seed=0, max_inflight_steps=0)
+    runner = FakeRunner(lim)
+    sim.add_request("a", SYSTEM + [7], SamplingParams(max_tokens=8))
+    sim.update(runner.execute(sim.schedule()))
+    sim.add_request("b", SYSTEM + [0], SamplingParams(max_tokens=8))
+    sim.update(runner.execute(sim.schedule()))
+    sim.check_invariants()
+    sim.blocks.release(runner.blocks["a"][:1])  # plant the bug: one reference too few
+    with pytest.raises(SchedulerSimError, match="refcount"):
+        sim.check_invariants()
+
+
+def test_fake_kv_cache_catches_a_planted_hit_one_block_too_long(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The miniature KV check in FakeRunner must be able to fail: plant a hit one block too long."""
+    lim = limits()
+    sim = SchedulerSim(lim, seed=0, max_inflight_steps=0)
+    runner = FakeRunner(lim)
+    sim.add_request("a", SYSTEM + [7, 7, 7, 7, 7], SamplingParams(max_tokens=2))
+    sim.update(runner.execute(sim.schedule()))
+    lookup = sim.blocks.lookup
+    monkeypatch.setattr(sim.blocks, "lookup", lambda hashes: (lookup(hashes) + lookup(hashes[:1]))[: len(hashes)])
+    sim.add_request("b", SYSTEM + [0, 0, 0, 0, 0], SamplingParams(max_tokens=2))  # shares 2 blocks, is told 3
+    s = sim.schedule()
+    assert s.new_requests[0].num_computed_tokens == 12
+    with pytest.raises(AssertionError, match="another prefix"):
+        runner.execute(s)
+
+
+def _prefix_workload(rng: random.Random, sim: SchedulerSim, prompts: dict, tick: int) -> None:
+    systems = ([2, 7, 1, 0, 3, 3, 1], [5, 5, 0, 1, 6, 2, 2, 7, 4])
+    if tick < 80 and rng.random() < 0.6:
+        rid = f"q{len(prompts)}"
+        done = [r for r in sim.finished if r in prompts]
+        if done and rng.random() < 0.3:  # continue a finished conversation
+            old = rng.choice(done)
+            prompt = prompts[old][0] + list(sim.outputs(old)) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 4))]
+        else:
+            prompt = list(rng.choice(systems)) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 8))]
+        prompt = prompt[:40]
+        params = SamplingParams(max_tokens=rng.randint(1, 8), prompt_logprobs=1 if rng.random() < 0.1 else None)
+        sim.add_request(rid, prompt, params)
+        prompts[rid] = (prompt, params)
+    if tick < 80 and rng.random() < 0.08 and sim.running_ids:
+        sim.preempt(rng.choice(sim.running_ids))
+
+
+@pytest.mark.parametrize("ahead,draft_prob", [(0, 0.0), (1, 0.0), (1, 0.4), (2, 0.2)])
+def test_prefix_workload_hits_often_and_outputs_exact(ahead: int, draft_prob: float) -> None:
+    lim = limits(num_kv_blocks=16)
+    rng = random.Random(99 + ahead)
+    sim = SchedulerSim(lim, seed=3, max_inflight_steps=ahead, draft_prob=draft_prob)
+    runner = FakeRunner(lim)
+    prompts: dict[str, tuple[list[int], SamplingParams]] = {}
+    drive(sim, runner, ahead=ahead, on_tick=lambda t: _prefix_workload(rng, sim, prompts, t), min_ticks=80)
+    assert set(sim.finished) == set(prompts)
+    for rid, (prompt, params) in prompts.items():
+        assert list(sim.outputs(rid)) == expected_outputs(rid, len(prompt), params, lim.max_model_len), rid
+    stats = sim.stats
+    assert stats.hit_rate >= 0.3 and runner.hits == stats.prefix_hits > 5
+    assert stats.evictions > 0 and stats.preempted_forced + stats.preempted_for_blocks > 0
+
+
+def test_prefix_caching_off_never_hits() -> None:
+    lim = limits(num_kv_blocks=16)
+    rng = random.Random(7)
+    sim = SchedulerSim(lim, seed=3, max_inflight_steps=1, prefix_caching=False)
+    runner = FakeRunner(lim)
+    prompts: dict = {}
+    drive(sim, runner, ahead=1, on_tick=lambda t: _prefix_workload(rng, sim, prompts, t), min_ticks=80)
+    assert sim.stats.cached_tokens == 0 and runner.hits == 0 and sim.blocks.num_cached == 0
