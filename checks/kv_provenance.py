@@ -33,9 +33,10 @@ only in `KVProvenanceChecker.finish` (no sync in the step), and per-step inputs 
 a ring of pinned buffers recycled by event query.
 
 How it attaches (from outside ``impl``, like `checks.sync.arm_runner`): it wraps the runner
-instance's ``execute_model`` (to see each `SchedulerOutput`) and ``input_batch.enqueue_prepare``
-(to enqueue the check right after input prep).  Apply mutants before arming, so the check sees
-what a mutant's patched input prep produced.
+instance's ``execute_model`` (to see each `SchedulerOutput`) and ``_enqueue_device_step`` (to
+enqueue the check right after the step's device work, eager or a graph replay, so it reads the
+inputs the step actually used).  Apply mutants before arming, so the check sees what a mutant's
+patched input prep produced.
 
 Ownership: a `KVProvenanceChecker` owns the shadow (``shadow_tok/pos/hash``, ``[num_slots + 1]``
 int64, the last entry a sink for invalid slots), the per-row expectations (``hist_tok`` ``[rows,
@@ -175,8 +176,8 @@ class KVProvenanceChecker:
 
     # ------------------------------------------------------------------ arming
     def attach(self) -> "KVProvenanceChecker":
-        runner, ib = self.runner, self.runner.input_batch
-        execute_model, enqueue_prepare = runner.execute_model, ib.enqueue_prepare
+        runner = self.runner
+        execute_model, enqueue_device_step = runner.execute_model, runner._enqueue_device_step
 
         def execute_model_tracked(sched: Any) -> Any:
             self._pending, self._applied = sched, False
@@ -188,13 +189,16 @@ class KVProvenanceChecker:
                 self._apply(sched)
             return out
 
-        def enqueue_prepare_then_check(plan: Any, *args: Any, **kwargs: Any) -> None:
-            enqueue_prepare(plan, *args, **kwargs)
-            # Only the step's own input prep (not, say, a dummy batch prepared while capturing graphs).
+        def device_step_then_check(plan: Any, *args: Any, **kwargs: Any) -> Any:
+            # After the whole device step (eager launches or one graph replay, which both fill the input
+            # batch's buffers): the check reads those buffers before the next step's input prep overwrites them.
+            result = enqueue_device_step(plan, *args, **kwargs)
             if self._pending is not None and tuple(plan.req_ids) == tuple(self._pending.num_scheduled_tokens):
                 self._enqueue_check(self._pending, plan)
+            return result
 
-        for owner, name, value in ((runner, "execute_model", execute_model_tracked), (ib, "enqueue_prepare", enqueue_prepare_then_check)):
+        for owner, name, value in ((runner, "execute_model", execute_model_tracked),
+                                   (runner, "_enqueue_device_step", device_step_then_check)):
             had = name in vars(owner)
             old = vars(owner).get(name)
             self._undo.append(lambda owner=owner, name=name, had=had, old=old: setattr(owner, name, old) if had else delattr(owner, name))

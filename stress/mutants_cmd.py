@@ -145,11 +145,13 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     finally:
         if applied is not None:
             applied.undo()
-        if session.device.is_cuda:
-            try:
-                session.device.synchronize()
-            except Exception:  # the run is over; a mutant's device fault was already reported or is moot
-                pass
+        try:  # drain what the run left queued (sim runs it now), before the provenance check reads its record
+            session.device.synchronize()
+        except Exception as e:
+            if mutant is None:
+                raise
+            # The run is over: a mutant's device fault was already reported, or is reported now.
+            outcome.fired.setdefault("differential", f"the runner's queued device work failed: {type(e).__name__}: {e}")
     sync_problem = unaccounted_syncs_message(sync_report, session.runner)
     if sync_problem:
         outcome.fired["sync"] = sync_problem

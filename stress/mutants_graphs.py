@@ -47,7 +47,7 @@ WORKLOADS["decode-penalties"] = Workload(
          "the row-state table re-allocated after capture: graph replays read and write the stale address")
 def _graph_buffer_reallocated(runner: Any, m: AppliedMutant) -> None:
     table = runner.state.row_state
-    m.set(table, "base", table.base.clone())
+    m.set(table, "_base", table.base.clone())  # base is a property over the staged-write arena
 
 
 @_mutant("padding_row_writes_live_state", "state", ("differential",), "decode-penalties", ("graphs",),
