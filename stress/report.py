@@ -1,9 +1,11 @@
 """`runnercheck verify`'s report folder: ``summary.json`` (checked schema) and ``summary.md``.
 
-``summary.json`` (version 1)::
+``summary.json`` (version 2; `runnercheck stress` writes the same document for its one run)::
 
     {
-      "version": 1,
+      "version": 2,
+      "command": "verify" | "stress",
+      "provenance": {...checks.provenance.provenance()...},
       "passed": true,                  # every run agreed, no unaccounted host sync, no lifetime
                                        # violation, and the sampler statistics (if they ran) passed
       "device": "sim", "seed": 0, "runner": "impl.runner:make_runner", "quick": true,
@@ -15,6 +17,8 @@
       "steps": 90, "requests": 41, "ties": 0, "tokens_compared": 212,
       "chisq": {"status": "ran" | "not available" | "error" | "skipped", "passed": bool | null, ...},
       "runs": [{...one `RunRecord`...}, ...],
+      "coverage": {"feature": count, ...},   # totals over the runs (stress.coverage)
+      "coverage_zero": ["feature", ...],      # features no run exercised (verify fails on them)
       "elapsed_s": 97.3,
       "notes": ["..."]
     }
@@ -22,8 +26,8 @@
 `validate_summary` is the schema check (`SummaryError` names the field); `write_report` checks
 before it writes.
 
-Ownership: a `RunRecord` is plain host data built once per run by `stress.verify`; this module
-only reads it.
+Ownership: a `RunRecord` is plain host data built once per run from its `stress.harness.Findings`
+(`RunRecord.from_findings`); this module only reads it.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
 CHISQ_STATUSES = ("ran", "not available", "error", "skipped")
 
 
@@ -66,7 +70,30 @@ class RunRecord:
     lifetime_violations: int = 0
     lifetime_errors: list[str] = field(default_factory=list)
     repro: str | None = None
+    crash: str | None = None
+    last_completed_step: int | None = None
+    coverage: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
+
+    @classmethod
+    def from_findings(cls, f: Any, repro: str | None = None) -> "RunRecord":
+        """The record of one `stress.harness.Findings` (``repro``: where its repro file was written)."""
+        from stress.driver import summarize_ties
+
+        r, config = f.result, f.config
+        lines = [d.line() for d in r.divergences[:6]]
+        if r.runner_traceback:
+            lines.append(r.runner_traceback.rstrip().splitlines()[-1])
+        return cls(
+            name=f.name, seed=config.seed, lag_policy=config.lag_policy, delay_policy=config.delay_policy,
+            scheduler=config.scheduler.to_dict(), ticks=r.ticks, steps=r.steps, requests=r.requests, finished=r.finished,
+            tokens_compared=r.tokens_compared, logprobs_compared=r.logprobs_compared, ties=len(r.ties),
+            tie_lines=summarize_ties(r.ties, limit=10), first_divergence=r.first_divergence_line(), divergence_lines=lines,
+            host_syncs=f.host_syncs, counted_waits=f.counted_waits, host_sync_sites=list(f.host_sync_sites),
+            lifetime_checked=f.lifetime_checked, lifetime_violations=f.lifetime_violations,
+            lifetime_errors=list(f.lifetime_errors), repro=repro, crash=f.crash,
+            last_completed_step=f.last_completed_step, coverage=dict(f.coverage), elapsed_s=round(f.elapsed_s, 2),
+        )
 
     @property
     def passed(self) -> bool:
@@ -82,14 +109,25 @@ def chisq_passed(chisq: dict) -> bool:
 
 
 def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: int, runner: str, model: str,
-                  quick: bool, elapsed_s: float, notes: Sequence[str] = ()) -> dict:
-    """The ``summary.json`` document for ``runs`` and the statistics section ``chisq``."""
+                  quick: bool, elapsed_s: float, notes: Sequence[str] = (), command: str = "verify",
+                  provenance: dict | None = None, require_coverage: bool = False) -> dict:
+    """The ``summary.json`` document for ``runs`` and the statistics section ``chisq``.
+
+    ``require_coverage``: a feature of `stress.coverage.FEATURES` that no run exercised fails the job.
+    """
+    from stress.coverage import merge, zero_features
+
+    coverage = merge(r.coverage for r in runs)
+    zero = zero_features(coverage) if require_coverage else []
     divergences = sum(r.first_divergence is not None for r in runs)
     host_syncs = sum(r.host_syncs for r in runs)
     lifetime = sum(r.lifetime_violations for r in runs)
     doc = {
         "version": SUMMARY_VERSION,
-        "passed": bool(runs) and divergences == 0 and host_syncs == 0 and lifetime == 0 and chisq_passed(chisq),
+        "command": command,
+        "provenance": provenance if provenance is not None else {},
+        "passed": bool(runs) and divergences == 0 and host_syncs == 0 and lifetime == 0 and chisq_passed(chisq)
+        and not zero,
         "device": device,
         "seed": seed,
         "runner": runner,
@@ -105,6 +143,8 @@ def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: 
         "tokens_compared": sum(r.tokens_compared for r in runs),
         "chisq": chisq,
         "runs": [r.to_dict() for r in runs],
+        "coverage": coverage,
+        "coverage_zero": zero,
         "elapsed_s": round(elapsed_s, 2),
         "notes": list(notes),
     }
@@ -162,7 +202,13 @@ def validate_summary(doc: Any) -> None:
     for key, total in totals.items():
         if doc[key] != total:
             raise SummaryError(f"field {key!r} is {doc[key]} but the runs add up to {total}")
-    expected = all(r["passed"] for r in runs) and chisq_passed(chisq)
+    if not isinstance(doc.get("provenance"), dict) or not isinstance(doc.get("command"), str):
+        raise SummaryError("fields 'provenance' (an object) and 'command' (a string) are required")
+    coverage, zero = doc.get("coverage"), doc.get("coverage_zero")
+    if not isinstance(coverage, dict) or not all(_is_count(v) for v in coverage.values()) or not isinstance(zero, list) \
+            or any(coverage.get(f) != 0 for f in zero):
+        raise SummaryError("field 'coverage' must map features to counts and 'coverage_zero' list features counted 0")
+    expected = all(r["passed"] for r in runs) and chisq_passed(chisq) and not zero
     if doc["passed"] != expected:
         raise SummaryError(f"field 'passed' is {doc['passed']} but the runs and statistics say {expected}")
 
@@ -182,6 +228,8 @@ def render_markdown(doc: dict) -> str:
         f"| host syncs in execute_model | {doc['host_syncs']} (plus {doc['counted_waits']} counted back-pressure wait(s)) |",
         f"| staging lifetime | {doc['lifetime_violations']} violation(s) |",
         f"| sampler statistics | {chisq_line(doc['chisq'])} |",
+        f"| coverage | {len(doc['coverage']) - len(doc['coverage_zero'])} of {len(doc['coverage'])} features exercised"
+        f"{'; NOT exercised: ' + ', '.join(doc['coverage_zero']) if doc['coverage_zero'] else ''} |",
         "",
         "## Runs",
         "",
@@ -201,6 +249,8 @@ def render_markdown(doc: dict) -> str:
         for r in findings:
             lines.append(f"### {r['name']} (seed {r['seed']})")
             lines.append("")
+            if r.get("crash"):
+                lines.append(f"- crash: {r['crash']} (last completed step {r.get('last_completed_step')})")
             if r.get("first_divergence"):
                 lines.append(f"- divergence: `{r['first_divergence']}`")
                 lines += [f"  - also: `{d}`" for d in r.get("divergence_lines", [])[1:]]
@@ -214,6 +264,8 @@ def render_markdown(doc: dict) -> str:
         lines += ["", "## Ties adopted", ""] + [f"- {t}" for t in ties[:20]]
         if len(ties) > 20:
             lines.append(f"- ... and {len(ties) - 20} more")
+    lines += ["", "## Coverage", "", "| feature | count |", "|---|---:|"]
+    lines += [f"| {name} | {'**0**' if n == 0 else n} |" for name, n in doc["coverage"].items()]
     if doc.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
     return "\n".join(lines).rstrip() + "\n"
@@ -235,7 +287,10 @@ def chisq_line(chisq: dict) -> str:
 
 
 def write_report(out_dir: str | Path, doc: dict) -> tuple[Path, Path]:
-    """Validate ``doc`` and write ``summary.json`` and ``summary.md`` into ``out_dir``."""
+    """Validate ``doc`` and write ``summary.json`` and ``summary.md`` into ``out_dir``.
+
+    Commands call it inside `checks.report_folder.atomic_report_folder`, on the temporary folder.
+    """
     validate_summary(doc)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
