@@ -79,7 +79,8 @@ class Divergence:
     step: int
     req_id: str | None
     position: int | None
-    kind: str  # token, tie-length, length, batch, nan_flag, logprob, rank, top, presence, seed
+    kind: str  # token, tie-length, length, batch, nan_flag, logprob, rank, top, presence, seed,
+    # runner-error, output-contract, crash (the run's process died: ``got`` says how)
     expected: object
     got: object
     detail: str = ""
@@ -88,7 +89,7 @@ class Divergence:
         if self.kind == "runner-error":
             return f"step {self.step}: runner raised {self.got}: {self.detail}"
         if self.kind == "crash":
-            return f"step {self.step}: the run crashed ({self.got}) after {self.expected}{': ' + self.detail if self.detail else ''}"
+            return f"step {self.step}: the run crashed ({self.got}); last completed: {self.expected}{' (' + self.detail + ')' if self.detail else ''}"
         if self.kind == "output-contract":
             return f"step {self.step}: runner output breaks the output contract: {self.detail}"
         where = " ".join(

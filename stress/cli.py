@@ -24,6 +24,7 @@ from stress.cli_options import (
     configure_logging,
     resolve_device,
     seed_message,
+    seed_type,
 )
 
 
@@ -82,6 +83,9 @@ def command_parser(name: str, module) -> argparse.ArgumentParser:
         add_run_options(parser, eager=cmd.eager)
     add_logging_options(parser)
     module.add_arguments(parser)
+    for action in parser._actions:  # a command's own --seed still follows the one seed rule
+        if "--seed" in action.option_strings:
+            action.type = seed_type
     return parser
 
 

@@ -256,13 +256,21 @@ def checked_run(config: RunConfig, ops: ChurnOps | TraceOps, *, name: str = "", 
 def _run_here(config: RunConfig, source: ChurnOps | TraceOps, name: str, lifetime_mode: str, stop_on_sync: bool,
               on_tick: Callable[[int], None] | None, on_step: Callable[[StepReport], None] | None,
               on_tick_ops: Callable[[int, list], None] | None = None,
-              on_delivered: Callable[[int], None] | None = None) -> Findings:
+              on_delivered: Callable[[int], None] | None = None,
+              on_enqueue: Callable[[int], None] | None = None) -> Findings:
     started = time.perf_counter()
     session = build_session(config)
     detectors = Detectors(session.runner, lifetime_mode)
     ops = make_ops(source, config)
     coverage = CoverageCounter(config.limits)
-    before_enqueue = RandomDelay.from_dict(config.delay_policy).hook(session.device) if config.delay_policy else None
+    delay = RandomDelay.from_dict(config.delay_policy).hook(session.device) if config.delay_policy else None
+
+    def before_enqueue(sched: Any) -> None:
+        if on_enqueue is not None:
+            on_enqueue(sched.step_id)
+        if delay is not None:
+            delay(sched)
+
     stopped = False
     last_step: list[int] = []
 
@@ -324,7 +332,8 @@ def _child(conn: Any, config: RunConfig, source: ChurnOps | TraceOps, name: str,
     try:
         findings = _run_here(config, source, name, lifetime_mode, stop_on_sync, None, None,
                              on_tick_ops=lambda t, o: conn.send(("tick", t, o)),
-                             on_delivered=lambda s: conn.send(("step", s)))
+                             on_delivered=lambda s: conn.send(("step", s)),
+                             on_enqueue=lambda s: conn.send(("enqueue", s)))
         conn.send(("done", findings))
     except RunSetupError as e:
         conn.send(("setup", str(e)))
@@ -360,6 +369,7 @@ def _run_isolated(config: RunConfig, source: ChurnOps | TraceOps, name: str, lif
     send.close()
     trace: list[list] = []
     last_step: int | None = None
+    last_enqueued: int | None = None
     outcome: tuple | None = None
     try:
         while outcome is None:
@@ -373,6 +383,8 @@ def _run_isolated(config: RunConfig, source: ChurnOps | TraceOps, name: str, lif
                     on_tick(msg[1])
             elif msg[0] == "step":
                 last_step = msg[1]
+            elif msg[0] == "enqueue":
+                last_enqueued = msg[1]
             else:
                 outcome = msg
     finally:
@@ -386,10 +398,10 @@ def _run_isolated(config: RunConfig, source: ChurnOps | TraceOps, name: str, lif
         raise RuntimeError(f"the isolated run failed in the harness: {outcome[1]}\n{outcome[2]}")
     crash = _describe_exit(proc.exitcode)
     after = f"step {last_step}" if last_step is not None else "no completed step"
-    _log.warning("run %s (seed %d) crashed: %s after %s", name, config.seed, crash, after)
+    _log.warning("run %s crashed: %s after %s", name, crash, after)
     result = RunResult(ticks=len(trace), elapsed_s=time.perf_counter() - started)
-    result.divergences = [Divergence(last_step + 1 if last_step is not None else 0, None, None, "crash", after, crash,
-                                     f"the trace up to tick {len(trace) - 1} is in the repro")]
+    result.divergences = [Divergence(last_enqueued if last_enqueued is not None else 0, None, None, "crash", after, crash,
+                                     f"the last step enqueued; the trace up to tick {len(trace) - 1} is in the repro")]
     return Findings(name=name, config=config, result=result, trace=trace, crash=crash, last_completed_step=last_step,
                     elapsed_s=time.perf_counter() - started)
 
