@@ -12,7 +12,8 @@ output that the oracle agreed with) and counts, per feature of `FEATURES`:
 * draft tokens: none, some or all of a step's drafts accepted;
 * prefill chunking: a prefill in one step, the first / a middle / the final chunk of a split
   prefill, a chunk ending on a block boundary, a decode step;
-* NaN and +Inf logit rows (injected by `stress.faults`, reported as NaN-flagged rows).
+* NaN and +Inf logit rows sampled (planted by `stress.faults` in runner and oracle alike; counted
+  in runs whose runner took the hook: `FAULT_FEATURES`).
 
 Features counted by other observers (staged-write patterns, `stress.faults`) are merged in with
 `add`.  A campaign whose total for a feature is zero did not test it: `zero_features` names
@@ -25,6 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
+from checks.compare import first_output_positions
 from impl.interface import RunnerLimits, SamplingParams
 
 _KNOBS = {
@@ -51,6 +53,8 @@ FEATURES: tuple[str, ...] = (
     "prefill in one step", "prefill chunk: first", "prefill chunk: middle", "prefill chunk: final",
     "chunk ends on a block boundary", "decode step",
 )
+# Counted only in runs whose runner took the logits fault hook (`stress.faults`).
+FAULT_FEATURES: tuple[str, ...] = ("logits: NaN row sampled", "logits: +Inf row sampled")
 
 
 def param_features(p: SamplingParams) -> list[str]:
@@ -79,9 +83,12 @@ def param_features(p: SamplingParams) -> list[str]:
 class CoverageCounter:
     """Counts `FEATURES` over one run's delivered steps (see the module docstring)."""
 
-    def __init__(self, limits: RunnerLimits):
+    def __init__(self, limits: RunnerLimits, fault: Any = None):
         self.limits = limits
+        self.fault = fault
         self.counts: Counter[str] = Counter()
+        if fault is not None:
+            self.counts.update({f: 0 for f in FAULT_FEATURES})
         self._params: dict[str, SamplingParams] = {}
         self._prefill_len: dict[str, int] = {}
         self._outputs: dict[str, int] = {}
@@ -113,6 +120,8 @@ class CoverageCounter:
         for cached in sched.cached_requests:
             starts[cached.req_id] = cached.num_computed_tokens
         produced = got.token_dict()
+        flagged = dict(zip(got.req_ids, got.nan_flags)) if got.nan_flags else {}
+        first_positions = first_output_positions(sched)
         for rid, n in sched.num_scheduled_tokens.items():
             start, prefill = starts.get(rid, 0), self._prefill_len.get(rid, 0)
             drafts = len(sched.draft_token_ids.get(rid, ()))
@@ -126,6 +135,11 @@ class CoverageCounter:
             if toks and params is not None and any(_KNOBS[q](params) for q in _PENALTIES):
                 c["penalty over output tokens" if self._outputs.get(rid, 0) else "penalty over prompt tokens"] += 1
             self._outputs[rid] = self._outputs.get(rid, 0) + len(toks)
+            if self.fault is not None and flagged.get(rid) and rid in first_positions:
+                for j in range(len(toks)):
+                    kind = self.fault.kind_at(first_positions[rid] + j)
+                    if kind is not None:
+                        c["logits: NaN row sampled" if kind == "nan" else "logits: +Inf row sampled"] += 1
 
     def observe_rows(self, req_to_row: Mapping[str, int]) -> None:
         """Count rows that changed hands (from a runner exposing ``state.req_to_row``)."""
@@ -169,4 +183,4 @@ def zero_features(totals: Mapping[str, int]) -> list[str]:
     return [f for f in totals if totals[f] == 0]
 
 
-__all__ = ["CoverageCounter", "FEATURES", "PARAM_PAIRS", "param_features", "merge", "zero_features"]
+__all__ = ["CoverageCounter", "FEATURES", "FAULT_FEATURES", "PARAM_PAIRS", "param_features", "merge", "zero_features"]

@@ -111,6 +111,7 @@ class DifferentialRun:
         on_step: Callable[[StepReport], None] | None = None,
         before_tick: Callable[[int, SchedulerSim], None] | None = None,
         before_enqueue: Callable[[SchedulerOutput], None] | None = None,
+        rewrite: Callable[[SchedulerOutput], SchedulerOutput] | None = None,
         tie_tolerance: float | None = None,
         logprob_atol: float = DEFAULT_LOGPROB_ATOL,
     ):
@@ -120,6 +121,7 @@ class DifferentialRun:
         self.on_step = on_step
         self.before_tick = before_tick
         self.before_enqueue = before_enqueue
+        self.rewrite = rewrite  # e.g. `stress.drafts.OracleDrafts`: same shape, other draft values
         self.tie_tolerance = tie_tolerance
         self.logprob_atol = logprob_atol
         self.mirror = RunnerBoundaryMirror(scheduler.limits)
@@ -157,6 +159,8 @@ class DifferentialRun:
     # ---------------------------------------------------------------- steps (also driven rule by rule by stress/machine.py)
     def enqueue(self, tick: int, sched: SchedulerOutput) -> None:
         """Check ``sched`` at the runner's boundary and submit it; the step joins ``inflight``."""
+        if self.rewrite is not None:
+            sched = self.rewrite(sched)
         self.mirror.check(sched)
         item = _InFlight(tick, sched, None)
         try:

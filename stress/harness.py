@@ -52,6 +52,7 @@ class Session:
     runner: Any
     oracle: Any
     scheduler: SchedulerSim
+    fault: Any = None  # the installed `stress.faults.LogitsFault`, if the config asks for one and the runner takes it
 
 
 def load_runner_factory(spec: str) -> Callable:
@@ -89,7 +90,18 @@ def build_session(config: RunConfig) -> Session:
         raise RunSetupError(f"oracle: {e}") from None
     scheduler = SchedulerSim(config.limits, seed=config.seed, max_inflight_steps=config.scheduler.max_inflight_steps,
                              draft_prob=config.scheduler.draft_prob)
-    return Session(device, runner, oracle, scheduler)
+    fault = None
+    if config.logits_fault is not None:
+        from stress.faults import FaultSpecError, LogitsFault
+
+        try:
+            fault = LogitsFault.from_dict(config.logits_fault)
+        except FaultSpecError as e:
+            raise RunSetupError(str(e)) from None
+        if not fault.install(runner, oracle):
+            _log.info("runner %s has no sampler to hook: logits faults not planted", config.runner)
+            fault = None
+    return Session(device, runner, oracle, scheduler, fault)
 
 
 def apply_mutant(name: str, runner: Any) -> Any:
@@ -262,7 +274,7 @@ def _run_here(config: RunConfig, source: ChurnOps | TraceOps, name: str, lifetim
     session = build_session(config)
     detectors = Detectors(session.runner, lifetime_mode)
     ops = make_ops(source, config)
-    coverage = CoverageCounter(config.limits)
+    coverage = CoverageCounter(config.limits, session.fault)
     delay = RandomDelay.from_dict(config.delay_policy).hook(session.device) if config.delay_policy else None
 
     def before_enqueue(sched: Any) -> None:
@@ -296,8 +308,13 @@ def _run_here(config: RunConfig, source: ChurnOps | TraceOps, name: str, lifetim
         if on_step is not None:
             on_step(report)
 
+    rewrite = None
+    if config.draft_source == "oracle":
+        from stress.drafts import OracleDrafts
+
+        rewrite = OracleDrafts(session.oracle, config.seed, config.limits.vocab_size)
     driver = DifferentialRun(session.runner, session.oracle, session.scheduler, on_step=observe,
-                             before_tick=before_tick, before_enqueue=before_enqueue)
+                             before_tick=before_tick, before_enqueue=before_enqueue, rewrite=rewrite)
     result = RunResult()
     try:
         result = driver.run(config.steps)

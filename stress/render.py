@@ -128,10 +128,13 @@ def print_coverage(coverage: dict, out: Any = None) -> None:
     from rich.table import Table
 
     table = Table(title="coverage (features exercised over all runs)", show_header=True)
-    table.add_column("feature", overflow="fold")
-    table.add_column("count", justify="right", no_wrap=True)
-    for name, n in coverage.items():
-        table.add_row(name, str(n) if n else "[bold red]0[/]")
+    for _ in range(2):  # two feature/count column pairs: the table stays about one screen high
+        table.add_column("feature", overflow="fold")
+        table.add_column("count", justify="right", no_wrap=True)
+    cells = [(name, str(n) if n else "[bold red]0[/]") for name, n in coverage.items()]
+    half = (len(cells) + 1) // 2
+    for left, right in zip(cells[:half], cells[half:] + [("", "")]):
+        table.add_row(*left, *right)
     (out or console()).print(table)
 
 

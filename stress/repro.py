@@ -16,6 +16,8 @@ Format (version 2)::
       "runner": "package.module:factory",
       "steps": 120,                    # scheduler ticks run; at most len(trace)
       "cuda_graphs": true,
+      "logits_fault": {...stress.faults.LogitsFault.describe()...} | null,
+      "draft_source": "random" | "oracle",   # stress.drafts
       ...and the recording:
       "trace": [[{op}, ...], ...],     # one list of operations per tick (stress.churn)
       "first_divergence": "step 12: request 'r3' position 17: expected token 45, got 112" | null,
@@ -137,6 +139,8 @@ _SCALAR_FIELDS: dict[str, tuple[str, Any]] = {
     "seed": ("an integer in [0, 2^63)", lambda v: seed_problem(v) is None),
     "cuda_graphs": ("a bool", lambda v: isinstance(v, bool)),
     "provenance": ("an object", lambda v: isinstance(v, dict)),
+    "logits_fault": ("a logits fault object or null", lambda v: v is None or isinstance(v, dict)),
+    "draft_source": ("'random' or 'oracle'", lambda v: v in ("random", "oracle")),
     "device": ("one of cuda, cpu, sim", lambda v: v in ("cuda", "cpu", "sim")),
     "runner": ("a 'package.module:factory' string", lambda v: isinstance(v, str) and v.count(":") == 1),
     "steps": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
@@ -190,6 +194,13 @@ def _check_schema(doc: dict, source: str) -> None:
     for name in ("lag_policy", "delay_policy"):
         if doc[name] is not None and not isinstance(doc[name].get("name"), str):
             raise bad(f"field {name!r} must name its policy ('name': string)")
+    if doc["logits_fault"] is not None:
+        from stress.faults import FaultSpecError, LogitsFault
+
+        try:
+            LogitsFault.from_dict(doc["logits_fault"])
+        except FaultSpecError as e:
+            raise bad(f"field 'logits_fault': {e}") from None
     if doc["steps"] > len(doc["trace"]):
         raise bad(f"field 'steps' is {doc['steps']} but the recorded trace holds {len(doc['trace'])} ticks")
     try:

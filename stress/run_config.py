@@ -127,11 +127,15 @@ class RunConfig:
     mutant: str | None
     runner: str
     cuda_graphs: bool = True
+    logits_fault: dict | None = None  # `stress.faults.LogitsFault.describe()`: NaN/+Inf rows planted in both
+    draft_source: str = "random"  # "oracle": drafts rewritten to the oracle's continuation (`stress.drafts`)
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
             raise RunSetupError(f"steps {self.steps!r} must be an int >= 0")
+        if self.draft_source not in ("random", "oracle"):
+            raise RunSetupError(f"draft_source {self.draft_source!r} must be 'random' or 'oracle'")
         if self.device not in DEVICE_KINDS:
             raise RunSetupError(f"device {self.device!r} must be a resolved kind: one of {', '.join(DEVICE_KINDS)}")
 
@@ -150,6 +154,8 @@ class RunConfig:
             "runner": self.runner,
             "steps": self.steps,
             "cuda_graphs": self.cuda_graphs,
+            "logits_fault": self.logits_fault,
+            "draft_source": self.draft_source,
         }
 
     @classmethod
@@ -165,12 +171,13 @@ class RunConfig:
             seed=body["seed"], steps=body["steps"], device=body["device"], model_preset=body["model"]["preset"],
             model_config=model_config, limits=limits, scheduler=sched, lag_policy=body["lag_policy"],
             delay_policy=body["delay_policy"], mutant=body["mutant"], runner=body["runner"],
-            cuda_graphs=body.get("cuda_graphs", True),
+            cuda_graphs=body.get("cuda_graphs", True), logits_fault=body.get("logits_fault"),
+            draft_source=body.get("draft_source", "random"),
         )
 
 
 BODY_FIELDS = ("seed", "model", "limits", "scheduler", "device", "lag_policy", "delay_policy", "mutant", "runner",
-               "steps", "cuda_graphs")
+               "steps", "cuda_graphs", "logits_fault", "draft_source")
 
 
 def describe_policy(policy: dict) -> str:

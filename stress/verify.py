@@ -52,6 +52,8 @@ from stress.scheduler import SchedulerConfig
 VERIFY_CHURN = ChurnConfig(max_unfinished=8, max_prompt_len=16, max_new_tokens=10, abort_prob=0.06, preempt_prob=0.1,
                            param_plan=True)
 QUICK_LIMITS = {"max_num_reqs": 3, "block_size": 4, "num_kv_blocks": 12, "max_num_batched_tokens": 16}
+# A token budget of 8 splits 16-token prompts into three chunks when requests share a step.
+QUICK_CHUNKING_LIMITS = dict(QUICK_LIMITS, max_num_batched_tokens=8)
 FULL_LIMITS = {"max_num_reqs": 4, "block_size": 8, "num_kv_blocks": 16, "max_num_batched_tokens": 32}
 CUDA_LIMITS = {"max_num_reqs": 4, "block_size": 8, "num_kv_blocks": 24, "max_num_batched_tokens": 48}
 
@@ -68,9 +70,10 @@ class PlannedRun:
 # (name, lag policy, max_inflight_steps, draft_prob); the seed of run i is S + i.
 _SIM_QUICK = [
     ("random-drain", {"name": "random-drain", "p_stall": 0.5}, 1, 0.0),
-    ("lag-1 drafts", {"name": "lag-k-steps", "k": 1}, 1, 0.3),
+    ("lag-1 drafts", {"name": "lag-k-steps", "k": 1}, 1, 0.5),
     ("lag-3 two-ahead", {"name": "lag-k-steps", "k": 3}, 2, 0.0),
 ]
+_QUICK_RUN_LIMITS = {"random-drain": QUICK_CHUNKING_LIMITS, "lag-3 two-ahead": QUICK_CHUNKING_LIMITS}
 _SIM_FULL = [
     ("run-immediately", {"name": "run-immediately"}, 1, 0.0),
     ("lag-1 drafts", {"name": "lag-k-steps", "k": 1}, 1, 0.3),
@@ -90,8 +93,13 @@ def _config(seed: int, ticks: int, kind: str, model: str, limits: dict, inflight
     model_config = preset(model)
     if lag is not None and lag["name"] == "random-drain":
         lag = dict(lag, seed=seed)
+    from stress.faults import LogitsFault
+
+    # NaN/+Inf rows only past every prompt (VERIFY_CHURN and RACE_CHURN: prompts of at most 16 tokens).
+    fault = LogitsFault(min_position=max(VERIFY_CHURN.max_prompt_len, 16)).describe()
     return RunConfig(seed, ticks, kind, model, model_config, default_limits(model_config, **limits),
-                     SchedulerConfig(inflight, draft_prob), lag, delay, None, runner, cuda_graphs)
+                     SchedulerConfig(inflight, draft_prob), lag, delay, None, runner, cuda_graphs, fault,
+                     draft_source="oracle" if draft_prob > 0 else "random")
 
 
 def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | None = None, max_runs: int | None = None,
@@ -104,8 +112,8 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
     if kind == "sim":
         ticks = ticks or (60 if quick else 300)
         for i, (name, lag, inflight, drafts) in enumerate(_SIM_QUICK if quick else _SIM_FULL):
-            cfg = _config(seed + i, ticks, kind, model, QUICK_LIMITS if quick else FULL_LIMITS, inflight, drafts, lag,
-                          None, runner, cuda_graphs)
+            limits = _QUICK_RUN_LIMITS.get(name, QUICK_LIMITS) if quick else FULL_LIMITS
+            cfg = _config(seed + i, ticks, kind, model, limits, inflight, drafts, lag, None, runner, cuda_graphs)
             runs.append(PlannedRun(name, cfg, VERIFY_CHURN))
     elif kind == "cuda":
         ticks = ticks or (120 if quick else 500)
