@@ -232,3 +232,63 @@ def test_the_coverage_counter_counts_what_a_run_does() -> None:
     assert totals["chunk ends on a block boundary"] == 1
     assert totals["penalty over prompt tokens"] == 1 and totals["penalty over output tokens"] == 1
     assert totals["drafts: some accepted"] == 1 and totals["drafts: all accepted"] == 0
+
+
+# --------------------------------------------------------------------------- logits faults and drafts
+
+
+def _sim_config(runner: str, ticks: int, **changes):
+    from stress.verify import plan_runs
+
+    config = plan_runs("sim", 1, runner, quick=True, ticks=ticks)[1].config
+    return dataclasses.replace(config, **changes)
+
+
+def test_faults_planted_in_both_agree_and_are_counted() -> None:
+    from stress.harness import ChurnOps, checked_run
+    from stress.verify import VERIFY_CHURN
+
+    config = _sim_config("impl.runner:make_runner", 14, scheduler=dataclasses.replace(
+        _sim_config("impl.runner:make_runner", 1).scheduler, draft_prob=0.0),
+        logits_fault={"name": "nan-inf-rows", "min_position": 4, "modulus": 3, "nan_residue": 0, "inf_residue": 1})
+    findings = checked_run(config, ChurnOps(dataclasses.replace(VERIFY_CHURN, max_prompt_len=4)))
+    assert findings.result.ok, findings.first_divergence_line()
+    assert findings.coverage["logits: NaN row sampled"] > 0 and findings.coverage["logits: +Inf row sampled"] > 0
+
+
+def test_a_fault_the_oracle_does_not_apply_is_caught(monkeypatch) -> None:
+    """The hook is effective: planted in the runner alone, the differential sees the NaN rule fire."""
+    from stress import faults
+    from stress.harness import ChurnOps, checked_run
+    from stress.verify import VERIFY_CHURN
+
+    original = faults.LogitsFault.install
+
+    def runner_only(self, runner, oracle):
+        class _NoModel:
+            pass
+
+        shadow = _NoModel()
+        shadow.model = types.SimpleNamespace(logits=lambda ids: None)
+        return original(self, runner, shadow)
+
+    monkeypatch.setattr(faults.LogitsFault, "install", runner_only)
+    config = _sim_config("impl.runner:make_runner", 14,
+                         logits_fault={"name": "nan-inf-rows", "min_position": 4, "modulus": 3, "nan_residue": 0,
+                                       "inf_residue": 1})
+    findings = checked_run(config, ChurnOps(dataclasses.replace(VERIFY_CHURN, max_prompt_len=4)))
+    assert not findings.result.ok
+    assert findings.result.first_divergence.kind in ("nan_flag", "token")
+
+
+def test_oracle_drafts_get_accepted_all_some_and_none() -> None:
+    from stress.harness import ChurnOps, checked_run
+    from stress.scheduler import SchedulerConfig
+    from stress.verify import VERIFY_CHURN
+
+    config = _sim_config("stress.runners:simple_runner", 30, scheduler=SchedulerConfig(1, 1.0), draft_source="oracle",
+                         logits_fault=None)
+    findings = checked_run(config, ChurnOps(dataclasses.replace(VERIFY_CHURN, max_new_tokens=10, max_prompt_len=6)))
+    assert findings.result.ok, findings.first_divergence_line()
+    cov = findings.coverage
+    assert cov["drafts: all accepted"] > 0 and cov["drafts: some accepted"] > 0 and cov["drafts: none accepted"] > 0
