@@ -15,8 +15,8 @@ output that the oracle agreed with) and counts, per feature of `FEATURES`:
 * NaN and +Inf logit rows sampled (planted by `stress.faults` in runner and oracle alike; counted
   in runs whose runner took the hook: `FAULT_FEATURES`).
 
-Features counted by other observers (staged-write patterns, `stress.faults`) are merged in with
-`add`.  A campaign whose total for a feature is zero did not test it: `zero_features` names
+Features counted by other observers (staged-write patterns: `stress.staged_writes`) are merged in
+with `add`.  A campaign whose total for a feature is zero did not test it: `zero_features` names
 those, and `verify` fails on them.
 
 Ownership: a counter owns its per-request bookkeeping (host dicts, one run).
@@ -179,8 +179,10 @@ def merge(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
 
 
 def zero_features(totals: Mapping[str, int]) -> list[str]:
-    """Features a campaign never exercised."""
-    return [f for f in totals if totals[f] == 0]
+    """Features a campaign never exercised (patterns the runner never issues are shown, not gated)."""
+    from stress.staged_writes import UNGATED_STAGED_FEATURES
+
+    return [f for f in totals if totals[f] == 0 and f not in UNGATED_STAGED_FEATURES]
 
 
 __all__ = ["CoverageCounter", "FEATURES", "FAULT_FEATURES", "PARAM_PAIRS", "param_features", "merge", "zero_features"]

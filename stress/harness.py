@@ -275,6 +275,9 @@ def _run_here(config: RunConfig, source: ChurnOps | TraceOps, name: str, lifetim
     detectors = Detectors(session.runner, lifetime_mode)
     ops = make_ops(source, config)
     coverage = CoverageCounter(config.limits, session.fault)
+    from stress.staged_writes import StagedWriteObserver
+
+    staged = StagedWriteObserver(session.runner)
     delay = RandomDelay.from_dict(config.delay_policy).hook(session.device) if config.delay_policy else None
 
     def before_enqueue(sched: Any) -> None:
@@ -330,6 +333,8 @@ def _run_here(config: RunConfig, source: ChurnOps | TraceOps, name: str, lifetim
             except Exception:  # the run is over; a device fault was already reported or is moot
                 pass
     lifetime = detectors.lifetime
+    if staged.active:
+        coverage.add(staged.totals())
     return Findings(
         name=name, config=config, result=result, trace=[list(t) for t in ops.trace[: max(result.ticks, 0)]],
         host_syncs=detectors.host_syncs, counted_waits=detectors.counted_waits, host_sync_sites=detectors.sync_sites(),

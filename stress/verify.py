@@ -247,6 +247,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         with atomic_report_folder(out) as tmp:
             records, chisq = _execute_plan(plan, out, tmp, args)
+            from stress.staged_writes import UNGATED_STAGED_FEATURES
+
+            unused = [f for f in UNGATED_STAGED_FEATURES if any(f in r.coverage for r in records)
+                      and not sum(r.coverage.get(f, 0) for r in records)]
+            if unused:
+                notes.append(f"not produced by this runner (counted, not gated): {', '.join(unused)}")
             if any(not r.lifetime_checked for r in records):
                 notes.append("the runner has no staging pool (runner.staging): staging lifetimes were not checked")
             doc = build_summary(records, chisq, device=kind, seed=args.seed, runner=args.runner, model=args.model,
