@@ -292,3 +292,43 @@ def test_oracle_drafts_get_accepted_all_some_and_none() -> None:
     assert findings.result.ok, findings.first_divergence_line()
     cov = findings.coverage
     assert cov["drafts: all accepted"] > 0 and cov["drafts: some accepted"] > 0 and cov["drafts: none accepted"] > 0
+
+
+def test_staged_write_patterns_are_classified() -> None:
+    from stress.staged_writes import StagedWriteObserver
+
+    obs = StagedWriteObserver(object())
+    assert not obs.active
+    obs.classify([(0, 0, [1]), (1, 2, [4, 5, 6]), (1, 4, [9])])
+    totals = obs.totals()
+    assert totals["staged write: single cell"] == 2 and totals["staged write: run of cells"] == 1
+    assert totals["staged write: several rows in one flush"] == 1
+    assert totals["staged write: several diffs to one row"] == 1
+    assert totals["staged write: one cell written twice in a step"] == 1  # column 4 of row 1
+
+
+def test_mutants_junit_has_one_case_per_mutant_and_control(tmp_path) -> None:
+    from stress.junit_cases import mutants_cases, write_cases
+    from stress.mutants_report import ControlResult, MutantResult, MutantsReport
+
+    def mutant(name, killed_by, designed=("differential",), status=None):
+        return MutantResult(name=name, cls="state", description="d", needs_gpu=False, designed=list(designed),
+                            workload="steady", status=status or ("killed" if killed_by else "survived"),
+                            killed=bool(killed_by), killed_by=list(killed_by),
+                            as_designed=bool(set(killed_by) & set(designed)), checks_run=["differential"],
+                            evidence={k: "step 3: expected token 1, got 2" for k in killed_by}, ticks=3, seconds=1.0,
+                            skip_reason="needs a GPU to manifest" if status == "skipped" else None)
+
+    report = MutantsReport(device="sim", quick=True, seed=4, chisq=False, command="c", date="d",
+                           mutants=[mutant("a", ["differential"]), mutant("b", []), mutant("c", [], status="skipped")],
+                           controls=[ControlResult("workload", "steady", {}, 3, 1.0),
+                                     ControlResult("workload", "decode", {"sync": "1 host sync"}, 3, 1.0)],
+                           elapsed_s=5.0)
+    path = write_cases(tmp_path / "m.xml", "runnercheck mutants", mutants_cases(report), {"seed": 4})
+    suite = ET.parse(path).getroot().find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("5", "2", "1")
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert cases["a"].find("failure") is None
+    assert cases["b"].find("failure").get("message").startswith("survived")
+    assert cases["c"].find("skipped") is not None
+    assert "a check fired without a mutant" in cases["control workload decode"].find("failure").get("message")
