@@ -10,10 +10,8 @@ run, and return one typed `Findings` -- the only loop behind `verify`, `stress`,
   staging-lifetime checker (``count`` or ``error`` mode) on the runner's staging pool, when it has
   one.  A host sync beyond the runner's own counted back-pressure waits is a finding.
 * `checked_run(config, ops)`: the differential run with ``ops`` (`ChurnOps` or `TraceOps`) as
-  the operation source.  With ``isolate=True`` the run executes in a child process: a crash or a
-  signal (a segfault in an interpreted kernel) becomes a `Findings` whose first divergence is of
-  kind ``crash``, naming the last completed step, with the trace up to the crashing tick -- so
-  its repro replays into the same crash.
+  the operation source, in this process; `stress.isolation.isolated_runs` runs it in child
+  processes (a crash becomes a finding with a repro).
 
 Ownership: a `Session` owns one run's device, runner, oracle and scheduler; `Detectors` own the
 sync report and lifetime checker for that session; `Findings` is plain host data (picklable:
@@ -22,16 +20,11 @@ it crosses the process boundary).
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import signal
-import sys
 import time
-import traceback
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from checks.compare import Divergence
 from checks.loader import LoaderError, accepts_keyword, load_callable
 from stress.churn import Churn, ChurnConfig, TraceReplay
 from stress.coverage import CoverageCounter
@@ -250,26 +243,19 @@ class _StopRun(Exception):
     """Raised from ``before_tick`` once the sync detector fired and the caller asked to stop there."""
 
 
-def checked_run(config: RunConfig, ops: ChurnOps | TraceOps, *, name: str = "", lifetime_mode: str = "count",
-                stop_on_sync: bool = False, isolate: bool = False, on_tick: Callable[[int], None] | None = None,
-                on_step: Callable[[StepReport], None] | None = None) -> Findings:
-    """Run ``config`` fed by ``ops`` with every detector armed; see the module docstring.
+def checked_run(config: RunConfig, source: ChurnOps | TraceOps, *, name: str = "", lifetime_mode: str = "count",
+                stop_on_sync: bool = False, on_tick: Callable[[int], None] | None = None,
+                on_step: Callable[[StepReport], None] | None = None,
+                on_tick_ops: Callable[[int, list], None] | None = None,
+                on_delivered: Callable[[int], None] | None = None,
+                on_enqueue: Callable[[int], None] | None = None) -> Findings:
+    """Run ``config`` fed by ``source`` in this process with every detector armed (module docstring).
 
-    ``on_tick(tick)`` is called as each tick starts (also across the process boundary);
-    ``on_step`` sees each delivered step and is only available in-process.
+    Observers: ``on_tick(tick)`` as each tick starts, ``on_step`` for each delivered step,
+    ``on_tick_ops(tick, ops)`` after a tick's operations were applied, ``on_delivered(step_id)``
+    after a step agreed, ``on_enqueue(step_id)`` before a step is enqueued (`stress.isolation`
+    streams the last three to the parent process).
     """
-    if isolate:
-        if on_step is not None:
-            raise ValueError("on_step observers need the run in this process (isolate=False)")
-        return _run_isolated(config, ops, name, lifetime_mode, stop_on_sync, on_tick)
-    return _run_here(config, ops, name, lifetime_mode, stop_on_sync, on_tick, on_step)
-
-
-def _run_here(config: RunConfig, source: ChurnOps | TraceOps, name: str, lifetime_mode: str, stop_on_sync: bool,
-              on_tick: Callable[[int], None] | None, on_step: Callable[[StepReport], None] | None,
-              on_tick_ops: Callable[[int, list], None] | None = None,
-              on_delivered: Callable[[int], None] | None = None,
-              on_enqueue: Callable[[int], None] | None = None) -> Findings:
     started = time.perf_counter()
     session = build_session(config)
     detectors = Detectors(session.runner, lifetime_mode)
@@ -345,88 +331,6 @@ def _run_here(config: RunConfig, source: ChurnOps | TraceOps, name: str, lifetim
     )
 
 
-# --------------------------------------------------------------------------- crash isolation
-
-
-def _child(conn: Any, config: RunConfig, source: ChurnOps | TraceOps, name: str, lifetime_mode: str,
-           stop_on_sync: bool) -> None:
-    """The isolated run: streams ("tick", t, ops) and ("step", id) and ends with ("done", findings)."""
-    try:
-        findings = _run_here(config, source, name, lifetime_mode, stop_on_sync, None, None,
-                             on_tick_ops=lambda t, o: conn.send(("tick", t, o)),
-                             on_delivered=lambda s: conn.send(("step", s)),
-                             on_enqueue=lambda s: conn.send(("enqueue", s)))
-        conn.send(("done", findings))
-    except RunSetupError as e:
-        conn.send(("setup", str(e)))
-    except BaseException as e:  # a harness bug: reported in the parent with the child's traceback
-        conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
-    finally:
-        conn.close()
-
-
-def _context(config: RunConfig) -> Any:
-    # fork is fast and keeps in-process test plants (monkeypatched modules); CUDA cannot cross a fork.
-    return multiprocessing.get_context("spawn" if config.device == "cuda" else "fork")
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with status {code} before reporting"
-
-
-def _run_isolated(config: RunConfig, source: ChurnOps | TraceOps, name: str, lifetime_mode: str, stop_on_sync: bool,
-                  on_tick: Callable[[int], None] | None) -> Findings:
-    started = time.perf_counter()
-    ctx = _context(config)
-    receive, send = ctx.Pipe(duplex=False)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    proc = ctx.Process(target=_child, args=(send, config, source, name, lifetime_mode, stop_on_sync), daemon=True)
-    proc.start()
-    send.close()
-    trace: list[list] = []
-    last_step: int | None = None
-    last_enqueued: int | None = None
-    outcome: tuple | None = None
-    try:
-        while outcome is None:
-            try:
-                msg = receive.recv()
-            except EOFError:
-                break
-            if msg[0] == "tick":
-                trace.append(msg[2])
-                if on_tick is not None:
-                    on_tick(msg[1])
-            elif msg[0] == "step":
-                last_step = msg[1]
-            elif msg[0] == "enqueue":
-                last_enqueued = msg[1]
-            else:
-                outcome = msg
-    finally:
-        proc.join()
-        receive.close()
-    if outcome is not None and outcome[0] == "done":
-        return outcome[1]
-    if outcome is not None and outcome[0] == "setup":
-        raise RunSetupError(outcome[1])
-    if outcome is not None:
-        raise RuntimeError(f"the isolated run failed in the harness: {outcome[1]}\n{outcome[2]}")
-    crash = _describe_exit(proc.exitcode)
-    after = f"step {last_step}" if last_step is not None else "no completed step"
-    _log.warning("run %s crashed: %s after %s", name, crash, after)
-    result = RunResult(ticks=len(trace), elapsed_s=time.perf_counter() - started)
-    result.divergences = [Divergence(last_enqueued if last_enqueued is not None else 0, None, None, "crash", after, crash,
-                                     f"the last step enqueued; the trace up to tick {len(trace) - 1} is in the repro")]
-    return Findings(name=name, config=config, result=result, trace=trace, crash=crash, last_completed_step=last_step,
-                    elapsed_s=time.perf_counter() - started)
-
-
-__all__ = ["Session", "Detectors", "Findings", "ChurnOps", "TraceOps", "build_session", "checked_run", "make_ops",
+__all__ = ["Session", "Detectors", "Findings", "ChurnOps", "TraceOps", "RunSetupError", "build_session", "checked_run",
+           "make_ops",
            "apply_mutant", "load_runner_factory", "counted_waits", "unaccounted_syncs_message"]

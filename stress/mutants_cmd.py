@@ -86,6 +86,7 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     from impl.device import make_lag_policy
     from impl.model.weights import preset
     from stress.harness import ChurnOps, checked_run
+    from stress.isolation import isolated_run
     from stress.run_config import RunConfig, default_limits
     from stress.runners import DEFAULT_RUNNER_SPEC
     from stress.scheduler import SchedulerConfig
@@ -99,8 +100,9 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     if device_kind == "cuda" and workload.cuda_lag:
         config = replace(config, delay_policy=_cuda_delay(config))
     config = replace(config, mutant=mutant)
-    findings = checked_run(config, ChurnOps(workload.churn, workload.name), name=mutant or f"control {workload.name}",
-                           lifetime_mode="error", stop_on_sync=True, isolate=isolate)
+    findings = (isolated_run if isolate else checked_run)(
+        config, ChurnOps(workload.churn, workload.name), name=mutant or f"control {workload.name}",
+        lifetime_mode="error", stop_on_sync=True)
     outcome = CheckRun(ran=["sync", "lifetime", "differential"], ticks=findings.result.ticks,
                        tokens=findings.result.tokens_compared, seconds=findings.elapsed_s)
     if findings.host_syncs:

@@ -36,6 +36,7 @@ def provenance_warnings(repro: Repro) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from stress.harness import TraceOps, checked_run, load_runner_factory
+    from stress.isolation import isolated_run
     from stress.progress import Progress
     from stress.render import print_divergence, print_findings
     from stress.run_config import RunSetupError
@@ -49,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
         name = f"replay {args.file}"
         with Progress(name, config.steps, enabled=not args.no_progress) as progress:
             progress.start(name)
-            findings = checked_run(config, TraceOps(repro.trace), name=name, lifetime_mode="error",
-                                   isolate=not args.in_process, on_tick=progress.advance)
+            run = checked_run if args.in_process else isolated_run
+            findings = run(config, TraceOps(repro.trace), name=name, lifetime_mode="error", on_tick=progress.advance)
             progress.end(f"{'ok  ' if findings.passed else 'FAIL'} {name}: {findings.result.steps} steps")
     except (ReproError, RunSetupError) as e:
         print(f"runnercheck replay: {e}", file=sys.stderr)

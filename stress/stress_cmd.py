@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     from checks.provenance import device_name, provenance
     from checks.report_folder import FolderNotReplaced, atomic_report_folder
     from stress.harness import ChurnOps, checked_run, load_runner_factory
+    from stress.isolation import isolated_run
     from stress.progress import Progress
     from stress.render import print_divergence, print_findings
     from stress.report import RunRecord, build_summary, write_report
@@ -124,8 +125,8 @@ def run(args: argparse.Namespace) -> int:
         load_runner_factory(config.runner)
         with Progress(name, config.steps, enabled=not args.no_progress) as progress:
             progress.start(name)
-            findings = checked_run(config, ChurnOps(), name=name, lifetime_mode="error", isolate=not args.in_process,
-                                   on_tick=progress.advance)
+            run = checked_run if args.in_process else isolated_run
+            findings = run(config, ChurnOps(), name=name, lifetime_mode="error", on_tick=progress.advance)
             progress.end(f"{'ok  ' if findings.passed else 'FAIL'} {name}: {findings.result.steps} steps, "
                          f"{findings.result.tokens_compared} tokens, {findings.elapsed_s:.1f} s")
     except RunSetupError as e:

@@ -137,15 +137,18 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
 
 def execute_run(planned: PlannedRun, repro_dir: Path, on_tick: Callable[[int], None] = lambda tick: None, *,
                 isolate: bool = True, repro_name_dir: Path | None = None) -> RunRecord:
-    """One planned run through the harness (detectors in count mode); a repro on divergence.
-
-    The repro is written to ``repro_dir`` and recorded under ``repro_name_dir`` (the folder it
-    will have once the report folder is in place; default ``repro_dir``).
-    """
+    """One planned run through the harness (detectors in count mode); a repro on divergence."""
     from stress.harness import ChurnOps, checked_run
+    from stress.isolation import isolated_run
 
-    findings = checked_run(planned.config, ChurnOps(planned.churn), name=planned.name, lifetime_mode="count",
-                           isolate=isolate, on_tick=on_tick)
+    findings = (isolated_run if isolate else checked_run)(planned.config, ChurnOps(planned.churn), name=planned.name,
+                                                          lifetime_mode="count", on_tick=on_tick)
+    return record_run(planned, findings, repro_dir, repro_name_dir)
+
+
+def record_run(planned: PlannedRun, findings: Any, repro_dir: Path, repro_name_dir: Path | None = None) -> RunRecord:
+    """The run's record; its repro written to ``repro_dir`` on divergence and named under ``repro_name_dir``
+    (the folder it will have once the report folder is in place; default ``repro_dir``)."""
     repro = None
     if findings.diverged:
         slug = "".join(c if c.isalnum() else "-" for c in planned.name)
@@ -217,6 +220,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int_type(1), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--skip-chisq", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-coverage-gate", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--jobs", type=int_type(1), default=None,
+                        help="runs side by side, each in its own process (default: the usable cores)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -287,25 +292,41 @@ def _calibrate_cuda(args: argparse.Namespace) -> tuple[Callable[[int], dict], st
 
 
 def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path, args: argparse.Namespace) -> tuple[list[RunRecord], dict]:
+    from stress.harness import ChurnOps
+    from stress.isolation import IsolatedJob, default_parallel, isolated_runs
     from stress.progress import Progress
     from stress.render import run_line
 
-    records: list[RunRecord] = []
+    by_index: dict[int, RunRecord] = {}
+    ticks = [0] * len(plan)
     with Progress("verify", sum(p.config.steps for p in plan), enabled=not args.no_progress) as progress:
-        done = 0
-        for i, planned in enumerate(plan):
-            progress.start(f"run {i + 1}/{len(plan)} {planned.name} (seed {planned.config.seed}, "
-                           f"{planned.config.steps} ticks)")
+        def started(i: int) -> None:
+            p = plan[i]
+            progress.start(f"run {i + 1}/{len(plan)} {p.name} (seed {p.config.seed}, {p.config.steps} ticks)")
 
-            def on_tick(tick: int, base: int = done) -> None:
-                progress.advance(base + tick)
+        def ticked(i: int, tick: int) -> None:
+            ticks[i] = tick
+            progress.advance(sum(ticks))
 
-            record = execute_run(planned, tmp / "repros", on_tick, isolate=not args.in_process,
-                                 repro_name_dir=out / "repros")
-            done += planned.config.steps
-            records.append(record)
-            progress.end(run_line(record))
+        def done(i: int, findings: Any) -> None:
+            ticks[i] = plan[i].config.steps
+            by_index[i] = record_run(plan[i], findings, tmp / "repros", out / "repros")
+            progress.end(run_line(by_index[i]))
+
+        if args.in_process:
+            from stress.harness import checked_run
+
+            for i, planned in enumerate(plan):
+                started(i)
+                done(i, checked_run(planned.config, ChurnOps(planned.churn), name=planned.name, lifetime_mode="count",
+                                    on_tick=lambda t, i=i: ticked(i, t)))
+        else:
+            jobs = [IsolatedJob(p.config, ChurnOps(p.churn), p.name, "count") for p in plan]
+            # On cuda one run at a time: the delays are calibrated for a GPU that runs one step stream.
+            parallel = args.jobs or (1 if args.device == "cuda" else default_parallel())
+            isolated_runs(jobs, parallel=parallel, on_start=started, on_tick=ticked, on_done=done)
         progress.start("sampler statistics (chisq)")
+        records = [by_index[i] for i in range(len(plan))]
         chisq = run_chisq(tmp, skip=args.skip_chisq, seed=args.seed)
         if "folder" in chisq:
             chisq["folder"] = str(out / "chisq")
