@@ -32,7 +32,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from checks.loader import LoaderError, SpecNotCallableError, SpecNotFoundError, load_callable
+from checks.loader import LoaderError, SpecNotCallableError, SpecNotFoundError, load_callable, split_spec
 from impl.interface import SamplingParams
 
 MASK32 = 0xFFFFFFFF
@@ -435,13 +435,17 @@ def load_sampler(spec: str) -> Callable:
         known = ", ".join([*BUILTIN_SAMPLERS, *(f"bias-{b}" for b in PLANTED_BIASES)])
         raise SamplerSpecError(f"sampler {spec!r} is neither a builtin ({known}) nor 'package.module:function'")
     try:
+        module_name, attr = split_spec(spec, "sampler")
+    except LoaderError as e:
+        raise SamplerSpecError(f"sampler {spec!r}: both the module and the function must be named") from e
+    try:
         return load_callable(spec, "sampler")
     except SpecNotFoundError as e:
-        raise SamplerNotFoundError(str(e)) from e
+        if isinstance(e.__cause__, ImportError):
+            raise SamplerNotFoundError(f"sampler {spec!r}: module {module_name!r} not found ({e.__cause__})") from e
+        raise SamplerNotFoundError(f"sampler {spec!r}: {module_name} has no attribute {attr!r}") from e
     except SpecNotCallableError as e:
         raise SamplerNotCallableError(str(e)) from e
-    except LoaderError as e:
-        raise SamplerSpecError(str(e)) from e
 
 
 def sampler_name(fn: Callable) -> str:
