@@ -5,17 +5,18 @@ then the sampler statistics, then a report folder.
                        [--eager] [--junit FILE]
 
 1. Differential stress runs, each a `stress.harness.checked_run` in its own child process (a
-   crash is a finding with a repro): the host-sync detector and the staging-lifetime checker in
-   count mode, random churn (`stress.churn`) whose requests cycle through every pair of sampling
-   knobs.  On ``sim`` the runs cover the lag policies (run-immediately, lag-k-steps,
-   random-drain) with one or more steps in flight and draft tokens; on ``cuda`` the GPU is made
-   to lag the host by injected delays under heavy churn (`stress.races`).  Run ``i`` uses seed
-   ``S + i``.
+   crash is a finding with a repro), side by side on the usable cores: the host-sync detector and
+   the staging-lifetime checker in count mode, random churn (`stress.churn`) whose requests cycle
+   through every pair of sampling knobs.  On ``sim`` the runs cover the lag policies
+   (run-immediately, lag-k-steps, random-drain) with one or more steps in flight and draft
+   tokens; on ``cuda`` the GPU is made to lag the host by injected delays under heavy churn
+   (`stress.races`).  Run ``i`` uses seed ``S + i``.
 2. The coverage table (`stress.coverage`): a count per feature over all runs; a feature at zero
    fails the job.
-3. The sampler statistics: ``checks.chisq.run_quick(DIR / "chisq", sampler=None)`` when
-   ``checks.chisq`` is importable (its dict is reported; a boolean ``passed`` decides), else a
-   "not available" note.
+3. The sampler statistics (`run_chisq`, `stress.verify_chisq`), each named by the sampler it ran
+   on: on cuda the quick chi-square matrix on the runner's sampler; on CPU the quick matrix on the
+   PyTorch baseline plus a few fixed cases on the runner's sampler, interpreted (``DIR/chisq``,
+   ``DIR/chisq-runner``).
 4. ``DIR/summary.json`` and ``DIR/summary.md`` (`stress.report`), and ``DIR/repros/*.json`` for
    every divergent run (`stress.repro`; `runnercheck replay FILE` re-runs one), written
    atomically with ``DIR/manifest.json`` (`checks.report_folder`); ``--junit FILE``: JUnit XML,
@@ -33,10 +34,8 @@ the README for the numbers).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -161,48 +160,12 @@ def record_run(planned: PlannedRun, findings: Any, repro_dir: Path, repro_name_d
 # --------------------------------------------------------------------------- statistics
 
 
-def run_chisq(out_dir: Path, skip: bool = False, seed: int = 0) -> dict:
-    """The sampler statistics section: ``checks.chisq.run_quick``'s dict, or why it did not run."""
-    if skip:
-        return {"status": "skipped", "passed": None, "note": "--skip-chisq"}
-    import importlib
+def run_chisq(out_dir: Path, skip: bool = False, seed: int = 0, *, device: str | None = None,
+              runner_sampler: Callable | str = "impl") -> dict:
+    """The sampler statistics section, one entry per sampler it ran on: `stress.verify_chisq.run_statistics`."""
+    from stress.verify_chisq import run_statistics
 
-    try:
-        chisq = importlib.import_module("checks.chisq")
-    except ImportError as e:
-        return {"status": "not available", "passed": None, "note": f"checks.chisq does not import ({e})"}
-    run_quick = getattr(chisq, "run_quick", None)
-    if not callable(run_quick):
-        return {"status": "not available", "passed": None, "note": "checks.chisq has no run_quick"}
-    import inspect
-
-    kwargs = {"seed": seed} if "seed" in inspect.signature(run_quick).parameters else {}
-    try:
-        result = run_quick(out_dir / "chisq", sampler=None, **kwargs)
-    except Exception as e:
-        return {"status": "error", "passed": False, "note": f"{type(e).__name__}: {e}",
-                "traceback": traceback.format_exc(limit=8)}
-    if not isinstance(result, dict) or not isinstance(result.get("passed"), bool):
-        return {"status": "error", "passed": False, "note": "run_quick did not return a dict with a boolean 'passed'",
-                "result": _json_safe(result)}
-    summary = result.get("summary")
-    if not isinstance(summary, str) and "num_tests" in result:
-        summary = f"{result.get('num_failed', '?')} of {result['num_tests']} tests failed"
-    return {"status": "ran", "passed": result["passed"], "summary": summary or "",
-            "result": _json_safe(result), "folder": str(out_dir / "chisq")}
-
-
-def _json_safe(value: Any) -> Any:
-    """JSON-able copy: non-finite floats and unknown objects become strings (summary.json forbids NaN)."""
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    return str(value)
+    return run_statistics(out_dir, skip, seed, device=device, runner_sampler=runner_sampler)
 
 
 
@@ -272,8 +235,8 @@ def run(args: argparse.Namespace) -> int:
         return 130 if isinstance(e.__cause__, KeyboardInterrupt) else 1
     files = [out / "summary.json", out / "summary.md", out / "manifest.json"]
     files += [Path(r["repro"]) for r in doc["runs"] if r.get("repro")]
-    if doc["chisq"].get("status") == "ran":
-        files += sorted(p for p in (out / "chisq").glob("*") if p.is_file())
+    for folder in sorted({e["folder"] for e in doc["chisq"].get("samplers", []) if e.get("folder")}):
+        files += sorted(p for p in Path(folder).glob("*") if p.is_file())
     if args.junit:
         files.append(write_cases(args.junit, "runnercheck verify", verify_cases(doc)))
     print_verify_summary(doc, files)
@@ -327,11 +290,20 @@ def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path, args: argparse.N
             isolated_runs(jobs, parallel=parallel, on_start=started, on_tick=ticked, on_done=done)
         progress.start("sampler statistics (chisq)")
         records = [by_index[i] for i in range(len(plan))]
-        chisq = run_chisq(tmp, skip=args.skip_chisq, seed=args.seed)
-        if "folder" in chisq:
-            chisq["folder"] = str(out / "chisq")
+        chisq = _retarget(run_chisq(tmp, skip=args.skip_chisq, seed=args.seed), str(tmp), str(out))
         progress.end(f"sampler statistics: {chisq.get('status')}")
     return records, chisq
+
+
+def _retarget(value: Any, tmp: str, out: str) -> Any:
+    """``value`` with paths under the temporary report folder named as they will be once it is in place."""
+    if isinstance(value, dict):
+        return {k: _retarget(v, tmp, out) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_retarget(v, tmp, out) for v in value]
+    if isinstance(value, str) and value.startswith(tmp):
+        return out + value[len(tmp):]
+    return value
 
 
 __all__ = ["PlannedRun", "plan_runs", "execute_run", "run_chisq", "add_arguments", "run", "VERIFY_CHURN"]
