@@ -158,7 +158,7 @@ def resolve_device(kind: str) -> torch.device:
     if kind == "auto":
         kind = "cuda" if torch.cuda.is_available() else "cpu"
     if kind == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("runnercheck chisq: --device cuda asked for, but no CUDA device is present")
+        raise SamplerUnavailableError("--device cuda asked for, but no CUDA device is present")
     return torch.device("cuda" if kind == "cuda" else "cpu")
 
 

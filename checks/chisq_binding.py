@@ -27,7 +27,6 @@ chi-square power is the noncentral chi-square approximation on the bins the test
 """
 from __future__ import annotations
 
-import argparse
 import math
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Sequence
@@ -232,48 +231,3 @@ def case_problems(case: SamplingCase, report: dict[str, FilterBinding] | None = 
 
 def catalogue_problems(cases: Sequence[SamplingCase], alpha: float = BINDING_ALPHA) -> list[str]:
     return [p for case in cases for p in case_problems(case, alpha=alpha)]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
-    from checks.chisq_cases import build_cases, power_cases
-
-    parser = argparse.ArgumentParser(prog="python -m checks.chisq_binding", description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="the full (GPU-sized) matrix instead of the quick one")
-    parser.add_argument("--markdown", action="store_true", help="print a Markdown table (as in docs/CHISQ.md)")
-    args = parser.parse_args(argv)
-    cases = build_cases(quick=not args.full) + [c for c, _ in power_cases().values()]
-    table = Table(title="which filters bind (every move detectable at the case's draws)")
-    for col in ("case", "T", "n", "declared", "binds", "does not bind"):
-        table.add_column(col)
-    failed = 0
-    rows = []
-    unique: dict[str, SamplingCase] = {}
-    for c in cases:
-        unique.setdefault(c.name, c)  # a power case may reuse a matrix case with more draws: show the matrix's
-    for case in unique.values():
-        report = binding_report(case)
-        problems = case_problems(case, report)
-        failed += bool(problems)
-        rows.append(([case.name, f"{case.params.temperature:g}", str(case.n_samples), _short(case.binds),
-                      _short([n for n, b in report.items() if b.binds]), _short([n for n, b in report.items() if not b.binds])],
-                     bool(problems)))
-    if args.markdown:
-        print("| case | T | n | declared | binds | on, does not bind |\n|---|---:|---:|---|---|---|")
-        for cells, _ in rows:
-            print("| " + " | ".join(cells) + " |")
-    else:
-        for cells, bad in rows:
-            table.add_row(*cells, style="red" if bad else None)
-        Console(width=160).print(table)
-    return 1 if failed else 0
-
-
-def _short(names: Sequence[str]) -> str:
-    return " ".join(SHORT_NAMES[n] for n in names) or "-"
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

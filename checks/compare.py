@@ -19,6 +19,13 @@ Rules (docs/SAMPLING.md, "Ties and tolerance")
   the flags themselves must match.
 * **Seeds**: for requests both sides report, equal.
 
+Runner-output contract (`check_output_contract`, before any comparison): a runner's output for a
+step is a `ModelRunnerOutput` for that step id, naming each scheduled request once, with one
+token tuple (and, when reported, one logprob entry and one NaN flag) per request, integer token
+ids in ``[0, vocab_size)``, at most ``drafts + 1`` tokens per request, and prompt logprobs only
+for requests of the step.  A violation is a `Divergence` of kind ``output-contract`` -- recorded
+with a repro like any other -- never an exception from the comparison.
+
 Positions: a divergence names the 0-based index, in the request's full sequence, of the produced
 token (``first_output_positions`` derives it from the `SchedulerOutput`), or of the prompt token
 for prompt logprobs.
@@ -72,7 +79,8 @@ class Divergence:
     step: int
     req_id: str | None
     position: int | None
-    kind: str  # token, tie-length, length, batch, nan_flag, logprob, rank, top, presence, seed
+    kind: str  # token, tie-length, length, batch, nan_flag, logprob, rank, top, presence, seed,
+    # runner-error, output-contract, crash (the run's process died: ``got`` says how)
     expected: object
     got: object
     detail: str = ""
@@ -80,6 +88,10 @@ class Divergence:
     def line(self) -> str:
         if self.kind == "runner-error":
             return f"step {self.step}: runner raised {self.got}: {self.detail}"
+        if self.kind == "crash":
+            return f"step {self.step}: the run crashed ({self.got}); last completed: {self.expected}{' (' + self.detail + ')' if self.detail else ''}"
+        if self.kind == "output-contract":
+            return f"step {self.step}: runner output breaks the output contract: {self.detail}"
         where = " ".join(
             part for part in (
                 f"request {self.req_id!r}" if self.req_id is not None else "",
@@ -187,6 +199,54 @@ def compare_step(
         if expected.seeds[rid] != got.seeds[rid]:
             cmp.divergences.append(Divergence(cmp.step, rid, None, "seed", expected.seeds[rid], got.seeds[rid]))
     return cmp
+
+
+def _is_token(v: object, vocab_size: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < vocab_size
+
+
+def check_output_contract(got: object, sched: SchedulerOutput, vocab_size: int) -> list[Divergence]:
+    """What is wrong with ``got`` as the output of ``sched``'s step (empty when nothing); see the module docstring."""
+    step = sched.step_id
+
+    def bad(detail: str, req_id: str | None = None) -> list[Divergence]:
+        return [Divergence(step, req_id, None, "output-contract", "a well-formed output", type(got).__name__, detail)]
+
+    if not isinstance(got, ModelRunnerOutput):
+        return bad(f"expected a ModelRunnerOutput, got {type(got).__name__}")
+    if got.step_id != step:
+        return bad(f"output is for step {got.step_id!r}, not step {step}")
+    req_ids = got.req_ids
+    if not isinstance(req_ids, tuple) or not all(isinstance(r, str) for r in req_ids):
+        return bad(f"req_ids must be a tuple of strings, got {req_ids!r}"[:300])
+    scheduled = set(sched.num_scheduled_tokens)
+    if len(set(req_ids)) != len(req_ids) or set(req_ids) != scheduled:
+        return bad(f"req_ids {sorted(req_ids)} must name each scheduled request once: {sorted(scheduled)}"[:300])
+    n = len(req_ids)
+    sampled = got.sampled_token_ids
+    if not isinstance(sampled, tuple) or len(sampled) != n:
+        return bad(f"{len(sampled) if isinstance(sampled, tuple) else type(sampled).__name__} token rows for {n} requests")
+    for name in ("logprobs", "nan_flags"):
+        value = getattr(got, name)
+        if not isinstance(value, tuple) or len(value) not in (0, n):
+            return bad(f"{name} holds {len(value) if isinstance(value, tuple) else type(value).__name__} entries for {n} requests")
+    if got.nan_flags and not all(isinstance(f, bool) for f in got.nan_flags):
+        return bad("nan_flags must be bools")
+    for i, (rid, toks) in enumerate(zip(req_ids, sampled)):
+        if not isinstance(toks, tuple) or not all(_is_token(t, vocab_size) for t in toks):
+            return bad(f"tokens {toks!r} of request {rid!r} are not token ids in [0, {vocab_size})"[:300], rid)
+        allowed = len(sched.draft_token_ids.get(rid, ())) + 1
+        if len(toks) > allowed:
+            return bad(f"request {rid!r} produced {len(toks)} tokens, at most {allowed} possible", rid)
+        if got.logprobs and got.logprobs[i] is not None:
+            lps = got.logprobs[i]
+            if not isinstance(lps, tuple) or len(lps) != len(toks) or not all(isinstance(lp, TokenLogprobs) for lp in lps):
+                return bad(f"logprobs of request {rid!r} must hold one TokenLogprobs per token", rid)
+    if not isinstance(got.prompt_logprobs, Mapping) or not set(got.prompt_logprobs) <= scheduled:
+        return bad("prompt_logprobs must map requests of the step to their entries")
+    if not isinstance(got.seeds, Mapping):
+        return bad("seeds must map request ids to seeds")
+    return []
 
 
 def _per_request(values: Sequence, req_ids: Sequence[str], missing: object) -> dict:

@@ -25,7 +25,6 @@ Shipped samplers (`load_sampler` names):
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
 import math
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from checks.loader import LoaderError, SpecNotCallableError, SpecNotFoundError, load_callable, split_spec
 from impl.interface import SamplingParams
 
 MASK32 = 0xFFFFFFFF
@@ -424,9 +424,8 @@ BUILTIN_SAMPLERS: dict[str, Callable[[], Callable]] = {
 
 
 def _impl_sampler() -> Callable:
-    from checks.impl_sampler import ImplSampler
-
-    return ImplSampler()
+    # Loaded by name: checks.impl_sampler builds on this module, so a static import would be a cycle.
+    return load_callable("checks.impl_sampler:ImplSampler", "sampler")()
 
 
 def load_sampler(spec: str) -> Callable:
@@ -441,20 +440,18 @@ def load_sampler(spec: str) -> Callable:
     if spec.count(":") != 1:
         known = ", ".join([*BUILTIN_SAMPLERS, *(f"bias-{b}" for b in PLANTED_BIASES)])
         raise SamplerSpecError(f"sampler {spec!r} is neither a builtin ({known}) nor 'package.module:function'")
-    module_name, attr = spec.split(":")
-    if not module_name or not attr:
-        raise SamplerSpecError(f"sampler {spec!r}: both the module and the function must be named")
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        raise SamplerNotFoundError(f"sampler {spec!r}: module {module_name!r} not found ({e})") from e
+        module_name, attr = split_spec(spec, "sampler")
+    except LoaderError as e:
+        raise SamplerSpecError(f"sampler {spec!r}: both the module and the function must be named") from e
     try:
-        fn = getattr(module, attr)
-    except AttributeError as e:
+        return load_callable(spec, "sampler")
+    except SpecNotFoundError as e:
+        if isinstance(e.__cause__, ImportError):
+            raise SamplerNotFoundError(f"sampler {spec!r}: module {module_name!r} not found ({e.__cause__})") from e
         raise SamplerNotFoundError(f"sampler {spec!r}: {module_name} has no attribute {attr!r}") from e
-    if not callable(fn):
-        raise SamplerNotCallableError(f"sampler {spec!r}: {type(fn).__name__} is not callable")
-    return fn
+    except SpecNotCallableError as e:
+        raise SamplerNotCallableError(str(e)) from e
 
 
 def sampler_name(fn: Callable) -> str:

@@ -119,9 +119,30 @@ class ChurnConfig:
     num_system_prompts: int = 1
     system_prompt_len: int = 8
     conversation_prob: float = 0.25  # a new prompt continues a finished request's conversation
+    # Cycle every request through `PARAM_PLAN` (each entry's knobs forced on, the rest random), so a
+    # short campaign still reaches every interacting pair of sampling knobs (`stress.coverage`).
+    param_plan: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+_KNOB_SETTERS = {
+    "top-k": lambda rng, lim: {"top_k": rng.randint(1, min(64, lim.vocab_size))},
+    "top-p": lambda rng, lim: {"top_p": round(rng.uniform(0.3, 0.99), 3)},
+    "min-p": lambda rng, lim: {"min_p": round(rng.uniform(0.01, 0.3), 3)},
+    "repetition penalty": lambda rng, lim: {"repetition_penalty": round(rng.uniform(0.8, 1.5), 3)},
+    "frequency penalty": lambda rng, lim: {"frequency_penalty": round(rng.uniform(-1.0, 1.0), 3)},
+    "presence penalty": lambda rng, lim: {"presence_penalty": round(rng.uniform(-1.0, 1.0), 3)},
+    "greedy": lambda rng, lim: {"temperature": 0.0},
+}
+_KNOBS = [k for k in _KNOB_SETTERS if k != "greedy"]
+PARAM_PLAN: tuple[tuple[str, ...], ...] = (
+    *((a, b) for i, a in enumerate(_KNOBS) for b in _KNOBS[i + 1:]),
+    ("top-k", "top-p", "min-p"),
+    ("repetition penalty", "frequency penalty", "presence penalty"),
+    ("greedy", "repetition penalty"),
+)
 
 
 class Churn:
@@ -137,6 +158,7 @@ class Churn:
         self.system_prompts = [[self.rng.randrange(limits.vocab_size) for _ in range(self.config.system_prompt_len)]
                                for _ in range(self.config.num_system_prompts)]
         self._prompts: dict[str, list[int]] = {}  # every added request's prompt, for conversations
+        self._planned = seed % len(PARAM_PLAN)  # runs of one campaign start at different plan entries
 
     def __call__(self, tick: int, scheduler: SchedulerSim) -> None:
         while len(self.trace) < tick:
@@ -213,6 +235,10 @@ class Churn:
             kw["prompt_logprobs"] = rng.randint(0, min(3, lim.max_logprobs))
         if rng.random() < cfg.stop_prob:
             kw["stop_token_ids"] = tuple(rng.randrange(lim.vocab_size) for _ in range(rng.randint(1, 2)))
+        if cfg.param_plan:
+            for knob in PARAM_PLAN[self._planned % len(PARAM_PLAN)]:
+                kw.update(_KNOB_SETTERS[knob](rng, lim))
+            self._planned += 1
         return SamplingParams(**kw)
 
 

@@ -1,7 +1,12 @@
-"""The `runnercheck` command line: a thin dispatcher.
+"""The `runnercheck` command line: one parser per command, shared options, lazy imports.
 
-Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
-``run(args) -> int`` (the exit status); only the chosen one is imported.
+Each command lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int`` (the exit status); only the chosen one is imported (the top-level help is
+built from the table below without importing any command, as vLLM's CLI does).  The shared
+options (`stress.cli_options`) are added here, once, with one rule each: ``--device auto`` is
+cuda when torch sees a GPU, else sim, in every command; ``--seed`` is an integer in [0, 2^63);
+``--out`` must be creatable and writable and not a file; ``-v``/``-q`` set the log level.  They
+are checked after parsing and before the command runs: a bad value exits 2 with one line.
 """
 from __future__ import annotations
 
@@ -9,69 +14,147 @@ import argparse
 import importlib
 import os
 import sys
+from dataclasses import dataclass
+from importlib import metadata
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "verify": ("stress.verify", "the main job: runner vs oracle under stress, detectors armed, sampler statistics"),
-    "stress": ("stress.stress_cmd", "long random churn on one seed; writes a repro file on divergence"),
-    "replay": ("stress.replay", "re-run a recorded repro file"),
-    "chisq": ("checks.chisq", "chi-square tests of a sampler against the exact distributions"),
-    "mutants": ("stress.mutants_cmd", "run the checks against the catalogue of deliberate bugs"),
-    "bench": ("bench.cli", "benchmarks (results are data, not tests)"),
-    "lint": ("checks.lint", "static scan of hot-path functions for host reads of device data"),
-    "env": ("stress.env_cmd", "device kind, torch/triton versions, whether Triton is interpreted"),
+from stress.cli_options import (
+    DeviceUnavailableError,
+    add_logging_options,
+    add_run_options,
+    configure_logging,
+    resolve_device,
+    seed_message,
+    seed_type,
+)
+
+
+@dataclass(frozen=True)
+class Command:
+    module: str
+    help: str
+    run_options: bool = True  # --device, --seed, --out, --no-progress
+    eager: bool = False  # --eager
+
+
+COMMANDS: dict[str, Command] = {
+    "verify": Command("stress.verify", "the main job: runner vs oracle under stress, detectors armed, sampler statistics", eager=True),
+    "stress": Command("stress.stress_cmd", "long random churn on one seed; writes a repro file on divergence", eager=True),
+    "replay": Command("stress.replay", "re-run a recorded repro file", run_options=False),
+    "chisq": Command("checks.chisq", "chi-square tests of a sampler against the exact distributions"),
+    "mutants": Command("stress.mutants_cmd", "run the checks against the catalogue of deliberate bugs", eager=True),
+    "bench": Command("bench.cli", "benchmarks (results are data, not tests)", eager=True),
+    "lint": Command("checks.lint", "static scan of hot-path functions for host reads of device data", run_options=False),
+    "env": Command("stress.env_cmd", "device kind, torch/triton versions, whether Triton is interpreted", run_options=False),
 }
+
+
+class UsageError(Exception):
+    """A command line argparse rejected; main prints it as one line and exits 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def version() -> str:
+    try:
+        return metadata.version("runnercheck")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def top_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="runnercheck", description="runnercheck: a GPU model runner and the suite that proves it right")
+    parser.add_argument("--version", action="version", version=f"runnercheck {version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands",
+                                description="`runnercheck COMMAND --help` for a command's options")
+    for name, cmd in COMMANDS.items():
+        sub.add_parser(name, help=cmd.help, add_help=False)
+    return parser
+
+
+def command_parser(name: str, module) -> argparse.ArgumentParser:
+    cmd = COMMANDS[name]
+    # conflict_handler="resolve": a command from another package may still declare a shared
+    # option itself (its default/choices win); the shared checks below run on it all the same.
+    parser = _Parser(prog=f"runnercheck {name}", description=cmd.help, conflict_handler="resolve")
+    if cmd.run_options:
+        add_run_options(parser, eager=cmd.eager)
+    add_logging_options(parser)
+    module.add_arguments(parser)
+    for action in parser._actions:  # a command's own --seed still follows the one seed rule
+        if "--seed" in action.option_strings:
+            action.type = seed_type
+    return parser
 
 
 def prepare_triton_env(argv: list[str]) -> None:
     """Set TRITON_INTERPRET before triton is imported, unless a real GPU will run the kernels."""
     if "TRITON_INTERPRET" in os.environ:
         return
-    wants_gpu = False
+    wants_gpu = True  # the default device is auto
     for i, a in enumerate(argv):
         if a == "--device" and i + 1 < len(argv):
             wants_gpu = argv[i + 1] in ("cuda", "auto")
         elif a.startswith("--device="):
             wants_gpu = a.split("=", 1)[1] in ("cuda", "auto")
-        else:
-            continue
-        break
-    else:
-        wants_gpu = True  # default device is auto
     import torch
 
     if not (wants_gpu and torch.cuda.is_available()):
         os.environ["TRITON_INTERPRET"] = "1"
 
 
-def _usage() -> str:
-    lines = ["usage: runnercheck COMMAND [options]", "", "commands:"]
-    for name, (_, help_text) in COMMANDS.items():
-        lines.append(f"  {name:<8} {help_text}")
-    lines += ["", "`runnercheck COMMAND --help` for a command's options."]
-    return "\n".join(lines)
+def check_shared(args: argparse.Namespace) -> None:
+    """The shared options' rules, whichever module declared them (`UsageError` with one line)."""
+    from checks.report_folder import OutDirError, check_out_dir
+    from stress.run_config import seed_problem
+
+    if hasattr(args, "seed") and args.seed is not None and seed_problem(args.seed):
+        raise UsageError(f"argument --seed: {seed_message(args.seed)}")
+    if getattr(args, "device", None) is not None:
+        try:
+            args.device = resolve_device(args.device)
+        except DeviceUnavailableError as e:
+            raise UsageError(str(e)) from None
+    if getattr(args, "out", None) is not None:
+        try:
+            check_out_dir(args.out)
+        except OutDirError as e:
+            raise UsageError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help", "help"):
-        print(_usage())
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"runnercheck: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+    if not argv or argv[0] not in COMMANDS:
+        try:
+            top_parser().parse_args(argv or ["--help"])
+        except UsageError as e:
+            print(e, file=sys.stderr)
+            return 2
+        except SystemExit as e:  # --help / --version
+            return int(e.code or 0)
         return 2
+    name, rest = argv[0], argv[1:]
     prepare_triton_env(rest)
-    module_name, help_text = COMMANDS[name]
+    cmd = COMMANDS[name]
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(cmd.module)
     except ModuleNotFoundError as e:
-        if e.name == module_name:
-            print(f"runnercheck {name}: not available in this build ({module_name} is missing)", file=sys.stderr)
+        if e.name == cmd.module:
+            print(f"runnercheck {name}: not available in this build ({cmd.module} is missing)", file=sys.stderr)
             return 2
         raise
-    parser = argparse.ArgumentParser(prog=f"runnercheck {name}", description=help_text)
-    module.add_arguments(parser)
-    args = parser.parse_args(rest)
+    try:
+        args = command_parser(name, module).parse_args(rest)
+        check_shared(args)
+    except UsageError as e:
+        message = str(e)
+        print(message if message.startswith("runnercheck") else f"runnercheck {name}: {message}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
+    configure_logging(getattr(args, "verbose", 0), getattr(args, "quiet", 0))
     return int(module.run(args) or 0)
 
 

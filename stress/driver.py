@@ -13,8 +13,10 @@ Order within one tick (async scheduling, as a serving engine runs):
 
 The run stops at the first step with a divergence (outputs still in flight are drained, not
 compared).  An exception raised by the runner is recorded as a divergence of kind
-``runner-error`` so that stress runs write a repro for crashes too; exceptions from the scheduler,
-the mirror or the oracle are harness bugs and propagate.
+``runner-error``, and an output that breaks the runner-output contract
+(`checks.compare.check_output_contract`: ids, row counts, token ranges) as one of kind
+``output-contract``, so that stress runs write a repro for those too; exceptions from the
+scheduler, the mirror or the oracle are harness bugs and propagate.
 """
 from __future__ import annotations
 
@@ -24,7 +26,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from checks.compare import DEFAULT_LOGPROB_ATOL, Divergence, StepComparison, Tie, compare_step, first_output_positions
+from checks.compare import (
+    DEFAULT_LOGPROB_ATOL,
+    Divergence,
+    StepComparison,
+    Tie,
+    check_output_contract,
+    compare_step,
+    first_output_positions,
+)
 from impl.interface import AsyncOutput, ModelRunnerOutput, Runner, SchedulerOutput
 from stress.runners import RunnerBoundaryMirror
 from stress.scheduler import SchedulerSim, SchedulerStats
@@ -101,6 +111,7 @@ class DifferentialRun:
         on_step: Callable[[StepReport], None] | None = None,
         before_tick: Callable[[int, SchedulerSim], None] | None = None,
         before_enqueue: Callable[[SchedulerOutput], None] | None = None,
+        rewrite: Callable[[SchedulerOutput], SchedulerOutput] | None = None,
         tie_tolerance: float | None = None,
         logprob_atol: float = DEFAULT_LOGPROB_ATOL,
     ):
@@ -110,6 +121,7 @@ class DifferentialRun:
         self.on_step = on_step
         self.before_tick = before_tick
         self.before_enqueue = before_enqueue
+        self.rewrite = rewrite  # e.g. `stress.drafts.OracleDrafts`: same shape, other draft values
         self.tie_tolerance = tie_tolerance
         self.logprob_atol = logprob_atol
         self.mirror = RunnerBoundaryMirror(scheduler.limits)
@@ -147,6 +159,8 @@ class DifferentialRun:
     # ---------------------------------------------------------------- steps (also driven rule by rule by stress/machine.py)
     def enqueue(self, tick: int, sched: SchedulerOutput) -> None:
         """Check ``sched`` at the runner's boundary and submit it; the step joins ``inflight``."""
+        if self.rewrite is not None:
+            sched = self.rewrite(sched)
         self.mirror.check(sched)
         item = _InFlight(tick, sched, None)
         try:
@@ -176,15 +190,23 @@ class DifferentialRun:
             result.runner_traceback = item.error_trace
             self._notify(item, None, None, cmp)
             return False
+        contract = check_output_contract(got, sched, self.scheduler.limits.vocab_size)
+        if contract:
+            return self._stop(result, item, got, None, contract)
         expected = self.oracle.execute_model(sched)
-        cmp = compare_step(
-            got,
-            expected,
-            self.oracle.last_results,
-            positions=first_output_positions(sched),
-            tie_tolerance=self.tie_tolerance,
-            logprob_atol=self.logprob_atol,
-        )
+        try:
+            cmp = compare_step(
+                got,
+                expected,
+                self.oracle.last_results,
+                positions=first_output_positions(sched),
+                tie_tolerance=self.tie_tolerance,
+                logprob_atol=self.logprob_atol,
+            )
+        except Exception as e:  # a malformed entry the contract check does not look into (e.g. a logprob's fields)
+            detail = f"comparing it raised {type(e).__name__}: {e}"
+            return self._stop(result, item, got, expected, [
+                Divergence(sched.step_id, None, None, "output-contract", "a well-formed output", type(e).__name__, detail)])
         result.steps += 1
         result.tokens_compared += cmp.tokens_compared
         result.logprobs_compared += cmp.logprobs_compared
@@ -199,6 +221,12 @@ class DifferentialRun:
         self.scheduler.update(got)
         self._notify(item, got, expected, cmp)
         return True
+
+    def _stop(self, result: RunResult, item: _InFlight, got, expected, divergences: list[Divergence]) -> bool:
+        cmp = StepComparison(step=item.sched.step_id, divergences=divergences)
+        result.divergences = divergences
+        self._notify(item, got, expected, cmp)
+        return False
 
     def _notify(self, item: _InFlight, got, expected, cmp: StepComparison) -> None:
         if self.on_step is not None:

@@ -50,9 +50,10 @@ from impl.device import Device
 from impl.interface import RunnerLimits, SamplingParams
 from impl.model.weights import ModelWeights, preset, random_weights
 from stress.driver import DifferentialRun, RunResult
-from stress.runners import DEFAULT_RUNNER_SPEC, resolve_runner_factory
+from stress.harness import Detectors, load_runner_factory, unaccounted_syncs_message
+from stress.run_config import default_limits
+from stress.runners import DEFAULT_RUNNER_SPEC
 from stress.scheduler import SchedulerSim
-from stress.stress_cmd import default_limits
 
 MACHINE_PRESET = "micro"
 _VOCAB = preset(MACHINE_PRESET).vocab_size
@@ -107,26 +108,6 @@ def lag_policies() -> st.SearchStrategy[dict]:
         st.integers(1, 3).map(lambda k: {"name": "lag-k-steps", "k": k}),
         st.integers(0, 2**32 - 1).map(lambda s: {"name": "random-drain", "seed": s, "p_stall": 0.5}),
     )
-
-
-# --------------------------------------------------------------------------- detectors
-
-
-def counted_waits(runner: Any) -> int:
-    """Host waits ``runner`` counts itself (back-pressure), as `impl.runner.ModelRunner` exposes them.
-
-    0 for runners without these counters.
-    """
-    counters = (("state", "num_quarantine_waits"), ("staging", "num_backpressure_waits"), ("outputs", "num_backpressure_waits"))
-    return sum(int(getattr(getattr(runner, owner, None), name, 0) or 0) for owner, name in counters)
-
-
-def unaccounted_syncs_message(report: Any, runner: Any) -> str | None:
-    """None when every host sync in ``report`` is one of the runner's counted waits, else a description."""
-    waits = counted_waits(runner)
-    if report.count <= waits:
-        return None
-    return f"{report.count - waits} host sync(s) beyond the runner's {waits} counted back-pressure wait(s); {report.summary()}"
 
 
 # --------------------------------------------------------------------------- row table
@@ -201,7 +182,7 @@ class RunnerMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ construction
     def build_runner(self, weights: ModelWeights, limits: RunnerLimits, device: Device, seed: int) -> Any:
         """The runner under test.  Override to test another runner or to plant a bug."""
-        return resolve_runner_factory(self.runner_spec)(weights, limits, device, seed)
+        return load_runner_factory(self.runner_spec)(weights, limits, device, seed)
 
     @initialize(
         seed=st.integers(0, 2**16 - 1),
@@ -212,8 +193,6 @@ class RunnerMachine(RuleBasedStateMachine):
     )
     def build(self, seed: int, lag: dict, max_inflight: int, draft_prob: float,
               first_requests: list[tuple[list[int], SamplingParams]]) -> None:
-        from checks.lifetime import LifetimeChecker
-        from checks.sync import arm_runner
         from reference.runner import ReferenceRunner
         from stress.prefix_checks import arm_prefix_checks
 
@@ -223,9 +202,8 @@ class RunnerMachine(RuleBasedStateMachine):
         self.weights = random_weights(config, seed=seed)
         self.device = Device(self.device_kind, seed=seed, lag_policy=lag)
         self.runner = self.build_runner(self.weights, self.limits, self.device, seed)
-        self.sync_report = arm_runner(self.runner, "count")
-        staging = getattr(self.runner, "staging", None)
-        self.lifetime = LifetimeChecker("error").attach(staging) if staging is not None else None
+        self.detectors = Detectors(self.runner, "error")  # the harness's detectors, armed the harness's way
+        self.sync_report, self.lifetime = self.detectors.sync_report, self.detectors.lifetime
         self.oracle = ReferenceRunner(self.weights, self.limits, base_seed=seed)
         self.scheduler = SchedulerSim(self.limits, seed=seed, max_inflight_steps=max_inflight, draft_prob=draft_prob)
         self.prefix = arm_prefix_checks(self.runner, self.scheduler)
@@ -363,8 +341,7 @@ class RunnerMachine(RuleBasedStateMachine):
                 self.verify_invariants()
         finally:
             self.driver.drain_uncompared()
-            if self.lifetime is not None:
-                self.lifetime.detach(self.runner.staging)
+            self.detectors.disarm()
 
 
 class LongRunnerMachine(RunnerMachine):
@@ -380,4 +357,4 @@ TestLongRunnerMachine = LongRunnerMachine.TestCase
 TestLongRunnerMachine.settings = settings(stateful_step_count=40)
 
 __all__ = ["RunnerMachine", "LongRunnerMachine", "MachineInvariantError", "TestRunnerMachine", "TestLongRunnerMachine",
-           "check_row_table", "counted_waits", "unaccounted_syncs_message", "sampling_params", "lag_policies"]
+           "check_row_table", "sampling_params", "lag_policies"]

@@ -28,11 +28,13 @@ import datetime as _dt
 import sys
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
 from stress import mutants as catalogue
+from stress.cli_options import int_type
 from stress.mutants import CATALOGUE, CHECKS, WORKLOADS, Mutant, Workload
 from stress.mutants_report import ControlResult, MutantResult, MutantsReport, markdown, write_report
 
@@ -57,22 +59,6 @@ class CheckRun:
 # --------------------------------------------------------------------------- the checks
 
 
-class _StopRun(Exception):
-    """Raised from ``before_tick`` once the sync detector fired: the run stops at the first kill."""
-
-
-def _churn(workload: Workload, limits: Any, seed: int) -> Callable:
-    from stress.churn import Churn
-
-    class WorkloadChurn(Churn):
-        def _params(self, max_tokens: int):  # noqa: ANN202 - Churn's hook
-            if workload.params is None:
-                return super()._params(max_tokens)
-            return workload.params(self.rng, max_tokens)
-
-    return WorkloadChurn(limits, seed=seed, config=workload.churn)
-
-
 _HOST_TICK_US: list[float] = []  # measured once per process: the host's tick on this machine
 
 
@@ -85,85 +71,52 @@ def _cuda_delay(config: Any) -> dict:
     return calibrate_cuda_delay(config.seed, _HOST_TICK_US[0])
 
 
-def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int, *, mutant: str | None = None) -> CheckRun:
-    """Runner (with ``mutant`` installed) vs oracle under ``workload``, sync and lifetime detectors armed.
+def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int, *, mutant: str | None = None,
+                     isolate: bool = True, cuda_graphs: bool = True) -> CheckRun:
+    """Runner (with ``mutant`` installed) vs oracle under ``workload``, through `stress.harness.checked_run`.
 
     The lifetime checker raises (``error`` mode) from the host transition that exposes a violation,
     before the bytes it guards are consumed: a corrupted staging slot read by an interpreted kernel
     can take the process down.  The sync detector counts (a host read can happen inside device work
     on ``sim``, where raising would abandon half a step) and fires on host syncs beyond the runner's
-    own counted back-pressure waits (`stress.machine.unaccounted_syncs_message`); the run stops at
-    the end of the tick in which it fired.  The differential stops at its first divergence.
+    own counted back-pressure waits; the run stops at the end of the tick in which it fired.  The
+    differential stops at its first divergence.  The run executes in a child process: a crash is
+    evidence for the differential check (the run found the bug and died of it).
     """
-    from checks.lifetime import LifetimeChecker
-    from checks.sync import arm_runner
     from impl.device import make_lag_policy
     from impl.model.weights import preset
-    from stress.driver import DifferentialRun
-    from stress.machine import unaccounted_syncs_message
-    from stress.prefix_checks import arm_prefix_checks
+    from stress.harness import ChurnOps, checked_run
+    from stress.isolation import isolated_run
+    from stress.run_config import RunConfig, default_limits
     from stress.runners import DEFAULT_RUNNER_SPEC
     from stress.scheduler import SchedulerConfig
-    from stress.stress_cmd import RandomDelay, StressConfig, build_session, default_limits
 
     model_config = preset(MODEL_PRESET)
     limits = default_limits(model_config, max_num_reqs=workload.max_num_reqs, block_size=workload.block_size,
                             num_kv_blocks=workload.num_kv_blocks, max_num_batched_tokens=workload.max_batched_tokens)
     lag = make_lag_policy(workload.lag_policy, seed).describe() if device_kind == "sim" else None
-    config = StressConfig(seed, ticks, device_kind, MODEL_PRESET, model_config, limits,
-                          SchedulerConfig(workload.max_inflight, 0.0), lag, None, None, DEFAULT_RUNNER_SPEC)
-    delay = _cuda_delay(config) if device_kind == "cuda" and workload.cuda_lag else None
-    started = time.perf_counter()
-    session = build_session(config)
-    applied = catalogue.apply(mutant, runner=session.runner, scheduler=session.scheduler) if mutant else None
-    sync_report = arm_runner(session.runner, "count")
-    lifetime = LifetimeChecker("error").attach(session.runner.staging)
-    prefix = arm_prefix_checks(session.runner, session.scheduler)  # after the mutant: it checks what patched input prep produced
-    churn = _churn(workload, limits, seed)
-    outcome = CheckRun(ran=["sync", "lifetime", "differential", "provenance"])
-
-    def before_tick(tick: int, scheduler: Any) -> None:
-        if unaccounted_syncs_message(sync_report, session.runner) or prefix.fired():
-            raise _StopRun
-        outcome.ticks = tick + 1
-        churn(tick, scheduler)
-
-    def count(report: Any) -> None:
-        outcome.tokens += report.comparison.tokens_compared
-
-    driver = DifferentialRun(session.runner, session.oracle, session.scheduler, on_step=count, before_tick=before_tick,
-                             before_enqueue=RandomDelay.from_dict(delay).hook(session.device) if delay else None)
-    result = None
-    try:
-        result = driver.run(ticks)
-    except _StopRun:
-        pass
-    except Exception as e:  # a mutated runner's output broke the comparison itself
-        if mutant is None:
-            raise
-        outcome.fired["differential"] = f"the comparison could not read the runner's output: {type(e).__name__}: {e}"
-    finally:
-        if applied is not None:
-            applied.undo()
-        try:  # drain what the run left queued (sim runs it now), before the provenance check reads its record
-            session.device.synchronize()
-        except Exception as e:
-            if mutant is None:
-                raise
-            # The run is over: a mutant's device fault was already reported, or is reported now.
-            outcome.fired.setdefault("differential", f"the runner's queued device work failed: {type(e).__name__}: {e}")
-    sync_problem = unaccounted_syncs_message(sync_report, session.runner)
-    if sync_problem:
-        outcome.fired["sync"] = sync_problem
-    findings = prefix.findings()
-    if not findings.passed:
-        outcome.fired["provenance"] = f"{findings.provenance_violations} violation(s); first: {findings.provenance_lines[0]}"
-    if lifetime.violations:
-        outcome.fired["lifetime"] = f"{lifetime.violations} violation(s); first: {lifetime.errors[0]}"
-    first = result.first_divergence if result is not None else None
-    if first is not None and not (first.kind == "runner-error" and lifetime.violations and first.got == "StagingLifetimeError"):
+    config = RunConfig(seed, ticks, device_kind, MODEL_PRESET, model_config, limits,
+                       SchedulerConfig(workload.max_inflight, 0.0), lag, None, None, DEFAULT_RUNNER_SPEC, cuda_graphs)
+    if device_kind == "cuda" and workload.cuda_lag:
+        config = replace(config, delay_policy=_cuda_delay(config))
+    config = replace(config, mutant=mutant)
+    findings = (isolated_run if isolate else checked_run)(
+        config, ChurnOps(workload.churn, workload.name), name=mutant or f"control {workload.name}",
+        lifetime_mode="error", stop_on_sync=True)
+    outcome = CheckRun(ran=["sync", "lifetime", "differential", "provenance"], ticks=findings.result.ticks,
+                       tokens=findings.result.tokens_compared, seconds=findings.elapsed_s)
+    if findings.host_syncs:
+        outcome.fired["sync"] = (f"{findings.host_syncs} host sync(s) beyond the runner's {findings.counted_waits} "
+                                 f"counted back-pressure wait(s); {'; '.join(findings.host_sync_sites[:3])}")
+    if findings.provenance_violations:
+        outcome.fired["provenance"] = (f"{findings.provenance_violations} violation(s); first: "
+                                       f"{findings.prefix.provenance_lines[0]}")
+    if findings.lifetime_violations:
+        outcome.fired["lifetime"] = f"{findings.lifetime_violations} violation(s); first: {findings.lifetime_errors[0]}"
+    first = findings.result.first_divergence
+    if first is not None and not (first.kind == "runner-error" and findings.lifetime_violations
+                                  and first.got == "StagingLifetimeError"):
         outcome.fired["differential"] = first.line()
-    outcome.seconds = time.perf_counter() - started
     return outcome
 
 
@@ -268,6 +221,8 @@ class MutantsOptions:
     only: tuple[str, ...] = ()
     chisq: bool | None = None  # None: only on cuda
     chisq_samples: int | None = None
+    isolate: bool = True  # each differential run in a child process (a crash is evidence, not the end)
+    cuda_graphs: bool = True
 
     @property
     def runs_chisq(self) -> bool:
@@ -290,7 +245,8 @@ def run_mutant(mutant: Mutant, opts: MutantsOptions) -> MutantResult:
         runs.append(run_chisq(mutant.chisq_case, opts.device, opts.seed, mutant=mutant.name, samples=opts.chisq_samples))
     if not (opts.quick and runs and runs[0].fired):
         workload = WORKLOADS[mutant.workload]
-        runs.append(run_differential(workload, opts.device, opts.seed, _ticks(workload, opts.quick), mutant=mutant.name))
+        runs.append(run_differential(workload, opts.device, opts.seed, _ticks(workload, opts.quick), mutant=mutant.name,
+                                     isolate=opts.isolate, cuda_graphs=opts.cuda_graphs))
     fired: dict[str, str] = {}
     for r in runs:
         fired.update({check: " ".join(text.split()) for check, text in r.fired.items()})  # one line each
@@ -315,7 +271,8 @@ def run_controls(results: Sequence[MutantResult], opts: MutantsOptions) -> list[
             budget = max(r.ticks, 1) if opts.quick else _ticks(WORKLOADS[r.workload], quick=False)
             ticks[r.workload] = max(ticks.get(r.workload, 0), budget)
     for name, budget in ticks.items():
-        run = run_differential(WORKLOADS[name], opts.device, opts.seed, budget)
+        run = run_differential(WORKLOADS[name], opts.device, opts.seed, budget, isolate=opts.isolate,
+                               cuda_graphs=opts.cuda_graphs)
         controls.append(ControlResult("workload", name, run.fired, run.ticks, run.seconds))
     if opts.runs_chisq:
         for case_key in dict.fromkeys(CATALOGUE[r.name].chisq_case for r in results if "chisq" in r.checks_run):
@@ -336,10 +293,12 @@ def run_catalogue(opts: MutantsOptions, *, command: str = "", on_result: Callabl
     for c in controls:
         if on_result is not None:
             on_result(c)
+    from checks.provenance import device_name, provenance
+
     return MutantsReport(
         device=opts.device, quick=opts.quick, seed=opts.seed, chisq=opts.runs_chisq, command=command,
         date=_dt.datetime.now().isoformat(timespec="seconds"), mutants=results, controls=controls,
-        elapsed_s=time.perf_counter() - started,
+        elapsed_s=time.perf_counter() - started, provenance=provenance(device_name(opts.device)),
     )
 
 
@@ -348,16 +307,16 @@ def run_catalogue(opts: MutantsOptions, *, command: str = "", on_result: Callabl
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="short tick budgets (every run stops at its first kill)")
-    parser.add_argument("--device", default="auto", choices=["auto", "sim", "cuda"])
     parser.add_argument("--only", nargs="+", default=(), metavar="NAME", help="run only these mutants")
-    parser.add_argument("--seed", type=int, default=0)
     chisq = parser.add_mutually_exclusive_group()
     chisq.add_argument("--chisq", dest="chisq", action="store_true", default=None,
                        help="run the chi-square probes on any device (slow when interpreted)")
     chisq.add_argument("--no-chisq", dest="chisq", action="store_false")
-    parser.add_argument("--chisq-samples", type=int, default=None, help="draws per chi-square probe (default: the case's own)")
+    parser.add_argument("--chisq-samples", type=int_type(1), default=None,
+                        help="draws per chi-square probe (default: the case's own)")
     parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
-    parser.add_argument("--out", default=None, help="report folder (mutants.json, mutants.md)")
+    parser.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one case per mutant and control)")
+    parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
 
 
 def _print_catalogue() -> None:
@@ -373,17 +332,22 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         _print_catalogue()
         return 0
+    from checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from stress.junit_cases import check_junit_path, mutants_cases, write_cases
+    from stress.run_config import RunSetupError
+
     unknown = [n for n in args.only if n not in CATALOGUE]
     problems = [f"unknown mutant(s) {', '.join(unknown)}; see --list"] if unknown else []
     if args.out is None:
         problems.append("--out DIR is required")
-    if args.chisq_samples is not None and args.chisq_samples < 1:
-        problems.append("--chisq-samples must be >= 1")
     device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "sim"
-    elif device == "cuda" and not torch.cuda.is_available():
-        problems.append("--device cuda, but torch sees no CUDA device")
+    if device == "cpu":
+        problems.append("--device cpu: mutants run on sim (races) or cuda")
+    if args.junit:
+        try:
+            check_junit_path(args.junit)
+        except RunSetupError as e:
+            problems.append(str(e))
     if problems:
         print("runnercheck mutants: " + "; ".join(problems), file=sys.stderr)
         return 2
@@ -391,7 +355,8 @@ def run(args: argparse.Namespace) -> int:
         # Interpreted kernels on tiny tensors: intra-op threads only contend (measured ~1.5x slower).
         torch.set_num_threads(1)
     opts = MutantsOptions(device=device, quick=args.quick, seed=args.seed, only=tuple(dict.fromkeys(args.only)),
-                          chisq=args.chisq, chisq_samples=args.chisq_samples)
+                          chisq=args.chisq, chisq_samples=args.chisq_samples, isolate=not args.in_process,
+                          cuda_graphs=not args.eager)
     console = Console()
     command = " ".join(["runnercheck mutants", *(["--quick"] if args.quick else []), f"--device {device}",
                         *([f"--only {' '.join(opts.only)}"] if opts.only else []),
@@ -409,8 +374,17 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"  {mark} control {item.kind} {item.name:<20} {', '.join(item.fired) or ''} "
                           f"({item.ticks} ticks, {item.seconds:.1f} s)", highlight=False)
 
-    report = run_catalogue(opts, command=command, on_result=show)
-    json_path, md_path = write_report(report, args.out)
+    try:
+        with atomic_report_folder(args.out) as tmp:
+            report = run_catalogue(opts, command=command, on_result=show)
+            write_report(report, tmp)
+    except FolderNotReplaced as e:
+        print(f"runnercheck mutants: {e}", file=sys.stderr)
+        return 1
+    json_path, md_path = Path(args.out) / "mutants.json", Path(args.out) / "mutants.md"
+    files = [md_path, json_path, Path(args.out) / "manifest.json"]
+    if args.junit:
+        files.append(write_cases(args.junit, "runnercheck mutants", mutants_cases(report), {"seed": args.seed}))
     table = Table(title=f"runnercheck mutants: {'PASS' if report.passed else 'FAIL'}", show_header=False)
     run_mutants = [m for m in report.mutants if m.status != "skipped"]
     table.add_row("device, seed", f"{device}, {args.seed}{' (quick)' if args.quick else ''}")
@@ -420,8 +394,8 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("controls", "clean" if all(c.clean for c in report.controls) else
                   "FIRED: " + ", ".join(c.name for c in report.controls if not c.clean))
     table.add_row("elapsed", f"{report.elapsed_s:.0f} s")
-    table.add_row("report", f"{md_path}  {json_path}")
     console.print(table)
+    console.print("report files:\n" + "\n".join(f"  {f}" for f in files), highlight=False, markup=False)
     return 0 if report.passed else 1
 
 

@@ -17,7 +17,8 @@ They use the ``decode`` workload (up to 4 requests, buckets 1, 2, 4: a batch of 
 rounded down, loses one); the padding mutant uses ``decode-penalties`` (registered here: decode
 with penalties), where a padding request's double count of a live row's output is visible even
 when, on the GPU, the live and the padding program write the same row state at once.  Killed by
-the differential check (runner vs the float64 oracle).
+the differential check (runner vs the float64 oracle); the batch that loses a row to a smaller
+bucket leaves its KV writes one position behind, which KV provenance sees first on cpu/sim.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def _padding_row_writes_live_state(runner: Any, m: AppliedMutant) -> None:
     m.set(inputs, "enqueue_pad", pad_with_last_row)
 
 
-@_mutant("predicate_admits_larger_batch", "state", ("differential",), "decode", ("graphs",),
+@_mutant("predicate_admits_larger_batch", "state", ("differential", "provenance"), "decode", ("graphs",),
          "bucket lookup rounds down and the graph predicate skips its size check: a batch larger than its bucket replays")
 def _predicate_admits_larger_batch(runner: Any, m: AppliedMutant) -> None:
     graphs = runner.graphs

@@ -7,7 +7,7 @@ here); `write_report` writes the two files and nothing else.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,9 @@ from stress.mutants import CHECKS
 
 
 # --------------------------------------------------------------------------- results
+
+
+MUTANTS_VERSION = 2  # mutants.json format: 2 adds "version" and "provenance"
 
 
 @dataclass
@@ -62,6 +65,8 @@ class MutantsReport:
     mutants: list[MutantResult]
     controls: list[ControlResult]
     elapsed_s: float
+    provenance: dict = field(default_factory=dict)
+    version: int = MUTANTS_VERSION
 
     @property
     def passed(self) -> bool:

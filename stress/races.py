@@ -10,7 +10,7 @@ flight (``max_inflight_steps``), while finished and preempted requests free thei
 ones take them over.  Delays are random (seeded), so the lag varies and the GPU sometimes
 catches up.
 
-The delay is recorded as a ``random-delay`` policy (`stress.stress_cmd.RandomDelay`), the
+The delay is recorded as a ``random-delay`` policy (`stress.run_config.RandomDelay`), the
 ``delay_policy`` field of a repro file, so `runnercheck replay` re-applies it.
 
 `calibrate_cuda_delay` turns a measured host tick into that policy; `measure_host_tick_us` measures
@@ -23,13 +23,14 @@ import time
 
 from stress.churn import Churn, ChurnConfig
 from stress.driver import DifferentialRun
-from stress.stress_cmd import RandomDelay, StressConfig, build_session
+from stress.harness import build_session
+from stress.run_config import RandomDelay, RunConfig
 
 # Short, frequent requests with frequent aborts and preemptions: rows are freed and re-admitted
 # every few ticks, the pattern in which a stale row or staging buffer gets read.
 RACE_CHURN = ChurnConfig(
     add_prob=0.8, max_adds_per_tick=2, max_unfinished=10, abort_prob=0.12, preempt_prob=0.15,
-    max_prompt_len=16, max_new_tokens=10,
+    max_prompt_len=16, max_new_tokens=10, param_plan=True,
 )
 
 # The host's tick is multiplied by this on average on the GPU: > 1 means the GPU always falls behind.
@@ -52,7 +53,7 @@ def calibrate_cuda_delay(seed: int, host_tick_us: float, *, lag_factor: float = 
     return RandomDelay(seed, round(max_us, 1), p).describe()
 
 
-def measure_host_tick_us(config: StressConfig, ticks: int = 12, churn: ChurnConfig = RACE_CHURN) -> float:
+def measure_host_tick_us(config: RunConfig, ticks: int = 12, churn: ChurnConfig = RACE_CHURN) -> float:
     """Median wall time of one scheduler tick (runner step + oracle + scheduling) without delays.
 
     The median skips the first ticks' kernel compilation on cuda.

@@ -1,9 +1,11 @@
 """`runnercheck verify`'s report folder: ``summary.json`` (checked schema) and ``summary.md``.
 
-``summary.json`` (version 1)::
+``summary.json`` (version 2; `runnercheck stress` writes the same document for its one run)::
 
     {
-      "version": 1,
+      "version": 2,
+      "command": "verify" | "stress",
+      "provenance": {...checks.provenance.provenance()...},
       "passed": true,                  # every run agreed, no unaccounted host sync, no lifetime
                                        # violation, and the sampler statistics (if they ran) passed
       "device": "sim", "seed": 0, "runner": "impl.runner:make_runner", "quick": true,
@@ -21,6 +23,8 @@
                    "summary": "0 of 2 tests failed", "folder": ".../chisq-runner", "result": {...}},
                   ...], ...},
       "runs": [{...one `RunRecord`...}, ...],
+      "coverage": {"feature": count, ...},   # totals over the runs (stress.coverage)
+      "coverage_zero": ["feature", ...],      # features no run exercised (verify fails on them)
       "elapsed_s": 97.3,
       "notes": ["..."]
     }
@@ -28,8 +32,8 @@
 `validate_summary` is the schema check (`SummaryError` names the field); `write_report` checks
 before it writes.
 
-Ownership: a `RunRecord` is plain host data built once per run by `stress.verify`; this module
-only reads it.
+Ownership: a `RunRecord` is plain host data built once per run from its `stress.harness.Findings`
+(`RunRecord.from_findings`); this module only reads it.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-SUMMARY_VERSION = 1
+SUMMARY_VERSION = 2
 CHISQ_STATUSES = ("ran", "not available", "error", "skipped")
 
 
@@ -71,12 +75,40 @@ class RunRecord:
     lifetime_checked: bool = True
     lifetime_violations: int = 0
     lifetime_errors: list[str] = field(default_factory=list)
+    provenance_violations: int = 0  # KV provenance (`checks.kv_provenance`)
+    prefix_cache: dict | None = None  # `stress.prefix_checks.PrefixCacheFindings.to_dict()`
+    cuda_graphs: dict | None = None  # the runner's `cuda_graph_stats()`
     repro: str | None = None
+    crash: str | None = None
+    last_completed_step: int | None = None
+    coverage: dict = field(default_factory=dict)
     elapsed_s: float = 0.0
+
+    @classmethod
+    def from_findings(cls, f: Any, repro: str | None = None) -> "RunRecord":
+        """The record of one `stress.harness.Findings` (``repro``: where its repro file was written)."""
+        from stress.driver import summarize_ties
+
+        r, config = f.result, f.config
+        lines = [d.line() for d in r.divergences[:6]]
+        if r.runner_traceback:
+            lines.append(r.runner_traceback.rstrip().splitlines()[-1])
+        return cls(
+            name=f.name, seed=config.seed, lag_policy=config.lag_policy, delay_policy=config.delay_policy,
+            scheduler=config.scheduler.to_dict(), ticks=r.ticks, steps=r.steps, requests=r.requests, finished=r.finished,
+            tokens_compared=r.tokens_compared, logprobs_compared=r.logprobs_compared, ties=len(r.ties),
+            tie_lines=summarize_ties(r.ties, limit=10), first_divergence=r.first_divergence_line(), divergence_lines=lines,
+            host_syncs=f.host_syncs, counted_waits=f.counted_waits, host_sync_sites=list(f.host_sync_sites),
+            lifetime_checked=f.lifetime_checked, lifetime_violations=f.lifetime_violations,
+            lifetime_errors=list(f.lifetime_errors), provenance_violations=f.provenance_violations,
+            prefix_cache=f.prefix.to_dict() if f.prefix is not None else None, cuda_graphs=f.cuda_graphs, repro=repro, crash=f.crash,
+            last_completed_step=f.last_completed_step, coverage=dict(f.coverage), elapsed_s=round(f.elapsed_s, 2),
+        )
 
     @property
     def passed(self) -> bool:
-        return self.first_divergence is None and self.host_syncs == 0 and self.lifetime_violations == 0
+        return (self.first_divergence is None and self.host_syncs == 0 and self.lifetime_violations == 0
+                and self.provenance_violations == 0)
 
     def to_dict(self) -> dict:
         return dict(asdict(self), passed=self.passed)
@@ -88,14 +120,27 @@ def chisq_passed(chisq: dict) -> bool:
 
 
 def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: int, runner: str, model: str,
-                  quick: bool, elapsed_s: float, notes: Sequence[str] = ()) -> dict:
-    """The ``summary.json`` document for ``runs`` and the statistics section ``chisq``."""
+                  quick: bool, elapsed_s: float, notes: Sequence[str] = (), command: str = "verify",
+                  provenance: dict | None = None, require_coverage: bool = False) -> dict:
+    """The ``summary.json`` document for ``runs`` and the statistics section ``chisq``.
+
+    ``require_coverage``: a feature of `stress.coverage.FEATURES` that no run exercised fails the job.
+    """
+    from stress.coverage import merge, zero_features
+
+    coverage = merge(r.coverage for r in runs)
+    zero = zero_features(coverage) if require_coverage else []
     divergences = sum(r.first_divergence is not None for r in runs)
     host_syncs = sum(r.host_syncs for r in runs)
     lifetime = sum(r.lifetime_violations for r in runs)
+    provenance_violations = sum(r.provenance_violations for r in runs)
     doc = {
         "version": SUMMARY_VERSION,
-        "passed": bool(runs) and divergences == 0 and host_syncs == 0 and lifetime == 0 and chisq_passed(chisq),
+        "command": command,
+        "provenance": provenance if provenance is not None else {},
+        "passed": bool(runs) and divergences == 0 and host_syncs == 0 and lifetime == 0 and provenance_violations == 0
+        and chisq_passed(chisq)
+        and not zero,
         "device": device,
         "seed": seed,
         "runner": runner,
@@ -105,12 +150,15 @@ def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: 
         "host_syncs": host_syncs,
         "counted_waits": sum(r.counted_waits for r in runs),
         "lifetime_violations": lifetime,
+        "provenance_violations": provenance_violations,
         "steps": sum(r.steps for r in runs),
         "requests": sum(r.requests for r in runs),
         "ties": sum(r.ties for r in runs),
         "tokens_compared": sum(r.tokens_compared for r in runs),
         "chisq": chisq,
         "runs": [r.to_dict() for r in runs],
+        "coverage": coverage,
+        "coverage_zero": zero,
         "elapsed_s": round(elapsed_s, 2),
         "notes": list(notes),
     }
@@ -163,13 +211,20 @@ def validate_summary(doc: Any) -> None:
         "divergences": sum(r.get("first_divergence") is not None for r in runs),
         "host_syncs": sum(r["host_syncs"] for r in runs),
         "lifetime_violations": sum(r["lifetime_violations"] for r in runs),
+        "provenance_violations": sum(r.get("provenance_violations", 0) for r in runs),
         "steps": sum(r["steps"] for r in runs),
         "ties": sum(r["ties"] for r in runs),
     }
     for key, total in totals.items():
-        if doc[key] != total:
+        if doc.get(key, 0) != total:
             raise SummaryError(f"field {key!r} is {doc[key]} but the runs add up to {total}")
-    expected = all(r["passed"] for r in runs) and chisq_passed(chisq)
+    if not isinstance(doc.get("provenance"), dict) or not isinstance(doc.get("command"), str):
+        raise SummaryError("fields 'provenance' (an object) and 'command' (a string) are required")
+    coverage, zero = doc.get("coverage"), doc.get("coverage_zero")
+    if not isinstance(coverage, dict) or not all(_is_count(v) for v in coverage.values()) or not isinstance(zero, list) \
+            or any(coverage.get(f) != 0 for f in zero):
+        raise SummaryError("field 'coverage' must map features to counts and 'coverage_zero' list features counted 0")
+    expected = all(r["passed"] for r in runs) and chisq_passed(chisq) and not zero
     if doc["passed"] != expected:
         raise SummaryError(f"field 'passed' is {doc['passed']} but the runs and statistics say {expected}")
 
@@ -210,7 +265,10 @@ def render_markdown(doc: dict) -> str:
         f"| runner vs oracle | {doc['divergences']} divergent run(s); {doc['steps']} steps, {doc['tokens_compared']} tokens compared, {doc['ties']} tie(s) adopted |",
         f"| host syncs in execute_model | {doc['host_syncs']} (plus {doc['counted_waits']} counted back-pressure wait(s)) |",
         f"| staging lifetime | {doc['lifetime_violations']} violation(s) |",
+        f"| KV provenance | {doc.get('provenance_violations', 0)} violation(s) |",
         f"| sampler statistics | {chisq_line(doc['chisq'])} |",
+        f"| coverage | {len(doc['coverage']) - len(doc['coverage_zero'])} of {len(doc['coverage'])} features exercised"
+        f"{'; NOT exercised: ' + ', '.join(doc['coverage_zero']) if doc['coverage_zero'] else ''} |",
         "",
         "## Runs",
         "",
@@ -230,6 +288,8 @@ def render_markdown(doc: dict) -> str:
         for r in findings:
             lines.append(f"### {r['name']} (seed {r['seed']})")
             lines.append("")
+            if r.get("crash"):
+                lines.append(f"- crash: {r['crash']} (last completed step {r.get('last_completed_step')})")
             if r.get("first_divergence"):
                 lines.append(f"- divergence: `{r['first_divergence']}`")
                 lines += [f"  - also: `{d}`" for d in r.get("divergence_lines", [])[1:]]
@@ -237,12 +297,16 @@ def render_markdown(doc: dict) -> str:
                 lines.append(f"- repro: `{r['repro']}` (`runnercheck replay {r['repro']}`)")
             lines += [f"- host sync: `{s}`" for s in r.get("host_sync_sites", [])]
             lines += [f"- staging lifetime: `{e}`" for e in r.get("lifetime_errors", [])]
+            if (r.get("prefix_cache") or {}).get("provenance_lines"):
+                lines += [f"- kv provenance: `{v}`" for v in r["prefix_cache"]["provenance_lines"]]
             lines.append("")
     ties = [t for r in doc["runs"] for t in r.get("tie_lines", [])]
     if ties:
         lines += ["", "## Ties adopted", ""] + [f"- {t}" for t in ties[:20]]
         if len(ties) > 20:
             lines.append(f"- ... and {len(ties) - 20} more")
+    lines += ["", "## Coverage", "", "| feature | count |", "|---|---:|"]
+    lines += [f"| {name} | {'**0**' if n == 0 else n} |" for name, n in doc["coverage"].items()]
     if doc.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
     return "\n".join(lines).rstrip() + "\n"
@@ -265,7 +329,10 @@ def chisq_line(chisq: dict) -> str:
 
 
 def write_report(out_dir: str | Path, doc: dict) -> tuple[Path, Path]:
-    """Validate ``doc`` and write ``summary.json`` and ``summary.md`` into ``out_dir``."""
+    """Validate ``doc`` and write ``summary.json`` and ``summary.md`` into ``out_dir``.
+
+    Commands call it inside `checks.report_folder.atomic_report_folder`, on the temporary folder.
+    """
     validate_summary(doc)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

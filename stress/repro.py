@@ -1,9 +1,10 @@
-"""Repro files: everything needed to re-run a failing stress run, as one checked JSON document.
+"""Repro files: everything needed to re-run a failing run, as one checked JSON document.
 
-Format (version 1)::
+Format (version 2)::
 
     {
-      "version": 1,
+      "version": 2,
+      ...every field of `stress.run_config.RunConfig.to_body` (the run configuration):
       "seed": 7,                       # weights, device lag policy, scheduler and base seed
       "model": {"preset": "micro", "config": {...ModelConfig...}},
       "limits": {...RunnerLimits...},
@@ -13,30 +14,39 @@ Format (version 1)::
       "delay_policy": {...} | null,    # injected device delays (cuda)
       "mutant": "name" | null,
       "runner": "package.module:factory",
-      "steps": 120,                    # scheduler ticks run
+      "steps": 120,                    # scheduler ticks run; at most len(trace)
+      "cuda_graphs": true,
+      "logits_fault": {...stress.faults.LogitsFault.describe()...} | null,
+      "draft_source": "random" | "oracle",   # stress.drafts
+      ...and the recording:
       "trace": [[{op}, ...], ...],     # one list of operations per tick (stress.churn)
       "first_divergence": "step 12: request 'r3' position 17: expected token 45, got 112" | null,
+      "provenance": {...checks.provenance.provenance()...},
       "checksum": "sha256:..."         # over the canonical JSON of every other field
     }
 
 `Repro.load` validates the schema and the checksum and raises `ReproError` with a message naming
-the file and the field; it never lets a KeyError / TypeError / JSONDecodeError escape.  The
-checksum catches hand edits (a tampered trace or seed would replay something else than what was
-recorded); it is not a security measure.
+the file and the field; it never lets a KeyError / TypeError / JSONDecodeError escape.  A file of
+another format version is refused with the version named.  The checksum catches hand edits (a
+tampered trace or seed would replay something else than what was recorded); it is not a security
+measure.  Model and KV sizes are checked against `stress.run_config`'s stated maxima here, before
+anything is allocated.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from impl.interface import RunnerLimits
 from impl.model.weights import ModelConfig, WeightsError
 from stress.churn import TraceError, validate_operation
+from stress.run_config import BODY_FIELDS, RunConfig, RunSetupError, check_model_size, seed_problem
 
-REPRO_VERSION = 1
+REPRO_VERSION = 2
+RECORDING_FIELDS = ("trace", "first_divergence", "provenance", "version")
 
 
 class ReproError(ValueError):
@@ -45,23 +55,16 @@ class ReproError(ValueError):
 
 @dataclass
 class Repro:
-    seed: int
-    model: dict
-    limits: dict
-    scheduler: dict
-    device: str
-    lag_policy: dict | None
-    delay_policy: dict | None
-    mutant: str | None
-    runner: str
-    steps: int
+    config: RunConfig
     trace: list
     first_divergence: str | None
+    provenance: dict = field(default_factory=dict)
     version: int = REPRO_VERSION
 
     # ---------------------------------------------------------------- (de)serialisation
     def body(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return dict(self.config.to_body(), trace=self.trace, first_divergence=self.first_divergence,
+                    provenance=self.provenance, version=self.version)
 
     def to_json(self) -> str:
         body = self.body()
@@ -93,7 +96,11 @@ class Repro:
         _check_schema(doc, source)
         if stored != checksum(doc):
             raise ReproError(f"{source}: checksum mismatch: the file was edited after it was written (fields changed since recording)")
-        return cls(**doc)
+        try:
+            config = RunConfig.from_body(doc)
+        except RunSetupError as e:
+            raise ReproError(f"{source}: {e}") from None
+        return cls(config, doc["trace"], doc["first_divergence"], doc["provenance"], doc["version"])
 
     @classmethod
     def load(cls, path: str | Path) -> "Repro":
@@ -108,10 +115,10 @@ class Repro:
 
     # ---------------------------------------------------------------- typed views
     def model_config(self) -> ModelConfig:
-        return ModelConfig.from_dict(self.model["config"])
+        return self.config.model_config
 
     def runner_limits(self) -> RunnerLimits:
-        return RunnerLimits(**self.limits)
+        return self.config.limits
 
 
 def checksum(body: dict) -> str:
@@ -129,7 +136,11 @@ def _is_int(v: Any) -> bool:
 
 _SCALAR_FIELDS: dict[str, tuple[str, Any]] = {
     "version": ("an int", _is_int),
-    "seed": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
+    "seed": ("an integer in [0, 2^63)", lambda v: seed_problem(v) is None),
+    "cuda_graphs": ("a bool", lambda v: isinstance(v, bool)),
+    "provenance": ("an object", lambda v: isinstance(v, dict)),
+    "logits_fault": ("a logits fault object or null", lambda v: v is None or isinstance(v, dict)),
+    "draft_source": ("'random' or 'oracle'", lambda v: v in ("random", "oracle")),
     "device": ("one of cuda, cpu, sim", lambda v: v in ("cuda", "cpu", "sim")),
     "runner": ("a 'package.module:factory' string", lambda v: isinstance(v, str) and v.count(":") == 1),
     "steps": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
@@ -148,7 +159,7 @@ def _check_schema(doc: dict, source: str) -> None:
     def bad(msg: str) -> ReproError:
         return ReproError(f"{source}: {msg}")
 
-    names = {f.name for f in fields(Repro)}
+    names = set(BODY_FIELDS) | set(RECORDING_FIELDS)
     missing = names - set(doc)
     if missing:
         raise bad(f"missing field(s) {sorted(missing)}")
@@ -187,6 +198,19 @@ def _check_schema(doc: dict, source: str) -> None:
     for name in ("lag_policy", "delay_policy"):
         if doc[name] is not None and not isinstance(doc[name].get("name"), str):
             raise bad(f"field {name!r} must name its policy ('name': string)")
+    if doc["logits_fault"] is not None:
+        from stress.faults import FaultSpecError, LogitsFault
+
+        try:
+            LogitsFault.from_dict(doc["logits_fault"])
+        except FaultSpecError as e:
+            raise bad(f"field 'logits_fault': {e}") from None
+    if doc["steps"] > len(doc["trace"]):
+        raise bad(f"field 'steps' is {doc['steps']} but the recorded trace holds {len(doc['trace'])} ticks")
+    try:
+        check_model_size(config, RunnerLimits(**lim))
+    except RunSetupError as e:
+        raise bad(str(e)) from None
     for t, ops in enumerate(doc["trace"]):
         for k, op in enumerate(ops):
             try:

@@ -7,11 +7,12 @@ A runner factory is any callable ::
     factory(weights: ModelWeights, limits: RunnerLimits, device: impl.device.Device, base_seed: int)
         -> impl.interface.Runner
 
-returning an object with ``execute_model(sched: SchedulerOutput) -> AsyncOutput`` whose
+(factories may also take the keyword ``cuda_graphs: bool``; the harness passes it to those that
+do) returning an object with ``execute_model(sched: SchedulerOutput) -> AsyncOutput`` whose
 ``.get()`` returns the step's `ModelRunnerOutput`.  The runner must sample requests without a
 seed with ``impl.interface.effective_seed(params, req_id, base_seed)`` so the oracle (built with
 the same base seed) samples the same tokens.  On the command line a factory is named
-``package.module:attribute`` (``--runner``); the default is ``impl.runner:make_runner``, the GPU
+``package.module:attribute`` (``--runner``, loaded by `checks.loader.load_callable`); the default is ``impl.runner:make_runner``, the GPU
 runner.
 
 `RunnerBoundaryMirror` is what a runner keeps of the request stream to validate each step with
@@ -29,7 +30,6 @@ Factories here
 """
 from __future__ import annotations
 
-import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -52,27 +52,6 @@ from reference.rng import philox_64bits
 
 RunnerFactory = Callable[..., object]
 DEFAULT_RUNNER_SPEC = "impl.runner:make_runner"
-
-
-class RunnerSpecError(ValueError):
-    """A ``package.module:factory`` spec that cannot be resolved to a callable."""
-
-
-def resolve_runner_factory(spec: str) -> RunnerFactory:
-    """Import ``package.module:attribute`` and return the callable; `RunnerSpecError` otherwise."""
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise RunnerSpecError(f"runner spec {spec!r} must look like 'package.module:factory'")
-    module_name, attr = spec.split(":")
-    if not module_name or not attr:
-        raise RunnerSpecError(f"runner spec {spec!r} must look like 'package.module:factory'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise RunnerSpecError(f"cannot import {module_name!r} for runner {spec!r}: {e}") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise RunnerSpecError(f"{module_name!r} has no callable {attr!r} (runner {spec!r})")
-    return factory
 
 
 class CompletedOutput:

@@ -2,27 +2,34 @@
 then the sampler statistics, then a report folder.
 
     runnercheck verify [--device auto|cuda|sim|cpu] [--quick] [--seed S] [--out DIR] [--runner pkg.mod:factory]
+                       [--eager] [--junit FILE]
 
-1. Differential stress runs (`stress.driver.DifferentialRun`, random churn from `stress.churn`),
-   each with the host-sync detector armed around ``execute_model`` in count mode
-   (`checks.sync.arm_runner`) and a `checks.lifetime.LifetimeChecker` in count mode on the
-   runner's staging pool.  On ``sim`` the runs cover the lag policies (run-immediately,
-   lag-k-steps, random-drain) with one or more steps in flight and draft tokens; on ``cuda`` the
-   GPU is made to lag the host by injected delays under heavy churn (`stress.races`).  Run ``i``
-   uses seed ``S + i``.
-2. The sampler statistics (`run_chisq`, `stress.verify_chisq`), each named by the sampler it ran
+1. Differential stress runs, each a `stress.harness.checked_run` in its own child process (a
+   crash is a finding with a repro), side by side on the usable cores: the host-sync detector and
+   the staging-lifetime checker in count mode, random churn (`stress.churn`) whose requests cycle
+   through every pair of sampling knobs.  On ``sim`` the runs cover the lag policies
+   (run-immediately, lag-k-steps, random-drain) with one or more steps in flight and draft
+   tokens; on ``cuda`` the GPU is made to lag the host by injected delays under heavy churn
+   (`stress.races`).  Run ``i`` uses seed ``S + i``.
+2. The coverage table (`stress.coverage`): a count per feature over all runs; a feature at zero
+   fails the job.
+3. The sampler statistics (`run_chisq`, `stress.verify_chisq`), each named by the sampler it ran
    on: on cuda the quick chi-square matrix on the runner's sampler; on CPU the quick matrix on the
    PyTorch baseline plus a few fixed cases on the runner's sampler, interpreted (``DIR/chisq``,
    ``DIR/chisq-runner``).
-3. ``DIR/summary.json`` and ``DIR/summary.md`` (`stress.report`), and ``DIR/repros/*.json`` for
-   every divergent run (`stress.repro`; `runnercheck replay FILE` re-runs one).
+4. ``DIR/summary.json`` and ``DIR/summary.md`` (`stress.report`), and ``DIR/repros/*.json`` for
+   every divergent run (`stress.repro`; `runnercheck replay FILE` re-runs one), written
+   atomically with ``DIR/manifest.json`` (`checks.report_folder`); ``--junit FILE``: JUnit XML,
+   one case per run.
 
 A run passes when runner and oracle agree on every compared step, every host read/wait inside
 ``execute_model`` is one of the runner's own counted back-pressure waits
-(`stress.machine.counted_waits`), and the staging checker saw no violation.  Exit 0 only when
-every run and the statistics pass; 1 otherwise; 2 for arguments or a runner that cannot be built.
+(`stress.harness.counted_waits`), and the staging checker saw no violation.  Exit 0 only when
+every run, the coverage and the statistics pass; 1 otherwise; 2 for arguments or a runner that
+cannot be built.
 
-``--quick`` is sized to finish in about two minutes on a 2-core CPU with Triton interpreted.
+``--quick`` on sim: measured 2 to 3 minutes on an idle 2-core CPU with Triton interpreted (see
+the README for the numbers).
 """
 from __future__ import annotations
 
@@ -34,33 +41,38 @@ from pathlib import Path
 from typing import Any, Callable
 
 from impl.model.weights import PRESETS, preset
-from stress.churn import Churn, ChurnConfig
-from stress.report import RunRecord, build_summary, chisq_passed, write_report
+from stress.churn import ChurnConfig
+from stress.cli_options import int_type
+from stress.report import RunRecord, build_summary, write_report
+from stress.run_config import RunConfig, RunSetupError, default_limits
 from stress.runners import DEFAULT_RUNNER_SPEC
 from stress.scheduler import SchedulerConfig
-from stress.stress_cmd import StressConfig, StressSetupError, default_limits
 
-VERIFY_CHURN = ChurnConfig(max_unfinished=8, max_prompt_len=16, max_new_tokens=10, abort_prob=0.06, preempt_prob=0.1)
+VERIFY_CHURN = ChurnConfig(max_unfinished=8, max_prompt_len=16, max_new_tokens=10, abort_prob=0.06, preempt_prob=0.1,
+                           param_plan=True)
 QUICK_LIMITS = {"max_num_reqs": 3, "block_size": 4, "num_kv_blocks": 12, "max_num_batched_tokens": 16}
+# A token budget of 8 splits 16-token prompts into three chunks when requests share a step.
+QUICK_CHUNKING_LIMITS = dict(QUICK_LIMITS, max_num_batched_tokens=8)
 FULL_LIMITS = {"max_num_reqs": 4, "block_size": 8, "num_kv_blocks": 16, "max_num_batched_tokens": 32}
 CUDA_LIMITS = {"max_num_reqs": 4, "block_size": 8, "num_kv_blocks": 24, "max_num_batched_tokens": 48}
 
 
 @dataclass(frozen=True)
 class PlannedRun:
-    """One stress run of the plan: its name, the full `StressConfig` and the churn that feeds it."""
+    """One stress run of the plan: its name, the full `RunConfig` and the churn that feeds it."""
 
     name: str
-    config: StressConfig
+    config: RunConfig
     churn: ChurnConfig
 
 
 # (name, lag policy, max_inflight_steps, draft_prob); the seed of run i is S + i.
 _SIM_QUICK = [
     ("random-drain", {"name": "random-drain", "p_stall": 0.5}, 1, 0.0),
-    ("lag-1 drafts", {"name": "lag-k-steps", "k": 1}, 1, 0.3),
+    ("lag-1 drafts", {"name": "lag-k-steps", "k": 1}, 1, 0.5),
     ("lag-3 two-ahead", {"name": "lag-k-steps", "k": 3}, 2, 0.0),
 ]
+_QUICK_RUN_LIMITS = {"random-drain": QUICK_CHUNKING_LIMITS, "lag-3 two-ahead": QUICK_CHUNKING_LIMITS}
 _SIM_FULL = [
     ("run-immediately", {"name": "run-immediately"}, 1, 0.0),
     ("lag-1 drafts", {"name": "lag-k-steps", "k": 1}, 1, 0.3),
@@ -76,16 +88,22 @@ _CPU = [("one-ahead", 1, 0.0), ("one-ahead drafts", 1, 0.3), ("two-ahead", 2, 0.
 
 
 def _config(seed: int, ticks: int, kind: str, model: str, limits: dict, inflight: int, draft_prob: float,
-            lag: dict | None, delay: dict | None, runner: str) -> StressConfig:
+            lag: dict | None, delay: dict | None, runner: str, cuda_graphs: bool) -> RunConfig:
     model_config = preset(model)
     if lag is not None and lag["name"] == "random-drain":
         lag = dict(lag, seed=seed)
-    return StressConfig(seed, ticks, kind, model, model_config, default_limits(model_config, **limits),
-                        SchedulerConfig(inflight, draft_prob), lag, delay, None, runner)
+    from stress.faults import LogitsFault
+
+    # NaN/+Inf rows only past every prompt (VERIFY_CHURN and RACE_CHURN: prompts of at most 16 tokens).
+    fault = LogitsFault(min_position=max(VERIFY_CHURN.max_prompt_len, 16)).describe()
+    return RunConfig(seed, ticks, kind, model, model_config, default_limits(model_config, **limits),
+                     SchedulerConfig(inflight, draft_prob), lag, delay, None, runner, cuda_graphs, fault,
+                     draft_source="oracle" if draft_prob > 0 else "random")
 
 
 def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | None = None, max_runs: int | None = None,
-              model: str = "micro", cuda_delay: Callable[[int], dict] | None = None) -> list[PlannedRun]:
+              model: str = "micro", cuda_delay: Callable[[int], dict] | None = None,
+              cuda_graphs: bool = True) -> list[PlannedRun]:
     """The runs of one verify job.  ``cuda_delay(seed)`` gives a run's delay policy on cuda."""
     from stress.races import RACE_CHURN
 
@@ -93,81 +111,50 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
     if kind == "sim":
         ticks = ticks or (60 if quick else 300)
         for i, (name, lag, inflight, drafts) in enumerate(_SIM_QUICK if quick else _SIM_FULL):
-            cfg = _config(seed + i, ticks, kind, model, QUICK_LIMITS if quick else FULL_LIMITS, inflight, drafts, lag, None, runner)
+            limits = _QUICK_RUN_LIMITS.get(name, QUICK_LIMITS) if quick else FULL_LIMITS
+            cfg = _config(seed + i, ticks, kind, model, limits, inflight, drafts, lag, None, runner, cuda_graphs)
             runs.append(PlannedRun(name, cfg, VERIFY_CHURN))
     elif kind == "cuda":
         ticks = ticks or (120 if quick else 500)
         for i, (name, inflight, drafts) in enumerate(_CUDA_QUICK if quick else _CUDA_FULL):
             delay = cuda_delay(seed + i) if cuda_delay is not None else None
-            cfg = _config(seed + i, ticks, kind, model, CUDA_LIMITS, inflight, drafts, None, delay, runner)
+            cfg = _config(seed + i, ticks, kind, model, CUDA_LIMITS, inflight, drafts, None, delay, runner, cuda_graphs)
             runs.append(PlannedRun(name, cfg, RACE_CHURN))
     elif kind == "cpu":
         ticks = ticks or (30 if quick else 200)
         for i, (name, inflight, drafts) in enumerate(_CPU[:2] if quick else _CPU):
-            cfg = _config(seed + i, ticks, kind, model, QUICK_LIMITS if quick else FULL_LIMITS, inflight, drafts, None, None, runner)
+            cfg = _config(seed + i, ticks, kind, model, QUICK_LIMITS if quick else FULL_LIMITS, inflight, drafts, None,
+                          None, runner, cuda_graphs)
             runs.append(PlannedRun(name, cfg, VERIFY_CHURN))
     else:
-        raise StressSetupError(f"unknown device kind {kind!r}")
+        raise RunSetupError(f"unknown device kind {kind!r}")
     return runs[:max_runs] if max_runs else runs
 
 
 # --------------------------------------------------------------------------- one run
 
 
-def execute_run(planned: PlannedRun, repro_dir: Path, on_tick: Callable[[int], None] = lambda tick: None) -> RunRecord:
-    """Build the run's session, arm the detectors (count mode), run it, and write a repro on divergence."""
-    from checks.lifetime import LifetimeChecker
-    from checks.sync import arm_runner
-    from stress.driver import DifferentialRun, summarize_ties
-    from stress.machine import counted_waits
-    from stress.stress_cmd import RandomDelay, build_session, repro_from_run
+def execute_run(planned: PlannedRun, repro_dir: Path, on_tick: Callable[[int], None] = lambda tick: None, *,
+                isolate: bool = True, repro_name_dir: Path | None = None) -> RunRecord:
+    """One planned run through the harness (detectors in count mode); a repro on divergence."""
+    from stress.harness import ChurnOps, checked_run
+    from stress.isolation import isolated_run
 
-    config = planned.config
-    session = build_session(config)
-    sync_report = arm_runner(session.runner, "count")
-    staging = getattr(session.runner, "staging", None)
-    lifetime = LifetimeChecker("count").attach(staging) if staging is not None else None
-    churn = Churn(config.limits, config.seed, planned.churn)
-    before_enqueue = RandomDelay.from_dict(config.delay_policy).hook(session.device) if config.delay_policy else None
+    findings = (isolated_run if isolate else checked_run)(planned.config, ChurnOps(planned.churn), name=planned.name,
+                                                          lifetime_mode="count", on_tick=on_tick)
+    return record_run(planned, findings, repro_dir, repro_name_dir)
 
-    def before_tick(tick: int, scheduler) -> None:
-        churn(tick, scheduler)
-        on_tick(tick)
 
-    driver = DifferentialRun(session.runner, session.oracle, session.scheduler, before_tick=before_tick,
-                             before_enqueue=before_enqueue)
-    try:
-        result = driver.run(config.steps)
-    finally:
-        if lifetime is not None:
-            lifetime.detach(staging)
-    waits = counted_waits(session.runner)
-    record = RunRecord(
-        name=planned.name, seed=config.seed, lag_policy=config.lag_policy, delay_policy=config.delay_policy,
-        scheduler=config.scheduler.to_dict(), ticks=result.ticks, steps=result.steps, requests=result.requests,
-        finished=result.finished, tokens_compared=result.tokens_compared, logprobs_compared=result.logprobs_compared,
-        ties=len(result.ties), tie_lines=summarize_ties(result.ties, limit=10),
-        first_divergence=result.first_divergence_line(), divergence_lines=[d.line() for d in result.divergences[:6]],
-        host_syncs=max(0, sync_report.count - waits), counted_waits=waits,
-        host_sync_sites=_sync_sites(sync_report) if sync_report.count > waits else [],
-        lifetime_checked=lifetime is not None,
-        lifetime_violations=lifetime.violations if lifetime is not None else 0,
-        lifetime_errors=[str(e) for e in lifetime.errors[:10]] if lifetime is not None else [],
-        elapsed_s=round(result.elapsed_s, 2),
-    )
-    if not result.ok:
-        if result.runner_traceback:
-            record.divergence_lines.append(result.runner_traceback.rstrip().splitlines()[-1])
+def record_run(planned: PlannedRun, findings: Any, repro_dir: Path, repro_name_dir: Path | None = None) -> RunRecord:
+    """The run's record; its repro written to ``repro_dir`` on divergence and named under ``repro_name_dir``
+    (the folder it will have once the report folder is in place; default ``repro_dir``)."""
+    repro = None
+    if findings.diverged:
         slug = "".join(c if c.isalnum() else "-" for c in planned.name)
-        path = repro_from_run(config, churn.trace, result).save(repro_dir / f"seed{config.seed}-{slug}.json")
-        record.repro = str(path)
-    return record
-
-
-def _sync_sites(report: Any) -> list[str]:
-    from collections import Counter
-
-    return [f"{n} x {what} at {where}" for (what, where), n in Counter(report.events).most_common(10)]
+        filename = f"seed{planned.config.seed}-{slug}.json"
+        findings.repro().save(repro_dir / filename)
+        repro = str((repro_name_dir or repro_dir) / filename)
+    return RunRecord.from_findings(findings, repro)
 
 
 # --------------------------------------------------------------------------- statistics
@@ -181,163 +168,142 @@ def run_chisq(out_dir: Path, skip: bool = False, seed: int = 0, *, device: str |
     return run_statistics(out_dir, skip, seed, device=device, runner_sampler=runner_sampler)
 
 
+
 # --------------------------------------------------------------------------- CLI
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "sim", "cpu"],
-                        help="auto: cuda when a GPU is present, else sim")
-    parser.add_argument("--quick", action="store_true", help="a short job (about two minutes on a 2-core CPU)")
-    parser.add_argument("--seed", type=int, default=0, help="run i uses seed S + i")
-    parser.add_argument("--out", default="out/verify", help="report folder (summary.json, summary.md, repros/)")
+    parser.set_defaults(out="out/verify")
+    parser.add_argument("--quick", action="store_true", help="a short job (2 to 3 minutes on an idle 2-core CPU)")
     parser.add_argument("--runner", default=DEFAULT_RUNNER_SPEC, help="runner factory 'package.module:factory'")
     parser.add_argument("--model", default="micro", choices=sorted(PRESETS))
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one case per run)")
     # Sizing knobs for tests and experiments, not part of the job's contract.
-    parser.add_argument("--steps", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--runs", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int_type(1), default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--runs", type=int_type(1), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--skip-chisq", action="store_true", help=argparse.SUPPRESS)
-
-
-def _resolve_kind(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "sim"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise StressSetupError("--device cuda asked for, but torch sees no CUDA device")
-    return device
-
-
-def _check_args(args: argparse.Namespace) -> None:
-    if args.seed < 0:
-        raise StressSetupError(f"--seed {args.seed} must be >= 0")
-    for flag in ("steps", "runs"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise StressSetupError(f"--{flag} {value} must be >= 1")
+    parser.add_argument("--no-coverage-gate", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--jobs", type=int_type(1), default=None,
+                        help="runs side by side, each in its own process (default: the usable cores)")
+    parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from checks.provenance import device_name, provenance
+    from checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from stress.harness import load_runner_factory
+    from stress.junit_cases import check_junit_path, verify_cases, write_cases
+    from stress.render import print_verify_summary
 
-    console = Console(stderr=True)
     started = time.perf_counter()
     out = Path(args.out)
+    kind = args.device
     try:
-        _check_args(args)
-        kind = _resolve_kind(args.device)
-        from stress.runners import RunnerSpecError, resolve_runner_factory
-
-        try:
-            resolve_runner_factory(args.runner)
-        except RunnerSpecError as e:
-            raise StressSetupError(str(e)) from None
+        if args.junit:
+            check_junit_path(args.junit)
+        load_runner_factory(args.runner)
         notes: list[str] = []
         cuda_delay = None
         if kind == "cuda":
             cuda_delay, note = _calibrate_cuda(args)
             notes.append(note)
         plan = plan_runs(kind, args.seed, args.runner, quick=args.quick, ticks=args.steps, max_runs=args.runs,
-                         model=args.model, cuda_delay=cuda_delay)
-        records, chisq = _execute_plan(plan, out, args, console)
-    except StressSetupError as e:
+                         model=args.model, cuda_delay=cuda_delay, cuda_graphs=not args.eager)
+    except RunSetupError as e:
         print(f"runnercheck verify: {e}", file=sys.stderr)
         return 2
-    if any(not r.lifetime_checked for r in records):
-        notes.append("the runner has no staging pool (runner.staging): staging lifetimes were not checked")
-    doc = build_summary(records, chisq, device=kind, seed=args.seed, runner=args.runner, model=args.model,
-                        quick=args.quick, elapsed_s=time.perf_counter() - started, notes=notes)
-    json_path, md_path = write_report(out, doc)
-    _print_summary(doc, json_path, md_path)
+    try:
+        with atomic_report_folder(out) as tmp:
+            records, chisq = _execute_plan(plan, out, tmp, args)
+            from stress.staged_writes import UNGATED_STAGED_FEATURES
+
+            unused = [f for f in UNGATED_STAGED_FEATURES if any(f in r.coverage for r in records)
+                      and not sum(r.coverage.get(f, 0) for r in records)]
+            if unused:
+                notes.append(f"not produced by this runner (counted, not gated): {', '.join(unused)}")
+            if any(not r.lifetime_checked for r in records):
+                notes.append("the runner has no staging pool (runner.staging): staging lifetimes were not checked")
+            doc = build_summary(records, chisq, device=kind, seed=args.seed, runner=args.runner, model=args.model,
+                                quick=args.quick, elapsed_s=time.perf_counter() - started, notes=notes,
+                                provenance=provenance(device_name(kind)), require_coverage=not args.no_coverage_gate)
+            write_report(tmp, doc)
+    except RunSetupError as e:
+        print(f"runnercheck verify: {e}", file=sys.stderr)
+        return 2
+    except FolderNotReplaced as e:
+        print(f"runnercheck verify: {e}", file=sys.stderr)
+        return 130 if isinstance(e.__cause__, KeyboardInterrupt) else 1
+    files = [out / "summary.json", out / "summary.md", out / "manifest.json"]
+    files += [Path(r["repro"]) for r in doc["runs"] if r.get("repro")]
+    for folder in sorted({e["folder"] for e in doc["chisq"].get("samplers", []) if e.get("folder")}):
+        files += sorted(p for p in Path(folder).glob("*") if p.is_file())
+    if args.junit:
+        files.append(write_cases(args.junit, "runnercheck verify", verify_cases(doc)))
+    print_verify_summary(doc, files)
     return 0 if doc["passed"] else 1
 
 
 def _calibrate_cuda(args: argparse.Namespace) -> tuple[Callable[[int], dict], str]:
     from stress.races import DEFAULT_LAG_FACTOR, calibrate_cuda_delay, measure_host_tick_us
 
-    warmup = plan_runs("cuda", args.seed, args.runner, quick=True, ticks=12, max_runs=1, model=args.model)[0].config
+    warmup = plan_runs("cuda", args.seed, args.runner, quick=True, ticks=12, max_runs=1, model=args.model,
+                       cuda_graphs=not args.eager)[0].config
     tick_us = measure_host_tick_us(warmup)
     note = (f"cuda delays calibrated on a {tick_us:.0f} us host tick: mean delay {DEFAULT_LAG_FACTOR:g} ticks per step, "
             f"so the GPU trails the host by up to max_inflight_steps steps")
     return (lambda seed: calibrate_cuda_delay(seed, tick_us)), note
 
 
-def _execute_plan(plan: list[PlannedRun], out: Path, args: argparse.Namespace, console) -> tuple[list[RunRecord], dict]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path, args: argparse.Namespace) -> tuple[list[RunRecord], dict]:
+    from stress.harness import ChurnOps
+    from stress.isolation import IsolatedJob, default_parallel, isolated_runs
+    from stress.progress import Progress
+    from stress.render import run_line
 
-    progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        TextColumn("{task.fields[status]}"), console=console, transient=True,
-        disable=args.no_progress or not console.is_terminal,
-    )
-    records: list[RunRecord] = []
-    with progress:
-        total = progress.add_task("verify", total=sum(p.config.steps for p in plan), status="")
-        done = 0
-        for i, planned in enumerate(plan):
-            progress.update(total, description=f"run {i + 1}/{len(plan)} {planned.name} (seed {planned.config.seed})")
+    by_index: dict[int, RunRecord] = {}
+    ticks = [0] * len(plan)
+    with Progress("verify", sum(p.config.steps for p in plan), enabled=not args.no_progress) as progress:
+        def started(i: int) -> None:
+            p = plan[i]
+            progress.start(f"run {i + 1}/{len(plan)} {p.name} (seed {p.config.seed}, {p.config.steps} ticks)")
 
-            def on_tick(tick: int, base: int = done) -> None:
-                progress.update(total, completed=base + tick)
+        def ticked(i: int, tick: int) -> None:
+            ticks[i] = tick
+            progress.advance(sum(ticks))
 
-            record = execute_run(planned, out / "repros", on_tick)
-            done += planned.config.steps
-            records.append(record)
-            progress.update(total, completed=done, status=_status(records))
-            progress.console.print(_run_line(record), highlight=False)
-        progress.update(total, description="sampler statistics (chisq)")
-        chisq = run_chisq(out, skip=args.skip_chisq, seed=args.seed)
+        def done(i: int, findings: Any) -> None:
+            ticks[i] = plan[i].config.steps
+            by_index[i] = record_run(plan[i], findings, tmp / "repros", out / "repros")
+            progress.end(run_line(by_index[i]))
+
+        if args.in_process:
+            from stress.harness import checked_run
+
+            for i, planned in enumerate(plan):
+                started(i)
+                done(i, checked_run(planned.config, ChurnOps(planned.churn), name=planned.name, lifetime_mode="count",
+                                    on_tick=lambda t, i=i: ticked(i, t)))
+        else:
+            jobs = [IsolatedJob(p.config, ChurnOps(p.churn), p.name, "count") for p in plan]
+            # On cuda one run at a time: the delays are calibrated for a GPU that runs one step stream.
+            parallel = args.jobs or (1 if args.device == "cuda" else default_parallel())
+            isolated_runs(jobs, parallel=parallel, on_start=started, on_tick=ticked, on_done=done)
+        progress.start("sampler statistics (chisq)")
+        records = [by_index[i] for i in range(len(plan))]
+        chisq = _retarget(run_chisq(tmp, skip=args.skip_chisq, seed=args.seed), str(tmp), str(out))
+        progress.end(f"sampler statistics: {chisq.get('status')}")
     return records, chisq
 
 
-def _status(records: list[RunRecord]) -> str:
-    failed = sum(not r.passed for r in records)
-    return f"{sum(r.steps for r in records)} steps, {failed} failing run(s)"
-
-
-def _run_line(r: RunRecord) -> str:
-    verdict = "ok  " if r.passed else "FAIL"
-    extra = f"  {r.first_divergence}" if r.first_divergence else ""
-    if r.host_syncs:
-        extra += f"  {r.host_syncs} host sync(s)"
-    if r.lifetime_violations:
-        extra += f"  {r.lifetime_violations} lifetime violation(s)"
-    return f"{verdict} {r.name} (seed {r.seed}): {r.steps} steps, {r.tokens_compared} tokens, {r.ties} ties, {r.elapsed_s:.1f} s{extra}"
-
-
-def _print_summary(doc: dict, json_path: Path, md_path: Path) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    from stress.report import chisq_line
-
-    verdict = "[bold green]PASSED[/]" if doc["passed"] else "[bold red]FAILED[/]"
-    table = Table(title=f"runnercheck verify: {verdict}", show_header=True)
-    for col in ("run", "seed", "steps", "tokens", "ties", "syncs", "waits", "lifetime", "result"):
-        table.add_column(col, justify="left" if col in ("run", "result") else "right", no_wrap=col == "run")
-    for r in doc["runs"]:
-        lifetime = str(r["lifetime_violations"]) if r["lifetime_checked"] else "n/a"
-        result = "ok" if r["passed"] else "[red]FAIL[/]"
-        table.add_row(r["name"], str(r["seed"]), str(r["steps"]), str(r["tokens_compared"]), str(r["ties"]),
-                      str(r["host_syncs"]), str(r["counted_waits"]), lifetime, result)
-    console = Console()
-    console.print(table)
-    console.print(f"device {doc['device']}, runner {doc['runner']}, {doc['elapsed_s']:.1f} s", highlight=False)
-    console.print(f"divergences {doc['divergences']}, host syncs {doc['host_syncs']}, lifetime violations "
-                  f"{doc['lifetime_violations']}, ties {doc['ties']}", highlight=False)
-    console.print(f"sampler statistics: {chisq_line(doc['chisq'])}", highlight=False, markup=False)
-    for r in doc["runs"]:
-        if r["first_divergence"]:
-            console.print(f"DIVERGENCE {r['name']}: {r['first_divergence']}", highlight=False, markup=False)
-            console.print(f"  repro: {r['repro']}  (runnercheck replay {r['repro']})", highlight=False, markup=False)
-        for site in r["host_sync_sites"][:3]:
-            console.print(f"HOST SYNC {r['name']}: {site}", highlight=False, markup=False)
-        for err in r["lifetime_errors"][:3]:
-            console.print(f"LIFETIME {r['name']}: {err}", highlight=False, markup=False)
-    for note in doc["notes"]:
-        console.print(f"note: {note}", highlight=False, markup=False)
-    console.print(f"report: {json_path}  {md_path}", highlight=False, markup=False)
+def _retarget(value: Any, tmp: str, out: str) -> Any:
+    """``value`` with paths under the temporary report folder named as they will be once it is in place."""
+    if isinstance(value, dict):
+        return {k: _retarget(v, tmp, out) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_retarget(v, tmp, out) for v in value]
+    if isinstance(value, str) and value.startswith(tmp):
+        return out + value[len(tmp):]
+    return value
 
 
 __all__ = ["PlannedRun", "plan_runs", "execute_run", "run_chisq", "add_arguments", "run", "VERIFY_CHURN"]

@@ -170,7 +170,9 @@ def test_params_of_binding_cases_are_valid_and_their_thresholds_sit_between_toke
 
 
 def test_binding_table_command_prints_every_case(capsys) -> None:
-    assert chisq_binding.main(["--markdown"]) == 0
+    from checks import chisq_binding_cmd
+
+    assert chisq_binding_cmd.main(["--markdown"]) == 0
     out = capsys.readouterr().out
     assert "| bind-minp-slack-k-t0.6-v32 | 0.6 | 20000 | minp | minp | k |" in out
     assert "| combo-t0.7-k30-p-minp-v97 | 0.7 | 20000 | k p | k p | minp |" in out

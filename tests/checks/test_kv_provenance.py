@@ -18,7 +18,7 @@ from impl.model.weights import preset, random_weights
 from impl.runner import make_runner
 from impl.state import NUM_COMPUTED
 from stress.scheduler import SchedulerSim, SchedulerSimError
-from stress.stress_cmd import default_limits
+from stress.run_config import default_limits
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
 BLOCK = 4

@@ -11,9 +11,11 @@ from impl.device import Device
 from impl.model.weights import preset, random_weights
 from stress.churn import Churn, ChurnConfig
 from stress.driver import DifferentialRun
-from stress.runners import SimpleRunner, reference_runner, resolve_runner_factory, simple_runner
+from stress.harness import load_runner_factory
+from stress.run_config import RunSetupError
+from stress.runners import SimpleRunner, reference_runner, simple_runner
 from stress.scheduler import SchedulerSim
-from stress.stress_cmd import default_limits
+from stress.run_config import default_limits
 
 TOL = 1e-3
 
@@ -142,10 +144,10 @@ def test_runner_exception_is_recorded_as_a_divergence(micro) -> None:
 
 
 def test_runner_spec_resolution() -> None:
-    assert resolve_runner_factory("stress.runners:simple_runner") is simple_runner
+    assert load_runner_factory("stress.runners:simple_runner") is simple_runner
     for bad in ("stress.runners", "no_such_mod:f", "stress.runners:nope", ":x"):
-        with pytest.raises(runners_mod.RunnerSpecError):
-            resolve_runner_factory(bad)
+        with pytest.raises(RunSetupError):
+            load_runner_factory(bad)
 
 
 # --------------------------------------------------------------------------- against the oracle

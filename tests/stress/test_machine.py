@@ -12,7 +12,7 @@ from impl.device import Device
 from impl.interface import NewRequest, SamplingParams
 from impl.state import RequestStateTable
 from stress.machine import MachineInvariantError, RunnerMachine, check_row_table, sampling_params
-from stress.stress_cmd import default_limits
+from stress.run_config import default_limits
 
 # Collected here so the CI run and the long run are part of this module's tests.
 TestRunnerMachine = machine.TestRunnerMachine

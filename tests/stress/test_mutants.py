@@ -25,7 +25,7 @@ from stress.mutants import CATALOGUE, CHECKS, CLASSES, WORKLOADS, MutantTargetEr
 from stress.mutants_cmd import MutantsOptions, run_catalogue, run_differential
 from stress.mutants_report import ControlResult, MutantResult, MutantsReport, markdown
 from stress.runners import simple_runner
-from stress.stress_cmd import default_limits
+from stress.run_config import default_limits
 
 
 @pytest.fixture
@@ -105,17 +105,18 @@ def test_apply_patches_the_runner_and_undo_restores_it(name, micro_runner):
 
 def test_stress_command_installs_mutants_through_apply():
     from stress.scheduler import SchedulerConfig
-    from stress.stress_cmd import StressConfig, StressSetupError, build_session
+    from stress.harness import build_session
+    from stress.run_config import RunConfig, RunSetupError
 
     config = preset("micro")
 
-    def stress_config(mutant: str) -> StressConfig:
-        return StressConfig(0, 1, "sim", "micro", config, default_limits(config), SchedulerConfig(), None, None,
+    def stress_config(mutant: str) -> RunConfig:
+        return RunConfig(0, 1, "sim", "micro", config, default_limits(config), SchedulerConfig(), None, None,
                             mutant, "impl.runner:make_runner")
 
     session = build_session(stress_config("reuse_staging_early"))
     assert len(session.runner.staging.slots) == 1
-    with pytest.raises(StressSetupError, match="unknown mutant"):
+    with pytest.raises(RunSetupError, match="unknown mutant"):
         build_session(stress_config("no_such_bug"))
 
 

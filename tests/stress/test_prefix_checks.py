@@ -15,7 +15,7 @@ from stress.mutants_prefix import PREFIX_MUTANTS, PREFIX_WORKLOAD
 from stress.prefix_checks import arm_prefix_checks
 from stress.runners import simple_runner
 from stress.scheduler import SchedulerSim
-from stress.stress_cmd import default_limits
+from stress.run_config import default_limits
 
 
 def _limits():

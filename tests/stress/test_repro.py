@@ -36,7 +36,10 @@ def make_repro(**changes) -> Repro:
         first_divergence="step 2: request 'r0' position 4: expected token 9, got 8",
     )
     fields.update(changes)
-    return Repro(**fields)
+    from stress.run_config import RunConfig
+
+    config = RunConfig.from_body(dict(fields, cuda_graphs=fields.get("cuda_graphs", True)))
+    return Repro(config, fields["trace"], fields["first_divergence"], {"runnercheck": "test", "device_name": "sim"})
 
 
 def test_round_trip(tmp_path) -> None:
@@ -88,7 +91,13 @@ def test_malformed_text(tmp_path, text: str, message: str) -> None:
 @pytest.mark.parametrize(
     "change,message",
     [
-        (lambda d: d.update(version=2), "unknown repro version 2"),
+        (lambda d: d.update(version=1), "unknown repro version 1"),
+        (lambda d: d.update(steps=4), "recorded trace holds 3 ticks"),
+        (lambda d: d.update(seed=2**63), r"integer in \[0, 2\^63\)"),
+        (lambda d: (d["model"]["config"].update(vocab_size=10**9, hidden_size=4096), d["limits"].update(vocab_size=10**9)),
+         "parameters, above the maximum"),
+        (lambda d: d["limits"].update(num_kv_blocks=10**7), "KV cache"),
+        (lambda d: d.update(provenance=None), "field 'provenance'"),
         (lambda d: d.pop("trace"), r"missing field\(s\) \['trace'\]"),
         (lambda d: d.update(extra=1), r"unknown field\(s\) \['extra'\]"),
         (lambda d: d.update(seed="7"), "field 'seed' must be an int"),
@@ -169,8 +178,10 @@ def test_stress_divergence_writes_a_repro_that_replays(tmp_path, capsys, planted
     line = next(x for x in out.splitlines() if x.startswith("DIVERGENCE "))[len("DIVERGENCE "):]
     assert line.startswith("step 5: request ") and "expected token" in line
     repro = Repro.load(tmp_path / "repro.json")
-    assert repro.first_divergence == line and repro.device == "sim" and repro.lag_policy["name"] == "random-drain"
-    assert repro.lag_policy["seed"] == 2 and repro.steps == len(repro.trace) and repro.steps <= 25
+    config = repro.config
+    assert repro.first_divergence == line and config.device == "sim" and config.lag_policy["name"] == "random-drain"
+    assert config.lag_policy["seed"] == 2 and config.steps == len(repro.trace) and config.steps <= 25
+    assert repro.provenance["device_name"] == "sim" and "torch" in repro.provenance
 
     assert cli_main(["replay", str(tmp_path / "repro.json"), "--no-progress"]) == 1
     out = capsys.readouterr().out
@@ -183,7 +194,7 @@ def test_stress_divergence_writes_a_repro_that_replays(tmp_path, capsys, planted
 
 def test_replay_of_a_bad_file_is_a_message_not_a_traceback(tmp_path, capsys) -> None:
     path = make_repro().save(tmp_path / "repro.json")
-    edit(path, lambda d: d.update(steps=99))
+    edit(path, lambda d: d.update(steps=2))
     assert cli_main(["replay", str(path)]) == 2
     err = capsys.readouterr().err
     assert "checksum mismatch" in err and "Traceback" not in err
@@ -214,22 +225,22 @@ def test_stress_setup_errors_exit_2(tmp_path, capsys, extra, message: str) -> No
 def sim_config(runner: str, seed: int, steps: int):
     from impl.model.weights import preset
     from stress.scheduler import SchedulerConfig
-    from stress.stress_cmd import StressConfig, default_limits
+    from stress.run_config import RunConfig, default_limits
 
     config = preset("micro")
-    return StressConfig(seed=seed, steps=steps, device="sim", model_preset="micro", model_config=config,
+    return RunConfig(seed=seed, steps=steps, device="sim", model_preset="micro", model_config=config,
                         limits=default_limits(config), scheduler=SchedulerConfig(1, 0.3),
                         lag_policy={"name": "random-drain", "seed": seed, "p_stall": 0.5}, delay_policy=None,
                         mutant=None, runner=runner)
 
 
-def record_outputs(config, before_tick) -> list:
-    from stress.stress_cmd import run_config
+def record_outputs(config, ops) -> tuple[list, list]:
+    from stress.harness import checked_run
 
     seen = []
-    _, result = run_config(config, before_tick, show_progress=False, on_step=lambda report: seen.append(report.got))
-    assert result.ok, result.first_divergence_line()
-    return seen
+    findings = checked_run(config, ops, on_step=lambda report: seen.append(report.got))
+    assert findings.result.ok, findings.first_divergence_line()
+    return seen, findings.trace
 
 
 @pytest.mark.parametrize("runner,steps", [("stress.runners:simple_runner", 30), ("impl.runner:make_runner", 8)])
@@ -238,14 +249,14 @@ def test_trace_replay_is_bit_for_bit_on_sim(runner: str, steps: int) -> None:
     randomly draining sim device included): what `runnercheck replay` relies on."""
     pytest.importorskip("reference.runner")
     pytest.importorskip(runner.split(":")[0])
-    from stress.churn import Churn, ChurnConfig, TraceReplay
+    from stress.churn import ChurnConfig
+    from stress.harness import ChurnOps, TraceOps
 
     config = sim_config(runner, seed=11, steps=steps)
     # greedy/temperature only: what every runner in this repository samples today
     plain = ChurnConfig(top_k_prob=0, top_p_prob=0, min_p_prob=0, penalty_prob=0, logprobs_prob=0,
                         prompt_logprobs_prob=0, add_prob=0.9)
-    churn = Churn(config.limits, seed=11, config=plain)
-    first = record_outputs(config, churn)
+    first, trace = record_outputs(config, ChurnOps(plain))
     assert sum(len(t) for out in first for t in out.sampled_token_ids) > steps // 2
-    again = record_outputs(config, TraceReplay(churn.trace))
+    again, _ = record_outputs(config, TraceOps(trace))
     assert again == first

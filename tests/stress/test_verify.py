@@ -21,22 +21,18 @@ from stress.repro import Repro
 PLANTED_MODULE = "runnercheck_planted_runners"
 
 
-def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    verify.add_arguments(parser)
-    return parser.parse_args(list(argv))
-
-
 def run_verify(tmp_path: Path, *argv: str) -> tuple[int, Path]:
+    from stress.cli import main
+
     out = tmp_path / "verify"
-    return verify.run(parse("--out", str(out), "--no-progress", *argv)), out
+    return main(["verify", "--out", str(out), "--no-progress", *argv]), out
 
 
 # --------------------------------------------------------------------------- the quick job
 
 
 def test_quick_job_on_sim_passes_and_writes_a_valid_report(tmp_path: Path, capsys) -> None:
-    rc, out = run_verify(tmp_path, "--device", "sim", "--quick", "--steps", "8")
+    rc, out = run_verify(tmp_path, "--device", "sim", "--quick", "--steps", "8", "--no-coverage-gate")
     doc = load_summary(out / "summary.json")  # schema-checked
     assert rc == 0 and doc["passed"] is True, (out / "summary.md").read_text()
     assert doc["device"] == "sim" and doc["seed"] == 0 and doc["divergences"] == 0
@@ -148,8 +144,8 @@ def test_planted_wrong_token_fails_the_job_with_a_replayable_repro(tmp_path: Pat
     run = doc["runs"][0]
     assert run["first_divergence"].startswith("step ") and "expected token" in run["first_divergence"]
     repro = Repro.load(run["repro"])
-    assert (repro.runner, repro.seed, repro.first_divergence) == (spec, 0, run["first_divergence"])
-    assert repro.lag_policy == doc["runs"][0]["lag_policy"]
+    assert (repro.config.runner, repro.config.seed, repro.first_divergence) == (spec, 0, run["first_divergence"])
+    assert repro.config.lag_policy == doc["runs"][0]["lag_policy"]
     assert "DIVERGENCE" in capsys.readouterr().out and "## Findings" in (out / "summary.md").read_text()
 
     from stress import replay
@@ -303,7 +299,7 @@ def test_summary_schema_rejects_inconsistent_documents(corrupt, message: str) ->
 
 def test_cuda_delay_calibration_makes_the_mean_delay_exceed_the_host_tick() -> None:
     from stress.races import DEFAULT_DELAY_PROB, DEFAULT_LAG_FACTOR
-    from stress.stress_cmd import RandomDelay
+    from stress.run_config import RandomDelay
 
     policy = calibrate_cuda_delay(7, host_tick_us=2000.0)
     delay = RandomDelay.from_dict(policy)  # the repro format `runnercheck replay` reads
@@ -333,7 +329,8 @@ def test_the_cuda_plan_runs_end_to_end_off_cuda(tmp_path: Path) -> None:
 def test_delays_make_the_gpu_trail_the_host_and_the_job_passes(tmp_path: Path) -> None:
     from stress.driver import DifferentialRun
     from stress.races import measure_host_tick_us
-    from stress.stress_cmd import RandomDelay, build_session
+    from stress.harness import build_session
+    from stress.run_config import RandomDelay
 
     plan = verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=True, ticks=60)
     tick_us = measure_host_tick_us(plan[0].config)

@@ -1,0 +1,115 @@
+"""The options every `runnercheck` command shares, with one rule each, and typed numeric flags.
+
+* ``--device {auto,cuda,cpu,sim}``: **auto means cuda when torch sees a GPU, else sim** -- in
+  every command (`resolve_device`); asking for cuda without one is a usage error.
+* ``--seed S``: an integer in ``[0, 2^63)`` everywhere (`stress.run_config.seed_problem` words
+  the message).
+* ``--out DIR``: a report folder that can be created and written and is not a file
+  (`checks.report_folder.check_out_dir`), checked before any work.
+* ``--no-progress``: no progress bar (progress lines still go to a non-terminal log).
+* ``-v`` / ``-q``: more / less logging (`logging`, to stderr).
+* ``--eager``: run the runner without CUDA graphs (``cuda_graphs=False`` to factories that take it).
+
+A bad value is an `argparse.ArgumentTypeError` raised while parsing, so the command exits 2 with
+one line before it starts any work.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Callable
+
+from stress.run_config import seed_problem
+
+DEVICE_CHOICES = ("auto", "cuda", "cpu", "sim")
+
+
+class DeviceUnavailableError(RuntimeError):
+    """``--device cuda`` on a machine where torch sees no GPU."""
+
+
+def resolve_device(device: str) -> str:
+    """The one rule: auto -> cuda when a GPU is present, else sim; cuda must be present when asked for."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "sim"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DeviceUnavailableError("--device cuda asked for, but torch sees no CUDA device")
+    return device
+
+
+def seed_message(text: object) -> str:
+    """The one message for a bad seed, in every command."""
+    return f"must be an integer in [0, 2^63), got {text}"
+
+
+def seed_type(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(seed_message(text)) from None
+    if seed_problem(value):
+        raise argparse.ArgumentTypeError(seed_message(text))
+    return value
+
+
+def int_type(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[minimum, maximum]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+            raise argparse.ArgumentTypeError(f"must be an integer {bound}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_type(minimum: float, maximum: float | None = None) -> Callable[[str], float]:
+    """An argparse type: a finite number in ``[minimum, maximum]``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (value >= minimum and (maximum is None or value <= maximum)):
+            bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+            raise argparse.ArgumentTypeError(f"must be a number {bound}, got {text}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def add_logging_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("output")
+    group.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
+    group.add_argument("-q", "--quiet", action="count", default=0, help="only errors in the log")
+
+
+def add_run_options(parser: argparse.ArgumentParser, *, eager: bool) -> None:
+    group = parser.add_argument_group("run")
+    group.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
+                       help="auto: cuda when torch sees a GPU, else sim (the same rule in every command)")
+    group.add_argument("--seed", type=seed_type, default=0, help="an integer in [0, 2^63)")
+    group.add_argument("--out", default=None, help="report folder (written atomically; checked before any work)")
+    group.add_argument("--no-progress", action="store_true", help="no progress bar")
+    if eager:
+        group.add_argument("--eager", action="store_true", help="run the runner without CUDA graphs")
+
+
+def configure_logging(verbose: int, quiet: int) -> None:
+    level = logging.WARNING - 10 * verbose + 10 * quiet
+    logging.basicConfig(level=max(logging.DEBUG, min(level, logging.CRITICAL)), format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(max(logging.DEBUG, min(level, logging.CRITICAL)))
+
+
+__all__ = ["DEVICE_CHOICES", "DeviceUnavailableError", "resolve_device", "seed_message", "seed_type", "int_type", "float_type",
+           "add_logging_options", "add_run_options", "configure_logging"]

@@ -1,0 +1,188 @@
+"""What a differential campaign exercised: a count per feature, from the steps it compared.
+
+`CoverageCounter.observe` reads each delivered step (the `SchedulerOutput` and the runner's
+output that the oracle agreed with) and counts, per feature of `FEATURES`:
+
+* sampling parameters, each on its own and in the pairs/groups that interact (filters with
+  filters, filters with penalties, penalties with penalties, greedy with penalties);
+* penalties applied over prompt tokens only (a request's first sampled token) and over output
+  tokens (later tokens of a penalized request);
+* request and row transitions: admitted, resumed after preemption, preempted, finished or
+  aborted, a row taken over by another request;
+* draft tokens: none, some or all of a step's drafts accepted;
+* prefill chunking: a prefill in one step, the first / a middle / the final chunk of a split
+  prefill, a chunk ending on a block boundary, a decode step;
+* NaN and +Inf logit rows sampled (planted by `stress.faults` in runner and oracle alike; counted
+  in runs whose runner took the hook: `FAULT_FEATURES`).
+
+Features counted by other observers (staged-write patterns: `stress.staged_writes`) are merged in
+with `add`.  A campaign whose total for a feature is zero did not test it: `zero_features` names
+those, and `verify` fails on them.
+
+Ownership: a counter owns its per-request bookkeeping (host dicts, one run).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable, Mapping
+
+from checks.compare import first_output_positions
+from impl.interface import RunnerLimits, SamplingParams
+
+_KNOBS = {
+    "top-k": lambda p: p.top_k != -1,
+    "top-p": lambda p: p.top_p < 1.0,
+    "min-p": lambda p: p.min_p > 0.0,
+    "repetition penalty": lambda p: p.repetition_penalty != 1.0,
+    "frequency penalty": lambda p: p.frequency_penalty != 0.0,
+    "presence penalty": lambda p: p.presence_penalty != 0.0,
+}
+_FILTERS = ("top-k", "top-p", "min-p")
+_PENALTIES = ("repetition penalty", "frequency penalty", "presence penalty")
+PARAM_PAIRS = tuple((a, b) for i, a in enumerate(_KNOBS) for b in list(_KNOBS)[i + 1:])
+
+FEATURES: tuple[str, ...] = (
+    "params: greedy", "params: temperature sampling", *(f"params: {k}" for k in _KNOBS),
+    "params: explicit seed", "params: logprobs", "params: prompt logprobs", "params: stop tokens",
+    *(f"combo: {a} + {b}" for a, b in PARAM_PAIRS),
+    "combo: all three filters", "combo: all three penalties", "combo: greedy + penalties",
+    "penalty over prompt tokens", "penalty over output tokens",
+    "request admitted", "request resumed after preemption", "request preempted", "request finished or aborted",
+    "row taken over by another request",
+    "drafts: none accepted", "drafts: some accepted", "drafts: all accepted",
+    "prefill in one step", "prefill chunk: first", "prefill chunk: middle", "prefill chunk: final",
+    "chunk ends on a block boundary", "decode step",
+)
+# Counted only in runs whose runner took the logits fault hook (`stress.faults`).
+FAULT_FEATURES: tuple[str, ...] = ("logits: NaN row sampled", "logits: +Inf row sampled")
+
+
+def param_features(p: SamplingParams) -> list[str]:
+    """The sampling-parameter features one request exercises."""
+    on = [k for k, test in _KNOBS.items() if test(p)]
+    feats = ["params: greedy" if p.temperature == 0.0 else "params: temperature sampling"]
+    feats += [f"params: {k}" for k in on]
+    feats += [f"combo: {a} + {b}" for a, b in PARAM_PAIRS if a in on and b in on]
+    if all(f in on for f in _FILTERS):
+        feats.append("combo: all three filters")
+    if all(q in on for q in _PENALTIES):
+        feats.append("combo: all three penalties")
+    if p.temperature == 0.0 and any(q in on for q in _PENALTIES):
+        feats.append("combo: greedy + penalties")
+    if p.seed is not None:
+        feats.append("params: explicit seed")
+    if p.logprobs is not None:
+        feats.append("params: logprobs")
+    if p.prompt_logprobs is not None:
+        feats.append("params: prompt logprobs")
+    if p.stop_token_ids:
+        feats.append("params: stop tokens")
+    return feats
+
+
+class CoverageCounter:
+    """Counts `FEATURES` over one run's delivered steps (see the module docstring)."""
+
+    def __init__(self, limits: RunnerLimits, fault: Any = None):
+        self.limits = limits
+        self.fault = fault
+        self.counts: Counter[str] = Counter()
+        if fault is not None:
+            self.counts.update({f: 0 for f in FAULT_FEATURES})
+        self._params: dict[str, SamplingParams] = {}
+        self._prefill_len: dict[str, int] = {}
+        self._outputs: dict[str, int] = {}
+        self._rows_seen: dict[int, str] = {}
+
+    def add(self, counts: Mapping[str, int]) -> None:
+        self.counts.update(counts)
+
+    def observe(self, report: Any) -> None:
+        """Count the features of one delivered step (``report``: a `stress.driver.StepReport`)."""
+        sched, got = report.sched, report.got
+        if got is None or not report.comparison.ok:
+            return
+        c = self.counts
+        gone = sched.finished_req_ids | sched.preempted_req_ids
+        c["request preempted"] += len(sched.preempted_req_ids)
+        c["request finished or aborted"] += len(sched.finished_req_ids)
+        for rid in gone:
+            self._params.pop(rid, None)
+        starts: dict[str, int] = {}
+        for req in sched.new_requests:
+            c["request resumed after preemption" if req.is_resumed else "request admitted"] += 1
+            if not req.is_resumed:
+                c.update(param_features(req.sampling_params))
+            self._params[req.req_id] = req.sampling_params
+            self._prefill_len[req.req_id] = len(req.prefill_token_ids)
+            self._outputs[req.req_id] = len(req.output_token_ids)
+            starts[req.req_id] = 0
+        for cached in sched.cached_requests:
+            starts[cached.req_id] = cached.num_computed_tokens
+        produced = got.token_dict()
+        flagged = dict(zip(got.req_ids, got.nan_flags)) if got.nan_flags else {}
+        first_positions = first_output_positions(sched)
+        for rid, n in sched.num_scheduled_tokens.items():
+            start, prefill = starts.get(rid, 0), self._prefill_len.get(rid, 0)
+            drafts = len(sched.draft_token_ids.get(rid, ()))
+            self._count_chunk(start, n, prefill, drafts)
+            toks = produced.get(rid, ())
+            if drafts:
+                accepted = len(toks) - 1
+                c["drafts: none accepted" if accepted <= 0 else "drafts: all accepted" if accepted == drafts
+                  else "drafts: some accepted"] += 1
+            params = self._params.get(rid)
+            if toks and params is not None and any(_KNOBS[q](params) for q in _PENALTIES):
+                c["penalty over output tokens" if self._outputs.get(rid, 0) else "penalty over prompt tokens"] += 1
+            self._outputs[rid] = self._outputs.get(rid, 0) + len(toks)
+            if self.fault is not None and flagged.get(rid) and rid in first_positions:
+                for j in range(len(toks)):
+                    kind = self.fault.kind_at(first_positions[rid] + j)
+                    if kind is not None:
+                        c["logits: NaN row sampled" if kind == "nan" else "logits: +Inf row sampled"] += 1
+
+    def observe_rows(self, req_to_row: Mapping[str, int]) -> None:
+        """Count rows that changed hands (from a runner exposing ``state.req_to_row``)."""
+        for rid, row in req_to_row.items():
+            before = self._rows_seen.get(row)
+            if before is not None and before != rid:
+                self.counts["row taken over by another request"] += 1
+            self._rows_seen[row] = rid
+
+    def _count_chunk(self, start: int, n: int, prefill: int, drafts: int) -> None:
+        c = self.counts
+        end = start + n - drafts
+        if start >= prefill:
+            c["decode step"] += 1
+        elif start == 0 and end >= prefill:
+            c["prefill in one step"] += 1
+        elif start == 0:
+            c["prefill chunk: first"] += 1
+        elif end < prefill:
+            c["prefill chunk: middle"] += 1
+        else:
+            c["prefill chunk: final"] += 1
+        if start < prefill and end % self.limits.block_size == 0:
+            c["chunk ends on a block boundary"] += 1
+
+    def totals(self) -> dict[str, int]:
+        return {f: int(self.counts.get(f, 0)) for f in FEATURES} | {
+            k: int(v) for k, v in self.counts.items() if k not in FEATURES}
+
+
+def merge(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Feature totals over several runs, every feature of `FEATURES` present."""
+    total: Counter[str] = Counter()
+    for c in counts:
+        total.update(c)
+    return {f: int(total.get(f, 0)) for f in FEATURES} | {k: int(v) for k, v in total.items() if k not in FEATURES}
+
+
+def zero_features(totals: Mapping[str, int]) -> list[str]:
+    """Features a campaign never exercised (patterns the runner never issues are shown, not gated)."""
+    from stress.staged_writes import UNGATED_STAGED_FEATURES
+
+    return [f for f in totals if totals[f] == 0 and f not in UNGATED_STAGED_FEATURES]
+
+
+__all__ = ["CoverageCounter", "FEATURES", "FAULT_FEATURES", "PARAM_PAIRS", "param_features", "merge", "zero_features"]

@@ -1,0 +1,96 @@
+"""JUnit renderings of `verify` and `mutants` results (`checks.junit` writes the XML).
+
+verify: one case per run (failure: its first divergence, crash, host sync or lifetime violation;
+properties: seed and repro path), plus one for the coverage gate and one for the statistics.
+mutants: one case per mutant (failure: it survived, or was killed by other checks than it was
+built for; skipped: needs a GPU) and one per control (failure: a check fired on the unmutated
+runner).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from checks.junit import JUnitCase, write_junit
+from stress.run_config import RunSetupError
+
+
+def check_junit_path(path: str | os.PathLike) -> Path:
+    """``--junit FILE`` must be writable (its folder creatable) and not a folder; checked before any work."""
+    p = Path(path)
+    if p.is_dir():
+        raise RunSetupError(f"--junit {p}: is a folder, expected a file name")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise RunSetupError(f"--junit {p}: file is not writable")
+    ancestor = p.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+        raise RunSetupError(f"--junit {p}: cannot create it under {ancestor}")
+    return p
+
+
+def _run_failure(run: dict) -> str | None:
+    if run.get("crash"):
+        return f"crash: {run['crash']} after step {run.get('last_completed_step')}"
+    if run.get("first_divergence"):
+        return f"divergence: {run['first_divergence']}"
+    if run.get("host_syncs"):
+        sites = run.get("host_sync_sites") or ["?"]
+        return f"{run['host_syncs']} host sync(s): {sites[0]}"
+    if run.get("lifetime_violations"):
+        errors = run.get("lifetime_errors") or ["?"]
+        return f"{run['lifetime_violations']} staging lifetime violation(s): {errors[0]}"
+    if run.get("provenance_violations"):
+        lines = (run.get("prefix_cache") or {}).get("provenance_lines") or ["?"]
+        return f"{run['provenance_violations']} kv provenance violation(s): {lines[0]}"
+    return None
+
+
+def verify_cases(doc: dict) -> list[JUnitCase]:
+    cases = []
+    for run in doc["runs"]:
+        props = {"seed": run["seed"], "steps": run["steps"], "tokens_compared": run["tokens_compared"]}
+        if run.get("repro"):
+            props["repro"] = run["repro"]
+        cases.append(JUnitCase(name=f"{run['name']} (seed {run['seed']})", classname=f"runnercheck.verify.{doc['device']}",
+                               time_s=float(run.get("elapsed_s", 0.0)), failure=_run_failure(run),
+                               failure_details="\n".join(run.get("divergence_lines", [])), properties=props))
+    zero = doc.get("coverage_zero", [])
+    cases.append(JUnitCase(name="coverage", classname=f"runnercheck.verify.{doc['device']}",
+                           failure=f"features not exercised: {', '.join(zero)}" if zero else None,
+                           properties={"features": len(doc.get("coverage", {}))}))
+    chisq = doc["chisq"]
+    status = chisq.get("status")
+    cases.append(JUnitCase(
+        name="sampler statistics", classname=f"runnercheck.verify.{doc['device']}",
+        failure=None if status in ("not available", "skipped") or chisq.get("passed") else f"{status}: {chisq.get('summary') or chisq.get('note', '')}",
+        skipped=f"{status}: {chisq.get('note', '')}" if status in ("not available", "skipped") else None))
+    return cases
+
+
+def mutants_cases(report: Any) -> list[JUnitCase]:
+    cases = []
+    for m in report.mutants:
+        skipped = m.skip_reason if m.status == "skipped" else None
+        failure = None
+        if skipped is None and not m.as_designed:
+            failure = (f"survived: no check fired ({', '.join(m.checks_run)} ran)" if not m.killed
+                       else f"killed by {', '.join(m.killed_by)}, not by the checks it was built for ({', '.join(m.designed)})")
+        cases.append(JUnitCase(name=m.name, classname=f"runnercheck.mutants.{m.cls}", time_s=m.seconds, failure=failure,
+                               failure_details="\n".join(f"{k}: {v}" for k, v in m.evidence.items()), skipped=skipped,
+                               properties={"seed": report.seed, "workload": m.workload, "killed_by": ",".join(m.killed_by)}))
+    for c in report.controls:
+        cases.append(JUnitCase(name=f"control {c.kind} {c.name}", classname="runnercheck.mutants.controls", time_s=c.seconds,
+                               failure=None if c.clean else f"a check fired without a mutant: {', '.join(c.fired)}",
+                               failure_details="\n".join(f"{k}: {v}" for k, v in c.fired.items()),
+                               properties={"seed": report.seed}))
+    return cases
+
+
+def write_cases(path: str | os.PathLike, suite: str, cases: Sequence[JUnitCase], properties: dict | None = None) -> Path:
+    return Path(write_junit(path, suite, cases, properties))
+
+
+__all__ = ["check_junit_path", "verify_cases", "mutants_cases", "write_cases"]
