@@ -193,3 +193,9 @@ def test_markers_registered_only_when_the_host_has_not(user_project: pytest.Pyte
     result.stdout.no_fnmatch_line("@pytest.mark.gpu: needs a CUDA device*")
     result = user_project.runpytest_subprocess("-p", PLUGIN, "--strict-markers")
     result.assert_outcomes(passed=1)  # the host owns `gpu`: the plugin does not skip its tests
+
+
+def test_docs_example_is_the_tested_user_file() -> None:
+    doc = (REPO / "docs" / "PLUGIN.md").read_text()
+    example = doc.split("```python\n")[1].split("```")[0]
+    assert example.strip() == USER_TESTS.strip()
