@@ -29,7 +29,8 @@ import torch
 
 from checks import stats
 from checks.sampler_contract import (
-    SamplerContractError, SamplerLimitError, check_sampler_output, contract_failure, declared_unsupported, rows_per_call_bound,
+    SamplerContractError, SamplerLimitError, check_sampler_output, contract_failure, declared_unsupported, describe_exception,
+    rows_per_call_bound,
 )
 from checks.samplers import (
     PLANTED_BIASES, SamplerSpecError, SamplerUnavailableError, SamplerUnsupportedError, TokenHistory, accepts_keyword,
@@ -261,11 +262,17 @@ def draw(
             call_kwargs["history"] = call_kwargs["history"][: m * rows]
         if rows > 1 and accepts_keyword(sampler, "request_index"):
             call_kwargs["request_index"] = torch.arange(m, device=device).repeat_interleave(rows)
-        tokens = sampler(logits, [case.params] * (m * rows), seeds, positions, **call_kwargs)
+        where = f"case {case.name}, draws {start}..{start + m - 1}"
+        try:
+            tokens = sampler(logits, [case.params] * (m * rows), seeds, positions, **call_kwargs)
+        except SamplerUnsupportedError:
+            raise
+        except Exception as e:  # a crashing plug-in is a finding about the plug-in, not a harness traceback
+            raise SamplerContractError(f"{where}: sampler raised {describe_exception(e)}") from e
         try:
             ids = check_sampler_output(tokens, m * rows, vocab)
         except SamplerContractError as e:
-            raise SamplerContractError(f"case {case.name}, draws {start}..{start + m - 1}: sampler {e}") from None
+            raise SamplerContractError(f"{where}: sampler {e}") from None
         out[start : start + m] = ids.reshape(m, rows)
         if progress is not None:
             progress(m)

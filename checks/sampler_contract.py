@@ -16,12 +16,15 @@ skipped, every other case is drawn in calls of at most that many rows.
 What it returns is checked after every call (`check_sampler_output`), before any count is taken:
 ``None``, a non-tensor, the wrong number of ids, a float or bool dtype (float ids would be silently
 truncated), non-finite values and ids outside ``[0, V)`` each raise `SamplerContractError`, which the
-run reports as a failed check of the case -- never a traceback.
+run reports as a failed check of the case -- never a traceback.  So does an exception the sampler
+raises (other than `SamplerUnsupportedError`), named with its innermost frame.
 """
 from __future__ import annotations
 
 import math
+import traceback
 from dataclasses import fields
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -103,6 +106,13 @@ def check_sampler_output(result: Any, num_rows: int, vocab_size: int) -> np.ndar
         raise SamplerContractError(f"returned {int(bad.sum())} ids outside [0, {vocab_size}) "
                                    f"(first: {int(ids[first])} at row {first})")
     return ids
+
+
+def describe_exception(error: BaseException) -> str:
+    """``Type: message (at file:line in function)``, the innermost frame: enough to find the plug-in's bug."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    return f"{type(error).__name__}: {error}{where}"
 
 
 def contract_failure(case_name: str, config: dict[str, Any], error: SamplerContractError) -> TestResult:

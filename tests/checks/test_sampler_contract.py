@@ -95,6 +95,9 @@ USER_SAMPLERS = textwrap.dedent('''
     def out_of_range(logits, params, seeds, positions):
         return _good(logits, params, seeds, positions) + logits.shape[1]
 
+    def crashes(logits, params, seeds, positions):
+        return torch.zeros(3)[logits.shape[0]]
+
     calls = []
 
     def counting(logits, params, seeds, positions):
@@ -129,6 +132,7 @@ def _chisq(tmp_path, sampler: str, *extra: str) -> tuple[int, dict]:
     ("float_ids", "dtype torch.float32: token ids must be integers"),
     ("nan_ids", "1 non-finite"),
     ("out_of_range", "outside [0, 97)"),
+    ("crashes", "sampler raised IndexError: index 400 is out of bounds for dimension 0 with size 3 (at user_samplers_mod.py:"),
 ])
 def test_a_bad_return_fails_the_case_with_a_report(user_module, tmp_path, capsys, fn: str, message: str) -> None:
     rc, report = _chisq(tmp_path, f"user_samplers_mod:{fn}", "--cases", "top-k-10")
