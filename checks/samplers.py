@@ -389,6 +389,10 @@ def torch_multinomial_sampler(
     return out
 
 
+# What it implements, declared for `checks.sampler_contract`: a case with penalties is skipped up front.
+torch_multinomial_sampler.supported_params = frozenset({"temperature", "top_k", "top_p", "min_p"})  # type: ignore[attr-defined]
+
+
 # --------------------------------------------------------------------------- planted biases and loading
 
 
