@@ -9,6 +9,8 @@ Options (all prefixed, so they never clash with a host project's own):
 ``--runnercheck-device auto|sim|cpu|cuda``        where runs go (auto: cuda when present, else sim)
 ``--runnercheck-seed N``                          base seed of every run and chi-square draw (default 0)
 ``--runnercheck-steps N``                         scheduler ticks of a differential run (default 24)
+``--runnercheck-report-dir DIR``                  reports and repro files under ``DIR/<test>`` (default: the
+                                                  test's ``tmp_path``; chi-square reports only with this option)
 
 Fixtures:
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pytest
@@ -57,6 +60,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="device kind of runs (auto: cuda when present, else sim)")
     group.addoption("--runnercheck-seed", type=int, default=0, help="base seed of runs and chi-square draws")
     group.addoption("--runnercheck-steps", type=int, default=DEFAULT_STEPS, help="scheduler ticks of a differential run")
+    group.addoption("--runnercheck-report-dir", default=None, metavar="DIR",
+                    help="write each check's report (chi-square JSON/Markdown/HTML, repro.json) under DIR/<test> "
+                         "instead of the test's tmp_path (for CI artifacts)")
 
 
 def _cuda_available() -> bool:
@@ -115,6 +121,17 @@ def runnercheck_runner_factory(pytestconfig: pytest.Config) -> Callable:
     from stress.runners import DEFAULT_RUNNER_SPEC
 
     return _load_factory(pytestconfig.getoption("runnercheck_runner") or DEFAULT_RUNNER_SPEC)
+
+
+def _report_dir(request: pytest.FixtureRequest) -> Path | None:
+    """``--runnercheck-report-dir``/<test name as a file name>, created; None without the option."""
+    root = request.config.getoption("runnercheck_report_dir")
+    if root is None:
+        return None
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in request.node.nodeid)
+    path = request.config.invocation_params.dir / root / slug  # relative to where pytest was run
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _recorder(request: pytest.FixtureRequest) -> Callable[[str, object], None]:
@@ -195,7 +212,7 @@ class DifferentialCheck:
         seed = config.getoption("runnercheck_seed") if seed is None else seed
         steps = config.getoption("runnercheck_steps") if steps is None else steps
         kind = _device_kind(config)
-        repro_dir = self._request.getfixturevalue("tmp_path")
+        repro_dir = _report_dir(self._request) or self._request.getfixturevalue("tmp_path")
         result, findings = checked_differential_run(factory, spec, kind=kind, seed=seed, steps=steps, model=model,
                                                     repro_dir=repro_dir)
         for key, value in (("runner", spec), ("device", kind), ("seed", seed), ("ticks", result.ticks),
@@ -294,8 +311,9 @@ class ChisqCheck:
     Cases the sampler declines are skipped (recorded); any rejection or contract violation fails.
     """
 
-    def __init__(self, config: pytest.Config, record: Callable[[str, object], None]):
-        self._config = config
+    def __init__(self, request: pytest.FixtureRequest, record: Callable[[str, object], None]):
+        self._request = request
+        self._config = request.config
         self._record = record
 
     def __call__(self, sampler: Callable, cases: str | Sequence[Any] | None = None, *, samples: int | None = None,
@@ -324,6 +342,11 @@ class ChisqCheck:
                          + (f" {t.notes}" if t.kind == "contract" else ""))
         for s in skipped:
             self._record(f"runnercheck.chisq.skipped.{s['case']}", s["reason"])
+        out = _report_dir(self._request)
+        if out is not None:
+            from checks.report import write_report
+
+            self._record("runnercheck.chisq.report", str(write_report(out, summary)["html"]))
         failed = summary.failed_tests
         if failed or not results:
             lines = [f"{t.name}: {t.notes}" if t.kind == "contract" else
@@ -337,4 +360,4 @@ class ChisqCheck:
 @pytest.fixture
 def runnercheck_chisq(request: pytest.FixtureRequest) -> ChisqCheck:
     """Chi-square tests of a sampler against the exact float64 distributions (see `ChisqCheck`)."""
-    return ChisqCheck(request.config, _recorder(request))
+    return ChisqCheck(request, _recorder(request))

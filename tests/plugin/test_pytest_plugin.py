@@ -85,8 +85,11 @@ def test_user_file_checks_builtin_runner_and_own_sampler_with_junit(user_project
 
 def test_planted_bug_in_the_users_sampler_fails_its_check(user_project: pytest.Pytester) -> None:
     user_project.makepyfile(test_user=BUGGY_SAMPLER)
-    result, cases = _run(user_project, "-k", "chi_square")
+    result, cases = _run(user_project, "-k", "chi_square", "--runnercheck-report-dir", "reports")
     result.assert_outcomes(failed=1, deselected=1)
+    report = Path(_props(cases["test_my_sampler_by_chi_square"])["runnercheck.chisq.report"])
+    assert report.name == "report.html" and report.exists() and (report.parent / "chisq.json").exists()
+    assert report.parent.parent == user_project.path / "reports"
     failure = cases["test_my_sampler_by_chi_square"].find("failure")
     assert failure is not None and "temperature-0.5-v97 (chisq): adjusted p = 0" in failure.get("message") + failure.text
     assert "REJECTED" in _props(cases["test_my_sampler_by_chi_square"])["runnercheck.chisq.temperature-0.5-v97"]
