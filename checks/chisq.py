@@ -538,6 +538,9 @@ def run(args: argparse.Namespace) -> int:
     if not 0.0 < args.alpha < 1.0:
         print("runnercheck chisq: --alpha must lie in (0, 1)", file=sys.stderr)
         return 2
+    if args.junit is not None and args.junit.is_dir():
+        print(f"runnercheck chisq: --junit {args.junit} is a directory; name the XML file to write", file=sys.stderr)
+        return 2
     if args.max_rows_per_call is not None and args.max_rows_per_call < 1:
         print("runnercheck chisq: --max-rows-per-call must be >= 1", file=sys.stderr)
         return 2

@@ -187,6 +187,8 @@ def test_bad_max_rows_is_rejected_up_front(tmp_path, capsys) -> None:
 
     assert main(["chisq", "--quick", "--max-rows-per-call", "0", "--out", str(tmp_path / "x")]) == 2
     assert "--max-rows-per-call must be >= 1" in capsys.readouterr().err
+    assert main(["chisq", "--quick", "--junit", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    assert "is a directory" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
 
