@@ -9,18 +9,17 @@ cases add a joint independence test.  All tests of a run form one family (Holm b
 
 Self-tests of the tests: *calibration* (the chosen sampler over many seeds must reject at the
 stated rate) and *power* (each planted-bias sampler of `checks.samplers.PLANTED_BIASES` must be
-rejected in the case built to expose it).  The case catalogue is `build_cases`, `deep_tail_cases`
-and `power_cases` below; the numbers behind their sizes are in docs/CHISQ.md.
+rejected in the case built to expose it).  The case catalogue (`build_cases`, `deep_tail_cases`,
+`power_cases`, ...) is `checks.chisq_cases`; the numbers behind their sizes are in docs/CHISQ.md.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
-import math
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -28,188 +27,21 @@ import numpy as np
 import torch
 
 from checks import stats
+from checks.chisq_cases import SamplingCase, build_cases, calibration_case, deep_tail_cases, power_cases, power_plan
 from checks.sampler_contract import (
     SamplerContractError, SamplerLimitError, check_sampler_output, contract_failure, declared_unsupported, describe_exception,
     rows_per_call_bound,
 )
 from checks.samplers import (
-    PLANTED_BIASES, SamplerSpecError, SamplerUnavailableError, SamplerUnsupportedError, TokenHistory, accepts_keyword,
-    has_penalties, load_sampler, planted_sampler, sampler_name,
+    PLANTED_BIASES, SamplerSpecError, SamplerUnavailableError, SamplerUnsupportedError, accepts_keyword, has_penalties,
+    load_sampler, planted_sampler, sampler_name,
 )
-from impl.interface import MAX_SEED, SamplingParams
+from impl.interface import MAX_SEED
 
 DEFAULT_ALPHA = 0.01
 CALIBRATION_ALPHA = 0.05
 # Positions are a 32-bit Philox counter word; offsets stay below 2^31 so offset + draws never wraps.
 MAX_POSITION_OFFSET = 2**31
-CALIBRATION_CASE = "calibration-v32"
-
-
-@dataclass(frozen=True, eq=False)
-class SamplingCase:
-    """One configuration of the matrix.
-
-    ``logits`` float32 ``[rows, V]`` (rows > 1: a target row and draft rows of one request, drawn
-    together).  ``tail_tokens``: the token set of the exact tail-mass test (None: no tail test).
-    ``index_bins``: test on this many contiguous token-index ranges instead of per-token bins (for
-    biases that act by index, e.g. tie-breaking); None: per-token bins, sparse ones pooled.
-    """
-
-    name: str
-    group: str
-    logits: torch.Tensor
-    params: SamplingParams
-    n_samples: int
-    history: TokenHistory = TokenHistory()
-    tail_tokens: range | None = None
-    index_bins: int | None = None
-    description: str = ""
-
-    @property
-    def rows(self) -> int:
-        return self.logits.shape[0]
-
-    @property
-    def vocab_size(self) -> int:
-        return self.logits.shape[1]
-
-    def describe(self) -> dict[str, Any]:
-        p = self.params
-        params = {k: getattr(p, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                                              "frequency_penalty", "presence_penalty")
-                  if getattr(p, k) != getattr(SamplingParams(), k)}
-        return {"case": self.name, "group": self.group, "vocab_size": self.vocab_size, "rows": self.rows,
-                "params": params, "n_samples": self.n_samples, "prompt_len": len(self.history.prompt_ids),
-                "num_outputs": len(self.history.output_ids), "description": self.description}
-
-
-# --------------------------------------------------------------------------- the case catalogue
-
-
-def _normal(vocab: int, scale: float, seed: int) -> torch.Tensor:
-    return torch.randn(vocab, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * scale
-
-
-def _top_p_between_tokens(scores: np.ndarray, target: float) -> float:
-    """A top_p halfway between the cumulative masses either side of ``target``: no fragile boundary."""
-    probs = np.sort(np.exp(scores - scores.max()))[::-1]
-    cumulative = np.cumsum(probs / probs.sum())
-    m = int(np.searchsorted(cumulative, target))
-    below = cumulative[m - 1] if m > 0 else 0.0
-    return round(float((below + cumulative[m]) / 2), 6)
-
-
-def _row(values: torch.Tensor) -> torch.Tensor:
-    return values.to(torch.float32).reshape(1, -1)
-
-
-def _tail_case(name: str, depth: float, tail: int, n: int, description: str) -> SamplingCase:
-    logits = torch.full((1, tail + 1), -float(depth))
-    logits[0, 0] = 0.0
-    return SamplingCase(name, "tail", logits, SamplingParams(), n, tail_tokens=range(1, tail + 1),
-                        description=description)
-
-
-def build_cases(quick: bool = True) -> list[SamplingCase]:
-    """The configuration matrix; ``quick`` keeps vocabularies small enough for interpreted CPU runs."""
-    n = 20_000 if quick else 200_000
-    cases: list[SamplingCase] = []
-    base97 = _normal(97, 1.5, 97)
-    for t in (0.05, 0.5, 1.0, 2.0, 10.0):
-        # Logits scaled by T, so every temperature sees the same post-temperature distribution.
-        cases.append(SamplingCase(f"temperature-{t:g}-v97", "temperature", _row(base97 * t), SamplingParams(temperature=t), n,
-                                  description="N(0, 1.5^2) logits times T"))
-    cases.append(SamplingCase("greedy-v97", "temperature", _row(base97), SamplingParams(temperature=0.0), n // 10,
-                              description="temperature 0: argmax only"))
-    topk_base = _normal(97, 1.0, 11)
-    cases.append(SamplingCase("top-k-10-v97", "top-k", _row(topk_base), SamplingParams(top_k=10), n))
-    topp = _top_p_between_tokens(base97.numpy(), 0.8)
-    cases.append(SamplingCase("top-p-v97", "top-p", _row(base97), SamplingParams(top_p=topp), n,
-                              description=f"top_p={topp} halfway between two cumulative masses"))
-    cases.append(SamplingCase("min-p-0.05-v97", "min-p", _row(_normal(97, 2.0, 5)), SamplingParams(min_p=0.05), n))
-    combo_base = _normal(97, 0.7, 17)
-    s = combo_base.numpy() / 0.7
-    kept = np.sort(s[s >= s.max() + math.log(0.05)])[::-1][:30]
-    combo_p = _top_p_between_tokens(kept, 0.9)
-    cases.append(SamplingCase("combo-t0.7-k30-p-minp-v97", "combination", _row(combo_base),
-                              SamplingParams(temperature=0.7, top_k=30, top_p=combo_p, min_p=0.05), n))
-    history = TokenHistory(prompt_ids=(3, 5, 8, 13, 21, 34, 55, 89, 1, 2), output_ids=(5, 5, 7, 7, 7, 40, 41, 3, 60, 61, 61, 96))
-    pen_base = _normal(97, 1.5, 23)
-    for name, params in (
-        ("penalty-repetition-1.5", SamplingParams(repetition_penalty=1.5)),
-        ("penalty-frequency-presence", SamplingParams(frequency_penalty=0.8, presence_penalty=0.5)),
-        ("penalty-all-t0.8-k40", SamplingParams(temperature=0.8, top_k=40, repetition_penalty=1.3,
-                                               frequency_penalty=0.4, presence_penalty=0.3)),
-    ):
-        cases.append(SamplingCase(f"{name}-v97", "penalties", _row(pen_base), params, n, history=history))
-    cases.append(SamplingCase("near-ties-v64", "near-ties", _row(_normal(64, 1e-3, 64)), SamplingParams(), n,
-                              description="logits within ~1e-3 of each other"))
-    cases.append(SamplingCase("exact-ties-v16-index-bins", "near-ties", torch.zeros(1, 16), SamplingParams(), n,
-                              index_bins=4, description="16 equal logits; 4 contiguous index bins expose tie-breaking by index"))
-    base1000 = _normal(1000, 2.0, 1000)
-    p1000 = _top_p_between_tokens(base1000.numpy() / 1.2, 0.95)
-    cases.append(SamplingCase(f"v1000-t1.2-p{p1000:g}", "vocab", _row(base1000),
-                              SamplingParams(temperature=1.2, top_p=p1000), n // 4 if quick else n))
-    drafts = torch.stack([_normal(16, 1.0, 16), _normal(16, 1.0, 16) + _normal(16, 0.3, 61)]).to(torch.float32)
-    cases.append(SamplingCase("drafts-2rows-v16", "drafts", drafts, SamplingParams(), n,
-                              description="a target row and a draft row of one request at consecutive positions"))
-    cases.append(_tail_case("tail-d12-4096-v4097", 12.0, 4096, 5_000 if quick else 50_000,
-                            "one head token, 4096 tokens 12 logits below: tail mass 2.4%"))
-    if not quick:
-        base50257 = _normal(50257, 3.0, 50257)
-        p50257 = _top_p_between_tokens(base50257.numpy(), 0.95)
-        cases.append(SamplingCase(f"v50257-t1-p{p50257:g}", "vocab", _row(base50257), SamplingParams(top_p=p50257), n // 10))
-        cases.append(SamplingCase("v50257-t0.8-k200-minp", "vocab", _row(_normal(50257, 3.0, 7)),
-                                  SamplingParams(temperature=0.8, top_k=200, min_p=0.001), n // 10))
-        cases.append(_tail_case("tail-d16-65536-v65537", 16.0, 65536, 20_000,
-                                "one head token, 2^16 tokens 16 logits below: ~150 expected tail hits"))
-    return cases
-
-
-def deep_tail_cases() -> list[SamplingCase]:
-    """GPU-sized: 2^17 tail tokens 25 logits below (~51 expected hits) and 30 below (~0.05)."""
-    return [
-        _tail_case("tail-d25-131072-v131073", 25.0, 131072, 28_000_000,
-                   "2^17 tokens 25 logits below the head: 1.83e-6 tail mass, ~51 expected hits"),
-        _tail_case("tail-d30-131072-v131073", 30.0, 131072, 4_000_000,
-                   "2^17 tokens 30 logits below: ~0.05 expected hits; any hit is an excess (e.g. +inf noise)"),
-    ]
-
-
-POWER_WHERE = ("quick", "full", "gpu")
-
-
-def power_cases() -> dict[str, tuple[SamplingCase, str]]:
-    """For each planted bias: the case built to expose it, and the cheapest mode that runs it.
-
-    ``quick``: a few 1e7 token-draws, every run.  ``full``: noise that is +inf with probability
-    2^-24 / 2^-25 per token, which takes ~2e8 token-draws to show (full mode).  ``gpu``: noise capped
-    near 22-23, which only a deep tail shows, ~1e12 token-draws (full mode on CUDA).
-    """
-    by_name = {c.name: c for c in build_cases(quick=True)}
-    probe = _tail_case("inf-noise-probe-d30-32767-v32768", 30.0, 32767, 12_000,
-                       "2^15 tokens 30 logits below (correct: ~4e-5 expected hits); +inf noise picks them")
-    deep = _tail_case("deep-tail-d24-65536-v65537", 24.0, 65536, 16_000_000,
-                      "2^16 tokens 24 logits below: ~40 expected hits; noise capped below 23 loses ~80% of them")
-    return {
-        "top-k-off-by-one": (by_name["top-k-10-v97"], "quick"),
-        "top-p-drop-boundary": (by_name["top-p-v97"], "quick"),
-        "top-p-extra-token": (by_name["top-p-v97"], "quick"),
-        "temperature-twice": (by_name["temperature-2-v97"], "quick"),
-        "penalty-wrong-sign": (by_name["penalty-frequency-presence-v97"], "quick"),
-        "draft-shared-noise": (by_name["drafts-2rows-v16"], "quick"),
-        "bf16-noise": (replace(by_name["exact-ties-v16-index-bins"], n_samples=2_000_000), "quick"),
-        "u24-uniform": (replace(probe, n_samples=6_000), "full"),
-        "fp16-noise": (probe, "full"),
-        "u31-floor": (deep, "gpu"),
-        "u32-uniform": (deep, "gpu"),
-    }
-
-
-def power_plan(quick: bool, device: torch.device) -> list[str]:
-    """The planted biases a run in this mode on this device can afford."""
-    allowed = {"quick"} if quick else ({"quick", "full", "gpu"} if device.type == "cuda" else {"quick", "full"})
-    return [bias for bias, (_, where) in power_cases().items() if where in allowed]
 
 
 # --------------------------------------------------------------------------- drawing and testing
@@ -409,7 +241,7 @@ def run_calibration(sampler: Callable, opts: RunOptions, device: torch.device, t
     Raises `SamplerUnsupportedError` when the sampler cannot run the calibration case and
     `SamplerContractError` when a call breaks the output contract (`run_all` reports both)."""
     runs = opts.calibration_runs or (40 if opts.quick else 400)
-    case = SamplingCase(CALIBRATION_CASE, "calibration", _row(_normal(32, 1.0, 32)), SamplingParams(top_k=24), 2_000)
+    case = calibration_case()
     max_rows = rows_per_call_bound(sampler, opts.max_rows_per_call)
     why = sampler_can_run(sampler, case, max_rows)
     if why:
@@ -481,9 +313,9 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) 
             try:
                 calibration = run_calibration(sampler, opts, device, tick)
             except SamplerUnsupportedError as e:
-                skipped.append({"case": CALIBRATION_CASE, "reason": f"calibration not run: {e}"})
+                skipped.append({"case": calibration_case().name, "reason": f"calibration not run: {e}"})
             except SamplerContractError as e:
-                results.append(contract_failure(CALIBRATION_CASE, {}, e))
+                results.append(contract_failure(calibration_case().name, {}, e))
         power = run_power(opts, device, tick) if opts.power else []
     # A power-only run draws from the planted samplers alone: do not name a sampler it never ran.
     used = sampler_name(sampler) if opts.matrix or opts.calibration else "none (planted biases only)"

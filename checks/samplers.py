@@ -177,6 +177,8 @@ class GumbelVariant:
     crosses ``top_p`` / keep one ``extra`` past it.  ``temperature_power``: divide by ``T`` this many
     times.  ``penalty_sign``: -1 rewards repeated tokens instead of penalising them.
     ``share_request_noise``: every row of a request draws the noise of the request's first row.
+    ``min_p_before_temperature``: the min-p threshold taken on the unscaled logits (``p_i >= min_p
+    p_max`` at T = 1, i.e. ``min_p ** (1/T)`` at the case's T).
     """
 
     noise: str = "u64"
@@ -185,6 +187,7 @@ class GumbelVariant:
     temperature_power: int = 1
     penalty_sign: int = 1
     share_request_noise: bool = False
+    min_p_before_temperature: bool = False
 
     def __post_init__(self) -> None:
         if self.noise not in NOISE_VARIANTS:
@@ -212,12 +215,13 @@ def _penalise(l: torch.Tensor, params: SamplingParams, history: TokenHistory, si
     return l
 
 
-def _keep_mask(s: torch.Tensor, params: SamplingParams, variant: GumbelVariant) -> torch.Tensor:
+def _keep_mask(s: torch.Tensor, params: SamplingParams, variant: GumbelVariant, unscaled: torch.Tensor) -> torch.Tensor:
     """Steps 4-6 (min-p, top-k, top-p) on fp32 scores ``[B, V]``; ties at each threshold kept."""
     keep = s > -math.inf
     if params.min_p > 0.0:
-        top = torch.where(keep, s, -math.inf).amax(dim=1, keepdim=True)
-        keep &= s >= top + math.log(params.min_p)
+        m = unscaled if variant.min_p_before_temperature else s
+        top = torch.where(keep, m, -math.inf).amax(dim=1, keepdim=True)
+        keep &= m >= top + math.log(params.min_p)
     if params.top_k != -1 or params.top_p < 1.0:
         ordered = torch.sort(torch.where(keep, s, -math.inf), dim=1, descending=True).values
         num_kept = keep.sum(dim=1, keepdim=True)
@@ -295,7 +299,7 @@ class GumbelSampler:
             s = l
             for _ in range(v.temperature_power):
                 s = s / params.temperature
-            keep = _keep_mask(s, params, v)
+            keep = _keep_mask(s, params, v, unscaled=l)
             if s.is_cuda and v.noise in FUSED_NOISE_VARIANTS:
                 from checks.gumbel_kernel import gumbel_argmax
 
@@ -417,6 +421,8 @@ PLANTED_BIASES: dict[str, PlantedBias] = {
         PlantedBias("temperature-twice", GumbelVariant(temperature_power=2), "logits divided by the temperature twice"),
         PlantedBias("penalty-wrong-sign", GumbelVariant(penalty_sign=-1), "penalties reward repeated tokens"),
         PlantedBias("draft-shared-noise", GumbelVariant(share_request_noise=True), "draft rows reuse the target row's noise position"),
+        PlantedBias("min-p-before-temperature", GumbelVariant(min_p_before_temperature=True),
+                    "min-p threshold taken on the logits before temperature scaling"),
     )
 }
 

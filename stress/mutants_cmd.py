@@ -224,10 +224,11 @@ class RunnerSamplerProbe:
 def run_chisq(case_key: str, device_kind: str, seed: int, *, mutant: str | None = None, samples: int | None = None) -> CheckRun:
     """The chi-square / tail-mass tests of `checks.chisq`'s probe case ``case_key`` on the runner's sampler."""
     from checks import chisq, stats
+    from checks.chisq_cases import power_cases
     from impl.device import Device
 
     started = time.perf_counter()
-    case, _ = chisq.power_cases()[case_key]
+    case, _ = power_cases()[case_key]
     if samples is not None:
         case = replace(case, n_samples=samples)
     device = Device("cuda" if device_kind == "cuda" else "cpu")

@@ -285,7 +285,7 @@ def runnercheck_staging_lifetime() -> Any:
 
 
 def _select_cases(cases: Any, quick: bool) -> list:
-    from checks.chisq import SamplingCase, build_cases
+    from checks.chisq_cases import SamplingCase, build_cases
 
     if cases is None or isinstance(cases, str):
         catalogue = build_cases(quick)

@@ -13,7 +13,13 @@
       "counted_waits": 3,              # the runner's own back-pressure waits (reported, allowed)
       "lifetime_violations": 0,
       "steps": 90, "requests": 41, "ties": 0, "tokens_compared": 212,
-      "chisq": {"status": "ran" | "not available" | "error" | "skipped", "passed": bool | null, ...},
+      "chisq": {"status": "ran" | "not available" | "error" | "skipped", "passed": bool | null,
+                "summary": "...",      # one clause per sampler, naming it
+                "samplers": [          # one entry per sampler the statistics ran on (or tried)
+                  {"sampler": "impl", "role": "the runner's sampler (impl.sample)",
+                   "scope": "2 cases x 160 draws, interpreted", "status": "ran", "passed": true,
+                   "summary": "0 of 2 tests failed", "folder": ".../chisq-runner", "result": {...}},
+                  ...], ...},
       "runs": [{...one `RunRecord`...}, ...],
       "elapsed_s": 97.3,
       "notes": ["..."]
@@ -141,6 +147,7 @@ def validate_summary(doc: Any) -> None:
         raise SummaryError(f"field 'chisq' must be an object whose status is one of {CHISQ_STATUSES}")
     if chisq["status"] == "ran" and not isinstance(chisq.get("passed"), bool):
         raise SummaryError("chisq.passed must be a bool when the statistics ran")
+    _validate_chisq_samplers(chisq)
     runs = doc.get("runs")
     if not isinstance(runs, list) or not runs:
         raise SummaryError("field 'runs' must be a non-empty list")
@@ -165,6 +172,28 @@ def validate_summary(doc: Any) -> None:
     expected = all(r["passed"] for r in runs) and chisq_passed(chisq)
     if doc["passed"] != expected:
         raise SummaryError(f"field 'passed' is {doc['passed']} but the runs and statistics say {expected}")
+
+
+def _validate_chisq_samplers(chisq: dict) -> None:
+    """Statistics that ran name every sampler they ran on, and their verdict follows those samplers'."""
+    samplers = chisq.get("samplers")
+    if chisq["status"] not in ("ran", "error"):
+        if samplers is not None and not isinstance(samplers, list):
+            raise SummaryError("chisq.samplers must be a list")
+        return
+    if not isinstance(samplers, list) or not samplers:
+        raise SummaryError("chisq.samplers must name the sampler(s) the statistics ran on")
+    for i, entry in enumerate(samplers):
+        if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) and entry[k] for k in ("sampler", "role", "scope")):
+            raise SummaryError(f"chisq.samplers[{i}] needs non-empty strings 'sampler', 'role' and 'scope'")
+        if entry.get("status") not in ("ran", "not available", "error"):
+            raise SummaryError(f"chisq.samplers[{i}].status must be ran, not available or error")
+        if entry["status"] == "ran" and not isinstance(entry.get("passed"), bool):
+            raise SummaryError(f"chisq.samplers[{i}].passed must be a bool when it ran")
+    ran = [e for e in samplers if e["status"] in ("ran", "error")]
+    expected = bool(ran) and all(e.get("passed") is True for e in ran)
+    if chisq.get("passed") is not expected:
+        raise SummaryError(f"chisq.passed is {chisq.get('passed')} but its samplers say {expected}")
 
 
 def render_markdown(doc: dict) -> str:
@@ -226,6 +255,7 @@ def _policy(p: dict | None) -> str:
 
 
 def chisq_line(chisq: dict) -> str:
+    """One line: the verdict, then each sampler the statistics ran on, by name, role and scope."""
     status = chisq.get("status")
     if status == "ran":
         return ("passed" if chisq.get("passed") else "**FAILED**") + (f" ({chisq['summary']})" if chisq.get("summary") else "")

@@ -10,9 +10,10 @@ then the sampler statistics, then a report folder.
    lag-k-steps, random-drain) with one or more steps in flight and draft tokens; on ``cuda`` the
    GPU is made to lag the host by injected delays under heavy churn (`stress.races`).  Run ``i``
    uses seed ``S + i``.
-2. The sampler statistics: ``checks.chisq.run_quick(DIR / "chisq", sampler=None)`` when
-   ``checks.chisq`` is importable (its dict is reported; a boolean ``passed`` decides), else a
-   "not available" note.
+2. The sampler statistics (`run_chisq`, `stress.verify_chisq`), each named by the sampler it ran
+   on: on cuda the quick chi-square matrix on the runner's sampler; on CPU the quick matrix on the
+   PyTorch baseline plus a few fixed cases on the runner's sampler, interpreted (``DIR/chisq``,
+   ``DIR/chisq-runner``).
 3. ``DIR/summary.json`` and ``DIR/summary.md`` (`stress.report`), and ``DIR/repros/*.json`` for
    every divergent run (`stress.repro`; `runnercheck replay FILE` re-runs one).
 
@@ -26,10 +27,8 @@ every run and the statistics pass; 1 otherwise; 2 for arguments or a runner that
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -174,48 +173,12 @@ def _sync_sites(report: Any) -> list[str]:
 # --------------------------------------------------------------------------- statistics
 
 
-def run_chisq(out_dir: Path, skip: bool = False, seed: int = 0) -> dict:
-    """The sampler statistics section: ``checks.chisq.run_quick``'s dict, or why it did not run."""
-    if skip:
-        return {"status": "skipped", "passed": None, "note": "--skip-chisq"}
-    import importlib
+def run_chisq(out_dir: Path, skip: bool = False, seed: int = 0, *, device: str | None = None,
+              runner_sampler: Callable | str = "impl") -> dict:
+    """The sampler statistics section, one entry per sampler it ran on: `stress.verify_chisq.run_statistics`."""
+    from stress.verify_chisq import run_statistics
 
-    try:
-        chisq = importlib.import_module("checks.chisq")
-    except ImportError as e:
-        return {"status": "not available", "passed": None, "note": f"checks.chisq does not import ({e})"}
-    run_quick = getattr(chisq, "run_quick", None)
-    if not callable(run_quick):
-        return {"status": "not available", "passed": None, "note": "checks.chisq has no run_quick"}
-    import inspect
-
-    kwargs = {"seed": seed} if "seed" in inspect.signature(run_quick).parameters else {}
-    try:
-        result = run_quick(out_dir / "chisq", sampler=None, **kwargs)
-    except Exception as e:
-        return {"status": "error", "passed": False, "note": f"{type(e).__name__}: {e}",
-                "traceback": traceback.format_exc(limit=8)}
-    if not isinstance(result, dict) or not isinstance(result.get("passed"), bool):
-        return {"status": "error", "passed": False, "note": "run_quick did not return a dict with a boolean 'passed'",
-                "result": _json_safe(result)}
-    summary = result.get("summary")
-    if not isinstance(summary, str) and "num_tests" in result:
-        summary = f"{result.get('num_failed', '?')} of {result['num_tests']} tests failed"
-    return {"status": "ran", "passed": result["passed"], "summary": summary or "",
-            "result": _json_safe(result), "folder": str(out_dir / "chisq")}
-
-
-def _json_safe(value: Any) -> Any:
-    """JSON-able copy: non-finite floats and unknown objects become strings (summary.json forbids NaN)."""
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    return str(value)
+    return run_statistics(out_dir, skip, seed, device=device, runner_sampler=runner_sampler)
 
 
 # --------------------------------------------------------------------------- CLI

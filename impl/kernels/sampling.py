@@ -1,16 +1,30 @@
-"""The sampling kernel: one program per logit row, docs/SAMPLING.md steps 0-7 in fp32.
+"""The sampling kernels: docs/SAMPLING.md steps 0-7 in fp32, split across vocabulary chunks.
 
-Passes over the row (each re-reads the logits, re-applying penalties and temperature, so no
-``[rows, vocab]`` intermediate exists):
+Every launch but the last is sized to fill the GPU at any batch size: the split passes run one
+program per (row, ``CHUNK``-wide vocabulary chunk); the combines run one program per row and read
+only the small per-chunk partials (`impl.kernels.sampling_split`).  Launch order (stream order is
+the only synchronisation between them):
 
-* rows without min-p/top-k/top-p (and greedy rows): **one pass**: the non-finite scan and the
-  argmax of ``s + g`` (or of ``l`` when greedy) fused.
-* filtered rows: a max/min pass; then `sampling_select.narrow_threshold` passes for the top-k
-  count threshold and the top-p mass threshold (usually 1-2 each); when the kept set is small
-  (at most ``CAND`` entries, e.g. top-k 50) it is gathered and sorted once and the Gumbel-max runs
-  over those candidates only; otherwise one final pass samples over ``s >= threshold``.
+1. `sampler_block_kernel` (split): the non-finite scan, the chunk's maximum score and the chunk's
+   argmax of ``s + g`` (greedy: of ``s``; filtered rows: no noise yet) -- penalties, temperature,
+   noise and argmax fused in **one read** of the logits.
+2. `sampler_plan_kernel` (per row): combines the partials.  Unfiltered, greedy and non-finite rows
+   are final here.  A top-k row (``k`` at most the chunk count and half ``CAND``) gets the bound ``max(k-th largest chunk max, min-p threshold)``
+   (``MODE_GATHER``); a min-p-only row its threshold (``MODE_THRESHOLD``); anything else (top-p
+   without top-k, ``k`` above the number of chunks) goes to the fallback (``MODE_FALLBACK``).
+3. `sampler_select_kernel` (split): GATHER rows store their chunk's entries at or above the bound
+   (chunks whose maximum is below it are not read); THRESHOLD rows redo the chunk's argmax of
+   ``s + g`` over ``s >= threshold``.  Other rows exit at once.
+4. `sampler_finish_kernel` (per row): GATHER rows compact their candidates (at most ``CAND``,
+   ranked by counting, never sorted), apply min-p, top-k and top-p on them (`_candidate_threshold`) and take the Gumbel-max over the kept ones;
+   THRESHOLD rows combine the argmax partials.  A GATHER row whose candidates overflowed becomes
+   FALLBACK.
+5. `sampler_row_kernel` (per row, FALLBACK rows only): the whole row in one program, by pivot
+   narrowing (`sampling_select.narrow_threshold`): any parameters, any data, more passes.
 
-Gumbel noise is `impl.kernels.rng.gumbel_noise(seed, position, token id)` (64-bit Philox draws).
+No ``[rows, vocab]`` intermediate exists: each pass re-reads the logits and re-applies penalties
+and temperature.  Gumbel noise is `impl.kernels.rng.gumbel_noise(seed, position, token id)`
+(64-bit Philox draws), the same for every launch, so the tokens do not depend on the path.
 """
 from __future__ import annotations
 
@@ -29,7 +43,242 @@ from impl.kernels.sampling_select import (
     next_float_up,
     unpack_candidate,
 )
+from impl.kernels.sampling_split import (
+    MODE_DONE,
+    MODE_FALLBACK,
+    MODE_GATHER,
+    MODE_THRESHOLD,
+    compact_block_candidates,
+    descending_ranks,
+    kth_largest_block_max,
+    mass_at_or_above,
+    reduce_block_argmax,
+    store_block_candidates,
+)
 
+
+@triton.jit
+def _row_params(state_row_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab_size):
+    """``(state_row, temperature, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, filtered)``."""
+    state_row = tl.load(state_row_ptr + row).to(tl.int64)
+    temperature = tl.load(temperature_ptr + state_row)
+    top_k = tl.load(top_k_ptr + state_row)
+    top_p = tl.load(top_p_ptr + state_row)
+    min_p = tl.load(min_p_ptr + state_row)
+    top_k_on = (top_k > 0) & (top_k < vocab_size)
+    top_p_on = top_p < 1.0
+    min_p_on = min_p > 0.0
+    filtered = (temperature != 0.0) & (top_k_on | top_p_on | min_p_on)
+    return state_row, temperature, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, filtered
+
+
+@triton.jit
+def _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature, repetition_ptr,
+                  frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride,
+                  draft_ptr, draft_stride, num_drafts):
+    """``(score, raw)`` of one chunk: docs/SAMPLING.md steps 0, 1 and 3 (greedy rows: divisor 1)."""
+    repetition = tl.load(repetition_ptr + state_row)
+    frequency = tl.load(frequency_ptr + state_row)
+    presence = tl.load(presence_ptr + state_row)
+    has_penalty = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
+    divisor = tl.where(temperature == 0.0, 1.0, temperature)
+    return load_row_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, in_vocab, divisor, has_penalty,
+                           repetition, frequency, presence, prompt_mask_ptr + state_row * prompt_mask_stride,
+                           counts_ptr + state_row * counts_stride, draft_ptr + row.to(tl.int64) * draft_stride,
+                           num_drafts, True)
+
+
+@triton.jit
+def _chunk_argmax(score, offs, vocab_size):
+    """``(best, lowest token at best)`` of one chunk (out-of-vocab lanes hold -inf)."""
+    best = tl.max(score, axis=0)
+    return best, tl.min(tl.where(score == best, offs, vocab_size), axis=0)
+
+
+@triton.jit(do_not_specialize=["num_drafts", "num_blocks"])
+def sampler_block_kernel(
+    logits_ptr, logits_stride, state_row_ptr, position_ptr,
+    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, repetition_ptr, frequency_ptr, presence_ptr, seed_ptr,
+    prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts,
+    part_best_ptr, part_token_ptr, part_max_ptr, part_flag_ptr, part_inf_ptr, num_blocks, vocab_size,
+    CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    state_row, temperature, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, filtered = _row_params(
+        state_row_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab_size)
+    offs = blk * CHUNK + tl.arange(0, CHUNK)
+    in_vocab = offs < vocab_size
+    score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
+                               repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride,
+                               counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts)
+    nonfinite = tl.max(((raw != raw) | (raw == float("inf"))).to(tl.int32), axis=0)
+    first_inf = tl.min(tl.where(raw == float("inf"), offs, vocab_size), axis=0)
+    chunk_max = tl.max(score, axis=0)
+    if (temperature != 0.0) & (~filtered):
+        seed = tl.load(seed_ptr + state_row)
+        position = tl.load(position_ptr + row)
+        score = score + gumbel_noise(seed, position, offs)
+    best, best_token = _chunk_argmax(score, offs, vocab_size)
+    at = row.to(tl.int64) * num_blocks + blk
+    tl.store(part_best_ptr + at, best)
+    tl.store(part_token_ptr + at, best_token)
+    tl.store(part_max_ptr + at, chunk_max)
+    tl.store(part_flag_ptr + at, nonfinite)
+    tl.store(part_inf_ptr + at, first_inf)
+
+
+@triton.jit(do_not_specialize=["num_blocks"])
+def sampler_plan_kernel(
+    state_row_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+    part_best_ptr, part_token_ptr, part_max_ptr, part_flag_ptr, part_inf_ptr, num_blocks,
+    mode_ptr, bound_ptr, row_max_ptr, token_out_ptr, flag_out_ptr, vocab_size,
+    NB_P2: tl.constexpr, CAND: tl.constexpr, COLS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    state_row, temperature, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, filtered = _row_params(
+        state_row_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab_size)
+    base = row.to(tl.int64) * num_blocks
+    blocks = tl.arange(0, NB_P2)
+    valid = blocks < num_blocks
+    flagged = tl.max(tl.load(part_flag_ptr + base + blocks, mask=valid, other=0), axis=0) > 0
+    inf_token = tl.min(tl.load(part_inf_ptr + base + blocks, mask=valid, other=vocab_size), axis=0)
+    row_max = tl.max(tl.load(part_max_ptr + base + blocks, mask=valid, other=float("-inf")), axis=0)
+    token = reduce_block_argmax(part_best_ptr, part_token_ptr, base, num_blocks, vocab_size, NB_P2)
+
+    open_row = filtered & (inf_token >= vocab_size) & (row_max > float("-inf"))
+    min_p_threshold = tl.where(min_p_on, row_max + tl.log(tl.where(min_p_on, min_p, 1.0)), float("-inf"))
+    kth = kth_largest_block_max(part_max_ptr, base, num_blocks, top_k, NB_P2, COLS)
+    # k above half the candidate capacity would mostly overflow it: straight to the fallback
+    can_gather = top_k_on & (top_k <= num_blocks) & (top_k <= CAND // 2) & (kth > float("-inf"))
+    mode = tl.where(~open_row, MODE_DONE,
+                    tl.where(can_gather, MODE_GATHER,
+                             tl.where(top_k_on | top_p_on, MODE_FALLBACK, MODE_THRESHOLD)))
+    bound = tl.where(mode == MODE_GATHER, tl.maximum(kth, min_p_threshold), min_p_threshold)
+    token = tl.where(inf_token < vocab_size, inf_token, tl.where(filtered & (row_max == float("-inf")), 0, token))
+    tl.store(mode_ptr + row, mode)
+    tl.store(bound_ptr + row, bound)
+    tl.store(row_max_ptr + row, row_max)
+    tl.store(token_out_ptr + row, token.to(tl.int64))
+    tl.store(flag_out_ptr + row, flagged.to(tl.int32))
+
+
+@triton.jit(do_not_specialize=["num_drafts", "num_blocks"])
+def sampler_select_kernel(
+    logits_ptr, logits_stride, state_row_ptr, position_ptr, temperature_ptr, repetition_ptr, frequency_ptr,
+    presence_ptr, seed_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr,
+    draft_stride, num_drafts, mode_ptr, bound_ptr, part_best_ptr, part_token_ptr, part_max_ptr, part_count_ptr,
+    slots_ptr, num_blocks, vocab_size,
+    CHUNK: tl.constexpr, SLOT: tl.constexpr,
+):
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    mode = tl.load(mode_ptr + row)
+    at = row.to(tl.int64) * num_blocks + blk
+    if (mode == MODE_GATHER) | (mode == MODE_THRESHOLD):
+        bound = tl.load(bound_ptr + row)
+        # a GATHER row's chunk whose maximum is below the bound holds no candidate: not read
+        reads = (mode == MODE_THRESHOLD) | (tl.load(part_max_ptr + at) >= bound)
+        kept_count = tl.full((), 0, tl.int32)
+        if reads:
+            state_row = tl.load(state_row_ptr + row).to(tl.int64)
+            temperature = tl.load(temperature_ptr + state_row)
+            offs = blk * CHUNK + tl.arange(0, CHUNK)
+            in_vocab = offs < vocab_size
+            score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
+                                       repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr,
+                                       prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride,
+                                       num_drafts)
+            keep = in_vocab & (score >= bound) & (score > float("-inf"))
+            if mode == MODE_GATHER:
+                kept_count = store_block_candidates(score, offs, keep, slots_ptr + at * SLOT, SLOT)
+            else:
+                seed = tl.load(seed_ptr + state_row)
+                position = tl.load(position_ptr + row)
+                noisy = tl.where(keep, score + gumbel_noise(seed, position, offs), float("-inf"))
+                best, best_token = _chunk_argmax(noisy, offs, vocab_size)
+                tl.store(part_best_ptr + at, best)
+                tl.store(part_token_ptr + at, best_token)
+        if mode == MODE_GATHER:
+            tl.store(part_count_ptr + at, kept_count)
+
+
+@triton.jit
+def _filtered_threshold(kept_from, tau, row_max, top_p_on, use_candidates, candidates):
+    """``(threshold, use_candidates, candidates)``: keep ``s >= threshold`` (steps 4-6 combined).
+
+    ``kept_from`` is what min-p and top-k keep, ``tau`` the top-p threshold over those; the one
+    place both threshold searches (`_candidate_threshold`, `_narrowed_threshold`) end, so a
+    kernel variant that rebinds it (`stress.mutant_kernels`) changes every path.
+    """
+    return tl.where(top_p_on, tl.maximum(kept_from, tau), kept_from), use_candidates, candidates
+
+
+@triton.jit
+def _candidate_threshold(candidates, scratch_row, row_max, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on,
+                         CAND: tl.constexpr, COLS: tl.constexpr):
+    """``(threshold, use_candidates, candidates)``: keep ``s >= threshold`` (steps 4-6).
+
+    ``candidates`` (packed keys, any order, also in ``scratch_row``) must hold every entry the
+    filters can keep: with top-k on, every entry at or above ``max(k-th largest, min-p threshold)``;
+    otherwise every entry at or above the min-p threshold.  Orders are counted, not sorted
+    (`sampling_split.descending_ranks`, `sampling_split.mass_at_or_above`).
+    """
+    values, candidate_ids = unpack_candidate(candidates)
+    filled = candidates != EMPTY_CANDIDATE
+    rank = descending_ranks(candidates, scratch_row, CAND, COLS)
+    min_p_threshold = tl.where(min_p_on, row_max + tl.log(tl.where(min_p_on, min_p, 1.0)), float("-inf"))
+    kept = filled & (values >= min_p_threshold)  # the kept entries hold the smallest ranks
+    num_kept = tl.sum(kept.to(tl.int32), axis=0)
+    # top-k is a no-op when k >= the kept count; at k == kept count, the k-th value keeps them all too
+    kth = tl.max(tl.where(kept & (rank == top_k - 1), values, float("-inf")), axis=0)
+    kth = tl.where(top_k_on & (num_kept >= top_k), kth, float("-inf"))
+    kept_from = tl.maximum(min_p_threshold, kth)
+    kept = filled & (values >= kept_from)
+    cum = mass_at_or_above(candidates, scratch_row, row_max, kept_from, CAND, COLS)
+    goal = top_p * tl.max(tl.where(kept, cum, 0.0), axis=0)
+    # the largest kept value whose cumulative mass (descending order) reaches the goal
+    tau = tl.max(tl.where(kept & (cum >= goal), values, float("-inf")), axis=0)
+    return _filtered_threshold(kept_from, tau, row_max, top_p_on, tl.full((), 1, tl.int32), candidates)
+
+
+@triton.jit(do_not_specialize=["num_blocks"])
+def sampler_finish_kernel(
+    state_row_ptr, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr,
+    mode_ptr, row_max_ptr, part_best_ptr, part_token_ptr, part_count_ptr, slots_ptr, scratch_ptr, num_blocks,
+    token_out_ptr, vocab_size,
+    NB_P2: tl.constexpr, SCRATCH: tl.constexpr, CAND: tl.constexpr, SLOT: tl.constexpr, GROUP: tl.constexpr,
+    COLS: tl.constexpr,
+):
+    row = tl.program_id(0)
+    mode = tl.load(mode_ptr + row)
+    base = row.to(tl.int64) * num_blocks
+    if mode == MODE_THRESHOLD:
+        token = reduce_block_argmax(part_best_ptr, part_token_ptr, base, num_blocks, vocab_size, NB_P2)
+        tl.store(token_out_ptr + row, token.to(tl.int64))
+    if mode == MODE_GATHER:
+        scratch_row = scratch_ptr + row.to(tl.int64) * SCRATCH
+        overflow, candidates = compact_block_candidates(part_count_ptr, slots_ptr, base, num_blocks, scratch_row,
+                                                        CAND, SLOT, GROUP)
+        if overflow != 0:
+            tl.store(mode_ptr + row, MODE_FALLBACK)
+        else:
+            state_row, temperature, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, filtered = _row_params(
+                state_row_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab_size)
+            row_max = tl.load(row_max_ptr + row)
+            threshold, use_candidates, candidates = _candidate_threshold(
+                candidates, scratch_row, row_max, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, CAND, COLS)
+            values, token_ids = unpack_candidate(candidates)
+            kept = (candidates != EMPTY_CANDIDATE) & (values >= threshold)
+            seed = tl.load(seed_ptr + state_row)
+            position = tl.load(position_ptr + row)
+            noisy = tl.where(kept, values + gumbel_noise(seed, position, token_ids), float("-inf"))
+            top = tl.max(noisy, axis=0)
+            token = tl.min(tl.where(kept & (noisy == top), token_ids, vocab_size), axis=0)
+            tl.store(token_out_ptr + row, token.to(tl.int64))
+
+
+# --------------------------------------------------------------------------- per-row fallback
 
 @triton.jit
 def _finish_argmax(best, best_token, vocab_size):
@@ -40,7 +289,7 @@ def _finish_argmax(best, best_token, vocab_size):
 
 
 @triton.jit
-def _filtered_threshold(logits_row, divisor, has_penalty, repetition, frequency, presence, prompt_mask_row,
+def _narrowed_threshold(logits_row, divisor, has_penalty, repetition, frequency, presence, prompt_mask_row,
                         counts_row, draft_row, vocab_size, row_max, row_min, top_k, top_k_on, top_p, top_p_on,
                         min_p, min_p_on, scratch_row, num_drafts, CAND: tl.constexpr,
                         NPIV: tl.constexpr, BLOCK: tl.constexpr, MAX_PASSES: tl.constexpr):
@@ -71,9 +320,8 @@ def _filtered_threshold(logits_row, divisor, has_penalty, repetition, frequency,
             use_candidates = (outcome == OUTCOME_ALL).to(tl.int32)
         kth = tl.where(outcome == OUTCOME_EXACT, lo, kth)
     kept_from = tl.maximum(min_p_threshold, kth)
-    threshold = kept_from
+    tau = kept_from
     if top_p_on:
-        tau = kept_from
         if use_candidates != 0:
             values, candidate_ids = unpack_candidate(candidates)
             kept = (candidates != EMPTY_CANDIDATE) & (values >= kept_from)
@@ -104,109 +352,117 @@ def _filtered_threshold(logits_row, divisor, has_penalty, repetition, frequency,
                 tau = tl.where(any_reached, tl.max(tl.where(reached, values, float("-inf")), axis=0),
                                tl.min(tl.where(filled, values, float("inf")), axis=0))
                 use_candidates = (outcome == OUTCOME_ALL).to(tl.int32)
-        threshold = tl.maximum(kept_from, tau)
-    return threshold, use_candidates, candidates
+    return _filtered_threshold(kept_from, tau, row_max, top_p_on, use_candidates, candidates)
 
 
 @triton.jit(do_not_specialize=["num_drafts"])
-def sampler_kernel(
+def sampler_row_kernel(
     logits_ptr, logits_stride, state_row_ptr, position_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, repetition_ptr, frequency_ptr, presence_ptr, seed_ptr,
     prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts,
-    scratch_ptr, token_out_ptr, flag_out_ptr, vocab_size,
+    scratch_ptr, mode_ptr, token_out_ptr, flag_out_ptr, vocab_size,
     BLOCK: tl.constexpr, NARROW_BLOCK: tl.constexpr, CAND: tl.constexpr,
     NPIV: tl.constexpr, MAX_PASSES: tl.constexpr,
 ):
+    """The whole of docs/SAMPLING.md for one row in one program (FALLBACK rows only; others exit).
+
+    Passes over the row (each re-reads the logits): a max/min pass, then
+    `sampling_select.narrow_threshold` passes for the top-k count threshold and the top-p mass
+    threshold (usually 1-2 each); when the kept set is small (at most ``CAND`` entries) it is
+    gathered and sorted once and the Gumbel-max runs over it, otherwise one final pass samples over
+    ``s >= threshold``.
+    """
     row = tl.program_id(0)
-    state_row = tl.load(state_row_ptr + row).to(tl.int64)
-    position = tl.load(position_ptr + row)
-    temperature = tl.load(temperature_ptr + state_row)
-    top_k = tl.load(top_k_ptr + state_row)
-    top_p = tl.load(top_p_ptr + state_row)
-    min_p = tl.load(min_p_ptr + state_row)
-    repetition = tl.load(repetition_ptr + state_row)
-    frequency = tl.load(frequency_ptr + state_row)
-    presence = tl.load(presence_ptr + state_row)
-    seed = tl.load(seed_ptr + state_row)
+    if tl.load(mode_ptr + row) == MODE_FALLBACK:
+        state_row = tl.load(state_row_ptr + row).to(tl.int64)
+        position = tl.load(position_ptr + row)
+        temperature = tl.load(temperature_ptr + state_row)
+        top_k = tl.load(top_k_ptr + state_row)
+        top_p = tl.load(top_p_ptr + state_row)
+        min_p = tl.load(min_p_ptr + state_row)
+        repetition = tl.load(repetition_ptr + state_row)
+        frequency = tl.load(frequency_ptr + state_row)
+        presence = tl.load(presence_ptr + state_row)
+        seed = tl.load(seed_ptr + state_row)
 
-    greedy = temperature == 0.0
-    divisor = tl.where(greedy, 1.0, temperature)
-    has_penalty = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
-    top_k_on = (top_k > 0) & (top_k < vocab_size)
-    top_p_on = top_p < 1.0
-    min_p_on = min_p > 0.0
-    filtered = (~greedy) & (top_k_on | top_p_on | min_p_on)
+        greedy = temperature == 0.0
+        divisor = tl.where(greedy, 1.0, temperature)
+        has_penalty = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
+        top_k_on = (top_k > 0) & (top_k < vocab_size)
+        top_p_on = top_p < 1.0
+        min_p_on = min_p > 0.0
+        filtered = (~greedy) & (top_k_on | top_p_on | min_p_on)
 
-    logits_row = logits_ptr + row.to(tl.int64) * logits_stride
-    prompt_mask_row = prompt_mask_ptr + state_row * prompt_mask_stride
-    counts_row = counts_ptr + state_row * counts_stride
-    draft_row = draft_ptr + row.to(tl.int64) * draft_stride
-    scratch_row = scratch_ptr + row.to(tl.int64) * CAND
+        logits_row = logits_ptr + row.to(tl.int64) * logits_stride
+        prompt_mask_row = prompt_mask_ptr + state_row * prompt_mask_stride
+        counts_row = counts_ptr + state_row * counts_stride
+        draft_row = draft_ptr + row.to(tl.int64) * draft_stride
+        scratch_row = scratch_ptr + row.to(tl.int64) * CAND
 
-    lanes = tl.arange(0, BLOCK)
-    nonfinite = tl.zeros((BLOCK,), tl.int32)
-    first_inf = tl.full((BLOCK,), vocab_size, tl.int32)
-    best = tl.full((BLOCK,), float("-inf"), tl.float32)
-    best_token = tl.full((BLOCK,), vocab_size, tl.int32)
-    lane_max = tl.full((BLOCK,), float("-inf"), tl.float32)
-    lane_min = tl.full((BLOCK,), float("inf"), tl.float32)
-    if filtered:
-        for start in range(0, vocab_size, BLOCK):
-            offs = start + lanes
-            in_vocab = offs < vocab_size
-            score, raw = load_row_scores(logits_row, offs, in_vocab, divisor, has_penalty, repetition, frequency,
-                                         presence, prompt_mask_row, counts_row, draft_row, num_drafts, True)
-            nonfinite |= ((raw != raw) | (raw == float("inf"))).to(tl.int32)
-            first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, vocab_size))
-            lane_max = tl.maximum(lane_max, score)
-            lane_min = tl.minimum(lane_min, tl.where(score > float("-inf"), score, float("inf")))
-    else:
-        for start in range(0, vocab_size, BLOCK):
-            offs = start + lanes
-            in_vocab = offs < vocab_size
-            score, raw = load_row_scores(logits_row, offs, in_vocab, divisor, has_penalty, repetition, frequency,
-                                         presence, prompt_mask_row, counts_row, draft_row, num_drafts, True)
-            nonfinite |= ((raw != raw) | (raw == float("inf"))).to(tl.int32)
-            first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, vocab_size))
-            if temperature > 0.0:
-                score = score + gumbel_noise(seed, position, offs)
-            better = score > best
-            best = tl.where(better, score, best)
-            best_token = tl.where(better, offs, best_token)
-    flagged = tl.max(nonfinite, axis=0) > 0
-    inf_token = tl.min(first_inf, axis=0)
-    token = _finish_argmax(best, best_token, vocab_size)
-
-    if filtered:
-        row_max = tl.max(lane_max, axis=0)
-        row_min = tl.min(lane_min, axis=0)
-        if (row_max > float("-inf")) & (inf_token >= vocab_size):
-            threshold, use_candidates, candidates = _filtered_threshold(
-                logits_row, divisor, has_penalty, repetition, frequency, presence, prompt_mask_row, counts_row,
-                draft_row, vocab_size, row_max, row_min, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on,
-                scratch_row, num_drafts, CAND, NPIV, NARROW_BLOCK, MAX_PASSES)
-            if use_candidates != 0:
-                values, token_ids = unpack_candidate(candidates)
-                kept = (candidates != EMPTY_CANDIDATE) & (values >= threshold)
-                noisy = tl.where(kept, values + gumbel_noise(seed, position, token_ids), float("-inf"))
-                top = tl.max(noisy, axis=0)
-                token = tl.min(tl.where(kept & (noisy == top), token_ids, vocab_size), axis=0).to(tl.int32)
-            else:
-                best = tl.full((BLOCK,), float("-inf"), tl.float32)
-                best_token = tl.full((BLOCK,), vocab_size, tl.int32)
-                for start in range(0, vocab_size, BLOCK):
-                    offs = start + lanes
-                    in_vocab = offs < vocab_size
-                    score, raw = load_row_scores(logits_row, offs, in_vocab, divisor, has_penalty, repetition,
-                                               frequency, presence, prompt_mask_row, counts_row, draft_row,
-                                               num_drafts, True)
-                    noisy = tl.where(score >= threshold, score + gumbel_noise(seed, position, offs), float("-inf"))
-                    better = noisy > best
-                    best = tl.where(better, noisy, best)
-                    best_token = tl.where(better, offs, best_token)
-                token = _finish_argmax(best, best_token, vocab_size)
+        lanes = tl.arange(0, BLOCK)
+        nonfinite = tl.zeros((BLOCK,), tl.int32)
+        first_inf = tl.full((BLOCK,), vocab_size, tl.int32)
+        best = tl.full((BLOCK,), float("-inf"), tl.float32)
+        best_token = tl.full((BLOCK,), vocab_size, tl.int32)
+        lane_max = tl.full((BLOCK,), float("-inf"), tl.float32)
+        lane_min = tl.full((BLOCK,), float("inf"), tl.float32)
+        if filtered:
+            for start in range(0, vocab_size, BLOCK):
+                offs = start + lanes
+                in_vocab = offs < vocab_size
+                score, raw = load_row_scores(logits_row, offs, in_vocab, divisor, has_penalty, repetition, frequency,
+                                             presence, prompt_mask_row, counts_row, draft_row, num_drafts, True)
+                nonfinite |= ((raw != raw) | (raw == float("inf"))).to(tl.int32)
+                first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, vocab_size))
+                lane_max = tl.maximum(lane_max, score)
+                lane_min = tl.minimum(lane_min, tl.where(score > float("-inf"), score, float("inf")))
         else:
-            token = tl.full((), 0, tl.int32)
-    token = tl.where(inf_token < vocab_size, inf_token, token)
-    tl.store(token_out_ptr + row, token.to(tl.int64))
-    tl.store(flag_out_ptr + row, flagged.to(tl.int32))
+            for start in range(0, vocab_size, BLOCK):
+                offs = start + lanes
+                in_vocab = offs < vocab_size
+                score, raw = load_row_scores(logits_row, offs, in_vocab, divisor, has_penalty, repetition, frequency,
+                                             presence, prompt_mask_row, counts_row, draft_row, num_drafts, True)
+                nonfinite |= ((raw != raw) | (raw == float("inf"))).to(tl.int32)
+                first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, vocab_size))
+                if temperature > 0.0:
+                    score = score + gumbel_noise(seed, position, offs)
+                better = score > best
+                best = tl.where(better, score, best)
+                best_token = tl.where(better, offs, best_token)
+        flagged = tl.max(nonfinite, axis=0) > 0
+        inf_token = tl.min(first_inf, axis=0)
+        token = _finish_argmax(best, best_token, vocab_size)
+
+        if filtered:
+            row_max = tl.max(lane_max, axis=0)
+            row_min = tl.min(lane_min, axis=0)
+            if (row_max > float("-inf")) & (inf_token >= vocab_size):
+                threshold, use_candidates, candidates = _narrowed_threshold(
+                    logits_row, divisor, has_penalty, repetition, frequency, presence, prompt_mask_row, counts_row,
+                    draft_row, vocab_size, row_max, row_min, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on,
+                    scratch_row, num_drafts, CAND, NPIV, NARROW_BLOCK, MAX_PASSES)
+                if use_candidates != 0:
+                    values, token_ids = unpack_candidate(candidates)
+                    kept = (candidates != EMPTY_CANDIDATE) & (values >= threshold)
+                    noisy = tl.where(kept, values + gumbel_noise(seed, position, token_ids), float("-inf"))
+                    top = tl.max(noisy, axis=0)
+                    token = tl.min(tl.where(kept & (noisy == top), token_ids, vocab_size), axis=0).to(tl.int32)
+                else:
+                    best = tl.full((BLOCK,), float("-inf"), tl.float32)
+                    best_token = tl.full((BLOCK,), vocab_size, tl.int32)
+                    for start in range(0, vocab_size, BLOCK):
+                        offs = start + lanes
+                        in_vocab = offs < vocab_size
+                        score, raw = load_row_scores(logits_row, offs, in_vocab, divisor, has_penalty, repetition,
+                                                   frequency, presence, prompt_mask_row, counts_row, draft_row,
+                                                   num_drafts, True)
+                        noisy = tl.where(score >= threshold, score + gumbel_noise(seed, position, offs), float("-inf"))
+                        better = noisy > best
+                        best = tl.where(better, noisy, best)
+                        best_token = tl.where(better, offs, best_token)
+                    token = _finish_argmax(best, best_token, vocab_size)
+            else:
+                token = tl.full((), 0, tl.int32)
+        token = tl.where(inf_token < vocab_size, inf_token, token)
+        tl.store(token_out_ptr + row, token.to(tl.int64))
+        tl.store(flag_out_ptr + row, flagged.to(tl.int32))

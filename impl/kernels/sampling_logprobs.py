@@ -1,20 +1,37 @@
 """Token logprobs, ranks and top-n logprobs per row, without a ``[rows, vocab]`` logprob tensor.
 
-One program per row (docs/SAMPLING.md "Logprobs", raw logits with NaN -> -inf; +inf is clamped
-to FLT_MAX so a flagged row still yields finite output, which is not compared):
+docs/SAMPLING.md "Logprobs": raw logits with NaN -> -inf; +inf is clamped to FLT_MAX so a flagged
+row still yields finite output (which is not compared).  Split like the sampler
+(`impl.kernels.sampling_split`), in launch order:
 
-1. one pass: per-lane online max / sum-exp (the log-sum-exp), the count of logits strictly above
-   the target's (its rank), the smallest finite logit;
-2. when ``num_top > 0``: `sampling_select.narrow_threshold` finds the n-th largest logit (usually
-   in one pass), `gather_candidates` collects everything at or above it (ties at the boundary in
-   token order, capped), sorts the few candidates, and the first ``num_top`` are stored.
+1. `logprobs_block_kernel` (one program per (row, vocabulary chunk)): the chunk's max, its
+   sum-exp relative to that max, and the count of logits strictly above the target's -- one read;
+2. `logprobs_plan_kernel` (per row): the log-sum-exp, the target's logprob and rank; for top-n,
+   the bound ``n``-th largest chunk max (or FALLBACK when it cannot bound: ``n`` above the chunk
+   count, fewer than ``n`` chunks with a finite entry);
+3. `logprobs_select_kernel` (split): the entries at or above the bound, from the chunks whose max
+   reaches it (the others are not read);
+4. `logprobs_finish_kernel` (per row): compacts them, ranks them by counting (no sort) and
+   stores the first ``n`` (ties by lower index); overflowed rows become FALLBACK;
+5. `token_logprobs_kernel` (per row, FALLBACK rows only): the whole row in one program by pivot
+   narrowing (`sampling_select.narrow_threshold`, `gather_candidates`).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from impl.kernels.sampling_split import (
+    MODE_DONE,
+    MODE_FALLBACK,
+    MODE_GATHER,
+    compact_block_candidates,
+    descending_ranks,
+    kth_largest_block_max,
+    store_block_candidates,
+)
 from impl.kernels.sampling_select import (
+    EMPTY_CANDIDATE,
     FLOAT32_MAX,
     OUTCOME_ALL,
     gather_candidates,
@@ -25,15 +42,122 @@ from impl.kernels.sampling_select import (
 )
 
 
+@triton.jit
+def _raw_scores(logits_row, offs, in_vocab):
+    score, raw = load_row_scores(logits_row, offs, in_vocab, 1.0, False, 1.0, 0.0, 0.0, logits_row, logits_row,
+                                 logits_row, 0, False)
+    return score
+
+
+@triton.jit
+def _target_score(logits_ptr, logits_stride, target_ptr, row, vocab_size):
+    target = tl.minimum(tl.maximum(tl.load(target_ptr + row).to(tl.int32), 0), vocab_size - 1)
+    target_raw = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + target)
+    return tl.minimum(tl.where(target_raw != target_raw, float("-inf"), target_raw), FLOAT32_MAX)
+
+
+@triton.jit(do_not_specialize=["num_blocks"])
+def logprobs_block_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, part_sum_ptr, part_above_ptr,
+                          num_blocks, vocab_size, CHUNK: tl.constexpr):
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    target_score = _target_score(logits_ptr, logits_stride, target_ptr, row, vocab_size)
+    offs = blk * CHUNK + tl.arange(0, CHUNK)
+    score = _raw_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, offs < vocab_size)
+    chunk_max = tl.max(score, axis=0)
+    shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)
+    at = row.to(tl.int64) * num_blocks + blk
+    tl.store(part_max_ptr + at, chunk_max)
+    tl.store(part_sum_ptr + at, tl.sum(tl.exp(score - shift), axis=0))
+    tl.store(part_above_ptr + at, tl.sum((score > target_score).to(tl.int32), axis=0))
+
+
+@triton.jit(do_not_specialize=["num_blocks", "num_top"])
+def logprobs_plan_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, part_sum_ptr, part_above_ptr,
+                         num_blocks, num_top, mode_ptr, bound_ptr, normalizer_ptr, logprob_out_ptr, rank_out_ptr,
+                         vocab_size, NB_P2: tl.constexpr, CAND: tl.constexpr, COLS: tl.constexpr):
+    row = tl.program_id(0)
+    base = row.to(tl.int64) * num_blocks
+    blocks = tl.arange(0, NB_P2)
+    valid = blocks < num_blocks
+    chunk_max = tl.load(part_max_ptr + base + blocks, mask=valid, other=float("-inf"))
+    chunk_sum = tl.load(part_sum_ptr + base + blocks, mask=valid, other=0.0)
+    above = tl.load(part_above_ptr + base + blocks, mask=valid, other=0)
+    row_max = tl.max(chunk_max, axis=0)
+    row_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
+    log_normalizer = row_max + tl.log(tl.sum(chunk_sum * tl.exp(chunk_max - row_shift), axis=0))
+    target_score = _target_score(logits_ptr, logits_stride, target_ptr, row, vocab_size)
+    tl.store(logprob_out_ptr + row, target_score - log_normalizer)
+    tl.store(rank_out_ptr + row, 1 + tl.sum(above, axis=0))
+    bound = kth_largest_block_max(part_max_ptr, base, num_blocks, num_top, NB_P2, COLS)
+    can_gather = (num_top <= num_blocks) & (num_top <= CAND // 2) & (bound > float("-inf"))
+    tl.store(mode_ptr + row, tl.where(num_top == 0, MODE_DONE, tl.where(can_gather, MODE_GATHER, MODE_FALLBACK)))
+    tl.store(bound_ptr + row, bound)
+    tl.store(normalizer_ptr + row, log_normalizer)
+
+
+@triton.jit(do_not_specialize=["num_blocks"])
+def logprobs_select_kernel(logits_ptr, logits_stride, mode_ptr, bound_ptr, part_max_ptr, part_count_ptr, slots_ptr,
+                           num_blocks, vocab_size, CHUNK: tl.constexpr, SLOT: tl.constexpr):
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    at = row.to(tl.int64) * num_blocks + blk
+    if tl.load(mode_ptr + row) == MODE_GATHER:
+        bound = tl.load(bound_ptr + row)
+        kept_count = tl.full((), 0, tl.int32)
+        if tl.load(part_max_ptr + at) >= bound:  # other chunks hold no candidate: not read
+            offs = blk * CHUNK + tl.arange(0, CHUNK)
+            in_vocab = offs < vocab_size
+            score = _raw_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, in_vocab)
+            kept_count = store_block_candidates(score, offs, in_vocab & (score >= bound), slots_ptr + at * SLOT, SLOT)
+        tl.store(part_count_ptr + at, kept_count)
+
+
+@triton.jit(do_not_specialize=["num_blocks", "num_top"])
+def logprobs_finish_kernel(mode_ptr, normalizer_ptr, part_count_ptr, slots_ptr, scratch_ptr, num_blocks, num_top,
+                           top_ids_out_ptr, top_logprobs_out_ptr, top_stride,
+                           SCRATCH: tl.constexpr, CAND: tl.constexpr, SLOT: tl.constexpr, GROUP: tl.constexpr,
+                           COLS: tl.constexpr):
+    row = tl.program_id(0)
+    if tl.load(mode_ptr + row) == MODE_GATHER:
+        scratch_row = scratch_ptr + row.to(tl.int64) * SCRATCH
+        overflow, candidates = compact_block_candidates(part_count_ptr, slots_ptr, row.to(tl.int64) * num_blocks,
+                                                        num_blocks, scratch_row, CAND, SLOT, GROUP)
+        if overflow != 0:
+            tl.store(mode_ptr + row, MODE_FALLBACK)
+        else:
+            values, ids = unpack_candidate(candidates)
+            rank = descending_ranks(candidates, scratch_row, CAND, COLS)  # ties: lower token id first
+            keep = (candidates != EMPTY_CANDIDATE) & (rank < num_top)
+            out_row = row.to(tl.int64) * top_stride
+            tl.store(top_ids_out_ptr + out_row + rank, ids.to(tl.int32), mask=keep)
+            tl.store(top_logprobs_out_ptr + out_row + rank, values - tl.load(normalizer_ptr + row), mask=keep)
+
+
 @triton.jit(do_not_specialize=["num_top"])
 def token_logprobs_kernel(
-    logits_ptr, logits_stride, target_ptr, scratch_ptr,
+    logits_ptr, logits_stride, target_ptr, scratch_ptr, mode_ptr,
     logprob_out_ptr, rank_out_ptr, top_ids_out_ptr, top_logprobs_out_ptr, top_stride,
     num_top, vocab_size,
     BLOCK: tl.constexpr, NARROW_BLOCK: tl.constexpr, CAND: tl.constexpr, MAX_TOP: tl.constexpr,
     NPIV: tl.constexpr, MAX_PASSES: tl.constexpr,
 ):
+    """The whole row in one program (FALLBACK rows only; the others exit at once)."""
     row = tl.program_id(0)
+    if tl.load(mode_ptr + row) == MODE_FALLBACK:
+        _token_logprobs_row(logits_ptr, logits_stride, target_ptr, scratch_ptr, logprob_out_ptr, rank_out_ptr,
+                            top_ids_out_ptr, top_logprobs_out_ptr, top_stride, num_top, vocab_size, row, BLOCK,
+                            NARROW_BLOCK, CAND, MAX_TOP, NPIV, MAX_PASSES)
+
+
+@triton.jit
+def _token_logprobs_row(
+    logits_ptr, logits_stride, target_ptr, scratch_ptr,
+    logprob_out_ptr, rank_out_ptr, top_ids_out_ptr, top_logprobs_out_ptr, top_stride,
+    num_top, vocab_size, row,
+    BLOCK: tl.constexpr, NARROW_BLOCK: tl.constexpr, CAND: tl.constexpr, MAX_TOP: tl.constexpr,
+    NPIV: tl.constexpr, MAX_PASSES: tl.constexpr,
+):
     logits_row = logits_ptr + row.to(tl.int64) * logits_stride
     scratch_row = scratch_ptr + row.to(tl.int64) * CAND
     target = tl.minimum(tl.maximum(tl.load(target_ptr + row).to(tl.int32), 0), vocab_size - 1)

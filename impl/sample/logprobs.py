@@ -1,14 +1,18 @@
 """Logprobs of chosen tokens (sampled or actual next prompt tokens) and top-n lists, on the device.
 
-No ``[rows, vocab]`` logprob tensor exists: one Triton program per row computes the log-sum-exp,
-the target's rank and the top-n selection in a few passes over the raw logits
-(`impl.kernels.sampling_logprobs`).
+No ``[rows, vocab]`` logprob tensor exists: split passes over vocabulary chunks and per-row
+combines compute the log-sum-exp, the target's rank and the top-n selection in one read of the raw
+logits plus a read of the few chunks that can hold a top-n entry (`impl.kernels.sampling_logprobs`).
 
 Ownership: a `LogprobsComputer` owns its output buffers (``logprob`` f32 ``[R]``, ``rank`` i32
-``[R]``, ``top_ids`` i32 ``[R, max_logprobs]``, ``top_logprobs`` f32 ``[R, max_logprobs]``) and its
-candidate scratch (i64 ``[R, CAND]``), all on the device for its lifetime, persistent addresses
-(CUDA graphs), written only by its kernel; a step's results are valid from the launch until the
-next launch, so the caller copies them out (one async D2H) before reusing the computer.
+``[R]``, ``top_ids`` i32 ``[R, max_logprobs]``, ``top_logprobs`` f32 ``[R, max_logprobs]``), its
+per-(row, chunk) partials (``part_max`` f32, ``part_sum`` f32, ``part_above`` i32, ``part_count``
+i32 ``[R, NB]``, ``chunk_slots`` i64 ``[R, NB, SLOT]``), its per-row plan (``mode`` i32, ``bound``
+f32, ``normalizer`` f32 ``[R]``) and its candidate scratch (i64 ``[R, CAND]``), all on the device
+for its lifetime, persistent addresses (CUDA graphs), sized at construction, written only by its
+kernels; partials and plan mean something only within one launch sequence.  A step's results are
+valid from the launch until the next launch, so the caller copies them out (one async D2H) before
+reusing the computer.
 
 Prompt logprobs
 ---------------
@@ -20,6 +24,7 @@ tensors, so peak memory is ``chunk_rows * V`` floats whatever the prompt length.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -28,7 +33,13 @@ import triton
 
 from impl.device import Device
 from impl.hotpath import hot_path
-from impl.kernels.sampling_logprobs import token_logprobs_kernel
+from impl.kernels.sampling_logprobs import (
+    logprobs_block_kernel,
+    logprobs_finish_kernel,
+    logprobs_plan_kernel,
+    logprobs_select_kernel,
+    token_logprobs_kernel,
+)
 
 
 class LogprobsError(ValueError):
@@ -55,19 +66,60 @@ class SelectionConfig:
     pivots: int = 16
     max_passes: int = 16
     num_warps: int = 8
+    chunk: int = 0  # vocabulary chunk per program of the split passes (0: ``block``)
+    slots: int = 32  # per-chunk candidate slots of the split gather (capped at ``candidates``)
+    split_candidates: int = 256  # candidates per row of the split gather (capped at ``candidates``)
+    split_warps: int = 4
+
+    @property
+    def split_chunk(self) -> int:
+        return self.chunk or self.block
+
+    @property
+    def chunk_slots(self) -> int:
+        return min(self.slots, self.candidates)
+
+
+@dataclass(frozen=True)
+class SplitLayout:
+    """How a row of ``vocab_size`` splits across programs: ``num_blocks`` chunks of ``chunk`` entries.
+
+    ``nb_p2``: ``num_blocks`` rounded up to a power of two (the combines' lane count); ``slot``: the
+    per-chunk candidate slots; ``cand``: the row's candidate capacity; ``group``: chunks per step of
+    the candidate compaction; ``cols``: the column slice of the counting selections.
+    """
+
+    chunk: int
+    num_blocks: int
+    nb_p2: int
+    slot: int
+    cand: int
+    group: int
+    cols: int
+
+    @classmethod
+    def of(cls, config: SelectionConfig, vocab_size: int) -> "SplitLayout":
+        chunk, slot = config.split_chunk, config.chunk_slots
+        cand = min(config.split_candidates, config.candidates)
+        for name, value in (("chunk", chunk), ("slots", slot), ("split_candidates", cand)):
+            if value < 1 or value & (value - 1):
+                raise LogprobsError(f"SelectionConfig {name} must be a power of two, got {value}")
+        num_blocks = triton.cdiv(vocab_size, chunk)
+        nb_p2 = triton.next_power_of_2(num_blocks)
+        return cls(chunk, num_blocks, nb_p2, slot, cand, min(nb_p2, max(1, 1024 // slot)), min(32, cand))
 
 
 def default_selection_config(device: Device, candidate_capacity: int | None = None) -> SelectionConfig:
     """Wide blocks on a GPU; small ones under the Triton interpreter (cost there is per op)."""
     if device.is_cuda:
-        config = SelectionConfig(block=1024, narrow_block=256, candidates=1024)
+        config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16)
     else:
-        config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4)
+        config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4, chunk=64, slots=16,
+                                 split_warps=1)
     if candidate_capacity is not None:
         if candidate_capacity < 2 or candidate_capacity & (candidate_capacity - 1):
             raise LogprobsError(f"candidate_capacity must be a power of two >= 2, got {candidate_capacity}")
-        config = SelectionConfig(config.block, config.narrow_block, candidate_capacity, config.pivots,
-                                 config.max_passes, config.num_warps)
+        config = dataclasses.replace(config, candidates=candidate_capacity)
     return config
 
 
@@ -96,8 +148,7 @@ class LogprobsComputer:
         self.max_top = triton.next_power_of_2(max(1, max_logprobs))
         config = config or default_selection_config(device)
         if config.candidates < 2 * self.max_top:
-            config = SelectionConfig(config.block, config.narrow_block, 2 * self.max_top, config.pivots,
-                                     config.max_passes, config.num_warps)
+            config = dataclasses.replace(config, candidates=2 * self.max_top)
         self.config = config
         width = max(1, max_logprobs)
         self.logprob = device.zeros(max_num_rows, torch.float32)
@@ -105,6 +156,22 @@ class LogprobsComputer:
         self.top_ids = device.zeros((max_num_rows, width), torch.int32)
         self.top_logprobs = device.zeros((max_num_rows, width), torch.float32)
         self.scratch = device.zeros((max_num_rows, config.candidates), torch.int64)
+        self.layout = layout = SplitLayout.of(config, vocab_size)
+        per_chunk = (max_num_rows, layout.num_blocks)
+        self.part_max = device.zeros(per_chunk, torch.float32)
+        self.part_sum = device.zeros(per_chunk, torch.float32)
+        self.part_above = device.zeros(per_chunk, torch.int32)
+        self.part_count = device.zeros(per_chunk, torch.int32)
+        self.chunk_slots = device.zeros((max_num_rows, layout.num_blocks, layout.slot), torch.int64)
+        self.mode = device.zeros(max_num_rows, torch.int32)
+        self.bound = device.zeros(max_num_rows, torch.float32)
+        self.normalizer = device.zeros(max_num_rows, torch.float32)
+
+    def held_bytes(self) -> int:
+        """Device bytes this computer holds from construction (outputs, partials, plan, scratch)."""
+        owned = (self.logprob, self.rank, self.top_ids, self.top_logprobs, self.scratch, self.part_max, self.part_sum,
+                 self.part_above, self.part_count, self.chunk_slots, self.mode, self.bound, self.normalizer)
+        return sum(t.numel() * t.element_size() for t in owned)
 
     def check(self, logits: torch.Tensor, target_ids: torch.Tensor, num_rows: int, num_top: int) -> None:
         """Host-side shape checks (metadata only, never device data)."""
@@ -136,8 +203,26 @@ class LogprobsComputer:
         top_stride = out.top_ids.stride(0) if out.top_ids.dim() == 2 else 1
         if out.top_logprobs.stride(0) != top_stride:
             raise LogprobsError("top_ids and top_logprobs must share a row stride")
+        lay = self.layout
+        split = (num_rows, lay.num_blocks)
+        logprobs_block_kernel[split](logits, logits.stride(0), target_ids, self.part_max, self.part_sum,
+                                     self.part_above, lay.num_blocks, self.vocab_size, CHUNK=lay.chunk,
+                                     num_warps=c.split_warps)
+        logprobs_plan_kernel[(num_rows,)](logits, logits.stride(0), target_ids, self.part_max, self.part_sum,
+                                          self.part_above, lay.num_blocks, num_top, self.mode, self.bound,
+                                          self.normalizer, out.logprob, out.rank, self.vocab_size, NB_P2=lay.nb_p2,
+                                          CAND=lay.cand, COLS=lay.cols, num_warps=4)
+        if num_top == 0:
+            return out
+        logprobs_select_kernel[split](logits, logits.stride(0), self.mode, self.bound, self.part_max, self.part_count,
+                                      self.chunk_slots, lay.num_blocks, self.vocab_size, CHUNK=lay.chunk,
+                                      SLOT=lay.slot, num_warps=c.split_warps)
+        logprobs_finish_kernel[(num_rows,)](self.mode, self.normalizer, self.part_count, self.chunk_slots,
+                                            self.scratch, lay.num_blocks, num_top, out.top_ids, out.top_logprobs,
+                                            top_stride, SCRATCH=c.candidates, CAND=lay.cand, SLOT=lay.slot,
+                                            GROUP=lay.group, COLS=lay.cols, num_warps=c.num_warps)
         token_logprobs_kernel[(num_rows,)](
-            logits, logits.stride(0), target_ids, self.scratch, out.logprob, out.rank, out.top_ids,
+            logits, logits.stride(0), target_ids, self.scratch, self.mode, out.logprob, out.rank, out.top_ids,
             out.top_logprobs, top_stride, num_top, self.vocab_size,
             BLOCK=c.block, NARROW_BLOCK=c.narrow_block, CAND=c.candidates, MAX_TOP=self.max_top,
             NPIV=c.pivots, MAX_PASSES=c.max_passes, num_warps=c.num_warps)

@@ -1,14 +1,26 @@
-"""The sampler: docs/SAMPLING.md on the device, in one Triton launch (plus one for logprobs).
+"""The sampler: docs/SAMPLING.md on the device, in five Triton launches (plus logprobs').
 
-`Sampler.sample` is pure device work: it reads only host ints and tensor metadata, launches
-`impl.kernels.sampling.sampler_kernel` over ``num_rows`` logit rows (and
-`impl.kernels.sampling_logprobs.token_logprobs_kernel` when logprobs are asked for), and returns
-views of persistent output buffers.  Call it inside ``Device.enqueue`` like the rest of a step.
+`Sampler.sample` is pure device work: it reads only host ints and tensor metadata, launches the
+kernels of `impl.kernels.sampling` over ``num_rows`` logit rows (split passes over vocabulary
+chunks, per-row combines, the per-row fallback; see that module), the logprobs launches of
+`impl.sample.logprobs` when logprobs are asked for, and returns views of persistent output buffers.
+Call it inside ``Device.enqueue`` like the rest of a step.
 
-Ownership: a `Sampler` owns ``tokens`` (i64 ``[R]``), ``nan_flags`` (i32 ``[R]``) and the candidate
-scratch (i64 ``[R, CAND]``), on the device for its lifetime with persistent addresses (so a CUDA
-graph can capture the launch), written only by the sampler kernel; its `LogprobsComputer` owns
-the logprob buffers.  A step's outputs are valid until the next `sample` call, so the runner
+Ownership: a `Sampler` owns, on the device for its lifetime, with persistent addresses (so a CUDA
+graph can capture the launches), sized at construction from ``max_num_rows`` (R) and the split
+layout (``NB`` chunks per row, ``SLOT`` candidate slots per chunk, ``CAND`` candidates per row, the
+first ``layout.cand`` of them used by the split path):
+
+* outputs ``tokens`` (i64 ``[R]``) and ``nan_flags`` (i32 ``[R]``): written by the plan kernel,
+  tokens overwritten by the finish and fallback kernels for the rows they decide;
+* per-(row, chunk) partials ``part_best`` f32, ``part_token`` i32, ``part_max`` f32, ``part_flag``
+  i32, ``part_inf`` i32, ``part_count`` i32 (``[R, NB]``) and ``chunk_slots`` i64 ``[R, NB, SLOT]``:
+  written by the split kernels, read by the next combine of the same step;
+* per-row plan ``mode`` i32, ``bound`` f32, ``row_max`` f32 (``[R]``): written by the plan kernel
+  (``mode`` also by the finish kernel on overflow), read by the later launches of the step;
+* ``scratch`` i64 ``[R, CAND]``: candidate compaction (finish kernel) and the fallback's gathers.
+
+Nothing is meaningful between steps.  Its `LogprobsComputer` owns the logprob buffers.  A step's outputs are valid until the next `sample` call, so the runner
 copies them out (one async D2H into a pinned output slot) in the same enqueue.
 
 Per logit row ``i`` the kernel reads the state row ``logit_rows_to_state_rows[i]`` (several logit
@@ -23,8 +35,14 @@ import torch
 
 from impl.device import Device
 from impl.hotpath import hot_path
-from impl.kernels.sampling import sampler_kernel
-from impl.sample.logprobs import LogprobsComputer, SelectionConfig, default_selection_config
+from impl.kernels.sampling import (
+    sampler_block_kernel,
+    sampler_finish_kernel,
+    sampler_plan_kernel,
+    sampler_row_kernel,
+    sampler_select_kernel,
+)
+from impl.sample.logprobs import LogprobsComputer, SelectionConfig, SplitLayout, default_selection_config
 from impl.sample.state import SamplingState
 
 
@@ -63,6 +81,18 @@ class Sampler:
         self.config = config or default_selection_config(device, candidate_capacity)
         self.tokens = device.zeros(max_num_rows, torch.int64)
         self.nan_flags = device.zeros(max_num_rows, torch.int32)
+        self.layout = layout = SplitLayout.of(self.config, vocab_size)
+        per_chunk = (max_num_rows, layout.num_blocks)
+        self.part_best = device.zeros(per_chunk, torch.float32)
+        self.part_token = device.zeros(per_chunk, torch.int32)
+        self.part_max = device.zeros(per_chunk, torch.float32)
+        self.part_flag = device.zeros(per_chunk, torch.int32)
+        self.part_inf = device.zeros(per_chunk, torch.int32)
+        self.part_count = device.zeros(per_chunk, torch.int32)
+        self.chunk_slots = device.zeros((max_num_rows, layout.num_blocks, layout.slot), torch.int64)
+        self.mode = device.zeros(max_num_rows, torch.int32)
+        self.bound = device.zeros(max_num_rows, torch.float32)
+        self.row_max = device.zeros(max_num_rows, torch.float32)
         self.scratch = device.zeros((max_num_rows, self.config.candidates), torch.int64)
         self._no_drafts = device.full(1, -1, torch.int32)
         self.logprobs = LogprobsComputer(device, vocab_size, max_logprobs, max_num_rows, self.config)
@@ -107,14 +137,33 @@ class Sampler:
             drafts, draft_stride, num_drafts = self._no_drafts, 0, 0
         else:
             drafts, draft_stride, num_drafts = draft_prefix, draft_prefix.stride(0), draft_prefix.shape[1]
-        c = self.config
-        sampler_kernel[(num_rows,)](
-            logits, logits.stride(0), logit_rows_to_state_rows, positions,
-            state.temperature.base, state.top_k.base, state.top_p.base, state.min_p.base,
-            state.repetition_penalty.base, state.frequency_penalty.base, state.presence_penalty.base,
-            state.seed.base, state.prompt_mask.base, state.prompt_mask.base.stride(0),
-            state.output_counts, state.output_counts.stride(0), drafts, draft_stride, num_drafts,
-            self.scratch, tokens, flags, self.vocab_size,
+        c, lay = self.config, self.layout
+        params = (state.temperature.base, state.top_k.base, state.top_p.base, state.min_p.base)
+        penalties = (state.repetition_penalty.base, state.frequency_penalty.base, state.presence_penalty.base)
+        penalty_rows = (state.prompt_mask.base, state.prompt_mask.base.stride(0), state.output_counts,
+                        state.output_counts.stride(0), drafts, draft_stride, num_drafts)
+        split = (num_rows, lay.num_blocks)
+        sampler_block_kernel[split](
+            logits, logits.stride(0), logit_rows_to_state_rows, positions, *params, *penalties, state.seed.base,
+            *penalty_rows, self.part_best, self.part_token, self.part_max, self.part_flag, self.part_inf,
+            lay.num_blocks, self.vocab_size, CHUNK=lay.chunk, num_warps=c.split_warps)
+        sampler_plan_kernel[(num_rows,)](
+            logit_rows_to_state_rows, *params, self.part_best, self.part_token, self.part_max, self.part_flag,
+            self.part_inf, lay.num_blocks, self.mode, self.bound, self.row_max, tokens, flags, self.vocab_size,
+            NB_P2=lay.nb_p2, CAND=lay.cand, COLS=lay.cols, num_warps=4)
+        sampler_select_kernel[split](
+            logits, logits.stride(0), logit_rows_to_state_rows, positions, state.temperature.base, *penalties,
+            state.seed.base, *penalty_rows, self.mode, self.bound, self.part_best, self.part_token,
+            self.part_max, self.part_count, self.chunk_slots, lay.num_blocks, self.vocab_size,
+            CHUNK=lay.chunk, SLOT=lay.slot, num_warps=c.split_warps)
+        sampler_finish_kernel[(num_rows,)](
+            logit_rows_to_state_rows, positions, *params, state.seed.base, self.mode, self.row_max,
+            self.part_best, self.part_token, self.part_count, self.chunk_slots, self.scratch, lay.num_blocks,
+            tokens, self.vocab_size, NB_P2=lay.nb_p2, SCRATCH=c.candidates, CAND=lay.cand, SLOT=lay.slot,
+            GROUP=lay.group, COLS=lay.cols, num_warps=c.num_warps)
+        sampler_row_kernel[(num_rows,)](
+            logits, logits.stride(0), logit_rows_to_state_rows, positions, *params, *penalties, state.seed.base,
+            *penalty_rows, self.scratch, self.mode, tokens, flags, self.vocab_size,
             BLOCK=c.block, NARROW_BLOCK=c.narrow_block, CAND=c.candidates,
             NPIV=c.pivots, MAX_PASSES=c.max_passes, num_warps=c.num_warps)
         if max_num_logprobs < 0:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from checks import chisq, samplers, stats
+from checks import chisq, chisq_cases, samplers, stats
 from checks.samplers import GumbelSampler, TokenHistory, load_sampler
 from impl.interface import SamplingParams
 from reference.rng import gumbel_noise as reference_noise
@@ -120,7 +120,7 @@ def test_shared_noise_bug_needs_rows_of_one_request() -> None:
 
 def test_cases_have_no_fragile_boundaries() -> None:
     """fp32 samplers and the float64 oracle must agree on every kept set the matrix tests."""
-    for case in chisq.build_cases(quick=True):
+    for case in chisq_cases.build_cases(quick=True):
         for j in range(case.rows):
             result = reference_sample(case.logits[j], case.params, 1, 0, case.history.prompt_ids, case.history.output_ids)
             assert not result.fragile, case.name
@@ -229,7 +229,7 @@ def test_plain_adapter_rejects_penalties_and_is_skipped_on_them() -> None:
     with pytest.raises(samplers.SamplerUnsupportedError):
         samplers.torch_multinomial_sampler(torch.zeros(1, 4), [SamplingParams(presence_penalty=0.5)],
                                            torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
-    case = next(c for c in chisq.build_cases(True) if c.group == "penalties")
+    case = next(c for c in chisq_cases.build_cases(True) if samplers.has_penalties(c.params))
     assert chisq.sampler_can_run(samplers.torch_multinomial_sampler, case) is not None
 
 
@@ -257,7 +257,7 @@ def test_quick_calibration_within_band(quick_run) -> None:
 
 def test_every_quick_planted_bias_is_rejected(quick_run) -> None:
     power = {p["bias"]: p for p in quick_run[1]["power"]}
-    assert set(power) == set(chisq.power_plan(True, torch.device("cpu")))
+    assert set(power) == set(chisq_cases.power_plan(True, torch.device("cpu")))
     assert {"top-k-off-by-one", "top-p-drop-boundary", "top-p-extra-token", "temperature-twice",
             "penalty-wrong-sign", "draft-shared-noise", "bf16-noise"} <= set(power)
     for bias, p in power.items():
@@ -280,7 +280,7 @@ def test_plain_pytorch_adapter_passes() -> None:
     opts = chisq.RunOptions(quick=True, seed=3, calibration=False, power=False)
     results, skipped = chisq.run_matrix(samplers.torch_multinomial_sampler, opts, torch.device("cpu"), lambda *a: None)
     assert all(r.passed for r in results), [r.name for r in results if not r.passed]
-    assert {s["case"] for s in skipped} == {c.name for c in chisq.build_cases(True) if c.group == "penalties"}
+    assert {s["case"] for s in skipped} == {c.name for c in chisq_cases.build_cases(True) if samplers.has_penalties(c.params)}
 
 
 def test_cli_exit_status_follows_the_verdict(tmp_path) -> None:
@@ -339,7 +339,7 @@ def test_inf_noise_biases_are_rejected_on_cpu(bias: str) -> None:
 @pytest.mark.parametrize("bias", ["u31-floor", "u32-uniform"])
 def test_capped_noise_biases_are_rejected_on_gpu(bias: str) -> None:
     """~1e12 token-draws: noise capped near 21.5 / 22.9 loses most hits of a tail 24 logits down."""
-    case, _ = chisq.power_cases()[bias]
+    case, _ = chisq_cases.power_cases()[bias]
     seed, offset = chisq.case_seed(0, f"power:{bias}")
     started = time.perf_counter()
     tokens = chisq.draw(samplers.planted_sampler(bias), case, seed=seed, position_offset=offset, device=torch.device("cuda"))
@@ -353,7 +353,7 @@ def test_capped_noise_biases_are_rejected_on_gpu(bias: str) -> None:
 @pytest.mark.stats
 def test_deep_tails_pass_with_the_baseline_on_gpu() -> None:
     sampler = GumbelSampler()
-    for case in chisq.deep_tail_cases():
+    for case in chisq_cases.deep_tail_cases():
         seed, offset = chisq.case_seed(0, case.name)
         started = time.perf_counter()
         tokens = chisq.draw(sampler, case, seed=seed, position_offset=offset, device=torch.device("cuda"))

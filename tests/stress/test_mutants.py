@@ -16,7 +16,7 @@ import torch
 
 import impl.runner as runner_module
 import impl.sample.sampler as sampler_module
-from checks.chisq import power_cases
+from checks.chisq_cases import power_cases
 from impl.device import Device
 from impl.model.weights import preset, random_weights
 from stress import cli

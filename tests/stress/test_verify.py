@@ -44,7 +44,12 @@ def test_quick_job_on_sim_passes_and_writes_a_valid_report(tmp_path: Path, capsy
     assert [r["seed"] for r in doc["runs"]] == [0, 1, 2]
     assert {r["lag_policy"]["name"] for r in doc["runs"]} == {"random-drain", "lag-k-steps"}
     assert doc["steps"] >= 15 and doc["tokens_compared"] > 0
-    assert doc["chisq"]["status"] in ("ran", "not available")
+    assert doc["chisq"]["status"] == "ran"
+    # On CPU the statistics ran on both samplers, and the summary names each.
+    named = {e["sampler"]: e for e in doc["chisq"]["samplers"]}
+    assert set(named) == {"gumbel", "impl"} and all(e["status"] == "ran" and e["passed"] for e in named.values())
+    assert "runner's sampler" in named["impl"]["role"] and "not the runner's kernel" in named["gumbel"]["role"]
+    assert "impl (the runner's sampler" in (out / "summary.md").read_text()
     assert "runnercheck verify: PASSED" in (out / "summary.md").read_text()
     assert not (out / "repros").exists()
     assert "PASSED" in capsys.readouterr().out
@@ -215,6 +220,42 @@ def test_statistics_verdict_decides(tmp_path: Path, monkeypatch, run_quick, stat
     json.dumps(doc, allow_nan=False)  # NaN from the statistics is made JSON-safe
 
 
+def _stub_run_quick(calls: list):
+    def run_quick(out, sampler=None, seed=0):
+        calls.append(sampler)
+        return {"passed": True, "num_tests": 3, "num_failed": 0}
+
+    return run_quick
+
+
+def test_statistics_on_cpu_run_the_runner_cases_too_and_a_planted_bias_there_fails_the_job(tmp_path: Path, monkeypatch) -> None:
+    """The runner cases reject a min-p/temperature error even when the baseline's matrix passes."""
+    from checks import chisq, samplers
+
+    calls: list = []
+    monkeypatch.setattr(chisq, "run_quick", _stub_run_quick(calls))
+    section = verify.run_chisq(tmp_path, device="cpu", runner_sampler=samplers.planted_sampler("min-p-before-temperature"))
+    assert calls == ["gumbel"] and section["status"] == "ran" and section["passed"] is False
+    baseline, runner = section["samplers"]
+    assert (baseline["sampler"], baseline["passed"]) == ("gumbel", True)
+    assert (runner["sampler"], runner["passed"]) == ("bias-min-p-before-temperature", False)
+    assert (tmp_path / "chisq-runner" / "chisq.json").exists()
+    doc = build_summary([_record()], section, device="sim", seed=0, runner="r:f", model="micro", quick=True, elapsed_s=1.0)
+    assert doc["passed"] is False and "bias-min-p-before-temperature" in render_markdown(doc)
+    control = verify.run_chisq(tmp_path / "control", device="cpu", runner_sampler=samplers.GumbelSampler())
+    assert control["passed"] is True, control["summary"]
+
+
+def test_statistics_on_cuda_run_on_the_runners_sampler(tmp_path: Path, monkeypatch) -> None:
+    from checks import chisq
+
+    calls: list = []
+    monkeypatch.setattr(chisq, "run_quick", _stub_run_quick(calls))
+    section = verify.run_chisq(tmp_path, device="cuda")
+    assert calls == ["impl"] and [e["sampler"] for e in section["samplers"]] == ["impl"]
+    assert "impl (the runner's sampler" in section["summary"]
+
+
 # --------------------------------------------------------------------------- report schema
 
 
@@ -242,8 +283,11 @@ def test_summary_totals_and_verdict_follow_the_runs(tmp_path: Path) -> None:
      (lambda d: d.pop("host_syncs"), "'host_syncs'"),
      (lambda d: d.update(chisq={"status": "ran"}), "chisq.passed"),
      (lambda d: d.update(runs=[]), "non-empty"),
-     (lambda d: d.update(device="tpu"), "'device'")],
-    ids=["steps-total", "verdict", "missing-key", "chisq-verdict", "no-runs", "device"],
+     (lambda d: d.update(device="tpu"), "'device'"),
+     (lambda d: d.update(chisq={"status": "ran", "passed": True}), "name the sampler"),
+     (lambda d: d.update(chisq={"status": "ran", "passed": True, "samplers": [
+         {"sampler": "impl", "role": "runner", "scope": "2 cases", "status": "ran", "passed": False}]}), "its samplers say")],
+    ids=["steps-total", "verdict", "missing-key", "chisq-verdict", "no-runs", "device", "chisq-no-sampler", "chisq-sampler-verdict"],
 )
 def test_summary_schema_rejects_inconsistent_documents(corrupt, message: str) -> None:
     doc = build_summary([_record()], {"status": "skipped", "passed": None}, device="sim", seed=0, runner="r:f",

@@ -1,0 +1,142 @@
+"""The split-row paths of the sampler and logprobs kernels, on CPU (interpreted) against the oracle.
+
+Small vocabulary, 32-entry chunks: every path of `impl.kernels.sampling` is taken on purpose and
+asserted (the plan is read back), so a change that silently routes rows to the fallback fails
+here.  Planted bugs in the chunk combines (a private copy of the kernel module with one device
+function rebound) must be caught by the same oracle comparison.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from impl.device import Device
+from impl.interface import SamplingParams
+from impl.kernels.sampling_split import MODE_DONE, MODE_FALLBACK, MODE_GATHER, MODE_THRESHOLD
+from impl.sample import LogprobsComputer, Sampler, SamplingState, SelectionConfig
+from test_sampler_harness import LogitRow, RowRequest, admit, reference_results, run_sampler
+
+ref = pytest.importorskip("reference.sampler")
+
+VOCAB = 300  # 10 chunks of 32, the last one partial
+CONFIG = SelectionConfig(block=64, narrow_block=64, candidates=32, num_warps=4, chunk=32, slots=8, split_warps=1)
+
+
+@pytest.fixture(scope="module")
+def dev() -> Device:
+    return Device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _run(dev: Device, sampler: Sampler, params: list[SamplingParams], logits: torch.Tensor) -> tuple[list, list, list]:
+    requests = {row: RowRequest(p, 1234 + row, (3, 17), (5,)) for row, p in enumerate(params)}
+    state = SamplingState(dev, len(params), VOCAB)
+    admit(dev, state, requests)
+    rows = [LogitRow(i, 40 + i) for i in range(len(params))]
+    tokens = run_sampler(dev, sampler, state, logits, rows).tokens.tolist()
+    expected = [r.token for r in reference_results(logits, requests, rows)]
+    return tokens, expected, sampler.mode[: len(params)].tolist()
+
+
+def test_every_split_path_is_taken_and_matches_the_oracle(dev):
+    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=CONFIG)
+    params = [
+        SamplingParams(temperature=0.9),                          # one read, Gumbel argmax
+        SamplingParams(temperature=0.0, presence_penalty=0.5),    # one read, argmax
+        SamplingParams(top_k=5, top_p=0.8, min_p=0.01),           # chunk-max bound, gather
+        SamplingParams(min_p=0.05, temperature=1.5),              # threshold pass
+        SamplingParams(top_p=0.7),                                # top-p without top-k: fallback
+        SamplingParams(top_k=12),                                 # k above the chunk count: fallback
+        SamplingParams(top_k=4),                                  # gather overflow (row 6): fallback
+    ]
+    logits = torch.randn(len(params), VOCAB, generator=torch.Generator().manual_seed(4)) * 2
+    logits[6, 64:96] += 30.0  # one chunk holds 32 entries above the bound: more than its 8 slots
+    tokens, expected, modes = _run(dev, sampler, params, logits)
+    assert modes == [MODE_DONE, MODE_DONE, MODE_GATHER, MODE_THRESHOLD, MODE_FALLBACK, MODE_FALLBACK, MODE_FALLBACK]
+    assert tokens == expected
+
+
+def test_non_finite_rows_finish_in_the_plan(dev):
+    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=CONFIG)
+    params = [SamplingParams(top_k=5)] * 3
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(5))
+    logits[0, 290] = float("inf")  # +inf in the last, partial chunk wins
+    logits[1] = float("-inf")      # all -inf: token 0
+    logits[2, 7] = float("nan")    # NaN only flags
+    tokens, expected, modes = _run(dev, sampler, params, logits)
+    assert tokens == expected and tokens[:2] == [290, 0]
+    assert modes[:2] == [MODE_DONE, MODE_DONE]
+    assert sampler.nan_flags[:3].tolist() == [1, 0, 1]
+
+
+def _kernel_copy(module_name: str, tag: str, **rebound) -> object:
+    """A private copy of a kernel module with device functions rebound (its kernels compile afresh)."""
+    name = f"tests._split_variant_{tag}"
+    spec = importlib.util.spec_from_file_location(name, Path(sys.modules[module_name].__file__))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    vars(module).update(rebound)
+    return module
+
+
+@triton.jit
+def _argmax_skipping_last_chunk(best_ptr, token_ptr, base, num_blocks, vocab_size, NB_P2: tl.constexpr):
+    blocks = tl.arange(0, NB_P2)
+    valid = blocks < num_blocks - 1  # the planted bug: the last chunk's partial is never combined
+    best = tl.load(best_ptr + base + blocks, mask=valid, other=float("-inf"))
+    token = tl.load(token_ptr + base + blocks, mask=valid, other=vocab_size)
+    top = tl.max(best, axis=0)
+    chosen = tl.min(tl.where(valid & (best == top), token, vocab_size), axis=0)
+    return tl.where((top == float("-inf")) | (chosen >= vocab_size), 0, chosen)
+
+
+def test_planted_combine_bug_is_caught(dev, monkeypatch):
+    """A combine that drops the last chunk's partial: the oracle comparison must fail."""
+    variant = _kernel_copy("impl.kernels.sampling", "skip_last", reduce_block_argmax=_argmax_skipping_last_chunk)
+    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=CONFIG)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.5)]
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(6))
+    logits[:, 295] = 9.0  # the head sits in the last chunk
+    tokens, expected, _ = _run(dev, sampler, params, logits)
+    assert tokens == expected == [295, 295]
+    monkeypatch.setattr(sys.modules["impl.sample.sampler"], "sampler_plan_kernel", variant.sampler_plan_kernel)
+    tokens, expected, _ = _run(dev, sampler, params, logits)
+    assert tokens != expected
+
+
+@triton.jit
+def _bound_one_too_high(max_ptr, base, num_blocks, k, NB_P2: tl.constexpr, COLS: tl.constexpr):
+    blocks = tl.arange(0, NB_P2)
+    value = tl.load(max_ptr + base + blocks, mask=blocks < num_blocks, other=float("-inf"))
+    ordered = tl.sort(value, descending=True)
+    return tl.max(tl.where(blocks == k - 2, ordered, float("-inf")), axis=0)  # planted: the (k-1)-th
+
+
+def test_logprobs_top_lists_and_a_planted_bound_bug(dev, monkeypatch):
+    computer = LogprobsComputer(dev, VOCAB, 5, 8, CONFIG)
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(8)) * 3
+    logits[3] = torch.round(logits[3])  # ties in the top list: lower index first
+    targets = torch.tensor([0, 299, 150, 31])
+    order = torch.argsort(logits.double(), dim=1, descending=True, stable=True)[:, :5]
+
+    def top_ids(computer: LogprobsComputer) -> list:
+        box = {}
+        dev.enqueue(lambda: box.setdefault("out", computer.launch(dev.to_device(logits), dev.to_device(targets), 4, 5)),
+                    "logprobs")
+        dev.synchronize()
+        out = box["out"]
+        lp = torch.log_softmax(logits.double(), dim=-1)
+        assert torch.allclose(out.logprob.cpu().double(), lp[torch.arange(4), targets], atol=1e-4)
+        return out.top_ids.cpu().long().tolist()
+
+    assert top_ids(computer) == order.tolist()
+    assert computer.mode[:4].tolist() == [MODE_GATHER] * 4
+    variant = _kernel_copy("impl.kernels.sampling_logprobs", "bound_high", kth_largest_block_max=_bound_one_too_high)
+    monkeypatch.setattr(sys.modules["impl.sample.logprobs"], "logprobs_plan_kernel", variant.logprobs_plan_kernel)
+    assert top_ids(LogprobsComputer(dev, VOCAB, 5, 8, CONFIG)) != order.tolist()  # fresh (zeroed) outputs
