@@ -8,11 +8,11 @@ import torch
 
 def my_sampler(logits, params, seeds, positions):
     """A user's sampler: top-k, then softmax(logits / T) and torch.multinomial; T = 0 is greedy."""
-    temperature = torch.tensor([p.temperature for p in params]).unsqueeze(1)
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else logits.shape[1] for p in params]).unsqueeze(1)
+    temperature = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else logits.shape[1] for p in params], device=logits.device).unsqueeze(1)
     kth = logits.sort(dim=1, descending=True).values.gather(1, top_k - 1)
     logits = logits.masked_fill(logits < kth, -float("inf"))
-    gen = torch.Generator().manual_seed((int(seeds[0]) ^ int(positions[0])) & (2**63 - 1))
+    gen = torch.Generator(logits.device).manual_seed((int(seeds[0]) ^ int(positions[0])) & (2**63 - 1))
     probs = torch.softmax(logits / temperature.clamp(min=1e-6), dim=1)
     sampled = torch.multinomial(probs, 1, generator=gen).squeeze(1)
     return torch.where(temperature.squeeze(1) == 0, logits.argmax(dim=1), sampled)
