@@ -31,6 +31,8 @@ def _cases() -> dict[str, Callable[[BenchContext], list[Row]]]:
 
 
 CASE_NAMES = ("host_cost", "staged_writes", "sampler", "logprobs", "e2e")
+# Version of bench.json's layout; raised when a key changes meaning or disappears.
+BENCH_FORMAT_VERSION = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,9 +94,13 @@ def run(args: argparse.Namespace) -> int:
         "quick": args.quick,
         "python": platform.python_version(),
     }
+    from checks.provenance import provenance
+
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps({"meta": meta, "rows": [r.to_dict() for r in rows], "failures": failures}, indent=2))
+    doc = {"format_version": BENCH_FORMAT_VERSION, "provenance": provenance(meta["device_name"] if dev.is_cuda else dev.kind),
+           "meta": meta, "rows": [r.to_dict() for r in rows], "failures": failures}
+    (out / "bench.json").write_text(json.dumps(doc, indent=2))
     (out / "bench.md").write_text(_markdown(meta, rows))
     print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
     return 1 if failures else 0

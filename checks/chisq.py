@@ -28,8 +28,12 @@ import torch
 
 from checks import stats
 from checks.chisq_cases import SamplingCase, build_cases, calibration_case, deep_tail_cases, power_cases, power_plan
+from checks.sampler_contract import (
+    SamplerContractError, SamplerLimitError, check_sampler_output, contract_failure, declared_unsupported, describe_exception,
+    rows_per_call_bound,
+)
 from checks.samplers import (
-    PLANTED_BIASES, SamplerSpecError, SamplerUnavailableError, accepts_keyword, has_penalties,
+    PLANTED_BIASES, SamplerSpecError, SamplerUnavailableError, SamplerUnsupportedError, accepts_keyword, has_penalties,
     load_sampler, planted_sampler, sampler_name,
 )
 from impl.interface import MAX_SEED
@@ -49,24 +53,32 @@ def case_seed(run_seed: int, case_name: str, repeat: int = 0) -> tuple[int, int]
     return int.from_bytes(digest[:8], "little") & MAX_SEED, int.from_bytes(digest[8:], "little") % MAX_POSITION_OFFSET
 
 
-def sampler_can_run(sampler: Callable, case: SamplingCase) -> str | None:
-    """None if ``sampler`` can run ``case``, else why not."""
+def sampler_can_run(sampler: Callable, case: SamplingCase, max_rows_per_call: int | None = None) -> str | None:
+    """None if ``sampler`` can run ``case`` (`checks.sampler_contract`), else why not."""
     if has_penalties(case.params) and not accepts_keyword(sampler, "history"):
         return "penalties need a sampler that takes history="
-    return None
+    if max_rows_per_call is not None and case.rows > max_rows_per_call:
+        return f"one request of this case has {case.rows} rows > {max_rows_per_call} rows per call"
+    return declared_unsupported(sampler, case.params)
 
 
 def draw(
     sampler: Callable, case: SamplingCase, *, seed: int, position_offset: int, device: torch.device,
-    n_samples: int | None = None, progress: Callable[[int], None] | None = None,
+    n_samples: int | None = None, progress: Callable[[int], None] | None = None, max_rows_per_call: int | None = None,
 ) -> np.ndarray:
-    """Sample ``n_samples`` requests of ``case``: int64 ``[n, rows]`` token ids."""
+    """Sample ``n_samples`` requests of ``case``: int64 ``[n, rows]`` token ids.
+
+    Every call's result is checked at the seam (`check_sampler_output`); a violation raises
+    `SamplerContractError` naming the case.  ``max_rows_per_call`` bounds the rows of one call.
+    """
     n = case.n_samples if n_samples is None else n_samples
     rows, vocab = case.rows, case.vocab_size
     # Elements of logits per sampler call: a deep tail needs ~1e12 token-draws, so on a GPU the
     # calls must be big enough that Python overhead per call stays well under the kernel time.
     budget = (1 << 27) if device.type == "cuda" else (1 << 20)
     per_call = max(1, min(n, budget // (rows * vocab)))
+    if max_rows_per_call is not None:
+        per_call = max(1, min(per_call, max_rows_per_call // rows))
     template = case.logits.to(device)
     kwargs: dict[str, Any] = {}
     if accepts_keyword(sampler, "history"):
@@ -82,8 +94,18 @@ def draw(
             call_kwargs["history"] = call_kwargs["history"][: m * rows]
         if rows > 1 and accepts_keyword(sampler, "request_index"):
             call_kwargs["request_index"] = torch.arange(m, device=device).repeat_interleave(rows)
-        tokens = sampler(logits, [case.params] * (m * rows), seeds, positions, **call_kwargs)
-        out[start : start + m] = torch.as_tensor(tokens).reshape(m, rows).cpu().numpy()
+        where = f"case {case.name}, draws {start}..{start + m - 1}"
+        try:
+            tokens = sampler(logits, [case.params] * (m * rows), seeds, positions, **call_kwargs)
+        except SamplerUnsupportedError:
+            raise
+        except Exception as e:  # a crashing plug-in is a finding about the plug-in, not a harness traceback
+            raise SamplerContractError(f"{where}: sampler raised {describe_exception(e)}") from e
+        try:
+            ids = check_sampler_output(tokens, m * rows, vocab)
+        except SamplerContractError as e:
+            raise SamplerContractError(f"{where}: sampler {e}") from None
+        out[start : start + m] = ids.reshape(m, rows)
         if progress is not None:
             progress(m)
     return out
@@ -151,6 +173,7 @@ class RunOptions:
     matrix: bool = True
     biases: tuple[str, ...] | None = None  # planted biases for the power report (None: the mode's plan)
     power_repeats: int | None = None
+    max_rows_per_call: int | None = None  # bound on the logit rows of one sampler call (None: the sampler's own or none)
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -173,34 +196,61 @@ def default_sampler_spec(device: torch.device) -> str:
     return "gumbel"
 
 
-def run_matrix(sampler: Callable, opts: RunOptions, device: torch.device, tick: Callable[[str, int], None]) -> tuple[list, list]:
-    cases = build_cases(opts.quick) + (deep_tail_cases() if opts.deep_tail else [])
-    if opts.case_filter:
-        cases = [c for c in cases if opts.case_filter in c.name]
-    results, skipped = [], []
+def run_cases(sampler: Callable, cases: Sequence[SamplingCase], opts: RunOptions, device: torch.device,
+              tick: Callable[[str, int], None] = lambda label, work: None) -> tuple[list, list]:
+    """Draw and test every case ``sampler`` can run; (corrected results, skipped cases).
+
+    A case the sampler declines (declared, or `SamplerUnsupportedError` from a call) is skipped with
+    the reason; a contract violation becomes a failed ``contract`` result of that case, outside the
+    correction family (it is not a p-value), and the remaining cases still run.
+    """
+    max_rows = rows_per_call_bound(sampler, opts.max_rows_per_call)
+    results, violations, skipped = [], [], []
     for case in cases:
-        why = sampler_can_run(sampler, case)
+        why = sampler_can_run(sampler, case, max_rows)
         if why:
             skipped.append({"case": case.name, "reason": why})
             continue
         seed, offset = case_seed(opts.seed, case.name)
-        n = opts.samples or case.n_samples
-        tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device, n_samples=n,
-                      progress=lambda m, c=case: tick(c.name, m * c.rows * c.vocab_size))
-        results.extend(evaluate(case, tokens, expected_rows(case), opts.alpha))
+        try:
+            tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device, n_samples=opts.samples or case.n_samples,
+                          progress=lambda m, c=case: tick(c.name, m * c.rows * c.vocab_size), max_rows_per_call=max_rows)
+        except SamplerUnsupportedError as e:
+            skipped.append({"case": case.name, "reason": f"sampler raised SamplerUnsupportedError: {e}"})
+            continue
+        except SamplerContractError as e:
+            violations.append(contract_failure(case.name, {**case.describe(), "seed": seed, "position_offset": offset}, e))
+            continue
+        for result in evaluate(case, tokens, expected_rows(case), opts.alpha):
+            result.config.update(seed=seed, position_offset=offset)  # what a rerun of this case needs
+            results.append(result)
     stats.apply_correction(results, opts.correction, opts.alpha)
-    return results, skipped
+    return results + violations, skipped
+
+
+def run_matrix(sampler: Callable, opts: RunOptions, device: torch.device, tick: Callable[[str, int], None]) -> tuple[list, list]:
+    cases = build_cases(opts.quick) + (deep_tail_cases() if opts.deep_tail else [])
+    if opts.case_filter:
+        cases = [c for c in cases if opts.case_filter in c.name]
+    return run_cases(sampler, cases, opts, device, tick)
 
 
 def run_calibration(sampler: Callable, opts: RunOptions, device: torch.device, tick) -> stats.CalibrationResult:
-    """The chosen sampler, assumed correct, on fresh seeds: rejections at 5% must stay in band."""
+    """The chosen sampler, assumed correct, on fresh seeds: rejections at 5% must stay in band.
+
+    Raises `SamplerUnsupportedError` when the sampler cannot run the calibration case and
+    `SamplerContractError` when a call breaks the output contract (`run_all` reports both)."""
     runs = opts.calibration_runs or (40 if opts.quick else 400)
     case = calibration_case()
+    max_rows = rows_per_call_bound(sampler, opts.max_rows_per_call)
+    why = sampler_can_run(sampler, case, max_rows)
+    if why:
+        raise SamplerUnsupportedError(why)
     expected = expected_rows(case)
     p_values = []
     for r in range(runs):
         seed, offset = case_seed(opts.seed, case.name, r)
-        tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device,
+        tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device, max_rows_per_call=max_rows,
                       progress=lambda m: tick(case.name, m * case.vocab_size))
         p_values.append(evaluate(case, tokens, expected, CALIBRATION_ALPHA)[0].p_value)
     return stats.calibration_result(p_values, alpha=CALIBRATION_ALPHA, config_name=case.name, sampler=sampler_name(sampler))
@@ -258,7 +308,14 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) 
             bar.update(task, description=label, done=bar.tasks[0].fields["done"] + work)
 
         results, skipped = run_matrix(sampler, opts, device, tick) if opts.matrix else ([], [])
-        calibration = run_calibration(sampler, opts, device, tick) if opts.calibration else None
+        calibration = None
+        if opts.calibration:
+            try:
+                calibration = run_calibration(sampler, opts, device, tick)
+            except SamplerUnsupportedError as e:
+                skipped.append({"case": calibration_case().name, "reason": f"calibration not run: {e}"})
+            except SamplerContractError as e:
+                results.append(contract_failure(calibration_case().name, {}, e))
         power = run_power(opts, device, tick) if opts.power else []
     # A power-only run draws from the planted samplers alone: do not name a sampler it never ran.
     used = sampler_name(sampler) if opts.matrix or opts.calibration else "none (planted biases only)"
@@ -290,6 +347,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--biases", nargs="+", default=None, metavar="BIAS",
                         help="planted biases for the power report (default: those this mode and device can afford)")
     parser.add_argument("--power-repeats", type=int, default=None, help="repeats per planted bias (default 5; quick 1)")
+    parser.add_argument("--max-rows-per-call", type=int, default=None, metavar="N",
+                        help="hand the sampler at most N logit rows per call (default: the sampler's max_rows_per_call, else unbounded)")
+    parser.add_argument("--junit", type=Path, default=None, metavar="FILE",
+                        help="also write JUnit XML: one test case per statistical test, calibration and planted bias")
     parser.add_argument("--out", required=True, type=Path, help="report folder")
 
 
@@ -309,18 +370,30 @@ def run(args: argparse.Namespace) -> int:
     if not 0.0 < args.alpha < 1.0:
         print("runnercheck chisq: --alpha must lie in (0, 1)", file=sys.stderr)
         return 2
+    if args.junit is not None and args.junit.is_dir():
+        print(f"runnercheck chisq: --junit {args.junit} is a directory; name the XML file to write", file=sys.stderr)
+        return 2
+    if args.max_rows_per_call is not None and args.max_rows_per_call < 1:
+        print("runnercheck chisq: --max-rows-per-call must be >= 1", file=sys.stderr)
+        return 2
     try:
         sampler = load_sampler(args.sampler or default_sampler_spec(resolve_device(args.device)))
-    except (SamplerSpecError, SamplerUnavailableError) as e:
+        rows_per_call_bound(sampler, args.max_rows_per_call)
+    except (SamplerSpecError, SamplerUnavailableError, SamplerLimitError) as e:
         print(f"runnercheck chisq: {e}", file=sys.stderr)
         return 2
     opts = RunOptions(quick=args.quick, device=args.device, samples=args.samples, seed=args.seed, alpha=args.alpha,
                       correction=args.correction, calibration=not args.no_calibration, power=not args.no_power,
                       deep_tail=args.deep_tail, case_filter=args.cases, matrix=not args.no_matrix,
-                      biases=tuple(args.biases) if args.biases else None, power_repeats=args.power_repeats)
+                      biases=tuple(args.biases) if args.biases else None, power_repeats=args.power_repeats,
+                      max_rows_per_call=args.max_rows_per_call)
     summary = run_all(sampler, opts)
     write_report(args.out, summary)
-    print_summary(summary, args.out)
+    if args.junit is not None:
+        from checks.report import write_chisq_junit
+
+        write_chisq_junit(args.junit, summary)
+    print_summary(summary, args.out, junit=args.junit)
     return 0 if summary.passed else 1
 
 

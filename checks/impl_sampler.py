@@ -8,7 +8,8 @@ filters), so CPU runs of this sampler need small ``--samples``.
 from __future__ import annotations
 
 import importlib
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
 
@@ -18,38 +19,77 @@ from checks.samplers import (
 from impl.interface import SamplingParams
 
 
+@dataclass
+class _Parts:
+    """What one (device, vocabulary) needs: the `Device`, a staging pool, a `SamplingState` with one row
+    per distinct (params, seed, history) of a call, and the `Sampler` (all on ``device``)."""
+
+    device: Any
+    vocab_size: int
+    pool: Any
+    state: Any
+    sampler: Any
+    rows_per_launch: int
+
+
 class ImplSampler:
     """The runner's Triton sampler (`impl.sample.Sampler`) behind the `SamplerFn` contract.
 
+    ``ImplSampler()`` builds its parts lazily, one set per (device kind, vocabulary), on its own
+    `Device` (``runnercheck chisq --sampler impl``).  ``ImplSampler(device, vocab_size)`` builds one set
+    now on the caller's `Device`; `sampler` is then the `impl.sample.Sampler` every call launches, so
+    a mutant patches it exactly as it patches ``runner.sampler`` (`runnercheck mutants`' chi-square
+    probe), and a call with another vocabulary is declined (`SamplerUnsupportedError`).
+
     Each distinct (params, seed, history) of a call is admitted into its own `SamplingState` row
-    (staged through a `StagingWriter`, like the runner does); logit rows point at their state row
-    and carry their own noise position.  Owns, per (device, vocabulary), one `Device`, staging pool,
-    state and sampler, created on first use and reused by later calls (rows are re-admitted every
-    call); the returned tokens are copies.
+    (staged through a `StagingWriter`, like the runner does); logit rows point at their state row and
+    carry their own noise position.  Owns its parts (on their device, for the adapter's lifetime,
+    written only by `__call__`; rows are re-admitted every call); the returned tokens are copies.
     """
 
     name = "impl"
 
-    def __init__(self, rows_per_launch: int | None = None, max_requests: int = 64):
+    def __init__(self, device: Any = None, vocab_size: int | None = None, *, rows_per_launch: int | None = None,
+                 max_requests: int = 64):
+        if (device is None) != (vocab_size is None):
+            raise ValueError("ImplSampler: give both device and vocab_size (one fixed sampler) or neither (lazy)")
         self.rows_per_launch = rows_per_launch
         self.max_requests = max_requests
-        self._parts: dict[tuple[str, int], tuple] = {}
+        self._parts: dict[tuple[str, int], _Parts] = {}
         self._step = 0
+        self._fixed = self._build(device, vocab_size) if device is not None else None
 
-    def _get(self, torch_device: torch.device, vocab: int):
+    @property
+    def sampler(self) -> Any:
+        """The one `impl.sample.Sampler` of an adapter built with ``(device, vocab_size)``."""
+        if self._fixed is None:
+            raise AttributeError("ImplSampler() builds a sampler per (device, vocabulary) on first use; "
+                                 "construct it with (device, vocab_size) to patch the one it launches")
+        return self._fixed.sampler
+
+    def _build(self, dev: Any, vocab: int) -> _Parts:
+        try:
+            from impl.buffers import StagingPool
+            from impl.sample import Sampler, SamplingState
+        except ImportError as e:
+            raise SamplerUnavailableError(f"impl.sample cannot be imported: {e}") from e
+        # Interpreted Triton runs programs one after another: fewer rows per launch costs nothing.
+        rows = self.rows_per_launch or (8192 if dev.is_cuda else 256)
+        return _Parts(dev, vocab, StagingPool(dev, num_slots=4, capacity_bytes=1 << 20),
+                      SamplingState(dev, self.max_requests, vocab), Sampler(dev, vocab, 0, max_num_rows=rows), rows)
+
+    def _get(self, torch_device: torch.device, vocab: int) -> _Parts:
+        if self._fixed is not None:
+            if vocab != self._fixed.vocab_size:
+                raise SamplerUnsupportedError(f"this adapter was built for vocabulary {self._fixed.vocab_size}, not {vocab}")
+            return self._fixed
         key = (torch_device.type, vocab)
         if key not in self._parts:
             try:
-                from impl.buffers import StagingPool
                 from impl.device import Device
-                from impl.sample import Sampler, SamplingState
             except ImportError as e:
-                raise SamplerUnavailableError(f"impl.sample cannot be imported: {e}") from e
-            dev = Device("cuda" if torch_device.type == "cuda" else "cpu", seed=0)
-            # Interpreted Triton runs programs one after another: fewer rows per launch costs nothing.
-            rows = self.rows_per_launch or (8192 if dev.is_cuda else 256)
-            self._parts[key] = (dev, StagingPool(dev, num_slots=4, capacity_bytes=1 << 20),
-                                SamplingState(dev, self.max_requests, vocab), Sampler(dev, vocab, 0, max_num_rows=rows), rows)
+                raise SamplerUnavailableError(f"impl.device cannot be imported: {e}") from e
+            self._parts[key] = self._build(Device("cuda" if torch_device.type == "cuda" else "cpu", seed=0), vocab)
         return self._parts[key]
 
     def __call__(
@@ -65,7 +105,8 @@ class ImplSampler:
         from impl.buffers import StagingWriter
 
         logits, seeds, positions = _check_call(logits, params, seeds, positions)
-        dev, pool, state, sampler, rows_per_launch = self._get(logits.device, logits.shape[1])
+        parts = self._get(logits.device, logits.shape[1])
+        dev, state, sampler, rows_per_launch = parts.device, parts.state, parts.sampler, parts.rows_per_launch
         seed_list = seeds.cpu().tolist()
         keys: dict[tuple, int] = {}
         state_rows = []
@@ -76,11 +117,12 @@ class ImplSampler:
             raise SamplerUnsupportedError(f"{len(keys)} distinct requests in one call > {self.max_requests}")
         for (p, seed, h), row in keys.items():
             state.add_request(row, p, seed, h.prompt_ids, h.output_ids)
-        writer = StagingWriter(pool, self._step)
+        writer = StagingWriter(parts.pool, self._step)
         self._step += 1
         state.flush(writer)
         writer.submit()
         state.enqueue_apply()
+        # to_device makes the sampler's stream wait for the caller's, where the logits were written.
         rows_map = dev.to_device(torch.tensor(state_rows, dtype=torch.int32))
         logits_dev = dev.to_device(logits.contiguous())
         positions_dev = dev.to_device(positions)

@@ -16,6 +16,8 @@ import numpy as np
 
 from checks.stats import RunSummary, TestResult
 
+# Version of chisq.json's layout; raised when a key changes meaning or disappears.
+CHISQ_FORMAT_VERSION = 1
 MAX_BIN_PLOTS = 6
 MAX_BINS_PER_PLOT = 40
 
@@ -39,7 +41,12 @@ def _fmt_p(p: float | None) -> str:
 
 
 def write_json(path: Path, summary: RunSummary) -> None:
-    path.write_text(json.dumps(_json_safe(summary.to_dict()), indent=1, allow_nan=False) + "\n")
+    """``chisq.json``: the summary plus its format version and provenance (`checks.provenance`)."""
+    from checks.provenance import device_name, provenance
+
+    doc = {"format_version": CHISQ_FORMAT_VERSION, "provenance": provenance(device_name(summary.device.split(":")[0])),
+           **summary.to_dict()}
+    path.write_text(json.dumps(_json_safe(doc), indent=1, allow_nan=False) + "\n")
 
 
 def markdown(summary: RunSummary) -> str:
@@ -180,7 +187,47 @@ def write_report(out_dir: str | Path, summary: RunSummary) -> dict[str, Path]:
     return paths
 
 
-def print_summary(summary: RunSummary, out_dir: str | Path | None = None) -> None:
+def junit_cases(summary: RunSummary) -> list:
+    """One JUnit case per statistical test (rejection as the failure), per skipped case (with the
+    reason), for the calibration and per planted bias; the case's seed and position offset as properties."""
+    from checks.junit import JUnitCase
+
+    cases = []
+    for t in summary.tests:
+        failure = None
+        if not t.passed:
+            failure = (f"{t.name}: sampler contract violated: {t.notes}" if t.kind == "contract" else
+                       f"{t.name} rejected ({t.kind}): adjusted p = {_fmt_p(t.adjusted_p_value)} < alpha {summary.alpha:g} "
+                       f"(p = {_fmt_p(t.p_value)}, {t.n_samples} draws){'; ' + t.notes if t.notes else ''}")
+        cases.append(JUnitCase(t.name, f"runnercheck.chisq.{t.config.get('group', t.kind)}", failure=failure,
+                               properties={"run_seed": summary.seed, "case_seed": t.config.get("seed"), "position_offset": t.config.get("position_offset"),
+                                           "kind": t.kind, "p_value": t.p_value, "adjusted_p_value": t.adjusted_p_value}))
+    for s in summary.skipped:
+        cases.append(JUnitCase(s["case"], "runnercheck.chisq.skipped", skipped=s["reason"], properties={"run_seed": summary.seed}))
+    c = summary.calibration
+    if c is not None:
+        failure = None if c.passed else (f"calibration out of band: {c.rejections}/{c.runs} rejections at {c.alpha:g}, "
+                                         f"band [{c.band[0]}, {c.band[1]}]")
+        cases.append(JUnitCase(f"calibration/{c.config_name}", "runnercheck.chisq.calibration", failure=failure,
+                               properties={"run_seed": summary.seed, "runs": c.runs, "rejections": c.rejections}))
+    for p in summary.power:
+        failure = None if p.passed else (f"planted bias {p.bias} not caught: power {p.power:.2f} < required "
+                                         f"{p.required_power:.2f} on {p.config_name}")
+        cases.append(JUnitCase(f"power/{p.bias}", "runnercheck.chisq.power", failure=failure,
+                               properties={"run_seed": summary.seed, "case": p.config_name, "repeats": p.repeats}))
+    return cases
+
+
+def write_chisq_junit(path: str | Path, summary: RunSummary) -> Path:
+    """``--junit FILE``: the run as one JUnit suite (`junit_cases`), sampler and device as suite properties."""
+    from checks.junit import write_junit
+
+    return write_junit(path, "runnercheck.chisq", junit_cases(summary),
+                       properties={"sampler": summary.sampler, "device": summary.device, "seed": summary.seed,
+                                   "alpha": summary.alpha, "correction": summary.correction})
+
+
+def print_summary(summary: RunSummary, out_dir: str | Path | None = None, junit: str | Path | None = None) -> None:
     """The one-screen summary: counts, failing tests, calibration, power, verdict."""
     from rich.console import Console
     from rich.table import Table
@@ -195,6 +242,9 @@ def print_summary(summary: RunSummary, out_dir: str | Path | None = None) -> Non
         for t in failed[:15]:
             table.add_row(t.name, _fmt_p(t.p_value), _fmt_p(t.adjusted_p_value), t.notes[:60])
         console.print(table)
+    for t in failed:
+        if t.kind == "contract":
+            console.print(f"[red]sampler contract[/red] {t.name}: {t.notes}")
     for s in summary.skipped:
         console.print(f"skipped {s['case']}: {s['reason']}")
     c = summary.calibration
@@ -207,4 +257,6 @@ def print_summary(summary: RunSummary, out_dir: str | Path | None = None) -> Non
                       + (": weak " + ", ".join(f"{p.bias} ({p.power:.2f})" for p in weak) if weak else ""))
     if out_dir is not None:
         console.print(f"report: {Path(out_dir) / 'report.html'}")
+    if junit is not None:
+        console.print(f"junit: {junit}")
     console.print("[bold green]PASS[/bold green]" if summary.passed else "[bold red]FAIL[/bold red]")

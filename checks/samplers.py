@@ -312,6 +312,19 @@ class GumbelSampler:
         return torch.where(all_neginf & ~has_posinf, torch.zeros_like(tokens), tokens)
 
 
+_SPEC_SAMPLER = GumbelSampler()
+
+
+def sample_row(raw: torch.Tensor, params: SamplingParams, seed: int, position: int,
+               prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()) -> int:
+    """One logit row ``[V]`` -> its token, docs/SAMPLING.md in float32: the one fp32 baseline
+    (`GumbelSampler` on a single row), for host-side runners such as `stress.runners.SimpleRunner`."""
+    history = TokenHistory(tuple(prompt_ids), tuple(output_ids))
+    token = _SPEC_SAMPLER(raw.reshape(1, -1), [params], torch.tensor([seed], dtype=torch.int64),
+                          torch.tensor([position], dtype=torch.int64), history=[history])
+    return int(token[0])
+
+
 def _check_call(logits, params, seeds, positions):
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         raise ValueError(f"logits must be a 2-D tensor [N, V], got {getattr(logits, 'shape', type(logits))}")
@@ -378,6 +391,10 @@ def torch_multinomial_sampler(
             probs = torch.where(probs >= torch.gather(ordered, 1, first), probs, 0.0)
         out[idx] = torch.multinomial(probs, 1, generator=gen).squeeze(1)
     return out
+
+
+# What it implements, declared for `checks.sampler_contract`: a case with penalties is skipped up front.
+torch_multinomial_sampler.supported_params = frozenset({"temperature", "top_k", "top_p", "min_p"})  # type: ignore[attr-defined]
 
 
 # --------------------------------------------------------------------------- planted biases and loading
@@ -463,6 +480,6 @@ def sampler_name(fn: Callable) -> str:
 
 __all__ = [
     "SamplerFn", "TokenHistory", "GumbelSampler", "GumbelVariant", "PlantedBias", "PLANTED_BIASES",
-    "load_sampler", "planted_sampler", "torch_multinomial_sampler", "philox_bits",
+    "load_sampler", "planted_sampler", "torch_multinomial_sampler", "philox_bits", "sample_row",
     "gumbel_noise", "accepts_keyword",
 ]

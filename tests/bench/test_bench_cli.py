@@ -16,6 +16,8 @@ def test_bench_quick_writes_valid_json(tmp_path):
     syncs = [r for r in data["rows"] if r["name"].startswith("host syncs per step")]
     assert syncs and all(r["value"] == 0 for r in syncs)
     assert (tmp_path / "bench.md").read_text().startswith("# runnercheck bench")
+    assert data["format_version"] == 1 and data["provenance"]["device_name"] == "sim"
+    assert {"runnercheck", "git_commit", "torch", "triton", "numpy"} <= set(data["provenance"])
 
 
 def test_host_profile_reports_execute_model_time_and_the_runner_functions(capsys) -> None:

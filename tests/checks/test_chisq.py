@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 
@@ -90,6 +91,22 @@ def test_gumbel_baseline_picks_the_oracles_tokens(params: SamplingParams) -> Non
         assert int(got[i]) == ref.token or ref.gap < 1e-3 or ref.fragile, f"row {i}"
 
 
+def test_single_row_baseline_is_the_batched_one() -> None:
+    """`samplers.sample_row` (the fp32 baseline of host-side runners) picks what `GumbelSampler` picks."""
+    gen = torch.Generator().manual_seed(8)
+    logits = torch.randn(40, 97, generator=gen) * 2.0
+    logits[3, 11] = float("nan")
+    params = SamplingParams(temperature=0.9, top_k=30, top_p=0.85, min_p=0.02, repetition_penalty=1.3,
+                            frequency_penalty=0.4, presence_penalty=-0.2)
+    history = TokenHistory(prompt_ids=(1, 5, 9), output_ids=(5, 5, 60))
+    seeds = torch.randint(0, 2**62, (40,), generator=gen)
+    positions = torch.arange(40) * 7
+    batched = GumbelSampler()(logits, [params] * 40, seeds, positions, history=[history] * 40)
+    rows = [samplers.sample_row(logits[i], params, int(seeds[i]), int(positions[i]), history.prompt_ids, history.output_ids)
+            for i in range(40)]
+    assert rows == batched.tolist()
+
+
 def test_shared_noise_bug_needs_rows_of_one_request() -> None:
     logits = torch.zeros(6, 50)
     params = [SamplingParams()] * 6
@@ -143,6 +160,32 @@ def test_impl_sampler_reports_when_unavailable(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "impl.sample", None)  # import of impl.sample now fails
     with pytest.raises(samplers.SamplerUnavailableError):
         ImplSampler()(torch.zeros(1, 4), [SamplingParams()], torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+
+
+def test_impl_sampler_on_a_given_device_exposes_the_sampler_it_launches() -> None:
+    """``ImplSampler(device, vocab)``: the adapter mutants patch (`sampler`), other vocabularies declined."""
+    from checks.impl_sampler import ImplSampler, impl_sampler_available
+    from impl.device import Device
+
+    if not impl_sampler_available():
+        pytest.skip("impl.sample not built")
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("the sampler kernel on CPU tensors needs TRITON_INTERPRET=1")
+    adapter = ImplSampler(Device("cpu"), 64, rows_per_launch=2, max_requests=1)
+    logits = torch.zeros(3, 64)
+    logits[:, 7] = 50.0
+    args = (logits, [SamplingParams()] * 3, torch.full((3,), 5), torch.arange(3))
+    assert adapter(*args).tolist() == [7, 7, 7]
+    launched = []
+    real = adapter.sampler.sample
+    adapter.sampler.sample = lambda *a, **k: launched.append(k["num_rows"]) or real(*a, **k)
+    assert adapter(*args).tolist() == [7, 7, 7] and launched == [2, 1]
+    with pytest.raises(samplers.SamplerUnsupportedError, match="vocabulary 64, not 32"):
+        adapter(torch.zeros(1, 32), [SamplingParams()], torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    with pytest.raises(AttributeError):
+        ImplSampler().sampler
+    with pytest.raises(ValueError):
+        ImplSampler(Device("cpu"))
 
 
 def test_impl_sampler_agrees_with_the_baseline() -> None:

@@ -1,0 +1,363 @@
+"""runnercheck as a pytest plugin: the differential run, the detectors and the sampler chi-square
+check as fixtures, for any project that has ``pip install``-ed runnercheck (entry point
+``pytest11: runnercheck``; in a checkout without the installed entry point: ``-p stress.pytest_plugin``).
+
+Options (all prefixed, so they never clash with a host project's own):
+
+``--runnercheck-runner package.module:factory``  the runner under test (default the built-in
+                                                  ``impl.runner:make_runner``; contract in `stress.runners`)
+``--runnercheck-device auto|sim|cpu|cuda``        where runs go (auto: cuda when present, else sim)
+``--runnercheck-seed N``                          base seed of every run and chi-square draw (default 0)
+``--runnercheck-steps N``                         scheduler ticks of a differential run (default 24)
+``--runnercheck-report-dir DIR``                  reports and repro files under ``DIR/<test>`` (default: the
+                                                  test's ``tmp_path``; chi-square reports only with this option)
+
+Fixtures:
+
+``runnercheck_runner_factory``   the factory named by ``--runnercheck-runner``
+``runnercheck_differential``     ``check(runner=None, *, steps=None, seed=None, model="micro")``: a seeded
+                                 churn (adds, aborts, preemptions, drafts) through the runner and the float64
+                                 oracle with the host-sync and staging-lifetime detectors armed; fails the test
+                                 with the first divergence (a repro file is written and named), returns the
+                                 driver's `RunResult` otherwise
+``runnercheck_no_host_sync``     ``with runnercheck_no_host_sync(): ...`` raises `HostSyncError` on any host read
+                                 of device data inside (``runnercheck_no_host_sync.allow(name)`` is the legal wait)
+``runnercheck_staging_lifetime`` ``watch(runner_or_pool)``: staging-slot lifetime assertions (error mode) until
+                                 the test ends
+``runnercheck_chisq``            ``check(sampler, cases=None, *, samples=None, ...)``: chi-square tests of a
+                                 sampler (`checks.samplers` contract) against the exact distributions; fails with
+                                 every rejection, returns the `RunSummary`
+
+Each check records what it ran as JUnit properties of the test (``pytest --junitxml``): the seed,
+the steps and tokens compared, every statistical test and its p-values, every skipped case.
+Markers ``gpu`` and ``stress`` are registered unless the host project registers them; when the
+plugin owns ``gpu`` it skips those tests without a CUDA device.  Without CUDA, the plugin sets
+``TRITON_INTERPRET=1`` (when unset) before any test module imports Triton, so the built-in runner's
+kernels run interpreted on CPU.  See docs/PLUGIN.md for an example test file.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pytest
+
+DEFAULT_STEPS = 24
+MARKERS = {
+    "gpu": "needs a CUDA device (skipped cleanly without one)",
+    "stress": "long stress runs; select with -m stress",
+}
+_OWNED_MARKERS_KEY = pytest.StashKey[set]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("runnercheck", "runnercheck: differential runs and sampler statistics")
+    group.addoption("--runnercheck-runner", default=None, metavar="MODULE:FACTORY",
+                    help="runner factory under test (default impl.runner:make_runner, the built-in runner)")
+    group.addoption("--runnercheck-device", default="auto", choices=["auto", "sim", "cpu", "cuda"],
+                    help="device kind of runs (auto: cuda when present, else sim)")
+    group.addoption("--runnercheck-seed", type=int, default=0, help="base seed of runs and chi-square draws")
+    group.addoption("--runnercheck-steps", type=int, default=DEFAULT_STEPS, help="scheduler ticks of a differential run")
+    group.addoption("--runnercheck-report-dir", default=None, metavar="DIR",
+                    help="write each check's report (chi-square JSON/Markdown/HTML, repro.json) under DIR/<test> "
+                         "instead of the test's tmp_path (for CI artifacts)")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    registered = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+    owned = [name for name in MARKERS if name not in registered]
+    for name in owned:
+        config.addinivalue_line("markers", f"{name}: {MARKERS[name]} [runnercheck]")
+    config.stash[_OWNED_MARKERS_KEY] = set(owned)
+    if config.getoption("runnercheck_device") != "cuda" and "triton" not in sys.modules and not _cuda_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before any test module imports the kernels
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if "gpu" not in config.stash.get(_OWNED_MARKERS_KEY, set()) or _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+# --------------------------------------------------------------------------- options -> values
+
+
+def _device_kind(config: pytest.Config) -> str:
+    kind = config.getoption("runnercheck_device")
+    if kind == "auto":
+        return "cuda" if _cuda_available() else "sim"
+    if kind == "cuda" and not _cuda_available():
+        pytest.skip("--runnercheck-device cuda: no CUDA device here")
+    return kind
+
+
+def _load_factory(spec: str) -> Callable:
+    from stress.runners import RunnerSpecError, resolve_runner_factory
+
+    try:
+        return resolve_runner_factory(spec)
+    except RunnerSpecError as e:
+        raise pytest.UsageError(f"--runnercheck-runner: {e}") from None
+
+
+def _spec_of(factory: Callable) -> str:
+    return f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', type(factory).__name__)}"
+
+
+@pytest.fixture(scope="session")
+def runnercheck_runner_factory(pytestconfig: pytest.Config) -> Callable:
+    """The runner factory named by ``--runnercheck-runner`` (default: the built-in runner)."""
+    from stress.runners import DEFAULT_RUNNER_SPEC
+
+    return _load_factory(pytestconfig.getoption("runnercheck_runner") or DEFAULT_RUNNER_SPEC)
+
+
+def _report_dir(request: pytest.FixtureRequest) -> Path | None:
+    """``--runnercheck-report-dir``/<test name as a file name>, created; None without the option."""
+    root = request.config.getoption("runnercheck_report_dir")
+    if root is None:
+        return None
+    slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in request.node.nodeid)
+    path = request.config.invocation_params.dir / root / slug  # relative to where pytest was run
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _recorder(request: pytest.FixtureRequest) -> Callable[[str, object], None]:
+    """Append to the test's ``user_properties`` (what ``--junitxml`` writes as ``<property>``), like
+    ``record_property`` but without its warning under the default ``xunit2`` family."""
+    return lambda name, value: request.node.user_properties.append((name, value))
+
+
+# --------------------------------------------------------------------------- the differential run
+
+
+def checked_differential_run(factory: Callable, spec: str, *, kind: str, seed: int, steps: int, model: str,
+                             repro_dir: Any) -> tuple[Any, list[str]]:
+    """Build runner + oracle + scheduler + churn, arm the detectors, run ``steps`` ticks.
+
+    The plugin's one use of the harness (switch it to the run owner once that lands): returns the
+    driver's `RunResult` and the detector findings; a divergence writes ``repro_dir/repro.json``.
+    """
+    from checks.lifetime import LifetimeChecker
+    from checks.sync import arm_runner
+    from impl.device import Device
+    from impl.model.weights import preset, random_weights
+    from reference.runner import ReferenceRunner
+    from stress.churn import Churn
+    from stress.driver import DifferentialRun
+    from stress.machine import unaccounted_syncs_message
+    from stress.scheduler import SchedulerConfig, SchedulerSim
+    from stress.stress_cmd import StressConfig, default_limits, repro_from_run
+
+    model_config = preset(model)
+    limits = default_limits(model_config)
+    lag = {"name": "random-drain", "seed": seed} if kind == "sim" else None
+    config = StressConfig(seed, steps, kind, model, model_config, limits, SchedulerConfig(2, 0.2), lag, None, None, spec)
+    device = Device(kind, seed=seed, lag_policy=lag or "random-drain")
+    weights = random_weights(model_config, seed=seed)
+    runner = factory(weights, limits, device, seed)
+    oracle = ReferenceRunner(weights, limits, base_seed=seed)
+    scheduler = SchedulerSim(limits, seed=seed, max_inflight_steps=2, draft_prob=0.2)
+    sync_report = arm_runner(runner, "count")
+    staging = getattr(runner, "staging", None)
+    lifetime = LifetimeChecker("count").attach(staging) if staging is not None and hasattr(staging, "observers") else None
+    churn = Churn(limits, seed)
+    try:
+        result = DifferentialRun(runner, oracle, scheduler, before_tick=churn).run(steps)
+    finally:
+        if lifetime is not None:
+            lifetime.detach(staging)
+    findings = [f"first divergence: {result.first_divergence_line()}"] if not result.ok else []
+    if result.runner_traceback:
+        findings.append(result.runner_traceback.rstrip().splitlines()[-1])
+    sync = unaccounted_syncs_message(sync_report, runner)
+    if sync:
+        findings.append(f"host sync in execute_model: {sync}")
+    if lifetime is not None and lifetime.violations:
+        findings.append(f"staging lifetime: {lifetime.violations} violation(s); first: {lifetime.errors[0]}")
+    if not result.ok:
+        path = repro_from_run(config, churn.trace, result).save(repro_dir / "repro.json")
+        findings.append(f"repro: {path} (runnercheck replay {path})")
+    return result, findings
+
+
+class DifferentialCheck:
+    """``check(runner=None, *, steps=None, seed=None, model="micro")`` -> `RunResult`; fails the test on a finding.
+
+    ``runner``: a factory callable or ``package.module:factory`` (default: ``--runnercheck-runner``).
+    """
+
+    def __init__(self, request: pytest.FixtureRequest, factory: Callable, record: Callable[[str, object], None]):
+        self._request = request
+        self._factory = factory
+        self._record = record
+
+    def __call__(self, runner: Callable | str | None = None, *, steps: int | None = None, seed: int | None = None,
+                 model: str = "micro") -> Any:
+        config = self._request.config
+        factory = _load_factory(runner) if isinstance(runner, str) else (runner or self._factory)
+        spec = runner if isinstance(runner, str) else _spec_of(factory)
+        seed = config.getoption("runnercheck_seed") if seed is None else seed
+        steps = config.getoption("runnercheck_steps") if steps is None else steps
+        kind = _device_kind(config)
+        repro_dir = _report_dir(self._request) or self._request.getfixturevalue("tmp_path")
+        result, findings = checked_differential_run(factory, spec, kind=kind, seed=seed, steps=steps, model=model,
+                                                    repro_dir=repro_dir)
+        for key, value in (("runner", spec), ("device", kind), ("seed", seed), ("ticks", result.ticks),
+                           ("steps_compared", result.steps), ("tokens_compared", result.tokens_compared),
+                           ("ties", len(result.ties))):
+            self._record(f"runnercheck.differential.{key}", value)
+        if findings:
+            self._record("runnercheck.differential.finding", findings[0])
+            pytest.fail(f"runnercheck differential run ({spec} on {kind}, seed {seed}, {steps} ticks):\n  "
+                        + "\n  ".join(findings), pytrace=False)
+        return result
+
+
+@pytest.fixture
+def runnercheck_differential(request: pytest.FixtureRequest, runnercheck_runner_factory: Callable) -> DifferentialCheck:
+    """A seeded churn through the runner and the float64 oracle, detectors armed (see `DifferentialCheck`)."""
+    return DifferentialCheck(request, runnercheck_runner_factory, _recorder(request))
+
+
+# --------------------------------------------------------------------------- detectors
+
+
+class NoHostSync:
+    """``with scope(): ...`` forbids host reads of device data (`checks.sync.forbid_host_sync`)."""
+
+    def __init__(self, kind: str | None):
+        self.kind = kind
+
+    def __call__(self, device_kind: str | None = None) -> Any:
+        from checks.sync import forbid_host_sync
+
+        return forbid_host_sync(device_kind or self.kind)
+
+    @staticmethod
+    def allow(name: str) -> Any:
+        """The named legal wait inside a no-sync scope (`checks.sync.allow_host_sync`)."""
+        from checks.sync import allow_host_sync
+
+        return allow_host_sync(name)
+
+
+@pytest.fixture
+def runnercheck_no_host_sync(pytestconfig: pytest.Config) -> NoHostSync:
+    kind = pytestconfig.getoption("runnercheck_device")
+    return NoHostSync(None if kind == "auto" else kind)
+
+
+@pytest.fixture
+def runnercheck_staging_lifetime() -> Any:
+    """``watch(runner_or_pool, mode="error") -> LifetimeChecker``: detached when the test ends."""
+    from checks.lifetime import LifetimeChecker
+
+    attached: list[tuple[LifetimeChecker, Any]] = []
+
+    def watch(target: Any, mode: str = "error") -> LifetimeChecker:
+        pool = getattr(target, "staging", target)
+        if not hasattr(pool, "observers"):
+            raise TypeError(f"runnercheck_staging_lifetime: {type(target).__name__} is neither a StagingPool "
+                            "nor a runner with a .staging pool")
+        checker = LifetimeChecker(mode).attach(pool)
+        attached.append((checker, pool))
+        return checker
+
+    yield watch
+    for checker, pool in attached:
+        checker.detach(pool)
+
+
+# --------------------------------------------------------------------------- sampler chi-square
+
+
+def _select_cases(cases: Any, quick: bool) -> list:
+    from checks.chisq_cases import SamplingCase, build_cases
+
+    if cases is None or isinstance(cases, str):
+        catalogue = build_cases(quick)
+        chosen = [c for c in catalogue if cases is None or cases in c.name]
+        if not chosen:
+            raise pytest.UsageError(f"runnercheck_chisq: no case name contains {cases!r}; "
+                                    f"known: {', '.join(c.name for c in catalogue)}")
+        return chosen
+    cases = list(cases)
+    if all(isinstance(c, SamplingCase) for c in cases):
+        return cases
+    by_name = {c.name: c for c in build_cases(quick)}
+    unknown = [c for c in cases if c not in by_name]
+    if unknown:
+        raise pytest.UsageError(f"runnercheck_chisq: unknown cases {unknown}; known: {', '.join(by_name)}")
+    return [by_name[c] for c in cases]
+
+
+class ChisqCheck:
+    """``check(sampler, cases=None, *, samples=None, seed=None, alpha=0.01, max_rows_per_call=None, quick=True)``.
+
+    ``cases``: None (the quick catalogue), a substring of case names, names, or `SamplingCase`s.
+    Cases the sampler declines are skipped (recorded); any rejection or contract violation fails.
+    """
+
+    def __init__(self, request: pytest.FixtureRequest, record: Callable[[str, object], None]):
+        self._request = request
+        self._config = request.config
+        self._record = record
+
+    def __call__(self, sampler: Callable, cases: str | Sequence[Any] | None = None, *, samples: int | None = None,
+                 seed: int | None = None, alpha: float = 0.01, max_rows_per_call: int | None = None, quick: bool = True) -> Any:
+        import time
+
+        import torch
+
+        from checks import chisq, stats
+        from checks.samplers import sampler_name
+
+        selected = _select_cases(cases, quick)
+        seed = self._config.getoption("runnercheck_seed") if seed is None else seed
+        device = torch.device("cuda" if _cuda_available() else "cpu")
+        opts = chisq.RunOptions(quick=quick, samples=samples, seed=seed, alpha=alpha, max_rows_per_call=max_rows_per_call)
+        started = time.perf_counter()
+        with chisq.single_threaded_on_cpu(device):
+            results, skipped = chisq.run_cases(sampler, selected, opts, device)
+        summary = stats.RunSummary(sampler=sampler_name(sampler), device=str(device), quick=quick, seed=seed, alpha=alpha,
+                                   correction=opts.correction, tests=results, skipped=skipped,
+                                   elapsed_s=time.perf_counter() - started)
+        for t in results:
+            verdict = "passed" if t.passed else "REJECTED"
+            self._record(f"runnercheck.chisq.{t.name}", f"{verdict} ({t.kind}) p={t.p_value:.3g} "
+                         f"adjusted={t.adjusted_p_value if t.adjusted_p_value is None else format(t.adjusted_p_value, '.3g')}"
+                         + (f" {t.notes}" if t.kind == "contract" else ""))
+        for s in skipped:
+            self._record(f"runnercheck.chisq.skipped.{s['case']}", s["reason"])
+        out = _report_dir(self._request)
+        if out is not None:
+            from checks.report import write_report
+
+            self._record("runnercheck.chisq.report", str(write_report(out, summary)["html"]))
+        failed = summary.failed_tests
+        if failed or not results:
+            lines = [f"{t.name}: {t.notes}" if t.kind == "contract" else
+                     f"{t.name} ({t.kind}): adjusted p = {t.adjusted_p_value:.3g} < {alpha:g}; {t.notes}".rstrip("; ")
+                     for t in failed] or [f"no case ran: {len(skipped)} skipped ({'; '.join(s['reason'] for s in skipped[:3])})"]
+            pytest.fail(f"runnercheck chi-square of {summary.sampler} (seed {seed}): {len(failed)} of {len(results)} "
+                        "tests rejected\n  " + "\n  ".join(lines), pytrace=False)
+        return summary
+
+
+@pytest.fixture
+def runnercheck_chisq(request: pytest.FixtureRequest) -> ChisqCheck:
+    """Chi-square tests of a sampler against the exact float64 distributions (see `ChisqCheck`)."""
+    return ChisqCheck(request, _recorder(request))
