@@ -102,13 +102,14 @@ def _device_kind(config: pytest.Config) -> str:
     return kind
 
 
-def _load_factory(spec: str) -> Callable:
-    from stress.runners import RunnerSpecError, resolve_runner_factory
+def _load_factory(spec: str, source: str = "--runnercheck-runner") -> Callable:
+    from stress.harness import load_runner_factory
+    from stress.run_config import RunSetupError
 
     try:
-        return resolve_runner_factory(spec)
-    except RunnerSpecError as e:
-        raise pytest.UsageError(f"--runnercheck-runner: {e}") from None
+        return load_runner_factory(spec)
+    except RunSetupError as e:
+        raise pytest.UsageError(f"{source}: {e}") from None
 
 
 def _spec_of(factory: Callable) -> str:
@@ -143,54 +144,35 @@ def _recorder(request: pytest.FixtureRequest) -> Callable[[str, object], None]:
 # --------------------------------------------------------------------------- the differential run
 
 
-def checked_differential_run(factory: Callable, spec: str, *, kind: str, seed: int, steps: int, model: str,
-                             repro_dir: Any) -> tuple[Any, list[str]]:
-    """Build runner + oracle + scheduler + churn, arm the detectors, run ``steps`` ticks.
-
-    The plugin's one use of the harness (switch it to the run owner once that lands): returns the
-    driver's `RunResult` and the detector findings; a divergence writes ``repro_dir/repro.json``.
-    """
-    from checks.lifetime import LifetimeChecker
-    from checks.sync import arm_runner
-    from impl.device import Device
-    from impl.model.weights import preset, random_weights
-    from reference.runner import ReferenceRunner
-    from stress.churn import Churn
-    from stress.driver import DifferentialRun
-    from stress.machine import unaccounted_syncs_message
-    from stress.scheduler import SchedulerConfig, SchedulerSim
-    from stress.stress_cmd import StressConfig, default_limits, repro_from_run
+def checked_differential_run(spec: str, *, kind: str, seed: int, steps: int, model: str, repro_dir: Path) -> tuple[Any, list[str]]:
+    """The run owner's checked run (`stress.harness.checked_run`) of a seeded churn: the driver's
+    `RunResult` and the findings as lines; a divergence writes ``repro_dir/repro.json``."""
+    from impl.model.weights import preset
+    from stress.harness import ChurnOps, checked_run
+    from stress.run_config import RunConfig, RunSetupError, default_limits
+    from stress.scheduler import SchedulerConfig
 
     model_config = preset(model)
-    limits = default_limits(model_config)
     lag = {"name": "random-drain", "seed": seed} if kind == "sim" else None
-    config = StressConfig(seed, steps, kind, model, model_config, limits, SchedulerConfig(2, 0.2), lag, None, None, spec)
-    device = Device(kind, seed=seed, lag_policy=lag or "random-drain")
-    weights = random_weights(model_config, seed=seed)
-    runner = factory(weights, limits, device, seed)
-    oracle = ReferenceRunner(weights, limits, base_seed=seed)
-    scheduler = SchedulerSim(limits, seed=seed, max_inflight_steps=2, draft_prob=0.2)
-    sync_report = arm_runner(runner, "count")
-    staging = getattr(runner, "staging", None)
-    lifetime = LifetimeChecker("count").attach(staging) if staging is not None and hasattr(staging, "observers") else None
-    churn = Churn(limits, seed)
     try:
-        result = DifferentialRun(runner, oracle, scheduler, before_tick=churn).run(steps)
-    finally:
-        if lifetime is not None:
-            lifetime.detach(staging)
-    findings = [f"first divergence: {result.first_divergence_line()}"] if not result.ok else []
+        config = RunConfig(seed, steps, kind, model, model_config, default_limits(model_config), SchedulerConfig(2, 0.2),
+                           lag, None, None, spec)
+        findings = checked_run(config, ChurnOps())
+    except RunSetupError as e:
+        raise pytest.UsageError(f"runnercheck_differential: {e}") from None
+    result = findings.result
+    lines = [f"first divergence: {findings.first_divergence_line()}"] if findings.diverged else []
     if result.runner_traceback:
-        findings.append(result.runner_traceback.rstrip().splitlines()[-1])
-    sync = unaccounted_syncs_message(sync_report, runner)
-    if sync:
-        findings.append(f"host sync in execute_model: {sync}")
-    if lifetime is not None and lifetime.violations:
-        findings.append(f"staging lifetime: {lifetime.violations} violation(s); first: {lifetime.errors[0]}")
-    if not result.ok:
-        path = repro_from_run(config, churn.trace, result).save(repro_dir / "repro.json")
-        findings.append(f"repro: {path} (runnercheck replay {path})")
-    return result, findings
+        lines.append(result.runner_traceback.rstrip().splitlines()[-1])
+    if findings.host_syncs:
+        lines.append(f"host sync in execute_model: {findings.host_syncs} beyond the runner's counted waits; "
+                     + "; ".join(findings.host_sync_sites[:3]))
+    if findings.lifetime_violations:
+        lines.append(f"staging lifetime: {findings.lifetime_violations} violation(s); first: {findings.lifetime_errors[0]}")
+    if findings.diverged:
+        path = findings.repro().save(repro_dir / "repro.json")
+        lines.append(f"repro: {path} (runnercheck replay {path})")
+    return result, lines
 
 
 class DifferentialCheck:
@@ -207,14 +189,15 @@ class DifferentialCheck:
     def __call__(self, runner: Callable | str | None = None, *, steps: int | None = None, seed: int | None = None,
                  model: str = "micro") -> Any:
         config = self._request.config
-        factory = _load_factory(runner) if isinstance(runner, str) else (runner or self._factory)
-        spec = runner if isinstance(runner, str) else _spec_of(factory)
+        spec = runner if isinstance(runner, str) else _spec_of(runner or self._factory)
+        if not isinstance(runner, str) and _load_factory(spec, "runnercheck_differential") is not (runner or self._factory):
+            raise pytest.UsageError(f"runnercheck_differential: factory {spec} is not importable by that name; "
+                                    "pass it as 'package.module:factory'")
         seed = config.getoption("runnercheck_seed") if seed is None else seed
         steps = config.getoption("runnercheck_steps") if steps is None else steps
         kind = _device_kind(config)
         repro_dir = _report_dir(self._request) or self._request.getfixturevalue("tmp_path")
-        result, findings = checked_differential_run(factory, spec, kind=kind, seed=seed, steps=steps, model=model,
-                                                    repro_dir=repro_dir)
+        result, findings = checked_differential_run(spec, kind=kind, seed=seed, steps=steps, model=model, repro_dir=repro_dir)
         for key, value in (("runner", spec), ("device", kind), ("seed", seed), ("ticks", result.ticks),
                            ("steps_compared", result.steps), ("tokens_compared", result.tokens_compared),
                            ("ties", len(result.ties))):
