@@ -54,7 +54,7 @@ want stress && (
 want chisq_matrix && job chisq_matrix "$limit" $rc chisq --device cuda --samples 2000000 --no-power --out "$out/chisq_matrix" &
 want chisq_power && job chisq_power "$limit" $rc chisq --device cuda --no-matrix --no-calibration \
   --biases top-k-off-by-one top-p-drop-boundary top-p-extra-token temperature-twice penalty-wrong-sign \
-  draft-shared-noise bf16-noise u24-uniform fp16-noise --out "$out/chisq_power" &
+  draft-shared-noise bf16-noise u24-uniform fp16-noise min-p-before-temperature --out "$out/chisq_power" &
 want chisq_capped && job chisq_capped "$limit" $rc chisq --device cuda --no-matrix --no-calibration \
   --biases u31-floor u32-uniform --power-repeats 2 --out "$out/chisq_capped" &
 want chisq_deep && job chisq_deep "$limit" $rc chisq --device cuda --deep-tail --cases tail-d --no-calibration \

@@ -8,7 +8,7 @@ mutant, arm the host-sync detector (`checks.sync.arm_runner`) and the staging-li
 (`checks.lifetime.LifetimeChecker`), and run `stress.driver.DifferentialRun` until the first check
 fires or the workload's tick budget is spent (``--quick``: the short budgets).  Sampler mutants
 with a chi-square probe also get the chi-square / tail-mass tests of `checks.chisq` on the
-runner's own sampler kernel (`RunnerSamplerProbe`).  A check *kills* a mutant when it fires; a
+runner's own sampler kernel (`checks.impl_sampler.ImplSampler` on the run's device).  A check *kills* a mutant when it fires; a
 mutant is killed *as designed* when one of the checks it was built for fired.
 
 Controls: every workload used is also run without a mutant (quick: as many ticks as its slowest
@@ -120,71 +120,11 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     return outcome
 
 
-class RunnerSamplerProbe:
-    """The runner's own sampler (`impl.sample.Sampler` over a `SamplingState`) behind the
-    `checks.samplers` contract ``probe(logits, params, seeds, positions, history=...) -> tokens``.
-
-    Owns a `Sampler`, a `SamplingState` (one state row per distinct (params, seed, history) of a
-    call) and a two-slot `StagingPool`, all on ``device`` for the probe's lifetime and written only
-    by `__call__`.  Mutants patch ``probe.sampler`` exactly as they patch ``runner.sampler``.
-    """
-
-    name = "runner-sampler"
-
-    def __init__(self, device: Any, vocab_size: int, *, max_rows: int = 4096, max_groups: int = 8):
-        from impl.buffers import StagingPool
-        from impl.sample import Sampler, SamplingState
-
-        self.device = device
-        self.max_rows = max_rows
-        self.max_groups = max_groups
-        self.sampler = Sampler(device, vocab_size, 0, max_num_rows=max_rows)
-        self.sampling_state = SamplingState(device, max_groups, vocab_size)
-        self.pool = StagingPool(device, 2, 1 << 20)
-        self._step = 0
-
-    def __call__(self, logits: torch.Tensor, params: Sequence[Any], seeds: torch.Tensor, positions: torch.Tensor, *,
-                 history: Sequence[Any] | None = None) -> torch.Tensor:
-        from checks.samplers import SamplerUnsupportedError, TokenHistory
-        from impl.buffers import StagingWriter
-
-        n = logits.shape[0]
-        groups: dict[tuple, int] = {}
-        state_rows = [groups.setdefault((params[i], seed, history[i] if history is not None else TokenHistory()), len(groups))
-                      for i, seed in enumerate(seeds.tolist())]
-        if len(groups) > self.max_groups:
-            raise SamplerUnsupportedError(f"{len(groups)} distinct (params, seed, history) > {self.max_groups} state rows")
-        self._step += 1
-        writer = StagingWriter(self.pool, self._step)
-        for (p, seed, h), row in groups.items():
-            self.sampling_state.add_request(row, p, seed, h.prompt_ids, h.output_ids)
-        self.sampling_state.flush(writer)
-        writer.submit()
-        self.sampling_state.enqueue_apply()
-        where = self.device.torch_device
-        logits = logits.to(where, torch.float32).contiguous()
-        rows = torch.tensor(state_rows, dtype=torch.int32, device=where)
-        positions = positions.to(where, torch.int64)
-        if self.device.is_cuda:  # inputs were made on the caller's stream; the sampler runs on the runner's
-            self.device.stream.wait_stream(torch.cuda.current_stream(where))
-        tokens = torch.empty(n, dtype=torch.int64)
-        for start in range(0, n, self.max_rows):
-            stop, out = min(n, start + self.max_rows), {}
-
-            def launch(start: int = start, stop: int = stop, out: dict = out) -> None:
-                out["tokens"] = self.sampler.sample(logits[start:stop], self.sampling_state, rows[start:stop],
-                                                    positions[start:stop], num_rows=stop - start).tokens
-
-            self.device.enqueue(launch, "chi-square probe")
-            self.device.synchronize()
-            tokens[start:stop] = out["tokens"].cpu()
-        return tokens
-
-
 def run_chisq(case_key: str, device_kind: str, seed: int, *, mutant: str | None = None, samples: int | None = None) -> CheckRun:
     """The chi-square / tail-mass tests of `checks.chisq`'s probe case ``case_key`` on the runner's sampler."""
     from checks import chisq, stats
     from checks.chisq_cases import power_cases
+    from checks.impl_sampler import ImplSampler
     from impl.device import Device
 
     started = time.perf_counter()
@@ -192,7 +132,7 @@ def run_chisq(case_key: str, device_kind: str, seed: int, *, mutant: str | None 
     if samples is not None:
         case = replace(case, n_samples=samples)
     device = Device("cuda" if device_kind == "cuda" else "cpu")
-    probe = RunnerSamplerProbe(device, case.vocab_size)
+    probe = ImplSampler(device, case.vocab_size, rows_per_launch=4096, max_requests=8)
     applied = catalogue.apply(mutant, target=probe) if mutant else None
     try:
         case_seed, offset = chisq.case_seed(seed, case.name)
@@ -399,6 +339,6 @@ def run(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-__all__ = ["CheckRun", "ControlResult", "MutantResult", "MutantsOptions", "MutantsReport", "RunnerSamplerProbe",
+__all__ = ["CheckRun", "ControlResult", "MutantResult", "MutantsOptions", "MutantsReport",
            "add_arguments", "markdown", "run", "run_catalogue", "run_chisq", "run_differential", "run_mutant",
            "write_report"]

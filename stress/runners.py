@@ -48,7 +48,7 @@ from impl.interface import (
     validate_scheduler_output,
 )
 from impl.model.weights import ModelWeights
-from reference.rng import philox_64bits
+from checks.samplers import sample_row
 
 RunnerFactory = Callable[..., object]
 DEFAULT_RUNNER_SPEC = "impl.runner:make_runner"
@@ -173,65 +173,7 @@ class DenseModel:
         return _rms_norm(x, w.final_norm, c.rms_norm_eps) @ w.lm_head.T
 
 
-# --------------------------------------------------------------------------- fp32 sampler
-
-
-def gumbel_noise_fp32(seed: int, position: int, vocab_size: int) -> torch.Tensor:
-    """The RNG spec's noise computed in float32 from the exact 64 bits (what the kernels do)."""
-    hi, lo = philox_64bits(seed, position, torch.arange(vocab_size, dtype=torch.int64))
-    u = hi.to(torch.float32) * 2.0**-32 + (lo.to(torch.float32) + 0.5) * 2.0**-64
-    u = torch.clamp(u, max=1.0 - 2.0**-24)
-    return -torch.log(-torch.log1p(-u))
-
-
-def _penalize(logits: torch.Tensor, params: SamplingParams, prompt: list[int], outputs: list[int]) -> torch.Tensor:
-    vocab = logits.shape[0]
-    out_counts = torch.bincount(torch.tensor(outputs, dtype=torch.long), minlength=vocab).to(torch.float32)
-    if params.repetition_penalty != 1.0:
-        seen = out_counts > 0
-        if prompt:
-            seen |= torch.bincount(torch.tensor(prompt, dtype=torch.long), minlength=vocab) > 0
-        r = params.repetition_penalty
-        logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
-    if params.frequency_penalty != 0.0:
-        logits = logits - params.frequency_penalty * out_counts
-    if params.presence_penalty != 0.0:
-        logits = logits - params.presence_penalty * (out_counts > 0).to(torch.float32)
-    return logits
-
-
-def _keep_mask(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """min-p, then top-k, then top-p over already temperature-scaled scores."""
-    keep = scores > float("-inf")
-    if params.min_p > 0.0:
-        keep &= scores >= scores.max() + math.log(params.min_p)
-    if params.top_k != -1 and params.top_k < int(keep.sum()):
-        kept_desc = torch.sort(scores[keep], descending=True).values
-        keep &= scores >= kept_desc[params.top_k - 1]
-    if params.top_p < 1.0:
-        kept_desc = torch.sort(scores[keep], descending=True).values
-        mass = torch.cumsum(torch.softmax(kept_desc, 0), 0)
-        reach = int(torch.searchsorted(mass, torch.tensor([params.top_p], dtype=mass.dtype)))
-        tau = kept_desc[min(reach, kept_desc.numel() - 1)]
-        keep &= scores >= tau
-    return keep
-
-
-def sample_row_fp32(raw: torch.Tensor, params: SamplingParams, seed: int, position: int, prompt: list[int], outputs: list[int]) -> int:
-    """One logit row -> the token, following docs/SAMPLING.md in float32."""
-    posinf = torch.isposinf(raw)
-    if posinf.any():
-        return int(torch.nonzero(posinf)[0])
-    logits = raw.masked_fill(torch.isnan(raw), float("-inf"))
-    if bool(torch.isneginf(logits).all()):
-        return 0
-    logits = _penalize(logits, params, prompt, outputs)
-    if params.temperature == 0.0:
-        return int(torch.argmax(logits))
-    scores = logits / params.temperature
-    keep = _keep_mask(scores, params)
-    noisy = torch.where(keep, scores + gumbel_noise_fp32(seed, position, raw.shape[0]), float("-inf"))
-    return int(torch.argmax(noisy))
+# --------------------------------------------------------------------------- fp32 logprobs
 
 
 def token_logprobs_fp32(raw: torch.Tensor, token: int, top_n: int) -> TokenLogprobs:
@@ -342,7 +284,7 @@ class SimpleRunner:
         for j in range(len(drafts) + 1):
             row = rows[j]
             outputs = state.tokens[state.prompt_len :] + drafts[:j]
-            tok = sample_row_fp32(row, params, state.seed, known + j, prompt, outputs)
+            tok = sample_row(row, params, state.seed, known + j, prompt, outputs)
             produced.append(tok)
             if params.logprobs is not None:
                 lps.append(token_logprobs_fp32(row, tok, params.logprobs))

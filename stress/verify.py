@@ -290,7 +290,7 @@ def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path, args: argparse.N
             isolated_runs(jobs, parallel=parallel, on_start=started, on_tick=ticked, on_done=done)
         progress.start("sampler statistics (chisq)")
         records = [by_index[i] for i in range(len(plan))]
-        chisq = _retarget(run_chisq(tmp, skip=args.skip_chisq, seed=args.seed), str(tmp), str(out))
+        chisq = _retarget(run_chisq(tmp, skip=args.skip_chisq, seed=args.seed, device=args.device), str(tmp), str(out))
         progress.end(f"sampler statistics: {chisq.get('status')}")
     return records, chisq
 

@@ -183,12 +183,12 @@ def test_simple_fp32_runner_passes_the_differential_run(micro, seed: int, draft_
 
 def test_planted_noise_position_bug_is_caught_against_the_oracle(micro, monkeypatch) -> None:
     weights, limits = micro
-    real = runners_mod.sample_row_fp32
+    real = runners_mod.sample_row
 
     def off_by_one(raw, params, seed, position, prompt, outputs):
         return real(raw, params, seed, position + 1, prompt, outputs)
 
-    monkeypatch.setattr(runners_mod, "sample_row_fp32", off_by_one)
+    monkeypatch.setattr(runners_mod, "sample_row", off_by_one)
     runner = simple_runner(weights, limits, Device("cpu"), 4)
     sim = SchedulerSim(limits, seed=4)
     result = DifferentialRun(runner, oracle_for(weights, limits, 4), sim, before_tick=churn(limits, 4)).run(40)

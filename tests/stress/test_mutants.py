@@ -182,13 +182,13 @@ NOISE_WITNESS = (20240601, 33406, 53)
 def test_noise_mutants_give_a_tiny_uniform_infinite_noise(name):
     from impl.interface import SamplingParams
     from reference.rng import philox_64bits
-    from stress.mutants_cmd import RunnerSamplerProbe
+    from checks.impl_sampler import ImplSampler
 
     seed, position, token = NOISE_WITNESS
     assert int(philox_64bits(seed, position, torch.tensor([token]))[0]) < 128
     logits = torch.zeros(1, 256)
     logits[0, token] = -30.0  # 30 below the rest: the spec's noise (at most ~45) cannot lift it here
-    probe = RunnerSamplerProbe(Device("cpu"), 256, max_rows=1, max_groups=1)
+    probe = ImplSampler(Device("cpu"), 256, rows_per_launch=1, max_requests=1)
     args = (logits, [SamplingParams()], torch.tensor([seed]), torch.tensor([position]))
     assert int(probe(*args)[0]) != token
     with catalogue.apply(name, target=probe):
