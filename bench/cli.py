@@ -13,7 +13,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from bench.common import BenchContext, Row
 
@@ -59,6 +59,17 @@ def _markdown(meta: dict, rows: list[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write(out: Path, meta: dict, rows: list, failures: dict, dev: Any, *, cases_done: list[str], complete: bool) -> None:
+    """``bench.json`` (rows, failures, which cases ran, whether the run completed) and ``bench.md``."""
+    from checks.provenance import provenance
+
+    doc = {"format_version": BENCH_FORMAT_VERSION, "provenance": provenance(meta["device_name"] if dev.is_cuda else dev.kind),
+           "meta": dict(meta, cases_done=list(cases_done), complete=complete), "rows": [r.to_dict() for r in rows],
+           "failures": failures}
+    (out / "bench.json").write_text(json.dumps(doc, indent=2))
+    (out / "bench.md").write_text(_markdown(meta, rows))
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
     import triton
@@ -71,19 +82,6 @@ def run(args: argparse.Namespace) -> int:
     names = args.only or list(CASE_NAMES)
     rows: list[Row] = []
     failures: dict[str, str] = {}
-    for name in names:
-        t0 = time.perf_counter()
-        print(f"bench {name} ...", flush=True)
-        try:
-            got = cases[name](ctx)
-        except Exception as e:  # a broken case is reported, the others still run
-            failures[name] = f"{type(e).__name__}: {e}"
-            print(f"  FAILED: {failures[name]}", file=sys.stderr)
-            continue
-        rows.extend(got)
-        for r in got:
-            print(f"  {r.name:<55} {r.value:>12.4g} {r.unit}")
-        print(f"  ({time.perf_counter() - t0:.1f} s)")
     meta = {
         "date": _dt.date.today().isoformat(),
         "command": "runnercheck bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
@@ -94,13 +92,22 @@ def run(args: argparse.Namespace) -> int:
         "quick": args.quick,
         "python": platform.python_version(),
     }
-    from checks.provenance import provenance
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"format_version": BENCH_FORMAT_VERSION, "provenance": provenance(meta["device_name"] if dev.is_cuda else dev.kind),
-           "meta": meta, "rows": [r.to_dict() for r in rows], "failures": failures}
-    (out / "bench.json").write_text(json.dumps(doc, indent=2))
-    (out / "bench.md").write_text(_markdown(meta, rows))
+    for i, name in enumerate(names):
+        t0 = time.perf_counter()
+        print(f"bench {name} ...", flush=True)
+        try:
+            got = cases[name](ctx)
+        except Exception as e:  # a broken case is reported, the others still run
+            failures[name] = f"{type(e).__name__}: {e}"
+            print(f"  FAILED: {failures[name]}", file=sys.stderr)
+            got = []
+        rows.extend(got)
+        for r in got:
+            print(f"  {r.name:<55} {r.value:>12.4g} {r.unit}")
+        print(f"  ({time.perf_counter() - t0:.1f} s)")
+        # Written after every case: a run cut short by its time limit keeps the cases it finished.
+        _write(out, meta, rows, failures, dev, cases_done=names[: i + 1], complete=i + 1 == len(names))
     print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
     return 1 if failures else 0

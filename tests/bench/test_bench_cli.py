@@ -18,6 +18,29 @@ def test_bench_quick_writes_valid_json(tmp_path):
     assert (tmp_path / "bench.md").read_text().startswith("# runnercheck bench")
     assert data["format_version"] == 1 and data["provenance"]["device_name"] == "sim"
     assert {"runnercheck", "git_commit", "torch", "triton", "numpy"} <= set(data["provenance"])
+    assert data["meta"]["complete"] is True and data["meta"]["cases_done"] == list(cases_in_order())
+
+
+def cases_in_order():
+    from bench.cli import CASE_NAMES
+
+    return CASE_NAMES
+
+
+def test_bench_json_is_written_after_each_case(tmp_path, monkeypatch):
+    """A run killed by its time limit keeps what it finished: bench.json exists, marked incomplete."""
+    from bench import cli as bench_cli
+
+    seen = []
+    real = bench_cli._write
+
+    def spy(out, meta, rows, failures, dev, *, cases_done, complete):
+        real(out, meta, rows, failures, dev, cases_done=cases_done, complete=complete)
+        seen.append(json.loads((out / "bench.json").read_text())["meta"])
+
+    monkeypatch.setattr(bench_cli, "_write", spy)
+    assert main(["bench", "--quick", "--device", "sim", "--only", "staged_writes", "sampler", "--out", str(tmp_path)]) == 0
+    assert [(m["cases_done"], m["complete"]) for m in seen] == [(["staged_writes"], False), (["staged_writes", "sampler"], True)]
 
 
 def test_host_profile_reports_execute_model_time_and_the_runner_functions(capsys) -> None:

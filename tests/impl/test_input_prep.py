@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from impl.device import Device
-from impl.interface import CachedRequest, NewRequest, SamplingParams, SchedulerOutput
+from impl.interface import CachedRequest, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
 from impl.input_batch import plan_step
 from impl.kernels.input_prep import launch_prepare_inputs
 from impl.kernels.post_update import launch_post_update
 from impl.state import NUM_ROW_FIELDS, RequestStateTable
+from impl.step_reader import read_step
 
 BS, MAX_LEN, ROWS, MAX_DRAFTS = 4, 16, 4, 2
 MAX_BLOCKS = MAX_LEN // BS
@@ -134,21 +135,29 @@ def test_post_update_accepts_drafts_and_advances_counts(targets, accepted):
     assert state[1].tolist() == [6, 7, 4, 6, 43]
 
 
+def _plan(sched: SchedulerOutput, table: RequestStateTable, last_step_id: int | None):
+    """The runner's host path for a step of already-admitted requests: read the output, adopt cached counts, plan."""
+    limits = RunnerLimits(vocab_size=64, max_num_reqs=3, max_model_len=16, max_num_batched_tokens=16, num_kv_blocks=8,
+                          block_size=4)
+    step = read_step(sched, table, limits, last_step_id)
+    table.apply_cached(step.cached_rows, step.cached_computed, step.cached_new_blocks)
+    return step, plan_step(step, table)
+
+
 def test_plan_step_prompt_logprob_rows_cover_only_the_prompt_on_first_admission():
     table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=16)
     asks = SamplingParams(prompt_logprobs=2, logprobs=1)
     table.admit(NewRequest("a", (10, 11, 12, 13, 14, 15), asks, (0, 1)), seed=0)
     table.admit(NewRequest("r", (20, 21), asks, (2,), output_token_ids=(22, 23)), seed=0)  # resumed: none
     sched = SchedulerOutput(0, num_scheduled_tokens={"r": 4, "a": 4})
-    plan = plan_step(sched, table)
+    step, plan = _plan(sched, table, None)
     assert plan.req_ids == ("r", "a") and plan.num_tokens == 8 and plan.num_sampling_rows == 2
     assert [p.req_id for p in plan.prompt_requests] == ["a"]
     assert plan.prompt_token_index.tolist() == [4, 5, 6, 7]  # a's tokens follow r's four in the batch
     assert plan.prompt_targets.tolist() == [11, 12, 13, 14]
     assert plan.max_num_logprobs == 1 and plan.max_num_prompt_logprobs == 2
-    table.advance(plan.req_ids, sched.num_scheduled_tokens, {})
+    table.advance(plan.req_ids, plan.query_lens, plan.num_drafts)
     sched2 = SchedulerOutput(1, cached_requests=(CachedRequest("a", (), 4),), num_scheduled_tokens={"a": 2})
-    table.apply_cached(sched2)
-    plan2 = plan_step(sched2, table)
+    _, plan2 = _plan(sched2, table, 0)
     # Positions 4 and 5 are computed; only position 4 has a next prompt token (15).
     assert plan2.prompt_token_index.tolist() == [0] and plan2.prompt_targets.tolist() == [15]
