@@ -145,6 +145,19 @@ class CudaGraphManager:
             self.device.synchronize()
         self.captured = True
 
+    def recapture(self) -> None:
+        """Drop the captured steps and capture them again.
+
+        A CUDA graph replays the launches that ran while it was captured: a hook installed on the
+        runner's parts afterwards (a test harness's fault injection) reaches graph-replayed steps
+        only once they are captured again.  Init-phase only, like `capture`.
+        """
+        if not self.captured:
+            return
+        self.graphs = {}
+        self.captured = False
+        self.capture()
+
     def _capture_cuda(self, step: PaddedStep) -> torch.cuda.CUDAGraph:
         dev, key = self.device, step.key
         label = "warm-up"

@@ -17,7 +17,10 @@ entry is set; the oracle's pipeline follows the same rule, so the differential c
 Installation patches instances only: the runner's ``sampler.sample`` (device ops on the logits
 and the positions tensor it is handed -- no host read) and the oracle's ``model.logits`` (float64
 rows, row ``i`` predicting position ``i + 1``).  A runner without an ``impl.sample.Sampler`` at
-``runner.sampler`` cannot take the hook; `install` reports that and the campaign notes it.
+``runner.sampler`` cannot take the hook; `install` reports that and the campaign notes it.  A
+runner with a CUDA-graph manager captures its graphs again after the hook is in place (a graph
+captured before it would replay the sampler without the faults: found on the H200, where both
+delayed verify runs diverged on ``nan_flag``).
 
 The fault is part of the run configuration (``RunConfig.logits_fault``, a repro field), so a
 replay plants the same faults.
@@ -110,6 +113,9 @@ class LogitsFault:
             return out
 
         model.logits = logits
+        graphs = getattr(runner, "graphs", None)
+        if graphs is not None and callable(getattr(graphs, "recapture", None)):
+            graphs.recapture()  # graphs captured before the hook would replay unfaulted logits
         return True
 
 

@@ -256,6 +256,34 @@ def test_faults_planted_in_both_agree_and_are_counted() -> None:
     assert findings.coverage["logits: NaN row sampled"] > 0 and findings.coverage["logits: +Inf row sampled"] > 0
 
 
+def test_the_fault_hook_is_in_place_when_the_graphs_are_captured_again() -> None:
+    """A CUDA graph replays what ran at capture: installing the hook must capture the runner's steps
+    again with the hooked sampler (on the H200 both delayed verify runs diverged on nan_flag without it)."""
+    from impl.device import Device
+    from impl.model.weights import preset, random_weights
+    from impl.runner import make_runner
+    from reference.runner import ReferenceRunner
+    from stress.faults import LogitsFault
+    from stress.run_config import default_limits
+
+    config = preset("micro")
+    limits = default_limits(config, max_num_reqs=4)
+    weights = random_weights(config, seed=0)
+    runner = make_runner(weights, limits, Device("cpu"))
+    graphs = runner.graphs
+    assert graphs.captured and graphs.graphs
+    build, seen = graphs._build_step, []
+
+    def spy(inputs, key):
+        seen.append(runner.sampler.sample)
+        return build(inputs, key)
+
+    graphs._build_step = spy
+    assert LogitsFault(min_position=4).install(runner, ReferenceRunner(weights, limits, base_seed=0))
+    hooked = runner.sampler.sample
+    assert graphs.captured and seen and all(s is hooked for s in seen) and len(seen) == len(graphs.graphs)
+
+
 def test_a_fault_the_oracle_does_not_apply_is_caught(monkeypatch) -> None:
     """The hook is effective: planted in the runner alone, the differential sees the NaN rule fire."""
     from stress import faults
