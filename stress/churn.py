@@ -21,7 +21,7 @@ Ownership: a `Churn` owns its RNG and its trace (host lists, appended to only by
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Sequence
 
 from impl.interface import RunnerLimits, SamplingParams
@@ -198,7 +198,12 @@ class Churn:
         prompt = self._shared_prefix(prompt, scheduler)[: max(1, min(longest - 1, 2 * cfg.max_prompt_len + cfg.system_prompt_len))]
         self._prompts[req_id] = prompt
         max_tokens = rng.randint(1, max(1, min(cfg.max_new_tokens, longest - len(prompt))))
-        return {"op": "add", "req_id": req_id, "prompt": prompt, "params": params_to_dict(self._params(max_tokens))}
+        params = self._params(max_tokens)
+        if len(prompt) > cfg.max_prompt_len and params.prompt_logprobs is not None:
+            # Prompt logprobs only for prompts of at most max_prompt_len tokens: a logits fault
+            # (`stress.faults`) placed past that position never reaches a row that feeds them.
+            params = replace(params, prompt_logprobs=None)
+        return {"op": "add", "req_id": req_id, "prompt": prompt, "params": params_to_dict(params)}
 
     def _shared_prefix(self, fresh: list[int], scheduler: SchedulerSim) -> list[int]:
         """``fresh`` user tokens behind a finished conversation or a system prompt (or alone)."""

@@ -8,9 +8,11 @@ identically without sharing state:
   ``(p * 7919 + 13) % vocab``;
 * rows with ``p >= min_position`` and ``p % modulus == inf_residue`` get a +Inf there.
 
-``min_position`` is at least the longest prompt of the campaign, so the rule never touches a row
-whose logits feed prompt logprobs (those predict positions inside the prompt); it only touches
-rows that are sampled (or computed and discarded).  What the sampler must then do is the NaN rule
+``min_position`` is at least the longest prompt that asks for prompt logprobs (`stress.churn`
+asks only for prompts of at most ``max_prompt_len`` tokens; a conversation's or system prompt's
+longer prompt does not), so the rule never touches a row whose logits feed prompt logprobs (those
+predict positions inside the prompt); it only touches rows that are sampled (or computed and
+discarded).  What the sampler must then do is the NaN rule
 of docs/SAMPLING.md: NaN counts as -inf, the first +Inf wins, and the request's ``nan_flags``
 entry is set; the oracle's pipeline follows the same rule, so the differential compares it.
 

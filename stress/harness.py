@@ -261,6 +261,13 @@ class _StopRun(Exception):
     """Raised from ``before_tick`` once the sync detector fired and the caller asked to stop there."""
 
 
+def _device_fault(result: RunResult, error: Exception, when: str) -> Any:
+    """The runner-error divergence of device work that failed after the last compared step."""
+    from checks.compare import Divergence
+
+    return Divergence(result.steps, None, None, "runner-error", None, type(error).__name__, f"{when}: {error}")
+
+
 def checked_run(config: RunConfig, source: ChurnOps | TraceOps, *, name: str = "", lifetime_mode: str = "count",
                 stop_on_sync: bool = False, on_tick: Callable[[int], None] | None = None,
                 on_step: Callable[[StepReport], None] | None = None,
@@ -335,13 +342,19 @@ def checked_run(config: RunConfig, source: ChurnOps | TraceOps, *, name: str = "
             session.device.synchronize()
         except Exception as e:
             if result.ok and not stopped:  # device work failed after the last compared step: a runner error
-                from checks.compare import Divergence
-
-                result.divergences.append(Divergence(result.steps, None, None, "runner-error", None, type(e).__name__,
-                                                     f"queued device work failed after the run: {e}"))
+                result.divergences.append(_device_fault(result, e, "draining the device work queued by the run"))
             # else the run already failed; its device fault is reported or moot
     lifetime = detectors.lifetime
-    prefix = detectors.prefix.findings() if detectors.prefix is not None else None
+    prefix = None
+    if detectors.prefix is not None:
+        try:  # reads the provenance record back (cuda: a sync)
+            prefix = detectors.prefix.findings()
+        except Exception as e:
+            # The device died (a CUDA device-side assert is sticky): the provenance record cannot be
+            # read.  A run that already failed keeps its finding; otherwise this is the finding.
+            _log.info("kv provenance not read back: %s: %s", type(e).__name__, e)
+            if result.ok and not stopped:
+                result.divergences.append(_device_fault(result, e, "reading the kv provenance record back"))
     stats = getattr(session.runner, "cuda_graph_stats", None)
     if staged.active:
         coverage.add(staged.totals())

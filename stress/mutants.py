@@ -25,21 +25,21 @@ limits, lag policy) in which its bug shows up within a few scheduler ticks.  ``n
 mutants whose effect is too rare to see in an interpreted CPU run (deep-tail noise bugs: the
 chi-square probes they need draw ~10^8 token noises); `runnercheck mutants` runs those only on CUDA.
 
-Ownership: `AppliedMutant` owns the record of what it patched; `stress.mutant_kernels` owns the
-cache of private sampling-kernel copies.
+Ownership: `stress.mutant_registry` owns the catalogue and `AppliedMutant` the record of what it
+patched; `stress.mutant_kernels` owns the cache of private sampling-kernel copies.
 """
 from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import torch
 
 from impl.buffers import SlotState
 from impl.state import NUM_COMPUTED
+from stress.mutant_registry import CATALOGUE, CHECKS, CLASSES, AppliedMutant, Mutant, UnknownMutantError, _mutant
 from stress.mutant_workloads import WORKLOADS, Workload
 from stress.mutant_kernels import (
     MutantTargetError,
@@ -50,78 +50,7 @@ from stress.mutant_kernels import (
     u24_gumbel_noise,
 )
 
-CLASSES = ("race", "sync", "state", "sampler")
-CHECKS = ("sync", "lifetime", "differential", "chisq", "provenance")
 _log = logging.getLogger(__name__)
-
-
-class UnknownMutantError(LookupError):
-    """A mutant name that is not in the catalogue."""
-
-
-# --------------------------------------------------------------------------- patching
-
-
-class AppliedMutant:
-    """An installed mutant; ``undo()`` (or leaving a ``with`` block) restores every patched attribute."""
-
-    def __init__(self, mutant: "Mutant"):
-        self.mutant = mutant
-        self._undo: list[Callable[[], None]] = []
-
-    def set(self, owner: Any, name: str, value: Any) -> None:
-        """Replace ``owner.name`` (an instance attribute shadowing a method, or a module global)."""
-        if isinstance(owner, ModuleType) or name in vars(owner):
-            old = getattr(owner, name)
-            self._undo.append(lambda: setattr(owner, name, old))
-        else:
-            self._undo.append(lambda: delattr(owner, name))
-        setattr(owner, name, value)
-
-    def undo(self) -> None:
-        while self._undo:
-            self._undo.pop()()
-
-    def __enter__(self) -> "AppliedMutant":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.undo()
-
-
-# --------------------------------------------------------------------------- the catalogue
-
-
-@dataclass(frozen=True)
-class Mutant:
-    """One deliberate bug.  ``install(target, applied)`` patches ``target`` through ``applied.set``."""
-
-    name: str
-    cls: str
-    description: str
-    checks: tuple[str, ...]
-    workload: str
-    install: Callable[[Any, AppliedMutant], None]
-    requires: tuple[str, ...]
-    needs_gpu: bool = False
-    chisq_case: str | None = None
-    target: str = "runner"  # what ``install`` patches: "runner" (or a sampler probe) or "scheduler"
-
-    def __post_init__(self) -> None:
-        if self.cls not in CLASSES or not set(self.checks) <= set(CHECKS) or self.workload not in WORKLOADS:
-            raise ValueError(f"mutant {self.name!r}: bad class, checks or workload")
-
-
-CATALOGUE: dict[str, Mutant] = {}
-
-
-def _mutant(name: str, cls: str, checks: tuple[str, ...], workload: str, requires: tuple[str, ...], description: str,
-            **extra: Any) -> Callable:
-    def register(install: Callable[[Any, AppliedMutant], None]) -> Callable:
-        CATALOGUE[name] = Mutant(name, cls, description, checks, workload, install, requires, **extra)
-        return install
-
-    return register
 
 
 # ---- races / lifetime
@@ -465,11 +394,11 @@ def apply(name: str, *, runner: Any = None, device: Any = None, target: Any = No
     return applied
 
 
-import stress.mutants_prefix  # noqa: E402,F401 -- registers the prefix-caching mutants (it imports this module)
+# The prefix-caching and CUDA-graph mutants live in their own modules and register into the same
+# catalogue (`stress.mutant_registry`); imported here, after the core ones, so the catalogue lists
+# them last and importing this module gives all of them.
+import stress.mutants_graphs  # noqa: E402,F401
+import stress.mutants_prefix  # noqa: E402,F401
 
 __all__ = ["CATALOGUE", "CHECKS", "CLASSES", "WORKLOADS", "AppliedMutant", "Mutant", "MutantTargetError",
            "UnknownMutantError", "Workload", "apply", "get"]
-
-# The CUDA-graph mutants live in their own module and register themselves here (imported last:
-# it uses `_mutant` and `AppliedMutant` from this module).
-import stress.mutants_graphs  # noqa: E402,F401

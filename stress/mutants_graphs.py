@@ -28,7 +28,8 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from impl.interface import SamplingParams
-from stress.mutants import WORKLOADS, AppliedMutant, Workload, _mutant
+from stress.mutant_registry import AppliedMutant, _mutant
+from stress.mutant_workloads import WORKLOADS, Workload
 
 
 def _penalised(rng: random.Random, max_tokens: int) -> SamplingParams:

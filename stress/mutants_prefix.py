@@ -1,6 +1,6 @@
 """Prefix-caching mutants: KV-block bugs in the runner's admission and in the scheduler's prefix cache.
 
-Registered into `stress.mutants.CATALOGUE` when that module is imported.  Each is killed by the
+Registered into the catalogue (`stress.mutant_registry.CATALOGUE`) when `stress.mutants` is imported.  Each is killed by the
 KV provenance check (`checks.kv_provenance`) and/or the differential against the oracle:
 
 * runner bugs (``target="runner"``, patching a `impl.runner.ModelRunner` instance):
@@ -23,7 +23,7 @@ from typing import Any
 from impl.state import NUM_COMPUTED
 from stress.churn import ChurnConfig
 from stress.mutant_workloads import WORKLOADS, Workload
-from stress.mutants import AppliedMutant, _mutant
+from stress.mutant_registry import AppliedMutant, _mutant
 from stress.prefix_cache import PrefixCacheError
 
 PREFIX_WORKLOAD = Workload(

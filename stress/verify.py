@@ -94,7 +94,8 @@ def _config(seed: int, ticks: int, kind: str, model: str, limits: dict, inflight
         lag = dict(lag, seed=seed)
     from stress.faults import LogitsFault
 
-    # NaN/+Inf rows only past every prompt (VERIFY_CHURN and RACE_CHURN: prompts of at most 16 tokens).
+    # NaN/+Inf rows only past every prompt that asks for prompt logprobs (VERIFY_CHURN and RACE_CHURN:
+    # at most 16 tokens; longer conversation prompts ask for none).
     fault = LogitsFault(min_position=max(VERIFY_CHURN.max_prompt_len, 16)).describe()
     return RunConfig(seed, ticks, kind, model, model_config, default_limits(model_config, **limits),
                      SchedulerConfig(inflight, draft_prob), lag, delay, None, runner, cuda_graphs, fault,

@@ -284,6 +284,31 @@ def test_the_fault_hook_is_in_place_when_the_graphs_are_captured_again() -> None
     assert graphs.captured and seen and all(s is hooked for s in seen) and len(seen) == len(graphs.graphs)
 
 
+def test_only_prompts_within_max_prompt_len_ask_for_prompt_logprobs() -> None:
+    """A conversation or system-prompt prefix makes prompts longer than max_prompt_len; those ask for no
+    prompt logprobs, so a logits fault past max_prompt_len never feeds them (on the H200 a 30-token
+    conversation prompt got an oracle-only +Inf into its prompt logprobs)."""
+    from impl.device import Device
+    from impl.model.weights import preset, random_weights
+    from reference.runner import ReferenceRunner
+    from stress.churn import Churn
+    from stress.driver import DifferentialRun
+    from stress.run_config import default_limits
+    from stress.scheduler import SchedulerSim
+    from stress.verify import VERIFY_CHURN
+
+    limits = default_limits(preset("micro"), max_num_reqs=4, num_kv_blocks=32)
+    weights = random_weights(preset("micro"), seed=0)
+    churn = Churn(limits, 0, dataclasses.replace(VERIFY_CHURN, max_prompt_len=6, conversation_prob=0.9, system_prompt_prob=0.2,
+                                                 prompt_logprobs_prob=0.9, max_new_tokens=4, param_plan=False))
+    DifferentialRun(simple_runner(weights, limits, Device("cpu"), 0), ReferenceRunner(weights, limits, base_seed=0),
+                    SchedulerSim(limits, seed=0), before_tick=churn).run(40)
+    adds = [op for ops in churn.trace for op in ops if op["op"] == "add"]
+    long = [op for op in adds if len(op["prompt"]) > 6]
+    assert long and all(op["params"]["prompt_logprobs"] is None for op in long)
+    assert any(op["params"]["prompt_logprobs"] is not None for op in adds)
+
+
 def test_a_fault_the_oracle_does_not_apply_is_caught(monkeypatch) -> None:
     """The hook is effective: planted in the runner alone, the differential sees the NaN rule fire."""
     from stress import faults
