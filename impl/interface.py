@@ -35,7 +35,7 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 from collections.abc import Set as AbstractSet
-from typing import Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Mapping, Protocol, Sequence, runtime_checkable
 
 MAX_SEED = 2**63 - 1
 DEFAULT_MAX_LOGPROBS = 20
@@ -500,6 +500,20 @@ def validate_prefix_hit(req: NewRequest, block_size: int) -> None:
                                            req_id=rid, field="num_computed_tokens")
 
 
+def check_gone(sched: SchedulerOutput, live: Mapping[str, Any]) -> set[str]:
+    """The step's finished and preempted ids, each a live request named once; a typed error otherwise."""
+    gone: set[str] = set()
+    for name, ids in (("finished_req_ids", sched.finished_req_ids), ("preempted_req_ids", sched.preempted_req_ids)):
+        for rid in ids:
+            check_req_id(rid, name)
+            if rid not in live:
+                raise UnknownRequestError("not a live request", req_id=rid, field=name)
+            if rid in gone:
+                raise DuplicateRequestError("both finished and preempted", req_id=rid, field=name)
+            gone.add(rid)
+    return gone
+
+
 def validate_scheduler_output(
     sched: SchedulerOutput, live: Mapping[str, LiveRequest], limits: RunnerLimits, last_step_id: int | None = None
 ) -> None:
@@ -512,15 +526,7 @@ def validate_scheduler_output(
     """
     check_containers(sched)
     check_step_id(sched.step_id, last_step_id)
-    gone: set[str] = set()
-    for name, ids in (("finished_req_ids", sched.finished_req_ids), ("preempted_req_ids", sched.preempted_req_ids)):
-        for rid in ids:
-            check_req_id(rid, name)
-            if rid not in live:
-                raise UnknownRequestError("not a live request", req_id=rid, field=name)
-            if rid in gone:
-                raise DuplicateRequestError("both finished and preempted", req_id=rid, field=name)
-            gone.add(rid)
+    gone = check_gone(sched, live)
     # The step's view of the live table: ``live`` minus ``gone``, overlaid with what this step
     # changes -- (num_tokens, num_computed_upper, num_blocks) -- so ``live`` is never copied.
     changed: dict[str, tuple[int, int, int]] = {}

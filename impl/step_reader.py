@@ -33,13 +33,12 @@ from impl.interface import (
     ScheduledTokensError,
     SchedulerOutput,
     SchedulerOutputError,
-    UnknownRequestError,
     blocks_per_request,
     check_block_ids,
     check_containers,
+    check_gone,
     check_drafts,
     check_new_request,
-    check_req_id,
     check_step_id,
     validate_scheduler_output,
 )
@@ -110,15 +109,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     check_step_id(sched.step_id, last_step_id)
     r2r = state.req_to_row
 
-    gone: set[str] = set()
-    for name, ids in (("finished_req_ids", sched.finished_req_ids), ("preempted_req_ids", sched.preempted_req_ids)):
-        for rid in ids:
-            check_req_id(rid, name)
-            if rid not in r2r:
-                raise UnknownRequestError("not a live request", req_id=rid, field=name)
-            if rid in gone:
-                raise DuplicateRequestError("both finished and preempted", req_id=rid, field=name)
-            gone.add(rid)
+    gone = check_gone(sched, r2r)
 
     new: dict[str, tuple[int, int, int]] = {}  # id -> (prefill length, blocks, prefix-cache hit)
     for req in sched.new_requests:
