@@ -10,6 +10,7 @@
 #   host_profile  cProfile of execute_model, 256 decode requests (`python -m bench.host_profile`)
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
+#   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
 #   verify        `runnercheck verify --device cuda --quick`
 #   stress        delay-injected stress with reuse_staging_early (must exit 1), its replay, then without it
 #   chisq_matrix  the chi-square matrix, 2e6 draws per case, + calibration (the runner's sampler)
@@ -43,6 +44,10 @@ want gpu_tests && job gpu_tests "$limit" python3 -m pytest -v -p no:cacheprovide
   --deselect tests/stress/test_mutants.py::test_cuda_run_kills_every_mutant_including_the_noise_bugs \
   --deselect tests/impl/test_sampler_tail.py &
 want mutants && job mutants "$limit" $rc mutants --device cuda --out "$out/mutants" &
+want mutants_new && job mutants_new "$limit" $rc mutants --device cuda --junit "$out/mutants_new.xml" --only \
+  graph_buffer_reallocated padding_row_writes_live_state predicate_admits_larger_batch graph_init_only_at_capture \
+  prefix_hit_recomputes_cached_block block_table_tail_kept prefix_hit_one_block_too_long evicted_block_still_referenced \
+  refcount_dropped_on_preemption --out "$out/mutants_new" &
 want verify && job verify "$limit" $rc verify --device cuda --quick --no-progress --out "$out/verify" &
 want stress && (
   job stress_mutant 150 $rc stress --device cuda --seed 1 --steps 200 --delay-us auto --max-inflight 3 \
