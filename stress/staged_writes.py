@@ -1,9 +1,10 @@
 """Counts the staged-write patterns a runner's steps use (a coverage observer, `stress.coverage`).
 
-Every `impl.buffers.StagedWriteTensor` reachable from the runner (two attribute levels deep:
-row state, block table, sampling parameters) gets its ``flush`` wrapped on the instance; before
-the real flush packs the pending diffs, the wrapper classifies them (host data only, no device
-read):
+Every `impl.staged_writes.StagedWriteTensor` reachable from the runner (two attribute levels
+deep: row state, block table, sampling parameters) is found; the ``flush`` of each group they
+belong to (the runner's one shared `StagedWriteGroup`, which packs all members at once) is wrapped
+on the instance, and before the real flush packs the pending diffs (per-item and ragged) the wrapper
+classifies each member's (host data only, no device read):
 
 * a single cell, a run of several cells;
 * several rows in one flush;
@@ -42,23 +43,47 @@ def _staged_tensors(runner: Any) -> list[Any]:
     return list(found.values())
 
 
+def _pending_diffs(tensor: Any) -> list[tuple[int, int, Any]]:
+    """A tensor's pending diffs as (row, start, values): per-item ones, then ragged ones (values as a range)."""
+    diffs = list(tensor._pending)
+    for rows, starts, lens, _values in getattr(tensor, "_ragged", ()):
+        diffs += [(int(r), int(c), range(int(n))) for r, c, n in zip(rows, starts, lens)]
+    return diffs
+
+
 class StagedWriteObserver:
     def __init__(self, runner: Any):
         self.counts: Counter[str] = Counter()
         self.tensors = _staged_tensors(runner)
+        groups = {id(t.group): t.group for t in self.tensors if getattr(t, "group", None) is not None}
+        for group in groups.values():
+            self._wrap_group(group)
         for tensor in self.tensors:
-            self._wrap(tensor)
+            if getattr(tensor, "group", None) is None:
+                self._wrap(tensor)
 
     @property
     def active(self) -> bool:
         return bool(self.tensors)
+
+    def _wrap_group(self, group: Any) -> None:
+        """The runner flushes its shared group (one pack for all members), not each tensor."""
+        original = group.flush
+        observer = self
+
+        def flush(writer: Any) -> None:
+            for tensor in list(group._dirty):
+                observer.classify(_pending_diffs(tensor))
+            return original(writer)
+
+        group.flush = flush
 
     def _wrap(self, tensor: Any) -> None:
         original = tensor.flush
         observer = self
 
         def flush(writer: Any) -> None:
-            observer.classify(list(tensor._pending))
+            observer.classify(_pending_diffs(tensor))
             return original(writer)
 
         tensor.flush = flush

@@ -347,6 +347,20 @@ def test_oracle_drafts_get_accepted_all_some_and_none() -> None:
     assert cov["drafts: all accepted"] > 0 and cov["drafts: some accepted"] > 0 and cov["drafts: none accepted"] > 0
 
 
+def test_staged_write_patterns_of_the_runner_are_observed_through_its_shared_group() -> None:
+    """The runner flushes one shared group, not its tensors: the observer must still see every diff
+    (it counted nothing on the H200 until it wrapped the group's flush)."""
+    from stress.harness import ChurnOps, checked_run
+    from stress.verify import VERIFY_CHURN
+
+    config = _sim_config("impl.runner:make_runner", 12, logits_fault=None)
+    findings = checked_run(config, ChurnOps(VERIFY_CHURN))
+    assert findings.result.ok, findings.first_divergence_line()
+    cov = findings.coverage
+    assert cov["staged write: single cell"] > 0 and cov["staged write: run of cells"] > 0
+    assert cov["staged write: several rows in one flush"] > 0
+
+
 def test_staged_write_patterns_are_classified() -> None:
     from stress.staged_writes import StagedWriteObserver
 

@@ -356,3 +356,12 @@ def test_delays_make_the_gpu_trail_the_host_and_the_job_passes(tmp_path: Path) -
     assert max(behind) >= 2, behind  # at some enqueue at least two earlier steps had not finished on the GPU
     rc, out = run_verify(tmp_path, "--device", "cuda", "--quick", "--steps", "40", "--skip-chisq")
     assert rc == 0, (out / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("kind", ["sim", "cuda"])
+def test_every_quick_plan_has_a_run_that_chunks_prefills(kind):
+    """The coverage gate asks for middle and final prefill chunks; the cuda plan lacked them on the H200."""
+    from stress.verify import plan_runs
+
+    runs = plan_runs(kind, 0, "impl.runner:make_runner", quick=True)
+    assert any(r.config.limits.max_num_batched_tokens < r.churn.max_prompt_len for r in runs)
