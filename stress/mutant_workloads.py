@@ -2,7 +2,9 @@
 
 A workload is the slice of traffic -- sampling params, limits, lag policy -- in which a mutant's bug
 shows up within a few scheduler ticks.  `stress.mutants` names one per mutant; `runnercheck mutants`
-also runs every workload unmutated as a control (no check may fire).
+also runs every workload unmutated as a control (no check may fire).  Every workload is defined
+here, the CUDA-graph and prefix-caching ones too: a run in a spawned child process (cuda) imports
+only this module, not the catalogues that use them.
 """
 from __future__ import annotations
 
@@ -78,3 +80,27 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              lambda rng, n: _params(rng, n, temperature=round(rng.uniform(1.5, 2.5), 3), logprobs=rng.randint(0, 2))),
     Workload("noise", "plain temperature-1 sampling", ChurnConfig(**dict(_SAMPLING, greedy_prob=0.0))),
 )}
+
+
+def _penalised(rng: random.Random, max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=round(rng.uniform(0.7, 1.0), 3),
+                          seed=rng.randrange(2**63) if rng.random() < 0.5 else None,
+                          frequency_penalty=round(rng.uniform(1.0, 2.0), 3), presence_penalty=round(rng.uniform(0.5, 1.5), 3))
+
+
+# Penalised decodes (`stress.mutants_graphs`): a padding request counted into a live row's output
+# counts changes the penalties.
+WORKLOADS["decode-penalties"] = Workload(
+    "decode-penalties", "as decode, with frequency and presence penalties (output counts matter)",
+    WORKLOADS["decode"].churn, _penalised, max_num_reqs=4)
+
+# Prefix caching (`stress.mutants_prefix`).
+PREFIX_WORKLOAD = Workload(
+    "prefix", "shared system prompts, conversations, short outputs, preemptions, a 12-block pool: hits, sharing, eviction, reuse",
+    ChurnConfig(add_prob=0.9, abort_prob=0.0, preempt_prob=0.25, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0,
+                penalty_prob=0.0, logprobs_prob=0.0, prompt_logprobs_prob=0.0, stop_prob=0.0, greedy_prob=0.5,
+                max_prompt_len=12, max_new_tokens=6, system_prompt_prob=0.9, num_system_prompts=2, system_prompt_len=8,
+                conversation_prob=0.35),
+    max_num_reqs=3, block_size=4, num_kv_blocks=12, max_batched_tokens=16, lag_policy="random-drain", ticks=24, full_ticks=60,
+)
+WORKLOADS[PREFIX_WORKLOAD.name] = PREFIX_WORKLOAD

@@ -23,26 +23,10 @@ bucket leaves its KV writes one position behind, which KV provenance sees first 
 from __future__ import annotations
 
 import bisect
-import random
 from types import SimpleNamespace
 from typing import Any, Callable
 
-from impl.interface import SamplingParams
 from stress.mutant_registry import AppliedMutant, _mutant
-from stress.mutant_workloads import WORKLOADS, Workload
-
-
-def _penalised(rng: random.Random, max_tokens: int) -> SamplingParams:
-    return SamplingParams(max_tokens=max_tokens, temperature=round(rng.uniform(0.7, 1.0), 3),
-                          seed=rng.randrange(2**63) if rng.random() < 0.5 else None,
-                          frequency_penalty=round(rng.uniform(1.0, 2.0), 3), presence_penalty=round(rng.uniform(0.5, 1.5), 3))
-
-
-# Penalised decodes: a padding request counted into a live row's output counts shows up on the GPU
-# too, where the live and the padding program of one row run at once and write the same counts.
-WORKLOADS["decode-penalties"] = Workload(
-    "decode-penalties", "as decode, with frequency and presence penalties (output counts matter)",
-    WORKLOADS["decode"].churn, _penalised, max_num_reqs=4)
 
 
 @_mutant("graph_buffer_reallocated", "state", ("differential",), "decode", ("graphs", "state"),

@@ -21,21 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 from impl.state import NUM_COMPUTED
-from stress.churn import ChurnConfig
-from stress.mutant_workloads import WORKLOADS, Workload
+from stress.mutant_workloads import PREFIX_WORKLOAD
 from stress.mutant_registry import AppliedMutant, _mutant
 from stress.prefix_cache import PrefixCacheError
-
-PREFIX_WORKLOAD = Workload(
-    "prefix", "shared system prompts, conversations, short outputs, preemptions, a 12-block pool: hits, sharing, eviction, reuse",
-    ChurnConfig(add_prob=0.9, abort_prob=0.0, preempt_prob=0.25, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0,
-                penalty_prob=0.0, logprobs_prob=0.0, prompt_logprobs_prob=0.0, stop_prob=0.0, greedy_prob=0.5,
-                max_prompt_len=12, max_new_tokens=6, system_prompt_prob=0.9, num_system_prompts=2, system_prompt_len=8,
-                conversation_prob=0.35),
-    max_num_reqs=3, block_size=4, num_kv_blocks=12, max_batched_tokens=16, lag_policy="random-drain", ticks=24, full_ticks=60,
-)
-WORKLOADS[PREFIX_WORKLOAD.name] = PREFIX_WORKLOAD
-
 
 # ---- runner bugs
 

@@ -243,3 +243,20 @@ def test_cuda_run_kills_every_mutant_including_the_noise_bugs(tmp_path):
     assert results["fp16_gumbel_noise"]["killed_by"] == ["chisq"]
     assert results["u24_uniform"]["killed_by"] == ["chisq"]
     assert rc == 0 and report["passed"], [(n, m["evidence"]) for n, m in results.items() if not m["as_designed"]]
+
+
+def test_every_mutants_workload_is_known_to_a_child_that_imports_only_the_harness():
+    """A cuda run's child process is spawned: it imports the harness, not the catalogues.  Every
+    workload must be defined where the harness looks it up (on the H200 the 'decode-penalties'
+    control died with a KeyError when a catalogue module registered it)."""
+    import subprocess
+    import sys
+
+    names = sorted({m.workload for m in CATALOGUE.values()})
+    code = ("import sys, stress.harness\n"
+            "from stress.mutant_workloads import WORKLOADS\n"
+            "missing = [n for n in sys.argv[1:] if n not in WORKLOADS]\n"
+            "assert not missing, missing\n"
+            "assert 'stress.mutants' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
