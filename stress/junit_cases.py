@@ -89,8 +89,27 @@ def mutants_cases(report: Any) -> list[JUnitCase]:
     return cases
 
 
+def rates_cases(rates: Any) -> list[JUnitCase]:
+    """``mutants --seeds N``: one case per mutant (fails below a kill rate of 1.0) and per control."""
+    cases = []
+    for m in rates.mutants:
+        failure = None
+        if m.seeds_run and m.rate != 1.0:
+            failure = (f"killed as designed in {len(m.seeds_killed_as_designed)} of {len(m.seeds_run)} seeds; "
+                       f"survived in {m.survived_in}")
+        cases.append(JUnitCase(name=m.name, classname=f"runnercheck.mutants.{m.cls}", failure=failure,
+                               skipped=None if m.seeds_run else (m.skip_reason or "skipped"),
+                               properties={"seeds_run": len(m.seeds_run), "kill_rate": m.rate if m.rate is not None else ""}))
+    for c in rates.controls:
+        cases.append(JUnitCase(name=f"control {c.kind} {c.name}", classname="runnercheck.mutants.controls",
+                               failure=None if c.clean else f"a check fired without a mutant in seeds {c.fired_in}",
+                               failure_details="\n".join(f"{k}: {v}" for k, v in c.fired.items()),
+                               properties={"seeds_run": len(c.seeds_run)}))
+    return cases
+
+
 def write_cases(path: str | os.PathLike, suite: str, cases: Sequence[JUnitCase], properties: dict | None = None) -> Path:
     return Path(write_junit(path, suite, cases, properties))
 
 
-__all__ = ["check_junit_path", "verify_cases", "mutants_cases", "write_cases"]
+__all__ = ["check_junit_path", "verify_cases", "mutants_cases", "rates_cases", "write_cases"]

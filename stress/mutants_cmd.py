@@ -254,6 +254,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     chisq.add_argument("--no-chisq", dest="chisq", action="store_false")
     parser.add_argument("--chisq-samples", type=int_type(1), default=None,
                         help="draws per chi-square probe (default: the case's own)")
+    parser.add_argument("--seeds", type=int_type(1), default=1, metavar="N",
+                        help="run the catalogue for N seeds from --seed and report kill rates (rates.json, rates.md)")
     parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
     parser.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one case per mutant and control)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
@@ -274,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from checks.report_folder import FolderNotReplaced, atomic_report_folder
     from stress.junit_cases import check_junit_path, mutants_cases, write_cases
-    from stress.run_config import RunSetupError
+    from stress.run_config import RunSetupError, seed_problem
 
     unknown = [n for n in args.only if n not in CATALOGUE]
     problems = [f"unknown mutant(s) {', '.join(unknown)}; see --list"] if unknown else []
@@ -283,6 +285,8 @@ def run(args: argparse.Namespace) -> int:
     device = args.device
     if device == "cpu":
         problems.append("--device cpu: mutants run on sim (races) or cuda")
+    if args.seeds > 1 and seed_problem(args.seed + args.seeds - 1):
+        problems.append(f"--seed {args.seed} --seeds {args.seeds}: the last seed must be below 2^63")
     if args.junit:
         try:
             check_junit_path(args.junit)
@@ -302,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
                         *([f"--only {' '.join(opts.only)}"] if opts.only else []),
                         *({True: ["--chisq"], False: ["--no-chisq"]}.get(args.chisq, [])),
                         *([f"--chisq-samples {args.chisq_samples}"] if args.chisq_samples else []),
-                        f"--seed {args.seed}", f"--out {args.out}"])
+                        f"--seed {args.seed}", *([f"--seeds {args.seeds}"] if args.seeds > 1 else []),
+                        f"--out {args.out}"])
 
     def show(item: Any) -> None:
         if isinstance(item, MutantResult):
@@ -314,6 +319,8 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"  {mark} control {item.kind} {item.name:<20} {', '.join(item.fired) or ''} "
                           f"({item.ticks} ticks, {item.seconds:.1f} s)", highlight=False)
 
+    if args.seeds > 1:
+        return _run_seeds(args, opts, command, show, console)
     try:
         with atomic_report_folder(args.out) as tmp:
             report = run_catalogue(opts, command=command, on_result=show)
@@ -337,6 +344,47 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     console.print("report files:\n" + "\n".join(f"  {f}" for f in files), highlight=False, markup=False)
     return 0 if report.passed else 1
+
+
+def _run_seeds(args: argparse.Namespace, opts: MutantsOptions, command: str, show: Callable[[Any], None],
+               console: Any) -> int:
+    """``--seeds N``: the catalogue once per seed (each seed's report in ``seed-<k>/``), then the kill rates."""
+    from rich.table import Table
+
+    from checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from stress.junit_cases import rates_cases, write_cases
+    from stress.mutants_rates import kill_rates, write_rates
+
+    reports = []
+    try:
+        with atomic_report_folder(args.out) as tmp:
+            for k in range(args.seeds):
+                seed_opts = replace(opts, seed=args.seed + k)
+                console.print(f"seed {seed_opts.seed} ({k + 1}/{args.seeds})", highlight=False)
+                reports.append(run_catalogue(seed_opts, command=command, on_result=show))
+                write_report(reports[-1], tmp / f"seed-{seed_opts.seed}")
+            rates = kill_rates(reports, command=command)
+            write_rates(rates, tmp)
+    except FolderNotReplaced as e:
+        print(f"runnercheck mutants: {e}", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    files = [out / "rates.md", out / "rates.json", out / "manifest.json"]
+    if args.junit:
+        files.append(write_cases(args.junit, "runnercheck mutants", rates_cases(rates),
+                                 {"seed": args.seed, "seeds": args.seeds}))
+    table = Table(title=f"runnercheck mutants over {args.seeds} seeds: {'PASS' if rates.passed else 'FAIL'}", show_header=False)
+    ran = [m for m in rates.mutants if m.seeds_run]
+    table.add_row("device, seeds", f"{opts.device}, {args.seed}..{args.seed + args.seeds - 1}{' (quick)' if opts.quick else ''}")
+    table.add_row("killed as designed in every seed", f"{sum(m.rate == 1.0 for m in ran)} / {len(ran)}")
+    table.add_row("below 1.0", ", ".join(f"{m.name} {len(m.seeds_killed_as_designed)}/{len(m.seeds_run)}"
+                                         for m in ran if m.rate != 1.0) or "none")
+    table.add_row("controls", "clean in every seed" if all(c.clean for c in rates.controls) else
+                  "FIRED: " + ", ".join(f"{c.name} (seeds {c.fired_in})" for c in rates.controls if not c.clean))
+    table.add_row("elapsed", f"{rates.elapsed_s:.0f} s")
+    console.print(table)
+    console.print("report files:\n" + "\n".join(f"  {f}" for f in files), highlight=False, markup=False)
+    return 0 if rates.passed else 1
 
 
 __all__ = ["CheckRun", "ControlResult", "MutantResult", "MutantsOptions", "MutantsReport",
