@@ -11,6 +11,7 @@
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
+#   race_rates    kill rates of the race mutants over 10 seeds (`mutants --seeds 10 --only ...`)
 #   verify        `runnercheck verify --device cuda --quick`
 #   stress        delay-injected stress with reuse_staging_early (must exit 1), its replay, then without it
 #   chisq_matrix  the chi-square matrix, 2e6 draws per case, + calibration (the runner's sampler)
@@ -22,7 +23,7 @@ set -uo pipefail
 out=${1:?usage: ci/h200.sh OUTDIR JOB...}
 shift
 jobs=" $* "
-[ "$jobs" = " all " ] && jobs=" bench host_profile gpu_tests mutants verify stress chisq_matrix chisq_power chisq_capped chisq_deep "
+[ "$jobs" = " all " ] && jobs=" bench host_profile gpu_tests mutants mutants_new race_rates verify stress chisq_matrix chisq_power chisq_capped chisq_deep "
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd) PYTHONUNBUFFERED=1
 rc="python3 -m stress.cli"
@@ -48,6 +49,8 @@ want mutants_new && job mutants_new "$limit" $rc mutants --device cuda --junit "
   graph_buffer_reallocated padding_row_writes_live_state predicate_admits_larger_batch graph_init_only_at_capture \
   prefix_hit_recomputes_cached_block block_table_tail_kept prefix_hit_one_block_too_long evicted_block_still_referenced \
   refcount_dropped_on_preemption --out "$out/mutants_new" &
+want race_rates && job race_rates "$limit" $rc mutants --device cuda --seeds 10 --no-chisq --only \
+  reuse_staging_early pageable_nonblocking_copy output_slot_overwritten_early --out "$out/race_rates" &
 want verify && job verify "$limit" $rc verify --device cuda --quick --no-progress --out "$out/verify" &
 want stress && (
   job stress_mutant 150 $rc stress --device cuda --seed 1 --steps 200 --delay-us auto --max-inflight 3 \
