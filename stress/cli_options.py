@@ -9,6 +9,9 @@
 * ``--no-progress``: no progress bar (progress lines still go to a non-terminal log).
 * ``-v`` / ``-q``: more / less logging (`logging`, to stderr).
 * ``--eager``: run the runner without CUDA graphs (``cuda_graphs=False`` to factories that take it).
+* ``--shard I/N`` (campaigns: verify's runs, mutants' seeds): this job takes items ``I, I+N,
+  I+2N, ...`` of the campaign (0-based), so N jobs on N GPUs or CI runners cover every item exactly
+  once (`Shard.select`).
 
 A bad value is an `argparse.ArgumentTypeError` raised while parsing, so the command exits 2 with
 one line before it starts any work.
@@ -17,7 +20,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Sequence, TypeVar
+
+_T = TypeVar("_T")
 
 from stress.run_config import seed_problem
 
@@ -88,6 +94,44 @@ def float_type(minimum: float, maximum: float | None = None) -> Callable[[str], 
     return parse
 
 
+@dataclass(frozen=True)
+class Shard:
+    """Job ``index`` of ``count`` splitting one campaign: it takes every ``count``-th item from ``index``."""
+
+    index: int = 0
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.count, int) and isinstance(self.index, int) and self.count >= 1
+                and 0 <= self.index < self.count):
+            raise ValueError(f"shard {self.index}/{self.count}: need 0 <= I < N")
+
+    @property
+    def whole(self) -> bool:
+        return self.count == 1
+
+    def select(self, items: Sequence[_T]) -> list[_T]:
+        """This shard's items, in campaign order (round robin: the shards of N jobs partition ``items``)."""
+        return list(items[self.index :: self.count])
+
+    def describe(self) -> str:
+        return f"{self.index}/{self.count}"
+
+
+def shard_type(text: str) -> Shard:
+    """``I/N`` with ``0 <= I < N``."""
+    index, sep, count = text.partition("/")
+    try:
+        return Shard(int(index), int(count)) if sep else Shard(-1, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N with 0 <= I < N (e.g. 0/2), got {text!r}") from None
+
+
+def add_shard_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--shard", type=shard_type, default=Shard(), metavar="I/N",
+                        help=f"run only this job's share of the {what}: items I, I+N, ... (0-based)")
+
+
 def add_logging_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("output")
     group.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")
@@ -111,5 +155,5 @@ def configure_logging(verbose: int, quiet: int) -> None:
     logging.getLogger().setLevel(max(logging.DEBUG, min(level, logging.CRITICAL)))
 
 
-__all__ = ["DEVICE_CHOICES", "DeviceUnavailableError", "resolve_device", "seed_message", "seed_type", "int_type", "float_type",
-           "add_logging_options", "add_run_options", "configure_logging"]
+__all__ = ["DEVICE_CHOICES", "DeviceUnavailableError", "Shard", "resolve_device", "seed_message", "seed_type", "int_type",
+           "float_type", "shard_type", "add_shard_option", "add_logging_options", "add_run_options", "configure_logging"]

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from stress import mutants as catalogue
-from stress.cli_options import int_type
+from stress.cli_options import add_shard_option, int_type
 from stress.mutants import CATALOGUE, CHECKS, WORKLOADS, Mutant, Workload
 from stress.mutants_report import ControlResult, MutantResult, MutantsReport, markdown, write_report
 
@@ -256,6 +256,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="draws per chi-square probe (default: the case's own)")
     parser.add_argument("--seeds", type=int_type(1), default=1, metavar="N",
                         help="run the catalogue for N seeds from --seed and report kill rates (rates.json, rates.md)")
+    add_shard_option(parser, "seeds of --seeds")
     parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
     parser.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one case per mutant and control)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
@@ -287,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
         problems.append("--device cpu: mutants run on sim (races) or cuda")
     if args.seeds > 1 and seed_problem(args.seed + args.seeds - 1):
         problems.append(f"--seed {args.seed} --seeds {args.seeds}: the last seed must be below 2^63")
+    if args.seeds < args.shard.count:
+        problems.append(f"--shard {args.shard.describe()} needs --seeds {args.shard.count} or more (it splits the seeds)")
     if args.junit:
         try:
             check_junit_path(args.junit)
@@ -307,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
                         *({True: ["--chisq"], False: ["--no-chisq"]}.get(args.chisq, [])),
                         *([f"--chisq-samples {args.chisq_samples}"] if args.chisq_samples else []),
                         f"--seed {args.seed}", *([f"--seeds {args.seeds}"] if args.seeds > 1 else []),
+                        *([f"--shard {args.shard.describe()}"] if not args.shard.whole else []),
                         f"--out {args.out}"])
 
     def show(item: Any) -> None:
@@ -319,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"  {mark} control {item.kind} {item.name:<20} {', '.join(item.fired) or ''} "
                           f"({item.ticks} ticks, {item.seconds:.1f} s)", highlight=False)
 
-    if args.seeds > 1:
+    if args.seeds > 1:  # (a shard needs --seeds >= its count: checked above)
         return _run_seeds(args, opts, command, show, console)
     try:
         with atomic_report_folder(args.out) as tmp:
@@ -348,7 +352,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_seeds(args: argparse.Namespace, opts: MutantsOptions, command: str, show: Callable[[Any], None],
                console: Any) -> int:
-    """``--seeds N``: the catalogue once per seed (each seed's report in ``seed-<k>/``), then the kill rates."""
+    """``--seeds N``: the catalogue once per seed of this job's shard (each seed's report in ``seed-<k>/``),
+    then the kill rates over those seeds."""
     from rich.table import Table
 
     from checks.report_folder import FolderNotReplaced, atomic_report_folder
@@ -358,9 +363,10 @@ def _run_seeds(args: argparse.Namespace, opts: MutantsOptions, command: str, sho
     reports = []
     try:
         with atomic_report_folder(args.out) as tmp:
-            for k in range(args.seeds):
-                seed_opts = replace(opts, seed=args.seed + k)
-                console.print(f"seed {seed_opts.seed} ({k + 1}/{args.seeds})", highlight=False)
+            seeds = args.shard.select(range(args.seed, args.seed + args.seeds))
+            for k, seed in enumerate(seeds):
+                seed_opts = replace(opts, seed=seed)
+                console.print(f"seed {seed} ({k + 1}/{len(seeds)}, shard {args.shard.describe()})", highlight=False)
                 reports.append(run_catalogue(seed_opts, command=command, on_result=show))
                 write_report(reports[-1], tmp / f"seed-{seed_opts.seed}")
             rates = kill_rates(reports, command=command)
@@ -373,9 +379,11 @@ def _run_seeds(args: argparse.Namespace, opts: MutantsOptions, command: str, sho
     if args.junit:
         files.append(write_cases(args.junit, "runnercheck mutants", rates_cases(rates),
                                  {"seed": args.seed, "seeds": args.seeds}))
-    table = Table(title=f"runnercheck mutants over {args.seeds} seeds: {'PASS' if rates.passed else 'FAIL'}", show_header=False)
+    table = Table(title=f"runnercheck mutants over {len(rates.seeds)} seeds: {'PASS' if rates.passed else 'FAIL'}",
+                  show_header=False)
     ran = [m for m in rates.mutants if m.seeds_run]
-    table.add_row("device, seeds", f"{opts.device}, {args.seed}..{args.seed + args.seeds - 1}{' (quick)' if opts.quick else ''}")
+    table.add_row("device, seeds", f"{opts.device}, {', '.join(map(str, rates.seeds))}{' (quick)' if opts.quick else ''}"
+                  + ("" if args.shard.whole else f" (shard {args.shard.describe()})"))
     table.add_row("killed as designed in every seed", f"{sum(m.rate == 1.0 for m in ran)} / {len(ran)}")
     table.add_row("below 1.0", ", ".join(f"{m.name} {len(m.seeds_killed_as_designed)}/{len(m.seeds_run)}"
                                          for m in ran if m.rate != 1.0) or "none")

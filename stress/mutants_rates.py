@@ -120,7 +120,7 @@ def markdown(rates: KillRates) -> str:
     lines = [
         f"# runnercheck mutants: kill rates over {n} seed(s): {'PASS' if rates.passed else 'FAIL'}",
         "",
-        f"device `{rates.device}`{', quick' if rates.quick else ''}, seeds {rates.seeds[0]}..{rates.seeds[-1]}; "
+        f"device `{rates.device}`{', quick' if rates.quick else ''}, seeds {', '.join(map(str, rates.seeds))}; "
         f"{rates.elapsed_s:.0f} s. `{rates.command}`",
         "",
         "| mutant | class | built for | killed as designed | " + " | ".join(CHECKS) + " | survived in seeds |",

@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from impl.model.weights import PRESETS, preset
 from stress.churn import ChurnConfig
-from stress.cli_options import int_type
+from stress.cli_options import add_shard_option, int_type
 from stress.report import RunRecord, build_summary, write_report
 from stress.run_config import RunConfig, RunSetupError, default_limits
 from stress.runners import DEFAULT_RUNNER_SPEC
@@ -190,6 +190,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int_type(1), default=None,
                         help="runs side by side, each in its own process (default: the usable cores)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    add_shard_option(parser, "campaign's runs")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -213,6 +214,14 @@ def run(args: argparse.Namespace) -> int:
             notes.append(note)
         plan = plan_runs(kind, args.seed, args.runner, quick=args.quick, ticks=args.steps, max_runs=args.runs,
                          model=args.model, cuda_delay=cuda_delay, cuda_graphs=not args.eager)
+        shard = args.shard
+        if not shard.whole:
+            whole, plan = plan, shard.select(plan)
+            if not plan:
+                raise RunSetupError(f"--shard {shard.describe()}: the campaign has {len(whole)} run(s), none for this shard")
+            notes.append(f"shard {shard.describe()} of a {len(whole)}-run campaign: {', '.join(p.name for p in plan)}; "
+                         f"the sampler statistics run in shard 0/{shard.count} only; coverage is shown, not gated "
+                         f"(a shard sees part of the campaign)")
     except RunSetupError as e:
         print(f"runnercheck verify: {e}", file=sys.stderr)
         return 2
@@ -229,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
                 notes.append("the runner has no staging pool (runner.staging): staging lifetimes were not checked")
             doc = build_summary(records, chisq, device=kind, seed=args.seed, runner=args.runner, model=args.model,
                                 quick=args.quick, elapsed_s=time.perf_counter() - started, notes=notes,
-                                provenance=provenance(device_name(kind)), require_coverage=not args.no_coverage_gate)
+                                provenance=provenance(device_name(kind)),
+                                require_coverage=not args.no_coverage_gate and args.shard.whole)
             write_report(tmp, doc)
     except RunSetupError as e:
         print(f"runnercheck verify: {e}", file=sys.stderr)
@@ -294,7 +304,8 @@ def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path, args: argparse.N
             isolated_runs(jobs, parallel=parallel, on_start=started, on_tick=ticked, on_done=done)
         progress.start("sampler statistics (chisq)")
         records = [by_index[i] for i in range(len(plan))]
-        chisq = _retarget(run_chisq(tmp, skip=args.skip_chisq, seed=args.seed, device=args.device), str(tmp), str(out))
+        skip = args.skip_chisq or args.shard.index != 0  # one campaign's statistics, in its first shard
+        chisq = _retarget(run_chisq(tmp, skip=skip, seed=args.seed, device=args.device), str(tmp), str(out))
         progress.end(f"sampler statistics: {chisq.get('status')}")
     return records, chisq
 

@@ -235,3 +235,23 @@ def test_layering_checks_never_imports_stress_and_impl_imports_neither() -> None
            if (m.startswith("checks") and d.startswith("stress"))
            or (m.startswith("impl") and d.split(".")[0] in ("checks", "stress", "reference"))]
     assert bad == []
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7])
+def test_shards_partition_a_campaign_exactly(count):
+    """No item twice, none lost, campaign order kept within a shard."""
+    from stress.cli_options import Shard
+
+    items = list(range(23))
+    shares = [Shard(i, count).select(items) for i in range(count)]
+    assert sorted(x for share in shares for x in share) == items
+    assert all(share == sorted(share) for share in shares)
+
+
+@pytest.mark.parametrize("text", ["2/2", "1", "a/b", "-1/3", "0/0", "1/2/3"])
+def test_a_bad_shard_is_one_line_and_exit_2(text, capsys):
+    from stress.cli import main
+
+    assert main(["mutants", "--device", "sim", "--seeds", "4", f"--shard={text}", "--out", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "--shard" in err and "I/N" in err and len(err.strip().splitlines()) <= 2

@@ -69,3 +69,17 @@ def test_cli_rejects_a_seed_range_past_the_limit(tmp_path, capsys):
     assert cli.main(["mutants", "--device", "sim", "--seed", str(2**63 - 1), "--seeds", "2", "--out", str(tmp_path / "x")]) == 2
     assert "--seeds 2" in capsys.readouterr().err
     assert cli.main(["mutants", "--device", "sim", "--seeds", "0", "--out", str(tmp_path / "y")]) == 2
+
+
+def test_a_shard_takes_its_share_of_the_seeds(tmp_path, capsys):
+    out = tmp_path / "shard"
+    rc = cli.main(["mutants", "--quick", "--device", "sim", "--only", "item_in_step", "--seeds", "3", "--seed", "5",
+                   "--shard", "1/2", "--no-chisq", "--no-progress", "--out", str(out)])
+    assert rc == 0, capsys.readouterr().out
+    assert json.loads((out / "rates.json").read_text())["seeds"] == [6]
+    assert not (out / "seed-5").exists() and (out / "seed-6").exists()
+
+
+def test_a_shard_needs_at_least_as_many_seeds_as_shards(tmp_path, capsys):
+    assert cli.main(["mutants", "--device", "sim", "--shard", "0/2", "--out", str(tmp_path / "x")]) == 2
+    assert "--seeds 2 or more" in capsys.readouterr().err

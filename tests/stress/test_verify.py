@@ -365,3 +365,16 @@ def test_every_quick_plan_has_a_run_that_chunks_prefills(kind):
 
     runs = plan_runs(kind, 0, "impl.runner:make_runner", quick=True)
     assert any(r.config.limits.max_num_batched_tokens < r.churn.max_prompt_len for r in runs)
+
+
+def test_a_shard_runs_its_share_of_the_campaign_and_leaves_the_statistics_to_shard_0(tmp_path: Path) -> None:
+    rc, out = run_verify(tmp_path, "--device", "sim", "--quick", "--steps", "4", "--shard", "1/3", "--in-process")
+    doc = json.loads((out / "summary.json").read_text())
+    assert rc == 0, doc
+    assert [r["name"] for r in doc["runs"]] == ["lag-1 drafts"]  # the quick sim plan's second run
+    assert doc["chisq"]["status"] == "skipped" and any("shard 1/3" in n for n in doc["notes"])
+
+
+def test_a_shard_without_runs_is_a_usage_error(tmp_path: Path, capsys) -> None:
+    rc, _ = run_verify(tmp_path, "--device", "sim", "--quick", "--runs", "1", "--shard", "1/2")
+    assert rc == 2 and "none for this shard" in capsys.readouterr().err
