@@ -1,7 +1,7 @@
 """One pass over a step's `SchedulerOutput`: read it into arrays and check it, before any state changes.
 
 `read_step` is the runner's boundary.  It applies the rules of
-`impl.interface.validate_scheduler_output` (the per-request form the oracle uses) plus the
+`impl.boundary.validate_scheduler_output` (the per-request form the oracle uses) plus the
 runner's own (computed counts against unconfirmed drafts), but reads the cached and scheduled
 requests with C-level passes (``map``, ``dict`` views, ``numpy``) and checks them with vectorised
 comparisons against the host mirror (`impl.state.RequestStateTable` arrays).  Per item it walks
@@ -24,6 +24,15 @@ from operator import attrgetter
 
 import numpy as np
 
+from impl.boundary import (
+    check_block_ids,
+    check_containers,
+    check_gone,
+    check_drafts,
+    check_new_request,
+    check_step_id,
+    validate_scheduler_output,
+)
 from impl.interface import (
     CachedRequest,
     CapacityError,
@@ -34,13 +43,6 @@ from impl.interface import (
     SchedulerOutput,
     SchedulerOutputError,
     blocks_per_request,
-    check_block_ids,
-    check_containers,
-    check_gone,
-    check_drafts,
-    check_new_request,
-    check_step_id,
-    validate_scheduler_output,
 )
 from impl.state import RequestStateTable
 

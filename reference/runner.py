@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from impl.boundary import validate_scheduler_output
 from impl.interface import (
     LiveRequest,
     ModelRunnerOutput,
@@ -41,7 +42,6 @@ from impl.interface import (
     TokenOutOfVocabError,
     UnknownRequestError,
     effective_seed,
-    validate_scheduler_output,
 )
 from impl.model.weights import ModelWeights
 from reference.model import ReferenceModel

@@ -16,7 +16,7 @@ the same base seed) samples the same tokens.  On the command line a factory is n
 runner.
 
 `RunnerBoundaryMirror` is what a runner keeps of the request stream to validate each step with
-`impl.interface.validate_scheduler_output`; the simple runner and the differential driver use it.
+`impl.boundary.validate_scheduler_output`; the simple runner and the differential driver use it.
 
 Factories here
 --------------
@@ -37,6 +37,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from impl.boundary import validate_scheduler_output
 from impl.interface import (
     LiveRequest,
     ModelRunnerOutput,
@@ -45,7 +46,6 @@ from impl.interface import (
     SchedulerOutput,
     TokenLogprobs,
     effective_seed,
-    validate_scheduler_output,
 )
 from impl.model.weights import ModelWeights
 from checks.samplers import sample_row

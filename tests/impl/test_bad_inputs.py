@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from impl.device import Device
+from impl.boundary import validate_scheduler_output
 from impl.interface import (
     BlockIdError,
     CachedRequest,
@@ -38,7 +39,6 @@ from impl.interface import (
     StepIdError,
     TokenOutOfVocabError,
     UnknownRequestError,
-    validate_scheduler_output,
 )
 from impl.model.weights import preset, random_weights
 from impl.runner import ModelRunner

@@ -6,9 +6,16 @@ import pytest
 from impl.block_table import BlockTable
 from impl.buffers import StagingPool, StagingWriter
 from impl.device import Device
+from impl.boundary import validate_scheduler_output
 from impl.interface import (
-    BlockIdError, CachedRequest, LiveRequest, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput, blocks_per_request,
-    validate_scheduler_output,
+    BlockIdError,
+    CachedRequest,
+    LiveRequest,
+    NewRequest,
+    RunnerLimits,
+    SamplingParams,
+    SchedulerOutput,
+    blocks_per_request,
 )
 
 

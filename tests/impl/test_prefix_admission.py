@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from impl.device import Device
+from impl.boundary import validate_prefix_hit
 from impl.interface import (
     CachedRequest,
     NewRequest,
@@ -21,7 +22,6 @@ from impl.interface import (
     SamplingParams,
     SchedulerOutput,
     SchedulerOutputError,
-    validate_prefix_hit,
 )
 from impl.model.weights import preset, random_weights
 from impl.runner import ModelRunner, make_runner
