@@ -81,6 +81,9 @@ _SIM_FULL = [
     ("random-drain drafts", {"name": "random-drain", "p_stall": 0.5}, 1, 0.3),
     ("random-drain stalling two-ahead", {"name": "random-drain", "p_stall": 0.8}, 2, 0.0),
 ]
+# A token budget of 8 splits prefills into first, middle and final chunks (the coverage gate asks for each).
+_FULL_RUN_LIMITS = {name: dict(FULL_LIMITS, max_num_batched_tokens=8)
+                    for name in ("run-immediately", "random-drain stalling two-ahead")}
 # (name, max_inflight_steps, draft_prob); delays are calibrated per machine (stress.races).
 _CUDA_QUICK = [("delays two-ahead", 2, 0.0), ("delays three-ahead drafts", 3, 0.2)]
 _CUDA_FULL = _CUDA_QUICK + [("delays one-ahead drafts", 1, 0.3), ("delays three-ahead", 3, 0.0)]
@@ -114,7 +117,7 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
     if kind == "sim":
         ticks = ticks or (60 if quick else 300)
         for i, (name, lag, inflight, drafts) in enumerate(_SIM_QUICK if quick else _SIM_FULL):
-            limits = _QUICK_RUN_LIMITS.get(name, QUICK_LIMITS) if quick else FULL_LIMITS
+            limits = _QUICK_RUN_LIMITS.get(name, QUICK_LIMITS) if quick else _FULL_RUN_LIMITS.get(name, FULL_LIMITS)
             cfg = _config(seed + i, ticks, kind, model, limits, inflight, drafts, lag, None, runner, cuda_graphs)
             runs.append(PlannedRun(name, cfg, VERIFY_CHURN))
     elif kind == "cuda":
