@@ -20,6 +20,10 @@ before the forward):
   (``num_computed`` at the step start + its index: so cached positions are never written again),
   its ``slot_mapping`` entry the slot of that position in the request's own scheduler-given blocks,
   and a prefill token must be the request's prefill token there;  the shadow then records it;
+* padding -- a bucketed step (graph replay) pads the batch to its bucket; every padding token
+  must write nothing (a slot outside the cache): a padding request that aliases a live row writes
+  that row's slot, which on a GPU is invisible in the tokens when both programs store the same
+  values at once;
 * reads -- for every position ``0 .. seq_len - 1`` of every scheduled request (what the attention
   kernel reads through the gathered block table), the shadow entry of the slot read must equal the
   request's expected ``(token, position, prefix hash)``; ``seq_lens`` must equal the schedule's.
@@ -59,7 +63,7 @@ HASH_BASE = 1_000_003
 CUDA_SAMPLE_EVERY = 4
 MAX_RECORDED = 64  # violations kept in detail on cpu/sim (all are counted)
 
-KINDS = {1: "write-position", 2: "write-slot", 3: "write-token", 4: "read-provenance", 5: "seq-len"}
+KINDS = {1: "write-position", 2: "write-slot", 3: "write-token", 4: "read-provenance", 5: "seq-len", 6: "padding-write"}
 
 
 def _powers(n: int) -> list[int]:
@@ -97,6 +101,8 @@ class KVProvenanceViolation:
         head = f"step {self.step}: {self.kind} -- request {self.req_id!r} position {self.position}"
         if self.kind == "seq-len":
             return f"{head}: {self.note}"
+        if self.kind == "padding-write":
+            return f"step {self.step}: padding-write -- {self.req_id} wrote block {self.block}, slot {self.slot} ({self.note})"
         text = f"{head}, block {self.block}, slot {self.slot}: expected {_fmt(self.expected)}, found {_fmt(self.found)}"
         return f"{text} ({self.note})" if self.note else text
 
@@ -167,6 +173,7 @@ class KVProvenanceChecker:
         self._reqs: dict[str, _Tracked] = {}
         self._pending: Any = None
         self._applied = False
+        self._bucket_tokens = 0  # the padded token count of the step being enqueued (0: not bucketed)
         self._step_req_ids: dict[int, tuple[str, ...]] = {}
         self.violations: list[KVProvenanceViolation] = []
         self.num_violations = 0
@@ -178,6 +185,7 @@ class KVProvenanceChecker:
     def attach(self) -> "KVProvenanceChecker":
         runner = self.runner
         execute_model, enqueue_device_step = runner.execute_model, runner._enqueue_device_step
+        graphs = getattr(runner, "graphs", None)
 
         def execute_model_tracked(sched: Any) -> Any:
             self._pending, self._applied = sched, False
@@ -192,13 +200,23 @@ class KVProvenanceChecker:
         def device_step_then_check(plan: Any, *args: Any, **kwargs: Any) -> Any:
             # After the whole device step (eager launches or one graph replay, which both fill the input
             # batch's buffers): the check reads those buffers before the next step's input prep overwrites them.
+            self._bucket_tokens = 0
             result = enqueue_device_step(plan, *args, **kwargs)
             if self._pending is not None and tuple(plan.req_ids) == tuple(self._pending.num_scheduled_tokens):
                 self._enqueue_check(self._pending, plan)
             return result
 
-        for owner, name, value in ((runner, "execute_model", execute_model_tracked),
-                                   (runner, "_enqueue_device_step", device_step_then_check)):
+        patches = [(runner, "execute_model", execute_model_tracked), (runner, "_enqueue_device_step", device_step_then_check)]
+        if graphs is not None and hasattr(graphs, "run"):
+            run_graph = graphs.run
+
+            def run_bucketed(key: Any, *args: Any, **kwargs: Any) -> Any:
+                self._bucket_tokens = key.size * key.mode.query_len  # the tokens the bucket's launches prepare
+                return run_graph(key, *args, **kwargs)
+
+            patches.append((graphs, "run", run_bucketed))
+
+        for owner, name, value in patches:
             had = name in vars(owner)
             old = vars(owner).get(name)
             self._undo.append(lambda owner=owner, name=name, had=had, old=old: setattr(owner, name, old) if had else delattr(owner, name))
@@ -265,7 +283,8 @@ class KVProvenanceChecker:
         step_id = sched.step_id
         self._step_req_ids[step_id] = req_ids
         ib = self.runner.input_batch
-        num_tokens = len(tok_row)  # the scheduled tokens (a padded batch's extra tokens write nothing)
+        num_tokens = len(tok_row)  # the scheduled tokens; a bucketed step's padding tokens follow them
+        padded_tokens = max(self._bucket_tokens, num_tokens)
 
         def check() -> None:
             if self._ring is not None:
@@ -273,7 +292,7 @@ class KVProvenanceChecker:
             else:
                 meta, slot = torch.from_numpy(values), None
             parts = torch.split(meta[: sum(sizes)], sizes)
-            self._device_check(step_id, req_ids, parts, ib, num_tokens, read)
+            self._device_check(step_id, req_ids, parts, ib, num_tokens, padded_tokens, read)
             if slot is not None:
                 event = torch.cuda.Event()
                 event.record(self.device.stream)
@@ -283,7 +302,7 @@ class KVProvenanceChecker:
 
     # ------------------------------------------------------------------ device work
     def _device_check(self, step_id: int, req_ids: tuple[str, ...], parts: Sequence[torch.Tensor], ib: Any,
-                      num_tokens: int, read: bool) -> None:
+                      num_tokens: int, padded_tokens: int, read: bool) -> None:
         (blk_row, blk_col, blk_val, a_row, a_pos, a_tok, h_row, h_pos, h_val, pl_row, pl_val,
          tok_row, pexp, tok_start, tok_cu, tok_b, b_row, b_end, rd_b, rd_q) = parts
         bs, M = self.block_size, HASH_MODULUS
@@ -316,6 +335,14 @@ class KVProvenanceChecker:
             self.shadow_hash[sink] = held_hash
             self._note(step_id, req_ids, kind, [kind, tok_b, pexp, slot_a // bs, slot_a, exp_tok, pexp, exp_hash,
                                                 tok_a, pos_a, exp_slot])
+        if padded_tokens > num_tokens:
+            pad_slot = ib.slot_mapping[num_tokens:padded_tokens].to(torch.int64)
+            kind = torch.where((pad_slot >= 0) & (pad_slot < self.num_slots), 6, 0)
+            index = torch.arange(num_tokens, padded_tokens, device=pad_slot.device)
+            none = torch.full_like(pad_slot, -1)
+            pad_pos, pad_tok = ib.positions[num_tokens:padded_tokens].to(torch.int64), ib.input_ids[num_tokens:padded_tokens].to(torch.int64)
+            self._note(step_id, req_ids, kind, [kind, index, pad_pos, pad_slot // bs, pad_slot, none, none, none,
+                                                pad_tok, pad_pos, none])
         if read and len(rd_b):
             self.read_steps_checked += 1
             row = b_row[rd_b]
@@ -385,6 +412,9 @@ def _violation(step: int, req_ids: Sequence[str], f: Sequence[int]) -> KVProvena
     kind, b, position, block, slot, e_tok, e_pos, e_hash, f_tok, f_pos, f_hash = (int(v) for v in f)
     req_id = req_ids[b] if 0 <= b < len(req_ids) else f"batch {b}"
     name = KINDS.get(kind, str(kind))
+    if name == "padding-write":  # b: the padding token's index in the padded batch
+        return KVProvenanceViolation(step, f"padding token {b}", name, position, block, slot, None, (f_tok, f_pos, 0),
+                                     "the padding of a bucketed step must write nothing")
     if name == "seq-len":
         return KVProvenanceViolation(step, req_id, name, position, -1, -1, None, None,
                                      f"seq_len {f_pos}, the schedule's {e_pos}")

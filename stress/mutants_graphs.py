@@ -15,10 +15,12 @@ runner's graph manager (`impl.graphs.CudaGraphManager`, ``runner.graphs``):
 
 They use the ``decode`` workload (up to 4 requests, buckets 1, 2, 4: a batch of 3 pads one row or,
 rounded down, loses one); the padding mutant uses ``decode-penalties`` (registered here: decode
-with penalties), where a padding request's double count of a live row's output is visible even
-when, on the GPU, the live and the padding program write the same row state at once.  Killed by
-the differential check (runner vs the float64 oracle); the batch that loses a row to a smaller
-bucket leaves its KV writes one position behind, which KV provenance sees first on cpu/sim.
+with penalties).  On cpu/sim the padding program runs after the live one and advances the row twice
+(the differential sees the wrong position); on an H200 both programs of the one launch read the
+row at once and store the same values, so tokens stay right (it survived the differential in two
+H200 runs): KV provenance kills it there, as a padding token that writes a live KV slot.  The
+batch that loses a row to a smaller bucket leaves its KV writes one position behind, which KV
+provenance sees first on cpu/sim.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def _graph_buffer_reallocated(runner: Any, m: AppliedMutant) -> None:
     m.set(table, "_base", table.base.clone())  # base is a property over the staged-write arena
 
 
-@_mutant("padding_row_writes_live_state", "state", ("differential",), "decode-penalties", ("graphs",),
+@_mutant("padding_row_writes_live_state", "state", ("differential", "provenance"), "decode-penalties", ("graphs",),
          "bucket padding rows repeat the batch's last row instead of the -1 sentinel: padding advances and counts a live row")
 def _padding_row_writes_live_state(runner: Any, m: AppliedMutant) -> None:
     inputs, device = runner.graphs.inputs, runner.device

@@ -179,3 +179,39 @@ def test_on_cuda_the_sampled_check_is_clean_catches_a_planted_bug_and_never_sync
     _drive(runner, sim)
     v = checker.finish()[0]
     assert v.kind == "write-position" and v.req_id == "b"
+
+
+def _three_decodes(plant: bool):
+    """Three requests decoding together on a runner whose buckets are 1, 2, 4: each decode step pads one request."""
+    config = preset("micro")
+    limits = default_limits(config, max_num_reqs=4, block_size=BLOCK, num_kv_blocks=12, max_num_batched_tokens=16)
+    runner = make_runner(random_weights(config, seed=0), limits, Device("sim", seed=0, lag_policy="random-drain"))
+    graphs, ib = runner.graphs, runner.input_batch
+    if plant:  # the padding token writes the slot the first live token writes (same values on a GPU: invisible in tokens)
+        run = graphs.run
+
+        def run_then_alias_padding(key, *args, **kwargs):
+            result = run(key, *args, **kwargs)
+            live = ib.slot_mapping[0:1]
+            pad = ib.slot_mapping[key.size * key.mode.query_len - 1 : key.size * key.mode.query_len]
+            runner.device.enqueue(lambda: pad.copy_(live), "plant: padding aliases a live slot")
+            return result
+
+        graphs.run = run_then_alias_padding
+    checker = arm_kv_provenance(runner)
+    sim = SchedulerSim(limits, seed=0, max_inflight_steps=1)
+    for rid, prompt in (("a", [1, 2, 3]), ("b", [4, 5]), ("c", [6, 7, 8, 9])):
+        sim.add_request(rid, prompt, SamplingParams(temperature=0.0, max_tokens=4))
+    while sim.can_schedule:
+        sim.update(runner.execute_model(sim.schedule()).get())
+    return runner, checker
+
+
+def test_a_padding_token_that_writes_a_live_slot_is_named_and_clean_padding_is_not() -> None:
+    runner, checker = _three_decodes(plant=False)
+    assert runner.graphs.stats()["padded_eager"] + runner.graphs.stats()["replays"] > 0
+    assert checker.finish() == [] and checker.num_violations == 0
+    runner, checker = _three_decodes(plant=True)
+    v = checker.finish()[0]
+    assert v.kind == "padding-write" and v.req_id == "padding token 3", v.line()
+    assert "padding of a bucketed step must write nothing" in v.line()
