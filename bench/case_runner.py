@@ -87,8 +87,15 @@ def _warm_to_decode(runner, work: DecodeWorkload) -> None:
 HOST_COST_PROMPT_LEN = 32
 
 
-def host_cost_setup(ctx: BenchContext, num_reqs: int):
-    """(runner with its forward stubbed, 1%-churn decode workload, limits), warmed up to all-decode."""
+HOST_COST_CHURN = 0.01
+
+
+def host_cost_setup(ctx: BenchContext, num_reqs: int, churn: float = HOST_COST_CHURN):
+    """(runner with its forward stubbed, decode workload with ``churn``, limits), warmed up to all-decode.
+
+    At 1% churn and 256 requests every step admits one request (a prefill chunk: an eager step); at
+    churn 0 every step is a uniform decode step, which replays a CUDA graph.
+    """
     config = _host_config(ctx)
     block_size = 16
     num_blocks = num_reqs * (config.max_model_len // block_size)
@@ -97,7 +104,7 @@ def host_cost_setup(ctx: BenchContext, num_reqs: int):
     _stub_forward(runner)
     work = DecodeWorkload(num_reqs=num_reqs, prompt_len=HOST_COST_PROMPT_LEN, vocab_size=config.vocab_size,
                           block_size=block_size, num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens,
-                          churn=0.01, params=PARAMS, seed=ctx.seed)
+                          churn=churn, params=PARAMS, seed=ctx.seed)
     _warm_to_decode(runner, work)
     return runner, work, limits
 
@@ -115,14 +122,12 @@ def drop_device_work(device: Device) -> None:
 
 
 def bench_host_cost(ctx: BenchContext) -> list[Row]:
-    """Runner host us per decode step vs the V1-style baseline, at 64 and 256 requests.
+    """Runner host us per decode step vs the V1-style baseline, at 64 and 256 requests, 1% and 0% churn.
 
     On cuda the runner's launches are part of its host cost.  On cpu/sim the runner runs on a
     device of its own whose work is dropped (interpreted kernels would swamp the bookkeeping), so
     the figure is Python bookkeeping alone on both sides.
     """
-    from checks.sync import SyncReport, forbid_host_sync
-
     config = _host_config(ctx)
     out: list[Row] = []
     sizes = (4,) if ctx.quick else (64, 256)
@@ -134,36 +139,53 @@ def bench_host_cost(ctx: BenchContext) -> list[Row]:
     hctx = BenchContext(device, quick=ctx.quick, seed=ctx.seed)
     what = "forward stubbed" if device.is_cuda else "device work dropped"
     for num_reqs in sizes:
-        runner, work, limits = host_cost_setup(hctx, num_reqs)
-        block_size, prompt_len, num_blocks = limits.block_size, HOST_COST_PROMPT_LEN, limits.num_kv_blocks
-        # Timed before the profiler and the detector have been attached, so neither can tax it.
-        host_us = _drive(runner, work, steps)
-        median = statistics.median(host_us)
-        launches = _count_launches(ctx, lambda: _drive(runner, work, 5)) if device.is_cuda else None
-        report = SyncReport("count")
-        counted_us = _drive(runner, work, 5, around=lambda: forbid_host_sync(device.kind, mode="count", report=report))
+        for churn in (HOST_COST_CHURN, 0.0):
+            out += _host_cost_rows(ctx, hctx, config, num_reqs, churn, steps, what)
+    return out
 
-        baseline = V1HostBatch(num_reqs, config.max_model_len, limits.max_model_len // block_size, block_size,
-                               limits.max_num_batched_tokens, ctx.device.torch_device)
-        bwork = DecodeWorkload(num_reqs=num_reqs, prompt_len=prompt_len, vocab_size=config.vocab_size, block_size=block_size,
-                               num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens, churn=0.01, params=PARAMS, seed=ctx.seed)
-        base_us = _drive_baseline(baseline, bwork, steps)
-        base_median = statistics.median(base_us)
-        ratio = median / base_median if base_median else float("nan")
-        out += [
-            Row("host_cost", f"runner execute_model host time, {num_reqs} decode reqs ({what})", median, "us",
-                target="<= 150 us at 256 (CUDA graphs)", met=(median <= 150) if (device.is_cuda and num_reqs == 256) else None,
-                note=f"p90 {np.percentile(host_us, 90):.0f} us over {steps} steps, 1% churn, {device.kind}"),
-            Row("host_cost", f"V1-style baseline prepare+upload, {num_reqs} reqs", base_median, "us",
-                note=f"persistent numpy batch, full block table upload ({baseline.h2d_bytes_last_step} B/step)"),
-            Row("host_cost", f"runner / baseline host time, {num_reqs} reqs", ratio, "x", target="<= 0.333 (issue 14)",
-                met=(ratio <= 1 / 3) if (device.is_cuda and not ctx.quick) else None,
-                note=f"{'H200 target' if device.is_cuda else 'runner device work dropped: bookkeeping vs bookkeeping'}"),
-            Row("host_cost", f"host syncs per step, {num_reqs} reqs", report.count / max(1, len(counted_us)), "syncs",
-                target="0", met=report.count == 0, note=f"detector in count mode over {len(counted_us)} steps"),
-        ]
-        if launches is not None:
-            out.append(Row("host_cost", f"kernel launches per step, {num_reqs} reqs (forward stubbed)", launches / 5, "launches"))
+
+def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, num_reqs: int, churn: float,
+                    steps: int, what: str) -> list[Row]:
+    """Runner vs baseline at one batch size and churn (1%: every step at 256 admits a request, an eager
+    step; 0: uniform decode steps, graph replays), both on the same scheduler traffic."""
+    from checks.sync import SyncReport, forbid_host_sync
+
+    device = hctx.device
+    runner, work, limits = host_cost_setup(hctx, num_reqs, churn)
+    block_size, prompt_len, num_blocks = limits.block_size, HOST_COST_PROMPT_LEN, limits.num_kv_blocks
+    graphs_before = runner.cuda_graph_stats()
+    # Timed before the profiler and the detector have been attached, so neither can tax it.
+    host_us = _drive(runner, work, steps)
+    graphs_after = runner.cuda_graph_stats()
+    bucketed = (graphs_after["replays"] + graphs_after["padded_eager"]) - (graphs_before["replays"] + graphs_before["padded_eager"])
+    median = statistics.median(host_us)
+    launches = _count_launches(ctx, lambda: _drive(runner, work, 5)) if device.is_cuda else None
+    report = SyncReport("count")
+    counted_us = _drive(runner, work, 5, around=lambda: forbid_host_sync(device.kind, mode="count", report=report))
+
+    baseline = V1HostBatch(num_reqs, config.max_model_len, limits.max_model_len // block_size, block_size,
+                           limits.max_num_batched_tokens, ctx.device.torch_device)
+    bwork = DecodeWorkload(num_reqs=num_reqs, prompt_len=prompt_len, vocab_size=config.vocab_size, block_size=block_size,
+                           num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens, churn=churn, params=PARAMS, seed=ctx.seed)
+    base_median = statistics.median(_drive_baseline(baseline, bwork, steps))
+    ratio = median / base_median if base_median else float("nan")
+    tag = f"{num_reqs} decode reqs, {churn:.0%} churn"
+    graphed = churn == 0.0 and device.is_cuda and num_reqs == 256
+    out = [
+        Row("host_cost", f"runner execute_model host time, {tag} ({what})", median, "us",
+            target="<= 150 us at 256, graphed (0% churn)" if churn == 0.0 else None, met=(median <= 150) if graphed else None,
+            note=f"p90 {np.percentile(host_us, 90):.0f} us over {steps} steps, {device.kind}; "
+                 f"bucketed (graph) steps {bucketed}/{steps}"),
+        Row("host_cost", f"V1-style baseline prepare+upload, {tag}", base_median, "us",
+            note=f"persistent numpy batch, full block table upload ({baseline.h2d_bytes_last_step} B/step)"),
+        Row("host_cost", f"runner / baseline host time, {tag}", ratio, "x", target="<= 0.333 (issue 14)",
+            met=(ratio <= 1 / 3) if (device.is_cuda and not ctx.quick) else None,
+            note=f"{'H200 target' if device.is_cuda else 'runner device work dropped: bookkeeping vs bookkeeping'}"),
+        Row("host_cost", f"host syncs per step, {tag}", report.count / max(1, len(counted_us)), "syncs",
+            target="0", met=report.count == 0, note=f"detector in count mode over {len(counted_us)} steps"),
+    ]
+    if launches is not None:
+        out.append(Row("host_cost", f"kernel launches per step, {tag} (forward stubbed)", launches / 5, "launches"))
     return out
 
 

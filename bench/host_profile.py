@@ -1,6 +1,6 @@
 """Where the host time of a decode step goes: cProfile of ``execute_model`` (forward stubbed).
 
-    python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40]
+    python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0]
 
 The same workload and runner set-up as the `host_cost` benchmark (`bench.case_runner`), with the
 profiler enabled only inside ``execute_model``; prints the median host time per step with and
@@ -22,18 +22,25 @@ from bench.common import BenchContext
 from impl.device import Device
 
 
-def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_device_work: bool = False) -> str:
+def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_device_work: bool = False,
+                 churn: float = case_runner.HOST_COST_CHURN) -> str:
+    from impl.graphs import format_graph_stats
+
     if drop_device_work:
         case_runner.drop_device_work(device)
-    runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs)
+    runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs, churn)
+    before = runner.cuda_graph_stats()
     plain = case_runner._drive(runner, work, steps)
     profiler = cProfile.Profile()  # a context manager: enabled only around each execute_model call
     profiled = case_runner._drive(runner, work, steps, around=lambda: profiler)
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    after = runner.cuda_graph_stats()
+    bucketed = after["replays"] + after["padded_eager"] - before["replays"] - before["padded_eager"]
     dropped = ", device work dropped" if drop_device_work else ""
-    return (f"{device.kind}{dropped}, {num_reqs} decode requests, {steps} steps: median execute_model host time "
-            f"{statistics.median(plain):.0f} us ({statistics.median(profiled):.0f} us under cProfile)\n{text.getvalue()}")
+    return (f"{device.kind}{dropped}, {num_reqs} decode requests, churn {churn}, {steps} steps: median execute_model host time "
+            f"{statistics.median(plain):.0f} us ({statistics.median(profiled):.0f} us under cProfile); "
+            f"bucketed steps {bucketed}/{2 * steps} ({format_graph_stats(after)})\n{text.getvalue()}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,15 +49,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reqs", type=int, default=64)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--churn", type=float, default=case_runner.HOST_COST_CHURN,
+                        help="share of the batch replaced per step (0: uniform decode steps, which replay a graph)")
     parser.add_argument("--drop-device-work", action="store_true",
                         help="make Device.enqueue a no-op: time the Python bookkeeping alone (cpu/sim only)")
     args = parser.parse_args(argv)
     if args.reqs < 1 or args.steps < 1 or args.top < 1:
         parser.error("--reqs, --steps and --top must be >= 1")
+    if not 0 <= args.churn <= 1:
+        parser.error("--churn must be in [0, 1]")
     device = Device(args.device, seed=0)
     if args.drop_device_work and device.is_cuda:
         parser.error("--drop-device-work is for cpu/sim: on cuda the launches are part of the host cost")
-    print(profile_host(device, args.reqs, args.steps, args.top, args.drop_device_work))
+    print(profile_host(device, args.reqs, args.steps, args.top, args.drop_device_work, args.churn))
     return 0
 
 

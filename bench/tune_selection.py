@@ -1,0 +1,88 @@
+"""Sweep the split-pass launch shape of the top-n logprobs kernels (`impl.sample.logprobs.SelectionConfig`).
+
+    python -m bench.tune_selection --device cuda --out DIR     (job ``tune_logprobs`` of ci/h200.sh)
+
+For every (chunk, split_warps, slots) in the grid: device time of top-20 logprobs on the benchmark's
+[rows, 151936] fp32 logits (rows 1, 8, 256; graph-replayed, as `runnercheck bench` times them) and
+whether its outputs equal the default configuration's (logprob, rank, top ids, top logprobs): a
+shape that changes a result is reported as wrong, never as fast.  Writes ``DIR/tune_logprobs.json``
+(one record per shape) and prints the table, fastest at 256 rows first.  A tool for choosing
+`default_selection_config`, not a benchmark of record: `runnercheck bench` times the chosen shape.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from bench.case_sampler import LOGPROBS_TOP, _graph_time_us
+from bench.common import BenchContext
+from impl.device import Device
+from impl.sample.logprobs import LogprobsComputer, default_selection_config
+
+VOCAB = 151936
+ROWS = (1, 8, 256)
+CHUNKS = (1024, 2048, 4096, 8192)
+WARPS = (4, 8)
+SLOTS = (16, 32)
+
+log = logging.getLogger("runnercheck.tune")
+
+
+def _outputs(computer: LogprobsComputer, logits: torch.Tensor, targets: torch.Tensor, rows: int) -> list[torch.Tensor]:
+    out = computer.launch(logits[:rows], targets, rows, LOGPROBS_TOP)
+    return [t.clone() for t in (out.logprob, out.rank, out.top_ids, out.top_logprobs)]
+
+
+def sweep(ctx: BenchContext) -> list[dict]:
+    dev = ctx.device
+    gen = torch.Generator(device=dev.torch_device).manual_seed(0)
+    logits = torch.randn(max(ROWS), VOCAB, generator=gen, device=dev.torch_device, dtype=torch.float32) * 3.0
+    targets = torch.randint(0, VOCAB, (max(ROWS),), generator=gen, device=dev.torch_device)
+    base = default_selection_config(dev)
+    reference = LogprobsComputer(dev, VOCAB, LOGPROBS_TOP, max(ROWS), base)
+    expected = {rows: _outputs(reference, logits, targets, rows) for rows in ROWS}
+    records = []
+    for chunk, warps, slots in itertools.product(CHUNKS, WARPS, SLOTS):
+        config = dataclasses.replace(base, chunk=chunk, split_warps=warps, slots=slots)
+        record: dict = {"chunk": chunk, "split_warps": warps, "slots": slots, "default": config == base}
+        try:
+            computer = LogprobsComputer(dev, VOCAB, LOGPROBS_TOP, max(ROWS), config)
+            for rows in ROWS:
+                got = _outputs(computer, logits, targets, rows)
+                same = all(torch.equal(a, b) for a, b in zip(got, expected[rows]))
+                record[f"equal_{rows}"] = same
+                record[f"us_{rows}"] = _graph_time_us(lambda c=computer, r=rows: c.launch(logits[:r], targets, r, LOGPROBS_TOP))
+        except Exception as exc:  # a shape the kernels cannot take (registers, shared memory): reported, not fatal
+            record["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        log.info("%s", record)
+        records.append(record)
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=["cuda"])
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    records = sweep(BenchContext(Device(args.device, seed=0), quick=False))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tune_logprobs.json").write_text(json.dumps(records, indent=1))
+    ok = [r for r in records if "error" not in r and all(r[f"equal_{n}"] for n in ROWS)]
+    for r in sorted(ok, key=lambda r: r["us_256"]):
+        print(f"chunk {r['chunk']:5d} warps {r['split_warps']} slots {r['slots']:2d}: "
+              + "  ".join(f"{n} rows {r[f'us_{n}']:7.1f} us" for n in ROWS) + ("  (default)" if r["default"] else ""))
+    for r in records:
+        if r not in ok:
+            print("not usable:", r)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
