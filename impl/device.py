@@ -38,8 +38,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from impl.lag_policies import LagPolicy, RunImmediately, make_lag_policy
+
 DEVICE_KINDS = ("cuda", "cpu", "sim")
-LAG_POLICIES = ("run-immediately", "lag-k-steps", "random-drain")
 
 HOST_WAIT_HOOKS: list[Callable[[str], None]] = []
 
@@ -110,117 +111,6 @@ def is_pinned_memory(t: object) -> bool:
 def _call_host_wait_hooks(what: str) -> None:
     for hook in list(HOST_WAIT_HOOKS):
         hook(what)
-
-
-# --------------------------------------------------------------------------- lag policies
-
-
-class LagPolicy:
-    """Decides when a sim device's queued work runs.  Subclasses override the ``on_*`` hooks."""
-
-    name = "base"
-
-    def on_enqueue(self, dev: "Device") -> None:
-        pass
-
-    def on_step_boundary(self, dev: "Device") -> None:
-        pass
-
-    def on_query(self, dev: "Device") -> None:
-        pass
-
-    def describe(self) -> dict:
-        return {"name": self.name}
-
-
-class RunImmediately(LagPolicy):
-    """The GPU keeps up: queued work runs as soon as it is enqueued."""
-
-    name = "run-immediately"
-
-    def on_enqueue(self, dev: "Device") -> None:
-        dev._run_pending(len(dev._queue))
-
-
-class LagKSteps(LagPolicy):
-    """The GPU lags by k steps: work enqueued in step s runs when step s + k + 1 begins.
-
-    So while the host prepares steps s+1 .. s+k, step s's work is still pending (k = 0: the
-    work runs as soon as it is enqueued)."""
-
-    name = "lag-k-steps"
-
-    def __init__(self, k: int = 2):
-        if k < 0:
-            raise DeviceError(f"lag-k-steps needs k >= 0, got {k}")
-        self.k = k
-
-    def on_enqueue(self, dev: "Device") -> None:
-        if self.k == 0:
-            dev._run_pending(len(dev._queue))
-
-    def on_step_boundary(self, dev: "Device") -> None:
-        cutoff = dev.step_index - self.k - 1
-        n = 0
-        for item in dev._queue:
-            if item.step_index > cutoff:
-                break
-            n += 1
-        dev._run_pending(n)
-
-    def describe(self) -> dict:
-        return {"name": self.name, "k": self.k}
-
-
-class RandomDrain(LagPolicy):
-    """At every enqueue, query and step boundary, a seeded random number of the oldest items run."""
-
-    name = "random-drain"
-
-    def __init__(self, seed: int = 0, p_stall: float = 0.5):
-        self.seed = seed
-        self.p_stall = p_stall
-        self.rng = random.Random(seed)
-
-    def _drain_some(self, dev: "Device") -> None:
-        pending = len(dev._queue)
-        if pending == 0 or self.rng.random() < self.p_stall:
-            return
-        dev._run_pending(self.rng.randint(1, pending))
-
-    on_enqueue = _drain_some
-    on_query = _drain_some
-    on_step_boundary = _drain_some
-
-    def describe(self) -> dict:
-        return {"name": self.name, "seed": self.seed, "p_stall": self.p_stall}
-
-
-def make_lag_policy(spec: str | LagPolicy | dict, seed: int = 0) -> LagPolicy:
-    """``"run-immediately"``, ``"lag-k-steps"`` / ``"lag-3-steps"``, ``"random-drain"``, or a describe() dict."""
-    if isinstance(spec, LagPolicy):
-        return spec
-    if isinstance(spec, dict):
-        name = spec.get("name")
-        if name == "run-immediately":
-            return RunImmediately()
-        if name == "lag-k-steps":
-            return LagKSteps(int(spec.get("k", 2)))
-        if name == "random-drain":
-            return RandomDrain(int(spec.get("seed", seed)), float(spec.get("p_stall", 0.5)))
-        raise DeviceError(f"unknown lag policy {spec!r}; known: {LAG_POLICIES}")
-    if spec == "run-immediately":
-        return RunImmediately()
-    if spec == "random-drain":
-        return RandomDrain(seed)
-    if spec == "lag-k-steps":
-        return LagKSteps(2)
-    if isinstance(spec, str) and spec.startswith("lag-") and spec.endswith("-steps"):
-        try:
-            return LagKSteps(int(spec[4:-6]))
-        except ValueError:
-            pass
-    raise DeviceError(f"unknown lag policy {spec!r}; known: {LAG_POLICIES} (or lag-K-steps)")
 
 
 # --------------------------------------------------------------------------- events

@@ -32,7 +32,7 @@ from stress.churn import Churn, ChurnConfig, TraceReplay
 from stress.coverage import CoverageCounter
 from stress.driver import DifferentialRun, RunResult, StepReport
 from stress.repro import Repro
-from stress.run_config import RandomDelay, RunConfig, RunSetupError, check_model_size
+from stress.run_config import RunConfig, RunSetupError, check_model_size, delay_policy_from_dict
 from stress.scheduler import SchedulerSim
 
 _log = logging.getLogger(__name__)
@@ -268,6 +268,21 @@ def _device_fault(result: RunResult, error: Exception, when: str) -> Any:
     return Divergence(result.steps, None, None, "runner-error", None, type(error).__name__, f"{when}: {error}")
 
 
+def targeted_delay_hits(device: Any, delay_policy: Any) -> dict[str, int]:
+    """``{"targeted delay: <target>": readers delayed}`` for each target of the run's targeted lag
+    (sim ``hold-at-target``) or delay (cuda ``targeted-delay``) policy; empty for other runs.  As
+    coverage features, a target never reached fails the campaign's coverage gate."""
+    if device.kind == "sim":
+        source = getattr(device, "policy", None)
+        counts = getattr(source, "holds", None)
+    else:
+        source = delay_policy
+        counts = getattr(source, "delays", None)
+    if counts is None:
+        return {}
+    return {f"targeted delay: {t}": int(counts.get(t, 0)) for t in source.targets}
+
+
 def checked_run(config: RunConfig, source: ChurnOps | TraceOps, *, name: str = "", lifetime_mode: str = "count",
                 stop_on_sync: bool = False, on_tick: Callable[[int], None] | None = None,
                 on_step: Callable[[StepReport], None] | None = None,
@@ -289,7 +304,8 @@ def checked_run(config: RunConfig, source: ChurnOps | TraceOps, *, name: str = "
     from stress.staged_writes import StagedWriteObserver
 
     staged = StagedWriteObserver(session.runner)
-    delay = RandomDelay.from_dict(config.delay_policy).hook(session.device) if config.delay_policy else None
+    delay_policy = delay_policy_from_dict(config.delay_policy) if config.delay_policy else None
+    delay = delay_policy.hook(session.device) if delay_policy is not None else None
 
     def before_enqueue(sched: Any) -> None:
         if on_enqueue is not None:
@@ -358,6 +374,7 @@ def checked_run(config: RunConfig, source: ChurnOps | TraceOps, *, name: str = "
     stats = getattr(session.runner, "cuda_graph_stats", None)
     if staged.active:
         coverage.add(staged.totals())
+    coverage.add(targeted_delay_hits(session.device, delay_policy))
     return Findings(
         name=name, config=config, result=result, trace=[list(t) for t in ops.trace[: max(result.ticks, 0)]],
         host_syncs=detectors.host_syncs, counted_waits=detectors.counted_waits, host_sync_sites=detectors.sync_sites(),

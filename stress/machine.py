@@ -102,7 +102,7 @@ def prompts(vocab_size: int = _VOCAB, max_len: int = MAX_PROMPT_LEN) -> st.Searc
 
 
 def lag_policies() -> st.SearchStrategy[dict]:
-    """`impl.device.LagPolicy.describe()` dicts: run-immediately, lag-k-steps (k 1..3), random-drain."""
+    """`impl.lag_policies.LagPolicy.describe()` dicts: run-immediately, lag-k-steps (k 1..3), random-drain."""
     return st.one_of(
         st.just({"name": "run-immediately"}),
         st.integers(1, 3).map(lambda k: {"name": "lag-k-steps", "k": k}),

@@ -83,7 +83,7 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     differential stops at its first divergence.  The run executes in a child process: a crash is
     evidence for the differential check (the run found the bug and died of it).
     """
-    from impl.device import make_lag_policy
+    from impl.lag_policies import make_lag_policy
     from impl.model.weights import preset
     from stress.harness import ChurnOps, checked_run
     from stress.isolation import isolated_run

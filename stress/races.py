@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Sequence
 
 from stress.churn import Churn, ChurnConfig
 from stress.driver import DifferentialRun
 from stress.harness import build_session
-from stress.run_config import RandomDelay, RunConfig
+from stress.run_config import RandomDelay, RunConfig, TargetedDelay
 
 # Short, frequent requests with frequent aborts and preemptions: rows are freed and re-admitted
 # every few ticks, the pattern in which a stale row or staging buffer gets read.
@@ -40,16 +41,20 @@ DEFAULT_DELAY_PROB = 0.85
 
 
 def calibrate_cuda_delay(seed: int, host_tick_us: float, *, lag_factor: float = DEFAULT_LAG_FACTOR,
-                         p: float = DEFAULT_DELAY_PROB) -> dict:
-    """A ``random-delay`` policy whose mean delay per step is ``lag_factor`` host ticks.
+                         p: float = DEFAULT_DELAY_PROB, targets: Sequence[str] | None = None) -> dict:
+    """A ``random-delay`` policy whose mean delay per step is ``lag_factor`` host ticks; with
+    ``targets``, a ``targeted-delay`` policy with the same draw before each targeted reader.
 
-    `RandomDelay` draws ``uniform(0, max_us)`` with probability ``p``, a mean of ``p * max_us / 2``.
+    Both draw ``uniform(0, max_us)`` with probability ``p``, a mean of ``p * max_us / 2`` (per step,
+    or per reader of a target: about one per step each).
     """
     if not host_tick_us > 0:
         raise ValueError(f"host_tick_us must be > 0, got {host_tick_us!r}")
     if not lag_factor > 0 or not 0 < p <= 1:
         raise ValueError(f"need lag_factor > 0 and p in (0, 1], got {lag_factor!r}, {p!r}")
     max_us = 2.0 * lag_factor * host_tick_us / p
+    if targets is not None:
+        return TargetedDelay(seed, round(max_us, 1), p, targets).describe()
     return RandomDelay(seed, round(max_us, 1), p).describe()
 
 

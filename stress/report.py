@@ -42,6 +42,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from stress.run_config import describe_policy
+
 SUMMARY_VERSION = 2
 CHISQ_STATUSES = ("ran", "not available", "error", "skipped")
 
@@ -313,9 +315,7 @@ def render_markdown(doc: dict) -> str:
 
 
 def _policy(p: dict | None) -> str:
-    if not p:
-        return ""
-    return " ".join([p["name"]] + [f"{k}={v}" for k, v in p.items() if k != "name"])
+    return describe_policy(p) if p else ""
 
 
 def chisq_line(chisq: dict) -> str:

@@ -10,7 +10,10 @@ Also here, because every front-end needs them with one meaning:
 
 * `check_seed`: seeds are ints in ``[0, 2**63)`` (the runner packs them into int64), one message;
 * `default_limits`: the small limits that make the scheduler chunk prefills and run out of blocks;
-* `RandomDelay`: the ``random-delay`` device-delay policy (cuda races, `stress.races`);
+* `RandomDelay`, `TargetedDelay`, `delay_policy_from_dict`: the device-delay policies of cuda race
+  runs (`stress.races`): random delays before steps, or delays right before the last device reader
+  of a targeted resource (`impl.lag_policies.DELAY_TARGETS`, the sim twin of which is the
+  ``hold-at-target`` lag policy);
 * `check_model_size`: the stated maximum a recorded model may have before anything is allocated.
 """
 from __future__ import annotations
@@ -111,6 +114,59 @@ class RandomDelay:
         return before_enqueue
 
 
+class TargetedDelay:
+    """Injected device delays (cuda) aimed at resources: right before the last device reader of a
+    resource in ``targets`` (`impl.lag_policies.DELAY_TARGETS`: its ``Device.enqueue`` labels),
+    with probability ``p``, up to ``max_us`` µs -- so the host reaches the resource's next reuse
+    while its reader is still queued behind the delay."""
+
+    def __init__(self, seed: int, max_us: float, p: float = 0.5, targets: Any = None):
+        from impl.lag_policies import DELAY_TARGETS, LagPolicyError, check_delay_targets
+
+        try:
+            self.targets = check_delay_targets(DELAY_TARGETS if targets is None else targets)
+        except LagPolicyError as e:
+            raise RunSetupError(str(e)) from None
+        self.seed, self.max_us, self.p = seed, max_us, p
+        self.rng = random.Random(seed)
+        self.delays: dict[str, int] = {t: 0 for t in self.targets}  # delays injected per target
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TargetedDelay":
+        try:
+            return cls(int(d["seed"]), float(d["max_us"]), float(d.get("p", 0.5)), d.get("targets"))
+        except (KeyError, TypeError, ValueError) as e:
+            raise RunSetupError(f"delay policy {d!r}: {e}") from None
+
+    def describe(self) -> dict:
+        return {"name": "targeted-delay", "seed": self.seed, "max_us": self.max_us, "p": self.p, "targets": list(self.targets)}
+
+    def hook(self, device: Any) -> Callable:
+        """Wrap ``device.enqueue`` (this device instance only) to delay before each targeted reader;
+        returns the per-step hook, which has nothing left to do."""
+        from impl.lag_policies import delay_target_of
+
+        enqueue = device.enqueue
+
+        def enqueue_after_delay(fn: Callable[[], None], label: str = "") -> None:
+            target = delay_target_of(label, self.targets)
+            if target is not None and self.rng.random() < self.p:
+                self.delays[target] += 1
+                device.inject_delay(self.rng.uniform(0.0, self.max_us))
+            enqueue(fn, label)
+
+        device.enqueue = enqueue_after_delay
+        return lambda _sched: None
+
+
+def delay_policy_from_dict(d: dict) -> RandomDelay | TargetedDelay:
+    """The delay policy a ``delay_policy`` dict (a repro field) describes; `RunSetupError` if unknown."""
+    name = d.get("name") if isinstance(d, dict) else None
+    if name == "targeted-delay":
+        return TargetedDelay.from_dict(d)
+    return RandomDelay.from_dict(d)
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything that determines a differential run, apart from the operation source."""
@@ -184,6 +240,6 @@ def describe_policy(policy: dict) -> str:
     return " ".join([policy["name"]] + [f"{k}={v}" for k, v in policy.items() if k != "name"])
 
 
-__all__ = ["RunConfig", "RunSetupError", "RandomDelay", "SEED_LIMIT", "BODY_FIELDS", "DEVICE_KINDS", "check_seed",
+__all__ = ["RunConfig", "RunSetupError", "RandomDelay", "TargetedDelay", "delay_policy_from_dict", "SEED_LIMIT", "BODY_FIELDS", "DEVICE_KINDS", "check_seed",
            "seed_problem", "default_limits", "check_model_size", "model_parameters", "describe_policy",
            "MAX_MODEL_PARAMETERS", "MAX_KV_TOKENS"]

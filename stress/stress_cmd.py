@@ -1,7 +1,8 @@
 """`runnercheck stress`: long random churn on one seed, runner vs oracle; a repro file on divergence.
 
     runnercheck stress --device {auto,sim,cuda,cpu} --seed S --steps N [--mutant NAME]
-                       [--lag-policy P] [--runner pkg.mod:factory] [--model micro|tiny] [--eager] --out DIR
+                       [--lag-policy P] [--delay-us N|auto [--delay-target T...]]
+                       [--runner pkg.mod:factory] [--model micro|tiny] [--eager] --out DIR
 
 A front-end over `stress.harness.checked_run`: the `RunConfig` comes from the flags (on sim a
 lag policy, by default random-drain seeded by S), the operations from the seeded churn, and the
@@ -17,9 +18,10 @@ import sys
 import time
 from dataclasses import replace
 
+from impl.lag_policies import DELAY_TARGETS
 from impl.model.weights import PRESETS, WeightsError, preset
 from stress.cli_options import float_type, int_type
-from stress.run_config import RandomDelay, RunConfig, RunSetupError, default_limits
+from stress.run_config import RandomDelay, RunConfig, RunSetupError, TargetedDelay, default_limits
 from stress.runners import DEFAULT_RUNNER_SPEC
 from stress.scheduler import SchedulerConfig
 
@@ -28,10 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(out="out/stress")
     parser.add_argument("--steps", type=int_type(0), default=200, help="scheduler ticks (at most one step each)")
     parser.add_argument("--mutant", default=None, help="apply a deliberate bug from stress.mutants")
-    parser.add_argument("--lag-policy", default=None, help="sim only: run-immediately, lag-K-steps, random-drain (default, seeded by --seed; with --mutant, the lag of the mutant's workload)")
+    parser.add_argument("--lag-policy", default=None, help="sim only: run-immediately, lag-K-steps, random-drain (default, seeded by --seed; with --mutant, the lag of the mutant's workload), hold-at-target or hold-at-<target> (targeted lag: see --delay-target)")
     parser.add_argument("--delay-us", type=_delay_arg, default=0.0,
                         help="cuda only: random injected device delays up to this many µs, or 'auto': "
                              "calibrated on the measured host tick so the GPU trails the host by about two ticks")
+    parser.add_argument("--delay-target", nargs="+", choices=sorted(DELAY_TARGETS), default=None, metavar="TARGET",
+                        help="cuda only, with --delay-us: delay only right before the last device reader of these "
+                             f"resources ({', '.join(sorted(DELAY_TARGETS))}) instead of before whole steps "
+                             "(on sim: --lag-policy hold-at-<target>)")
     parser.add_argument("--runner", default=DEFAULT_RUNNER_SPEC, help="runner factory 'package.module:factory'")
     parser.add_argument("--model", default="micro", choices=sorted(PRESETS))
     parser.add_argument("--max-num-reqs", type=int_type(1), default=4)
@@ -55,11 +61,11 @@ def _delay_arg(text: str) -> float | str:
     return value
 
 
-def _calibrated_delay(config: RunConfig) -> dict:
+def _calibrated_delay(config: RunConfig, targets: list[str] | None = None) -> dict:
     """A delay policy from the host's measured tick (a short undelayed, unmutated warm-up run)."""
     from stress.races import calibrate_cuda_delay, measure_host_tick_us
 
-    return calibrate_cuda_delay(config.seed, measure_host_tick_us(replace(config, mutant=None)))
+    return calibrate_cuda_delay(config.seed, measure_host_tick_us(replace(config, mutant=None)), targets=targets)
 
 
 def _default_lag_policy(mutant: str | None) -> str:
@@ -76,7 +82,7 @@ def _default_lag_policy(mutant: str | None) -> str:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run configuration the flags describe (``args.device`` is already resolved); `RunSetupError`."""
-    from impl.device import DeviceError, make_lag_policy
+    from impl.lag_policies import LagPolicyError, make_lag_policy
 
     kind = args.device
     try:
@@ -87,13 +93,19 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if kind == "sim":
         try:
             lag = make_lag_policy(args.lag_policy or _default_lag_policy(args.mutant), args.seed).describe()
-        except DeviceError as e:
+        except LagPolicyError as e:
             raise RunSetupError(str(e)) from None
     elif args.lag_policy is not None:
         raise RunSetupError(f"--lag-policy applies to the sim device, not {kind!r}")
     if args.delay_us == "auto" and kind != "cuda":
         raise RunSetupError(f"--delay-us auto calibrates delays on a real GPU (cuda), not {kind!r}")
-    delay = RandomDelay(args.seed, args.delay_us).describe() if args.delay_us not in ("auto", 0.0) else None
+    targets = args.delay_target
+    if targets is not None and (kind != "cuda" or args.delay_us == 0.0):
+        raise RunSetupError("--delay-target aims injected GPU delays: it needs --device cuda and --delay-us "
+                            f"(device {kind!r}, --delay-us {args.delay_us}); on sim use --lag-policy hold-at-<target>")
+    delay = None
+    if args.delay_us not in ("auto", 0.0):
+        delay = (TargetedDelay(args.seed, args.delay_us, targets=targets) if targets else RandomDelay(args.seed, args.delay_us)).describe()
     limits = default_limits(model_config, max_num_reqs=args.max_num_reqs, block_size=args.block_size,
                             num_kv_blocks=args.num_kv_blocks, max_num_batched_tokens=args.max_batched_tokens)
     config = RunConfig(args.seed, args.steps, kind, args.model, model_config, limits,
@@ -106,7 +118,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             mutants.get(args.mutant)
         except LookupError as e:
             raise RunSetupError(f"--mutant {args.mutant!r}: {e}") from None
-    return replace(config, delay_policy=_calibrated_delay(config)) if args.delay_us == "auto" else config
+    return replace(config, delay_policy=_calibrated_delay(config, targets)) if args.delay_us == "auto" else config
 
 
 def run(args: argparse.Namespace) -> int:

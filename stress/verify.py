@@ -8,9 +8,11 @@ then the sampler statistics, then a report folder.
    crash is a finding with a repro), side by side on the usable cores: the host-sync detector and
    the staging-lifetime checker in count mode, random churn (`stress.churn`) whose requests cycle
    through every pair of sampling knobs.  On ``sim`` the runs cover the lag policies
-   (run-immediately, lag-k-steps, random-drain) with one or more steps in flight and draft
-   tokens; on ``cuda`` the GPU is made to lag the host by injected delays under heavy churn
-   (`stress.races`).  Run ``i`` uses seed ``S + i``.
+   (run-immediately, lag-k-steps, random-drain, and in the full plan hold-at-target) with one or
+   more steps in flight and draft tokens; on ``cuda`` the GPU is made to lag the host by injected
+   delays under heavy churn (`stress.races`), before whole steps or right before the last device
+   reader of a staging slot, an output slot or the input prep (targeted runs; each target must be
+   reached: a coverage feature).  Run ``i`` uses seed ``S + i``.
 2. The coverage table (`stress.coverage`): a count per feature over all runs; a feature at zero
    fails the job.
 3. The sampler statistics (`run_chisq`, `stress.verify_chisq`), each named by the sampler it ran
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from impl.lag_policies import DELAY_TARGETS
 from impl.model.weights import PRESETS, preset
 from stress.churn import ChurnConfig
 from stress.cli_options import add_shard_option, int_type
@@ -80,13 +83,18 @@ _SIM_FULL = [
     ("lag-3 three-ahead drafts", {"name": "lag-k-steps", "k": 3}, 3, 0.2),
     ("random-drain drafts", {"name": "random-drain", "p_stall": 0.5}, 1, 0.3),
     ("random-drain stalling two-ahead", {"name": "random-drain", "p_stall": 0.8}, 2, 0.0),
+    # Targeted lag (`impl.lag_policies.HoldAtTarget`): each resource's last reader held; every target must be reached.
+    ("hold-at-target two-ahead drafts", {"name": "hold-at-target", "p": 0.5, "max_hold": 2}, 2, 0.2),
 ]
 # A token budget of 8 splits prefills into first, middle and final chunks (the coverage gate asks for each).
 _FULL_RUN_LIMITS = {name: dict(FULL_LIMITS, max_num_batched_tokens=8)
                     for name in ("run-immediately", "random-drain stalling two-ahead")}
-# (name, max_inflight_steps, draft_prob); delays are calibrated per machine (stress.races).
-_CUDA_QUICK = [("delays two-ahead", 2, 0.0), ("delays three-ahead drafts", 3, 0.2)]
-_CUDA_FULL = _CUDA_QUICK + [("delays one-ahead drafts", 1, 0.3), ("delays three-ahead", 3, 0.0)]
+# (name, max_inflight_steps, draft_prob, delay targets); delays are calibrated per machine (stress.races):
+# before whole steps (targets None), or right before the last device reader of each targeted resource.
+_CUDA_QUICK = [("delays two-ahead", 2, 0.0, None), ("delays three-ahead drafts", 3, 0.2, None),
+               ("targeted delays two-ahead", 2, 0.0, tuple(DELAY_TARGETS))]
+_CUDA_FULL = _CUDA_QUICK + [("delays one-ahead drafts", 1, 0.3, None), ("delays three-ahead", 3, 0.0, None)] + [
+    (f"targeted delays at {target} three-ahead", 3, 0.1, (target,)) for target in DELAY_TARGETS]
 # A token budget of 8 chunks prefills on cuda too (the coverage gate asks for middle and final chunks).
 _CUDA_RUN_LIMITS = {"delays two-ahead": dict(CUDA_LIMITS, max_num_batched_tokens=8)}
 _CPU = [("one-ahead", 1, 0.0), ("one-ahead drafts", 1, 0.3), ("two-ahead", 2, 0.0)]
@@ -108,9 +116,10 @@ def _config(seed: int, ticks: int, kind: str, model: str, limits: dict, inflight
 
 
 def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | None = None, max_runs: int | None = None,
-              model: str = "micro", cuda_delay: Callable[[int], dict] | None = None,
+              model: str = "micro", cuda_delay: Callable[[int, tuple[str, ...] | None], dict] | None = None,
               cuda_graphs: bool = True) -> list[PlannedRun]:
-    """The runs of one verify job.  ``cuda_delay(seed)`` gives a run's delay policy on cuda."""
+    """The runs of one verify job.  ``cuda_delay(seed, targets)`` gives a run's delay policy on cuda
+    (``targets``: the resources a targeted run delays the readers of; None: delays before steps)."""
     from stress.races import RACE_CHURN
 
     runs: list[PlannedRun] = []
@@ -122,8 +131,8 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
             runs.append(PlannedRun(name, cfg, VERIFY_CHURN))
     elif kind == "cuda":
         ticks = ticks or (120 if quick else 500)
-        for i, (name, inflight, drafts) in enumerate(_CUDA_QUICK if quick else _CUDA_FULL):
-            delay = cuda_delay(seed + i) if cuda_delay is not None else None
+        for i, (name, inflight, drafts, targets) in enumerate(_CUDA_QUICK if quick else _CUDA_FULL):
+            delay = cuda_delay(seed + i, targets) if cuda_delay is not None else None
             limits = _CUDA_RUN_LIMITS.get(name, CUDA_LIMITS)
             cfg = _config(seed + i, ticks, kind, model, limits, inflight, drafts, None, delay, runner, cuda_graphs)
             runs.append(PlannedRun(name, cfg, RACE_CHURN))
@@ -268,7 +277,7 @@ def _calibrate_cuda(args: argparse.Namespace) -> tuple[Callable[[int], dict], st
     tick_us = measure_host_tick_us(warmup)
     note = (f"cuda delays calibrated on a {tick_us:.0f} us host tick: mean delay {DEFAULT_LAG_FACTOR:g} ticks per step, "
             f"so the GPU trails the host by up to max_inflight_steps steps")
-    return (lambda seed: calibrate_cuda_delay(seed, tick_us)), note
+    return (lambda seed, targets=None: calibrate_cuda_delay(seed, tick_us, targets=targets)), note
 
 
 def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path, args: argparse.Namespace) -> tuple[list[RunRecord], dict]:

@@ -8,11 +8,10 @@ from impl.device import (
     Device,
     DeviceError,
     HOST_WAIT_HOOKS,
-    LagKSteps,
     is_device_memory,
     is_pinned_memory,
-    make_lag_policy,
 )
+from impl.lag_policies import LagKSteps, LagPolicyError, make_lag_policy
 
 
 def _staged_copy_sequence(dev: Device, steps: int = 20) -> list[int]:
@@ -115,7 +114,7 @@ def test_host_wait_hooks_see_waits():
 def test_bad_kinds_and_policies_are_typed_errors():
     with pytest.raises(DeviceError):
         Device("tpu")
-    with pytest.raises(DeviceError):
+    with pytest.raises(LagPolicyError):
         make_lag_policy("sometimes")
     with pytest.raises(DeviceError):
         Device("cpu").set_lag_policy("random-drain")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from impl.lag_policies import DELAY_TARGETS
 from impl.runner import make_runner
 from stress import verify
 from stress.races import calibrate_cuda_delay
@@ -54,12 +55,17 @@ def test_quick_job_on_sim_passes_and_writes_a_valid_report(tmp_path: Path, capsy
 def test_the_plan_covers_lag_policies_in_flight_depths_and_drafts() -> None:
     sim = verify.plan_runs("sim", 5, "impl.runner:make_runner", quick=False)
     assert [p.config.seed for p in sim] == list(range(5, 5 + len(sim)))
-    assert {p.config.lag_policy["name"] for p in sim} == {"run-immediately", "lag-k-steps", "random-drain"}
+    assert {p.config.lag_policy["name"] for p in sim} == {"run-immediately", "lag-k-steps", "random-drain", "hold-at-target"}
     assert {p.config.scheduler.max_inflight_steps for p in sim} == {1, 2, 3}
     assert any(p.config.scheduler.draft_prob > 0 for p in sim)
-    cuda = verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=True, cuda_delay=lambda s: calibrate_cuda_delay(s, 1000.0))
-    assert all(p.config.delay_policy["name"] == "random-delay" and p.config.lag_policy is None for p in cuda)
+    cuda = verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=True, cuda_delay=lambda s, targets=None: calibrate_cuda_delay(s, 1000.0, targets=targets))
+    assert all(p.config.lag_policy is None for p in cuda)
+    assert {p.config.delay_policy["name"] for p in cuda} == {"random-delay", "targeted-delay"}
     assert max(p.config.scheduler.max_inflight_steps for p in cuda) >= 3  # the GPU may trail by several steps
+    full = verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=False,
+                            cuda_delay=lambda s, targets=None: calibrate_cuda_delay(s, 1000.0, targets=targets))
+    single = [tuple(p.config.delay_policy["targets"]) for p in full if p.config.delay_policy["name"] == "targeted-delay"]
+    assert {t for t in single if len(t) == 1} == {(t,) for t in DELAY_TARGETS}  # the full campaign cycles the targets
 
 
 # --------------------------------------------------------------------------- planted bugs
@@ -319,7 +325,7 @@ def test_the_cuda_plan_runs_end_to_end_off_cuda(tmp_path: Path) -> None:
     tick_us = measure_host_tick_us(warmup, ticks=3)
     assert tick_us > 0
     planned = verify.plan_runs("cuda", 3, "impl.runner:make_runner", quick=True, ticks=4,
-                               cuda_delay=lambda seed: calibrate_cuda_delay(seed, tick_us))[1]
+                               cuda_delay=lambda seed, targets=None: calibrate_cuda_delay(seed, tick_us, targets=targets))[1]
     planned = dataclasses.replace(planned, config=dataclasses.replace(planned.config, device="cpu"))
     record = verify.execute_run(planned, tmp_path)
     assert record.passed and record.steps >= 3 and record.delay_policy["name"] == "random-delay"
