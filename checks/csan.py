@@ -166,10 +166,13 @@ class CsanMonitor:
 
     def arm(self) -> "CsanMonitor":
         """Enable CSAN (if off) and record its reports instead of letting them raise."""
-        if self.armed:
-            return self
-        enable()
-        handler = _event_handler()
+        if not self.armed:
+            enable()
+            self._attach(_event_handler())
+        return self
+
+    def _attach(self, handler: Any) -> None:
+        """Shadow ``handler._handle_kernel_launch`` (CSAN's race check per op) with a recording one."""
         self._had_instance_attr = "_handle_kernel_launch" in vars(handler)
         self._shadowed = handler._handle_kernel_launch
         shadowed, record = self._shadowed, self.record
@@ -182,7 +185,6 @@ class CsanMonitor:
 
         handler._handle_kernel_launch = recording_kernel_launch
         self._handler = handler
-        return self
 
     def disarm(self) -> None:
         """Stop recording; CSAN stays on (raising again unless an outer monitor records)."""
