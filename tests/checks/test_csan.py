@@ -284,3 +284,16 @@ def test_csan_kills_the_stream_mutant_and_the_control_is_clean_under_csan():
 def test_stress_with_csan_on_cuda_is_clean(tmp_path):
     assert cli.main(["stress", "--device", "cuda", "--csan", "--seed", "1", "--steps", "24", "--no-progress",
                      "--out", str(tmp_path / "out")]) == 0
+
+
+def test_a_csan_race_in_a_chisq_run_fails_it_in_json_and_junit():
+    from checks.report import junit_cases
+    from checks.stats_results import RunSummary
+
+    monitor = CsanMonitor()
+    monitor.record([_race_error(0x77)])
+    summary = RunSummary("impl", "cuda", True, 0, 0.01, "holm", tests=[], power=[])
+    summary.csan = {"races": monitor.count, "lines": monitor.lines(), "reports": [r.text for r in monitor.races]}
+    assert summary.to_dict()["csan"]["races"] == 1
+    (case,) = [c for c in junit_cases(summary) if c.name == "csan"]
+    assert case.failure.startswith("1 csan race(s): tensor 0x77")
