@@ -376,10 +376,21 @@ def run(args: argparse.Namespace) -> int:
     if args.max_rows_per_call is not None and args.max_rows_per_call < 1:
         print("runnercheck chisq: --max-rows-per-call must be >= 1", file=sys.stderr)
         return 2
+    monitor = None
+    if getattr(args, "csan", False):  # armed before the sampler allocates: CSAN must see its init writes
+        from checks.csan import CsanMonitor, CsanUnavailableError
+
+        try:
+            monitor = CsanMonitor().arm()
+        except CsanUnavailableError as e:
+            print(f"runnercheck chisq: {e}", file=sys.stderr)
+            return 2
     try:
         sampler = load_sampler(args.sampler or default_sampler_spec(resolve_device(args.device)))
         rows_per_call_bound(sampler, args.max_rows_per_call)
     except (SamplerSpecError, SamplerUnavailableError, SamplerLimitError) as e:
+        if monitor is not None:
+            monitor.disarm()
         print(f"runnercheck chisq: {e}", file=sys.stderr)
         return 2
     opts = RunOptions(quick=args.quick, device=args.device, samples=args.samples, seed=args.seed, alpha=args.alpha,
@@ -387,7 +398,13 @@ def run(args: argparse.Namespace) -> int:
                       deep_tail=args.deep_tail, case_filter=args.cases, matrix=not args.no_matrix,
                       biases=tuple(args.biases) if args.biases else None, power_repeats=args.power_repeats,
                       max_rows_per_call=args.max_rows_per_call)
-    summary = run_all(sampler, opts)
+    try:
+        summary = run_all(sampler, opts)
+    finally:
+        if monitor is not None:
+            monitor.disarm()
+    if monitor is not None:
+        summary.csan = {"races": monitor.count, "lines": monitor.lines(), "reports": [r.text for r in monitor.races[:3]]}
     write_report(args.out, summary)
     if args.junit is not None:
         from checks.report import write_chisq_junit

@@ -156,19 +156,22 @@ class KVProvenanceChecker:
         self.block_size = lim.block_size
         self.num_slots = lim.num_kv_blocks * lim.block_size
         rows, length = lim.max_num_reqs, lim.max_model_len
-        where = self.device.torch_device if self.on_cuda else torch.device("cpu")
 
         def full(shape: Any) -> torch.Tensor:
-            return torch.full(shape if isinstance(shape, tuple) else (shape,), -1, dtype=torch.int64, device=where)
+            shape = shape if isinstance(shape, tuple) else (shape,)
+            if self.on_cuda:  # the device's helper orders the runner's stream after this fill (CSAN: a race otherwise)
+                return self.device.full(shape, -1, torch.int64)
+            return torch.full(shape, -1, dtype=torch.int64)
 
         self.shadow_tok, self.shadow_pos, self.shadow_hash = full(self.num_slots + 1), full(self.num_slots + 1), full(self.num_slots + 1)
         self.hist_tok = full((rows, length))
         self.hist_hash = full((rows, length + 1))
         self.hist_blocks = full((rows, runner.block_table.max_blocks_per_req))
         self.prefill_len = full(rows)
-        self.powers = torch.tensor(_powers(length), dtype=torch.int64, device=where)
+        powers = torch.tensor(_powers(length), dtype=torch.int64)
+        self.powers = self.device.to_device(powers) if self.on_cuda else powers
         self.record = full(12)  # cuda: [step, kind, batch index, position, block, slot, expected x3, found x3]
-        self.count = torch.zeros(1, dtype=torch.int64, device=where)
+        self.count = self.device.zeros(1, torch.int64) if self.on_cuda else torch.zeros(1, dtype=torch.int64)
         self._ring = _UploadRing(self.device) if self.on_cuda else None
         self._reqs: dict[str, _Tracked] = {}
         self._pending: Any = None

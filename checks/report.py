@@ -210,6 +210,11 @@ def junit_cases(summary: RunSummary) -> list:
                                          f"band [{c.band[0]}, {c.band[1]}]")
         cases.append(JUnitCase(f"calibration/{c.config_name}", "runnercheck.chisq.calibration", failure=failure,
                                properties={"run_seed": summary.seed, "runs": c.runs, "rejections": c.rejections}))
+    if summary.csan is not None:
+        races = summary.csan.get("races", 0)
+        cases.append(JUnitCase("csan", "runnercheck.chisq.csan",
+                               failure=f"{races} csan race(s): {summary.csan['lines'][0]}" if races else None,
+                               failure_details="\n".join(summary.csan.get("reports", [])), properties={"races": races}))
     for p in summary.power:
         failure = None if p.passed else (f"planted bias {p.bias} not caught: power {p.power:.2f} < required "
                                          f"{p.required_power:.2f} on {p.config_name}")
@@ -247,6 +252,10 @@ def print_summary(summary: RunSummary, out_dir: str | Path | None = None, junit:
             console.print(f"[red]sampler contract[/red] {t.name}: {t.notes}")
     for s in summary.skipped:
         console.print(f"skipped {s['case']}: {s['reason']}")
+    if summary.csan is not None:
+        console.print(f"csan: {summary.csan['races']} race(s)", highlight=False)
+        for line in summary.csan["lines"][:3]:
+            console.print(f"[red]csan race[/red] {line}", highlight=False)
     c = summary.calibration
     if c is not None:
         console.print(f"calibration: {c.rejections}/{c.runs} rejected at {c.alpha:g}, band [{c.band[0]}, {c.band[1]}] "

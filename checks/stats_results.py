@@ -155,6 +155,7 @@ class RunSummary:
     calibration: CalibrationResult | None = None
     power: list[PowerResult] = field(default_factory=list)
     elapsed_s: float = 0.0
+    csan: dict[str, Any] | None = None  # ``--csan``: {"races": n, "lines": [...], "reports": [...]} (`checks.csan`)
 
     @property
     def failed_tests(self) -> list[TestResult]:
@@ -167,6 +168,7 @@ class RunSummary:
             and not self.failed_tests
             and (self.calibration is None or self.calibration.passed)
             and all(p.passed for p in self.power)
+            and not (self.csan or {}).get("races")
         )
 
     def to_dict(self, include_bins: bool = True) -> dict[str, Any]:
@@ -189,4 +191,5 @@ class RunSummary:
             "skipped": self.skipped,
             "calibration": self.calibration.to_dict() if self.calibration else None,
             "power": [p.to_dict() for p in self.power],
+            "csan": self.csan,
         }

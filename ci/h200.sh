@@ -20,12 +20,17 @@
 #   chisq_power   power of every CPU-affordable planted bias
 #   chisq_capped  power of the capped-noise biases (~1e12 token-draws each)
 #   chisq_deep    2^12..2^17-token tails 12..30 logits below the head (the runner's sampler)
+#   csan          CUDA's stream sanitizer: the stream mutant killed by csan with its control clean
+#                 (`mutants --only runner_stream_reads_default_stream_write`), then `stress --csan` and
+#                 `chisq --csan --quick` (both must be clean)
+#   sanitizer     compute-sanitizer memcheck/racecheck (ci/sanitizer.sh; not in 'all': run it alone, it
+#                 instruments every launch; exit 3 = unsupported on this device/runtime)
 # Logs and reports go to OUTDIR/<job>; OUTDIR/jobs.txt lists each job's exit status and seconds.
 set -uo pipefail
 out=${1:?usage: ci/h200.sh OUTDIR JOB...}
 shift
 jobs=" $* "
-[ "$jobs" = " all " ] && jobs=" bench host_profile gpu_tests mutants mutants_new race_rates verify stress chisq_matrix chisq_power chisq_capped chisq_deep "
+[ "$jobs" = " all " ] && jobs=" bench host_profile gpu_tests mutants mutants_new race_rates verify stress chisq_matrix chisq_power chisq_capped chisq_deep csan "
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd) PYTHONUNBUFFERED=1
 rc="python3 -m stress.cli"
@@ -72,5 +77,13 @@ want chisq_capped && job chisq_capped "$limit" $rc chisq --device cuda --no-matr
   --biases u31-floor u32-uniform --power-repeats 2 --out "$out/chisq_capped" &
 want chisq_deep && job chisq_deep "$limit" $rc chisq --device cuda --deep-tail --cases tail-d --no-calibration \
   --no-power --out "$out/chisq_deep" &
+want csan && (
+  job csan_mutant "$limit" $rc mutants --device cuda --quick --no-chisq --only runner_stream_reads_default_stream_write \
+    --junit "$out/csan_mutant.xml" --out "$out/csan_mutant"
+  job csan_stress 150 $rc stress --device cuda --csan --seed 1 --steps 60 --no-progress --out "$out/csan_stress"
+  job csan_chisq 150 $rc chisq --device cuda --csan --quick --no-calibration --no-power --junit "$out/csan_chisq.xml" \
+    --out "$out/csan_chisq"
+) &
+want sanitizer && job sanitizer "${SANITIZER_LIMIT_S:-420}" bash ci/sanitizer.sh "$out/sanitizer" &
 wait
 cat "$out/jobs.txt"

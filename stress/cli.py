@@ -5,7 +5,8 @@ Each command lives in its own module exposing ``add_arguments(parser)`` and
 built from the table below without importing any command, as vLLM's CLI does).  The shared
 options (`stress.cli_options`) are added here, once, with one rule each: ``--device auto`` is
 cuda when torch sees a GPU, else sim, in every command; ``--seed`` is an integer in [0, 2^63);
-``--out`` must be creatable and writable and not a file; ``-v``/``-q`` set the log level.  They
+``--out`` must be creatable and writable and not a file; ``--csan`` (stress, verify, chisq) needs the
+resolved device to be cuda; ``-v``/``-q`` set the log level.  They
 are checked after parsing and before the command runs: a bad value exits 2 with one line.
 """
 from __future__ import annotations
@@ -18,10 +19,12 @@ from dataclasses import dataclass
 from importlib import metadata
 
 from stress.cli_options import (
+    CsanDeviceError,
     DeviceUnavailableError,
     add_logging_options,
     add_run_options,
     configure_logging,
+    resolve_csan,
     resolve_device,
     seed_message,
     seed_type,
@@ -34,13 +37,14 @@ class Command:
     help: str
     run_options: bool = True  # --device, --seed, --out, --no-progress
     eager: bool = False  # --eager
+    csan: bool = False  # --csan
 
 
 COMMANDS: dict[str, Command] = {
-    "verify": Command("stress.verify", "the main job: runner vs oracle under stress, detectors armed, sampler statistics", eager=True),
-    "stress": Command("stress.stress_cmd", "long random churn on one seed; writes a repro file on divergence", eager=True),
+    "verify": Command("stress.verify", "the main job: runner vs oracle under stress, detectors armed, sampler statistics", eager=True, csan=True),
+    "stress": Command("stress.stress_cmd", "long random churn on one seed; writes a repro file on divergence", eager=True, csan=True),
     "replay": Command("stress.replay", "re-run a recorded repro file", run_options=False),
-    "chisq": Command("checks.chisq", "chi-square tests of a sampler against the exact distributions"),
+    "chisq": Command("checks.chisq", "chi-square tests of a sampler against the exact distributions", csan=True),
     "mutants": Command("stress.mutants_cmd", "run the checks against the catalogue of deliberate bugs", eager=True),
     "bench": Command("bench.cli", "benchmarks (results are data, not tests)", eager=True),
     "lint": Command("checks.lint", "static scan of hot-path functions for host reads of device data", run_options=False),
@@ -80,7 +84,7 @@ def command_parser(name: str, module) -> argparse.ArgumentParser:
     # option itself (its default/choices win); the shared checks below run on it all the same.
     parser = _Parser(prog=f"runnercheck {name}", description=cmd.help, conflict_handler="resolve")
     if cmd.run_options:
-        add_run_options(parser, eager=cmd.eager)
+        add_run_options(parser, eager=cmd.eager, csan=cmd.csan)
     add_logging_options(parser)
     module.add_arguments(parser)
     for action in parser._actions:  # a command's own --seed still follows the one seed rule
@@ -116,6 +120,11 @@ def check_shared(args: argparse.Namespace) -> None:
         try:
             args.device = resolve_device(args.device)
         except DeviceUnavailableError as e:
+            raise UsageError(str(e)) from None
+    if getattr(args, "csan", False):
+        try:
+            args.csan = resolve_csan(args.csan, args.device)
+        except CsanDeviceError as e:
             raise UsageError(str(e)) from None
     if getattr(args, "out", None) is not None:
         try:

@@ -9,6 +9,9 @@
 * ``--no-progress``: no progress bar (progress lines still go to a non-terminal log).
 * ``-v`` / ``-q``: more / less logging (`logging`, to stderr).
 * ``--eager``: run the runner without CUDA graphs (``cuda_graphs=False`` to factories that take it).
+* ``--csan`` (stress, verify, chisq): run under PyTorch's CUDA stream sanitizer (`checks.csan`);
+  a race it reports is a finding of check ``csan``.  Needs cuda: ``resolve_csan`` is the one rule,
+  applied after ``--device`` is resolved and before any work (`CsanDeviceError` otherwise).
 * ``--shard I/N`` (campaigns: verify's runs, mutants' seeds): this job takes items ``I, I+N,
   I+2N, ...`` of the campaign (0-based), so N jobs on N GPUs or CI runners cover every item exactly
   once (`Shard.select`).
@@ -32,6 +35,19 @@ DEVICE_CHOICES = ("auto", "cuda", "cpu", "sim")
 
 class DeviceUnavailableError(RuntimeError):
     """``--device cuda`` on a machine where torch sees no GPU."""
+
+
+class CsanDeviceError(ValueError):
+    """``--csan`` with a device that is not cuda (CSAN watches CUDA streams only)."""
+
+
+def resolve_csan(csan: bool, device: str) -> bool:
+    """The one rule for ``--csan``: only on a resolved ``cuda`` device."""
+    from checks.csan import NEEDS_CUDA
+
+    if csan and device != "cuda":
+        raise CsanDeviceError(f"{NEEDS_CUDA} (the device resolved to {device})")
+    return bool(csan)
 
 
 def resolve_device(device: str) -> str:
@@ -138,7 +154,7 @@ def add_logging_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("-q", "--quiet", action="count", default=0, help="only errors in the log")
 
 
-def add_run_options(parser: argparse.ArgumentParser, *, eager: bool) -> None:
+def add_run_options(parser: argparse.ArgumentParser, *, eager: bool, csan: bool = False) -> None:
     group = parser.add_argument_group("run")
     group.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
                        help="auto: cuda when torch sees a GPU, else sim (the same rule in every command)")
@@ -147,6 +163,9 @@ def add_run_options(parser: argparse.ArgumentParser, *, eager: bool) -> None:
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
     if eager:
         group.add_argument("--eager", action="store_true", help="run the runner without CUDA graphs")
+    if csan:
+        group.add_argument("--csan", action="store_true",
+                           help="run under PyTorch's CUDA stream sanitizer; a race is a 'csan' finding (needs --device cuda)")
 
 
 def configure_logging(verbose: int, quiet: int) -> None:
@@ -155,5 +174,5 @@ def configure_logging(verbose: int, quiet: int) -> None:
     logging.getLogger().setLevel(max(logging.DEBUG, min(level, logging.CRITICAL)))
 
 
-__all__ = ["DEVICE_CHOICES", "DeviceUnavailableError", "Shard", "resolve_device", "seed_message", "seed_type", "int_type",
+__all__ = ["DEVICE_CHOICES", "CsanDeviceError", "DeviceUnavailableError", "resolve_csan", "Shard", "resolve_device", "seed_message", "seed_type", "int_type",
            "float_type", "shard_type", "add_shard_option", "add_logging_options", "add_run_options", "configure_logging"]

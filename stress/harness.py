@@ -10,7 +10,10 @@ run, and return one typed `Findings` -- the only loop behind `verify`, `stress`,
   staging-lifetime checker (``count`` or ``error`` mode) on the runner's staging pool, when it has
   one, and the KV provenance check with the prefix-cache statistics (`stress.prefix_checks`),
   armed after any mutant.  A host sync beyond the runner's own counted back-pressure waits is a
-  finding; so is a KV provenance violation.
+  finding; so is a KV provenance violation.  With ``config.csan`` (cuda) the session also holds a
+  `checks.csan.CsanMonitor`, armed *before* the runner is built (CSAN must see the init-time writes
+  the first steps read) and before a device mutant is installed: every race CSAN reports during
+  the run is a finding of check ``csan``, recorded, not raised.
 * `checked_run(config, ops)`: the differential run with ``ops`` (`ChurnOps` or `TraceOps`) as
   the operation source, in this process; `stress.isolation.isolated_runs` runs it in child
   processes (a crash becomes a finding with a repro).
@@ -48,6 +51,7 @@ class Session:
     oracle: Any
     scheduler: SchedulerSim
     fault: Any = None  # the installed `stress.faults.LogitsFault`, if the config asks for one and the runner takes it
+    csan: Any = None  # the armed `checks.csan.CsanMonitor` of a ``config.csan`` run (disarmed by `checked_run`)
 
 
 def load_runner_factory(spec: str) -> Callable:
@@ -59,15 +63,40 @@ def load_runner_factory(spec: str) -> Callable:
 
 
 def build_session(config: RunConfig) -> Session:
-    """Weights, device, runner (+ mutant), oracle and scheduler for ``config``."""
+    """Weights, device, runner (+ mutant), oracle and scheduler for ``config`` (and the CSAN monitor)."""
     from impl.device import Device, DeviceError
-    from impl.model.weights import random_weights
 
     check_model_size(config.model_config, config.limits)
     try:
         device = Device(config.device, seed=config.seed, lag_policy=config.lag_policy or "random-drain")
     except DeviceError as e:
         raise RunSetupError(str(e)) from None
+    monitor = arm_csan() if config.csan else None
+    try:
+        session = _build_on(device, config)
+    except BaseException:
+        if monitor is not None:
+            monitor.disarm()
+        raise
+    session.csan = monitor
+    return session
+
+
+def arm_csan() -> Any:
+    """An armed `checks.csan.CsanMonitor`; `RunSetupError` when this torch or machine has no CSAN."""
+    from checks.csan import CsanMonitor, CsanUnavailableError
+
+    try:
+        return CsanMonitor().arm()
+    except CsanUnavailableError as e:
+        raise RunSetupError(str(e)) from None
+
+
+def _build_on(device: Any, config: RunConfig) -> Session:
+    from impl.model.weights import random_weights
+
+    if config.mutant is not None and _mutant_target(config.mutant) == "device":
+        apply_mutant(config.mutant, device=device)  # before the runner allocates through the device
     factory = load_runner_factory(config.runner)
     weights = random_weights(config.model_config, seed=config.seed)
     kwargs = {"cuda_graphs": config.cuda_graphs} if accepts_keyword(factory, "cuda_graphs") else {}
@@ -77,7 +106,7 @@ def build_session(config: RunConfig) -> Session:
         raise RunSetupError(f"runner factory {config.runner!r} failed: {type(e).__name__}: {e}") from None
     scheduler = SchedulerSim(config.limits, seed=config.seed, max_inflight_steps=config.scheduler.max_inflight_steps,
                              draft_prob=config.scheduler.draft_prob, prefix_caching=config.scheduler.prefix_caching)
-    if config.mutant is not None:
+    if config.mutant is not None and _mutant_target(config.mutant) != "device":
         apply_mutant(config.mutant, runner, scheduler)
     from reference.runner import ReferenceRunner, ReferenceRunnerError
 
@@ -99,13 +128,22 @@ def build_session(config: RunConfig) -> Session:
     return Session(device, runner, oracle, scheduler, fault)
 
 
-def apply_mutant(name: str, runner: Any, scheduler: Any = None) -> Any:
-    """Install mutant ``name`` into ``runner`` (or, for a scheduler mutant, ``scheduler``; `stress.mutants`);
-    `RunSetupError` when it cannot be."""
+def _mutant_target(name: str) -> str:
     from stress import mutants
 
     try:
-        return mutants.apply(name, runner=runner, scheduler=scheduler)
+        return mutants.get(name).target
+    except LookupError as e:
+        raise RunSetupError(f"mutant {name!r}: {e}") from None
+
+
+def apply_mutant(name: str, runner: Any = None, scheduler: Any = None, *, device: Any = None) -> Any:
+    """Install mutant ``name`` into ``runner`` (or, for a scheduler mutant, ``scheduler``; for a device
+    mutant, ``device``; `stress.mutants`); `RunSetupError` when it cannot be."""
+    from stress import mutants
+
+    try:
+        return mutants.apply(name, runner=runner, scheduler=scheduler, device=device)
     except (LookupError, ValueError) as e:
         raise RunSetupError(f"mutant {name!r}: {e}") from None
 
@@ -129,9 +167,10 @@ def unaccounted_syncs_message(report: Any, runner: Any) -> str | None:
 
 class Detectors:
     """The sync detector (count mode), the staging-lifetime checker and the KV provenance check,
-    armed on one session's runner (``scheduler``: whose prefix cache the findings describe)."""
+    armed on one session's runner (``scheduler``: whose prefix cache the findings describe); and
+    ``csan``, the session's CSAN monitor when the run has one."""
 
-    def __init__(self, runner: Any, lifetime_mode: str = "count", scheduler: Any = None):
+    def __init__(self, runner: Any, lifetime_mode: str = "count", scheduler: Any = None, csan: Any = None):
         from checks.lifetime import LifetimeChecker
         from checks.sync import arm_runner
         from stress.prefix_checks import arm_prefix_checks
@@ -142,15 +181,19 @@ class Detectors:
         self.pool = pool if pool is not None and hasattr(pool, "observers") else None
         self.lifetime = LifetimeChecker(lifetime_mode).attach(self.pool) if self.pool is not None else None
         self.prefix = arm_prefix_checks(runner, scheduler) if scheduler is not None else None
+        self.csan = csan
 
     def disarm(self) -> None:
         if self.lifetime is not None:
             self.lifetime.detach(self.pool)
 
     def fired(self) -> str | None:
-        """What stops a ``stop_on_sync`` run early: a host sync, or (cpu/sim, as it happens) a KV provenance violation."""
+        """What stops a ``stop_on_sync`` run early: a host sync, a CSAN race, or (cpu/sim, as it happens)
+        a KV provenance violation."""
         if self.prefix is not None and self.prefix.fired():
             return "kv provenance violation"
+        if self.csan is not None and self.csan.count:
+            return "csan race"
         return self.sync_message()
 
     @property
@@ -223,6 +266,10 @@ class Findings:
     lifetime_violations: int = 0
     lifetime_errors: list[str] = field(default_factory=list)
     prefix: Any = None  # `stress.prefix_checks.PrefixCacheFindings` (hit rate, KV provenance), None if not armed
+    csan_checked: bool = False  # the run ran under CSAN (`checks.csan`)
+    csan_races: int = 0  # races CSAN reported
+    csan_lines: list[str] = field(default_factory=list)  # the first races, one line each (tensor, ops, streams, sites)
+    csan_reports: list[str] = field(default_factory=list)  # CSAN's own messages (stacks) of the first races
     cuda_graphs: dict | None = None  # the runner's `cuda_graph_stats()` (replays, fallbacks by reason), if it has them
     coverage: dict[str, int] = field(default_factory=dict)
     crash: str | None = None  # "killed by signal SIGSEGV" when the isolated run died
@@ -236,7 +283,8 @@ class Findings:
 
     @property
     def passed(self) -> bool:
-        return self.result.ok and self.host_syncs == 0 and self.lifetime_violations == 0 and self.provenance_violations == 0
+        return (self.result.ok and self.host_syncs == 0 and self.lifetime_violations == 0 and self.provenance_violations == 0
+                and self.csan_races == 0)
 
     @property
     def provenance_violations(self) -> int:
@@ -298,7 +346,21 @@ def checked_run(config: RunConfig, source: ChurnOps | TraceOps, *, name: str = "
     """
     started = time.perf_counter()
     session = build_session(config)
-    detectors = Detectors(session.runner, lifetime_mode, session.scheduler)
+    try:
+        return _checked_session_run(session, config, source, name=name, lifetime_mode=lifetime_mode,
+                                    stop_on_sync=stop_on_sync, on_tick=on_tick, on_step=on_step, on_tick_ops=on_tick_ops,
+                                    on_delivered=on_delivered, on_enqueue=on_enqueue, started=started)
+    finally:
+        if session.csan is not None:
+            session.csan.disarm()
+
+
+def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps | TraceOps, *, name: str,
+                         lifetime_mode: str, stop_on_sync: bool, on_tick: Callable[[int], None] | None,
+                         on_step: Callable[[StepReport], None] | None, on_tick_ops: Callable[[int, list], None] | None,
+                         on_delivered: Callable[[int], None] | None, on_enqueue: Callable[[int], None] | None,
+                         started: float) -> Findings:
+    detectors = Detectors(session.runner, lifetime_mode, session.scheduler, session.csan)
     ops = make_ops(source, config)
     coverage = CoverageCounter(config.limits, session.fault)
     from stress.staged_writes import StagedWriteObserver
@@ -375,7 +437,10 @@ def checked_run(config: RunConfig, source: ChurnOps | TraceOps, *, name: str = "
     if staged.active:
         coverage.add(staged.totals())
     coverage.add(targeted_delay_hits(session.device, delay_policy))
+    csan = session.csan
     return Findings(
+        csan_checked=csan is not None, csan_races=csan.count if csan is not None else 0,
+        csan_lines=csan.lines() if csan is not None else [], csan_reports=[r.text for r in csan.races[:3]] if csan is not None else [],
         name=name, config=config, result=result, trace=[list(t) for t in ops.trace[: max(result.ticks, 0)]],
         host_syncs=detectors.host_syncs, counted_waits=detectors.counted_waits, host_sync_sites=detectors.sync_sites(),
         lifetime_checked=lifetime is not None, lifetime_violations=lifetime.violations if lifetime is not None else 0,

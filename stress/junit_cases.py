@@ -1,6 +1,7 @@
 """JUnit renderings of `verify` and `mutants` results (`checks.junit` writes the XML).
 
-verify: one case per run (failure: its first divergence, crash, host sync or lifetime violation;
+verify: one case per run (failure: its first divergence, crash, host sync, lifetime, kv provenance
+violation or csan race;
 properties: seed and repro path), plus one for the coverage gate and one for the statistics.
 mutants: one case per mutant (failure: it survived, or was killed by other checks than it was
 built for; skipped: needs a GPU) and one per control (failure: a check fired on the unmutated
@@ -45,6 +46,9 @@ def _run_failure(run: dict) -> str | None:
     if run.get("provenance_violations"):
         lines = (run.get("prefix_cache") or {}).get("provenance_lines") or ["?"]
         return f"{run['provenance_violations']} kv provenance violation(s): {lines[0]}"
+    if run.get("csan_races"):
+        lines = run.get("csan_lines") or ["?"]
+        return f"{run['csan_races']} csan race(s): {lines[0]}"
     return None
 
 
@@ -56,7 +60,8 @@ def verify_cases(doc: dict) -> list[JUnitCase]:
             props["repro"] = run["repro"]
         cases.append(JUnitCase(name=f"{run['name']} (seed {run['seed']})", classname=f"runnercheck.verify.{doc['device']}",
                                time_s=float(run.get("elapsed_s", 0.0)), failure=_run_failure(run),
-                               failure_details="\n".join(run.get("divergence_lines", [])), properties=props))
+                               failure_details="\n".join(run.get("divergence_lines", []) + run.get("csan_reports", [])),
+                               properties=props))
     zero = doc.get("coverage_zero", [])
     cases.append(JUnitCase(name="coverage", classname=f"runnercheck.verify.{doc['device']}",
                            failure=f"features not exercised: {', '.join(zero)}" if zero else None,

@@ -1,8 +1,8 @@
 """The mutant registry: `Mutant`, `AppliedMutant` (the record of what a mutant patched, undone on
 exit) and the ``CATALOGUE`` that the ``_mutant`` decorator fills.
 
-`stress.mutants` (the core catalogue), `stress.mutants_graphs` and `stress.mutants_prefix` register
-into it; `stress.mutants` imports the other two, so importing it gives the whole catalogue.  This
+`stress.mutants` (the core catalogue), `stress.mutants_graphs`, `stress.mutants_prefix` and
+`stress.mutants_streams` register into it; `stress.mutants` imports the other three, so importing it gives the whole catalogue.  This
 module imports none of them (no import cycle).
 
 Ownership: ``CATALOGUE`` is written only at import, by the ``_mutant`` decorator; an
@@ -17,7 +17,7 @@ from typing import Any, Callable
 from stress.mutant_workloads import WORKLOADS
 
 CLASSES = ("race", "sync", "state", "sampler")
-CHECKS = ("sync", "lifetime", "differential", "chisq", "provenance")
+CHECKS = ("sync", "lifetime", "differential", "chisq", "provenance", "csan")
 
 
 class UnknownMutantError(LookupError):
@@ -70,11 +70,13 @@ class Mutant:
     requires: tuple[str, ...]
     needs_gpu: bool = False
     chisq_case: str | None = None
-    target: str = "runner"  # what ``install`` patches: "runner" (or a sampler probe) or "scheduler"
+    target: str = "runner"  # what ``install`` patches: "runner" (or a sampler probe), "scheduler", or "device"
+    # ("device": the `impl.device.Device`, installed before the runner is built; `stress.mutants_streams`)
 
     def __post_init__(self) -> None:
-        if self.cls not in CLASSES or not set(self.checks) <= set(CHECKS) or self.workload not in WORKLOADS:
-            raise ValueError(f"mutant {self.name!r}: bad class, checks or workload")
+        if (self.cls not in CLASSES or not set(self.checks) <= set(CHECKS) or self.workload not in WORKLOADS
+                or self.target not in ("runner", "scheduler", "device")):
+            raise ValueError(f"mutant {self.name!r}: bad class, checks, workload or target")
 
 
 CATALOGUE: dict[str, Mutant] = {}

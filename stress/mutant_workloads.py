@@ -88,6 +88,12 @@ def _penalised(rng: random.Random, max_tokens: int) -> SamplingParams:
                           frequency_penalty=round(rng.uniform(1.0, 2.0), 3), presence_penalty=round(rng.uniform(0.5, 1.5), 3))
 
 
+# The first steps after init (`stress.mutants_streams`): CSAN slows every op, and a race between
+# init-time writes and the first kernels shows up at capture warm-up or the first step.
+WORKLOADS["first-steps"] = Workload(
+    "first-steps", "as steady, a few ticks: the first steps read what init wrote", WORKLOADS["steady"].churn,
+    ticks=4, full_ticks=8)
+
 # Penalised decodes (`stress.mutants_graphs`): a padding request counted into a live row's output
 # counts changes the penalties.
 WORKLOADS["decode-penalties"] = Workload(

@@ -9,7 +9,9 @@ rebound: `stress.mutant_kernels`), and names the check(s) built to kill it:
 * ``lifetime``: the staging-slot lifetime assertions (`checks.lifetime.LifetimeChecker`);
 * ``differential``: runner vs the float64 oracle under stress (`stress.driver.DifferentialRun`);
 * ``chisq``: chi-square / tail-mass tests of the runner's sampler (`checks.chisq`, `checks.stats`);
-* ``provenance``: the KV provenance shadow (`checks.kv_provenance.arm_kv_provenance`).
+* ``provenance``: the KV provenance shadow (`checks.kv_provenance.arm_kv_provenance`);
+* ``csan``: PyTorch's CUDA stream sanitizer (`checks.csan`), cuda only: unordered accesses between
+  streams (`stress.mutants_streams`: device mutants, installed before the runner is built).
 
 Prefix-caching mutants live in `stress.mutants_prefix` (registered here at import); some of them
 are scheduler bugs (``target="scheduler"``): they patch the `stress.scheduler.SchedulerSim`
@@ -374,13 +376,14 @@ def get(name: str) -> Mutant:
 
 def apply(name: str, *, runner: Any = None, device: Any = None, target: Any = None, scheduler: Any = None) -> AppliedMutant:
     """Install mutant ``name`` into ``runner`` (or ``target``: any object with the parts it patches;
-    a ``target="scheduler"`` mutant into ``scheduler``).
+    a ``target="scheduler"`` mutant into ``scheduler``, a ``target="device"`` one into ``device``).
 
-    ``device`` is accepted for the `runnercheck stress --mutant` call; mutants use the target's own.
+    Runner mutants use the runner's own device, not ``device``.
     Raises `UnknownMutantError` or `MutantTargetError` before patching anything.
     """
     mutant = get(name)
-    target = target if target is not None else (scheduler if mutant.target == "scheduler" else runner)
+    if target is None:
+        target = {"scheduler": scheduler, "device": device}.get(mutant.target, runner)
     missing = [part for part in mutant.requires if not hasattr(target, part)]
     if target is None or missing:
         raise MutantTargetError(f"mutant {name!r} patches {', '.join(mutant.requires)}, "
@@ -399,6 +402,7 @@ def apply(name: str, *, runner: Any = None, device: Any = None, target: Any = No
 # them last and importing this module gives all of them.
 import stress.mutants_graphs  # noqa: E402,F401
 import stress.mutants_prefix  # noqa: E402,F401
+import stress.mutants_streams  # noqa: E402,F401
 
 __all__ = ["CATALOGUE", "CHECKS", "CLASSES", "WORKLOADS", "AppliedMutant", "Mutant", "MutantTargetError",
            "UnknownMutantError", "Workload", "apply", "get"]

@@ -72,7 +72,7 @@ def _cuda_delay(config: Any) -> dict:
 
 
 def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int, *, mutant: str | None = None,
-                     isolate: bool = True, cuda_graphs: bool = True) -> CheckRun:
+                     isolate: bool = True, cuda_graphs: bool = True, csan: bool = False) -> CheckRun:
     """Runner (with ``mutant`` installed) vs oracle under ``workload``, through `stress.harness.checked_run`.
 
     The lifetime checker raises (``error`` mode) from the host transition that exposes a violation,
@@ -81,7 +81,8 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     on ``sim``, where raising would abandon half a step) and fires on host syncs beyond the runner's
     own counted back-pressure waits; the run stops at the end of the tick in which it fired.  The
     differential stops at its first divergence.  The run executes in a child process: a crash is
-    evidence for the differential check (the run found the bug and died of it).
+    evidence for the differential check (the run found the bug and died of it).  ``csan`` (cuda):
+    the run is under CUDA's stream sanitizer too (`checks.csan`); a race it reports stops the run.
     """
     from impl.lag_policies import make_lag_policy
     from impl.model.weights import preset
@@ -99,12 +100,14 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
                        SchedulerConfig(workload.max_inflight, 0.0), lag, None, None, DEFAULT_RUNNER_SPEC, cuda_graphs)
     if device_kind == "cuda" and workload.cuda_lag:
         config = replace(config, delay_policy=_cuda_delay(config))
-    config = replace(config, mutant=mutant)
+    config = replace(config, mutant=mutant, csan=csan)
     findings = (isolated_run if isolate else checked_run)(
         config, ChurnOps(workload.churn, workload.name), name=mutant or f"control {workload.name}",
         lifetime_mode="error", stop_on_sync=True)
-    outcome = CheckRun(ran=["sync", "lifetime", "differential", "provenance"], ticks=findings.result.ticks,
-                       tokens=findings.result.tokens_compared, seconds=findings.elapsed_s)
+    outcome = CheckRun(ran=["sync", "lifetime", "differential", "provenance"] + (["csan"] if csan else []),
+                       ticks=findings.result.ticks, tokens=findings.result.tokens_compared, seconds=findings.elapsed_s)
+    if findings.csan_races:
+        outcome.fired["csan"] = f"{findings.csan_races} race(s); first: {findings.csan_lines[0]}"
     if findings.host_syncs:
         outcome.fired["sync"] = (f"{findings.host_syncs} host sync(s) beyond the runner's {findings.counted_waits} "
                                  f"counted back-pressure wait(s); {'; '.join(findings.host_sync_sites[:3])}")
@@ -173,6 +176,11 @@ def _ticks(workload: Workload, quick: bool) -> int:
     return workload.ticks if quick else workload.full_ticks
 
 
+def _csan(mutant: Mutant, opts: MutantsOptions) -> bool:
+    """CSAN slows every op: only runs of mutants built for it (cuda) go under it."""
+    return "csan" in mutant.checks and opts.device == "cuda"
+
+
 def run_mutant(mutant: Mutant, opts: MutantsOptions) -> MutantResult:
     """All checks that apply to ``mutant`` on ``opts.device`` (chi-square first: it is the cheap one on cuda)."""
     base = dict(name=mutant.name, cls=mutant.cls, description=mutant.description, needs_gpu=mutant.needs_gpu,
@@ -186,7 +194,7 @@ def run_mutant(mutant: Mutant, opts: MutantsOptions) -> MutantResult:
     if not (opts.quick and runs and runs[0].fired):
         workload = WORKLOADS[mutant.workload]
         runs.append(run_differential(workload, opts.device, opts.seed, _ticks(workload, opts.quick), mutant=mutant.name,
-                                     isolate=opts.isolate, cuda_graphs=opts.cuda_graphs))
+                                     isolate=opts.isolate, cuda_graphs=opts.cuda_graphs, csan=_csan(mutant, opts)))
     fired: dict[str, str] = {}
     for r in runs:
         fired.update({check: " ".join(text.split()) for check, text in r.fired.items()})  # one line each
@@ -206,13 +214,14 @@ def run_controls(results: Sequence[MutantResult], opts: MutantsOptions) -> list[
     """
     controls: list[ControlResult] = []
     ticks: dict[str, int] = {}
+    csan_workloads = {r.workload for r in results if "csan" in r.checks_run}  # the control runs under CSAN too
     for r in results:
         if "differential" in r.checks_run:
             budget = max(r.ticks, 1) if opts.quick else _ticks(WORKLOADS[r.workload], quick=False)
             ticks[r.workload] = max(ticks.get(r.workload, 0), budget)
     for name, budget in ticks.items():
         run = run_differential(WORKLOADS[name], opts.device, opts.seed, budget, isolate=opts.isolate,
-                               cuda_graphs=opts.cuda_graphs)
+                               cuda_graphs=opts.cuda_graphs, csan=name in csan_workloads)
         controls.append(ControlResult("workload", name, run.fired, run.ticks, run.seconds))
     if opts.runs_chisq:
         for case_key in dict.fromkeys(CATALOGUE[r.name].chisq_case for r in results if "chisq" in r.checks_run):

@@ -11,6 +11,11 @@ Options (all prefixed, so they never clash with a host project's own):
 ``--runnercheck-steps N``                         scheduler ticks of a differential run (default 24)
 ``--runnercheck-report-dir DIR``                  reports and repro files under ``DIR/<test>`` (default: the
                                                   test's ``tmp_path``; chi-square reports only with this option)
+``--runnercheck-csan``                            PyTorch's CUDA stream sanitizer on for the session, enabled at
+                                                  configure time (before any runner is built); needs the device
+                                                  to resolve to cuda (``stress.cli_options.resolve_csan``, else a
+                                                  usage error).  A differential run records each race as a
+                                                  ``csan`` finding; elsewhere CSAN raises at the racing op.
 
 Fixtures:
 
@@ -63,6 +68,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--runnercheck-report-dir", default=None, metavar="DIR",
                     help="write each check's report (chi-square JSON/Markdown/HTML, repro.json) under DIR/<test> "
                          "instead of the test's tmp_path (for CI artifacts)")
+    group.addoption("--runnercheck-csan", action="store_true", default=False,
+                    help="run under PyTorch's CUDA stream sanitizer (needs --runnercheck-device cuda, or auto on a GPU)")
 
 
 def _cuda_available() -> bool:
@@ -79,6 +86,23 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_OWNED_MARKERS_KEY] = set(owned)
     if config.getoption("runnercheck_device") != "cuda" and "triton" not in sys.modules and not _cuda_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any test module imports the kernels
+    if config.getoption("runnercheck_csan"):
+        _enable_csan(config)
+
+
+def _enable_csan(config: pytest.Config) -> None:
+    """``--runnercheck-csan``: the shared rule (cuda only), then CSAN on before any test builds a runner."""
+    from checks.csan import CsanUnavailableError, enable
+    from stress.cli_options import CsanDeviceError, resolve_csan
+
+    kind = config.getoption("runnercheck_device")
+    if kind == "auto":
+        kind = "cuda" if _cuda_available() else "sim"
+    try:
+        resolve_csan(True, kind)
+        enable()
+    except (CsanDeviceError, CsanUnavailableError) as e:
+        raise pytest.UsageError(f"--runnercheck-csan: {e}") from None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -144,7 +168,8 @@ def _recorder(request: pytest.FixtureRequest) -> Callable[[str, object], None]:
 # --------------------------------------------------------------------------- the differential run
 
 
-def checked_differential_run(spec: str, *, kind: str, seed: int, steps: int, model: str, repro_dir: Path) -> tuple[Any, list[str]]:
+def checked_differential_run(spec: str, *, kind: str, seed: int, steps: int, model: str, repro_dir: Path,
+                             csan: bool = False) -> tuple[Any, list[str]]:
     """The run owner's checked run (`stress.harness.checked_run`) of a seeded churn: the driver's
     `RunResult` and the findings as lines; a divergence writes ``repro_dir/repro.json``."""
     from impl.model.weights import preset
@@ -156,7 +181,7 @@ def checked_differential_run(spec: str, *, kind: str, seed: int, steps: int, mod
     lag = {"name": "random-drain", "seed": seed} if kind == "sim" else None
     try:
         config = RunConfig(seed, steps, kind, model, model_config, default_limits(model_config), SchedulerConfig(2, 0.2),
-                           lag, None, None, spec)
+                           lag, None, None, spec, csan=csan)
         findings = checked_run(config, ChurnOps())
     except RunSetupError as e:
         raise pytest.UsageError(f"runnercheck_differential: {e}") from None
@@ -169,6 +194,8 @@ def checked_differential_run(spec: str, *, kind: str, seed: int, steps: int, mod
                      + "; ".join(findings.host_sync_sites[:3]))
     if findings.lifetime_violations:
         lines.append(f"staging lifetime: {findings.lifetime_violations} violation(s); first: {findings.lifetime_errors[0]}")
+    if findings.csan_races:
+        lines.append(f"csan: {findings.csan_races} race(s); " + "; ".join(findings.csan_lines[:3]))
     if findings.diverged:
         path = findings.repro().save(repro_dir / "repro.json")
         lines.append(f"repro: {path} (runnercheck replay {path})")
@@ -197,7 +224,8 @@ class DifferentialCheck:
         steps = config.getoption("runnercheck_steps") if steps is None else steps
         kind = _device_kind(config)
         repro_dir = _report_dir(self._request) or self._request.getfixturevalue("tmp_path")
-        result, findings = checked_differential_run(spec, kind=kind, seed=seed, steps=steps, model=model, repro_dir=repro_dir)
+        result, findings = checked_differential_run(spec, kind=kind, seed=seed, steps=steps, model=model, repro_dir=repro_dir,
+                                                    csan=bool(config.getoption("runnercheck_csan")))
         for key, value in (("runner", spec), ("device", kind), ("seed", seed), ("ticks", result.ticks),
                            ("steps_compared", result.steps), ("tokens_compared", result.tokens_compared),
                            ("ties", len(result.ties))):

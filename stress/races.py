@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from typing import Sequence
 
 from stress.churn import Churn, ChurnConfig
@@ -61,9 +62,9 @@ def calibrate_cuda_delay(seed: int, host_tick_us: float, *, lag_factor: float = 
 def measure_host_tick_us(config: RunConfig, ticks: int = 12, churn: ChurnConfig = RACE_CHURN) -> float:
     """Median wall time of one scheduler tick (runner step + oracle + scheduling) without delays.
 
-    The median skips the first ticks' kernel compilation on cuda.
+    The median skips the first ticks' kernel compilation on cuda; CSAN is left off (it slows every op).
     """
-    session = build_session(config)
+    session = build_session(replace(config, csan=False))
     stamps: list[float] = []
     churn_ops = Churn(config.limits, config.seed, churn)
 

@@ -39,6 +39,8 @@ def print_findings(findings: Any, title: str) -> None:
         ("host syncs (beyond counted waits)", f"{findings.host_syncs} ({findings.counted_waits} counted waits)"),
         ("staging lifetime violations", str(findings.lifetime_violations) if findings.lifetime_checked else "not checked"),
     ]
+    if findings.csan_checked:
+        rows.append(("csan races", str(findings.csan_races) + "".join(f"\n{line}" for line in findings.csan_lines[:3])))
     if stats is not None:
         rows += [
             ("preempted blocks/forced, resumed", f"{stats.preempted_for_blocks} / {stats.preempted_forced}, {stats.resumed}"),
@@ -85,6 +87,8 @@ def run_line(r: Any) -> str:
         extra += f"  {r.lifetime_violations} lifetime violation(s)"
     if r.provenance_violations:
         extra += f"  {r.provenance_violations} kv provenance violation(s)"
+    if r.csan_races:
+        extra += f"  {r.csan_races} csan race(s): {r.csan_lines[0]}"
     return f"{verdict} {r.name} (seed {r.seed}): {r.steps} steps, {r.tokens_compared} tokens, {r.ties} ties, {r.elapsed_s:.1f} s{extra}"
 
 
@@ -110,7 +114,11 @@ def print_verify_summary(doc: dict, files: list) -> None:
     say = lambda text: out.print(text, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
     say(f"device {doc['device']}, runner {doc['runner']}, {doc['elapsed_s']:.1f} s")
     say(f"divergences {doc['divergences']}, host syncs {doc['host_syncs']}, lifetime violations "
-        f"{doc['lifetime_violations']}, kv provenance violations {doc.get('provenance_violations', 0)}, ties {doc['ties']}")
+        f"{doc['lifetime_violations']}, kv provenance violations {doc.get('provenance_violations', 0)}, ties {doc['ties']}"
+        + (f", csan races {doc['csan_races']}" if any(r.get("csan_checked") for r in doc["runs"]) else ""))
+    for r in doc["runs"]:
+        for line in r.get("csan_lines", [])[:3]:
+            say(f"csan race in {r['name']}: {line}")
     hit_rates = [r["prefix_cache"]["hit_rate"] for r in doc["runs"] if r.get("prefix_cache")]
     if hit_rates:
         say(f"prefix cache hit rate: {min(hit_rates):.0%}..{max(hit_rates):.0%} of prefill tokens over {len(hit_rates)} run(s)")

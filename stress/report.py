@@ -78,6 +78,10 @@ class RunRecord:
     lifetime_violations: int = 0
     lifetime_errors: list[str] = field(default_factory=list)
     provenance_violations: int = 0  # KV provenance (`checks.kv_provenance`)
+    csan_checked: bool = False  # the run ran under CUDA's stream sanitizer (`checks.csan`)
+    csan_races: int = 0
+    csan_lines: list[str] = field(default_factory=list)
+    csan_reports: list[str] = field(default_factory=list)  # CSAN's own messages, with stacks
     prefix_cache: dict | None = None  # `stress.prefix_checks.PrefixCacheFindings.to_dict()`
     cuda_graphs: dict | None = None  # the runner's `cuda_graph_stats()`
     repro: str | None = None
@@ -103,6 +107,8 @@ class RunRecord:
             host_syncs=f.host_syncs, counted_waits=f.counted_waits, host_sync_sites=list(f.host_sync_sites),
             lifetime_checked=f.lifetime_checked, lifetime_violations=f.lifetime_violations,
             lifetime_errors=list(f.lifetime_errors), provenance_violations=f.provenance_violations,
+            csan_checked=f.csan_checked, csan_races=f.csan_races, csan_lines=list(f.csan_lines),
+            csan_reports=list(f.csan_reports),
             prefix_cache=f.prefix.to_dict() if f.prefix is not None else None, cuda_graphs=f.cuda_graphs, repro=repro, crash=f.crash,
             last_completed_step=f.last_completed_step, coverage=dict(f.coverage), elapsed_s=round(f.elapsed_s, 2),
         )
@@ -110,7 +116,7 @@ class RunRecord:
     @property
     def passed(self) -> bool:
         return (self.first_divergence is None and self.host_syncs == 0 and self.lifetime_violations == 0
-                and self.provenance_violations == 0)
+                and self.provenance_violations == 0 and self.csan_races == 0)
 
     def to_dict(self) -> dict:
         return dict(asdict(self), passed=self.passed)
@@ -136,12 +142,13 @@ def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: 
     host_syncs = sum(r.host_syncs for r in runs)
     lifetime = sum(r.lifetime_violations for r in runs)
     provenance_violations = sum(r.provenance_violations for r in runs)
+    csan_races = sum(r.csan_races for r in runs)
     doc = {
         "version": SUMMARY_VERSION,
         "command": command,
         "provenance": provenance if provenance is not None else {},
         "passed": bool(runs) and divergences == 0 and host_syncs == 0 and lifetime == 0 and provenance_violations == 0
-        and chisq_passed(chisq)
+        and csan_races == 0 and chisq_passed(chisq)
         and not zero,
         "device": device,
         "seed": seed,
@@ -153,6 +160,7 @@ def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: 
         "counted_waits": sum(r.counted_waits for r in runs),
         "lifetime_violations": lifetime,
         "provenance_violations": provenance_violations,
+        "csan_races": csan_races,
         "steps": sum(r.steps for r in runs),
         "requests": sum(r.requests for r in runs),
         "ties": sum(r.ties for r in runs),
@@ -214,6 +222,7 @@ def validate_summary(doc: Any) -> None:
         "host_syncs": sum(r["host_syncs"] for r in runs),
         "lifetime_violations": sum(r["lifetime_violations"] for r in runs),
         "provenance_violations": sum(r.get("provenance_violations", 0) for r in runs),
+        "csan_races": sum(r.get("csan_races", 0) for r in runs),
         "steps": sum(r["steps"] for r in runs),
         "ties": sum(r["ties"] for r in runs),
     }

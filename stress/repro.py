@@ -18,6 +18,7 @@ Format (version 2)::
       "cuda_graphs": true,
       "logits_fault": {...stress.faults.LogitsFault.describe()...} | null,
       "draft_source": "random" | "oracle",   # stress.drafts
+      "csan": true,                    # optional (absent: false): run under the CUDA stream sanitizer
       ...and the recording:
       "trace": [[{op}, ...], ...],     # one list of operations per tick (stress.churn)
       "first_divergence": "step 12: request 'r3' position 17: expected token 45, got 112" | null,
@@ -43,7 +44,7 @@ from typing import Any
 from impl.interface import RunnerLimits
 from impl.model.weights import ModelConfig, WeightsError
 from stress.churn import TraceError, validate_operation
-from stress.run_config import BODY_FIELDS, RunConfig, RunSetupError, check_model_size, seed_problem
+from stress.run_config import BODY_FIELDS, OPTIONAL_BODY_FIELDS, RunConfig, RunSetupError, check_model_size, seed_problem
 
 REPRO_VERSION = 2
 RECORDING_FIELDS = ("trace", "first_divergence", "provenance", "version")
@@ -141,6 +142,7 @@ _SCALAR_FIELDS: dict[str, tuple[str, Any]] = {
     "provenance": ("an object", lambda v: isinstance(v, dict)),
     "logits_fault": ("a logits fault object or null", lambda v: v is None or isinstance(v, dict)),
     "draft_source": ("'random' or 'oracle'", lambda v: v in ("random", "oracle")),
+    "csan": ("a bool", lambda v: isinstance(v, bool)),
     "device": ("one of cuda, cpu, sim", lambda v: v in ("cuda", "cpu", "sim")),
     "runner": ("a 'package.module:factory' string", lambda v: isinstance(v, str) and v.count(":") == 1),
     "steps": ("an int >= 0", lambda v: _is_int(v) and v >= 0),
@@ -159,8 +161,8 @@ def _check_schema(doc: dict, source: str) -> None:
     def bad(msg: str) -> ReproError:
         return ReproError(f"{source}: {msg}")
 
-    names = set(BODY_FIELDS) | set(RECORDING_FIELDS)
-    missing = names - set(doc)
+    names = set(BODY_FIELDS) | set(RECORDING_FIELDS) | set(OPTIONAL_BODY_FIELDS)
+    missing = names - set(OPTIONAL_BODY_FIELDS) - set(doc)
     if missing:
         raise bad(f"missing field(s) {sorted(missing)}")
     unknown = set(doc) - names
@@ -169,6 +171,8 @@ def _check_schema(doc: dict, source: str) -> None:
     if doc["version"] != REPRO_VERSION:
         raise bad(f"unknown repro version {doc['version']!r} (this build reads version {REPRO_VERSION})")
     for name, (what, ok) in _SCALAR_FIELDS.items():
+        if name in OPTIONAL_BODY_FIELDS and name not in doc:
+            continue
         if not ok(doc[name]):
             raise bad(f"field {name!r} must be {what}, got {doc[name]!r}")
     model = doc["model"]

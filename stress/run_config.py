@@ -3,7 +3,7 @@
 `RunConfig` holds everything that determines a run apart from its operation source (random
 churn or a recorded trace): seed, model, limits, scheduler knobs, device kind and its lag
 (``sim``) or injected-delay (``cuda``) policy, mutant, runner spec, tick count and whether the
-runner may use CUDA graphs.  `RunConfig.to_body` / `RunConfig.from_body` are the repro file's
+runner may use CUDA graphs, and whether it runs under the CUDA stream sanitizer.  `RunConfig.to_body` / `RunConfig.from_body` are the repro file's
 fields (`stress.repro`), so a recorded run rebuilds exactly.
 
 Also here, because every front-end needs them with one meaning:
@@ -185,6 +185,7 @@ class RunConfig:
     cuda_graphs: bool = True
     logits_fault: dict | None = None  # `stress.faults.LogitsFault.describe()`: NaN/+Inf rows planted in both
     draft_source: str = "random"  # "oracle": drafts rewritten to the oracle's continuation (`stress.drafts`)
+    csan: bool = False  # run under PyTorch's CUDA stream sanitizer (`checks.csan`); cuda only
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
@@ -194,6 +195,10 @@ class RunConfig:
             raise RunSetupError(f"draft_source {self.draft_source!r} must be 'random' or 'oracle'")
         if self.device not in DEVICE_KINDS:
             raise RunSetupError(f"device {self.device!r} must be a resolved kind: one of {', '.join(DEVICE_KINDS)}")
+        if self.csan and self.device != "cuda":
+            from checks.csan import NEEDS_CUDA
+
+            raise RunSetupError(f"{NEEDS_CUDA} (this run's device is {self.device})")
 
     # ------------------------------------------------------------------ the repro body
     def to_body(self) -> dict:
@@ -212,6 +217,8 @@ class RunConfig:
             "cuda_graphs": self.cuda_graphs,
             "logits_fault": self.logits_fault,
             "draft_source": self.draft_source,
+            # optional: only a CSAN run records it, so repros recorded before it keep their checksum
+            **({"csan": True} if self.csan else {}),
         }
 
     @classmethod
@@ -228,18 +235,20 @@ class RunConfig:
             model_config=model_config, limits=limits, scheduler=sched, lag_policy=body["lag_policy"],
             delay_policy=body["delay_policy"], mutant=body["mutant"], runner=body["runner"],
             cuda_graphs=body.get("cuda_graphs", True), logits_fault=body.get("logits_fault"),
-            draft_source=body.get("draft_source", "random"),
+            draft_source=body.get("draft_source", "random"), csan=body.get("csan", False),
         )
 
 
 BODY_FIELDS = ("seed", "model", "limits", "scheduler", "device", "lag_policy", "delay_policy", "mutant", "runner",
                "steps", "cuda_graphs", "logits_fault", "draft_source")
+OPTIONAL_BODY_FIELDS = ("csan",)  # absent means False
 
 
 def describe_policy(policy: dict) -> str:
     return " ".join([policy["name"]] + [f"{k}={v}" for k, v in policy.items() if k != "name"])
 
 
-__all__ = ["RunConfig", "RunSetupError", "RandomDelay", "TargetedDelay", "delay_policy_from_dict", "SEED_LIMIT", "BODY_FIELDS", "DEVICE_KINDS", "check_seed",
+__all__ = ["RunConfig", "RunSetupError", "RandomDelay", "TargetedDelay", "delay_policy_from_dict", "SEED_LIMIT",
+           "BODY_FIELDS", "OPTIONAL_BODY_FIELDS", "DEVICE_KINDS", "check_seed",
            "seed_problem", "default_limits", "check_model_size", "model_parameters", "describe_policy",
            "MAX_MODEL_PARAMETERS", "MAX_KV_TOKENS"]

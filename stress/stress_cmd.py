@@ -110,7 +110,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                             num_kv_blocks=args.num_kv_blocks, max_num_batched_tokens=args.max_batched_tokens)
     config = RunConfig(args.seed, args.steps, kind, args.model, model_config, limits,
                        SchedulerConfig(args.max_inflight, args.draft_prob), lag, delay, args.mutant, args.runner,
-                       cuda_graphs=not args.eager)
+                       cuda_graphs=not args.eager, csan=getattr(args, "csan", False))
     if args.mutant is not None:
         from stress import mutants
 

@@ -2,7 +2,7 @@
 then the sampler statistics, then a report folder.
 
     runnercheck verify [--device auto|cuda|sim|cpu] [--quick] [--seed S] [--out DIR] [--runner pkg.mod:factory]
-                       [--eager] [--junit FILE]
+                       [--eager] [--csan] [--junit FILE]
 
 1. Differential stress runs, each a `stress.harness.checked_run` in its own child process (a
    crash is a finding with a repro), side by side on the usable cores: the host-sync detector and
@@ -26,7 +26,8 @@ then the sampler statistics, then a report folder.
 
 A run passes when runner and oracle agree on every compared step, every host read/wait inside
 ``execute_model`` is one of the runner's own counted back-pressure waits
-(`stress.harness.counted_waits`), and the staging checker saw no violation.  Exit 0 only when
+(`stress.harness.counted_waits`), the staging checker saw no violation, and (``--csan``, cuda)
+CUDA's stream sanitizer reported no race (`checks.csan`).  Exit 0 only when
 every run, the coverage and the statistics pass; 1 otherwise; 2 for arguments or a runner that
 cannot be built.
 
@@ -101,7 +102,7 @@ _CPU = [("one-ahead", 1, 0.0), ("one-ahead drafts", 1, 0.3), ("two-ahead", 2, 0.
 
 
 def _config(seed: int, ticks: int, kind: str, model: str, limits: dict, inflight: int, draft_prob: float,
-            lag: dict | None, delay: dict | None, runner: str, cuda_graphs: bool) -> RunConfig:
+            lag: dict | None, delay: dict | None, runner: str, cuda_graphs: bool, csan: bool = False) -> RunConfig:
     model_config = preset(model)
     if lag is not None and lag["name"] == "random-drain":
         lag = dict(lag, seed=seed)
@@ -112,14 +113,15 @@ def _config(seed: int, ticks: int, kind: str, model: str, limits: dict, inflight
     fault = LogitsFault(min_position=max(VERIFY_CHURN.max_prompt_len, 16)).describe()
     return RunConfig(seed, ticks, kind, model, model_config, default_limits(model_config, **limits),
                      SchedulerConfig(inflight, draft_prob), lag, delay, None, runner, cuda_graphs, fault,
-                     draft_source="oracle" if draft_prob > 0 else "random")
+                     draft_source="oracle" if draft_prob > 0 else "random", csan=csan)
 
 
 def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | None = None, max_runs: int | None = None,
               model: str = "micro", cuda_delay: Callable[[int, tuple[str, ...] | None], dict] | None = None,
-              cuda_graphs: bool = True) -> list[PlannedRun]:
+              cuda_graphs: bool = True, csan: bool = False) -> list[PlannedRun]:
     """The runs of one verify job.  ``cuda_delay(seed, targets)`` gives a run's delay policy on cuda
-    (``targets``: the resources a targeted run delays the readers of; None: delays before steps)."""
+    (``targets``: the resources a targeted run delays the readers of; None: delays before steps);
+    ``csan``: every cuda run under the CUDA stream sanitizer (`checks.csan`)."""
     from stress.races import RACE_CHURN
 
     runs: list[PlannedRun] = []
@@ -134,7 +136,7 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
         for i, (name, inflight, drafts, targets) in enumerate(_CUDA_QUICK if quick else _CUDA_FULL):
             delay = cuda_delay(seed + i, targets) if cuda_delay is not None else None
             limits = _CUDA_RUN_LIMITS.get(name, CUDA_LIMITS)
-            cfg = _config(seed + i, ticks, kind, model, limits, inflight, drafts, None, delay, runner, cuda_graphs)
+            cfg = _config(seed + i, ticks, kind, model, limits, inflight, drafts, None, delay, runner, cuda_graphs, csan)
             runs.append(PlannedRun(name, cfg, RACE_CHURN))
     elif kind == "cpu":
         ticks = ticks or (30 if quick else 200)
@@ -225,7 +227,11 @@ def run(args: argparse.Namespace) -> int:
             cuda_delay, note = _calibrate_cuda(args)
             notes.append(note)
         plan = plan_runs(kind, args.seed, args.runner, quick=args.quick, ticks=args.steps, max_runs=args.runs,
-                         model=args.model, cuda_delay=cuda_delay, cuda_graphs=not args.eager)
+                         model=args.model, cuda_delay=cuda_delay, cuda_graphs=not args.eager,
+                         csan=getattr(args, "csan", False))
+        if getattr(args, "csan", False):
+            notes.append("differential runs under CUDA's stream sanitizer (--csan): a race it reports fails the run; "
+                         "the sampler statistics run without it (runnercheck chisq --csan)")
         shard = args.shard
         if not shard.whole:
             whole, plan = plan, shard.select(plan)

@@ -121,6 +121,14 @@ def test_bad_runner_spec_is_a_usage_error(user_project: pytest.Pytester) -> None
     result.stdout.fnmatch_lines(["*--runnercheck-runner*no_such_mod*"])
 
 
+def test_csan_option_off_cuda_is_a_usage_error_before_any_test(user_project: pytest.Pytester) -> None:
+    user_project.makepyfile(test_x="def test_x(runnercheck_differential):\n    runnercheck_differential()\n")
+    result = user_project.runpytest_subprocess("-p", PLUGIN, "--runnercheck-csan", "--runnercheck-device", "sim")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--runnercheck-csan: --csan needs --device cuda*"])
+    result.stdout.no_fnmatch_line("*test_x*PASSED*")
+
+
 def test_detector_fixtures_catch_planted_bugs(user_project: pytest.Pytester) -> None:
     user_project.makepyfile(test_detectors="""
         import pytest

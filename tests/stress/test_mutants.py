@@ -54,8 +54,8 @@ def test_every_mutant_names_its_checks_workload_and_probe():
         assert (m.chisq_case is not None) == ("chisq" in m.checks), m.name
         if m.chisq_case:
             assert m.chisq_case in probes, m.name
-        if m.needs_gpu:  # nothing a CPU run could kill: the chi-square probe is its designed check
-            assert m.checks == ("chisq",), m.name
+        if m.needs_gpu:  # nothing a CPU run could kill: a cuda-only check (chi-square probe, CSAN) is its designed one
+            assert m.checks in (("chisq",), ("csan",)), m.name
     designed = {c: {m.name for m in CATALOGUE.values() if c in m.checks} for c in CHECKS}
     assert all(designed.values()), designed
 
@@ -95,9 +95,10 @@ def test_apply_patches_the_runner_and_undo_restores_it(name, micro_runner):
     from stress.scheduler import SchedulerSim
 
     scheduler = SchedulerSim(micro_runner.limits)  # scheduler mutants (prefix cache) patch it instead
-    parts = {**_patchable(micro_runner), "scheduler": scheduler, "scheduler.blocks": scheduler.blocks}
+    device = Device("sim", seed=0)  # device mutants (stream ordering) patch the device the runner is built on
+    parts = {**_patchable(micro_runner), "scheduler": scheduler, "scheduler.blocks": scheduler.blocks, "device": device}
     before = _snapshot(parts)
-    with catalogue.apply(name, runner=micro_runner, scheduler=scheduler) as applied:
+    with catalogue.apply(name, runner=micro_runner, scheduler=scheduler, device=device) as applied:
         assert applied.mutant.name == name
         assert _snapshot(parts) != before, f"{name} patched nothing it could be caught by"
     assert _snapshot(parts) == before
