@@ -45,9 +45,10 @@ PHILOX_M1 = 0xCD9E8D57
 PHILOX_W0 = 0x9E3779B9
 PHILOX_W1 = 0xBB67AE85
 NOISE_STREAM = 0
-DRAFT_STREAM = 1
-ACCEPT_STREAM = 2
-RESAMPLE_STREAM = 3
+# constexpr: jit functions may read only constexpr globals (docs/SAMPLING.md assigns the streams)
+DRAFT_STREAM = tl.constexpr(1)
+ACCEPT_STREAM = tl.constexpr(2)
+RESAMPLE_STREAM = tl.constexpr(3)
 
 
 @triton.jit
