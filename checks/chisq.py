@@ -11,6 +11,9 @@ Self-tests of the tests: *calibration* (the chosen sampler over many seeds must 
 stated rate) and *power* (each planted-bias sampler of `checks.samplers.PLANTED_BIASES` must be
 rejected in the case built to expose it).  The case catalogue (`build_cases`, `deep_tail_cases`,
 `power_cases`, ...) is `checks.chisq_cases`; the numbers behind their sizes are in docs/CHISQ.md.
+With the matrix run the speculative-verification cases and their planted biases (`checks.chisq_spec`:
+the first two tokens under speculation against the target's joint, the emitted-length law), in
+their own correction family; ``--no-spec`` leaves them out.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 from checks import stats
+from checks.chisq_spec import SPEC_BIASES, default_spec_verifier, run_spec_cases, run_spec_power
 from checks.chisq_cases import SamplingCase, build_cases, calibration_case, deep_tail_cases, power_cases, power_plan
 from checks.sampler_contract import (
     SamplerContractError, SamplerLimitError, check_sampler_output, contract_failure, declared_unsupported, describe_exception,
@@ -174,6 +178,7 @@ class RunOptions:
     biases: tuple[str, ...] | None = None  # planted biases for the power report (None: the mode's plan)
     power_repeats: int | None = None
     max_rows_per_call: int | None = None  # bound on the logit rows of one sampler call (None: the sampler's own or none)
+    spec: bool = True  # the speculative-verification cases (`checks.chisq_spec`), with the matrix
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -294,6 +299,11 @@ def single_threaded_on_cpu(device: torch.device):
         torch.set_num_threads(before)
 
 
+def _named(biases: tuple[str, ...] | None, known) -> tuple[str, ...] | None:
+    """The asked-for biases that belong to ``known`` (None: each runner's own plan)."""
+    return None if biases is None else tuple(b for b in biases if b in known)
+
+
 def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) -> stats.RunSummary:
     """Matrix, then calibration and power as asked; returns the summary the report is written from."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -308,6 +318,11 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) 
             bar.update(task, description=label, done=bar.tasks[0].fields["done"] + work)
 
         results, skipped = run_matrix(sampler, opts, device, tick) if opts.matrix else ([], [])
+        if opts.matrix and opts.spec:
+            tick("speculative verification", 0)
+            results += run_spec_cases(default_spec_verifier(device.type), quick=opts.quick, seed=opts.seed,
+                                      alpha=opts.alpha, correction=opts.correction, samples=opts.samples,
+                                      case_filter=opts.case_filter)
         calibration = None
         if opts.calibration:
             try:
@@ -316,7 +331,11 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) 
                 skipped.append({"case": calibration_case().name, "reason": f"calibration not run: {e}"})
             except SamplerContractError as e:
                 results.append(contract_failure(calibration_case().name, {}, e))
-        power = run_power(opts, device, tick) if opts.power else []
+        power = run_power(opts, device, tick, biases=_named(opts.biases, power_cases())) if opts.power else []
+        if opts.power and opts.spec:
+            power += run_spec_power(quick=opts.quick, seed=opts.seed, alpha=opts.alpha,
+                                    repeats=opts.power_repeats or (1 if opts.quick else 5),
+                                    biases=_named(opts.biases, SPEC_BIASES))
     # A power-only run draws from the planted samplers alone: do not name a sampler it never ran.
     used = sampler_name(sampler) if opts.matrix or opts.calibration else "none (planted biases only)"
     return stats.RunSummary(
@@ -344,6 +363,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deep-tail", action="store_true", help="add the 2^17-token 25/30-logit tail cases (GPU-sized)")
     parser.add_argument("--cases", default=None, help="only cases whose name contains this")
     parser.add_argument("--no-matrix", action="store_true", help="skip the configuration matrix (calibration/power only)")
+    parser.add_argument("--no-spec", action="store_true",
+                        help="skip the speculative-verification cases and their planted biases (checks/chisq_spec.py)")
     parser.add_argument("--biases", nargs="+", default=None, metavar="BIAS",
                         help="planted biases for the power report (default: those this mode and device can afford)")
     parser.add_argument("--power-repeats", type=int, default=None, help="repeats per planted bias (default 5; quick 1)")
@@ -363,9 +384,9 @@ def run(args: argparse.Namespace) -> int:
     if args.power_repeats is not None and args.power_repeats < 1:
         print("runnercheck chisq: --power-repeats must be >= 1", file=sys.stderr)
         return 2
-    unknown = sorted(set(args.biases or ()) - set(power_cases()))
+    unknown = sorted(set(args.biases or ()) - set(power_cases()) - set(SPEC_BIASES))
     if unknown:
-        print(f"runnercheck chisq: unknown --biases {', '.join(unknown)} (known: {', '.join(power_cases())})", file=sys.stderr)
+        print(f"runnercheck chisq: unknown --biases {', '.join(unknown)} (known: {', '.join([*power_cases(), *SPEC_BIASES])})", file=sys.stderr)
         return 2
     if not 0.0 < args.alpha < 1.0:
         print("runnercheck chisq: --alpha must lie in (0, 1)", file=sys.stderr)
@@ -395,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     opts = RunOptions(quick=args.quick, device=args.device, samples=args.samples, seed=args.seed, alpha=args.alpha,
                       correction=args.correction, calibration=not args.no_calibration, power=not args.no_power,
-                      deep_tail=args.deep_tail, case_filter=args.cases, matrix=not args.no_matrix,
+                      deep_tail=args.deep_tail, case_filter=args.cases, matrix=not args.no_matrix, spec=not args.no_spec,
                       biases=tuple(args.biases) if args.biases else None, power_repeats=args.power_repeats,
                       max_rows_per_call=args.max_rows_per_call)
     try:

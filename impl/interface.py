@@ -130,6 +130,28 @@ class PrefixHitPromptLogprobsError(PrefixHitError):
     """A hit on a request asking for prompt logprobs (their positions would never be computed)."""
 
 
+class SpecVerifyError(ValueError):
+    """Inputs that speculative verification (`reference.spec_verify`, `impl.sample.spec_verify`)
+    cannot take; raised before any device work.  Shared by the oracle and the runner's launcher."""
+
+
+class SpecTooManyDraftsError(SpecVerifyError):
+    """A request with more draft tokens than the configured ``max_spec_tokens``."""
+
+
+class SpecVocabMismatchError(SpecVerifyError):
+    """Draft probabilities over a vocabulary of another size than the target's."""
+
+
+class SpecProbabilityError(SpecVerifyError):
+    """A probability row (target or draft) holding a negative, NaN or infinite entry, or no mass."""
+
+
+class SpecLayoutError(SpecVerifyError):
+    """Row counts, cumulative offsets or per-request tensors that do not agree, or a draft token id
+    outside the vocabulary."""
+
+
 # --------------------------------------------------------------------------- requests
 
 

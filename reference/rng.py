@@ -17,6 +17,11 @@ W0 = 0x9E3779B9
 W1 = 0xBB67AE85
 MASK32 = 0xFFFFFFFF
 NOISE_STREAM = 0
+# docs/SAMPLING.md, "Probabilistic speculative verification": the proposer's own draft noise,
+# the accept test's uniforms and the residual/bonus resample each have their own stream.
+DRAFT_STREAM = 1
+ACCEPT_STREAM = 2
+RESAMPLE_STREAM = 3
 
 
 def _mullo(a: torch.Tensor, m: int) -> torch.Tensor:

@@ -7,7 +7,9 @@ counted by (vocabulary index, token position, stream):
 
 * key     ``(k0, k1) = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)``  (seed in [0, 2^63))
 * counter ``(c0, c1, c2, c3) = (token_id, position, 0, stream)``; ``stream`` is 0 for
-  sampling noise (other streams are reserved).
+  sampling noise, 1 for a proposer's draft sampling, 2 for the speculative accept test and 3 for
+  the speculative residual/bonus resample (docs/SAMPLING.md, "Probabilistic speculative
+  verification"); other streams are reserved.
 * one round, with ``M0 = 0xD2511F53``, ``M1 = 0xCD9E8D57`` and all arithmetic mod 2^32::
 
       (c0, c1, c2, c3) <- (mulhi(M1, c2) ^ c1 ^ k0,  M1 * c2,  mulhi(M0, c0) ^ c3 ^ k1,  M0 * c0)
@@ -43,6 +45,10 @@ PHILOX_M1 = 0xCD9E8D57
 PHILOX_W0 = 0x9E3779B9
 PHILOX_W1 = 0xBB67AE85
 NOISE_STREAM = 0
+# constexpr: jit functions may read only constexpr globals (docs/SAMPLING.md assigns the streams)
+DRAFT_STREAM = tl.constexpr(1)
+ACCEPT_STREAM = tl.constexpr(2)
+RESAMPLE_STREAM = tl.constexpr(3)
 
 
 @triton.jit
