@@ -126,7 +126,9 @@ class ImplSampler:
         rows_map = dev.to_device(torch.tensor(state_rows, dtype=torch.int32))
         logits_dev = dev.to_device(logits.contiguous())
         positions_dev = dev.to_device(positions)
-        out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits_dev.device)
+        # Allocated through the device, which orders its stream after the caller's: a plain torch.empty is
+        # the caller's stream's memory, written here on the sampler's stream (CSAN reported 64 such races).
+        out = dev.zeros(logits.shape[0], torch.int64)
         for start in range(0, logits.shape[0], rows_per_launch):
             stop = min(start + rows_per_launch, logits.shape[0])
 

@@ -85,7 +85,7 @@ def batches(draw) -> Batch:
 
 def _run(batch: Batch, dev: Device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     dev = dev or Device("cpu")
-    verifier = SpecVerifier(dev, batch.target.shape[1], max_num_reqs=4, max_spec_tokens=MAX_K)
+    verifier = SpecVerifier(dev, batch.target.shape[1], max_num_reqs=max(4, len(batch.num_drafts)), max_spec_tokens=MAX_K)
     out = verifier.verify(*batch.args(dev), num_drafts=batch.num_drafts)
     return out.tokens.clone(), out.accepted.clone()
 

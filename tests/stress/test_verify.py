@@ -360,7 +360,9 @@ def test_delays_make_the_gpu_trail_the_host_and_the_job_passes(tmp_path: Path) -
                              before_enqueue=RandomDelay.from_dict(config.delay_policy).hook(session.device)).run(60)
     assert result.ok, result.first_divergence_line()
     assert max(behind) >= 2, behind  # at some enqueue at least two earlier steps had not finished on the GPU
-    rc, out = run_verify(tmp_path, "--device", "cuda", "--quick", "--steps", "40", "--skip-chisq")
+    # 40 ticks per run test the delays and the checks, not the campaign's breadth: the coverage gate
+    # belongs to the 120-tick job (it failed here on "drafts: some accepted" in two H200 runs).
+    rc, out = run_verify(tmp_path, "--device", "cuda", "--quick", "--steps", "40", "--skip-chisq", "--no-coverage-gate")
     assert rc == 0, (out / "summary.md").read_text()
 
 
