@@ -179,6 +179,7 @@ class RunOptions:
     power_repeats: int | None = None
     max_rows_per_call: int | None = None  # bound on the logit rows of one sampler call (None: the sampler's own or none)
     spec: bool = True  # the speculative-verification cases (`checks.chisq_spec`), with the matrix
+    shard: tuple[int, int] = (0, 1)  # (I, N): every N-th matrix case and planted bias from I; spec cases, calibration in I = 0
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -233,11 +234,17 @@ def run_cases(sampler: Callable, cases: Sequence[SamplingCase], opts: RunOptions
     return results + violations, skipped
 
 
+def _share(items: list, shard: tuple[int, int]) -> list:
+    """A shard's items in campaign order: every N-th from I (the shards of N jobs partition ``items``)."""
+    index, count = shard
+    return items[index::count]
+
+
 def run_matrix(sampler: Callable, opts: RunOptions, device: torch.device, tick: Callable[[str, int], None]) -> tuple[list, list]:
     cases = build_cases(opts.quick) + (deep_tail_cases() if opts.deep_tail else [])
     if opts.case_filter:
         cases = [c for c in cases if opts.case_filter in c.name]
-    return run_cases(sampler, cases, opts, device, tick)
+    return run_cases(sampler, _share(cases, opts.shard), opts, device, tick)
 
 
 def run_calibration(sampler: Callable, opts: RunOptions, device: torch.device, tick) -> stats.CalibrationResult:
@@ -267,7 +274,7 @@ def run_power(opts: RunOptions, device: torch.device, tick, biases: Sequence[str
     plan = power_cases()
     results = []
     biases = biases if biases is not None else opts.biases
-    for bias in biases if biases is not None else power_plan(opts.quick, device):
+    for bias in _share(list(biases if biases is not None else power_plan(opts.quick, device)), opts.shard):
         case, _ = plan[bias]
         sampler = planted_sampler(bias)
         expected = expected_rows(case)
@@ -318,13 +325,14 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) 
             bar.update(task, description=label, done=bar.tasks[0].fields["done"] + work)
 
         results, skipped = run_matrix(sampler, opts, device, tick) if opts.matrix else ([], [])
-        if opts.matrix and opts.spec:
+        first_shard = opts.shard[0] == 0
+        if opts.matrix and opts.spec and first_shard:
             tick("speculative verification", 0)
             results += run_spec_cases(default_spec_verifier(device.type), quick=opts.quick, seed=opts.seed,
                                       alpha=opts.alpha, correction=opts.correction, samples=opts.samples,
                                       case_filter=opts.case_filter)
         calibration = None
-        if opts.calibration:
+        if opts.calibration and first_shard:
             try:
                 calibration = run_calibration(sampler, opts, device, tick)
             except SamplerUnsupportedError as e:
@@ -332,7 +340,7 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) 
             except SamplerContractError as e:
                 results.append(contract_failure(calibration_case().name, {}, e))
         power = run_power(opts, device, tick, biases=_named(opts.biases, power_cases())) if opts.power else []
-        if opts.power and opts.spec:
+        if opts.power and opts.spec and first_shard:
             power += run_spec_power(quick=opts.quick, seed=opts.seed, alpha=opts.alpha,
                                     repeats=opts.power_repeats or (1 if opts.quick else 5),
                                     biases=_named(opts.biases, SPEC_BIASES))
@@ -341,7 +349,7 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) 
     return stats.RunSummary(
         sampler=used, device=str(device), quick=opts.quick, seed=opts.seed, alpha=opts.alpha,
         correction=opts.correction, tests=results, skipped=skipped, calibration=calibration, power=power,
-        elapsed_s=time.perf_counter() - started,
+        elapsed_s=time.perf_counter() - started, shard=None if opts.shard[1] == 1 else "{}/{}".format(*opts.shard),
     )
 
 
@@ -372,6 +380,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hand the sampler at most N logit rows per call (default: the sampler's max_rows_per_call, else unbounded)")
     parser.add_argument("--junit", type=Path, default=None, metavar="FILE",
                         help="also write JUnit XML: one test case per statistical test, calibration and planted bias")
+    from stress.cli_options import add_shard_option  # the CLI's one --shard rule
+
+    add_shard_option(parser, "matrix cases and planted biases (the spec cases and the calibration run in shard 0; "
+                             "each shard corrects its own tests)")
     parser.add_argument("--out", required=True, type=Path, help="report folder")
 
 
@@ -418,7 +430,7 @@ def run(args: argparse.Namespace) -> int:
                       correction=args.correction, calibration=not args.no_calibration, power=not args.no_power,
                       deep_tail=args.deep_tail, case_filter=args.cases, matrix=not args.no_matrix, spec=not args.no_spec,
                       biases=tuple(args.biases) if args.biases else None, power_repeats=args.power_repeats,
-                      max_rows_per_call=args.max_rows_per_call)
+                      max_rows_per_call=args.max_rows_per_call, shard=(args.shard.index, args.shard.count))
     try:
         summary = run_all(sampler, opts)
     finally:

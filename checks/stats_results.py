@@ -156,6 +156,7 @@ class RunSummary:
     power: list[PowerResult] = field(default_factory=list)
     elapsed_s: float = 0.0
     csan: dict[str, Any] | None = None  # ``--csan``: {"races": n, "lines": [...], "reports": [...]} (`checks.csan`)
+    shard: str | None = None  # ``--shard I/N``: this job's share of the campaign (None: the whole campaign)
 
     @property
     def failed_tests(self) -> list[TestResult]:
@@ -192,4 +193,5 @@ class RunSummary:
             "calibration": self.calibration.to_dict() if self.calibration else None,
             "power": [p.to_dict() for p in self.power],
             "csan": self.csan,
+            "shard": self.shard,
         }
