@@ -18,7 +18,6 @@ their own correction family; ``--no-spec`` leaves them out.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 import time
 from contextlib import contextmanager
@@ -31,7 +30,15 @@ import torch
 
 from checks import stats
 from checks.chisq_spec import SPEC_BIASES, default_spec_verifier, run_spec_cases, run_spec_power
-from checks.chisq_cases import SamplingCase, build_cases, calibration_case, deep_tail_cases, power_cases, power_plan
+from checks.chisq_cases import (
+    SamplingCase,
+    build_cases,
+    calibration_case,
+    case_seed,
+    deep_tail_cases,
+    power_cases,
+    power_plan,
+)
 from checks.sampler_contract import (
     SamplerContractError, SamplerLimitError, check_sampler_output, contract_failure, declared_unsupported, describe_exception,
     rows_per_call_bound,
@@ -40,21 +47,12 @@ from checks.samplers import (
     PLANTED_BIASES, SamplerSpecError, SamplerUnavailableError, SamplerUnsupportedError, accepts_keyword, has_penalties,
     load_sampler, planted_sampler, sampler_name,
 )
-from impl.interface import MAX_SEED
 
 DEFAULT_ALPHA = 0.01
 CALIBRATION_ALPHA = 0.05
-# Positions are a 32-bit Philox counter word; offsets stay below 2^31 so offset + draws never wraps.
-MAX_POSITION_OFFSET = 2**31
 
 
 # --------------------------------------------------------------------------- drawing and testing
-
-
-def case_seed(run_seed: int, case_name: str, repeat: int = 0) -> tuple[int, int]:
-    """(request seed, position offset) for one run of one case: independent across cases and repeats."""
-    digest = hashlib.blake2b(f"{run_seed}:{case_name}:{repeat}".encode(), digest_size=16).digest()
-    return int.from_bytes(digest[:8], "little") & MAX_SEED, int.from_bytes(digest[8:], "little") % MAX_POSITION_OFFSET
 
 
 def sampler_can_run(sampler: Callable, case: SamplingCase, max_rows_per_call: int | None = None) -> str | None:
@@ -380,10 +378,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hand the sampler at most N logit rows per call (default: the sampler's max_rows_per_call, else unbounded)")
     parser.add_argument("--junit", type=Path, default=None, metavar="FILE",
                         help="also write JUnit XML: one test case per statistical test, calibration and planted bias")
-    from stress.cli_options import add_shard_option  # the CLI's one --shard rule
-
-    add_shard_option(parser, "matrix cases and planted biases (the spec cases and the calibration run in shard 0; "
-                             "each shard corrects its own tests)")
     parser.add_argument("--out", required=True, type=Path, help="report folder")
 
 
@@ -430,7 +424,8 @@ def run(args: argparse.Namespace) -> int:
                       correction=args.correction, calibration=not args.no_calibration, power=not args.no_power,
                       deep_tail=args.deep_tail, case_filter=args.cases, matrix=not args.no_matrix, spec=not args.no_spec,
                       biases=tuple(args.biases) if args.biases else None, power_repeats=args.power_repeats,
-                      max_rows_per_call=args.max_rows_per_call, shard=(args.shard.index, args.shard.count))
+                      max_rows_per_call=args.max_rows_per_call,
+                      shard=(args.shard.index, args.shard.count) if getattr(args, "shard", None) else (0, 1))
     try:
         summary = run_all(sampler, opts)
     finally:

@@ -19,6 +19,7 @@ The numbers behind the sizes are in docs/CHISQ.md.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import zlib
 from dataclasses import dataclass, replace
@@ -30,7 +31,16 @@ import torch
 
 from checks.chisq_binding import FILTERS, PENALTIES, SHORT_NAMES, THRESHOLD_FILTERS
 from checks.samplers import TokenHistory
-from impl.interface import SamplingParams
+from impl.interface import MAX_SEED, SamplingParams
+
+# Positions are a 32-bit Philox counter word; offsets stay below 2^31 so offset + draws never wraps.
+MAX_POSITION_OFFSET = 2**31
+
+
+def case_seed(run_seed: int, case_name: str, repeat: int = 0) -> tuple[int, int]:
+    """(request seed, position offset) for one run of one case: independent across cases and repeats."""
+    digest = hashlib.blake2b(f"{run_seed}:{case_name}:{repeat}".encode(), digest_size=16).digest()
+    return int.from_bytes(digest[:8], "little") & MAX_SEED, int.from_bytes(digest[8:], "little") % MAX_POSITION_OFFSET
 
 
 @dataclass(frozen=True, eq=False)

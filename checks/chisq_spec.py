@@ -331,7 +331,7 @@ def power_estimate(result: stats.TestResult, alpha: float) -> float:
 
 
 def spec_seed(run_seed: int, label: str, repeat: int = 0) -> tuple[int, int]:
-    from checks.chisq import case_seed
+    from checks.chisq_cases import case_seed
 
     return case_seed(run_seed, label, repeat)
 

@@ -23,6 +23,7 @@ from stress.cli_options import (
     DeviceUnavailableError,
     add_logging_options,
     add_run_options,
+    add_shard_option,
     configure_logging,
     resolve_csan,
     resolve_device,
@@ -38,13 +39,16 @@ class Command:
     run_options: bool = True  # --device, --seed, --out, --no-progress
     eager: bool = False  # --eager
     csan: bool = False  # --csan
+    shard: str | None = None  # --shard I/N over these items (commands whose own module does not declare it)
 
 
 COMMANDS: dict[str, Command] = {
     "verify": Command("stress.verify", "the main job: runner vs oracle under stress, detectors armed, sampler statistics", eager=True, csan=True),
     "stress": Command("stress.stress_cmd", "long random churn on one seed; writes a repro file on divergence", eager=True, csan=True),
     "replay": Command("stress.replay", "re-run a recorded repro file", run_options=False),
-    "chisq": Command("checks.chisq", "chi-square tests of a sampler against the exact distributions", csan=True),
+    "chisq": Command("checks.chisq", "chi-square tests of a sampler against the exact distributions", csan=True,
+                     shard="matrix cases and planted biases (the spec cases and the calibration run in shard 0; "
+                           "each shard corrects its own tests)"),
     "mutants": Command("stress.mutants_cmd", "run the checks against the catalogue of deliberate bugs", eager=True),
     "bench": Command("bench.cli", "benchmarks (results are data, not tests)", eager=True),
     "lint": Command("checks.lint", "static scan of hot-path functions for host reads of device data", run_options=False),
@@ -85,6 +89,8 @@ def command_parser(name: str, module) -> argparse.ArgumentParser:
     parser = _Parser(prog=f"runnercheck {name}", description=cmd.help, conflict_handler="resolve")
     if cmd.run_options:
         add_run_options(parser, eager=cmd.eager, csan=cmd.csan)
+    if cmd.shard is not None:
+        add_shard_option(parser, cmd.shard)
     add_logging_options(parser)
     module.add_arguments(parser)
     for action in parser._actions:  # a command's own --seed still follows the one seed rule
