@@ -31,7 +31,7 @@ CUDA's stream sanitizer reported no race (`checks.csan`).  Exit 0 only when
 every run, the coverage and the statistics pass; 1 otherwise; 2 for arguments or a runner that
 cannot be built.
 
-``--quick`` on sim: measured 2 to 3 minutes on an idle 2-core CPU with Triton interpreted (see
+``--quick`` on sim: measured about 2 minutes on an idle 2-core CPU with Triton interpreted (see
 the README for the numbers).
 """
 from __future__ import annotations
