@@ -266,6 +266,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int_type(1), default=1, metavar="N",
                         help="run the catalogue for N seeds from --seed and report kill rates (rates.json, rates.md)")
     add_shard_option(parser, "seeds of --seeds")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="DIR",
+                        help="run nothing: the kill rates of one campaign from the report folders of its "
+                             "--seeds --shard jobs (every seed once), written to --out")
     parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
     parser.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one case per mutant and control)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
@@ -277,6 +280,34 @@ def _print_catalogue() -> None:
         print(f"{m.name:<32} {m.cls:<8} killed by {'/'.join(m.checks)}; workload {m.workload}{gpu}\n    {m.description}")
 
 
+def _merge(args: argparse.Namespace) -> int:
+    """``--merge DIR...``: one campaign's kill rates from the folders its ``--seeds --shard`` jobs wrote."""
+    from rich.console import Console
+
+    from checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from stress.junit_cases import check_junit_path
+    from stress.mutants_rates import RatesMergeError, merge_shards, write_rates
+    from stress.run_config import RunSetupError
+
+    command = f"runnercheck mutants --merge {' '.join(map(str, args.merge))} --out {args.out}"
+    try:
+        if args.out is None:
+            raise RatesMergeError("--out DIR is required")
+        if args.junit:
+            check_junit_path(args.junit)
+        rates = merge_shards(args.merge, command=command)
+    except (RatesMergeError, RunSetupError) as e:
+        print(f"runnercheck mutants: {e}", file=sys.stderr)
+        return 2
+    try:
+        with atomic_report_folder(args.out) as tmp:
+            write_rates(rates, tmp)
+    except FolderNotReplaced as e:
+        print(f"runnercheck mutants: {e}", file=sys.stderr)
+        return 1
+    return _report_rates(args, rates, Console(), f" (merged from {len(args.merge)} folder(s))")
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -284,6 +315,8 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         _print_catalogue()
         return 0
+    if args.merge:
+        return _merge(args)
     from checks.report_folder import FolderNotReplaced, atomic_report_folder
     from stress.junit_cases import check_junit_path, mutants_cases, write_cases
     from stress.run_config import RunSetupError, seed_problem
@@ -363,10 +396,7 @@ def _run_seeds(args: argparse.Namespace, opts: MutantsOptions, command: str, sho
                console: Any) -> int:
     """``--seeds N``: the catalogue once per seed of this job's shard (each seed's report in ``seed-<k>/``),
     then the kill rates over those seeds."""
-    from rich.table import Table
-
     from checks.report_folder import FolderNotReplaced, atomic_report_folder
-    from stress.junit_cases import rates_cases, write_cases
     from stress.mutants_rates import kill_rates, write_rates
 
     reports = []
@@ -383,16 +413,26 @@ def _run_seeds(args: argparse.Namespace, opts: MutantsOptions, command: str, sho
     except FolderNotReplaced as e:
         print(f"runnercheck mutants: {e}", file=sys.stderr)
         return 1
+    shard = "" if args.shard.whole else f" (shard {args.shard.describe()})"
+    return _report_rates(args, rates, console, shard)
+
+
+def _report_rates(args: argparse.Namespace, rates: Any, console: Any, note: str = "") -> int:
+    """JUnit (``--junit``), the terminal table and the file list of a kill-rates folder; the exit status."""
+    from rich.table import Table
+
+    from stress.junit_cases import rates_cases, write_cases
+
     out = Path(args.out)
     files = [out / "rates.md", out / "rates.json", out / "manifest.json"]
     if args.junit:
         files.append(write_cases(args.junit, "runnercheck mutants", rates_cases(rates),
-                                 {"seed": args.seed, "seeds": args.seeds}))
+                                 {"seed": args.seed, "seeds": len(rates.seeds)}))
     table = Table(title=f"runnercheck mutants over {len(rates.seeds)} seeds: {'PASS' if rates.passed else 'FAIL'}",
                   show_header=False)
     ran = [m for m in rates.mutants if m.seeds_run]
-    table.add_row("device, seeds", f"{opts.device}, {', '.join(map(str, rates.seeds))}{' (quick)' if opts.quick else ''}"
-                  + ("" if args.shard.whole else f" (shard {args.shard.describe()})"))
+    table.add_row("device, seeds", f"{rates.device}, {', '.join(map(str, rates.seeds))}{' (quick)' if rates.quick else ''}"
+                  + note)
     table.add_row("killed as designed in every seed", f"{sum(m.rate == 1.0 for m in ran)} / {len(ran)}")
     table.add_row("below 1.0", ", ".join(f"{m.name} {len(m.seeds_killed_as_designed)}/{len(m.seeds_run)}"
                                          for m in ran if m.rate != 1.0) or "none")

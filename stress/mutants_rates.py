@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from stress.mutant_registry import CHECKS
-from stress.mutants_report import MutantsReport
+from stress.mutants_report import MutantsReport, MutantsReportError, read_report
 
 RATES_VERSION = 1
 
@@ -142,6 +142,33 @@ def markdown(rates: KillRates) -> str:
     return "\n".join(lines) + "\n"
 
 
+class RatesMergeError(ValueError):
+    """Shard folders that do not make one campaign (unreadable, none, different devices, a seed twice)."""
+
+
+def merge_shards(folders: Sequence[str | Path], *, command: str = "") -> KillRates:
+    """The kill rates of one campaign from the ``--seeds --shard`` folders of its jobs (each holding
+    ``seed-<k>/mutants.json``): every seed once, one device and budget."""
+    reports, where = [], {}
+    for folder in folders:
+        paths = sorted(Path(folder).glob("seed-*/mutants.json"))
+        if not paths:
+            raise RatesMergeError(f"{folder}: no seed-<k>/mutants.json (a `mutants --seeds N` report folder?)")
+        for path in paths:
+            try:
+                report = read_report(path)
+            except MutantsReportError as e:
+                raise RatesMergeError(str(e)) from None
+            if report.seed in where:
+                raise RatesMergeError(f"seed {report.seed} is in both {where[report.seed]} and {path}: shards overlap")
+            where[report.seed] = path
+            reports.append(report)
+    kinds = {(r.device, r.quick) for r in reports}
+    if len(kinds) > 1:
+        raise RatesMergeError(f"the folders mix devices/budgets {sorted(kinds)}: not one campaign")
+    return kill_rates(sorted(reports, key=lambda r: r.seed), command=command)
+
+
 def write_rates(rates: KillRates, out_dir: str | Path) -> tuple[Path, Path]:
     """Write ``out_dir``/rates.json and ``out_dir``/rates.md; returns their paths."""
     out = Path(out_dir)
@@ -152,4 +179,4 @@ def write_rates(rates: KillRates, out_dir: str | Path) -> tuple[Path, Path]:
     return json_path, md_path
 
 
-__all__ = ["ControlRate", "KillRate", "KillRates", "kill_rates", "markdown", "write_rates"]
+__all__ = ["ControlRate", "KillRate", "KillRates", "RatesMergeError", "kill_rates", "markdown", "merge_shards", "write_rates"]

@@ -83,6 +83,26 @@ class MutantsReport:
         return d
 
 
+class MutantsReportError(ValueError):
+    """A mutants.json that is not a report this version can read (named by its path)."""
+
+
+def read_report(path: str | Path) -> MutantsReport:
+    """The `MutantsReport` a ``mutants.json`` holds; `MutantsReportError` naming the file otherwise."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+        if d.get("version") != MUTANTS_VERSION:
+            raise ValueError(f"format version {d.get('version')!r}, this runnercheck reads {MUTANTS_VERSION}")
+        mutants = [MutantResult(**{("cls" if k == "class" else k): v for k, v in m.items()}) for m in d["mutants"]]
+        controls = [ControlResult(**{k: v for k, v in c.items() if k != "clean"}) for c in d["controls"]]
+        return MutantsReport(device=d["device"], quick=d["quick"], seed=d["seed"], chisq=d["chisq"], command=d["command"],
+                             date=d["date"], mutants=mutants, controls=controls, elapsed_s=d["elapsed_s"],
+                             provenance=d.get("provenance", {}), version=d["version"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise MutantsReportError(f"{path}: not a readable mutants report ({type(e).__name__}: {e})") from None
+
+
 # --------------------------------------------------------------------------- Markdown and JSON
 
 

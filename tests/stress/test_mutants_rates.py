@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from stress import cli
 from stress.junit_cases import rates_cases
 from stress.mutants_rates import kill_rates, markdown
@@ -83,3 +85,36 @@ def test_a_shard_takes_its_share_of_the_seeds(tmp_path, capsys):
 def test_a_shard_needs_at_least_as_many_seeds_as_shards(tmp_path, capsys):
     assert cli.main(["mutants", "--device", "sim", "--shard", "0/2", "--out", str(tmp_path / "x")]) == 2
     assert "--seeds 2 or more" in capsys.readouterr().err
+
+
+def test_the_shards_of_a_campaign_merge_into_its_rates_and_overlaps_are_refused(tmp_path, capsys):
+    common = ["mutants", "--quick", "--device", "sim", "--only", "item_in_step", "--seeds", "3", "--seed", "5",
+              "--no-chisq", "--no-progress"]
+    for shard in ("0/2", "1/2"):
+        assert cli.main([*common, "--shard", shard, "--out", str(tmp_path / shard.replace("/", "of"))]) == 0
+    capsys.readouterr()
+    merged = tmp_path / "merged"
+    rc = cli.main(["mutants", "--merge", str(tmp_path / "0of2"), str(tmp_path / "1of2"), "--out", str(merged),
+                   "--junit", str(tmp_path / "m.xml")])
+    assert rc == 0, capsys.readouterr()
+    doc = json.loads((merged / "rates.json").read_text())
+    assert doc["seeds"] == [5, 6, 7] and doc["passed"] and doc["mutants"][0]["rate"] == 1.0
+    assert "kill_rate" in (tmp_path / "m.xml").read_text()
+    # A folder given twice repeats its seeds; an empty folder is no report: both are usage errors, nothing written.
+    assert cli.main(["mutants", "--merge", str(tmp_path / "0of2"), str(tmp_path / "0of2"), "--out", str(tmp_path / "x")]) == 2
+    assert "shards overlap" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["mutants", "--merge", str(tmp_path / "empty"), "--out", str(tmp_path / "y")]) == 2
+    assert "no seed-<k>/mutants.json" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_a_report_round_trips_through_its_json(tmp_path):
+    from stress.mutants_report import MutantsReportError, read_report, write_report
+
+    report = _report(3, b_killed=False, control_fired=True)
+    write_report(report, tmp_path)
+    assert read_report(tmp_path / "mutants.json").to_dict() == report.to_dict()
+    (tmp_path / "bad.json").write_text('{"version": 1}')
+    with pytest.raises(MutantsReportError, match="bad.json"):
+        read_report(tmp_path / "bad.json")
