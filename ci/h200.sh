@@ -14,6 +14,8 @@
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
 #   race_rates    kill rates of the race mutants over 10 seeds (`mutants --seeds 10 --only ...`)
+#   output_slots  the output-slot checksums on cuda: a clean delayed stress run, then output_slot_overwritten_early
+#                 (must be killed by lifetime), one seed (`mutants --only ... --no-chisq`)
 #   verify        `runnercheck verify --device cuda --quick`
 #   stress        delay-injected stress with reuse_staging_early (must exit 1), its replay, then without it
 #   chisq_matrix  the chi-square matrix, 2e6 draws per case, + calibration (the runner's sampler)
@@ -64,6 +66,11 @@ want mutants_new && job mutants_new "$limit" $rc mutants --device cuda --junit "
   refcount_dropped_on_preemption --out "$out/mutants_new" &
 want race_rates && job race_rates "$limit" $rc mutants --device cuda --seeds 10 --no-chisq --only \
   reuse_staging_early pageable_nonblocking_copy output_slot_overwritten_early --out "$out/race_rates" &
+want output_slots && (
+  job output_slots_clean 90 $rc stress --device cuda --seed 1 --steps 60 --delay-us auto --delay-target output-slot \
+    --max-inflight 3 --no-progress --out "$out/output_slots_clean"
+  job output_slots_mutant 90 $rc mutants --device cuda --no-chisq --only output_slot_overwritten_early --out "$out/output_slots_mutant"
+) &
 want verify && job verify "$limit" $rc verify --device cuda --quick --no-progress --out "$out/verify" &
 want stress && (
   job stress_mutant 150 $rc stress --device cuda --seed 1 --steps 200 --delay-us auto --max-inflight 3 \

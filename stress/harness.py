@@ -8,7 +8,8 @@ run, and return one typed `Findings` -- the only loop behind `verify`, `stress`,
   scheduler simulator.  Every setup problem is a `RunSetupError`.
 * `Detectors`: the host-sync detector in count mode around ``execute_model``, the
   staging-lifetime checker (``count`` or ``error`` mode) on the runner's staging pool, when it has
-  one, and the KV provenance check with the prefix-cache statistics (`stress.prefix_checks`),
+  one, the output-slot checksums on its output ring (`checks.output_slots`: their violations count
+  as lifetime violations, the slots' lifetime), and the KV provenance check with the prefix-cache statistics (`stress.prefix_checks`),
   armed after any mutant.  A host sync beyond the runner's own counted back-pressure waits is a
   finding; so is a KV provenance violation.  With ``config.csan`` (cuda) the session also holds a
   `checks.csan.CsanMonitor`, armed *before* the runner is built (CSAN must see the init-time writes
@@ -166,12 +167,13 @@ def unaccounted_syncs_message(report: Any, runner: Any) -> str | None:
 
 
 class Detectors:
-    """The sync detector (count mode), the staging-lifetime checker and the KV provenance check,
+    """The sync detector (count mode), the staging-lifetime checker, the output-slot checksums and the KV provenance check,
     armed on one session's runner (``scheduler``: whose prefix cache the findings describe); and
     ``csan``, the session's CSAN monitor when the run has one."""
 
     def __init__(self, runner: Any, lifetime_mode: str = "count", scheduler: Any = None, csan: Any = None):
         from checks.lifetime import LifetimeChecker
+        from checks.output_slots import arm_output_checksums
         from checks.sync import arm_runner
         from stress.prefix_checks import arm_prefix_checks
 
@@ -180,12 +182,30 @@ class Detectors:
         pool = getattr(runner, "staging", None)
         self.pool = pool if pool is not None and hasattr(pool, "observers") else None
         self.lifetime = LifetimeChecker(lifetime_mode).attach(self.pool) if self.pool is not None else None
+        self.outputs = arm_output_checksums(runner)
         self.prefix = arm_prefix_checks(runner, scheduler) if scheduler is not None else None
         self.csan = csan
 
     def disarm(self) -> None:
         if self.lifetime is not None:
             self.lifetime.detach(self.pool)
+        if self.outputs is not None:
+            self.outputs.detach()
+
+    def slot_lifetimes(self) -> tuple[bool, int, list[str]]:
+        """(checked, violations, first messages) of the staging and output slots, once the device is drained."""
+        checked, violations, errors = False, 0, []
+        if self.lifetime is not None:
+            checked, violations, errors = True, self.lifetime.violations, [str(e) for e in self.lifetime.errors[:10]]
+        if self.outputs is not None:
+            try:
+                self.outputs.finish()
+            except Exception as e:  # the device died: the checksums cannot be read back (the run's finding stands)
+                _log.info("output slot checksums not read back: %s: %s", type(e).__name__, e)
+                return checked, violations, errors
+            checked, violations = True, violations + self.outputs.violations
+            errors += self.outputs.errors[: max(0, 10 - len(errors))]
+        return checked, violations, errors
 
     def fired(self) -> str | None:
         """What stops a ``stop_on_sync`` run early: a host sync, a CSAN race, or (cpu/sim, as it happens)
@@ -422,7 +442,7 @@ def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps |
             if result.ok and not stopped:  # device work failed after the last compared step: a runner error
                 result.divergences.append(_device_fault(result, e, "draining the device work queued by the run"))
             # else the run already failed; its device fault is reported or moot
-    lifetime = detectors.lifetime
+    slots_checked, slot_violations, slot_errors = detectors.slot_lifetimes()
     prefix = None
     if detectors.prefix is not None:
         try:  # reads the provenance record back (cuda: a sync)
@@ -443,8 +463,7 @@ def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps |
         csan_lines=csan.lines() if csan is not None else [], csan_reports=[r.text for r in csan.races[:3]] if csan is not None else [],
         name=name, config=config, result=result, trace=[list(t) for t in ops.trace[: max(result.ticks, 0)]],
         host_syncs=detectors.host_syncs, counted_waits=detectors.counted_waits, host_sync_sites=detectors.sync_sites(),
-        lifetime_checked=lifetime is not None, lifetime_violations=lifetime.violations if lifetime is not None else 0,
-        lifetime_errors=[str(e) for e in lifetime.errors[:10]] if lifetime is not None else [],
+        lifetime_checked=slots_checked, lifetime_violations=slot_violations, lifetime_errors=slot_errors,
         prefix=prefix, cuda_graphs=stats() if callable(stats) else None, coverage=coverage.totals(), last_completed_step=last_step[0] if last_step else None,
         stopped_on_sync=stopped, elapsed_s=time.perf_counter() - started,
     )

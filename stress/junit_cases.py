@@ -42,7 +42,7 @@ def _run_failure(run: dict) -> str | None:
         return f"{run['host_syncs']} host sync(s): {sites[0]}"
     if run.get("lifetime_violations"):
         errors = run.get("lifetime_errors") or ["?"]
-        return f"{run['lifetime_violations']} staging lifetime violation(s): {errors[0]}"
+        return f"{run['lifetime_violations']} slot lifetime violation(s) (staging, output): {errors[0]}"
     if run.get("provenance_violations"):
         lines = (run.get("prefix_cache") or {}).get("provenance_lines") or ["?"]
         return f"{run['provenance_violations']} kv provenance violation(s): {lines[0]}"

@@ -91,7 +91,7 @@ def _pageable_nonblocking_copy(runner: Any, m: AppliedMutant) -> None:
     m.set(pool, "submit", submit_from_scratch)
 
 
-@_mutant("output_slot_overwritten_early", "race", ("differential",), "racing", ("outputs",),
+@_mutant("output_slot_overwritten_early", "race", ("differential", "lifetime"), "racing", ("outputs",),
          "pinned output slot handed to the next step's D2H before the previous step's holder read it")
 def _output_slot_overwritten_early(runner: Any, m: AppliedMutant) -> None:
     m.set(runner.outputs, "acquire", lambda: 0)

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from stress.mutant_registry import AppliedMutant, _mutant
 
 
-@_mutant("graph_buffer_reallocated", "state", ("differential",), "decode", ("graphs", "state"),
+@_mutant("graph_buffer_reallocated", "state", ("differential", "provenance"), "decode", ("graphs", "state"),
          "the row-state table re-allocated after capture: graph replays read and write the stale address")
 def _graph_buffer_reallocated(runner: Any, m: AppliedMutant) -> None:
     table = runner.state.row_state

@@ -193,7 +193,7 @@ def checked_differential_run(spec: str, *, kind: str, seed: int, steps: int, mod
         lines.append(f"host sync in execute_model: {findings.host_syncs} beyond the runner's counted waits; "
                      + "; ".join(findings.host_sync_sites[:3]))
     if findings.lifetime_violations:
-        lines.append(f"staging lifetime: {findings.lifetime_violations} violation(s); first: {findings.lifetime_errors[0]}")
+        lines.append(f"slot lifetime (staging, output): {findings.lifetime_violations} violation(s); first: {findings.lifetime_errors[0]}")
     if findings.csan_races:
         lines.append(f"csan: {findings.csan_races} race(s); " + "; ".join(findings.csan_lines[:3]))
     if findings.diverged:

@@ -37,7 +37,7 @@ def print_findings(findings: Any, title: str) -> None:
         ("tokens / logprobs compared", f"{result.tokens_compared} / {result.logprobs_compared}"),
         ("ties adopted", str(len(result.ties))),
         ("host syncs (beyond counted waits)", f"{findings.host_syncs} ({findings.counted_waits} counted waits)"),
-        ("staging lifetime violations", str(findings.lifetime_violations) if findings.lifetime_checked else "not checked"),
+        ("slot lifetime violations (staging, output)", str(findings.lifetime_violations) if findings.lifetime_checked else "not checked"),
     ]
     if findings.csan_checked:
         rows.append(("csan races", str(findings.csan_races) + "".join(f"\n{line}" for line in findings.csan_lines[:3])))

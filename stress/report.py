@@ -275,7 +275,7 @@ def render_markdown(doc: dict) -> str:
         "|---|---|",
         f"| runner vs oracle | {doc['divergences']} divergent run(s); {doc['steps']} steps, {doc['tokens_compared']} tokens compared, {doc['ties']} tie(s) adopted |",
         f"| host syncs in execute_model | {doc['host_syncs']} (plus {doc['counted_waits']} counted back-pressure wait(s)) |",
-        f"| staging lifetime | {doc['lifetime_violations']} violation(s) |",
+        f"| slot lifetime (staging, output) | {doc['lifetime_violations']} violation(s) |",
         f"| KV provenance | {doc.get('provenance_violations', 0)} violation(s) |",
         f"| sampler statistics | {chisq_line(doc['chisq'])} |",
         f"| coverage | {len(doc['coverage']) - len(doc['coverage_zero'])} of {len(doc['coverage'])} features exercised"
@@ -307,7 +307,7 @@ def render_markdown(doc: dict) -> str:
             if r.get("repro"):
                 lines.append(f"- repro: `{r['repro']}` (`runnercheck replay {r['repro']}`)")
             lines += [f"- host sync: `{s}`" for s in r.get("host_sync_sites", [])]
-            lines += [f"- staging lifetime: `{e}`" for e in r.get("lifetime_errors", [])]
+            lines += [f"- slot lifetime: `{e}`" for e in r.get("lifetime_errors", [])]
             if (r.get("prefix_cache") or {}).get("provenance_lines"):
                 lines += [f"- kv provenance: `{v}`" for v in r["prefix_cache"]["provenance_lines"]]
             lines.append("")
