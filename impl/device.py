@@ -353,13 +353,17 @@ class Device:
             if self.trace is not None:
                 self.trace.append(item.label)
 
-    def _run_through(self, seq: int) -> None:
+    def _run_leading(self, runnable: Callable[[_QueuedWork], bool]) -> None:
+        """Run the queue's leading items while ``runnable`` holds (stream order: stop at the first that does not)."""
         n = 0
         for item in self._queue:
-            if item.seq > seq:
+            if not runnable(item):
                 break
             n += 1
         self._run_pending(n)
+
+    def _run_through(self, seq: int) -> None:
+        self._run_leading(lambda item: item.seq <= seq)
 
 
 _CLOCK_MHZ: dict[int, float] = {}

@@ -15,7 +15,7 @@ expose happen on CPU, seeded and replayable:
                      delay right before the same readers (`stress.run_config.TargetedDelay`).
 
 Ownership: a policy owns only its own seeded generator and counters (host, its lifetime); it
-reads the device's queue and runs work through ``Device._run_pending``, never anything else.
+reads the device's queue and runs work through ``Device._run_pending`` / ``_run_leading``, never anything else.
 """
 from __future__ import annotations
 
@@ -106,12 +106,7 @@ class LagKSteps(LagPolicy):
 
     def on_step_boundary(self, dev: "Device") -> None:
         cutoff = dev.step_index - self.k - 1
-        n = 0
-        for item in dev._queue:
-            if item.step_index > cutoff:
-                break
-            n += 1
-        dev._run_pending(n)
+        dev._run_leading(lambda item: item.step_index <= cutoff)
 
     def describe(self) -> dict:
         return {"name": self.name, "k": self.k}
@@ -171,12 +166,7 @@ class HoldAtTarget(LagPolicy):
         self._drain(dev)
 
     def _drain(self, dev: "Device") -> None:
-        n = 0
-        for item in dev._queue:
-            if self._release.get(item.seq, -1) > dev.step_index:
-                break
-            n += 1
-        dev._run_pending(n)
+        dev._run_leading(lambda item: self._release.get(item.seq, -1) <= dev.step_index)
         for seq in [s for s in self._release if s <= dev._done_seq]:
             del self._release[seq]
 
