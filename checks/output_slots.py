@@ -20,31 +20,16 @@ digests taken at decode are kept until their device checksum is known.
 How it attaches (from outside ``impl``, like `checks.kv_provenance`): it wraps the ring instance's
 ``enqueue_copy_out`` and each returned output's ``_materialise``.  Apply mutants before arming.
 
-Ownership: an `OutputSlotChecksums` owns its pinned checksum record ring (``host_sums``, int64,
-one entry per in-flight step, host pinned, checker lifetime, written only by its device work) and
-its pending-step table (host); it never writes a runner buffer.
+Ownership: an `OutputSlotChecksums` owns its checksum records (`checks.checksums.ChecksumRecords`:
+pinned, one per in-flight step, written only by its device work) and its pending-step table (host);
+it never writes a runner buffer.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import torch
-
-RECORDS = 64  # in-flight steps whose device checksum is kept (far above any scheduler's lookahead)
-_WEIGHT_PERIOD = 65521  # byte weights 1..65521, repeating: sums stay far below 2**63 for any slot size
-
-
-def weighted_checksum_host(data: np.ndarray) -> int:
-    """``sum(byte * (i mod P + 1))`` over ``data`` (uint8), exactly as `_device_checksum` computes it."""
-    weights = np.arange(len(data), dtype=np.int64) % _WEIGHT_PERIOD + 1
-    return int((data.astype(np.int64) * weights).sum())
-
-
-def _device_checksum(data: torch.Tensor) -> torch.Tensor:
-    weights = torch.arange(data.numel(), dtype=torch.int64, device=data.device) % _WEIGHT_PERIOD + 1
-    return (data.to(torch.int64) * weights).sum().view(1)
+from checks.checksums import ChecksumRecords, weighted_checksum_host
 
 
 @dataclass
@@ -65,9 +50,7 @@ class OutputSlotChecksums:
         self.runner = runner
         self.ring = runner.outputs
         self.device = runner.device
-        self.host_sums = self.device.pinned(RECORDS, torch.int64)
-        self.host_sums.fill_(-1)
-        self._next_record = 0
+        self.records = ChecksumRecords(self.device)
         self._pending: dict[int, _Pending] = {}  # step id -> its copy, until compared
         self._slot_steps: dict[int, list[int]] = {}  # slot -> steps whose copies targeted it, not yet decoded
         self.steps_checked = 0
@@ -96,20 +79,13 @@ class OutputSlotChecksums:
 
     # ------------------------------------------------------------------ per step
     def _after_copy(self, output: Any, slot: int, nbytes: int, step: int) -> None:
-        record = self._next_record
-        self._next_record = (record + 1) % RECORDS
-        for step_of_record in [s for s, p in self._pending.items() if p.record == record]:
+        pack = self.ring.pack
+        record, event, evicted = self.records.take(step, lambda: pack[:nbytes], f"output checksum step{step}")
+        if evicted is not None and self._pending.pop(evicted, None) is not None:
             # A step RECORDS copies old that was never decoded (or whose checksum is still queued):
             # give it up rather than wait here, inside execute_model.
-            del self._pending[step_of_record]
             self.unchecked += 1
-        pack, host = self.ring.pack, self.host_sums[record : record + 1]
-
-        def checksum() -> None:  # after the D2H in stream order: the pack still holds what it copied
-            host.copy_(_device_checksum(pack[:nbytes]), non_blocking=True)
-
-        self.device.enqueue(checksum, f"output checksum step{step}")
-        pending = _Pending(step, slot, nbytes, record, self.device.record_event())
+        pending = _Pending(step, slot, nbytes, record, event)
         for earlier in self._slot_steps.get(slot, ()):
             if earlier in self._pending:
                 self._pending[earlier].overwriters += (step,)
@@ -132,7 +108,7 @@ class OutputSlotChecksums:
                 continue
             del self._pending[step]
             self.steps_checked += 1
-            copied = int(self.host_sums[p.record])
+            copied = self.records.value(p.record)
             if copied != p.decoded:
                 self.violations += 1
                 by = f"overwritten by the copy of step(s) {', '.join(map(str, p.overwriters))}" if p.overwriters \
@@ -141,7 +117,7 @@ class OutputSlotChecksums:
 
     def finish(self) -> int:
         """Wait for the checksums in flight and compare every decoded step; returns the violation count."""
-        self.device.synchronize()
+        self.records.drain()
         self._compare_ready()
         return self.violations
 
@@ -154,4 +130,4 @@ def arm_output_checksums(runner: Any) -> OutputSlotChecksums | None:
     return OutputSlotChecksums(runner).attach()
 
 
-__all__ = ["OutputSlotChecksums", "arm_output_checksums", "weighted_checksum_host", "RECORDS"]
+__all__ = ["OutputSlotChecksums", "arm_output_checksums"]

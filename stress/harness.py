@@ -167,13 +167,14 @@ def unaccounted_syncs_message(report: Any, runner: Any) -> str | None:
 
 
 class Detectors:
-    """The sync detector (count mode), the staging-lifetime checker, the output-slot checksums and the KV provenance check,
+    """The sync detector (count mode), the staging-lifetime checker, the staging- and output-slot checksums and the KV provenance check,
     armed on one session's runner (``scheduler``: whose prefix cache the findings describe); and
     ``csan``, the session's CSAN monitor when the run has one."""
 
     def __init__(self, runner: Any, lifetime_mode: str = "count", scheduler: Any = None, csan: Any = None):
         from checks.lifetime import LifetimeChecker
         from checks.output_slots import arm_output_checksums
+        from checks.staging_slots import arm_staging_checksums
         from checks.sync import arm_runner
         from stress.prefix_checks import arm_prefix_checks
 
@@ -183,28 +184,32 @@ class Detectors:
         self.pool = pool if pool is not None and hasattr(pool, "observers") else None
         self.lifetime = LifetimeChecker(lifetime_mode).attach(self.pool) if self.pool is not None else None
         self.outputs = arm_output_checksums(runner)
+        self.staging = arm_staging_checksums(runner)
         self.prefix = arm_prefix_checks(runner, scheduler) if scheduler is not None else None
         self.csan = csan
 
     def disarm(self) -> None:
         if self.lifetime is not None:
             self.lifetime.detach(self.pool)
-        if self.outputs is not None:
-            self.outputs.detach()
+        for checksums in (self.outputs, self.staging):
+            if checksums is not None:
+                checksums.detach()
 
     def slot_lifetimes(self) -> tuple[bool, int, list[str]]:
         """(checked, violations, first messages) of the staging and output slots, once the device is drained."""
         checked, violations, errors = False, 0, []
         if self.lifetime is not None:
             checked, violations, errors = True, self.lifetime.violations, [str(e) for e in self.lifetime.errors[:10]]
-        if self.outputs is not None:
+        for checksums in (self.staging, self.outputs):
+            if checksums is None:
+                continue
             try:
-                self.outputs.finish()
+                checksums.finish()
             except Exception as e:  # the device died: the checksums cannot be read back (the run's finding stands)
-                _log.info("output slot checksums not read back: %s: %s", type(e).__name__, e)
+                _log.info("slot checksums not read back: %s: %s", type(e).__name__, e)
                 return checked, violations, errors
-            checked, violations = True, violations + self.outputs.violations
-            errors += self.outputs.errors[: max(0, 10 - len(errors))]
+            checked, violations = True, violations + checksums.violations
+            errors += checksums.errors[:5]  # each checker's first findings, however many the others had
         return checked, violations, errors
 
     def fired(self) -> str | None:

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from checks.output_slots import _device_checksum, weighted_checksum_host
+from checks.checksums import device_checksum as _device_checksum, weighted_checksum_host
 from stress.harness import ChurnOps, checked_run
 from stress.verify import plan_runs
 
