@@ -14,6 +14,7 @@
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
 #   race_rates    kill rates of the race mutants over 10 seeds (`mutants --seeds 10 --only ...`)
+#   verify_kills  the race mutants through verify's own quick cuda plan (`mutants --campaign verify`), 5 seeds: kill rates
 #   output_slots  the output-slot checksums on cuda: a clean delayed stress run, then output_slot_overwritten_early
 #                 (must be killed by lifetime), one seed (`mutants --only ... --no-chisq`)
 #   verify        `runnercheck verify --device cuda --quick`
@@ -66,6 +67,8 @@ want mutants_new && job mutants_new "$limit" $rc mutants --device cuda --junit "
   refcount_dropped_on_preemption --out "$out/mutants_new" &
 want race_rates && job race_rates "$limit" $rc mutants --device cuda --seeds 10 --no-chisq --only \
   reuse_staging_early pageable_nonblocking_copy output_slot_overwritten_early --out "$out/race_rates" &
+want verify_kills && job verify_kills "$limit" $rc mutants --device cuda --campaign verify --quick --seeds 5 --no-chisq \
+  --only reuse_staging_early pageable_nonblocking_copy output_slot_overwritten_early --out "$out/verify_kills" &
 want output_slots && (
   job output_slots_clean 90 $rc stress --device cuda --seed 1 --steps 60 --delay-us auto --delay-target output-slot \
     --max-inflight 3 --no-progress --out "$out/output_slots_clean"

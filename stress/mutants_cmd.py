@@ -86,8 +86,7 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     """
     from impl.lag_policies import make_lag_policy
     from impl.model.weights import preset
-    from stress.harness import ChurnOps, checked_run
-    from stress.isolation import isolated_run
+    from stress.harness import ChurnOps
     from stress.run_config import RunConfig, default_limits
     from stress.runners import DEFAULT_RUNNER_SPEC
     from stress.scheduler import SchedulerConfig
@@ -101,10 +100,17 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     if device_kind == "cuda" and workload.cuda_lag:
         config = replace(config, delay_policy=_cuda_delay(config))
     config = replace(config, mutant=mutant, csan=csan)
-    findings = (isolated_run if isolate else checked_run)(
-        config, ChurnOps(workload.churn, workload.name), name=mutant or f"control {workload.name}",
-        lifetime_mode="error", stop_on_sync=True)
-    outcome = CheckRun(ran=["sync", "lifetime", "differential", "provenance"] + (["csan"] if csan else []),
+    return checked_differential(config, ChurnOps(workload.churn, workload.name), mutant or f"control {workload.name}",
+                                isolate=isolate)
+
+
+def checked_differential(config: Any, ops: Any, name: str, *, isolate: bool = True) -> CheckRun:
+    """One differential run of ``config`` (its mutant installed) fed by ``ops``: which checks fired, with evidence."""
+    from stress.harness import checked_run
+    from stress.isolation import isolated_run
+
+    findings = (isolated_run if isolate else checked_run)(config, ops, name=name, lifetime_mode="error", stop_on_sync=True)
+    outcome = CheckRun(ran=["sync", "lifetime", "differential", "provenance"] + (["csan"] if config.csan else []),
                        ticks=findings.result.ticks, tokens=findings.result.tokens_compared, seconds=findings.elapsed_s)
     if findings.csan_races:
         outcome.fired["csan"] = f"{findings.csan_races} race(s); first: {findings.csan_lines[0]}"
@@ -166,6 +172,7 @@ class MutantsOptions:
     chisq_samples: int | None = None
     isolate: bool = True  # each differential run in a child process (a crash is evidence, not the end)
     cuda_graphs: bool = True
+    campaign: str = "workloads"  # the traffic of the differential part: each mutant's workload, or verify's plan
 
     @property
     def runs_chisq(self) -> bool:
@@ -183,15 +190,21 @@ def _csan(mutant: Mutant, opts: MutantsOptions) -> bool:
 
 def run_mutant(mutant: Mutant, opts: MutantsOptions) -> MutantResult:
     """All checks that apply to ``mutant`` on ``opts.device`` (chi-square first: it is the cheap one on cuda)."""
+    from stress.mutants_verify import campaign_name, run_verify_campaign
+
+    verify = opts.campaign == "verify"
     base = dict(name=mutant.name, cls=mutant.cls, description=mutant.description, needs_gpu=mutant.needs_gpu,
-                designed=list(mutant.checks), workload=mutant.workload)
+                designed=list(mutant.checks), workload=campaign_name(opts.quick) if verify else mutant.workload)
     if mutant.needs_gpu and opts.device != "cuda":
         return MutantResult(**base, status="skipped", killed=False, killed_by=[], as_designed=False, checks_run=[],
                             evidence={}, ticks=0, seconds=0.0, skip_reason="needs a GPU to manifest")
     runs: list[CheckRun] = []
     if mutant.chisq_case and opts.runs_chisq:
         runs.append(run_chisq(mutant.chisq_case, opts.device, opts.seed, mutant=mutant.name, samples=opts.chisq_samples))
-    if not (opts.quick and runs and runs[0].fired):
+    if verify and not (opts.quick and runs and runs[0].fired):
+        runs.append(run_verify_campaign(opts.device, opts.seed, opts.quick, mutant=mutant.name, isolate=opts.isolate,
+                                        cuda_graphs=opts.cuda_graphs, csan=_csan(mutant, opts)))
+    elif not (opts.quick and runs and runs[0].fired):
         workload = WORKLOADS[mutant.workload]
         runs.append(run_differential(workload, opts.device, opts.seed, _ticks(workload, opts.quick), mutant=mutant.name,
                                      isolate=opts.isolate, cuda_graphs=opts.cuda_graphs, csan=_csan(mutant, opts)))
@@ -215,13 +228,23 @@ def run_controls(results: Sequence[MutantResult], opts: MutantsOptions) -> list[
     controls: list[ControlResult] = []
     ticks: dict[str, int] = {}
     csan_workloads = {r.workload for r in results if "csan" in r.checks_run}  # the control runs under CSAN too
+    from stress.mutants_verify import plan_ticks, run_verify_campaign
+
+    verify = opts.campaign == "verify"
     for r in results:
         if "differential" in r.checks_run:
-            budget = max(r.ticks, 1) if opts.quick else _ticks(WORKLOADS[r.workload], quick=False)
+            if opts.quick:
+                budget = max(r.ticks, 1)
+            else:
+                budget = plan_ticks(opts.device, opts.seed) if verify else _ticks(WORKLOADS[r.workload], quick=False)
             ticks[r.workload] = max(ticks.get(r.workload, 0), budget)
     for name, budget in ticks.items():
-        run = run_differential(WORKLOADS[name], opts.device, opts.seed, budget, isolate=opts.isolate,
-                               cuda_graphs=opts.cuda_graphs, csan=name in csan_workloads)
+        if verify:
+            run = run_verify_campaign(opts.device, opts.seed, opts.quick, budget=budget, isolate=opts.isolate,
+                                      cuda_graphs=opts.cuda_graphs, csan=name in csan_workloads)
+        else:
+            run = run_differential(WORKLOADS[name], opts.device, opts.seed, budget, isolate=opts.isolate,
+                                   cuda_graphs=opts.cuda_graphs, csan=name in csan_workloads)
         controls.append(ControlResult("workload", name, run.fired, run.ticks, run.seconds))
     if opts.runs_chisq:
         for case_key in dict.fromkeys(CATALOGUE[r.name].chisq_case for r in results if "chisq" in r.checks_run):
@@ -257,6 +280,9 @@ def run_catalogue(opts: MutantsOptions, *, command: str = "", on_result: Callabl
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="short tick budgets (every run stops at its first kill)")
     parser.add_argument("--only", nargs="+", default=(), metavar="NAME", help="run only these mutants")
+    parser.add_argument("--campaign", choices=("workloads", "verify"), default="workloads",
+                        help="the traffic each mutant runs under: its own workload (default), or the runs of "
+                             "'runnercheck verify' on the device (--quick: its quick plan), in order, until one kills it")
     chisq = parser.add_mutually_exclusive_group()
     chisq.add_argument("--chisq", dest="chisq", action="store_true", default=None,
                        help="run the chi-square probes on any device (slow when interpreted)")
@@ -345,9 +371,10 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(1)
     opts = MutantsOptions(device=device, quick=args.quick, seed=args.seed, only=tuple(dict.fromkeys(args.only)),
                           chisq=args.chisq, chisq_samples=args.chisq_samples, isolate=not args.in_process,
-                          cuda_graphs=not args.eager)
+                          cuda_graphs=not args.eager, campaign=args.campaign)
     console = Console()
     command = " ".join(["runnercheck mutants", *(["--quick"] if args.quick else []), f"--device {device}",
+                        *([f"--campaign {args.campaign}"] if args.campaign != "workloads" else []),
                         *([f"--only {' '.join(opts.only)}"] if opts.only else []),
                         *({True: ["--chisq"], False: ["--no-chisq"]}.get(args.chisq, [])),
                         *([f"--chisq-samples {args.chisq_samples}"] if args.chisq_samples else []),
