@@ -17,6 +17,8 @@
 #   verify_kills  the race mutants through verify's own quick cuda plan (`mutants --campaign verify`), 5 seeds: kill rates
 #   output_slots  the output-slot checksums on cuda: a clean delayed stress run, then output_slot_overwritten_early
 #                 (must be killed by lifetime), one seed (`mutants --only ... --no-chisq`)
+#   staging_slots the staging-slot checksums on cuda: a clean stress run delayed at the staging slots' readers (0
+#                 violations), then reuse_staging_early, one seed
 #   verify        `runnercheck verify --device cuda --quick`
 #   stress        delay-injected stress with reuse_staging_early (must exit 1), its replay, then without it
 #   chisq_matrix  the chi-square matrix, 2e6 draws per case, + calibration (the runner's sampler)
@@ -73,6 +75,11 @@ want output_slots && (
   job output_slots_clean 90 $rc stress --device cuda --seed 1 --steps 60 --delay-us auto --delay-target output-slot \
     --max-inflight 3 --no-progress --out "$out/output_slots_clean"
   job output_slots_mutant 90 $rc mutants --device cuda --no-chisq --only output_slot_overwritten_early --out "$out/output_slots_mutant"
+) &
+want staging_slots && (
+  job staging_slots_clean 120 $rc stress --device cuda --seed 2 --steps 80 --delay-us auto --delay-target staging-slot \
+    --max-inflight 3 --no-progress --out "$out/staging_slots_clean"
+  job staging_slots_mutant 120 $rc mutants --device cuda --no-chisq --only reuse_staging_early --out "$out/staging_slots_mutant"
 ) &
 want verify && job verify "$limit" $rc verify --device cuda --quick --no-progress --out "$out/verify" &
 want stress && (
