@@ -69,12 +69,13 @@ want mutants_new && job mutants_new "$limit" $rc mutants --device cuda --junit "
   refcount_dropped_on_preemption --out "$out/mutants_new" &
 want race_rates && job race_rates "$limit" $rc mutants --device cuda --seeds 10 --no-chisq --only \
   reuse_staging_early pageable_nonblocking_copy output_slot_overwritten_early --out "$out/race_rates" &
-want verify_kills && job verify_kills "$limit" $rc mutants --device cuda --campaign verify --quick --seeds 5 --no-chisq \
-  --only reuse_staging_early pageable_nonblocking_copy output_slot_overwritten_early --out "$out/verify_kills" &
-want output_slots && (
-  job output_slots_clean 90 $rc stress --device cuda --seed 1 --steps 60 --delay-us auto --delay-target output-slot \
-    --max-inflight 3 --no-progress --out "$out/output_slots_clean"
-  job output_slots_mutant 90 $rc mutants --device cuda --no-chisq --only output_slot_overwritten_early --out "$out/output_slots_mutant"
+want verify_kills && (  # two shards side by side (seeds 0,2,4 and 1,3), then their kill rates merged
+  for k in 0 1; do
+    job verify_kills_$k "$limit" $rc mutants --device cuda --campaign verify --quick --seeds 5 --shard $k/2 --no-chisq \
+      --only reuse_staging_early pageable_nonblocking_copy output_slot_overwritten_early --out "$out/verify_kills_$k" &
+  done
+  wait
+  job verify_kills 60 $rc mutants --merge "$out/verify_kills_0" "$out/verify_kills_1" --out "$out/verify_kills"
 ) &
 want staging_slots && (
   job staging_slots_clean 120 $rc stress --device cuda --seed 2 --steps 80 --delay-us auto --delay-target staging-slot \
