@@ -77,6 +77,11 @@ want verify_kills && (  # two shards side by side (seeds 0,2,4 and 1,3), then th
   wait
   job verify_kills 60 $rc mutants --merge "$out/verify_kills_0" "$out/verify_kills_1" --out "$out/verify_kills"
 ) &
+want output_slots && (
+  job output_slots_clean 90 $rc stress --device cuda --seed 1 --steps 60 --delay-us auto --delay-target output-slot \
+    --max-inflight 3 --no-progress --out "$out/output_slots_clean"
+  job output_slots_mutant 90 $rc mutants --device cuda --no-chisq --only output_slot_overwritten_early --out "$out/output_slots_mutant"
+) &
 want staging_slots && (
   job staging_slots_clean 120 $rc stress --device cuda --seed 2 --steps 80 --delay-us auto --delay-target staging-slot \
     --max-inflight 3 --no-progress --out "$out/staging_slots_clean"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from stress.harness import ChurnOps, checked_run
 from stress.verify import plan_runs
 
@@ -51,3 +53,16 @@ def test_a_device_write_into_a_staging_buffer_is_caught_without_any_race(monkeyp
     findings = checked_run(replace(config, lag_policy=None), ChurnOps(churn), name="scribbled")
     staging = [e for e in findings.lifetime_errors if "host did not stage" in e]
     assert len(staging) == 1 and "written by something else" in staging[0], findings.lifetime_errors
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_slot_rewritten_before_its_copy_ran_is_caught_by_the_device_checksum() -> None:
+    from stress.races import calibrate_cuda_delay, measure_host_tick_us
+
+    planned = plan_runs("cuda", 0, "impl.runner:make_runner", quick=True)[0]
+    tick_us = measure_host_tick_us(replace(planned.config, steps=12))
+    config = replace(planned.config, steps=60, mutant="reuse_staging_early",
+                     delay_policy=calibrate_cuda_delay(0, tick_us, targets=("staging-slot",)),
+                     scheduler=replace(planned.config.scheduler, max_inflight_steps=3))
+    findings = checked_run(config, ChurnOps(planned.churn), name="mutant")  # count mode: the run goes on past the host's finding
+    assert any("read bytes its host did not stage" in e for e in findings.lifetime_errors), findings.lifetime_errors
