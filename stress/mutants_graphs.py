@@ -58,7 +58,11 @@ def _padding_row_writes_live_state(runner: Any, m: AppliedMutant) -> None:
         padded.copy_(torch.where(index >= num_reqs, last, padded))
 
     m.set(inputs, "launch_pad", pad_with_last_row)
-    runner.graphs.recapture()  # CUDA graphs hold the launches they captured
+    # CUDA graphs hold the launches they captured: capture again with the mutant; undo puts the
+    # original captures back (recorded closures on cpu/sim look the pad up when they run anyway).
+    graphs = runner.graphs
+    m.set(graphs, "graphs", graphs.graphs)
+    graphs.recapture()
 
 
 @_mutant("predicate_admits_larger_batch", "state", ("differential", "provenance"), "decode", ("graphs",),

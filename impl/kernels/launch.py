@@ -16,8 +16,9 @@ only cost misses.
 The fast path is off (every call is ``kernel[grid](*args, **kwargs)``) under ``TRITON_INTERPRET=1``,
 without CUDA, while Triton's launch hooks are set (profilers need ``launch_metadata``), when a
 call passes launch options or leaves parameters to their defaults, for values it cannot key,
-and when the compiled kernel lacks the launcher fields this code calls (checked once per kernel;
-present in triton 3.6 and 3.9).  ``RUNNERCHECK_SLOW_LAUNCH=1`` turns it off for a comparison.
+when the compiled kernel lacks the launcher fields this code calls (checked once per kernel;
+present in triton 3.6 and 3.9), and for good once a launcher rejects a call's arguments.
+``RUNNERCHECK_SLOW_LAUNCH=1`` turns it off, for a comparison.
 
 Ownership: the module owns the per-kernel caches (host, process lifetime; written only here,
 cleared per kernel when one holds `MAX_KEYS` entries).
@@ -128,12 +129,20 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Non
                 plan.compiled.clear()
             plan.compiled[key] = compiled
         return
-    _stats["fast"] += 1
     g0, g1, g2 = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
     stream = torch._C._cuda_getCurrentRawStream(key[0])  # the current stream: a capture stream inside a graph capture
     # Triton's launcher signature (3.6 and 3.9): grid, stream, function, packed metadata, launch metadata
     # (None: no hooks, checked above), the enter/exit hooks, then every argument in parameter order.
-    compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *ordered)
+    try:
+        compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *ordered)
+    except TypeError:
+        # The launcher parses its arguments before launching: a signature this code does not know
+        # launched nothing.  Use the normal path for this kernel from now on.
+        plan.usable = False
+        _stats["slow"] += 1
+        kernel[grid](*args, **kwargs)
+        return
+    _stats["fast"] += 1
 
 
 def launch_stats() -> dict[str, int]:
