@@ -20,8 +20,9 @@ when the compiled kernel lacks the launcher fields this code calls (checked once
 present in triton 3.6 and 3.9), and for good once a launcher rejects a call's arguments.
 ``RUNNERCHECK_SLOW_LAUNCH=1`` turns it off, for a comparison.
 
-Ownership: the module owns the per-kernel caches (host, process lifetime; written only here,
-cleared per kernel when one holds `MAX_KEYS` entries).
+Ownership: this module owns the per-kernel caches (host; one `_KernelPlan` kept as an attribute of
+each kernel object, living as long as the kernel; written only here, cleared when one holds
+`MAX_KEYS` entries) and the process-wide launch counters.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ class _KernelPlan:
         self.usable = True  # False once a compiled kernel lacks the launcher fields
 
 
-_plans: dict[int, _KernelPlan] = {}
+_PLAN_ATTR = "_runnercheck_launch_plan"
 _stats = {"fast": 0, "slow": 0}
 
 
@@ -85,9 +86,11 @@ def specialization_key(plan: _KernelPlan, ordered: Sequence[Any], device_index: 
 
 
 def _plan_of(kernel: Any) -> _KernelPlan:
-    plan = _plans.get(id(kernel))
+    # Kept on the kernel object itself: a cache keyed by id() could hand a freed kernel's plan to a new one.
+    plan = getattr(kernel, _PLAN_ATTR, None)
     if plan is None:
-        plan = _plans[id(kernel)] = _KernelPlan(kernel)
+        plan = _KernelPlan(kernel)
+        setattr(kernel, _PLAN_ATTR, plan)
     return plan
 
 

@@ -121,3 +121,71 @@ def test_runner_outputs_are_the_same_with_and_without_fast_launches(monkeypatch)
     fast_outs = run(slow=False)
     assert fast.launch_stats()["fast"] > before["fast"]
     assert run(slow=True) == fast_outs
+
+
+class _FakeCompiled:
+    """Stands in for triton's CompiledKernel: records launcher calls (the fields `launch` passes)."""
+
+    function, packed_metadata = "function", "packed"
+
+    def __init__(self, reject: bool = False):
+        self.calls: list[tuple] = []
+        self.reject = reject
+
+    def run(self, *launch_args):
+        if self.reject:
+            raise TypeError("function takes exactly 12 arguments")
+        self.calls.append(launch_args)
+
+
+class _FakeKernel:
+    """Stands in for a JITFunction: parameters x (pointer), n (do_not_specialize int), BLOCK; counts normal launches."""
+
+    def __init__(self, compiled: _FakeCompiled):
+        from types import SimpleNamespace
+
+        self.params = [SimpleNamespace(name="x", do_not_specialize=False, do_not_specialize_on_alignment=False),
+                       SimpleNamespace(name="n", do_not_specialize=True, do_not_specialize_on_alignment=False),
+                       SimpleNamespace(name="BLOCK", do_not_specialize=False, do_not_specialize_on_alignment=False)]
+        self.compiled = compiled
+        self.normal: list[tuple] = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.normal.append((grid, args, kwargs))
+            return self.compiled
+
+        return launch
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    monkeypatch.setattr(fast, "fast_path_enabled", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 4242, raising=False)
+
+
+def test_a_seen_key_calls_the_launcher_with_every_argument_in_order(fake_cuda):
+    compiled = _FakeCompiled()
+    kernel = _FakeKernel(compiled)
+    x = torch.zeros(16)
+    fast.launch(kernel, (3,), x, 5, BLOCK=8)  # first sight of the key: the normal path
+    assert len(kernel.normal) == 1 and not compiled.calls
+    fast.launch(kernel, (4, 2), x, 6, BLOCK=8)  # n is do_not_specialize: same key
+    assert len(kernel.normal) == 1
+    assert compiled.calls == [(4, 2, 1, 4242, "function", "packed", None, None, None, x, 6, 8)]
+    fast.launch(kernel, (4,), x[1:], 6, BLOCK=8)  # unaligned pointer: a new key, the normal path
+    fast.launch(kernel, (4,), x, 6, BLOCK=16)  # another constexpr: a new key
+    fast.launch(kernel, (4,), x, 6, BLOCK=8, num_warps=2)  # a launch option: always the normal path
+    fast.launch(kernel, (4,), x, 6)  # a parameter left to its default: the normal path
+    assert len(kernel.normal) == 5 and len(compiled.calls) == 1
+
+
+def test_a_launcher_that_rejects_the_arguments_turns_the_fast_path_off(fake_cuda):
+    compiled = _FakeCompiled(reject=True)
+    kernel = _FakeKernel(compiled)
+    x = torch.zeros(16)
+    fast.launch(kernel, (1,), x, 5, BLOCK=8)
+    fast.launch(kernel, (1,), x, 5, BLOCK=8)  # the launcher raises before launching: relaunched the normal way
+    fast.launch(kernel, (1,), x, 5, BLOCK=8)
+    assert len(kernel.normal) == 3 and not fast._plan_of(kernel).usable
