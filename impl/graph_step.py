@@ -42,15 +42,14 @@ from typing import Any, Callable
 import torch
 
 from impl.device import Device
-from impl.hotpath import hot_path
 from impl.kernels.input_prep import (HEADER_NUM_DIFFS, HEADER_WORDS, PADDING_ROW, launch_pad_step_inputs,
                                      launch_prepare_inputs)
+from impl.kernels.post_update import launch_post_update
 from impl.staged_writes import launch_apply_from_header
 
 # Programs of the in-graph staged-write apply: a fixed grid striding over the step's diffs.  On
 # CPU the interpreter runs programs one after another (~0.4 ms each), so one does all the work.
 APPLY_PROGRAMS_CUDA = 64
-from impl.kernels.post_update import launch_post_update
 
 
 @dataclass(frozen=True)
@@ -100,6 +99,7 @@ class PaddedInputs:
         self.header, self.step_rows, self.step_drafts = view("header"), view("rows"), view("drafts")
         if self.header.numel() != HEADER_WORDS:
             raise ValueError(f"the staging layout's header has {self.header.numel()} words, not {HEADER_WORDS}")
+        self.apply_header = self.header[HEADER_NUM_DIFFS:]  # (diffs, table word offset), as the apply kernel reads them
         self.apply_programs = APPLY_PROGRAMS_CUDA if device.is_cuda else 1
         self.rows = device.full(max_num_reqs, PADDING_ROW, torch.int32)
         self.drafts = device.zeros(max_num_reqs * max(1, max_num_draft_tokens), torch.int32)
@@ -129,7 +129,7 @@ class PaddedInputs:
 
     def launch_apply(self, arena: torch.Tensor) -> None:
         """Launch (inside device work or a capture) the staged-write apply of the diffs the header names."""
-        launch_apply_from_header(arena, self.step_words, self.header[HEADER_NUM_DIFFS:], self.apply_programs)
+        launch_apply_from_header(arena, self.step_words, self.apply_header, self.apply_programs)
 
 
 def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> PaddedStep:
@@ -191,7 +191,8 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     def count_sampled() -> None:
         sampling_state.launch_post_update(ib.logits_state_rows, sampler.tokens, row_valid, num_tokens)
 
-    step.launches += [("apply staged writes", apply_staged), ("pad step inputs", pad), ("input prep", prepare), ("forward", forward), ("sample", sample), ("post update", post_update),
+    step.launches += [("apply staged writes", apply_staged), ("pad step inputs", pad), ("input prep", prepare),
+                      ("forward", forward), ("sample", sample), ("post update", post_update),
                       ("count sampled tokens", count_sampled)]
     return step
 

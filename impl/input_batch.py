@@ -255,6 +255,7 @@ class InputBatch:
         writer.trim_reserved(offset + n * dtype.itemsize)
         return staged
 
+    @hot_path
     def set_header_diffs(self, slot: StagingSlot, num_diffs: int, table_word: int) -> None:
         """Name in ``slot``'s header the staged-write diffs a bucketed step's graph applies (slot still WRITING)."""
         header = self._slot_views(slot)[0]["header"]

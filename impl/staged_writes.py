@@ -179,6 +179,7 @@ class StagedWriteGroup:
 
         return apply
 
+    @hot_path
     def take_single_pack(self, slot: object) -> tuple[int, int] | None:
         """``(diffs, table word offset in slot)`` when the last flush packed one batch, into ``slot``; else None.
 

@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import torch
 
 from impl.device import triton_interpreted
+from impl.hotpath import hot_path
 
 MAX_KEYS = 64  # specialization keys kept per kernel (a kernel whose ints change every step misses, then clears)
 _I32, _I64 = (-(2**31), 2**31 - 1), (-(2**63), 2**63 - 1)
@@ -106,6 +107,7 @@ def _ordered(plan: _KernelPlan, args: tuple, kwargs: dict) -> list | None:
     return ordered
 
 
+@hot_path
 def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
     """``kernel[grid](*args, **kwargs)``, through the compiled kernel's launcher once its key was seen."""
     if not fast_path_enabled():
