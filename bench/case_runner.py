@@ -160,6 +160,9 @@ def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
     bucketed = (graphs_after["replays"] + graphs_after["padded_eager"]) - (graphs_before["replays"] + graphs_before["padded_eager"])
     median = statistics.median(host_us)
     launches = _count_launches(ctx, lambda: _drive(runner, work, 5)) if device.is_cuda else None
+    enqueued_before = device.num_enqueued  # host-side device work items: copies, launches, graph replays
+    _drive(runner, work, 5)
+    enqueues = (device.num_enqueued - enqueued_before) / 5
     report = SyncReport("count")
     counted_us = _drive(runner, work, 5, around=lambda: forbid_host_sync(device.kind, mode="count", report=report))
 
@@ -184,8 +187,13 @@ def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
         Row("host_cost", f"host syncs per step, {tag}", report.count / max(1, len(counted_us)), "syncs",
             target="0", met=report.count == 0, note=f"detector in count mode over {len(counted_us)} steps"),
     ]
+    out.append(Row("host_cost", f"host enqueues per step, {tag}", enqueues, "enqueues",
+                   target="3 at 0% churn (H2D, graph replay, D2H)" if churn == 0.0 else None,
+                   met=(enqueues <= 3) if churn == 0.0 and runner.graphs.enabled else None,
+                   note="Device.enqueue calls: each a copy, a Triton/torch launch, or one graph replay"))
     if launches is not None:
-        out.append(Row("host_cost", f"kernel launches per step, {tag} (forward stubbed)", launches / 5, "launches"))
+        out.append(Row("host_cost", f"device operations per step, {tag} (forward stubbed)", launches / 5, "ops",
+                       note="CUDA profiler events: kernels (those inside a graph replay too) and copies"))
     return out
 
 

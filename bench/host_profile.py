@@ -20,6 +20,7 @@ import statistics
 from bench import case_runner
 from bench.common import BenchContext
 from impl.device import Device
+from impl.kernels.launch import launch_stats
 
 
 def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_device_work: bool = False,
@@ -30,7 +31,9 @@ def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_devic
         case_runner.drop_device_work(device)
     runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs, churn)
     before = runner.cuda_graph_stats()
+    enqueued = device.num_enqueued
     plain = case_runner._drive(runner, work, steps)
+    enqueues = (device.num_enqueued - enqueued) / steps  # copies, launches and graph replays the host issued
     profiler = cProfile.Profile()  # a context manager: enabled only around each execute_model call
     profiled = case_runner._drive(runner, work, steps, around=lambda: profiler)
     text = io.StringIO()
@@ -38,9 +41,12 @@ def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_devic
     after = runner.cuda_graph_stats()
     bucketed = after["replays"] + after["padded_eager"] - before["replays"] - before["padded_eager"]
     dropped = ", device work dropped" if drop_device_work else ""
+    stats = launch_stats()
+    launch_line = f"Triton launches since start: {stats['fast']} through the cached launcher, {stats['slow']} through kernel[grid]\n"
     return (f"{device.kind}{dropped}, {num_reqs} decode requests, churn {churn}, {steps} steps: median execute_model host time "
             f"{statistics.median(plain):.0f} us ({statistics.median(profiled):.0f} us under cProfile); "
-            f"bucketed steps {bucketed}/{2 * steps} ({format_graph_stats(after)})\n{text.getvalue()}")
+            f"{enqueues:.1f} host enqueues per step; bucketed steps {bucketed}/{2 * steps} ({format_graph_stats(after)})\n"
+            f"{launch_line}{text.getvalue()}")
 
 
 def main(argv: list[str] | None = None) -> int:

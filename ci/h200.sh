@@ -7,8 +7,12 @@
 #
 #   bench         `runnercheck bench --device cuda`, run alone first (timings; e2e runs graphs and eager, async and
 #                 sync: 8 Qwen3-0.6B runners), then the others side by side:
-#   bench_host    `runnercheck bench --device cuda --only host_cost` alone (runner vs V1-style baseline, 1% and 0% churn)
-#   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`)
+#   bench_host    `runnercheck bench --device cuda --only host_cost` alone (runner vs V1-style baseline, 1% and 0% churn;
+#                 host enqueues per step, target 3 at 0% churn: H2D, graph replay, D2H), then the same with
+#                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves)
+#   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`;
+#                 prints host enqueues per step and how many Triton launches took the cached launcher), then 1% churn
+#                 with RUNNERCHECK_SLOW_LAUNCH=1
 #   tune_logprobs (alone, after bench) the split-pass launch shapes of top-20 logprobs, timed and checked equal (`python -m bench.tune_selection`)
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
@@ -55,10 +59,13 @@ want() { [[ "$jobs" == *" $1 "* ]]; }
 
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())" | tee "$out/versions.txt"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
-want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host"
+want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host" &&
+  RUNNERCHECK_SLOW_LAUNCH=1 job bench_host_slow_launch "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost \
+  --out "$out/bench_host_slow_launch"
 want tune_logprobs && job tune_logprobs 200 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
 want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &&
-  python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0" &
+  python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&
+  RUNNERCHECK_SLOW_LAUNCH=1 python3 -m bench.host_profile --device cuda --reqs 256 --steps 100" &
 want gpu_tests && job gpu_tests "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" tests \
   --deselect tests/stress/test_mutants.py::test_cuda_run_kills_every_mutant_including_the_noise_bugs \
   --deselect tests/impl/test_sampler_tail.py &

@@ -82,6 +82,9 @@ class StagingSlot:
         self.step = -1
         self.used_bytes = 0
         self.event: DeviceEvent | None = None
+        # Set by `StagingWriter.submit` for one submit: the device buffer the H2D copy lands in
+        # instead of ``device`` (a bucketed step's fixed-address step buffer, `impl.graph_step`).
+        self.copy_to: torch.Tensor | None = None
 
     def alloc(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Reserve ``n`` elements: a host view to fill now and the device view kernels read later."""
@@ -177,8 +180,9 @@ class StagingPool:
         if slot.state is not SlotState.WRITING:
             raise StagingLifetimeError("submit of a slot that is not being written", slot=slot.index, step=slot.step, state=slot.state)
         nbytes = slot.used_bytes
+        target, slot.copy_to = (slot.device if slot.copy_to is None else slot.copy_to), None
         if nbytes:
-            host, dev = slot.host[:nbytes], slot.device[:nbytes]
+            host, dev = slot.host[:nbytes], target[:nbytes]
             self.device.enqueue(lambda: dev.copy_(host, non_blocking=True), f"h2d slot{slot.index} step{slot.step}")
         self.h2d_bytes_total += nbytes
         slot.event = self.device.record_event()
@@ -194,6 +198,8 @@ class StagingWriter:
         self.slot: StagingSlot | None = None
         self.bytes = 0
         self.num_slots_used = 0
+        self.first: StagingSlot | None = None  # the step's first slot (the fixed layout of `first_slot`)
+        self._first_submitted = 0  # its bytes, once submitted to its own device buffer (0: not yet)
 
     @hot_path
     def first_slot(self, reserve_bytes: int) -> StagingSlot:
@@ -203,7 +209,7 @@ class StagingWriter:
             raise StagingLifetimeError("first_slot after the writer already holds a slot", slot=self.slot.index, step=self.step)
         if reserve_bytes > self.pool.capacity_bytes:
             raise StagingCapacityError(f"a reserved layout of {reserve_bytes} bytes does not fit a {self.pool.capacity_bytes}-byte slot")
-        self.slot = self.pool.acquire(self.step)
+        self.slot = self.first = self.pool.acquire(self.step)
         self.num_slots_used += 1
         self.slot.used_bytes = reserve_bytes
         return self.slot
@@ -247,11 +253,25 @@ class StagingWriter:
 
     def _submit_current(self) -> None:
         self.bytes += self.slot.used_bytes
+        if self.slot is self.first and self.slot.copy_to is None:
+            self._first_submitted = self.slot.used_bytes
         self.pool.submit(self.slot)
         self.slot = None
 
     @hot_path
-    def submit(self) -> None:
-        """Submit the current slot.  Must come before the step's kernels that read the views."""
+    def submit(self, first_to: torch.Tensor | None = None, *, redirect: bool = False) -> None:
+        """Submit the current slot.  Must come before the step's kernels that read the views.
+
+        ``first_to`` (a device uint8 buffer at least a slot long): the first slot's bytes land
+        there too, at the same offsets.  ``redirect=True`` (the caller reads nothing of the first
+        slot through its device views): its own H2D copy goes there instead of the slot's device
+        buffer, when it is still being written.  Otherwise one device-to-device copy follows.
+        """
+        redirected = first_to is not None and redirect and self.slot is not None and self.slot is self.first
+        if redirected:
+            self.slot.copy_to = first_to
         if self.slot is not None:
             self._submit_current()
+        if first_to is not None and not redirected and self._first_submitted:
+            n, src = self._first_submitted, self.first.device
+            self.pool.device.enqueue(lambda: first_to[:n].copy_(src[:n], non_blocking=True), "copy first staging slot")

@@ -15,8 +15,17 @@ and post-update kernels give such a request token 0 at slot -1 (no KV write), re
 parameters from a dummy row, and write no row state, no penalty counts, no ``num_sampled`` of a
 live request and nothing the output pack copies.
 
+The step's counts are device data too: a bucketed step's staging slot is copied (its one H2D)
+into the fixed-address step buffer below, whose header (`impl.kernels.input_prep.HEADER_WORDS`)
+holds the number of real requests and drafts and where the step's staged-write diffs sit.  The
+recorded launches start with the staged-write apply and the bucket padding, both reading that
+header, so a steady-state graphed step is one H2D, one replay, one D2H + event.
+
 Ownership: `PaddedInputs` owns, on the device, for the runner's lifetime, at fixed addresses:
 
+    step_bytes      uint8 [staging slot bytes]           a copy of the bucketed step's first staging slot (same offsets:
+                                                         `impl.input_batch.InputBatch.staging_layout`, then the diff table);
+                                                         written by that slot's H2D (or one device copy of it) each bucketed step
     rows            int32 [max_num_reqs]                 real state rows then -1; written by the pad kernel each bucketed step
     drafts          int32 [max_num_reqs * max(1, D)]     the step's drafts; written by the pad kernel each bucketed step
     query_start[q], logits_start[q], draft_start[q]
@@ -33,9 +42,14 @@ from typing import Any, Callable
 import torch
 
 from impl.device import Device
-from impl.hotpath import hot_path
-from impl.kernels.input_prep import PADDING_ROW, launch_pad_step_inputs, launch_prepare_inputs
+from impl.kernels.input_prep import (HEADER_NUM_DIFFS, HEADER_WORDS, PADDING_ROW, launch_pad_step_inputs,
+                                     launch_prepare_inputs)
 from impl.kernels.post_update import launch_post_update
+from impl.staged_writes import launch_apply_from_header
+
+# Programs of the in-graph staged-write apply: a fixed grid striding over the step's diffs.  On
+# CPU the interpreter runs programs one after another (~0.4 ms each), so one does all the work.
+APPLY_PROGRAMS_CUDA = 64
 
 
 @dataclass(frozen=True)
@@ -70,9 +84,23 @@ class PaddedStep:
 class PaddedInputs:
     """Persistent inputs of bucketed steps (see the module docstring for ownership)."""
 
-    def __init__(self, device: Device, max_num_reqs: int, max_num_draft_tokens: int, query_lens: tuple[int, ...]):
+    def __init__(self, device: Device, max_num_reqs: int, max_num_draft_tokens: int, query_lens: tuple[int, ...],
+                 staging_bytes: int, layout: dict[str, tuple[int, int, torch.dtype]]):
         self.device = device
         self.max_num_reqs = max_num_reqs
+        self.max_num_draft_tokens = max_num_draft_tokens
+        self.step_bytes = device.zeros(staging_bytes, torch.uint8)
+        self.step_words = self.step_bytes[: staging_bytes // 4 * 4].view(torch.int32)
+
+        def view(name: str) -> torch.Tensor:
+            offset, n, dtype = layout[name]
+            return self.step_bytes[offset : offset + n * dtype.itemsize].view(dtype)
+
+        self.header, self.step_rows, self.step_drafts = view("header"), view("rows"), view("drafts")
+        if self.header.numel() != HEADER_WORDS:
+            raise ValueError(f"the staging layout's header has {self.header.numel()} words, not {HEADER_WORDS}")
+        self.apply_header = self.header[HEADER_NUM_DIFFS:]  # (diffs, table word offset), as the apply kernel reads them
+        self.apply_programs = APPLY_PROGRAMS_CUDA if device.is_cuda else 1
         self.rows = device.full(max_num_reqs, PADDING_ROW, torch.int32)
         self.drafts = device.zeros(max_num_reqs * max(1, max_num_draft_tokens), torch.int32)
         self.query_start: dict[int, torch.Tensor] = {}
@@ -93,16 +121,15 @@ class PaddedInputs:
             self.draft_start[q].copy_(index * (q - 1))
         self.device._stream_waits_for_current()
 
-    @hot_path
-    def enqueue_pad(self, rows: torch.Tensor, drafts: torch.Tensor, num_reqs: int, num_drafts: int, size: int) -> None:
-        """Enqueue the copy of a step's staged rows/drafts into these buffers, rows past ``num_reqs`` set to -1."""
-        padded_rows, padded_drafts = self.rows, self.drafts
+    def launch_pad(self, size: int, query_len: int) -> None:
+        """Launch (inside device work or a capture) the copy of the step buffer's rows/drafts into the padded
+        inputs, rows past the header's request count set to -1."""
+        launch_pad_step_inputs(header=self.header, rows=self.step_rows, drafts=self.step_drafts, padded_rows=self.rows,
+                               padded_drafts=self.drafts, size=size, max_drafts_total=size * (query_len - 1))
 
-        def pad() -> None:
-            launch_pad_step_inputs(rows=rows, drafts=drafts, padded_rows=padded_rows, padded_drafts=padded_drafts,
-                                   num_reqs=num_reqs, num_drafts=num_drafts, size=size)
-
-        self.device.enqueue(pad, "pad step inputs")
+    def launch_apply(self, arena: torch.Tensor) -> None:
+        """Launch (inside device work or a capture) the staged-write apply of the diffs the header names."""
+        launch_apply_from_header(arena, self.step_words, self.apply_header, self.apply_programs)
 
 
 def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> PaddedStep:
@@ -123,6 +150,14 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     logits_indices = ib.logits_indices[:num_tokens]
     step = PaddedStep(key, [])
     result = step.result
+    arena = runner.staged_writes.arena
+
+    # Looked up on ``inputs`` when they run (not bound here): a test harness may wrap them, then recapture.
+    def apply_staged() -> None:
+        inputs.launch_apply(arena)
+
+    def pad() -> None:
+        inputs.launch_pad(size, q)
 
     def prepare() -> None:
         launch_prepare_inputs(
@@ -156,7 +191,8 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     def count_sampled() -> None:
         sampling_state.launch_post_update(ib.logits_state_rows, sampler.tokens, row_valid, num_tokens)
 
-    step.launches += [("input prep", prepare), ("forward", forward), ("sample", sample), ("post update", post_update),
+    step.launches += [("apply staged writes", apply_staged), ("pad step inputs", pad), ("input prep", prepare),
+                      ("forward", forward), ("sample", sample), ("post update", post_update),
                       ("count sampled tokens", count_sampled)]
     return step
 

@@ -106,7 +106,8 @@ class CudaGraphManager:
 
     def __init__(self, device: Device, *, enabled: bool, capture_sizes: Sequence[int] | None, max_num_reqs: int,
                  max_num_batched_tokens: int, max_num_draft_tokens: int, max_logprobs: int,
-                 build_step: Callable[[PaddedInputs, GraphKey], PaddedStep]):
+                 build_step: Callable[[PaddedInputs, GraphKey], PaddedStep], staging_bytes: int,
+                 staging_layout: dict[str, tuple[int, int, torch.dtype]]):
         self.device = device
         self.enabled = bool(enabled)
         self.capture_sizes = validate_capture_sizes(capture_sizes, max_num_reqs)
@@ -114,7 +115,7 @@ class CudaGraphManager:
         self.max_logprobs = max_logprobs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.modes = tuple(GraphMode(q, top) for q in self.query_lens for top in (-1, max_logprobs))
-        self.inputs = PaddedInputs(device, max_num_reqs, max_num_draft_tokens, self.query_lens)
+        self.inputs = PaddedInputs(device, max_num_reqs, max_num_draft_tokens, self.query_lens, staging_bytes, staging_layout)
         self._build_step = build_step
         self.graphs: dict[GraphKey, StepGraph] = {}
         self.captured = False
@@ -209,7 +210,7 @@ class CudaGraphManager:
         self.fallbacks[reason] += 1
 
     def run(self, key: GraphKey) -> dict[str, Any]:
-        """Enqueue the bucketed step (after `PaddedInputs.enqueue_pad`); returns the dict its sampler output lands in."""
+        """Enqueue the bucketed step (after the H2D of its step buffer); returns the dict its sampler output lands in."""
         if not self.enabled:
             step = self._build_step(self.inputs, key)
             for label, launch in step.launches:

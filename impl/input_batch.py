@@ -31,7 +31,8 @@ from impl.block_table import BlockTable
 from impl.buffers import StagingSlot, StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
-from impl.kernels.input_prep import launch_prepare_inputs
+from impl.kernels.input_prep import (HEADER_DIFF_TABLE, HEADER_NUM_DIFFS, HEADER_NUM_DRAFTS, HEADER_NUM_REQS, HEADER_WORDS,
+                                     launch_prepare_inputs)
 from impl.output import PromptLogprobRequest
 from impl.state import RequestStateTable
 from impl.step_reader import StepArrays
@@ -159,6 +160,7 @@ class StagedStepArrays:
     logits_start: torch.Tensor
     prompt_token_index: torch.Tensor
     prompt_targets: torch.Tensor
+    header: torch.Tensor  # the step's counts (`impl.kernels.input_prep.HEADER_WORDS`), read by bucketed steps
 
 
 class InputBatch:
@@ -196,7 +198,8 @@ class InputBatch:
         are made once and a step only fills the host side.
         """
         r, t = max_num_reqs, max_num_batched_tokens
-        fields = [("rows", r, torch.int32), ("cu", r + 1, torch.int32), ("draft_start", r + 1, torch.int32),
+        # The header first: a bucketed step's graph reads its counts from it (`impl.graph_step`).
+        fields = [("header", HEADER_WORDS, torch.int32), ("rows", r, torch.int32), ("cu", r + 1, torch.int32), ("draft_start", r + 1, torch.int32),
                   ("logits_start", r + 1, torch.int32), ("drafts", r * max(1, max_num_draft_tokens), torch.int32),
                   ("prompt_token_index", t, torch.int32), ("prompt_targets", t, torch.int64)]
         layout, cursor = {}, 0
@@ -231,6 +234,8 @@ class InputBatch:
         """Write the plan's compact arrays into the reserved start of the step's first staging slot."""
         host, staged = self._slot_views(writer.first_slot(self.staging_bytes))
         r = plan.num_reqs
+        header = host["header"]
+        header[HEADER_NUM_REQS], header[HEADER_NUM_DRAFTS], header[HEADER_NUM_DIFFS], header[HEADER_DIFF_TABLE] = r, len(plan.drafts), 0, 0
         host["rows"][:r] = plan.rows
         host["cu"][: r + 1] = plan.cu
         host["draft_start"][: r + 1] = plan.draft_start
@@ -249,6 +254,12 @@ class InputBatch:
         offset, n, dtype = self._layout[last]
         writer.trim_reserved(offset + n * dtype.itemsize)
         return staged
+
+    @hot_path
+    def set_header_diffs(self, slot: StagingSlot, num_diffs: int, table_word: int) -> None:
+        """Name in ``slot``'s header the staged-write diffs a bucketed step's graph applies (slot still WRITING)."""
+        header = self._slot_views(slot)[0]["header"]
+        header[HEADER_NUM_DIFFS], header[HEADER_DIFF_TABLE] = num_diffs, table_word
 
     @hot_path
     def enqueue_prepare(self, plan: StepPlan, staged: StagedStepArrays, state: RequestStateTable, block_table: BlockTable) -> None:

@@ -12,7 +12,9 @@ input-prep and post-update kernels (`impl.kernels`), the model (`impl.model.forw
 Device work of a step, in one submit order on the one stream: H2D of the staging slot -> staged
 write applies -> input prep -> forward -> sampler -> post-update -> pack + one D2H into a pinned
 output slot -> event.  A uniform decode batch pads its rows into a capture-size bucket and runs
-input prep .. post-update as one graph replay (`impl.graph_step`); other batches run eager.  `execute_model` never waits in steady state; `AsyncStepOutput.get()` is the
+apply .. post-update as one graph replay (`impl.graph_step`): its slot's H2D lands in the graph's
+fixed step buffer, whose header carries the step's counts, so such a step enqueues only the H2D,
+the replay and the output copy.  Other batches run eager.  `execute_model` never waits in steady state; `AsyncStepOutput.get()` is the
 one wait.  Step N+1 may be submitted before step N's output is read (async scheduling): every
 count the next step needs lives on the device.
 
@@ -31,7 +33,7 @@ from impl.block_table import BlockTable
 from impl.buffers import StagingPool, StagingWriter
 from impl.staged_writes import StagedWriteGroup
 from impl.device import Device
-from impl.graph_step import build_padded_step
+from impl.graph_step import GraphKey, build_padded_step
 from impl.graphs import CudaGraphManager, validate_capture_sizes
 from impl.hotpath import hot_path
 from impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
@@ -138,7 +140,8 @@ class ModelRunner:
         self.graphs = CudaGraphManager(
             dev, enabled=self._cuda_graphs, capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
             max_num_batched_tokens=lim.max_num_batched_tokens, max_num_draft_tokens=lim.max_num_draft_tokens, max_logprobs=lim.max_logprobs,
-            build_step=lambda inputs, key: build_padded_step(self, inputs, key),
+            build_step=lambda inputs, key: build_padded_step(self, inputs, key), staging_bytes=capacity,
+            staging_layout=InputBatch.staging_layout(lim.max_num_reqs, lim.max_num_batched_tokens, lim.max_num_draft_tokens),
         )
 
     # ------------------------------------------------------------------ profile
@@ -191,20 +194,32 @@ class ModelRunner:
         # One staging slot (more only when admissions overflow it), one H2D, one apply launch for
         # every staged diff: the compact arrays first, at the slot's fixed layout, then the diffs.
         writer = StagingWriter(self.staging, sched.step_id)
+        key = reason = None
         if step.req_ids:
             plan = plan_step(step, self.state)
             staged = self.input_batch.stage(plan, writer)
+            key, reason = self.graphs.select(plan.num_reqs, plan.cu, plan.draft_start, plan.num_prompt_rows, plan.max_num_logprobs)
         self.staged_writes.flush(writer)
         admitted = self.sampling_state.num_pending > 0  # its own kernels (count resets) follow admissions only
         if admitted:
             self.sampling_state.flush(writer)
-        writer.submit()
+        step_buffer, packed = None, None
+        if key is not None:
+            # A bucketed step: its graph applies the diffs itself when they sit in the first slot
+            # (the usual case), reading counts and the table from the step buffer's header.
+            step_buffer = self.graphs.inputs.step_bytes
+            packed = self.staged_writes.take_single_pack(writer.first)
+            if packed is not None:
+                self.input_batch.set_header_diffs(writer.first, *packed)
+        # The first slot's one H2D goes straight to the step buffer unless an eager apply or an
+        # admission kernel reads the slot through its own device views (then a device copy follows).
+        writer.submit(step_buffer, redirect=packed is not None and not admitted)
         self._enqueue_applies(admitted)
         if not step.req_ids:
             self._record_stats(sched.step_id, 0, 0, writer, enqueued_before, started)
             return ReadyOutput(ModelRunnerOutput(sched.step_id, (), (), (), {}, (), seeds))
 
-        result, fallback = self._enqueue_device_step(plan, staged)
+        result, fallback = self._enqueue_device_step(plan, staged, key, reason)
         output = self._enqueue_output(sched.step_id, plan, result, seeds)
 
         self.state.mark_used(plan.rows, output.event)
@@ -242,18 +257,18 @@ class ModelRunner:
         if admitted:
             self.sampling_state.enqueue_apply()
 
-    def _enqueue_device_step(self, plan: StepPlan, staged: StagedStepArrays) -> tuple[dict, str | None]:
-        """Input prep .. post-update: a bucketed step (one graph replay, or the same launches eagerly), else eager.
+    def _enqueue_device_step(self, plan: StepPlan, staged: StagedStepArrays, key: GraphKey | None,
+                             reason: str | None) -> tuple[dict, str | None]:
+        """Input prep .. post-update: a bucketed step ``key`` (one graph replay, or the same launches eagerly),
+        else eager (``reason``: why, from `CudaGraphManager.select`).
 
         Returns the dict the sampler output lands in and the fallback reason (None: bucketed).
         """
         graphs = self.graphs
-        key, reason = graphs.select(plan.num_reqs, plan.cu, plan.draft_start, plan.num_prompt_rows, plan.max_num_logprobs)
         if key is None:
             graphs.count_fallback(reason)
             self.input_batch.enqueue_prepare(plan, staged, self.state, self.block_table)
             return self._enqueue_model_and_sampling(plan, staged), reason
-        graphs.inputs.enqueue_pad(staged.rows, staged.drafts, plan.num_reqs, len(plan.drafts), key.size)
         return graphs.run(key), None
 
     def cuda_graph_stats(self) -> dict[str, Any]:

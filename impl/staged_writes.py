@@ -21,6 +21,7 @@ import triton.language as tl
 from impl.buffers import StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
+from impl.kernels.launch import launch
 
 
 @triton.jit(do_not_specialize=["values_offset"])
@@ -34,6 +35,36 @@ def _apply_word_diffs_kernel(arena_ptr, staged_ptr, values_offset, BLOCK: tl.con
         cols = chunk + tl.arange(0, BLOCK)
         mask = cols < length
         tl.store(arena_ptr + dst + cols, tl.load(staged_ptr + src + cols, mask=mask), mask=mask)
+
+
+@triton.jit(do_not_specialize=["num_programs"])
+def _apply_word_diffs_from_header_kernel(arena_ptr, words_ptr, header_ptr, num_programs, BLOCK: tl.constexpr):
+    """`_apply_word_diffs_kernel` with its diff count and table offset read from the device.
+
+    ``header[0]`` diffs, their table at word ``header[1]`` of ``words`` and the values right after
+    it.  A fixed grid of ``num_programs`` walks the diffs with a stride, so one launch captured in a
+    CUDA graph serves every step (0 diffs: every program exits at once).
+    """
+    n = tl.load(header_ptr)
+    table = tl.load(header_ptr + 1).to(tl.int64)
+    values = table + 3 * n.to(tl.int64)
+    for d in range(tl.program_id(0), n, num_programs):
+        dst = tl.load(words_ptr + table + 3 * d).to(tl.int64)
+        length = tl.load(words_ptr + table + 3 * d + 1)
+        src = tl.load(words_ptr + table + 3 * d + 2).to(tl.int64) + values
+        for chunk in range(0, length, BLOCK):
+            cols = chunk + tl.arange(0, BLOCK)
+            mask = cols < length
+            tl.store(arena_ptr + dst + cols, tl.load(words_ptr + src + cols, mask=mask), mask=mask)
+
+
+def launch_apply_from_header(arena: torch.Tensor, words: torch.Tensor, header: torch.Tensor, num_programs: int) -> None:
+    """One launch of the header-driven apply (call inside enqueued device work or a graph capture).
+
+    ``header``: int32 ``[num diffs, table word offset]`` on the device; ``words``: the int32 buffer
+    holding the table and values (`StagedWriteGroup.take_single_pack` says where they sit).
+    """
+    launch(_apply_word_diffs_from_header_kernel, (num_programs,), arena, words, header, num_programs, BLOCK=_APPLY_BLOCK)
 
 
 _APPLY_BLOCK = 128
@@ -61,6 +92,8 @@ class StagedWriteGroup:
         self.arena: torch.Tensor | None = None
         self._num_words = 0
         self._applies: list[Callable[[], None]] = []
+        # Where the last flush packed each batch: (slot, first word in the slot, diffs), for `take_single_pack`.
+        self._packs: list[tuple[object, int, int]] = []
         self.h2d_bytes_last_flush = 0
 
     def _join(self, tensor: "StagedWriteTensor") -> int:
@@ -94,6 +127,7 @@ class StagedWriteGroup:
         dst_parts: list[np.ndarray] = []  # ragged diffs, already arrays
         len_parts: list[np.ndarray] = []
         word_parts: list[np.ndarray] = []
+        self._packs = []
         dirty, self._dirty = self._dirty, []
         for t in dirty:
             words_per, base, cols = t.words_per_element, t.word_offset, t.num_cols
@@ -136,12 +170,29 @@ class StagedWriteGroup:
         meta[:, 0], meta[:, 1], meta[:, 2] = dst, lens, src
         host[meta_words:] = values
         self.h2d_bytes_last_flush += 4 * (meta_words + len(values))
+        slot = writer.slot
+        self._packs.append((slot, slot.used_bytes // 4 - (meta_words + len(values)), n))
         arena = self.arena
 
         def apply() -> None:
-            _apply_word_diffs_kernel[(n,)](arena, staged, meta_words, BLOCK=_APPLY_BLOCK)
+            launch(_apply_word_diffs_kernel, (n,), arena, staged, meta_words, BLOCK=_APPLY_BLOCK)
 
         return apply
+
+    @hot_path
+    def take_single_pack(self, slot: object) -> tuple[int, int] | None:
+        """``(diffs, table word offset in slot)`` when the last flush packed one batch, into ``slot``; else None.
+
+        On a hit the prepared apply is dropped: the caller applies the batch itself from a copy of
+        the slot (`launch_apply_from_header`, inside a bucketed step's graph).  No diffs: ``(0, 0)``.
+        """
+        if not self._applies:
+            return 0, 0
+        if len(self._packs) != 1 or self._packs[0][0] is not slot:
+            return None
+        _, offset, n = self._packs[0]
+        self._applies, self._packs = [], []
+        return n, offset
 
     @hot_path
     def enqueue_apply(self) -> None:

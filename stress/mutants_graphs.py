@@ -28,6 +28,10 @@ import bisect
 from types import SimpleNamespace
 from typing import Any, Callable
 
+import torch
+
+from impl.kernels.input_prep import HEADER_NUM_REQS
+
 from stress.mutant_registry import AppliedMutant, _mutant
 
 
@@ -41,20 +45,24 @@ def _graph_buffer_reallocated(runner: Any, m: AppliedMutant) -> None:
 @_mutant("padding_row_writes_live_state", "state", ("differential", "provenance"), "decode-penalties", ("graphs",),
          "bucket padding rows repeat the batch's last row instead of the -1 sentinel: padding advances and counts a live row")
 def _padding_row_writes_live_state(runner: Any, m: AppliedMutant) -> None:
-    inputs, device = runner.graphs.inputs, runner.device
-    enqueue_pad = inputs.enqueue_pad
+    inputs = runner.graphs.inputs
+    launch_pad = inputs.launch_pad
 
-    def pad_with_last_row(rows: Any, drafts: Any, num_reqs: int, num_drafts: int, size: int) -> None:
-        enqueue_pad(rows, drafts, num_reqs, num_drafts, size)
-        if size > num_reqs:
-            padded = inputs.rows
+    def pad_with_last_row(size: int, query_len: int) -> None:
+        # Inside the bucketed step (device work or capture): the real request count is on the device.
+        launch_pad(size, query_len)
+        padded = inputs.rows[:size]
+        num_reqs = inputs.header[HEADER_NUM_REQS : HEADER_NUM_REQS + 1].to(torch.int64)
+        last = padded.index_select(0, (num_reqs - 1).clamp(min=0))
+        index = torch.arange(size, device=padded.device)
+        padded.copy_(torch.where(index >= num_reqs, last, padded))
 
-            def repeat_last_row() -> None:
-                padded[num_reqs:size].copy_(padded[num_reqs - 1 : num_reqs].expand(size - num_reqs))
-
-            device.enqueue(repeat_last_row, "pad rows with the last live row")
-
-    m.set(inputs, "enqueue_pad", pad_with_last_row)
+    m.set(inputs, "launch_pad", pad_with_last_row)
+    # CUDA graphs hold the launches they captured: capture again with the mutant; undo puts the
+    # original captures back (recorded closures on cpu/sim look the pad up when they run anyway).
+    graphs = runner.graphs
+    m.set(graphs, "graphs", graphs.graphs)
+    graphs.recapture()
 
 
 @_mutant("predicate_admits_larger_batch", "state", ("differential", "provenance"), "decode", ("graphs",),

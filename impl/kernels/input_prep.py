@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from impl.kernels.launch import launch
 from impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_ROW_FIELDS, NUM_TOKENS, PREFILL_LEN
 
 # The state row a padding request's logit rows read their sampling parameters from (read only;
@@ -149,7 +150,7 @@ def launch_prepare_inputs(
     """Launch the input-prep kernel (call from inside the step's enqueued device work)."""
     needs_tail = padded_num_tokens > num_tokens or num_prompt_rows > 0
     grid = (num_reqs + (1 if needs_tail else 0),)
-    _prepare_inputs_kernel[grid](
+    launch(_prepare_inputs_kernel, grid,
         rows, cu, logits_start, draft_start, drafts, prompt_token_index,
         row_state, prefill_tokens, prefill_tokens.stride(0), block_table, block_table.stride(0),
         input_ids, positions, slot_mapping, query_start_loc, seq_lens, idx_mapping,
@@ -163,25 +164,39 @@ def launch_prepare_inputs(
     )
 
 
-@triton.jit(do_not_specialize=["num_reqs", "num_drafts", "size"])
-def _pad_step_inputs_kernel(rows_ptr, drafts_ptr, padded_rows_ptr, padded_drafts_ptr, num_reqs, num_drafts, size,
+# The header a bucketed step's staging starts with (int32 words): the step's counts, which the
+# in-graph launches read from device memory, so one capture serves every batch of its bucket.
+HEADER_NUM_REQS = 0  # real requests of the step (rows past it are padding)
+HEADER_NUM_DRAFTS = 1  # drafts staged for them
+HEADER_NUM_DIFFS = 2  # staged-write diffs the in-graph apply copies (0: none, or applied eagerly)
+HEADER_DIFF_TABLE = 3  # word offset of the diff table in the step buffer (values follow it)
+HEADER_WORDS = 4
+
+
+@triton.jit(do_not_specialize=["size", "max_drafts_total"])
+def _pad_step_inputs_kernel(header_ptr, rows_ptr, drafts_ptr, padded_rows_ptr, padded_drafts_ptr, size, max_drafts_total,
                             BLOCK: tl.constexpr):
+    # Loop bounds are the bucket's (fixed at capture); the step's counts come from the header.
+    num_reqs = tl.load(header_ptr + 0)  # HEADER_NUM_REQS
+    num_drafts = tl.load(header_ptr + 1)  # HEADER_NUM_DRAFTS
     for start in range(0, size, BLOCK):
         i = start + tl.arange(0, BLOCK)
         m = i < size
         real = i < num_reqs
         row = tl.load(rows_ptr + i, mask=m & real, other=-1)
         tl.store(padded_rows_ptr + i, tl.where(real, row, -1), mask=m)
-    for start in range(0, num_drafts, BLOCK):
+    for start in range(0, max_drafts_total, BLOCK):
         j = start + tl.arange(0, BLOCK)
-        m = j < num_drafts
+        m = (j < num_drafts) & (j < max_drafts_total)
         tl.store(padded_drafts_ptr + j, tl.load(drafts_ptr + j, mask=m), mask=m)
 
 
-def launch_pad_step_inputs(*, rows: torch.Tensor, drafts: torch.Tensor, padded_rows: torch.Tensor, padded_drafts: torch.Tensor,
-                           num_reqs: int, num_drafts: int, size: int) -> None:
+def launch_pad_step_inputs(*, header: torch.Tensor, rows: torch.Tensor, drafts: torch.Tensor, padded_rows: torch.Tensor,
+                           padded_drafts: torch.Tensor, size: int, max_drafts_total: int) -> None:
     """Copy a bucketed step's rows and drafts into the persistent padded inputs; rows ``[num_reqs, size)`` get -1.
 
-    One launch (call inside enqueued device work); ``size`` is the bucket, ``num_drafts`` the real drafts.
+    One launch (call inside enqueued device work, or inside a graph capture): ``num_reqs`` and the
+    number of drafts are read from ``header`` (`HEADER_NUM_REQS`, `HEADER_NUM_DRAFTS`) on the
+    device; ``size`` is the bucket and ``max_drafts_total`` the most drafts a batch of it stages.
     """
-    _pad_step_inputs_kernel[(1,)](rows, drafts, padded_rows, padded_drafts, num_reqs, num_drafts, size, BLOCK=256)
+    launch(_pad_step_inputs_kernel, (1,), header, rows, drafts, padded_rows, padded_drafts, size, max_drafts_total, BLOCK=256)

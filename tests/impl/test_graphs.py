@@ -200,8 +200,9 @@ def test_padding_requests_in_the_kernels_write_no_state_and_no_kv_slot():
     table[3] = torch.tensor([5, 6, 7, 8], dtype=torch.int32)
     rows_staged, drafts_staged = torch.tensor([3], dtype=torch.int32), torch.tensor([42], dtype=torch.int32)
     rows, drafts = dev.full(size, 123, torch.int32), dev.full(size, 0, torch.int32)
-    launch_pad_step_inputs(rows=rows_staged, drafts=drafts_staged, padded_rows=rows, padded_drafts=drafts,
-                           num_reqs=1, num_drafts=1, size=size)
+    header = torch.tensor([1, 1, 0, 0], dtype=torch.int32)  # one request, one draft: counts read on the device
+    launch_pad_step_inputs(header=header, rows=rows_staged, drafts=drafts_staged, padded_rows=rows, padded_drafts=drafts,
+                           size=size, max_drafts_total=size * (q - 1))
     assert rows.tolist() == [3, -1, -1] and drafts[0].item() == 42
     index = torch.arange(size + 1, dtype=torch.int32)
     cu, logits_start, draft_start = index * q, index * q, index * (q - 1)

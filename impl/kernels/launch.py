@@ -1,0 +1,158 @@
+"""Cheap Triton launches for kernels launched from the host every step (issue 14 item 2).
+
+``kernel[grid](*args)`` goes through ``JITFunction.run`` each time: device and stream look-ups,
+argument binding and specialization, the compile-cache key, then the compiled kernel's launcher.
+Measured on the H200 host: ~70 µs per launch with triton 3.6.  `launch` does that work once per
+*specialization key* and afterwards calls the compiled kernel's launcher directly.
+
+Why it is right: the key of an argument list (`specialization_key`) is at least as fine as
+Triton's own specialization -- tensors by dtype and 16-byte alignment (Triton's only pointer
+specialization), ints that the kernel marks ``do_not_specialize`` by their integer type (i32, i64,
+u64: what Triton keys them on), every other value (other ints, floats, bools, constexprs) by its
+exact value -- plus the device.  Equal keys therefore mean the compiled kernel Triton would pick
+is the one it picked the first time, when the miss went through the normal path.  Over-fine keys
+only cost misses.
+
+The fast path is off (every call is ``kernel[grid](*args, **kwargs)``) under ``TRITON_INTERPRET=1``,
+without CUDA, while Triton's launch hooks are set (profilers need ``launch_metadata``), when a
+call passes launch options or leaves parameters to their defaults, for values it cannot key,
+when the compiled kernel lacks the launcher fields this code calls (checked once per kernel;
+present in triton 3.6 and 3.9), and for good once a launcher rejects a call's arguments.
+``RUNNERCHECK_SLOW_LAUNCH=1`` turns it off, for a comparison.
+
+Ownership: this module owns the per-kernel caches (host; one `_KernelPlan` kept as an attribute of
+each kernel object, living as long as the kernel; written only here, cleared when one holds
+`MAX_KEYS` entries) and the process-wide launch counters.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import torch
+
+from impl.device import triton_interpreted
+from impl.hotpath import hot_path
+
+MAX_KEYS = 64  # specialization keys kept per kernel (a kernel whose ints change every step misses, then clears)
+_I32, _I64 = (-(2**31), 2**31 - 1), (-(2**63), 2**63 - 1)
+
+
+class _KernelPlan:
+    """What `launch` needs of one JITFunction: its parameter names and which it specializes (made once)."""
+
+    def __init__(self, kernel: Any):
+        params = kernel.params
+        self.names = [p.name for p in params]
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.loose_int = [bool(getattr(p, "do_not_specialize", False)) for p in params]
+        self.loose_ptr = [bool(getattr(p, "do_not_specialize_on_alignment", False)) for p in params]
+        self.compiled: dict[tuple, Any] = {}
+        self.usable = True  # False once a compiled kernel lacks the launcher fields
+
+
+_PLAN_ATTR = "_runnercheck_launch_plan"
+_stats = {"fast": 0, "slow": 0}
+
+
+def fast_path_enabled() -> bool:
+    """Whether `launch` may skip ``JITFunction.run`` in this process (see the module docstring)."""
+    if triton_interpreted() or os.environ.get("RUNNERCHECK_SLOW_LAUNCH") == "1" or not torch.cuda.is_available():
+        return False
+    try:
+        from triton import knobs
+    except ImportError:
+        return False
+    return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+
+
+def _value_key(value: Any, loose_int: bool, loose_ptr: bool) -> Any:
+    if isinstance(value, torch.Tensor):
+        return (value.dtype,) if loose_ptr else (value.dtype, value.data_ptr() % 16 == 0)
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        if not loose_int:
+            return ("int", value)
+        return ("i32",) if _I32[0] <= value <= _I32[1] else ("i64",) if _I64[0] <= value <= _I64[1] else ("u64",)
+    if isinstance(value, float):
+        return ("float", value)
+    hash(value)  # a TypeError for values that cannot key: the caller falls back
+    return (type(value).__name__, value)
+
+
+def specialization_key(plan: _KernelPlan, ordered: Sequence[Any], device_index: int) -> tuple:
+    """The cache key of one argument list (in parameter order); raises TypeError for a value it cannot key."""
+    return (device_index,) + tuple(_value_key(v, li, lp) for v, li, lp in zip(ordered, plan.loose_int, plan.loose_ptr))
+
+
+def _plan_of(kernel: Any) -> _KernelPlan:
+    # Kept on the kernel object itself: a cache keyed by id() could hand a freed kernel's plan to a new one.
+    plan = getattr(kernel, _PLAN_ATTR, None)
+    if plan is None:
+        plan = _KernelPlan(kernel)
+        setattr(kernel, _PLAN_ATTR, plan)
+    return plan
+
+
+def _ordered(plan: _KernelPlan, args: tuple, kwargs: dict) -> list | None:
+    """Every parameter's value in parameter order, or None (defaults left out, launch options, unknown names)."""
+    if len(args) + len(kwargs) != len(plan.names):
+        return None
+    ordered = list(args)
+    for name in plan.names[len(args):]:
+        if name not in kwargs:
+            return None
+        ordered.append(kwargs[name])
+    return ordered
+
+
+@hot_path
+def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+    """``kernel[grid](*args, **kwargs)``, through the compiled kernel's launcher once its key was seen."""
+    if not fast_path_enabled():
+        _stats["slow"] += 1
+        kernel[grid](*args, **kwargs)
+        return
+    plan = _plan_of(kernel)
+    ordered = _ordered(plan, args, kwargs) if plan.usable else None
+    key = None
+    if ordered is not None:
+        try:
+            key = specialization_key(plan, ordered, torch.cuda.current_device())
+        except TypeError:
+            key = None
+    compiled = plan.compiled.get(key) if key is not None else None
+    if compiled is None:
+        _stats["slow"] += 1
+        compiled = kernel[grid](*args, **kwargs)  # compiles or looks up, and launches
+        if key is not None and compiled is not None:
+            if not all(hasattr(compiled, f) for f in ("run", "function", "packed_metadata")):
+                plan.usable = False
+                return
+            if len(plan.compiled) >= MAX_KEYS:
+                plan.compiled.clear()
+            plan.compiled[key] = compiled
+        return
+    g0, g1, g2 = grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1
+    stream = torch._C._cuda_getCurrentRawStream(key[0])  # the current stream: a capture stream inside a graph capture
+    # Triton's launcher signature (3.6 and 3.9): grid, stream, function, packed metadata, launch metadata
+    # (None: no hooks, checked above), the enter/exit hooks, then every argument in parameter order.
+    try:
+        compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None, *ordered)
+    except TypeError:
+        # The launcher parses its arguments before launching: a signature this code does not know
+        # launched nothing.  Use the normal path for this kernel from now on.
+        plan.usable = False
+        _stats["slow"] += 1
+        kernel[grid](*args, **kwargs)
+        return
+    _stats["fast"] += 1
+
+
+def launch_stats() -> dict[str, int]:
+    """Launches taken by the fast path and by the normal one since the process started (a copy)."""
+    return dict(_stats)
+
+
+__all__ = ["MAX_KEYS", "fast_path_enabled", "launch", "launch_stats", "specialization_key"]
