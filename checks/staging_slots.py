@@ -4,7 +4,8 @@ A step's host data reaches the device one way: the host fills a pinned staging s
 moves the used bytes into the slot's device buffer, and the step's kernels (staged-write applies,
 input prep, the graph's padding) read them there (`impl.buffers`).  If the host rewrites the slot
 before the copy has run -- a ring that recycles a slot without waiting for its event -- the copy
-moves the next step's bytes and the kernels compute on them.  `checks.lifetime` sees the recycling
+moves the next step's bytes and the kernels compute on them.  (A bucketed step's first slot may be
+copied straight into the graph's step buffer, ``slot.copy_to``: then that buffer is what is checked.)  `checks.lifetime` sees the recycling
 on the host; this check sees what the device actually read, without needing the race window to be
 hit by a delay, and names both owners:
 
@@ -36,6 +37,7 @@ class _Submitted:
     slot: int
     nbytes: int
     staged: int  # the host checksum of the bytes at submit
+    target: Any  # the device buffer the slot's H2D wrote (its own, or a buffer the copy was redirected to)
     record: int = -1
     event: Any = None
     later_owners: list[int] = field(default_factory=list)  # steps that took the slot before the comparison
@@ -63,9 +65,11 @@ class StagingSlotChecksums:
         def submit_checked(slot: Any) -> None:
             nbytes = slot.used_bytes
             staged = weighted_checksum_host(slot.host[:nbytes].numpy()) if nbytes else 0
+            redirected = getattr(slot, "copy_to", None)
+            target = slot.device if redirected is None else redirected
             submit(slot)
             if nbytes:
-                self._this_step.append(_Submitted(slot.step, slot.index, nbytes, staged))
+                self._this_step.append(_Submitted(slot.step, slot.index, nbytes, staged, target))
 
         def execute_model_checked(sched: Any) -> Any:
             self._this_step.clear()
@@ -98,10 +102,8 @@ class StagingSlotChecksums:
                 sub.later_owners.append(slot.step)
 
     def _after_step(self) -> None:
-        slots = self.pool.slots
         for sub in self._this_step:
-            device_bytes = slots[sub.slot].device
-            nbytes = sub.nbytes
+            device_bytes, nbytes = sub.target, sub.nbytes
             sub.record, sub.event, _ = self.records.take(
                 (sub.step, sub.slot), lambda d=device_bytes, n=nbytes: d[:n], f"staging checksum slot{sub.slot} step{sub.step}")
             if self._pending.pop(sub.record, None) is not None:

@@ -42,10 +42,11 @@ def test_a_device_write_into_a_staging_buffer_is_caught_without_any_race(monkeyp
     submits = []
 
     def submit_then_scribble(pool, slot):  # planted: device work that writes a slot's device buffer after its copy
+        target = slot.device if slot.copy_to is None else slot.copy_to  # where the copy lands (a graph's step buffer)
         submit(pool, slot)
         submits.append(slot.step)
         if len(submits) == 5 and slot.used_bytes:
-            last = slot.device[slot.used_bytes - 1 : slot.used_bytes]
+            last = target[slot.used_bytes - 1 : slot.used_bytes]
             pool.device.enqueue(lambda: last.bitwise_xor_(1), "scribble")
 
     monkeypatch.setattr(StagingPool, "submit", submit_then_scribble)
