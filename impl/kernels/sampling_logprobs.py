@@ -4,15 +4,22 @@ docs/SAMPLING.md "Logprobs": raw logits with NaN -> -inf; +inf is clamped to FLT
 row still yields finite output (which is not compared).  Split like the sampler
 (`impl.kernels.sampling_split`), in launch order:
 
-1. `logprobs_block_kernel` (one program per (row, vocabulary chunk)): the chunk's max, its
-   sum-exp relative to that max, and the count of logits strictly above the target's -- one read;
-2. `logprobs_plan_kernel` (per row): the log-sum-exp, the target's logprob and rank; for top-n,
-   the bound ``n``-th largest chunk max (or FALLBACK when it cannot bound: ``n`` above the chunk
-   count, fewer than ``n`` chunks with a finite entry);
-3. `logprobs_select_kernel` (split): the entries at or above the bound, from the chunks whose max
-   reaches it (the others are not read);
-4. `logprobs_finish_kernel` (per row): compacts them, ranks them by counting (no sort) and
-   stores the first ``n`` (ties by lower index); overflowed rows become FALLBACK;
+1. `logprobs_block_kernel` (one program per (row, vocabulary chunk)), the only read of the logits
+   in the usual case: the chunk's max, its sum-exp relative to that max, the count of logits
+   strictly above the target's (the target, e.g. the sampled token, is known: logprobs run after
+   sampling) and, when top-n is asked, the chunk's ``TOPS`` largest packed keys (score, then lower
+   token id first; `sampling_select.pack_candidate`) by ``TOPS`` rounds of max-and-mask in registers;
+2. `logprobs_plan_kernel` (per row): the log-sum-exp, the target's logprob and rank; the top ``n``
+   of the ``TOPS`` keys per chunk by ``n`` rounds of max-and-mask.  They are the row's exact top
+   ``n`` when the ``n``-th of them is above every chunk's ``TOPS``-th key (a token left out of its
+   chunk's keys lies below that chunk's ``TOPS``-th key): the row is then DONE and its top-n
+   stored.  Otherwise (a chunk holds ``TOPS`` or more of the top ``n``: ties, clustered logits)
+   the plan is the older gather: the bound ``n``-th largest chunk max, or FALLBACK when it cannot
+   bound (``n`` above the chunk count, fewer than ``n`` chunks with a finite entry);
+3. `logprobs_select_kernel` (split, GATHER rows only): the entries at or above the bound, from the
+   chunks whose max reaches it (the others are not read);
+4. `logprobs_finish_kernel` (per row, GATHER rows only): compacts them, ranks them by counting (no
+   sort) and stores the first ``n`` (ties by lower index); overflowed rows become FALLBACK;
 5. `token_logprobs_kernel` (per row, FALLBACK rows only): the whole row in one program by pivot
    narrowing (`sampling_select.narrow_threshold`, `gather_candidates`).
 """
@@ -38,6 +45,7 @@ from impl.kernels.sampling_select import (
     load_row_scores,
     narrow_threshold,
     next_float_up,
+    pack_candidate,
     unpack_candidate,
 )
 
@@ -58,7 +66,7 @@ def _target_score(logits_ptr, logits_stride, target_ptr, row, vocab_size):
 
 @triton.jit(do_not_specialize=["num_blocks"])
 def logprobs_block_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, part_sum_ptr, part_above_ptr,
-                          num_blocks, vocab_size, CHUNK: tl.constexpr):
+                          part_top_ptr, num_blocks, vocab_size, CHUNK: tl.constexpr, TOPS: tl.constexpr):
     row = tl.program_id(0)
     blk = tl.program_id(1)
     target_score = _target_score(logits_ptr, logits_stride, target_ptr, row, vocab_size)
@@ -70,12 +78,21 @@ def logprobs_block_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, p
     tl.store(part_max_ptr + at, chunk_max)
     tl.store(part_sum_ptr + at, tl.sum(tl.exp(score - shift), axis=0))
     tl.store(part_above_ptr + at, tl.sum((score > target_score).to(tl.int32), axis=0))
+    if TOPS > 0:  # the chunk's TOPS largest keys, descending (EMPTY_CANDIDATE past its entries)
+        keys = tl.where(offs < vocab_size, pack_candidate(score, offs), EMPTY_CANDIDATE)
+        for i in tl.static_range(TOPS):
+            best = tl.max(keys, axis=0)
+            tl.store(part_top_ptr + at * TOPS + i, best)
+            if i + 1 < TOPS:
+                keys = tl.where(keys == best, EMPTY_CANDIDATE, keys)
 
 
 @triton.jit(do_not_specialize=["num_blocks", "num_top"])
 def logprobs_plan_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, part_sum_ptr, part_above_ptr,
-                         num_blocks, num_top, mode_ptr, bound_ptr, normalizer_ptr, logprob_out_ptr, rank_out_ptr,
-                         vocab_size, NB_P2: tl.constexpr, CAND: tl.constexpr, COLS: tl.constexpr):
+                         part_top_ptr, num_blocks, num_top, mode_ptr, bound_ptr, normalizer_ptr, logprob_out_ptr,
+                         rank_out_ptr, top_ids_out_ptr, top_logprobs_out_ptr, top_stride, vocab_size,
+                         NB_P2: tl.constexpr, CAND: tl.constexpr, COLS: tl.constexpr, TOPS: tl.constexpr,
+                         PICK: tl.constexpr):
     row = tl.program_id(0)
     base = row.to(tl.int64) * num_blocks
     blocks = tl.arange(0, NB_P2)
@@ -91,9 +108,43 @@ def logprobs_plan_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, pa
     tl.store(rank_out_ptr + row, 1 + tl.sum(above, axis=0))
     bound = kth_largest_block_max(part_max_ptr, base, num_blocks, num_top, NB_P2, COLS)
     can_gather = (num_top <= num_blocks) & (num_top <= CAND // 2) & (bound > float("-inf"))
-    tl.store(mode_ptr + row, tl.where(num_top == 0, MODE_DONE, tl.where(can_gather, MODE_GATHER, MODE_FALLBACK)))
+    mode = tl.where(num_top == 0, MODE_DONE, tl.where(can_gather, MODE_GATHER, MODE_FALLBACK))
+    if TOPS > 0:
+        exact = _store_first_pass_top(part_top_ptr, base, num_blocks, num_top, log_normalizer, top_ids_out_ptr,
+                                      top_logprobs_out_ptr, row.to(tl.int64) * top_stride, NB_P2, TOPS, PICK)
+        mode = tl.where(exact, MODE_DONE, mode)
+    tl.store(mode_ptr + row, mode)
     tl.store(bound_ptr + row, bound)
     tl.store(normalizer_ptr + row, log_normalizer)
+
+
+@triton.jit
+def _store_first_pass_top(part_top_ptr, base, num_blocks, num_top, log_normalizer, top_ids_out_ptr,
+                          top_logprobs_out_ptr, out_row, NB_P2: tl.constexpr, TOPS: tl.constexpr,
+                          PICK: tl.constexpr):
+    """Top ``num_top`` (1..PICK) of the chunks' first-pass keys; stored, and True, when they are the row's.
+
+    Exact when the ``num_top``-th pick is above every chunk's ``TOPS``-th key: an entry missing from
+    its chunk's keys is below that key (keys are distinct: they hold the token id).
+    """
+    slots = tl.arange(0, NB_P2 * TOPS)
+    keys = tl.load(part_top_ptr + base * TOPS + slots, mask=slots < num_blocks * TOPS, other=EMPTY_CANDIDATE)
+    blocks = tl.arange(0, NB_P2)
+    floor = tl.max(tl.load(part_top_ptr + (base + blocks) * TOPS + (TOPS - 1), mask=blocks < num_blocks,
+                           other=EMPTY_CANDIDATE), axis=0)
+    out_slots = tl.arange(0, PICK)
+    picked = tl.full((PICK,), EMPTY_CANDIDATE, tl.int64)
+    last = tl.full((), EMPTY_CANDIDATE, tl.int64)
+    for i in range(0, num_top):
+        last = tl.max(keys, axis=0)
+        picked = tl.where(out_slots == i, last, picked)
+        keys = tl.where(keys == last, EMPTY_CANDIDATE, keys)
+    exact = last > floor  # the caller launches TOPS > 0 only for num_top <= PICK
+    values, ids = unpack_candidate(picked)
+    keep = (out_slots < num_top) & ((tl.zeros((PICK,), tl.int32) + exact.to(tl.int32)) != 0)
+    tl.store(top_ids_out_ptr + out_row + out_slots, ids.to(tl.int32), mask=keep)
+    tl.store(top_logprobs_out_ptr + out_row + out_slots, values - log_normalizer, mask=keep)
+    return exact
 
 
 @triton.jit(do_not_specialize=["num_blocks"])
