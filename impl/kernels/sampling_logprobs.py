@@ -16,7 +16,7 @@ row still yields finite output (which is not compared).  Split like the sampler
    stored.  Otherwise (a chunk holds ``TOPS`` or more of the top ``n``: ties, clustered logits)
    the plan is the older gather: the bound ``n``-th largest chunk max, or FALLBACK when it cannot
    bound (``n`` above the chunk count, fewer than ``n`` chunks with a finite entry);
-3. `logprobs_select_kernel` (split, GATHER rows only): the entries at or above the bound, from the
+3. `logprobs_select_kernel` (``select_programs`` per row, GATHER rows only): the entries at or above the bound, from the
    chunks whose max reaches it (the others are not read);
 4. `logprobs_finish_kernel` (per row, GATHER rows only): compacts them, ranks them by counting (no
    sort) and stores the first ``n`` (ties by lower index); overflowed rows become FALLBACK;
@@ -150,18 +150,21 @@ def _store_first_pass_top(part_top_ptr, base, num_blocks, num_top, log_normalize
 @triton.jit(do_not_specialize=["num_blocks"])
 def logprobs_select_kernel(logits_ptr, logits_stride, mode_ptr, bound_ptr, part_max_ptr, part_count_ptr, slots_ptr,
                            num_blocks, vocab_size, CHUNK: tl.constexpr, SLOT: tl.constexpr):
+    """Grid (rows, P): program p handles chunks p, p + P, ... of a GATHER row (few programs, since
+    most rows are decided by the first pass and exit here at once)."""
     row = tl.program_id(0)
-    blk = tl.program_id(1)
-    at = row.to(tl.int64) * num_blocks + blk
     if tl.load(mode_ptr + row) == MODE_GATHER:
         bound = tl.load(bound_ptr + row)
-        kept_count = tl.full((), 0, tl.int32)
-        if tl.load(part_max_ptr + at) >= bound:  # other chunks hold no candidate: not read
-            offs = blk * CHUNK + tl.arange(0, CHUNK)
-            in_vocab = offs < vocab_size
-            score = _raw_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, in_vocab)
-            kept_count = store_block_candidates(score, offs, in_vocab & (score >= bound), slots_ptr + at * SLOT, SLOT)
-        tl.store(part_count_ptr + at, kept_count)
+        for blk in range(tl.program_id(1), num_blocks, tl.num_programs(1)):
+            at = row.to(tl.int64) * num_blocks + blk
+            kept_count = tl.full((), 0, tl.int32)
+            if tl.load(part_max_ptr + at) >= bound:  # other chunks hold no candidate: not read
+                offs = blk * CHUNK + tl.arange(0, CHUNK)
+                in_vocab = offs < vocab_size
+                score = _raw_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, in_vocab)
+                kept_count = store_block_candidates(score, offs, in_vocab & (score >= bound),
+                                                    slots_ptr + at * SLOT, SLOT)
+            tl.store(part_count_ptr + at, kept_count)
 
 
 @triton.jit(do_not_specialize=["num_blocks", "num_top"])

@@ -75,6 +75,7 @@ class SelectionConfig:
     split_warps: int = 4
     first_top: int = 4  # per-chunk top keys kept by the first logprobs pass (0: always the gather)
     first_pick: int = 64  # largest top-n the first pass serves (larger n: the gather)
+    select_programs: int = 16  # programs per row of the gather's read (each strides over the chunks)
 
     @property
     def split_chunk(self) -> int:
@@ -230,7 +231,8 @@ class LogprobsComputer:
                                           CAND=lay.cand, COLS=lay.cols, TOPS=tops, PICK=self.pick, num_warps=4)
         if num_top == 0:
             return out
-        logprobs_select_kernel[split](logits, logits.stride(0), self.mode, self.bound, self.part_max, self.part_count,
+        select_grid = (num_rows, max(1, min(lay.num_blocks, c.select_programs)))
+        logprobs_select_kernel[select_grid](logits, logits.stride(0), self.mode, self.bound, self.part_max, self.part_count,
                                       self.chunk_slots, lay.num_blocks, self.vocab_size, CHUNK=lay.chunk,
                                       SLOT=lay.slot, num_warps=c.split_warps)
         logprobs_finish_kernel[(num_rows,)](self.mode, self.normalizer, self.part_count, self.chunk_slots,

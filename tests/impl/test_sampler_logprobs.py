@@ -31,7 +31,8 @@ def dev() -> Device:
 def _computer(dev: Device, capacity: int, first_top: int = 4) -> LogprobsComputer:
     # 64-column chunks: a 300-token row spans 5 chunks; small candidate capacities force the gather
     # paths, first_top=0 turns the first pass's per-chunk top keys off (every top-n row gathers)
-    config = SelectionConfig(block=64, narrow_block=64, candidates=capacity, num_warps=4, first_top=first_top)
+    config = SelectionConfig(block=64, narrow_block=64, candidates=capacity, num_warps=4, first_top=first_top,
+                             select_programs=2)  # the gather read strides: 5 chunks over 2 programs
     return LogprobsComputer(dev, VOCAB, MAX_LOGPROBS, 8, config)
 
 
