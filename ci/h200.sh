@@ -7,6 +7,11 @@
 #
 #   bench         `runnercheck bench --device cuda`, run alone first (timings; e2e runs graphs and eager, async and
 #                 sync: 8 Qwen3-0.6B runners), then the others side by side:
+#   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issue 16's "Done when" in one run
+#                 (the runner's sampler and logprobs at 1/8/64/256 rows, the memory floor, the Philox compute floor
+#                 and noise bound, the PyTorch baselines, peak extra memory)
+#   gpu_sampler   the sampler/logprobs/RNG gpu-marked tests alone (tokens vs the oracle at V=151936, both
+#                 logprobs paths, Philox bits on every stream, noise within the fp32 bound)
 #   bench_host    `runnercheck bench --device cuda --only host_cost` alone (runner vs V1-style baseline, 1% and 0% churn)
 #   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`)
 #   tune_logprobs (alone, after bench) the split-pass launch shapes of top-20 logprobs, timed and checked equal (`python -m bench.tune_selection`)
@@ -52,6 +57,10 @@ want() { [[ "$jobs" == *" $1 "* ]]; }
 
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())" | tee "$out/versions.txt"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
+want bench_sampler && job bench_sampler "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only sampler logprobs \
+  --out "$out/bench_sampler"
+want gpu_sampler && job gpu_sampler "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" \
+  tests/impl/test_sampler_split_gpu.py tests/impl/test_sampler_gpu.py tests/reference/test_rng.py
 want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host"
 want tune_logprobs && job tune_logprobs 200 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
 want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &&
