@@ -2,7 +2,7 @@
 
     python -m bench.tune_selection --device cuda --out DIR     (job ``tune_logprobs`` of ci/h200.sh)
 
-For every (chunk, split_warps, first_top) in the grid: device time of top-20 logprobs on the benchmark's
+For every (logprobs_chunk, split_warps, first_top) in the grid: device time of top-20 logprobs on the benchmark's
 [rows, 151936] fp32 logits (rows 1, 8, 256; graph-replayed, as `runnercheck bench` times them) and
 whether its outputs equal the default configuration's (logprob, rank, top ids, top logprobs): a
 shape that changes a result is reported as wrong, never as fast.  Writes ``DIR/tune_logprobs.json``
@@ -49,7 +49,7 @@ def sweep(ctx: BenchContext) -> list[dict]:
     expected = {rows: _outputs(reference, logits, targets, rows) for rows in ROWS}
     records = []
     for chunk, warps, first_top in itertools.product(CHUNKS, WARPS, FIRST_TOPS):
-        config = dataclasses.replace(base, chunk=chunk, split_warps=warps, first_top=first_top)
+        config = dataclasses.replace(base, logprobs_chunk=chunk, split_warps=warps, first_top=first_top)
         record: dict = {"chunk": chunk, "split_warps": warps, "first_top": first_top, "default": config == base}
         try:
             computer = LogprobsComputer(dev, VOCAB, LOGPROBS_TOP, max(ROWS), config)

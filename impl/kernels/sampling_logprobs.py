@@ -8,7 +8,8 @@ row still yields finite output (which is not compared).  Split like the sampler
    in the usual case: the chunk's max, its sum-exp relative to that max, the count of logits
    strictly above the target's (the target, e.g. the sampled token, is known: logprobs run after
    sampling) and, when top-n is asked, the chunk's ``TOPS`` largest packed keys (score, then lower
-   token id first; `sampling_select.pack_candidate`) by ``TOPS`` rounds of max-and-mask in registers;
+   token id first; `sampling_select.pack_candidate`) by ``TOPS`` rounds in registers (max of the
+   int32 order keys, lowest index at it, mask it);
 2. `logprobs_plan_kernel` (per row): the log-sum-exp, the target's logprob and rank; the top ``n``
    of the ``TOPS`` keys per chunk by ``n`` rounds of max-and-mask.  They are the row's exact top
    ``n`` when the ``n``-th of them is above every chunk's ``TOPS``-th key (a token left out of its
@@ -44,10 +45,13 @@ from impl.kernels.sampling_select import (
     gather_candidates,
     load_row_scores,
     narrow_threshold,
+    float_order_key,
     next_float_up,
-    pack_candidate,
     unpack_candidate,
 )
+
+# below every float_order_key (whose least value, -inf's, is -2139095041): a taken or out-of-vocab lane
+_TAKEN = tl.constexpr(-2147483648)
 
 
 @triton.jit
@@ -79,12 +83,18 @@ def logprobs_block_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, p
     tl.store(part_sum_ptr + at, tl.sum(tl.exp(score - shift), axis=0))
     tl.store(part_above_ptr + at, tl.sum((score > target_score).to(tl.int32), axis=0))
     if TOPS > 0:  # the chunk's TOPS largest keys, descending (EMPTY_CANDIDATE past its entries)
-        keys = tl.where(offs < vocab_size, pack_candidate(score, offs), EMPTY_CANDIDATE)
+        # rounds on int32 order keys and the lowest index at the max: cheaper than int64 packed keys
+        order = tl.where(offs < vocab_size, float_order_key(score), _TAKEN)
         for i in tl.static_range(TOPS):
-            best = tl.max(keys, axis=0)
-            tl.store(part_top_ptr + at * TOPS + i, best)
+            if i == 0:
+                best = float_order_key(chunk_max)  # every chunk holds an in-vocab entry
+            else:
+                best = tl.max(order, axis=0)
+            best_at = tl.min(tl.where(order == best, offs, 2147483647), axis=0)
+            key = (best.to(tl.int64) << 32) | (4294967295 - best_at.to(tl.int64))  # = pack_candidate
+            tl.store(part_top_ptr + at * TOPS + i, tl.where(best == _TAKEN, EMPTY_CANDIDATE, key))
             if i + 1 < TOPS:
-                keys = tl.where(keys == best, EMPTY_CANDIDATE, keys)
+                order = tl.where(offs == best_at, _TAKEN, order)
 
 
 @triton.jit(do_not_specialize=["num_blocks", "num_top"])
