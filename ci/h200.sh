@@ -14,7 +14,7 @@
 #                 logprobs paths, Philox bits on every stream, noise within the fp32 bound)
 #   bench_host    `runnercheck bench --device cuda --only host_cost` alone (runner vs V1-style baseline, 1% and 0% churn)
 #   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`)
-#   tune_logprobs (alone, after bench) the split-pass launch shapes of top-20 logprobs, timed and checked equal (`python -m bench.tune_selection`)
+#   tune_logprobs (alone, after bench) the logprobs launch shapes (chunk x warps x first_top), timed and checked equal (`python -m bench.tune_selection`)
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
@@ -62,7 +62,7 @@ want bench_sampler && job bench_sampler "${BENCH_LIMIT_S:-420}" $rc bench --devi
 want gpu_sampler && job gpu_sampler "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" \
   tests/impl/test_sampler_split_gpu.py tests/impl/test_sampler_gpu.py tests/reference/test_rng.py
 want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host"
-want tune_logprobs && job tune_logprobs 200 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
+want tune_logprobs && job tune_logprobs 300 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
 want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &&
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0" &
 want gpu_tests && job gpu_tests "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" tests \
