@@ -7,13 +7,18 @@
 #
 #   bench         `runnercheck bench --device cuda`, run alone first (timings; e2e runs graphs and eager, async and
 #                 sync: 8 Qwen3-0.6B runners), then the others side by side:
+#   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issue 16's "Done when" in one run
+#                 (the runner's sampler and logprobs at 1/8/64/256 rows, the memory floor, the Philox compute floor
+#                 and noise bound, the PyTorch baselines, peak extra memory)
+#   gpu_sampler   the sampler/logprobs/RNG gpu-marked tests alone (tokens vs the oracle at V=151936, both
+#                 logprobs paths, Philox bits on every stream, noise within the fp32 bound)
 #   bench_host    `runnercheck bench --device cuda --only host_cost` alone (runner vs V1-style baseline, 1% and 0% churn;
 #                 host enqueues per step, target 3 at 0% churn: H2D, graph replay, D2H), then the same with
 #                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves)
 #   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`;
 #                 prints host enqueues per step and how many Triton launches took the cached launcher), then 1% churn
 #                 with RUNNERCHECK_SLOW_LAUNCH=1
-#   tune_logprobs (alone, after bench) the split-pass launch shapes of top-20 logprobs, timed and checked equal (`python -m bench.tune_selection`)
+#   tune_logprobs (alone, after bench) the logprobs launch shapes (chunk x warps x first_top), timed and checked equal (`python -m bench.tune_selection`)
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
@@ -59,10 +64,14 @@ want() { [[ "$jobs" == *" $1 "* ]]; }
 
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())" | tee "$out/versions.txt"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
+want bench_sampler && job bench_sampler "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only sampler logprobs \
+  --out "$out/bench_sampler"
+want gpu_sampler && job gpu_sampler "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" \
+  tests/impl/test_sampler_split_gpu.py tests/impl/test_sampler_gpu.py tests/reference/test_rng.py
 want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host" &&
   RUNNERCHECK_SLOW_LAUNCH=1 job bench_host_slow_launch "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost \
   --out "$out/bench_host_slow_launch"
-want tune_logprobs && job tune_logprobs 200 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
+want tune_logprobs && job tune_logprobs 300 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
 want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &&
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&
   RUNNERCHECK_SLOW_LAUNCH=1 python3 -m bench.host_profile --device cuda --reqs 256 --steps 100" &

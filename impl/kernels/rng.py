@@ -53,6 +53,16 @@ RESAMPLE_STREAM = tl.constexpr(3)
 
 @triton.jit
 def philox_round(c0, c1, c2, c3, k0, k1):
+    """One round; each 32x32 -> 64-bit product is one widening multiply (IMAD.WIDE.U32 on sm_90)
+    giving both halves, where ``umulhi`` + ``*`` compile to two multiplies (see `philox_round_hilo`)."""
+    p0 = c0.to(tl.uint64) * 0xD2511F53
+    p1 = c2.to(tl.uint64) * 0xCD9E8D57
+    return (p1 >> 32).to(tl.uint32) ^ c1 ^ k0, p1.to(tl.uint32), (p0 >> 32).to(tl.uint32) ^ c3 ^ k1, p0.to(tl.uint32)
+
+
+@triton.jit
+def philox_round_hilo(c0, c1, c2, c3, k0, k1):
+    """The same round with ``umulhi`` and ``*`` (the earlier form; the bench times both)."""
     hi0 = tl.umulhi(c0, 0xD2511F53)
     lo0 = c0 * 0xD2511F53
     hi1 = tl.umulhi(c2, 0xCD9E8D57)
@@ -65,7 +75,29 @@ def philox_64bits(seed, position, token_id, stream):
     """64 random bits ``(hi, lo)`` (uint32 each) for int64 ``seed``, int ``position``/``token_id``.
 
     Broadcasts like ordinary Triton arithmetic (e.g. a scalar seed/position and a block of ids).
+    The first round is written out: its counter has ``c2 = 0`` (``M1 * c2 = 0``, no multiply) and
+    ``c1``, ``c3`` per row, so only ``M0 * c0`` varies per token.
     """
+    k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
+    k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    c0 = token_id.to(tl.uint32)
+    p0 = c0.to(tl.uint64) * 0xD2511F53
+    zero = c0 * 0  # broadcast the per-row words to the counter's shape
+    c0, c1, c2, c3 = (position.to(tl.uint32) ^ k0) + zero, zero, (p0 >> 32).to(tl.uint32) ^ stream ^ k1, \
+        p0.to(tl.uint32)
+    k0 = k0 + 0x9E3779B9 + zero
+    k1 = k1 + 0xBB67AE85 + zero
+    for _ in tl.static_range(8):
+        c0, c1, c2, c3 = philox_round(c0, c1, c2, c3, k0, k1)
+        k0 = k0 + 0x9E3779B9
+        k1 = k1 + 0xBB67AE85
+    c0, c1, c2, c3 = philox_round(c0, c1, c2, c3, k0, k1)
+    return c0, c1
+
+
+@triton.jit
+def philox_64bits_hilo(seed, position, token_id, stream):
+    """`philox_64bits` as first written (``umulhi`` + ``*`` rounds, no folding): the same bits."""
     k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
     k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
     c0 = token_id.to(tl.uint32)
@@ -75,10 +107,10 @@ def philox_64bits(seed, position, token_id, stream):
     k0 = k0 + c0 * 0
     k1 = k1 + c0 * 0
     for _ in tl.static_range(9):
-        c0, c1, c2, c3 = philox_round(c0, c1, c2, c3, k0, k1)
+        c0, c1, c2, c3 = philox_round_hilo(c0, c1, c2, c3, k0, k1)
         k0 = k0 + 0x9E3779B9
         k1 = k1 + 0xBB67AE85
-    c0, c1, c2, c3 = philox_round(c0, c1, c2, c3, k0, k1)
+    c0, c1, c2, c3 = philox_round_hilo(c0, c1, c2, c3, k0, k1)
     return c0, c1
 
 

@@ -4,15 +4,23 @@ docs/SAMPLING.md "Logprobs": raw logits with NaN -> -inf; +inf is clamped to FLT
 row still yields finite output (which is not compared).  Split like the sampler
 (`impl.kernels.sampling_split`), in launch order:
 
-1. `logprobs_block_kernel` (one program per (row, vocabulary chunk)): the chunk's max, its
-   sum-exp relative to that max, and the count of logits strictly above the target's -- one read;
-2. `logprobs_plan_kernel` (per row): the log-sum-exp, the target's logprob and rank; for top-n,
-   the bound ``n``-th largest chunk max (or FALLBACK when it cannot bound: ``n`` above the chunk
-   count, fewer than ``n`` chunks with a finite entry);
-3. `logprobs_select_kernel` (split): the entries at or above the bound, from the chunks whose max
-   reaches it (the others are not read);
-4. `logprobs_finish_kernel` (per row): compacts them, ranks them by counting (no sort) and
-   stores the first ``n`` (ties by lower index); overflowed rows become FALLBACK;
+1. `logprobs_block_kernel` (one program per (row, vocabulary chunk)), the only read of the logits
+   in the usual case: the chunk's max, its sum-exp relative to that max, the count of logits
+   strictly above the target's (the target, e.g. the sampled token, is known: logprobs run after
+   sampling) and, when top-n is asked, the chunk's ``TOPS`` largest packed keys (score, then lower
+   token id first; `sampling_select.pack_candidate`) by ``TOPS`` rounds in registers (max of the
+   int32 order keys, lowest index at it, mask it);
+2. `logprobs_plan_kernel` (per row): the log-sum-exp, the target's logprob and rank; the top ``n``
+   of the ``TOPS`` keys per chunk by ``n`` rounds of max-and-mask.  They are the row's exact top
+   ``n`` when the ``n``-th of them is above every chunk's ``TOPS``-th key (a token left out of its
+   chunk's keys lies below that chunk's ``TOPS``-th key): the row is then DONE and its top-n
+   stored.  Otherwise (a chunk holds ``TOPS`` or more of the top ``n``: ties, clustered logits)
+   the plan is the older gather: the bound ``n``-th largest chunk max, or FALLBACK when it cannot
+   bound (``n`` above the chunk count, fewer than ``n`` chunks with a finite entry);
+3. `logprobs_select_kernel` (``select_programs`` per row, GATHER rows only): the entries at or above the bound, from the
+   chunks whose max reaches it (the others are not read);
+4. `logprobs_finish_kernel` (per row, GATHER rows only): compacts them, ranks them by counting (no
+   sort) and stores the first ``n`` (ties by lower index); overflowed rows become FALLBACK;
 5. `token_logprobs_kernel` (per row, FALLBACK rows only): the whole row in one program by pivot
    narrowing (`sampling_select.narrow_threshold`, `gather_candidates`).
 """
@@ -37,9 +45,13 @@ from impl.kernels.sampling_select import (
     gather_candidates,
     load_row_scores,
     narrow_threshold,
+    float_order_key,
     next_float_up,
     unpack_candidate,
 )
+
+# below every float_order_key (whose least value, -inf's, is -2139095041): a taken or out-of-vocab lane
+_TAKEN = tl.constexpr(-2147483648)
 
 
 @triton.jit
@@ -58,7 +70,7 @@ def _target_score(logits_ptr, logits_stride, target_ptr, row, vocab_size):
 
 @triton.jit(do_not_specialize=["num_blocks"])
 def logprobs_block_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, part_sum_ptr, part_above_ptr,
-                          num_blocks, vocab_size, CHUNK: tl.constexpr):
+                          part_top_ptr, num_blocks, vocab_size, CHUNK: tl.constexpr, TOPS: tl.constexpr):
     row = tl.program_id(0)
     blk = tl.program_id(1)
     target_score = _target_score(logits_ptr, logits_stride, target_ptr, row, vocab_size)
@@ -70,12 +82,27 @@ def logprobs_block_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, p
     tl.store(part_max_ptr + at, chunk_max)
     tl.store(part_sum_ptr + at, tl.sum(tl.exp(score - shift), axis=0))
     tl.store(part_above_ptr + at, tl.sum((score > target_score).to(tl.int32), axis=0))
+    if TOPS > 0:  # the chunk's TOPS largest keys, descending (EMPTY_CANDIDATE past its entries)
+        # rounds on int32 order keys and the lowest index at the max: cheaper than int64 packed keys
+        order = tl.where(offs < vocab_size, float_order_key(score), _TAKEN)
+        for i in tl.static_range(TOPS):
+            if i == 0:
+                best = float_order_key(chunk_max)  # every chunk holds an in-vocab entry
+            else:
+                best = tl.max(order, axis=0)
+            best_at = tl.min(tl.where(order == best, offs, 2147483647), axis=0)
+            key = (best.to(tl.int64) << 32) | (4294967295 - best_at.to(tl.int64))  # = pack_candidate
+            tl.store(part_top_ptr + at * TOPS + i, tl.where(best == _TAKEN, EMPTY_CANDIDATE, key))
+            if i + 1 < TOPS:
+                order = tl.where(offs == best_at, _TAKEN, order)
 
 
 @triton.jit(do_not_specialize=["num_blocks", "num_top"])
 def logprobs_plan_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, part_sum_ptr, part_above_ptr,
-                         num_blocks, num_top, mode_ptr, bound_ptr, normalizer_ptr, logprob_out_ptr, rank_out_ptr,
-                         vocab_size, NB_P2: tl.constexpr, CAND: tl.constexpr, COLS: tl.constexpr):
+                         part_top_ptr, num_blocks, num_top, mode_ptr, bound_ptr, normalizer_ptr, logprob_out_ptr,
+                         rank_out_ptr, top_ids_out_ptr, top_logprobs_out_ptr, top_stride, vocab_size,
+                         NB_P2: tl.constexpr, CAND: tl.constexpr, COLS: tl.constexpr, TOPS: tl.constexpr,
+                         PICK: tl.constexpr):
     row = tl.program_id(0)
     base = row.to(tl.int64) * num_blocks
     blocks = tl.arange(0, NB_P2)
@@ -91,26 +118,63 @@ def logprobs_plan_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, pa
     tl.store(rank_out_ptr + row, 1 + tl.sum(above, axis=0))
     bound = kth_largest_block_max(part_max_ptr, base, num_blocks, num_top, NB_P2, COLS)
     can_gather = (num_top <= num_blocks) & (num_top <= CAND // 2) & (bound > float("-inf"))
-    tl.store(mode_ptr + row, tl.where(num_top == 0, MODE_DONE, tl.where(can_gather, MODE_GATHER, MODE_FALLBACK)))
+    mode = tl.where(num_top == 0, MODE_DONE, tl.where(can_gather, MODE_GATHER, MODE_FALLBACK))
+    if TOPS > 0:
+        exact = _store_first_pass_top(part_top_ptr, base, num_blocks, num_top, log_normalizer, top_ids_out_ptr,
+                                      top_logprobs_out_ptr, row.to(tl.int64) * top_stride, NB_P2, TOPS, PICK)
+        mode = tl.where(exact, MODE_DONE, mode)
+    tl.store(mode_ptr + row, mode)
     tl.store(bound_ptr + row, bound)
     tl.store(normalizer_ptr + row, log_normalizer)
+
+
+@triton.jit
+def _store_first_pass_top(part_top_ptr, base, num_blocks, num_top, log_normalizer, top_ids_out_ptr,
+                          top_logprobs_out_ptr, out_row, NB_P2: tl.constexpr, TOPS: tl.constexpr,
+                          PICK: tl.constexpr):
+    """Top ``num_top`` (1..PICK) of the chunks' first-pass keys; stored, and True, when they are the row's.
+
+    Exact when the ``num_top``-th pick is above every chunk's ``TOPS``-th key: an entry missing from
+    its chunk's keys is below that key (keys are distinct: they hold the token id).
+    """
+    slots = tl.arange(0, NB_P2 * TOPS)
+    keys = tl.load(part_top_ptr + base * TOPS + slots, mask=slots < num_blocks * TOPS, other=EMPTY_CANDIDATE)
+    blocks = tl.arange(0, NB_P2)
+    floor = tl.max(tl.load(part_top_ptr + (base + blocks) * TOPS + (TOPS - 1), mask=blocks < num_blocks,
+                           other=EMPTY_CANDIDATE), axis=0)
+    out_slots = tl.arange(0, PICK)
+    picked = tl.full((PICK,), EMPTY_CANDIDATE, tl.int64)
+    last = tl.full((), EMPTY_CANDIDATE, tl.int64)
+    for i in range(0, num_top):
+        last = tl.max(keys, axis=0)
+        picked = tl.where(out_slots == i, last, picked)
+        keys = tl.where(keys == last, EMPTY_CANDIDATE, keys)
+    exact = last > floor  # the caller launches TOPS > 0 only for num_top <= PICK
+    values, ids = unpack_candidate(picked)
+    keep = (out_slots < num_top) & ((tl.zeros((PICK,), tl.int32) + exact.to(tl.int32)) != 0)
+    tl.store(top_ids_out_ptr + out_row + out_slots, ids.to(tl.int32), mask=keep)
+    tl.store(top_logprobs_out_ptr + out_row + out_slots, values - log_normalizer, mask=keep)
+    return exact
 
 
 @triton.jit(do_not_specialize=["num_blocks"])
 def logprobs_select_kernel(logits_ptr, logits_stride, mode_ptr, bound_ptr, part_max_ptr, part_count_ptr, slots_ptr,
                            num_blocks, vocab_size, CHUNK: tl.constexpr, SLOT: tl.constexpr):
+    """Grid (rows, P): program p handles chunks p, p + P, ... of a GATHER row (few programs, since
+    most rows are decided by the first pass and exit here at once)."""
     row = tl.program_id(0)
-    blk = tl.program_id(1)
-    at = row.to(tl.int64) * num_blocks + blk
     if tl.load(mode_ptr + row) == MODE_GATHER:
         bound = tl.load(bound_ptr + row)
-        kept_count = tl.full((), 0, tl.int32)
-        if tl.load(part_max_ptr + at) >= bound:  # other chunks hold no candidate: not read
-            offs = blk * CHUNK + tl.arange(0, CHUNK)
-            in_vocab = offs < vocab_size
-            score = _raw_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, in_vocab)
-            kept_count = store_block_candidates(score, offs, in_vocab & (score >= bound), slots_ptr + at * SLOT, SLOT)
-        tl.store(part_count_ptr + at, kept_count)
+        for blk in range(tl.program_id(1), num_blocks, tl.num_programs(1)):
+            at = row.to(tl.int64) * num_blocks + blk
+            kept_count = tl.full((), 0, tl.int32)
+            if tl.load(part_max_ptr + at) >= bound:  # other chunks hold no candidate: not read
+                offs = blk * CHUNK + tl.arange(0, CHUNK)
+                in_vocab = offs < vocab_size
+                score = _raw_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, in_vocab)
+                kept_count = store_block_candidates(score, offs, in_vocab & (score >= bound),
+                                                    slots_ptr + at * SLOT, SLOT)
+            tl.store(part_count_ptr + at, kept_count)
 
 
 @triton.jit(do_not_specialize=["num_blocks", "num_top"])

@@ -1,13 +1,16 @@
 """Logprobs of chosen tokens (sampled or actual next prompt tokens) and top-n lists, on the device.
 
-No ``[rows, vocab]`` logprob tensor exists: split passes over vocabulary chunks and per-row
-combines compute the log-sum-exp, the target's rank and the top-n selection in one read of the raw
-logits plus a read of the few chunks that can hold a top-n entry (`impl.kernels.sampling_logprobs`).
+No ``[rows, vocab]`` logprob tensor exists: one split pass over vocabulary chunks computes, per
+chunk, the log-sum-exp partials, the count above the target and the chunk's ``first_top`` largest
+entries; a per-row combine turns them into the logprob, the rank and (usually exactly) the top-n.
+A row whose top-n the first pass cannot certify (a chunk holding ``first_top`` or more of them)
+takes a second read of the few chunks that can hold a top-n entry (`impl.kernels.sampling_logprobs`).
 
 Ownership: a `LogprobsComputer` owns its output buffers (``logprob`` f32 ``[R]``, ``rank`` i32
 ``[R]``, ``top_ids`` i32 ``[R, max_logprobs]``, ``top_logprobs`` f32 ``[R, max_logprobs]``), its
 per-(row, chunk) partials (``part_max`` f32, ``part_sum`` f32, ``part_above`` i32, ``part_count``
-i32 ``[R, NB]``, ``chunk_slots`` i64 ``[R, NB, SLOT]``), its per-row plan (``mode`` i32, ``bound``
+i32 ``[R, NB]``, ``part_top`` i64 ``[R, NB, first_top]`` packed keys, ``chunk_slots`` i64
+``[R, NB, SLOT]``), its per-row plan (``mode`` i32, ``bound``
 f32, ``normalizer`` f32 ``[R]``) and its candidate scratch (i64 ``[R, CAND]``), all on the device
 for its lifetime, persistent addresses (CUDA graphs), sized at construction, written only by its
 kernels; partials and plan mean something only within one launch sequence.  A step's results are
@@ -70,10 +73,18 @@ class SelectionConfig:
     slots: int = 32  # per-chunk candidate slots of the split gather (capped at ``candidates``)
     split_candidates: int = 256  # candidates per row of the split gather (capped at ``candidates``)
     split_warps: int = 4
+    first_top: int = 4  # per-chunk top keys kept by the first logprobs pass (0: always the gather)
+    first_pick: int = 64  # largest top-n the first pass serves (larger n: the gather)
+    select_programs: int = 16  # programs per row of the gather's read (each strides over the chunks)
+    logprobs_chunk: int = 0  # vocabulary chunk of the logprobs passes (0: ``split_chunk``, the sampler's)
 
     @property
     def split_chunk(self) -> int:
         return self.chunk or self.block
+
+    @property
+    def logprobs_split_chunk(self) -> int:
+        return self.logprobs_chunk or self.split_chunk
 
     @property
     def chunk_slots(self) -> int:
@@ -96,23 +107,32 @@ class SplitLayout:
     cand: int
     group: int
     cols: int
+    first_top: int = 0
 
     @classmethod
-    def of(cls, config: SelectionConfig, vocab_size: int) -> "SplitLayout":
-        chunk, slot = config.split_chunk, config.chunk_slots
+    def of(cls, config: SelectionConfig, vocab_size: int, chunk: int | None = None) -> "SplitLayout":
+        chunk, slot = chunk or config.split_chunk, config.chunk_slots
         cand = min(config.split_candidates, config.candidates)
         for name, value in (("chunk", chunk), ("slots", slot), ("split_candidates", cand)):
             if value < 1 or value & (value - 1):
                 raise LogprobsError(f"SelectionConfig {name} must be a power of two, got {value}")
+        if config.first_top < 0 or config.first_top & (config.first_top - 1) or config.first_top > chunk:
+            raise LogprobsError(f"SelectionConfig first_top must be 0 or a power of two <= chunk, got {config.first_top}")
+        if config.first_pick < 1 or config.first_pick & (config.first_pick - 1):
+            raise LogprobsError(f"SelectionConfig first_pick must be a power of two, got {config.first_pick}")
         num_blocks = triton.cdiv(vocab_size, chunk)
         nb_p2 = triton.next_power_of_2(num_blocks)
-        return cls(chunk, num_blocks, nb_p2, slot, cand, min(nb_p2, max(1, 1024 // slot)), min(32, cand))
+        return cls(chunk, num_blocks, nb_p2, slot, cand, min(nb_p2, max(1, 1024 // slot)), min(32, cand),
+                   config.first_top)
 
 
 def default_selection_config(device: Device, candidate_capacity: int | None = None) -> SelectionConfig:
     """Wide blocks on a GPU; small ones under the Triton interpreter (cost there is per op)."""
     if device.is_cuda:
-        config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16)
+        # logprobs in 2048-token chunks: the first pass's top-key rounds cost ~20% fewer instructions
+        # per token than at 1024 (sm_90 SASS); `bench.tune_selection` measures the alternatives
+        config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
+                                 logprobs_chunk=2048)
     else:
         config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4, chunk=64, slots=16,
                                  split_warps=1)
@@ -156,12 +176,14 @@ class LogprobsComputer:
         self.top_ids = device.zeros((max_num_rows, width), torch.int32)
         self.top_logprobs = device.zeros((max_num_rows, width), torch.float32)
         self.scratch = device.zeros((max_num_rows, config.candidates), torch.int64)
-        self.layout = layout = SplitLayout.of(config, vocab_size)
+        self.layout = layout = SplitLayout.of(config, vocab_size, config.logprobs_split_chunk)
         per_chunk = (max_num_rows, layout.num_blocks)
         self.part_max = device.zeros(per_chunk, torch.float32)
         self.part_sum = device.zeros(per_chunk, torch.float32)
         self.part_above = device.zeros(per_chunk, torch.int32)
         self.part_count = device.zeros(per_chunk, torch.int32)
+        self.part_top = device.zeros((max_num_rows, layout.num_blocks, max(1, layout.first_top)), torch.int64)
+        self.pick = min(self.max_top, config.first_pick)
         self.chunk_slots = device.zeros((max_num_rows, layout.num_blocks, layout.slot), torch.int64)
         self.mode = device.zeros(max_num_rows, torch.int32)
         self.bound = device.zeros(max_num_rows, torch.float32)
@@ -170,7 +192,7 @@ class LogprobsComputer:
     def held_bytes(self) -> int:
         """Device bytes this computer holds from construction (outputs, partials, plan, scratch)."""
         owned = (self.logprob, self.rank, self.top_ids, self.top_logprobs, self.scratch, self.part_max, self.part_sum,
-                 self.part_above, self.part_count, self.chunk_slots, self.mode, self.bound, self.normalizer)
+                 self.part_above, self.part_count, self.part_top, self.chunk_slots, self.mode, self.bound, self.normalizer)
         return sum(t.numel() * t.element_size() for t in owned)
 
     def check(self, logits: torch.Tensor, target_ids: torch.Tensor, num_rows: int, num_top: int) -> None:
@@ -205,16 +227,20 @@ class LogprobsComputer:
             raise LogprobsError("top_ids and top_logprobs must share a row stride")
         lay = self.layout
         split = (num_rows, lay.num_blocks)
+        # the first pass keeps each chunk's top keys only when the plan can use them (0 < n <= pick)
+        tops = lay.first_top if 0 < num_top <= self.pick else 0
         logprobs_block_kernel[split](logits, logits.stride(0), target_ids, self.part_max, self.part_sum,
-                                     self.part_above, lay.num_blocks, self.vocab_size, CHUNK=lay.chunk,
-                                     num_warps=c.split_warps)
+                                     self.part_above, self.part_top, lay.num_blocks, self.vocab_size, CHUNK=lay.chunk,
+                                     TOPS=tops, num_warps=c.split_warps)
         logprobs_plan_kernel[(num_rows,)](logits, logits.stride(0), target_ids, self.part_max, self.part_sum,
-                                          self.part_above, lay.num_blocks, num_top, self.mode, self.bound,
-                                          self.normalizer, out.logprob, out.rank, self.vocab_size, NB_P2=lay.nb_p2,
-                                          CAND=lay.cand, COLS=lay.cols, num_warps=4)
+                                          self.part_above, self.part_top, lay.num_blocks, num_top, self.mode,
+                                          self.bound, self.normalizer, out.logprob, out.rank, out.top_ids,
+                                          out.top_logprobs, top_stride, self.vocab_size, NB_P2=lay.nb_p2,
+                                          CAND=lay.cand, COLS=lay.cols, TOPS=tops, PICK=self.pick, num_warps=4)
         if num_top == 0:
             return out
-        logprobs_select_kernel[split](logits, logits.stride(0), self.mode, self.bound, self.part_max, self.part_count,
+        select_grid = (num_rows, max(1, min(lay.num_blocks, c.select_programs)))
+        logprobs_select_kernel[select_grid](logits, logits.stride(0), self.mode, self.bound, self.part_max, self.part_count,
                                       self.chunk_slots, lay.num_blocks, self.vocab_size, CHUNK=lay.chunk,
                                       SLOT=lay.slot, num_warps=c.split_warps)
         logprobs_finish_kernel[(num_rows,)](self.mode, self.normalizer, self.part_count, self.chunk_slots,

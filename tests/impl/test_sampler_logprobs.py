@@ -28,9 +28,11 @@ def dev() -> Device:
     return Device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _computer(dev: Device, capacity: int) -> LogprobsComputer:
-    # 64-column chunks: a 300-token row spans 5 chunks; small candidate capacities force the gather paths
-    config = SelectionConfig(block=64, narrow_block=64, candidates=capacity, num_warps=4)
+def _computer(dev: Device, capacity: int, first_top: int = 4) -> LogprobsComputer:
+    # 64-column chunks: a 300-token row spans 5 chunks; small candidate capacities force the gather
+    # paths, first_top=0 turns the first pass's per-chunk top keys off (every top-n row gathers)
+    config = SelectionConfig(block=64, narrow_block=64, candidates=capacity, num_warps=4, first_top=first_top,
+                             select_programs=2)  # the gather read strides: 5 chunks over 2 programs
     return LogprobsComputer(dev, VOCAB, MAX_LOGPROBS, 8, config)
 
 
@@ -58,9 +60,10 @@ def _special_rows(gen: torch.Generator) -> torch.Tensor:
     return logits
 
 
+@pytest.mark.parametrize("first_top", [0, 4])
 @pytest.mark.parametrize("capacity", [8, 64])
-def test_logprobs_ranks_and_top_lists(dev, capacity):
-    computer = _computer(dev, capacity)
+def test_logprobs_ranks_and_top_lists(dev, capacity, first_top):
+    computer = _computer(dev, capacity, first_top)
     logits = _special_rows(torch.Generator().manual_seed(capacity))
     targets = [3, 4, 5, 6, 7, 8]
     logits_dev = dev.to_device(logits)
@@ -74,14 +77,14 @@ def test_logprobs_ranks_and_top_lists(dev, capacity):
 
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**31), scale=st.sampled_from([0.1, 1.0, 30.0]), quantum=st.sampled_from([0.0, 0.25, 2.0]),
-       num_top=st.integers(0, MAX_LOGPROBS), capacity=st.sampled_from([8, 32]))
-def test_logprobs_random_rows(dev, seed, scale, quantum, num_top, capacity):
+       num_top=st.integers(0, MAX_LOGPROBS), capacity=st.sampled_from([8, 32]), first_top=st.sampled_from([0, 1, 4]))
+def test_logprobs_random_rows(dev, seed, scale, quantum, num_top, capacity, first_top):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(3, VOCAB, generator=gen) * scale
     if quantum:
         logits = torch.round(logits / quantum) * quantum
     targets = torch.randint(0, VOCAB, (3,), generator=gen).tolist()
-    out = _computer(dev, capacity).launch(dev.to_device(logits), dev.to_device(torch.tensor(targets)), 3, num_top)
+    out = _computer(dev, capacity, first_top).launch(dev.to_device(logits), dev.to_device(torch.tensor(targets)), 3, num_top)
     _assert_matches(out, logits, targets, num_top)
 
 
@@ -135,3 +138,34 @@ def test_bad_arguments(dev):
         computer.launch(logits.double(), targets, 2, 1)
     with pytest.raises(LogprobsError, match="target_ids"):
         computer.launch(logits, targets.float(), 2, 1)
+
+
+def test_first_pass_top_is_used_only_when_it_is_exact(dev):
+    """The first pass's per-chunk top keys decide a row only when no chunk may hide a top-n entry.
+
+    64-token chunks, ``first_top`` 4, top 5: a row whose top 5 are spread over chunks is DONE after
+    the first pass (mode 0); one whose top 5 sit in one chunk (or whose chunk holds exactly 4 of
+    them, so a fifth could hide behind them) goes to the gather (mode 1), with the oracle's answer
+    either way.  A plan that trusted the first pass there would report the chunk's 4 and a wrong 5th.
+    """
+    computer = _computer(dev, 64)
+    assert computer.layout.first_top == 4
+    gen = torch.Generator().manual_seed(21)
+    logits = torch.randn(4, VOCAB, generator=gen)
+    logits[0, [3, 70, 140, 200, 290]] = 9.0 + torch.arange(5.0)  # spread: one per chunk
+    logits[1, 10:15] = 9.0 + torch.arange(5.0)  # all five in chunk 0
+    logits[2, [10, 11, 12, 13, 200]] = torch.tensor([12.0, 11.0, 10.0, 9.0, 5.0])  # chunk 0 holds 4
+    logits[2, 20] = 6.0  # ...and its 5th largest beats every other chunk's top: the true 5th
+    logits[3, [1, 2, 3, 70, 71]] = torch.tensor([12.0, 11.0, 10.0, 9.0, 8.0])  # 3 in chunk 0: exact
+    targets = [3, 12, 20, 0]
+    out = computer.launch(dev.to_device(logits), dev.to_device(torch.tensor(targets)), 4, MAX_LOGPROBS)
+    _assert_matches(out, logits, targets, MAX_LOGPROBS)
+    assert computer.mode[:4].tolist() == [0, 1, 1, 0]
+    assert out.top_ids[2].tolist() == [10, 11, 12, 13, 20]
+
+
+@pytest.mark.parametrize("field, value", [("first_top", 3), ("first_top", 128), ("first_pick", 6)])
+def test_bad_first_pass_config(dev, field, value):
+    config = SelectionConfig(block=64, narrow_block=64, candidates=16, num_warps=4, **{field: value})
+    with pytest.raises(LogprobsError, match=field):
+        LogprobsComputer(dev, VOCAB, MAX_LOGPROBS, 2, config)

@@ -7,6 +7,7 @@ function rebound) must be caught by the same oracle comparison.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -119,7 +120,9 @@ def _bound_one_too_high(max_ptr, base, num_blocks, k, NB_P2: tl.constexpr, COLS:
 
 
 def test_logprobs_top_lists_and_a_planted_bound_bug(dev, monkeypatch):
-    computer = LogprobsComputer(dev, VOCAB, 5, 8, CONFIG)
+    """The gather path (first pass's top keys off), then the default (first pass) on the same rows."""
+    gather_config = dataclasses.replace(CONFIG, first_top=0)
+    computer = LogprobsComputer(dev, VOCAB, 5, 8, gather_config)
     logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(8)) * 3
     logits[3] = torch.round(logits[3])  # ties in the top list: lower index first
     targets = torch.tensor([0, 299, 150, 31])
@@ -137,6 +140,9 @@ def test_logprobs_top_lists_and_a_planted_bound_bug(dev, monkeypatch):
 
     assert top_ids(computer) == order.tolist()
     assert computer.mode[:4].tolist() == [MODE_GATHER] * 4
+    first_pass = LogprobsComputer(dev, VOCAB, 5, 8, CONFIG)
+    assert top_ids(first_pass) == order.tolist()
+    assert first_pass.mode[:4].tolist() == [MODE_DONE] * 4  # each chunk holds < 4 of the top 5
     variant = _kernel_copy("impl.kernels.sampling_logprobs", "bound_high", kth_largest_block_max=_bound_one_too_high)
     monkeypatch.setattr(sys.modules["impl.sample.logprobs"], "logprobs_plan_kernel", variant.logprobs_plan_kernel)
-    assert top_ids(LogprobsComputer(dev, VOCAB, 5, 8, CONFIG)) != order.tolist()  # fresh (zeroed) outputs
+    assert top_ids(LogprobsComputer(dev, VOCAB, 5, 8, gather_config)) != order.tolist()  # fresh (zeroed) outputs

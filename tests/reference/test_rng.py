@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from impl.kernels.rng import gumbel_from_bits as kernel_gumbel_from_bits
+from impl.kernels.rng import philox_64bits, philox_64bits_hilo
 from reference import rng as ref_rng
 
 SEEDS = [0, 1, 12345, 2**31 - 1, 2**32, 2**32 + 7, 2**40 + 3, 2**62 + 99, 2**63 - 1]
@@ -195,3 +196,41 @@ def test_uniform_is_uniform():
     hi, lo = ref_rng.philox_64bits(42, 3, torch.arange(20000))
     u = ref_rng.uniform_from_bits(hi, lo).numpy()
     assert stats.kstest(u, "uniform").pvalue > 1e-4
+
+
+@triton.jit
+def _stream_bits_kernel(seed_ptr, pos_ptr, hi_ptr, lo_ptr, vocab, stream, HILO: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    seed = tl.load(seed_ptr + row)
+    pos = tl.load(pos_ptr + row)
+    if HILO:
+        hi, lo = philox_64bits_hilo(seed, pos, offs, stream)
+    else:
+        hi, lo = philox_64bits(seed, pos, offs, stream)
+    tl.store(hi_ptr + row * vocab + offs, hi.to(tl.int64), mask=offs < vocab)
+    tl.store(lo_ptr + row * vocab + offs, lo.to(tl.int64), mask=offs < vocab)
+
+
+def _check_streams(device: str, vocab: int) -> None:
+    """Both Philox forms (widening multiplies with the first round folded; umulhi + *) on every stream."""
+    seeds = torch.tensor([s for s in SEEDS for _ in POSITIONS[-2:]], dtype=torch.int64, device=device)
+    positions = torch.tensor(POSITIONS[-2:] * len(SEEDS), dtype=torch.int64, device=device)
+    for stream in (0, 1, 2, 3):
+        for hilo in (False, True):
+            hi = torch.empty((len(seeds), vocab), dtype=torch.int64, device=device)
+            lo = torch.empty_like(hi)
+            _stream_bits_kernel[(len(seeds), triton.cdiv(vocab, 64))](seeds, positions, hi, lo, vocab, stream,
+                                                                     HILO=hilo, BLOCK=64)
+            for r in range(len(seeds)):
+                rhi, rlo = ref_rng.philox_64bits(int(seeds[r]), int(positions[r]), torch.arange(vocab), stream)
+                assert torch.equal(hi[r].cpu(), rhi) and torch.equal(lo[r].cpu(), rlo), (stream, hilo, r)
+
+
+def test_both_philox_forms_match_reference_on_every_stream_cpu():
+    _check_streams("cpu", 67)
+
+
+@pytest.mark.gpu
+def test_both_philox_forms_match_reference_on_every_stream_cuda():
+    _check_streams("cuda", 4099)
