@@ -244,7 +244,7 @@ class ModelRunner:
         Device drafts (`SchedulerOutput.num_device_drafts`) are checked first, then the step is read
         with k stand-in ids per such request (the device gathers the real ones)."""
         self._device_drafts = {}
-        if sched.num_device_drafts:
+        if getattr(sched, "num_device_drafts", None) and isinstance(sched, SchedulerOutput):
             if self.proposer is None:
                 check_device_drafts(sched, self.limits, None, lambda rid: False)  # raises DeviceDraftsError
             counts = self.proposer.check(sched, self.state.req_to_row)
