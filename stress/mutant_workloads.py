@@ -45,6 +45,7 @@ class Workload:
     cuda_lag: bool = False
     ticks: int = 16
     full_ticks: int = 48
+    ngram_spec_tokens: int = 0  # > 0: the runner's n-gram proposer on (`stress.spec_scheduler`)
 
 
 _QUIET = dict(abort_prob=0.0, preempt_prob=0.0, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0, penalty_prob=0.0,
