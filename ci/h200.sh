@@ -7,6 +7,10 @@
 #
 #   bench         `runnercheck bench --device cuda`, run alone first (timings; e2e runs graphs and eager, async and
 #                 sync: 8 Qwen3-0.6B runners), then the others side by side:
+#   bench_spec    `runnercheck bench --device cuda --only spec_ngram` alone: tokens/s and acceptance with the n-gram
+#                 proposer on repetitive greedy prompts vs no speculation (Qwen3-0.6B shape, 8 and 64 requests)
+#   ngram         the n-gram proposer on cuda: its gpu-marked tests (kernel vs oracle, differential with 0 syncs),
+#                 a delay-injected stress run with `--proposer ngram`, and the host-read mutant (must be killed by sync)
 #   bench_host    `runnercheck bench --device cuda --only host_cost` alone (runner vs V1-style baseline, 1% and 0% churn)
 #   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`)
 #   tune_logprobs (alone, after bench) the split-pass launch shapes of top-20 logprobs, timed and checked equal (`python -m bench.tune_selection`)
@@ -32,7 +36,7 @@ set -uo pipefail
 out=${1:?usage: ci/h200.sh OUTDIR JOB...}
 shift
 jobs=" $* "
-[ "$jobs" = " all " ] && jobs=" bench host_profile gpu_tests mutants mutants_new race_rates verify stress chisq_matrix chisq_power chisq_capped chisq_deep csan "
+[ "$jobs" = " all " ] && jobs=" bench bench_spec host_profile gpu_tests mutants mutants_new race_rates verify stress ngram chisq_matrix chisq_power chisq_capped chisq_deep csan "
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd) PYTHONUNBUFFERED=1
 rc="python3 -m stress.cli"
@@ -52,6 +56,7 @@ want() { [[ "$jobs" == *" $1 "* ]]; }
 
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())" | tee "$out/versions.txt"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
+want bench_spec && job bench_spec "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_ngram --out "$out/bench_spec"
 want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host"
 want tune_logprobs && job tune_logprobs 200 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
 want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &&
@@ -70,6 +75,12 @@ want output_slots && (
   job output_slots_clean 90 $rc stress --device cuda --seed 1 --steps 60 --delay-us auto --delay-target output-slot \
     --max-inflight 3 --no-progress --out "$out/output_slots_clean"
   job output_slots_mutant 90 $rc mutants --device cuda --no-chisq --only output_slot_overwritten_early --out "$out/output_slots_mutant"
+) &
+want ngram && (
+  job ngram_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu tests/impl/test_ngram_proposer.py
+  job ngram_stress 150 $rc stress --device cuda --seed 1 --steps 200 --delay-us auto --max-inflight 2 --proposer ngram \
+    --no-progress --out "$out/ngram_stress"
+  job ngram_mutant 120 $rc mutants --device cuda --no-chisq --only accepted_count_read_on_host --out "$out/ngram_mutant"
 ) &
 want verify && job verify "$limit" $rc verify --device cuda --quick --no-progress --out "$out/verify" &
 want stress && (
