@@ -120,3 +120,13 @@ def test_device_drafts_on_cuda_match_the_oracle_with_no_host_sync() -> None:
     assert findings.host_syncs == 0 and findings.lifetime_violations == 0
     spec = findings.result.spec_stats
     assert spec["draft_tokens"] > 0 and spec["accepted_tokens"] > 0
+
+
+def test_planted_bug_a_runner_that_never_proposes_is_caught_by_the_differential(monkeypatch) -> None:
+    """The run above can fail: with the propose launch dropped, the gathered drafts are stale (zeros, or an
+    earlier step's), the runner accepts fewer than the oracle and produces another number of tokens."""
+    from impl.ngram_proposer import NgramProposer
+
+    monkeypatch.setattr(NgramProposer, "enqueue_propose", lambda self, *args, **kwargs: None)
+    findings = _ngram_run(30, max_inflight_steps=2)
+    assert not findings.passed and "different number of produced tokens" in findings.first_divergence_line()
