@@ -34,14 +34,16 @@ def _prompts(num_reqs: int, prompt_len: int, vocab_size: int, seed: int) -> list
 
 
 def _run_arm(ctx: BenchContext, weights, limits: RunnerLimits, dtype, prompts: list[list[int]], new_tokens: int,
-             num_spec_tokens: int) -> tuple[float, int, dict, int]:
-    """(seconds in the decode phase, output tokens taken, spec stats, steps) for one arm."""
+             num_spec_tokens: int) -> tuple[float, int, dict, int, dict]:
+    """(seconds in the decode phase, output tokens taken, spec stats, steps, the runner's graph stats) for one arm."""
     from impl.runner import ModelRunner
     from stress.scheduler import SchedulerSim
 
     speculative = NgramConfig(num_spec_tokens=num_spec_tokens) if num_spec_tokens else None
     runner = ModelRunner(weights, limits, ctx.device, base_seed=ctx.seed, dtype=dtype, speculative=speculative)
-    sim = SchedulerSim(limits, seed=ctx.seed, max_inflight_steps=1, prefix_caching=False, ngram_spec_tokens=num_spec_tokens)
+    # Always k = K (= max_num_draft_tokens): uniform decodes replay the captured 1 + K graph.
+    sim = SchedulerSim(limits, seed=ctx.seed, max_inflight_steps=1, prefix_caching=False, ngram_spec_tokens=num_spec_tokens,
+                       most_device_drafts=True)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
     for i, prompt in enumerate(prompts):
         sim.add_request(f"r{i}", prompt, params)
@@ -57,11 +59,12 @@ def _run_arm(ctx: BenchContext, weights, limits: RunnerLimits, dtype, prompts: l
     if ctx.device.is_cuda:
         torch.cuda.synchronize()
     produced, steps, started = 0, 0, time.perf_counter()
+    replays_before = runner.cuda_graph_stats()["replays"]
     while sim.unfinished_ids:
         produced += step()
         steps += 1
     seconds = time.perf_counter() - started
-    return seconds, produced, sim.spec_stats.to_dict(), steps
+    return seconds, produced, sim.spec_stats.to_dict(), steps, {"replays": runner.cuda_graph_stats()["replays"] - replays_before}
 
 
 def bench_ngram(ctx: BenchContext) -> list[Row]:
@@ -84,9 +87,10 @@ def bench_ngram(ctx: BenchContext) -> list[Row]:
         tag = f"{num_reqs} reqs x {prompt_len} ctx, greedy, repetitive prompts"
         results = {}
         for arm, k in (("off", 0), ("ngram", NUM_SPEC_TOKENS)):
-            seconds, produced, spec, steps = _run_arm(ctx, weights, limits, dtype, prompts, new_tokens, k)
+            seconds, produced, spec, steps, runner_stats = _run_arm(ctx, weights, limits, dtype, prompts, new_tokens, k)
             results[arm] = produced / seconds
-            note = f"{produced} tokens in {steps} steps"
+            graphs = runner_stats.get("replays", 0)
+            note = f"{produced} tokens in {steps} steps; graph replays {graphs}"
             rows.append(Row("spec_ngram", f"decode tokens/s, {tag}, {arm}", produced / seconds, "tok/s", note=note))
             if k:
                 rows.append(Row("spec_ngram", f"acceptance rate, {tag}, k={k}", spec["acceptance_rate"], "fraction",

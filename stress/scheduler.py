@@ -156,10 +156,11 @@ class SchedulerSim:
     """See the module docstring.  Deterministic given ``seed`` and the sequence of calls."""
 
     def __init__(self, limits: RunnerLimits, *, seed: int = 0, max_inflight_steps: int = 1, draft_prob: float = 0.0,
-                 prefix_caching: bool = True, ngram_spec_tokens: int = 0):
+                 prefix_caching: bool = True, ngram_spec_tokens: int = 0, most_device_drafts: bool = False):
         self.limits = limits
         self.config = SchedulerConfig(max_inflight_steps, draft_prob, prefix_caching, ngram_spec_tokens)
         self.spec_stats = SpecStats()
+        self._most_device_drafts = most_device_drafts  # always the largest k allowed (benchmarks; not recorded)
         self.seed = seed
         self._rng = random.Random(seed)
         free_blocks = list(range(limits.num_kv_blocks))
@@ -308,7 +309,8 @@ class SchedulerSim:
                 continue
             device_k = 0
             if self.config.ngram_spec_tokens and not draft and n == 1 and req.num_computed >= req.prefill_len:
-                device_k = device_draft_count(self._rng, lim, self.config.ngram_spec_tokens, req.known_tokens(), budget - 1)
+                device_k = device_draft_count(self._rng, lim, self.config.ngram_spec_tokens, req.known_tokens(), budget - 1,
+                                              always_most=self._most_device_drafts)
                 n += device_k
             new_blocks = self._reserve_blocks(req, req.num_computed + n, preempted_ids)
             if new_blocks is None:  # preempted itself: it was the most recent admission

@@ -50,12 +50,15 @@ class SpecStats:
                 "acceptance_rate": self.acceptance_rate}
 
 
-def device_draft_count(rng: random.Random, limits: RunnerLimits, num_spec_tokens: int, known_tokens: int, budget_left: int) -> int:
-    """Drafts to ask for on a decode that already holds one scheduled token (``budget_left`` after it)."""
+def device_draft_count(rng: random.Random, limits: RunnerLimits, num_spec_tokens: int, known_tokens: int, budget_left: int,
+                       *, always_most: bool = False) -> int:
+    """Drafts to ask for on a decode that already holds one scheduled token (``budget_left`` after it).
+
+    ``always_most``: the largest ``k`` allowed, never a random one (a benchmark's uniform decodes)."""
     cap = min(num_spec_tokens, limits.max_num_draft_tokens, budget_left, limits.max_model_len - known_tokens)
     if cap <= 0:
         return 0
-    return cap if rng.random() < 0.7 else rng.randint(0, cap)
+    return cap if always_most or rng.random() < 0.7 else rng.randint(0, cap)
 
 
 __all__ = ["SpecStats", "device_draft_count"]

@@ -130,3 +130,34 @@ def test_planted_bug_a_runner_that_never_proposes_is_caught_by_the_differential(
     monkeypatch.setattr(NgramProposer, "enqueue_propose", lambda self, *args, **kwargs: None)
     findings = _ngram_run(30, max_inflight_steps=2)
     assert not findings.passed and "different number of produced tokens" in findings.first_divergence_line()
+
+
+def test_uniform_device_draft_decodes_replay_the_bucketed_graph_and_match_the_oracle() -> None:
+    """Every request decoding with the same k device drafts is a bucketed step: the gathered drafts reach the
+    padded inputs of the graph replay (on cpu the recorded launches), and the tokens equal the oracle's."""
+    from impl.interface import CachedRequest, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
+    from impl.model.weights import preset, random_weights
+    from impl.runner import ModelRunner
+    from reference.runner import ReferenceRunner
+
+    # Graphs are captured for 1 and 1 + max_num_draft_tokens tokens a request: k = max_num_draft_tokens.
+    limits = RunnerLimits(vocab_size=256, max_num_reqs=2, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=40,
+                          block_size=4, max_num_draft_tokens=2)
+    weights, spec = random_weights(preset("micro"), seed=2), NgramConfig(num_spec_tokens=2)
+    runner = ModelRunner(weights, limits, Device("cpu"), base_seed=1, speculative=spec)
+    oracle = ReferenceRunner(weights, limits, base_seed=1, proposer=spec)
+    greedy = SamplingParams(temperature=0.0, max_tokens=40)
+    reqs = (NewRequest("A", (5, 6, 5, 6, 5, 6), greedy, tuple(range(0, 16))),
+            NewRequest("B", (9, 9, 9, 9), SamplingParams(temperature=0.9, seed=4, max_tokens=40), tuple(range(16, 32))))
+    known = {r.req_id: len(r.prompt_token_ids) for r in reqs}
+    sched = SchedulerOutput(0, new_requests=reqs, num_scheduled_tokens=dict(known))
+    replays = []
+    for step in range(1, 8):
+        got, want = runner.execute_model(sched).get(), oracle.execute_model(sched)
+        assert got.sampled_token_ids == want.sampled_token_ids, step
+        replays.append((runner.last_step_stats.graph_replayed, runner.last_step_stats.graph_fallback))
+        for rid, toks in got.token_dict().items():
+            known[rid] += len(toks)
+        sched = SchedulerOutput(step, cached_requests=tuple(CachedRequest(r, (), known[r] - 1) for r in ("A", "B")),
+                                num_scheduled_tokens={"A": 3, "B": 3}, num_device_drafts={"A": 2, "B": 2})
+    assert sum(r for r, _ in replays[1:]) >= 5, (replays, runner.cuda_graph_stats())  # the decodes ran as bucketed (graph) steps
