@@ -6,34 +6,37 @@ nothing).  The count is device data produced by the step's own post-update kerne
 waits for the step -- async scheduling is gone -- and on ``sim`` it even reads the count before the
 queued work wrote it.  The check built for it is the sync detector.
 
-The ``ngram`` workload runs the runner's n-gram proposer (`SchedulerConfig.ngram_spec_tokens`):
+A runner built without the proposer gets the same read in its step bookkeeping (logging the
+counts), so the mutant applies to every runner.
+
+The ``ngram`` workload (`stress.mutant_workloads`) runs the runner's n-gram proposer (`SchedulerConfig.ngram_spec_tokens`):
 greedy requests on repeated-pattern prompts, so decodes ask for device drafts every step.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from stress.churn import ChurnConfig
+import logging
+
 from stress.mutant_registry import AppliedMutant, _mutant
-from stress.mutant_workloads import WORKLOADS, Workload
 
-WORKLOADS["ngram"] = Workload(
-    "ngram", "greedy requests on repeated-pattern prompts, the n-gram proposer on (3 device drafts a decode)",
-    ChurnConfig(add_prob=0.8, abort_prob=0.0, preempt_prob=0.05, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0,
-                penalty_prob=0.0, logprobs_prob=0.0, prompt_logprobs_prob=0.0, stop_prob=0.0, greedy_prob=1.0,
-                max_prompt_len=10, max_new_tokens=12, repetitive_prompt_prob=1.0),
-    max_num_reqs=2, max_batched_tokens=8, ngram_spec_tokens=3, ticks=12, full_ticks=40)
+_log = logging.getLogger(__name__)
 
-
-@_mutant("accepted_count_read_on_host", "sync", ("sync",), "ngram", ("proposer",),
+@_mutant("accepted_count_read_on_host", "sync", ("sync",), "ngram", ("proposer", "outputs"),
          "the step reads the accepted draft counts on the host (.tolist() of num_sampled) to skip the "
-         "proposer's launch when nothing was accepted")
+         "proposer's launch when nothing was accepted (without a proposer: to log them)")
 def _accepted_count_read_on_host(runner: Any, m: AppliedMutant) -> None:
-    proposer = runner.proposer
+    proposer, num_sampled = runner.proposer, runner.outputs.num_sampled
     if proposer is None:
-        from stress.mutant_kernels import MutantTargetError
+        record = runner._record_stats
 
-        raise MutantTargetError("accepted_count_read_on_host needs a runner built with the n-gram proposer")
+        def record_stats_logging_accepted(step_id: int, num_reqs: int, *args: Any, **kwargs: Any) -> None:
+            if num_reqs:
+                _log.debug("step %d sampled %s", step_id, num_sampled[:num_reqs].tolist())  # the bug
+            record(step_id, num_reqs, *args, **kwargs)
+
+        m.set(runner, "_record_stats", record_stats_logging_accepted)
+        return
     enqueue = proposer.enqueue_propose
 
     def propose_only_after_acceptance(staged: Any, num_reqs: int, num_sampled: Any, *args: Any) -> None:
