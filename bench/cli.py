@@ -19,7 +19,7 @@ from bench.common import BenchContext, Row
 
 
 def _cases() -> dict[str, Callable[[BenchContext], list[Row]]]:
-    from bench import case_runner, case_sampler
+    from bench import case_runner, case_sampler, case_spec
 
     return {
         "host_cost": case_runner.bench_host_cost,
@@ -27,10 +27,11 @@ def _cases() -> dict[str, Callable[[BenchContext], list[Row]]]:
         "sampler": case_sampler.bench_sampler,
         "logprobs": case_sampler.bench_logprobs,
         "e2e": case_runner.bench_end_to_end,
+        "spec_ngram": case_spec.bench_ngram,
     }
 
 
-CASE_NAMES = ("host_cost", "staged_writes", "sampler", "logprobs", "e2e")
+CASE_NAMES = ("host_cost", "staged_writes", "sampler", "logprobs", "e2e", "spec_ngram")
 # Version of bench.json's layout; raised when a key changes meaning or disappears.
 BENCH_FORMAT_VERSION = 1
 

@@ -137,7 +137,7 @@ def first_output_positions(sched: SchedulerOutput) -> dict[str, int]:
     starts = {r.req_id: 0 for r in sched.new_requests}
     starts.update({c.req_id: c.num_computed_tokens for c in sched.cached_requests})
     return {
-        rid: starts[rid] + n - len(sched.draft_token_ids.get(rid, ()))
+        rid: starts[rid] + n - sched.num_drafts(rid)
         for rid, n in sched.num_scheduled_tokens.items()
         if rid in starts
     }
@@ -235,7 +235,7 @@ def check_output_contract(got: object, sched: SchedulerOutput, vocab_size: int) 
     for i, (rid, toks) in enumerate(zip(req_ids, sampled)):
         if not isinstance(toks, tuple) or not all(_is_token(t, vocab_size) for t in toks):
             return bad(f"tokens {toks!r} of request {rid!r} are not token ids in [0, {vocab_size})"[:300], rid)
-        allowed = len(sched.draft_token_ids.get(rid, ())) + 1
+        allowed = sched.num_drafts(rid) + 1
         if len(toks) > allowed:
             return bad(f"request {rid!r} produced {len(toks)} tokens, at most {allowed} possible", rid)
         if got.logprobs and got.logprobs[i] is not None:

@@ -7,6 +7,10 @@
 #
 #   bench         `runnercheck bench --device cuda`, run alone first (timings; e2e runs graphs and eager, async and
 #                 sync: 8 Qwen3-0.6B runners), then the others side by side:
+#   bench_spec    `runnercheck bench --device cuda --only spec_ngram` alone: tokens/s and acceptance with the n-gram
+#                 proposer on repetitive greedy prompts vs no speculation (Qwen3-0.6B shape, 8 and 64 requests)
+#   ngram         the n-gram proposer on cuda: its gpu-marked tests (kernel vs oracle, differential with 0 syncs),
+#                 a delay-injected stress run with `--proposer ngram`, and the host-read mutant (must be killed by sync)
 #   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issue 16's "Done when" in one run
 #                 (the runner's sampler and logprobs at 1/8/64/256 rows, the memory floor, the Philox compute floor
 #                 and noise bound, the PyTorch baselines, peak extra memory)
@@ -44,7 +48,7 @@ set -uo pipefail
 out=${1:?usage: ci/h200.sh OUTDIR JOB...}
 shift
 jobs=" $* "
-[ "$jobs" = " all " ] && jobs=" bench host_profile gpu_tests mutants mutants_new race_rates verify stress chisq_matrix chisq_power chisq_capped chisq_deep csan "
+[ "$jobs" = " all " ] && jobs=" bench bench_spec host_profile gpu_tests mutants mutants_new race_rates verify stress ngram chisq_matrix chisq_power chisq_capped chisq_deep csan "
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd) PYTHONUNBUFFERED=1
 rc="python3 -m stress.cli"
@@ -64,6 +68,7 @@ want() { [[ "$jobs" == *" $1 "* ]]; }
 
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())" | tee "$out/versions.txt"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
+want bench_spec && job bench_spec "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_ngram --out "$out/bench_spec"
 want bench_sampler && job bench_sampler "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only sampler logprobs \
   --out "$out/bench_sampler"
 want gpu_sampler && job gpu_sampler "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" \
@@ -102,6 +107,12 @@ want staging_slots && (
   job staging_slots_clean 120 $rc stress --device cuda --seed 2 --steps 80 --delay-us auto --delay-target staging-slot \
     --max-inflight 3 --no-progress --out "$out/staging_slots_clean"
   job staging_slots_mutant 120 $rc mutants --device cuda --no-chisq --only reuse_staging_early --out "$out/staging_slots_mutant"
+)&
+want ngram && (
+  job ngram_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu tests/impl/test_ngram_proposer.py
+  job ngram_stress 150 $rc stress --device cuda --seed 1 --steps 200 --delay-us auto --max-inflight 2 --proposer ngram \
+    --no-progress --out "$out/ngram_stress"
+  job ngram_mutant 120 $rc mutants --device cuda --no-chisq --only accepted_count_read_on_host --out "$out/ngram_mutant"
 ) &
 want verify && job verify "$limit" $rc verify --device cuda --quick --no-progress --out "$out/verify" &
 want stress && (

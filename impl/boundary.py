@@ -9,7 +9,8 @@ the two to the same verdicts.  Like `impl.interface`, this module imports nothin
 from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
-from typing import Any, Mapping
+from dataclasses import replace
+from typing import Any, Callable, Mapping
 
 from impl.interface import (
     BlockIdError,
@@ -27,6 +28,8 @@ from impl.interface import (
     RunnerLimits,
     SamplingParams,
     ScheduledTokensError,
+    DeviceDraftsError,
+    NgramConfig,
     SchedulerOutput,
     SchedulerOutputError,
     SchedulerOutputTypeError,
@@ -56,6 +59,7 @@ _CONTAINERS = (
     ("preempted_req_ids", (frozenset, set), AbstractSet, "frozenset"),
     ("num_scheduled_tokens", (dict,), Mapping, "mapping"),
     ("draft_token_ids", (dict,), Mapping, "mapping"),
+    ("num_device_drafts", (dict,), Mapping, "mapping"),
 )
 
 
@@ -260,6 +264,9 @@ def validate_scheduler_output(
         num_drafts[rid] = check_drafts(rid, drafts, limits)
         if rid not in sched.num_scheduled_tokens:
             raise ScheduledTokensError("drafts for an unscheduled request", req_id=rid, field="draft_token_ids")
+    for rid, k in sched.num_device_drafts.items():  # their own rules: `check_device_drafts`
+        if _is_int(k) and k > 0:
+            num_drafts[rid] = num_drafts.get(rid, 0) + k
     total = 0
     for rid, n in sched.num_scheduled_tokens.items():
         check_req_id(rid, "num_scheduled_tokens")
@@ -277,3 +284,42 @@ def validate_scheduler_output(
         raise ScheduledTokensError(
             f"{total} scheduled tokens > max_num_batched_tokens {limits.max_num_batched_tokens}", field="num_scheduled_tokens"
         )
+
+
+def check_device_drafts(sched: SchedulerOutput, limits: RunnerLimits, proposer: NgramConfig | None,
+                        has_proposal: Callable[[str], bool]) -> dict[str, int]:
+    """The ``num_device_drafts`` of ``sched`` (request -> k > 0), checked before anything else of the step.
+
+    ``has_proposal(req_id)``: the request is live and sampled since its admission, so the proposer
+    holds drafts for it.  Raises `DeviceDraftsError` (or a container/type error); changes nothing.
+    The runner and the oracle both call it first, so they reject a bad step with the same error.
+    """
+    check_containers(sched)
+    if not sched.num_device_drafts:
+        return {}
+    if proposer is None:
+        raise DeviceDraftsError("device drafts asked of a runner without a proposer", field="num_device_drafts")
+    cap = min(proposer.num_spec_tokens, limits.max_num_draft_tokens)
+    counts: dict[str, int] = {}
+    for rid, k in sched.num_device_drafts.items():
+        check_req_id(rid, "num_device_drafts")
+        if not _is_int(k) or k < 0:
+            raise DeviceDraftsError(f"draft count {k!r} must be an int >= 0", req_id=rid, field="num_device_drafts")
+        if k > cap:
+            raise DeviceDraftsError(f"{k} device drafts > {cap} (the proposer's num_spec_tokens and max_num_draft_tokens)",
+                                    req_id=rid, field="num_device_drafts")
+        if rid not in sched.num_scheduled_tokens:
+            raise DeviceDraftsError("device drafts for an unscheduled request", req_id=rid, field="num_device_drafts")
+        if rid in sched.draft_token_ids:
+            raise DeviceDraftsError("both explicit and device drafts", req_id=rid, field="num_device_drafts")
+        if k and not has_proposal(rid):
+            raise DeviceDraftsError("no proposal yet: the request has not sampled since its admission",
+                                    req_id=rid, field="num_device_drafts")
+        if k:
+            counts[rid] = k
+    return counts
+
+
+def with_device_drafts(sched: SchedulerOutput, drafts: Mapping[str, tuple[int, ...]]) -> SchedulerOutput:
+    """``sched`` with its device drafts turned into explicit ``draft_token_ids`` (``drafts``: request -> ids)."""
+    return replace(sched, draft_token_ids={**sched.draft_token_ids, **drafts}, num_device_drafts={})

@@ -130,6 +130,12 @@ class PrefixHitPromptLogprobsError(PrefixHitError):
     """A hit on a request asking for prompt logprobs (their positions would never be computed)."""
 
 
+class DeviceDraftsError(ScheduledTokensError):
+    """A bad ``num_device_drafts`` entry: no proposer configured, k above its ``num_spec_tokens``, a
+    request not scheduled (or scheduled with explicit drafts too), or one with no proposal yet (it has
+    not sampled since its admission)."""
+
+
 class SpecVerifyError(ValueError):
     """Inputs that speculative verification (`reference.spec_verify`, `impl.sample.spec_verify`)
     cannot take; raised before any device work.  Shared by the oracle and the runner's launcher."""
@@ -277,10 +283,17 @@ class SchedulerOutput:
     finished_req_ids: frozenset[str] = frozenset()
     preempted_req_ids: frozenset[str] = frozenset()
     draft_token_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    # k drafts whose ids the runner's own proposer holds on the device (`impl.spec`): the scheduler
+    # knows only how many it asks for; the tokens are scheduled like ``draft_token_ids`` of length k.
+    num_device_drafts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
         return sum(self.num_scheduled_tokens.values())
+
+    def num_drafts(self, req_id: str) -> int:
+        """Drafts scheduled for ``req_id`` this step, explicit or from the runner's proposer."""
+        return len(self.draft_token_ids.get(req_id, ())) + self.num_device_drafts.get(req_id, 0)
 
 
 @dataclass(frozen=True)
@@ -350,6 +363,29 @@ class RunnerLimits:
     block_size: int
     max_logprobs: int = DEFAULT_MAX_LOGPROBS
     max_num_draft_tokens: int = 4
+
+
+@dataclass(frozen=True)
+class NgramConfig:
+    """The n-gram (prompt lookup) proposer a runner and its oracle run (docs/SAMPLING.md, "N-gram proposer").
+
+    After each step that samples for a request, the proposer writes ``num_spec_tokens`` drafts for
+    it: the continuation after the most recent earlier occurrence of the longest suffix of length
+    ``max_n`` .. ``min_n`` of its tokens.  A scheduler may then ask for up to ``num_spec_tokens`` of
+    them (`SchedulerOutput.num_device_drafts`).
+    """
+
+    num_spec_tokens: int = 3
+    min_n: int = 1
+    max_n: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("num_spec_tokens", "min_n", "max_n"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"NgramConfig.{name}={v!r} must be an int >= 1")
+        if self.min_n > self.max_n:
+            raise ValueError(f"NgramConfig.min_n={self.min_n} > max_n={self.max_n}")
 
 
 @dataclass

@@ -18,6 +18,10 @@ the replay and the output copy.  Other batches run eager.  `execute_model` never
 one wait.  Step N+1 may be submitted before step N's output is read (async scheduling): every
 count the next step needs lives on the device.
 
+Speculative decoding: drafts come from the scheduler (``draft_token_ids``) or, with
+``speculative=NgramConfig(...)``, from the runner's own n-gram proposer on the device
+(`impl.ngram_proposer`: gathered before input prep, proposed after post-update, never read on the host).
+
 Ownership: the runner owns its components (each documents its tensors); it holds no tensor of
 its own.
 """
@@ -37,7 +41,9 @@ from impl.graph_step import GraphKey, build_padded_step
 from impl.graphs import CudaGraphManager, validate_capture_sizes
 from impl.hotpath import hot_path
 from impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
-from impl.interface import ModelRunnerOutput, RunnerLimits, SchedulerOutput, effective_seed
+from impl.boundary import check_device_drafts
+from impl.interface import ModelRunnerOutput, NgramConfig, RunnerLimits, SchedulerOutput, effective_seed
+from impl.ngram_proposer import NgramProposer, ProposerConfigError
 from impl.kernels.post_update import launch_post_update
 from impl.model.forward import PagedDecoder
 from impl.model.weights import ModelWeights
@@ -86,7 +92,7 @@ class ModelRunner:
     def __init__(
         self, weights: ModelWeights, limits: RunnerLimits, device: Device, *, base_seed: int = 0,
         dtype: torch.dtype | None = None, staging_slots: int = 8, staging_bytes: int | None = None, output_slots: int = 8,
-        cuda_graphs: bool = True, capture_sizes: Sequence[int] | None = None,
+        cuda_graphs: bool = True, capture_sizes: Sequence[int] | None = None, speculative: NgramConfig | None = None,
     ):
         _check_limits(weights, limits)
         validate_capture_sizes(capture_sizes, limits.max_num_reqs)  # typed error before anything is allocated
@@ -105,6 +111,8 @@ class ModelRunner:
         self._output_layouts: dict[tuple[int, ...], OutputLayout] = {}
         self._cuda_graphs = cuda_graphs
         self._capture_sizes = capture_sizes
+        self.speculative = speculative  # the n-gram proposer's config (None: drafts come only from the scheduler)
+        self._device_drafts: dict[str, int] = {}  # the step being executed: request -> device drafts asked for
         self._init()
         self.graphs.capture()
 
@@ -137,6 +145,12 @@ class ModelRunner:
         if capacity < largest_alloc:
             raise RunnerConfigError(f"staging_bytes {capacity} < {largest_alloc}, the largest per-step staging allocation")
         self.staging = StagingPool(dev, self._staging_slots, capacity)
+        self.proposer: NgramProposer | None = None
+        if self.speculative is not None:
+            try:
+                self.proposer = NgramProposer(dev, self.speculative, lim)
+            except (ProposerConfigError, ValueError) as e:
+                raise RunnerConfigError(f"speculative: {e}") from None
         self.graphs = CudaGraphManager(
             dev, enabled=self._cuda_graphs, capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
             max_num_batched_tokens=lim.max_num_batched_tokens, max_num_draft_tokens=lim.max_num_draft_tokens, max_logprobs=lim.max_logprobs,
@@ -195,8 +209,11 @@ class ModelRunner:
         # every staged diff: the compact arrays first, at the slot's fixed layout, then the diffs.
         writer = StagingWriter(self.staging, sched.step_id)
         key = reason = None
+        proposer, device_drafts = self.proposer, self._device_drafts
         if step.req_ids:
             plan = plan_step(step, self.state)
+            if device_drafts:
+                proposer.mark_placeholders(plan, device_drafts)
             staged = self.input_batch.stage(plan, writer)
             key, reason = self.graphs.select(plan.num_reqs, plan.cu, plan.draft_start, plan.num_prompt_rows, plan.max_num_logprobs)
         self.staged_writes.flush(writer)
@@ -212,14 +229,24 @@ class ModelRunner:
             if packed is not None:
                 self.input_batch.set_header_diffs(writer.first, *packed)
         # The first slot's one H2D goes straight to the step buffer unless an eager apply or an
-        # admission kernel reads the slot through its own device views (then a device copy follows).
-        writer.submit(step_buffer, redirect=packed is not None and not admitted)
+        # admission kernel reads the slot through its own device views (then a device copy follows); so
+        # does the proposer (its gather and propose kernels read the step's rows through the slot's views).
+        writer.submit(step_buffer, redirect=packed is not None and not admitted and proposer is None)
         self._enqueue_applies(admitted)
+        if proposer is not None:
+            proposer.note_step(step, sched.new_requests, self.state.req_to_row)
         if not step.req_ids:
             self._record_stats(sched.step_id, 0, 0, writer, enqueued_before, started)
             return ReadyOutput(ModelRunnerOutput(sched.step_id, (), (), (), {}, (), seeds))
 
+        if device_drafts:
+            # A bucketed step's graph pads the drafts it finds in the step buffer: the gather writes there.
+            staged = proposer.enqueue_gather(staged, plan.num_reqs,
+                                             out=self.graphs.inputs.step_drafts if key is not None else None)
         result, fallback = self._enqueue_device_step(plan, staged, key, reason)
+        if proposer is not None:
+            proposer.enqueue_propose(staged, plan.num_reqs, self.outputs.num_sampled, self.sampler.tokens,
+                                     self.state.base, self.state.prefill_tokens)
         output = self._enqueue_output(sched.step_id, plan, result, seeds)
 
         self.state.mark_used(plan.rows, output.event)
@@ -230,7 +257,18 @@ class ModelRunner:
         return output
 
     def _check(self, sched: SchedulerOutput) -> StepArrays:
-        """All-or-nothing boundary: every check runs before any state (host, pinned or staged) changes."""
+        """All-or-nothing boundary: every check runs before any state (host, pinned or staged) changes.
+
+        Device drafts (`SchedulerOutput.num_device_drafts`) are checked first, then the step is read
+        with k stand-in ids per such request (the device gathers the real ones)."""
+        self._device_drafts = {}
+        if getattr(sched, "num_device_drafts", None) and isinstance(sched, SchedulerOutput):
+            if self.proposer is None:
+                check_device_drafts(sched, self.limits, None, lambda rid: False)  # raises DeviceDraftsError
+            counts = self.proposer.check(sched, self.state.req_to_row)
+            step = read_step(NgramProposer.placeholder_schedule(sched, counts), self.state, self.limits, self._last_step_id)
+            self._device_drafts = counts
+            return step
         return read_step(sched, self.state, self.limits, self._last_step_id)
 
     def _update_rows(self, sched: SchedulerOutput) -> dict[str, int]:
@@ -356,9 +394,10 @@ def _check_limits(weights: ModelWeights, limits: RunnerLimits) -> None:
 
 
 def make_runner(weights: ModelWeights, limits: RunnerLimits, device: Device, base_seed: int = 0, *,
-                cuda_graphs: bool = True) -> ModelRunner:
+                cuda_graphs: bool = True, speculative: NgramConfig | None = None) -> ModelRunner:
     """The factory `runnercheck stress` and the differential driver use (``impl.runner:make_runner``).
 
-    ``cuda_graphs=False`` (the CLI's ``--eager``) runs bucketed steps eagerly instead of replaying graphs.
+    ``cuda_graphs=False`` (the CLI's ``--eager``) runs bucketed steps eagerly instead of replaying graphs;
+    ``speculative`` turns the n-gram proposer on (`impl.ngram_proposer`).
     """
-    return ModelRunner(weights, limits, device, base_seed=base_seed, cuda_graphs=cuda_graphs)
+    return ModelRunner(weights, limits, device, base_seed=base_seed, cuda_graphs=cuda_graphs, speculative=speculative)

@@ -24,6 +24,10 @@ Conventions it fixes for the comparison with the GPU runner (`impl.interface`, d
   with drafts, sampled or not) held a NaN or +inf.
 * ``seeds`` names the effective seed of every request admitted this step (first or resumed).
 
+With ``proposer=NgramConfig(...)`` a step's ``num_device_drafts`` become explicit drafts proposed by
+`reference.ngram.propose_ngram` from the request's tokens (the runner's proposer ran on the same
+tokens after the request's last sampling step), checked first by `impl.boundary.check_device_drafts`.
+
 The host mirror handed to `validate_scheduler_output` is built from the per-request state, with
 ``num_tokens`` exact (the oracle knows how many drafts were accepted).
 """
@@ -31,10 +35,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from impl.boundary import validate_scheduler_output
+from impl.boundary import check_device_drafts, validate_scheduler_output, with_device_drafts
 from impl.interface import (
     LiveRequest,
     ModelRunnerOutput,
+    NgramConfig,
     RunnerLimits,
     SamplingParams,
     SchedulerOutput,
@@ -45,6 +50,7 @@ from impl.interface import (
 )
 from impl.model.weights import ModelWeights
 from reference.model import ReferenceModel
+from reference.ngram import propose_ngram
 from reference.sampler import SampleResult, is_flagged, sample, token_logprobs
 
 
@@ -63,6 +69,7 @@ class _RequestState:
     params: SamplingParams
     seed: int
     first_admission: bool  # prompt logprobs are only returned on a request's first admission
+    sampled_since_admission: bool = False  # the n-gram proposer has drafts for it (`reference.ngram`)
 
     @property
     def prompt(self) -> list[int]:
@@ -101,7 +108,8 @@ class ReferenceRunner:
     float64 weights are owned by its `ReferenceModel`.
     """
 
-    def __init__(self, weights: ModelWeights, limits: RunnerLimits, base_seed: int = 0) -> None:
+    def __init__(self, weights: ModelWeights, limits: RunnerLimits, base_seed: int = 0,
+                 proposer: NgramConfig | None = None) -> None:
         if not isinstance(limits, RunnerLimits):
             raise ReferenceRunnerError(f"limits must be RunnerLimits, got {type(limits).__name__}")
         config = weights.config
@@ -116,6 +124,7 @@ class ReferenceRunner:
         self.model = ReferenceModel(weights)
         self.limits = limits
         self.base_seed = base_seed
+        self.proposer = proposer
         self._requests: dict[str, _RequestState] = {}
         self.last_results: dict[str, list[SampleResult]] = {}
 
@@ -173,6 +182,14 @@ class ReferenceRunner:
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step synchronously.  A bad `sched` raises a `SchedulerOutputError`; nothing changes."""
+        device_drafts = check_device_drafts(
+            sched, self.limits, self.proposer,
+            lambda rid: rid in self._requests and self._requests[rid].sampled_since_admission)
+        if sched.num_device_drafts:
+            # The runner's proposer ran after the request's last sampling step; so does this one,
+            # on the same tokens (nothing changes a request's tokens between its steps).
+            sched = with_device_drafts(sched, {
+                rid: propose_ngram(self._requests[rid].tokens, self.proposer)[:k] for rid, k in device_drafts.items()})
         validate_scheduler_output(sched, self.host_mirror(), self.limits)
         # Work on copies and commit at the end, so the step is all-or-nothing even if it fails midway.
         work = {rid: replace(st, tokens=list(st.tokens)) for rid, st in self._requests.items()}
@@ -251,6 +268,7 @@ class ReferenceRunner:
         if params.logprobs is not None:
             step.logprobs = tuple(token_logprobs(rows[j], tok, params.logprobs) for j, tok in enumerate(produced))
         st.tokens.extend(produced)
+        st.sampled_since_admission = True
         st.num_computed = len(st.tokens) - 1
         step.tokens = tuple(produced)
         return step

@@ -122,6 +122,8 @@ class ChurnConfig:
     # Cycle every request through `PARAM_PLAN` (each entry's knobs forced on, the rest random), so a
     # short campaign still reaches every interacting pair of sampling knobs (`stress.coverage`).
     param_plan: bool = False
+    # A new prompt is a short pattern repeated (the n-gram proposer's drafts then match); 0: never drawn.
+    repetitive_prompt_prob: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -195,6 +197,9 @@ class Churn:
         longest = min(lim.max_model_len, pool_tokens)
         prompt_len = rng.randint(1, max(1, min(cfg.max_prompt_len, longest - 1)))
         prompt = [rng.randrange(lim.vocab_size) for _ in range(prompt_len)]
+        if cfg.repetitive_prompt_prob and rng.random() < cfg.repetitive_prompt_prob:
+            period = rng.randint(1, 4)  # a short pattern repeated: n-gram drafts match and get accepted
+            prompt = [prompt[i % period] for i in range(prompt_len)]
         prompt = self._shared_prefix(prompt, scheduler)[: max(1, min(longest - 1, 2 * cfg.max_prompt_len + cfg.system_prompt_len))]
         self._prompts[req_id] = prompt
         max_tokens = rng.randint(1, max(1, min(cfg.max_new_tokens, longest - len(prompt))))

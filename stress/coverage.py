@@ -124,13 +124,17 @@ class CoverageCounter:
         first_positions = first_output_positions(sched)
         for rid, n in sched.num_scheduled_tokens.items():
             start, prefill = starts.get(rid, 0), self._prefill_len.get(rid, 0)
-            drafts = len(sched.draft_token_ids.get(rid, ()))
+            drafts = sched.num_drafts(rid)
             self._count_chunk(start, n, prefill, drafts)
             toks = produced.get(rid, ())
             if drafts:
                 accepted = len(toks) - 1
                 c["drafts: none accepted" if accepted <= 0 else "drafts: all accepted" if accepted == drafts
                   else "drafts: some accepted"] += 1
+                if rid in sched.num_device_drafts:
+                    c["device drafts (n-gram)"] += 1
+                    c["device drafts: none accepted" if accepted <= 0 else "device drafts: all accepted"
+                      if accepted == drafts else "device drafts: some accepted"] += 1
             params = self._params.get(rid)
             if toks and params is not None and any(_KNOBS[q](params) for q in _PENALTIES):
                 c["penalty over output tokens" if self._outputs.get(rid, 0) else "penalty over prompt tokens"] += 1

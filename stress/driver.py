@@ -72,6 +72,7 @@ class RunResult:
     ties: list[Tie] = field(default_factory=list)
     divergences: list[Divergence] = field(default_factory=list)
     scheduler_stats: SchedulerStats | None = None
+    spec_stats: dict | None = None  # `stress.spec_scheduler.SpecStats.to_dict()` when the n-gram proposer ran
     runner_traceback: str | None = None
     elapsed_s: float = 0.0
 
@@ -153,6 +154,8 @@ class DifferentialRun:
         result.requests = len(sched_sim.request_ids)
         result.finished = len(sched_sim.finished)
         result.scheduler_stats = sched_sim.stats
+        if getattr(sched_sim.config, "ngram_spec_tokens", 0):
+            result.spec_stats = sched_sim.spec_stats.to_dict()
         result.elapsed_s = time.perf_counter() - started
         return result
 

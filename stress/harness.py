@@ -101,18 +101,24 @@ def _build_on(device: Any, config: RunConfig) -> Session:
     factory = load_runner_factory(config.runner)
     weights = random_weights(config.model_config, seed=config.seed)
     kwargs = {"cuda_graphs": config.cuda_graphs} if accepts_keyword(factory, "cuda_graphs") else {}
+    proposer = ngram_config(config)
+    if proposer is not None:
+        if not accepts_keyword(factory, "speculative"):
+            raise RunSetupError(f"runner factory {config.runner!r} takes no 'speculative' keyword: it cannot run the n-gram proposer")
+        kwargs["speculative"] = proposer
     try:
         runner = factory(weights, config.limits, device, config.seed, **kwargs)
     except Exception as e:  # a runner that cannot be built for this config is a setup problem
         raise RunSetupError(f"runner factory {config.runner!r} failed: {type(e).__name__}: {e}") from None
     scheduler = SchedulerSim(config.limits, seed=config.seed, max_inflight_steps=config.scheduler.max_inflight_steps,
-                             draft_prob=config.scheduler.draft_prob, prefix_caching=config.scheduler.prefix_caching)
+                             draft_prob=config.scheduler.draft_prob, prefix_caching=config.scheduler.prefix_caching,
+                             ngram_spec_tokens=config.scheduler.ngram_spec_tokens)
     if config.mutant is not None and _mutant_target(config.mutant) != "device":
         apply_mutant(config.mutant, runner, scheduler)
     from reference.runner import ReferenceRunner, ReferenceRunnerError
 
     try:
-        oracle = ReferenceRunner(weights, config.limits, base_seed=config.seed)
+        oracle = ReferenceRunner(weights, config.limits, base_seed=config.seed, proposer=proposer)
     except ReferenceRunnerError as e:
         raise RunSetupError(f"oracle: {e}") from None
     fault = None
@@ -127,6 +133,14 @@ def _build_on(device: Any, config: RunConfig) -> Session:
             _log.info("runner %s has no sampler to hook: logits faults not planted", config.runner)
             fault = None
     return Session(device, runner, oracle, scheduler, fault)
+
+
+def ngram_config(config: RunConfig) -> Any:
+    """The `impl.interface.NgramConfig` the runner and the oracle run with (None: the proposer is off)."""
+    from impl.interface import NgramConfig
+
+    k = config.scheduler.ngram_spec_tokens
+    return NgramConfig(num_spec_tokens=k) if k else None
 
 
 def _mutant_target(name: str) -> str:

@@ -4,7 +4,9 @@ Rules drive a `SchedulerSim` the way clients and a serving engine would: add req
 prompts and `SamplingParams`: greedy, temperature, top-k / top-p / min-p, penalties, with or
 without seeds, logprobs, prompt logprobs, stop tokens), add requests that share a prefix with an
 earlier prompt or a fixed system prompt (so the scheduler's prefix cache hits), evict unreferenced
-cached blocks (memory pressure), abort and preempt random live requests,
+cached blocks (memory pressure), abort and preempt random live requests (with device drafts in
+flight too), add repetitive-pattern prompts (greedy or not, stopping on the pattern's token or not) for
+the runner's n-gram proposer (on in a third of the examples: `stress.spec_scheduler`),
 run scheduler ticks, drain the outputs in flight, and on ``sim`` switch the device's lag policy
 (run-immediately, lag-k-steps with k in 1..3, random-drain with a drawn seed).  Ticks follow
 `stress.driver.DifferentialRun` exactly (its enqueue / deliver steps are reused): step N+1 is
@@ -40,14 +42,15 @@ detectors (host objects, one Hypothesis example, written by its rules).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, ClassVar, Iterable
 
 import hypothesis.strategies as st
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from impl.device import Device
-from impl.interface import RunnerLimits, SamplingParams
+from impl.interface import NgramConfig, RunnerLimits, SamplingParams
 from impl.model.weights import ModelWeights, preset, random_weights
 from stress.driver import DifferentialRun, RunResult
 from stress.harness import Detectors, load_runner_factory, unaccounted_syncs_message
@@ -182,16 +185,18 @@ class RunnerMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ construction
     def build_runner(self, weights: ModelWeights, limits: RunnerLimits, device: Device, seed: int) -> Any:
         """The runner under test.  Override to test another runner or to plant a bug."""
-        return load_runner_factory(self.runner_spec)(weights, limits, device, seed)
+        extra = {"speculative": self.ngram} if self.ngram is not None else {}
+        return load_runner_factory(self.runner_spec)(weights, limits, device, seed, **extra)
 
     @initialize(
         seed=st.integers(0, 2**16 - 1),
         lag=lag_policies(),
         max_inflight=st.sampled_from([1, 2]),
         draft_prob=st.sampled_from([0.0, 0.3]),
+        ngram_k=st.sampled_from([0, 0, 3]),
         first_requests=st.lists(st.tuples(prompts(), sampling_params()), min_size=1, max_size=3),
     )
-    def build(self, seed: int, lag: dict, max_inflight: int, draft_prob: float,
+    def build(self, seed: int, lag: dict, max_inflight: int, draft_prob: float, ngram_k: int,
               first_requests: list[tuple[list[int], SamplingParams]]) -> None:
         from reference.runner import ReferenceRunner
         from stress.prefix_checks import arm_prefix_checks
@@ -201,11 +206,16 @@ class RunnerMachine(RuleBasedStateMachine):
         self.limits = default_limits(config, **self.limits_kwargs)
         self.weights = random_weights(config, seed=seed)
         self.device = Device(self.device_kind, seed=seed, lag_policy=lag)
+        # The runner's n-gram proposer (device drafts asked for by count); off for a runner built without one.
+        self.ngram = NgramConfig(num_spec_tokens=ngram_k) if ngram_k else None
         self.runner = self.build_runner(self.weights, self.limits, self.device, seed)
+        if getattr(self.runner, "proposer", None) is None:
+            self.ngram = None
         self.detectors = Detectors(self.runner, "error")  # the harness's detectors, armed the harness's way
         self.sync_report, self.lifetime = self.detectors.sync_report, self.detectors.lifetime
-        self.oracle = ReferenceRunner(self.weights, self.limits, base_seed=seed)
-        self.scheduler = SchedulerSim(self.limits, seed=seed, max_inflight_steps=max_inflight, draft_prob=draft_prob)
+        self.oracle = ReferenceRunner(self.weights, self.limits, base_seed=seed, proposer=self.ngram)
+        self.scheduler = SchedulerSim(self.limits, seed=seed, max_inflight_steps=max_inflight, draft_prob=draft_prob,
+                                      ngram_spec_tokens=self.ngram.num_spec_tokens if self.ngram else 0)
         self.prefix = arm_prefix_checks(self.runner, self.scheduler)
         self.prompts: dict[str, tuple[int, ...]] = {}
         self.driver = DifferentialRun(self.runner, self.oracle, self.scheduler)
@@ -236,6 +246,22 @@ class RunnerMachine(RuleBasedStateMachine):
         base = data.draw(st.sampled_from([SYSTEM_PROMPT] + sorted(set(self.prompts.values()))), label="shared prefix")
         cut = data.draw(st.integers(1, len(base)), label="prefix length")
         self._add((list(base[:cut]) + suffix)[: MAX_PROMPT_LEN + 4], params)
+        self.healthy = True
+
+    @precondition(lambda self: len(self.scheduler.unfinished_ids) < MAX_UNFINISHED)
+    @rule(pattern=prompts(max_len=3), repeats=st.integers(2, 6), params=sampling_params(), greedy=st.booleans(),
+          stop_on_pattern=st.booleans())
+    def add_repetitive_request(self, pattern: list[int], repeats: int, params: SamplingParams, greedy: bool,
+                               stop_on_pattern: bool) -> None:
+        """A prompt repeating a short pattern: n-gram drafts match it (accepted when the model continues it);
+        with ``stop_on_pattern`` an accepted draft may be a stop token, and short ``max_tokens`` let accepted
+        drafts run past the request's end (the scheduler drops them)."""
+        self.healthy = False
+        if greedy:
+            params = replace(params, temperature=0.0)
+        if stop_on_pattern:
+            params = replace(params, stop_token_ids=(pattern[-1],))
+        self._add((pattern * repeats)[: MAX_PROMPT_LEN + 4], params)
         self.healthy = True
 
     @precondition(lambda self: self.scheduler.blocks.num_evictable > 0)
@@ -339,6 +365,11 @@ class RunnerMachine(RuleBasedStateMachine):
                     self._tick()
                 self._deliver_all()
                 self.verify_invariants()
+                if self.ngram is not None:  # the acceptance rate, in Hypothesis's statistics
+                    spec = self.scheduler.spec_stats
+                    event("n-gram drafts: " + ("none asked" if not spec.draft_tokens else "none accepted"
+                          if not spec.accepted_tokens else "all accepted" if spec.accepted_tokens == spec.draft_tokens
+                          else "some accepted"))
         finally:
             self.driver.drain_uncompared()
             self.detectors.disarm()

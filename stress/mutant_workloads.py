@@ -45,6 +45,7 @@ class Workload:
     cuda_lag: bool = False
     ticks: int = 16
     full_ticks: int = 48
+    ngram_spec_tokens: int = 0  # > 0: the runner's n-gram proposer on (`stress.spec_scheduler`)
 
 
 _QUIET = dict(abort_prob=0.0, preempt_prob=0.0, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0, penalty_prob=0.0,
@@ -93,6 +94,14 @@ def _penalised(rng: random.Random, max_tokens: int) -> SamplingParams:
 WORKLOADS["first-steps"] = Workload(
     "first-steps", "as steady, a few ticks: the first steps read what init wrote", WORKLOADS["steady"].churn,
     ticks=4, full_ticks=8)
+
+# The runner's n-gram proposer on (`stress.mutants_spec`): every decode asks for 3 device drafts.
+WORKLOADS["ngram"] = Workload(
+    "ngram", "greedy requests on repeated-pattern prompts, the n-gram proposer on (3 device drafts a decode)",
+    ChurnConfig(add_prob=0.8, abort_prob=0.0, preempt_prob=0.05, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0,
+                penalty_prob=0.0, logprobs_prob=0.0, prompt_logprobs_prob=0.0, stop_prob=0.0, greedy_prob=1.0,
+                max_prompt_len=10, max_new_tokens=12, repetitive_prompt_prob=1.0),
+    max_num_reqs=2, max_batched_tokens=8, ngram_spec_tokens=3, ticks=12, full_ticks=40)
 
 # Penalised decodes (`stress.mutants_graphs`): a padding request counted into a live row's output
 # counts changes the penalties.

@@ -403,6 +403,7 @@ def apply(name: str, *, runner: Any = None, device: Any = None, target: Any = No
 import stress.mutants_graphs  # noqa: E402,F401
 import stress.mutants_prefix  # noqa: E402,F401
 import stress.mutants_streams  # noqa: E402,F401
+import stress.mutants_spec  # noqa: E402,F401
 
 __all__ = ["CATALOGUE", "CHECKS", "CLASSES", "WORKLOADS", "AppliedMutant", "Mutant", "MutantTargetError",
            "UnknownMutantError", "Workload", "apply", "get"]

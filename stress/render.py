@@ -18,6 +18,12 @@ def console() -> Any:
     return Console()
 
 
+def spec_line(spec: dict) -> str:
+    """One line of `stress.spec_scheduler.SpecStats.to_dict()`: drafts asked for, accepted, the rate."""
+    return (f"{spec['accepted_tokens']} of {spec['draft_tokens']} accepted ({spec['acceptance_rate']:.0%}) over "
+            f"{spec['draft_steps']} request-steps; all accepted {spec['all_accepted_steps']}, none {spec['none_accepted_steps']}")
+
+
 def print_findings(findings: Any, title: str) -> None:
     from rich.table import Table
 
@@ -48,6 +54,8 @@ def print_findings(findings: Any, title: str) -> None:
         ]
     if findings.prefix is not None:
         rows.append(("prefix cache, kv provenance", findings.prefix.line()))
+    if result.spec_stats:
+        rows.append(("n-gram drafts", spec_line(result.spec_stats)))
     if findings.cuda_graphs is not None:
         from impl.graphs import format_graph_stats
 
@@ -122,6 +130,9 @@ def print_verify_summary(doc: dict, files: list) -> None:
     hit_rates = [r["prefix_cache"]["hit_rate"] for r in doc["runs"] if r.get("prefix_cache")]
     if hit_rates:
         say(f"prefix cache hit rate: {min(hit_rates):.0%}..{max(hit_rates):.0%} of prefill tokens over {len(hit_rates)} run(s)")
+    for r in doc["runs"]:
+        if r.get("speculative"):
+            say(f"n-gram drafts in {r['name']}: {spec_line(r['speculative'])}")
     graphs = [r["cuda_graphs"] for r in doc["runs"] if r.get("cuda_graphs")]
     if graphs:
         from impl.graphs import format_graph_stats

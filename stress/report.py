@@ -84,6 +84,7 @@ class RunRecord:
     csan_reports: list[str] = field(default_factory=list)  # CSAN's own messages, with stacks
     prefix_cache: dict | None = None  # `stress.prefix_checks.PrefixCacheFindings.to_dict()`
     cuda_graphs: dict | None = None  # the runner's `cuda_graph_stats()`
+    speculative: dict | None = None  # n-gram drafts asked for / accepted (`stress.spec_scheduler.SpecStats`)
     repro: str | None = None
     crash: str | None = None
     last_completed_step: int | None = None
@@ -109,7 +110,7 @@ class RunRecord:
             lifetime_errors=list(f.lifetime_errors), provenance_violations=f.provenance_violations,
             csan_checked=f.csan_checked, csan_races=f.csan_races, csan_lines=list(f.csan_lines),
             csan_reports=list(f.csan_reports),
-            prefix_cache=f.prefix.to_dict() if f.prefix is not None else None, cuda_graphs=f.cuda_graphs, repro=repro, crash=f.crash,
+            prefix_cache=f.prefix.to_dict() if f.prefix is not None else None, cuda_graphs=f.cuda_graphs, speculative=r.spec_stats, repro=repro, crash=f.crash,
             last_completed_step=f.last_completed_step, coverage=dict(f.coverage), elapsed_s=round(f.elapsed_s, 2),
         )
 

@@ -104,7 +104,7 @@ class RunnerBoundaryMirror:
             lr.num_blocks += len(c.new_block_ids)
         for rid, n in sched.num_scheduled_tokens.items():
             lr = self.live[rid]
-            drafts = len(sched.draft_token_ids.get(rid, ()))
+            drafts = sched.num_drafts(rid)
             end = lr.num_computed_upper + n
             if end == lr.num_tokens + drafts:
                 lr.num_tokens = end + 1

@@ -28,7 +28,8 @@
   1..``limits.max_num_draft_tokens`` drafts guessed from the request's history.  Until
   that step's output arrives the scheduler does not know how many were accepted, so the request
   is not scheduled again before then; afterwards ``num_computed_tokens`` rolls back to the
-  accepted length.
+  accepted length.  With ``ngram_spec_tokens`` the drafts come from the runner's own proposer
+  instead, by count only (`stress.spec_scheduler`).
 
 Ownership: a `SchedulerSim` owns its request records, the block pool and the in-flight step
 records; all of it is host-side Python state, written only by its own methods.
@@ -53,6 +54,7 @@ from impl.interface import (
     SchedulerOutput,
 )
 from stress.prefix_cache import PrefixCache, PrefixCacheError
+from stress.spec_scheduler import SpecStats, device_draft_count
 
 
 class SchedulerSimError(RuntimeError):
@@ -73,6 +75,7 @@ class SchedulerConfig:
     max_inflight_steps: int = 1
     draft_prob: float = 0.0
     prefix_caching: bool = True
+    ngram_spec_tokens: int = 0  # > 0: decodes ask the runner's n-gram proposer for drafts (`stress.spec_scheduler`)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_inflight_steps, int) or self.max_inflight_steps < 0:
@@ -81,15 +84,21 @@ class SchedulerConfig:
             raise SchedulerSimError(f"draft_prob={self.draft_prob!r} must lie in [0, 1]")
         if not isinstance(self.prefix_caching, bool):
             raise SchedulerSimError(f"prefix_caching={self.prefix_caching!r} must be a bool")
+        if isinstance(self.ngram_spec_tokens, bool) or not isinstance(self.ngram_spec_tokens, int) or self.ngram_spec_tokens < 0:
+            raise SchedulerSimError(f"ngram_spec_tokens={self.ngram_spec_tokens!r} must be an int >= 0")
 
     def to_dict(self) -> dict:
-        return {"max_inflight_steps": self.max_inflight_steps, "draft_prob": self.draft_prob,
-                "prefix_caching": self.prefix_caching}
+        d = {"max_inflight_steps": self.max_inflight_steps, "draft_prob": self.draft_prob,
+             "prefix_caching": self.prefix_caching}
+        if self.ngram_spec_tokens:  # only when on, so records made before it keep their checksums
+            d["ngram_spec_tokens"] = self.ngram_spec_tokens
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "SchedulerConfig":
         """Inverse of `to_dict`.  A record without ``prefix_caching`` predates it: caching off (as it ran)."""
-        return cls(int(d["max_inflight_steps"]), float(d["draft_prob"]), bool(d.get("prefix_caching", False)))
+        return cls(int(d["max_inflight_steps"]), float(d["draft_prob"]), bool(d.get("prefix_caching", False)),
+                   int(d.get("ngram_spec_tokens", 0)))
 
 
 @dataclass
@@ -118,6 +127,7 @@ class _StepRecord:
     step_id: int
     scheduled: tuple[str, ...]
     samplers: Mapping[str, int]  # req_id -> number of draft tokens in that step
+    device_drafted: frozenset[str] = frozenset()  # requests whose drafts came from the runner's proposer
 
 
 @dataclass
@@ -146,9 +156,11 @@ class SchedulerSim:
     """See the module docstring.  Deterministic given ``seed`` and the sequence of calls."""
 
     def __init__(self, limits: RunnerLimits, *, seed: int = 0, max_inflight_steps: int = 1, draft_prob: float = 0.0,
-                 prefix_caching: bool = True):
+                 prefix_caching: bool = True, ngram_spec_tokens: int = 0, most_device_drafts: bool = False):
         self.limits = limits
-        self.config = SchedulerConfig(max_inflight_steps, draft_prob, prefix_caching)
+        self.config = SchedulerConfig(max_inflight_steps, draft_prob, prefix_caching, ngram_spec_tokens)
+        self.spec_stats = SpecStats()
+        self._most_device_drafts = most_device_drafts  # always the largest k allowed (benchmarks; not recorded)
         self.seed = seed
         self._rng = random.Random(seed)
         free_blocks = list(range(limits.num_kv_blocks))
@@ -285,6 +297,7 @@ class SchedulerSim:
         budget = lim.max_num_batched_tokens
         scheduled: dict[str, int] = {}
         drafts: dict[str, tuple[int, ...]] = {}
+        device_drafts: dict[str, int] = {}
         cached: list[CachedRequest] = []
         samplers: dict[str, int] = {}
         i = 0
@@ -294,6 +307,11 @@ class SchedulerSim:
             n, draft = self._plan_running(req, budget)
             if n == 0:
                 continue
+            device_k = 0
+            if self.config.ngram_spec_tokens and not draft and n == 1 and req.num_computed >= req.prefill_len:
+                device_k = device_draft_count(self._rng, lim, self.config.ngram_spec_tokens, req.known_tokens(), budget - 1,
+                                              always_most=self._most_device_drafts)
+                n += device_k
             new_blocks = self._reserve_blocks(req, req.num_computed + n, preempted_ids)
             if new_blocks is None:  # preempted itself: it was the most recent admission
                 break
@@ -303,8 +321,13 @@ class SchedulerSim:
                 drafts[req.req_id] = draft
                 req.drafts_in_flight = True
                 self.stats.draft_steps += 1
-            if req.num_computed + n == req.known_tokens() + len(draft):
-                samplers[req.req_id] = len(draft)
+            if device_k:
+                device_drafts[req.req_id] = device_k
+                req.drafts_in_flight = True
+                self.spec_stats.draft_steps += 1
+                self.spec_stats.draft_tokens += device_k
+            if req.num_computed + n == req.known_tokens() + len(draft) + device_k:
+                samplers[req.req_id] = len(draft) + device_k
                 req.pending_samples += 1
             req.num_computed += n
             budget -= n
@@ -351,7 +374,7 @@ class SchedulerSim:
         self.stats.evictions = self.blocks.num_evictions
         self._next_step_id += 1
         self.stats.steps += 1
-        self._inflight.append(_StepRecord(step_id, tuple(scheduled), samplers))
+        self._inflight.append(_StepRecord(step_id, tuple(scheduled), samplers, frozenset(device_drafts)))
         return SchedulerOutput(
             step_id=step_id,
             new_requests=tuple(new_requests),
@@ -360,6 +383,7 @@ class SchedulerSim:
             finished_req_ids=finished_ids,
             preempted_req_ids=frozenset(preempted_ids),
             draft_token_ids=drafts,
+            num_device_drafts=device_drafts,
         )
 
     def update(self, out: ModelRunnerOutput) -> None:
@@ -385,6 +409,8 @@ class SchedulerSim:
             req.pending_samples -= 1
             if num_drafts:
                 req.drafts_in_flight = False
+            if rid in record.device_drafted:
+                self.spec_stats.note_output(num_drafts, len(tokens[rid]))
             self._take_tokens(req, tokens[rid])
             if num_drafts and req.status is RequestStatus.RUNNING:
                 req.num_computed = req.known_tokens() - 1  # rejected drafts' positions are recomputed

@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batched-tokens", type=int_type(1), default=32)
     parser.add_argument("--max-inflight", type=int_type(0), default=1, help="steps scheduled ahead of their outputs")
     parser.add_argument("--draft-prob", type=float_type(0.0, 1.0), default=0.0, help="probability a decode carries draft tokens")
+    parser.add_argument("--proposer", choices=("none", "ngram"), default="none",
+                        help="ngram: the runner proposes drafts on the device (n-gram prompt lookup); decodes ask for them by count")
+    parser.add_argument("--num-spec-tokens", type=int_type(1), default=3, help="with --proposer ngram: drafts per decode at most")
     parser.add_argument("--in-process", action="store_true", help="run in this process (no crash isolation; for debugging)")
 
 
@@ -109,7 +112,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     limits = default_limits(model_config, max_num_reqs=args.max_num_reqs, block_size=args.block_size,
                             num_kv_blocks=args.num_kv_blocks, max_num_batched_tokens=args.max_batched_tokens)
     config = RunConfig(args.seed, args.steps, kind, args.model, model_config, limits,
-                       SchedulerConfig(args.max_inflight, args.draft_prob), lag, delay, args.mutant, args.runner,
+                       SchedulerConfig(args.max_inflight, args.draft_prob,
+                                       ngram_spec_tokens=args.num_spec_tokens if args.proposer == "ngram" else 0), lag, delay, args.mutant, args.runner,
                        cuda_graphs=not args.eager, csan=getattr(args, "csan", False))
     if args.mutant is not None:
         from stress import mutants
@@ -124,6 +128,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 def run(args: argparse.Namespace) -> int:
     from checks.provenance import device_name, provenance
     from checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from stress.churn import ChurnConfig
     from stress.harness import ChurnOps, checked_run, load_runner_factory
     from stress.isolation import isolated_run
     from stress.progress import Progress
@@ -138,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
         with Progress(name, config.steps, enabled=not args.no_progress) as progress:
             progress.start(name)
             run = checked_run if args.in_process else isolated_run
-            findings = run(config, ChurnOps(), name=name, lifetime_mode="error", on_tick=progress.advance)
+            churn = ChurnOps(ChurnConfig(repetitive_prompt_prob=0.35)) if config.scheduler.ngram_spec_tokens else ChurnOps()
+            findings = run(config, churn, name=name, lifetime_mode="error", on_tick=progress.advance)
             progress.end(f"{'ok  ' if findings.passed else 'FAIL'} {name}: {findings.result.steps} steps, "
                          f"{findings.result.tokens_compared} tokens, {findings.elapsed_s:.1f} s")
     except RunSetupError as e:

@@ -12,7 +12,10 @@ then the sampler statistics, then a report folder.
    more steps in flight and draft tokens; on ``cuda`` the GPU is made to lag the host by injected
    delays under heavy churn (`stress.races`), before whole steps or right before the last device
    reader of a staging slot, an output slot or the input prep (targeted runs; each target must be
-   reached: a coverage feature).  Run ``i`` uses seed ``S + i``.
+   reached: a coverage feature).  Both plans end with runs whose runner holds the n-gram proposer
+   (`impl.ngram_proposer`; the scheduler asks for device drafts by count, some prompts repeat a
+   pattern so drafts get accepted); the summary reports their acceptance rate.  Run ``i`` uses
+   seed ``S + i``.
 2. The coverage table (`stress.coverage`): a count per feature over all runs; a feature at zero
    fails the job.
 3. The sampler statistics (`run_chisq`, `stress.verify_chisq`), each named by the sampler it ran
@@ -39,7 +42,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -96,6 +99,14 @@ _CUDA_QUICK = [("delays two-ahead", 2, 0.0, None), ("delays three-ahead drafts",
                ("targeted delays two-ahead", 2, 0.0, tuple(DELAY_TARGETS))]
 _CUDA_FULL = _CUDA_QUICK + [("delays one-ahead drafts", 1, 0.3, None), ("delays three-ahead", 3, 0.0, None)] + [
     (f"targeted delays at {target} three-ahead", 3, 0.1, (target,)) for target in DELAY_TARGETS]
+# Runs with the runner's n-gram proposer on (`stress.spec_scheduler`): every decode asks for up to
+# NGRAM_SPEC_TOKENS device drafts; a third of the prompts repeat a short pattern, so drafts match.
+# (name, lag policy on sim, max_inflight_steps); on cuda the lag is the calibrated delays.
+NGRAM_SPEC_TOKENS = 3
+NGRAM_CHURN = replace(VERIFY_CHURN, repetitive_prompt_prob=0.35)
+_SIM_NGRAM = [("ngram lag-1 two-ahead", {"name": "lag-k-steps", "k": 1}, 2)]
+_SIM_NGRAM_FULL = _SIM_NGRAM + [("ngram random-drain", {"name": "random-drain", "p_stall": 0.5}, 1)]
+_CUDA_NGRAM = [("delays two-ahead ngram", 2)]
 # A token budget of 8 chunks prefills on cuda too (the coverage gate asks for middle and final chunks).
 _CUDA_RUN_LIMITS = {"delays two-ahead": dict(CUDA_LIMITS, max_num_batched_tokens=8)}
 _CPU = [("one-ahead", 1, 0.0), ("one-ahead drafts", 1, 0.3), ("two-ahead", 2, 0.0)]
@@ -116,6 +127,10 @@ def _config(seed: int, ticks: int, kind: str, model: str, limits: dict, inflight
                      draft_source="oracle" if draft_prob > 0 else "random", csan=csan)
 
 
+def _with_ngram(config: RunConfig) -> RunConfig:
+    return replace(config, scheduler=replace(config.scheduler, ngram_spec_tokens=NGRAM_SPEC_TOKENS))
+
+
 def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | None = None, max_runs: int | None = None,
               model: str = "micro", cuda_delay: Callable[[int, tuple[str, ...] | None], dict] | None = None,
               cuda_graphs: bool = True, csan: bool = False) -> list[PlannedRun]:
@@ -131,6 +146,10 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
             limits = _QUICK_RUN_LIMITS.get(name, QUICK_LIMITS) if quick else _FULL_RUN_LIMITS.get(name, FULL_LIMITS)
             cfg = _config(seed + i, ticks, kind, model, limits, inflight, drafts, lag, None, runner, cuda_graphs)
             runs.append(PlannedRun(name, cfg, VERIFY_CHURN))
+        for name, lag, inflight in _SIM_NGRAM if quick else _SIM_NGRAM_FULL:
+            cfg = _config(seed + len(runs), ticks, kind, model, QUICK_LIMITS if quick else FULL_LIMITS, inflight, 0.0, lag,
+                          None, runner, cuda_graphs)
+            runs.append(PlannedRun(name, _with_ngram(cfg), NGRAM_CHURN))
     elif kind == "cuda":
         ticks = ticks or (120 if quick else 500)
         for i, (name, inflight, drafts, targets) in enumerate(_CUDA_QUICK if quick else _CUDA_FULL):
@@ -138,6 +157,10 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
             limits = _CUDA_RUN_LIMITS.get(name, CUDA_LIMITS)
             cfg = _config(seed + i, ticks, kind, model, limits, inflight, drafts, None, delay, runner, cuda_graphs, csan)
             runs.append(PlannedRun(name, cfg, RACE_CHURN))
+        for name, inflight in _CUDA_NGRAM:
+            delay = cuda_delay(seed + len(runs), None) if cuda_delay is not None else None
+            cfg = _config(seed + len(runs), ticks, kind, model, CUDA_LIMITS, inflight, 0.0, None, delay, runner, cuda_graphs, csan)
+            runs.append(PlannedRun(name, _with_ngram(cfg), replace(RACE_CHURN, repetitive_prompt_prob=0.35)))
     elif kind == "cpu":
         ticks = ticks or (30 if quick else 200)
         for i, (name, inflight, drafts) in enumerate(_CPU[:2] if quick else _CPU):

@@ -24,11 +24,13 @@ from impl.interface import (
     BlockIdError,
     CachedRequest,
     CapacityError,
+    DeviceDraftsError,
     DuplicateRequestError,
     FinishedAndScheduledError,
     LogprobsLimitError,
     MaxModelLenError,
     NewRequest,
+    NgramConfig,
     RunnerLimits,
     SamplingParams,
     SamplingParamsError,
@@ -364,3 +366,84 @@ def test_planted_bug_boundary_that_detects_but_does_not_raise_is_caught(monkeypa
     bad = dataclasses.replace(good, cached_requests=(dataclasses.replace(ca, num_computed_tokens=-1), good.cached_requests[1]))
     with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
         _throw(runner, [("num_computed negative", ScheduledTokensError, bad, True)], {})
+
+
+# --------------------------------------------------------------------------- device drafts (n-gram proposer)
+
+SPEC = NgramConfig(num_spec_tokens=2)
+
+
+def _spec_schedule(step: int, outputs: list) -> SchedulerOutput:
+    """The valid run with A's two drafts at step 3 taken from the runner's proposer (count only)."""
+    sched = _schedule(step, outputs)
+    if step == 3:
+        return dataclasses.replace(sched, draft_token_ids={}, num_device_drafts={"A": 2})
+    return sched
+
+
+def _spec_variants(good: SchedulerOutput) -> list[tuple[str, type, SchedulerOutput]]:
+    r = dataclasses.replace
+    sched = good.num_scheduled_tokens
+    return [
+        ("device drafts above num_spec_tokens", DeviceDraftsError,
+         r(good, num_device_drafts={"A": 3}, num_scheduled_tokens={**sched, "A": 4})),
+        ("device drafts for an unscheduled request", DeviceDraftsError, r(good, num_device_drafts={"A": 2, "ghost": 1})),
+        ("device drafts for a live request not scheduled", DeviceDraftsError,
+         r(good, num_device_drafts={"A": 2, "B": 1}, num_scheduled_tokens={"A": 3, "C": 4},
+           cached_requests=good.cached_requests[:1])),
+        ("device and explicit drafts for one request", DeviceDraftsError, r(good, draft_token_ids={"A": (7, 8)})),
+        ("device drafts before the first sample", DeviceDraftsError,
+         r(good, num_device_drafts={"A": 2, "C": 1}, num_scheduled_tokens={**sched, "C": 5})),
+        ("device draft count negative", DeviceDraftsError, r(good, num_device_drafts={"A": -1})),
+        ("device draft count float", DeviceDraftsError, r(good, num_device_drafts={"A": 2.0})),
+        ("device draft count bool", DeviceDraftsError, r(good, num_device_drafts={"A": True})),
+        ("device drafts keyed by an int", SchedulerOutputTypeError, r(good, num_device_drafts={"A": 2, 4: 1})),
+        ("num_device_drafts None", SchedulerOutputTypeError, r(good, num_device_drafts=None)),
+        ("device drafts without the whole remainder", ScheduledTokensError, r(good, num_scheduled_tokens={**sched, "A": 2})),
+    ]
+
+
+def _spec_fingerprint(runner: ModelRunner) -> str:
+    p = runner.proposer
+    return fingerprint(runner) + hashlib.sha256(
+        p.has_proposal.tobytes() + p.proposed.numpy().tobytes() + p.history.numpy().tobytes()).hexdigest()
+
+
+def test_bad_device_drafts_are_typed_atomic_agree_with_the_oracle_and_leave_the_run_identical() -> None:
+    from reference.runner import ReferenceRunner
+
+    weights = random_weights(preset("micro"), seed=3)
+
+    def run(throw: bool) -> tuple[list, list]:
+        runner = ModelRunner(weights, LIMITS, Device("cpu"), base_seed=5, staging_bytes=8192, speculative=SPEC)
+        oracle = ReferenceRunner(weights, LIMITS, base_seed=5, proposer=SPEC)
+        outputs, expected = [], []
+        for step in range(NUM_STEPS):
+            good = _spec_schedule(step, outputs)
+            if throw and step == 3:
+                for name, cls, bad in _spec_variants(good):
+                    before = _spec_fingerprint(runner)
+                    with pytest.raises(SchedulerOutputError) as caught:
+                        runner.execute_model(bad)
+                    assert type(caught.value) is cls, f"{name}: {type(caught.value).__name__}: {caught.value}"
+                    assert _spec_fingerprint(runner) == before, f"{name}: a rejected step changed runner state"
+                    with pytest.raises(cls):
+                        oracle.execute_model(bad)
+            outputs.append(runner.execute_model(good).get())
+            expected.append(oracle.execute_model(good))
+        return outputs, expected
+
+    clean, expected = run(False)
+    assert [o.sampled_token_ids for o in clean] == [e.sampled_token_ids for e in expected]
+    thrown, _ = run(True)
+    assert thrown == clean, "the run that saw bad device drafts diverged from the clean run"
+
+
+def test_device_drafts_asked_of_a_runner_without_a_proposer_are_rejected() -> None:
+    runner, outputs = _runner(), []
+    for step in range(3):
+        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
+    before = fingerprint(runner)
+    with pytest.raises(DeviceDraftsError):
+        runner.execute_model(_spec_schedule(3, outputs))
+    assert fingerprint(runner) == before

@@ -38,7 +38,11 @@ def test_quick_job_on_sim_passes_and_writes_a_valid_report(tmp_path: Path, capsy
     assert rc == 0 and doc["passed"] is True, (out / "summary.md").read_text()
     assert doc["device"] == "sim" and doc["seed"] == 0 and doc["divergences"] == 0
     assert doc["host_syncs"] == 0 and doc["lifetime_violations"] == 0
-    assert [r["seed"] for r in doc["runs"]] == [0, 1, 2]
+    assert [r["seed"] for r in doc["runs"]] == [0, 1, 2, 3]
+    ngram = doc["runs"][3]  # the n-gram proposer's run: device drafts asked for, the rate reported
+    assert ngram["scheduler"]["ngram_spec_tokens"] == 3 and ngram["speculative"]["draft_tokens"] > 0
+    printed = capsys.readouterr().out
+    assert "n-gram drafts in ngram" in printed and "PASSED" in printed
     assert {r["lag_policy"]["name"] for r in doc["runs"]} == {"random-drain", "lag-k-steps"}
     assert doc["steps"] >= 15 and doc["tokens_compared"] > 0
     assert doc["chisq"]["status"] == "ran"
@@ -49,7 +53,6 @@ def test_quick_job_on_sim_passes_and_writes_a_valid_report(tmp_path: Path, capsy
     assert "impl (the runner's sampler" in (out / "summary.md").read_text()
     assert "runnercheck verify: PASSED" in (out / "summary.md").read_text()
     assert not (out / "repros").exists()
-    assert "PASSED" in capsys.readouterr().out
 
 
 def test_the_plan_covers_lag_policies_in_flight_depths_and_drafts() -> None:
@@ -58,6 +61,11 @@ def test_the_plan_covers_lag_policies_in_flight_depths_and_drafts() -> None:
     assert {p.config.lag_policy["name"] for p in sim} == {"run-immediately", "lag-k-steps", "random-drain", "hold-at-target"}
     assert {p.config.scheduler.max_inflight_steps for p in sim} == {1, 2, 3}
     assert any(p.config.scheduler.draft_prob > 0 for p in sim)
+    for kind in ("sim", "cuda"):  # every plan runs the n-gram proposer on repetitive prompts
+        for quick in (True, False):
+            ngram = [p for p in verify.plan_runs(kind, 0, "impl.runner:make_runner", quick=quick)
+                     if p.config.scheduler.ngram_spec_tokens > 0]
+            assert ngram and all(p.churn.repetitive_prompt_prob > 0 for p in ngram), (kind, quick)
     cuda = verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=True, cuda_delay=lambda s, targets=None: calibrate_cuda_delay(s, 1000.0, targets=targets))
     assert all(p.config.lag_policy is None for p in cuda)
     assert {p.config.delay_policy["name"] for p in cuda} == {"random-delay", "targeted-delay"}

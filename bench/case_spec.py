@@ -1,0 +1,105 @@
+"""Speculative decoding with the runner's n-gram proposer: tokens/s and acceptance vs no speculation.
+
+Both arms run the same runner class on the same weights and the same greedy requests whose prompts
+repeat a short pattern (what prompt lookup is for), driven by `stress.scheduler.SchedulerSim`: the
+``ngram`` arm asks for up to ``K`` device drafts per decode (`SchedulerOutput.num_device_drafts`),
+the ``off`` arm for none.  Each step's output is read before the next step is scheduled (the
+scheduler must learn the accepted count before it schedules that request again), in both arms.
+Tokens/s counts the output tokens the scheduler took (accepted drafts plus one per sampling step);
+the acceptance rate is accepted drafts / drafts asked for.  With random weights the model continues
+a pattern only sometimes, so the rate measures this workload, not a trained model's.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import replace
+
+import torch
+
+from bench.common import BenchContext, Row
+from impl.interface import NgramConfig, RunnerLimits, SamplingParams
+from impl.model.weights import preset, random_weights
+
+NUM_SPEC_TOKENS = 3
+
+
+def _prompts(num_reqs: int, prompt_len: int, vocab_size: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(num_reqs):
+        pattern = [rng.randrange(vocab_size) for _ in range(rng.randint(2, 6))]
+        out.append([pattern[i % len(pattern)] for i in range(prompt_len)])
+    return out
+
+
+def _run_arm(ctx: BenchContext, weights, limits: RunnerLimits, dtype, prompts: list[list[int]], new_tokens: int,
+             num_spec_tokens: int) -> tuple[float, int, dict, int, dict]:
+    """(seconds in the decode phase, output tokens taken, spec stats, steps, the runner's graph stats) for one arm."""
+    from impl.runner import ModelRunner
+    from stress.scheduler import SchedulerSim
+
+    speculative = NgramConfig(num_spec_tokens=num_spec_tokens) if num_spec_tokens else None
+    runner = ModelRunner(weights, limits, ctx.device, base_seed=ctx.seed, dtype=dtype, speculative=speculative)
+    # Always k = K (= max_num_draft_tokens): uniform decodes replay the captured 1 + K graph.
+    sim = SchedulerSim(limits, seed=ctx.seed, max_inflight_steps=1, prefix_caching=False, ngram_spec_tokens=num_spec_tokens,
+                       most_device_drafts=True)
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
+    for i, prompt in enumerate(prompts):
+        sim.add_request(f"r{i}", prompt, params)
+
+    def step() -> int:
+        out = runner.execute_model(sim.schedule()).get()
+        sim.update(out)
+        return sum(len(t) for t in out.sampled_token_ids)
+
+    produced = 0
+    while sim.unfinished_ids and produced < len(prompts):  # prefills (and the first token) untimed
+        produced += step()
+    if ctx.device.is_cuda:
+        torch.cuda.synchronize()
+    produced, steps, started = 0, 0, time.perf_counter()
+    replays_before = runner.cuda_graph_stats()["replays"]
+    while sim.unfinished_ids:
+        produced += step()
+        steps += 1
+    seconds = time.perf_counter() - started
+    return seconds, produced, sim.spec_stats.to_dict(), steps, {"replays": runner.cuda_graph_stats()["replays"] - replays_before}
+
+
+def bench_ngram(ctx: BenchContext) -> list[Row]:
+    if ctx.quick:
+        config, dtype = replace(preset("micro"), max_model_len=128), torch.float32
+        cases = [(2, 16, 10)]
+    else:
+        config, dtype = preset("qwen3-0.6b"), torch.bfloat16
+        cases = [(8, 256, 128), (64, 256, 128)]
+    weights = random_weights(config, seed=ctx.seed)
+    rows: list[Row] = []
+    for num_reqs, prompt_len, new_tokens in cases:
+        block_size = 16
+        per_request = prompt_len + new_tokens + NUM_SPEC_TOKENS + 1
+        limits = RunnerLimits(vocab_size=config.vocab_size, max_num_reqs=num_reqs, max_model_len=config.max_model_len,
+                              max_num_batched_tokens=max(64, num_reqs * (1 + NUM_SPEC_TOKENS)) if ctx.quick else 8192,
+                              num_kv_blocks=num_reqs * -(-per_request // block_size) + 16, block_size=block_size,
+                              max_num_draft_tokens=NUM_SPEC_TOKENS)
+        prompts = _prompts(num_reqs, prompt_len, config.vocab_size, ctx.seed)
+        tag = f"{num_reqs} reqs x {prompt_len} ctx, greedy, repetitive prompts"
+        results = {}
+        for arm, k in (("off", 0), ("ngram", NUM_SPEC_TOKENS)):
+            seconds, produced, spec, steps, runner_stats = _run_arm(ctx, weights, limits, dtype, prompts, new_tokens, k)
+            results[arm] = produced / seconds
+            graphs = runner_stats.get("replays", 0)
+            note = f"{produced} tokens in {steps} steps; graph replays {graphs}"
+            rows.append(Row("spec_ngram", f"decode tokens/s, {tag}, {arm}", produced / seconds, "tok/s", note=note))
+            if k:
+                rows.append(Row("spec_ngram", f"acceptance rate, {tag}, k={k}", spec["acceptance_rate"], "fraction",
+                                note=f"{spec['accepted_tokens']} of {spec['draft_tokens']} drafts; all accepted in "
+                                     f"{spec['all_accepted_steps']} of {spec['draft_steps']} request-steps"))
+                rows.append(Row("spec_ngram", f"tokens per request-step, {tag}, k={k}",
+                                1 + spec["accepted_tokens"] / max(1, spec["draft_steps"]), "tokens"))
+        rows.append(Row("spec_ngram", f"speedup ngram / off, {tag}", results["ngram"] / results["off"], "x"))
+    return rows
+
+
+__all__ = ["bench_ngram"]
