@@ -25,7 +25,7 @@ from bench.timing import device_time_us
 from impl.kernels.rng import gumbel_from_bits, philox_64bits, philox_64bits_hilo
 
 SHAPES = ((1024, 4), (2048, 4), (2048, 8), (4096, 8))  # (chunk, num_warps)
-POSITION_BASE = 100
+POSITION_BASE = tl.constexpr(100)  # jit functions read only constexpr globals
 
 
 @triton.jit

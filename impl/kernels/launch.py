@@ -61,9 +61,15 @@ def fast_path_enabled() -> bool:
         return False
     try:
         from triton import knobs
-    except ImportError:
-        return False
-    return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+
+        hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+    except (ImportError, AttributeError):  # triton releases before `knobs`: the hooks are CompiledKernel attributes
+        try:
+            from triton.compiler.compiler import CompiledKernel
+        except ImportError:
+            return False
+        hooks = (getattr(CompiledKernel, "launch_enter_hook", None), getattr(CompiledKernel, "launch_exit_hook", None))
+    return all(hook is None for hook in hooks)
 
 
 def _value_key(value: Any, loose_int: bool, loose_ptr: bool) -> Any:

@@ -144,7 +144,8 @@ def test_split_logprobs_match_float64(gpu, num_rows):
     untied = [m for i, m in enumerate(modes) if i % 7 != 1]
     assert MODE_FALLBACK not in untied  # untied rows: no fallback
     # the first read decides them, unless a chunk holds 4 of the row's top 20 (~1.5e-3 per row)
-    assert sum(m == MODE_DONE for m in untied) >= 0.9 * len(untied), modes
+    # ~1% of random rows hold 4+ of their top 20 in one chunk and need the gather: allow one such row per 10
+    assert sum(m == MODE_DONE for m in untied) >= len(untied) - max(1, len(untied) // 10), modes
 
 
 def test_first_pass_top_lists_and_the_gather_at_full_vocab(gpu):
