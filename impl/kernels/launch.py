@@ -69,7 +69,8 @@ def fast_path_enabled() -> bool:
         except ImportError:
             return False
         hooks = (getattr(CompiledKernel, "launch_enter_hook", None), getattr(CompiledKernel, "launch_exit_hook", None))
-    return all(hook is None for hook in hooks)
+    # triton 3.4+ keeps each hook as a HookChain, empty (``calls == []``) unless a profiler added one.
+    return all(hook is None or getattr(hook, "calls", None) == [] for hook in hooks)
 
 
 def _value_key(value: Any, loose_int: bool, loose_ptr: bool) -> Any:
