@@ -202,7 +202,7 @@ def run_mutant(mutant: Mutant, opts: MutantsOptions) -> MutantResult:
     if mutant.chisq_case and opts.runs_chisq:
         runs.append(run_chisq(mutant.chisq_case, opts.device, opts.seed, mutant=mutant.name, samples=opts.chisq_samples))
     if verify and not (opts.quick and runs and runs[0].fired):
-        runs.append(run_verify_campaign(opts.device, opts.seed, opts.quick, mutant=mutant.name, isolate=opts.isolate,
+        runs.append(run_verify_campaign(opts.device, opts.seed, opts.quick, checked_differential, CheckRun(), mutant=mutant.name, isolate=opts.isolate,
                                         cuda_graphs=opts.cuda_graphs, csan=_csan(mutant, opts)))
     elif not (opts.quick and runs and runs[0].fired):
         workload = WORKLOADS[mutant.workload]
@@ -240,7 +240,7 @@ def run_controls(results: Sequence[MutantResult], opts: MutantsOptions) -> list[
             ticks[r.workload] = max(ticks.get(r.workload, 0), budget)
     for name, budget in ticks.items():
         if verify:
-            run = run_verify_campaign(opts.device, opts.seed, opts.quick, budget=budget, isolate=opts.isolate,
+            run = run_verify_campaign(opts.device, opts.seed, opts.quick, checked_differential, CheckRun(), budget=budget, isolate=opts.isolate,
                                       cuda_graphs=opts.cuda_graphs, csan=name in csan_workloads)
         else:
             run = run_differential(WORKLOADS[name], opts.device, opts.seed, budget, isolate=opts.isolate,

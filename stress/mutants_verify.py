@@ -18,7 +18,7 @@ kill took (quick) or the whole plan (full).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 CAMPAIGNS = ("workloads", "verify")
 
@@ -53,14 +53,14 @@ def plan_ticks(device_kind: str, seed: int) -> int:
     return sum(p.config.steps for p in plan_runs(device_kind, seed, DEFAULT_RUNNER_SPEC, quick=False))
 
 
-def run_verify_campaign(device_kind: str, seed: int, quick: bool, *, mutant: str | None = None, budget: int | None = None,
-                        isolate: bool = True, cuda_graphs: bool = True, csan: bool = False) -> Any:
+def run_verify_campaign(device_kind: str, seed: int, quick: bool, check: Callable[..., Any], total: Any, *,
+                        mutant: str | None = None, budget: int | None = None, isolate: bool = True,
+                        cuda_graphs: bool = True, csan: bool = False) -> Any:
     """The plan's runs in order with ``mutant`` installed until one kills it (None: a control of ``budget``
-    ticks in total, default the whole plan); one `stress.mutants_cmd.CheckRun` summing them."""
+    ticks in total, default the whole plan), each through ``check(config, ops, name, isolate=)`` (the
+    catalogue's `stress.mutants_cmd.checked_differential`), summed into ``total`` (an empty `CheckRun`)."""
     from stress.harness import ChurnOps
-    from stress.mutants_cmd import CheckRun, checked_differential
 
-    total = CheckRun()
     remaining = budget
     for planned in verify_plan(device_kind, seed, quick, cuda_graphs):
         if remaining is not None and remaining <= 0:
@@ -68,7 +68,7 @@ def run_verify_campaign(device_kind: str, seed: int, quick: bool, *, mutant: str
         steps = planned.config.steps if remaining is None else min(planned.config.steps, remaining)
         config = replace(planned.config, steps=steps, mutant=mutant, csan=csan)
         name = f"{mutant or 'control'} in verify run {planned.name!r}"
-        run = checked_differential(config, ChurnOps(planned.churn), name, isolate=isolate)
+        run = check(config, ChurnOps(planned.churn), name, isolate=isolate)
         total.ran = list(dict.fromkeys(total.ran + run.ran))
         total.ticks += run.ticks
         total.tokens += run.tokens
