@@ -17,7 +17,7 @@ device for its lifetime, persistent addresses (CUDA graphs), sized at constructi
 its kernels; partials, lists and plan mean something only within one launch.  A step's results are
 valid from the launch until the next launch, so the caller copies them out (one async D2H) before
 reusing the computer.  Extra memory is independent of the call: at [256, 151936] with the GPU
-defaults ~1.8 MiB (`held_bytes`), against 148 MiB of logits.
+defaults 3.8 MiB (`held_bytes`; 2 MiB of it the fallback's scratch), against 148 MiB of logits.
 
 Prompt logprobs
 ---------------
