@@ -5,6 +5,8 @@ fallback, its bracket gathers, and massive ties at the n-th value (lowest ids ke
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -170,6 +172,10 @@ def test_row_finish_takes_every_tie_at_the_bound_and_overflows_exactly(dev):
     _assert_matches(out, logits, targets, 3)
     assert computer.mode[:2].tolist() == [0, 0]
     assert out.top_ids[0].tolist() == [10, 11, 70]
+    wide = LogprobsComputer(dev, VOCAB, MAX_LOGPROBS, 8, dataclasses.replace(computer.config, logprobs_chunk=128))
+    out = wide.launch(logits_dev, targets_dev, 5, MAX_LOGPROBS)  # top 5 of 3 chunks: T cannot bound
+    _assert_matches(out, logits, targets, MAX_LOGPROBS)
+    assert wide.mode[:5].tolist() == [3] * 5
 
 
 @pytest.mark.parametrize("field, value", [("logprobs_sub", 3), ("logprobs_sub", 1), ("logprobs_candidates", 6),
