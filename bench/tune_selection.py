@@ -1,19 +1,22 @@
-"""Sweep the split-pass launch shape of the top-n logprobs kernels (`impl.sample.logprobs.SelectionConfig`).
+"""Sweep the launch shape of the top-n logprobs kernels (`impl.sample.logprobs.SelectionConfig`).
 
     python -m bench.tune_selection --device cuda --out DIR     (job ``tune_logprobs`` of ci/h200.sh)
 
-For every (logprobs_chunk, split_warps, first_top) in the grid: device time of top-20 logprobs on the benchmark's
-[rows, 151936] fp32 logits (rows 1, 8, 256; graph-replayed, as `runnercheck bench` times them) and
-whether its outputs equal the default configuration's (rank and top ids exactly, logprob and top
-logprobs to fp32 rounding): a shape that changes a result is reported as wrong, never as fast.  Writes ``DIR/tune_logprobs.json``
-(one record per shape) and prints the table, fastest at 256 rows first.  A tool for choosing
-`default_selection_config`, not a benchmark of record: `runnercheck bench` times the chosen shape.
+For every shape in `SHAPES` (``logprobs_chunk``, ``split_warps``, ``logprobs_sub``, ``logprobs_candidates``,
+``logprobs_maxnreg`` over the GPU default): device time of top-20 logprobs on the benchmark's
+[rows, 151936] fp32 logits (rows 1, 8, 256; graph-replayed, as `runnercheck bench` times them), the
+same at 256 rows without a top-n (``us_256_no_top``: the pass and the log-sum-exp alone, so the
+top-n's share shows), how many rows the row finish decided (the rest took the per-row fallback),
+and whether its outputs equal the default configuration's (rank and top ids exactly, logprob and
+top logprobs to fp32 rounding): a shape that changes a result is reported as wrong, never as fast.
+Writes ``DIR/tune_logprobs.json`` (one record per shape) and prints the table, fastest at 256 rows
+first.  A tool for choosing `default_selection_config`, not a benchmark of record: `runnercheck
+bench` times the chosen shape.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import logging
 from pathlib import Path
@@ -27,9 +30,17 @@ from impl.sample.logprobs import LogprobsComputer, default_selection_config
 
 VOCAB = 151936
 ROWS = (1, 8, 256)
-CHUNKS = (1024, 2048, 4096)
-WARPS = (4, 8)
-FIRST_TOPS = (0, 2, 4, 8)  # per-chunk top keys of the first pass (0: every row takes the gather read)
+# overrides of the default: chunk x warps at its sub-block, candidates and register cap, then one
+# change at a time (no cap; 512-token sub-blocks: fewer, wider re-reads; a smaller finish)
+SHAPES: tuple[dict, ...] = tuple({"logprobs_chunk": chunk, "split_warps": warps} for chunk in (1024, 2048, 4096)
+                                 for warps in (4, 8)) + (
+    {"logprobs_maxnreg": 0},
+    {"logprobs_sub": 512},
+    {"logprobs_chunk": 4096, "logprobs_sub": 512},
+    {"logprobs_candidates": 64},
+)
+
+FIELDS = ("logprobs_chunk", "split_warps", "logprobs_sub", "logprobs_candidates", "logprobs_maxnreg")
 
 log = logging.getLogger("runnercheck.tune")
 
@@ -56,9 +67,10 @@ def sweep(ctx: BenchContext) -> list[dict]:
     reference = LogprobsComputer(dev, VOCAB, LOGPROBS_TOP, max(ROWS), base)
     expected = {rows: _outputs(reference, logits, targets, rows) for rows in ROWS}
     records = []
-    for chunk, warps, first_top in itertools.product(CHUNKS, WARPS, FIRST_TOPS):
-        config = dataclasses.replace(base, logprobs_chunk=chunk, split_warps=warps, first_top=first_top)
-        record: dict = {"chunk": chunk, "split_warps": warps, "first_top": first_top, "default": config == base}
+    for overrides in SHAPES:
+        config = dataclasses.replace(base, **overrides)
+        record: dict = {field: getattr(config, field) for field in FIELDS}
+        record["default"] = config == base
         try:
             computer = LogprobsComputer(dev, VOCAB, LOGPROBS_TOP, max(ROWS), config)
             for rows in ROWS:
@@ -66,7 +78,9 @@ def sweep(ctx: BenchContext) -> list[dict]:
                 same = _same(got, expected[rows])
                 record[f"equal_{rows}"] = same
                 record[f"us_{rows}"] = _graph_time_us(lambda c=computer, r=rows: c.launch(logits[:r], targets, r, LOGPROBS_TOP))
-                record[f"first_pass_rows_{rows}"] = int((computer.mode[:rows] == 0).sum())  # decided by the first read
+                record[f"finished_rows_{rows}"] = int((computer.mode[:rows] == 0).sum())  # decided without the fallback
+            top = max(ROWS)
+            record[f"us_{top}_no_top"] = _graph_time_us(lambda c=computer: c.launch(logits[:top], targets, top, 0))
         except Exception as exc:  # a shape the kernels cannot take (registers, shared memory): reported, not fatal
             record["error"] = f"{type(exc).__name__}: {exc}"[:300]
         log.info("%s", record)
@@ -85,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "tune_logprobs.json").write_text(json.dumps(records, indent=1))
     ok = [r for r in records if "error" not in r and all(r[f"equal_{n}"] for n in ROWS)]
     for r in sorted(ok, key=lambda r: r["us_256"]):
-        print(f"chunk {r['chunk']:5d} warps {r['split_warps']} first_top {r['first_top']}: "
-              + "  ".join(f"{n} rows {r[f'us_{n}']:7.1f} us" for n in ROWS) + ("  (default)" if r["default"] else ""))
+        print(" ".join(f"{f.removeprefix('logprobs_')} {r[f]}" for f in FIELDS) + ": "
+              + "  ".join(f"{n} rows {r[f'us_{n}']:7.1f} us" for n in ROWS)
+              + f"  (256 rows without top-n {r['us_256_no_top']:.1f} us)" + ("  (default)" if r["default"] else ""))
     for r in records:
         if r not in ok:
             print("not usable:", r)

@@ -16,13 +16,18 @@
 #                 and noise bound, the PyTorch baselines, peak extra memory)
 #   gpu_sampler   the sampler/logprobs/RNG gpu-marked tests alone (tokens vs the oracle at V=151936, both
 #                 logprobs paths, Philox bits on every stream, noise within the fp32 bound)
+#   bench_logprobs `runnercheck bench --device cuda --only logprobs` alone (top-20 at 1/8/64/256 rows vs the
+#                 memory floor, the same without top-n, extra memory; ~1 min), after
+#   gpu_logprobs  the gpu-marked logprobs tests alone (row finish vs float64 at V=151936, ties at the bound,
+#                 overflow to the fallback, counters reset, graph replay)
 #   bench_host    `runnercheck bench --device cuda --only host_cost` alone (runner vs V1-style baseline, 1% and 0% churn;
 #                 host enqueues per step, target 3 at 0% churn: H2D, graph replay, D2H), then the same with
 #                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves)
 #   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`;
 #                 prints host enqueues per step and how many Triton launches took the cached launcher), then 1% churn
 #                 with RUNNERCHECK_SLOW_LAUNCH=1
-#   tune_logprobs (alone, after bench) the logprobs launch shapes (chunk x warps x first_top), timed and checked equal (`python -m bench.tune_selection`)
+#   tune_logprobs (alone, after bench) the logprobs launch shapes (chunk x warps x sub-block x finish capacity x
+#                 register cap), timed with and without top-n and checked equal (`python -m bench.tune_selection`)
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
@@ -69,6 +74,10 @@ want() { [[ "$jobs" == *" $1 "* ]]; }
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())" | tee "$out/versions.txt"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
 want bench_spec && job bench_spec "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_ngram --out "$out/bench_spec"
+want gpu_logprobs && job gpu_logprobs "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" \
+  tests/impl/test_sampler_split_gpu.py tests/impl/test_sampler_gpu.py -k "logprobs or row_finish or graph"
+want bench_logprobs && job bench_logprobs "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only logprobs \
+  --out "$out/bench_logprobs"
 want bench_sampler && job bench_sampler "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only sampler logprobs \
   --out "$out/bench_sampler"
 want gpu_sampler && job gpu_sampler "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" \

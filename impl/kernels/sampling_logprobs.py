@@ -1,43 +1,38 @@
 """Token logprobs, ranks and top-n logprobs per row, without a ``[rows, vocab]`` logprob tensor.
 
 docs/SAMPLING.md "Logprobs": raw logits with NaN -> -inf; +inf is clamped to FLT_MAX so a flagged
-row still yields finite output (which is not compared).  Split like the sampler
-(`impl.kernels.sampling_split`), in launch order:
+row still yields finite output (which is not compared).  Two launches:
 
-1. `logprobs_block_kernel` (one program per (row, vocabulary chunk)), the only read of the logits
-   in the usual case: the chunk's max, its sum-exp relative to that max, the count of logits
-   strictly above the target's (the target, e.g. the sampled token, is known: logprobs run after
-   sampling) and, when top-n is asked, the chunk's ``TOPS`` largest packed keys (score, then lower
-   token id first; `sampling_select.pack_candidate`) by ``TOPS`` rounds in registers (max of the
-   int32 order keys, lowest index at it, mask it);
-2. `logprobs_plan_kernel` (per row): the log-sum-exp, the target's logprob and rank; the top ``n``
-   of the ``TOPS`` keys per chunk by ``n`` rounds of max-and-mask.  They are the row's exact top
-   ``n`` when the ``n``-th of them is above every chunk's ``TOPS``-th key (a token left out of its
-   chunk's keys lies below that chunk's ``TOPS``-th key): the row is then DONE and its top-n
-   stored.  Otherwise (a chunk holds ``TOPS`` or more of the top ``n``: ties, clustered logits)
-   the plan is the older gather: the bound ``n``-th largest chunk max, or FALLBACK when it cannot
-   bound (``n`` above the chunk count, fewer than ``n`` chunks with a finite entry);
-3. `logprobs_select_kernel` (``select_programs`` per row, GATHER rows only): the entries at or above the bound, from the
-   chunks whose max reaches it (the others are not read);
-4. `logprobs_finish_kernel` (per row, GATHER rows only): compacts them, ranks them by counting (no
-   sort) and stores the first ``n`` (ties by lower index); overflowed rows become FALLBACK;
-5. `token_logprobs_kernel` (per row, FALLBACK rows only): the whole row in one program by pivot
-   narrowing (`sampling_select.narrow_threshold`, `gather_candidates`).
+1. `logprobs_block_kernel`, one program per (vocabulary chunk, row), chunks of a row adjacent in
+   launch order, so a row's chunks are read close together in time.  Each program reads its chunk
+   once, as ``SUBS`` sub-blocks of ``SUB`` tokens, and writes the chunk's max, its sum-exp relative
+   to that max, the count of logits strictly above the target's (the target, e.g. the sampled
+   token, is known: logprobs run after sampling) and the max of every sub-block.  A per-row
+   arrival counter (one atomic per program) makes the row's last program finish the row, while
+   the row's logits are still in L2 (`_finish_row`): the log-sum-exp, the target's logprob and
+   rank, and, for top-n, the bound ``T`` = the ``n``-th largest chunk max (``n`` distinct entries
+   of the row reach it, so the row's ``n``-th largest entry is ``>= T``; `kth_largest_block_max`).
+   Only sub-blocks whose max reaches ``T`` can hold an entry ``>= T``: typically ~``n`` of the
+   row's ~1200, so the finish re-reads ~``n * SUB`` logits (not whole chunks) in a few 2-D gathers,
+   keeps every entry ``>= T`` (all ties at the ``n``-th value among them) as packed keys (score,
+   then lower token id first) and ranks them by counting.  The row is DONE; it is FALLBACK when
+   ``T`` cannot bound (``n`` above the chunk count, fewer than ``n`` chunks with a finite entry)
+   or more than ``CAND`` entries (or sub-blocks) reach ``T`` (ties, clustered logits).  The last
+   program resets the counter to 0, so the next launch (or graph replay) starts from zero.
+2. `token_logprobs_kernel` (per row, FALLBACK rows only; the others exit at once): the whole row in
+   one program by pivot narrowing (`sampling_select.narrow_threshold`, `gather_candidates`).
+
+Why one kernel with a last-arrival counter instead of stream-ordered combine launches (the
+sampler's way, `impl.kernels.sampling_split`): a separate combine and gather launch re-reads the
+candidate chunks from DRAM after every row's first read evicted them from L2, and each launch in
+the chain adds its own latency; here the only extra traffic is the candidate sub-blocks, from L2.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from impl.kernels.sampling_split import (
-    MODE_DONE,
-    MODE_FALLBACK,
-    MODE_GATHER,
-    compact_block_candidates,
-    descending_ranks,
-    kth_largest_block_max,
-    store_block_candidates,
-)
+from impl.kernels.sampling_split import MODE_DONE, MODE_FALLBACK, descending_ranks, kth_largest_block_max
 from impl.kernels.sampling_select import (
     EMPTY_CANDIDATE,
     FLOAT32_MAX,
@@ -45,13 +40,13 @@ from impl.kernels.sampling_select import (
     gather_candidates,
     load_row_scores,
     narrow_threshold,
-    float_order_key,
     next_float_up,
+    pack_candidate,
     unpack_candidate,
 )
 
-# below every float_order_key (whose least value, -inf's, is -2139095041): a taken or out-of-vocab lane
-_TAKEN = tl.constexpr(-2147483648)
+
+_LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -68,134 +63,103 @@ def _target_score(logits_ptr, logits_stride, target_ptr, row, vocab_size):
     return tl.minimum(tl.where(target_raw != target_raw, float("-inf"), target_raw), FLOAT32_MAX)
 
 
-@triton.jit(do_not_specialize=["num_blocks"])
+@triton.jit(do_not_specialize=["num_blocks", "num_top"])
 def logprobs_block_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, part_sum_ptr, part_above_ptr,
-                          part_top_ptr, num_blocks, vocab_size, CHUNK: tl.constexpr, TOPS: tl.constexpr):
-    row = tl.program_id(0)
-    blk = tl.program_id(1)
+                          sub_max_ptr, arrivals_ptr, num_blocks, num_top, mode_ptr, sub_list_ptr, cand_ptr,
+                          logprob_out_ptr, rank_out_ptr, top_ids_out_ptr, top_logprobs_out_ptr, top_stride,
+                          vocab_size, CHUNK: tl.constexpr, SUB: tl.constexpr, NB_P2: tl.constexpr,
+                          CAND: tl.constexpr, COLS: tl.constexpr):
+    blk = tl.program_id(0)  # chunks of one row are adjacent in launch order (L2 reuse by the finish)
+    row = tl.program_id(1)
+    SUBS: tl.constexpr = CHUNK // SUB
+    logits_row = logits_ptr + row.to(tl.int64) * logits_stride
     target_score = _target_score(logits_ptr, logits_stride, target_ptr, row, vocab_size)
-    offs = blk * CHUNK + tl.arange(0, CHUNK)
-    score = _raw_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, offs < vocab_size)
-    chunk_max = tl.max(score, axis=0)
+    subs = tl.arange(0, SUBS)
+    offs = blk * CHUNK + subs[:, None] * SUB + tl.arange(0, SUB)[None, :]
+    score = _raw_scores(logits_row, offs, offs < vocab_size)
+    sub_max = tl.max(score, axis=1)
+    chunk_max = tl.max(sub_max, axis=0)
     shift = tl.where(chunk_max == float("-inf"), 0.0, chunk_max)
     at = row.to(tl.int64) * num_blocks + blk
     tl.store(part_max_ptr + at, chunk_max)
-    tl.store(part_sum_ptr + at, tl.sum(tl.exp(score - shift), axis=0))
-    tl.store(part_above_ptr + at, tl.sum((score > target_score).to(tl.int32), axis=0))
-    if TOPS > 0:  # the chunk's TOPS largest keys, descending (EMPTY_CANDIDATE past its entries)
-        # rounds on int32 order keys and the lowest index at the max: cheaper than int64 packed keys
-        order = tl.where(offs < vocab_size, float_order_key(score), _TAKEN)
-        for i in tl.static_range(TOPS):
-            if i == 0:
-                best = float_order_key(chunk_max)  # every chunk holds an in-vocab entry
-            else:
-                best = tl.max(order, axis=0)
-            best_at = tl.min(tl.where(order == best, offs, 2147483647), axis=0)
-            key = (best.to(tl.int64) << 32) | (4294967295 - best_at.to(tl.int64))  # = pack_candidate
-            tl.store(part_top_ptr + at * TOPS + i, tl.where(best == _TAKEN, EMPTY_CANDIDATE, key))
-            if i + 1 < TOPS:
-                order = tl.where(offs == best_at, _TAKEN, order)
-
-
-@triton.jit(do_not_specialize=["num_blocks", "num_top"])
-def logprobs_plan_kernel(logits_ptr, logits_stride, target_ptr, part_max_ptr, part_sum_ptr, part_above_ptr,
-                         part_top_ptr, num_blocks, num_top, mode_ptr, bound_ptr, normalizer_ptr, logprob_out_ptr,
-                         rank_out_ptr, top_ids_out_ptr, top_logprobs_out_ptr, top_stride, vocab_size,
-                         NB_P2: tl.constexpr, CAND: tl.constexpr, COLS: tl.constexpr, TOPS: tl.constexpr,
-                         PICK: tl.constexpr):
-    row = tl.program_id(0)
-    base = row.to(tl.int64) * num_blocks
-    blocks = tl.arange(0, NB_P2)
-    valid = blocks < num_blocks
-    chunk_max = tl.load(part_max_ptr + base + blocks, mask=valid, other=float("-inf"))
-    chunk_sum = tl.load(part_sum_ptr + base + blocks, mask=valid, other=0.0)
-    above = tl.load(part_above_ptr + base + blocks, mask=valid, other=0)
-    row_max = tl.max(chunk_max, axis=0)
-    row_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
-    log_normalizer = row_max + tl.log(tl.sum(chunk_sum * tl.exp(chunk_max - row_shift), axis=0))
-    target_score = _target_score(logits_ptr, logits_stride, target_ptr, row, vocab_size)
-    tl.store(logprob_out_ptr + row, target_score - log_normalizer)
-    tl.store(rank_out_ptr + row, 1 + tl.sum(above, axis=0))
-    bound = kth_largest_block_max(part_max_ptr, base, num_blocks, num_top, NB_P2, COLS)
-    can_gather = (num_top <= num_blocks) & (num_top <= CAND // 2) & (bound > float("-inf"))
-    mode = tl.where(num_top == 0, MODE_DONE, tl.where(can_gather, MODE_GATHER, MODE_FALLBACK))
-    if TOPS > 0:
-        exact = _store_first_pass_top(part_top_ptr, base, num_blocks, num_top, log_normalizer, top_ids_out_ptr,
-                                      top_logprobs_out_ptr, row.to(tl.int64) * top_stride, NB_P2, TOPS, PICK)
-        mode = tl.where(exact, MODE_DONE, mode)
-    tl.store(mode_ptr + row, mode)
-    tl.store(bound_ptr + row, bound)
-    tl.store(normalizer_ptr + row, log_normalizer)
+    # exp2 is one MUFU.EX2 (tl.exp adds a denormal rescale per logit); a term below 2^-126 of the
+    # chunk max is far below fp32 resolution of the sum, which holds 1 from the max itself
+    tl.store(part_sum_ptr + at, tl.sum(tl.math.exp2((score - shift) * _LOG2E)))  # axis None: one flat reduction
+    tl.store(part_above_ptr + at, tl.sum((score > target_score).to(tl.int32)))
+    tl.store(sub_max_ptr + at * SUBS + subs, sub_max)
+    # every thread's partial stores happen before the one releasing atomic (bar.sync, then acq_rel)
+    tl.debug_barrier()
+    if tl.atomic_add(arrivals_ptr + row, 1) == num_blocks - 1:  # acquire: the row's other partials are visible
+        tl.store(arrivals_ptr + row, 0)
+        _finish_row(logits_row, target_score, part_max_ptr, part_sum_ptr, part_above_ptr, sub_max_ptr, row,
+                    num_blocks, num_top, mode_ptr, sub_list_ptr, cand_ptr, logprob_out_ptr, rank_out_ptr,
+                    top_ids_out_ptr, top_logprobs_out_ptr, top_stride, vocab_size, SUB, SUBS, NB_P2, CAND, COLS)
 
 
 @triton.jit
-def _store_first_pass_top(part_top_ptr, base, num_blocks, num_top, log_normalizer, top_ids_out_ptr,
-                          top_logprobs_out_ptr, out_row, NB_P2: tl.constexpr, TOPS: tl.constexpr,
-                          PICK: tl.constexpr):
-    """Top ``num_top`` (1..PICK) of the chunks' first-pass keys; stored, and True, when they are the row's.
+def _finish_row(logits_row, target_score, part_max_ptr, part_sum_ptr, part_above_ptr, sub_max_ptr, row, num_blocks,
+                num_top, mode_ptr, sub_list_ptr, cand_ptr, logprob_out_ptr, rank_out_ptr, top_ids_out_ptr,
+                top_logprobs_out_ptr, top_stride, vocab_size, SUB: tl.constexpr, SUBS: tl.constexpr,
+                NB_P2: tl.constexpr, CAND: tl.constexpr, COLS: tl.constexpr):
+    """The row's last program: logprob and rank, then the top ``num_top`` from the sub-blocks reaching ``T``.
 
-    Exact when the ``num_top``-th pick is above every chunk's ``TOPS``-th key: an entry missing from
-    its chunk's keys is below that key (keys are distinct: they hold the token id).
+    Partials written by the row's other programs are read with ``.cg`` (L2, never a stale L1 line).
     """
-    slots = tl.arange(0, NB_P2 * TOPS)
-    keys = tl.load(part_top_ptr + base * TOPS + slots, mask=slots < num_blocks * TOPS, other=EMPTY_CANDIDATE)
+    base = row.to(tl.int64) * num_blocks
     blocks = tl.arange(0, NB_P2)
-    floor = tl.max(tl.load(part_top_ptr + (base + blocks) * TOPS + (TOPS - 1), mask=blocks < num_blocks,
-                           other=EMPTY_CANDIDATE), axis=0)
-    out_slots = tl.arange(0, PICK)
-    picked = tl.full((PICK,), EMPTY_CANDIDATE, tl.int64)
-    last = tl.full((), EMPTY_CANDIDATE, tl.int64)
-    for i in range(0, num_top):
-        last = tl.max(keys, axis=0)
-        picked = tl.where(out_slots == i, last, picked)
-        keys = tl.where(keys == last, EMPTY_CANDIDATE, keys)
-    exact = last > floor  # the caller launches TOPS > 0 only for num_top <= PICK
-    values, ids = unpack_candidate(picked)
-    keep = (out_slots < num_top) & ((tl.zeros((PICK,), tl.int32) + exact.to(tl.int32)) != 0)
-    tl.store(top_ids_out_ptr + out_row + out_slots, ids.to(tl.int32), mask=keep)
-    tl.store(top_logprobs_out_ptr + out_row + out_slots, values - log_normalizer, mask=keep)
-    return exact
-
-
-@triton.jit(do_not_specialize=["num_blocks"])
-def logprobs_select_kernel(logits_ptr, logits_stride, mode_ptr, bound_ptr, part_max_ptr, part_count_ptr, slots_ptr,
-                           num_blocks, vocab_size, CHUNK: tl.constexpr, SLOT: tl.constexpr):
-    """Grid (rows, P): program p handles chunks p, p + P, ... of a GATHER row (few programs, since
-    most rows are decided by the first pass and exit here at once)."""
-    row = tl.program_id(0)
-    if tl.load(mode_ptr + row) == MODE_GATHER:
-        bound = tl.load(bound_ptr + row)
-        for blk in range(tl.program_id(1), num_blocks, tl.num_programs(1)):
-            at = row.to(tl.int64) * num_blocks + blk
-            kept_count = tl.full((), 0, tl.int32)
-            if tl.load(part_max_ptr + at) >= bound:  # other chunks hold no candidate: not read
-                offs = blk * CHUNK + tl.arange(0, CHUNK)
-                in_vocab = offs < vocab_size
-                score = _raw_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, in_vocab)
-                kept_count = store_block_candidates(score, offs, in_vocab & (score >= bound),
-                                                    slots_ptr + at * SLOT, SLOT)
-            tl.store(part_count_ptr + at, kept_count)
-
-
-@triton.jit(do_not_specialize=["num_blocks", "num_top"])
-def logprobs_finish_kernel(mode_ptr, normalizer_ptr, part_count_ptr, slots_ptr, scratch_ptr, num_blocks, num_top,
-                           top_ids_out_ptr, top_logprobs_out_ptr, top_stride,
-                           SCRATCH: tl.constexpr, CAND: tl.constexpr, SLOT: tl.constexpr, GROUP: tl.constexpr,
-                           COLS: tl.constexpr):
-    row = tl.program_id(0)
-    if tl.load(mode_ptr + row) == MODE_GATHER:
-        scratch_row = scratch_ptr + row.to(tl.int64) * SCRATCH
-        overflow, candidates = compact_block_candidates(part_count_ptr, slots_ptr, row.to(tl.int64) * num_blocks,
-                                                        num_blocks, scratch_row, CAND, SLOT, GROUP)
-        if overflow != 0:
-            tl.store(mode_ptr + row, MODE_FALLBACK)
-        else:
-            values, ids = unpack_candidate(candidates)
-            rank = descending_ranks(candidates, scratch_row, CAND, COLS)  # ties: lower token id first
-            keep = (candidates != EMPTY_CANDIDATE) & (rank < num_top)
-            out_row = row.to(tl.int64) * top_stride
-            tl.store(top_ids_out_ptr + out_row + rank, ids.to(tl.int32), mask=keep)
-            tl.store(top_logprobs_out_ptr + out_row + rank, values - tl.load(normalizer_ptr + row), mask=keep)
+    valid = blocks < num_blocks
+    chunk_max = tl.load(part_max_ptr + base + blocks, mask=valid, other=float("-inf"), cache_modifier=".cg")
+    chunk_sum = tl.load(part_sum_ptr + base + blocks, mask=valid, other=0.0, cache_modifier=".cg")
+    above = tl.load(part_above_ptr + base + blocks, mask=valid, other=0, cache_modifier=".cg")
+    row_max = tl.max(chunk_max, axis=0)
+    row_shift = tl.where(row_max == float("-inf"), 0.0, row_max)
+    log_normalizer = row_max + tl.log(tl.sum(chunk_sum * tl.exp(chunk_max - row_shift), axis=0))
+    tl.store(logprob_out_ptr + row, target_score - log_normalizer)
+    tl.store(rank_out_ptr + row, 1 + tl.sum(above, axis=0))
+    mode = tl.full((), MODE_DONE, tl.int32)
+    if num_top > 0:
+        bound = kth_largest_block_max(part_max_ptr, base, num_blocks, num_top, NB_P2, COLS)
+        # sub-blocks reaching the bound, listed in token order (their count bounds the entries >= T from below)
+        lanes = tl.arange(0, NB_P2 * SUBS)
+        sub = tl.load(sub_max_ptr + base * SUBS + lanes, mask=lanes < num_blocks * SUBS, other=float("-inf"),
+                      cache_modifier=".cg")
+        hit = sub >= bound
+        num_hits = tl.sum(hit.to(tl.int32), axis=0)
+        fits = (bound > float("-inf")) & (num_hits <= CAND)
+        if fits:
+            list_row = sub_list_ptr + row.to(tl.int64) * CAND
+            slot = tl.cumsum(hit.to(tl.int32), axis=0) - 1
+            tl.store(list_row + slot, lanes, mask=hit)
+            tl.debug_barrier()  # the list was written by other threads of this program
+            cand_row = cand_ptr + row.to(tl.int64) * CAND
+            group = tl.arange(0, SUBS)  # one chunk's shape per gather: [SUBS, SUB]
+            cols = tl.arange(0, SUB)
+            total = tl.full((), 0, tl.int32)
+            for first in range(0, num_hits, SUBS):
+                listed = first + group < num_hits
+                start = tl.load(list_row + first + group, mask=listed, other=0) * SUB
+                offs = start[:, None] + cols[None, :]
+                in_vocab = listed[:, None] & (offs < vocab_size)
+                score = _raw_scores(logits_row, offs, in_vocab)
+                keep = in_vocab & (score >= bound)
+                per_sub = tl.sum(keep.to(tl.int32), axis=1)
+                dest = total + (tl.cumsum(per_sub, axis=0) - per_sub)[:, None] + tl.cumsum(keep.to(tl.int32), axis=1) - 1
+                tl.store(cand_row + dest, pack_candidate(score, offs), mask=keep & (dest < CAND))
+                total += tl.sum(per_sub, axis=0)
+            fits = total <= CAND
+            if fits:
+                slots = tl.arange(0, CAND)
+                tl.store(cand_row + slots, tl.full((CAND,), EMPTY_CANDIDATE, tl.int64), mask=slots >= total)
+                tl.debug_barrier()  # the candidates were written by other threads of this program
+                candidates = tl.load(cand_row + slots)
+                values, ids = unpack_candidate(candidates)
+                rank = descending_ranks(candidates, cand_row, CAND, COLS)  # ties: lower token id first
+                keep_top = (candidates != EMPTY_CANDIDATE) & (rank < num_top)
+                out_row = row.to(tl.int64) * top_stride
+                tl.store(top_ids_out_ptr + out_row + rank, ids.to(tl.int32), mask=keep_top)
+                tl.store(top_logprobs_out_ptr + out_row + rank, values - log_normalizer, mask=keep_top)
+        mode = tl.where(fits, MODE_DONE, MODE_FALLBACK)
+    tl.store(mode_ptr + row, mode)
 
 
 @triton.jit(do_not_specialize=["num_top"])

@@ -101,14 +101,16 @@ def load_row_scores(logits_row, offs, in_vocab, temperature, has_penalty, repeti
     clamped to FLT_MAX so that a flagged row still yields finite selections.
     """
     raw = tl.load(logits_row + offs, mask=in_vocab, other=float("-inf"))
-    logit = tl.where(raw != raw, float("-inf"), raw)
     if PROCESSED:
+        logit = tl.where(raw != raw, float("-inf"), raw)
         if has_penalty:
             logit = apply_penalties(logit, offs, in_vocab, repetition, frequency, presence, prompt_mask_row,
                                     counts_row, draft_row, num_drafts)
         score = logit / temperature
     else:
-        score = tl.minimum(logit, FLOAT32_MAX)
+        # max/min return the non-NaN operand (PTX max.f32, numpy fmax): NaN -> -inf, +inf -> FLT_MAX
+        # in two instructions per logit (the logprobs pass is instruction-bound, not memory-bound)
+        score = tl.minimum(tl.maximum(raw, float("-inf")), FLOAT32_MAX)
     return score, raw
 
 

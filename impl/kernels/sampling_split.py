@@ -2,7 +2,8 @@
 
 A logit row is read by ``num_blocks = cdiv(V, CHUNK)`` programs, one per vocabulary chunk, each
 writing a few per-(row, chunk) partials; a separate one-program-per-row launch combines them
-(stream order is the only synchronisation: no atomics, no last-arrival counters).
+(stream order is the only synchronisation: no atomics, no last-arrival counters; the logprobs
+kernel is the exception, `impl.kernels.sampling_logprobs` says why).
 
 Threshold selection without sorting the vocabulary uses the chunk maxima: the ``k``-th largest of
 the per-chunk maxima is ``k`` distinct entries of the row, so it is at most the row's ``k``-th
@@ -46,14 +47,17 @@ def kth_largest_block_max(max_ptr, base, num_blocks, k, NB_P2: tl.constexpr, COL
     """The ``k``-th largest chunk maximum, counting ties (a lower bound on the row's ``k``-th largest entry).
 
     By counting, not sorting: entry ``i`` is the answer when ``#{v_j > v_i} < k <= #{v_j >= v_i}``.
+    Loads bypass L1 (``.cg``): the logprobs kernel calls this in the same launch that wrote the
+    maxima, from whichever SM finishes the row, whose L1 may hold a neighbouring row's older line.
     """
     blocks = tl.arange(0, NB_P2)
     cols = tl.arange(0, COLS)
-    value = tl.load(max_ptr + base + blocks, mask=blocks < num_blocks, other=float("-inf"))
+    value = tl.load(max_ptr + base + blocks, mask=blocks < num_blocks, other=float("-inf"), cache_modifier=".cg")
     greater = tl.zeros((NB_P2,), tl.int32)
     at_least = tl.zeros((NB_P2,), tl.int32)
     for first in range(0, NB_P2, COLS):
-        other = tl.load(max_ptr + base + first + cols, mask=first + cols < num_blocks, other=float("-inf"))
+        other = tl.load(max_ptr + base + first + cols, mask=first + cols < num_blocks, other=float("-inf"),
+                        cache_modifier=".cg")
         greater += tl.sum((other[None, :] > value[:, None]).to(tl.int32), axis=1)
         at_least += tl.sum((other[None, :] >= value[:, None]).to(tl.int32), axis=1)
     return tl.max(tl.where((greater < k) & (at_least >= k), value, float("-inf")), axis=0)

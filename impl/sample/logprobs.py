@@ -1,21 +1,23 @@
 """Logprobs of chosen tokens (sampled or actual next prompt tokens) and top-n lists, on the device.
 
-No ``[rows, vocab]`` logprob tensor exists: one split pass over vocabulary chunks computes, per
-chunk, the log-sum-exp partials, the count above the target and the chunk's ``first_top`` largest
-entries; a per-row combine turns them into the logprob, the rank and (usually exactly) the top-n.
-A row whose top-n the first pass cannot certify (a chunk holding ``first_top`` or more of them)
-takes a second read of the few chunks that can hold a top-n entry (`impl.kernels.sampling_logprobs`).
+No ``[rows, vocab]`` logprob tensor exists: one split pass over vocabulary chunks writes, per
+chunk, the log-sum-exp partials, the count above the target and the max of each ``SUB``-token
+sub-block; the row's last chunk program turns them into the logprob, the rank and the top-n,
+re-reading only the sub-blocks that reach the ``n``-th largest chunk max (from L2).  A row whose
+candidates overflow goes to the per-row fallback program (`impl.kernels.sampling_logprobs`).
 
 Ownership: a `LogprobsComputer` owns its output buffers (``logprob`` f32 ``[R]``, ``rank`` i32
 ``[R]``, ``top_ids`` i32 ``[R, max_logprobs]``, ``top_logprobs`` f32 ``[R, max_logprobs]``), its
-per-(row, chunk) partials (``part_max`` f32, ``part_sum`` f32, ``part_above`` i32, ``part_count``
-i32 ``[R, NB]``, ``part_top`` i64 ``[R, NB, first_top]`` packed keys, ``chunk_slots`` i64
-``[R, NB, SLOT]``), its per-row plan (``mode`` i32, ``bound``
-f32, ``normalizer`` f32 ``[R]``) and its candidate scratch (i64 ``[R, CAND]``), all on the device
-for its lifetime, persistent addresses (CUDA graphs), sized at construction, written only by its
-kernels; partials and plan mean something only within one launch sequence.  A step's results are
+per-(row, chunk) partials (``part_max`` f32, ``part_sum`` f32, ``part_above`` i32 ``[R, NB]``,
+``sub_max`` f32 ``[R, NB * SUBS]``), its per-row arrival counters (``arrivals`` i32 ``[R]``, zero
+between launches: each launch's last program of a row resets its counter), its per-row plan
+(``mode`` i32 ``[R]``: DONE or FALLBACK), its candidate lists (``sub_list`` i32 and ``candidates``
+i64 ``[R, logprobs_candidates]``) and the fallback's scratch (i64 ``[R, candidates]``), all on the
+device for its lifetime, persistent addresses (CUDA graphs), sized at construction, written only by
+its kernels; partials, lists and plan mean something only within one launch.  A step's results are
 valid from the launch until the next launch, so the caller copies them out (one async D2H) before
-reusing the computer.
+reusing the computer.  Extra memory is independent of the call: at [256, 151936] with the GPU
+defaults 3.8 MiB (`held_bytes`; 2 MiB of it the fallback's scratch), against 148 MiB of logits.
 
 Prompt logprobs
 ---------------
@@ -36,13 +38,7 @@ import triton
 
 from impl.device import Device
 from impl.hotpath import hot_path
-from impl.kernels.sampling_logprobs import (
-    logprobs_block_kernel,
-    logprobs_finish_kernel,
-    logprobs_plan_kernel,
-    logprobs_select_kernel,
-    token_logprobs_kernel,
-)
+from impl.kernels.sampling_logprobs import logprobs_block_kernel, token_logprobs_kernel
 
 
 class LogprobsError(ValueError):
@@ -73,10 +69,10 @@ class SelectionConfig:
     slots: int = 32  # per-chunk candidate slots of the split gather (capped at ``candidates``)
     split_candidates: int = 256  # candidates per row of the split gather (capped at ``candidates``)
     split_warps: int = 4
-    first_top: int = 4  # per-chunk top keys kept by the first logprobs pass (0: always the gather)
-    first_pick: int = 64  # largest top-n the first pass serves (larger n: the gather)
-    select_programs: int = 16  # programs per row of the gather's read (each strides over the chunks)
-    logprobs_chunk: int = 0  # vocabulary chunk of the logprobs passes (0: ``split_chunk``, the sampler's)
+    logprobs_chunk: int = 0  # vocabulary chunk of the logprobs pass (0: ``split_chunk``, the sampler's)
+    logprobs_sub: int = 128  # sub-block whose max the logprobs pass keeps (the finish re-reads these)
+    logprobs_candidates: int = 128  # per-row entries (and sub-blocks) >= T the logprobs finish takes
+    logprobs_maxnreg: int = 0  # register cap of the logprobs pass (0: the compiler's choice)
 
     @property
     def split_chunk(self) -> int:
@@ -107,7 +103,6 @@ class SplitLayout:
     cand: int
     group: int
     cols: int
-    first_top: int = 0
 
     @classmethod
     def of(cls, config: SelectionConfig, vocab_size: int, chunk: int | None = None) -> "SplitLayout":
@@ -116,26 +111,25 @@ class SplitLayout:
         for name, value in (("chunk", chunk), ("slots", slot), ("split_candidates", cand)):
             if value < 1 or value & (value - 1):
                 raise LogprobsError(f"SelectionConfig {name} must be a power of two, got {value}")
-        if config.first_top < 0 or config.first_top & (config.first_top - 1) or config.first_top > chunk:
-            raise LogprobsError(f"SelectionConfig first_top must be 0 or a power of two <= chunk, got {config.first_top}")
-        if config.first_pick < 1 or config.first_pick & (config.first_pick - 1):
-            raise LogprobsError(f"SelectionConfig first_pick must be a power of two, got {config.first_pick}")
         num_blocks = triton.cdiv(vocab_size, chunk)
         nb_p2 = triton.next_power_of_2(num_blocks)
-        return cls(chunk, num_blocks, nb_p2, slot, cand, min(nb_p2, max(1, 1024 // slot)), min(32, cand),
-                   config.first_top)
+        return cls(chunk, num_blocks, nb_p2, slot, cand, min(nb_p2, max(1, 1024 // slot)), min(32, cand))
 
 
 def default_selection_config(device: Device, candidate_capacity: int | None = None) -> SelectionConfig:
     """Wide blocks on a GPU; small ones under the Triton interpreter (cost there is per op)."""
     if device.is_cuda:
-        # logprobs in 2048-token chunks: the first pass's top-key rounds cost ~20% fewer instructions
-        # per token than at 1024 (sm_90 SASS); `bench.tune_selection` measures the alternatives
+        # logprobs in 2048-token chunks: the pass's per-program reductions amortise over 16 tokens a
+        # thread (offline sm_90 SASS: 24 instructions per token a thread holds, 35 at 1024); 128-token
+        # sub-blocks keep the finish's re-read at ~1/60 of the row.  The register cap: the row finish
+        # (which the last program of a row runs) would otherwise take 128 registers for every program
+        # (4 resident per SM, too few loads in flight); at 64 only the finish spills (8 per SM).
+        # `bench.tune_selection` measures the alternatives
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
-                                 logprobs_chunk=2048)
+                                 logprobs_chunk=2048, logprobs_sub=128, logprobs_candidates=128, logprobs_maxnreg=64)
     else:
         config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4, chunk=64, slots=16,
-                                 split_warps=1)
+                                 split_warps=1, logprobs_sub=16, logprobs_candidates=32)
     if candidate_capacity is not None:
         if candidate_capacity < 2 or candidate_capacity & (candidate_capacity - 1):
             raise LogprobsError(f"candidate_capacity must be a power of two >= 2, got {candidate_capacity}")
@@ -155,7 +149,7 @@ def _check_logits(logits: torch.Tensor, num_rows: int, vocab_size: int, name: st
 
 
 class LogprobsComputer:
-    """Runs the logprobs kernel into persistent buffers (ownership: see the module docstring)."""
+    """Runs the logprobs kernels into persistent buffers (ownership: see the module docstring)."""
 
     def __init__(self, device: Device, vocab_size: int, max_logprobs: int, max_num_rows: int,
                  config: SelectionConfig | None = None):
@@ -170,29 +164,34 @@ class LogprobsComputer:
         if config.candidates < 2 * self.max_top:
             config = dataclasses.replace(config, candidates=2 * self.max_top)
         self.config = config
+        self.layout = layout = SplitLayout.of(config, vocab_size, config.logprobs_split_chunk)
+        sub, cand = config.logprobs_sub, config.logprobs_candidates
+        for name, value in (("logprobs_sub", sub), ("logprobs_candidates", cand)):
+            if value < 2 or value & (value - 1):
+                raise LogprobsError(f"SelectionConfig {name} must be a power of two >= 2, got {value}")
+        self.sub = min(sub, layout.chunk)  # a sub-block never spans chunks
+        self.cand = cand
+        self.cols = min(32, cand)
         width = max(1, max_logprobs)
         self.logprob = device.zeros(max_num_rows, torch.float32)
         self.rank = device.zeros(max_num_rows, torch.int32)
         self.top_ids = device.zeros((max_num_rows, width), torch.int32)
         self.top_logprobs = device.zeros((max_num_rows, width), torch.float32)
         self.scratch = device.zeros((max_num_rows, config.candidates), torch.int64)
-        self.layout = layout = SplitLayout.of(config, vocab_size, config.logprobs_split_chunk)
         per_chunk = (max_num_rows, layout.num_blocks)
         self.part_max = device.zeros(per_chunk, torch.float32)
         self.part_sum = device.zeros(per_chunk, torch.float32)
         self.part_above = device.zeros(per_chunk, torch.int32)
-        self.part_count = device.zeros(per_chunk, torch.int32)
-        self.part_top = device.zeros((max_num_rows, layout.num_blocks, max(1, layout.first_top)), torch.int64)
-        self.pick = min(self.max_top, config.first_pick)
-        self.chunk_slots = device.zeros((max_num_rows, layout.num_blocks, layout.slot), torch.int64)
+        self.sub_max = device.zeros((max_num_rows, layout.num_blocks * (layout.chunk // self.sub)), torch.float32)
+        self.arrivals = device.zeros(max_num_rows, torch.int32)
         self.mode = device.zeros(max_num_rows, torch.int32)
-        self.bound = device.zeros(max_num_rows, torch.float32)
-        self.normalizer = device.zeros(max_num_rows, torch.float32)
+        self.sub_list = device.zeros((max_num_rows, cand), torch.int32)
+        self.candidates = device.zeros((max_num_rows, cand), torch.int64)
 
     def held_bytes(self) -> int:
-        """Device bytes this computer holds from construction (outputs, partials, plan, scratch)."""
+        """Device bytes this computer holds from construction (outputs, partials, counters, lists, scratch)."""
         owned = (self.logprob, self.rank, self.top_ids, self.top_logprobs, self.scratch, self.part_max, self.part_sum,
-                 self.part_above, self.part_count, self.part_top, self.chunk_slots, self.mode, self.bound, self.normalizer)
+                 self.part_above, self.sub_max, self.arrivals, self.mode, self.sub_list, self.candidates)
         return sum(t.numel() * t.element_size() for t in owned)
 
     def check(self, logits: torch.Tensor, target_ids: torch.Tensor, num_rows: int, num_top: int) -> None:
@@ -210,7 +209,7 @@ class LogprobsComputer:
     @hot_path
     def launch(self, logits: torch.Tensor, target_ids: torch.Tensor, num_rows: int, num_top: int,
                out: LogprobsOutput | None = None) -> LogprobsOutput:
-        """Launch the kernel for rows ``[0, num_rows)`` (device work only; call inside an enqueue).
+        """Launch the kernels for rows ``[0, num_rows)`` (device work only; call inside an enqueue).
 
         Results go to this computer's buffers, or to ``out`` (views with the same layout rules:
         ``top_ids``/``top_logprobs`` rows of stride >= ``num_top``, contiguous columns).
@@ -226,27 +225,15 @@ class LogprobsComputer:
         if out.top_logprobs.stride(0) != top_stride:
             raise LogprobsError("top_ids and top_logprobs must share a row stride")
         lay = self.layout
-        split = (num_rows, lay.num_blocks)
-        # the first pass keeps each chunk's top keys only when the plan can use them (0 < n <= pick)
-        tops = lay.first_top if 0 < num_top <= self.pick else 0
-        logprobs_block_kernel[split](logits, logits.stride(0), target_ids, self.part_max, self.part_sum,
-                                     self.part_above, self.part_top, lay.num_blocks, self.vocab_size, CHUNK=lay.chunk,
-                                     TOPS=tops, num_warps=c.split_warps)
-        logprobs_plan_kernel[(num_rows,)](logits, logits.stride(0), target_ids, self.part_max, self.part_sum,
-                                          self.part_above, self.part_top, lay.num_blocks, num_top, self.mode,
-                                          self.bound, self.normalizer, out.logprob, out.rank, out.top_ids,
-                                          out.top_logprobs, top_stride, self.vocab_size, NB_P2=lay.nb_p2,
-                                          CAND=lay.cand, COLS=lay.cols, TOPS=tops, PICK=self.pick, num_warps=4)
+        # grid (chunk, row): a row's chunks run back to back, so its last one re-reads from L2
+        logprobs_block_kernel[(lay.num_blocks, num_rows)](
+            logits, logits.stride(0), target_ids, self.part_max, self.part_sum, self.part_above, self.sub_max,
+            self.arrivals, lay.num_blocks, num_top, self.mode, self.sub_list, self.candidates, out.logprob, out.rank,
+            out.top_ids, out.top_logprobs, top_stride, self.vocab_size, CHUNK=lay.chunk, SUB=self.sub,
+            NB_P2=lay.nb_p2, CAND=self.cand, COLS=self.cols, num_warps=c.split_warps,
+            maxnreg=c.logprobs_maxnreg or None)
         if num_top == 0:
             return out
-        select_grid = (num_rows, max(1, min(lay.num_blocks, c.select_programs)))
-        logprobs_select_kernel[select_grid](logits, logits.stride(0), self.mode, self.bound, self.part_max, self.part_count,
-                                      self.chunk_slots, lay.num_blocks, self.vocab_size, CHUNK=lay.chunk,
-                                      SLOT=lay.slot, num_warps=c.split_warps)
-        logprobs_finish_kernel[(num_rows,)](self.mode, self.normalizer, self.part_count, self.chunk_slots,
-                                            self.scratch, lay.num_blocks, num_top, out.top_ids, out.top_logprobs,
-                                            top_stride, SCRATCH=c.candidates, CAND=lay.cand, SLOT=lay.slot,
-                                            GROUP=lay.group, COLS=lay.cols, num_warps=c.num_warps)
         token_logprobs_kernel[(num_rows,)](
             logits, logits.stride(0), target_ids, self.scratch, self.mode, out.logprob, out.rank, out.top_ids,
             out.top_logprobs, top_stride, num_top, self.vocab_size,

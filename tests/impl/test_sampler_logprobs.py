@@ -1,9 +1,11 @@
 """Logprobs, ranks and top-n lists (sampled tokens and prompt chunks) against the float64 oracle.
 
-Small candidate capacities force the selection paths: bracket gathers and massive ties at the
-n-th value (lowest ids kept, in token order).
+Small candidate capacities force the selection paths: the row finish's overflow to the per-row
+fallback, its bracket gathers, and massive ties at the n-th value (lowest ids kept, in token order).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -28,11 +30,12 @@ def dev() -> Device:
     return Device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _computer(dev: Device, capacity: int, first_top: int = 4) -> LogprobsComputer:
-    # 64-column chunks: a 300-token row spans 5 chunks; small candidate capacities force the gather
-    # paths, first_top=0 turns the first pass's per-chunk top keys off (every top-n row gathers)
-    config = SelectionConfig(block=64, narrow_block=64, candidates=capacity, num_warps=4, first_top=first_top,
-                             select_programs=2)  # the gather read strides: 5 chunks over 2 programs
+def _computer(dev: Device, capacity: int, finish: int = 16, sub: int = 16) -> LogprobsComputer:
+    # 64-column chunks of ``sub``-token sub-blocks: a 300-token row spans 5 chunks; ``finish`` caps the
+    # entries >= T the row finish takes (beyond: the per-row fallback, whose bracket gathers small
+    # ``capacity`` values force)
+    config = SelectionConfig(block=64, narrow_block=64, candidates=capacity, num_warps=4, logprobs_sub=sub,
+                             logprobs_candidates=finish)
     return LogprobsComputer(dev, VOCAB, MAX_LOGPROBS, 8, config)
 
 
@@ -60,10 +63,10 @@ def _special_rows(gen: torch.Generator) -> torch.Tensor:
     return logits
 
 
-@pytest.mark.parametrize("first_top", [0, 4])
+@pytest.mark.parametrize("finish", [4, 32])
 @pytest.mark.parametrize("capacity", [8, 64])
-def test_logprobs_ranks_and_top_lists(dev, capacity, first_top):
-    computer = _computer(dev, capacity, first_top)
+def test_logprobs_ranks_and_top_lists(dev, capacity, finish):
+    computer = _computer(dev, capacity, finish)
     logits = _special_rows(torch.Generator().manual_seed(capacity))
     targets = [3, 4, 5, 6, 7, 8]
     logits_dev = dev.to_device(logits)
@@ -77,14 +80,16 @@ def test_logprobs_ranks_and_top_lists(dev, capacity, first_top):
 
 @settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 2**31), scale=st.sampled_from([0.1, 1.0, 30.0]), quantum=st.sampled_from([0.0, 0.25, 2.0]),
-       num_top=st.integers(0, MAX_LOGPROBS), capacity=st.sampled_from([8, 32]), first_top=st.sampled_from([0, 1, 4]))
-def test_logprobs_random_rows(dev, seed, scale, quantum, num_top, capacity, first_top):
+       num_top=st.integers(0, MAX_LOGPROBS), capacity=st.sampled_from([8, 32]), finish=st.sampled_from([4, 8, 32]),
+       sub=st.sampled_from([2, 16, 64]))
+def test_logprobs_random_rows(dev, seed, scale, quantum, num_top, capacity, finish, sub):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(3, VOCAB, generator=gen) * scale
     if quantum:
         logits = torch.round(logits / quantum) * quantum
     targets = torch.randint(0, VOCAB, (3,), generator=gen).tolist()
-    out = _computer(dev, capacity, first_top).launch(dev.to_device(logits), dev.to_device(torch.tensor(targets)), 3, num_top)
+    out = _computer(dev, capacity, finish, sub).launch(dev.to_device(logits), dev.to_device(torch.tensor(targets)), 3,
+                                                       num_top)
     _assert_matches(out, logits, targets, num_top)
 
 
@@ -140,32 +145,42 @@ def test_bad_arguments(dev):
         computer.launch(logits, targets.float(), 2, 1)
 
 
-def test_first_pass_top_is_used_only_when_it_is_exact(dev):
-    """The first pass's per-chunk top keys decide a row only when no chunk may hide a top-n entry.
+def test_row_finish_takes_every_tie_at_the_bound_and_overflows_exactly(dev):
+    """The failures the row finish could have, planted: the bound ``T`` (5th largest chunk max) tied by
+    more than 5 chunks, ties inside the top 5 across sub-blocks, and more entries (or sub-blocks)
+    ``>= T`` than the finish takes, which must go to the per-row fallback (mode 3), never be cut.
 
-    64-token chunks, ``first_top`` 4, top 5: a row whose top 5 are spread over chunks is DONE after
-    the first pass (mode 0); one whose top 5 sit in one chunk (or whose chunk holds exactly 4 of
-    them, so a fifth could hide behind them) goes to the gather (mode 1), with the oracle's answer
-    either way.  A plan that trusted the first pass there would report the chunk's 4 and a wrong 5th.
+    64-token chunks of 16-token sub-blocks, the finish takes at most 8 entries.
     """
-    computer = _computer(dev, 64)
-    assert computer.layout.first_top == 4
+    computer = _computer(dev, 64, finish=8)
     gen = torch.Generator().manual_seed(21)
-    logits = torch.randn(4, VOCAB, generator=gen)
-    logits[0, [3, 70, 140, 200, 290]] = 9.0 + torch.arange(5.0)  # spread: one per chunk
-    logits[1, 10:15] = 9.0 + torch.arange(5.0)  # all five in chunk 0
-    logits[2, [10, 11, 12, 13, 200]] = torch.tensor([12.0, 11.0, 10.0, 9.0, 5.0])  # chunk 0 holds 4
-    logits[2, 20] = 6.0  # ...and its 5th largest beats every other chunk's top: the true 5th
-    logits[3, [1, 2, 3, 70, 71]] = torch.tensor([12.0, 11.0, 10.0, 9.0, 8.0])  # 3 in chunk 0: exact
-    targets = [3, 12, 20, 0]
-    out = computer.launch(dev.to_device(logits), dev.to_device(torch.tensor(targets)), 4, MAX_LOGPROBS)
+    logits = torch.randn(5, VOCAB, generator=gen)
+    logits[0, [10, 11, 70, 140, 200, 290]] = 7.0  # every chunk's max ties at T = 7, two in chunk 0
+    logits[1, [3, 70, 140, 200, 290, 20, 21]] = torch.tensor([9.0, 8.0, 8.0, 7.0, 7.0, 8.0, 7.0])  # 7 >= T = 7
+    logits[2, 64:72] = 6.0  # chunk 1: 8 entries at its max, the 5th chunk max: T = 6, 12 entries >= T
+    logits[2, [3, 140, 200, 290]] = 9.0
+    logits[3, :] = 0.5  # every entry ties: all 19 sub-blocks reach T
+    logits[4, [1, 17, 33, 49, 65, 81, 97, 113, 129, 200, 290]] = 5.0  # T = 5 in 11 sub-blocks
+    targets = [10, 21, 64, 7, 49]
+    logits_dev, targets_dev = dev.to_device(logits), dev.to_device(torch.tensor(targets))
+    out = computer.launch(logits_dev, targets_dev, 5, MAX_LOGPROBS)
     _assert_matches(out, logits, targets, MAX_LOGPROBS)
-    assert computer.mode[:4].tolist() == [0, 1, 1, 0]
-    assert out.top_ids[2].tolist() == [10, 11, 12, 13, 20]
+    assert computer.mode[:5].tolist() == [0, 0, 3, 3, 3]
+    assert out.top_ids[0].tolist() == [10, 11, 70, 140, 200]
+    assert out.top_ids[1].tolist() == [3, 20, 70, 140, 21]
+    out = computer.launch(logits_dev, targets_dev, 5, 3)  # top 3: all 5 chunks tie at T = 7 in row 0
+    _assert_matches(out, logits, targets, 3)
+    assert computer.mode[:2].tolist() == [0, 0]
+    assert out.top_ids[0].tolist() == [10, 11, 70]
+    wide = LogprobsComputer(dev, VOCAB, MAX_LOGPROBS, 8, dataclasses.replace(computer.config, logprobs_chunk=128))
+    out = wide.launch(logits_dev, targets_dev, 5, MAX_LOGPROBS)  # top 5 of 3 chunks: T cannot bound
+    _assert_matches(out, logits, targets, MAX_LOGPROBS)
+    assert wide.mode[:5].tolist() == [3] * 5
 
 
-@pytest.mark.parametrize("field, value", [("first_top", 3), ("first_top", 128), ("first_pick", 6)])
-def test_bad_first_pass_config(dev, field, value):
+@pytest.mark.parametrize("field, value", [("logprobs_sub", 3), ("logprobs_sub", 1), ("logprobs_candidates", 6),
+                                          ("logprobs_candidates", 1)])
+def test_bad_row_finish_config(dev, field, value):
     config = SelectionConfig(block=64, narrow_block=64, candidates=16, num_warps=4, **{field: value})
     with pytest.raises(LogprobsError, match=field):
         LogprobsComputer(dev, VOCAB, MAX_LOGPROBS, 2, config)

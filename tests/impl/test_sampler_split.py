@@ -120,9 +120,10 @@ def _bound_one_too_high(max_ptr, base, num_blocks, k, NB_P2: tl.constexpr, COLS:
 
 
 def test_logprobs_top_lists_and_a_planted_bound_bug(dev, monkeypatch):
-    """The gather path (first pass's top keys off), then the default (first pass) on the same rows."""
-    gather_config = dataclasses.replace(CONFIG, first_top=0)
-    computer = LogprobsComputer(dev, VOCAB, 5, 8, gather_config)
+    """Top-5 lists decided by the row's last chunk program (mode DONE, counters back to 0), then a
+    bound one chunk max too high (the 4th largest instead of the 5th), which misses entries."""
+    config = dataclasses.replace(CONFIG, logprobs_sub=8, logprobs_candidates=32)
+    computer = LogprobsComputer(dev, VOCAB, 5, 8, config)
     logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(8)) * 3
     logits[3] = torch.round(logits[3])  # ties in the top list: lower index first
     targets = torch.tensor([0, 299, 150, 31])
@@ -139,10 +140,9 @@ def test_logprobs_top_lists_and_a_planted_bound_bug(dev, monkeypatch):
         return out.top_ids.cpu().long().tolist()
 
     assert top_ids(computer) == order.tolist()
-    assert computer.mode[:4].tolist() == [MODE_GATHER] * 4
-    first_pass = LogprobsComputer(dev, VOCAB, 5, 8, CONFIG)
-    assert top_ids(first_pass) == order.tolist()
-    assert first_pass.mode[:4].tolist() == [MODE_DONE] * 4  # each chunk holds < 4 of the top 5
+    assert computer.mode[:4].tolist() == [MODE_DONE] * 4
+    assert computer.arrivals.tolist() == [0] * 8  # each row's last program reset its counter
+    assert top_ids(computer) == order.tolist()  # ... so a second launch finishes every row again
     variant = _kernel_copy("impl.kernels.sampling_logprobs", "bound_high", kth_largest_block_max=_bound_one_too_high)
-    monkeypatch.setattr(sys.modules["impl.sample.logprobs"], "logprobs_plan_kernel", variant.logprobs_plan_kernel)
-    assert top_ids(LogprobsComputer(dev, VOCAB, 5, 8, gather_config)) != order.tolist()  # fresh (zeroed) outputs
+    monkeypatch.setattr(sys.modules["impl.sample.logprobs"], "logprobs_block_kernel", variant.logprobs_block_kernel)
+    assert top_ids(LogprobsComputer(dev, VOCAB, 5, 8, config)) != order.tolist()  # fresh (zeroed) outputs
