@@ -2,7 +2,7 @@
 
     python -m bench.tune_selection --device cuda --out DIR     (job ``tune_logprobs`` of ci/h200.sh)
 
-For every shape in `SHAPES` (``logprobs_chunk``, ``split_warps``, ``logprobs_sub``, ``logprobs_candidates``,
+For every shape in `SHAPES` (``logprobs_chunk``, ``logprobs_warps``, ``logprobs_sub``, ``logprobs_candidates``,
 ``logprobs_maxnreg`` over the GPU default): device time of top-20 logprobs on the benchmark's
 [rows, 151936] fp32 logits (rows 1, 8, 256; graph-replayed, as `runnercheck bench` times them), the
 same at 256 rows without a top-n (``us_256_no_top``: the pass and the log-sum-exp alone, so the
@@ -32,7 +32,7 @@ VOCAB = 151936
 ROWS = (1, 8, 256)
 # overrides of the default: chunk x warps at its sub-block, candidates and register cap, then one
 # change at a time (no cap; 512-token sub-blocks: fewer, wider re-reads; a smaller finish)
-SHAPES: tuple[dict, ...] = tuple({"logprobs_chunk": chunk, "split_warps": warps} for chunk in (1024, 2048, 4096)
+SHAPES: tuple[dict, ...] = tuple({"logprobs_chunk": chunk, "logprobs_warps": warps} for chunk in (1024, 2048, 4096)
                                  for warps in (4, 8)) + (
     {"logprobs_maxnreg": 0},
     {"logprobs_sub": 512},
@@ -40,7 +40,7 @@ SHAPES: tuple[dict, ...] = tuple({"logprobs_chunk": chunk, "split_warps": warps}
     {"logprobs_candidates": 64},
 )
 
-FIELDS = ("logprobs_chunk", "split_warps", "logprobs_sub", "logprobs_candidates", "logprobs_maxnreg")
+FIELDS = ("logprobs_chunk", "logprobs_warps", "logprobs_sub", "logprobs_candidates", "logprobs_maxnreg")
 
 log = logging.getLogger("runnercheck.tune")
 

@@ -73,6 +73,7 @@ class SelectionConfig:
     logprobs_sub: int = 128  # sub-block whose max the logprobs pass keeps (the finish re-reads these)
     logprobs_candidates: int = 128  # per-row entries (and sub-blocks) >= T the logprobs finish takes
     logprobs_maxnreg: int = 0  # register cap of the logprobs pass (0: the compiler's choice)
+    logprobs_warps: int = 0  # warps per program of the logprobs pass (0: ``split_warps``, the sampler's)
 
     @property
     def split_chunk(self) -> int:
@@ -81,6 +82,10 @@ class SelectionConfig:
     @property
     def logprobs_split_chunk(self) -> int:
         return self.logprobs_chunk or self.split_chunk
+
+    @property
+    def logprobs_num_warps(self) -> int:
+        return self.logprobs_warps or self.split_warps
 
     @property
     def chunk_slots(self) -> int:
@@ -119,14 +124,15 @@ class SplitLayout:
 def default_selection_config(device: Device, candidate_capacity: int | None = None) -> SelectionConfig:
     """Wide blocks on a GPU; small ones under the Triton interpreter (cost there is per op)."""
     if device.is_cuda:
-        # logprobs in 2048-token chunks: the pass's per-program reductions amortise over 16 tokens a
-        # thread (offline sm_90 SASS: 24 instructions per token a thread holds, 35 at 1024); 128-token
-        # sub-blocks keep the finish's re-read at ~1/60 of the row.  The register cap: the row finish
-        # (which the last program of a row runs) would otherwise take 128 registers for every program
-        # (4 resident per SM, too few loads in flight); at 64 only the finish spills (8 per SM).
-        # `bench.tune_selection` measures the alternatives
+        # logprobs in 4096-token chunks of 8 warps (16 tokens a thread, as 2048 x 4): H200 run 11's tune
+        # (`bench.tune_selection`, one run) gave 84.5 us at 256 rows against 92.8 us for 2048 x 4 and
+        # 16.4 / 20.6 us at 1 / 8 rows against 21.4 / 25.9.  128-token sub-blocks keep the finish's
+        # re-read at ~1/60 of the row.  The register cap: the row finish (which the last program of a
+        # row runs) would otherwise take 128 registers for every program (too few loads in flight);
+        # at 64 only the finish spills.
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
-                                 logprobs_chunk=2048, logprobs_sub=128, logprobs_candidates=128, logprobs_maxnreg=64)
+                                 logprobs_chunk=4096, logprobs_warps=8, logprobs_sub=128, logprobs_candidates=128,
+                                 logprobs_maxnreg=64)
     else:
         config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4, chunk=64, slots=16,
                                  split_warps=1, logprobs_sub=16, logprobs_candidates=32)
@@ -230,7 +236,7 @@ class LogprobsComputer:
             logits, logits.stride(0), target_ids, self.part_max, self.part_sum, self.part_above, self.sub_max,
             self.arrivals, lay.num_blocks, num_top, self.mode, self.sub_list, self.candidates, out.logprob, out.rank,
             out.top_ids, out.top_logprobs, top_stride, self.vocab_size, CHUNK=lay.chunk, SUB=self.sub,
-            NB_P2=lay.nb_p2, CAND=self.cand, COLS=self.cols, num_warps=c.split_warps,
+            NB_P2=lay.nb_p2, CAND=self.cand, COLS=self.cols, num_warps=c.logprobs_num_warps,
             maxnreg=c.logprobs_maxnreg or None)
         if num_top == 0:
             return out

@@ -157,7 +157,7 @@ def test_row_finish_ties_and_overflow_at_full_vocab(gpu):
     high = 30.0 + torch.arange(20.0)
     logits[1, 5000:5020] = high  # the whole top 20 in one sub-block
     logits[2, torch.arange(20) * 7000 + 3] = high  # spread: one per chunk
-    logits[3, ::2048] = 40.0  # all 75 chunk maxes tie at T = 40: the 20 lowest ids, 75 entries >= T
+    logits[3, ::2048] = 40.0  # every chunk max ties at T = 40: the 20 lowest ids, 75 entries >= T
     logits[4, :300] = 50.0  # 300 entries tie at the top: more than the finish takes
     logits[5, 1000:1005] = 60.0  # 5 ties at the head, then 40 ties at T = 45 (one per chunk), 15 kept
     logits[5, torch.arange(40) * 3000 + 11] = 45.0
