@@ -122,6 +122,7 @@ class CudaGraphManager:
         self.replays = 0
         self.padded_eager = 0
         self.fallbacks: Counter[str] = Counter()
+        self._keys: dict[tuple[int, int, int], GraphKey] = {}  # (size, query_len, num_top) -> its key (host)
         self._pool = None
 
     # ------------------------------------------------------------------ capture phase
@@ -183,24 +184,27 @@ class CudaGraphManager:
         i = bisect.bisect_left(self.capture_sizes, num_reqs)
         return self.capture_sizes[i] if i < len(self.capture_sizes) else None
 
-    def select(self, num_reqs: int, cu: np.ndarray, draft_start: np.ndarray, num_prompt_rows: int,
+    def select(self, num_reqs: int, uniform: tuple[int, int] | None, num_prompt_rows: int,
                max_num_logprobs: int) -> tuple[GraphKey | None, str | None]:
-        """(key, None) for a bucketed step, or (None, fallback reason).  Host ints and arrays only."""
+        """(key, None) for a bucketed step, or (None, fallback reason).  Host ints only.
+
+        ``uniform``: the (query_len, drafts) every request of the batch shares, None when they differ
+        (`impl.input_batch.StepPlan.uniform`).
+        """
         if num_prompt_rows:
             return None, "prompt_logprobs"
-        query_len = int(cu[1] - cu[0])
-        num_drafts = int(draft_start[1] - draft_start[0])
-        uniform = (query_len in self.query_lens and num_drafts == query_len - 1
-                   and bool(np.all(np.diff(cu) == query_len)) and bool(np.all(np.diff(draft_start) == num_drafts)))
-        if not uniform:
+        if uniform is None or uniform[0] not in self.query_lens or uniform[1] != uniform[0] - 1:
             return None, "non_uniform"
+        query_len, num_drafts = uniform
         size = self.bucket_for(num_reqs)
         if size is None:
             return None, "batch_above_largest_size"
         if size * query_len > self.max_num_batched_tokens:
             return None, "bucket_above_token_budget"
         num_top = -1 if max_num_logprobs < 0 else self.max_logprobs
-        key = GraphKey(size, GraphMode(query_len, num_top))
+        key = self._keys.get((size, query_len, num_top))
+        if key is None:  # made once per (size, mode): equal keys, no per-step dataclass construction
+            key = self._keys[(size, query_len, num_top)] = GraphKey(size, GraphMode(query_len, num_top))
         graph = self.graphs.get(key)
         if self.enabled and (graph is None or not graph.admits(num_reqs, query_len, num_drafts, num_top)):
             return None, "no_graph_for_mode"

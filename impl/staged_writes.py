@@ -165,17 +165,18 @@ class StagedWriteGroup:
     def _pack(self, dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray, writer: StagingWriter) -> Callable[[], None]:
         n = len(lens)
         meta_words = _META_WORDS * n
-        host, staged = writer.alloc_words(meta_words + len(values))
+        total = meta_words + len(values)
+        host, slot, start = writer.reserve_words(total)
         meta = host[:meta_words].reshape(n, _META_WORDS)
         meta[:, 0], meta[:, 1], meta[:, 2] = dst, lens, src
         host[meta_words:] = values
-        self.h2d_bytes_last_flush += 4 * (meta_words + len(values))
-        slot = writer.slot
-        self._packs.append((slot, slot.used_bytes // 4 - (meta_words + len(values)), n))
+        self.h2d_bytes_last_flush += 4 * total
+        self._packs.append((slot, start, n))
         arena = self.arena
 
         def apply() -> None:
-            launch(_apply_word_diffs_kernel, (n,), arena, staged, meta_words, BLOCK=_APPLY_BLOCK)
+            # The device view is made here: a bucketed step drops this apply (`take_single_pack`).
+            launch(_apply_word_diffs_kernel, (n,), arena, slot.device_words[start : start + total], meta_words, BLOCK=_APPLY_BLOCK)
 
         return apply
 
