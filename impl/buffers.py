@@ -94,7 +94,7 @@ class StagingSlot:
         """``(host[:n], target[:n])`` for an H2D of the first ``nbytes``, with ``n`` rounded up to a multiple of
         `COPY_GRANULE` (at most the slot): a few sizes, each sliced once.  The bytes past ``nbytes`` are
         stale and never read on the device (every reader stays inside what its step staged)."""
-        n = min(-(-nbytes // COPY_GRANULE) * COPY_GRANULE, self.capacity_bytes, target.numel())
+        n = min(-(-nbytes // COPY_GRANULE) * COPY_GRANULE, self.capacity_bytes)
         host = self.host
         key = (id(host), id(target), n)
         views = self._copy_views.get(key)
@@ -102,7 +102,8 @@ class StagingSlot:
         if views is None or views[0] is not host or views[1] is not target:
             if len(self._copy_views) >= 256:
                 self._copy_views.clear()
-            views = self._copy_views[key] = (host, target, host[:n], target[:n])
+            m = min(n, target.numel())
+            views = self._copy_views[key] = (host, target, host[:m], target[:m])
         return views[2], views[3]
 
     def alloc(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
