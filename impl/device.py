@@ -33,7 +33,7 @@ import random
 import threading
 import weakref
 from collections import deque
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -44,6 +44,8 @@ from impl.lag_policies import LagPolicy, RunImmediately, make_lag_policy
 DEVICE_KINDS = ("cuda", "cpu", "sim")
 
 HOST_WAIT_HOOKS: list[Callable[[str], None]] = []
+
+_NO_SCOPE = nullcontext()  # `Device.on_stream` where there is no stream to switch
 
 _work_context = threading.local()
 
@@ -312,13 +314,15 @@ class Device:
         finally:
             torch._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
 
-    @contextmanager
-    def on_stream(self) -> Iterator[None]:
+    def on_stream(self) -> AbstractContextManager:
         """Make the device's stream current for a whole step (cuda; a no-op elsewhere): one switch and one
         restore, not two per enqueue (each costs host time on an H200).  Nested use is a no-op."""
         if self.kind != "cuda" or self._on_stream is not None:
-            yield
-            return
+            return _NO_SCOPE
+        return self._stream_scope()
+
+    @contextmanager
+    def _stream_scope(self) -> Iterator[None]:
         stream_id, index, device_type = self._stream_key
         if torch._C._cuda_getDevice() != index:  # another current device: enqueue switches per call
             yield
