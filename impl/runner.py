@@ -13,8 +13,11 @@ Device work of a step, in one submit order on the one stream: H2D of the staging
 write applies -> input prep -> forward -> sampler -> post-update -> pack + one D2H into a pinned
 output slot -> event.  A uniform decode batch pads its rows into a capture-size bucket and runs
 apply .. post-update as one graph replay (`impl.graph_step`): its slot's H2D lands in the graph's
-fixed step buffer, whose header carries the step's counts, so such a step enqueues only the H2D,
-the replay and the output copy.  Other batches run eager.  `execute_model` never waits in steady state; `AsyncStepOutput.get()` is the
+fixed step buffer, whose header carries the step's counts, and the graph packs the step's output,
+so such a step enqueues only the H2D, the replay and the output copy.  Other batches run eager.
+A step that repeats the last decode batch (`impl.step_reader.read_steady_step`) reuses its plan,
+so its host side is the read of the counts and blocks, a few vectorised mirror updates and those
+three enqueues, inside one stream switch (`Device.on_stream`).  `execute_model` never waits in steady state; `AsyncStepOutput.get()` is the
 one wait.  Step N+1 may be submitted before step N's output is read (async scheduling): every
 count the next step needs lives on the device.
 

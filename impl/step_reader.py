@@ -12,6 +12,13 @@ request, field and error class exactly as the oracle would (`_diagnose`); the fa
 decide *whether* a step is bad.  So both forms hold the same rules, and the bad-input tests hold
 them to the same verdicts.
 
+A steady decode step -- the last accepted decode batch again, same requests in the same order,
+one token each, nothing admitted, finished or preempted, no drafts -- is read by
+`read_steady_step` instead: rows, order and query lengths are the last step's, so it reads only
+the computed counts and appended blocks (C-level passes) and checks them against the mirror.  It
+never raises past the container and step-id checks: any step it does not accept in full goes to
+`read_step`, so the verdicts (and error classes) are `read_step`'s.
+
 The result, `StepArrays`, serves the row updates (`apply_cached`, block appends, admissions)
 and the step plan (`impl.input_batch.plan_step`); nothing reads the `SchedulerOutput` again
 except the admissions themselves.
