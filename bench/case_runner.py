@@ -157,6 +157,7 @@ def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
     graphs_before = runner.cuda_graph_stats()
     # Timed before the profiler and the detector have been attached, so neither can tax it.
     host_us = _drive(runner, work, steps)
+    steady = runner.last_step_stats.steady  # read by the steady reader, its plan reused (`impl.step_reader`)
     graphs_after = runner.cuda_graph_stats()
     bucketed = (graphs_after["replays"] + graphs_after["padded_eager"]) - (graphs_before["replays"] + graphs_before["padded_eager"])
     median = statistics.median(host_us)
@@ -181,7 +182,7 @@ def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
         Row("host_cost", f"runner execute_model host time, {tag} ({what})", median, "us",
             target="<= 150 us at 256, graphed (0% churn)" if churn == 0.0 else None, met=(median <= 150) if graphed else None,
             note=f"p90 {np.percentile(host_us, 90):.0f} us over {steps} steps, {device.kind}; "
-                 f"bucketed (graph) steps {bucketed}/{steps}"),
+                 f"bucketed (graph) steps {bucketed}/{steps}; last step steady: {steady}"),
         Row("host_cost", f"V1-style baseline prepare+upload, {tag}", base_median, "us",
             note=f"persistent numpy batch, full block table upload ({baseline.h2d_bytes_last_step} B/step)"),
         Row("host_cost", f"runner / baseline host time, {tag}", ratio, "x", target="<= 0.333 (issue 14)",

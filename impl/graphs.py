@@ -94,6 +94,17 @@ class StepGraph:
     def key(self) -> GraphKey:
         return self.step.key
 
+    def __post_init__(self) -> None:
+        self.label = f"graph replay {self.key.describe()}"  # the replay's `Device.enqueue` label, made once
+
+    def replay(self) -> None:
+        """One replay (device work): the CUDA graph on cuda, the recorded launches in order on cpu/sim."""
+        if self.cuda_graph is not None:
+            self.cuda_graph.replay()
+            return
+        for _, launch in self.step.launches:
+            launch()
+
     def admits(self, num_reqs: int, query_len: int, num_drafts_each: int, num_top: int) -> bool:
         """The graph's compatibility predicate: the batch fits its size and matches its mode exactly."""
         mode = self.key.mode
@@ -223,16 +234,7 @@ class CudaGraphManager:
             return step.result
         graph = self.graphs[key]
         self.replays += 1
-        if graph.cuda_graph is not None:
-            self.device.enqueue(graph.cuda_graph.replay, f"graph replay {key.describe()}")
-        else:
-            launches = graph.step.launches
-
-            def replay_recorded() -> None:
-                for _, launch in launches:
-                    launch()
-
-            self.device.enqueue(replay_recorded, f"graph replay {key.describe()}")
+        self.device.enqueue(graph.replay, graph.label)
         return graph.step.result
 
     def stats(self) -> dict[str, Any]:

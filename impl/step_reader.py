@@ -186,9 +186,9 @@ def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
         appends = (rows[with_blocks], counts_appended, np.array(appended, np.int64))
     ends = starts + 1
     known = state.num_tokens[rows]
-    bs = limits.block_size
-    if (np.count_nonzero((ends > known) | ((ends + (bs - 1)) // bs > num_blocks)) or n > limits.max_num_batched_tokens
-            or int(ends[-1] if n == 1 else ends.max()) > limits.max_model_len):
+    # Past the known tokens, or past what the blocks hold (ceil(end / bs) > blocks <=> end > blocks * bs).
+    if (np.count_nonzero((ends > known) | (ends > num_blocks * limits.block_size)) or n > limits.max_num_batched_tokens
+            or int(ends.max()) > limits.max_model_len):
         return None
     # The cached updates touch only the rows that appended blocks (every other shift and count is 0).
     return StepArrays(
