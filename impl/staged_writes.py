@@ -140,8 +140,12 @@ class StagedWriteGroup:
                     lens.append(len(vals) * words_per)
                     values.extend(vals)
             for rows, starts, lens_r, vals in t._ragged:
-                dst_parts.append(base + (rows * cols + starts) * words_per)
-                len_parts.append(lens_r * words_per)
+                if words_per == 1:  # 4-byte elements (the block table): words are elements
+                    dst_parts.append(rows * cols + starts + base)
+                    len_parts.append(lens_r)
+                else:
+                    dst_parts.append(base + (rows * cols + starts) * words_per)
+                    len_parts.append(lens_r * words_per)
                 word_parts.append(np.asarray(vals, _NP_DTYPES[t.dtype]).view(np.int32))
             t._ragged.clear()
         for dtype, (dst, lens, values) in by_dtype.items():

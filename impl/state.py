@@ -261,9 +261,10 @@ class RequestStateTable:
         if len(rows) == 0:
             return
         shift = self.num_computed[rows] - num_computed
-        self.unconfirmed_drafts[rows] -= shift
-        self.num_tokens[rows] -= shift
-        self.num_computed[rows] = num_computed
+        if np.count_nonzero(shift):  # usually none: the counts are the mirror's (a steady step's always are)
+            self.unconfirmed_drafts[rows] -= shift
+            self.num_tokens[rows] -= shift
+            self.num_computed[rows] = num_computed
         self.num_blocks[rows] += num_new_blocks
 
     def plan_rows(self, req_ids: Sequence[str], rows: np.ndarray, ends: np.ndarray, known: np.ndarray) -> None:
