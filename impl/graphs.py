@@ -133,7 +133,8 @@ class CudaGraphManager:
         self.replays = 0
         self.padded_eager = 0
         self.fallbacks: Counter[str] = Counter()
-        self._keys: dict[tuple[int, int, int], GraphKey] = {}  # (size, query_len, num_top) -> its key (host)
+        # (size, query_len, num_top) -> (the graphs dict it was looked up in, key, graph or None): host, see `select`
+        self._keys: dict[tuple[int, int, int], tuple[dict, GraphKey, StepGraph | None]] = {}
         self._pool = None
 
     # ------------------------------------------------------------------ capture phase
@@ -141,6 +142,7 @@ class CudaGraphManager:
         """Capture (cuda) or record (cpu/sim) one step per (size, mode), largest first.  Init-phase only."""
         if not self.enabled or self.captured:
             return
+        self._keys.clear()  # `select`'s looked-up graphs: this capture fills ``graphs`` anew
         if self.device.is_cuda:
             self.device.synchronize()
             self._pool = torch.cuda.graph_pool_handle()
@@ -213,10 +215,13 @@ class CudaGraphManager:
         if size * query_len > self.max_num_batched_tokens:
             return None, "bucket_above_token_budget"
         num_top = -1 if max_num_logprobs < 0 else self.max_logprobs
-        key = self._keys.get((size, query_len, num_top))
-        if key is None:  # made once per (size, mode): equal keys, no per-step dataclass construction
-            key = self._keys[(size, query_len, num_top)] = GraphKey(size, GraphMode(query_len, num_top))
-        graph = self.graphs.get(key)
+        # The key and its graph, looked up once per (size, mode) and captured set: no per-step dataclass
+        # construction or hashing.  A new ``graphs`` dict (a recapture) makes every entry stale.
+        entry = self._keys.get((size, query_len, num_top))
+        if entry is None or entry[0] is not self.graphs:
+            key = GraphKey(size, GraphMode(query_len, num_top))
+            entry = self._keys[(size, query_len, num_top)] = (self.graphs, key, self.graphs.get(key))
+        _, key, graph = entry
         if self.enabled and (graph is None or not graph.admits(num_reqs, query_len, num_drafts, num_top)):
             return None, "no_graph_for_mode"
         return key, None

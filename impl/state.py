@@ -286,10 +286,12 @@ class RequestStateTable:
         else:
             rows = np.fromiter(map(self.req_to_row.__getitem__, req_ids), np.int64, len(req_ids))
             end, known = self.num_computed[rows] + _in_order(num_scheduled, req_ids), self.num_tokens[rows]
-        samples = end == known + k  # reached the end of what is known
-        self.num_tokens[rows] = np.where(samples, end + 1, known)
         if np.count_nonzero(k):
+            samples = end == known + k  # reached the end of what is known
+            self.num_tokens[rows] = np.where(samples, end + 1, known)
             self.unconfirmed_drafts[rows] += np.where(samples, k, 0)
+        else:  # end <= known (checked at the boundary): a request that reached the end samples one more
+            self.num_tokens[rows] = np.maximum(known, end + 1)
         self.num_computed[rows] = end
 
     @hot_path
