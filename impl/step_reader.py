@@ -167,22 +167,26 @@ def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
     # Appended blocks: the requests with a non-empty list, found in one C-level pass; every other
     # entry must be the empty tuple (anything else -- an empty list or str, None -- goes to `read_step`).
     block_lists = list(map(_NEW_BLOCKS, cached))
-    with_blocks = np.fromiter(compress(range(n), block_lists), np.int64)
-    if block_lists.count(()) != n - len(with_blocks):
+    appending_at = list(compress(range(n), block_lists))
+    k = len(appending_at)
+    if block_lists.count(()) != n - k:
         return None
     num_blocks = state.num_blocks[rows]
     appends = None
-    if len(with_blocks):
-        appending = list(map(block_lists.__getitem__, with_blocks.tolist()))
+    if k:
+        appending = list(map(block_lists.__getitem__, appending_at))
         if not _all_of(appending, {tuple, list}):
             return None
         appended = _appended_ids(appending, limits.num_kv_blocks)
         if appended is None:
             return None
-        counts_appended = np.fromiter(map(len, appending), np.int64, len(appending))
-        num_blocks[with_blocks] += counts_appended
-        if int(num_blocks[with_blocks].max()) > blocks_per_request(limits.max_model_len, limits.block_size):
+        with_blocks = np.array(appending_at, np.int64)
+        # Usually one block each (a decode crossing into a new block).
+        counts_appended = np.ones(k, np.int64) if len(appended) == k else np.fromiter(map(len, appending), np.int64, k)
+        grown = num_blocks[with_blocks] + counts_appended
+        if int(grown.max()) > blocks_per_request(limits.max_model_len, limits.block_size):
             return None
+        num_blocks[with_blocks] = grown
         appends = (rows[with_blocks], counts_appended, np.array(appended, np.int64))
     ends = starts + 1
     known = state.num_tokens[rows]
@@ -192,8 +196,8 @@ def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
         return None
     # The cached updates touch only the rows that appended blocks (every other shift and count is 0).
     return StepArrays(
-        gone=(), cached_rows=rows[with_blocks], cached_computed=starts[with_blocks],
-        cached_new_blocks=appends[1] if appends is not None else _EMPTY, block_appends=appends, req_ids=req_ids, rows=rows,
+        gone=(), cached_rows=appends[0] if k else _EMPTY, cached_computed=starts[with_blocks] if k else _EMPTY,
+        cached_new_blocks=appends[1] if k else _EMPTY, block_appends=appends, req_ids=req_ids, rows=rows,
         new_positions=(), query_lens=last.query_lens, starts=starts, ends=ends, known=known, num_drafts=last.num_drafts, drafts=None, num_tokens=n, steady=True,
     )
 
