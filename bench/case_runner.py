@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import torch
+from torch.overrides import TorchFunctionMode
 
 from bench.common import BenchContext, Row
 from bench.v1_baseline import V1HostBatch
@@ -156,6 +157,7 @@ def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
     graphs_before = runner.cuda_graph_stats()
     # Timed before the profiler and the detector have been attached, so neither can tax it.
     host_us = _drive(runner, work, steps)
+    steady = runner.last_step_stats.steady  # read by the steady reader, its plan reused (`impl.step_reader`)
     graphs_after = runner.cuda_graph_stats()
     bucketed = (graphs_after["replays"] + graphs_after["padded_eager"]) - (graphs_before["replays"] + graphs_before["padded_eager"])
     median = statistics.median(host_us)
@@ -163,6 +165,8 @@ def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
     enqueued_before = device.num_enqueued  # host-side device work items: copies, launches, graph replays
     _drive(runner, work, 5)
     enqueues = (device.num_enqueued - enqueued_before) / 5
+    torch_calls = TorchCallCounter()
+    _drive(runner, work, 5, around=lambda: torch_calls)
     report = SyncReport("count")
     counted_us = _drive(runner, work, 5, around=lambda: forbid_host_sync(device.kind, mode="count", report=report))
 
@@ -178,7 +182,7 @@ def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
         Row("host_cost", f"runner execute_model host time, {tag} ({what})", median, "us",
             target="<= 150 us at 256, graphed (0% churn)" if churn == 0.0 else None, met=(median <= 150) if graphed else None,
             note=f"p90 {np.percentile(host_us, 90):.0f} us over {steps} steps, {device.kind}; "
-                 f"bucketed (graph) steps {bucketed}/{steps}"),
+                 f"bucketed (graph) steps {bucketed}/{steps}; last step steady: {steady}"),
         Row("host_cost", f"V1-style baseline prepare+upload, {tag}", base_median, "us",
             note=f"persistent numpy batch, full block table upload ({baseline.h2d_bytes_last_step} B/step)"),
         Row("host_cost", f"runner / baseline host time, {tag}", ratio, "x", target="<= 0.333 (issue 14)",
@@ -191,10 +195,26 @@ def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
                    target="3 at 0% churn (H2D, graph replay, D2H)" if churn == 0.0 else None,
                    met=(enqueues <= 3) if churn == 0.0 and runner.graphs.enabled else None,
                    note="Device.enqueue calls: each a copy, a Triton/torch launch, or one graph replay"))
+    out.append(Row("host_cost", f"torch calls per step, {tag}", torch_calls.count / 5, "calls",
+                   note="tensor ops the host issues inside execute_model (each costs ~5-25 us of host time on the H200 box; "
+                        "a graph replay, event record/query are not torch functions)"
+                        + ("" if device.is_cuda else "; device work dropped: only those outside enqueued work")))
     if launches is not None:
         out.append(Row("host_cost", f"device operations per step, {tag} (forward stubbed)", launches / 5, "ops",
                        note="CUDA profiler events: kernels (those inside a graph replay too) and copies"))
     return out
+
+
+class TorchCallCounter(TorchFunctionMode):
+    """Counts the torch functions and tensor methods called while it is active (a measuring aid)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _drive_baseline(batch: V1HostBatch, work: DecodeWorkload, steps: int) -> list[float]:

@@ -33,7 +33,10 @@ def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_devic
     before = runner.cuda_graph_stats()
     enqueued = device.num_enqueued
     plain = case_runner._drive(runner, work, steps)
+    steady = runner.last_step_stats.steady
     enqueues = (device.num_enqueued - enqueued) / steps  # copies, launches and graph replays the host issued
+    counter = case_runner.TorchCallCounter()  # tensor ops the host issues (outside dropped device work only)
+    case_runner._drive(runner, work, 10, around=lambda: counter)
     profiler = cProfile.Profile()  # a context manager: enabled only around each execute_model call
     profiled = case_runner._drive(runner, work, steps, around=lambda: profiler)
     text = io.StringIO()
@@ -45,7 +48,8 @@ def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_devic
     launch_line = f"Triton launches since start: {stats['fast']} through the cached launcher, {stats['slow']} through kernel[grid]\n"
     return (f"{device.kind}{dropped}, {num_reqs} decode requests, churn {churn}, {steps} steps: median execute_model host time "
             f"{statistics.median(plain):.0f} us ({statistics.median(profiled):.0f} us under cProfile); "
-            f"{enqueues:.1f} host enqueues per step; bucketed steps {bucketed}/{2 * steps} ({format_graph_stats(after)})\n"
+            f"{enqueues:.1f} host enqueues and {counter.count / 10:.1f} torch calls per step; bucketed steps "
+            f"{bucketed}/{2 * steps + 10} ({format_graph_stats(after)}); last step read as steady: {steady}\n"
             f"{launch_line}{text.getvalue()}")
 
 

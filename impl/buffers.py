@@ -39,6 +39,7 @@ from impl.device import Device, DeviceEvent
 from impl.hotpath import hot_path
 
 _ALIGN = 16
+COPY_GRANULE = 512  # H2D copy sizes are rounded up to this (see `StagingSlot.copy_views`)
 
 
 class SlotState(enum.Enum):
@@ -85,6 +86,25 @@ class StagingSlot:
         # Set by `StagingWriter.submit` for one submit: the device buffer the H2D copy lands in
         # instead of ``device`` (a bucketed step's fixed-address step buffer, `impl.graph_step`).
         self.copy_to: torch.Tensor | None = None
+        # (source, target, copy size) -> (source view, target view): views made once, not per step
+        # (slicing a device tensor costs host time); host objects only, owned by the slot.
+        self._copy_views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    def copy_views(self, target: torch.Tensor, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(host[:n], target[:n])`` for an H2D of the first ``nbytes``, with ``n`` rounded up to a multiple of
+        `COPY_GRANULE` (at most the slot): a few sizes, each sliced once.  The bytes past ``nbytes`` are
+        stale and never read on the device (every reader stays inside what its step staged)."""
+        n = min(-(-nbytes // COPY_GRANULE) * COPY_GRANULE, self.capacity_bytes)
+        host = self.host
+        key = (id(host), id(target), n)
+        views = self._copy_views.get(key)
+        # Identity checked too: an id may be reused once its tensor is gone (a test's scratch source).
+        if views is None or views[0] is not host or views[1] is not target:
+            if len(self._copy_views) >= 256:
+                self._copy_views.clear()
+            m = min(n, target.numel())
+            views = self._copy_views[key] = (host, target, host[:m], target[:m])
+        return views[2], views[3]
 
     def alloc(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Reserve ``n`` elements: a host view to fill now and the device view kernels read later."""
@@ -100,13 +120,19 @@ class StagingSlot:
 
     def alloc_words(self, n: int) -> tuple[np.ndarray, torch.Tensor]:
         """`alloc` of ``n`` int32 words, the host side as a numpy view (no tensor made on the host)."""
+        host, start = self.reserve_words(n)
+        return host, self.device_words[start : start + n]
+
+    def reserve_words(self, n: int) -> tuple[np.ndarray, int]:
+        """`alloc_words` without the device view: the host numpy view and the first word's index
+        (``device_words[start : start + n]`` is the device side; made only where it is read)."""
         if self.state is not SlotState.WRITING:
             raise StagingLifetimeError("alloc on a staging slot that is not being written", slot=self.index, step=self.step, state=self.state)
         start = -(-self.used_bytes // _ALIGN) * _ALIGN
         if start + 4 * n > self.capacity_bytes:
             raise StagingCapacityError(f"{4 * n} bytes do not fit in slot {self.index} ({self.capacity_bytes - start} left)")
         self.used_bytes = start + 4 * n
-        return self.host_words[start // 4 : start // 4 + n], self.device_words[start // 4 : start // 4 + n]
+        return self.host_words[start // 4 : start // 4 + n], start // 4
 
     def fits(self, n: int, dtype: torch.dtype) -> bool:
         itemsize = dtype.itemsize
@@ -182,7 +208,7 @@ class StagingPool:
         nbytes = slot.used_bytes
         target, slot.copy_to = (slot.device if slot.copy_to is None else slot.copy_to), None
         if nbytes:
-            host, dev = slot.host[:nbytes], target[:nbytes]
+            host, dev = slot.copy_views(target, nbytes)
             self.device.enqueue(lambda: dev.copy_(host, non_blocking=True), f"h2d slot{slot.index} step{slot.step}")
         self.h2d_bytes_total += nbytes
         slot.event = self.device.record_event()
@@ -223,12 +249,19 @@ class StagingWriter:
     @hot_path
     def alloc_words(self, n: int) -> tuple[np.ndarray, torch.Tensor]:
         """``n`` 32-bit words: a numpy host view to fill now and the int32 device view kernels read later."""
+        host, slot, start = self.reserve_words(n)
+        return host, slot.device_words[start : start + n]
+
+    @hot_path
+    def reserve_words(self, n: int) -> tuple[np.ndarray, StagingSlot, int]:
+        """`alloc_words` without the device view: (host view, the slot, first word index in its ``device_words``)."""
         if self.slot is None or not self.slot.fits(n, torch.int32):
             if self.slot is not None:
                 self._submit_current()
             self.slot = self.pool.acquire(self.step)
             self.num_slots_used += 1
-        return self.slot.alloc_words(n)
+        host, start = self.slot.reserve_words(n)
+        return host, self.slot, start
 
     @hot_path
     def alloc(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

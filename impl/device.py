@@ -33,8 +33,9 @@ import random
 import threading
 import weakref
 from collections import deque
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -43,6 +44,8 @@ from impl.lag_policies import LagPolicy, RunImmediately, make_lag_policy
 DEVICE_KINDS = ("cuda", "cpu", "sim")
 
 HOST_WAIT_HOOKS: list[Callable[[str], None]] = []
+
+_NO_SCOPE = nullcontext()  # `Device.on_stream` where there is no stream to switch
 
 _work_context = threading.local()
 
@@ -209,6 +212,7 @@ class Device:
         self._running = False
         self.policy: LagPolicy = make_lag_policy(lag_policy, seed) if kind == "sim" else RunImmediately()
         self.trace: list[str] | None = None  # sim: labels in the order they ran, when enabled
+        self._on_stream: int | None = None  # cuda: the thread inside `on_stream` (its stream is current)
 
     # ---------------------------------------------------------------- properties
     @property
@@ -292,6 +296,9 @@ class Device:
 
     def _run_on_stream(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` with the device's stream current (cuda), restoring the caller's stream after."""
+        if self._on_stream == threading.get_ident():  # inside this thread's `on_stream`: already current
+            _run_as_device_work(fn)
+            return
         stream_id, index, device_type = self._stream_key
         if torch._C._cuda_getDevice() != index:  # another current device: let the context manager switch both
             with torch.cuda.stream(self.stream):
@@ -305,6 +312,28 @@ class Device:
         try:
             _run_as_device_work(fn)
         finally:
+            torch._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
+
+    def on_stream(self) -> AbstractContextManager:
+        """Make the device's stream current for a whole step (cuda; a no-op elsewhere): one switch and one
+        restore, not two per enqueue (each costs host time on an H200).  Nested use is a no-op."""
+        if self.kind != "cuda" or self._on_stream is not None:
+            return _NO_SCOPE
+        return self._stream_scope()
+
+    @contextmanager
+    def _stream_scope(self) -> Iterator[None]:
+        stream_id, index, device_type = self._stream_key
+        if torch._C._cuda_getDevice() != index:  # another current device: enqueue switches per call
+            yield
+            return
+        prev = torch._C._cuda_getCurrentStream(index)
+        torch._C._cuda_setStream(stream_id=stream_id, device_index=index, device_type=device_type)
+        self._on_stream = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._on_stream = None
             torch._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
 
     def record_event(self) -> DeviceEvent:

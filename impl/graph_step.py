@@ -45,6 +45,7 @@ from impl.device import Device
 from impl.kernels.input_prep import (HEADER_NUM_DIFFS, HEADER_WORDS, PADDING_ROW, launch_pad_step_inputs,
                                      launch_prepare_inputs)
 from impl.kernels.post_update import launch_post_update
+from impl.output import OutputLayout
 from impl.staged_writes import launch_apply_from_header
 
 # Programs of the in-graph staged-write apply: a fixed grid striding over the step's diffs.  On
@@ -74,7 +75,11 @@ class GraphKey:
 
 @dataclass
 class PaddedStep:
-    """The launches of one bucketed step, in stream order, and the dict the sampler output lands in."""
+    """The launches of one bucketed step, in stream order, and the dict the sampler output lands in.
+
+    ``result["packed"]`` is the `impl.output.OutputLayout` the step's last launch packs its output
+    into (the bucket's padded shape), so the step's output needs only the D2H copy.
+    """
 
     key: GraphKey
     launches: list[tuple[str, Callable[[], None]]]
@@ -151,6 +156,9 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     step = PaddedStep(key, [])
     result = step.result
     arena = runner.staged_writes.arena
+    outputs = runner.outputs
+    # The bucket's padded shape: the host reads the first num_reqs requests of it (`impl.output.decode_output`).
+    layout = result["packed"] = OutputLayout.build(size, num_tokens, num_top, 0, -1)
 
     # Looked up on ``inputs`` when they run (not bound here): a test harness may wrap them, then recapture.
     def apply_staged() -> None:
@@ -191,9 +199,12 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     def count_sampled() -> None:
         sampling_state.launch_post_update(ib.logits_state_rows, sampler.tokens, row_valid, num_tokens)
 
+    def pack() -> None:
+        outputs.pack_results(layout, result)
+
     step.launches += [("apply staged writes", apply_staged), ("pad step inputs", pad), ("input prep", prepare),
                       ("forward", forward), ("sample", sample), ("post update", post_update),
-                      ("count sampled tokens", count_sampled)]
+                      ("count sampled tokens", count_sampled), ("pack output", pack)]
     return step
 
 

@@ -94,6 +94,17 @@ class StepGraph:
     def key(self) -> GraphKey:
         return self.step.key
 
+    def __post_init__(self) -> None:
+        self.label = f"graph replay {self.key.describe()}"  # the replay's `Device.enqueue` label, made once
+
+    def replay(self) -> None:
+        """One replay (device work): the CUDA graph on cuda, the recorded launches in order on cpu/sim."""
+        if self.cuda_graph is not None:
+            self.cuda_graph.replay()
+            return
+        for _, launch in self.step.launches:
+            launch()
+
     def admits(self, num_reqs: int, query_len: int, num_drafts_each: int, num_top: int) -> bool:
         """The graph's compatibility predicate: the batch fits its size and matches its mode exactly."""
         mode = self.key.mode
@@ -122,6 +133,8 @@ class CudaGraphManager:
         self.replays = 0
         self.padded_eager = 0
         self.fallbacks: Counter[str] = Counter()
+        # (size, query_len, num_top) -> (the graphs dict it was looked up in, key, graph or None): host, see `select`
+        self._keys: dict[tuple[int, int, int], tuple[dict, GraphKey, StepGraph | None]] = {}
         self._pool = None
 
     # ------------------------------------------------------------------ capture phase
@@ -129,6 +142,7 @@ class CudaGraphManager:
         """Capture (cuda) or record (cpu/sim) one step per (size, mode), largest first.  Init-phase only."""
         if not self.enabled or self.captured:
             return
+        self._keys.clear()  # `select`'s looked-up graphs: this capture fills ``graphs`` anew
         if self.device.is_cuda:
             self.device.synchronize()
             self._pool = torch.cuda.graph_pool_handle()
@@ -183,25 +197,31 @@ class CudaGraphManager:
         i = bisect.bisect_left(self.capture_sizes, num_reqs)
         return self.capture_sizes[i] if i < len(self.capture_sizes) else None
 
-    def select(self, num_reqs: int, cu: np.ndarray, draft_start: np.ndarray, num_prompt_rows: int,
+    def select(self, num_reqs: int, uniform: tuple[int, int] | None, num_prompt_rows: int,
                max_num_logprobs: int) -> tuple[GraphKey | None, str | None]:
-        """(key, None) for a bucketed step, or (None, fallback reason).  Host ints and arrays only."""
+        """(key, None) for a bucketed step, or (None, fallback reason).  Host ints only.
+
+        ``uniform``: the (query_len, drafts) every request of the batch shares, None when they differ
+        (`impl.input_batch.StepPlan.uniform`).
+        """
         if num_prompt_rows:
             return None, "prompt_logprobs"
-        query_len = int(cu[1] - cu[0])
-        num_drafts = int(draft_start[1] - draft_start[0])
-        uniform = (query_len in self.query_lens and num_drafts == query_len - 1
-                   and bool(np.all(np.diff(cu) == query_len)) and bool(np.all(np.diff(draft_start) == num_drafts)))
-        if not uniform:
+        if uniform is None or uniform[0] not in self.query_lens or uniform[1] != uniform[0] - 1:
             return None, "non_uniform"
+        query_len, num_drafts = uniform
         size = self.bucket_for(num_reqs)
         if size is None:
             return None, "batch_above_largest_size"
         if size * query_len > self.max_num_batched_tokens:
             return None, "bucket_above_token_budget"
         num_top = -1 if max_num_logprobs < 0 else self.max_logprobs
-        key = GraphKey(size, GraphMode(query_len, num_top))
-        graph = self.graphs.get(key)
+        # The key and its graph, looked up once per (size, mode) and captured set: no per-step dataclass
+        # construction or hashing.  A new ``graphs`` dict (a recapture) makes every entry stale.
+        entry = self._keys.get((size, query_len, num_top))
+        if entry is None or entry[0] is not self.graphs:
+            key = GraphKey(size, GraphMode(query_len, num_top))
+            entry = self._keys[(size, query_len, num_top)] = (self.graphs, key, self.graphs.get(key))
+        _, key, graph = entry
         if self.enabled and (graph is None or not graph.admits(num_reqs, query_len, num_drafts, num_top)):
             return None, "no_graph_for_mode"
         return key, None
@@ -219,16 +239,7 @@ class CudaGraphManager:
             return step.result
         graph = self.graphs[key]
         self.replays += 1
-        if graph.cuda_graph is not None:
-            self.device.enqueue(graph.cuda_graph.replay, f"graph replay {key.describe()}")
-        else:
-            launches = graph.step.launches
-
-            def replay_recorded() -> None:
-                for _, launch in launches:
-                    launch()
-
-            self.device.enqueue(replay_recorded, f"graph replay {key.describe()}")
+        self.device.enqueue(graph.replay, graph.label)
         return graph.step.result
 
     def stats(self) -> dict[str, Any]:

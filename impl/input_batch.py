@@ -59,6 +59,8 @@ class StepPlan:
     max_num_prompt_logprobs: int  # -1: no prompt-logprob rows this step
     query_lens: np.ndarray  # int64 [R]
     num_drafts: np.ndarray  # int64 [R]
+    uniform: tuple[int, int] | None  # (query_len, drafts) shared by every request; None: they differ (or no requests)
+    logits_start64: np.ndarray  # int64 copy of ``logits_start`` (what the step's output metadata holds)
 
     @property
     def num_reqs(self) -> int:
@@ -73,11 +75,17 @@ class StepPlan:
         return len(self.prompt_token_index)
 
 
-def plan_step(step: StepArrays, state: RequestStateTable) -> StepPlan:
+def plan_step(step: StepArrays, state: RequestStateTable, previous: StepPlan | None = None) -> StepPlan:
     """Build the step's plan from its checked arrays (after admission and `apply_cached`, before `advance`).
 
     Vectorised over the batch; per item only for requests with drafts or prompt logprobs.
+    ``previous``: the plan of the last step when ``step`` is steady (`StepArrays.steady`: its
+    requests, order and one-token queries): every array of it holds again, so it is reused and only
+    the sequence-length bound moves -- unless a live request asks for prompt logprobs (their rows
+    depend on positions).
     """
+    if previous is not None and step.steady and previous.req_ids is step.req_ids and not state.num_prompt_logprob_rows:
+        return _replan(previous, int(step.ends.max()))
     req_ids, rows, query_lens, starts = step.req_ids, step.rows, step.query_lens, step.starts
     num_reqs = len(req_ids)
     num_drafts = step.num_drafts
@@ -137,7 +145,24 @@ def plan_step(step: StepArrays, state: RequestStateTable) -> StepPlan:
         max_num_prompt_logprobs=max((p.num_top for p in prompt_requests), default=-1),
         query_lens=query_lens,
         num_drafts=num_drafts,
+        uniform=_uniform(query_lens, num_drafts),
+        logits_start64=logits_start.astype(np.int64),
     )
+
+
+def _replan(p: StepPlan, max_seq_len: int) -> StepPlan:
+    return StepPlan(p.req_ids, p.rows, p.cu, p.draft_start, p.drafts, p.logits_start, p.prompt_token_index, p.prompt_targets,
+                    p.prompt_requests, p.num_logprobs, p.num_tokens, p.max_query_len, max_seq_len, p.max_num_logprobs,
+                    p.max_num_prompt_logprobs, p.query_lens, p.num_drafts, p.uniform, p.logits_start64)
+
+
+def _uniform(query_lens: np.ndarray, num_drafts: np.ndarray) -> tuple[int, int] | None:
+    if not len(query_lens):
+        return None
+    q, k = int(query_lens[0]), int(num_drafts[0])
+    if np.count_nonzero(query_lens != q) or np.count_nonzero(num_drafts != k):
+        return None
+    return q, k
 
 
 _NO_DRAFTS = np.zeros(0, np.int32)

@@ -10,7 +10,8 @@ Ownership
 ``num_sampled`` (int32 ``[max_num_reqs]``) and ``row_valid`` (int32 ``[max_logit_rows]``): device,
 runner lifetime, contents valid for one step; written only by the post-update kernel.
 ``pack`` (uint8 device buffer): device, runner lifetime, one step; written only by the step's
-pack copies, read only by the step's D2H copy (stream order separates steps).
+pack copies (`OutputSlots.pack_results`: enqueued with the D2H, or the last launch of a bucketed
+step's graph), read only by the step's D2H copy (stream order separates steps).
 ``slots`` (pinned uint8 host buffers, a ring): pinned host, runner lifetime.  A slot is written
 only by its D2H copy and read only by the host after its event, by the `AsyncStepOutput` that
 holds it.  A slot is handed to a new step only after its holder has read it: either ``get()`` was
@@ -20,7 +21,7 @@ if it is not complete, counted in ``num_backpressure_waits``) before the slot is
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 import torch
@@ -46,7 +47,7 @@ class PromptLogprobRequest:
 class OutputLayout:
     """Where each field sits in the packed output (byte offsets), for one step.  Host-known shapes only."""
 
-    num_reqs: int
+    num_reqs: int  # requests packed (a bucketed step packs its padded size; the batch is the first ones)
     num_rows: int  # sampling logit rows
     num_top: int  # top logprobs per sampling row; -1: no logprobs this step
     num_prompt_rows: int
@@ -86,9 +87,10 @@ class OutputLayout:
         return buf[start : start + nbytes].view(dtype).view(shape)
 
 
-@dataclass(frozen=True)
-class StepOutputMeta:
-    """Host facts needed to build a step's `ModelRunnerOutput` (captured when the step is enqueued)."""
+class StepOutputMeta(NamedTuple):
+    """Host facts needed to build a step's `ModelRunnerOutput` (captured when the step is enqueued).
+
+    Immutable; a named tuple because one is built every step (a frozen dataclass costs microseconds)."""
 
     step_id: int
     req_ids: tuple[str, ...]
@@ -148,7 +150,8 @@ def decode_output(buf: torch.Tensor, layout: OutputLayout, meta: StepOutputMeta)
 
     tokens = arr("tokens").tolist()
     starts = meta.logits_start
-    ends = starts[:-1] + arr("num_sampled").astype(np.int64)
+    # A bucketed step's pack covers its padded rows too: only the first num_reqs counts are the batch's.
+    ends = starts[:-1] + arr("num_sampled")[: len(starts) - 1].astype(np.int64)
     # Flagged when any row the request sampled from held a non-finite value (all 1 + k rows,
     # accepted or not); a partial prefill chunk samples nothing and is never flagged.
     flagged_before = np.concatenate(([0], np.cumsum(arr("nan_flags") != 0)))
@@ -195,6 +198,7 @@ class OutputSlots:
         self.pack = device.zeros(self.capacity_bytes, torch.uint8)
         self.slots = [device.pinned(self.capacity_bytes, torch.uint8) for _ in range(num_slots)]
         self._holders: list[AsyncStepOutput | None] = [None] * num_slots
+        self._d2h: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # views of slots and pack (host objects)
         self._next = 0
         self.num_backpressure_waits = 0
 
@@ -215,35 +219,56 @@ class OutputSlots:
             self._holders[slot] = None
 
     @hot_path
+    def pack_results(self, layout: OutputLayout, results: dict) -> None:
+        """Pack a step's results into ``pack`` at ``layout`` (device work: call inside enqueued work or a capture).
+
+        A bucketed step's graph runs this as its last launch (`impl.graph_step`), so its output
+        needs only the D2H; ``results`` then carries ``"packed": layout``.
+        """
+        pack, num_sampled = self.pack, self.num_sampled
+        out = results["out"]
+        layout.view(pack, "tokens").copy_(out.tokens[: layout.num_rows])
+        layout.view(pack, "num_sampled").copy_(num_sampled[: layout.num_reqs])
+        layout.view(pack, "nan_flags").copy_(out.nan_flags[: layout.num_rows])
+        if layout.num_top >= 0:
+            k = layout.num_top
+            layout.view(pack, "logprob").copy_(out.logprob[: layout.num_rows])
+            layout.view(pack, "rank").copy_(out.rank[: layout.num_rows])
+            layout.view(pack, "top_ids").copy_(out.top_ids[: layout.num_rows, :k])
+            layout.view(pack, "top_logprobs").copy_(out.top_logprobs[: layout.num_rows, :k])
+        if layout.num_prompt_rows > 0 and layout.num_prompt_top >= 0:
+            p, k = results["prompt"], layout.num_prompt_top
+            n = layout.num_prompt_rows
+            layout.view(pack, "prompt_logprob").copy_(p.logprob[:n])
+            layout.view(pack, "prompt_rank").copy_(p.rank[:n])
+            layout.view(pack, "prompt_top_ids").copy_(p.top_ids[:n, :k])
+            layout.view(pack, "prompt_top_logprobs").copy_(p.top_logprobs[:n, :k])
+
+    def _d2h_views(self, slot: int, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(slot[:nbytes], pack[:nbytes])``, made once per (slot, size): slicing a device tensor costs host time."""
+        views = self._d2h.get((slot, nbytes))
+        if views is None:
+            if len(self._d2h) >= 4096:  # eager steps of many shapes: keep the cache bounded
+                self._d2h.clear()
+            views = self._d2h[(slot, nbytes)] = (self.slots[slot][:nbytes], self.pack[:nbytes])
+        return views
+
+    @hot_path
     def enqueue_copy_out(self, slot: int, layout: OutputLayout, results: dict, meta: StepOutputMeta) -> AsyncStepOutput:
         """Pack the step's results and copy them into ``slot`` (one D2H), record the event; returns the step's output.
 
         ``results`` is filled by earlier closures of the same step (``"out"``: the sampler output,
         ``"prompt"``: prompt logprobs); on sim they run later than this call, so it is read only
-        when the pack closure runs.
+        when the pack closure runs.  ``results["packed"] is layout``: the step packed itself.
         """
-        pack, host = self.pack, self.slots[slot]
-        num_sampled, nbytes = self.num_sampled, layout.nbytes
-
-        def copy_out() -> None:
-            out = results["out"]
-            layout.view(pack, "tokens").copy_(out.tokens[: layout.num_rows])
-            layout.view(pack, "num_sampled").copy_(num_sampled[: layout.num_reqs])
-            layout.view(pack, "nan_flags").copy_(out.nan_flags[: layout.num_rows])
-            if layout.num_top >= 0:
-                k = layout.num_top
-                layout.view(pack, "logprob").copy_(out.logprob[: layout.num_rows])
-                layout.view(pack, "rank").copy_(out.rank[: layout.num_rows])
-                layout.view(pack, "top_ids").copy_(out.top_ids[: layout.num_rows, :k])
-                layout.view(pack, "top_logprobs").copy_(out.top_logprobs[: layout.num_rows, :k])
-            if layout.num_prompt_rows > 0 and layout.num_prompt_top >= 0:
-                p, k = results["prompt"], layout.num_prompt_top
-                n = layout.num_prompt_rows
-                layout.view(pack, "prompt_logprob").copy_(p.logprob[:n])
-                layout.view(pack, "prompt_rank").copy_(p.rank[:n])
-                layout.view(pack, "prompt_top_ids").copy_(p.top_ids[:n, :k])
-                layout.view(pack, "prompt_top_logprobs").copy_(p.top_logprobs[:n, :k])
-            host[:nbytes].copy_(pack[:nbytes], non_blocking=True)
+        host, pack = self._d2h_views(slot, layout.nbytes)
+        if results.get("packed") is layout:
+            def copy_out() -> None:
+                host.copy_(pack, non_blocking=True)
+        else:
+            def copy_out() -> None:
+                self.pack_results(layout, results)
+                host.copy_(pack, non_blocking=True)
 
         self.device.enqueue(copy_out, f"d2h output slot{slot} step{meta.step_id}")
         event = self.device.record_event()

@@ -13,8 +13,11 @@ Device work of a step, in one submit order on the one stream: H2D of the staging
 write applies -> input prep -> forward -> sampler -> post-update -> pack + one D2H into a pinned
 output slot -> event.  A uniform decode batch pads its rows into a capture-size bucket and runs
 apply .. post-update as one graph replay (`impl.graph_step`): its slot's H2D lands in the graph's
-fixed step buffer, whose header carries the step's counts, so such a step enqueues only the H2D,
-the replay and the output copy.  Other batches run eager.  `execute_model` never waits in steady state; `AsyncStepOutput.get()` is the
+fixed step buffer, whose header carries the step's counts, and the graph packs the step's output,
+so such a step enqueues only the H2D, the replay and the output copy.  Other batches run eager.
+A step that repeats the last decode batch (`impl.step_reader.read_steady_step`) reuses its plan,
+so its host side is the read of the counts and blocks, a few vectorised mirror updates and those
+three enqueues, inside one stream switch (`Device.on_stream`).  `execute_model` never waits in steady state; `AsyncStepOutput.get()` is the
 one wait.  Step N+1 may be submitted before step N's output is read (async scheduling): every
 count the next step needs lives on the device.
 
@@ -50,7 +53,7 @@ from impl.model.weights import ModelWeights
 from impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
 from impl.sample import LogprobsComputer, LogprobsOutput, Sampler, SamplingState, prompt_logprobs_chunked
 from impl.state import RequestStateTable
-from impl.step_reader import StepArrays, read_step
+from impl.step_reader import StepArrays, read_steady_step, read_step
 
 
 # Prompt-logprob positions whose logits exist at once (x vocab fp32): 256 x 151936 x 4 B = 156 MB.
@@ -71,6 +74,7 @@ class StepStats:
     host_seconds: float
     graph_replayed: bool = False  # the step's device work was one graph replay
     graph_fallback: str | None = None  # why a step with tokens ran eager (`impl.graphs.FALLBACK_REASONS`)
+    steady: bool = False  # read by the steady-state reader (`impl.step_reader.read_steady_step`), its plan reused
 
 
 class ReadyOutput:
@@ -108,6 +112,8 @@ class ModelRunner:
         self.last_step_stats: StepStats | None = None
         self._last_step_id: int | None = None  # step ids must increase (checked at the boundary)
         self._step: StepArrays | None = None  # the step being executed, read once by `_check`
+        # The last accepted decode step and its plan: a steady step repeats both (`read_steady_step`).
+        self._last_decode: tuple[StepArrays, StepPlan] | None = None
         self._output_layouts: dict[tuple[int, ...], OutputLayout] = {}
         self._cuda_graphs = cuda_graphs
         self._capture_sizes = capture_sizes
@@ -198,6 +204,11 @@ class ModelRunner:
     @hot_path
     def execute_model(self, sched: SchedulerOutput) -> AsyncStepOutput | ReadyOutput:
         started = time.perf_counter()
+        with self.device.on_stream():  # one stream switch per step, not one per enqueue
+            return self._execute(sched, started)
+
+    @hot_path
+    def _execute(self, sched: SchedulerOutput, started: float) -> AsyncStepOutput | ReadyOutput:
         step = self._check(sched)
         enqueued_before = self.device.num_enqueued
         self.device.begin_step()
@@ -211,11 +222,12 @@ class ModelRunner:
         key = reason = None
         proposer, device_drafts = self.proposer, self._device_drafts
         if step.req_ids:
-            plan = plan_step(step, self.state)
+            plan = plan_step(step, self.state, self._last_decode[1] if step.steady else None)
+            self._last_decode = (step, plan) if step.is_decode else None
             if device_drafts:
                 proposer.mark_placeholders(plan, device_drafts)
             staged = self.input_batch.stage(plan, writer)
-            key, reason = self.graphs.select(plan.num_reqs, plan.cu, plan.draft_start, plan.num_prompt_rows, plan.max_num_logprobs)
+            key, reason = self.graphs.select(plan.num_reqs, plan.uniform, plan.num_prompt_rows, plan.max_num_logprobs)
         self.staged_writes.flush(writer)
         admitted = self.sampling_state.num_pending > 0  # its own kernels (count resets) follow admissions only
         if admitted:
@@ -236,6 +248,7 @@ class ModelRunner:
         if proposer is not None:
             proposer.note_step(step, sched.new_requests, self.state.req_to_row)
         if not step.req_ids:
+            self._last_decode = None
             self._record_stats(sched.step_id, 0, 0, writer, enqueued_before, started)
             return ReadyOutput(ModelRunnerOutput(sched.step_id, (), (), (), {}, (), seeds))
 
@@ -253,7 +266,7 @@ class ModelRunner:
         self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
         self.state.advance(plan.req_ids, plan.query_lens, plan.num_drafts)
         self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer, enqueued_before, started,
-                           fallback is None and self.graphs.enabled, fallback)
+                           fallback is None and self.graphs.enabled, fallback, step.steady)
         return output
 
     def _check(self, sched: SchedulerOutput) -> StepArrays:
@@ -269,7 +282,9 @@ class ModelRunner:
             step = read_step(NgramProposer.placeholder_schedule(sched, counts), self.state, self.limits, self._last_step_id)
             self._device_drafts = counts
             return step
-        return read_step(sched, self.state, self.limits, self._last_step_id)
+        last = self._last_decode
+        step = read_steady_step(sched, self.state, self.limits, self._last_step_id, last[0] if last is not None else None)
+        return step if step is not None else read_step(sched, self.state, self.limits, self._last_step_id)
 
     def _update_rows(self, sched: SchedulerOutput) -> dict[str, int]:
         """Releases and admissions per item; cached requests' counts and block appends from the step's arrays."""
@@ -362,21 +377,23 @@ class ModelRunner:
                                        num_top, computer, out, chunk_rows=chunk)
 
     def _enqueue_output(self, step_id: int, plan: StepPlan, result: dict, seeds: dict[str, int]) -> AsyncStepOutput:
-        shape = (plan.num_reqs, plan.num_sampling_rows, plan.max_num_logprobs, plan.num_prompt_rows, plan.max_num_prompt_logprobs)
-        layout = self._output_layouts.get(shape)
-        if layout is None:  # built once per batch shape (frozen), not per step
-            if len(self._output_layouts) >= 1024:
-                self._output_layouts.clear()
-            layout = self._output_layouts[shape] = OutputLayout.build(*shape)
-        meta = StepOutputMeta(step_id, plan.req_ids, plan.logits_start.astype("int64"), plan.num_logprobs,
+        layout = result.get("packed")  # a bucketed step packs itself at its bucket's layout
+        if layout is None:
+            shape = (plan.num_reqs, plan.num_sampling_rows, plan.max_num_logprobs, plan.num_prompt_rows, plan.max_num_prompt_logprobs)
+            layout = self._output_layouts.get(shape)
+            if layout is None:  # built once per batch shape (frozen), not per step
+                if len(self._output_layouts) >= 1024:
+                    self._output_layouts.clear()
+                layout = self._output_layouts[shape] = OutputLayout.build(*shape)
+        meta = StepOutputMeta(step_id, plan.req_ids, plan.logits_start64, plan.num_logprobs,
                               plan.prompt_requests, plan.prompt_targets, seeds)
         slot = self.outputs.acquire()
         return self.outputs.enqueue_copy_out(slot, layout, result, meta)
 
     def _record_stats(self, step_id: int, num_reqs: int, num_tokens: int, writer: StagingWriter, enqueued_before: int, started: float,
-                      graph_replayed: bool = False, graph_fallback: str | None = None) -> None:
+                      graph_replayed: bool = False, graph_fallback: str | None = None, steady: bool = False) -> None:
         self.last_step_stats = StepStats(step_id, num_reqs, num_tokens, writer.bytes, self.device.num_enqueued - enqueued_before,
-                                         time.perf_counter() - started, graph_replayed, graph_fallback)
+                                         time.perf_counter() - started, graph_replayed, graph_fallback, steady)
 
 
 def _check_limits(weights: ModelWeights, limits: RunnerLimits) -> None:

@@ -140,8 +140,12 @@ class StagedWriteGroup:
                     lens.append(len(vals) * words_per)
                     values.extend(vals)
             for rows, starts, lens_r, vals in t._ragged:
-                dst_parts.append(base + (rows * cols + starts) * words_per)
-                len_parts.append(lens_r * words_per)
+                if words_per == 1:  # 4-byte elements (the block table): words are elements
+                    dst_parts.append(rows * cols + starts + base)
+                    len_parts.append(lens_r)
+                else:
+                    dst_parts.append(base + (rows * cols + starts) * words_per)
+                    len_parts.append(lens_r * words_per)
                 word_parts.append(np.asarray(vals, _NP_DTYPES[t.dtype]).view(np.int32))
             t._ragged.clear()
         for dtype, (dst, lens, values) in by_dtype.items():
@@ -165,17 +169,18 @@ class StagedWriteGroup:
     def _pack(self, dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray, writer: StagingWriter) -> Callable[[], None]:
         n = len(lens)
         meta_words = _META_WORDS * n
-        host, staged = writer.alloc_words(meta_words + len(values))
+        total = meta_words + len(values)
+        host, slot, start = writer.reserve_words(total)
         meta = host[:meta_words].reshape(n, _META_WORDS)
         meta[:, 0], meta[:, 1], meta[:, 2] = dst, lens, src
         host[meta_words:] = values
-        self.h2d_bytes_last_flush += 4 * (meta_words + len(values))
-        slot = writer.slot
-        self._packs.append((slot, slot.used_bytes // 4 - (meta_words + len(values)), n))
+        self.h2d_bytes_last_flush += 4 * total
+        self._packs.append((slot, start, n))
         arena = self.arena
 
         def apply() -> None:
-            launch(_apply_word_diffs_kernel, (n,), arena, staged, meta_words, BLOCK=_APPLY_BLOCK)
+            # The device view is made here: a bucketed step drops this apply (`take_single_pack`).
+            launch(_apply_word_diffs_kernel, (n,), arena, slot.device_words[start : start + total], meta_words, BLOCK=_APPLY_BLOCK)
 
         return apply
 

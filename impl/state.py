@@ -261,9 +261,10 @@ class RequestStateTable:
         if len(rows) == 0:
             return
         shift = self.num_computed[rows] - num_computed
-        self.unconfirmed_drafts[rows] -= shift
-        self.num_tokens[rows] -= shift
-        self.num_computed[rows] = num_computed
+        if np.count_nonzero(shift):  # usually none: the counts are the mirror's (a steady step's always are)
+            self.unconfirmed_drafts[rows] -= shift
+            self.num_tokens[rows] -= shift
+            self.num_computed[rows] = num_computed
         self.num_blocks[rows] += num_new_blocks
 
     def plan_rows(self, req_ids: Sequence[str], rows: np.ndarray, ends: np.ndarray, known: np.ndarray) -> None:
@@ -285,10 +286,12 @@ class RequestStateTable:
         else:
             rows = np.fromiter(map(self.req_to_row.__getitem__, req_ids), np.int64, len(req_ids))
             end, known = self.num_computed[rows] + _in_order(num_scheduled, req_ids), self.num_tokens[rows]
-        samples = end == known + k  # reached the end of what is known
-        self.num_tokens[rows] = np.where(samples, end + 1, known)
         if np.count_nonzero(k):
+            samples = end == known + k  # reached the end of what is known
+            self.num_tokens[rows] = np.where(samples, end + 1, known)
             self.unconfirmed_drafts[rows] += np.where(samples, k, 0)
+        else:  # end <= known (checked at the boundary): a request that reached the end samples one more
+            self.num_tokens[rows] = np.maximum(known, end + 1)
         self.num_computed[rows] = end
 
     @hot_path

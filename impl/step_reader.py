@@ -12,6 +12,13 @@ request, field and error class exactly as the oracle would (`_diagnose`); the fa
 decide *whether* a step is bad.  So both forms hold the same rules, and the bad-input tests hold
 them to the same verdicts.
 
+A steady decode step -- the last accepted decode batch again, same requests in the same order,
+one token each, nothing admitted, finished or preempted, no drafts -- is read by
+`read_steady_step` instead: rows, order and query lengths are the last step's, so it reads only
+the computed counts and appended blocks (C-level passes) and checks them against the mirror.  It
+never raises past the container and step-id checks: any step it does not accept in full goes to
+`read_step`, so the verdicts (and error classes) are `read_step`'s.
+
 The result, `StepArrays`, serves the row updates (`apply_cached`, block appends, admissions)
 and the step plan (`impl.input_batch.plan_step`); nothing reads the `SchedulerOutput` again
 except the admissions themselves.
@@ -19,7 +26,7 @@ except the admissions themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from operator import attrgetter
 
 import numpy as np
@@ -71,6 +78,14 @@ class StepArrays:
     num_drafts: np.ndarray  # int64 [R]
     drafts: tuple[tuple[int, ...], ...] | None  # per scheduled request, batch order; None: no drafts this step
     num_tokens: int
+    # Read by `read_steady_step`: the last step's requests, order and one-token queries again (its
+    # ``req_ids``, ``rows``, ``query_lens`` and ``num_drafts`` are the last step's objects, shared).
+    steady: bool = False
+
+    @property
+    def is_decode(self) -> bool:
+        """Every scheduled request computes exactly one token and there are no drafts."""
+        return self.drafts is None and self.num_tokens == len(self.req_ids) > 0
 
 
 def _all_of(values: list, types: set) -> bool:
@@ -100,6 +115,91 @@ def _int_array(values: list) -> np.ndarray | None:
         return np.array(values, np.int64) if values else _EMPTY
     except OverflowError:
         return None
+
+
+def _appended_ids(block_lists: list, num_kv_blocks: int) -> list | None:
+    """The block ids of ``block_lists`` (non-empty lists), in order; None when one is not an int in range."""
+    appended = list(chain.from_iterable(block_lists))
+    if set(map(type, appended)) != {int} or min(appended) < 0 or max(appended) >= num_kv_blocks:
+        return None
+    return appended
+
+
+def read_steady_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last_step_id: int | None,
+                     last: StepArrays | None) -> StepArrays | None:
+    """The steady decode step, read and checked in O(1) Python plus C-level passes; None when ``sched`` is not one.
+
+    Steady: nothing finished, preempted or admitted, no drafts, and the cached and scheduled
+    requests are ``last``'s (the last accepted step, a decode step: `StepArrays.is_decode`), in its
+    order, one token each.  Rows, batch order and query lengths are then ``last``'s, and only the
+    computed counts and appended blocks are read and checked against the host mirror.  The checks
+    are `read_step`'s rules for such a step; whenever one fails (or the step is not steady) this
+    returns None and the caller runs `read_step`, which rejects the step with the error that names
+    the request and field.  Raises only what `read_step` raises first (containers, step id).
+    """
+    check_containers(sched)
+    check_step_id(sched.step_id, last_step_id)
+    if (last is None or sched.new_requests or sched.finished_req_ids or sched.preempted_req_ids or sched.draft_token_ids
+            or sched.num_device_drafts):
+        return None
+    try:
+        return _read_steady(sched, state, limits, last)
+    except (TypeError, ValueError):  # an element whose comparison or truth value fails: `read_step` names it
+        return None
+
+
+def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last: StepArrays) -> StepArrays | None:
+    req_ids, cached, scheduled = last.req_ids, sched.cached_requests, sched.num_scheduled_tokens
+    n = len(req_ids)
+    if len(cached) != n or len(scheduled) != n or not _all_of(cached, {CachedRequest}):
+        return None
+    if tuple(map(_REQ_ID, cached)) != req_ids or tuple(scheduled) != req_ids:
+        return None
+    counts = list(scheduled.values())
+    computed = list(map(_COMPUTED, cached))
+    if counts.count(1) != n or not _all_of(counts, {int}) or not _all_of(computed, {int}):
+        return None
+    rows = last.rows
+    starts = state.num_computed[rows]
+    # Equal to the mirror's bound: no draft rejection reported, nothing to shift.
+    if computed != starts.tolist():
+        return None
+    # Appended blocks: the requests with a non-empty list, found in one C-level pass; every other
+    # entry must be the empty tuple (anything else -- an empty list or str, None -- goes to `read_step`).
+    block_lists = list(map(_NEW_BLOCKS, cached))
+    appending_at = list(compress(range(n), block_lists))
+    k = len(appending_at)
+    if block_lists.count(()) != n - k:
+        return None
+    num_blocks = state.num_blocks[rows]
+    appends = None
+    if k:
+        appending = list(map(block_lists.__getitem__, appending_at))
+        if not _all_of(appending, {tuple, list}):
+            return None
+        appended = _appended_ids(appending, limits.num_kv_blocks)
+        if appended is None:
+            return None
+        with_blocks = np.array(appending_at, np.int64)
+        # Usually one block each (a decode crossing into a new block).
+        counts_appended = np.ones(k, np.int64) if len(appended) == k else np.fromiter(map(len, appending), np.int64, k)
+        grown = num_blocks[with_blocks] + counts_appended
+        if int(grown.max()) > blocks_per_request(limits.max_model_len, limits.block_size):
+            return None
+        num_blocks[with_blocks] = grown
+        appends = (rows[with_blocks], counts_appended, np.array(appended, np.int64))
+    ends = starts + 1
+    known = state.num_tokens[rows]
+    # Past the known tokens, or past what the blocks hold (ceil(end / bs) > blocks <=> end > blocks * bs).
+    if (np.count_nonzero((ends > known) | (ends > num_blocks * limits.block_size)) or n > limits.max_num_batched_tokens
+            or int(ends.max()) > limits.max_model_len):
+        return None
+    # The cached updates touch only the rows that appended blocks (every other shift and count is 0).
+    return StepArrays(
+        gone=(), cached_rows=appends[0] if k else _EMPTY, cached_computed=starts[with_blocks] if k else _EMPTY,
+        cached_new_blocks=appends[1] if k else _EMPTY, block_appends=appends, req_ids=req_ids, rows=rows,
+        new_positions=(), query_lens=last.query_lens, starts=starts, ends=ends, known=known, num_drafts=last.num_drafts, drafts=None, num_tokens=n, steady=True,
+    )
 
 
 def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last_step_id: int | None) -> StepArrays:
@@ -146,8 +246,8 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         cnew = np.fromiter(map(len, block_lists), np.int64, nc)
         with_blocks = cnew.nonzero()[0]
         if len(with_blocks):  # only the requests that appended blocks, checked in C-level passes
-            appended = list(chain.from_iterable(map(block_lists.__getitem__, with_blocks.tolist())))
-            if set(map(type, appended)) != {int} or min(appended) < 0 or max(appended) >= limits.num_kv_blocks:
+            appended = _appended_ids(list(map(block_lists.__getitem__, with_blocks.tolist())), limits.num_kv_blocks)
+            if appended is None:
                 for i in with_blocks.tolist():  # names the first bad block id
                     check_block_ids(block_lists[i], limits.num_kv_blocks, ids[i], "new_block_ids")
             appends = (crows[with_blocks], cnew[with_blocks], np.array(appended, np.int64))

@@ -302,6 +302,54 @@ def _variants_at_4(good: SchedulerOutput) -> list[Variant]:
     ]
 
 
+def _variants_at_5(good: SchedulerOutput) -> list[Variant]:
+    """A steady step (the last step's requests, order and one-token queries: `impl.step_reader.read_steady_step`)."""
+    r = dataclasses.replace
+    ca, cc = good.cached_requests
+    sched = good.num_scheduled_tokens
+    T = SchedulerOutputTypeError
+
+    def cached(a: CachedRequest) -> SchedulerOutput:
+        return r(good, cached_requests=(a, cc))
+
+    return [
+        ("steady: step_id reused", StepIdError, r(good, step_id=4), True),
+        ("steady: cached id unknown", UnknownRequestError, cached(r(ca, req_id="ghost")), True),
+        ("steady: cached id twice", DuplicateRequestError, r(good, cached_requests=(ca, cc, ca)), True),
+        ("steady: cached id an int", T, cached(r(ca, req_id=7)), True),
+        ("steady: cached holds a NewRequest", T, r(good, cached_requests=(ca, C)), True),
+        ("steady: num_computed None", T, cached(r(ca, num_computed_tokens=None)), True),
+        ("steady: num_computed float", T, cached(r(ca, num_computed_tokens=float(ca.num_computed_tokens))), True),
+        ("steady: num_computed bool", T, cached(r(ca, num_computed_tokens=True)), True),
+        ("steady: num_computed negative", ScheduledTokensError, cached(r(ca, num_computed_tokens=-1)), True),
+        ("steady: num_computed huge", ScheduledTokensError, cached(r(ca, num_computed_tokens=2**70)), True),
+        ("steady: num_computed above the scheduled count", ScheduledTokensError,
+         cached(r(ca, num_computed_tokens=ca.num_computed_tokens + 1)), True),
+        ("steady: num_computed below, no drafts in flight", ScheduledTokensError,
+         cached(r(ca, num_computed_tokens=ca.num_computed_tokens - 1)), False),
+        ("steady: new_block_ids None", T, cached(r(ca, new_block_ids=None)), True),
+        ("steady: new_block_ids an empty str", T, cached(r(ca, new_block_ids="")), True),
+        ("steady: new_block_ids a str", T, cached(r(ca, new_block_ids="4")), True),
+        ("steady: new_block_ids an array", T, cached(r(ca, new_block_ids=np.array([30, 31]))), True),
+        ("steady: new block float", T, cached(r(ca, new_block_ids=(30.0,))), True),
+        ("steady: new block bool", T, cached(r(ca, new_block_ids=(True,))), True),
+        ("steady: new block out of range", BlockIdError, cached(r(ca, new_block_ids=(LIMITS.num_kv_blocks,))), True),
+        ("steady: new blocks past a row", BlockIdError, cached(r(ca, new_block_ids=tuple(range(20, 35)))), True),
+        ("steady: scheduled id unknown", UnknownRequestError, r(good, num_scheduled_tokens={**sched, "ghost": 1}), True),
+        ("steady: scheduled id an int", T, r(good, num_scheduled_tokens={**sched, 9: 1}), True),
+        ("steady: scheduled 0", ScheduledTokensError, r(good, num_scheduled_tokens={**sched, "C": 0}), True),
+        ("steady: scheduled negative", ScheduledTokensError, r(good, num_scheduled_tokens={**sched, "C": -1}), True),
+        ("steady: scheduled float", T, r(good, num_scheduled_tokens={**sched, "C": 1.0}), True),
+        ("steady: scheduled bool", T, r(good, num_scheduled_tokens={**sched, "C": True}), True),
+        ("steady: scheduled None", T, r(good, num_scheduled_tokens={**sched, "C": None}), True),
+        ("steady: scheduled huge", ScheduledTokensError, r(good, num_scheduled_tokens={**sched, "C": 2**70}), True),
+        ("steady: scheduled past the known tokens", ScheduledTokensError, r(good, num_scheduled_tokens={**sched, "C": 2}), True),
+        ("steady: scheduled and finished", FinishedAndScheduledError, r(good, finished_req_ids=frozenset({"C"}),
+                                                                         cached_requests=(ca,)), True),
+        ("steady: drafts for an unscheduled request", ScheduledTokensError, r(good, draft_token_ids={"ghost": (1,)}), True),
+    ]
+
+
 def _throw(runner: ModelRunner, variants: list[Variant], seen: dict[str, type]) -> None:
     for name, cls, bad, oracle_agrees in variants:
         before = fingerprint(runner)
@@ -326,10 +374,45 @@ def test_bad_inputs_are_typed_atomic_and_leave_the_run_bit_identical(clean_outpu
             _throw(runner, _variants_at_3(_schedule(3, outputs)), seen)
         elif step == 4:
             _throw(runner, _variants_at_4(_schedule(4, outputs)), seen)
+        elif step == 5:
+            _throw(runner, _variants_at_5(_schedule(5, outputs)), seen)
 
     outputs = _run(inject)
-    assert len(seen) >= 75, f"only {len(seen)} bad-input classes"
+    assert len(seen) >= 100, f"only {len(seen)} bad-input classes"
     assert outputs == clean_outputs, "the run that saw bad inputs diverged from the clean run"
+
+
+def test_steady_steps_are_read_by_the_steady_reader():
+    """Step 5 (the catalogue's steady step) and step 2 take `read_steady_step`; the others `read_step`."""
+    runner, outputs, steady = _runner(), [], []
+    for step in range(NUM_STEPS):
+        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
+        steady.append(runner.last_step_stats.steady)
+    assert steady == [False, False, True, False, False, True]
+
+
+def test_planted_bug_steady_reader_trusting_the_mirror_is_caught(monkeypatch):
+    """The steady variants can fail: a steady reader that takes the computed counts from its own mirror
+    (never comparing the scheduler's) lets a wrong count through."""
+    import impl.runner as runner_module
+    import impl.step_reader as step_reader
+
+    def trusting(sched, state, limits, last_step_id, last):
+        if last is not None and isinstance(sched, SchedulerOutput) and all(
+                isinstance(c, CachedRequest) and c.req_id in state.req_to_row for c in sched.cached_requests):
+            fixed = tuple(dataclasses.replace(c, num_computed_tokens=int(state.num_computed[state.req_to_row[c.req_id]]))
+                          for c in sched.cached_requests)
+            sched = dataclasses.replace(sched, cached_requests=fixed)
+        return step_reader.read_steady_step(sched, state, limits, last_step_id, last)
+
+    monkeypatch.setattr(runner_module, "read_steady_step", trusting)
+    runner, outputs = _runner(), []
+    for step in range(5):
+        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
+    bad = _variants_at_5(_schedule(5, outputs))
+    above = [v for v in bad if v[0] == "steady: num_computed above the scheduled count"]
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        _throw(runner, above, {})
 
 
 def test_planted_bug_finishes_applied_before_the_step_id_check_is_caught(monkeypatch):

@@ -153,3 +153,30 @@ def test_cuda_registration_and_pinned():
     assert is_device_memory(dev.empty(4, torch.float32))
     assert is_pinned_memory(dev.pinned(4, torch.float32))
     assert not is_pinned_memory(torch.zeros(4))
+
+
+def test_on_stream_is_a_no_op_without_a_stream():
+    dev = Device("cpu")
+    with dev.on_stream():
+        dev.enqueue(lambda: None, "noop")
+    assert dev.num_enqueued == 1
+
+
+@pytest.mark.gpu
+def test_cuda_on_stream_switches_once_and_restores_the_callers_stream():
+    """Inside `Device.on_stream` the runner's stream is current and enqueued work lands on it; the caller's
+    stream comes back after, also when the step raises."""
+    dev = Device("cuda")
+    caller = torch.cuda.current_stream()
+    seen = []
+    with dev.on_stream():
+        assert torch.cuda.current_stream() == dev.stream
+        dev.enqueue(lambda: seen.append(torch.cuda.current_stream()), "probe")
+    assert seen == [dev.stream]
+    assert torch.cuda.current_stream() == caller
+    with pytest.raises(RuntimeError):
+        with dev.on_stream():
+            raise RuntimeError("a step that fails")
+    assert torch.cuda.current_stream() == caller
+    dev.enqueue(lambda: seen.append(torch.cuda.current_stream()), "probe")  # outside: enqueue switches per call
+    assert seen == [dev.stream, dev.stream] and torch.cuda.current_stream() == caller
