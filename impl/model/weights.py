@@ -69,6 +69,12 @@ PRESETS: dict[str, ModelConfig] = {
     # Draft models (impl.draft_proposer): the vocabulary and context of "micro" / "tiny", a smaller body.
     "micro-draft": ModelConfig(vocab_size=256, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=32, max_model_len=128),
     "tiny-draft": ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64),
+    # A Qwen3-vocabulary draft for the qwen3-0.6b target (GPU benchmarks).
+    "qwen3-0.6b-draft": ModelConfig(
+        vocab_size=151936, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64,
+        intermediate_size=512, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        qk_norm=True, max_model_len=4096,
+    ),
     # Qwen3-0.6B-shaped (random weights) for GPU benchmarks.
     "qwen3-0.6b": ModelConfig(
         vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
