@@ -151,7 +151,7 @@ class DraftModelProposer(DeviceDraftRows):
             return
         ib, ss, verifier = self.input_batch, self.sampling_state, self.verifier
         num_reqs, num_rows = plan.num_reqs, plan.num_sampling_rows
-        counts = plan.num_drafts.tolist()  # host numpy: the plan's own counts
+        counts = plan.num_drafts.tolist()  # runnercheck: allow-host-read the plan's host numpy counts, no device data
         max_num_logprobs = plan.max_num_logprobs
 
         def verify() -> None:
