@@ -55,7 +55,8 @@ def print_findings(findings: Any, title: str) -> None:
     if findings.prefix is not None:
         rows.append(("prefix cache, kv provenance", findings.prefix.line()))
     if result.spec_stats:
-        rows.append(("n-gram drafts", spec_line(result.spec_stats)))
+        draft = config.scheduler.draft_model
+        rows.append((f"draft-model ({draft}) drafts" if draft else "n-gram drafts", spec_line(result.spec_stats)))
     if findings.cuda_graphs is not None:
         from impl.graphs import format_graph_stats
 

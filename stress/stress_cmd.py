@@ -135,6 +135,9 @@ def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
         draft = args.draft_model or f"{args.model}-draft"
         if draft not in PRESETS:
             raise RunSetupError(f"--proposer draft: no preset {draft!r}; pass --draft-model (one of {sorted(PRESETS)})")
+        if preset(draft).vocab_size != preset(args.model).vocab_size:
+            raise RunSetupError(f"--draft-model {draft!r} has vocabulary {preset(draft).vocab_size}, "
+                                f"--model {args.model!r} {preset(args.model).vocab_size}")
         return SchedulerConfig(args.max_inflight, 0.0, prefix_caching=False, ngram_spec_tokens=args.num_spec_tokens,
                                draft_model=draft)
     return SchedulerConfig(args.max_inflight, args.draft_prob,
