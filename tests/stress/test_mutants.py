@@ -223,6 +223,9 @@ def test_quick_sim_run_kills_every_cpu_mutant_as_designed(tmp_path, capsys):
         assert {"class", "description", "killed", "killed_by", "seconds"} <= set(m)
     assert results["reuse_staging_early"]["killed_by"] == ["lifetime"]
     assert "sync" in results["item_in_step"]["killed_by"]
+    for name in ("spec_accept_ratio_normalised", "spec_residual_abs", "spec_accept_uses_draft_noise", "spec_bonus_dropped"):
+        assert "differential" in results[name]["killed_by"], (name, results[name]["evidence"])  # issue 20's biases
+    assert any(c["kind"] == "workload" and c["name"] == "draft-model" for c in report["controls"])
     assert all(c["clean"] for c in report["controls"]) and report["controls"]
     assert rc == 0 and report["passed"]
     matrix = (tmp_path / "mutants.md").read_text()
