@@ -159,8 +159,8 @@ class ModelRunner:
                     self.proposer = NgramProposer(dev, self.speculative, lim)
             except (ProposerConfigError, ValueError) as e:
                 raise RunnerConfigError(f"speculative: {e}") from None
-        self.graphs = CudaGraphManager(
-            dev, enabled=self._cuda_graphs, capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
+        self.graphs = CudaGraphManager(  # a draft-model runner's steps all run eager: nothing to capture
+            dev, enabled=self._cuda_graphs and not isinstance(self.proposer, DraftModelProposer), capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
             max_num_batched_tokens=lim.max_num_batched_tokens, max_num_draft_tokens=lim.max_num_draft_tokens, max_logprobs=lim.max_logprobs,
             build_step=lambda inputs, key: build_padded_step(self, inputs, key), staging_bytes=capacity,
             staging_layout=InputBatch.staging_layout(lim.max_num_reqs, lim.max_num_batched_tokens, lim.max_num_draft_tokens),

@@ -69,7 +69,7 @@ def filtered_probs(logits: torch.Tensor, state: SamplingState, rows_map: torch.T
     temperature = state.temperature.base.index_select(0, rows)
     greedy = temperature == 0.0
     s = l / torch.where(greedy, 1.0, temperature).unsqueeze(1)
-    neg_inf = torch.tensor(float("-inf"), device=device)
+    neg_inf = float("-inf")  # a Python scalar: no host-to-device copy of a constant
     keep = s > neg_inf
 
     min_p = state.min_p.base.index_select(0, rows).unsqueeze(1)
