@@ -40,10 +40,11 @@ LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=3, max_model_len=64, max_num_
 # --------------------------------------------------------------------------- p and q
 
 
-def test_filtered_probs_equal_the_oracle_distribution() -> None:
+@pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_filtered_probs_equal_the_oracle_distribution(kind: str) -> None:
     from reference.sampler import distribution
 
-    dev, vocab = Device("cpu"), 40
+    dev, vocab = Device(kind), 40
     gen = torch.Generator().manual_seed(3)
     requests = {
         0: RowRequest(SamplingParams(temperature=0.8, top_k=5), 1, (1, 2, 3), (4,)),
@@ -61,9 +62,10 @@ def test_filtered_probs_equal_the_oracle_distribution() -> None:
     admit(dev, state, requests)
     state_rows, _, prefix = logit_row_tensors(dev, rows)
     box = {}
-    dev.enqueue(lambda: box.setdefault("p", filtered_probs(logits.to(torch.float32), state, state_rows, prefix, len(rows))), "p")
+    logits_dev = dev.to_device(logits.to(torch.float32))
+    dev.enqueue(lambda: box.setdefault("p", filtered_probs(logits_dev, state, state_rows, prefix, len(rows))), "p")
     dev.synchronize()
-    got = box["p"]
+    got = box["p"].cpu()
     for i, row in enumerate(rows):
         req = requests[row.state_row]
         want, fragile = distribution(logits[i], req.params, req.prompt, req.outputs + row.drafts)
