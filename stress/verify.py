@@ -114,7 +114,8 @@ _CUDA_NGRAM = [("delays two-ahead ngram", 2)]
 # target's own preset as its draft (the run's weights: near-full acceptance, bonus tokens) and the
 # smaller "-draft" preset (unrelated weights: mostly rejected, residual resamples).  Not in the quick
 # sim plan (CPU CI time); the full sim plan and both cuda plans.
-_SIM_DRAFT_FULL = [("draft-model lag-1 two-ahead", "", {"name": "lag-k-steps", "k": 1}, 2)]
+_SIM_DRAFT_FULL = [("draft-model lag-1 two-ahead", "", {"name": "lag-k-steps", "k": 1}, 2),
+                   ("self-draft random-drain", "self", {"name": "random-drain", "p_stall": 0.5}, 1)]
 _CUDA_DRAFT = [("delays two-ahead draft-model", "", None, 2), ("delays two-ahead self-draft", "self", None, 2)]
 # A token budget of 8 chunks prefills on cuda too (the coverage gate asks for middle and final chunks).
 _CUDA_RUN_LIMITS = {"delays two-ahead": dict(CUDA_LIMITS, max_num_batched_tokens=8)}
