@@ -25,6 +25,11 @@ besides the target, a `PagedDecoder` over the draft preset's weights (the target
    prefill) decode too: their proposal is never asked for (`has_proposal`) and every KV entry
    they write lies at or beyond their next computed position, which that computation overwrites.
 
+A draft-model runner's steps run eager: no CUDA graph is captured (its verify launches sit
+between the sampler and post-update, which a graph replays as one).  Its per-request rows are the
+target's state rows (same index, same lifetime): ``proposed``, ``q`` and KV row r belong to the
+request in state row r.
+
 The draft model's KV cache is its own and not paged by the scheduler: row r owns blocks
 ``[r * B, (r + 1) * B)`` (``B = ceil(max_model_len / block_size)``), so drafting may write past
 the blocks the scheduler allocated.  A row's KV is written before it is read (positions ``< p``
