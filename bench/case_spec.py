@@ -1,4 +1,11 @@
-"""Speculative decoding with the runner's n-gram proposer: tokens/s and acceptance vs no speculation.
+"""Speculative decoding with the runner's proposers: tokens/s and acceptance vs no speculation.
+
+``spec_ngram`` (`bench_ngram`): the n-gram proposer on greedy requests with repetitive prompts.
+``spec_draft`` (`bench_draft`): the draft-model proposer (`impl.draft_proposer`, rejection-sampled)
+on temperature-1 requests, two draft arms: the model's smaller ``-draft`` preset (random weights of
+its own: drafts mostly rejected, so the row measures the proposer's cost) and the target drafting
+for itself (its own weights: drafts accepted, the row measures the best case's speedup with a draft
+as costly as the target).  The rest of this docstring describes both cases.
 
 Both arms run the same runner class on the same weights and the same greedy requests whose prompts
 repeat a short pattern (what prompt lookup is for), driven by `stress.scheduler.SchedulerSim`: the
@@ -18,7 +25,7 @@ from dataclasses import replace
 import torch
 
 from bench.common import BenchContext, Row
-from impl.interface import NgramConfig, RunnerLimits, SamplingParams
+from impl.interface import DraftModelConfig, NgramConfig, RunnerLimits, SamplingParams
 from impl.model.weights import preset, random_weights
 
 NUM_SPEC_TOKENS = 3
@@ -34,17 +41,22 @@ def _prompts(num_reqs: int, prompt_len: int, vocab_size: int, seed: int) -> list
 
 
 def _run_arm(ctx: BenchContext, weights, limits: RunnerLimits, dtype, prompts: list[list[int]], new_tokens: int,
-             num_spec_tokens: int) -> tuple[float, int, dict, int, dict]:
-    """(seconds in the decode phase, output tokens taken, spec stats, steps, the runner's graph stats) for one arm."""
+             num_spec_tokens: int, draft_model: str = "", temperature: float = 0.0) -> tuple[float, int, dict, int, dict]:
+    """(seconds in the decode phase, output tokens taken, spec stats, steps, the runner's graph stats) for one arm.
+
+    ``draft_model``: the draft-model proposer of that preset (weights from the bench seed) instead of the n-gram one."""
     from impl.runner import ModelRunner
     from stress.scheduler import SchedulerSim
 
-    speculative = NgramConfig(num_spec_tokens=num_spec_tokens) if num_spec_tokens else None
+    speculative = None
+    if num_spec_tokens:
+        speculative = (DraftModelConfig(draft_model, num_spec_tokens, weights_seed=ctx.seed) if draft_model
+                       else NgramConfig(num_spec_tokens=num_spec_tokens))
     runner = ModelRunner(weights, limits, ctx.device, base_seed=ctx.seed, dtype=dtype, speculative=speculative)
-    # Always k = K (= max_num_draft_tokens): uniform decodes replay the captured 1 + K graph.
+    # Always k = K (= max_num_draft_tokens): uniform decodes replay the captured 1 + K graph (n-gram).
     sim = SchedulerSim(limits, seed=ctx.seed, max_inflight_steps=1, prefix_caching=False, ngram_spec_tokens=num_spec_tokens,
-                       most_device_drafts=True)
-    params = SamplingParams(temperature=0.0, max_tokens=new_tokens)
+                       most_device_drafts=True, draft_model=draft_model if num_spec_tokens else "")
+    params = SamplingParams(temperature=temperature, max_tokens=new_tokens)
     for i, prompt in enumerate(prompts):
         sim.add_request(f"r{i}", prompt, params)
 
@@ -67,22 +79,28 @@ def _run_arm(ctx: BenchContext, weights, limits: RunnerLimits, dtype, prompts: l
     return seconds, produced, sim.spec_stats.to_dict(), steps, {"replays": runner.cuda_graph_stats()["replays"] - replays_before}
 
 
-def bench_ngram(ctx: BenchContext) -> list[Row]:
+def _limits(ctx: BenchContext, config, num_reqs: int, prompt_len: int, new_tokens: int) -> RunnerLimits:
+    block_size = 16
+    per_request = prompt_len + new_tokens + NUM_SPEC_TOKENS + 1
+    return RunnerLimits(vocab_size=config.vocab_size, max_num_reqs=num_reqs, max_model_len=config.max_model_len,
+                        max_num_batched_tokens=max(64, num_reqs * (1 + NUM_SPEC_TOKENS)) if ctx.quick else 8192,
+                        num_kv_blocks=num_reqs * -(-per_request // block_size) + 16, block_size=block_size,
+                        max_num_draft_tokens=NUM_SPEC_TOKENS)
+
+
+def _model(ctx: BenchContext) -> tuple[str, object, torch.dtype]:
     if ctx.quick:
-        config, dtype = replace(preset("micro"), max_model_len=128), torch.float32
-        cases = [(2, 16, 10)]
-    else:
-        config, dtype = preset("qwen3-0.6b"), torch.bfloat16
-        cases = [(8, 256, 128), (64, 256, 128)]
+        return "micro", replace(preset("micro"), max_model_len=128), torch.float32
+    return "qwen3-0.6b", preset("qwen3-0.6b"), torch.bfloat16
+
+
+def bench_ngram(ctx: BenchContext) -> list[Row]:
+    _, config, dtype = _model(ctx)
+    cases = [(2, 16, 10)] if ctx.quick else [(8, 256, 128), (64, 256, 128)]
     weights = random_weights(config, seed=ctx.seed)
     rows: list[Row] = []
     for num_reqs, prompt_len, new_tokens in cases:
-        block_size = 16
-        per_request = prompt_len + new_tokens + NUM_SPEC_TOKENS + 1
-        limits = RunnerLimits(vocab_size=config.vocab_size, max_num_reqs=num_reqs, max_model_len=config.max_model_len,
-                              max_num_batched_tokens=max(64, num_reqs * (1 + NUM_SPEC_TOKENS)) if ctx.quick else 8192,
-                              num_kv_blocks=num_reqs * -(-per_request // block_size) + 16, block_size=block_size,
-                              max_num_draft_tokens=NUM_SPEC_TOKENS)
+        limits = _limits(ctx, config, num_reqs, prompt_len, new_tokens)
         prompts = _prompts(num_reqs, prompt_len, config.vocab_size, ctx.seed)
         tag = f"{num_reqs} reqs x {prompt_len} ctx, greedy, repetitive prompts"
         results = {}
@@ -102,4 +120,30 @@ def bench_ngram(ctx: BenchContext) -> list[Row]:
     return rows
 
 
-__all__ = ["bench_ngram"]
+def bench_draft(ctx: BenchContext) -> list[Row]:
+    """The draft-model proposer: decode tokens/s of each draft arm against no speculation, and acceptance."""
+    name, config, dtype = _model(ctx)
+    cases = [(2, 8, 6)] if ctx.quick else [(8, 256, 128), (64, 256, 128)]
+    weights = random_weights(config, seed=ctx.seed)  # a "self" draft of the same preset and seed has these weights
+    rows: list[Row] = []
+    for num_reqs, prompt_len, new_tokens in cases:
+        limits = _limits(ctx, config, num_reqs, prompt_len, new_tokens)
+        rng = random.Random(ctx.seed)
+        prompts = [[rng.randrange(config.vocab_size) for _ in range(prompt_len)] for _ in range(num_reqs)]
+        tag = f"{num_reqs} reqs x {prompt_len} ctx, temperature 1"
+        arms = (("off", 0, ""), (f"draft {name}-draft", NUM_SPEC_TOKENS, f"{name}-draft"), (f"self-draft {name}", NUM_SPEC_TOKENS, name))
+        results = {}
+        for arm, k, draft in arms:
+            seconds, produced, spec, steps, _ = _run_arm(ctx, weights, limits, dtype, prompts, new_tokens, k, draft, 1.0)
+            results[arm] = produced / seconds
+            rows.append(Row("spec_draft", f"decode tokens/s, {tag}, {arm}", produced / seconds, "tok/s",
+                            note=f"{produced} tokens in {steps} steps" + ("; eager (a draft-model step runs no graph)" if k else "")))
+            if k:
+                rows.append(Row("spec_draft", f"acceptance rate, {tag}, {arm}, k={k}", spec["acceptance_rate"], "fraction",
+                                note=f"{spec['accepted_tokens']} of {spec['draft_tokens']} drafts; all accepted in "
+                                     f"{spec['all_accepted_steps']} of {spec['draft_steps']} request-steps"))
+                rows.append(Row("spec_draft", f"speedup {arm} / off, {tag}", results[arm] / results["off"], "x"))
+    return rows
+
+
+__all__ = ["bench_ngram", "bench_draft"]

@@ -28,10 +28,11 @@ def _cases() -> dict[str, Callable[[BenchContext], list[Row]]]:
         "logprobs": case_sampler.bench_logprobs,
         "e2e": case_runner.bench_end_to_end,
         "spec_ngram": case_spec.bench_ngram,
+        "spec_draft": case_spec.bench_draft,
     }
 
 
-CASE_NAMES = ("host_cost", "staged_writes", "sampler", "logprobs", "e2e", "spec_ngram")
+CASE_NAMES = ("host_cost", "staged_writes", "sampler", "logprobs", "e2e", "spec_ngram", "spec_draft")
 # Version of bench.json's layout; raised when a key changes meaning or disappears.
 BENCH_FORMAT_VERSION = 1
 

@@ -11,6 +11,11 @@
 #                 proposer on repetitive greedy prompts vs no speculation (Qwen3-0.6B shape, 8 and 64 requests)
 #   ngram         the n-gram proposer on cuda: its gpu-marked tests (kernel vs oracle, differential with 0 syncs),
 #                 a delay-injected stress run with `--proposer ngram`, and the host-read mutant (must be killed by sync)
+#   draft         the draft-model proposer on cuda (issue 20): its gpu-marked tests (differential with 0 syncs, unrelated
+#                 and self drafts), delay-injected stress runs with `--proposer draft` (the micro-draft model, then the
+#                 target drafting for itself), the four rejection-sampling mutants (must be killed by the differential;
+#                 the twin's masked writes may make the sync detector fire too) with their control, and
+#                 `bench --only spec_draft` (Qwen3-0.6B with qwen3-0.6b-draft and with itself as draft, 8 and 64 requests)
 #   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issue 16's "Done when" in one run
 #                 (the runner's sampler and logprobs at 1/8/64/256 rows, the memory floor, the Philox compute floor
 #                 and noise bound, the PyTorch baselines, peak extra memory)
@@ -53,7 +58,7 @@ set -uo pipefail
 out=${1:?usage: ci/h200.sh OUTDIR JOB...}
 shift
 jobs=" $* "
-[ "$jobs" = " all " ] && jobs=" bench bench_spec host_profile gpu_tests mutants mutants_new race_rates verify stress ngram chisq_matrix chisq_power chisq_capped chisq_deep csan "
+[ "$jobs" = " all " ] && jobs=" bench bench_spec host_profile gpu_tests mutants mutants_new race_rates verify stress ngram draft chisq_matrix chisq_power chisq_capped chisq_deep csan "
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd) PYTHONUNBUFFERED=1
 rc="python3 -m stress.cli"
@@ -122,6 +127,16 @@ want ngram && (
   job ngram_stress 150 $rc stress --device cuda --seed 1 --steps 200 --delay-us auto --max-inflight 2 --proposer ngram \
     --no-progress --out "$out/ngram_stress"
   job ngram_mutant 120 $rc mutants --device cuda --no-chisq --only accepted_count_read_on_host --out "$out/ngram_mutant"
+) &
+want draft && (
+  job draft_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu tests/impl/test_draft_proposer.py
+  job draft_stress 180 $rc stress --device cuda --seed 1 --steps 200 --delay-us auto --max-inflight 2 --proposer draft \
+    --no-progress --out "$out/draft_stress"
+  job draft_stress_self 180 $rc stress --device cuda --seed 2 --steps 200 --delay-us auto --max-inflight 2 --proposer draft \
+    --draft-model micro --no-progress --out "$out/draft_stress_self"
+  job draft_mutants 240 $rc mutants --device cuda --no-chisq --only spec_accept_ratio_normalised spec_residual_abs \
+    spec_accept_uses_draft_noise spec_bonus_dropped --out "$out/draft_mutants"
+  job draft_bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_draft --out "$out/draft_bench"
 ) &
 want verify && job verify "$limit" $rc verify --device cuda --quick --no-progress --out "$out/verify" &
 want stress && (

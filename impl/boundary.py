@@ -30,6 +30,7 @@ from impl.interface import (
     ScheduledTokensError,
     DeviceDraftsError,
     NgramConfig,
+    DraftModelConfig,
     SchedulerOutput,
     SchedulerOutputError,
     SchedulerOutputTypeError,
@@ -286,7 +287,7 @@ def validate_scheduler_output(
         )
 
 
-def check_device_drafts(sched: SchedulerOutput, limits: RunnerLimits, proposer: NgramConfig | None,
+def check_device_drafts(sched: SchedulerOutput, limits: RunnerLimits, proposer: NgramConfig | DraftModelConfig | None,
                         has_proposal: Callable[[str], bool]) -> dict[str, int]:
     """The ``num_device_drafts`` of ``sched`` (request -> k > 0), checked before anything else of the step.
 
@@ -318,6 +319,24 @@ def check_device_drafts(sched: SchedulerOutput, limits: RunnerLimits, proposer: 
         if k:
             counts[rid] = k
     return counts
+
+
+def check_draft_model_schedule(sched: SchedulerOutput) -> None:
+    """What a draft-model proposer cannot take, checked before anything else of the step.
+
+    Its drafts carry distributions ``q`` and are verified by rejection sampling; explicit
+    ``draft_token_ids`` carry none, so they are refused.  Its KV cache is its own (not the
+    target's shared blocks), so a prefix-cache hit (a new request with ``num_computed_tokens > 0``)
+    would leave the draft model without the cached prefix: refused too.  Raises `DeviceDraftsError`.
+    """
+    check_containers(sched)
+    for rid in sched.draft_token_ids:
+        raise DeviceDraftsError("explicit drafts with a draft-model proposer (its drafts come with q; these have none)",
+                                req_id=rid, field="draft_token_ids")
+    for req in sched.new_requests:
+        if getattr(req, "num_computed_tokens", 0):
+            raise DeviceDraftsError("a prefix-cache hit with a draft-model proposer (its own KV holds no cached prefix)",
+                                    req_id=getattr(req, "req_id", None), field="new_requests")
 
 
 def with_device_drafts(sched: SchedulerOutput, drafts: Mapping[str, tuple[int, ...]]) -> SchedulerOutput:

@@ -40,7 +40,7 @@ from impl.device import Device, _run_as_device_work
 from impl.graph_step import GraphKey, GraphMode, PaddedInputs, PaddedStep
 
 FALLBACK_REASONS = ("prompt_logprobs", "non_uniform", "batch_above_largest_size", "bucket_above_token_budget",
-                    "no_graph_for_mode")
+                    "no_graph_for_mode", "draft_model")
 
 
 class GraphConfigError(ValueError):

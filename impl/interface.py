@@ -388,6 +388,30 @@ class NgramConfig:
             raise ValueError(f"NgramConfig.min_n={self.min_n} > max_n={self.max_n}")
 
 
+@dataclass(frozen=True)
+class DraftModelConfig:
+    """The draft-model proposer a runner and its oracle run (docs/SAMPLING.md, "Draft-model proposer").
+
+    A second, smaller model (``preset``, a name in `impl.model.weights.PRESETS`, with random weights
+    from ``weights_seed``) that must share the target's vocabulary.  After each step that samples
+    for a request it runs ``num_spec_tokens`` decode steps and keeps the drafts and their
+    distributions ``q`` on the device; a scheduler asks for up to ``num_spec_tokens`` of them
+    (`SchedulerOutput.num_device_drafts`), verified by rejection sampling.
+    """
+
+    preset: str = "micro-draft"
+    num_spec_tokens: int = 3
+    weights_seed: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.preset, str) or not self.preset:
+            raise ValueError(f"DraftModelConfig.preset={self.preset!r} must be a preset name")
+        for name in ("num_spec_tokens", "weights_seed"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "num_spec_tokens" else 0):
+                raise ValueError(f"DraftModelConfig.{name}={v!r} must be an int >= {1 if name == 'num_spec_tokens' else 0}")
+
+
 @dataclass
 class LiveRequest:
     """The host's mirror of one live request, as the boundary check needs it."""

@@ -29,78 +29,34 @@ Ownership (all owned by this object, allocated at init, for the runner's lifetim
     step_drafts   int32 [max_num_reqs * max(1, max_num_draft_tokens)]  device, contents valid for
                   one step.  Written only by the gather kernel; read by that step's input prep,
                   padded-step copy and post-update (stream order keeps steps apart).
-    has_proposal  numpy bool [max_num_reqs]  host.  Row r's request sampled since its admission.
-                  Written only by `note_step` (cleared at admission, set when a step samples).
+    has_proposal  host bookkeeping of `impl.device_drafts.DeviceDraftRows` (its docstring).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any
 
-import numpy as np
 import torch
 
-from impl.boundary import check_device_drafts, with_device_drafts
 from impl.device import Device
+from impl.device_drafts import PLACEHOLDER_DRAFT, DeviceDraftRows, ProposerConfigError
 from impl.hotpath import hot_path
-from impl.interface import NgramConfig, RunnerLimits, SchedulerOutput
+from impl.interface import NgramConfig, RunnerLimits
 from impl.kernels.ngram import launch_gather_drafts, launch_ngram_propose
 
-PLACEHOLDER_DRAFT = -1  # a staged draft the gather kernel replaces by the proposer's
 
-
-class ProposerConfigError(ValueError):
-    """A proposer configuration that does not fit the runner's limits (raised at construction)."""
-
-
-class NgramProposer:
+class NgramProposer(DeviceDraftRows):
     """See the module docstring for the protocol and the ownership of every tensor."""
 
     def __init__(self, device: Device, config: NgramConfig, limits: RunnerLimits):
         if not isinstance(config, NgramConfig):
             raise ProposerConfigError(f"speculative must be an NgramConfig, got {type(config).__name__}")
-        if config.num_spec_tokens > limits.max_num_draft_tokens:
-            raise ProposerConfigError(
-                f"num_spec_tokens {config.num_spec_tokens} > limits.max_num_draft_tokens {limits.max_num_draft_tokens}")
+        super().__init__(config, limits)
         self.device = device
-        self.config = config
-        self.limits = limits
         r = limits.max_num_reqs
         self.history = device.zeros((r, limits.max_model_len), torch.int32)
         self.proposed = device.zeros((r, config.num_spec_tokens), torch.int32)
         self.step_drafts = device.zeros(r * max(1, limits.max_num_draft_tokens), torch.int32)
-        self.has_proposal = np.zeros(r, np.bool_)
-
-    # ------------------------------------------------------------------ host, before any state changes
-    def check(self, sched: SchedulerOutput, req_to_row: Mapping[str, int]) -> dict[str, int]:
-        """The step's device-draft counts (request -> k > 0), checked; raises `DeviceDraftsError`."""
-        has = self.has_proposal
-
-        def has_proposal(rid: str) -> bool:
-            row = req_to_row.get(rid)
-            return row is not None and bool(has[row])
-
-        return check_device_drafts(sched, self.limits, self.config, has_proposal)
-
-    @staticmethod
-    def placeholder_schedule(sched: SchedulerOutput, counts: Mapping[str, int]) -> SchedulerOutput:
-        """``sched`` with k valid stand-in ids per device-draft request, for the boundary's array checks."""
-        return with_device_drafts(sched, {rid: (0,) * k for rid, k in counts.items()})
-
-    @staticmethod
-    def mark_placeholders(plan: Any, counts: Mapping[str, int]) -> None:
-        """Put `PLACEHOLDER_DRAFT` in the plan's draft slots of the device-draft requests (before staging)."""
-        wanted = set(counts)
-        for i, rid in enumerate(plan.req_ids):
-            if rid in wanted:
-                plan.drafts[plan.draft_start[i] : plan.draft_start[i + 1]] = PLACEHOLDER_DRAFT
-
-    def note_step(self, step: Any, new_requests: Any, req_to_row: Mapping[str, int]) -> None:
-        """After the step's admissions: admitted requests have no proposal; sampling requests will have one."""
-        for req in new_requests:
-            self.has_proposal[req_to_row[req.req_id]] = False
-        samples = step.ends == step.known + step.num_drafts
-        self.has_proposal[step.rows[samples]] = True
 
     # ------------------------------------------------------------------ device work
     @hot_path

@@ -22,8 +22,10 @@ one wait.  Step N+1 may be submitted before step N's output is read (async sched
 count the next step needs lives on the device.
 
 Speculative decoding: drafts come from the scheduler (``draft_token_ids``) or, with
-``speculative=NgramConfig(...)``, from the runner's own n-gram proposer on the device
-(`impl.ngram_proposer`: gathered before input prep, proposed after post-update, never read on the host).
+``speculative=NgramConfig(...)`` / ``DraftModelConfig(...)``, from the runner's own proposer on the device
+(`impl.ngram_proposer`, `impl.draft_proposer`: gathered before input prep, proposed after post-update,
+never read on the host; the draft model's drafts are verified by rejection sampling between the
+sampler and post-update).
 
 Ownership: the runner owns its components (each documents its tensors); it holds no tensor of
 its own.
@@ -45,7 +47,8 @@ from impl.graphs import CudaGraphManager, validate_capture_sizes
 from impl.hotpath import hot_path
 from impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
 from impl.boundary import check_device_drafts
-from impl.interface import ModelRunnerOutput, NgramConfig, RunnerLimits, SchedulerOutput, effective_seed
+from impl.interface import DraftModelConfig, ModelRunnerOutput, NgramConfig, RunnerLimits, SchedulerOutput, effective_seed
+from impl.draft_proposer import DraftModelProposer
 from impl.ngram_proposer import NgramProposer, ProposerConfigError
 from impl.kernels.post_update import launch_post_update
 from impl.model.forward import PagedDecoder
@@ -96,7 +99,8 @@ class ModelRunner:
     def __init__(
         self, weights: ModelWeights, limits: RunnerLimits, device: Device, *, base_seed: int = 0,
         dtype: torch.dtype | None = None, staging_slots: int = 8, staging_bytes: int | None = None, output_slots: int = 8,
-        cuda_graphs: bool = True, capture_sizes: Sequence[int] | None = None, speculative: NgramConfig | None = None,
+        cuda_graphs: bool = True, capture_sizes: Sequence[int] | None = None,
+        speculative: NgramConfig | DraftModelConfig | None = None,
     ):
         _check_limits(weights, limits)
         validate_capture_sizes(capture_sizes, limits.max_num_reqs)  # typed error before anything is allocated
@@ -117,7 +121,7 @@ class ModelRunner:
         self._output_layouts: dict[tuple[int, ...], OutputLayout] = {}
         self._cuda_graphs = cuda_graphs
         self._capture_sizes = capture_sizes
-        self.speculative = speculative  # the n-gram proposer's config (None: drafts come only from the scheduler)
+        self.speculative = speculative  # the proposer's config (None: drafts come only from the scheduler)
         self._device_drafts: dict[str, int] = {}  # the step being executed: request -> device drafts asked for
         self._init()
         self.graphs.capture()
@@ -151,14 +155,18 @@ class ModelRunner:
         if capacity < largest_alloc:
             raise RunnerConfigError(f"staging_bytes {capacity} < {largest_alloc}, the largest per-step staging allocation")
         self.staging = StagingPool(dev, self._staging_slots, capacity)
-        self.proposer: NgramProposer | None = None
+        self.proposer: NgramProposer | DraftModelProposer | None = None
         if self.speculative is not None:
             try:
-                self.proposer = NgramProposer(dev, self.speculative, lim)
+                if isinstance(self.speculative, DraftModelConfig):
+                    self.proposer = DraftModelProposer(dev, self.speculative, lim, self.weights.config, dtype=self.dtype,
+                                                       sampling_state=self.sampling_state, input_batch=self.input_batch)
+                else:
+                    self.proposer = NgramProposer(dev, self.speculative, lim)
             except (ProposerConfigError, ValueError) as e:
                 raise RunnerConfigError(f"speculative: {e}") from None
-        self.graphs = CudaGraphManager(
-            dev, enabled=self._cuda_graphs, capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
+        self.graphs = CudaGraphManager(  # a draft-model runner's steps all run eager: nothing to capture
+            dev, enabled=self._cuda_graphs and not isinstance(self.proposer, DraftModelProposer), capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
             max_num_batched_tokens=lim.max_num_batched_tokens, max_num_draft_tokens=lim.max_num_draft_tokens, max_logprobs=lim.max_logprobs,
             build_step=lambda inputs, key: build_padded_step(self, inputs, key), staging_bytes=capacity,
             staging_layout=InputBatch.staging_layout(lim.max_num_reqs, lim.max_num_batched_tokens, lim.max_num_draft_tokens),
@@ -228,6 +236,8 @@ class ModelRunner:
                 proposer.mark_placeholders(plan, device_drafts)
             staged = self.input_batch.stage(plan, writer)
             key, reason = self.graphs.select(plan.num_reqs, plan.uniform, plan.num_prompt_rows, plan.max_num_logprobs)
+            if isinstance(proposer, DraftModelProposer):
+                key, reason = None, "draft_model"  # its verify and propose run between and after the graph's launches
         self.staged_writes.flush(writer)
         admitted = self.sampling_state.num_pending > 0  # its own kernels (count resets) follow admissions only
         if admitted:
@@ -275,6 +285,8 @@ class ModelRunner:
         Device drafts (`SchedulerOutput.num_device_drafts`) are checked first, then the step is read
         with k stand-in ids per such request (the device gathers the real ones)."""
         self._device_drafts = {}
+        if isinstance(self.proposer, DraftModelProposer) and isinstance(sched, SchedulerOutput):
+            self.proposer.check_schedule(sched)  # raises DeviceDraftsError: explicit drafts, prefix hits
         if getattr(sched, "num_device_drafts", None) and isinstance(sched, SchedulerOutput):
             if self.proposer is None:
                 check_device_drafts(sched, self.limits, None, lambda rid: False)  # raises DeviceDraftsError
@@ -363,6 +375,8 @@ class ModelRunner:
 
         self.device.enqueue(forward, "forward")
         self.device.enqueue(sample, "sample")
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.enqueue_verify(result, plan, staged, self.sampler)
         self.device.enqueue(post_update, "post update")
         self.sampling_state.enqueue_post_update(ib.logits_state_rows, self.sampler.tokens, self.outputs.row_valid, num_rows)
         return result
@@ -411,10 +425,10 @@ def _check_limits(weights: ModelWeights, limits: RunnerLimits) -> None:
 
 
 def make_runner(weights: ModelWeights, limits: RunnerLimits, device: Device, base_seed: int = 0, *,
-                cuda_graphs: bool = True, speculative: NgramConfig | None = None) -> ModelRunner:
+                cuda_graphs: bool = True, speculative: NgramConfig | DraftModelConfig | None = None) -> ModelRunner:
     """The factory `runnercheck stress` and the differential driver use (``impl.runner:make_runner``).
 
     ``cuda_graphs=False`` (the CLI's ``--eager``) runs bucketed steps eagerly instead of replaying graphs;
-    ``speculative`` turns the n-gram proposer on (`impl.ngram_proposer`).
+    ``speculative`` turns the n-gram (`impl.ngram_proposer`) or draft-model (`impl.draft_proposer`) proposer on.
     """
     return ModelRunner(weights, limits, device, base_seed=base_seed, cuda_graphs=cuda_graphs, speculative=speculative)

@@ -27,16 +27,24 @@ Conventions it fixes for the comparison with the GPU runner (`impl.interface`, d
 With ``proposer=NgramConfig(...)`` a step's ``num_device_drafts`` become explicit drafts proposed by
 `reference.ngram.propose_ngram` from the request's tokens (the runner's proposer ran on the same
 tokens after the request's last sampling step), checked first by `impl.boundary.check_device_drafts`.
+With ``proposer=DraftModelConfig(...)`` they come from `reference.draft_model` (float64 draft model,
+with their q) and a request with temperature > 0 verifies them by rejection sampling
+(`reference.spec_verify.verify_rejection`, its ``p`` from `reference.sampler.distribution`);
+`impl.boundary.check_draft_model_schedule` runs first (no explicit drafts, no prefix hits).
 
 The host mirror handed to `validate_scheduler_output` is built from the per-request state, with
 ``num_tokens`` exact (the oracle knows how many drafts were accepted).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
-from impl.boundary import check_device_drafts, validate_scheduler_output, with_device_drafts
+import torch
+
+from impl.boundary import check_device_drafts, check_draft_model_schedule, validate_scheduler_output, with_device_drafts
 from impl.interface import (
+    DraftModelConfig,
     LiveRequest,
     ModelRunnerOutput,
     NgramConfig,
@@ -49,9 +57,11 @@ from impl.interface import (
     effective_seed,
 )
 from impl.model.weights import ModelWeights
+from reference.draft_model import DraftProposal, ReferenceDraftModel
 from reference.model import ReferenceModel
 from reference.ngram import propose_ngram
-from reference.sampler import SampleResult, is_flagged, sample, token_logprobs
+from reference.sampler import SampleResult, distribution, is_flagged, sample, token_logprobs
+from reference.spec_verify import verify_rejection
 
 
 class ReferenceRunnerError(ValueError):
@@ -109,7 +119,7 @@ class ReferenceRunner:
     """
 
     def __init__(self, weights: ModelWeights, limits: RunnerLimits, base_seed: int = 0,
-                 proposer: NgramConfig | None = None) -> None:
+                 proposer: NgramConfig | DraftModelConfig | None = None) -> None:
         if not isinstance(limits, RunnerLimits):
             raise ReferenceRunnerError(f"limits must be RunnerLimits, got {type(limits).__name__}")
         config = weights.config
@@ -125,6 +135,8 @@ class ReferenceRunner:
         self.limits = limits
         self.base_seed = base_seed
         self.proposer = proposer
+        # The draft model's float64 twin (its preset must share the target's vocabulary: typed error otherwise).
+        self._draft = ReferenceDraftModel(proposer, config) if isinstance(proposer, DraftModelConfig) else None
         self._requests: dict[str, _RequestState] = {}
         self.last_results: dict[str, list[SampleResult]] = {}
 
@@ -182,10 +194,18 @@ class ReferenceRunner:
 
     def execute_model(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step synchronously.  A bad `sched` raises a `SchedulerOutputError`; nothing changes."""
+        if self._draft is not None:
+            check_draft_model_schedule(sched)
         device_drafts = check_device_drafts(
             sched, self.limits, self.proposer,
             lambda rid: rid in self._requests and self._requests[rid].sampled_since_admission)
-        if sched.num_device_drafts:
+        proposals: dict[str, DraftProposal] = {}
+        if sched.num_device_drafts and self._draft is not None:
+            for rid, k in device_drafts.items():
+                st = self._requests[rid]
+                proposals[rid] = self._draft.propose(st.tokens, k, st.params, st.seed, st.prompt, st.outputs)
+            sched = with_device_drafts(sched, {rid: prop.drafts for rid, prop in proposals.items()})
+        elif sched.num_device_drafts:
             # The runner's proposer ran after the request's last sampling step; so does this one,
             # on the same tokens (nothing changes a request's tokens between its steps).
             sched = with_device_drafts(sched, {
@@ -216,7 +236,7 @@ class ReferenceRunner:
         steps: dict[str, _StepResult] = {}
         for rid, num_tokens in sched.num_scheduled_tokens.items():
             drafts = tuple(sched.draft_token_ids.get(rid, ()))
-            steps[rid] = self._run_request(work[rid], num_tokens, drafts)
+            steps[rid] = self._run_request(work[rid], num_tokens, drafts, proposals.get(rid))
 
         self._requests = work
         self.last_results = {rid: step.results for rid, step in steps.items() if step.results}
@@ -231,8 +251,12 @@ class ReferenceRunner:
             seeds=seeds,
         )
 
-    def _run_request(self, st: _RequestState, num_tokens: int, drafts: tuple[int, ...]) -> _StepResult:
-        """Compute one request's scheduled positions, sample if they reach the end; updates ``st``."""
+    def _run_request(self, st: _RequestState, num_tokens: int, drafts: tuple[int, ...],
+                     proposal: DraftProposal | None = None) -> _StepResult:
+        """Compute one request's scheduled positions, sample if they reach the end; updates ``st``.
+
+        ``proposal``: the draft model's drafts with their q; a request with temperature > 0 then
+        verifies them by rejection sampling (greedy keeps the exact-match rule, its greedy mode)."""
         start = st.num_computed
         end = start + num_tokens
         sequence = st.tokens + list(drafts)
@@ -258,13 +282,16 @@ class ReferenceRunner:
         rows = [logits[known - 1 + j] for j in range(len(drafts) + 1)]
         step.nan_flag = any(is_flagged(row) for row in rows)
         produced: list[int] = []
-        for j, row in enumerate(rows):
-            result = sample(row, params, st.seed, known + j, prompt, outputs + list(drafts[:j]))
-            produced.append(result.token)
-            step.results.append(result)
-            if j < len(drafts) and result.token == drafts[j]:
-                continue
-            break
+        if proposal is not None and params.temperature > 0:
+            produced, step.results = self._verify_drafts(st, rows, drafts, proposal)
+        else:
+            for j, row in enumerate(rows):
+                result = sample(row, params, st.seed, known + j, prompt, outputs + list(drafts[:j]))
+                produced.append(result.token)
+                step.results.append(result)
+                if j < len(drafts) and result.token == drafts[j]:
+                    continue
+                break
         if params.logprobs is not None:
             step.logprobs = tuple(token_logprobs(rows[j], tok, params.logprobs) for j, tok in enumerate(produced))
         st.tokens.extend(produced)
@@ -272,6 +299,26 @@ class ReferenceRunner:
         st.num_computed = len(st.tokens) - 1
         step.tokens = tuple(produced)
         return step
+
+
+    @staticmethod
+    def _verify_drafts(st: _RequestState, rows: list, drafts: tuple[int, ...],
+                       proposal: DraftProposal) -> tuple[list[int], list[SampleResult]]:
+        """Rejection sampling (`reference.spec_verify`) of the draft model's drafts: tokens and their results.
+
+        The target's ``p`` rows count the drafts before each row as outputs, like the sampler.  Every
+        emitted token is reported fragile when any decision of the request (a draft's q or choice, a
+        p boundary, an accept test or the resample) lay within fp32 reach of flipping."""
+        p_rows, fragile = [], any(proposal.fragile)
+        for j, row in enumerate(rows):
+            p, boundary = distribution(row, st.params, st.prompt, st.outputs + list(drafts[:j]))
+            p_rows.append(p)
+            fragile |= boundary
+        res = verify_rejection(torch.stack(p_rows), list(drafts), proposal.q, st.seed, len(st.tokens))
+        last = len(res.tokens) - 1
+        results = [SampleResult(token=t, gap=res.resample_gap if j == last else math.inf, fragile=fragile or res.fragile,
+                                nan_flag=is_flagged(rows[j])) for j, t in enumerate(res.tokens)]
+        return list(res.tokens), results
 
 
 class AsyncReferenceRunner:

@@ -219,21 +219,38 @@ def expected_distribution(
     logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()
 ) -> torch.Tensor:
     """float64 ``[V]``: the exact distribution of the sampled token (softmax of kept scores)."""
+    return distribution(logits, params, prompt_ids, output_ids)[0]
+
+
+def distribution(
+    logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()
+) -> tuple[torch.Tensor, bool]:
+    """``(probabilities [V] float64, fragile)``: steps 0-6 and the softmax (what rejection sampling reads).
+
+    A greedy or non-finite row is a point mass.  ``fragile``: a filter boundary lay within
+    ``BOUNDARY_RTOL`` of flipping, or (greedy) the two best penalised logits lie within
+    ``TIE_TOLERANCE``: an fp32 twin may then hold another distribution.
+    """
     row = _row(logits)
     vocab = row.numel()
     _check_params(params, vocab)
     _check_ids(prompt_ids, vocab, "prompt_ids")
     _check_ids(output_ids, vocab, "output_ids")
-    forced = _non_finite_choice(row)
+    forced, fragile = _non_finite_choice(row), False
     if forced is None and params.temperature == 0:
-        forced = _first_max(apply_penalties(_without_nan(row), params, prompt_ids, output_ids))
+        penalised = apply_penalties(_without_nan(row), params, prompt_ids, output_ids)
+        forced = _first_max(penalised)
+        top2 = torch.topk(penalised, min(2, vocab)).values
+        fragile = vocab > 1 and bool(top2[0] - top2[1] < TIE_TOLERANCE)
     if forced is not None:
         one_hot = torch.zeros(vocab, dtype=torch.float64)
         one_hot[forced] = 1.0
-        return one_hot
-    s = filtered_scores(row, params, prompt_ids, output_ids)
+        return one_hot, fragile
+    s = apply_penalties(_without_nan(row), params, prompt_ids, output_ids) / float(params.temperature)
+    keep, fragile = _filters(s, params)
+    s = torch.where(keep, s, torch.tensor(-math.inf, dtype=torch.float64))
     weights = torch.exp(s - s.max())
-    return weights / weights.sum()
+    return weights / weights.sum(), fragile
 
 
 def sample(
@@ -303,5 +320,5 @@ def token_logprobs(logits: torch.Tensor, token_id: int, num_top: int) -> TokenLo
 
 __all__ = [
     "TIE_TOLERANCE", "BOUNDARY_RTOL", "SampleResult", "SamplerInputError", "apply_penalties",
-    "filtered_scores", "expected_distribution", "sample", "token_logprobs", "is_flagged",
+    "filtered_scores", "expected_distribution", "distribution", "sample", "token_logprobs", "is_flagged",
 ]

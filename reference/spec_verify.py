@@ -108,13 +108,14 @@ def accept_uniform(seed: int, position: int) -> float:
     return float(uniform_from_bits(hi, lo)[0])
 
 
-def resample(weights: torch.Tensor, seed: int, position: int) -> tuple[int, float]:
-    """``(token, gap)``: Gumbel-max of ``log w_t + g_t`` over ``w_t > 0`` with the resample stream.
+def resample(weights: torch.Tensor, seed: int, position: int, stream: int = RESAMPLE_STREAM) -> tuple[int, float]:
+    """``(token, gap)``: Gumbel-max of ``log w_t + g_t`` over ``w_t > 0`` with ``stream``'s noise
+    (the resample stream; the draft-model proposer samples its drafts with the draft stream).
 
     Lowest index on exact ties; ``gap`` is best minus second-best score (inf with one candidate).
     """
     vocab = weights.numel()
-    hi, lo = philox_64bits(seed, position, torch.arange(vocab, dtype=torch.int64), RESAMPLE_STREAM)
+    hi, lo = philox_64bits(seed, position, torch.arange(vocab, dtype=torch.int64), stream)
     noise = gumbel_from_bits(hi, lo)
     best, best_token, second = -math.inf, -1, -math.inf
     for t in range(vocab):

@@ -101,10 +101,13 @@ def _build_on(device: Any, config: RunConfig) -> Session:
     factory = load_runner_factory(config.runner)
     weights = random_weights(config.model_config, seed=config.seed)
     kwargs = {"cuda_graphs": config.cuda_graphs} if accepts_keyword(factory, "cuda_graphs") else {}
-    proposer = ngram_config(config)
+    try:
+        proposer = ngram_config(config)
+    except ValueError as e:  # a draft preset that does not exist or fit the model: a setup problem
+        raise RunSetupError(f"proposer: {e}") from None
     if proposer is not None:
         if not accepts_keyword(factory, "speculative"):
-            raise RunSetupError(f"runner factory {config.runner!r} takes no 'speculative' keyword: it cannot run the n-gram proposer")
+            raise RunSetupError(f"runner factory {config.runner!r} takes no 'speculative' keyword: it cannot run a proposer")
         kwargs["speculative"] = proposer
     try:
         runner = factory(weights, config.limits, device, config.seed, **kwargs)
@@ -112,7 +115,7 @@ def _build_on(device: Any, config: RunConfig) -> Session:
         raise RunSetupError(f"runner factory {config.runner!r} failed: {type(e).__name__}: {e}") from None
     scheduler = SchedulerSim(config.limits, seed=config.seed, max_inflight_steps=config.scheduler.max_inflight_steps,
                              draft_prob=config.scheduler.draft_prob, prefix_caching=config.scheduler.prefix_caching,
-                             ngram_spec_tokens=config.scheduler.ngram_spec_tokens)
+                             ngram_spec_tokens=config.scheduler.ngram_spec_tokens, draft_model=config.scheduler.draft_model)
     if config.mutant is not None and _mutant_target(config.mutant) != "device":
         apply_mutant(config.mutant, runner, scheduler)
     from reference.runner import ReferenceRunner, ReferenceRunnerError
@@ -136,10 +139,21 @@ def _build_on(device: Any, config: RunConfig) -> Session:
 
 
 def ngram_config(config: RunConfig) -> Any:
-    """The `impl.interface.NgramConfig` the runner and the oracle run with (None: the proposer is off)."""
-    from impl.interface import NgramConfig
+    """The proposer config the runner and the oracle run with (None: the proposer is off).
+
+    `impl.interface.NgramConfig`, or with ``scheduler.draft_model`` a `DraftModelConfig` of that
+    preset whose weights come from the run's seed (the target's preset as its own draft drafts
+    with the target's weights: near-full acceptance).  A preset that does not fit raises ValueError."""
+    from impl.interface import DraftModelConfig, NgramConfig
+    from impl.model.weights import preset
 
     k = config.scheduler.ngram_spec_tokens
+    if k and config.scheduler.draft_model:
+        draft = preset(config.scheduler.draft_model)
+        if draft.vocab_size != config.model_config.vocab_size:
+            raise ValueError(f"draft model {config.scheduler.draft_model!r} has vocabulary {draft.vocab_size}, "
+                             f"the model {config.model_config.vocab_size}")
+        return DraftModelConfig(config.scheduler.draft_model, k, weights_seed=config.seed)
     return NgramConfig(num_spec_tokens=k) if k else None
 
 

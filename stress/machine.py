@@ -6,7 +6,8 @@ without seeds, logprobs, prompt logprobs, stop tokens), add requests that share 
 earlier prompt or a fixed system prompt (so the scheduler's prefix cache hits), evict unreferenced
 cached blocks (memory pressure), abort and preempt random live requests (with device drafts in
 flight too), add repetitive-pattern prompts (greedy or not, stopping on the pattern's token or not) for
-the runner's n-gram proposer (on in a third of the examples: `stress.spec_scheduler`),
+the runner's n-gram proposer (on in a third of the examples: `stress.spec_scheduler`; in about one
+example in nine the draft-model proposer instead, `impl.draft_proposer`, no prefix caching),
 run scheduler ticks, drain the outputs in flight, and on ``sim`` switch the device's lag policy
 (run-immediately, lag-k-steps with k in 1..3, random-drain with a drawn seed).  Ticks follow
 `stress.driver.DifferentialRun` exactly (its enqueue / deliver steps are reused): step N+1 is
@@ -50,7 +51,7 @@ from hypothesis import event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from impl.device import Device
-from impl.interface import NgramConfig, RunnerLimits, SamplingParams
+from impl.interface import DraftModelConfig, NgramConfig, RunnerLimits, SamplingParams
 from impl.model.weights import ModelWeights, preset, random_weights
 from stress.driver import DifferentialRun, RunResult
 from stress.harness import Detectors, load_runner_factory, unaccounted_syncs_message
@@ -194,9 +195,10 @@ class RunnerMachine(RuleBasedStateMachine):
         max_inflight=st.sampled_from([1, 2]),
         draft_prob=st.sampled_from([0.0, 0.3]),
         ngram_k=st.sampled_from([0, 0, 3]),
+        draft_k=st.sampled_from([0, 0, 0, 0, 0, 2]),  # rare: the draft model costs interpreted launches per step
         first_requests=st.lists(st.tuples(prompts(), sampling_params()), min_size=1, max_size=3),
     )
-    def build(self, seed: int, lag: dict, max_inflight: int, draft_prob: float, ngram_k: int,
+    def build(self, seed: int, lag: dict, max_inflight: int, draft_prob: float, ngram_k: int, draft_k: int,
               first_requests: list[tuple[list[int], SamplingParams]]) -> None:
         from reference.runner import ReferenceRunner
         from stress.prefix_checks import arm_prefix_checks
@@ -206,8 +208,14 @@ class RunnerMachine(RuleBasedStateMachine):
         self.limits = default_limits(config, **self.limits_kwargs)
         self.weights = random_weights(config, seed=seed)
         self.device = Device(self.device_kind, seed=seed, lag_policy=lag)
-        # The runner's n-gram proposer (device drafts asked for by count); off for a runner built without one.
+        # The runner's proposer (device drafts asked for by count); off for a runner built without one.  The
+        # draft model (the machine's own preset drafting with the target's weights, rejection-sampled) takes no
+        # explicit drafts and no prefix hits.
         self.ngram = NgramConfig(num_spec_tokens=ngram_k) if ngram_k else None
+        draft_model = ""
+        if draft_k and not ngram_k:
+            draft_model, draft_prob = MACHINE_PRESET, 0.0
+            self.ngram = DraftModelConfig(MACHINE_PRESET, draft_k, weights_seed=seed)
         self.runner = self.build_runner(self.weights, self.limits, self.device, seed)
         if getattr(self.runner, "proposer", None) is None:
             self.ngram = None
@@ -215,7 +223,8 @@ class RunnerMachine(RuleBasedStateMachine):
         self.sync_report, self.lifetime = self.detectors.sync_report, self.detectors.lifetime
         self.oracle = ReferenceRunner(self.weights, self.limits, base_seed=seed, proposer=self.ngram)
         self.scheduler = SchedulerSim(self.limits, seed=seed, max_inflight_steps=max_inflight, draft_prob=draft_prob,
-                                      ngram_spec_tokens=self.ngram.num_spec_tokens if self.ngram else 0)
+                                      ngram_spec_tokens=self.ngram.num_spec_tokens if self.ngram else 0,
+                                      prefix_caching=not (draft_model and self.ngram), draft_model=draft_model if self.ngram else "")
         self.prefix = arm_prefix_checks(self.runner, self.scheduler)
         self.prompts: dict[str, tuple[int, ...]] = {}
         self.driver = DifferentialRun(self.runner, self.oracle, self.scheduler)
@@ -367,7 +376,7 @@ class RunnerMachine(RuleBasedStateMachine):
                 self.verify_invariants()
                 if self.ngram is not None:  # the acceptance rate, in Hypothesis's statistics
                     spec = self.scheduler.spec_stats
-                    event("n-gram drafts: " + ("none asked" if not spec.draft_tokens else "none accepted"
+                    event(("draft-model" if self.scheduler.config.draft_model else "n-gram") + " drafts: " + ("none asked" if not spec.draft_tokens else "none accepted"
                           if not spec.accepted_tokens else "all accepted" if spec.accepted_tokens == spec.draft_tokens
                           else "some accepted"))
         finally:

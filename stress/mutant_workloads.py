@@ -45,7 +45,8 @@ class Workload:
     cuda_lag: bool = False
     ticks: int = 16
     full_ticks: int = 48
-    ngram_spec_tokens: int = 0  # > 0: the runner's n-gram proposer on (`stress.spec_scheduler`)
+    ngram_spec_tokens: int = 0  # > 0: the runner's proposer on (`stress.spec_scheduler`), n-gram unless draft_model
+    draft_model: str = ""  # a draft preset: the runner's draft-model proposer (no prefix caching, no explicit drafts)
 
 
 _QUIET = dict(abort_prob=0.0, preempt_prob=0.0, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0, penalty_prob=0.0,
@@ -102,6 +103,15 @@ WORKLOADS["ngram"] = Workload(
                 penalty_prob=0.0, logprobs_prob=0.0, prompt_logprobs_prob=0.0, stop_prob=0.0, greedy_prob=1.0,
                 max_prompt_len=10, max_new_tokens=12, repetitive_prompt_prob=1.0),
     max_num_reqs=2, max_batched_tokens=8, ngram_spec_tokens=3, ticks=12, full_ticks=40)
+
+# The runner's draft-model proposer on (`stress.mutants_spec`): temperatures 2.5..4 make the
+# micro/micro-draft pair overlap by ~0.3-0.6 (sum min(p, q), measured), so steps accept some,
+# all and none of their 3 drafts: every rejection-sampling decision shows up within a few ticks.
+WORKLOADS["draft-model"] = Workload(
+    "draft-model", "temperature 2.5..4, the micro-draft model drafting 3 tokens a decode, rejection-sampled",
+    ChurnConfig(**dict(_SAMPLING, max_new_tokens=12, greedy_prob=0.0)),
+    lambda rng, n: _params(rng, n, temperature=round(rng.uniform(2.5, 4.0), 3)),
+    max_num_reqs=2, max_batched_tokens=8, ngram_spec_tokens=3, draft_model="micro-draft", ticks=12, full_ticks=40)
 
 # Penalised decodes (`stress.mutants_graphs`): a padding request counted into a live row's output
 # counts changes the penalties.

@@ -11,6 +11,24 @@ counts), so the mutant applies to every runner.
 
 The ``ngram`` workload (`stress.mutant_workloads`) runs the runner's n-gram proposer (`SchedulerConfig.ngram_spec_tokens`):
 greedy requests on repeated-pattern prompts, so decodes ask for device drafts every step.
+
+The rejection-sampling biases of `checks.chisq_spec.SPEC_BIASES`, planted in the runner's
+draft-model verification (`impl.draft_proposer`): the proposer's `SpecVerifier.verify` is replaced,
+for that runner only, by the float64 twin `checks.chisq_spec.SpecTwin` with one knob turned,
+run per request on the device inside the step's verify closure (its outputs land in the verifier's
+own buffers, which the scatter kernel reads as usual).  Each is killed by the differential on the
+``draft-model`` workload (temperatures 2.5..4, micro-draft: some, all and no drafts accepted):
+
+* ``spec_accept_ratio_normalised`` -- accepting ``d`` with ``p(d)/q(d)`` *without the min* is not
+  observable: the test ``u < p/q`` with ``u`` in ``[0, 1)`` accepts every ``p/q >= 1`` either way.
+  The observable form of an unclamped ratio is to "normalise" it into [0, 1] by its row maximum
+  ``max_t p_t/q_t`` (the chi-square bias ``normalised-ratio``): it accepts too rarely;
+* ``spec_residual_abs`` -- the residual ``|p - q|`` instead of ``max(0, p - q)``;
+* ``spec_accept_uses_draft_noise`` -- the accept test's uniform taken from the draft stream's bits
+  of the draft token (the very noise that made it win);
+* ``spec_bonus_dropped`` -- all drafts accepted and no bonus token emitted.
+
+On cuda the twin's masked writes synchronise the host, so the sync detector may fire first there.
 """
 from __future__ import annotations
 
@@ -18,6 +36,7 @@ from typing import Any
 
 import logging
 
+from stress.mutant_kernels import MutantTargetError
 from stress.mutant_registry import AppliedMutant, _mutant
 
 _log = logging.getLogger(__name__)
@@ -45,3 +64,65 @@ def _accepted_count_read_on_host(runner: Any, m: AppliedMutant) -> None:
             enqueue(staged, num_reqs, num_sampled, *args)
 
     m.set(proposer, "enqueue_propose", propose_only_after_acceptance)
+
+
+def _plant_biased_verifier(runner: Any, m: AppliedMutant, **variant: str) -> None:
+    """Replace the draft-model proposer's `SpecVerifier.verify` by `SpecTwin` with ``variant``."""
+    import torch
+
+    from checks.chisq_spec import SpecTwin, SpecVariant
+    from impl.draft_proposer import DraftModelProposer
+    from impl.sample.spec_verify import SpecVerifyOutput
+
+    proposer = getattr(runner, "proposer", None)
+    if not isinstance(proposer, DraftModelProposer):
+        raise MutantTargetError("a rejection-sampling mutant needs a runner with the draft-model proposer")
+    verifier, twin = proposer.verifier, SpecTwin(SpecVariant(**variant), name=f"spec-twin {variant}")
+
+    def biased_verify(target_probs: Any, draft_probs: Any, draft_tokens: Any, cu: Any, idx_mapping: Any, seeds: Any,
+                      temperature: Any, positions: Any, *, num_drafts: Any) -> SpecVerifyOutput:
+        counts = list(num_drafts)
+        tokens, accepted = verifier.tokens[: len(counts)], verifier.accepted[: len(counts)]
+        tokens.fill_(-1)
+        start = 0
+        with torch.device(target_probs.device):
+            for r, k in enumerate(counts):  # one request at a time: host ints only, no device read
+                p = target_probs[start + r : start + r + k + 1].double().unsqueeze(0)
+                q = draft_probs[start : start + k].double().unsqueeze(0)
+                d = draft_tokens[start : start + k].long().unsqueeze(0)
+                seed = seeds.index_select(0, idx_mapping[r : r + 1].long())
+                got, acc = twin(p, d, q, seed, positions[r : r + 1])
+                tokens[r, : k + 1] = got[0]
+                accepted[r] = acc[0]
+                start += k
+        return SpecVerifyOutput(tokens, accepted)
+
+    m.set(verifier, "verify", biased_verify)
+
+
+_SPEC_REQUIRES = ("proposer",)
+
+
+@_mutant("spec_accept_ratio_normalised", "sampler", ("differential",), "draft-model", _SPEC_REQUIRES,
+         "rejection sampling accepts with the ratio p/q unclamped, 'normalised' by its row maximum (the min(1, p/q) "
+         "dropped; without the normalisation it would not be observable)")
+def _spec_accept_ratio_normalised(runner: Any, m: AppliedMutant) -> None:
+    _plant_biased_verifier(runner, m, accept="normalised-ratio")
+
+
+@_mutant("spec_residual_abs", "sampler", ("differential",), "draft-model", _SPEC_REQUIRES,
+         "after a rejection the resample draws from |p - q| instead of max(0, p - q)")
+def _spec_residual_abs(runner: Any, m: AppliedMutant) -> None:
+    _plant_biased_verifier(runner, m, residual="abs")
+
+
+@_mutant("spec_accept_uses_draft_noise", "sampler", ("differential",), "draft-model", _SPEC_REQUIRES,
+         "the accept test's uniform comes from the draft stream's bits of the draft token (the noise that chose it)")
+def _spec_accept_uses_draft_noise(runner: Any, m: AppliedMutant) -> None:
+    _plant_biased_verifier(runner, m, accept="draft-noise")
+
+
+@_mutant("spec_bonus_dropped", "sampler", ("differential",), "draft-model", _SPEC_REQUIRES,
+         "when every draft is accepted no bonus token is emitted")
+def _spec_bonus_dropped(runner: Any, m: AppliedMutant) -> None:
+    _plant_biased_verifier(runner, m, bonus="dropped")

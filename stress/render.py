@@ -55,7 +55,8 @@ def print_findings(findings: Any, title: str) -> None:
     if findings.prefix is not None:
         rows.append(("prefix cache, kv provenance", findings.prefix.line()))
     if result.spec_stats:
-        rows.append(("n-gram drafts", spec_line(result.spec_stats)))
+        draft = config.scheduler.draft_model
+        rows.append((f"draft-model ({draft}) drafts" if draft else "n-gram drafts", spec_line(result.spec_stats)))
     if findings.cuda_graphs is not None:
         from impl.graphs import format_graph_stats
 
@@ -132,7 +133,8 @@ def print_verify_summary(doc: dict, files: list) -> None:
         say(f"prefix cache hit rate: {min(hit_rates):.0%}..{max(hit_rates):.0%} of prefill tokens over {len(hit_rates)} run(s)")
     for r in doc["runs"]:
         if r.get("speculative"):
-            say(f"n-gram drafts in {r['name']}: {spec_line(r['speculative'])}")
+            draft = (r.get("scheduler") or {}).get("draft_model")
+            say(f"{f'draft-model ({draft})' if draft else 'n-gram'} drafts in {r['name']}: {spec_line(r['speculative'])}")
     graphs = [r["cuda_graphs"] for r in doc["runs"] if r.get("cuda_graphs")]
     if graphs:
         from impl.graphs import format_graph_stats

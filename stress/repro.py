@@ -193,14 +193,15 @@ def _check_schema(doc: dict, source: str) -> None:
     sched = doc["scheduler"]
     # prefix_caching is optional: repros recorded before prefix caching replay with it off.
     if not {"max_inflight_steps", "draft_prob"} <= set(sched) <= {"max_inflight_steps", "draft_prob", "prefix_caching",
-                                                                  "ngram_spec_tokens"} \
+                                                                  "ngram_spec_tokens", "draft_model"} \
             or not _is_int(sched["max_inflight_steps"]) \
             or sched["max_inflight_steps"] < 0 or isinstance(sched["draft_prob"], bool) \
             or not isinstance(sched["draft_prob"], (int, float)) or not 0 <= sched["draft_prob"] <= 1 \
             or not isinstance(sched.get("prefix_caching", False), bool) \
-            or not _is_int(sched.get("ngram_spec_tokens", 0)) or sched.get("ngram_spec_tokens", 0) < 0:
+            or not _is_int(sched.get("ngram_spec_tokens", 0)) or sched.get("ngram_spec_tokens", 0) < 0 \
+            or not isinstance(sched.get("draft_model", ""), str):
         raise bad("field 'scheduler' must be {'max_inflight_steps': int >= 0, 'draft_prob': number in [0, 1]"
-                  "[, 'prefix_caching': bool][, 'ngram_spec_tokens': int >= 0]}")
+                  "[, 'prefix_caching': bool][, 'ngram_spec_tokens': int >= 0][, 'draft_model': str]}")
     for name in ("lag_policy", "delay_policy"):
         if doc[name] is not None and not isinstance(doc[name].get("name"), str):
             raise bad(f"field {name!r} must name its policy ('name': string)")

@@ -75,7 +75,10 @@ class SchedulerConfig:
     max_inflight_steps: int = 1
     draft_prob: float = 0.0
     prefix_caching: bool = True
-    ngram_spec_tokens: int = 0  # > 0: decodes ask the runner's n-gram proposer for drafts (`stress.spec_scheduler`)
+    ngram_spec_tokens: int = 0  # > 0: decodes ask the runner's proposer for drafts (`stress.spec_scheduler`)
+    # A draft-model preset: with ngram_spec_tokens > 0 the runner's proposer is that draft model
+    # (`impl.draft_proposer`) instead of the n-gram one; it takes no explicit drafts and no prefix hits.
+    draft_model: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_inflight_steps, int) or self.max_inflight_steps < 0:
@@ -86,19 +89,26 @@ class SchedulerConfig:
             raise SchedulerSimError(f"prefix_caching={self.prefix_caching!r} must be a bool")
         if isinstance(self.ngram_spec_tokens, bool) or not isinstance(self.ngram_spec_tokens, int) or self.ngram_spec_tokens < 0:
             raise SchedulerSimError(f"ngram_spec_tokens={self.ngram_spec_tokens!r} must be an int >= 0")
+        if not isinstance(self.draft_model, str):
+            raise SchedulerSimError(f"draft_model={self.draft_model!r} must be a preset name or ''")
+        if self.draft_model and (not self.ngram_spec_tokens or self.prefix_caching or self.draft_prob):
+            raise SchedulerSimError("draft_model needs ngram_spec_tokens > 0, prefix_caching off and draft_prob 0 "
+                                    "(a draft-model runner refuses explicit drafts and prefix hits)")
 
     def to_dict(self) -> dict:
         d = {"max_inflight_steps": self.max_inflight_steps, "draft_prob": self.draft_prob,
              "prefix_caching": self.prefix_caching}
         if self.ngram_spec_tokens:  # only when on, so records made before it keep their checksums
             d["ngram_spec_tokens"] = self.ngram_spec_tokens
+        if self.draft_model:
+            d["draft_model"] = self.draft_model
         return d
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "SchedulerConfig":
         """Inverse of `to_dict`.  A record without ``prefix_caching`` predates it: caching off (as it ran)."""
         return cls(int(d["max_inflight_steps"]), float(d["draft_prob"]), bool(d.get("prefix_caching", False)),
-                   int(d.get("ngram_spec_tokens", 0)))
+                   int(d.get("ngram_spec_tokens", 0)), str(d.get("draft_model", "")))
 
 
 @dataclass
@@ -156,9 +166,10 @@ class SchedulerSim:
     """See the module docstring.  Deterministic given ``seed`` and the sequence of calls."""
 
     def __init__(self, limits: RunnerLimits, *, seed: int = 0, max_inflight_steps: int = 1, draft_prob: float = 0.0,
-                 prefix_caching: bool = True, ngram_spec_tokens: int = 0, most_device_drafts: bool = False):
+                 prefix_caching: bool = True, ngram_spec_tokens: int = 0, most_device_drafts: bool = False,
+                 draft_model: str = ""):
         self.limits = limits
-        self.config = SchedulerConfig(max_inflight_steps, draft_prob, prefix_caching, ngram_spec_tokens)
+        self.config = SchedulerConfig(max_inflight_steps, draft_prob, prefix_caching, ngram_spec_tokens, draft_model)
         self.spec_stats = SpecStats()
         self._most_device_drafts = most_device_drafts  # always the largest k allowed (benchmarks; not recorded)
         self.seed = seed

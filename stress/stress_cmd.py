@@ -46,9 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batched-tokens", type=int_type(1), default=32)
     parser.add_argument("--max-inflight", type=int_type(0), default=1, help="steps scheduled ahead of their outputs")
     parser.add_argument("--draft-prob", type=float_type(0.0, 1.0), default=0.0, help="probability a decode carries draft tokens")
-    parser.add_argument("--proposer", choices=("none", "ngram"), default="none",
-                        help="ngram: the runner proposes drafts on the device (n-gram prompt lookup); decodes ask for them by count")
-    parser.add_argument("--num-spec-tokens", type=int_type(1), default=3, help="with --proposer ngram: drafts per decode at most")
+    parser.add_argument("--proposer", choices=("none", "ngram", "draft"), default="none",
+                        help="ngram: the runner proposes drafts on the device (n-gram prompt lookup); draft: a draft model "
+                             "does, verified by rejection sampling; decodes ask for them by count")
+    parser.add_argument("--num-spec-tokens", type=int_type(1), default=3, help="with --proposer: drafts per decode at most")
+    parser.add_argument("--draft-model", default=None, choices=sorted(PRESETS),
+                        help="with --proposer draft: the draft preset (default: MODEL-draft; MODEL itself drafts with the target's weights)")
     parser.add_argument("--in-process", action="store_true", help="run in this process (no crash isolation; for debugging)")
 
 
@@ -112,8 +115,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     limits = default_limits(model_config, max_num_reqs=args.max_num_reqs, block_size=args.block_size,
                             num_kv_blocks=args.num_kv_blocks, max_num_batched_tokens=args.max_batched_tokens)
     config = RunConfig(args.seed, args.steps, kind, args.model, model_config, limits,
-                       SchedulerConfig(args.max_inflight, args.draft_prob,
-                                       ngram_spec_tokens=args.num_spec_tokens if args.proposer == "ngram" else 0), lag, delay, args.mutant, args.runner,
+                       _scheduler_config(args), lag, delay, args.mutant, args.runner,
                        cuda_graphs=not args.eager, csan=getattr(args, "csan", False))
     if args.mutant is not None:
         from stress import mutants
@@ -123,6 +125,23 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         except LookupError as e:
             raise RunSetupError(f"--mutant {args.mutant!r}: {e}") from None
     return replace(config, delay_policy=_calibrated_delay(config, targets)) if args.delay_us == "auto" else config
+
+
+def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
+    """The scheduler knobs of the arguments; ``--proposer draft`` turns explicit drafts and prefix caching off."""
+    if args.proposer == "draft":
+        if args.draft_prob:
+            raise RunSetupError("--proposer draft takes no --draft-prob (a draft-model runner refuses explicit drafts)")
+        draft = args.draft_model or f"{args.model}-draft"
+        if draft not in PRESETS:
+            raise RunSetupError(f"--proposer draft: no preset {draft!r}; pass --draft-model (one of {sorted(PRESETS)})")
+        if preset(draft).vocab_size != preset(args.model).vocab_size:
+            raise RunSetupError(f"--draft-model {draft!r} has vocabulary {preset(draft).vocab_size}, "
+                                f"--model {args.model!r} {preset(args.model).vocab_size}")
+        return SchedulerConfig(args.max_inflight, 0.0, prefix_caching=False, ngram_spec_tokens=args.num_spec_tokens,
+                               draft_model=draft)
+    return SchedulerConfig(args.max_inflight, args.draft_prob,
+                           ngram_spec_tokens=args.num_spec_tokens if args.proposer == "ngram" else 0)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,7 +14,9 @@ then the sampler statistics, then a report folder.
    reader of a staging slot, an output slot or the input prep (targeted runs; each target must be
    reached: a coverage feature).  Both plans end with runs whose runner holds the n-gram proposer
    (`impl.ngram_proposer`; the scheduler asks for device drafts by count, some prompts repeat a
-   pattern so drafts get accepted); the summary reports their acceptance rate.  Run ``i`` uses
+   pattern so drafts get accepted); the full sim plan and the cuda plans add runs whose runner holds
+   the draft-model proposer (`impl.draft_proposer`, rejection-sampled); the summary reports their
+   acceptance rates.  Run ``i`` uses
    seed ``S + i``.
 2. The coverage table (`stress.coverage`): a count per feature over all runs; a feature at zero
    fails the job.
@@ -107,6 +109,14 @@ NGRAM_CHURN = replace(VERIFY_CHURN, repetitive_prompt_prob=0.35)
 _SIM_NGRAM = [("ngram lag-1 two-ahead", {"name": "lag-k-steps", "k": 1}, 2)]
 _SIM_NGRAM_FULL = _SIM_NGRAM + [("ngram random-drain", {"name": "random-drain", "p_stall": 0.5}, 1)]
 _CUDA_NGRAM = [("delays two-ahead ngram", 2)]
+# Runs with the runner's draft-model proposer (`impl.draft_proposer`, rejection-sampled): no prefix
+# caching, no explicit drafts.  (name, draft preset, lag policy on sim, max_inflight_steps).  The
+# target's own preset as its draft (the run's weights: near-full acceptance, bonus tokens) and the
+# smaller "-draft" preset (unrelated weights: mostly rejected, residual resamples).  Not in the quick
+# sim plan (CPU CI time); the full sim plan and both cuda plans.
+_SIM_DRAFT_FULL = [("draft-model lag-1 two-ahead", "", {"name": "lag-k-steps", "k": 1}, 2),
+                   ("self-draft random-drain", "self", {"name": "random-drain", "p_stall": 0.5}, 1)]
+_CUDA_DRAFT = [("delays two-ahead draft-model", "", None, 2), ("delays two-ahead self-draft", "self", None, 2)]
 # A token budget of 8 chunks prefills on cuda too (the coverage gate asks for middle and final chunks).
 _CUDA_RUN_LIMITS = {"delays two-ahead": dict(CUDA_LIMITS, max_num_batched_tokens=8)}
 _CPU = [("one-ahead", 1, 0.0), ("one-ahead drafts", 1, 0.3), ("two-ahead", 2, 0.0)]
@@ -131,6 +141,13 @@ def _with_ngram(config: RunConfig) -> RunConfig:
     return replace(config, scheduler=replace(config.scheduler, ngram_spec_tokens=NGRAM_SPEC_TOKENS))
 
 
+def _with_draft_model(config: RunConfig, draft: str) -> RunConfig:
+    """``draft``: "" the model's "-draft" preset, "self" the model itself (drafting with the target's weights)."""
+    preset_name = config.model_preset if draft == "self" else f"{config.model_preset}-draft"
+    return replace(config, scheduler=replace(config.scheduler, draft_prob=0.0, prefix_caching=False,
+                                             ngram_spec_tokens=NGRAM_SPEC_TOKENS, draft_model=preset_name))
+
+
 def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | None = None, max_runs: int | None = None,
               model: str = "micro", cuda_delay: Callable[[int, tuple[str, ...] | None], dict] | None = None,
               cuda_graphs: bool = True, csan: bool = False) -> list[PlannedRun]:
@@ -150,6 +167,9 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
             cfg = _config(seed + len(runs), ticks, kind, model, QUICK_LIMITS if quick else FULL_LIMITS, inflight, 0.0, lag,
                           None, runner, cuda_graphs)
             runs.append(PlannedRun(name, _with_ngram(cfg), NGRAM_CHURN))
+        for name, draft, lag, inflight in () if quick else _SIM_DRAFT_FULL:
+            cfg = _config(seed + len(runs), ticks, kind, model, FULL_LIMITS, inflight, 0.0, lag, None, runner, cuda_graphs)
+            runs.append(PlannedRun(name, _with_draft_model(cfg, draft), VERIFY_CHURN))
     elif kind == "cuda":
         ticks = ticks or (120 if quick else 500)
         for i, (name, inflight, drafts, targets) in enumerate(_CUDA_QUICK if quick else _CUDA_FULL):
@@ -161,6 +181,10 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
             delay = cuda_delay(seed + len(runs), None) if cuda_delay is not None else None
             cfg = _config(seed + len(runs), ticks, kind, model, CUDA_LIMITS, inflight, 0.0, None, delay, runner, cuda_graphs, csan)
             runs.append(PlannedRun(name, _with_ngram(cfg), replace(RACE_CHURN, repetitive_prompt_prob=0.35)))
+        for name, draft, _, inflight in _CUDA_DRAFT:
+            delay = cuda_delay(seed + len(runs), None) if cuda_delay is not None else None
+            cfg = _config(seed + len(runs), ticks, kind, model, CUDA_LIMITS, inflight, 0.0, None, delay, runner, cuda_graphs, csan)
+            runs.append(PlannedRun(name, _with_draft_model(cfg, draft), RACE_CHURN))
     elif kind == "cpu":
         ticks = ticks or (30 if quick else 200)
         for i, (name, inflight, drafts) in enumerate(_CPU[:2] if quick else _CPU):

@@ -10,7 +10,7 @@ the sampler reads its parameters) and its noise position of target row 0 from ``
   the draft; the loop stops deciding at the first mismatch.
 * rejection sampling: scalar loads of ``p_i(d_i)`` and ``q_i(d_i)`` per draft, the accept
   uniform from `impl.kernels.rng` at ``(0, P + i, 0, ACCEPT_STREAM)``; then one pass over the
-  vocabulary of the row to resample (`_resample`), which tracks the Gumbel-max over the residual
+  vocabulary of the row to resample (`gumbel_max_residual`), which tracks the Gumbel-max over the residual
   and over ``p`` at once, so the all-zero residual needs no second read.
 
 Every program first writes its output row to -1, so an emitted row is ``accepted + 1`` tokens then
@@ -47,9 +47,11 @@ def _greedy_argmax(p_row, vocab_size, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _resample(p_row, q_row, use_residual, seed, position, vocab_size, BLOCK: tl.constexpr):
-    """Gumbel-max of ``log r + g`` (resample stream) over ``r = max(0, p - q)``, or over ``p`` when
-    that residual is zero everywhere or ``use_residual`` is false (the bonus row: q is not read)."""
+def gumbel_max_residual(p_row, q_row, use_residual, seed, position, vocab_size, BLOCK: tl.constexpr,
+                        STREAM: tl.constexpr):
+    """Gumbel-max of ``log r + g`` (noise of ``STREAM``) over ``r = max(0, p - q)``, or over ``p`` when
+    that residual is zero everywhere or ``use_residual`` is false (the bonus row: q is not read).
+    The draft-model proposer samples its drafts with it too (``use_residual = 0``, the draft stream)."""
     lanes = tl.arange(0, BLOCK)
     best_r = tl.full((BLOCK,), float("-inf"), tl.float32)
     token_r = tl.full((BLOCK,), vocab_size, tl.int32)
@@ -61,7 +63,7 @@ def _resample(p_row, q_row, use_residual, seed, position, vocab_size, BLOCK: tl.
         p = tl.load(p_row + offs, mask=in_vocab, other=0.0)
         # the flag broadcast to the block first: the interpreter refuses a block mask & a 0-d mask
         q = tl.load(q_row + offs, mask=in_vocab & ((offs * 0 + use_residual) != 0), other=0.0)
-        hi, lo = philox_64bits(seed, position, offs, RESAMPLE_STREAM)
+        hi, lo = philox_64bits(seed, position, offs, STREAM)
         g = gumbel_from_bits(hi, lo)
         r = tl.maximum(p - q, 0.0)
         score_r = tl.where(in_vocab & (r > 0.0), tl.log(tl.where(r > 0.0, r, 1.0)) + g, float("-inf"))
@@ -123,8 +125,8 @@ def spec_verify_kernel(
                     accepted += 1
                 else:
                     done = 1
-        token = _resample(target_ptr + (t_start + accepted) * target_stride,
-                          draft_probs_ptr + (d_start + accepted) * draft_stride, (accepted < k).to(tl.int32), seed,
-                          position + accepted, vocab_size, BLOCK)
+        token = gumbel_max_residual(target_ptr + (t_start + accepted) * target_stride,
+                                    draft_probs_ptr + (d_start + accepted) * draft_stride, (accepted < k).to(tl.int32),
+                                    seed, position + accepted, vocab_size, BLOCK, RESAMPLE_STREAM)
         tl.store(out_row + accepted, token.to(tl.int64))
     tl.store(accepted_ptr + req, accepted.to(tl.int32))

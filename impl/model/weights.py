@@ -66,6 +66,15 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(),
     # Even smaller, for the slowest interpreted paths (state machines).
     "micro": ModelConfig(vocab_size=256, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64, max_model_len=128),
+    # Draft models (impl.draft_proposer): the vocabulary and context of "micro" / "tiny", a smaller body.
+    "micro-draft": ModelConfig(vocab_size=256, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8, intermediate_size=32, max_model_len=128),
+    "tiny-draft": ModelConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64),
+    # A Qwen3-vocabulary draft for the qwen3-0.6b target (GPU benchmarks).
+    "qwen3-0.6b-draft": ModelConfig(
+        vocab_size=151936, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=64,
+        intermediate_size=512, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
+        qk_norm=True, max_model_len=4096,
+    ),
     # Qwen3-0.6B-shaped (random weights) for GPU benchmarks.
     "qwen3-0.6b": ModelConfig(
         vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8, head_dim=128,
@@ -174,6 +183,24 @@ _HF_LAYER_NAMES = {
     "q_norm": "self_attn.q_norm.weight",
     "k_norm": "self_attn.k_norm.weight",
 }
+
+
+class DraftVocabMismatchError(WeightsError):
+    """A draft model whose vocabulary differs from the target's (or whose context is shorter)."""
+
+
+def draft_weights(name: str, seed: int, target: ModelConfig) -> "ModelWeights":
+    """Random weights of draft preset ``name`` for a target of config ``target``.
+
+    The draft must share the target's vocabulary (its drafts and distributions index the same
+    tokens) and cover its context; otherwise `DraftVocabMismatchError`.
+    """
+    config = preset(name)
+    if config.vocab_size != target.vocab_size:
+        raise DraftVocabMismatchError(f"draft preset {name!r} has vocabulary {config.vocab_size}, the target {target.vocab_size}")
+    if config.max_model_len < target.max_model_len:
+        raise DraftVocabMismatchError(f"draft preset {name!r} has max_model_len {config.max_model_len} < the target's {target.max_model_len}")
+    return random_weights(config, seed=seed)
 
 
 def config_from_hf(hf: dict, max_model_len: int | None = None) -> ModelConfig:
@@ -286,6 +313,6 @@ def save_safetensors_folder(weights: ModelWeights, folder: str | Path) -> None:
 
 
 __all__ = [
-    "ModelConfig", "ModelWeights", "LayerWeights", "PRESETS", "preset", "random_weights",
+    "ModelConfig", "ModelWeights", "LayerWeights", "PRESETS", "preset", "random_weights", "draft_weights", "DraftVocabMismatchError",
     "load_safetensors_folder", "save_safetensors_folder", "config_from_hf", "WeightsError",
 ]

@@ -11,10 +11,12 @@ def test_bench_quick_writes_valid_json(tmp_path):
     data = json.loads((tmp_path / "bench.json").read_text())
     assert rc == 0, data["failures"]
     cases = {row["case"] for row in data["rows"]}
-    assert cases == {"host_cost", "staged_writes", "sampler", "logprobs", "e2e", "spec_ngram"}
+    assert cases == {"host_cost", "staged_writes", "sampler", "logprobs", "e2e", "spec_ngram", "spec_draft"}
     spec = {r["name"].split(",")[0]: r for r in data["rows"] if r["case"] == "spec_ngram"}
     assert {"decode tokens/s", "acceptance rate", "speedup ngram / off"} <= set(spec)
     assert 0 <= spec["acceptance rate"]["value"] <= 1
+    draft = {r["name"].split(",")[0]: r for r in data["rows"] if r["case"] == "spec_draft"}
+    assert {"decode tokens/s", "acceptance rate", "speedup draft micro-draft / off", "speedup self-draft micro / off"} <= set(draft)
     assert all(isinstance(row["value"], (int, float)) for row in data["rows"])
     syncs = [r for r in data["rows"] if r["name"].startswith("host syncs per step")]
     assert syncs and all(r["value"] == 0 for r in syncs)

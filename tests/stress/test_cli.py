@@ -78,6 +78,8 @@ def test_out_under_a_file_is_refused(tmp_path, capsys) -> None:
         (["mutants", "--chisq-samples", "0"], "--chisq-samples"),
         (["stress", "--device", "tpu"], "--device"),
         (["stress", "--no-such-flag"], "unrecognized arguments"),
+        (["stress", "--proposer", "draft", "--draft-prob", "0.3"], "--draft-prob"),
+        (["stress", "--proposer", "draft", "--draft-model", "tiny-draft"], "vocabulary"),
     ],
 )
 def test_bad_numeric_and_unknown_flags_exit_2_with_one_line(tmp_path, capsys, argv, message: str) -> None:
@@ -255,3 +257,11 @@ def test_a_bad_shard_is_one_line_and_exit_2(text, capsys):
     assert main(["mutants", "--device", "sim", "--seeds", "4", f"--shard={text}", "--out", "x"]) == 2
     err = capsys.readouterr().err
     assert "--shard" in err and "I/N" in err and len(err.strip().splitlines()) <= 2
+
+
+def test_stress_with_the_draft_model_proposer_reports_its_acceptance(tmp_path, capsys) -> None:
+    out = tmp_path / "o"
+    assert main(["stress", "--device", "sim", "--seed", "1", "--steps", "8", "--proposer", "draft", "--draft-model",
+                 "micro", "--no-progress", "--in-process", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "draft-model (micro) drafts" in printed and "accepted" in printed

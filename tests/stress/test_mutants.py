@@ -82,6 +82,8 @@ def _patchable(runner) -> dict[str, object]:
     parts.update({"graphs.inputs": runner.graphs.inputs, "state.row_state": runner.state.row_state,
                   **{f"graphs.{key.describe()}": g for key, g in runner.graphs.graphs.items()}})
     parts.update({"impl.runner": runner_module, "impl.sample.sampler": sampler_module})
+    if runner.proposer is not None and hasattr(runner.proposer, "verifier"):  # the draft-model proposer's verifier
+        parts["proposer.verifier"] = runner.proposer.verifier
     return parts
 
 
@@ -93,6 +95,13 @@ def _snapshot(parts: dict[str, object]) -> dict[str, dict[str, int]]:
 @pytest.mark.parametrize("name", list(CATALOGUE))
 def test_apply_patches_the_runner_and_undo_restores_it(name, micro_runner):
     from stress.scheduler import SchedulerSim
+
+    if CATALOGUE[name].workload == "draft-model":  # the rejection-sampling mutants patch the draft-model proposer
+        from impl.interface import DraftModelConfig
+
+        config = preset("micro")
+        micro_runner = runner_module.make_runner(random_weights(config, seed=0), default_limits(config), Device("sim", seed=0),
+                                                 speculative=DraftModelConfig("micro-draft", 2))
 
     scheduler = SchedulerSim(micro_runner.limits)  # scheduler mutants (prefix cache) patch it instead
     device = Device("sim", seed=0)  # device mutants (stream ordering) patch the device the runner is built on
@@ -214,6 +223,9 @@ def test_quick_sim_run_kills_every_cpu_mutant_as_designed(tmp_path, capsys):
         assert {"class", "description", "killed", "killed_by", "seconds"} <= set(m)
     assert results["reuse_staging_early"]["killed_by"] == ["lifetime"]
     assert "sync" in results["item_in_step"]["killed_by"]
+    for name in ("spec_accept_ratio_normalised", "spec_residual_abs", "spec_accept_uses_draft_noise", "spec_bonus_dropped"):
+        assert "differential" in results[name]["killed_by"], (name, results[name]["evidence"])  # issue 20's biases
+    assert any(c["kind"] == "workload" and c["name"] == "draft-model" for c in report["controls"])
     assert all(c["clean"] for c in report["controls"]) and report["controls"]
     assert rc == 0 and report["passed"]
     matrix = (tmp_path / "mutants.md").read_text()

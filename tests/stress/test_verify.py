@@ -63,9 +63,15 @@ def test_the_plan_covers_lag_policies_in_flight_depths_and_drafts() -> None:
     assert any(p.config.scheduler.draft_prob > 0 for p in sim)
     for kind in ("sim", "cuda"):  # every plan runs the n-gram proposer on repetitive prompts
         for quick in (True, False):
-            ngram = [p for p in verify.plan_runs(kind, 0, "impl.runner:make_runner", quick=quick)
-                     if p.config.scheduler.ngram_spec_tokens > 0]
+            plan = verify.plan_runs(kind, 0, "impl.runner:make_runner", quick=quick)
+            ngram = [p for p in plan if p.config.scheduler.ngram_spec_tokens > 0 and not p.config.scheduler.draft_model]
             assert ngram and all(p.churn.repetitive_prompt_prob > 0 for p in ngram), (kind, quick)
+            # every plan but the quick sim one (CPU CI time) runs the draft-model proposer, without prefix caching
+            drafted = [p.config.scheduler for p in plan if p.config.scheduler.draft_model]
+            assert bool(drafted) == (kind == "cuda" or not quick), (kind, quick)
+            assert all(not s.prefix_caching and s.draft_prob == 0 for s in drafted)
+    assert {p.config.scheduler.draft_model for p in verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=True)} \
+        >= {"micro", "micro-draft"}  # the target drafting for itself (accepted) and a smaller model (rejected)
     cuda = verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=True, cuda_delay=lambda s, targets=None: calibrate_cuda_delay(s, 1000.0, targets=targets))
     assert all(p.config.lag_policy is None for p in cuda)
     assert {p.config.delay_policy["name"] for p in cuda} == {"random-delay", "targeted-delay"}

@@ -1,0 +1,103 @@
+"""Kernels of the draft-model proposer (`impl.draft_proposer`) and of its verification in the runner.
+
+* `_draft_sample_kernel`, one program per request of the draft decode batch: draft ``j`` of state
+  row ``rows[i]`` is the Gumbel-max of ``log q + g`` over ``q = q_buf[row, j]`` (the draft's
+  distribution after the request's temperature, penalties and filters) with the noise of
+  ``DRAFT_STREAM`` at the produced token's position; a greedy request's ``q`` is a point mass, so
+  the same rule returns its argmax.  Writes ``proposed[row, j]`` and the next decode input.
+* `_gather_draft_probs_kernel`, grid ``(num_reqs, K)``: copies ``q_buf[rows[i], j]`` into the
+  step's draft-probability row ``draft_start[i] + j`` (the layout `SpecVerifier` reads).
+* `_scatter_verified_kernel`, one program per scheduled request: for a request with ``k > 0``
+  drafts and temperature > 0 it writes the verifier's ``accepted + 1`` tokens into the sampler's
+  token rows and, when a draft was rejected, poisons that draft (-1) in the step's draft buffer,
+  so the post-update kernel's exact-match rule stops at the verifier's accepted count (even when
+  the resampled token happens to equal the rejected draft).  Other requests keep the sampler's
+  tokens (greedy: exact match equals the verifier's greedy mode).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from impl.kernels.rng import DRAFT_STREAM
+from impl.kernels.spec_verify import gumbel_max_residual
+
+MAX_BLOCK = 1024
+
+
+@triton.jit(do_not_specialize=["vocab_size", "j"])
+def _draft_sample_kernel(rows_ptr, positions_ptr, seed_ptr, q_ptr, q_row_stride, q_draft_stride, proposed_ptr,
+                         proposed_stride, next_ptr, j, vocab_size, BLOCK: tl.constexpr):
+    i = tl.program_id(0)
+    row = tl.load(rows_ptr + i).to(tl.int64)
+    position = tl.load(positions_ptr + i).to(tl.int64)
+    seed = tl.load(seed_ptr + row)
+    q_row = q_ptr + row * q_row_stride + j * q_draft_stride
+    token = gumbel_max_residual(q_row, q_row, 0, seed, position, vocab_size, BLOCK, DRAFT_STREAM)
+    tl.store(proposed_ptr + row * proposed_stride + j, token.to(tl.int32))
+    tl.store(next_ptr + i, token.to(tl.int64))
+
+
+def launch_draft_sample(*, rows: torch.Tensor, positions: torch.Tensor, seeds: torch.Tensor, q_buf: torch.Tensor,
+                        proposed: torch.Tensor, next_tokens: torch.Tensor, j: int, num_reqs: int) -> None:
+    """Sample draft ``j`` of ``num_reqs`` rows from ``q_buf [R, K, V]`` (device work)."""
+    vocab = q_buf.shape[2]
+    _draft_sample_kernel[(num_reqs,)](rows, positions, seeds, q_buf, q_buf.stride(0), q_buf.stride(1), proposed,
+                                      proposed.stride(0), next_tokens, j, vocab,
+                                      BLOCK=min(MAX_BLOCK, triton.next_power_of_2(vocab)))
+
+
+@triton.jit(do_not_specialize=["vocab_size"])
+def _gather_draft_probs_kernel(rows_ptr, draft_start_ptr, q_ptr, q_row_stride, q_draft_stride, out_ptr, out_stride,
+                               vocab_size, BLOCK: tl.constexpr):
+    i = tl.program_id(0)
+    j = tl.program_id(1)
+    d_start = tl.load(draft_start_ptr + i)
+    k = tl.load(draft_start_ptr + i + 1) - d_start
+    if j < k:
+        row = tl.load(rows_ptr + i).to(tl.int64)
+        src = q_ptr + row * q_row_stride + j * q_draft_stride
+        dst = out_ptr + (d_start + j).to(tl.int64) * out_stride
+        for start in range(0, vocab_size, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            tl.store(dst + offs, tl.load(src + offs, mask=offs < vocab_size), mask=offs < vocab_size)
+
+
+def launch_gather_draft_probs(*, rows: torch.Tensor, draft_start: torch.Tensor, q_buf: torch.Tensor, out: torch.Tensor,
+                              num_reqs: int, max_drafts: int) -> None:
+    """Copy each scheduled draft's ``q`` row into ``out`` at its step draft index (device work)."""
+    vocab = q_buf.shape[2]
+    _gather_draft_probs_kernel[(num_reqs, max(1, max_drafts))](
+        rows, draft_start, q_buf, q_buf.stride(0), q_buf.stride(1), out, out.stride(0), vocab,
+        BLOCK=min(MAX_BLOCK, triton.next_power_of_2(vocab)))
+
+
+@triton.jit
+def _scatter_verified_kernel(rows_ptr, draft_start_ptr, logits_start_ptr, temperature_ptr, verified_ptr, verified_stride,
+                             accepted_ptr, sampled_ptr, drafts_ptr, BLOCK_K: tl.constexpr):
+    i = tl.program_id(0)
+    d_start = tl.load(draft_start_ptr + i)
+    k = tl.load(draft_start_ptr + i + 1) - d_start
+    row = tl.load(rows_ptr + i).to(tl.int64)
+    temperature = tl.load(temperature_ptr + row)
+    if (k > 0) & (temperature != 0.0):
+        a = tl.load(accepted_ptr + i)
+        l_start = tl.load(logits_start_ptr + i)
+        r = tl.arange(0, BLOCK_K)
+        tokens = tl.load(verified_ptr + i.to(tl.int64) * verified_stride + r, mask=r <= a, other=0)
+        tl.store(sampled_ptr + l_start + r, tokens, mask=r <= a)
+        if a < k:
+            tl.store(drafts_ptr + d_start + a, -1)
+
+
+def launch_scatter_verified(*, rows: torch.Tensor, draft_start: torch.Tensor, logits_start: torch.Tensor,
+                            temperature: torch.Tensor, verified: torch.Tensor, accepted: torch.Tensor,
+                            sampled: torch.Tensor, drafts: torch.Tensor, num_reqs: int) -> None:
+    """Write the verifier's tokens over the sampler's for rejection-sampled requests (device work)."""
+    _scatter_verified_kernel[(num_reqs,)](rows, draft_start, logits_start, temperature, verified, verified.stride(0),
+                                          accepted, sampled, drafts,
+                                          BLOCK_K=max(2, triton.next_power_of_2(verified.shape[1])))
+
+
+__all__ = ["launch_draft_sample", "launch_gather_draft_probs", "launch_scatter_verified"]
