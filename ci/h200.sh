@@ -14,8 +14,10 @@
 #   draft         the draft-model proposer on cuda (issue 20): its gpu-marked tests (differential with 0 syncs, unrelated
 #                 and self drafts), delay-injected stress runs with `--proposer draft` (the micro-draft model, then the
 #                 target drafting for itself), the four rejection-sampling mutants (must be killed by the differential;
-#                 the twin's masked writes may make the sync detector fire too) with their control, and
+#                 the twin's own waits are named with allow_host_sync) with their control, and
 #                 `bench --only spec_draft` (Qwen3-0.6B with qwen3-0.6b-draft and with itself as draft, 8 and 64 requests)
+#   draft_rerun   `bench --only spec_draft` alone, then the four rejection-sampling mutants beside two replays of run
+#                 12's draft_stress_self divergence (docs/results/2026-12-01-h200-draft_stress_self-run12-repro.json)
 #   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issue 16's "Done when" in one run
 #                 (the runner's sampler and logprobs at 1/8/64/256 rows, the memory floor, the Philox compute floor
 #                 and noise bound, the PyTorch baselines, peak extra memory)
@@ -128,6 +130,15 @@ want ngram && (
     --no-progress --out "$out/ngram_stress"
   job ngram_mutant 120 $rc mutants --device cuda --no-chisq --only accepted_count_read_on_host --out "$out/ngram_mutant"
 ) &
+want draft_rerun && (  # after run 12: the mutants with the twin's waits named, the bench alone, run 12's divergence replayed twice
+  job draft_bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_draft --out "$out/draft_bench"
+  job draft_mutants 240 $rc mutants --device cuda --no-chisq --only spec_accept_ratio_normalised spec_residual_abs \
+    spec_accept_uses_draft_noise spec_bonus_dropped --out "$out/draft_mutants" &
+  for k in 1 2; do
+    job draft_self_replay_$k 120 $rc replay docs/results/2026-12-01-h200-draft_stress_self-run12-repro.json --no-progress
+  done
+  wait
+)
 want draft && (
   job draft_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu tests/impl/test_draft_proposer.py
   job draft_stress 180 $rc stress --device cuda --seed 1 --steps 200 --delay-us auto --max-inflight 2 --proposer draft \

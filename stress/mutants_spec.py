@@ -28,7 +28,8 @@ own buffers, which the scatter kernel reads as usual).  Each is killed by the di
   of the draft token (the very noise that made it win);
 * ``spec_bonus_dropped`` -- all drafts accepted and no bonus token emitted.
 
-On cuda the twin's masked writes synchronise the host, so the sync detector may fire first there.
+On cuda the twin's masked writes wait on the device inside a named `allow_host_sync` scope (the
+planting's own plumbing), so there too the differential must be what kills them.
 """
 from __future__ import annotations
 
@@ -71,6 +72,7 @@ def _plant_biased_verifier(runner: Any, m: AppliedMutant, **variant: str) -> Non
     import torch
 
     from checks.chisq_spec import SpecTwin, SpecVariant
+    from checks.sync import allow_host_sync
     from impl.draft_proposer import DraftModelProposer
     from impl.sample.spec_verify import SpecVerifyOutput
 
@@ -85,7 +87,10 @@ def _plant_biased_verifier(runner: Any, m: AppliedMutant, **variant: str) -> Non
         tokens, accepted = verifier.tokens[: len(counts)], verifier.accepted[: len(counts)]
         tokens.fill_(-1)
         start = 0
-        with torch.device(target_probs.device):
+        # The twin is a float64 torch stand-in for the verify kernel: its masked writes wait on the
+        # device, which is plumbing of the planting, not the bug under test (a distribution the
+        # differential must see), so the sync detector is told so by name.
+        with torch.device(target_probs.device), allow_host_sync("SpecTwin stand-in for the verify kernel (mutant)"):
             for r, k in enumerate(counts):  # one request at a time: host ints only, no device read
                 p = target_probs[start + r : start + r + k + 1].double().unsqueeze(0)
                 q = draft_probs[start : start + k].double().unsqueeze(0)
