@@ -18,6 +18,8 @@
 #                 `bench --only spec_draft` (Qwen3-0.6B with qwen3-0.6b-draft and with itself as draft, 8 and 64 requests)
 #   draft_rerun   `bench --only spec_draft` alone, then the four rejection-sampling mutants beside two replays of run
 #                 12's draft_stress_self divergence (docs/results/2026-12-01-h200-draft_stress_self-run12-repro.json)
+#   capture_probe `python ci/capture_probe.py` (the spec_draft bench's 64-request runner built alone; its graph capture
+#                 passes or fails) with the default logprobs launch shape and with 2048 x 4, side by side
 #   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issue 16's "Done when" in one run
 #                 (the runner's sampler and logprobs at 1/8/64/256 rows, the memory floor, the Philox compute floor
 #                 and noise bound, the PyTorch baselines, peak extra memory)
@@ -137,6 +139,11 @@ want draft_rerun && (  # after run 12: the mutants with the twin's waits named, 
   for k in 1 2; do
     job draft_self_replay_$k 120 $rc replay docs/results/2026-12-01-h200-draft_stress_self-run12-repro.json --no-progress
   done
+  wait
+)
+want capture_probe && (  # run 13's spec_draft capture failure: the no-speculation runner alone, default and 2048 x 4 logprobs
+  job capture_probe_default 150 python3 ci/capture_probe.py &
+  job capture_probe_2048x4 150 python3 ci/capture_probe.py --logprobs-shape 2048x4 &
   wait
 )
 want draft && (
