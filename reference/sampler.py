@@ -295,6 +295,24 @@ def sample(
     return SampleResult(token=token, gap=gap, fragile=fragile, nan_flag=nan_flag, runner_up=runner_up)
 
 
+RANK_NEIGHBOUR_WINDOW = 1e-2  # logit distance within which the oracle lists a target's neighbours
+MAX_RANK_NEIGHBOURS = 64  # at most this many (the closest): enough for any tolerance the comparison uses
+
+
+@dataclass(frozen=True)
+class OracleTokenLogprobs(TokenLogprobs):
+    """`TokenLogprobs` plus what only the oracle, holding the whole row, can say about its rank.
+
+    ``neighbour_gaps``: ``l[j] - l[token_id]`` for the other tokens within `RANK_NEIGHBOUR_WINDOW`
+    of the target's logit (the closest `MAX_RANK_NEIGHBOURS`), ascending by distance.  A float32
+    runner may order such a token on the other side of the target at any rank, not only inside the
+    top-n list (`checks.compare`): a rank may move by the neighbours within the comparison's
+    tolerance, and by no more.
+    """
+
+    neighbour_gaps: tuple[float, ...] = ()
+
+
 def token_logprobs(logits: torch.Tensor, token_id: int, num_top: int) -> TokenLogprobs:
     """Logprob and rank of ``token_id`` and the ``num_top`` best tokens, from the raw logits.
 
@@ -309,16 +327,24 @@ def token_logprobs(logits: torch.Tensor, token_id: int, num_top: int) -> TokenLo
     log_normaliser = torch.logsumexp(row, dim=0)
     rank = 1 + int((row > row[token_id]).sum())
     top = torch.sort(row, descending=True, stable=True).indices[:num_top]
-    return TokenLogprobs(
+    gaps: list[float] = []
+    if math.isfinite(float(row[token_id])):
+        diff = row - row[token_id]
+        diff[token_id] = math.inf  # not its own neighbour
+        near = diff[diff.abs() <= RANK_NEIGHBOUR_WINDOW]
+        gaps = sorted((float(g) for g in near), key=abs)[:MAX_RANK_NEIGHBOURS]
+    return OracleTokenLogprobs(
         token_id=token_id,
         logprob=float(row[token_id] - log_normaliser),
         rank=rank,
         top_token_ids=tuple(int(t) for t in top),
         top_logprobs=tuple(float(row[t] - log_normaliser) for t in top),
+        neighbour_gaps=tuple(gaps),
     )
 
 
 __all__ = [
     "TIE_TOLERANCE", "BOUNDARY_RTOL", "SampleResult", "SamplerInputError", "apply_penalties",
     "filtered_scores", "expected_distribution", "distribution", "sample", "token_logprobs", "is_flagged",
+    "OracleTokenLogprobs", "RANK_NEIGHBOUR_WINDOW",
 ]

@@ -5,6 +5,7 @@ import math
 from dataclasses import dataclass
 
 import pytest
+import torch
 
 from checks.compare import compare_step, default_tie_tolerance, first_output_positions
 from impl.interface import CachedRequest, ModelRunnerOutput, NewRequest, SamplingParams, SchedulerOutput, TokenLogprobs
@@ -103,6 +104,30 @@ def test_near_tied_logits_may_swap_rank_and_top_order() -> None:
     exp = out({"r0": (7,)}, logprobs={"r0": (lp(7, -0.9002, 2, top),)})
     got = out({"r0": (7,)}, logprobs={"r0": (lp(7, -0.9001, 1, ((7, -0.9001), (5, -0.9), (2, -2.0))),)})
     assert compare_step(got, exp, {"r0": [Res(7, 1.0)]}, tie_tolerance=TOL).ok
+
+
+def test_a_deep_rank_moves_only_by_the_oracles_near_tied_neighbours() -> None:
+    """H200 run 12's false divergence: a prompt token at rank 185 of 256 with another token 8.9e-7
+    logits away (no top-n list reaches it).  The oracle's neighbour gaps allow exactly that move."""
+    from reference.sampler import OracleTokenLogprobs, token_logprobs
+
+    exp_lp = OracleTokenLogprobs(170, -6.0, 185, (1,), (-0.5,), neighbour_gaps=(8.9e-7, -0.004))
+    exp = out({"r0": ()}, prompt_logprobs={"r0": (exp_lp,)})
+
+    def with_rank(rank: int):
+        return out({"r0": ()}, prompt_logprobs={"r0": (lp(170, -6.0, rank, ((1, -0.5),)),)})
+
+    assert compare_step(with_rank(184), exp, {}, tie_tolerance=TOL).ok  # the neighbour above fell below
+    for rank in (183, 186):  # one place more than the neighbours within tolerance allow: caught
+        kinds = [d.kind for d in compare_step(with_rank(rank), exp, {}, tie_tolerance=TOL).divergences]
+        assert kinds == ["prompt rank"], rank
+    # Without neighbour gaps (a plain TokenLogprobs) no deep rank moves.
+    plain = out({"r0": ()}, prompt_logprobs={"r0": (lp(170, -6.0, 185, ((1, -0.5),)),)})
+    assert [d.kind for d in compare_step(with_rank(184), plain, {}, tie_tolerance=TOL).divergences] == ["prompt rank"]
+    # The oracle lists the neighbours, signed, closest first; ties count as below (either side may win).
+    row = torch.tensor([0.0, 1.0, 1.0 + 5e-7, 1.0, 3.0, 1.0 - 2e-3], dtype=torch.float64)
+    got = token_logprobs(row, 1, 2)
+    assert got.rank == 3 and got.neighbour_gaps == pytest.approx((0.0, 5e-7, -2e-3))
 
 
 def test_nan_flags_must_match_and_flagged_rows_skip_logprobs() -> None:
