@@ -3,22 +3,11 @@ must be the bytes its D2H copied; a slot overwritten before its holder read it i
 steps that overwrote it, and a correct runner under lag is clean without any host wait in a step."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import torch
 
 from checks.checksums import device_checksum as _device_checksum, weighted_checksum_host
 from stress.harness import ChurnOps, checked_run
-from stress.verify import plan_runs
-
-
-def _config(mutant: str | None = None):
-    planned = plan_runs("sim", 0, "impl.runner:make_runner", quick=True)[0]
-    config = replace(planned.config, steps=30, mutant=mutant, lag_policy={"name": "hold-at-target", "targets": ["output-slot"],
-                                                                          "seed": 3, "p": 0.5, "max_hold": 2},
-                     scheduler=replace(planned.config.scheduler, max_inflight_steps=2))
-    return config, planned.churn
 
 
 def test_host_and_device_checksums_agree_and_see_one_changed_byte() -> None:
@@ -29,15 +18,15 @@ def test_host_and_device_checksums_agree_and_see_one_changed_byte() -> None:
     assert weighted_checksum_host(changed) != weighted_checksum_host(data)
 
 
-def test_a_correct_runner_under_output_slot_lag_is_clean_and_never_waits_in_a_step() -> None:
-    config, churn = _config()
+def test_a_correct_runner_under_output_slot_lag_is_clean_and_never_waits_in_a_step(held_sim_run) -> None:
+    config, churn = held_sim_run("output-slot")
     findings = checked_run(config, ChurnOps(churn), name="clean")
     assert findings.passed and findings.host_syncs == 0 and findings.lifetime_violations == 0
     assert findings.coverage["targeted delay: output-slot"] > 0
 
 
-def test_a_slot_overwritten_before_its_holder_read_it_names_the_slot_and_the_overwriting_steps() -> None:
-    config, churn = _config("output_slot_overwritten_early")
+def test_a_slot_overwritten_before_its_holder_read_it_names_the_slot_and_the_overwriting_steps(held_sim_run) -> None:
+    config, churn = held_sim_run("output-slot", "output_slot_overwritten_early")
     findings = checked_run(config, ChurnOps(churn), name="mutant")
     assert findings.lifetime_violations >= 1
     first = next(e for e in findings.lifetime_errors if e.startswith("output slot"))

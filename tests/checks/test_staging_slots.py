@@ -12,30 +12,22 @@ from stress.harness import ChurnOps, checked_run
 from stress.verify import plan_runs
 
 
-def _config(mutant: str | None = None, steps: int = 30):
-    planned = plan_runs("sim", 0, "impl.runner:make_runner", quick=True)[0]
-    config = replace(planned.config, steps=steps, mutant=mutant, lag_policy={"name": "hold-at-target", "targets": ["staging-slot"],
-                                                                             "seed": 3, "p": 0.5, "max_hold": 2},
-                     scheduler=replace(planned.config.scheduler, max_inflight_steps=2))
-    return config, planned.churn
-
-
-def test_a_correct_runner_under_staging_lag_is_clean() -> None:
-    config, churn = _config()
+def test_a_correct_runner_under_staging_lag_is_clean(held_sim_run) -> None:
+    config, churn = held_sim_run("staging-slot")
     findings = checked_run(config, ChurnOps(churn), name="clean")
     assert findings.passed and findings.host_syncs == 0 and findings.lifetime_violations == 0
     assert findings.coverage["targeted delay: staging-slot"] > 0
 
 
-def test_a_slot_rewritten_before_its_copy_ran_names_the_step_that_took_it() -> None:
-    config, churn = _config("reuse_staging_early")
+def test_a_slot_rewritten_before_its_copy_ran_names_the_step_that_took_it(held_sim_run) -> None:
+    config, churn = held_sim_run("staging-slot", "reuse_staging_early")
     findings = checked_run(config, ChurnOps(churn), name="mutant")
     staging = [e for e in findings.lifetime_errors if "host did not stage" in e]
     assert staging, findings.lifetime_errors
     assert "read bytes its host did not stage" in staging[0] and "was taken by step(s)" in staging[0]
 
 
-def test_a_device_write_into_a_staging_buffer_is_caught_without_any_race(monkeypatch) -> None:
+def test_a_device_write_into_a_staging_buffer_is_caught_without_any_race(monkeypatch, held_sim_run) -> None:
     from impl.buffers import StagingPool
 
     submit = StagingPool.submit
@@ -50,7 +42,7 @@ def test_a_device_write_into_a_staging_buffer_is_caught_without_any_race(monkeyp
             pool.device.enqueue(lambda: last.bitwise_xor_(1), "scribble")
 
     monkeypatch.setattr(StagingPool, "submit", submit_then_scribble)
-    config, churn = _config(steps=12)
+    config, churn = held_sim_run("staging-slot", steps=12)
     findings = checked_run(replace(config, lag_policy=None), ChurnOps(churn), name="scribbled")
     staging = [e for e in findings.lifetime_errors if "host did not stage" in e]
     assert len(staging) == 1 and "written by something else" in staging[0], findings.lifetime_errors
