@@ -18,6 +18,11 @@
 #                 `bench --only spec_draft` (Qwen3-0.6B with qwen3-0.6b-draft and with itself as draft, 8 and 64 requests)
 #   draft_rerun   `bench --only spec_draft` alone, then the four rejection-sampling mutants beside two replays of run
 #                 12's draft_stress_self divergence (docs/results/2026-12-01-h200-draft_stress_self-run12-repro.json)
+#   spec_diag     four processes side by side: `ci/capture_probe.py --after-arm off|draft|self` (one 8-request arm of
+#                 spec_draft, then the 64-request runner's capture) and `bench --only spec_draft` with the fast launcher off
+#   spec_stats    the speculative-verification chi-square cases at 2e6 draws each (the Triton verifier) and their four
+#                 planted biases' power (`chisq --cases spec-q --biases spec-...`)
+#   draft_self    `stress --proposer draft --draft-model micro` (the target drafting for itself: near ties at every rank)
 #   capture_probe `python ci/capture_probe.py` (the spec_draft bench's 64-request runner built alone; its graph capture
 #                 passes or fails) with the default logprobs launch shape and with 2048 x 4, side by side
 #   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issue 16's "Done when" in one run
@@ -146,6 +151,16 @@ want capture_probe && (  # run 13's spec_draft capture failure: the no-speculati
   job capture_probe_2048x4 150 python3 ci/capture_probe.py --logprobs-shape 2048x4 &
   wait
 )
+want spec_diag && (  # which earlier runner breaks the 64-request capture of spec_draft, and whether the fast launcher is involved
+  for arm in off draft self; do job capture_after_$arm 300 python3 ci/capture_probe.py --after-arm $arm & done
+  RUNNERCHECK_SLOW_LAUNCH=1 job draft_bench_slow_launch 420 $rc bench --device cuda --only spec_draft \
+    --out "$out/draft_bench_slow_launch" &
+  wait
+) &
+want spec_stats && job spec_stats "$limit" $rc chisq --device cuda --samples 2000000 --cases spec-q --no-calibration \
+  --biases spec-ratio-normalised spec-residual-abs spec-accept-shares-draft-noise spec-bonus-dropped --out "$out/spec_stats" &
+want draft_self && job draft_stress_self 240 $rc stress --device cuda --seed 2 --steps 200 --delay-us auto --max-inflight 2 \
+  --proposer draft --draft-model micro --no-progress --out "$out/draft_stress_self" &
 want draft && (
   job draft_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu tests/impl/test_draft_proposer.py
   job draft_stress 180 $rc stress --device cuda --seed 1 --steps 200 --delay-us auto --max-inflight 2 --proposer draft \
