@@ -23,6 +23,7 @@
 #   spec_stats    the speculative-verification chi-square cases at 2e6 draws each (the Triton verifier) and their four
 #                 planted biases' power (`chisq --cases spec-q --biases spec-...`)
 #   draft_self    `stress --proposer draft --draft-model micro` (the target drafting for itself: near ties at every rank)
+#   draft_bench_ab  `bench --only spec_draft` twice with the fast launcher and once without it, side by side
 #   capture_probe `python ci/capture_probe.py` (the spec_draft bench's 64-request runner built alone; its graph capture
 #                 passes or fails) with the default logprobs launch shape and with 2048 x 4, side by side
 #   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issue 16's "Done when" in one run
@@ -155,6 +156,11 @@ want spec_diag && (  # which earlier runner breaks the 64-request capture of spe
   for arm in off draft self; do job capture_after_$arm 300 python3 ci/capture_probe.py --after-arm $arm & done
   RUNNERCHECK_SLOW_LAUNCH=1 job draft_bench_slow_launch 420 $rc bench --device cuda --only spec_draft \
     --out "$out/draft_bench_slow_launch" &
+  wait
+) &
+want draft_bench_ab && (  # spec_draft with the fast launcher (twice) and without it, side by side: does run 13's capture failure recur
+  for k in 1 2; do job draft_bench_fast_$k 420 $rc bench --device cuda --only spec_draft --out "$out/draft_bench_fast_$k" & done
+  RUNNERCHECK_SLOW_LAUNCH=1 job draft_bench_slow 420 $rc bench --device cuda --only spec_draft --out "$out/draft_bench_slow" &
   wait
 ) &
 want spec_stats && job spec_stats "$limit" $rc chisq --device cuda --samples 2000000 --cases spec-q --no-calibration \
