@@ -18,6 +18,7 @@ a pattern only sometimes, so the rate measures this workload, not a trained mode
 """
 from __future__ import annotations
 
+import gc
 import random
 import time
 from dataclasses import replace
@@ -76,7 +77,17 @@ def _run_arm(ctx: BenchContext, weights, limits: RunnerLimits, dtype, prompts: l
         produced += step()
         steps += 1
     seconds = time.perf_counter() - started
-    return seconds, produced, sim.spec_stats.to_dict(), steps, {"replays": runner.cuda_graph_stats()["replays"] - replays_before}
+    graph_stats = {"replays": runner.cuda_graph_stats()["replays"] - replays_before}
+    spec_stats = sim.spec_stats.to_dict()
+    # A runner's graphs and closures form reference cycles: without a collection every arm's runner
+    # (weights, KV cache, graph pools) would stay resident until the process ends, and the arms of one
+    # bench would hold tens of GiB between them (H200 run 16: three bench processes side by side ran
+    # out of the 140 GiB).
+    del runner, sim
+    gc.collect()
+    if ctx.device.is_cuda:
+        torch.cuda.empty_cache()
+    return seconds, produced, spec_stats, steps, graph_stats
 
 
 def _limits(ctx: BenchContext, config, num_reqs: int, prompt_len: int, new_tokens: int) -> RunnerLimits:

@@ -24,6 +24,8 @@
 #                 planted biases' power (`chisq --cases spec-q --biases spec-...`)
 #   draft_self    `stress --proposer draft --draft-model micro` (the target drafting for itself: near ties at every rank)
 #   draft_bench_ab  `bench --only spec_draft` twice with the fast launcher and once without it, side by side
+#   spec_benches  `bench --only spec_draft`, then `bench --only spec_ngram`, each alone (tokens/s and acceptance)
+#   spec_mutant_rates  the four rejection-sampling mutants and accepted_count_read_on_host, 5 seeds each (kill rates)
 #   capture_probe `python ci/capture_probe.py` (the spec_draft bench's 64-request runner built alone; its graph capture
 #                 passes or fails) with the default logprobs launch shape and with 2048 x 4, side by side
 #   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issue 16's "Done when" in one run
@@ -163,6 +165,12 @@ want draft_bench_ab && (  # spec_draft with the fast launcher (twice) and withou
   RUNNERCHECK_SLOW_LAUNCH=1 job draft_bench_slow 420 $rc bench --device cuda --only spec_draft --out "$out/draft_bench_slow" &
   wait
 ) &
+want spec_benches && job bench_spec_draft "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_draft \
+  --out "$out/bench_spec_draft" && job bench_spec_ngram "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_ngram \
+  --out "$out/bench_spec_ngram"
+want spec_mutant_rates && job spec_mutant_rates "$limit" $rc mutants --device cuda --seeds 5 --no-chisq --only \
+  spec_accept_ratio_normalised spec_residual_abs spec_accept_uses_draft_noise spec_bonus_dropped accepted_count_read_on_host \
+  --out "$out/spec_mutant_rates" &
 want spec_stats && job spec_stats "$limit" $rc chisq --device cuda --samples 2000000 --cases spec-q --no-calibration \
   --biases spec-ratio-normalised spec-residual-abs spec-accept-shares-draft-noise spec-bonus-dropped --out "$out/spec_stats" &
 want draft_self && job draft_stress_self 240 $rc stress --device cuda --seed 2 --steps 200 --delay-us auto --max-inflight 2 \
