@@ -26,6 +26,7 @@
 #   draft_bench_ab  `bench --only spec_draft` twice with the fast launcher and once without it, side by side
 #   spec_benches  `bench --only spec_draft`, then `bench --only spec_ngram`, each alone (tokens/s and acceptance)
 #   spec_mutant_rates  the four rejection-sampling mutants and accepted_count_read_on_host, 5 seeds each (kill rates)
+#   spec_profile  `python -m bench.spec_profile --device cuda --reqs 8 --draft qwen3-0.6b-draft|ngram|off` side by side
 #   capture_probe `python ci/capture_probe.py` (the spec_draft bench's 64-request runner built alone; its graph capture
 #                 passes or fails) with the default logprobs launch shape and with 2048 x 4, side by side
 #   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issue 16's "Done when" in one run
@@ -171,6 +172,11 @@ want spec_benches && job bench_spec_draft "${BENCH_LIMIT_S:-420}" $rc bench --de
 want spec_mutant_rates && job spec_mutant_rates "$limit" $rc mutants --device cuda --seeds 5 --no-chisq --only \
   spec_accept_ratio_normalised spec_residual_abs spec_accept_uses_draft_noise spec_bonus_dropped accepted_count_read_on_host \
   --out "$out/spec_mutant_rates" &
+want spec_profile && (  # where a speculative decode step's time goes (host enqueue vs wait, cProfile), 8 requests
+  for d in qwen3-0.6b-draft ngram off; do job spec_profile_$d 240 python3 -m bench.spec_profile --device cuda --reqs 8 \
+    --draft $d & done
+  wait
+) &
 want spec_stats && job spec_stats "$limit" $rc chisq --device cuda --samples 2000000 --cases spec-q --no-calibration \
   --biases spec-ratio-normalised spec-residual-abs spec-accept-shares-draft-noise spec-bonus-dropped --out "$out/spec_stats" &
 want draft_self && job draft_stress_self 240 $rc stress --device cuda --seed 2 --steps 200 --delay-us auto --max-inflight 2 \
