@@ -17,6 +17,9 @@ def test_bench_quick_writes_valid_json(tmp_path):
     assert 0 <= spec["acceptance rate"]["value"] <= 1
     draft = {r["name"].split(",")[0]: r for r in data["rows"] if r["case"] == "spec_draft"}
     assert {"decode tokens/s", "acceptance rate", "speedup draft micro-draft / off", "speedup self-draft micro / off"} <= set(draft)
+    # Every arm timed some decode tokens after its untimed warm-up steps.
+    rates = [r for r in data["rows"] if r["case"] in ("spec_ngram", "spec_draft") and r["unit"] == "tok/s"]
+    assert len(rates) == 5 and all(r["value"] > 0 for r in rates)
     assert all(isinstance(row["value"], (int, float)) for row in data["rows"])
     syncs = [r for r in data["rows"] if r["name"].startswith("host syncs per step")]
     assert syncs and all(r["value"] == 0 for r in syncs)
