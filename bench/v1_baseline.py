@@ -10,10 +10,13 @@ the host; the device tensors are owned by it too and written only by its uploads
 """
 from __future__ import annotations
 
+from itertools import compress
 from typing import Sequence
 
 import numpy as np
 import torch
+
+from impl.interface import CachedRequests
 
 
 class V1HostBatch:
@@ -74,6 +77,15 @@ class V1HostBatch:
         k = self.num_blocks[row]
         self.block_table[row, k : k + len(block_ids)] = block_ids
         self.num_blocks[row] = k + len(block_ids)
+
+    def update_cached(self, cached: CachedRequests) -> None:
+        """The cached requests' share of V1's ``_update_states``: append the blocks of those that have new ones.
+
+        Read from the parallel tuples as V1 reads its ``CachedRequestData``; the few requests with
+        new blocks are picked out by C-level iterators, not a Python test per request.
+        """
+        for req_id, block_ids in zip(compress(cached.req_ids, cached.new_block_ids), filter(None, cached.new_block_ids)):
+            self.append_blocks(req_id, block_ids)
 
     def append_token(self, req_id: str, token: int) -> None:
         row = self.row_of[req_id]
