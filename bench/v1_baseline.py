@@ -11,7 +11,7 @@ the host; the device tensors are owned by it too and written only by its uploads
 from __future__ import annotations
 
 from itertools import compress
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -92,10 +92,14 @@ class V1HostBatch:
         self.token_ids[row, self.num_tokens[row]] = token
         self.num_tokens[row] += 1
 
-    def prepare_inputs(self, scheduled: Sequence[tuple[str, int]]) -> dict[str, torch.Tensor]:
-        """Build the step's inputs with vectorised numpy and upload them plus the whole block table."""
-        rows = np.fromiter((self.row_of[r] for r, _ in scheduled), dtype=np.int64, count=len(scheduled))
-        query_lens = np.fromiter((n for _, n in scheduled), dtype=np.int64, count=len(scheduled))
+    def prepare_inputs(self, scheduled: Mapping[str, int]) -> dict[str, torch.Tensor]:
+        """Build the step's inputs with vectorised numpy and upload them plus the whole block table.
+
+        ``scheduled``: request id -> tokens, batch order (`SchedulerOutput.num_scheduled_tokens`),
+        read with C-level passes over its views, not a Python generator per request.
+        """
+        rows = np.fromiter(map(self.row_of.__getitem__, scheduled), dtype=np.int64, count=len(scheduled))
+        query_lens = np.fromiter(scheduled.values(), dtype=np.int64, count=len(scheduled))
         num_reqs = len(rows)
         cu = np.zeros(num_reqs + 1, dtype=np.int64)
         np.cumsum(query_lens, out=cu[1:])
