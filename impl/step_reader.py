@@ -177,15 +177,15 @@ def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
         with_blocks = np.array(appending_at, np.int64)
         # Usually one block each (a decode crossing into a new block).
         counts_appended = np.ones(k, np.int64) if len(appended) == k else np.fromiter(map(len, appending), np.int64, k)
-        grown = num_blocks[with_blocks] + counts_appended
-        if int(grown.max()) > blocks_per_request(limits.max_model_len, limits.block_size):
+        num_blocks[with_blocks] += counts_appended  # distinct rows: one add each
+        # Only these rows grew, and every row held at most a row's worth before.
+        if int(num_blocks.max()) > blocks_per_request(limits.max_model_len, limits.block_size):
             return None
-        num_blocks[with_blocks] = grown
         appends = (rows[with_blocks], counts_appended, np.array(appended, np.int64))
     ends = starts + 1
     known = state.num_tokens[rows]
     # Past the known tokens, or past what the blocks hold (ceil(end / bs) > blocks <=> end > blocks * bs).
-    if (np.count_nonzero((ends > known) | (ends > num_blocks * limits.block_size)) or n > limits.max_num_batched_tokens
+    if (np.count_nonzero(ends > np.minimum(known, num_blocks * limits.block_size)) or n > limits.max_num_batched_tokens
             or int(ends.max()) > limits.max_model_len):
         return None
     # The cached updates touch only the rows that appended blocks (every other shift and count is 0).
