@@ -229,10 +229,8 @@ def _drive_baseline(batch: V1HostBatch, work: DecodeWorkload, steps: int) -> lis
             batch.remove(rid)
         for req in sched.new_requests:
             batch.add(req.req_id, req.prompt_token_ids, req.block_ids)
-        for c in sched.cached_requests:
-            if c.new_block_ids:
-                batch.append_blocks(c.req_id, c.new_block_ids)
-        batch.prepare_inputs(list(sched.num_scheduled_tokens.items()))
+        batch.update_cached(sched.cached_requests)
+        batch.prepare_inputs(sched.num_scheduled_tokens)
         for rid, n in sched.num_scheduled_tokens.items():
             row = batch.row_of[rid]
             if batch.num_computed[row] >= batch.num_tokens[row]:

@@ -10,10 +10,13 @@ the host; the device tensors are owned by it too and written only by its uploads
 """
 from __future__ import annotations
 
-from typing import Sequence
+from itertools import compress
+from typing import Mapping, Sequence
 
 import numpy as np
 import torch
+
+from impl.interface import CachedRequests
 
 
 class V1HostBatch:
@@ -75,15 +78,28 @@ class V1HostBatch:
         self.block_table[row, k : k + len(block_ids)] = block_ids
         self.num_blocks[row] = k + len(block_ids)
 
+    def update_cached(self, cached: CachedRequests) -> None:
+        """The cached requests' share of V1's ``_update_states``: append the blocks of those that have new ones.
+
+        Read from the parallel tuples as V1 reads its ``CachedRequestData``; the few requests with
+        new blocks are picked out by C-level iterators, not a Python test per request.
+        """
+        for req_id, block_ids in zip(compress(cached.req_ids, cached.new_block_ids), filter(None, cached.new_block_ids)):
+            self.append_blocks(req_id, block_ids)
+
     def append_token(self, req_id: str, token: int) -> None:
         row = self.row_of[req_id]
         self.token_ids[row, self.num_tokens[row]] = token
         self.num_tokens[row] += 1
 
-    def prepare_inputs(self, scheduled: Sequence[tuple[str, int]]) -> dict[str, torch.Tensor]:
-        """Build the step's inputs with vectorised numpy and upload them plus the whole block table."""
-        rows = np.fromiter((self.row_of[r] for r, _ in scheduled), dtype=np.int64, count=len(scheduled))
-        query_lens = np.fromiter((n for _, n in scheduled), dtype=np.int64, count=len(scheduled))
+    def prepare_inputs(self, scheduled: Mapping[str, int]) -> dict[str, torch.Tensor]:
+        """Build the step's inputs with vectorised numpy and upload them plus the whole block table.
+
+        ``scheduled``: request id -> tokens, batch order (`SchedulerOutput.num_scheduled_tokens`),
+        read with C-level passes over its views, not a Python generator per request.
+        """
+        rows = np.fromiter(map(self.row_of.__getitem__, scheduled), dtype=np.int64, count=len(scheduled))
+        query_lens = np.fromiter(scheduled.values(), dtype=np.int64, count=len(scheduled))
         num_reqs = len(rows)
         cu = np.zeros(num_reqs + 1, dtype=np.int64)
         np.cumsum(query_lens, out=cu[1:])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from impl.interface import CachedRequest, NewRequest, SamplingParams, SchedulerOutput
+from impl.interface import CachedRequests, NewRequest, SamplingParams, SchedulerOutput
 
 
 @dataclass
@@ -71,13 +71,18 @@ class DecodeWorkload:
             self.events.append(("finish", victim))
             self._add()
         budget = self.token_budget
-        new_reqs, cached, scheduled = [], [], {}
+        new_reqs, scheduled = [], {}
+        cached_ids: list[str] = []
+        cached_blocks: list[tuple[int, ...]] = []
+        cached_computed: list[int] = []
         for rid, req in self.running.items():
             if budget <= 0:
                 break
             n = min(max(1, len(req.prompt) - req.num_computed), budget) if req.num_computed < len(req.prompt) else 1
             self._blocks_for(req, req.num_computed + n)
-            cached.append(CachedRequest(rid, tuple(req.new_blocks), req.num_computed))
+            cached_ids.append(rid)
+            cached_blocks.append(tuple(req.new_blocks))
+            cached_computed.append(req.num_computed)
             req.new_blocks = []
             scheduled[rid] = n
             req.num_computed += n
@@ -96,7 +101,8 @@ class DecodeWorkload:
             budget -= n
             self.events.append(("admit", rid))
         sched = SchedulerOutput(
-            step_id=self.step_id, new_requests=tuple(new_reqs), cached_requests=tuple(cached),
+            step_id=self.step_id, new_requests=tuple(new_reqs),
+            cached_requests=CachedRequests(tuple(cached_ids), tuple(cached_blocks), tuple(cached_computed)),
             num_scheduled_tokens=scheduled, finished_req_ids=frozenset(self.finished_pending),
         )
         self.finished_pending = set()

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from impl.interface import (
     BlockIdError,
-    CachedRequest,
+    CachedRequests,
     CapacityError,
     DuplicateRequestError,
     FinishedAndScheduledError,
@@ -55,7 +55,6 @@ def check_step_id(step_id: object, last_step_id: int | None) -> None:
 
 _CONTAINERS = (
     ("new_requests", (tuple, list), (tuple, list), "tuple"),
-    ("cached_requests", (tuple, list), (tuple, list), "tuple"),
     ("finished_req_ids", (frozenset, set), AbstractSet, "frozenset"),
     ("preempted_req_ids", (frozenset, set), AbstractSet, "frozenset"),
     ("num_scheduled_tokens", (dict,), Mapping, "mapping"),
@@ -73,6 +72,30 @@ def check_containers(sched: object) -> None:
         value = getattr(sched, name)
         if type(value) not in exact and not isinstance(value, abstract):
             raise SchedulerOutputTypeError(f"{name} must be a {what}, got {type(value).__name__}", field=name)
+    check_cached_containers(sched.cached_requests)
+
+
+_CACHED_FIELDS = ("req_ids", "new_block_ids", "num_computed_tokens")
+
+
+def check_cached_containers(cached: object) -> None:
+    """A `CachedRequests` of three tuples of one length (their entries are checked where they are read).
+
+    Exact types: a subclass could override the equality or iteration the readers rely on.
+    """
+    if type(cached) is not CachedRequests:
+        raise SchedulerOutputTypeError(f"cached_requests must be a CachedRequests, got {type(cached).__name__}",
+                                       field="cached_requests")
+    n = len(cached.req_ids) if type(cached.req_ids) is tuple else -1
+    for name in _CACHED_FIELDS:
+        value = getattr(cached, name)
+        if type(value) is not tuple:
+            raise SchedulerOutputTypeError(f"cached_requests.{name} must be a tuple, got {type(value).__name__}",
+                                           field=f"cached_requests.{name}")
+        if len(value) != n:
+            raise SchedulerOutputTypeError(
+                f"cached_requests.{name} holds {len(value)} entries, req_ids {n}: the tuples must be parallel",
+                field=f"cached_requests.{name}")
 
 
 def check_req_id(rid: object, field: str) -> None:
@@ -234,9 +257,7 @@ def validate_scheduler_output(
 
     seen_cached: set[str] = set()
     max_blocks = blocks_per_request(limits.max_model_len, limits.block_size)
-    for c in sched.cached_requests:
-        if not isinstance(c, CachedRequest):
-            raise SchedulerOutputTypeError(f"cached_requests holds a {type(c).__name__}, not a CachedRequest", field="cached_requests")
+    for c in sched.cached_requests:  # `CachedRequest` views; the container was checked above
         rid = c.req_id
         check_req_id(rid, "cached_requests")
         if rid in gone:

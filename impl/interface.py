@@ -9,7 +9,7 @@ The scheduler sends a `SchedulerOutput`; the runner answers (asynchronously) wit
 ``[num_computed, num_computed + n)`` of that request's prefill/sequence, where ``n`` is its entry in
 `SchedulerOutput.num_scheduled_tokens` and ``num_computed`` is the request's computed-token count
 *before* the step (for a new request: its prefix-cache hit `NewRequest.num_computed_tokens`, usually
-0; for a cached request: `CachedRequest.num_computed_tokens`).
+0; for a cached request: its entry in `CachedRequests.num_computed_tokens`).
 A request *samples* in a step when the scheduled tokens reach the end of everything the runner
 knows about it (its whole prefill, or for a decode the last sampled token).  A partial prefill chunk
 samples nothing (its `sampled_token_ids` entry is empty).
@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol, runtime_checkable
+from typing import Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 MAX_SEED = 2**63 - 1
 DEFAULT_MAX_LOGPROBS = 20
@@ -107,7 +107,8 @@ class StepIdError(SchedulerOutputError):
 
 class SchedulerOutputTypeError(SchedulerOutputError, TypeError):
     """A field (or an element of one) of the wrong type: a list where a set is expected, ``None``
-    sampling params, a float token id, a request that is not a `NewRequest`/`CachedRequest`, ..."""
+    sampling params, a float token id, a request that is not a `NewRequest`, cached requests that are not a
+    `CachedRequests` of tuples of one length, ..."""
 
 
 class PrefixHitError(SchedulerOutputError):
@@ -261,10 +262,12 @@ class NewRequest:
 
 @dataclass(frozen=True)
 class CachedRequest:
-    """A request already in the runner: blocks appended this step, and its computed count.
+    """One request already in the runner, as a view of one entry of `CachedRequests`.
 
     ``num_computed_tokens`` is the scheduler's count of tokens already scheduled before this step
-    (with async scheduling it includes tokens whose outputs have not arrived yet).
+    (with async scheduling it includes tokens whose outputs have not arrived yet).  A step carries
+    its cached requests as `CachedRequests` only; this per-request form is for building one
+    (`CachedRequests.of`) and for slow readers that iterate one (the oracle, checks, tests).
     """
 
     req_id: str
@@ -273,12 +276,44 @@ class CachedRequest:
 
 
 @dataclass(frozen=True)
+class CachedRequests:
+    """The requests already in the runner that a step updates, as parallel tuples (vLLM V1's ``CachedRequestData``).
+
+    Entry ``i`` of each tuple belongs to request ``req_ids[i]``: the KV blocks appended this step
+    (``new_block_ids[i]``, often ``()``) and its computed count (`CachedRequest`).  Parallel tuples
+    rather than one object per request, so that the runner reads a steady decode step with C-level
+    operations on whole sequences (`impl.step_reader.read_steady_step`).  Nothing is checked here:
+    the runner's boundary rejects bad contents (`impl.boundary.check_containers` and the per-entry
+    checks) with a typed error and no state changed, so a bad one must be constructible.
+    """
+
+    req_ids: tuple[str, ...] = ()
+    new_block_ids: tuple[tuple[int, ...], ...] = ()
+    num_computed_tokens: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, requests: Iterable[CachedRequest]) -> CachedRequests:
+        """The struct of the per-request views ``requests`` (in order); their fields are taken as they are."""
+        reqs = tuple(requests)
+        return cls(tuple(r.req_id for r in reqs), tuple(r.new_block_ids for r in reqs),
+                   tuple(r.num_computed_tokens for r in reqs))
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+    def __iter__(self) -> Iterator[CachedRequest]:
+        """The entries as `CachedRequest` views, in order (the slow, obvious form; ValueError on unequal lengths)."""
+        for rid, blocks, computed in zip(self.req_ids, self.new_block_ids, self.num_computed_tokens, strict=True):
+            yield CachedRequest(rid, blocks, computed)
+
+
+@dataclass(frozen=True)
 class SchedulerOutput:
     """One step's schedule.  Batch order is the order of ``num_scheduled_tokens``."""
 
     step_id: int
     new_requests: tuple[NewRequest, ...] = ()
-    cached_requests: tuple[CachedRequest, ...] = ()
+    cached_requests: CachedRequests = CachedRequests()
     num_scheduled_tokens: Mapping[str, int] = field(default_factory=dict)
     finished_req_ids: frozenset[str] = frozenset()
     preempted_req_ids: frozenset[str] = frozenset()

@@ -56,7 +56,7 @@ from impl.buffers import StagingWriter
 from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from impl.device import Device, DeviceEvent
 from impl.hotpath import hot_path
-from impl.interface import CapacityError, LiveRequest, NewRequest, SamplingParams
+from impl.interface import CachedRequests, CapacityError, LiveRequest, NewRequest, SamplingParams
 
 NUM_COMPUTED = 0
 NUM_TOKENS = 1
@@ -184,10 +184,12 @@ class RequestStateTable:
         by more than the drafts still unconfirmed).  Pure, and only used to diagnose a bad step.
         """
         view = self.live
-        for cached in getattr(sched, "cached_requests", ()) or ():
-            rid = getattr(cached, "req_id", None)
+        cached = getattr(sched, "cached_requests", None)
+        # Any step, even a malformed one (the validator then names what is wrong): read what can be read.
+        if type(cached) is not CachedRequests or type(cached.req_ids) is not tuple or type(cached.num_computed_tokens) is not tuple:
+            return view
+        for rid, computed in zip(cached.req_ids, cached.num_computed_tokens):
             row = self.req_to_row.get(rid) if isinstance(rid, str) else None
-            computed = getattr(cached, "num_computed_tokens", None)
             if row is None or not isinstance(computed, int) or isinstance(computed, bool):
                 continue
             shift = int(self.num_computed[row]) - computed

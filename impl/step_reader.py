@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import attrgetter
 
 import numpy as np
 
@@ -41,7 +40,6 @@ from impl.boundary import (
     validate_scheduler_output,
 )
 from impl.interface import (
-    CachedRequest,
     CapacityError,
     DuplicateRequestError,
     FinishedAndScheduledError,
@@ -53,9 +51,6 @@ from impl.interface import (
 )
 from impl.state import RequestStateTable
 
-_REQ_ID = attrgetter("req_id")
-_NEW_BLOCKS = attrgetter("new_block_ids")
-_COMPUTED = attrgetter("num_computed_tokens")
 _EMPTY = np.zeros(0, np.int64)
 
 
@@ -149,24 +144,23 @@ def read_steady_step(sched: SchedulerOutput, state: RequestStateTable, limits: R
 
 
 def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last: StepArrays) -> StepArrays | None:
+    # Whole-tuple operations only (`check_containers` made the three cached tuples parallel tuples).
     req_ids, cached, scheduled = last.req_ids, sched.cached_requests, sched.num_scheduled_tokens
     n = len(req_ids)
-    if len(cached) != n or len(scheduled) != n or not _all_of(cached, {CachedRequest}):
-        return None
-    if tuple(map(_REQ_ID, cached)) != req_ids or tuple(scheduled) != req_ids:
+    if cached.req_ids != req_ids or len(scheduled) != n or tuple(scheduled) != req_ids:
         return None
     counts = list(scheduled.values())
-    computed = list(map(_COMPUTED, cached))
+    computed = cached.num_computed_tokens
     if counts.count(1) != n or not _all_of(counts, {int}) or not _all_of(computed, {int}):
         return None
     rows = last.rows
     starts = state.num_computed[rows]
     # Equal to the mirror's bound: no draft rejection reported, nothing to shift.
-    if computed != starts.tolist():
+    if list(computed) != starts.tolist():
         return None
     # Appended blocks: the requests with a non-empty list, found in one C-level pass; every other
     # entry must be the empty tuple (anything else -- an empty list or str, None -- goes to `read_step`).
-    block_lists = list(map(_NEW_BLOCKS, cached))
+    block_lists = cached.new_block_ids
     appending_at = list(compress(range(n), block_lists))
     k = len(appending_at)
     if block_lists.count(()) != n - k:
@@ -183,15 +177,15 @@ def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
         with_blocks = np.array(appending_at, np.int64)
         # Usually one block each (a decode crossing into a new block).
         counts_appended = np.ones(k, np.int64) if len(appended) == k else np.fromiter(map(len, appending), np.int64, k)
-        grown = num_blocks[with_blocks] + counts_appended
-        if int(grown.max()) > blocks_per_request(limits.max_model_len, limits.block_size):
+        num_blocks[with_blocks] += counts_appended  # distinct rows: one add each
+        # Only these rows grew, and every row held at most a row's worth before.
+        if int(num_blocks.max()) > blocks_per_request(limits.max_model_len, limits.block_size):
             return None
-        num_blocks[with_blocks] = grown
         appends = (rows[with_blocks], counts_appended, np.array(appended, np.int64))
     ends = starts + 1
     known = state.num_tokens[rows]
     # Past the known tokens, or past what the blocks hold (ceil(end / bs) > blocks <=> end > blocks * bs).
-    if (np.count_nonzero((ends > known) | (ends > num_blocks * limits.block_size)) or n > limits.max_num_batched_tokens
+    if (np.count_nonzero(ends > np.minimum(known, num_blocks * limits.block_size)) or n > limits.max_num_batched_tokens
             or int(ends.max()) > limits.max_model_len):
         return None
     # The cached updates touch only the rows that appended blocks (every other shift and count is 0).
@@ -235,12 +229,12 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     gone_rows = np.fromiter(map(r2r.__getitem__, gone), np.int64, len(gone)) if gone else None
     if nc:
         # Ids are checked through the row lookup: a non-string, empty, new or unknown id has no row.
-        ids = tuple(map(_REQ_ID, cached)) if _all_of(cached, {CachedRequest}) else None
-        crows = _rows_of(r2r, ids) if ids is not None else None
+        ids = cached.req_ids
+        crows = _rows_of(r2r, ids)
         if crows is None or np.count_nonzero(crows < 0) or _hits(crows, gone_rows) or _repeats(crows, state.max_num_reqs):
             _diagnose(sched, state, limits, last_step_id)
-        block_lists = list(map(_NEW_BLOCKS, cached))
-        computed_list = list(map(_COMPUTED, cached))
+        block_lists = cached.new_block_ids
+        computed_list = cached.num_computed_tokens
         if not _all_of(block_lists, {tuple, list}) or not _all_of(computed_list, {int}):
             _diagnose(sched, state, limits, last_step_id)
         cnew = np.fromiter(map(len, block_lists), np.int64, nc)
@@ -325,13 +319,14 @@ def _diagnose(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     validate_scheduler_output(sched, state.mirror_for(sched), limits, last_step_id)
     if computed_count_error is not None:
         # The oracle knows exact counts; the runner's bound is loose by the unconfirmed drafts.
-        cached = sched.cached_requests[computed_count_error]
-        row = state.req_to_row[cached.req_id]
+        cached = sched.cached_requests
+        rid, computed = cached.req_ids[computed_count_error], cached.num_computed_tokens[computed_count_error]
+        row = state.req_to_row[rid]
         upper = int(state.num_computed[row])
         lowest = upper - int(state.unconfirmed_drafts[row])
         want = f"{upper}" if lowest == upper else f"[{lowest}, {upper}]"
         raise ScheduledTokensError(
-            f"num_computed_tokens {cached.num_computed_tokens} disagrees with the {want} tokens scheduled so far",
-            req_id=cached.req_id, field="num_computed_tokens",
+            f"num_computed_tokens {computed} disagrees with the {want} tokens scheduled so far",
+            req_id=rid, field="num_computed_tokens",
         )
     raise SchedulerOutputError("rejected by the runner's array checks, though the per-request checks pass")

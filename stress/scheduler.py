@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from impl.interface import (
-    CachedRequest,
+    CachedRequests,
     ModelRunnerOutput,
     NewRequest,
     RunnerLimits,
@@ -309,7 +309,10 @@ class SchedulerSim:
         scheduled: dict[str, int] = {}
         drafts: dict[str, tuple[int, ...]] = {}
         device_drafts: dict[str, int] = {}
-        cached: list[CachedRequest] = []
+        # The cached requests as parallel lists (`CachedRequests`), in batch order.
+        cached_ids: list[str] = []
+        cached_blocks: list[tuple[int, ...]] = []
+        cached_computed: list[int] = []
         samplers: dict[str, int] = {}
         i = 0
         while i < len(self._running) and budget > 0:
@@ -326,7 +329,9 @@ class SchedulerSim:
             new_blocks = self._reserve_blocks(req, req.num_computed + n, preempted_ids)
             if new_blocks is None:  # preempted itself: it was the most recent admission
                 break
-            cached.append(CachedRequest(req.req_id, tuple(new_blocks), req.num_computed))
+            cached_ids.append(req.req_id)
+            cached_blocks.append(tuple(new_blocks))
+            cached_computed.append(req.num_computed)
             scheduled[req.req_id] = n
             if draft:
                 drafts[req.req_id] = draft
@@ -389,7 +394,7 @@ class SchedulerSim:
         return SchedulerOutput(
             step_id=step_id,
             new_requests=tuple(new_requests),
-            cached_requests=tuple(cached),
+            cached_requests=CachedRequests(tuple(cached_ids), tuple(cached_blocks), tuple(cached_computed)),
             num_scheduled_tokens=scheduled,
             finished_req_ids=finished_ids,
             preempted_req_ids=frozenset(preempted_ids),

@@ -13,7 +13,7 @@ def test_v1_baseline_inputs_match_a_plain_loop():
     b.add("c", [1, 2], [0])
     b.remove("a")  # "c" moves into a's row
     b.append_blocks("b", [3])
-    sched = [("b", 3), ("c", 2)]
+    sched = {"b": 3, "c": 2}
     got = b.prepare_inputs(sched)
     assert got["input_ids"].tolist() == [20, 21, 22, 1, 2]
     assert got["positions"].tolist() == [0, 1, 2, 0, 1]
@@ -22,6 +22,6 @@ def test_v1_baseline_inputs_match_a_plain_loop():
     assert got["seq_lens"].tolist() == [3, 2]
     assert got["logits_indices"].tolist() == [2, 4]
     b.append_token("b", 99)
-    got = b.prepare_inputs([("b", 1)])
+    got = b.prepare_inputs({"b": 1})
     assert got["input_ids"].tolist() == [99] and got["positions"].tolist() == [3] and got["slot_mapping"].tolist() == [31]
     assert b.h2d_bytes_last_step >= b.block_table.nbytes

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from checks.compare import compare_step, default_tie_tolerance, first_output_positions
-from impl.interface import CachedRequest, ModelRunnerOutput, NewRequest, SamplingParams, SchedulerOutput, TokenLogprobs
+from impl.interface import CachedRequest, CachedRequests, ModelRunnerOutput, NewRequest, SamplingParams, SchedulerOutput, TokenLogprobs
 
 TOL = 1e-3
 
@@ -156,7 +156,7 @@ def test_first_output_positions_from_the_schedule() -> None:
     sched = SchedulerOutput(
         step_id=0,
         new_requests=(NewRequest("n", (1, 2, 3), params, (0,)),),
-        cached_requests=(CachedRequest("c", (), 9), CachedRequest("d", (), 5)),
+        cached_requests=CachedRequests.of((CachedRequest("c", (), 9), CachedRequest("d", (), 5))),
         num_scheduled_tokens={"n": 3, "c": 1, "d": 3},
         draft_token_ids={"d": (4, 4)},
     )

@@ -23,6 +23,7 @@ from impl.boundary import validate_scheduler_output
 from impl.interface import (
     BlockIdError,
     CachedRequest,
+    CachedRequests,
     CapacityError,
     DeviceDraftsError,
     DuplicateRequestError,
@@ -59,19 +60,19 @@ def _schedule(step: int, outputs: list) -> SchedulerOutput:
     if step == 0:
         return SchedulerOutput(0, new_requests=(A, B), num_scheduled_tokens={"A": 5, "B": 3})
     if step == 1:
-        return SchedulerOutput(1, cached_requests=(CachedRequest("A", (), 5), CachedRequest("B", (), 3)),
+        return SchedulerOutput(1, cached_requests=CachedRequests.of((CachedRequest("A", (), 5), CachedRequest("B", (), 3))),
                                num_scheduled_tokens={"A": 1, "B": 1})
     if step == 2:
-        return SchedulerOutput(2, cached_requests=(CachedRequest("A", (), 6), CachedRequest("B", (3,), 4)),
+        return SchedulerOutput(2, cached_requests=CachedRequests.of((CachedRequest("A", (), 6), CachedRequest("B", (3,), 4))),
                                num_scheduled_tokens={"A": 1, "B": 1})
     if step == 3:  # A decodes with two drafts; C is admitted
-        return SchedulerOutput(3, new_requests=(C,), cached_requests=(CachedRequest("A", (4,), 7), CachedRequest("B", (), 5)),
+        return SchedulerOutput(3, new_requests=(C,), cached_requests=CachedRequests.of((CachedRequest("A", (4,), 7), CachedRequest("B", (), 5))),
                                num_scheduled_tokens={"A": 3, "B": 1, "C": 4}, draft_token_ids={"A": (7, 8)})
     accepted = len(outputs[3].token_dict()["A"]) - 1
     if step == 4:  # B finishes; A's count reports how many drafts were accepted
-        return SchedulerOutput(4, cached_requests=(CachedRequest("A", (), 8 + accepted), CachedRequest("C", (6,), 4)),
+        return SchedulerOutput(4, cached_requests=CachedRequests.of((CachedRequest("A", (), 8 + accepted), CachedRequest("C", (6,), 4))),
                                num_scheduled_tokens={"A": 1, "C": 1}, finished_req_ids=frozenset({"B"}))
-    return SchedulerOutput(5, cached_requests=(CachedRequest("A", (), 9 + accepted), CachedRequest("C", (), 5)),
+    return SchedulerOutput(5, cached_requests=CachedRequests.of((CachedRequest("A", (), 9 + accepted), CachedRequest("C", (), 5))),
                            num_scheduled_tokens={"A": 1, "C": 1})
 
 
@@ -125,6 +126,10 @@ def fingerprint(runner: ModelRunner) -> str:
 
 # --------------------------------------------------------------------------- the catalogue
 
+class _CachedRequestsSubclass(CachedRequests):
+    """Equal to a good `CachedRequests`, but a subclass (could override the equality or iteration the readers use)."""
+
+
 Variant = tuple[str, type, SchedulerOutput | object, bool]  # (name, error class, bad step, oracle agrees)
 
 
@@ -146,9 +151,10 @@ def _variants_at_3(good: SchedulerOutput) -> list[Variant]:
         return (f"sampling_params.{name}", cls, with_new(r(D, sampling_params=_sp(**changes))), True)
 
     def cached(a: CachedRequest) -> SchedulerOutput:
-        return r(good, cached_requests=(a, good.cached_requests[1]))
+        return r(good, cached_requests=CachedRequests.of((a, cr[1])))
 
-    ca = good.cached_requests[0]
+    cr = tuple(good.cached_requests)  # `CachedRequest` views
+    ca = cr[0]
     sched = good.num_scheduled_tokens
     T = SchedulerOutputTypeError
     v: list[Variant] = [
@@ -169,10 +175,30 @@ def _variants_at_3(good: SchedulerOutput) -> list[Variant]:
         ("new_requests None", T, r(good, new_requests=None), True),
         ("new_requests a bare NewRequest", T, r(good, new_requests=C), True),
         ("cached_requests None", T, r(good, cached_requests=None), True),
-        ("cached_requests a set", T, r(good, cached_requests=set(good.cached_requests)), True),
+        ("cached_requests a set", T, r(good, cached_requests=set(cr)), True),
         ("num_scheduled_tokens pairs", T, r(good, num_scheduled_tokens=list(sched.items())), True),
         ("draft_token_ids None", T, r(good, draft_token_ids=None), True),
-        ("cached_requests holds a NewRequest", T, r(good, cached_requests=(ca, C)), True),
+        ("cached_requests a tuple of CachedRequest", T, r(good, cached_requests=cr), True),
+        ("cached_requests a list of CachedRequest", T, r(good, cached_requests=list(cr)), True),
+        ("cached_requests a bare CachedRequest", T, r(good, cached_requests=ca), True),
+        ("cached_requests a CachedRequests subclass", T,
+         r(good, cached_requests=_CachedRequestsSubclass(*dataclasses.astuple(good.cached_requests))), True),
+        ("cached req_ids a list", T, r(good, cached_requests=r(good.cached_requests, req_ids=list(good.cached_requests.req_ids))), True),
+        ("cached req_ids None", T, r(good, cached_requests=r(good.cached_requests, req_ids=None)), True),
+        ("cached req_ids a str", T, r(good, cached_requests=r(good.cached_requests, req_ids="AB")), True),
+        ("cached new_block_ids a list", T,
+         r(good, cached_requests=r(good.cached_requests, new_block_ids=list(good.cached_requests.new_block_ids))), True),
+        ("cached num_computed a list", T,
+         r(good, cached_requests=r(good.cached_requests, num_computed_tokens=list(good.cached_requests.num_computed_tokens))), True),
+        ("cached num_computed an array", T, r(good, cached_requests=r(
+            good.cached_requests, num_computed_tokens=np.array(good.cached_requests.num_computed_tokens))), True),
+        ("cached req_ids longer than the rest", T,
+         r(good, cached_requests=r(good.cached_requests, req_ids=good.cached_requests.req_ids + ("C",))), True),
+        ("cached num_computed shorter than the rest", T,
+         r(good, cached_requests=r(good.cached_requests, num_computed_tokens=good.cached_requests.num_computed_tokens[:1])), True),
+        ("cached new_block_ids longer than the rest", T,
+         r(good, cached_requests=r(good.cached_requests, new_block_ids=good.cached_requests.new_block_ids + ((),))), True),
+        ("cached requests left out (A's new block with them)", BlockIdError, r(good, cached_requests=CachedRequests()), True),
         ("new_requests holds a CachedRequest", T, r(good, new_requests=(ca,)), True),
         ("finished id an int", T, r(good, finished_req_ids=frozenset({1})), True),
         ("finished id empty", T, r(good, finished_req_ids=frozenset({""})), True),
@@ -234,11 +260,11 @@ def _variants_at_3(good: SchedulerOutput) -> list[Variant]:
         with_params("stop tokens None", T, stop_token_ids=None),
         # cached requests
         ("cached id unknown", UnknownRequestError, cached(r(ca, req_id="ghost")), True),
-        ("cached id twice", DuplicateRequestError, r(good, cached_requests=good.cached_requests + (ca,)), True),
+        ("cached id twice", DuplicateRequestError, r(good, cached_requests=CachedRequests.of(cr + (ca,))), True),
         ("cached and finished", FinishedAndScheduledError, r(good, finished_req_ids=frozenset({"A"})), True),
         ("cached id an int", T, cached(r(ca, req_id=7)), True),
         ("cached id is this step's new request", DuplicateRequestError,
-         r(good, cached_requests=good.cached_requests + (CachedRequest("C", (), 0),)), True),
+         r(good, cached_requests=CachedRequests.of(cr + (CachedRequest("C", (), 0),))), True),
         ("num_computed None", T, cached(r(ca, num_computed_tokens=None)), True),
         ("num_computed float", T, cached(r(ca, num_computed_tokens=7.0)), True),
         ("num_computed bool", T, cached(r(ca, num_computed_tokens=True)), True),
@@ -246,7 +272,7 @@ def _variants_at_3(good: SchedulerOutput) -> list[Variant]:
         ("num_computed huge", ScheduledTokensError, cached(r(ca, num_computed_tokens=2**70)), True),
         ("num_computed above the scheduled count", ScheduledTokensError, cached(r(ca, num_computed_tokens=8)), True),
         ("num_computed below, no drafts in flight", ScheduledTokensError,
-         r(good, cached_requests=(ca, r(good.cached_requests[1], num_computed_tokens=4))), False),
+         r(good, cached_requests=CachedRequests.of((ca, r(cr[1], num_computed_tokens=4)))), False),
         ("new_block_ids None", T, cached(r(ca, new_block_ids=None)), True),
         ("new_block_ids a str", T, cached(r(ca, new_block_ids="4")), True),
         ("new block float", T, cached(r(ca, new_block_ids=(4.0,))), True),
@@ -265,15 +291,15 @@ def _variants_at_3(good: SchedulerOutput) -> list[Variant]:
         ("scheduled past the token budget", ScheduledTokensError,
          with_new(r(D, prompt_token_ids=(1,) * 9, block_ids=(7, 8, 9)), n=9), True),
         ("scheduled and finished", FinishedAndScheduledError, r(good, finished_req_ids=frozenset({"B"}),
-                                                                 cached_requests=good.cached_requests[:1]), True),
+                                                                 cached_requests=CachedRequests.of(cr[:1])), True),
         ("scheduled and preempted", FinishedAndScheduledError, r(good, preempted_req_ids=frozenset({"B"}),
-                                                                  cached_requests=good.cached_requests[:1]), True),
+                                                                  cached_requests=CachedRequests.of(cr[:1])), True),
         ("scheduled id empty", T, r(good, num_scheduled_tokens={**sched, "": 1}), True),
         # finished / preempted
         ("finished unknown", UnknownRequestError, r(good, finished_req_ids=frozenset({"ghost"})), True),
         ("preempted unknown", UnknownRequestError, r(good, preempted_req_ids=frozenset({"ghost"})), True),
         ("finished and preempted", DuplicateRequestError,
-         r(good, finished_req_ids=frozenset({"B"}), preempted_req_ids=frozenset({"B"}), cached_requests=good.cached_requests[:1],
+         r(good, finished_req_ids=frozenset({"B"}), preempted_req_ids=frozenset({"B"}), cached_requests=CachedRequests.of(cr[:1]),
            num_scheduled_tokens={"A": 3, "C": 4}), True),
         # drafts
         ("drafts for an unscheduled request", ScheduledTokensError, r(good, draft_token_ids={"A": (7, 8), "ghost": (1,)}), True),
@@ -291,13 +317,14 @@ def _variants_at_3(good: SchedulerOutput) -> list[Variant]:
 def _variants_at_4(good: SchedulerOutput) -> list[Variant]:
     """After a step with two drafts in flight: the computed-count window and the step id again."""
     r = dataclasses.replace
-    ca = good.cached_requests[0]
+    cr = tuple(good.cached_requests)
+    ca = cr[0]
     return [
         ("step_id reused after drafts", StepIdError, r(good, step_id=3), True),
         ("num_computed below the drafts window", ScheduledTokensError,
-         r(good, cached_requests=(r(ca, num_computed_tokens=7), good.cached_requests[1])), False),
+         r(good, cached_requests=CachedRequests.of((r(ca, num_computed_tokens=7), cr[1]))), False),
         ("num_computed above the drafts window", ScheduledTokensError,
-         r(good, cached_requests=(r(ca, num_computed_tokens=11), good.cached_requests[1])), True),
+         r(good, cached_requests=CachedRequests.of((r(ca, num_computed_tokens=11), cr[1]))), True),
         ("finished twice (finished earlier)", UnknownRequestError, r(good, finished_req_ids=frozenset({"B", "ghost"})), True),
     ]
 
@@ -306,18 +333,32 @@ def _variants_at_5(good: SchedulerOutput) -> list[Variant]:
     """A steady step (the last step's requests, order and one-token queries: `impl.step_reader.read_steady_step`)."""
     r = dataclasses.replace
     ca, cc = good.cached_requests
+    cs = good.cached_requests
     sched = good.num_scheduled_tokens
     T = SchedulerOutputTypeError
 
     def cached(a: CachedRequest) -> SchedulerOutput:
-        return r(good, cached_requests=(a, cc))
+        return r(good, cached_requests=CachedRequests.of((a, cc)))
 
     return [
         ("steady: step_id reused", StepIdError, r(good, step_id=4), True),
         ("steady: cached id unknown", UnknownRequestError, cached(r(ca, req_id="ghost")), True),
-        ("steady: cached id twice", DuplicateRequestError, r(good, cached_requests=(ca, cc, ca)), True),
+        ("steady: cached id twice", DuplicateRequestError, r(good, cached_requests=CachedRequests.of((ca, cc, ca))), True),
         ("steady: cached id an int", T, cached(r(ca, req_id=7)), True),
-        ("steady: cached holds a NewRequest", T, r(good, cached_requests=(ca, C)), True),
+        ("steady: cached_requests a tuple of CachedRequest", T, r(good, cached_requests=(ca, cc)), True),
+        ("steady: cached req_ids a list", T, r(good, cached_requests=r(cs, req_ids=list(cs.req_ids))), True),
+        ("steady: cached num_computed a list", T, r(good, cached_requests=r(cs, num_computed_tokens=list(cs.num_computed_tokens))), True),
+        ("steady: cached new_block_ids a list", T, r(good, cached_requests=r(cs, new_block_ids=list(cs.new_block_ids))), True),
+        ("steady: cached num_computed shorter than the rest", T,
+         r(good, cached_requests=r(cs, num_computed_tokens=cs.num_computed_tokens[:1])), True),
+        ("steady: cached new_block_ids shorter than the rest", T, r(good, cached_requests=r(cs, new_block_ids=((),))), True),
+        ("steady: cached req_ids shorter than the rest", T, r(good, cached_requests=r(cs, req_ids=cs.req_ids[:1])), True),
+        ("steady: num_computed a numpy int", T, cached(r(ca, num_computed_tokens=np.int64(ca.num_computed_tokens))), True),
+        ("steady: num_computed a str", T, cached(r(ca, num_computed_tokens=str(ca.num_computed_tokens))), True),
+        ("steady: cached id None", T, cached(r(ca, req_id=None)), True),
+        ("steady: new block a numpy int", T, cached(r(ca, new_block_ids=(np.int64(30),))), True),
+        ("steady: num_computed of the other request (swapped)", ScheduledTokensError,
+         r(good, cached_requests=r(cs, num_computed_tokens=cs.num_computed_tokens[::-1])), True),
         ("steady: num_computed None", T, cached(r(ca, num_computed_tokens=None)), True),
         ("steady: num_computed float", T, cached(r(ca, num_computed_tokens=float(ca.num_computed_tokens))), True),
         ("steady: num_computed bool", T, cached(r(ca, num_computed_tokens=True)), True),
@@ -345,7 +386,7 @@ def _variants_at_5(good: SchedulerOutput) -> list[Variant]:
         ("steady: scheduled huge", ScheduledTokensError, r(good, num_scheduled_tokens={**sched, "C": 2**70}), True),
         ("steady: scheduled past the known tokens", ScheduledTokensError, r(good, num_scheduled_tokens={**sched, "C": 2}), True),
         ("steady: scheduled and finished", FinishedAndScheduledError, r(good, finished_req_ids=frozenset({"C"}),
-                                                                         cached_requests=(ca,)), True),
+                                                                         cached_requests=CachedRequests.of((ca,))), True),
         ("steady: drafts for an unscheduled request", ScheduledTokensError, r(good, draft_token_ids={"ghost": (1,)}), True),
     ]
 
@@ -398,11 +439,11 @@ def test_planted_bug_steady_reader_trusting_the_mirror_is_caught(monkeypatch):
     import impl.step_reader as step_reader
 
     def trusting(sched, state, limits, last_step_id, last):
-        if last is not None and isinstance(sched, SchedulerOutput) and all(
-                isinstance(c, CachedRequest) and c.req_id in state.req_to_row for c in sched.cached_requests):
-            fixed = tuple(dataclasses.replace(c, num_computed_tokens=int(state.num_computed[state.req_to_row[c.req_id]]))
-                          for c in sched.cached_requests)
-            sched = dataclasses.replace(sched, cached_requests=fixed)
+        cached = getattr(sched, "cached_requests", None)
+        if last is not None and type(cached) is CachedRequests and type(cached.req_ids) is tuple and all(
+                isinstance(rid, str) and rid in state.req_to_row for rid in cached.req_ids):
+            fixed = tuple(int(state.num_computed[state.req_to_row[rid]]) for rid in cached.req_ids)
+            sched = dataclasses.replace(sched, cached_requests=dataclasses.replace(cached, num_computed_tokens=fixed))
         return step_reader.read_steady_step(sched, state, limits, last_step_id, last)
 
     monkeypatch.setattr(runner_module, "read_steady_step", trusting)
@@ -445,8 +486,8 @@ def test_planted_bug_boundary_that_detects_but_does_not_raise_is_caught(monkeypa
     for step in range(3):
         outputs.append(runner.execute_model(_schedule(step, outputs)).get())
     good = _schedule(3, outputs)
-    ca = good.cached_requests[0]
-    bad = dataclasses.replace(good, cached_requests=(dataclasses.replace(ca, num_computed_tokens=-1), good.cached_requests[1]))
+    ca, cb = good.cached_requests
+    bad = dataclasses.replace(good, cached_requests=CachedRequests.of((dataclasses.replace(ca, num_computed_tokens=-1), cb)))
     with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
         _throw(runner, [("num_computed negative", ScheduledTokensError, bad, True)], {})
 
@@ -473,7 +514,7 @@ def _spec_variants(good: SchedulerOutput) -> list[tuple[str, type, SchedulerOutp
         ("device drafts for an unscheduled request", DeviceDraftsError, r(good, num_device_drafts={"A": 2, "ghost": 1})),
         ("device drafts for a live request not scheduled", DeviceDraftsError,
          r(good, num_device_drafts={"A": 2, "B": 1}, num_scheduled_tokens={"A": 3, "C": 4},
-           cached_requests=good.cached_requests[:1])),
+           cached_requests=CachedRequests.of(list(good.cached_requests)[:1]))),
         ("device and explicit drafts for one request", DeviceDraftsError, r(good, draft_token_ids={"A": (7, 8)})),
         ("device drafts before the first sample", DeviceDraftsError,
          r(good, num_device_drafts={"A": 2, "C": 1}, num_scheduled_tokens={**sched, "C": 5})),
@@ -530,3 +571,28 @@ def test_device_drafts_asked_of_a_runner_without_a_proposer_are_rejected() -> No
     with pytest.raises(DeviceDraftsError):
         runner.execute_model(_spec_schedule(3, outputs))
     assert fingerprint(runner) == before
+
+
+def test_planted_bug_unchecked_parallel_lengths_is_caught(monkeypatch):
+    """The struct's own variants can fail: a boundary that never checks the three tuples are parallel
+    lets an unequal-length `CachedRequests` reach the array reads, which fail untyped (or misread)."""
+    import impl.boundary as boundary
+
+    monkeypatch.setattr(boundary, "check_cached_containers", lambda cached: None)
+    runner, outputs = _runner(), []
+    for step in range(5):
+        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
+    unequal = [v for v in _variants_at_5(_schedule(5, outputs)) if "shorter than the rest" in v[0]]
+    assert len(unequal) == 3
+    for variant in unequal:
+        with pytest.raises((pytest.fail.Exception, AssertionError, ValueError, IndexError)):
+            _throw(runner, [variant], {})
+
+
+def test_cached_requests_views_round_trip():
+    views = (CachedRequest("a", (3, 4), 7), CachedRequest("b", (), 2))
+    cached = CachedRequests.of(views)
+    assert cached == CachedRequests(("a", "b"), ((3, 4), ()), (7, 2))
+    assert tuple(cached) == views and len(cached) == 2 and bool(CachedRequests()) is False
+    with pytest.raises(ValueError):  # views of tuples that are not parallel: no silent truncation
+        tuple(dataclasses.replace(cached, num_computed_tokens=(7,)))

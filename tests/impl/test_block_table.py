@@ -10,6 +10,7 @@ from impl.boundary import validate_scheduler_output
 from impl.interface import (
     BlockIdError,
     CachedRequest,
+    CachedRequests,
     LiveRequest,
     NewRequest,
     RunnerLimits,
@@ -60,5 +61,5 @@ def test_boundary_rejects_rows_that_overflow():
         validate_scheduler_output(SchedulerOutput(0, new_requests=(NewRequest("a", (1,), p, (0, 1, 2)),)), {}, limits)
     live = {"a": LiveRequest(num_tokens=5, num_computed_upper=4, num_blocks=2)}
     with pytest.raises(BlockIdError) as info:
-        validate_scheduler_output(SchedulerOutput(1, cached_requests=(CachedRequest("a", (5,), 4),)), live, limits)
+        validate_scheduler_output(SchedulerOutput(1, cached_requests=CachedRequests.of((CachedRequest("a", (5,), 4),))), live, limits)
     assert info.value.req_id == "a" and info.value.field == "new_block_ids"

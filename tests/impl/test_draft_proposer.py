@@ -20,6 +20,7 @@ import torch
 from impl.device import Device
 from impl.interface import (
     CachedRequest,
+    CachedRequests,
     DeviceDraftsError,
     DraftModelConfig,
     NewRequest,
@@ -100,7 +101,7 @@ def _run(spec: DraftModelConfig, steps: int = 7, kind: str = "sim") -> tuple[int
             known[rid] += len(toks)
             if step > 1:
                 drafts, accepted = drafts + asked[rid], accepted + len(toks) - 1
-        sched = SchedulerOutput(step, cached_requests=tuple(CachedRequest(r, (), known[r] - 1) for r in asked),
+        sched = SchedulerOutput(step, cached_requests=CachedRequests.of(tuple(CachedRequest(r, (), known[r] - 1) for r in asked)),
                                 num_scheduled_tokens={r: 1 + k for r, k in asked.items()}, num_device_drafts=dict(asked))
     return drafts, accepted
 
@@ -194,7 +195,7 @@ def test_bad_steps_raise_before_any_state_changes() -> None:
     first = SchedulerOutput(0, new_requests=(NewRequest("A", (1, 2, 3), params, (0, 1)),), num_scheduled_tokens={"A": 3})
     known = 3 + len(runner.execute_model(first).get().sampled_token_ids[0])
     oracle.execute_model(first)
-    decode = dict(cached_requests=(CachedRequest("A", (), known - 1),), num_scheduled_tokens={"A": 3})
+    decode = dict(cached_requests=CachedRequests.of((CachedRequest("A", (), known - 1),)), num_scheduled_tokens={"A": 3})
     bad = [
         SchedulerOutput(1, **decode, num_device_drafts={"A": 3}),  # k above num_spec_tokens
         SchedulerOutput(1, **decode, draft_token_ids={"A": (4, 5)}),  # explicit drafts carry no q

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from impl.device import Device
-from impl.interface import CachedRequest, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
+from impl.interface import CachedRequest, CachedRequests, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
 from impl.input_batch import plan_step
 from impl.kernels.input_prep import launch_prepare_inputs
 from impl.kernels.post_update import launch_post_update
@@ -157,7 +157,7 @@ def test_plan_step_prompt_logprob_rows_cover_only_the_prompt_on_first_admission(
     assert plan.prompt_targets.tolist() == [11, 12, 13, 14]
     assert plan.max_num_logprobs == 1 and plan.max_num_prompt_logprobs == 2
     table.advance(plan.req_ids, plan.query_lens, plan.num_drafts)
-    sched2 = SchedulerOutput(1, cached_requests=(CachedRequest("a", (), 4),), num_scheduled_tokens={"a": 2})
+    sched2 = SchedulerOutput(1, cached_requests=CachedRequests.of((CachedRequest("a", (), 4),)), num_scheduled_tokens={"a": 2})
     _, plan2 = _plan(sched2, table, 0)
     # Positions 4 and 5 are computed; only position 4 has a next prompt token (15).
     assert plan2.prompt_token_index.tolist() == [0] and plan2.prompt_targets.tolist() == [15]

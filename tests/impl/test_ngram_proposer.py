@@ -135,7 +135,7 @@ def test_planted_bug_a_runner_that_never_proposes_is_caught_by_the_differential(
 def test_uniform_device_draft_decodes_replay_the_bucketed_graph_and_match_the_oracle() -> None:
     """Every request decoding with the same k device drafts is a bucketed step: the gathered drafts reach the
     padded inputs of the graph replay (on cpu the recorded launches), and the tokens equal the oracle's."""
-    from impl.interface import CachedRequest, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
+    from impl.interface import CachedRequest, CachedRequests, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
     from impl.model.weights import preset, random_weights
     from impl.runner import ModelRunner
     from reference.runner import ReferenceRunner
@@ -158,6 +158,6 @@ def test_uniform_device_draft_decodes_replay_the_bucketed_graph_and_match_the_or
         replays.append((runner.last_step_stats.graph_replayed, runner.last_step_stats.graph_fallback))
         for rid, toks in got.token_dict().items():
             known[rid] += len(toks)
-        sched = SchedulerOutput(step, cached_requests=tuple(CachedRequest(r, (), known[r] - 1) for r in ("A", "B")),
+        sched = SchedulerOutput(step, cached_requests=CachedRequests.of(tuple(CachedRequest(r, (), known[r] - 1) for r in ("A", "B"))),
                                 num_scheduled_tokens={"A": 3, "B": 3}, num_device_drafts={"A": 2, "B": 2})
     assert sum(r for r, _ in replays[1:]) >= 5, (replays, runner.cuda_graph_stats())  # the decodes ran as bucketed (graph) steps

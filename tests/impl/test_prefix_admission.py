@@ -12,6 +12,7 @@ from impl.device import Device
 from impl.boundary import validate_prefix_hit
 from impl.interface import (
     CachedRequest,
+    CachedRequests,
     NewRequest,
     PrefixHitAlignmentError,
     PrefixHitBlocksError,
@@ -60,7 +61,7 @@ def _hit_step(**changes) -> SchedulerOutput:
     fields.update(changes)
     new = NewRequest(**fields)
     scheduled = len(new.prefill_token_ids) - new.num_computed_tokens if isinstance(new.num_computed_tokens, int) else 2
-    return SchedulerOutput(1, new_requests=(new,), cached_requests=(CachedRequest("a", (), 9),),
+    return SchedulerOutput(1, new_requests=(new,), cached_requests=CachedRequests.of((CachedRequest("a", (), 9),)),
                            num_scheduled_tokens={"a": 1, "b": max(1, scheduled)})
 
 
@@ -74,7 +75,7 @@ def test_a_hit_computes_from_the_hit_shares_blocks_and_matches_the_oracle(kind: 
     device.synchronize()
     k_before, v_before = runner.model.kv_cache.k[:, :2].clone(), runner.model.kv_cache.v[:, :2].clone()
     got.append(runner.execute_model(steps[1]).get())
-    steps.append(SchedulerOutput(2, cached_requests=(CachedRequest("a", (), 10), CachedRequest("b", (), 10)),
+    steps.append(SchedulerOutput(2, cached_requests=CachedRequests.of((CachedRequest("a", (), 10), CachedRequest("b", (), 10))),
                                  num_scheduled_tokens={"a": 1, "b": 1}))
     got.append(runner.execute_model(steps[2]).get())
     device.synchronize()

@@ -13,6 +13,7 @@ from impl.device import Device
 from impl.interface import (
     BlockIdError,
     CachedRequest,
+    CachedRequests,
     CapacityError,
     DuplicateRequestError,
     FinishedAndScheduledError,
@@ -117,7 +118,7 @@ class ScriptedScheduler:
             new.append(NewRequest(r.req_id, r.prompt, r.params, block_ids, tuple(r.outputs)))
             self._schedule(r, n, num_scheduled)
             budget -= n
-        return SchedulerOutput(step, tuple(new), tuple(cached), num_scheduled, frozenset(finished), frozenset(preempted))
+        return SchedulerOutput(step, tuple(new), CachedRequests.of(cached), num_scheduled, frozenset(finished), frozenset(preempted))
 
     def _schedule(self, r: _Req, n: int, num_scheduled: dict[str, int]) -> None:
         r.num_computed += n
@@ -334,8 +335,8 @@ def _bad_variants(sched_step: int, runner: ModelRunner) -> list[tuple[type, Sche
         bad += [
             (DuplicateRequestError, SchedulerOutput(sched_step, new_requests=(NewRequest(some, (1,), good, (0,)),))),
             (FinishedAndScheduledError, SchedulerOutput(sched_step, finished_req_ids=frozenset({some}), num_scheduled_tokens={some: 1})),
-            (ScheduledTokensError, SchedulerOutput(sched_step, cached_requests=(CachedRequest(some, (), max(0, lr.num_computed_upper - 1)),))),
-            (ScheduledTokensError, SchedulerOutput(sched_step, cached_requests=(CachedRequest(some, (), lr.num_computed_upper),),
+            (ScheduledTokensError, SchedulerOutput(sched_step, cached_requests=CachedRequests.of((CachedRequest(some, (), max(0, lr.num_computed_upper - 1)),)))),
+            (ScheduledTokensError, SchedulerOutput(sched_step, cached_requests=CachedRequests.of((CachedRequest(some, (), lr.num_computed_upper),)),
                                                    num_scheduled_tokens={some: lr.num_tokens - lr.num_computed_upper + 1})),
         ]
     return bad
@@ -370,7 +371,7 @@ def test_step_stats_and_no_wait_in_steady_state():
     prefill_stats = runner.last_step_stats
     for step in range(1, 5):
         cached = CachedRequest("a", (1,) if step == 1 else (), 2 + step)
-        outs.append(runner.execute_model(SchedulerOutput(step, cached_requests=(cached,), num_scheduled_tokens={"a": 1})))
+        outs.append(runner.execute_model(SchedulerOutput(step, cached_requests=CachedRequests.of((cached,)), num_scheduled_tokens={"a": 1})))
     decode_stats = runner.last_step_stats
     assert runner.device.num_pending > 0, "lag-2-steps should leave work queued"
     tokens = [o.get().sampled_token_ids[0] for o in outs]
@@ -408,9 +409,9 @@ def test_nan_logits_are_flagged_like_the_oracle():
     judge = oracle_judge(oracle, {})
     p = SamplingParams(temperature=0.8, seed=3)
     steps = [
-        SchedulerOutput(0, (NewRequest("n", tuple(range(1, 11)), p, (0, 1, 2)),), (), {"n": 6}),  # partial chunk
-        SchedulerOutput(1, (), (CachedRequest("n", (), 6),), {"n": 4}),
-        SchedulerOutput(2, (), (CachedRequest("n", (), 10),), {"n": 1}),
+        SchedulerOutput(0, (NewRequest("n", tuple(range(1, 11)), p, (0, 1, 2)),), CachedRequests(), {"n": 6}),  # partial chunk
+        SchedulerOutput(1, (), CachedRequests.of((CachedRequest("n", (), 6),)), {"n": 4}),
+        SchedulerOutput(2, (), CachedRequests.of((CachedRequest("n", (), 10),)), {"n": 1}),
     ]
     flags = []
     for sched in steps:
@@ -441,8 +442,8 @@ def test_one_h2d_and_one_apply_launch_per_step():
     steps = [
         SchedulerOutput(0, new_requests=(NewRequest("a", (1, 2, 3), p, (0,)), NewRequest("b", (4, 5), p, (1,))),
                         num_scheduled_tokens={"a": 3, "b": 2}),
-        SchedulerOutput(1, cached_requests=(CachedRequest("a", (2,), 3), CachedRequest("b", (), 2)), num_scheduled_tokens={"a": 1, "b": 1}),
-        SchedulerOutput(2, cached_requests=(CachedRequest("a", (), 4), CachedRequest("b", (), 3)), num_scheduled_tokens={"a": 1, "b": 1}),
+        SchedulerOutput(1, cached_requests=CachedRequests.of((CachedRequest("a", (2,), 3), CachedRequest("b", (), 2))), num_scheduled_tokens={"a": 1, "b": 1}),
+        SchedulerOutput(2, cached_requests=CachedRequests.of((CachedRequest("a", (), 4), CachedRequest("b", (), 3))), num_scheduled_tokens={"a": 1, "b": 1}),
     ]
     counts = []
     for sched in steps:
@@ -470,7 +471,7 @@ def _python_lines_of_a_decode_step(num_reqs: int) -> int:
                                          num_scheduled_tokens={r: 4 for r in ids}))
 
     def decode(step: int) -> SchedulerOutput:
-        return SchedulerOutput(step, cached_requests=tuple(CachedRequest(r, (), 3 + step) for r in ids),
+        return SchedulerOutput(step, cached_requests=CachedRequests.of(tuple(CachedRequest(r, (), 3 + step) for r in ids)),
                                num_scheduled_tokens={r: 1 for r in ids})
 
     runner.execute_model(decode(1))

@@ -8,7 +8,7 @@ import torch
 from impl.buffers import StagingPool, StagingWriter
 from impl.device import Device
 from impl.interface import (
-    CachedRequest, CapacityError, NewRequest, RunnerLimits, SamplingParams, ScheduledTokensError, SchedulerOutput,
+    CachedRequest, CachedRequests, CapacityError, NewRequest, RunnerLimits, SamplingParams, ScheduledTokensError, SchedulerOutput,
 )
 from impl.step_reader import read_step
 from impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_TOKENS, PREFILL_LEN, PROMPT_LEN, RequestStateTable, RowStateError
@@ -122,20 +122,20 @@ def test_mirror_follows_steps_and_rejects_unexplained_computed_counts():
     assert (table.live["a"].num_tokens, table.live["a"].num_computed_upper) == (10, 6)
     table.advance(["a"], {"a": 4}, {})  # completes the prefill: samples one token
     assert (table.live["a"].num_tokens, table.live["a"].num_computed_upper) == (11, 10)
-    ok = SchedulerOutput(2, cached_requests=(CachedRequest("a", (), 10),), num_scheduled_tokens={"a": 1})
+    ok = SchedulerOutput(2, cached_requests=CachedRequests.of((CachedRequest("a", (), 10),)), num_scheduled_tokens={"a": 1})
     _read(table, ok)
     with pytest.raises(ScheduledTokensError, match="disagrees"):
-        _read(table, SchedulerOutput(2, cached_requests=(CachedRequest("a", (), 9),)))
+        _read(table, SchedulerOutput(2, cached_requests=CachedRequests.of((CachedRequest("a", (), 9),))))
     # Drafts: a decode with 3 drafts may have 0..3 rejected; the scheduler may report any of those.
     table.advance(np.array(["a"]).tolist(), np.array([4]), np.array([3]))
     assert (table.live["a"].num_tokens, table.live["a"].num_computed_upper) == (15, 14)
-    late = SchedulerOutput(3, cached_requests=(CachedRequest("a", (), 12),), num_scheduled_tokens={"a": 1})
+    late = SchedulerOutput(3, cached_requests=CachedRequests.of((CachedRequest("a", (), 12),)), num_scheduled_tokens={"a": 1})
     step = _read(table, late)
     view = table.mirror_for(late)
     assert (view["a"].num_tokens, view["a"].num_computed_upper) == (13, 12)
     assert table.live["a"].num_tokens == 15, "reading a step must not change the table"
     with pytest.raises(ScheduledTokensError):
-        _read(table, SchedulerOutput(3, cached_requests=(CachedRequest("a", (), 10),)))
+        _read(table, SchedulerOutput(3, cached_requests=CachedRequests.of((CachedRequest("a", (), 10),))))
     assert step.starts.tolist() == [12] and step.cached_rows.tolist() == [row]
     table.apply_cached(step.cached_rows, step.cached_computed, step.cached_new_blocks)
     assert (table.live["a"].num_tokens, table.live["a"].num_computed_upper) == (13, 12)

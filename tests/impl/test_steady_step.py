@@ -75,7 +75,7 @@ def test_steady_step_missing_its_new_block_is_rejected_and_changes_nothing():
         fast, _ = _both(runner, sched)
         if fast is not None and fast.block_appends is not None and not crossed:
             crossed = True
-            stripped = tuple(dataclasses.replace(c, new_block_ids=()) for c in sched.cached_requests)
+            stripped = dataclasses.replace(sched.cached_requests, new_block_ids=((),) * len(sched.cached_requests))
             bad = dataclasses.replace(sched, cached_requests=stripped)
             before = fingerprint(runner)
             with pytest.raises(BlockIdError):

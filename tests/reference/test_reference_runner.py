@@ -14,6 +14,7 @@ from impl import interface as itf
 from impl.interface import (
     AsyncOutput,
     CachedRequest,
+    CachedRequests,
     ModelRunnerOutput,
     NewRequest,
     Runner,
@@ -54,7 +55,7 @@ def new(rid: str, prompt, params, first_block: int = 0, outputs=()) -> NewReques
 
 def sched(step_id: int, scheduled: dict, new_requests=(), cached=(), finished=(), preempted=(), drafts=None) -> SchedulerOutput:
     return SchedulerOutput(
-        step_id=step_id, new_requests=tuple(new_requests), cached_requests=tuple(cached),
+        step_id=step_id, new_requests=tuple(new_requests), cached_requests=CachedRequests.of(tuple(cached)),
         num_scheduled_tokens=dict(scheduled), finished_req_ids=frozenset(finished),
         preempted_req_ids=frozenset(preempted), draft_token_ids=dict(drafts or {}),
     )

@@ -211,7 +211,7 @@ def test_coverage_at_zero_fails_the_campaign() -> None:
 
 def test_the_coverage_counter_counts_what_a_run_does() -> None:
     from checks.compare import StepComparison
-    from impl.interface import CachedRequest, ModelRunnerOutput, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
+    from impl.interface import CachedRequest, CachedRequests, ModelRunnerOutput, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
     from stress.coverage import CoverageCounter
     from stress.driver import StepReport
 
@@ -219,11 +219,11 @@ def test_the_coverage_counter_counts_what_a_run_does() -> None:
                           block_size=4)
     c = CoverageCounter(limits)
     params = SamplingParams(temperature=0.0, top_k=3, repetition_penalty=1.2)
-    s0 = SchedulerOutput(0, (NewRequest("a", tuple(range(6)), params, (0, 1)),), (), {"a": 4})
+    s0 = SchedulerOutput(0, (NewRequest("a", tuple(range(6)), params, (0, 1)),), CachedRequests(), {"a": 4})
     c.observe(StepReport(0, s0, ModelRunnerOutput(0, ("a",), ((),)), None, StepComparison(0)))
-    s1 = SchedulerOutput(1, (), (CachedRequest("a", (), 4),), {"a": 2})
+    s1 = SchedulerOutput(1, (), CachedRequests.of((CachedRequest("a", (), 4),)), {"a": 2})
     c.observe(StepReport(1, s1, ModelRunnerOutput(1, ("a",), ((5,),)), None, StepComparison(1)))
-    s2 = SchedulerOutput(2, (), (CachedRequest("a", (), 6),), {"a": 3}, draft_token_ids={"a": (1, 2)})
+    s2 = SchedulerOutput(2, (), CachedRequests.of((CachedRequest("a", (), 6),)), {"a": 3}, draft_token_ids={"a": (1, 2)})
     c.observe(StepReport(2, s2, ModelRunnerOutput(2, ("a",), ((1, 7),)), None, StepComparison(2)))
     totals = c.totals()
     assert totals["params: greedy"] == 1 and totals["combo: top-k + repetition penalty"] == 1

@@ -197,7 +197,7 @@ def test_async_decode_counts_the_in_flight_token() -> None:
     s0 = sim.schedule()
     s1 = sim.schedule()  # before step 0's output: decode of the token step 0 samples
     assert s0.num_scheduled_tokens == {"a": 3}
-    assert s1.num_scheduled_tokens == {"a": 1} and s1.cached_requests[0].num_computed_tokens == 3
+    assert s1.num_scheduled_tokens == {"a": 1} and s1.cached_requests.num_computed_tokens[0] == 3
     with pytest.raises(SchedulerSimError, match="in flight"):
         sim.schedule()
     with pytest.raises(SchedulerSimError, match="oldest step in flight is 0"):
