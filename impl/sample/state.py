@@ -40,6 +40,7 @@ from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.interface import MAX_SEED, SamplingParams, SamplingParamsError, TokenOutOfVocabError
+from impl.kernels.launch import launch
 from impl.kernels.sampling_counts import add_token_counts_kernel, zero_count_rows_kernel
 
 _COUNT_BLOCK = 1024
@@ -150,7 +151,7 @@ class SamplingState:
         blocks = triton.cdiv(vocab, _COUNT_BLOCK)
 
         def reset() -> None:
-            zero_count_rows_kernel[(num_rows, blocks)](counts, stride, rows_dev, vocab, BLOCK=_COUNT_BLOCK)
+            launch(zero_count_rows_kernel, (num_rows, blocks), counts, stride, rows_dev, vocab, BLOCK=_COUNT_BLOCK)
 
         self._prepared_kernels.append(("reset output counts", reset))
         if pair_tokens:
@@ -159,7 +160,7 @@ class SamplingState:
             pair_tokens_dev = writer.stage_array(np.asarray(pair_tokens, dtype=np.int32), torch.int32)
 
             def add_earlier_outputs() -> None:
-                add_token_counts_kernel[(triton.cdiv(num_pairs, _COUNT_BLOCK),)](
+                launch(add_token_counts_kernel, (triton.cdiv(num_pairs, _COUNT_BLOCK),),
                     counts, stride, pair_rows_dev, pair_tokens_dev, pair_tokens_dev, num_pairs, vocab,
                     HAS_VALID=False, BLOCK=_COUNT_BLOCK)
 
@@ -171,8 +172,8 @@ class SamplingState:
         for tensor in self._staged:
             tensor.enqueue_apply()
         prepared, self._prepared_kernels = self._prepared_kernels, []
-        for label, launch in prepared:
-            self.device.enqueue(launch, label)
+        for label, kernels in prepared:
+            self.device.enqueue(kernels, label)
 
     @hot_path
     def launch_post_update(self, rows_dev: torch.Tensor, tokens_dev: torch.Tensor, valid_dev: torch.Tensor | None,
@@ -185,7 +186,7 @@ class SamplingState:
         if num <= 0:
             return
         has_valid = valid_dev is not None
-        add_token_counts_kernel[(triton.cdiv(num, _COUNT_BLOCK),)](
+        launch(add_token_counts_kernel, (triton.cdiv(num, _COUNT_BLOCK),),
             self.output_counts, self.output_counts.stride(0), rows_dev, tokens_dev,
             valid_dev if has_valid else tokens_dev, num, self.vocab_size, HAS_VALID=has_valid, BLOCK=_COUNT_BLOCK)
 
