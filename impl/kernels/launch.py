@@ -179,9 +179,20 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Non
     _stats["fast"] += 1
 
 
+def cdiv(a: int, b: int) -> int:
+    """``triton.cdiv`` for host ints: that one is a constexpr function, ~1 us a call on the host."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2`` for host ints >= 0 (the same values: 0 -> 0, 1 -> 1, 5 -> 8), without its
+    constexpr-function call overhead."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def launch_stats() -> dict[str, int]:
     """Launches taken by the fast path and by the normal one since the process started (a copy)."""
     return dict(_stats)
 
 
-__all__ = ["LAUNCH_OPTIONS", "MAX_KEYS", "fast_path_enabled", "launch", "launch_stats", "specialization_key"]
+__all__ = ["LAUNCH_OPTIONS", "MAX_KEYS", "cdiv", "fast_path_enabled", "launch", "next_power_of_2", "launch_stats", "specialization_key"]

@@ -194,6 +194,9 @@ class LogprobsComputer:
         self.mode = device.zeros(max_num_rows, torch.int32)
         self.sub_list = device.zeros((max_num_rows, cand), torch.int32)
         self.candidates = device.zeros((max_num_rows, cand), torch.int64)
+        # The default outputs per (rows, top-n), made once (host objects over the buffers above): slicing
+        # four buffers on every eager step with logprobs costs host time on a GPU host.
+        self._outputs: dict[tuple[int, int], LogprobsOutput] = {}
 
     def held_bytes(self) -> int:
         """Device bytes this computer holds from construction (outputs, partials, counters, lists, scratch)."""
@@ -223,8 +226,13 @@ class LogprobsComputer:
         """
         self.check(logits, target_ids, num_rows, num_top)
         if out is None:
-            out = LogprobsOutput(self.logprob[:num_rows], self.rank[:num_rows], self.top_ids[:num_rows, :num_top],
-                                 self.top_logprobs[:num_rows, :num_top])
+            out = self._outputs.get((num_rows, num_top))
+            if out is None:
+                if len(self._outputs) >= 1024:
+                    self._outputs.clear()
+                out = self._outputs[(num_rows, num_top)] = LogprobsOutput(
+                    self.logprob[:num_rows], self.rank[:num_rows], self.top_ids[:num_rows, :num_top],
+                    self.top_logprobs[:num_rows, :num_top])
         if num_rows == 0:
             return out
         c = self.config

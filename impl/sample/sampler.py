@@ -82,6 +82,9 @@ class Sampler:
         self.config = config or default_selection_config(device, candidate_capacity)
         self.tokens = device.zeros(max_num_rows, torch.int64)
         self.nan_flags = device.zeros(max_num_rows, torch.int32)
+        # (tokens[:n], nan_flags[:n]) per row count n, made once (host objects; at most max_num_rows + 1):
+        # slicing the same buffers every eager step costs host time on a GPU host.
+        self._row_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.layout = layout = SplitLayout.of(self.config, vocab_size)
         per_chunk = (max_num_rows, layout.num_blocks)
         self.part_best = device.zeros(per_chunk, torch.float32)
@@ -131,7 +134,10 @@ class Sampler:
         only; reads no device data on the host.
         """
         self._check(logits, state, logit_rows_to_state_rows, positions, num_rows, draft_prefix, max_num_logprobs)
-        tokens, flags = self.tokens[:num_rows], self.nan_flags[:num_rows]
+        views = self._row_views.get(num_rows)
+        if views is None:
+            views = self._row_views[num_rows] = (self.tokens[:num_rows], self.nan_flags[:num_rows])
+        tokens, flags = views
         if num_rows == 0:
             return SamplerOutput(tokens, flags)
         if draft_prefix is None or draft_prefix.shape[1] == 0:

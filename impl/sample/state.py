@@ -33,14 +33,13 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import triton
 
 from impl.buffers import StagingWriter
 from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.interface import MAX_SEED, SamplingParams, SamplingParamsError, TokenOutOfVocabError
-from impl.kernels.launch import launch
+from impl.kernels.launch import cdiv, launch
 from impl.kernels.sampling_counts import add_token_counts_kernel, zero_count_rows_kernel
 
 _COUNT_BLOCK = 1024
@@ -148,7 +147,7 @@ class SamplingState:
         counts, stride, vocab = self.output_counts, self.output_counts.stride(0), self.vocab_size
         rows_dev = writer.stage_array(np.asarray(rows, dtype=np.int32), torch.int32)
         num_rows = len(rows)
-        blocks = triton.cdiv(vocab, _COUNT_BLOCK)
+        blocks = cdiv(vocab, _COUNT_BLOCK)
 
         def reset() -> None:
             launch(zero_count_rows_kernel, (num_rows, blocks), counts, stride, rows_dev, vocab, BLOCK=_COUNT_BLOCK)
@@ -160,7 +159,7 @@ class SamplingState:
             pair_tokens_dev = writer.stage_array(np.asarray(pair_tokens, dtype=np.int32), torch.int32)
 
             def add_earlier_outputs() -> None:
-                launch(add_token_counts_kernel, (triton.cdiv(num_pairs, _COUNT_BLOCK),),
+                launch(add_token_counts_kernel, (cdiv(num_pairs, _COUNT_BLOCK),),
                     counts, stride, pair_rows_dev, pair_tokens_dev, pair_tokens_dev, num_pairs, vocab,
                     HAS_VALID=False, BLOCK=_COUNT_BLOCK)
 
@@ -186,7 +185,7 @@ class SamplingState:
         if num <= 0:
             return
         has_valid = valid_dev is not None
-        launch(add_token_counts_kernel, (triton.cdiv(num, _COUNT_BLOCK),),
+        launch(add_token_counts_kernel, (cdiv(num, _COUNT_BLOCK),),
             self.output_counts, self.output_counts.stride(0), rows_dev, tokens_dev,
             valid_dev if has_valid else tokens_dev, num, self.vocab_size, HAS_VALID=has_valid, BLOCK=_COUNT_BLOCK)
 

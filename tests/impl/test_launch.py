@@ -217,3 +217,11 @@ def test_a_launcher_that_rejects_the_arguments_turns_the_fast_path_off(fake_cuda
     fast.launch(kernel, (1,), x, 5, BLOCK=8)  # the launcher raises before launching: relaunched the normal way
     fast.launch(kernel, (1,), x, 5, BLOCK=8)
     assert len(kernel.normal) == 3 and not fast._plan_of(kernel).usable
+
+
+def test_host_int_helpers_match_triton():
+    for n in range(0, 1100):
+        assert fast.next_power_of_2(n) == triton.next_power_of_2(n), n
+        for b in (1, 3, 128, 1024):
+            assert fast.cdiv(n, b) == triton.cdiv(n, b), (n, b)
+    assert fast.next_power_of_2(2**40 + 1) == triton.next_power_of_2(2**40 + 1)
