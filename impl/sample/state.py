@@ -101,18 +101,19 @@ class SamplingState:
         seed: int,
         prompt_token_ids: Sequence[int],
         output_token_ids: Sequence[int] = (),
+        *,
+        checked: bool = False,
     ) -> None:
-        """Stage a request's admission into ``row`` (all checks first: a bad argument stages nothing)."""
-        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.max_num_reqs:
-            raise SamplingStateError(f"row {row!r} outside [0, {self.max_num_reqs})")
-        if not isinstance(params, SamplingParams):
-            raise SamplingStateError(f"params must be SamplingParams, got {type(params).__name__}")
-        params.validate(self.vocab_size, max_logprobs=self.vocab_size)
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-            raise SamplingParamsError(f"seed={seed!r}: must be an int in [0, {MAX_SEED}]", field="seed")
-        prompt = _check_tokens(prompt_token_ids, self.vocab_size, "prompt_token_ids")
-        outputs = _check_tokens(output_token_ids, self.vocab_size, "output_token_ids")
+        """Stage a request's admission into ``row`` (all checks first: a bad argument stages nothing).
 
+        ``checked=True``: the caller already holds every argument to these rules (the runner, after
+        `impl.boundary.check_new_request` accepted the request under stricter limits, with its row from
+        `RequestStateTable.admit` and its seed from `effective_seed`): they are not run twice per admission.
+        """
+        if checked:
+            prompt, outputs = prompt_token_ids, [int(t) for t in output_token_ids]
+        else:
+            prompt, outputs = self._check_request(row, params, seed, prompt_token_ids, output_token_ids)
         self.temperature.stage_scalar(row, float(params.temperature))
         self.top_k.stage_scalar(row, int(params.top_k))
         self.top_p.stage_scalar(row, float(params.top_p))
@@ -123,6 +124,18 @@ class SamplingState:
         self.seed.stage_scalar(row, seed)
         self.prompt_mask.stage(row, 0, prompt_bitmask_words(prompt, self.vocab_size))
         self._pending_admissions[row] = outputs
+
+    def _check_request(self, row: int, params: SamplingParams, seed: int, prompt_token_ids: Sequence[int],
+                       output_token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.max_num_reqs:
+            raise SamplingStateError(f"row {row!r} outside [0, {self.max_num_reqs})")
+        if not isinstance(params, SamplingParams):
+            raise SamplingStateError(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate(self.vocab_size, max_logprobs=self.vocab_size)
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise SamplingParamsError(f"seed={seed!r}: must be an int in [0, {MAX_SEED}]", field="seed")
+        return (_check_tokens(prompt_token_ids, self.vocab_size, "prompt_token_ids"),
+                _check_tokens(output_token_ids, self.vocab_size, "output_token_ids"))
 
     @property
     def num_pending(self) -> int:
