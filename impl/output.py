@@ -142,6 +142,16 @@ class AsyncStepOutput:
         self._ring.release(self._slot, self)
 
 
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    # Results usually come with exactly the rows the layout packs: slicing them again costs a torch call.
+    return t if t.shape[0] == n else t[:n]
+
+
+def _rows_cols(t: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    shape = t.shape
+    return t if shape[0] == n and shape[1] == k else t[:n, :k]
+
+
 def decode_output(buf: torch.Tensor, layout: OutputLayout, meta: StepOutputMeta) -> ModelRunnerOutput:
     """Build the `ModelRunnerOutput` from a completed slot (host data only)."""
 
@@ -199,6 +209,9 @@ class OutputSlots:
         self.slots = [device.pinned(self.capacity_bytes, torch.uint8) for _ in range(num_slots)]
         self._holders: list[AsyncStepOutput | None] = [None] * num_slots
         self._d2h: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # views of slots and pack (host objects)
+        # Per layout shape: the pack's field views and the num_sampled slice (host objects over `pack` and
+        # `num_sampled`; an eager step would otherwise slice and view ~3 tensors per field every step).
+        self._pack_views: dict[tuple[int, int, int, int, int], dict[str, torch.Tensor]] = {}
         self._next = 0
         self.num_backpressure_waits = 0
 
@@ -225,24 +238,39 @@ class OutputSlots:
         A bucketed step's graph runs this as its last launch (`impl.graph_step`), so its output
         needs only the D2H; ``results`` then carries ``"packed": layout``.
         """
-        pack, num_sampled = self.pack, self.num_sampled
-        out = results["out"]
-        layout.view(pack, "tokens").copy_(out.tokens[: layout.num_rows])
-        layout.view(pack, "num_sampled").copy_(num_sampled[: layout.num_reqs])
-        layout.view(pack, "nan_flags").copy_(out.nan_flags[: layout.num_rows])
+        views = self.pack_views(layout)
+        out, n = results["out"], layout.num_rows
+        views["tokens"].copy_(_rows(out.tokens, n))
+        views["num_sampled"].copy_(views["num_sampled_src"])
+        views["nan_flags"].copy_(_rows(out.nan_flags, n))
         if layout.num_top >= 0:
             k = layout.num_top
-            layout.view(pack, "logprob").copy_(out.logprob[: layout.num_rows])
-            layout.view(pack, "rank").copy_(out.rank[: layout.num_rows])
-            layout.view(pack, "top_ids").copy_(out.top_ids[: layout.num_rows, :k])
-            layout.view(pack, "top_logprobs").copy_(out.top_logprobs[: layout.num_rows, :k])
+            views["logprob"].copy_(_rows(out.logprob, n))
+            views["rank"].copy_(_rows(out.rank, n))
+            views["top_ids"].copy_(_rows_cols(out.top_ids, n, k))
+            views["top_logprobs"].copy_(_rows_cols(out.top_logprobs, n, k))
         if layout.num_prompt_rows > 0 and layout.num_prompt_top >= 0:
             p, k = results["prompt"], layout.num_prompt_top
             n = layout.num_prompt_rows
-            layout.view(pack, "prompt_logprob").copy_(p.logprob[:n])
-            layout.view(pack, "prompt_rank").copy_(p.rank[:n])
-            layout.view(pack, "prompt_top_ids").copy_(p.top_ids[:n, :k])
-            layout.view(pack, "prompt_top_logprobs").copy_(p.top_logprobs[:n, :k])
+            views["prompt_logprob"].copy_(_rows(p.logprob, n))
+            views["prompt_rank"].copy_(_rows(p.rank, n))
+            views["prompt_top_ids"].copy_(_rows_cols(p.top_ids, n, k))
+            views["prompt_top_logprobs"].copy_(_rows_cols(p.top_logprobs, n, k))
+
+    def pack_views(self, layout: OutputLayout) -> dict[str, torch.Tensor]:
+        """Views of ``pack`` for each field of ``layout`` (plus ``"num_sampled_src"``), made once per layout shape.
+
+        Keyed by the five ints `OutputLayout.build` makes a layout from, so two equal layouts share views
+        and a layout of another shape never gets this one's."""
+        shape = (layout.num_reqs, layout.num_rows, layout.num_top, layout.num_prompt_rows, layout.num_prompt_top)
+        views = self._pack_views.get(shape)
+        if views is None:
+            if len(self._pack_views) >= 1024:  # eager steps of many shapes: keep the cache bounded
+                self._pack_views.clear()
+            views = {name: layout.view(self.pack, name) for name in layout.offsets}
+            views["num_sampled_src"] = self.num_sampled[: layout.num_reqs]
+            self._pack_views[shape] = views
+        return views
 
     def _d2h_views(self, slot: int, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(slot[:nbytes], pack[:nbytes])``, made once per (slot, size): slicing a device tensor costs host time."""

@@ -308,7 +308,8 @@ class ModelRunner:
             seed = effective_seed(req.sampling_params, req.req_id, self.base_seed)
             row = self.state.admit(req, seed)
             self.block_table.assign(row, req.block_ids)
-            self.sampling_state.add_request(row, req.sampling_params, seed, req.prompt_token_ids, req.output_token_ids)
+            self.sampling_state.add_request(row, req.sampling_params, seed, req.prompt_token_ids, req.output_token_ids,
+                                            checked=True)  # `read_step` checked the request
             seeds[req.req_id] = seed
         for i, req_id in step.new_positions:
             step.rows[i] = self.state.req_to_row[req_id]

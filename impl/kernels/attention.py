@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from impl.kernels.launch import launch as launch_kernel
+
 _LOG2_E = 1.4426950408889634
 
 
@@ -314,7 +316,7 @@ def _launch_prepare(
     num_heads = query.shape[1] if has_q else kv_heads
     # Pointers a disabled stage never dereferences still need a tensor to bind to.
     unused = key
-    _prepare_qkv_kernel[(num_tokens,)](
+    launch_kernel(_prepare_qkv_kernel, (num_tokens,),
         query if has_q else unused, key, value, q_out if has_q else unused, k_cache, v_cache, slot_mapping,
         positions if rope else slot_mapping, rope_cos if rope else unused, rope_sin if rope else unused,
         q_norm if qk_norm else unused, k_norm if qk_norm else unused, eps,
@@ -392,7 +394,7 @@ def paged_attention(
     launch = attention_launch(max_query_len, queries_per_kv, head_dim, query.is_cuda, num_reqs * kv_heads)
     fp32 = query.dtype == torch.float32
     grid = (num_tokens // launch.block_q + num_reqs, kv_heads)
-    _paged_attention_kernel[grid](
+    launch_kernel(_paged_attention_kernel, grid,
         out, query, k_cache, v_cache, block_table, query_start_loc, seq_lens,
         num_reqs, scale * _LOG2_E,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),

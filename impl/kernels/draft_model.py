@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from impl.kernels.launch import launch
 from impl.kernels.rng import DRAFT_STREAM
 from impl.kernels.spec_verify import gumbel_max_residual
 
@@ -43,7 +44,7 @@ def launch_draft_sample(*, rows: torch.Tensor, positions: torch.Tensor, seeds: t
                         proposed: torch.Tensor, next_tokens: torch.Tensor, j: int, num_reqs: int) -> None:
     """Sample draft ``j`` of ``num_reqs`` rows from ``q_buf [R, K, V]`` (device work)."""
     vocab = q_buf.shape[2]
-    _draft_sample_kernel[(num_reqs,)](rows, positions, seeds, q_buf, q_buf.stride(0), q_buf.stride(1), proposed,
+    launch(_draft_sample_kernel, (num_reqs,), rows, positions, seeds, q_buf, q_buf.stride(0), q_buf.stride(1), proposed,
                                       proposed.stride(0), next_tokens, j, vocab,
                                       BLOCK=min(MAX_BLOCK, triton.next_power_of_2(vocab)))
 
@@ -68,7 +69,7 @@ def launch_gather_draft_probs(*, rows: torch.Tensor, draft_start: torch.Tensor, 
                               num_reqs: int, max_drafts: int) -> None:
     """Copy each scheduled draft's ``q`` row into ``out`` at its step draft index (device work)."""
     vocab = q_buf.shape[2]
-    _gather_draft_probs_kernel[(num_reqs, max(1, max_drafts))](
+    launch(_gather_draft_probs_kernel, (num_reqs, max(1, max_drafts)),
         rows, draft_start, q_buf, q_buf.stride(0), q_buf.stride(1), out, out.stride(0), vocab,
         BLOCK=min(MAX_BLOCK, triton.next_power_of_2(vocab)))
 
@@ -95,7 +96,7 @@ def launch_scatter_verified(*, rows: torch.Tensor, draft_start: torch.Tensor, lo
                             temperature: torch.Tensor, verified: torch.Tensor, accepted: torch.Tensor,
                             sampled: torch.Tensor, drafts: torch.Tensor, num_reqs: int) -> None:
     """Write the verifier's tokens over the sampler's for rejection-sampled requests (device work)."""
-    _scatter_verified_kernel[(num_reqs,)](rows, draft_start, logits_start, temperature, verified, verified.stride(0),
+    launch(_scatter_verified_kernel, (num_reqs,), rows, draft_start, logits_start, temperature, verified, verified.stride(0),
                                           accepted, sampled, drafts,
                                           BLOCK_K=max(2, triton.next_power_of_2(verified.shape[1])))
 

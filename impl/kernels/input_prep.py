@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.kernels.launch import launch
+from impl.kernels.launch import launch, next_power_of_2
 from impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_ROW_FIELDS, NUM_TOKENS, PREFILL_LEN
 
 # The state row a padding request's logit rows read their sampling parameters from (read only;
@@ -159,8 +159,8 @@ def launch_prepare_inputs(
         num_reqs, num_tokens, padded_num_tokens, num_sampling_rows, num_prompt_rows,
         ROW_FIELDS=NUM_ROW_FIELDS, COL_COMPUTED=NUM_COMPUTED, COL_TOKENS=NUM_TOKENS,
         COL_PREFILL=PREFILL_LEN, COL_LAST=LAST_TOKEN,
-        KV_BLOCK_SIZE=kv_block_size, BLOCK=128, BLOCK_LOGITS=max(2, triton.next_power_of_2(max_drafts + 1)),
-        MAX_DRAFTS=max_drafts, BLOCK_DRAFTS=max(2, triton.next_power_of_2(max_drafts)),
+        KV_BLOCK_SIZE=kv_block_size, BLOCK=128, BLOCK_LOGITS=max(2, next_power_of_2(max_drafts + 1)),
+        MAX_DRAFTS=max_drafts, BLOCK_DRAFTS=max(2, next_power_of_2(max_drafts)),
     )
 
 

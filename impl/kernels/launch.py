@@ -6,7 +6,8 @@ Measured on the H200 host: ~70 µs per launch with triton 3.6.  `launch` does th
 *specialization key* and afterwards calls the compiled kernel's launcher directly.
 
 Why it is right: the key of an argument list (`specialization_key`) is at least as fine as
-Triton's own specialization -- tensors by dtype and 16-byte alignment (Triton's only pointer
+Triton's own specialization -- the launch options it knows (``num_warps``, ``num_stages``, ``num_ctas``, ``maxnreg``: compile
+options) by exact value (None and absent alike: Triton's default for each is None or is filled in from it), tensors by dtype and 16-byte alignment (Triton's only pointer
 specialization), ints that the kernel marks ``do_not_specialize`` by their integer type (i32, i64,
 u64: what Triton keys them on), every other value (other ints, floats, bools, constexprs) by its
 exact value -- plus the device.  Equal keys therefore mean the compiled kernel Triton would pick
@@ -15,7 +16,7 @@ only cost misses.
 
 The fast path is off (every call is ``kernel[grid](*args, **kwargs)``) under ``TRITON_INTERPRET=1``,
 without CUDA, while Triton's launch hooks are set (profilers need ``launch_metadata``), when a
-call passes launch options or leaves parameters to their defaults, for values it cannot key,
+call passes a launch option other than those four or leaves parameters to their defaults, for values it cannot key,
 when the compiled kernel lacks the launcher fields this code calls (checked once per kernel;
 present in triton 3.6 and 3.9), and for good once a launcher rejects a call's arguments.
 ``RUNNERCHECK_SLOW_LAUNCH=1`` turns it off, for a comparison.
@@ -102,9 +103,21 @@ def _plan_of(kernel: Any) -> _KernelPlan:
     return plan
 
 
+# Launch options `launch` may key on: each picks compile options (part of Triton's own cache key), and a
+# compiled kernel carries its own (in ``packed_metadata``), so a hit passes nothing more.  Any other
+# option (``enable_fp_fusion``, ...) keeps the normal path.
+LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
 def _ordered(plan: _KernelPlan, args: tuple, kwargs: dict) -> list | None:
-    """Every parameter's value in parameter order, or None (defaults left out, launch options, unknown names)."""
-    if len(args) + len(kwargs) != len(plan.names):
+    """Every parameter's value in parameter order, or None (defaults left out, unknown launch options, unknown names).
+
+    The known launch options (`LAUNCH_OPTIONS`) are not parameters; `_options` keys them."""
+    options = 0
+    for name in LAUNCH_OPTIONS:
+        if name in kwargs:
+            options += 1
+    if len(args) + len(kwargs) - options != len(plan.names):
         return None
     ordered = list(args)
     for name in plan.names[len(args):]:
@@ -112,6 +125,14 @@ def _ordered(plan: _KernelPlan, args: tuple, kwargs: dict) -> list | None:
             return None
         ordered.append(kwargs[name])
     return ordered
+
+
+def _options(kwargs: dict) -> tuple:
+    """The known launch options of a call, by exact value, in a fixed order (absent ones as None)."""
+    return tuple(kwargs.get(name) for name in LAUNCH_OPTIONS) if kwargs else _NO_OPTIONS
+
+
+_NO_OPTIONS = (None,) * len(LAUNCH_OPTIONS)
 
 
 @hot_path
@@ -126,7 +147,8 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Non
     key = None
     if ordered is not None:
         try:
-            key = specialization_key(plan, ordered, torch.cuda.current_device())
+            key = specialization_key(plan, ordered, torch.cuda.current_device()) + _options(kwargs)
+            hash(key)  # an option of an unhashable type cannot key
         except TypeError:
             key = None
     compiled = plan.compiled.get(key) if key is not None else None
@@ -157,9 +179,20 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Non
     _stats["fast"] += 1
 
 
+def cdiv(a: int, b: int) -> int:
+    """``triton.cdiv`` for host ints: that one is a constexpr function, ~1 us a call on the host."""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2`` for host ints >= 0 (the same values: 0 -> 0, 1 -> 1, 5 -> 8), without its
+    constexpr-function call overhead."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def launch_stats() -> dict[str, int]:
     """Launches taken by the fast path and by the normal one since the process started (a copy)."""
     return dict(_stats)
 
 
-__all__ = ["MAX_KEYS", "fast_path_enabled", "launch", "launch_stats", "specialization_key"]
+__all__ = ["LAUNCH_OPTIONS", "MAX_KEYS", "cdiv", "fast_path_enabled", "launch", "next_power_of_2", "launch_stats", "specialization_key"]

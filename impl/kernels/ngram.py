@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from impl.kernels.launch import launch
 from impl.state import NUM_ROW_FIELDS, NUM_TOKENS, PREFILL_LEN
 
 
@@ -96,7 +97,7 @@ def launch_ngram_propose(
     num_reqs: int, min_n: int, max_n: int, num_spec_tokens: int, max_sampled: int,
 ) -> None:
     """Launch the propose kernel (inside the step's enqueued device work, after post-update)."""
-    _ngram_propose_kernel[(num_reqs,)](
+    launch(_ngram_propose_kernel, (num_reqs,),
         rows, logits_start, num_sampled, sampled, row_state, prefill_tokens, prefill_tokens.stride(0),
         history, history.stride(0), proposed, proposed.stride(0), num_reqs,
         ROW_FIELDS=NUM_ROW_FIELDS, COL_TOKENS=NUM_TOKENS, COL_PREFILL=PREFILL_LEN,
@@ -122,5 +123,5 @@ def _gather_drafts_kernel(rows_ptr, draft_start_ptr, staged_ptr, proposed_ptr, p
 def launch_gather_drafts(*, rows: torch.Tensor, draft_start: torch.Tensor, staged_drafts: torch.Tensor, proposed: torch.Tensor,
                          out: torch.Tensor, num_reqs: int, max_drafts: int) -> None:
     """Launch the gather kernel (inside the step's enqueued device work, before input prep)."""
-    _gather_drafts_kernel[(num_reqs,)](rows, draft_start, staged_drafts, proposed, proposed.stride(0), out, num_reqs,
+    launch(_gather_drafts_kernel, (num_reqs,), rows, draft_start, staged_drafts, proposed, proposed.stride(0), out, num_reqs,
                                        BLOCK_K=max(2, triton.next_power_of_2(max_drafts)))

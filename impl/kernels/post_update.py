@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.kernels.launch import launch
+from impl.kernels.launch import launch, next_power_of_2
 from impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_ROW_FIELDS, NUM_TOKENS
 
 
@@ -75,5 +75,5 @@ def launch_post_update(
     launch(_post_update_kernel, (num_reqs,),
         rows, cu, logits_start, draft_start, drafts, sampled, row_state, num_sampled, row_valid, num_reqs,
         ROW_FIELDS=NUM_ROW_FIELDS, COL_COMPUTED=NUM_COMPUTED, COL_TOKENS=NUM_TOKENS, COL_LAST=LAST_TOKEN,
-        BLOCK_LOGITS=max(2, triton.next_power_of_2(max_drafts + 1)),
+        BLOCK_LOGITS=max(2, next_power_of_2(max_drafts + 1)),
     )

@@ -38,6 +38,7 @@ import triton
 
 from impl.device import Device
 from impl.hotpath import hot_path
+from impl.kernels.launch import launch
 from impl.kernels.sampling_logprobs import logprobs_block_kernel, token_logprobs_kernel
 
 
@@ -193,6 +194,9 @@ class LogprobsComputer:
         self.mode = device.zeros(max_num_rows, torch.int32)
         self.sub_list = device.zeros((max_num_rows, cand), torch.int32)
         self.candidates = device.zeros((max_num_rows, cand), torch.int64)
+        # The default outputs per (rows, top-n), made once (host objects over the buffers above): slicing
+        # four buffers on every eager step with logprobs costs host time on a GPU host.
+        self._outputs: dict[tuple[int, int], LogprobsOutput] = {}
 
     def held_bytes(self) -> int:
         """Device bytes this computer holds from construction (outputs, partials, counters, lists, scratch)."""
@@ -222,8 +226,13 @@ class LogprobsComputer:
         """
         self.check(logits, target_ids, num_rows, num_top)
         if out is None:
-            out = LogprobsOutput(self.logprob[:num_rows], self.rank[:num_rows], self.top_ids[:num_rows, :num_top],
-                                 self.top_logprobs[:num_rows, :num_top])
+            out = self._outputs.get((num_rows, num_top))
+            if out is None:
+                if len(self._outputs) >= 1024:
+                    self._outputs.clear()
+                out = self._outputs[(num_rows, num_top)] = LogprobsOutput(
+                    self.logprob[:num_rows], self.rank[:num_rows], self.top_ids[:num_rows, :num_top],
+                    self.top_logprobs[:num_rows, :num_top])
         if num_rows == 0:
             return out
         c = self.config
@@ -232,7 +241,7 @@ class LogprobsComputer:
             raise LogprobsError("top_ids and top_logprobs must share a row stride")
         lay = self.layout
         # grid (chunk, row): a row's chunks run back to back, so its last one re-reads from L2
-        logprobs_block_kernel[(lay.num_blocks, num_rows)](
+        launch(logprobs_block_kernel, (lay.num_blocks, num_rows),
             logits, logits.stride(0), target_ids, self.part_max, self.part_sum, self.part_above, self.sub_max,
             self.arrivals, lay.num_blocks, num_top, self.mode, self.sub_list, self.candidates, out.logprob, out.rank,
             out.top_ids, out.top_logprobs, top_stride, self.vocab_size, CHUNK=lay.chunk, SUB=self.sub,
@@ -240,7 +249,7 @@ class LogprobsComputer:
             maxnreg=c.logprobs_maxnreg or None)
         if num_top == 0:
             return out
-        token_logprobs_kernel[(num_rows,)](
+        launch(token_logprobs_kernel, (num_rows,),
             logits, logits.stride(0), target_ids, self.scratch, self.mode, out.logprob, out.rank, out.top_ids,
             out.top_logprobs, top_stride, num_top, self.vocab_size,
             BLOCK=c.block, NARROW_BLOCK=c.narrow_block, CAND=c.candidates, MAX_TOP=self.max_top,

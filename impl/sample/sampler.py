@@ -35,6 +35,7 @@ import torch
 
 from impl.device import Device
 from impl.hotpath import hot_path
+from impl.kernels.launch import launch
 from impl.kernels.sampling import (
     sampler_block_kernel,
     sampler_finish_kernel,
@@ -81,6 +82,9 @@ class Sampler:
         self.config = config or default_selection_config(device, candidate_capacity)
         self.tokens = device.zeros(max_num_rows, torch.int64)
         self.nan_flags = device.zeros(max_num_rows, torch.int32)
+        # (tokens[:n], nan_flags[:n]) per row count n, made once (host objects; at most max_num_rows + 1):
+        # slicing the same buffers every eager step costs host time on a GPU host.
+        self._row_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.layout = layout = SplitLayout.of(self.config, vocab_size)
         per_chunk = (max_num_rows, layout.num_blocks)
         self.part_best = device.zeros(per_chunk, torch.float32)
@@ -130,7 +134,10 @@ class Sampler:
         only; reads no device data on the host.
         """
         self._check(logits, state, logit_rows_to_state_rows, positions, num_rows, draft_prefix, max_num_logprobs)
-        tokens, flags = self.tokens[:num_rows], self.nan_flags[:num_rows]
+        views = self._row_views.get(num_rows)
+        if views is None:
+            views = self._row_views[num_rows] = (self.tokens[:num_rows], self.nan_flags[:num_rows])
+        tokens, flags = views
         if num_rows == 0:
             return SamplerOutput(tokens, flags)
         if draft_prefix is None or draft_prefix.shape[1] == 0:
@@ -143,25 +150,25 @@ class Sampler:
         penalty_rows = (state.prompt_mask.base, state.prompt_mask.base.stride(0), state.output_counts,
                         state.output_counts.stride(0), drafts, draft_stride, num_drafts)
         split = (num_rows, lay.num_blocks)
-        sampler_block_kernel[split](
+        launch(sampler_block_kernel, split,
             logits, logits.stride(0), logit_rows_to_state_rows, positions, *params, *penalties, state.seed.base,
             *penalty_rows, self.part_best, self.part_token, self.part_max, self.part_flag, self.part_inf,
             lay.num_blocks, self.vocab_size, CHUNK=lay.chunk, num_warps=c.split_warps)
-        sampler_plan_kernel[(num_rows,)](
+        launch(sampler_plan_kernel, (num_rows,),
             logit_rows_to_state_rows, *params, self.part_best, self.part_token, self.part_max, self.part_flag,
             self.part_inf, lay.num_blocks, self.mode, self.bound, self.row_max, tokens, flags, self.vocab_size,
             NB_P2=lay.nb_p2, CAND=lay.cand, COLS=lay.cols, num_warps=4)
-        sampler_select_kernel[split](
+        launch(sampler_select_kernel, split,
             logits, logits.stride(0), logit_rows_to_state_rows, positions, state.temperature.base, *penalties,
             state.seed.base, *penalty_rows, self.mode, self.bound, self.part_best, self.part_token,
             self.part_max, self.part_count, self.chunk_slots, lay.num_blocks, self.vocab_size,
             CHUNK=lay.chunk, SLOT=lay.slot, num_warps=c.split_warps)
-        sampler_finish_kernel[(num_rows,)](
+        launch(sampler_finish_kernel, (num_rows,),
             logit_rows_to_state_rows, positions, *params, state.seed.base, self.mode, self.row_max,
             self.part_best, self.part_token, self.part_count, self.chunk_slots, self.scratch, lay.num_blocks,
             tokens, self.vocab_size, NB_P2=lay.nb_p2, SCRATCH=c.candidates, CAND=lay.cand, SLOT=lay.slot,
             GROUP=lay.group, COLS=lay.cols, num_warps=c.num_warps)
-        sampler_row_kernel[(num_rows,)](
+        launch(sampler_row_kernel, (num_rows,),
             logits, logits.stride(0), logit_rows_to_state_rows, positions, *params, *penalties, state.seed.base,
             *penalty_rows, self.scratch, self.mode, tokens, flags, self.vocab_size,
             BLOCK=c.block, NARROW_BLOCK=c.narrow_block, CAND=c.candidates,

@@ -30,6 +30,7 @@ import triton
 
 from impl.device import Device
 from impl.hotpath import hot_path
+from impl.kernels.launch import launch
 from impl.interface import (
     SpecLayoutError,
     SpecProbabilityError,
@@ -153,7 +154,7 @@ class SpecVerifier:
         if num_reqs == 0:
             return SpecVerifyOutput(tokens, accepted)
         width = self.max_spec_tokens + 1
-        spec_verify_kernel[(num_reqs,)](
+        launch(spec_verify_kernel, (num_reqs,),
             target_probs, target_probs.stride(0), draft_probs, draft_probs.stride(0), draft_tokens, cu_num_draft_tokens,
             idx_mapping, seeds, temperature, positions, self.tokens, self.tokens.stride(0), self.accepted,
             self.vocab_size, OUT_WIDTH=width, OUT_P2=triton.next_power_of_2(width), BLOCK=self.block, num_warps=4)

@@ -33,13 +33,13 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import triton
 
 from impl.buffers import StagingWriter
 from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.interface import MAX_SEED, SamplingParams, SamplingParamsError, TokenOutOfVocabError
+from impl.kernels.launch import cdiv, launch
 from impl.kernels.sampling_counts import add_token_counts_kernel, zero_count_rows_kernel
 
 _COUNT_BLOCK = 1024
@@ -101,18 +101,19 @@ class SamplingState:
         seed: int,
         prompt_token_ids: Sequence[int],
         output_token_ids: Sequence[int] = (),
+        *,
+        checked: bool = False,
     ) -> None:
-        """Stage a request's admission into ``row`` (all checks first: a bad argument stages nothing)."""
-        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.max_num_reqs:
-            raise SamplingStateError(f"row {row!r} outside [0, {self.max_num_reqs})")
-        if not isinstance(params, SamplingParams):
-            raise SamplingStateError(f"params must be SamplingParams, got {type(params).__name__}")
-        params.validate(self.vocab_size, max_logprobs=self.vocab_size)
-        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-            raise SamplingParamsError(f"seed={seed!r}: must be an int in [0, {MAX_SEED}]", field="seed")
-        prompt = _check_tokens(prompt_token_ids, self.vocab_size, "prompt_token_ids")
-        outputs = _check_tokens(output_token_ids, self.vocab_size, "output_token_ids")
+        """Stage a request's admission into ``row`` (all checks first: a bad argument stages nothing).
 
+        ``checked=True``: the caller already holds every argument to these rules (the runner, after
+        `impl.boundary.check_new_request` accepted the request under stricter limits, with its row from
+        `RequestStateTable.admit` and its seed from `effective_seed`): they are not run twice per admission.
+        """
+        if checked:
+            prompt, outputs = prompt_token_ids, [int(t) for t in output_token_ids]
+        else:
+            prompt, outputs = self._check_request(row, params, seed, prompt_token_ids, output_token_ids)
         self.temperature.stage_scalar(row, float(params.temperature))
         self.top_k.stage_scalar(row, int(params.top_k))
         self.top_p.stage_scalar(row, float(params.top_p))
@@ -123,6 +124,18 @@ class SamplingState:
         self.seed.stage_scalar(row, seed)
         self.prompt_mask.stage(row, 0, prompt_bitmask_words(prompt, self.vocab_size))
         self._pending_admissions[row] = outputs
+
+    def _check_request(self, row: int, params: SamplingParams, seed: int, prompt_token_ids: Sequence[int],
+                       output_token_ids: Sequence[int]) -> tuple[list[int], list[int]]:
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < self.max_num_reqs:
+            raise SamplingStateError(f"row {row!r} outside [0, {self.max_num_reqs})")
+        if not isinstance(params, SamplingParams):
+            raise SamplingStateError(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate(self.vocab_size, max_logprobs=self.vocab_size)
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise SamplingParamsError(f"seed={seed!r}: must be an int in [0, {MAX_SEED}]", field="seed")
+        return (_check_tokens(prompt_token_ids, self.vocab_size, "prompt_token_ids"),
+                _check_tokens(output_token_ids, self.vocab_size, "output_token_ids"))
 
     @property
     def num_pending(self) -> int:
@@ -147,10 +160,10 @@ class SamplingState:
         counts, stride, vocab = self.output_counts, self.output_counts.stride(0), self.vocab_size
         rows_dev = writer.stage_array(np.asarray(rows, dtype=np.int32), torch.int32)
         num_rows = len(rows)
-        blocks = triton.cdiv(vocab, _COUNT_BLOCK)
+        blocks = cdiv(vocab, _COUNT_BLOCK)
 
         def reset() -> None:
-            zero_count_rows_kernel[(num_rows, blocks)](counts, stride, rows_dev, vocab, BLOCK=_COUNT_BLOCK)
+            launch(zero_count_rows_kernel, (num_rows, blocks), counts, stride, rows_dev, vocab, BLOCK=_COUNT_BLOCK)
 
         self._prepared_kernels.append(("reset output counts", reset))
         if pair_tokens:
@@ -159,7 +172,7 @@ class SamplingState:
             pair_tokens_dev = writer.stage_array(np.asarray(pair_tokens, dtype=np.int32), torch.int32)
 
             def add_earlier_outputs() -> None:
-                add_token_counts_kernel[(triton.cdiv(num_pairs, _COUNT_BLOCK),)](
+                launch(add_token_counts_kernel, (cdiv(num_pairs, _COUNT_BLOCK),),
                     counts, stride, pair_rows_dev, pair_tokens_dev, pair_tokens_dev, num_pairs, vocab,
                     HAS_VALID=False, BLOCK=_COUNT_BLOCK)
 
@@ -171,8 +184,8 @@ class SamplingState:
         for tensor in self._staged:
             tensor.enqueue_apply()
         prepared, self._prepared_kernels = self._prepared_kernels, []
-        for label, launch in prepared:
-            self.device.enqueue(launch, label)
+        for label, kernels in prepared:
+            self.device.enqueue(kernels, label)
 
     @hot_path
     def launch_post_update(self, rows_dev: torch.Tensor, tokens_dev: torch.Tensor, valid_dev: torch.Tensor | None,
@@ -185,7 +198,7 @@ class SamplingState:
         if num <= 0:
             return
         has_valid = valid_dev is not None
-        add_token_counts_kernel[(triton.cdiv(num, _COUNT_BLOCK),)](
+        launch(add_token_counts_kernel, (cdiv(num, _COUNT_BLOCK),),
             self.output_counts, self.output_counts.stride(0), rows_dev, tokens_dev,
             valid_dev if has_valid else tokens_dev, num, self.vocab_size, HAS_VALID=has_valid, BLOCK=_COUNT_BLOCK)
 

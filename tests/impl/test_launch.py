@@ -50,7 +50,17 @@ def test_calls_the_key_cannot_cover_are_not_ordered():
     x = torch.zeros(4)
     assert fast._ordered(plan, (x, x, 4, 1.0, 0), {"BLOCK": 4}) == [x, x, 4, 1.0, 0, 4]
     assert fast._ordered(plan, (x, x, 4, 1.0), {"BLOCK": 4}) is None  # a parameter left out
-    assert fast._ordered(plan, (x, x, 4, 1.0, 0), {"BLOCK": 4, "num_warps": 1}) is None  # a launch option
+    assert fast._ordered(plan, (x, x, 4, 1.0, 0), {"BLOCK": 4, "num_warps": 1}) == [x, x, 4, 1.0, 0, 4]  # keyed by _options
+    assert fast._ordered(plan, (x, x, 4, 1.0, 0), {"num_warps": 1, "num_stages": 2}) is None  # BLOCK left out
+    assert fast._ordered(plan, (x, x, 4, 1.0, 0), {"BLOCK": 4, "enable_fp_fusion": False}) is None  # an option it does not key
+
+
+def test_known_launch_options_key_by_exact_value():
+    assert fast._options({}) == fast._options({"BLOCK": 4}) == (None,) * len(fast.LAUNCH_OPTIONS)
+    assert fast._options({"BLOCK": 4, "num_warps": 4}) == (4,) + (None,) * (len(fast.LAUNCH_OPTIONS) - 1)
+    assert fast._options({"maxnreg": None}) == fast._options({})  # None is Triton's default
+    assert fast._options({"num_warps": 4}) != fast._options({"num_warps": 8})
+    assert fast._options({"num_stages": 2, "num_warps": 4}) == fast._options({"num_warps": 4, "num_stages": 2})
 
 
 def test_interpreted_launches_take_the_normal_path():
@@ -176,9 +186,27 @@ def test_a_seen_key_calls_the_launcher_with_every_argument_in_order(fake_cuda):
     assert compiled.calls == [(4, 2, 1, 4242, "function", "packed", None, None, None, x, 6, 8)]
     fast.launch(kernel, (4,), x[1:], 6, BLOCK=8)  # unaligned pointer: a new key, the normal path
     fast.launch(kernel, (4,), x, 6, BLOCK=16)  # another constexpr: a new key
-    fast.launch(kernel, (4,), x, 6, BLOCK=8, num_warps=2)  # a launch option: always the normal path
+    fast.launch(kernel, (4,), x, 6, BLOCK=8, enable_fp_fusion=False)  # a launch option it does not key: always the normal path
+    fast.launch(kernel, (4,), x, 6, BLOCK=8, enable_fp_fusion=False)
     fast.launch(kernel, (4,), x, 6)  # a parameter left to its default: the normal path
-    assert len(kernel.normal) == 5 and len(compiled.calls) == 1
+    assert len(kernel.normal) == 6 and len(compiled.calls) == 1
+
+
+def test_launch_options_are_part_of_the_key(fake_cuda):
+    compiled = _FakeCompiled()
+    kernel = _FakeKernel(compiled)
+    x = torch.zeros(16)
+    fast.launch(kernel, (2,), x, 5, BLOCK=8, num_warps=2)  # first sight: the normal path, with the option
+    assert kernel.normal == [((2,), (x, 5), {"BLOCK": 8, "num_warps": 2})]
+    fast.launch(kernel, (2,), x, 7, BLOCK=8, num_warps=2)  # seen: the launcher, the option not among its arguments
+    assert compiled.calls == [(2, 1, 1, 4242, "function", "packed", None, None, None, x, 7, 8)]
+    fast.launch(kernel, (2,), x, 7, BLOCK=8, num_warps=4)  # another num_warps compiles another kernel: normal path
+    fast.launch(kernel, (2,), x, 7, BLOCK=8)  # no option at all is its own key too
+    fast.launch(kernel, (2,), x, 7, BLOCK=8, num_warps=2, num_stages=3)
+    assert len(kernel.normal) == 4 and len(compiled.calls) == 1
+    fast.launch(kernel, (2,), x, 7, BLOCK=8, num_warps=4)
+    fast.launch(kernel, (2,), x, 7, BLOCK=8, num_stages=3, num_warps=2)
+    assert len(kernel.normal) == 4 and len(compiled.calls) == 3
 
 
 def test_a_launcher_that_rejects_the_arguments_turns_the_fast_path_off(fake_cuda):
@@ -189,3 +217,11 @@ def test_a_launcher_that_rejects_the_arguments_turns_the_fast_path_off(fake_cuda
     fast.launch(kernel, (1,), x, 5, BLOCK=8)  # the launcher raises before launching: relaunched the normal way
     fast.launch(kernel, (1,), x, 5, BLOCK=8)
     assert len(kernel.normal) == 3 and not fast._plan_of(kernel).usable
+
+
+def test_host_int_helpers_match_triton():
+    for n in range(0, 1100):
+        assert fast.next_power_of_2(n) == triton.next_power_of_2(n), n
+        for b in (1, 3, 128, 1024):
+            assert fast.cdiv(n, b) == triton.cdiv(n, b), (n, b)
+    assert fast.next_power_of_2(2**40 + 1) == triton.next_power_of_2(2**40 + 1)
