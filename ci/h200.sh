@@ -27,6 +27,7 @@
 #   spec_benches  `bench --only spec_draft`, then `bench --only spec_ngram`, each alone (tokens/s and acceptance)
 #   spec_mutant_rates  the four rejection-sampling mutants and accepted_count_read_on_host, 5 seeds each (kill rates)
 #   spec_profile  `python -m bench.spec_profile --device cuda --reqs 8 --draft qwen3-0.6b-draft|ngram|off` side by side
+#   gpu_launch    the gpu tests of the cached Triton launcher alone (`tests/impl/test_launch.py`)
 #   capture_probe `python ci/capture_probe.py` (the spec_draft bench's 64-request runner built alone; its graph capture
 #                 passes or fails) with the default logprobs launch shape and with 2048 x 4, side by side
 #   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issue 16's "Done when" in one run
@@ -177,6 +178,7 @@ want spec_profile && (  # where a speculative decode step's time goes (host enqu
     --draft $d & done
   wait
 ) &
+want gpu_launch && job gpu_launch 200 python3 -m pytest -v -p no:cacheprovider -m gpu tests/impl/test_launch.py &
 want spec_stats && job spec_stats "$limit" $rc chisq --device cuda --samples 2000000 --cases spec-q --no-calibration \
   --biases spec-ratio-normalised spec-residual-abs spec-accept-shares-draft-noise spec-bonus-dropped --out "$out/spec_stats" &
 want draft_self && job draft_stress_self 240 $rc stress --device cuda --seed 2 --steps 200 --delay-us auto --max-inflight 2 \

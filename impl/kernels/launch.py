@@ -135,6 +135,14 @@ def _options(kwargs: dict) -> tuple:
 _NO_OPTIONS = (None,) * len(LAUNCH_OPTIONS)
 
 
+def call_key(plan: _KernelPlan, ordered: Sequence[Any], device_index: int, kwargs: dict) -> tuple:
+    """The cache key of one call: its arguments' `specialization_key` and its known launch options;
+    raises TypeError for a value or an option that cannot key."""
+    key = specialization_key(plan, ordered, device_index) + _options(kwargs)
+    hash(key)  # an option of an unhashable type cannot key
+    return key
+
+
 @hot_path
 def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
     """``kernel[grid](*args, **kwargs)``, through the compiled kernel's launcher once its key was seen."""
@@ -147,8 +155,7 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Non
     key = None
     if ordered is not None:
         try:
-            key = specialization_key(plan, ordered, torch.cuda.current_device()) + _options(kwargs)
-            hash(key)  # an option of an unhashable type cannot key
+            key = call_key(plan, ordered, torch.cuda.current_device(), kwargs)
         except TypeError:
             key = None
     compiled = plan.compiled.get(key) if key is not None else None
@@ -195,4 +202,4 @@ def launch_stats() -> dict[str, int]:
     return dict(_stats)
 
 
-__all__ = ["LAUNCH_OPTIONS", "MAX_KEYS", "cdiv", "fast_path_enabled", "launch", "next_power_of_2", "launch_stats", "specialization_key"]
+__all__ = ["LAUNCH_OPTIONS", "MAX_KEYS", "call_key", "cdiv", "fast_path_enabled", "launch", "next_power_of_2", "launch_stats", "specialization_key"]

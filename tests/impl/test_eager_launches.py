@@ -54,7 +54,7 @@ def _keyable(kernel, args: tuple, kwargs: dict) -> bool:
     if ordered is None:
         return False
     try:
-        hash(fast.specialization_key(plan, ordered, 0) + fast._options(kwargs))
+        fast.call_key(plan, ordered, 0, kwargs)
     except TypeError:
         return False
     return True

@@ -82,17 +82,19 @@ def test_fast_launches_pick_tritons_kernel_and_compute_the_same(monkeypatch):
     assert fast.fast_path_enabled()
     plan = _plan()
     src = torch.randn(4096, device="cuda")
-    cases = [(src, 4096, 2.0, 3), (src[1:], 4000, 0.5, 1), (src[4:], 17, -1.0, 16), (src, 3000, 2.0, 3), (src[1:], 3999, 0.5, 1)]
+    # The last two pass launch options: the same arguments with other num_warps are another compiled kernel.
+    cases = [(src, 4096, 2.0, 3, {}), (src[1:], 4000, 0.5, 1, {}), (src[4:], 17, -1.0, 16, {}), (src, 3000, 2.0, 3, {}),
+             (src[1:], 3999, 0.5, 1, {}), (src, 3000, 2.0, 3, {"num_warps": 2}), (src, 3000, 2.0, 3, {"num_warps": 8, "num_stages": 2})]
     before = fast.launch_stats()
     for _ in range(3):
-        for s, n, scale, offset in cases:
+        for s, n, scale, offset, options in cases:
             grid = (triton.cdiv(n, 256),)
             got, want = torch.zeros(4096, device="cuda"), torch.zeros(4096, device="cuda")
-            fast.launch(_scaled_copy_kernel, grid, s, got, n, scale, offset, BLOCK=256)
-            compiled = _scaled_copy_kernel[grid](s, want, n, scale, offset, BLOCK=256)
+            fast.launch(_scaled_copy_kernel, grid, s, got, n, scale, offset, BLOCK=256, **options)
+            compiled = _scaled_copy_kernel[grid](s, want, n, scale, offset, BLOCK=256, **options)
             torch.cuda.synchronize()
-            assert torch.equal(got, want), (n, scale, offset)
-            key = fast.specialization_key(plan, (s, got, n, scale, offset, 256), torch.cuda.current_device())
+            assert torch.equal(got, want), (n, scale, offset, options)
+            key = fast.call_key(plan, (s, got, n, scale, offset, 256), torch.cuda.current_device(), {"BLOCK": 256, **options})
             assert plan.compiled[key] is compiled, "the fast path holds a kernel Triton would not pick for these arguments"
     after = fast.launch_stats()
     assert after["fast"] - before["fast"] >= 2 * len(cases) - 1  # every repeat after the first round (3000 ~ 4096)
