@@ -25,6 +25,7 @@ from bench.case_spec import NUM_SPEC_TOKENS, _limits, _model
 from bench.common import BenchContext
 from impl.device import Device
 from impl.interface import DraftModelConfig, NgramConfig, SamplingParams
+from impl.model.weights import random_weights
 
 
 def profile_spec(device: Device, num_reqs: int, draft: str, steps: int, top: int) -> str:
@@ -33,8 +34,6 @@ def profile_spec(device: Device, num_reqs: int, draft: str, steps: int, top: int
 
     ctx = BenchContext(device, quick=not device.is_cuda)
     name, config, dtype = _model(ctx)
-    from impl.model.weights import random_weights
-
     weights = random_weights(config, seed=0)
     prompt_len, new_tokens = (256, 128) if device.is_cuda else (8, 6 + steps * (NUM_SPEC_TOKENS + 1))
     limits = _limits(ctx, config, num_reqs, prompt_len, new_tokens)
