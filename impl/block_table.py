@@ -58,8 +58,8 @@ class BlockTable:
     @hot_path
     def append_many(self, rows: np.ndarray, counts: np.ndarray, block_ids: np.ndarray) -> None:
         """Appends to several rows at once: ``block_ids`` holds ``counts[i]`` ids for ``rows[i]``, in order
-        (rows distinct, none admitted this step)."""
-        self.table.stage_ragged(rows, self.num_blocks[rows], counts, block_ids)
+        (rows distinct, none admitted this step; checked at the boundary to fit the table: `impl.step_reader`)."""
+        self.table.stage_ragged(rows, self.num_blocks[rows], counts, block_ids, checked=True)
         self.num_blocks[rows] += counts
 
     def release(self, row: int) -> None:

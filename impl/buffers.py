@@ -89,6 +89,11 @@ class StagingSlot:
         # (source, target, copy size) -> (source view, target view): views made once, not per step
         # (slicing a device tensor costs host time); host objects only, owned by the slot.
         self._copy_views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        # Set by a caller that filled the slot's leading ``kept_bytes`` through views of its own
+        # (`impl.input_batch.InputBatch.stage`): an opaque note of what those bytes hold, so an
+        # identical later fill can be skipped.  Any allocation over those bytes clears it.
+        self.kept: object | None = None
+        self.kept_bytes = 0
 
     def copy_views(self, target: torch.Tensor, nbytes: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(host[:n], target[:n])`` for an H2D of the first ``nbytes``, with ``n`` rounded up to a multiple of
@@ -115,6 +120,8 @@ class StagingSlot:
         start = -(-self.used_bytes // _ALIGN) * _ALIGN
         if start + nbytes > self.capacity_bytes:
             raise StagingCapacityError(f"{nbytes} bytes do not fit in slot {self.index} ({self.capacity_bytes - start} left)")
+        if start < self.kept_bytes:
+            self.kept, self.kept_bytes = None, 0
         self.used_bytes = start + nbytes
         return self.host[start : start + nbytes].view(dtype), self.device[start : start + nbytes].view(dtype)
 
@@ -131,6 +138,8 @@ class StagingSlot:
         start = -(-self.used_bytes // _ALIGN) * _ALIGN
         if start + 4 * n > self.capacity_bytes:
             raise StagingCapacityError(f"{4 * n} bytes do not fit in slot {self.index} ({self.capacity_bytes - start} left)")
+        if start < self.kept_bytes:
+            self.kept, self.kept_bytes = None, 0
         self.used_bytes = start + 4 * n
         return self.host_words[start // 4 : start // 4 + n], start // 4
 

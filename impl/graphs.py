@@ -135,6 +135,7 @@ class CudaGraphManager:
         self.fallbacks: Counter[str] = Counter()
         # (size, query_len, num_top) -> (the graphs dict it was looked up in, key, graph or None): host, see `select`
         self._keys: dict[tuple[int, int, int], tuple[dict, GraphKey, StepGraph | None]] = {}
+        self._selected: tuple[GraphKey, StepGraph | None] | None = None  # the last `select`'s key and graph
         self._pool = None
 
     # ------------------------------------------------------------------ capture phase
@@ -143,6 +144,7 @@ class CudaGraphManager:
         if not self.enabled or self.captured:
             return
         self._keys.clear()  # `select`'s looked-up graphs: this capture fills ``graphs`` anew
+        self._selected = None
         if self.device.is_cuda:
             self.device.synchronize()
             self._pool = torch.cuda.graph_pool_handle()
@@ -224,6 +226,7 @@ class CudaGraphManager:
         _, key, graph = entry
         if self.enabled and (graph is None or not graph.admits(num_reqs, query_len, num_drafts, num_top)):
             return None, "no_graph_for_mode"
+        self._selected = (key, graph)  # `run` takes the graph from here: no second hash of the key
         return key, None
 
     def count_fallback(self, reason: str) -> None:
@@ -237,7 +240,8 @@ class CudaGraphManager:
                 self.device.enqueue(launch, label)
             self.padded_eager += 1
             return step.result
-        graph = self.graphs[key]
+        selected = self._selected
+        graph = selected[1] if selected is not None and selected[0] is key else self.graphs[key]
         self.replays += 1
         self.device.enqueue(graph.replay, graph.label)
         return graph.step.result

@@ -257,14 +257,23 @@ class InputBatch:
     @hot_path
     def stage(self, plan: StepPlan, writer: StagingWriter) -> StagedStepArrays:
         """Write the plan's compact arrays into the reserved start of the step's first staging slot."""
-        host, staged = self._slot_views(writer.first_slot(self.staging_bytes))
+        slot = writer.first_slot(self.staging_bytes)
+        host, staged = self._slot_views(slot)
         r = plan.num_reqs
         header = host["header"]
         header[HEADER_NUM_REQS], header[HEADER_NUM_DRAFTS], header[HEADER_NUM_DIFFS], header[HEADER_DIFF_TABLE] = r, len(plan.drafts), 0, 0
-        host["rows"][:r] = plan.rows
-        host["cu"][: r + 1] = plan.cu
-        host["draft_start"][: r + 1] = plan.draft_start
-        host["logits_start"][: r + 1] = plan.logits_start
+        # A steady step's plan shares its arrays with the last one (`_replan`): a slot that already
+        # holds them (they were written there by a step since which nothing was allocated over
+        # them: `StagingSlot.kept`) is not written again.
+        kept = slot.kept
+        if not (type(kept) is tuple and kept[0] is plan.rows and kept[1] is plan.cu and kept[2] is plan.draft_start
+                and kept[3] is plan.logits_start):
+            host["rows"][:r] = plan.rows
+            host["cu"][: r + 1] = plan.cu
+            host["draft_start"][: r + 1] = plan.draft_start
+            host["logits_start"][: r + 1] = plan.logits_start
+            offset, n, dtype = self._layout["logits_start"]
+            slot.kept, slot.kept_bytes = (plan.rows, plan.cu, plan.draft_start, plan.logits_start), offset + n * dtype.itemsize
         last = "logits_start"
         if len(plan.drafts):
             host["drafts"][: len(plan.drafts)] = plan.drafts

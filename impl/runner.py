@@ -113,7 +113,7 @@ class ModelRunner:
         self._staging_slots = staging_slots
         self._staging_bytes = staging_bytes
         self._output_slots = output_slots
-        self.last_step_stats: StepStats | None = None
+        self._last_stats: tuple | None = None  # `StepStats` fields of the last step, built on first read
         self._last_step_id: int | None = None  # step ids must increase (checked at the boundary)
         self._step: StepArrays | None = None  # the step being executed, read once by `_check`
         # The last accepted decode step and its plan: a steady step repeats both (`read_steady_step`).
@@ -405,10 +405,18 @@ class ModelRunner:
         slot = self.outputs.acquire()
         return self.outputs.enqueue_copy_out(slot, layout, result, meta)
 
+    @property
+    def last_step_stats(self) -> StepStats | None:
+        """What the last executed step did (None before the first)."""
+        fields = self._last_stats
+        if type(fields) is tuple:  # made into the frozen record only when read: not a per-step cost
+            fields = self._last_stats = StepStats(*fields)
+        return fields
+
     def _record_stats(self, step_id: int, num_reqs: int, num_tokens: int, writer: StagingWriter, enqueued_before: int, started: float,
                       graph_replayed: bool = False, graph_fallback: str | None = None, steady: bool = False) -> None:
-        self.last_step_stats = StepStats(step_id, num_reqs, num_tokens, writer.bytes, self.device.num_enqueued - enqueued_before,
-                                         time.perf_counter() - started, graph_replayed, graph_fallback, steady)
+        self._last_stats = (step_id, num_reqs, num_tokens, writer.bytes, self.device.num_enqueued - enqueued_before,
+                            time.perf_counter() - started, graph_replayed, graph_fallback, steady)
 
 
 def _check_limits(weights: ModelWeights, limits: RunnerLimits) -> None:

@@ -302,13 +302,17 @@ class StagedWriteTensor:
                 self.group._dirty.append(self)  # the group flushes only members with diffs
             self._pending.append((row, start, values))
 
-    def stage_ragged(self, rows: np.ndarray, starts: np.ndarray, lens: np.ndarray, values: np.ndarray) -> None:
+    def stage_ragged(self, rows: np.ndarray, starts: np.ndarray, lens: np.ndarray, values: np.ndarray, *,
+                     checked: bool = False) -> None:
         """Record ``base[rows[i], starts[i]:starts[i]+lens[i]] = `` the next ``lens[i]`` of ``values``, for all i
-        at once.  These cells must not be written by the tensor's other diffs of the step (no merge)."""
+        at once.  These cells must not be written by the tensor's other diffs of the step (no merge).
+
+        ``checked=True``: the caller's boundary already holds every diff inside the tensor (the block
+        table's appends: `impl.step_reader`), so the five reductions of the bounds check are skipped."""
         if len(rows) == 0:
             return
-        if rows.min() < 0 or rows.max() >= self.num_rows or starts.min() < 0 or (starts + lens).max() > self.num_cols \
-                or int(lens.sum()) != len(values):
+        if not checked and (rows.min() < 0 or rows.max() >= self.num_rows or starts.min() < 0
+                            or (starts + lens).max() > self.num_cols or int(lens.sum()) != len(values)):
             raise IndexError(f"{self.name}: ragged diffs outside [0, {self.num_rows}) x [0, {self.num_cols})")
         if not self._pending and not self._ragged:
             self.group._dirty.append(self)

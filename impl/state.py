@@ -254,16 +254,17 @@ class RequestStateTable:
         return row
 
     @hot_path
-    def apply_cached(self, rows: np.ndarray, num_computed: np.ndarray, num_new_blocks: np.ndarray) -> None:
+    def apply_cached(self, rows: np.ndarray, num_computed: np.ndarray | None, num_new_blocks: np.ndarray) -> None:
         """Adopt the scheduler's (checked) computed counts and appended blocks for the cached ``rows``.
 
         A computed count below the mirror's bound reports rejected drafts: the known length moves
-        down by the same amount, and those drafts are no longer unconfirmed.
+        down by the same amount, and those drafts are no longer unconfirmed.  ``num_computed=None``:
+        the counts are the mirror's (a steady step's, checked equal), only the blocks move.
         """
         if len(rows) == 0:
             return
-        shift = self.num_computed[rows] - num_computed
-        if np.count_nonzero(shift):  # usually none: the counts are the mirror's (a steady step's always are)
+        shift = None if num_computed is None else self.num_computed[rows] - num_computed
+        if shift is not None and np.count_nonzero(shift):  # usually none: the counts are the mirror's
             self.unconfirmed_drafts[rows] -= shift
             self.num_tokens[rows] -= shift
             self.num_computed[rows] = num_computed
@@ -304,7 +305,7 @@ class RequestStateTable:
             events.popleft()
         self._use_seq += 1
         events.append((self._use_seq, event))
-        self._last_use_seq[np.asarray(rows, dtype=np.int64)] = self._use_seq
+        self._last_use_seq[rows if isinstance(rows, np.ndarray) else np.asarray(rows, dtype=np.int64)] = self._use_seq
 
     @hot_path
     def flush(self, writer: StagingWriter) -> None:

@@ -52,6 +52,12 @@ from impl.interface import (
 from impl.state import RequestStateTable
 
 _EMPTY = np.zeros(0, np.int64)
+_ONES = np.ones(1024, np.int64)
+_ONES.flags.writeable = False  # shared by steps: read-only slices
+
+
+def _ones(k: int) -> np.ndarray:
+    return _ONES[:k] if k <= len(_ONES) else np.ones(k, np.int64)
 
 
 @dataclass(slots=True)
@@ -60,7 +66,7 @@ class StepArrays:
 
     gone: tuple[str, ...]  # finished + preempted ids, sorted (release order)
     cached_rows: np.ndarray  # int64 [C]: row of each cached request
-    cached_computed: np.ndarray  # int64 [C]: its num_computed_tokens
+    cached_computed: np.ndarray | None  # int64 [C]: its num_computed_tokens (None: the mirror's, a steady step)
     cached_new_blocks: np.ndarray  # int64 [C]: blocks appended this step
     block_appends: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # (rows, counts, block ids) appended; None: none
     req_ids: tuple[str, ...]  # scheduled, batch order
@@ -176,7 +182,7 @@ def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
             return None
         with_blocks = np.array(appending_at, np.int64)
         # Usually one block each (a decode crossing into a new block).
-        counts_appended = np.ones(k, np.int64) if len(appended) == k else np.fromiter(map(len, appending), np.int64, k)
+        counts_appended = _ones(k) if len(appended) == k else np.fromiter(map(len, appending), np.int64, k)
         num_blocks[with_blocks] += counts_appended  # distinct rows: one add each
         # Only these rows grew, and every row held at most a row's worth before.
         if int(num_blocks.max()) > blocks_per_request(limits.max_model_len, limits.block_size):
@@ -184,13 +190,15 @@ def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
         appends = (rows[with_blocks], counts_appended, np.array(appended, np.int64))
     ends = starts + 1
     known = state.num_tokens[rows]
-    # Past the known tokens, or past what the blocks hold (ceil(end / bs) > blocks <=> end > blocks * bs).
-    if (np.count_nonzero(ends > np.minimum(known, num_blocks * limits.block_size)) or n > limits.max_num_batched_tokens
+    # Past what the blocks hold (ceil(end / bs) > blocks <=> end > blocks * bs).  Not past the known
+    # tokens: the last step's `advance` left every one of these rows with num_tokens >= num_computed + 1
+    # (a decode step samples), and a steady step changes neither count before this check.
+    if (np.count_nonzero(ends > num_blocks * limits.block_size) or n > limits.max_num_batched_tokens
             or int(ends.max()) > limits.max_model_len):
         return None
     # The cached updates touch only the rows that appended blocks (every other shift and count is 0).
     return StepArrays(
-        gone=(), cached_rows=appends[0] if k else _EMPTY, cached_computed=starts[with_blocks] if k else _EMPTY,
+        gone=(), cached_rows=appends[0] if k else _EMPTY, cached_computed=None,
         cached_new_blocks=appends[1] if k else _EMPTY, block_appends=appends, req_ids=req_ids, rows=rows,
         new_positions=(), query_lens=last.query_lens, starts=starts, ends=ends, known=known, num_drafts=last.num_drafts, drafts=None, num_tokens=n, steady=True,
     )
