@@ -169,8 +169,9 @@ class StagingPool:
     def _transition(self, slot: StagingSlot, new: SlotState) -> None:
         old = slot.state
         slot.state = new
-        for observer in list(self.observers):
-            observer(slot, old, new)
+        if self.observers:
+            for observer in list(self.observers):
+                observer(slot, old, new)
 
     @hot_path
     def retire_completed(self) -> None:

@@ -274,7 +274,7 @@ class ModelRunner:
 
         self.state.mark_used(plan.rows, output.event)
         self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
-        self.state.advance(plan.req_ids, plan.query_lens, plan.num_drafts)
+        self.state.advance(plan.req_ids, plan.query_lens, plan.num_drafts if len(plan.drafts) else None)
         self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer, enqueued_before, started,
                            fallback is None and self.graphs.enabled, fallback, step.steady)
         return output

@@ -277,19 +277,20 @@ class RequestStateTable:
 
     @hot_path
     def advance(self, req_ids: Sequence[str], num_scheduled: Mapping[str, int] | np.ndarray,
-                num_drafts: Mapping[str, int] | np.ndarray) -> None:
+                num_drafts: Mapping[str, int] | np.ndarray | None) -> None:
         """Move the mirror past one step: each scheduled request computed its tokens and may have sampled.
 
-        ``num_scheduled``/``num_drafts``: per request, as mappings by id or arrays in ``req_ids`` order.
+        ``num_scheduled``/``num_drafts``: per request, as mappings by id or arrays in ``req_ids`` order
+        (``num_drafts=None``: the batch had no drafts).
         """
         planned = self._planned
-        k = _in_order(num_drafts, req_ids)
+        k = None if num_drafts is None else _in_order(num_drafts, req_ids)
         if planned is not None and planned[0] is req_ids:
             rows, end, known = planned[1], planned[2], planned[3]
         else:
             rows = np.fromiter(map(self.req_to_row.__getitem__, req_ids), np.int64, len(req_ids))
             end, known = self.num_computed[rows] + _in_order(num_scheduled, req_ids), self.num_tokens[rows]
-        if np.count_nonzero(k):
+        if k is not None and np.count_nonzero(k):
             samples = end == known + k  # reached the end of what is known
             self.num_tokens[rows] = np.where(samples, end + 1, known)
             self.unconfirmed_drafts[rows] += np.where(samples, k, 0)
