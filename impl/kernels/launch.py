@@ -56,22 +56,43 @@ _PLAN_ATTR = "_runnercheck_launch_plan"
 _stats = {"fast": 0, "slow": 0}
 
 
-def fast_path_enabled() -> bool:
-    """Whether `launch` may skip ``JITFunction.run`` in this process (see the module docstring)."""
-    if triton_interpreted() or os.environ.get("RUNNERCHECK_SLOW_LAUNCH") == "1" or not torch.cuda.is_available():
-        return False
+def _hook_reader():
+    """A function returning Triton's (launch enter, launch exit) hooks, resolved once; None if unknown."""
     try:
         from triton import knobs
 
-        hooks = (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+        return lambda: (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
     except (ImportError, AttributeError):  # triton releases before `knobs`: the hooks are CompiledKernel attributes
         try:
             from triton.compiler.compiler import CompiledKernel
         except ImportError:
-            return False
-        hooks = (getattr(CompiledKernel, "launch_enter_hook", None), getattr(CompiledKernel, "launch_exit_hook", None))
+            return None
+        return lambda: (getattr(CompiledKernel, "launch_enter_hook", None), getattr(CompiledKernel, "launch_exit_hook", None))
+
+
+_read_hooks: Any = False  # `_hook_reader()`, made on the first launch (False: not yet)
+_cuda_available: bool | None = None  # torch.cuda.is_available(), asked once: it does not change in a process
+
+
+def fast_path_enabled() -> bool:
+    """Whether `launch` may skip ``JITFunction.run`` in this process (see the module docstring).
+
+    The environment and the hooks are read on every call (tests and profilers change them); what
+    cannot change in a process (CUDA present, where Triton keeps its hooks) is resolved once."""
+    global _read_hooks, _cuda_available
+    if triton_interpreted() or os.environ.get("RUNNERCHECK_SLOW_LAUNCH") == "1":
+        return False
+    if _cuda_available is None:
+        _cuda_available = torch.cuda.is_available()
+    if not _cuda_available:
+        return False
+    if _read_hooks is False:
+        _read_hooks = _hook_reader()
+    if _read_hooks is None:
+        return False
     # triton 3.4+ keeps each hook as a HookChain, empty (``calls == []``) unless a profiler added one.
-    return all(hook is None or getattr(hook, "calls", None) == [] for hook in hooks)
+    enter, exit_ = _read_hooks()
+    return (enter is None or getattr(enter, "calls", None) == []) and (exit_ is None or getattr(exit_, "calls", None) == [])
 
 
 def _value_key(value: Any, loose_int: bool, loose_ptr: bool) -> Any:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from stress.cli import main
 
 
@@ -65,3 +67,13 @@ def test_host_profile_can_time_the_bookkeeping_alone(capsys) -> None:
 
     assert host_profile_main(["--device", "cpu", "--reqs", "4", "--steps", "3", "--top", "5", "--drop-device-work"]) == 0
     assert "device work dropped" in capsys.readouterr().out
+
+
+def test_host_primitives_writes_its_figures(tmp_path) -> None:
+    from bench.host_primitives import main as primitives_main
+
+    out = tmp_path / "primitives.json"
+    assert primitives_main(["--out", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["unit"] == "us (median)" and figures["host"]["python call"] >= 0
+    assert ("cuda" in figures) == torch.cuda.is_available()

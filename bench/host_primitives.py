@@ -1,0 +1,113 @@
+"""Host microseconds of the primitives one steady decode step is built from, on this machine.
+
+    python -m bench.host_primitives [--out FILE.json]
+
+The runner's steady step (`impl.step_reader.read_steady_step`, one graph replay) is a few dozen
+of these: small numpy operations over a 256-request batch, C-level passes over the scheduler's
+tuples, and on a GPU the H2D copy, the graph replay, the output copy and the event record.  Their
+costs differ from machine to machine (a lent H200 host runs Python ~2x slower than the 2-core dev
+box), so this prints them side by side for one machine: which of the step's pieces can still be
+cut, and what a CUDA call costs there.  Each figure is the median of 2000 calls after 50 warm-up
+calls; compare figures of one run only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from impl.device import Device
+
+NUM_REQS = 256
+
+
+def _median_us(fn: Callable[[], object], calls: int = 2000) -> float:
+    for _ in range(50):
+        fn()
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e6)
+    return round(statistics.median(samples), 2)
+
+
+def _host_primitives() -> dict[str, float]:
+    rows = np.arange(NUM_REQS, dtype=np.int64)
+    values = list(range(NUM_REQS))
+    scheduled = {f"r{i}": 1 for i in range(NUM_REQS)}
+    return {
+        "python call": _median_us(lambda: None),
+        "numpy gather [256]": _median_us(lambda: rows[rows]),
+        "numpy add scalar [256]": _median_us(lambda: rows + 1),
+        "numpy count_nonzero(compare) [256]": _median_us(lambda: np.count_nonzero(rows > 5)),
+        "ndarray.tolist [256]": _median_us(lambda: rows.tolist()),
+        "set(map(type, list)) [256] (the type check)": _median_us(lambda: set(map(type, values))),
+        "tuple(dict) [256]": _median_us(lambda: tuple(scheduled)),
+        "list(dict.values()) [256]": _median_us(lambda: list(scheduled.values())),
+    }
+
+
+def _cuda_primitives() -> dict[str, float]:
+    device = Device("cuda")
+    stream = device.stream
+    pinned = torch.empty(4096, dtype=torch.uint8, pin_memory=True)
+    on_device = torch.empty(4096, dtype=torch.uint8, device=device.torch_device)
+    out: dict[str, float] = {}
+    out["H2D copy_ 4 KiB pinned, non_blocking"] = _median_us(lambda: on_device.copy_(pinned, non_blocking=True))
+    out["D2H copy_ 4 KiB pinned, non_blocking"] = _median_us(lambda: pinned.copy_(on_device, non_blocking=True))
+    out["torch.cuda.Event() + record() (current stream)"] = _median_us(lambda: torch.cuda.Event().record())
+    out["torch.cuda.Event() + record(stream)"] = _median_us(lambda: torch.cuda.Event().record(stream))
+    out["Device.record_event (base-class calls)"] = _median_us(device.record_event)
+    event = device.record_event()
+    out["DeviceEvent.query"] = _median_us(event.query)
+    out["Device.enqueue(no-op), outside on_stream"] = _median_us(lambda: device.enqueue(lambda: None))
+    with device.on_stream():
+        out["Device.enqueue(no-op), inside on_stream"] = _median_us(lambda: device.enqueue(lambda: None))
+
+    def stream_scope() -> None:
+        with device.on_stream():
+            pass
+
+    out["Device.on_stream enter + exit"] = _median_us(stream_scope)
+    x = torch.zeros(NUM_REQS, device=device.torch_device)
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            x + 1  # warm-up off the default stream before capture
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        y = x
+        for _ in range(50):
+            y = y + 1
+    out["CUDAGraph.replay, 50 small kernels"] = _median_us(graph.replay, 1000)
+    torch.cuda.synchronize()
+    out["one small torch op (x.add_(1))"] = _median_us(lambda: x.add_(1))
+    torch.cuda.synchronize()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    result = {"machine": "cuda" if torch.cuda.is_available() else "cpu", "unit": "us (median)",
+              "host": _host_primitives()}
+    if torch.cuda.is_available():
+        result["cuda"] = _cuda_primitives()
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
