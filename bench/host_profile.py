@@ -1,6 +1,6 @@
 """Where the host time of a decode step goes: cProfile of ``execute_model`` (forward stubbed).
 
-    python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0]
+    python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0] [--phases]
 
 The same workload and runner set-up as the `host_cost` benchmark (`bench.case_runner`), with the
 profiler enabled only inside ``execute_model``; prints the median host time per step with and
@@ -8,6 +8,7 @@ without the profiler, then the functions with the most own time.  On CPU the Tri
 runs the kernels inline, so there the profile is dominated by kernel bodies, unless
 ``--drop-device-work`` makes ``Device.enqueue`` a no-op: what remains is the runner's Python
 bookkeeping alone (outputs are garbage then; a measuring aid, never a correctness run).
+``--phases`` times the pieces of ``execute_model`` (`PHASES`) with wrappers instead of the profiler.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import cProfile
 import io
 import pstats
 import statistics
+import time
 
 from bench import case_runner
 from bench.common import BenchContext
@@ -53,6 +55,44 @@ def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_devic
             f"{launch_line}{text.getvalue()}")
 
 
+# The steady step's pieces, as (owner attribute of the runner or "" for the runner itself, method name).
+PHASES = (("", "_check"), ("", "_update_rows"), ("input_batch", "stage"), ("graphs", "select"), ("staged_writes", "flush"),
+          ("", "_enqueue_applies"), ("", "_enqueue_device_step"), ("", "_enqueue_output"), ("state", "mark_used"),
+          ("state", "advance"), ("", "_record_stats"))
+
+
+def time_phases(device: Device, num_reqs: int, steps: int, drop_device_work: bool = False,
+                churn: float = case_runner.HOST_COST_CHURN) -> str:
+    """Median host microseconds of each piece of ``execute_model`` (`PHASES`), timed by wrappers on this
+    runner's own objects (~0.3 us each on the dev box, so the pieces sum to a little more than the step)."""
+    if drop_device_work:
+        case_runner.drop_device_work(device)
+    runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs, churn)
+    samples: dict[str, list[float]] = {"execute_model": []}
+
+    def timed(fn, name: str):
+        samples[name] = []
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                samples[name].append((time.perf_counter() - start) * 1e6)
+        return wrapper
+
+    for owner_name, method in PHASES:
+        owner = getattr(runner, owner_name) if owner_name else runner
+        setattr(owner, method, timed(getattr(owner, method), f"{owner_name or 'runner'}.{method}"))
+    samples["execute_model"] = case_runner._drive(runner, work, steps)
+    lines = [f"{device.kind}{', device work dropped' if drop_device_work else ''}, {num_reqs} decode requests, churn {churn}, "
+             f"{steps} steps: median host us per piece of execute_model (steps where it ran)"]
+    for name, values in sorted(samples.items(), key=lambda kv: -statistics.median(kv[1] or [0.0])):
+        if values:
+            lines.append(f"  {statistics.median(values):8.1f}  {name}  ({len(values)} calls)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu", "sim"])
@@ -61,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--churn", type=float, default=case_runner.HOST_COST_CHURN,
                         help="share of the batch replaced per step (0: uniform decode steps, which replay a graph)")
+    parser.add_argument("--phases", action="store_true",
+                        help="time each piece of execute_model (wrappers, no profiler) instead of the cProfile listing")
     parser.add_argument("--drop-device-work", action="store_true",
                         help="make Device.enqueue a no-op: time the Python bookkeeping alone (cpu/sim only)")
     args = parser.parse_args(argv)
@@ -71,7 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     device = Device(args.device, seed=0)
     if args.drop_device_work and device.is_cuda:
         parser.error("--drop-device-work is for cpu/sim: on cuda the launches are part of the host cost")
-    print(profile_host(device, args.reqs, args.steps, args.top, args.drop_device_work, args.churn))
+    if args.phases:
+        print(time_phases(device, args.reqs, args.steps, args.drop_device_work, args.churn))
+    else:
+        print(profile_host(device, args.reqs, args.steps, args.top, args.drop_device_work, args.churn))
     return 0
 
 

@@ -77,3 +77,11 @@ def test_host_primitives_writes_its_figures(tmp_path) -> None:
     figures = json.loads(out.read_text())
     assert figures["unit"] == "us (median)" and figures["host"]["python call"] >= 0
     assert ("cuda" in figures) == torch.cuda.is_available()
+
+
+def test_host_profile_times_the_pieces_of_a_step(capsys) -> None:
+    from bench.host_profile import main as host_profile_main
+
+    assert host_profile_main(["--device", "cpu", "--reqs", "4", "--steps", "3", "--churn", "0", "--drop-device-work", "--phases"]) == 0
+    text = capsys.readouterr().out
+    assert "execute_model  (3 calls)" in text and "runner._check" in text and "state.advance" in text
