@@ -52,44 +52,26 @@ def _stub_forward(runner) -> None:
     runner.model.compute_logits = lambda h: logits[: h.shape[0]]
 
 
-def _drive(runner, work: DecodeWorkload, steps: int, *, async_mode: bool = True, around=None) -> list[float]:
-    """Run ``steps`` scheduler steps; returns host microseconds inside execute_model per step.
-
-    ``around``: a context-manager factory entered around each execute_model call (the detector).
-    """
-    host_us, pending = [], None
-    for _ in range(steps):
-        sched = work.next_step()
-        t0 = time.perf_counter()
-        if around is None:
-            out = runner.execute_model(sched)
-        else:
-            with around():
-                out = runner.execute_model(sched)
-        host_us.append((time.perf_counter() - t0) * 1e6)
-        if async_mode:
-            if pending is not None:
-                pending.get()
-            pending = out
-        else:
-            out.get()
-    if pending is not None:
-        pending.get()
-    return host_us
-
-
 class _RunnerSteps:
-    """The runner's steps one at a time, in async mode (a step's output is read after the next one is issued)."""
+    """The runner's steps one at a time.  Async mode: a step's output is read after the next one is issued;
+    otherwise at once.  ``around``: a context-manager factory entered around each execute_model call."""
 
-    def __init__(self, runner, work: DecodeWorkload):
-        self.runner, self.work, self.pending = runner, work, None
+    def __init__(self, runner, work: DecodeWorkload, *, async_mode: bool = True, around=None):
+        self.runner, self.work, self.async_mode, self.around, self.pending = runner, work, async_mode, around, None
 
     def step(self) -> float:
         """Issue the next step; its host microseconds inside execute_model."""
         sched = self.work.next_step()
         t0 = time.perf_counter()
-        out = self.runner.execute_model(sched)
+        if self.around is None:
+            out = self.runner.execute_model(sched)
+        else:
+            with self.around():
+                out = self.runner.execute_model(sched)
         elapsed = (time.perf_counter() - t0) * 1e6
+        if not self.async_mode:
+            out.get()
+            return elapsed
         if self.pending is not None:
             self.pending.get()
         self.pending = out
@@ -99,6 +81,17 @@ class _RunnerSteps:
         if self.pending is not None:
             self.pending.get()
             self.pending = None
+
+
+def _drive(runner, work: DecodeWorkload, steps: int, *, async_mode: bool = True, around=None) -> list[float]:
+    """Run ``steps`` scheduler steps; returns host microseconds inside execute_model per step.
+
+    ``around``: a context-manager factory entered around each execute_model call (the detector).
+    """
+    runner_steps = _RunnerSteps(runner, work, async_mode=async_mode, around=around)
+    host_us = [runner_steps.step() for _ in range(steps)]
+    runner_steps.finish()
+    return host_us
 
 
 PAIRED_BLOCK_STEPS = 10

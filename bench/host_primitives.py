@@ -15,26 +15,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from typing import Callable
 
 import numpy as np
 import torch
 
+from bench.timing import host_time_us
 from impl.device import Device
 
 NUM_REQS = 256
 
 
 def _median_us(fn: Callable[[], object], calls: int = 2000) -> float:
-    for _ in range(50):
-        fn()
-    samples = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e6)
-    return round(statistics.median(samples), 2)
+    host_time_us(fn, 50)  # warm-up
+    return round(statistics.median(host_time_us(fn, calls)), 2)
 
 
 def _host_primitives() -> dict[str, float]:
