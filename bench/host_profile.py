@@ -68,7 +68,7 @@ def time_phases(device: Device, num_reqs: int, steps: int, drop_device_work: boo
     if drop_device_work:
         case_runner.drop_device_work(device)
     runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs, churn)
-    samples: dict[str, list[float]] = {"execute_model": []}
+    samples: dict[str, list[float]] = {}
 
     def timed(fn, name: str):
         samples[name] = []
