@@ -59,6 +59,8 @@ from impl.state import RequestStateTable
 from impl.step_reader import StepArrays, read_steady_step, read_step
 
 
+_NO_SEEDS: dict[str, int] = {}  # a steady step admits nobody (read-only: `StepOutputMeta` copies it)
+
 # Prompt-logprob positions whose logits exist at once (x vocab fp32): 256 x 151936 x 4 B = 156 MB.
 PROMPT_CHUNK_ROWS = 256
 
@@ -118,6 +120,7 @@ class ModelRunner:
         self._step: StepArrays | None = None  # the step being executed, read once by `_check`
         # The last accepted decode step and its plan: a steady step repeats both (`read_steady_step`).
         self._last_decode: tuple[StepArrays, StepPlan] | None = None
+        self._steady_key: GraphKey | None = None  # set after a bucketed decode step: its steady successors' graph
         self._output_layouts: dict[tuple[int, ...], OutputLayout] = {}
         self._cuda_graphs = cuda_graphs
         self._capture_sizes = capture_sizes
@@ -218,6 +221,8 @@ class ModelRunner:
     @hot_path
     def _execute(self, sched: SchedulerOutput, started: float) -> AsyncStepOutput | ReadyOutput:
         step = self._check(sched)
+        if step.steady and self._steady_key is not None:
+            return self._execute_steady(step, sched.step_id, started)
         enqueued_before = self.device.num_enqueued
         self.device.begin_step()
         self._step = step
@@ -258,8 +263,8 @@ class ModelRunner:
         if proposer is not None:
             proposer.note_step(step, sched.new_requests, self.state.req_to_row)
         if not step.req_ids:
-            self._last_decode = None
-            self._record_stats(sched.step_id, 0, 0, writer, enqueued_before, started)
+            self._last_decode = self._steady_key = None
+            self._record_stats(sched.step_id, 0, 0, writer.bytes, enqueued_before, started)
             return ReadyOutput(ModelRunnerOutput(sched.step_id, (), (), (), {}, (), seeds))
 
         if device_drafts:
@@ -271,12 +276,51 @@ class ModelRunner:
             proposer.enqueue_propose(staged, plan.num_reqs, self.outputs.num_sampled, self.sampler.tokens,
                                      self.state.base, self.state.prefill_tokens)
         output = self._enqueue_output(sched.step_id, plan, result, seeds)
+        # A bucketed decode step whose diffs its graph applied: the steady steps after it repeat it
+        # through `_execute_steady` (its plan and key hold while nothing is admitted or finished).
+        self._steady_key = key if (step.is_decode and packed is not None and not admitted and proposer is None
+                                   and not self.state.num_prompt_logprob_rows) else None
 
         self.state.mark_used(plan.rows, output.event)
         self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
         self.state.advance(plan.req_ids, plan.query_lens, plan.num_drafts if len(plan.drafts) else None)
-        self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer, enqueued_before, started,
+        self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer.bytes, enqueued_before, started,
                            fallback is None and self.graphs.enabled, fallback, step.steady)
+        return output
+
+    @hot_path
+    def _execute_steady(self, step: StepArrays, step_id: int, started: float) -> AsyncStepOutput:
+        """A steady step after a bucketed decode step (``_steady_key``): the general step less what it would
+        recompute to the same result -- the plan, the graph key, the admissions and releases.
+
+        Its host side: the appended blocks, the slot (whose compact arrays the last steps left in
+        place: `impl.buffers.StagingSlot.kept`), the diffs, then the H2D, the replay and the output.
+        """
+        enqueued_before = self.device.num_enqueued
+        self.device.begin_step()
+        self._step = step
+        plan = self._last_decode[1]
+        self._last_decode = (step, plan)
+        self._last_step_id = step_id
+        appends = step.block_appends
+        if appends is not None:
+            self.state.apply_cached(appends[0], None, appends[1])
+            self.block_table.append_many(*appends)
+        writer = StagingWriter(self.staging, step_id)
+        self.input_batch.stage(plan, writer)
+        self.staged_writes.flush(writer)
+        packed = self.staged_writes.take_single_pack(writer.first)
+        if packed is not None:
+            self.input_batch.set_header_diffs(writer.first, *packed)
+        writer.submit(self.graphs.inputs.step_bytes, redirect=packed is not None)
+        self.staged_writes.enqueue_apply()  # only when the diffs overflowed the first slot
+        output = self._enqueue_output(step_id, plan, self.graphs.run(self._steady_key), _NO_SEEDS)
+        self._steady_key = self._steady_key if packed is not None else None
+        self.state.mark_used(plan.rows, output.event)
+        self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
+        self.state.advance(plan.req_ids, plan.query_lens, None)
+        self._record_stats(step_id, plan.num_reqs, plan.num_tokens, writer.bytes, enqueued_before, started,
+                           self.graphs.enabled, None, True)
         return output
 
     def _check(self, sched: SchedulerOutput) -> StepArrays:
@@ -413,9 +457,9 @@ class ModelRunner:
             fields = self._last_stats = StepStats(*fields)
         return fields
 
-    def _record_stats(self, step_id: int, num_reqs: int, num_tokens: int, writer: StagingWriter, enqueued_before: int, started: float,
+    def _record_stats(self, step_id: int, num_reqs: int, num_tokens: int, h2d_bytes: int, enqueued_before: int, started: float,
                       graph_replayed: bool = False, graph_fallback: str | None = None, steady: bool = False) -> None:
-        self._last_stats = (step_id, num_reqs, num_tokens, writer.bytes, self.device.num_enqueued - enqueued_before,
+        self._last_stats = (step_id, num_reqs, num_tokens, h2d_bytes, self.device.num_enqueued - enqueued_before,
                             time.perf_counter() - started, graph_replayed, graph_fallback, steady)
 
 

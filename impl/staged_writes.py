@@ -68,6 +68,8 @@ def launch_apply_from_header(arena: torch.Tensor, words: torch.Tensor, header: t
 
 
 _APPLY_BLOCK = 128
+_ARANGE = np.arange(4096, dtype=np.int64)
+_ARANGE.flags.writeable = False
 _META_WORDS = 3  # (destination word, length in words, source word) per diff
 _NP_DTYPES = {torch.int32: np.int32, torch.float32: np.float32, torch.int64: np.int64}
 
@@ -123,12 +125,19 @@ class StagedWriteGroup:
         numpy conversion each; the diff table holds (destination word, words, source word).
         """
         self.h2d_bytes_last_flush = 0
+        self._packs = []
+        dirty = self._dirty
+        limit = writer.pool.capacity_bytes // 4 - 4  # words of one slot, less alignment
+        if len(dirty) == 1 and dirty[0]._int32 and not dirty[0]._pending and len(dirty[0]._ragged) == 1:
+            lens, values = dirty[0]._ragged[0][2:]
+            if _META_WORDS * len(lens) + len(values) <= limit:
+                self._flush_one_ragged(dirty[0], writer)
+                return
         by_dtype: dict[torch.dtype, tuple[list[int], list[int], list]] = {}
         dst_parts: list[np.ndarray] = []  # ragged diffs, already arrays
         len_parts: list[np.ndarray] = []
         word_parts: list[np.ndarray] = []
-        self._packs = []
-        dirty, self._dirty = self._dirty, []
+        self._dirty = []
         for t in dirty:
             words_per, base, cols = t.words_per_element, t.word_offset, t.num_cols
             if t._pending:
@@ -160,11 +169,27 @@ class StagedWriteGroup:
         values = np.concatenate(word_parts) if len(word_parts) > 1 else word_parts[0]
         src = np.zeros(len(lens), np.int64)
         lens[:-1].cumsum(out=src[1:])
-        limit = writer.pool.capacity_bytes // 4 - 4  # words of one slot, less alignment
         if _META_WORDS * len(lens) + len(values) <= limit:
             self._applies = [self._pack(dst, lens, src, values, writer)]
         else:
             self._applies = [self._pack(*batch, writer) for batch in _word_batches(dst, lens, src, values, limit)]
+
+    def _flush_one_ragged(self, tensor: "StagedWriteTensor", writer: StagingWriter) -> None:
+        """`flush` of one int32 member's one ragged set that fits a slot (a steady step's block appends):
+        the same diff table as the general path, built without its gathering."""
+        self._dirty = []
+        rows, starts, lens, values = tensor._ragged.pop()
+        dst = rows * tensor.num_cols
+        dst += starts
+        dst += tensor.word_offset
+        n = len(lens)
+        # One element each (a block per appending request): the source offsets are 0..n-1.
+        if len(values) == n and n <= len(_ARANGE):
+            src = _ARANGE[:n]
+        else:
+            src = np.zeros(n, np.int64)
+            lens[:-1].cumsum(out=src[1:])
+        self._applies = [self._pack(dst, lens, src, values, writer)]  # int64 values: the pack writes them as int32
 
     def _pack(self, dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray, writer: StagingWriter) -> Callable[[], None]:
         n = len(lens)
@@ -266,6 +291,7 @@ class StagedWriteTensor:
         self.num_cols = shape[1] if len(shape) == 2 else 1
         self.fill = fill
         self.words_per_element = dtype.itemsize // 4
+        self._int32 = dtype == torch.int32  # its values are the words (`StagedWriteGroup.flush`'s short path)
         self.num_words = self.num_rows * self.num_cols * self.words_per_element
         self._private = group is None
         self.group = StagedWriteGroup(device, name) if group is None else group

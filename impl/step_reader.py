@@ -39,6 +39,7 @@ from impl.boundary import (
     check_step_id,
     validate_scheduler_output,
 )
+from impl.exact_ints import RepeatedInt, equal_exact_ints
 from impl.interface import (
     CapacityError,
     DuplicateRequestError,
@@ -149,20 +150,20 @@ def read_steady_step(sched: SchedulerOutput, state: RequestStateTable, limits: R
         return None
 
 
+_ONE_EACH = RepeatedInt(1)  # the scheduled counts of a steady step
+
+
 def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last: StepArrays) -> StepArrays | None:
     # Whole-tuple operations only (`check_containers` made the three cached tuples parallel tuples).
     req_ids, cached, scheduled = last.req_ids, sched.cached_requests, sched.num_scheduled_tokens
     n = len(req_ids)
     if cached.req_ids != req_ids or len(scheduled) != n or tuple(scheduled) != req_ids:
         return None
-    counts = list(scheduled.values())
-    computed = cached.num_computed_tokens
-    if counts.count(1) != n or not _all_of(counts, {int}) or not _all_of(computed, {int}):
-        return None
     rows = last.rows
     starts = state.num_computed[rows]
-    # Equal to the mirror's bound: no draft rejection reported, nothing to shift.
-    if list(computed) != starts.tolist():
+    # Exact ints, one each, and computed counts equal to the mirror's bound (no draft rejection
+    # reported, nothing to shift): one C-level pass each (`impl.exact_ints`).
+    if not _ONE_EACH.matches(list(scheduled.values())) or not equal_exact_ints(cached.num_computed_tokens, starts):
         return None
     # Appended blocks: the requests with a non-empty list, found in one C-level pass; every other
     # entry must be the empty tuple (anything else -- an empty list or str, None -- goes to `read_step`).
@@ -183,24 +184,27 @@ def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
         with_blocks = np.array(appending_at, np.int64)
         # Usually one block each (a decode crossing into a new block).
         counts_appended = _ones(k) if len(appended) == k else np.fromiter(map(len, appending), np.int64, k)
-        num_blocks[with_blocks] += counts_appended  # distinct rows: one add each
-        # Only these rows grew, and every row held at most a row's worth before.
-        if int(num_blocks.max()) > blocks_per_request(limits.max_model_len, limits.block_size):
+        grown = num_blocks[with_blocks] + counts_appended
+        # Only these rows grow, and every row held at most a row's worth before.
+        if int(grown.max()) > blocks_per_request(limits.max_model_len, limits.block_size):
             return None
+        num_blocks[with_blocks] = grown
         appends = (rows[with_blocks], counts_appended, np.array(appended, np.int64))
+    # Past what the blocks hold (ceil(end / bs) > blocks <=> start >= blocks * bs, with end = start + 1).
+    # Not past the known tokens: the last step's `advance` left every one of these rows with
+    # num_tokens >= num_computed + 1 (a decode step samples), and a steady step changes neither
+    # count before this check.
+    if np.count_nonzero(starts >= num_blocks * limits.block_size) or n > limits.max_num_batched_tokens:
+        return None
     ends = starts + 1
-    known = state.num_tokens[rows]
-    # Past what the blocks hold (ceil(end / bs) > blocks <=> end > blocks * bs).  Not past the known
-    # tokens: the last step's `advance` left every one of these rows with num_tokens >= num_computed + 1
-    # (a decode step samples), and a steady step changes neither count before this check.
-    if (np.count_nonzero(ends > num_blocks * limits.block_size) or n > limits.max_num_batched_tokens
-            or int(ends.max()) > limits.max_model_len):
+    if int(ends.max()) > limits.max_model_len:
         return None
     # The cached updates touch only the rows that appended blocks (every other shift and count is 0).
     return StepArrays(
         gone=(), cached_rows=appends[0] if k else _EMPTY, cached_computed=None,
         cached_new_blocks=appends[1] if k else _EMPTY, block_appends=appends, req_ids=req_ids, rows=rows,
-        new_positions=(), query_lens=last.query_lens, starts=starts, ends=ends, known=known, num_drafts=last.num_drafts, drafts=None, num_tokens=n, steady=True,
+        new_positions=(), query_lens=last.query_lens, starts=starts, ends=ends, known=state.num_tokens[rows],
+        num_drafts=last.num_drafts, drafts=None, num_tokens=n, steady=True,
     )
 
 
