@@ -59,6 +59,7 @@ from impl.state import RequestStateTable
 from impl.step_reader import StepArrays, read_steady_step, read_step
 
 
+_INT32_MAX = 2**31 - 1
 _NO_SEEDS: dict[str, int] = {}  # a steady step admits nobody (read-only: `StepOutputMeta` copies it)
 
 # Prompt-logprob positions whose logits exist at once (x vocab fp32): 256 x 151936 x 4 B = 156 MB.
@@ -307,14 +308,17 @@ class ModelRunner:
             self.state.apply_cached(appends[0], None, appends[1])
             self.block_table.append_many(*appends)
         writer = StagingWriter(self.staging, step_id)
-        self.input_batch.stage(plan, writer)
+        staged = self.input_batch.stage(plan, writer)
         self.staged_writes.flush(writer)
         packed = self.staged_writes.take_single_pack(writer.first)
         if packed is not None:
             self.input_batch.set_header_diffs(writer.first, *packed)
         writer.submit(self.graphs.inputs.step_bytes, redirect=packed is not None)
         self.staged_writes.enqueue_apply()  # only when the diffs overflowed the first slot
-        output = self._enqueue_output(step_id, plan, self.graphs.run(self._steady_key), _NO_SEEDS)
+        # Through `_enqueue_device_step`, as every step with tokens: the hook point of the checks that
+        # follow a step's device work (`checks.kv_provenance`).
+        result, _ = self._enqueue_device_step(plan, staged, self._steady_key, None)
+        output = self._enqueue_output(step_id, plan, result, _NO_SEEDS)
         self._steady_key = self._steady_key if packed is not None else None
         self.state.mark_used(plan.rows, output.event)
         self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
@@ -473,6 +477,8 @@ def _check_limits(weights: ModelWeights, limits: RunnerLimits) -> None:
         value = getattr(limits, name)
         if not isinstance(value, int) or value < 1:
             raise RunnerConfigError(f"limits.{name}={value!r} must be an int >= 1")
+        if value > _INT32_MAX:  # counts and block ids live in int32 device tensors (and `impl.exact_ints` reads them so)
+            raise RunnerConfigError(f"limits.{name}={value} is above {_INT32_MAX}, the int32 range of the device state")
     if limits.max_num_draft_tokens < 0 or limits.max_logprobs < 0:
         raise RunnerConfigError("limits.max_num_draft_tokens and limits.max_logprobs must be >= 0")
 

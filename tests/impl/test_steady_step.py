@@ -130,3 +130,55 @@ def test_a_graphed_steady_step_makes_two_torch_calls_outside_its_replay():
     # The H2D of the staging slot and the D2H of the packed output, through views made once per
     # (slot, size): a step that slices, views or packs on the host again shows up here.
     assert set(counts) == {2}, counts
+
+
+def _force_general_path(runner: ModelRunner) -> None:
+    """Make every step take the general path: the fused steady path is never armed."""
+    execute = runner._execute
+
+    def execute_unarmed(sched, started):
+        runner._steady_key = None
+        return execute(sched, started)
+
+    runner._execute = execute_unarmed
+
+
+def test_fused_steady_steps_match_the_general_path_token_for_token_and_in_device_state():
+    """After a bucketed decode step the steady steps run `ModelRunner._execute_steady`; a runner forced
+    onto the general path must produce the same tokens, row state and block table, step for step."""
+    fused, work = _setup()
+    general, work_general = _setup()
+    _force_general_path(general)
+    calls = []
+    execute_steady = fused._execute_steady
+    fused._execute_steady = lambda *args: calls.append(args[1]) or execute_steady(*args)
+    for _ in range(18):
+        sched = work.next_step()
+        a, b = fused.execute_model(sched).get(), general.execute_model(work_general.next_step()).get()
+        assert a.sampled_token_ids == b.sampled_token_ids and a.req_ids == b.req_ids
+        assert fused.last_step_stats.steady == general.last_step_stats.steady
+    assert len(calls) >= 8, calls  # most steps of the run are fused steady steps
+    assert fused.state.base.equal(general.state.base)
+    assert fused.block_table.base.equal(general.block_table.base)
+    assert np.array_equal(fused.state.num_blocks, general.state.num_blocks)
+
+
+def test_every_step_with_tokens_passes_through_the_device_step_hook():
+    """`_enqueue_device_step` is where checks that follow a step's device work attach
+    (`checks.kv_provenance`): the fused steady path must go through it too."""
+    runner, work = _setup()
+    seen = []
+    enqueue_device_step = runner._enqueue_device_step
+
+    def hooked(plan, *args):
+        seen.append(plan.req_ids)
+        return enqueue_device_step(plan, *args)
+
+    runner._enqueue_device_step = hooked
+    steady = 0
+    for _ in range(14):
+        before = len(seen)
+        runner.execute_model(work.next_step()).get()
+        steady += runner.last_step_stats.steady
+        assert len(seen) == before + 1
+    assert steady >= 8
