@@ -28,7 +28,8 @@ each kernel object, living as long as the kernel; written only here, cleared whe
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from operator import attrgetter, itemgetter
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -49,6 +50,7 @@ class _KernelPlan:
         self.loose_int = [bool(getattr(p, "do_not_specialize", False)) for p in params]
         self.loose_ptr = [bool(getattr(p, "do_not_specialize_on_alignment", False)) for p in params]
         self.compiled: dict[tuple, Any] = {}
+        self.layouts: dict[tuple[type, ...], _ArgLayout] = {}  # by the types of an argument list (`specialization_key`)
         self.usable = True  # False once a compiled kernel lacks the launcher fields
 
 
@@ -95,24 +97,56 @@ def fast_path_enabled() -> bool:
     return (enter is None or getattr(enter, "calls", None) == []) and (exit_ is None or getattr(exit_, "calls", None) == [])
 
 
-def _value_key(value: Any, loose_int: bool, loose_ptr: bool) -> Any:
-    if isinstance(value, torch.Tensor):
-        return (value.dtype,) if loose_ptr else (value.dtype, value.data_ptr() % 16 == 0)
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        if not loose_int:
-            return ("int", value)
-        return ("i32",) if _I32[0] <= value <= _I32[1] else ("i64",) if _I64[0] <= value <= _I64[1] else ("u64",)
-    if isinstance(value, float):
-        return ("float", value)
-    hash(value)  # a TypeError for values that cannot key: the caller falls back
-    return (type(value).__name__, value)
+def _loose_int_key(value: int) -> tuple:
+    """A ``do_not_specialize`` int: only the integer type Triton passes it as."""
+    return ("i32",) if _I32[0] <= value <= _I32[1] else ("i64",) if _I64[0] <= value <= _I64[1] else ("u64",)
+
+
+def _positions(positions: list[int]) -> Callable[[Sequence[Any]], tuple]:
+    """A function picking ``positions`` out of a sequence as a tuple (``itemgetter`` returns a bare value for one)."""
+    if not positions:
+        return lambda values: ()
+    if len(positions) == 1:
+        i = positions[0]
+        return lambda values: (values[i],)
+    return itemgetter(*positions)
+
+
+class _ArgLayout:
+    """Where the tensors, the loose ints and the other values sit in one kernel's argument lists whose
+    element types are ``types`` (made once per types tuple, so a call keys its arguments in C-level passes)."""
+
+    def __init__(self, plan: "_KernelPlan", types: tuple[type, ...]):
+        tensors = [i for i, t in enumerate(types) if issubclass(t, torch.Tensor)]
+        loose = [i for i, t in enumerate(types) if t is int and plan.loose_int[i]]
+        values = [i for i in range(len(types)) if i not in tensors and i not in loose]
+        self.tensors, self.loose, self.values = _positions(tensors), _positions(loose), _positions(values)
+        # Triton specializes a pointer on 16-byte alignment unless told not to: mask 15, or 0 (always "aligned").
+        self.align_masks = tuple(0 if plan.loose_ptr[i] else 15 for i in tensors)
+
+
+_DTYPE = attrgetter("dtype")
+_DATA_PTR = torch.Tensor.data_ptr
 
 
 def specialization_key(plan: _KernelPlan, ordered: Sequence[Any], device_index: int) -> tuple:
-    """The cache key of one argument list (in parameter order); raises TypeError for a value it cannot key."""
-    return (device_index,) + tuple(_value_key(v, li, lp) for v, li, lp in zip(ordered, plan.loose_int, plan.loose_ptr))
+    """The cache key of one argument list (in parameter order); raises TypeError for a value it cannot key.
+
+    Every argument's exact type; tensors by dtype and whether they miss 16-byte alignment; ints the kernel
+    marks ``do_not_specialize`` by their integer type; every other value by itself.  The per-position
+    work is C-level passes over the list, in the positions `_ArgLayout` found for this types tuple."""
+    types = tuple(map(type, ordered))
+    layout = plan.layouts.get(types)
+    if layout is None:
+        if len(plan.layouts) >= MAX_KEYS:
+            plan.layouts.clear()
+        layout = plan.layouts[types] = _ArgLayout(plan, types)
+    tensors = layout.tensors(ordered)
+    key = (device_index, types, tuple(map(_DTYPE, tensors)),
+           tuple(map(bool, map(int.__and__, map(_DATA_PTR, tensors), layout.align_masks))),
+           tuple(map(_loose_int_key, layout.loose(ordered))), layout.values(ordered))
+    hash(key)  # a value of an unhashable type cannot key: TypeError, and the caller falls back
+    return key
 
 
 def _plan_of(kernel: Any) -> _KernelPlan:
