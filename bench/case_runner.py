@@ -198,11 +198,15 @@ def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
     bwork = DecodeWorkload(num_reqs=num_reqs, prompt_len=prompt_len, vocab_size=config.vocab_size, block_size=block_size,
                            num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens, churn=churn, params=PARAMS, seed=ctx.seed)
     graphs_before = runner.cuda_graph_stats()
+    waits_before = runner.staging.num_backpressure_waits + runner.outputs.num_backpressure_waits
     # Timed before the profiler and the detector have been attached, so neither can tax it; the runner
     # and the baseline interleaved, so the ratio is taken under one set of host conditions.
     host_us, base_us = _drive_paired(runner, work, baseline, bwork, steps)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+    waits = runner.staging.num_backpressure_waits + runner.outputs.num_backpressure_waits - waits_before
+    # The runner's steps again, alone: what the interleaving costs it (its caches shared with the baseline's work).
+    alone_us = _drive(runner, work, steps // 2)
     steady = runner.last_step_stats.steady  # read by the steady reader, its plan reused (`impl.step_reader`)
     graphs_after = runner.cuda_graph_stats()
     bucketed = (graphs_after["replays"] + graphs_after["padded_eager"]) - (graphs_before["replays"] + graphs_before["padded_eager"])
@@ -224,7 +228,10 @@ def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
         Row("host_cost", f"runner execute_model host time, {tag} ({what})", median, "us",
             target="<= 150 us at 256, graphed (0% churn)" if churn == 0.0 else None, met=(median <= 150) if graphed else None,
             note=f"p90 {np.percentile(host_us, 90):.0f} us over {steps} steps, {device.kind}; "
-                 f"bucketed (graph) steps {bucketed}/{steps}; last step steady: {steady}"),
+                 f"bucketed (graph) steps {bucketed}/{steps}; last step steady: {steady}; "
+                 f"slot back-pressure waits {waits}"),
+        Row("host_cost", f"runner execute_model host time alone, {tag} ({what})", statistics.median(alone_us), "us",
+            note=f"{steps // 2} more steps right after, not interleaved with the baseline (compare with the row above)"),
         Row("host_cost", f"V1-style baseline prepare+upload, {tag}", base_median, "us",
             note=f"persistent numpy batch, full block table upload ({baseline.h2d_bytes_last_step} B/step); "
                  f"timed in blocks of {PAIRED_BLOCK_STEPS} steps alternating with the runner's"),
