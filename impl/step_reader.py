@@ -67,7 +67,7 @@ class StepArrays:
 
     gone: tuple[str, ...]  # finished + preempted ids, sorted (release order)
     cached_rows: np.ndarray  # int64 [C]: row of each cached request
-    cached_computed: np.ndarray | None  # int64 [C]: its num_computed_tokens (None: the mirror's, a steady step)
+    cached_computed: np.ndarray | None  # int64 [C]: its num_computed_tokens (None: the mirror's bounds, no rejection reported)
     cached_new_blocks: np.ndarray  # int64 [C]: blocks appended this step
     block_appends: tuple[np.ndarray, np.ndarray, np.ndarray] | None  # (rows, counts, block ids) appended; None: none
     req_ids: tuple[str, ...]  # scheduled, batch order
@@ -236,7 +236,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     num_tokens, num_computed, num_blocks = state.num_tokens, state.num_computed, state.num_blocks
     cached = sched.cached_requests
     nc = len(cached)
-    crows, ccomp, cnew, appends, ids = _EMPTY, _EMPTY, _EMPTY, None, ()
+    crows, ccomp, cnew, appends, ids = _EMPTY, None, _EMPTY, None, ()
     # Rows of the requests leaving this step: neither cached nor scheduled may name them.
     gone_rows = np.fromiter(map(r2r.__getitem__, gone), np.int64, len(gone)) if gone else None
     if nc:
@@ -246,9 +246,12 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         if crows is None or np.count_nonzero(crows < 0) or _hits(crows, gone_rows) or _repeats(crows, state.max_num_reqs):
             _diagnose(sched, state, limits, last_step_id)
         block_lists = cached.new_block_ids
-        computed_list = cached.num_computed_tokens
-        if not _all_of(block_lists, {tuple, list}) or not _all_of(computed_list, {int}):
+        if not _all_of(block_lists, {tuple, list}):
             _diagnose(sched, state, limits, last_step_id)
+        upper = num_computed[crows]
+        shift = None  # the counts are the mirror's bounds unless the scheduler reports rejected drafts
+        if not equal_exact_ints(cached.num_computed_tokens, upper):
+            ccomp, shift = _computed_counts(cached.num_computed_tokens, upper, crows, sched, state, limits, last_step_id)
         cnew = np.fromiter(map(len, block_lists), np.int64, nc)
         with_blocks = cnew.nonzero()[0]
         if len(with_blocks):  # only the requests that appended blocks, checked in C-level passes
@@ -257,21 +260,15 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
                 for i in with_blocks.tolist():  # names the first bad block id
                     check_block_ids(block_lists[i], limits.num_kv_blocks, ids[i], "new_block_ids")
             appends = (crows[with_blocks], cnew[with_blocks], np.array(appended, np.int64))
-        ccomp = _int_array(computed_list)
-        if ccomp is None:
-            _diagnose(sched, state, limits, last_step_id)
-        shift = num_computed[crows] - ccomp
-        # One comparison for the computed-count window [upper - unconfirmed, upper]: a negative
-        # shift (and a negative count, since unconfirmed <= upper) wraps to a huge unsigned value.
-        bad = shift.view(np.uint64) > state.unconfirmed_drafts[crows].view(np.uint64)
-        if np.count_nonzero(bad):
-            _diagnose(sched, state, limits, last_step_id, computed_count_error=int(bad.nonzero()[0][0]))
-        if len(with_blocks) and (num_blocks[crows] + cnew).max() > blocks_per_request(limits.max_model_len, limits.block_size):
-            _diagnose(sched, state, limits, last_step_id)
-        num_tokens, num_computed, num_blocks = num_tokens.copy(), num_computed.copy(), num_blocks.copy()
-        num_tokens[crows] -= shift
-        num_computed[crows] = ccomp
-        num_blocks[crows] += cnew
+        if len(with_blocks):
+            if (num_blocks[crows] + cnew).max() > blocks_per_request(limits.max_model_len, limits.block_size):
+                _diagnose(sched, state, limits, last_step_id)
+            num_blocks = num_blocks.copy()
+            num_blocks[crows] += cnew
+        if shift is not None:
+            num_tokens, num_computed = num_tokens.copy(), num_computed.copy()
+            num_tokens[crows] -= shift
+            num_computed[crows] = ccomp
 
     scheduled = sched.num_scheduled_tokens
     req_ids = tuple(scheduled)
@@ -323,6 +320,24 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         req_ids=req_ids, rows=rows, new_positions=tuple(new_positions), query_lens=query_lens, starts=starts, ends=end, known=known,
         num_drafts=num_drafts, drafts=drafts, num_tokens=total,
     )
+
+
+def _computed_counts(computed: tuple, upper: np.ndarray, crows: np.ndarray, sched: SchedulerOutput, state: RequestStateTable,
+                     limits: RunnerLimits, last_step_id: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The cached requests' computed counts when some differ from the mirror's bounds ``upper``: (counts, shifts).
+
+    A count may sit below its bound by at most the row's unconfirmed drafts (the scheduler reports
+    their rejection); anything else is rejected through `_diagnose`."""
+    counts = _int_array(computed) if _all_of(computed, {int}) else None
+    if counts is None:
+        _diagnose(sched, state, limits, last_step_id)
+    shift = upper - counts
+    # One comparison for the window [upper - unconfirmed, upper]: a negative shift (and a negative
+    # count, since unconfirmed <= upper) wraps to a huge unsigned value.
+    bad = shift.view(np.uint64) > state.unconfirmed_drafts[crows].view(np.uint64)
+    if np.count_nonzero(bad):
+        _diagnose(sched, state, limits, last_step_id, computed_count_error=int(bad.nonzero()[0][0]))
+    return counts, shift
 
 
 def _diagnose(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last_step_id: int | None,
