@@ -254,9 +254,7 @@ class ModelRunner:
             # A bucketed step: its graph applies the diffs itself when they sit in the first slot
             # (the usual case), reading counts and the table from the step buffer's header.
             step_buffer = self.graphs.inputs.step_bytes
-            packed = self.staged_writes.take_single_pack(writer.first)
-            if packed is not None:
-                self.input_batch.set_header_diffs(writer.first, *packed)
+            packed = self._pack_for_graph(writer)
         # The first slot's one H2D goes straight to the step buffer unless an eager apply or an
         # admission kernel reads the slot through its own device views (then a device copy follows); so
         # does the proposer (its gather and propose kernels read the step's rows through the slot's views).
@@ -311,9 +309,7 @@ class ModelRunner:
         writer = StagingWriter(self.staging, step_id)
         staged = self.input_batch.stage(plan, writer)
         self.staged_writes.flush(writer)
-        packed = self.staged_writes.take_single_pack(writer.first)
-        if packed is not None:
-            self.input_batch.set_header_diffs(writer.first, *packed)
+        packed = self._pack_for_graph(writer)
         writer.submit(self.graphs.inputs.step_bytes, redirect=packed is not None)
         self.staged_writes.enqueue_apply()  # only when the diffs overflowed the first slot
         # Through `_enqueue_device_step`, as every step with tokens: the hook point of the checks that
@@ -327,6 +323,15 @@ class ModelRunner:
         self._record_stats(step_id, plan.num_reqs, plan.num_tokens, writer.bytes, enqueued_before, started,
                            self.graphs.enabled, None, True)
         return output
+
+    @hot_path
+    def _pack_for_graph(self, writer: StagingWriter) -> tuple[int, int] | None:
+        """A bucketed step's staged diffs, when the last flush packed them into the first slot: named in its
+        header, so the graph applies them (the prepared eager apply is dropped).  None: they are applied eagerly."""
+        packed = self.staged_writes.take_single_pack(writer.first)
+        if packed is not None:
+            self.input_batch.set_header_diffs(writer.first, *packed)
+        return packed
 
     def _check(self, sched: SchedulerOutput) -> StepArrays:
         """All-or-nothing boundary: every check runs before any state (host, pinned or staged) changes.
