@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,6 +51,7 @@ def _stub_forward(runner) -> None:
 
     runner.model.forward = forward
     runner.model.compute_logits = lambda h: logits[: h.shape[0]]
+    runner.graphs.recapture()  # the graphs captured at construction replay the real forward's launches
 
 
 class _RunnerSteps:
@@ -178,19 +180,38 @@ def bench_host_cost(ctx: BenchContext) -> list[Row]:
         drop_device_work(device)
     hctx = BenchContext(device, quick=ctx.quick, seed=ctx.seed)
     what = "forward stubbed" if device.is_cuda else "device work dropped"
-    for num_reqs in sizes:
-        for churn in (HOST_COST_CHURN, 0.0):
-            out += _host_cost_rows(ctx, hctx, config, num_reqs, churn, steps, what)
+    # Every configuration is timed before any is counted: torch.profiler (the device-operation count)
+    # leaves the process measurably slower after it (`python -m bench.host_profile --trace` times the steps
+    # before and after it: on the H200 a 64-request steady step took twice as long after), and a row timed after another's count would pay for it.
+    timed = [_time_host_cost(ctx, hctx, config, num_reqs, churn, steps)
+             for num_reqs in sizes for churn in (HOST_COST_CHURN, 0.0)]
+    for run in timed:
+        out += _count_host_cost(ctx, run, what)
     return out
 
 
-def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, num_reqs: int, churn: float,
-                    steps: int, what: str) -> list[Row]:
+@dataclass
+class _HostCostRun:
+    """One configuration's timed steps (runner and baseline interleaved, then the runner alone), kept
+    with its runner and workload for the counting passes that follow every configuration's timing."""
+    num_reqs: int
+    churn: float
+    steps: int
+    runner: Any
+    work: DecodeWorkload
+    host_us: list[float]
+    base_us: list[float]
+    alone_us: list[float]
+    baseline_h2d_bytes: int
+    bucketed: int
+    steady: bool
+    waits: int
+
+
+def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, num_reqs: int, churn: float,
+                    steps: int) -> _HostCostRun:
     """Runner vs baseline at one batch size and churn (1%: every step at 256 admits a request, an eager
     step; 0: uniform decode steps, graph replays), both on the same scheduler traffic."""
-    from checks.sync import SyncReport, forbid_host_sync
-
-    device = hctx.device
     runner, work, limits = host_cost_setup(hctx, num_reqs, churn)
     block_size, prompt_len, num_blocks = limits.block_size, HOST_COST_PROMPT_LEN, limits.num_kv_blocks
     baseline = V1HostBatch(num_reqs, config.max_model_len, limits.max_model_len // block_size, block_size,
@@ -199,18 +220,27 @@ def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
                            num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens, churn=churn, params=PARAMS, seed=ctx.seed)
     graphs_before = runner.cuda_graph_stats()
     waits_before = runner.staging.num_backpressure_waits + runner.outputs.num_backpressure_waits
-    # Timed before the profiler and the detector have been attached, so neither can tax it; the runner
-    # and the baseline interleaved, so the ratio is taken under one set of host conditions.
+    # The runner and the baseline interleaved, so the ratio is taken under one set of host conditions.
     host_us, base_us = _drive_paired(runner, work, baseline, bwork, steps)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     waits = runner.staging.num_backpressure_waits + runner.outputs.num_backpressure_waits - waits_before
     # The runner's steps again, alone: what the interleaving costs it (its caches shared with the baseline's work).
     alone_us = _drive(runner, work, steps // 2)
-    steady = runner.last_step_stats.steady  # read by the steady reader, its plan reused (`impl.step_reader`)
     graphs_after = runner.cuda_graph_stats()
     bucketed = (graphs_after["replays"] + graphs_after["padded_eager"]) - (graphs_before["replays"] + graphs_before["padded_eager"])
-    median = statistics.median(host_us)
+    return _HostCostRun(num_reqs, churn, steps, runner, work, host_us, base_us, alone_us, baseline.h2d_bytes_last_step,
+                        bucketed, runner.last_step_stats.steady, waits)
+
+
+def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Row]:
+    """A timed configuration's rows, with what its runner's steps issue, counted now: device operations
+    (torch.profiler), host enqueues, torch calls and host syncs."""
+    from checks.sync import SyncReport, forbid_host_sync
+
+    runner, work, steps, num_reqs, churn = run.runner, run.work, run.steps, run.num_reqs, run.churn
+    device = runner.device
+    median = statistics.median(run.host_us)
     launches = _count_launches(ctx, lambda: _drive(runner, work, 5)) if device.is_cuda else None
     enqueued_before = device.num_enqueued  # host-side device work items: copies, launches, graph replays
     _drive(runner, work, 5)
@@ -220,20 +250,20 @@ def _host_cost_rows(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
     report = SyncReport("count")
     counted_us = _drive(runner, work, 5, around=lambda: forbid_host_sync(device.kind, mode="count", report=report))
 
-    base_median = statistics.median(base_us)
+    base_median = statistics.median(run.base_us)
     ratio = median / base_median if base_median else float("nan")
     tag = f"{num_reqs} decode reqs, {churn:.0%} churn"
     graphed = churn == 0.0 and device.is_cuda and num_reqs == 256
     out = [
         Row("host_cost", f"runner execute_model host time, {tag} ({what})", median, "us",
             target="<= 150 us at 256, graphed (0% churn)" if churn == 0.0 else None, met=(median <= 150) if graphed else None,
-            note=f"p90 {np.percentile(host_us, 90):.0f} us over {steps} steps, {device.kind}; "
-                 f"bucketed (graph) steps {bucketed}/{steps}; last step steady: {steady}; "
-                 f"slot back-pressure waits {waits}"),
-        Row("host_cost", f"runner execute_model host time alone, {tag} ({what})", statistics.median(alone_us), "us",
+            note=f"p90 {np.percentile(run.host_us, 90):.0f} us over {steps} steps, {device.kind}; "
+                 f"bucketed (graph) steps {run.bucketed}/{steps}; last step steady: {run.steady}; "
+                 f"slot back-pressure waits {run.waits}"),
+        Row("host_cost", f"runner execute_model host time alone, {tag} ({what})", statistics.median(run.alone_us), "us",
             note=f"{steps // 2} more steps right after, not interleaved with the baseline (compare with the row above)"),
         Row("host_cost", f"V1-style baseline prepare+upload, {tag}", base_median, "us",
-            note=f"persistent numpy batch, full block table upload ({baseline.h2d_bytes_last_step} B/step); "
+            note=f"persistent numpy batch, full block table upload ({run.baseline_h2d_bytes} B/step); "
                  f"timed in blocks of {PAIRED_BLOCK_STEPS} steps alternating with the runner's"),
         Row("host_cost", f"runner / baseline host time, {tag}", ratio, "x", target="<= 0.333 (issue 14)",
             met=(ratio <= 1 / 3) if (device.is_cuda and not ctx.quick) else None,

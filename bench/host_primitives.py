@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 from typing import Callable
 
 import numpy as np
@@ -83,6 +84,50 @@ def _cuda_primitives() -> dict[str, float]:
     out["CUDAGraph.replay, 50 small kernels"] = _median_us(graph.replay, 1000)
     torch.cuda.synchronize()
     out["one small torch op (x.add_(1))"] = _median_us(lambda: x.add_(1))
+    torch.cuda.synchronize()
+    out.update(_cuda_in_situ(on_device, pinned, graph))
+    return out
+
+
+# ~200 us of GPU time at the H200's ~2 GHz: the queue a step finds when the GPU is behind the host.
+_BUSY_CYCLES = 400_000
+
+
+def _cuda_in_situ(on_device: torch.Tensor, pinned: torch.Tensor, graph: torch.cuda.CUDAGraph) -> dict[str, float]:
+    """A step's three submissions (H2D copy, graph replay, D2H copy), each timed alone under the conditions a
+    step meets: called back to back, after ~30 us of Python and numpy work (a step's own), with the GPU idle
+    (synchronized before) or busy (a ~200 us kernel queued before).  A call that costs several times its
+    back-to-back figure in a step is paying for the conditions, not for itself."""
+    scratch = np.zeros(1 << 16, dtype=np.int64)  # 512 KiB: the step's working set, roughly
+    values = list(range(NUM_REQS))
+
+    def python_work() -> None:
+        np.add(scratch, 1, out=scratch)
+        set(map(type, values))
+        sum(values)
+
+    def busy() -> None:
+        torch.cuda._sleep(_BUSY_CYCLES)
+
+    conditions = {"back to back": (), "after Python work": (python_work,), "GPU idle": (torch.cuda.synchronize,),
+                  "GPU busy": (busy,), "GPU busy, after Python work": (busy, python_work),
+                  "GPU idle, after Python work": (torch.cuda.synchronize, python_work)}
+    calls = {"H2D copy_ 4 KiB": lambda: on_device.copy_(pinned, non_blocking=True),
+             "CUDAGraph.replay (50 kernels)": graph.replay,
+             "D2H copy_ 4 KiB": lambda: pinned.copy_(on_device, non_blocking=True)}
+    out: dict[str, float] = {}
+    for call_name, call in calls.items():
+        for condition, befores in conditions.items():
+            samples = []
+            for i in range(400):
+                if i % 8 == 0:
+                    torch.cuda.synchronize()  # keep the queue short: no launch waits for queue space
+                for before in befores:
+                    before()
+                t0 = time.perf_counter()
+                call()
+                samples.append((time.perf_counter() - t0) * 1e6)
+            out[f"in situ: {call_name}, {condition}"] = round(statistics.median(samples[40:]), 2)
     torch.cuda.synchronize()
     return out
 

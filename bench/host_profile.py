@@ -1,6 +1,6 @@
 """Where the host time of a decode step goes: cProfile of ``execute_model`` (forward stubbed).
 
-    python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0] [--phases]
+    python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0] [--phases | --trace]
 
 The same workload and runner set-up as the `host_cost` benchmark (`bench.case_runner`), with the
 profiler enabled only inside ``execute_model``; prints the median host time per step with and
@@ -8,7 +8,8 @@ without the profiler, then the functions with the most own time.  On CPU the Tri
 runs the kernels inline, so there the profile is dominated by kernel bodies, unless
 ``--drop-device-work`` makes ``Device.enqueue`` a no-op: what remains is the runner's Python
 bookkeeping alone (outputs are garbage then; a measuring aid, never a correctness run).
-``--phases`` times the pieces of ``execute_model`` (`PHASES`) with wrappers instead of the profiler.
+``--phases`` times the pieces of ``execute_model`` (`PHASES`) with wrappers instead of the profiler;
+``--trace`` runs torch.profiler instead (host self time per operator and CUDA runtime call, device time).
 """
 from __future__ import annotations
 
@@ -55,10 +56,13 @@ def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_devic
             f"{launch_line}{text.getvalue()}")
 
 
-# The steady step's pieces, as (owner attribute of the runner or "" for the runner itself, method name).
+# A step's pieces, as (owner attribute of the runner or "" for the runner itself, method name): the general
+# step's, then those only the fused steady step (`ModelRunner._execute_steady`) calls by name.
 PHASES = (("", "_check"), ("", "_update_rows"), ("input_batch", "stage"), ("graphs", "select"), ("staged_writes", "flush"),
           ("", "_enqueue_applies"), ("", "_enqueue_device_step"), ("", "_enqueue_output"), ("state", "mark_used"),
-          ("state", "advance"), ("", "_record_stats"))
+          ("state", "advance"), ("", "_record_stats"), ("", "_execute_steady"), ("", "_pack_for_graph"),
+          ("state", "apply_cached"), ("block_table", "append_many"), ("state", "plan_rows"), ("staging", "submit"),
+          ("outputs", "enqueue_copy_out"), ("graphs", "run"))
 
 
 def time_phases(device: Device, num_reqs: int, steps: int, drop_device_work: bool = False,
@@ -93,6 +97,28 @@ def time_phases(device: Device, num_reqs: int, steps: int, drop_device_work: boo
     return "\n".join(lines)
 
 
+def trace_steps(device: Device, num_reqs: int, steps: int, top: int, churn: float = case_runner.HOST_COST_CHURN) -> str:
+    """torch.profiler over ``steps`` steps: where the host time goes by operator and CUDA runtime call (self
+    time, the profiler's own cost included), and the device time the same steps queued.  Says whether the
+    host's time is Python or the CUDA API, and whether the GPU keeps up with the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs, churn)
+    plain = case_runner._drive(runner, work, steps)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.is_cuda else [])
+    with profile(activities=activities) as prof:
+        profiled = case_runner._drive(runner, work, steps)
+    after = case_runner._drive(runner, work, steps)  # the profiler's session leaves a cost behind it
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA") / steps
+    table = events.table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)
+    return (f"{device.kind}, {num_reqs} decode requests, churn {churn}, {steps} steps: median execute_model host time "
+            f"{statistics.median(plain):.0f} us ({statistics.median(profiled):.0f} us under torch.profiler, "
+            f"{statistics.median(after):.0f} us after it); "
+            f"device time queued per step {device_us:.0f} us; last step read as steady: {runner.last_step_stats.steady}\n"
+            f"{table}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu", "sim"])
@@ -105,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="time each piece of execute_model (wrappers, no profiler) instead of the cProfile listing")
     parser.add_argument("--drop-device-work", action="store_true",
                         help="make Device.enqueue a no-op: time the Python bookkeeping alone (cpu/sim only)")
+    parser.add_argument("--trace", action="store_true",
+                        help="torch.profiler instead: host self time by operator and CUDA runtime call, device time per step")
     args = parser.parse_args(argv)
     if args.reqs < 1 or args.steps < 1 or args.top < 1:
         parser.error("--reqs, --steps and --top must be >= 1")
@@ -113,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     device = Device(args.device, seed=0)
     if args.drop_device_work and device.is_cuda:
         parser.error("--drop-device-work is for cpu/sim: on cuda the launches are part of the host cost")
-    if args.phases:
+    if args.trace:
+        print(trace_steps(device, args.reqs, args.steps, args.top, args.churn))
+    elif args.phases:
         print(time_phases(device, args.reqs, args.steps, args.drop_device_work, args.churn))
     else:
         print(profile_host(device, args.reqs, args.steps, args.top, args.drop_device_work, args.churn))

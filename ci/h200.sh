@@ -44,6 +44,9 @@
 #                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves)
 #   host_primitives  `python -m bench.host_primitives` alone: host us of the steady step's pieces (numpy ops, the
 #                 type check, H2D/D2H copy_, event record, enqueue, stream switch, graph replay) on this machine
+#   host_trace    alone: the steady step's pieces timed by wrappers at 256 and 64 requests (`host_profile --phases`),
+#                 then torch.profiler over 100 steady steps (`--trace`: host self time per operator and CUDA runtime call,
+#                 device time queued per step)
 #   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`;
 #                 prints host enqueues per step and how many Triton launches took the cached launcher), then 1% churn
 #                 with RUNNERCHECK_SLOW_LAUNCH=1
@@ -107,6 +110,9 @@ want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cud
   RUNNERCHECK_SLOW_LAUNCH=1 job bench_host_slow_launch "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost \
   --out "$out/bench_host_slow_launch"
 want host_primitives && job host_primitives 120 python3 -m bench.host_primitives --out "$out/host_primitives.json"
+want host_trace && job host_trace 300 bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 200 --churn 0 --phases &&
+  python3 -m bench.host_profile --device cuda --reqs 64 --steps 200 --churn 0 --phases &&
+  python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 --trace --top 30"
 want tune_logprobs && job tune_logprobs 300 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
 want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &&
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&
