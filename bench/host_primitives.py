@@ -59,6 +59,9 @@ def _cuda_primitives() -> dict[str, float]:
     out["torch.cuda.Event() + record() (current stream)"] = _median_us(lambda: torch.cuda.Event().record())
     out["torch.cuda.Event() + record(stream)"] = _median_us(lambda: torch.cuda.Event().record(stream))
     out["Device.record_event (base-class calls)"] = _median_us(device.record_event)
+    # Against "torch.cuda.Event() + record(stream)" (created, recorded, destroyed when dropped): what reusing one saves.
+    reused = torch.cuda.Event()
+    out["torch.cuda.Event reused: record(stream) only"] = _median_us(lambda: reused.record(stream))
     event = device.record_event()
     out["DeviceEvent.query"] = _median_us(event.query)
     out["Device.enqueue(no-op), outside on_stream"] = _median_us(lambda: device.enqueue(lambda: None))

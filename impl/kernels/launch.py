@@ -51,7 +51,17 @@ class _KernelPlan:
         self.loose_ptr = [bool(getattr(p, "do_not_specialize_on_alignment", False)) for p in params]
         self.compiled: dict[tuple, Any] = {}
         self.layouts: dict[tuple[type, ...], _ArgLayout] = {}  # by the types of an argument list (`specialization_key`)
-        self.usable = True  # False once a compiled kernel lacks the launcher fields
+        # False for a kernel the interpreter runs (TRITON_INTERPRET=1 when it was decorated: it has no
+        # compiled launcher), and once a compiled kernel lacks the launcher fields.
+        self.usable = not _interpreted_kernel(kernel)
+
+
+def _interpreted_kernel(kernel: Any) -> bool:
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:
+        return triton_interpreted()
+    return isinstance(kernel, InterpretedFunction)
 
 
 _PLAN_ATTR = "_runnercheck_launch_plan"
@@ -81,8 +91,15 @@ def fast_path_enabled() -> bool:
 
     The environment and the hooks are read on every call (tests and profilers change them); what
     cannot change in a process (CUDA present, where Triton keeps its hooks) is resolved once."""
+    return not triton_interpreted() and _launch_gate_open()
+
+
+def _launch_gate_open() -> bool:
+    """`fast_path_enabled` less the interpreter check, which `launch` makes per kernel (`_KernelPlan.usable`):
+    the kernel object, not the environment read on every launch (~1 us on an H200 host), says whether
+    the interpreter runs it."""
     global _read_hooks, _cuda_available
-    if triton_interpreted() or os.environ.get("RUNNERCHECK_SLOW_LAUNCH") == "1":
+    if os.environ.get("RUNNERCHECK_SLOW_LAUNCH") == "1":
         return False
     if _cuda_available is None:
         _cuda_available = torch.cuda.is_available()
@@ -201,7 +218,7 @@ def call_key(plan: _KernelPlan, ordered: Sequence[Any], device_index: int, kwarg
 @hot_path
 def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
     """``kernel[grid](*args, **kwargs)``, through the compiled kernel's launcher once its key was seen."""
-    if not fast_path_enabled():
+    if not _launch_gate_open():
         _stats["slow"] += 1
         kernel[grid](*args, **kwargs)
         return
@@ -210,7 +227,9 @@ def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Non
     key = None
     if ordered is not None:
         try:
-            key = call_key(plan, ordered, torch.cuda.current_device(), kwargs)
+            # The current device without `torch.cuda.current_device`'s Python wrapper: a compiled kernel exists
+            # (below) only after a launch through Triton, which initialised CUDA.
+            key = call_key(plan, ordered, torch._C._cuda_getDevice(), kwargs)
         except TypeError:
             key = None
     compiled = plan.compiled.get(key) if key is not None else None

@@ -148,6 +148,54 @@ def test_cuda_stream_event_roundtrip():
 
 
 @pytest.mark.gpu
+def test_cuda_marker_hands_on_its_event_only_once_seen_complete():
+    """`DeviceEvent.record(reuse=...)`: a marker not yet seen complete keeps its CUDA event (re-recording it would
+    move the point the old marker stands for); one seen complete hands it on and stays complete without it."""
+    dev = Device("cuda")
+    dev.inject_delay(20000)
+    first = dev.record_event()
+    second = dev.record_event(reuse=first)  # first not seen complete: second needs an event of its own
+    assert second._cuda_event is not None and second._cuda_event is not first._cuda_event
+    assert not first.query()
+    first.synchronize()
+    dev.inject_delay(20000)
+    third = dev.record_event(reuse=first)
+    assert first._cuda_event is None and first.query() and first.is_complete()
+    first.synchronize()  # a wait on a marker whose event was handed on returns at once
+    assert not third.query(), "the re-recorded event marks the work queued after it, not the old point"
+    third.synchronize()
+    assert third.query() and second.query()
+
+
+@pytest.mark.gpu
+def test_steady_runner_steps_re_record_their_slots_events():
+    """A run of graphed steady steps makes new CUDA events only until every staging and output slot had one."""
+    import impl.device as device_module
+    from bench.workload import DecodeWorkload
+    from impl.interface import RunnerLimits, SamplingParams
+    from impl.model.weights import preset, random_weights
+    from impl.runner import ModelRunner
+
+    limits = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=48,
+                          block_size=4)
+    runner = ModelRunner(random_weights(preset("micro"), seed=3), limits, Device("cuda"), base_seed=5)
+    work = DecodeWorkload(num_reqs=3, prompt_len=5, vocab_size=256, block_size=4, num_blocks=48, token_budget=16, churn=0.0,
+                          params=SamplingParams(temperature=0.8, seed=7, max_tokens=1 << 20), seed=1)
+    for _ in range(12):
+        runner.execute_model(work.next_step()).get()
+    made = []
+    new_event = device_module._new_cuda_event
+    device_module._new_cuda_event = lambda cls: made.append(1) or new_event(cls)
+    try:
+        for _ in range(40):
+            runner.execute_model(work.next_step()).get()
+    finally:
+        device_module._new_cuda_event = new_event
+    assert runner.last_step_stats.steady
+    assert len(made) == 0, f"{len(made)} CUDA events made in 40 steady steps after every slot had one"
+
+
+@pytest.mark.gpu
 def test_cuda_registration_and_pinned():
     dev = Device("cuda")
     assert is_device_memory(dev.empty(4, torch.float32))

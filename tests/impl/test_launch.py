@@ -172,8 +172,8 @@ class _FakeKernel:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    monkeypatch.setattr(fast, "fast_path_enabled", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(fast, "_launch_gate_open", lambda: True)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 4242, raising=False)
 
 
