@@ -180,9 +180,10 @@ def bench_host_cost(ctx: BenchContext) -> list[Row]:
         drop_device_work(device)
     hctx = BenchContext(device, quick=ctx.quick, seed=ctx.seed)
     what = "forward stubbed" if device.is_cuda else "device work dropped"
-    # Every configuration is timed before any is counted: torch.profiler (the device-operation count)
-    # leaves the process measurably slower after it (`python -m bench.host_profile --trace` times the steps
-    # before and after it: on the H200 a 64-request steady step took twice as long after), and a row timed after another's count would pay for it.
+    # Every configuration is timed before any is counted: the counting passes (torch.profiler for the
+    # device operations, the sync detector, a TorchFunctionMode) then cannot tax a timing row that follows
+    # them.  Whether a torch.profiler session slows the process after it is not settled on the lent H200
+    # (`host_profile --trace` times the steps before and after one; its host drifts ~2x on its own).
     timed = [_time_host_cost(ctx, hctx, config, num_reqs, churn, steps)
              for num_reqs in sizes for churn in (HOST_COST_CHURN, 0.0)]
     for run in timed:

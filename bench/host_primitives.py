@@ -89,6 +89,35 @@ def _cuda_primitives() -> dict[str, float]:
     out["one small torch op (x.add_(1))"] = _median_us(lambda: x.add_(1))
     torch.cuda.synchronize()
     out.update(_cuda_in_situ(on_device, pinned, graph))
+    out.update(_launch_pieces(device))
+    return out
+
+
+def _launch_pieces(device: Device) -> dict[str, float]:
+    """One Triton launch with the argument shape of the runner's eager kernels (16 tensors, 4 ints, a
+    constexpr), whole and by piece: Triton's own ``kernel[grid]``, `impl.kernels.launch.launch` (a seen
+    key), its gate, its key, and the compiled launcher alone."""
+    from bench.launch_probe import probe_kernel
+    from impl.kernels import launch as fast
+
+    tensors = [device.zeros(64, torch.int32) for _ in range(16)]
+    ints = (3, 5, 7, 11)
+    args = (*tensors, *ints)
+    grid = (1,)
+    out: dict[str, float] = {}
+    out["launch: kernel[grid](16 tensors, 4 ints)"] = _median_us(lambda: probe_kernel[grid](*args, BLOCK=64), 1000)
+    fast.launch(probe_kernel, grid, *args, BLOCK=64)  # the key seen once: later calls take the cached launcher
+    out["launch: impl.kernels.launch, seen key"] = _median_us(lambda: fast.launch(probe_kernel, grid, *args, BLOCK=64), 1000)
+    out["launch: its gate (_launch_gate_open)"] = _median_us(fast._launch_gate_open, 1000)
+    plan = fast._plan_of(probe_kernel)
+    ordered = [*args, 64]
+    kwargs = {"BLOCK": 64}
+    out["launch: its key (call_key)"] = _median_us(lambda: fast.call_key(plan, ordered, 0, kwargs), 1000)
+    compiled = plan.compiled[fast.call_key(plan, ordered, torch._C._cuda_getDevice(), kwargs)]
+    stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+    out["launch: the compiled launcher alone (compiled.run)"] = _median_us(
+        lambda: compiled.run(1, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *ordered), 1000)
+    torch.cuda.synchronize()
     return out
 
 
