@@ -43,7 +43,9 @@
 #                 host enqueues per step, target 3 at 0% churn: H2D, graph replay, D2H), then the same with
 #                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves)
 #   host_primitives  `python -m bench.host_primitives` alone: host us of the steady step's pieces (numpy ops, the
-#                 type check, H2D/D2H copy_, event record, enqueue, stream switch, graph replay) on this machine
+#                 type check, H2D/D2H copy_, event record new and re-recorded, enqueue, stream switch, graph replay) on this
+#                 machine, the step's three submissions in situ (after Python work, GPU idle or busy), and one Triton launch
+#                 with the eager kernels' argument shape by piece (Triton's path, the cached launcher, its key, its gate)
 #   host_trace    alone: the steady step's pieces timed by wrappers at 256 and 64 requests (`host_profile --phases`),
 #                 then torch.profiler over 100 steady steps (`--trace`: host self time per operator and CUDA runtime call,
 #                 device time queued per step)
