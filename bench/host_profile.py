@@ -108,7 +108,7 @@ def trace_steps(device: Device, num_reqs: int, steps: int, top: int, churn: floa
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.is_cuda else [])
     with profile(activities=activities) as prof:
         profiled = case_runner._drive(runner, work, steps)
-    after = case_runner._drive(runner, work, steps)  # the profiler's session leaves a cost behind it
+    after = case_runner._drive(runner, work, steps)  # whether a profiler session leaves a cost behind it
     events = prof.key_averages()
     device_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA") / steps
     table = events.table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=60)

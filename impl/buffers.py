@@ -83,7 +83,6 @@ class StagingSlot:
         self.step = -1
         self.used_bytes = 0
         self.event: DeviceEvent | None = None
-        self.spent_event: DeviceEvent | None = None  # the last event, seen complete: its CUDA event is re-recorded
         # Set by `StagingWriter.submit` for one submit: the device buffer the H2D copy lands in
         # instead of ``device`` (a bucketed step's fixed-address step buffer, `impl.graph_step`).
         self.copy_to: torch.Tensor | None = None
@@ -182,7 +181,7 @@ class StagingPool:
 
     def _retire(self, slot: StagingSlot) -> None:
         self._transition(slot, SlotState.FREE)
-        slot.spent_event, slot.event = slot.event, None
+        slot.event = None
 
     @hot_path
     def acquire(self, step: int) -> StagingSlot:
@@ -222,7 +221,7 @@ class StagingPool:
             host, dev = slot.copy_views(target, nbytes)
             self.device.enqueue(lambda: dev.copy_(host, non_blocking=True), f"h2d slot{slot.index} step{slot.step}")
         self.h2d_bytes_total += nbytes
-        slot.event = self.device.record_event(slot.spent_event)
+        slot.event = self.device.record_event()
         self._transition(slot, SlotState.IN_FLIGHT)
 
 

@@ -123,14 +123,17 @@ _new_cuda_event = getattr(_CUDA_EVENT_BASE, "__new__", None)
 _record_cuda_event = getattr(_CUDA_EVENT_BASE, "record", None)
 
 
+# CUDA events of markers seen complete, for new markers to re-record (`DeviceEvent`); at most this many kept.
+_MAX_SPARE_CUDA_EVENTS = 64
+
+
 class DeviceEvent:
     """A marker in the device's work order.  ``query`` never blocks; ``synchronize`` is a host wait.
 
-    On cuda an event that was seen complete stays complete (``_complete``), and its CUDA event may then
-    be handed to a new `DeviceEvent` of the same owner (`record`'s ``reuse``): re-recording one costs
-    ~2 us less host time on an H200 than creating, recording and destroying one.  Anyone still holding
-    the old marker reads it complete, without the CUDA event.  cpu/sim events are not cached: a sim
-    lag policy runs on every query.
+    On cuda a marker seen complete (by a query, a completion check or a wait) stays complete and gives
+    its CUDA event back to its device, whose next marker re-records it: ~1-2 us less host time a
+    marker on an H200 host than creating, recording and destroying one.  cpu/sim markers are not
+    cached: a sim lag policy runs on every query.
     """
 
     def __init__(self, dev: "Device"):
@@ -138,32 +141,35 @@ class DeviceEvent:
         self._cuda_event: torch.cuda.Event | None = None
         self._seq = -1
         self.recorded = False
-        self._complete = False  # cuda only: seen complete by a query, a completion check or a wait
+        self._complete = False  # cuda only: seen complete (its CUDA event then went back to the device)
 
-    def record(self, reuse: "DeviceEvent | None" = None) -> "DeviceEvent":
-        """Record the marker at the end of the device's stream.  ``reuse``: an earlier marker of the
-        caller's, whose CUDA event this one takes if that marker was seen complete (cuda only)."""
+    def record(self) -> "DeviceEvent":
         dev = self._dev
         if dev.kind == "cuda":
-            if reuse is not None and reuse._complete and reuse._cuda_event is not None:
-                self._cuda_event, reuse._cuda_event = reuse._cuda_event, None
-            else:
-                # `torch.cuda.Event` made and recorded through its base class: the Python wrappers
-                # (keyword defaults, a stream look-up) cost several us per step on an H200 host.
-                self._cuda_event = _new_cuda_event(torch.cuda.Event)
+            spares = dev._spare_cuda_events
+            # A new event is made and recorded through `torch.cuda.Event`'s base class: the Python
+            # wrappers (keyword defaults, a stream look-up) cost several us per step on an H200 host.
+            self._cuda_event = spares.pop() if spares else _new_cuda_event(torch.cuda.Event)
             _record_cuda_event(self._cuda_event, dev.stream)
         elif dev.kind == "sim":
             self._seq = dev._next_seq - 1
         self.recorded = True
         return self
 
+    def _seen_complete(self) -> None:
+        self._complete = True
+        spares = self._dev._spare_cuda_events
+        if len(spares) < _MAX_SPARE_CUDA_EVENTS:
+            spares.append(self._cuda_event)
+        self._cuda_event = None
+
     def query(self) -> bool:
         dev = self._dev
         if not self.recorded:
             raise DeviceError("query() on an event that was never recorded")
         if dev.kind == "cuda":
-            if not self._complete:
-                self._complete = self._cuda_event.query()
+            if not self._complete and self._cuda_event.query():
+                self._seen_complete()
             return self._complete
         if dev.kind == "sim":
             dev.policy.on_query(dev)
@@ -176,8 +182,8 @@ class DeviceEvent:
         if not self.recorded:
             raise DeviceError("is_complete() on an event that was never recorded")
         if dev.kind == "cuda":
-            if not self._complete:
-                self._complete = self._cuda_event.query()
+            if not self._complete and self._cuda_event.query():
+                self._seen_complete()
             return self._complete
         if dev.kind == "sim":
             return dev._done_seq >= self._seq
@@ -189,9 +195,9 @@ class DeviceEvent:
             raise DeviceError("synchronize() on an event that was never recorded")
         _call_host_wait_hooks("DeviceEvent.synchronize")
         if dev.kind == "cuda":
-            if self._cuda_event is not None:  # None: handed on after it was seen complete
+            if not self._complete:
                 self._cuda_event.synchronize()
-            self._complete = True
+                self._seen_complete()
         elif dev.kind == "sim":
             dev._run_through(self._seq)
 
@@ -263,6 +269,8 @@ class Device:
         self.policy: LagPolicy = make_lag_policy(lag_policy, seed) if kind == "sim" else RunImmediately()
         self.trace: list[str] | None = None  # sim: labels in the order they ran, when enabled
         self._on_stream: int | None = None  # cuda: the thread inside `on_stream` (its stream is current)
+        # cuda: CUDA events of this device's markers seen complete, re-recorded by its next markers (`DeviceEvent`)
+        self._spare_cuda_events: list[torch.cuda.Event] = []
 
     # ---------------------------------------------------------------- properties
     @property
@@ -371,9 +379,8 @@ class Device:
             return _NO_SCOPE
         return _StreamScope(self)
 
-    def record_event(self, reuse: DeviceEvent | None = None) -> DeviceEvent:
-        """A new marker at the end of the stream; ``reuse``: see `DeviceEvent.record`."""
-        return DeviceEvent(self).record(reuse)
+    def record_event(self) -> DeviceEvent:
+        return DeviceEvent(self).record()
 
     def begin_step(self) -> None:
         """Mark a step boundary (lag policies measure lag in steps)."""

@@ -208,9 +208,6 @@ class OutputSlots:
         self.pack = device.zeros(self.capacity_bytes, torch.uint8)
         self.slots = [device.pinned(self.capacity_bytes, torch.uint8) for _ in range(num_slots)]
         self._holders: list[AsyncStepOutput | None] = [None] * num_slots
-        # Per slot, the event of its last output once that output was read (so seen complete): the next
-        # output of the slot re-records its CUDA event (`impl.device.DeviceEvent.record`).
-        self._spent_events: list[DeviceEvent | None] = [None] * num_slots
         self._d2h: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # views of slots and pack (host objects)
         # Per layout shape: the pack's field views and the num_sampled slice (host objects over `pack` and
         # `num_sampled`; an eager step would otherwise slice and view ~3 tensors per field every step).
@@ -233,7 +230,6 @@ class OutputSlots:
     def release(self, slot: int, holder: AsyncStepOutput) -> None:
         if self._holders[slot] is holder:
             self._holders[slot] = None
-            self._spent_events[slot] = holder.event
 
     @hot_path
     def pack_results(self, layout: OutputLayout, results: dict) -> None:
@@ -303,7 +299,7 @@ class OutputSlots:
                 host.copy_(pack, non_blocking=True)
 
         self.device.enqueue(copy_out, f"d2h output slot{slot} step{meta.step_id}")
-        event = self.device.record_event(self._spent_events[slot])
+        event = self.device.record_event()
         result = AsyncStepOutput(self, slot, event, layout, meta)
         self._holders[slot] = result
         return result

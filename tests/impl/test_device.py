@@ -148,20 +148,23 @@ def test_cuda_stream_event_roundtrip():
 
 
 @pytest.mark.gpu
-def test_cuda_marker_hands_on_its_event_only_once_seen_complete():
-    """`DeviceEvent.record(reuse=...)`: a marker not yet seen complete keeps its CUDA event (re-recording it would
-    move the point the old marker stands for); one seen complete hands it on and stays complete without it."""
+def test_cuda_marker_gives_its_event_back_only_once_seen_complete():
+    """A marker not yet seen complete keeps its CUDA event (re-recording it would move the point the marker stands
+    for); one seen complete gives it back to the device, stays complete without it, and the next marker re-records it."""
     dev = Device("cuda")
     dev.inject_delay(20000)
     first = dev.record_event()
-    second = dev.record_event(reuse=first)  # first not seen complete: second needs an event of its own
-    assert second._cuda_event is not None and second._cuda_event is not first._cuda_event
-    assert not first.query()
+    event = first._cuda_event
+    second = dev.record_event()  # first not seen complete: second gets an event of its own
+    assert second._cuda_event is not None and second._cuda_event is not event
+    assert not first.query() and first._cuda_event is event
     first.synchronize()
+    assert first._cuda_event is None and dev._spare_cuda_events == [event]
     dev.inject_delay(20000)
-    third = dev.record_event(reuse=first)
-    assert first._cuda_event is None and first.query() and first.is_complete()
-    first.synchronize()  # a wait on a marker whose event was handed on returns at once
+    third = dev.record_event()
+    assert third._cuda_event is event and not dev._spare_cuda_events
+    assert first.query() and first.is_complete()
+    first.synchronize()  # a wait on a marker seen complete returns at once
     assert not third.query(), "the re-recorded event marks the work queued after it, not the old point"
     third.synchronize()
     assert third.query() and second.query()
@@ -169,7 +172,7 @@ def test_cuda_marker_hands_on_its_event_only_once_seen_complete():
 
 @pytest.mark.gpu
 def test_steady_runner_steps_re_record_their_slots_events():
-    """A run of graphed steady steps makes new CUDA events only until every staging and output slot had one."""
+    """A run of graphed steady steps makes no new CUDA events once the first steps' markers were seen complete."""
     import impl.device as device_module
     from bench.workload import DecodeWorkload
     from impl.interface import RunnerLimits, SamplingParams
@@ -192,7 +195,7 @@ def test_steady_runner_steps_re_record_their_slots_events():
     finally:
         device_module._new_cuda_event = new_event
     assert runner.last_step_stats.steady
-    assert len(made) == 0, f"{len(made)} CUDA events made in 40 steady steps after every slot had one"
+    assert len(made) == 0, f"{len(made)} CUDA events made in 40 steady steps after warm-up"
 
 
 @pytest.mark.gpu
