@@ -112,9 +112,10 @@ def _launch_pieces(device: Device) -> dict[str, float]:
     plan = fast._plan_of(probe_kernel)
     ordered = [*args, 64]
     kwargs = {"BLOCK": 64}
-    out["launch: its key (call_key)"] = _median_us(lambda: fast.call_key(plan, ordered, 0, kwargs), 1000)
-    compiled = plan.compiled[fast.call_key(plan, ordered, torch._C._cuda_getDevice(), kwargs)]
-    stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+    index = torch._C._cuda_getDevice()
+    out["launch: its key (call_key)"] = _median_us(lambda: fast.call_key(plan, ordered, index, kwargs), 1000)
+    compiled = plan.compiled[fast.call_key(plan, ordered, index, kwargs)]
+    stream = torch._C._cuda_getCurrentRawStream(index)
     out["launch: the compiled launcher alone (compiled.run)"] = _median_us(
         lambda: compiled.run(1, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *ordered), 1000)
     torch.cuda.synchronize()

@@ -156,6 +156,11 @@ class DeviceEvent:
         self.recorded = True
         return self
 
+    def _cuda_complete(self) -> bool:
+        if not self._complete and self._cuda_event.query():
+            self._seen_complete()
+        return self._complete
+
     def _seen_complete(self) -> None:
         self._complete = True
         spares = self._dev._spare_cuda_events
@@ -168,9 +173,7 @@ class DeviceEvent:
         if not self.recorded:
             raise DeviceError("query() on an event that was never recorded")
         if dev.kind == "cuda":
-            if not self._complete and self._cuda_event.query():
-                self._seen_complete()
-            return self._complete
+            return self._cuda_complete()
         if dev.kind == "sim":
             dev.policy.on_query(dev)
             return dev._done_seq >= self._seq
@@ -182,9 +185,7 @@ class DeviceEvent:
         if not self.recorded:
             raise DeviceError("is_complete() on an event that was never recorded")
         if dev.kind == "cuda":
-            if not self._complete and self._cuda_event.query():
-                self._seen_complete()
-            return self._complete
+            return self._cuda_complete()
         if dev.kind == "sim":
             return dev._done_seq >= self._seq
         return True
