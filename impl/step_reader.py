@@ -39,6 +39,7 @@ from impl.boundary import (
     check_step_id,
     validate_scheduler_output,
 )
+from impl import native
 from impl.exact_ints import RepeatedInt, equal_exact_ints
 from impl.interface import (
     CapacityError,
@@ -144,10 +145,39 @@ def read_steady_step(sched: SchedulerOutput, state: RequestStateTable, limits: R
     if (last is None or sched.new_requests or sched.finished_req_ids or sched.preempted_req_ids or sched.draft_token_ids
             or sched.num_device_drafts):
         return None
+    if _native_reader is not None:
+        read = read_steady_native(_native_reader, sched, state, limits, last)
+        if read is not NotImplemented:
+            return read
     try:
         return _read_steady(sched, state, limits, last)
     except (TypeError, ValueError):  # an element whose comparison or truth value fails: `read_step` names it
         return None
+
+
+# The C twin of `_read_steady` (`impl/native/steady_reader.c`); None without a compiler or with RUNNERCHECK_NATIVE=0.
+_native_reader = native.load("steady_reader")
+
+
+def read_steady_native(reader, sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits,
+                       last: StepArrays):
+    """`_read_steady` by ``reader`` (a build of `impl/native/steady_reader.c`): the same StepArrays or None, or
+    NotImplemented when the step holds an object of another type than the exact ones it reads (the Python
+    reader decides those)."""
+    cached = sched.cached_requests
+    got = reader.read_steady(cached.req_ids, sched.num_scheduled_tokens, cached.num_computed_tokens,
+                             cached.new_block_ids, last.req_ids, last.rows, state.num_computed, state.num_blocks,
+                             state.num_tokens, limits.block_size, blocks_per_request(limits.max_model_len, limits.block_size), limits.num_kv_blocks,
+                             limits.max_model_len, limits.max_num_batched_tokens)
+    if got is None or got is NotImplemented:
+        return got
+    starts, ends, known, appends = got
+    return StepArrays(
+        gone=(), cached_rows=appends[0] if appends is not None else _EMPTY, cached_computed=None,
+        cached_new_blocks=appends[1] if appends is not None else _EMPTY, block_appends=appends, req_ids=last.req_ids,
+        rows=last.rows, new_positions=(), query_lens=last.query_lens, starts=starts, ends=ends, known=known,
+        num_drafts=last.num_drafts, drafts=None, num_tokens=len(starts), steady=True,
+    )
 
 
 _ONE_EACH = RepeatedInt(1)  # the scheduled counts of a steady step

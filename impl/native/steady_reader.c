@@ -1,0 +1,254 @@
+/* The steady decode step's reader in one C pass: `impl.step_reader.read_steady_native`.
+ *
+ * It decides the same verdict as the Python reader (`impl.step_reader._read_steady`) on the steps
+ * whose every inspected object has its exact expected type (request ids `str`, counts and block
+ * ids `int`, block lists `tuple` or `list`, the scheduled counts a `dict`): then no comparison
+ * can call user code or raise, and the verdict is a pure function of the values.  On any other
+ * step it returns `NotImplemented` before deciding anything, and the Python reader (the
+ * reference) decides.  It changes nothing: the mirror arrays are only read.
+ *
+ * read_steady(cached_ids, scheduled, computed, block_lists, last_ids, rows,
+ *             num_computed, num_blocks, num_tokens,
+ *             block_size, max_blocks, num_kv_blocks, max_model_len, max_num_batched_tokens)
+ *   -> NotImplemented | None | (starts, ends, known, appends)
+ * appends: None, or (rows, counts, block ids) of the requests that appended blocks, in batch order.
+ *
+ * Built at run time by `impl.native` (with -DRUNNERCHECK_PLANT_TRUST_COMPUTED for the planted-bug
+ * test: a reader that never compares the scheduler's computed counts with the mirror).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#ifndef MODULE_NAME
+#define MODULE_NAME _steady_reader
+#endif
+#define CONCAT_(a, b) a##b
+#define CONCAT(a, b) CONCAT_(a, b)
+#define STRINGIFY_(a) #a
+#define STRINGIFY(a) STRINGIFY_(a)
+
+typedef struct {
+    const char *data;
+    npy_intp len;
+    npy_intp stride;
+} Int64View;
+
+#define AT(view, i) (*(const npy_int64 *)((view).data + (npy_intp)(i) * (view).stride))
+
+/* A 1-D int64 array in native byte order, aligned: readable in place.  0 for anything else. */
+static int int64_view(PyObject *obj, Int64View *view)
+{
+    if (!PyArray_Check(obj))
+        return 0;
+    PyArrayObject *array = (PyArrayObject *)obj;
+    if (PyArray_NDIM(array) != 1 || PyArray_TYPE(array) != NPY_INT64 || !PyArray_ISALIGNED(array)
+        || !PyArray_ISNOTSWAPPED(array))
+        return 0;
+    view->data = PyArray_BYTES(array);
+    view->len = PyArray_DIM(array, 0);
+    view->stride = PyArray_STRIDE(array, 0);
+    return 1;
+}
+
+enum { EXACT_INT = 1, EXACT_INT_TOO_BIG = 2 };
+
+/* An exact int (not a bool or subclass): EXACT_INT with its value, EXACT_INT_TOO_BIG when it does
+ * not fit 64 bits (then it equals no mirror value and lies in no bound), 0 for any other object. */
+static int exact_int(PyObject *obj, long long *value)
+{
+    if (!PyLong_CheckExact(obj))
+        return 0;
+    int overflow = 0;
+    *value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    return overflow ? EXACT_INT_TOO_BIG : EXACT_INT;
+}
+
+/* Two exact strs: equal?  (Identity first, as a tuple comparison does.) */
+static int same_id(PyObject *a, PyObject *b)
+{
+    return a == b || PyUnicode_Compare(a, b) == 0;
+}
+
+static PyObject *new_int64(npy_intp n)
+{
+    return PyArray_SimpleNew(1, &n, NPY_INT64);
+}
+
+#define DATA64(array) ((npy_int64 *)PyArray_DATA((PyArrayObject *)(array)))
+
+static PyObject *read_steady(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *cached_ids, *scheduled, *computed, *block_lists, *last_ids;
+    PyObject *rows_obj, *num_computed_obj, *num_blocks_obj, *num_tokens_obj;
+    long long block_size, max_blocks, num_kv_blocks, max_model_len, max_num_batched_tokens;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOLLLLL", &cached_ids, &scheduled, &computed, &block_lists, &last_ids,
+                          &rows_obj, &num_computed_obj, &num_blocks_obj, &num_tokens_obj, &block_size, &max_blocks,
+                          &num_kv_blocks, &max_model_len, &max_num_batched_tokens))
+        return NULL;
+    if (!PyTuple_CheckExact(cached_ids) || !PyDict_CheckExact(scheduled) || !PyTuple_CheckExact(computed)
+        || !PyTuple_CheckExact(block_lists) || !PyTuple_CheckExact(last_ids))
+        Py_RETURN_NOTIMPLEMENTED;
+    Int64View rows, mirror_computed, mirror_blocks, mirror_tokens;
+    if (!int64_view(rows_obj, &rows) || !int64_view(num_computed_obj, &mirror_computed)
+        || !int64_view(num_blocks_obj, &mirror_blocks) || !int64_view(num_tokens_obj, &mirror_tokens))
+        Py_RETURN_NOTIMPLEMENTED;
+    const Py_ssize_t n = PyTuple_GET_SIZE(last_ids);
+    /* Shapes the Python reader would compare element by element before finding the difference. */
+    if (n == 0 || rows.len != n || PyTuple_GET_SIZE(cached_ids) != n || PyTuple_GET_SIZE(computed) != n
+        || PyTuple_GET_SIZE(block_lists) != n || PyDict_GET_SIZE(scheduled) != n || block_size <= 0)
+        Py_RETURN_NOTIMPLEMENTED;
+    const npy_intp num_rows = mirror_computed.len;
+    if (mirror_blocks.len != num_rows || mirror_tokens.len != num_rows)
+        Py_RETURN_NOTIMPLEMENTED;
+
+    /* One pass: every object's exact type (any other: NotImplemented, whatever the values say), and
+     * whether a value fails a rule (then None).  Appended blocks are counted for the second pass. */
+    int mismatch = 0;
+    Py_ssize_t num_appending = 0, num_appended = 0, pos = 0;
+    PyObject *key, *value;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rid = PyTuple_GET_ITEM(last_ids, i), *cached_rid = PyTuple_GET_ITEM(cached_ids, i);
+        if (!PyDict_Next(scheduled, &pos, &key, &value))
+            Py_RETURN_NOTIMPLEMENTED;  /* the dict changed size: not a state the reader should see */
+        if (!PyUnicode_CheckExact(rid) || !PyUnicode_CheckExact(cached_rid) || !PyUnicode_CheckExact(key))
+            Py_RETURN_NOTIMPLEMENTED;
+        if (!same_id(cached_rid, rid) || !same_id(key, rid))
+            mismatch = 1;
+        long long count, claimed;
+        int kind = exact_int(value, &count);
+        if (!kind)
+            Py_RETURN_NOTIMPLEMENTED;
+        if (kind != EXACT_INT || count != 1)
+            mismatch = 1;
+        npy_int64 row = AT(rows, i);
+        if (row < 0 || row >= num_rows)
+            Py_RETURN_NOTIMPLEMENTED;
+        kind = exact_int(PyTuple_GET_ITEM(computed, i), &claimed);
+        if (!kind)
+            Py_RETURN_NOTIMPLEMENTED;
+#ifndef RUNNERCHECK_PLANT_TRUST_COMPUTED
+        if (kind != EXACT_INT || claimed != AT(mirror_computed, row))
+            mismatch = 1;
+#endif
+        PyObject *blocks = PyTuple_GET_ITEM(block_lists, i);
+        Py_ssize_t num_new;
+        if (PyTuple_CheckExact(blocks))
+            num_new = PyTuple_GET_SIZE(blocks);
+        else if (PyList_CheckExact(blocks)) {
+            num_new = PyList_GET_SIZE(blocks);
+            if (num_new == 0)
+                mismatch = 1;  /* an empty list is neither ``()`` nor an append */
+        }
+        else
+            Py_RETURN_NOTIMPLEMENTED;
+        if (num_new) {
+            PyObject **items = PySequence_Fast_ITEMS(blocks);
+            for (Py_ssize_t j = 0; j < num_new; j++) {
+                long long block;
+                kind = exact_int(items[j], &block);
+                if (!kind)
+                    Py_RETURN_NOTIMPLEMENTED;
+                if (kind != EXACT_INT || block < 0 || block >= num_kv_blocks)
+                    mismatch = 1;
+            }
+            num_appending++;
+            num_appended += num_new;
+        }
+    }
+    if (mismatch || n > max_num_batched_tokens)
+        Py_RETURN_NONE;
+
+    /* Second pass: the arrays, and the bounds after this step's appends. */
+    PyObject *starts = new_int64(n), *ends = new_int64(n), *known = new_int64(n);
+    PyObject *append_rows = NULL, *append_counts = NULL, *append_ids = NULL, *appends = NULL;
+    if (!starts || !ends || !known)
+        goto fail;
+    if (num_appending) {
+        append_rows = new_int64(num_appending);
+        append_counts = new_int64(num_appending);
+        append_ids = new_int64(num_appended);
+        if (!append_rows || !append_counts || !append_ids)
+            goto fail;
+    }
+    npy_int64 *starts_out = DATA64(starts), *ends_out = DATA64(ends), *known_out = DATA64(known);
+    Py_ssize_t a = 0, b = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        npy_int64 row = AT(rows, i), start = AT(mirror_computed, row), blocks_held = AT(mirror_blocks, row);
+        PyObject *blocks = PyTuple_GET_ITEM(block_lists, i);
+        Py_ssize_t num_new = Py_SIZE(blocks);
+        if (num_new) {
+            blocks_held += num_new;
+            if (blocks_held > max_blocks) {
+                mismatch = 1;
+                break;
+            }
+            DATA64(append_rows)[a] = row;
+            DATA64(append_counts)[a++] = num_new;
+            PyObject **items = PySequence_Fast_ITEMS(blocks);
+            for (Py_ssize_t j = 0; j < num_new; j++)
+                DATA64(append_ids)[b++] = PyLong_AsLongLong(items[j]);
+        }
+        /* Past what the blocks hold, or past the model's length (ends = starts + 1). */
+        if (start >= blocks_held * block_size || start + 1 > max_model_len) {
+            mismatch = 1;
+            break;
+        }
+        starts_out[i] = start;
+        ends_out[i] = start + 1;
+        known_out[i] = AT(mirror_tokens, row);
+    }
+    if (mismatch) {
+        Py_DECREF(starts);
+        Py_DECREF(ends);
+        Py_DECREF(known);
+        Py_XDECREF(append_rows);
+        Py_XDECREF(append_counts);
+        Py_XDECREF(append_ids);
+        Py_RETURN_NONE;
+    }
+    if (num_appending) {
+        appends = PyTuple_Pack(3, append_rows, append_counts, append_ids);
+        if (!appends)
+            goto fail;
+        Py_DECREF(append_rows);
+        Py_DECREF(append_counts);
+        Py_DECREF(append_ids);
+    }
+    else {
+        appends = Py_NewRef(Py_None);
+    }
+    PyObject *result = PyTuple_Pack(4, starts, ends, known, appends);
+    Py_DECREF(starts);
+    Py_DECREF(ends);
+    Py_DECREF(known);
+    Py_DECREF(appends);
+    return result;
+
+fail:
+    Py_XDECREF(starts);
+    Py_XDECREF(ends);
+    Py_XDECREF(known);
+    Py_XDECREF(append_rows);
+    Py_XDECREF(append_counts);
+    Py_XDECREF(append_ids);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"read_steady", read_steady, METH_VARARGS, "The steady decode step's reader (see the module's source header)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, STRINGIFY(MODULE_NAME), "The steady decode step's reader, in C.", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC CONCAT(PyInit_, MODULE_NAME)(void)
+{
+    import_array();
+    return PyModule_Create(&module);
+}

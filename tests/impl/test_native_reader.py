@@ -1,0 +1,267 @@
+"""The steady reader's C twin (`impl/native/steady_reader.c`) against the Python reader, and its loader.
+
+The Python reader (`impl.step_reader._read_steady`) is the reference: on every generated step
+near a steady state -- ids swapped, renamed or mistyped, scheduled counts off, computed counts
+off by one or of another type, block lists empty, out of range, too long or of another type --
+the C reader returns the same verdict (None, or `StepArrays` equal field by field) or
+NotImplemented, and NotImplemented only when some object it reads is not of its exact type.
+A build of the C reader with a planted bug (it trusts the mirror's computed counts) is caught
+by the same comparison.
+"""
+from __future__ import annotations
+
+import logging
+import sysconfig
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import impl.native as native
+import impl.step_reader as step_reader
+from impl.interface import CachedRequests, RunnerLimits, SchedulerOutput
+from impl.step_reader import StepArrays, _read_steady, read_steady_native
+
+LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=8, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=48,
+                      block_size=4)
+MAX_BLOCKS = 16  # 64 tokens / 4 per block
+
+reader = native.load("steady_reader")
+needs_native = pytest.mark.skipif(reader is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
+
+
+class Odd(str):
+    """A str subclass: equal to its text, but not the exact type the C reader reads."""
+
+
+def _python_verdict(sched, state, last):
+    try:
+        return _read_steady(sched, state, LIMITS, last)
+    except (TypeError, ValueError):
+        return None  # as `read_steady_step` answers
+
+
+def _same(a: StepArrays | None, b: StepArrays | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    for name in StepArrays.__slots__:
+        x, y = getattr(a, name), getattr(b, name)
+        if name == "block_appends":
+            if (x is None) != (y is None) or (x is not None and not all(np.array_equal(p, q) for p, q in zip(x, y))):
+                return False
+        elif isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            if not np.array_equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def assert_readers_agree(c_reader, sched: SchedulerOutput, state, last: StepArrays, exactly_typed: bool) -> None:
+    got = read_steady_native(c_reader, sched, state, LIMITS, last)
+    if got is NotImplemented:
+        assert not exactly_typed, "the C reader declined a step whose every object has its exact type"
+        return
+    want = _python_verdict(sched, state, last)
+    assert _same(got, want), f"C reader: {got}\nPython reader: {want}"
+
+
+def _mirror(rows: list[int], computed: list[int], tokens_ahead: list[int]) -> SimpleNamespace:
+    """The three host-mirror arrays the steady readers read (the rest of the table is not touched)."""
+    num_computed = np.zeros(LIMITS.max_num_reqs, np.int64)
+    num_tokens = np.zeros(LIMITS.max_num_reqs, np.int64)
+    num_blocks = np.zeros(LIMITS.max_num_reqs, np.int64)
+    for row, c, ahead in zip(rows, computed, tokens_ahead):
+        num_computed[row], num_tokens[row] = c, c + ahead
+        # Enough blocks for the tokens before the step; one short when the step crosses into a new block.
+        num_blocks[row] = c // LIMITS.block_size + (c % LIMITS.block_size != 0 or c == 0)
+    return SimpleNamespace(num_computed=num_computed, num_tokens=num_tokens, num_blocks=num_blocks)
+
+
+def _last(req_ids: tuple, rows: list[int]) -> StepArrays:
+    n = len(req_ids)
+    ones = np.ones(n, np.int64)
+    return StepArrays(gone=(), cached_rows=np.zeros(0, np.int64), cached_computed=None, cached_new_blocks=np.zeros(0, np.int64),
+                      block_appends=None, req_ids=req_ids, rows=np.array(rows, np.int64), new_positions=(), query_lens=ones,
+                      starts=np.zeros(n, np.int64), ends=ones, known=ones, num_drafts=np.zeros(n, np.int64), drafts=None,
+                      num_tokens=n)
+
+
+# Replacements for one entry of a field, and whether each keeps every object of its exact type.
+ODD_COUNTS = (True, 1.0, None, np.int64(1), "1")
+ODD_BLOCK_LISTS = (None, "", "4", np.array([3]), frozenset({3}), (True,), (3.0,), (np.int64(3),))
+
+
+@st.composite
+def steps(draw):
+    n = draw(st.integers(1, 6))
+    rows = draw(st.permutations(range(LIMITS.max_num_reqs)))[:n]
+    computed = [draw(st.integers(0, 60)) for _ in range(n)]
+    ahead = [draw(st.integers(1, 3)) for _ in range(n)]
+    state = _mirror(rows, computed, ahead)
+    req_ids = tuple(f"r{row}" for row in rows)
+    last = _last(req_ids, rows)
+    cached_ids = list(req_ids)
+    scheduled = {rid: 1 for rid in req_ids}
+    claimed = [int(state.num_computed[row]) for row in rows]
+    # A block where the step crosses into one (start a multiple of the block size), else none.
+    block_lists = [(draw(st.integers(0, LIMITS.num_kv_blocks - 1)),) if c % LIMITS.block_size == 0 and c else ()
+                   for c in computed]
+    exactly_typed = True
+    for _ in range(draw(st.integers(0, 3))):
+        i = draw(st.integers(0, n - 1))
+        kind = draw(st.sampled_from(["id", "id odd", "key order", "scheduled", "scheduled odd", "computed",
+                                     "computed odd", "blocks", "blocks odd", "blocks list", "drop block"]))
+        if kind == "id":
+            cached_ids[i] = draw(st.sampled_from(["ghost", req_ids[(i + 1) % n], "r" + str(rows[i])]))
+        elif kind == "id odd":
+            cached_ids[i] = draw(st.sampled_from([Odd(req_ids[i]), 7, None]))
+            exactly_typed = False
+        elif kind == "key order" and n > 1:
+            scheduled = dict(reversed(list(scheduled.items())))
+        elif kind == "scheduled":
+            scheduled[req_ids[i]] = draw(st.sampled_from([0, 2, -1, 2**70]))
+        elif kind == "scheduled odd":
+            scheduled[req_ids[i]] = draw(st.sampled_from(ODD_COUNTS))
+            exactly_typed = False
+        elif kind == "computed":
+            c = computed[i]
+            claimed[i] = draw(st.sampled_from([c + 1, c - 1, -1, 2**70, 2**40]))
+        elif kind == "computed odd":
+            claimed[i] = draw(st.sampled_from(ODD_COUNTS))
+            exactly_typed = False
+        elif kind == "blocks":
+            block_lists[i] = draw(st.sampled_from([
+                [5], [], (LIMITS.num_kv_blocks,), (-1,), tuple(range(20, 20 + MAX_BLOCKS + 1)), (3, 4), [2**70]]))
+        elif kind == "blocks odd":
+            block_lists[i] = draw(st.sampled_from(ODD_BLOCK_LISTS))
+            exactly_typed = False
+        elif kind == "blocks list":
+            block_lists[i] = draw(st.sampled_from([[1], [1, 2]]))
+        elif kind == "drop block":
+            block_lists[i] = ()
+    cached = CachedRequests(tuple(cached_ids), tuple(block_lists), tuple(claimed))
+    return SchedulerOutput(step_id=9, cached_requests=cached, num_scheduled_tokens=scheduled), state, last, exactly_typed
+
+
+@needs_native
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps())
+def test_c_reader_agrees_with_the_python_reader(case):
+    sched, state, last, exactly_typed = case
+    assert_readers_agree(reader, sched, state, last, exactly_typed)
+
+
+@needs_native
+def test_c_reader_reads_a_steady_step_with_appends():
+    rows = [3, 0, 5]
+    state = _mirror(rows, [8, 9, 12], [1, 1, 1])
+    last = _last(("a", "b", "c"), rows)
+    sched = SchedulerOutput(step_id=2, cached_requests=CachedRequests(("a", "b", "c"), ((7,), (), [11, 12]), (8, 9, 12)),
+                            num_scheduled_tokens={"a": 1, "b": 1, "c": 1})
+    got = read_steady_native(reader, sched, state, LIMITS, last)
+    assert got is not None and got is not NotImplemented
+    assert got.starts.tolist() == [8, 9, 12] and got.ends.tolist() == [9, 10, 13] and got.known.tolist() == [9, 10, 13]
+    assert [a.tolist() for a in got.block_appends] == [[3, 5], [1, 2], [7, 11, 12]]
+    assert got.cached_rows is got.block_appends[0]
+    assert_readers_agree(reader, sched, state, last, exactly_typed=True)
+
+
+def test_planted_bug_c_reader_trusting_the_mirror_is_caught():
+    """The comparison can fail: a build that never compares the scheduler's computed counts with the mirror."""
+    if native.mode() == "0":
+        pytest.skip("RUNNERCHECK_NATIVE=0")
+    try:
+        trusting = native.load("steady_reader", ("RUNNERCHECK_PLANT_TRUST_COMPUTED",))
+    except native.NativeBuildError as err:
+        pytest.skip(f"no C compiler here: {err}")
+    rows = [1, 2]
+    state = _mirror(rows, [5, 6], [1, 1])
+    last = _last(("a", "b"), rows)
+    off_by_one = SchedulerOutput(step_id=2, cached_requests=CachedRequests(("a", "b"), ((), ()), (5, 7)),
+                                 num_scheduled_tokens={"a": 1, "b": 1})
+    if reader is not None:
+        assert_readers_agree(reader, off_by_one, state, last, exactly_typed=True)  # the real build rejects it too
+    with pytest.raises(AssertionError, match="C reader"):
+        assert_readers_agree(trusting, off_by_one, state, last, exactly_typed=True)
+
+
+# --------------------------------------------------------------------------- the loader
+
+@pytest.fixture
+def fresh_loader(monkeypatch, tmp_path):
+    """`impl.native.load` with an empty module cache and an empty build directory."""
+    monkeypatch.setattr(native, "_loaded", {})
+    monkeypatch.setenv("RUNNERCHECK_NATIVE_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _without_compiler(monkeypatch):
+    real = sysconfig.get_config_var
+
+    def config_var(name):
+        return "/nonexistent/cc" if name in ("CC", "LDSHARED") else real(name)
+
+    monkeypatch.setattr(native.sysconfig, "get_config_var", config_var)
+
+
+def test_native_off_gives_the_python_twin(fresh_loader, monkeypatch):
+    monkeypatch.setenv("RUNNERCHECK_NATIVE", "0")
+    assert native.load("steady_reader") is None
+    assert not any(fresh_loader.iterdir())  # nothing was built
+
+
+def test_a_bad_native_setting_is_a_typed_error(fresh_loader, monkeypatch):
+    monkeypatch.setenv("RUNNERCHECK_NATIVE", "yes")
+    with pytest.raises(native.NativeBuildError, match="RUNNERCHECK_NATIVE"):
+        native.load("steady_reader")
+
+
+def test_without_a_compiler_auto_warns_and_falls_back(fresh_loader, monkeypatch, caplog):
+    monkeypatch.setenv("RUNNERCHECK_NATIVE", "auto")
+    _without_compiler(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="impl.native"):
+        assert native.load("steady_reader") is None
+    assert "Python twin" in caplog.text
+
+
+def test_without_a_compiler_required_native_raises(fresh_loader, monkeypatch):
+    monkeypatch.setenv("RUNNERCHECK_NATIVE", "1")
+    _without_compiler(monkeypatch)
+    with pytest.raises(native.NativeBuildError, match="steady_reader"):
+        native.load("steady_reader")
+
+
+@needs_native
+def test_a_build_is_cached_and_reused(fresh_loader):
+    first = native.load("steady_reader")
+    built = list(fresh_loader.rglob("*.so")) + list(fresh_loader.rglob("*.pyd"))
+    assert first is not None and len(built) == 1
+    native._loaded.clear()
+    mtime = built[0].stat().st_mtime_ns
+    assert native.load("steady_reader") is not None
+    assert built[0].stat().st_mtime_ns == mtime  # loaded, not rebuilt
+
+
+def test_the_runner_reads_steady_steps_with_the_python_twin(monkeypatch):
+    """With the C reader off, `read_steady_step` still reads steady steps (the test_steady_step run, reader off)."""
+    import test_steady_step
+
+    monkeypatch.setattr(step_reader, "_native_reader", None)
+    test_steady_step.test_steady_reader_agrees_with_the_full_reader_on_a_decode_run()
+
+
+def test_the_steady_bad_input_catalogue_holds_with_the_python_twin(monkeypatch):
+    """The bad-input suite's steady variants with the C reader off: the same typed errors, no state changed
+    (the suite itself runs with the C reader whenever it is built)."""
+    from test_bad_inputs import _runner, _schedule, _throw, _variants_at_5
+
+    monkeypatch.setattr(step_reader, "_native_reader", None)
+    runner, outputs = _runner(), []
+    for step in range(5):
+        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
+    seen: dict[str, type] = {}
+    _throw(runner, _variants_at_5(_schedule(5, outputs)), seen)
+    assert len(seen) >= 40
