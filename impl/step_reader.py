@@ -159,6 +159,11 @@ def read_steady_step(sched: SchedulerOutput, state: RequestStateTable, limits: R
 _native_reader = native.load("steady_reader")
 
 
+def steady_reader_kind() -> str:
+    """Which steady reader `read_steady_step` tries first: "C" (`impl/native/steady_reader.c`) or "Python"."""
+    return "C" if _native_reader is not None else "Python"
+
+
 def read_steady_native(reader, sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits,
                        last: StepArrays):
     """`_read_steady` by ``reader`` (a build of `impl/native/steady_reader.c`): the same StepArrays or None, or
