@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from impl import native
 from impl.buffers import StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
@@ -72,6 +73,15 @@ _ARANGE = np.arange(4096, dtype=np.int64)
 _ARANGE.flags.writeable = False
 _META_WORDS = 3  # (destination word, length in words, source word) per diff
 _NP_DTYPES = {torch.int32: np.int32, torch.float32: np.float32, torch.int64: np.int64}
+_steady = native.load("steady")  # `pack_ragged`, the C twin of the one-ragged diff table; None: numpy only
+
+
+def _fill_diff_table(words: np.ndarray, dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray) -> None:
+    """Write a diff table into ``words``: ``_META_WORDS`` words (destination, length, source) per diff, then the values."""
+    n = len(lens)
+    meta = words[: _META_WORDS * n].reshape(n, _META_WORDS)
+    meta[:, 0], meta[:, 1], meta[:, 2] = dst, lens, src
+    words[_META_WORDS * n :] = values
 
 
 class StagedWriteGroup:
@@ -176,32 +186,38 @@ class StagedWriteGroup:
 
     def _flush_one_ragged(self, tensor: "StagedWriteTensor", writer: StagingWriter) -> None:
         """`flush` of one int32 member's one ragged set that fits a slot (a steady step's block appends):
-        the same diff table as the general path, built without its gathering."""
+        the same diff table as the general path, built without its gathering (in C when `impl.native` built it)."""
         self._dirty = []
         rows, starts, lens, values = tensor._ragged.pop()
-        dst = rows * tensor.num_cols
-        dst += starts
-        dst += tensor.word_offset
         n = len(lens)
-        # One element each (a block per appending request): the source offsets are 0..n-1.
-        if len(values) == n and n <= len(_ARANGE):
-            src = _ARANGE[:n]
-        else:
-            src = np.zeros(n, np.int64)
-            lens[:-1].cumsum(out=src[1:])
-        self._applies = [self._pack(dst, lens, src, values, writer)]  # int64 values: the pack writes them as int32
+        total = _META_WORDS * n + len(values)
+        host, slot, start = writer.reserve_words(total)
+        if _steady is None or _steady.pack_ragged(host, rows, starts, lens, values, tensor.num_cols,
+                                                  tensor.word_offset) is NotImplemented:
+            dst = rows * tensor.num_cols
+            dst += starts
+            dst += tensor.word_offset
+            # One element each (a block per appending request): the source offsets are 0..n-1.
+            if len(values) == n and n <= len(_ARANGE):
+                src = _ARANGE[:n]
+            else:
+                src = np.zeros(n, np.int64)
+                lens[:-1].cumsum(out=src[1:])
+            _fill_diff_table(host, dst, lens, src, values)  # int64 values: written as int32
+        self._applies = [self._packed(slot, start, n, total)]
 
     def _pack(self, dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray, writer: StagingWriter) -> Callable[[], None]:
         n = len(lens)
-        meta_words = _META_WORDS * n
-        total = meta_words + len(values)
+        total = _META_WORDS * n + len(values)
         host, slot, start = writer.reserve_words(total)
-        meta = host[:meta_words].reshape(n, _META_WORDS)
-        meta[:, 0], meta[:, 1], meta[:, 2] = dst, lens, src
-        host[meta_words:] = values
+        _fill_diff_table(host, dst, lens, src, values)
+        return self._packed(slot, start, n, total)
+
+    def _packed(self, slot: object, start: int, n: int, total: int) -> Callable[[], None]:
+        """Note a diff table of ``n`` diffs written at word ``start`` of ``slot``; its apply launch (enqueued later)."""
         self.h2d_bytes_last_flush += 4 * total
         self._packs.append((slot, start, n))
-        arena = self.arena
+        arena, meta_words = self.arena, _META_WORDS * n
 
         def apply() -> None:
             # The device view is made here: a bucketed step drops this apply (`take_single_pack`).

@@ -52,11 +52,14 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
+from impl import native
 from impl.buffers import StagingWriter
 from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from impl.device import Device, DeviceEvent
 from impl.hotpath import hot_path
 from impl.interface import CachedRequests, CapacityError, LiveRequest, NewRequest, SamplingParams
+
+_steady = native.load("steady")  # `advance_decode`, the C twin of `advance`'s no-draft update; None: numpy only
 
 NUM_COMPUTED = 0
 NUM_TOKENS = 1
@@ -294,9 +297,11 @@ class RequestStateTable:
             samples = end == known + k  # reached the end of what is known
             self.num_tokens[rows] = np.where(samples, end + 1, known)
             self.unconfirmed_drafts[rows] += np.where(samples, k, 0)
-        else:  # end <= known (checked at the boundary): a request that reached the end samples one more
+            self.num_computed[rows] = end
+        # end <= known (checked at the boundary): a request that reached the end samples one more.
+        elif _steady is None or _steady.advance_decode(rows, end, known, self.num_tokens, self.num_computed) is NotImplemented:
             self.num_tokens[rows] = np.maximum(known, end + 1)
-        self.num_computed[rows] = end
+            self.num_computed[rows] = end
 
     @hot_path
     def mark_used(self, rows: Iterable[int] | np.ndarray, event: DeviceEvent) -> None:

@@ -17,7 +17,10 @@ one token each, nothing admitted, finished or preempted, no drafts -- is read by
 `read_steady_step` instead: rows, order and query lengths are the last step's, so it reads only
 the computed counts and appended blocks (C-level passes) and checks them against the mirror.  It
 never raises past the container and step-id checks: any step it does not accept in full goes to
-`read_step`, so the verdicts (and error classes) are `read_step`'s.
+`read_step`, so the verdicts (and error classes) are `read_step`'s.  It tries the C twin of its
+Python reader first (`read_steady`, `impl/native/steady.c`, built at first use by `impl.native`):
+one pass over the step's objects that decides the same verdict whenever every object it reads has
+its exact type, and hands every other step to the Python reader (`_read_steady`), the reference.
 
 The result, `StepArrays`, serves the row updates (`apply_cached`, block appends, admissions)
 and the step plan (`impl.input_batch.plan_step`); nothing reads the `SchedulerOutput` again
@@ -155,25 +158,20 @@ def read_steady_step(sched: SchedulerOutput, state: RequestStateTable, limits: R
         return None
 
 
-# The C twin of `_read_steady` (`impl/native/steady_reader.c`); None without a compiler or with RUNNERCHECK_NATIVE=0.
-_native_reader = native.load("steady_reader")
-
-
-def steady_reader_kind() -> str:
-    """Which steady reader `read_steady_step` tries first: "C" (`impl/native/steady_reader.c`) or "Python"."""
-    return "C" if _native_reader is not None else "Python"
+# The C twin of `_read_steady` (`impl/native/steady.c`); None without a compiler or with RUNNERCHECK_NATIVE=0.
+_native_reader = native.load("steady")
 
 
 def read_steady_native(reader, sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits,
                        last: StepArrays):
-    """`_read_steady` by ``reader`` (a build of `impl/native/steady_reader.c`): the same StepArrays or None, or
+    """`_read_steady` by ``reader`` (a build of `impl/native/steady.c`): the same StepArrays or None, or
     NotImplemented when the step holds an object of another type than the exact ones it reads (the Python
     reader decides those)."""
     cached = sched.cached_requests
     got = reader.read_steady(cached.req_ids, sched.num_scheduled_tokens, cached.num_computed_tokens,
                              cached.new_block_ids, last.req_ids, last.rows, state.num_computed, state.num_blocks,
-                             state.num_tokens, limits.block_size, blocks_per_request(limits.max_model_len, limits.block_size), limits.num_kv_blocks,
-                             limits.max_model_len, limits.max_num_batched_tokens)
+                             state.num_tokens, limits.block_size, blocks_per_request(limits.max_model_len, limits.block_size),
+                             limits.num_kv_blocks, limits.max_model_len, limits.max_num_batched_tokens)
     if got is None or got is NotImplemented:
         return got
     starts, ends, known, appends = got

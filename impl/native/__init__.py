@@ -69,6 +69,11 @@ def load(name: str, defines: tuple[str, ...] = ()) -> ModuleType | None:
     return _loaded[key]
 
 
+def describe(name: str = "steady") -> str:
+    """What a run uses for ``impl/native/<name>.c``: "C" when it is built and loaded, else "Python" (its twins)."""
+    return "C" if load(name) is not None else "Python"
+
+
 def cache_dir() -> Path:
     configured = os.environ.get("RUNNERCHECK_NATIVE_CACHE")
     if configured:
@@ -121,4 +126,4 @@ def _compile(source: Path, module: str, defines: tuple[str, ...], target: Path) 
     log.info("built native module %s at %s", module, target)
 
 
-__all__ = ["NativeBuildError", "cache_dir", "load", "mode"]
+__all__ = ["NativeBuildError", "cache_dir", "describe", "load", "mode"]

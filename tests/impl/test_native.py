@@ -1,4 +1,6 @@
-"""The steady reader's C twin (`impl/native/steady_reader.c`) against the Python reader, and its loader.
+"""The steady step's C twins (`impl/native/steady.c`) against their Python references, and their loader.
+
+The reader:
 
 The Python reader (`impl.step_reader._read_steady`) is the reference: on every generated step
 near a steady state -- ids swapped, renamed or mistyped, scheduled counts off, computed counts
@@ -7,6 +9,11 @@ the C reader returns the same verdict (None, or `StepArrays` equal field by fiel
 NotImplemented, and NotImplemented only when some object it reads is not of its exact type.
 A build of the C reader with a planted bug (it trusts the mirror's computed counts) is caught
 by the same comparison.
+
+The mirror's advance and the one-ragged diff table: on generated batches the C functions write
+exactly what the numpy code of their owners (`RequestStateTable.advance`,
+`StagedWriteGroup._flush_one_ragged`) writes; builds that forget the sampled token, or write every
+diff's source offset as 0, are caught.
 """
 from __future__ import annotations
 
@@ -19,8 +26,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import torch
+
 import impl.native as native
+import impl.staged_writes as staged_writes
+import impl.state as state_module
 import impl.step_reader as step_reader
+from impl.buffers import StagingPool, StagingWriter
+from impl.device import Device
+from impl.staged_writes import StagedWriteTensor
+from impl.state import RequestStateTable
 from impl.interface import CachedRequests, RunnerLimits, SchedulerOutput
 from impl.step_reader import StepArrays, _read_steady, read_steady_native
 
@@ -28,8 +43,18 @@ LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=8, max_model_len=64, max_num_
                       block_size=4)
 MAX_BLOCKS = 16  # 64 tokens / 4 per block
 
-reader = native.load("steady_reader")
+reader = native.load("steady")
 needs_native = pytest.mark.skipif(reader is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
+
+
+def _planted(define: str):
+    """A build of impl/native/steady.c with a planted bug; skips where nothing can be built."""
+    if native.mode() == "0":
+        pytest.skip("RUNNERCHECK_NATIVE=0")
+    try:
+        return native.load("steady", (define,))
+    except native.NativeBuildError as err:
+        pytest.skip(f"no C compiler here: {err}")
 
 
 class Odd(str):
@@ -171,12 +196,7 @@ def test_c_reader_reads_a_steady_step_with_appends():
 
 def test_planted_bug_c_reader_trusting_the_mirror_is_caught():
     """The comparison can fail: a build that never compares the scheduler's computed counts with the mirror."""
-    if native.mode() == "0":
-        pytest.skip("RUNNERCHECK_NATIVE=0")
-    try:
-        trusting = native.load("steady_reader", ("RUNNERCHECK_PLANT_TRUST_COMPUTED",))
-    except native.NativeBuildError as err:
-        pytest.skip(f"no C compiler here: {err}")
+    trusting = _planted("RUNNERCHECK_PLANT_TRUST_COMPUTED")
     rows = [1, 2]
     state = _mirror(rows, [5, 6], [1, 1])
     last = _last(("a", "b"), rows)
@@ -186,6 +206,123 @@ def test_planted_bug_c_reader_trusting_the_mirror_is_caught():
         assert_readers_agree(reader, off_by_one, state, last, exactly_typed=True)  # the real build rejects it too
     with pytest.raises(AssertionError, match="C reader"):
         assert_readers_agree(trusting, off_by_one, state, last, exactly_typed=True)
+
+
+# --------------------------------------------------------------------------- the mirror's advance
+
+NUM_ROWS = 8
+
+
+def _advanced(c_module, rows: np.ndarray, ends: np.ndarray, known: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(num_tokens, num_computed) after `RequestStateTable.advance` of a planned decode batch, with ``c_module``
+    as its C twin (None: numpy)."""
+    table = SimpleNamespace(num_tokens=np.arange(NUM_ROWS, dtype=np.int64) * 3, num_computed=np.arange(NUM_ROWS, dtype=np.int64),
+                            unconfirmed_drafts=np.zeros(NUM_ROWS, np.int64), req_to_row={})
+    req_ids = tuple(f"r{r}" for r in rows)
+    table._planned = (req_ids, rows, ends, known)
+    saved = state_module._steady
+    state_module._steady = c_module
+    try:
+        RequestStateTable.advance(table, req_ids, None, None)
+    finally:
+        state_module._steady = saved
+    return table.num_tokens, table.num_computed
+
+
+@st.composite
+def decode_batches(draw):
+    n = draw(st.integers(0, NUM_ROWS))
+    rows = np.array(draw(st.permutations(range(NUM_ROWS)))[:n], np.int64)
+    ends = np.array([draw(st.integers(1, 100)) for _ in range(n)], np.int64)
+    known = ends + np.array([draw(st.integers(-1, 3)) for _ in range(n)], np.int64)  # at, past or behind the end
+    return rows, ends, known
+
+
+def assert_advances_agree(c_module, rows, ends, known) -> None:
+    got, want = _advanced(c_module, rows, ends, known), _advanced(None, rows, ends, known)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"C advance: {got}\nnumpy advance: {want}"
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(decode_batches())
+def test_c_advance_writes_what_numpy_writes(batch):
+    assert_advances_agree(reader, *batch)
+
+
+@needs_native
+def test_c_advance_declines_what_it_cannot_read():
+    rows = np.array([1, 2], np.int64)
+    assert reader.advance_decode(rows.astype(np.int32), rows, rows, np.zeros(4, np.int64), np.zeros(4, np.int64)) is NotImplemented
+    frozen = np.zeros(4, np.int64)
+    frozen.flags.writeable = False
+    assert reader.advance_decode(rows, rows, rows, frozen, np.zeros(4, np.int64)) is NotImplemented
+    out_of_range = np.zeros(2, np.int64)
+    assert reader.advance_decode(np.array([1, 9], np.int64), rows, rows, out_of_range, out_of_range) is NotImplemented
+    assert not out_of_range.any()  # declined before writing
+
+
+def test_planted_bug_c_advance_forgetting_the_sampled_token_is_caught():
+    forgetting = _planted("RUNNERCHECK_PLANT_NO_SAMPLE")
+    at_the_end = (np.array([3], np.int64), np.array([10], np.int64), np.array([10], np.int64))
+    with pytest.raises(AssertionError, match="C advance"):
+        assert_advances_agree(forgetting, *at_the_end)
+
+
+# --------------------------------------------------------------------------- the one-ragged diff table
+
+TABLE_ROWS, TABLE_COLS = 6, 8
+
+
+def _staged_table(c_module, rows, starts, lens, values) -> tuple[list[int], list[list[int]]]:
+    """(the diff table's words, the table after the apply) for one ragged set through a private
+    `StagedWriteTensor` on cpu, with ``c_module`` as the group's C twin (None: numpy)."""
+    dev = Device("cpu")
+    table = StagedWriteTensor(dev, (TABLE_ROWS, TABLE_COLS), torch.int32, "table", fill=-1)
+    table.stage_ragged(rows, starts, lens, values)
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=1024)
+    writer = StagingWriter(pool, 0)
+    saved = staged_writes._steady
+    staged_writes._steady = c_module
+    try:
+        table.flush(writer)
+    finally:
+        staged_writes._steady = saved
+    slot, start, n = table.group._packs[0]
+    words = slot.host_words[start : start + 3 * n + len(values)].tolist()
+    writer.submit()
+    table.enqueue_apply()
+    dev.synchronize()
+    return words, table.base.tolist()
+
+
+@st.composite
+def ragged_sets(draw):
+    n = draw(st.integers(1, TABLE_ROWS))
+    rows = np.array(draw(st.permutations(range(TABLE_ROWS)))[:n], np.int64)
+    lens = np.array([draw(st.integers(1, 3)) for _ in range(n)], np.int64)
+    starts = np.array([draw(st.integers(0, TABLE_COLS - int(k))) for k in lens], np.int64)
+    values = np.array([draw(st.integers(0, 1000)) for _ in range(int(lens.sum()))], np.int64)
+    return rows, starts, lens, values
+
+
+def assert_diff_tables_agree(c_module, rows, starts, lens, values) -> None:
+    got, want = _staged_table(c_module, rows, starts, lens, values), _staged_table(None, rows, starts, lens, values)
+    assert got == want, f"C diff table: {got}\nnumpy diff table: {want}"
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(ragged_sets())
+def test_c_diff_table_is_the_numpy_diff_table(ragged):
+    assert_diff_tables_agree(reader, *ragged)
+
+
+def test_planted_bug_c_diff_table_with_every_source_at_zero_is_caught():
+    zero_sources = _planted("RUNNERCHECK_PLANT_SOURCE_ZERO")
+    two_appends = (np.array([1, 4], np.int64), np.array([2, 0], np.int64), np.ones(2, np.int64), np.array([17, 23], np.int64))
+    with pytest.raises(AssertionError, match="C diff table"):
+        assert_diff_tables_agree(zero_sources, *two_appends)
 
 
 # --------------------------------------------------------------------------- the loader
@@ -209,39 +346,39 @@ def _without_compiler(monkeypatch):
 
 def test_native_off_gives_the_python_twin(fresh_loader, monkeypatch):
     monkeypatch.setenv("RUNNERCHECK_NATIVE", "0")
-    assert native.load("steady_reader") is None
+    assert native.load("steady") is None
     assert not any(fresh_loader.iterdir())  # nothing was built
 
 
 def test_a_bad_native_setting_is_a_typed_error(fresh_loader, monkeypatch):
     monkeypatch.setenv("RUNNERCHECK_NATIVE", "yes")
     with pytest.raises(native.NativeBuildError, match="RUNNERCHECK_NATIVE"):
-        native.load("steady_reader")
+        native.load("steady")
 
 
 def test_without_a_compiler_auto_warns_and_falls_back(fresh_loader, monkeypatch, caplog):
     monkeypatch.setenv("RUNNERCHECK_NATIVE", "auto")
     _without_compiler(monkeypatch)
     with caplog.at_level(logging.WARNING, logger="impl.native"):
-        assert native.load("steady_reader") is None
+        assert native.load("steady") is None
     assert "Python twin" in caplog.text
 
 
 def test_without_a_compiler_required_native_raises(fresh_loader, monkeypatch):
     monkeypatch.setenv("RUNNERCHECK_NATIVE", "1")
     _without_compiler(monkeypatch)
-    with pytest.raises(native.NativeBuildError, match="steady_reader"):
-        native.load("steady_reader")
+    with pytest.raises(native.NativeBuildError, match="steady"):
+        native.load("steady")
 
 
 @needs_native
 def test_a_build_is_cached_and_reused(fresh_loader):
-    first = native.load("steady_reader")
+    first = native.load("steady")
     built = list(fresh_loader.rglob("*.so")) + list(fresh_loader.rglob("*.pyd"))
     assert first is not None and len(built) == 1
     native._loaded.clear()
     mtime = built[0].stat().st_mtime_ns
-    assert native.load("steady_reader") is not None
+    assert native.load("steady") is not None
     assert built[0].stat().st_mtime_ns == mtime  # loaded, not rebuilt
 
 

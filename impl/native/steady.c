@@ -1,20 +1,33 @@
-/* The steady decode step's reader in one C pass: `impl.step_reader.read_steady_native`.
+/* The steady decode step's host work in C (`impl.native`): each function is the twin of a Python
+ * method that stays the reference and the fallback, and each is called by that method's owner.
  *
- * It decides the same verdict as the Python reader (`impl.step_reader._read_steady`) on the steps
- * whose every inspected object has its exact expected type (request ids `str`, counts and block
- * ids `int`, block lists `tuple` or `list`, the scheduled counts a `dict`): then no comparison
- * can call user code or raise, and the verdict is a pure function of the values.  On any other
- * step it returns `NotImplemented` before deciding anything, and the Python reader (the
- * reference) decides.  It changes nothing: the mirror arrays are only read.
+ * read_steady   -- `impl.step_reader._read_steady`, through `impl.step_reader.read_steady_native`.
+ *     It decides the same verdict as the Python reader on the steps whose every inspected object
+ *     has its exact expected type (request ids `str`, counts and block ids `int`, block lists
+ *     `tuple` or `list`, the scheduled counts a `dict`): then no comparison can call user code or
+ *     raise, and the verdict is a pure function of the values.  On any other step it returns
+ *     `NotImplemented` before deciding anything, and the Python reader decides.  It only reads.
  *
- * read_steady(cached_ids, scheduled, computed, block_lists, last_ids, rows,
- *             num_computed, num_blocks, num_tokens,
- *             block_size, max_blocks, num_kv_blocks, max_model_len, max_num_batched_tokens)
- *   -> NotImplemented | None | (starts, ends, known, appends)
- * appends: None, or (rows, counts, block ids) of the requests that appended blocks, in batch order.
+ *     read_steady(cached_ids, scheduled, computed, block_lists, last_ids, rows,
+ *                 num_computed, num_blocks, num_tokens,
+ *                 block_size, max_blocks, num_kv_blocks, max_model_len, max_num_batched_tokens)
+ *       -> NotImplemented | None | (starts, ends, known, appends)
+ *     appends: None, or (rows, counts, block ids) of the requests that appended blocks, in batch order.
  *
- * Built at run time by `impl.native` (with -DRUNNERCHECK_PLANT_TRUST_COMPUTED for the planted-bug
- * test: a reader that never compares the scheduler's computed counts with the mirror).
+ * advance_decode -- the no-draft branch of `impl.state.RequestStateTable.advance` (its owner's mirror):
+ *     num_tokens[rows[i]] = max(known[i], ends[i] + 1); num_computed[rows[i]] = ends[i].
+ *     advance_decode(rows, ends, known, num_tokens, num_computed) -> True, or NotImplemented (arrays
+ *     of another kind or shape, a row out of range; nothing written).
+ *
+ * pack_ragged -- `impl.staged_writes.StagedWriteGroup._flush_one_ragged`'s diff table (its owner's slot words):
+ *     words[3i:3i+3] = (rows[i] * cols + starts[i] + word_offset, lens[i], sum(lens[:i])), then the values
+ *     as int32 after the 3n meta words.  pack_ragged(words, rows, starts, lens, values, cols, word_offset)
+ *     -> True, or NotImplemented (nothing written).
+ *
+ * Built at run time by `impl.native`; the planted-bug tests build variants with
+ * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (a reader that never compares the scheduler's computed counts
+ * with the mirror), -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token) and
+ * -DRUNNERCHECK_PLANT_SOURCE_ZERO (a diff table whose every source offset is 0).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,7 +35,7 @@
 #include <numpy/arrayobject.h>
 
 #ifndef MODULE_NAME
-#define MODULE_NAME _steady_reader
+#define MODULE_NAME _steady
 #endif
 #define CONCAT_(a, b) a##b
 #define CONCAT(a, b) CONCAT_(a, b)
@@ -37,20 +50,29 @@ typedef struct {
 
 #define AT(view, i) (*(const npy_int64 *)((view).data + (npy_intp)(i) * (view).stride))
 
-/* A 1-D int64 array in native byte order, aligned: readable in place.  0 for anything else. */
-static int int64_view(PyObject *obj, Int64View *view)
+/* A 1-D array of ``type`` in native byte order, aligned (and writeable when asked): usable in place.
+ * 0 for anything else. */
+static int array_view(PyObject *obj, int type, int writeable, Int64View *view)
 {
     if (!PyArray_Check(obj))
         return 0;
     PyArrayObject *array = (PyArrayObject *)obj;
-    if (PyArray_NDIM(array) != 1 || PyArray_TYPE(array) != NPY_INT64 || !PyArray_ISALIGNED(array)
-        || !PyArray_ISNOTSWAPPED(array))
+    if (PyArray_NDIM(array) != 1 || PyArray_TYPE(array) != type || !PyArray_ISALIGNED(array)
+        || !PyArray_ISNOTSWAPPED(array) || (writeable && !PyArray_ISWRITEABLE(array)))
         return 0;
     view->data = PyArray_BYTES(array);
     view->len = PyArray_DIM(array, 0);
     view->stride = PyArray_STRIDE(array, 0);
     return 1;
 }
+
+static int int64_view(PyObject *obj, Int64View *view)
+{
+    return array_view(obj, NPY_INT64, 0, view);
+}
+
+#define OUT64(view, i) (*(npy_int64 *)((view).data + (npy_intp)(i) * (view).stride))
+#define OUT32(view, i) (*(npy_int32 *)((view).data + (npy_intp)(i) * (view).stride))
 
 enum { EXACT_INT = 1, EXACT_INT_TOO_BIG = 2 };
 
@@ -237,13 +259,80 @@ fail:
     return NULL;
 }
 
+static PyObject *advance_decode(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *rows_obj, *ends_obj, *known_obj, *tokens_obj, *computed_obj;
+    if (!PyArg_ParseTuple(args, "OOOOO", &rows_obj, &ends_obj, &known_obj, &tokens_obj, &computed_obj))
+        return NULL;
+    Int64View rows, ends, known, num_tokens, num_computed;
+    if (!int64_view(rows_obj, &rows) || !int64_view(ends_obj, &ends) || !int64_view(known_obj, &known)
+        || !array_view(tokens_obj, NPY_INT64, 1, &num_tokens) || !array_view(computed_obj, NPY_INT64, 1, &num_computed))
+        Py_RETURN_NOTIMPLEMENTED;
+    const npy_intp n = rows.len, num_rows = num_tokens.len;
+    if (ends.len != n || known.len != n || num_computed.len != num_rows)
+        Py_RETURN_NOTIMPLEMENTED;
+    for (npy_intp i = 0; i < n; i++)
+        if (AT(rows, i) < 0 || AT(rows, i) >= num_rows)
+            Py_RETURN_NOTIMPLEMENTED;
+    for (npy_intp i = 0; i < n; i++) {
+        npy_int64 row = AT(rows, i), end = AT(ends, i), have = AT(known, i);
+#ifdef RUNNERCHECK_PLANT_NO_SAMPLE
+        npy_int64 after = end;
+#else
+        npy_int64 after = end + 1;  /* a request that reached the end of what is known samples one more */
+#endif
+        OUT64(num_tokens, row) = have > after ? have : after;
+        OUT64(num_computed, row) = end;
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *pack_ragged(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *words_obj, *rows_obj, *starts_obj, *lens_obj, *values_obj;
+    long long cols, word_offset;
+    if (!PyArg_ParseTuple(args, "OOOOOLL", &words_obj, &rows_obj, &starts_obj, &lens_obj, &values_obj, &cols,
+                          &word_offset))
+        return NULL;
+    Int64View words, rows, starts, lens, values;
+    if (!array_view(words_obj, NPY_INT32, 1, &words) || !int64_view(rows_obj, &rows) || !int64_view(starts_obj, &starts)
+        || !int64_view(lens_obj, &lens) || !int64_view(values_obj, &values))
+        Py_RETURN_NOTIMPLEMENTED;
+    const npy_intp n = rows.len;
+    if (starts.len != n || lens.len != n || words.len != 3 * n + values.len)
+        Py_RETURN_NOTIMPLEMENTED;
+    npy_int64 total = 0;
+    for (npy_intp i = 0; i < n; i++)
+        total += AT(lens, i);
+    if (total != values.len)
+        Py_RETURN_NOTIMPLEMENTED;
+    npy_int64 source = 0;
+    for (npy_intp i = 0; i < n; i++) {
+        OUT32(words, 3 * i) = (npy_int32)(AT(rows, i) * cols + AT(starts, i) + word_offset);
+        OUT32(words, 3 * i + 1) = (npy_int32)AT(lens, i);
+#ifdef RUNNERCHECK_PLANT_SOURCE_ZERO
+        OUT32(words, 3 * i + 2) = 0;
+#else
+        OUT32(words, 3 * i + 2) = (npy_int32)source;
+#endif
+        source += AT(lens, i);
+    }
+    for (npy_intp j = 0; j < values.len; j++)
+        OUT32(words, 3 * n + j) = (npy_int32)AT(values, j);
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"read_steady", read_steady, METH_VARARGS, "The steady decode step's reader (see the module's source header)."},
+    {"advance_decode", advance_decode, METH_VARARGS, "The mirror's advance past a decode step without drafts."},
+    {"pack_ragged", pack_ragged, METH_VARARGS, "One ragged set of int32 diffs as a staged-write diff table."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, STRINGIFY(MODULE_NAME), "The steady decode step's reader, in C.", -1, methods,
+    PyModuleDef_HEAD_INIT, STRINGIFY(MODULE_NAME), "The steady decode step's host work, in C.", -1, methods,
     NULL, NULL, NULL, NULL,
 };
 
