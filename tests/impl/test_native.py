@@ -402,3 +402,39 @@ def test_the_steady_bad_input_catalogue_holds_with_the_python_twin(monkeypatch):
     seen: dict[str, type] = {}
     _throw(runner, _variants_at_5(_schedule(5, outputs)), seen)
     assert len(seen) >= 40
+
+
+class _Counting:
+    """A stand-in for the built module that counts how often each C function did the work (did not decline)."""
+
+    def __init__(self, module):
+        self._module = module
+        self.done: dict[str, int] = {}
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._module, name)
+
+        def counted(*args):
+            result = fn(*args)
+            if result is not NotImplemented:
+                self.done[name] = self.done.get(name, 0) + 1
+            return result
+
+        return counted
+
+
+@needs_native
+def test_a_decode_run_takes_the_c_path(monkeypatch):
+    """The runner's steady steps are read, advanced and packed in C (a build that declined everything, or a
+    call site that stopped calling it, would leave the numpy path silently doing the work)."""
+    import test_steady_step
+
+    counting = _Counting(reader)
+    monkeypatch.setattr(step_reader, "_native_reader", counting)
+    monkeypatch.setattr(state_module, "_steady", counting)
+    monkeypatch.setattr(staged_writes, "_steady", counting)
+    test_steady_step.test_steady_reader_agrees_with_the_full_reader_on_a_decode_run()
+    # The run's steady steps (>= 8 there) are read twice each: by the test and by the runner.
+    assert counting.done.get("read_steady", 0) >= 16, counting.done
+    assert counting.done.get("advance_decode", 0) >= 8, counting.done
+    assert counting.done.get("pack_ragged", 0) >= 2, counting.done
