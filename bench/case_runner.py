@@ -13,10 +13,10 @@ from torch.overrides import TorchFunctionMode
 from bench.common import BenchContext, Row
 from bench.v1_baseline import V1HostBatch
 from bench.workload import DecodeWorkload
+from impl import native
 from impl.device import Device
 from impl.interface import RunnerLimits, SamplingParams
 from impl.model.weights import ModelConfig, preset, random_weights
-from impl import native
 
 PARAMS = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_tokens=1 << 20)
 

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from impl import native
-from impl.buffers import StagingWriter
+from impl.buffers import StagingSlot, StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.kernels.launch import launch
@@ -213,7 +213,7 @@ class StagedWriteGroup:
         _fill_diff_table(host, dst, lens, src, values)
         return self._packed(slot, start, n, total)
 
-    def _packed(self, slot: object, start: int, n: int, total: int) -> Callable[[], None]:
+    def _packed(self, slot: StagingSlot, start: int, n: int, total: int) -> Callable[[], None]:
         """Note a diff table of ``n`` diffs written at word ``start`` of ``slot``; its apply launch (enqueued later)."""
         self.h2d_bytes_last_flush += 4 * total
         self._packs.append((slot, start, n))

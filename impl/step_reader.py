@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
+from types import ModuleType, NotImplementedType
 
 import numpy as np
 
@@ -162,8 +163,8 @@ def read_steady_step(sched: SchedulerOutput, state: RequestStateTable, limits: R
 _native_reader = native.load("steady")
 
 
-def read_steady_native(reader, sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits,
-                       last: StepArrays):
+def read_steady_native(reader: ModuleType, sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits,
+                       last: StepArrays) -> StepArrays | None | NotImplementedType:
     """`_read_steady` by ``reader`` (a build of `impl/native/steady.c`): the same StepArrays or None, or
     NotImplemented when the step holds an object of another type than the exact ones it reads (the Python
     reader decides those)."""

@@ -46,13 +46,13 @@ typedef struct {
     const char *data;
     npy_intp len;
     npy_intp stride;
-} Int64View;
+} ArrayView;
 
 #define AT(view, i) (*(const npy_int64 *)((view).data + (npy_intp)(i) * (view).stride))
 
 /* A 1-D array of ``type`` in native byte order, aligned (and writeable when asked): usable in place.
  * 0 for anything else. */
-static int array_view(PyObject *obj, int type, int writeable, Int64View *view)
+static int array_view(PyObject *obj, int type, int writeable, ArrayView *view)
 {
     if (!PyArray_Check(obj))
         return 0;
@@ -66,7 +66,7 @@ static int array_view(PyObject *obj, int type, int writeable, Int64View *view)
     return 1;
 }
 
-static int int64_view(PyObject *obj, Int64View *view)
+static int int64_view(PyObject *obj, ArrayView *view)
 {
     return array_view(obj, NPY_INT64, 0, view);
 }
@@ -113,7 +113,7 @@ static PyObject *read_steady(PyObject *self, PyObject *args)
     if (!PyTuple_CheckExact(cached_ids) || !PyDict_CheckExact(scheduled) || !PyTuple_CheckExact(computed)
         || !PyTuple_CheckExact(block_lists) || !PyTuple_CheckExact(last_ids))
         Py_RETURN_NOTIMPLEMENTED;
-    Int64View rows, mirror_computed, mirror_blocks, mirror_tokens;
+    ArrayView rows, mirror_computed, mirror_blocks, mirror_tokens;
     if (!int64_view(rows_obj, &rows) || !int64_view(num_computed_obj, &mirror_computed)
         || !int64_view(num_blocks_obj, &mirror_blocks) || !int64_view(num_tokens_obj, &mirror_tokens))
         Py_RETURN_NOTIMPLEMENTED;
@@ -265,7 +265,7 @@ static PyObject *advance_decode(PyObject *self, PyObject *args)
     PyObject *rows_obj, *ends_obj, *known_obj, *tokens_obj, *computed_obj;
     if (!PyArg_ParseTuple(args, "OOOOO", &rows_obj, &ends_obj, &known_obj, &tokens_obj, &computed_obj))
         return NULL;
-    Int64View rows, ends, known, num_tokens, num_computed;
+    ArrayView rows, ends, known, num_tokens, num_computed;
     if (!int64_view(rows_obj, &rows) || !int64_view(ends_obj, &ends) || !int64_view(known_obj, &known)
         || !array_view(tokens_obj, NPY_INT64, 1, &num_tokens) || !array_view(computed_obj, NPY_INT64, 1, &num_computed))
         Py_RETURN_NOTIMPLEMENTED;
@@ -296,7 +296,7 @@ static PyObject *pack_ragged(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOOLL", &words_obj, &rows_obj, &starts_obj, &lens_obj, &values_obj, &cols,
                           &word_offset))
         return NULL;
-    Int64View words, rows, starts, lens, values;
+    ArrayView words, rows, starts, lens, values;
     if (!array_view(words_obj, NPY_INT32, 1, &words) || !int64_view(rows_obj, &rows) || !int64_view(starts_obj, &starts)
         || !int64_view(lens_obj, &lens) || !int64_view(values_obj, &values))
         Py_RETURN_NOTIMPLEMENTED;
