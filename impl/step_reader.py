@@ -175,7 +175,13 @@ def read_steady_native(reader: ModuleType, sched: SchedulerOutput, state: Reques
                              limits.num_kv_blocks, limits.max_model_len, limits.max_num_batched_tokens)
     if got is None or got is NotImplemented:
         return got
-    starts, ends, known, appends = got
+    return _steady_arrays(last, *got)
+
+
+def _steady_arrays(last: StepArrays, starts: np.ndarray, ends: np.ndarray, known: np.ndarray,
+                   appends: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> StepArrays:
+    """A checked steady step: ``last``'s requests, rows and one-token queries again; the cached updates touch
+    only the rows that appended blocks (every other shift and count is 0)."""
     return StepArrays(
         gone=(), cached_rows=appends[0] if appends is not None else _EMPTY, cached_computed=None,
         cached_new_blocks=appends[1] if appends is not None else _EMPTY, block_appends=appends, req_ids=last.req_ids,
@@ -233,13 +239,7 @@ def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
     ends = starts + 1
     if int(ends.max()) > limits.max_model_len:
         return None
-    # The cached updates touch only the rows that appended blocks (every other shift and count is 0).
-    return StepArrays(
-        gone=(), cached_rows=appends[0] if k else _EMPTY, cached_computed=None,
-        cached_new_blocks=appends[1] if k else _EMPTY, block_appends=appends, req_ids=req_ids, rows=rows,
-        new_positions=(), query_lens=last.query_lens, starts=starts, ends=ends, known=state.num_tokens[rows],
-        num_drafts=last.num_drafts, drafts=None, num_tokens=n, steady=True,
-    )
+    return _steady_arrays(last, starts, ends, state.num_tokens[rows], appends)
 
 
 def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last_step_id: int | None) -> StepArrays:
