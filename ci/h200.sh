@@ -51,6 +51,8 @@
 #   host_trace    alone: the steady step's pieces timed by wrappers at 256 and 64 requests (`host_profile --phases`),
 #                 then torch.profiler over 100 steady steps (`--trace`: host self time per operator and CUDA runtime call,
 #                 device time queued per step)
+#   host_trace_eager  alone: the same for the eager churn step (1% churn: an admission every step at 256 requests),
+#                 its device-work pieces included (`host_profile --phases --churn 0.01`), then torch.profiler over 100 of them
 #   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`;
 #                 prints host enqueues per step and how many Triton launches took the cached launcher), then 1% churn
 #                 with RUNNERCHECK_SLOW_LAUNCH=1
@@ -122,6 +124,9 @@ want host_primitives && job host_primitives 120 python3 -m bench.host_primitives
 want host_trace && job host_trace 300 bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 200 --churn 0 --phases &&
   python3 -m bench.host_profile --device cuda --reqs 64 --steps 200 --churn 0 --phases &&
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 --trace --top 30"
+want host_trace_eager && job host_trace_eager 300 bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 200 --churn 0.01 --phases &&
+  python3 -m bench.host_profile --device cuda --reqs 64 --steps 200 --churn 0.01 --phases &&
+  python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0.01 --trace --top 45"
 want tune_logprobs && job tune_logprobs 300 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
 want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &&
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&
