@@ -121,6 +121,7 @@ def _call_host_wait_hooks(what: str) -> None:
 _CUDA_EVENT_BASE = getattr(torch._C, "_CudaEventBase", None)  # its methods exist only in CUDA builds of torch
 _new_cuda_event = getattr(_CUDA_EVENT_BASE, "__new__", None)
 _record_cuda_event = getattr(_CUDA_EVENT_BASE, "record", None)
+_query_cuda_event = getattr(_CUDA_EVENT_BASE, "query", None)
 
 
 # CUDA events of markers seen complete, for new markers to re-record (`DeviceEvent`); at most this many kept.
@@ -132,8 +133,11 @@ class DeviceEvent:
 
     On cuda a marker seen complete (by a query, a completion check or a wait) stays complete and gives
     its CUDA event back to its device, whose next marker re-records it: ~1-2 us less host time a
-    marker on an H200 host than creating, recording and destroying one.  cpu/sim markers are not
-    cached: a sim lag policy runs on every query.
+    marker on an H200 host than creating, recording and destroying one.  Every cuda marker is recorded
+    on the device's one stream, whose work completes in order, so a marker seen complete also
+    completes every marker recorded before it: the device keeps the newest such marker's number
+    (``Device._cuda_done_marker``), and a check of an older marker asks CUDA nothing.  cpu/sim markers
+    are not cached: a sim lag policy runs on every query.
     """
 
     def __init__(self, dev: "Device"):
@@ -151,19 +155,24 @@ class DeviceEvent:
             # wrappers (keyword defaults, a stream look-up) cost several us per step on an H200 host.
             self._cuda_event = spares.pop() if spares else _new_cuda_event(torch.cuda.Event)
             _record_cuda_event(self._cuda_event, dev.stream)
+            dev._cuda_markers += 1
+            self._seq = dev._cuda_markers
         elif dev.kind == "sim":
             self._seq = dev._next_seq - 1
         self.recorded = True
         return self
 
     def _cuda_complete(self) -> bool:
-        if not self._complete and self._cuda_event.query():
+        if not self._complete and (self._seq <= self._dev._cuda_done_marker or _query_cuda_event(self._cuda_event)):
             self._seen_complete()
         return self._complete
 
     def _seen_complete(self) -> None:
         self._complete = True
-        spares = self._dev._spare_cuda_events
+        dev = self._dev
+        if self._seq > dev._cuda_done_marker:
+            dev._cuda_done_marker = self._seq
+        spares = dev._spare_cuda_events
         if len(spares) < _MAX_SPARE_CUDA_EVENTS:
             spares.append(self._cuda_event)
         self._cuda_event = None
@@ -272,6 +281,8 @@ class Device:
         self._on_stream: int | None = None  # cuda: the thread inside `on_stream` (its stream is current)
         # cuda: CUDA events of this device's markers seen complete, re-recorded by its next markers (`DeviceEvent`)
         self._spare_cuda_events: list[torch.cuda.Event] = []
+        self._cuda_markers = 0  # cuda: markers recorded so far (each marker's number, in stream order)
+        self._cuda_done_marker = 0  # cuda: every marker numbered up to this one is complete
 
     # ---------------------------------------------------------------- properties
     @property
@@ -401,6 +412,7 @@ class Device:
         _call_host_wait_hooks("Device.synchronize")
         if self.kind == "cuda":
             self.stream.synchronize()
+            self._cuda_done_marker = self._cuda_markers
         elif self.kind == "sim":
             self._run_pending(len(self._queue))
 

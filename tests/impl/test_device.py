@@ -171,6 +171,29 @@ def test_cuda_marker_gives_its_event_back_only_once_seen_complete():
 
 
 @pytest.mark.gpu
+def test_cuda_marker_seen_complete_completes_the_earlier_ones_without_asking_cuda(monkeypatch: pytest.MonkeyPatch):
+    """One stream completes its work in order: a marker seen complete answers for every marker recorded before it,
+    and for none after it (a watermark that reached past it would report pending work done)."""
+    import impl.device as device_module
+
+    dev = Device("cuda")
+    dev.inject_delay(20000)
+    earlier = [dev.record_event() for _ in range(3)]
+    newest = dev.record_event()
+    newest.synchronize()
+    dev.inject_delay(20000)
+    later = dev.record_event()
+    asked = []
+    query = device_module._query_cuda_event
+    monkeypatch.setattr(device_module, "_query_cuda_event", lambda event: asked.append(event) or query(event))
+    assert all(marker.query() for marker in earlier) and not asked
+    assert all(marker._cuda_event is None for marker in earlier), "markers known complete give their events back"
+    assert not later.query() and len(asked) == 1, "a marker recorded after the one seen complete must be asked"
+    dev.synchronize()
+    assert later.query() and len(asked) == 1, "a whole-stream wait completes every marker recorded before it"
+
+
+@pytest.mark.gpu
 def test_steady_runner_steps_re_record_their_slots_events():
     """A run of graphed steady steps makes no new CUDA events once the first steps' markers were seen complete."""
     import impl.device as device_module
@@ -186,16 +209,20 @@ def test_steady_runner_steps_re_record_their_slots_events():
                           params=SamplingParams(temperature=0.8, seed=7, max_tokens=1 << 20), seed=1)
     for _ in range(12):
         runner.execute_model(work.next_step()).get()
-    made = []
-    new_event = device_module._new_cuda_event
+    made, asked = [], []
+    new_event, query = device_module._new_cuda_event, device_module._query_cuda_event
     device_module._new_cuda_event = lambda cls: made.append(1) or new_event(cls)
+    device_module._query_cuda_event = lambda event: asked.append(1) or query(event)
     try:
         for _ in range(40):
             runner.execute_model(work.next_step()).get()
     finally:
-        device_module._new_cuda_event = new_event
+        device_module._new_cuda_event, device_module._query_cuda_event = new_event, query
     assert runner.last_step_stats.steady
     assert len(made) == 0, f"{len(made)} CUDA events made in 40 steady steps after warm-up"
+    # Each step's output was read (its marker seen complete), so the staging slot taken next (in ring order, the
+    # oldest) and the rows' last use are known complete without a CUDA query.
+    assert len(asked) == 0, f"{len(asked)} CUDA event queries in 40 steady steps whose outputs were read"
 
 
 @pytest.mark.gpu
