@@ -173,15 +173,11 @@ class StagingPool:
             for observer in list(self.observers):
                 observer(slot, old, new)
 
+    @hot_path
     def retire_completed(self) -> None:
-        """Retire every in-flight slot whose copy has run."""
         for slot in self.slots:
-            self.retire_if_complete(slot)
-
-    def retire_if_complete(self, slot: StagingSlot) -> None:
-        """FREE ``slot`` if it is in flight and its copy has run (the one place a slot's event is asked)."""
-        if slot.state is SlotState.IN_FLIGHT and slot.event.query():
-            self._retire(slot)
+            if slot.state is SlotState.IN_FLIGHT and slot.event.query():
+                self._retire(slot)
 
     def _retire(self, slot: StagingSlot) -> None:
         self._transition(slot, SlotState.FREE)
@@ -189,21 +185,14 @@ class StagingPool:
 
     @hot_path
     def acquire(self, step: int) -> StagingSlot:
-        """A FREE slot, now WRITING.  Waits on the oldest in-flight copy only if none is free.
-
-        Slots are taken in ring order, the oldest first, and an in-flight slot is asked about its copy
-        only when its turn comes: in steady state that is one slot, whose copy ran steps ago (its event
-        is then usually known complete without a CUDA call: `impl.device.DeviceEvent`).
-        """
+        """A FREE slot, now WRITING.  Waits on the oldest in-flight copy only if none is free."""
+        self.retire_completed()
         n = len(self.slots)
         # A slot already used in this step still has unread device data: the step's kernels are
         # enqueued after all of its copies, so reusing it now would overwrite what they read.
         for k in range(n):
             slot = self.slots[(self._next + k) % n]
-            if slot.step == step:
-                continue
-            self.retire_if_complete(slot)
-            if slot.state is SlotState.FREE:
+            if slot.state is SlotState.FREE and slot.step != step:
                 break
         else:
             in_flight = [s for s in self.slots if s.state is SlotState.IN_FLIGHT and s.step != step]

@@ -63,13 +63,14 @@ _log = logging.getLogger(__name__)
 def _reuse_staging_early(runner: Any, m: AppliedMutant) -> None:
     pool = runner.staging
 
-    def retire_without_waiting(slot: Any) -> None:
-        if slot.state is SlotState.IN_FLIGHT:
-            pool._retire(slot)
+    def retire_without_waiting() -> None:
+        for slot in pool.slots:
+            if slot.state is SlotState.IN_FLIGHT:
+                pool._retire(slot)
 
     m.set(pool, "slots", pool.slots[:1])
     m.set(pool, "_next", 0)
-    m.set(pool, "retire_if_complete", retire_without_waiting)
+    m.set(pool, "retire_completed", retire_without_waiting)
 
 
 @_mutant("pageable_nonblocking_copy", "race", ("sync", "differential"), "racing", ("staging",),

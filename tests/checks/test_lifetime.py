@@ -117,13 +117,13 @@ def test_alloc_after_submit_raises() -> None:
 
 
 def test_pool_that_frees_before_the_event_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    def retire_without_waiting(self: StagingPool, slot) -> None:
-        if slot.state is SlotState.IN_FLIGHT:  # the bug: no event.query()
-            self._retire(slot)
+    def retire_without_waiting(self: StagingPool) -> None:
+        for slot in self.slots:
+            if slot.state is SlotState.IN_FLIGHT:  # the bug: no event.query()
+                self._retire(slot)
 
-    monkeypatch.setattr(StagingPool, "retire_if_complete", retire_without_waiting)
-    # One slot: the pool takes slots in ring order, so step 1 comes back to the in-flight slot at once.
-    dev, pool = _pool("lag-2-steps", num_slots=1)
+    monkeypatch.setattr(StagingPool, "retire_completed", retire_without_waiting)
+    dev, pool = _pool("lag-2-steps")
     LifetimeChecker().attach(pool)
     slot = pool.acquire(step=0)
     slot.alloc(4, torch.int32)[0].fill_(5)

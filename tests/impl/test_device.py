@@ -220,8 +220,8 @@ def test_steady_runner_steps_re_record_their_slots_events():
         device_module._new_cuda_event, device_module._query_cuda_event = new_event, query
     assert runner.last_step_stats.steady
     assert len(made) == 0, f"{len(made)} CUDA events made in 40 steady steps after warm-up"
-    # Each step's output was read (its marker seen complete), so the staging slot taken next (in ring order, the
-    # oldest) and the rows' last use are known complete without a CUDA query.
+    # Each step's output was read (its marker seen complete), so the staging slots' copies and the rows' last use,
+    # recorded before it on the one stream, are known complete without a CUDA query.
     assert len(asked) == 0, f"{len(asked)} CUDA event queries in 40 steady steps whose outputs were read"
 
 
