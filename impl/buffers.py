@@ -165,6 +165,8 @@ class StagingPool:
         self.h2d_bytes_total = 0
         self.num_backpressure_waits = 0
         self._next = 0
+        # cuda: retire the slots known complete first and ask CUDA only if none is free (a query costs host time)
+        self._known_first = device.is_cuda
 
     def _transition(self, slot: StagingSlot, new: SlotState) -> None:
         old = slot.state
@@ -174,9 +176,13 @@ class StagingPool:
                 observer(slot, old, new)
 
     @hot_path
-    def retire_completed(self) -> None:
+    def retire_completed(self, ask: bool = True) -> None:
+        """Retire every in-flight slot whose copy has run.  ``ask=False`` on cuda: only those known to have
+        run (`DeviceEvent.known_complete`: no CUDA query); on sim/cpu it changes nothing (a sim query is
+        where its lag policy runs work, as a GPU progresses while the host polls it)."""
+        known_only = not ask and self._known_first
         for slot in self.slots:
-            if slot.state is SlotState.IN_FLIGHT and slot.event.query():
+            if slot.state is SlotState.IN_FLIGHT and (slot.event.known_complete() if known_only else slot.event.query()):
                 self._retire(slot)
 
     def _retire(self, slot: StagingSlot) -> None:
@@ -185,16 +191,15 @@ class StagingPool:
 
     @hot_path
     def acquire(self, step: int) -> StagingSlot:
-        """A FREE slot, now WRITING.  Waits on the oldest in-flight copy only if none is free."""
-        self.retire_completed()
-        n = len(self.slots)
-        # A slot already used in this step still has unread device data: the step's kernels are
-        # enqueued after all of its copies, so reusing it now would overwrite what they read.
-        for k in range(n):
-            slot = self.slots[(self._next + k) % n]
-            if slot.state is SlotState.FREE and slot.step != step:
-                break
-        else:
+        """A FREE slot, now WRITING.  Waits on the oldest in-flight copy only if none is free.
+
+        On cuda it first retires the slots known complete (a step's output read completes its copies:
+        no CUDA query a step) and asks CUDA only when that leaves no slot free."""
+        slot = self._free_slot(step, ask=not self._known_first)
+        if self._known_first and slot is None:
+            slot = self._free_slot(step, ask=True)
+        if slot is None:
+            n = len(self.slots)
             in_flight = [s for s in self.slots if s.state is SlotState.IN_FLIGHT and s.step != step]
             if not in_flight:
                 if all(s.step == step for s in self.slots):
@@ -204,11 +209,22 @@ class StagingPool:
             self.num_backpressure_waits += 1
             slot.event.synchronize()  # runnercheck: allow-host-read backpressure: only when every slot is in flight
             self._retire(slot)
-        self._next = (slot.index + 1) % n
+        self._next = (slot.index + 1) % len(self.slots)
         slot.step = step
         slot.used_bytes = 0
         self._transition(slot, SlotState.WRITING)
         return slot
+
+    def _free_slot(self, step: int, ask: bool) -> StagingSlot | None:
+        self.retire_completed(ask)
+        n = len(self.slots)
+        # A slot already used in this step still has unread device data: the step's kernels are
+        # enqueued after all of its copies, so reusing it now would overwrite what they read.
+        for k in range(n):
+            slot = self.slots[(self._next + k) % n]
+            if slot.state is SlotState.FREE and slot.step != step:
+                return slot
+        return None
 
     @hot_path
     def submit(self, slot: StagingSlot) -> None:

@@ -188,6 +188,16 @@ class DeviceEvent:
             return dev._done_seq >= self._seq
         return True
 
+    def known_complete(self) -> bool:
+        """`is_complete` without asking CUDA: on cuda, whether this marker was seen complete or was recorded
+        before one that was (False says only "not known yet").  For bookkeeping that may wait for the answer."""
+        dev = self._dev
+        if dev.kind == "cuda":
+            if not self._complete and self.recorded and self._seq <= dev._cuda_done_marker:
+                self._seen_complete()
+            return self._complete
+        return self.is_complete()
+
     def is_complete(self) -> bool:
         """Whether the work before the event has run, without letting a sim lag policy run any."""
         dev = self._dev

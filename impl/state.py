@@ -61,6 +61,8 @@ from impl.interface import CachedRequests, CapacityError, LiveRequest, NewReques
 
 _steady = native.load("steady")  # `advance_decode`, the C twin of `advance`'s no-draft update; None: numpy only
 
+_MAX_PENDING_USES = 64  # `mark_used`: steps whose markers are kept before it asks whether the oldest completed
+
 NUM_COMPUTED = 0
 NUM_TOKENS = 1
 PROMPT_LEN = 2
@@ -307,8 +309,13 @@ class RequestStateTable:
     def mark_used(self, rows: Iterable[int] | np.ndarray, event: DeviceEvent) -> None:
         """Record the event after which the step that scheduled ``rows`` no longer reads them."""
         events = self._use_events
-        while events and events[0][1].is_complete():  # in stream order: every earlier step is done too
+        # In stream order: every earlier step is done too.  Only markers known complete are dropped (no CUDA
+        # query a step: a step's output marker is seen complete when it is read); a free row's check asks.
+        while events and events[0][1].known_complete():
             events.popleft()
+        if len(events) > _MAX_PENDING_USES:  # outputs not read: ask, so the list stays short
+            while events and events[0][1].is_complete():
+                events.popleft()
         self._use_seq += 1
         events.append((self._use_seq, event))
         self._last_use_seq[rows if isinstance(rows, np.ndarray) else np.asarray(rows, dtype=np.int64)] = self._use_seq

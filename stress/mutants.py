@@ -63,7 +63,7 @@ _log = logging.getLogger(__name__)
 def _reuse_staging_early(runner: Any, m: AppliedMutant) -> None:
     pool = runner.staging
 
-    def retire_without_waiting() -> None:
+    def retire_without_waiting(ask: bool = True) -> None:
         for slot in pool.slots:
             if slot.state is SlotState.IN_FLIGHT:
                 pool._retire(slot)

@@ -117,7 +117,7 @@ def test_alloc_after_submit_raises() -> None:
 
 
 def test_pool_that_frees_before_the_event_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    def retire_without_waiting(self: StagingPool) -> None:
+    def retire_without_waiting(self: StagingPool, ask: bool = True) -> None:
         for slot in self.slots:
             if slot.state is SlotState.IN_FLIGHT:  # the bug: no event.query()
                 self._retire(slot)

@@ -193,20 +193,40 @@ def test_cuda_marker_seen_complete_completes_the_earlier_ones_without_asking_cud
     assert later.query() and len(asked) == 1, "a whole-stream wait completes every marker recorded before it"
 
 
-@pytest.mark.gpu
-def test_steady_runner_steps_re_record_their_slots_events():
-    """A run of graphed steady steps makes no new CUDA events once the first steps' markers were seen complete."""
-    import impl.device as device_module
+def _cuda_decode_runner():
+    """A micro runner on cuda with a 3-request decode workload (no churn: its steps become steady)."""
     from bench.workload import DecodeWorkload
     from impl.interface import RunnerLimits, SamplingParams
     from impl.model.weights import preset, random_weights
     from impl.runner import ModelRunner
 
-    limits = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=48,
+    limits = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=128, max_num_batched_tokens=16, num_kv_blocks=200,
                           block_size=4)
     runner = ModelRunner(random_weights(preset("micro"), seed=3), limits, Device("cuda"), base_seed=5)
-    work = DecodeWorkload(num_reqs=3, prompt_len=5, vocab_size=256, block_size=4, num_blocks=48, token_budget=16, churn=0.0,
+    work = DecodeWorkload(num_reqs=3, prompt_len=5, vocab_size=256, block_size=4, num_blocks=200, token_budget=16, churn=0.0,
                           params=SamplingParams(temperature=0.8, seed=7, max_tokens=1 << 20), seed=1)
+    return runner, work
+
+
+@pytest.mark.gpu
+def test_unread_outputs_keep_the_rows_use_list_short():
+    """`mark_used` drops only markers known complete (no CUDA query); with no output read by the caller its list
+    of steps in flight must still stay bounded."""
+    from impl.state import _MAX_PENDING_USES
+
+    runner, work = _cuda_decode_runner()
+    outputs = [runner.execute_model(work.next_step()) for _ in range(_MAX_PENDING_USES + 40)]
+    assert len(runner.state._use_events) <= _MAX_PENDING_USES + 1
+    for out in outputs:
+        out.get()
+
+
+@pytest.mark.gpu
+def test_steady_runner_steps_re_record_their_slots_events():
+    """A run of graphed steady steps makes no new CUDA events once the first steps' markers were seen complete."""
+    import impl.device as device_module
+
+    runner, work = _cuda_decode_runner()
     for _ in range(12):
         runner.execute_model(work.next_step()).get()
     made, asked = [], []
@@ -216,13 +236,17 @@ def test_steady_runner_steps_re_record_their_slots_events():
     try:
         for _ in range(40):
             runner.execute_model(work.next_step()).get()
+        pending = runner.execute_model(work.next_step())
+        for _ in range(40):  # async scheduling: each step's output read after the next step is issued
+            pending, previous = runner.execute_model(work.next_step()), pending
+            previous.get()
     finally:
         device_module._new_cuda_event, device_module._query_cuda_event = new_event, query
     assert runner.last_step_stats.steady
-    assert len(made) == 0, f"{len(made)} CUDA events made in 40 steady steps after warm-up"
-    # Each step's output was read (its marker seen complete), so the staging slots' copies and the rows' last use,
-    # recorded before it on the one stream, are known complete without a CUDA query.
-    assert len(asked) == 0, f"{len(asked)} CUDA event queries in 40 steady steps whose outputs were read"
+    assert len(made) == 0, f"{len(made)} CUDA events made in 80 steady steps after warm-up"
+    # Outputs read (their markers seen complete) complete the staging copies and the rows' last uses recorded
+    # before them on the one stream: the steady step's bookkeeping asks CUDA nothing.
+    assert len(asked) == 0, f"{len(asked)} CUDA event queries in 80 steady steps whose outputs were read"
 
 
 @pytest.mark.gpu
