@@ -29,6 +29,7 @@ replay/fallback counters (host).
 from __future__ import annotations
 
 import bisect
+import gc
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -185,9 +186,17 @@ class CudaGraphManager:
                 dev.enqueue(launch, f"graph warm-up {key.describe()} {label}")
             dev.synchronize()
             cuda_graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(cuda_graph, pool=self._pool, stream=dev.stream):
-                for label, launch in step.launches:
-                    _run_as_device_work(launch)
+            # No garbage collection inside the capture: a collected object's destructor (a pinned buffer's
+            # host-allocator event query, an event's destroy) is a CUDA call a capture may not contain.
+            gc_was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                with torch.cuda.graph(cuda_graph, pool=self._pool, stream=dev.stream):
+                    for label, launch in step.launches:
+                        _run_as_device_work(launch)
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
         except Exception as exc:
             raise GraphCaptureError(f"capturing the CUDA graph of size {key.size} ({key.mode.describe()}) failed in "
                                     f"op '{label}': {type(exc).__name__}: {exc}") from exc

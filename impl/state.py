@@ -124,6 +124,10 @@ class RequestStateTable:
         # Quarantine: the step (a sequence number) that last scheduled each row, and the events
         # of the steps whose work may still be running (oldest first; completed ones are dropped).
         self._last_use_seq = np.full(r, -1, np.int64)
+        # The last batch's rows and step, written into `_last_use_seq` only when another batch comes or a
+        # row's step is asked for: a steady step repeats its batch (the same rows array), one int a step.
+        self._batch_rows: np.ndarray | None = None
+        self._batch_seq = -1
         self._use_events: deque[tuple[int, DeviceEvent]] = deque()
         self._use_seq = 0
         self._next_generation = 0
@@ -156,6 +160,7 @@ class RequestStateTable:
         return self.info(req_id).generation
 
     def _use_event(self, row: int) -> DeviceEvent | None:
+        self._write_batch_uses()
         seq = int(self._last_use_seq[row])
         for s, event in self._use_events:
             if s == seq:
@@ -318,7 +323,15 @@ class RequestStateTable:
                 events.popleft()
         self._use_seq += 1
         events.append((self._use_seq, event))
-        self._last_use_seq[rows if isinstance(rows, np.ndarray) else np.asarray(rows, dtype=np.int64)] = self._use_seq
+        if rows is not self._batch_rows:  # a planned batch's rows array is never changed after planning
+            self._write_batch_uses()
+            self._batch_rows = rows if isinstance(rows, np.ndarray) else np.asarray(rows, dtype=np.int64)
+        self._batch_seq = self._use_seq
+
+    def _write_batch_uses(self) -> None:
+        if self._batch_rows is not None:
+            self._last_use_seq[self._batch_rows] = self._batch_seq
+            self._batch_rows = None
 
     @hot_path
     def flush(self, writer: StagingWriter) -> None:

@@ -109,7 +109,7 @@ def fingerprint(runner: ModelRunner) -> str:
 
     # host mirror and row table
     put(st.num_tokens, st.num_computed, st.num_blocks, st.unconfirmed_drafts, st.generation, st.prompt_len,
-        st.num_logprobs, st.prompt_logprobs, st._last_use_seq)
+        st.num_logprobs, st.prompt_logprobs, st._last_use_seq, st._batch_rows, st._batch_seq)
     put(sorted(st.req_to_row.items()), st.rows, list(st._free), st._next_generation, st._use_seq, st.prefill_tokens.numpy())
     # device row state, block table, sampling state (all in the shared arena) and penalty counts
     put(runner.staged_writes.arena.numpy(), ss.output_counts.numpy(), bt.num_blocks)

@@ -237,16 +237,18 @@ def test_steady_runner_steps_re_record_their_slots_events():
         for _ in range(40):
             runner.execute_model(work.next_step()).get()
         pending = runner.execute_model(work.next_step())
-        for _ in range(40):  # async scheduling: each step's output read after the next step is issued
+        for i in range(44):  # async scheduling: each step's output read after the next step is issued
+            if i == 4:  # one more step in flight holds two more events: counted after they were made
+                made.clear()
             pending, previous = runner.execute_model(work.next_step()), pending
             previous.get()
     finally:
         device_module._new_cuda_event, device_module._query_cuda_event = new_event, query
     assert runner.last_step_stats.steady
-    assert len(made) == 0, f"{len(made)} CUDA events made in 80 steady steps after warm-up"
+    assert len(made) == 0, f"{len(made)} CUDA events made in 40 async steady steps after warm-up"
     # Outputs read (their markers seen complete) complete the staging copies and the rows' last uses recorded
     # before them on the one stream: the steady step's bookkeeping asks CUDA nothing.
-    assert len(asked) == 0, f"{len(asked)} CUDA event queries in 80 steady steps whose outputs were read"
+    assert len(asked) == 0, f"{len(asked)} CUDA event queries in 84 steady steps whose outputs were read"
 
 
 @pytest.mark.gpu
