@@ -162,8 +162,9 @@ class DeviceEvent:
         self.recorded = True
         return self
 
-    def _cuda_complete(self) -> bool:
-        if not self._complete and (self._seq <= self._dev._cuda_done_marker or _query_cuda_event(self._cuda_event)):
+    def _cuda_complete(self, ask: bool = True) -> bool:
+        """Seen complete, recorded before a marker that was, or (``ask``) complete by a CUDA query."""
+        if not self._complete and (self._seq <= self._dev._cuda_done_marker or (ask and _query_cuda_event(self._cuda_event))):
             self._seen_complete()
         return self._complete
 
@@ -191,11 +192,10 @@ class DeviceEvent:
     def known_complete(self) -> bool:
         """`is_complete` without asking CUDA: on cuda, whether this marker was seen complete or was recorded
         before one that was (False says only "not known yet").  For bookkeeping that may wait for the answer."""
-        dev = self._dev
-        if dev.kind == "cuda":
-            if not self._complete and self.recorded and self._seq <= dev._cuda_done_marker:
-                self._seen_complete()
-            return self._complete
+        if not self.recorded:
+            raise DeviceError("known_complete() on an event that was never recorded")
+        if self._dev.kind == "cuda":
+            return self._cuda_complete(ask=False)
         return self.is_complete()
 
     def is_complete(self) -> bool:

@@ -133,6 +133,16 @@ def test_lag_k_steps_runs_old_work_at_boundaries():
     assert dev.num_pending == 0
 
 
+@pytest.mark.parametrize("kind", ["sim", "cpu"])
+def test_an_unrecorded_marker_is_a_typed_error_for_every_check(kind: str):
+    from impl.device import DeviceEvent
+
+    marker = DeviceEvent(Device(kind))
+    for check in (marker.query, marker.is_complete, marker.known_complete, marker.synchronize):
+        with pytest.raises(DeviceError, match="never recorded"):
+            check()
+
+
 @pytest.mark.gpu
 def test_cuda_stream_event_roundtrip():
     from stress.env_cmd import device_selftest
