@@ -58,6 +58,8 @@
 #                 with RUNNERCHECK_SLOW_LAUNCH=1
 #   tune_logprobs (alone, after bench) the logprobs launch shapes (chunk x warps x sub-block x finish capacity x
 #                 register cap), timed with and without top-n and checked equal (`python -m bench.tune_selection`)
+#   gpu_events    the gpu-marked tests of events, the steady step and slot lifetimes alone (test_device, test_steady_step,
+#                 test_lifetime: ~40 s)
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
@@ -131,6 +133,8 @@ want tune_logprobs && job tune_logprobs 300 python3 -m bench.tune_selection --de
 want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &&
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&
   RUNNERCHECK_SLOW_LAUNCH=1 python3 -m bench.host_profile --device cuda --reqs 256 --steps 100" &
+want gpu_events && job gpu_events "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" \
+  tests/impl/test_device.py tests/impl/test_steady_step.py tests/checks/test_lifetime.py
 want gpu_tests && job gpu_tests "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" tests \
   --deselect tests/stress/test_mutants.py::test_cuda_run_kills_every_mutant_including_the_noise_bugs \
   --deselect tests/impl/test_sampler_tail.py &
