@@ -165,7 +165,9 @@ class StagingPool:
         self.h2d_bytes_total = 0
         self.num_backpressure_waits = 0
         self._next = 0
-        # cuda: retire the slots known complete first and ask CUDA only if none is free (a query costs host time)
+        # cuda: retire the slots known complete first and ask CUDA only if none is free (a query costs host
+        # time).  sim/cpu always ask: a sim query is where its lag policy runs work, as a GPU progresses
+        # while the host polls it.
         self._known_first = device.is_cuda
 
     def _transition(self, slot: StagingSlot, new: SlotState) -> None:
@@ -177,12 +179,10 @@ class StagingPool:
 
     @hot_path
     def retire_completed(self, ask: bool = True) -> None:
-        """Retire every in-flight slot whose copy has run.  ``ask=False`` on cuda: only those known to have
-        run (`DeviceEvent.known_complete`: no CUDA query); on sim/cpu it changes nothing (a sim query is
-        where its lag policy runs work, as a GPU progresses while the host polls it)."""
-        known_only = not ask and self._known_first
+        """Retire every in-flight slot whose copy has run.  ``ask=False``: only those known to have run
+        (`DeviceEvent.known_complete`: no CUDA query, and no sim lag policy runs)."""
         for slot in self.slots:
-            if slot.state is SlotState.IN_FLIGHT and (slot.event.known_complete() if known_only else slot.event.query()):
+            if slot.state is SlotState.IN_FLIGHT and (slot.event.query() if ask else slot.event.known_complete()):
                 self._retire(slot)
 
     def _retire(self, slot: StagingSlot) -> None:
