@@ -10,7 +10,8 @@ life is a cycle enforced here (and checked harder by ``checks/lifetime.py``)::
 * WRITING: the host fills the slot through `StagingSlot.alloc` views.  Nothing on the device
   reads it yet.
 * IN_FLIGHT: `StagingPool.submit` enqueued one H2D copy of the used bytes and recorded an event
-  right after it.  The host must not write the slot until that event completes: on a real GPU
+  right after it (or `StagingPool.submit_enqueued`: device work already enqueued reads them -- a
+  fused steady step's lane copy, `impl.lanes` -- and the event follows that work).  The host must not write the slot until that event completes: on a real GPU
   (and on the ``sim`` device) the copy may not have run yet and would pick up the new bytes.
 * FREE again once `event.query()` says the copy ran.  The device-side buffer is reused only by
   the slot's next H2D copy, which the stream orders after every kernel that read it.
@@ -189,6 +190,19 @@ class StagingPool:
         self._transition(slot, SlotState.FREE)
         slot.event = None
 
+    def seek_free(self, index: int) -> bool:
+        """Make slot ``index`` the one the next `acquire` takes, if it can be taken without a wait: FREE, or in
+        flight with its copy run (asked of the device only when not known).  False (nothing changed) otherwise."""
+        if index >= len(self.slots):
+            return False
+        slot = self.slots[index]
+        if slot.state is SlotState.IN_FLIGHT and (slot.event.known_complete() or slot.event.query()):
+            self._retire(slot)
+        if slot.state is not SlotState.FREE:
+            return False
+        self._next = index
+        return True
+
     @hot_path
     def acquire(self, step: int) -> StagingSlot:
         """A FREE slot, now WRITING.  Waits on the oldest in-flight copy only if none is free.
@@ -238,6 +252,16 @@ class StagingPool:
             self.device.enqueue(lambda: dev.copy_(host, non_blocking=True), f"h2d slot{slot.index} step{slot.step}")
         self.h2d_bytes_total += nbytes
         slot.event = self.device.record_event()
+        self._transition(slot, SlotState.IN_FLIGHT)
+
+    @hot_path
+    def submit_enqueued(self, slot: StagingSlot, event: DeviceEvent, nbytes: int) -> None:
+        """`submit` of a slot whose ``nbytes`` device work already enqueued reads (a fused steady step's lane
+        copy, `impl.lanes`); ``event``, recorded after that work, frees it."""
+        if slot.state is not SlotState.WRITING:
+            raise StagingLifetimeError("submit of a slot that is not being written", slot=slot.index, step=slot.step, state=slot.state)
+        self.h2d_bytes_total += nbytes
+        slot.event = event
         self._transition(slot, SlotState.IN_FLIGHT)
 
 
@@ -315,6 +339,14 @@ class StagingWriter:
         if self.slot is self.first and self.slot.copy_to is None:
             self._first_submitted = self.slot.used_bytes
         self.pool.submit(self.slot)
+        self.slot = None
+
+    def submit_enqueued(self, event: DeviceEvent, nbytes: int) -> None:
+        """Submit the step's one slot, whose ``nbytes`` enqueued device work already reads (`StagingPool.submit_enqueued`)."""
+        if self.slot is None or self.slot is not self.first or self.num_slots_used != 1:
+            raise StagingLifetimeError("submit_enqueued of a step that does not hold exactly its first slot", step=self.step)
+        self.bytes += nbytes
+        self.pool.submit_enqueued(self.slot, event, nbytes)
         self.slot = None
 
     @hot_path

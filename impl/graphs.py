@@ -22,9 +22,13 @@ were recorded with -- so a buffer re-allocated after capture diverges on CPU as 
 graphs off the same bucketed step runs eagerly (launches rebuilt and enqueued one by one), so
 eager and replay compute the same shapes and agree bit for bit.
 
+Fused steady graphs: with `impl.lanes.SteadyLanes` (usable), each single-token bucket also gets a
+second capture whose replay copies its staging bytes in and its output out itself (`fused`,
+`run(key, fused=True)`): a steady step is then one enqueue.  Its warm-up is the plain capture's.
+
 Ownership: the manager owns the `PaddedInputs` (see `impl.graph_step`), the recorded steps, the
 CUDA graphs and their memory pool (device, runner lifetime, written only at capture), and the
-replay/fallback counters (host).
+replay/fallback counters (host).  The lanes are the runner's; the manager captures with them.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ import torch
 
 from impl.device import Device, _run_as_device_work
 from impl.graph_step import GraphKey, GraphMode, PaddedInputs, PaddedStep
+from impl.lanes import SteadyLanes
 
 FALLBACK_REASONS = ("prompt_logprobs", "non_uniform", "batch_above_largest_size", "bucket_above_token_budget",
                     "no_graph_for_mode", "draft_model")
@@ -119,7 +124,8 @@ class CudaGraphManager:
     def __init__(self, device: Device, *, enabled: bool, capture_sizes: Sequence[int] | None, max_num_reqs: int,
                  max_num_batched_tokens: int, max_num_draft_tokens: int, max_logprobs: int,
                  build_step: Callable[[PaddedInputs, GraphKey], PaddedStep], staging_bytes: int,
-                 staging_layout: dict[str, tuple[int, int, torch.dtype]]):
+                 staging_layout: dict[str, tuple[int, int, torch.dtype]], lanes: SteadyLanes | None = None,
+                 pack: torch.Tensor | None = None):
         self.device = device
         self.enabled = bool(enabled)
         self.capture_sizes = validate_capture_sizes(capture_sizes, max_num_reqs)
@@ -130,6 +136,12 @@ class CudaGraphManager:
         self.inputs = PaddedInputs(device, max_num_reqs, max_num_draft_tokens, self.query_lens, staging_bytes, staging_layout)
         self._build_step = build_step
         self.graphs: dict[GraphKey, StepGraph] = {}
+        # Single-token buckets' fused steps (lane copies in the replay), when ``lanes`` work: see `fused`.
+        self.lanes = lanes if lanes is not None and lanes.usable and pack is not None else None
+        self._pack = pack
+        self.fused_graphs: dict[GraphKey, StepGraph] = {}
+        self.fused_in_bytes: dict[GraphKey, int] = {}
+        self.fused_replays = 0
         self.captured = False
         self.replays = 0
         self.padded_eager = 0
@@ -159,9 +171,29 @@ class CudaGraphManager:
                 if self.device.is_cuda:
                     graph.cuda_graph = self._capture_cuda(step)
                 self.graphs[key] = graph
+                if self.lanes is not None and mode.query_len == 1:
+                    self._capture_fused(key)
         if self.device.is_cuda:
             self.device.synchronize()
+        if self.lanes is not None:
+            self.lanes.reset()
         self.captured = True
+
+    def _capture_fused(self, key: GraphKey) -> None:
+        """The fused step of ``key``: lane copy in, the bucketed step, lane copy out, advance (`impl.lanes`).
+        Captured without a warm-up: the plain capture of ``key`` just warmed its launches, and the lane
+        kernels were compiled when the lanes were tried; a warm-up would run the copies on live lanes."""
+        step = self._build_step(self.inputs, key)
+        in_bytes = self.lanes.in_bytes(key.size)
+        head, tail = self.lanes.launches(in_bytes, self.inputs.step_bytes, step.result["packed"].nbytes, self._pack)
+        fused = PaddedStep(key, head + step.launches + tail, step.result)
+        fused.result["copied_out"] = True  # `impl.output.OutputSlots.enqueue_copy_out` enqueues no D2H for it
+        graph = StepGraph(fused)
+        graph.label = f"fused graph replay {key.describe()}"
+        if self.device.is_cuda:
+            graph.cuda_graph = self._capture_cuda(fused, warm_up=False)
+        self.fused_graphs[key] = graph
+        self.fused_in_bytes[key] = in_bytes
 
     def recapture(self) -> None:
         """Drop the captured steps and capture them again.
@@ -173,17 +205,19 @@ class CudaGraphManager:
         if not self.captured:
             return
         self.graphs = {}
+        self.fused_graphs, self.fused_in_bytes = {}, {}
         self.captured = False
         self.capture()
 
-    def _capture_cuda(self, step: PaddedStep) -> torch.cuda.CUDAGraph:
+    def _capture_cuda(self, step: PaddedStep, warm_up: bool = True) -> torch.cuda.CUDAGraph:
         dev, key = self.device, step.key
         label = "warm-up"
         try:
             # Warm-up: Triton compiles, cuBLAS picks its kernels.  The padded rows are all -1 here
             # (init value), so the step changes no row state, KV or penalty count.
-            for label, launch in step.launches:
-                dev.enqueue(launch, f"graph warm-up {key.describe()} {label}")
+            if warm_up:
+                for label, launch in step.launches:
+                    dev.enqueue(launch, f"graph warm-up {key.describe()} {label}")
             dev.synchronize()
             cuda_graph = torch.cuda.CUDAGraph()
             # No garbage collection inside the capture: a collected object's destructor (a pinned buffer's
@@ -241,8 +275,23 @@ class CudaGraphManager:
     def count_fallback(self, reason: str) -> None:
         self.fallbacks[reason] += 1
 
-    def run(self, key: GraphKey) -> dict[str, Any]:
-        """Enqueue the bucketed step (after the H2D of its step buffer); returns the dict its sampler output lands in."""
+    def fused(self, key: GraphKey | None) -> int | None:
+        """The bytes the fused step of ``key`` copies in (the most a steady step may stage to replay it), or None
+        when ``key`` has no fused step (lanes off, graphs off, a multi-token mode)."""
+        return self.fused_in_bytes.get(key) if self.enabled else None
+
+    def run(self, key: GraphKey, fused: bool = False) -> dict[str, Any]:
+        """Enqueue the bucketed step (after the H2D of its step buffer); returns the dict its sampler output lands in.
+
+        ``fused``: the fused step of ``key`` instead, for the lane `SteadyLanes.take` names (the caller staged
+        the step in that lane's staging slot and holds its output slot: `SteadyLanes.fits`)."""
+        if fused:
+            graph = self.fused_graphs[key]
+            self.lanes.take()
+            self.replays += 1
+            self.fused_replays += 1
+            self.device.enqueue(graph.replay, graph.label)
+            return graph.step.result
         if not self.enabled:
             step = self._build_step(self.inputs, key)
             for label, launch in step.launches:
@@ -256,7 +305,7 @@ class CudaGraphManager:
         return graph.step.result
 
     def stats(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "replays": self.replays, "fallbacks": dict(self.fallbacks),
+        return {"enabled": self.enabled, "replays": self.replays, "fused_replays": self.fused_replays, "fallbacks": dict(self.fallbacks),
                 "padded_eager": self.padded_eager, "num_graphs": len(self.graphs), "capture_sizes": list(self.capture_sizes)}
 
 

@@ -13,7 +13,7 @@ runner lifetime, contents valid for one step; written only by the post-update ke
 pack copies (`OutputSlots.pack_results`: enqueued with the D2H, or the last launch of a bucketed
 step's graph), read only by the step's D2H copy (stream order separates steps).
 ``slots`` (pinned uint8 host buffers, a ring): pinned host, runner lifetime.  A slot is written
-only by its D2H copy and read only by the host after its event, by the `AsyncStepOutput` that
+only by its D2H copy (a fused steady step's lane copy-out, `impl.lanes`, is that copy) and read only by the host after its event, by the `AsyncStepOutput` that
 holds it.  A slot is handed to a new step only after its holder has read it: either ``get()`` was
 called, or, when the ring wraps first, the holder materialises its output (waiting on its event
 if it is not complete, counted in ``num_backpressure_waits``) before the slot is reused.
@@ -215,6 +215,22 @@ class OutputSlots:
         self._next = 0
         self.num_backpressure_waits = 0
 
+    def seek_ready(self, slot: int) -> bool:
+        """Make ``slot`` the one the next `acquire` hands out, if that needs no wait: its holder, if any, is
+        complete.  False (nothing changed) otherwise."""
+        if slot >= len(self.slots):
+            return False
+        holder = self._holders[slot]
+        if holder is not None and not holder.ready():
+            return False
+        self._next = slot
+        return True
+
+    @property
+    def next_slot(self) -> int:
+        """The slot the next `acquire` hands out."""
+        return self._next
+
     @hot_path
     def acquire(self) -> int:
         """The next slot, read by its previous holder first (materialised, waiting only if unfinished)."""
@@ -288,7 +304,11 @@ class OutputSlots:
         ``results`` is filled by earlier closures of the same step (``"out"``: the sampler output,
         ``"prompt"``: prompt logprobs); on sim they run later than this call, so it is read only
         when the pack closure runs.  ``results["packed"] is layout``: the step packed itself.
+        ``results["copied_out"]``: it copied the pack into ``slot`` too (a fused steady step, `impl.lanes`):
+        only the event is recorded here.
         """
+        if results.get("copied_out"):
+            return self._hold(slot, layout, meta)
         host, pack = self._d2h_views(slot, layout.nbytes)
         if results.get("packed") is layout:
             def copy_out() -> None:
@@ -299,6 +319,10 @@ class OutputSlots:
                 host.copy_(pack, non_blocking=True)
 
         self.device.enqueue(copy_out, f"d2h output slot{slot} step{meta.step_id}")
+        return self._hold(slot, layout, meta)
+
+    def _hold(self, slot: int, layout: OutputLayout, meta: StepOutputMeta) -> AsyncStepOutput:
+        """The step's output over ``slot``, complete at the event recorded now (after its copy)."""
         event = self.device.record_event()
         result = AsyncStepOutput(self, slot, event, layout, meta)
         self._holders[slot] = result

@@ -47,6 +47,7 @@ from impl.graph_step import GraphKey, build_padded_step
 from impl.graphs import CudaGraphManager, validate_capture_sizes
 from impl.hotpath import hot_path
 from impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
+from impl.lanes import SteadyLanes
 from impl.boundary import check_device_drafts
 from impl.interface import DraftModelConfig, ModelRunnerOutput, NgramConfig, RunnerLimits, SchedulerOutput, effective_seed
 from impl.draft_proposer import DraftModelProposer
@@ -170,11 +171,15 @@ class ModelRunner:
                     self.proposer = NgramProposer(dev, self.speculative, lim)
             except (ProposerConfigError, ValueError) as e:
                 raise RunnerConfigError(f"speculative: {e}") from None
+        graphed = self._cuda_graphs and not isinstance(self.proposer, DraftModelProposer)
+        staging_layout = InputBatch.staging_layout(lim.max_num_reqs, lim.max_num_batched_tokens, lim.max_num_draft_tokens)
+        offset, n, dtype = staging_layout["logits_start"]  # a decode step's compact arrays end there
+        self.lanes = SteadyLanes(dev, self.staging, self.outputs, offset + n * dtype.itemsize) if graphed else None
         self.graphs = CudaGraphManager(  # a draft-model runner's steps all run eager: nothing to capture
-            dev, enabled=self._cuda_graphs and not isinstance(self.proposer, DraftModelProposer), capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
+            dev, enabled=graphed, capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
             max_num_batched_tokens=lim.max_num_batched_tokens, max_num_draft_tokens=lim.max_num_draft_tokens, max_logprobs=lim.max_logprobs,
             build_step=lambda inputs, key: build_padded_step(self, inputs, key), staging_bytes=capacity,
-            staging_layout=InputBatch.staging_layout(lim.max_num_reqs, lim.max_num_batched_tokens, lim.max_num_draft_tokens),
+            staging_layout=staging_layout, lanes=self.lanes, pack=self.outputs.pack,
         )
 
     # ------------------------------------------------------------------ profile
@@ -294,7 +299,9 @@ class ModelRunner:
         recompute to the same result -- the plan, the graph key, the admissions and releases.
 
         Its host side: the appended blocks, the slot (whose compact arrays the last steps left in
-        place: `impl.buffers.StagingSlot.kept`), the diffs, then the H2D, the replay and the output.
+        place: `impl.buffers.StagingSlot.kept`), the diffs, then one enqueue -- the bucket's fused graph,
+        which copies the slot in and the output out itself (`impl.lanes`) -- or, when the step does not
+        fit the next lane, the H2D, the replay and the output's D2H.
         """
         enqueued_before = self.device.num_enqueued
         self.device.begin_step()
@@ -306,17 +313,28 @@ class ModelRunner:
         if appends is not None:
             self.state.apply_cached(appends[0], None, appends[1])
             self.block_table.append_many(*appends)
+        key, lanes = self._steady_key, self.lanes
+        in_bytes = self.graphs.fused(key)
+        # The next lane's slots, when both rings can hand them out without a wait (`impl.lanes`).
+        lane_free = in_bytes is not None and self.outputs.seek_ready(lanes.lane) and self.staging.seek_free(lanes.lane)
+        output_slot = self.outputs.acquire()
         writer = StagingWriter(self.staging, step_id)
         staged = self.input_batch.stage(plan, writer)
         self.staged_writes.flush(writer)
         packed = self._pack_for_graph(writer)
-        writer.submit(self.graphs.inputs.step_bytes, redirect=packed is not None)
-        self.staged_writes.enqueue_apply()  # only when the diffs overflowed the first slot
+        fused = lane_free and packed is not None and lanes.fits(writer, output_slot, in_bytes)
+        if not fused:
+            writer.submit(self.graphs.inputs.step_bytes, redirect=packed is not None)
+            self.staged_writes.enqueue_apply()  # only when the diffs overflowed the first slot
         # Through `_enqueue_device_step`, as every step with tokens: the hook point of the checks that
         # follow a step's device work (`checks.kv_provenance`).
-        result, _ = self._enqueue_device_step(plan, staged, self._steady_key, None)
-        output = self._enqueue_output(step_id, plan, result, _NO_SEEDS)
-        self._steady_key = self._steady_key if packed is not None else None
+        result, _ = self._enqueue_device_step(plan, staged, key, None, fused)
+        output = self._enqueue_output(step_id, plan, result, _NO_SEEDS, output_slot)
+        if fused:
+            writer.submit_enqueued(output.event, in_bytes)
+        elif in_bytes is not None:
+            lanes.resync(self.outputs.next_slot)  # the rings went on without the lane: it follows them again
+        self._steady_key = key if packed is not None else None
         self.state.mark_used(plan.rows, output.event)
         self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
         self.state.advance(plan.req_ids, plan.query_lens, None)
@@ -378,9 +396,10 @@ class ModelRunner:
             self.sampling_state.enqueue_apply()
 
     def _enqueue_device_step(self, plan: StepPlan, staged: StagedStepArrays, key: GraphKey | None,
-                             reason: str | None) -> tuple[dict, str | None]:
+                             reason: str | None, fused: bool = False) -> tuple[dict, str | None]:
         """Input prep .. post-update: a bucketed step ``key`` (one graph replay, or the same launches eagerly),
-        else eager (``reason``: why, from `CudaGraphManager.select`).
+        else eager (``reason``: why, from `CudaGraphManager.select`).  ``fused``: the bucket's fused graph
+        (`CudaGraphManager.run`), its staging copy-in and output copy-out included.
 
         Returns the dict the sampler output lands in and the fallback reason (None: bucketed).
         """
@@ -389,7 +408,7 @@ class ModelRunner:
             graphs.count_fallback(reason)
             self.input_batch.enqueue_prepare(plan, staged, self.state, self.block_table)
             return self._enqueue_model_and_sampling(plan, staged), reason
-        return graphs.run(key), None
+        return graphs.run(key, fused=True) if fused else graphs.run(key), None
 
     def cuda_graph_stats(self) -> dict[str, Any]:
         """``{"enabled", "replays", "fallbacks": {reason: steps}}`` (plus padded-eager steps, graph count, sizes)."""
@@ -445,7 +464,9 @@ class ModelRunner:
         return prompt_logprobs_chunked(lambda start, end: self.model.compute_logits(hidden[start:end]), targets, num_rows,
                                        num_top, computer, out, chunk_rows=chunk)
 
-    def _enqueue_output(self, step_id: int, plan: StepPlan, result: dict, seeds: dict[str, int]) -> AsyncStepOutput:
+    def _enqueue_output(self, step_id: int, plan: StepPlan, result: dict, seeds: dict[str, int],
+                        slot: int | None = None) -> AsyncStepOutput:
+        """The step's output: the D2H into ``slot`` (acquired here when None) and its event."""
         layout = result.get("packed")  # a bucketed step packs itself at its bucket's layout
         if layout is None:
             shape = (plan.num_reqs, plan.num_sampling_rows, plan.max_num_logprobs, plan.num_prompt_rows, plan.max_num_prompt_logprobs)
@@ -456,7 +477,8 @@ class ModelRunner:
                 layout = self._output_layouts[shape] = OutputLayout.build(*shape)
         meta = StepOutputMeta(step_id, plan.req_ids, plan.logits_start64, plan.num_logprobs,
                               plan.prompt_requests, plan.prompt_targets, seeds)
-        slot = self.outputs.acquire()
+        if slot is None:
+            slot = self.outputs.acquire()
         return self.outputs.enqueue_copy_out(slot, layout, result, meta)
 
     @property

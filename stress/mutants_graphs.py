@@ -61,7 +61,8 @@ def _padding_row_writes_live_state(runner: Any, m: AppliedMutant) -> None:
     # CUDA graphs hold the launches they captured: capture again with the mutant; undo puts the
     # original captures back (recorded closures on cpu/sim look the pad up when they run anyway).
     graphs = runner.graphs
-    m.set(graphs, "graphs", graphs.graphs)
+    for name in ("graphs", "fused_graphs", "fused_in_bytes"):
+        m.set(graphs, name, getattr(graphs, name))
     graphs.recapture()
 
 

@@ -379,10 +379,16 @@ def test_step_stats_and_no_wait_in_steady_state():
     # A decode step uploads only the compact per-step arrays (rows, query_start_loc, ...), well
     # under a prefill step that also carries the admission's staged diffs.
     assert 0 < decode_stats.h2d_bytes < prefill_stats.h2d_bytes
-    assert decode_stats.h2d_bytes <= 8 * 16  # the 16-byte header (the step's counts) and the compact arrays
-    # The decode step is one graph replay (apply, pad, input prep .. post-update) between the slot's H2D and the output D2H.
-    assert decode_stats.graph_replayed and decode_stats.graph_fallback is None
-    assert decode_stats.num_enqueued == 3 and prefill_stats.graph_fallback == "non_uniform"
+    # The 16-byte header (the step's counts) and the compact arrays, and room for a block append per request:
+    # what the fused step's lane copy reads (`impl.lanes.SteadyLanes.in_bytes`).
+    assert decode_stats.h2d_bytes == runner.lanes.in_bytes(1) <= 8 * 16 + 32
+    # The steady decode step is one enqueue: its bucket's fused graph (the slot's copy in, apply, pad, input
+    # prep .. post-update, the output's copy out).
+    assert decode_stats.graph_replayed and decode_stats.graph_fallback is None and decode_stats.steady
+    assert decode_stats.num_enqueued == 1 and prefill_stats.graph_fallback == "non_uniform"
+    # Steps 2-4 are steady; one whose lane's output slot still held an unfinished output (the device lags two
+    # steps) took the plain graph instead, without a wait.
+    assert runner.cuda_graph_stats()["fused_replays"] >= 2
 
 
 def test_planted_host_read_in_execute_model_is_caught(monkeypatch):
@@ -434,7 +440,8 @@ def test_profile_is_a_dummy_forward_that_leaves_state_alone():
 def test_one_h2d_and_one_apply_launch_per_step():
     """Row state, block tables and sampling params of two admissions reach the device through one
     staging copy and one apply launch; a graphed decode's diffs (a new block) ride in its one H2D and
-    are applied inside its graph replay, with no apply of their own."""
+    are applied inside its graph replay, with no apply of their own; a steady step after it is its
+    bucket's fused replay alone, which copies its slot in itself (`impl.lanes`)."""
     device = Device("sim", seed=1, lag_policy="run-immediately")
     runner = make_runner(_weights(), LIMITS, device, 0)
     device.trace = []
@@ -451,8 +458,8 @@ def test_one_h2d_and_one_apply_launch_per_step():
         runner.execute_model(sched).get()
         labels = list(device.trace)
         counts.append((sum(x.startswith("h2d") for x in labels), sum(x.startswith("apply") for x in labels),
-                       sum(x.startswith("graph replay") for x in labels)))
-    assert counts == [(1, 1, 0), (1, 0, 1), (1, 0, 1)]
+                       sum(x.startswith("graph replay") for x in labels), sum(x.startswith("fused graph replay") for x in labels)))
+    assert counts == [(1, 1, 0, 0), (1, 0, 1, 0), (0, 0, 0, 1)]
     assert runner.block_table.base[runner.state.req_to_row["a"], :2].tolist() == [0, 2]  # step 1's block, applied in the graph
 
 

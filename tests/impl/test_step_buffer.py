@@ -1,6 +1,6 @@
 """A bucketed step's device side reads its counts from device memory (issue 14 item 1): the header-driven
 staged-write apply, the first staging slot copied into the fixed step buffer, and a steady-state graphed
-step that enqueues exactly one H2D, one replay and one output copy."""
+step that enqueues exactly one fused replay (its copies inside)."""
 from __future__ import annotations
 
 import pytest
@@ -101,7 +101,9 @@ LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=64, max_num_
                       block_size=4, max_logprobs=3, max_num_draft_tokens=0)
 
 
-def test_a_steady_graphed_decode_step_is_one_h2d_one_replay_one_output_copy():
+def test_a_steady_graphed_decode_step_is_one_fused_replay():
+    """The first bucketed decode step is one H2D, one replay and one output copy; every steady step after it
+    is one enqueue, its bucket's fused replay (`impl.lanes`), block appends included."""
     runner = ModelRunner(random_weights(preset("micro"), seed=2), LIMITS, Device("cpu"), base_seed=1)
     sched = SchedulerSim(LIMITS, seed=0)
     for i in range(4):
@@ -119,8 +121,11 @@ def test_a_steady_graphed_decode_step_is_one_h2d_one_replay_one_output_copy():
         labels.append([])
         sched.update(runner.execute_model(sched.schedule()).get())
         replayed.append(runner.last_step_stats.graph_replayed)
-    steady = [step for step, graphed in zip(labels, replayed) if graphed]
-    assert len(steady) >= 8, replayed  # block appends (staged diffs) happen on several of them
+    graphed = [step for step, graphed in zip(labels, replayed) if graphed]
+    assert len(graphed) >= 8, replayed  # block appends (staged diffs) happen on several of them
+    first, steady = graphed[0], graphed[1:]
+    assert len(first) == 3 and first[0].startswith("h2d") and first[1].startswith("graph replay"), first
+    assert first[2].startswith("d2h"), first
     for step in steady:
-        assert len(step) == 3, step
-        assert step[0].startswith("h2d") and step[1].startswith("graph replay"), step
+        assert len(step) == 1 and step[0].startswith("fused graph replay"), step
+    assert runner.cuda_graph_stats()["fused_replays"] == len(steady)
