@@ -40,7 +40,7 @@
 #   gpu_logprobs  the gpu-marked logprobs tests alone (row finish vs float64 at V=151936, ties at the bound,
 #                 overflow to the fallback, counters reset, graph replay)
 #   bench_host    `runnercheck bench --device cuda --only host_cost` alone (runner vs V1-style baseline, 1% and 0% churn;
-#                 host enqueues per step, target 3 at 0% churn: H2D, graph replay, D2H), then the same with
+#                 host enqueues per step, target 1 at 0% churn: the fused replay, H2D and D2H inside), then the same with
 #                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves)
 #   bench_host_python  the same host_cost bench with RUNNERCHECK_NATIVE=0: the Python twins of impl/native/steady.c (the
 #                 steady reader, advance, diff table), to compare with bench_host's C parts through each pass's own ratio
@@ -58,8 +58,8 @@
 #                 with RUNNERCHECK_SLOW_LAUNCH=1
 #   tune_logprobs (alone, after bench) the logprobs launch shapes (chunk x warps x sub-block x finish capacity x
 #                 register cap), timed with and without top-n and checked equal (`python -m bench.tune_selection`)
-#   gpu_events    the gpu-marked tests of events, the steady step and slot lifetimes alone (test_device, test_steady_step,
-#                 test_lifetime: ~40 s)
+#   gpu_events    the gpu-marked tests of events, the steady step, its lanes and slot lifetimes alone (test_device,
+#                 test_steady_step, test_lanes, test_lifetime: ~40 s)
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
@@ -134,7 +134,7 @@ want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_pr
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&
   RUNNERCHECK_SLOW_LAUNCH=1 python3 -m bench.host_profile --device cuda --reqs 256 --steps 100" &
 want gpu_events && job gpu_events "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" \
-  tests/impl/test_device.py tests/impl/test_steady_step.py tests/checks/test_lifetime.py
+  tests/impl/test_device.py tests/impl/test_steady_step.py tests/impl/test_lanes.py tests/checks/test_lifetime.py
 want gpu_tests && job gpu_tests "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" tests \
   --deselect tests/stress/test_mutants.py::test_cuda_run_kills_every_mutant_including_the_noise_bugs \
   --deselect tests/impl/test_sampler_tail.py &
