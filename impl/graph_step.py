@@ -19,7 +19,8 @@ The step's counts are device data too: a bucketed step's staging slot is copied 
 into the fixed-address step buffer below, whose header (`impl.kernels.input_prep.HEADER_WORDS`)
 holds the number of real requests and drafts and where the step's staged-write diffs sit.  The
 recorded launches start with the staged-write apply and the bucket padding, both reading that
-header, so a steady-state graphed step is one H2D, one replay, one D2H + event.
+header, so a bucketed step is one H2D, one replay, one D2H + event (a steady one is a single fused
+replay with both copies inside: `impl.lanes`).
 
 Ownership: `PaddedInputs` owns, on the device, for the runner's lifetime, at fixed addresses:
 

@@ -17,7 +17,8 @@ fixed step buffer, whose header carries the step's counts, and the graph packs t
 so such a step enqueues only the H2D, the replay and the output copy.  Other batches run eager.
 A step that repeats the last decode batch (`impl.step_reader.read_steady_step`) reuses its plan;
 after a bucketed step it runs `ModelRunner._execute_steady`, whose host side is the read of the
-counts and blocks, a few vectorised mirror updates and those three enqueues, inside one stream
+counts and blocks, a few vectorised mirror updates and ONE enqueue -- its bucket's fused graph,
+which copies the staging slot in and the output out itself (`impl.lanes`) -- inside one stream
 switch (`Device.on_stream`).  `execute_model` never waits in steady state; `AsyncStepOutput.get()` is the
 one wait.  Step N+1 may be submitted before step N's output is read (async scheduling): every
 count the next step needs lives on the device.
