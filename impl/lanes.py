@@ -15,8 +15,8 @@ device: a captured graph cannot take an argument, so the host does not say which
 keeps the counter's mirror (``lane``) and enqueues a fused replay only when the step it staged sits
 in that lane's staging slot and its output slot is that lane's (`fits`).  The host takes the lane's
 slots by seeking both rings to it (`impl.buffers.StagingPool.seek_free`,
-`impl.output.OutputSlots.seek_ready`), which succeeds only when the ring could hand the slot out
-without a wait (a staging slot whose copy has run, an output slot whose holder is complete); the
+`impl.output.OutputSlots.seek_free`), which succeeds only when the ring could hand the slot out
+without a wait (a staging slot whose copy has run, an output slot whose last output was read); the
 staging slot's and the output's event is the one recorded after the replay.  A step that does not
 fit takes the three enqueues; when the lane was busy the rings moved on without it, so that step
 also sets the counter to the output ring's next slot (`resync`: one device fill, in stream order),

@@ -215,13 +215,10 @@ class OutputSlots:
         self._next = 0
         self.num_backpressure_waits = 0
 
-    def seek_ready(self, slot: int) -> bool:
-        """Make ``slot`` the one the next `acquire` hands out, if that needs no wait: its holder, if any, is
-        complete.  False (nothing changed) otherwise."""
-        if slot >= len(self.slots):
-            return False
-        holder = self._holders[slot]
-        if holder is not None and not holder.ready():
+    def seek_free(self, slot: int) -> bool:
+        """Make ``slot`` the one the next `acquire` hands out, if no output holds it any more (its holder was
+        read: nothing to wait for or to decode early).  False (nothing changed) otherwise."""
+        if slot >= len(self.slots) or self._holders[slot] is not None:
             return False
         self._next = slot
         return True

@@ -317,7 +317,7 @@ class ModelRunner:
         key, lanes = self._steady_key, self.lanes
         in_bytes = self.graphs.fused(key)
         # The next lane's slots, when both rings can hand them out without a wait (`impl.lanes`).
-        lane_free = in_bytes is not None and self.outputs.seek_ready(lanes.lane) and self.staging.seek_free(lanes.lane)
+        lane_free = in_bytes is not None and self.outputs.seek_free(lanes.lane) and self.staging.seek_free(lanes.lane)
         output_slot = self.outputs.acquire()
         writer = StagingWriter(self.staging, step_id)
         staged = self.input_batch.stage(plan, writer)

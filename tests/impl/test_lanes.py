@@ -123,20 +123,23 @@ def test_lanes_that_fail_their_trial_are_off_and_steady_steps_still_run(monkeypa
 
 def test_a_mirror_that_drifts_from_the_counter_is_wrong_tokens():
     """Planted: the host skips a lane (its mirror one ahead of the device counter): each fused step then
-    replays with another lane's stale bytes in, and its output lands in another slot."""
-    reference = _run(_runner(), 18)
+    replays with another lane's stale bytes in, and its output lands in another slot.  (It skips once every
+    lane holds a steady step's bytes: an earlier skip reads bytes of another layout, and the staged-write
+    apply trusts the diff table it finds -- on CPU a segfault, on a GPU an illegal address.)"""
+    reference = _run(_runner(), 30)
     runner = _runner()
     take, taken = runner.lanes.take, []
 
     def take_and_skip():
         lane = take()
         taken.append(lane)
-        if len(taken) == 3:
+        if len(taken) == 2 * runner.lanes.num_lanes:
             runner.lanes.lane = (runner.lanes.lane + 1) % runner.lanes.num_lanes
         return lane
 
     runner.lanes.take = take_and_skip
-    assert _run(runner, 18) != reference
+    got = _run(runner, 30)
+    assert len(taken) > 2 * runner.lanes.num_lanes and got != reference
 
 
 @pytest.mark.gpu
