@@ -11,8 +11,9 @@ life is a cycle enforced here (and checked harder by ``checks/lifetime.py``)::
   reads it yet.
 * IN_FLIGHT: `StagingPool.submit` enqueued one H2D copy of the used bytes and recorded an event
   right after it (or `StagingPool.submit_enqueued`: device work already enqueued reads them -- a
-  fused steady step's lane copy, `impl.lanes` -- and the event follows that work).  The host must not write the slot until that event completes: on a real GPU
-  (and on the ``sim`` device) the copy may not have run yet and would pick up the new bytes.
+  fused steady step's lane copy, `impl.lanes` -- and the event follows that work).  The host must
+  not write the slot until that event completes: on a real GPU (and on the ``sim`` device) the copy
+  may not have run yet and would pick up the new bytes.
 * FREE again once `event.query()` says the copy ran.  The device-side buffer is reused only by
   the slot's next H2D copy, which the stream orders after every kernel that read it.
 
@@ -190,6 +191,7 @@ class StagingPool:
         self._transition(slot, SlotState.FREE)
         slot.event = None
 
+    @hot_path
     def seek_free(self, index: int) -> bool:
         """Make slot ``index`` the one the next `acquire` takes, if it can be taken without a wait: FREE, or in
         flight with its copy run (asked of the device only when not known).  False (nothing changed) otherwise."""

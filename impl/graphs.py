@@ -124,8 +124,7 @@ class CudaGraphManager:
     def __init__(self, device: Device, *, enabled: bool, capture_sizes: Sequence[int] | None, max_num_reqs: int,
                  max_num_batched_tokens: int, max_num_draft_tokens: int, max_logprobs: int,
                  build_step: Callable[[PaddedInputs, GraphKey], PaddedStep], staging_bytes: int,
-                 staging_layout: dict[str, tuple[int, int, torch.dtype]], lanes: SteadyLanes | None = None,
-                 pack: torch.Tensor | None = None):
+                 staging_layout: dict[str, tuple[int, int, torch.dtype]], lanes: SteadyLanes | None = None):
         self.device = device
         self.enabled = bool(enabled)
         self.capture_sizes = validate_capture_sizes(capture_sizes, max_num_reqs)
@@ -137,8 +136,7 @@ class CudaGraphManager:
         self._build_step = build_step
         self.graphs: dict[GraphKey, StepGraph] = {}
         # Single-token buckets' fused steps (lane copies in the replay), when ``lanes`` work: see `fused`.
-        self.lanes = lanes if lanes is not None and lanes.usable and pack is not None else None
-        self._pack = pack
+        self.lanes = lanes if lanes is not None and lanes.usable else None
         self.fused_graphs: dict[GraphKey, StepGraph] = {}
         self.fused_in_bytes: dict[GraphKey, int] = {}
         self.fused_replays = 0
@@ -185,7 +183,7 @@ class CudaGraphManager:
         kernels were compiled when the lanes were tried; a warm-up would run the copies on live lanes."""
         step = self._build_step(self.inputs, key)
         in_bytes = self.lanes.in_bytes(key.size)
-        head, tail = self.lanes.launches(in_bytes, self.inputs.step_bytes, step.result["packed"].nbytes, self._pack)
+        head, tail = self.lanes.launches(in_bytes, self.inputs.step_bytes, step.result["packed"].nbytes)
         fused = PaddedStep(key, head + step.launches + tail, step.result)
         fused.result["copied_out"] = True  # `impl.output.OutputSlots.enqueue_copy_out` enqueues no D2H for it
         graph = StepGraph(fused)
@@ -278,7 +276,7 @@ class CudaGraphManager:
     def fused(self, key: GraphKey | None) -> int | None:
         """The bytes the fused step of ``key`` copies in (the most a steady step may stage to replay it), or None
         when ``key`` has no fused step (lanes off, graphs off, a multi-token mode)."""
-        return self.fused_in_bytes.get(key) if self.enabled else None
+        return self.fused_in_bytes.get(key)  # filled by `capture`, which captures nothing with graphs off
 
     def run(self, key: GraphKey, fused: bool = False) -> dict[str, Any]:
         """Enqueue the bucketed step (after the H2D of its step buffer); returns the dict its sampler output lands in.

@@ -77,10 +77,11 @@ class SteadyLanes:
         diff-table entry and two values per request (a steady step's block appends)."""
         return min(self.prefix_bytes + 16 + 4 * _DIFF_WORDS_PER_REQUEST * size, self.staging.capacity_bytes)
 
-    def launches(self, in_bytes: int, step_bytes: torch.Tensor, out_bytes: int,
-                 pack: torch.Tensor) -> tuple[list[tuple[str, Callable[[], None]]], list[tuple[str, Callable[[], None]]]]:
-        """The launches a fused step puts before and after a bucketed step's: (copy in), (copy out, advance)."""
-        counter, staging_table, output_table = self.counter, self.staging_table, self.output_table
+    def launches(self, in_bytes: int, step_bytes: torch.Tensor,
+                 out_bytes: int) -> tuple[list[tuple[str, Callable[[], None]]], list[tuple[str, Callable[[], None]]]]:
+        """The launches a fused step puts before and after a bucketed step's: (copy in), (copy out of the output
+        ring's pack buffer, advance)."""
+        counter, staging_table, output_table, pack = self.counter, self.staging_table, self.output_table, self.outputs.pack
 
         def copy_in() -> None:
             launch_lane_copy(counter, staging_table, step_bytes, in_bytes, to_host=False)

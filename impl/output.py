@@ -13,8 +13,8 @@ runner lifetime, contents valid for one step; written only by the post-update ke
 pack copies (`OutputSlots.pack_results`: enqueued with the D2H, or the last launch of a bucketed
 step's graph), read only by the step's D2H copy (stream order separates steps).
 ``slots`` (pinned uint8 host buffers, a ring): pinned host, runner lifetime.  A slot is written
-only by its D2H copy (a fused steady step's lane copy-out, `impl.lanes`, is that copy) and read only by the host after its event, by the `AsyncStepOutput` that
-holds it.  A slot is handed to a new step only after its holder has read it: either ``get()`` was
+only by its D2H copy (a fused steady step's lane copy-out, `impl.lanes`, is that copy) and read
+only by the host after its event, by the `AsyncStepOutput` that holds it.  A slot is handed to a new step only after its holder has read it: either ``get()`` was
 called, or, when the ring wraps first, the holder materialises its output (waiting on its event
 if it is not complete, counted in ``num_backpressure_waits``) before the slot is reused.
 """
@@ -215,6 +215,7 @@ class OutputSlots:
         self._next = 0
         self.num_backpressure_waits = 0
 
+    @hot_path
     def seek_free(self, slot: int) -> bool:
         """Make ``slot`` the one the next `acquire` hands out, if no output holds it any more (its holder was
         read: nothing to wait for or to decode early).  False (nothing changed) otherwise."""

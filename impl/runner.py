@@ -180,7 +180,7 @@ class ModelRunner:
             dev, enabled=graphed, capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
             max_num_batched_tokens=lim.max_num_batched_tokens, max_num_draft_tokens=lim.max_num_draft_tokens, max_logprobs=lim.max_logprobs,
             build_step=lambda inputs, key: build_padded_step(self, inputs, key), staging_bytes=capacity,
-            staging_layout=staging_layout, lanes=self.lanes, pack=self.outputs.pack,
+            staging_layout=staging_layout, lanes=self.lanes,
         )
 
     # ------------------------------------------------------------------ profile

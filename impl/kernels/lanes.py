@@ -5,8 +5,8 @@ copying its packed output to the host, with no separate copy calls: the pinned b
 is addressed from the kernel directly (CUDA's unified addressing: a pointer from ``cudaHostAlloc``,
 which backs torch's pinned memory, is valid in device code), and which lane a replay uses is
 ``counter % num_lanes``, read on the device, so one captured graph serves every lane.  The counter
-is advanced by `launch_lane_advance`, the last launch of such a step, after every program of both
-copies has read it.
+is advanced (modulo the lanes) by `launch_lane_advance`, the last launch of such a step, after every
+program of both copies has read it.
 
 On CPU (the Triton interpreter) the same kernels dereference the host addresses directly.
 """
