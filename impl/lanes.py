@@ -19,7 +19,7 @@ slots by seeking both rings to it (`impl.buffers.StagingPool.seek_free`,
 without a wait (a staging slot whose copy has run, an output slot whose last output was read); the
 staging slot's and the output's event is the one recorded after the replay.  A step that does not
 fit takes the three enqueues; when the lane was busy the rings moved on without it, so that step
-also sets the counter to the output ring's next slot (`resync`: one device fill, in stream order),
+also sets the counter to the output ring's next slot (`follow_rings`: one device fill, in stream order),
 and the lanes follow the rings again from the next step.
 
 At construction the copies are tried once on scratch buffers (`usable`): a device whose pinned
@@ -27,10 +27,10 @@ memory a kernel cannot address leaves the steady step on its three enqueues, wit
 
 Ownership: `SteadyLanes` owns, on the device, for the runner's lifetime: ``counter`` (int64 [1], the
 lane of the next fused replay; written by the fused graphs' advance launch and by the fills of
-`resync` and `reset`, all in stream order), ``staging_table`` and ``output_table`` (int64
+`follow_rings` and `reset`, all in stream order), ``staging_table`` and ``output_table`` (int64
 [num_lanes], the lanes' pinned host addresses, written once at construction); and on the host
 ``lane`` (the counter's value once every enqueued replay and fill has run; written by `take`,
-`resync` and `reset`).  The pinned buffers stay their rings'.
+`follow_rings` and `reset`).  The pinned buffers stay their rings'.
 """
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ import torch
 
 from impl.buffers import StagingPool, StagingWriter
 from impl.device import Device, _run_as_device_work
+from impl.hotpath import hot_path
 from impl.kernels.lanes import launch_lane_advance, launch_lane_copy
 from impl.output import OutputSlots
 
@@ -96,6 +97,13 @@ class SteadyLanes:
 
         return [("lane copy in", copy_in)], [("lane copy out", copy_out), ("lane advance", advance)]
 
+    @hot_path
+    def seek(self) -> bool:
+        """Seek both rings to the next lane's slots, if both can hand them out without a wait (each ring's
+        ``seek_free``); False when either cannot (the step then takes the three enqueues)."""
+        lane = self.lane
+        return self.outputs.seek_free(lane) and self.staging.seek_free(lane)
+
     def fits(self, writer: StagingWriter, output_slot: int, in_bytes: int) -> bool:
         """Whether a step staged through ``writer`` into output slot ``output_slot`` can be the next fused replay:
         all its staged bytes in its first slot, which is the lane's staging slot, within the copy-in's
@@ -111,9 +119,11 @@ class SteadyLanes:
         self.lane = (lane + 1) % self.num_lanes
         return lane
 
-    def resync(self, lane: int) -> None:
-        """Make ``lane`` (0 when it is not one) the next fused replay's: one fill, after the work enqueued so far."""
-        lane = lane if 0 <= lane < self.num_lanes else 0
+    def follow_rings(self) -> None:
+        """After a step the rings served without the lane: make the output ring's next slot (lane 0 when it is
+        not one) the next fused replay's, by one fill after the work enqueued so far."""
+        lane = self.outputs.next_slot
+        lane = lane if lane < self.num_lanes else 0
         if lane != self.lane:
             counter = self.counter
             self.device.enqueue(lambda: counter.fill_(lane), "lane counter resync")

@@ -317,7 +317,7 @@ class ModelRunner:
         key, lanes = self._steady_key, self.lanes
         in_bytes = self.graphs.fused(key)
         # The next lane's slots, when both rings can hand them out without a wait (`impl.lanes`).
-        lane_free = in_bytes is not None and self.outputs.seek_free(lanes.lane) and self.staging.seek_free(lanes.lane)
+        lane_free = in_bytes is not None and lanes.seek()
         output_slot = self.outputs.acquire()
         writer = StagingWriter(self.staging, step_id)
         staged = self.input_batch.stage(plan, writer)
@@ -334,7 +334,7 @@ class ModelRunner:
         if fused:
             writer.submit_enqueued(output.event, in_bytes)
         elif in_bytes is not None:
-            lanes.resync(self.outputs.next_slot)  # the rings went on without the lane: it follows them again
+            lanes.follow_rings()
         self._steady_key = key if packed is not None else None
         self.state.mark_used(plan.rows, output.event)
         self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
