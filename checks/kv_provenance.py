@@ -214,7 +214,7 @@ class KVProvenanceChecker:
             run_graph = graphs.run
 
             def run_bucketed(key: Any, *args: Any, **kwargs: Any) -> Any:
-                self._bucket_tokens = key.size * key.mode.query_len  # the tokens the bucket's launches prepare
+                self._bucket_tokens = key.num_tokens  # the tokens the bucket's launches prepare
                 return run_graph(key, *args, **kwargs)
 
             patches.append((graphs, "run", run_bucketed))

@@ -1,7 +1,9 @@
 """The bucketed (padded) decode step: its persistent inputs and its device work, ready to capture.
 
 A *bucketed* step is a uniform decode batch (every request scheduled ``query_len = 1 + k`` tokens
-with exactly ``k`` drafts) padded from ``num_reqs`` up to a capture size ``size``.  Its device work
+with exactly ``k`` drafts) padded from ``num_reqs`` up to a capture size ``size``, or a *mixed*
+batch (any query lengths -- decodes next to prefill chunks -- and no drafts) padded up to a
+token size ``tokens`` and ``size`` requests (`GraphKey`, mode `MIXED`).  Its device work
 is input prep -> forward -> sampler (logprobs included when the mode asks) -> post-update ->
 penalty-count update, with every shape taken from the bucket (``size``, ``query_len``, the mode's
 top-n) and every varying fact read from device tensors, so one recording serves every batch of
@@ -13,7 +15,10 @@ up as a difference between the two, on CPU too.
 Padding: rows ``[num_reqs, size)`` are -1 (`impl.kernels.input_prep.PADDING_ROW`): the input-prep
 and post-update kernels give such a request token 0 at slot -1 (no KV write), read sampling
 parameters from a dummy row, and write no row state, no penalty counts, no ``num_sampled`` of a
-live request and nothing the output pack copies.
+live request and nothing the output pack copies.  In a mixed step a padding request has no tokens
+(its query starts repeat the step's token count, `PaddedInputs.mixed_cu`; attention skips it), and
+tokens ``[num_tokens, tokens)`` belong to no request (the input-prep tail gives them slot -1); its
+one sampling row reads the step's last token and is never copied out.
 
 The step's counts are device data too: a bucketed step's staging slot is copied (its one H2D)
 into the fixed-address step buffer below, whose header (`impl.kernels.input_prep.HEADER_WORDS`)
@@ -31,6 +36,9 @@ Ownership: `PaddedInputs` owns, on the device, for the runner's lifetime, at fix
     drafts          int32 [max_num_reqs * max(1, D)]     the step's drafts; written by the pad kernel each bucketed step
     query_start[q], logits_start[q], draft_start[q]
                     int32 [max_num_reqs + 1] per query length q: i*q, i*q, i*(q-1); written once, at init
+                    (a mixed step reads logits_start[1] and draft_start[1]: one sampling row, no drafts, per request)
+    mixed_cu        int32 [max_num_reqs + 1]             a mixed step's query starts, padding requests empty; written by
+                                                         the pad kernel each mixed step
 
 The other buffers a step binds belong to their owners (input batch, model, sampler, sampling
 state, request state, output ring) and keep their documented writers.
@@ -54,24 +62,45 @@ from impl.staged_writes import launch_apply_from_header
 APPLY_PROGRAMS_CUDA = 64
 
 
+MIXED = 0  # the `GraphMode.query_len` of a mixed step: any query lengths, no drafts
+
+
 @dataclass(frozen=True)
 class GraphMode:
-    """What a graph was captured for besides its size: tokens per request and top-n logprobs (-1: none)."""
+    """What a graph was captured for besides its size: tokens per request (`MIXED`: any) and top-n logprobs (-1: none)."""
 
     query_len: int
     num_top: int
 
     def describe(self) -> str:
-        return f"q{self.query_len}" + (f"-lp{self.num_top}" if self.num_top >= 0 else "")
+        return ("mixed" if self.query_len == MIXED else f"q{self.query_len}") + (f"-lp{self.num_top}" if self.num_top >= 0 else "")
 
 
 @dataclass(frozen=True)
 class GraphKey:
+    """A bucket: ``size`` requests (padding included) of ``mode``; a mixed bucket also bounds its ``tokens``."""
+
     size: int
     mode: GraphMode
+    tokens: int = 0  # a mixed bucket's tokens, padding included (a decode bucket's are size * query_len)
+
+    @property
+    def mixed(self) -> bool:
+        return self.mode.query_len == MIXED
+
+    @property
+    def num_tokens(self) -> int:
+        """The tokens the bucket's launches prepare (padding included)."""
+        return self.tokens if self.mode.query_len == MIXED else self.size * self.mode.query_len
+
+    @property
+    def num_sampling_rows(self) -> int:
+        """Its sampling rows: one per request of a mixed bucket, one per token of a decode bucket."""
+        return self.size if self.mode.query_len == MIXED else self.num_tokens
 
     def describe(self) -> str:
-        return f"{self.size}x{self.mode.describe()}"
+        tokens = f"{self.tokens}t" if self.mode.query_len == MIXED else ""
+        return f"{self.size}x{tokens}{self.mode.describe()}"
 
 
 @dataclass
@@ -102,13 +131,14 @@ class PaddedInputs:
             offset, n, dtype = layout[name]
             return self.step_bytes[offset : offset + n * dtype.itemsize].view(dtype)
 
-        self.header, self.step_rows, self.step_drafts = view("header"), view("rows"), view("drafts")
+        self.header, self.step_rows, self.step_drafts, self.step_cu = view("header"), view("rows"), view("drafts"), view("cu")
         if self.header.numel() != HEADER_WORDS:
             raise ValueError(f"the staging layout's header has {self.header.numel()} words, not {HEADER_WORDS}")
         self.apply_header = self.header[HEADER_NUM_DIFFS:]  # (diffs, table word offset), as the apply kernel reads them
         self.apply_programs = APPLY_PROGRAMS_CUDA if device.is_cuda else 1
         self.rows = device.full(max_num_reqs, PADDING_ROW, torch.int32)
         self.drafts = device.zeros(max_num_reqs * max(1, max_num_draft_tokens), torch.int32)
+        self.mixed_cu = device.zeros(max_num_reqs + 1, torch.int32)
         self.query_start: dict[int, torch.Tensor] = {}
         self.logits_start: dict[int, torch.Tensor] = {}
         self.draft_start: dict[int, torch.Tensor] = {}
@@ -129,7 +159,13 @@ class PaddedInputs:
 
     def launch_pad(self, size: int, query_len: int) -> None:
         """Launch (inside device work or a capture) the copy of the step buffer's rows/drafts into the padded
-        inputs, rows past the header's request count set to -1."""
+        inputs, rows past the header's request count set to -1; a mixed step (``query_len`` `MIXED`) pads its
+        query starts instead of drafts."""
+        if query_len == MIXED:
+            launch_pad_step_inputs(header=self.header, rows=self.step_rows, drafts=self.step_drafts, padded_rows=self.rows,
+                                   padded_drafts=self.drafts, size=size, max_drafts_total=0, cu=self.step_cu,
+                                   padded_cu=self.mixed_cu)
+            return
         launch_pad_step_inputs(header=self.header, rows=self.step_rows, drafts=self.step_drafts, padded_rows=self.rows,
                                padded_drafts=self.drafts, size=size, max_drafts_total=size * (query_len - 1))
 
@@ -149,17 +185,23 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     num_sampled, row_valid = runner.outputs.num_sampled, runner.outputs.row_valid
     block_size, max_drafts, max_seq_len = runner.block_table.block_size, runner.limits.max_num_draft_tokens, runner.limits.max_model_len
     size, q, num_top = key.size, key.mode.query_len, key.mode.num_top
-    num_tokens = size * q
+    num_tokens, num_rows = key.num_tokens, key.num_sampling_rows
     padded_rows, padded_drafts = inputs.rows, inputs.drafts
-    cu, logits_start, draft_start = inputs.query_start[q], inputs.logits_start[q], inputs.draft_start[q]
+    if key.mixed:
+        # Query lengths vary: the pad kernel writes the starts; one sampling row and no drafts a request.
+        cu, logits_start, draft_start = inputs.mixed_cu, inputs.logits_start[1], inputs.draft_start[1]
+        max_query_len, known_tokens = min(num_tokens, max_seq_len), 0  # bounds; the kernels read the step's from cu
+    else:
+        cu, logits_start, draft_start = inputs.query_start[q], inputs.logits_start[q], inputs.draft_start[q]
+        max_query_len, known_tokens = q, num_tokens
     draft_prefix = ib.logits_draft_prefix if q > 1 else None
-    logits_indices = ib.logits_indices[:num_tokens]
+    logits_indices = ib.logits_indices[:num_rows]
     step = PaddedStep(key, [])
     result = step.result
     arena = runner.staged_writes.arena
     outputs = runner.outputs
     # The bucket's padded shape: the host reads the first num_reqs requests of it (`impl.output.decode_output`).
-    layout = result["packed"] = OutputLayout.build(size, num_tokens, num_top, 0, -1)
+    layout = result["packed"] = OutputLayout.build(size, num_rows, num_top, 0, -1)
 
     # Looked up on ``inputs`` when they run (not bound here): a test harness may wrap them, then recapture.
     def apply_staged() -> None:
@@ -176,21 +218,21 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
             query_start_loc=ib.query_start_loc, seq_lens=ib.seq_lens, idx_mapping=ib.idx_mapping,
             block_table_out=ib.block_table, logits_indices=ib.logits_indices, logits_rows=ib.logits_state_rows,
             logits_positions=ib.logits_positions, draft_prefix=ib.logits_draft_prefix,
-            num_reqs=size, num_tokens=num_tokens, padded_num_tokens=num_tokens,
-            num_sampling_rows=num_tokens, num_prompt_rows=0, kv_block_size=block_size, max_drafts=max_drafts,
+            num_reqs=size, num_tokens=known_tokens, padded_num_tokens=num_tokens,
+            num_sampling_rows=num_rows, num_prompt_rows=0, kv_block_size=block_size, max_drafts=max_drafts,
         )
 
     def forward() -> None:
         # max_seq_len is a bound, not the step's value: the kernels read the lengths from seq_lens.
         hidden = model.forward(
             ib.input_ids, ib.positions, ib.slot_mapping, ib.query_start_loc, ib.seq_lens, ib.block_table, logits_indices,
-            num_reqs=size, num_tokens=num_tokens, max_query_len=q, max_seq_len=max_seq_len, return_hidden=True,
+            num_reqs=size, num_tokens=num_tokens, max_query_len=max_query_len, max_seq_len=max_seq_len, return_hidden=True,
         )
         result["logits"] = model.compute_logits(hidden)
 
     def sample() -> None:
         result["out"] = sampler.sample(result["logits"], sampling_state, ib.logits_state_rows, ib.logits_positions,
-                                       num_rows=num_tokens, draft_prefix=draft_prefix, max_num_logprobs=num_top)
+                                       num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=num_top)
 
     def post_update() -> None:
         launch_post_update(rows=padded_rows, cu=cu, logits_start=logits_start, draft_start=draft_start, drafts=padded_drafts,
@@ -198,7 +240,7 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
                            num_reqs=size, max_drafts=max_drafts)
 
     def count_sampled() -> None:
-        sampling_state.launch_post_update(ib.logits_state_rows, sampler.tokens, row_valid, num_tokens)
+        sampling_state.launch_post_update(ib.logits_state_rows, sampler.tokens, row_valid, num_rows)
 
     def pack() -> None:
         outputs.pack_results(layout, result)
@@ -209,4 +251,4 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     return step
 
 
-__all__ = ["GraphKey", "GraphMode", "PaddedInputs", "PaddedStep", "build_padded_step"]
+__all__ = ["MIXED", "GraphKey", "GraphMode", "PaddedInputs", "PaddedStep", "build_padded_step"]

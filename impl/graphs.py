@@ -14,6 +14,11 @@ Per step the host picks (`select`):
   mode is (query_len, top-n logprobs: -1 or ``max_logprobs``).  A (size, mode) whose padded
   tokens ``size * query_len`` exceed ``max_num_batched_tokens`` (the input buffers) has no graph.  The graph's own predicate
   (`StepGraph.admits`) must accept the batch too;
+* a *mixed* graph, when the batch has no drafts and no prompt logprobs but its query lengths differ
+  (decodes next to admitted prompts and prefill chunks: the steps of a churning batch).  Its bucket
+  is the smallest mixed size >= the step's tokens (`default_mixed_sizes`), holding ``min(tokens,
+  max_num_reqs)`` requests; mode (`impl.graph_step.MIXED`, top-n).  A step of more tokens -- a long
+  prefill, whose device time dwarfs its host time -- runs eager;
 * otherwise a fallback reason (`FALLBACK_REASONS`), counted; the step runs eager, unpadded.
 
 With graphs on, the chosen graph is replayed as ONE enqueue: on ``cuda`` a ``CUDAGraph.replay``;
@@ -42,7 +47,7 @@ import numpy as np
 import torch
 
 from impl.device import Device, _run_as_device_work
-from impl.graph_step import GraphKey, GraphMode, PaddedInputs, PaddedStep
+from impl.graph_step import MIXED, GraphKey, GraphMode, PaddedInputs, PaddedStep
 from impl.lanes import SteadyLanes
 
 FALLBACK_REASONS = ("prompt_logprobs", "non_uniform", "batch_above_largest_size", "bucket_above_token_budget",
@@ -65,27 +70,49 @@ def default_capture_sizes(max_num_reqs: int) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+def default_mixed_sizes(max_num_reqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """Token sizes of mixed buckets: 16, 32, then every 64 up to ``max_num_reqs + 512`` tokens (a full batch
+    and a prompt chunk; capped at, and ending on, ``max_num_batched_tokens``)."""
+    cap = min(max_num_batched_tokens, max_num_reqs + 512)
+    sizes = [s for s in (16, 32) if s < cap] + list(range(64, cap + 1, 64))
+    if not sizes or sizes[-1] != cap:
+        sizes.append(cap)
+    return tuple(sizes)
+
+
 def validate_capture_sizes(sizes: Sequence[int] | None, max_num_reqs: int) -> tuple[int, ...]:
     """The capture sizes to use; a typed error naming the bad value for empty/unsorted/duplicated/non-positive/too large."""
     if sizes is None:
         return default_capture_sizes(max_num_reqs)
-    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
-        raise GraphConfigError(f"capture_sizes={sizes!r} must be a sequence of ints")
-    values = list(sizes)
+    values = _checked_sizes(sizes, max_num_reqs, "max_num_reqs", "capture")
     if not values:
         raise GraphConfigError("capture_sizes=[] is empty: give at least one size (or cuda_graphs=False)")
+    return values
+
+
+def validate_mixed_sizes(sizes: Sequence[int] | None, max_num_reqs: int, max_num_batched_tokens: int) -> tuple[int, ...]:
+    """The mixed buckets' token sizes (`default_mixed_sizes` when None; ``()``: no mixed graphs), checked as capture sizes are."""
+    if sizes is None:
+        return default_mixed_sizes(max_num_reqs, max_num_batched_tokens)
+    return _checked_sizes(sizes, max_num_batched_tokens, "max_num_batched_tokens", "mixed")
+
+
+def _checked_sizes(sizes: Sequence[int], bound: int, bound_name: str, what: str) -> tuple[int, ...]:
+    if isinstance(sizes, (str, bytes)) or not isinstance(sizes, Sequence):
+        raise GraphConfigError(f"{what}_sizes={sizes!r} must be a sequence of ints")
+    values = list(sizes)
     for value in values:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise GraphConfigError(f"capture size {value!r} is not an int")
+            raise GraphConfigError(f"{what} size {value!r} is not an int")
         if value < 1:
-            raise GraphConfigError(f"capture size {value} is not positive")
-        if value > max_num_reqs:
-            raise GraphConfigError(f"capture size {value} is above max_num_reqs={max_num_reqs}")
+            raise GraphConfigError(f"{what} size {value} is not positive")
+        if value > bound:
+            raise GraphConfigError(f"{what} size {value} is above {bound_name}={bound}")
     for before, after in zip(values, values[1:]):
         if after == before:
-            raise GraphConfigError(f"capture size {after} is duplicated in {values}")
+            raise GraphConfigError(f"{what} size {after} is duplicated in {values}")
         if after < before:
-            raise GraphConfigError(f"capture sizes are not sorted: {after} after {before} in {values}")
+            raise GraphConfigError(f"{what} sizes are not sorted: {after} after {before} in {values}")
     return tuple(int(v) for v in values)
 
 
@@ -111,10 +138,16 @@ class StepGraph:
         for _, launch in self.step.launches:
             launch()
 
-    def admits(self, num_reqs: int, query_len: int, num_drafts_each: int, num_top: int) -> bool:
-        """The graph's compatibility predicate: the batch fits its size and matches its mode exactly."""
-        mode = self.key.mode
-        return (1 <= num_reqs <= self.key.size and query_len == mode.query_len and num_drafts_each == mode.query_len - 1
+    def admits(self, num_reqs: int, query_len: int, num_drafts_each: int, num_top: int, num_tokens: int = 0) -> bool:
+        """The graph's compatibility predicate: the batch fits its size and matches its mode exactly.
+
+        A mixed graph (``query_len`` `MIXED`) takes a batch without drafts whose ``num_tokens`` fit its tokens."""
+        key = self.key
+        mode = key.mode
+        if mode.query_len == MIXED:
+            return (1 <= num_reqs <= key.size and num_reqs <= num_tokens <= key.tokens and query_len == MIXED
+                    and num_drafts_each == 0 and num_top == mode.num_top)
+        return (1 <= num_reqs <= key.size and query_len == mode.query_len and num_drafts_each == mode.query_len - 1
                 and num_top == mode.num_top)
 
 
@@ -124,10 +157,13 @@ class CudaGraphManager:
     def __init__(self, device: Device, *, enabled: bool, capture_sizes: Sequence[int] | None, max_num_reqs: int,
                  max_num_batched_tokens: int, max_num_draft_tokens: int, max_logprobs: int,
                  build_step: Callable[[PaddedInputs, GraphKey], PaddedStep], staging_bytes: int,
-                 staging_layout: dict[str, tuple[int, int, torch.dtype]], lanes: SteadyLanes | None = None):
+                 staging_layout: dict[str, tuple[int, int, torch.dtype]], lanes: SteadyLanes | None = None,
+                 mixed_sizes: Sequence[int] | None = None):
         self.device = device
         self.enabled = bool(enabled)
         self.capture_sizes = validate_capture_sizes(capture_sizes, max_num_reqs)
+        self.mixed_sizes = validate_mixed_sizes(mixed_sizes, max_num_reqs, max_num_batched_tokens)
+        self.max_num_reqs = max_num_reqs
         self.query_lens = (1,) if max_num_draft_tokens == 0 else (1, 1 + max_num_draft_tokens)
         self.max_logprobs = max_logprobs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -140,6 +176,7 @@ class CudaGraphManager:
         self.fused_graphs: dict[GraphKey, StepGraph] = {}
         self.fused_in_bytes: dict[GraphKey, int] = {}
         self.fused_replays = 0
+        self.mixed_replays = 0
         self.captured = False
         self.replays = 0
         self.padded_eager = 0
@@ -159,23 +196,28 @@ class CudaGraphManager:
         if self.device.is_cuda:
             self.device.synchronize()
             self._pool = torch.cuda.graph_pool_handle()
-        for size in sorted(self.capture_sizes, reverse=True):
-            for mode in self.modes:
-                if size * mode.query_len > self.max_num_batched_tokens:
-                    continue  # no batch of this mode ever pads into it (see `select`)
-                key = GraphKey(size, mode)
-                step = self._build_step(self.inputs, key)
-                graph = StepGraph(step)
-                if self.device.is_cuda:
-                    graph.cuda_graph = self._capture_cuda(step)
-                self.graphs[key] = graph
-                if self.lanes is not None and mode.query_len == 1:
-                    self._capture_fused(key)
+        for key in self._keys_to_capture():
+            step = self._build_step(self.inputs, key)
+            graph = StepGraph(step)
+            if self.device.is_cuda:
+                graph.cuda_graph = self._capture_cuda(step)
+            self.graphs[key] = graph
+            if self.lanes is not None and key.mode.query_len == 1:
+                self._capture_fused(key)
         if self.device.is_cuda:
             self.device.synchronize()
         if self.lanes is not None:
             self.lanes.reset()
         self.captured = True
+
+    def _keys_to_capture(self) -> list[GraphKey]:
+        """Every (size, mode) a batch may be bucketed into, most tokens first (later graphs reuse the pool's memory)."""
+        keys = [GraphKey(size, mode) for size in self.capture_sizes for mode in self.modes
+                if size * mode.query_len <= self.max_num_batched_tokens]  # no batch of a mode pads past the budget
+        tops = (-1, self.max_logprobs)
+        keys += [GraphKey(min(tokens, self.max_num_reqs), GraphMode(MIXED, top), tokens)
+                 for tokens in self.mixed_sizes for top in tops]
+        return sorted(keys, key=lambda k: (k.num_tokens, k.size), reverse=True)
 
     def _capture_fused(self, key: GraphKey) -> None:
         """The fused step of ``key``: lane copy in, the bucketed step, lane copy out, advance (`impl.lanes`).
@@ -240,17 +282,25 @@ class CudaGraphManager:
         i = bisect.bisect_left(self.capture_sizes, num_reqs)
         return self.capture_sizes[i] if i < len(self.capture_sizes) else None
 
+    def mixed_bucket_for(self, num_tokens: int) -> int | None:
+        """The smallest mixed size >= ``num_tokens`` (None: above the largest, or no mixed sizes)."""
+        i = bisect.bisect_left(self.mixed_sizes, num_tokens)
+        return self.mixed_sizes[i] if i < len(self.mixed_sizes) else None
+
     def select(self, num_reqs: int, uniform: tuple[int, int] | None, num_prompt_rows: int,
-               max_num_logprobs: int) -> tuple[GraphKey | None, str | None]:
+               max_num_logprobs: int, num_tokens: int = 0, num_drafts: int = 0) -> tuple[GraphKey | None, str | None]:
         """(key, None) for a bucketed step, or (None, fallback reason).  Host ints only.
 
         ``uniform``: the (query_len, drafts) every request of the batch shares, None when they differ
-        (`impl.input_batch.StepPlan.uniform`).
+        (`impl.input_batch.StepPlan.uniform`); ``num_tokens``, ``num_drafts``: the step's (a batch that is
+        not a uniform decode goes to a mixed graph when it has no drafts).
         """
         if num_prompt_rows:
             return None, "prompt_logprobs"
         if uniform is None or uniform[0] not in self.query_lens or uniform[1] != uniform[0] - 1:
-            return None, "non_uniform"
+            if num_drafts or not self.mixed_sizes:
+                return None, "non_uniform"
+            return self._select_mixed(num_reqs, num_tokens, max_num_logprobs)
         query_len, num_drafts = uniform
         size = self.bucket_for(num_reqs)
         if size is None:
@@ -268,6 +318,21 @@ class CudaGraphManager:
         if self.enabled and (graph is None or not graph.admits(num_reqs, query_len, num_drafts, num_top)):
             return None, "no_graph_for_mode"
         self._selected = (key, graph)  # `run` takes the graph from here: no second hash of the key
+        return key, None
+
+    def _select_mixed(self, num_reqs: int, num_tokens: int, max_num_logprobs: int) -> tuple[GraphKey | None, str | None]:
+        tokens = self.mixed_bucket_for(num_tokens)
+        if tokens is None:
+            return None, "batch_above_largest_size"
+        num_top = -1 if max_num_logprobs < 0 else self.max_logprobs
+        entry = self._keys.get((tokens, MIXED, num_top))
+        if entry is None or entry[0] is not self.graphs:
+            key = GraphKey(min(tokens, self.max_num_reqs), GraphMode(MIXED, num_top), tokens)
+            entry = self._keys[(tokens, MIXED, num_top)] = (self.graphs, key, self.graphs.get(key))
+        _, key, graph = entry
+        if self.enabled and (graph is None or not graph.admits(num_reqs, MIXED, 0, num_top, num_tokens)):
+            return None, "no_graph_for_mode"
+        self._selected = (key, graph)
         return key, None
 
     def count_fallback(self, reason: str) -> None:
@@ -299,12 +364,16 @@ class CudaGraphManager:
         selected = self._selected
         graph = selected[1] if selected is not None and selected[0] is key else self.graphs[key]
         self.replays += 1
+        if key.mode.query_len == MIXED:
+            self.mixed_replays += 1
         self.device.enqueue(graph.replay, graph.label)
         return graph.step.result
 
     def stats(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "replays": self.replays, "fused_replays": self.fused_replays, "fallbacks": dict(self.fallbacks),
-                "padded_eager": self.padded_eager, "num_graphs": len(self.graphs), "capture_sizes": list(self.capture_sizes)}
+        return {"enabled": self.enabled, "replays": self.replays, "fused_replays": self.fused_replays,
+                "mixed_replays": self.mixed_replays, "fallbacks": dict(self.fallbacks),
+                "padded_eager": self.padded_eager, "num_graphs": len(self.graphs), "capture_sizes": list(self.capture_sizes),
+                "mixed_sizes": list(self.mixed_sizes)}
 
 
 def format_graph_stats(stats: dict[str, Any]) -> str:
@@ -316,4 +385,5 @@ def format_graph_stats(stats: dict[str, Any]) -> str:
 
 
 __all__ = ["CudaGraphManager", "FALLBACK_REASONS", "GraphCaptureError", "GraphConfigError", "StepGraph",
-           "default_capture_sizes", "format_graph_stats", "validate_capture_sizes"]
+           "default_capture_sizes", "default_mixed_sizes", "format_graph_stats", "validate_capture_sizes",
+           "validate_mixed_sizes"]

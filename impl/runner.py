@@ -11,10 +11,12 @@ input-prep and post-update kernels (`impl.kernels`), the model (`impl.model.forw
 
 Device work of a step, in one submit order on the one stream: H2D of the staging slot -> staged
 write applies -> input prep -> forward -> sampler -> post-update -> pack + one D2H into a pinned
-output slot -> event.  A uniform decode batch pads its rows into a capture-size bucket and runs
+output slot -> event.  A uniform decode batch pads its rows into a capture-size bucket, and a
+mixed batch without drafts (decodes next to admitted prompts) into a token-size bucket, and runs
 apply .. post-update as one graph replay (`impl.graph_step`): its slot's H2D lands in the graph's
 fixed step buffer, whose header carries the step's counts, and the graph packs the step's output,
-so such a step enqueues only the H2D, the replay and the output copy.  Other batches run eager.
+so such a step enqueues only the H2D, the replay and the output copy (and an admission's kernels).
+Other batches (drafts that differ, prompt logprobs, above the largest bucket) run eager.
 A step that repeats the last decode batch (`impl.step_reader.read_steady_step`) reuses its plan;
 after a bucketed step it runs `ModelRunner._execute_steady`, whose host side is the read of the
 counts and blocks, a few vectorised mirror updates and ONE enqueue -- its bucket's fused graph,
@@ -45,7 +47,7 @@ from impl.buffers import StagingPool, StagingWriter
 from impl.staged_writes import StagedWriteGroup
 from impl.device import Device
 from impl.graph_step import GraphKey, build_padded_step
-from impl.graphs import CudaGraphManager, validate_capture_sizes
+from impl.graphs import CudaGraphManager, validate_capture_sizes, validate_mixed_sizes
 from impl.hotpath import hot_path
 from impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
 from impl.lanes import SteadyLanes
@@ -105,11 +107,12 @@ class ModelRunner:
     def __init__(
         self, weights: ModelWeights, limits: RunnerLimits, device: Device, *, base_seed: int = 0,
         dtype: torch.dtype | None = None, staging_slots: int = 8, staging_bytes: int | None = None, output_slots: int = 8,
-        cuda_graphs: bool = True, capture_sizes: Sequence[int] | None = None,
+        cuda_graphs: bool = True, capture_sizes: Sequence[int] | None = None, mixed_sizes: Sequence[int] | None = None,
         speculative: NgramConfig | DraftModelConfig | None = None,
     ):
         _check_limits(weights, limits)
-        validate_capture_sizes(capture_sizes, limits.max_num_reqs)  # typed error before anything is allocated
+        validate_capture_sizes(capture_sizes, limits.max_num_reqs)  # typed errors before anything is allocated
+        validate_mixed_sizes(mixed_sizes, limits.max_num_reqs, limits.max_num_batched_tokens)
         self.weights = weights
         self.limits = limits
         self.device = device
@@ -128,6 +131,7 @@ class ModelRunner:
         self._output_layouts: dict[tuple[int, ...], OutputLayout] = {}
         self._cuda_graphs = cuda_graphs
         self._capture_sizes = capture_sizes
+        self._mixed_sizes = mixed_sizes
         self.speculative = speculative  # the proposer's config (None: drafts come only from the scheduler)
         self._device_drafts: dict[str, int] = {}  # the step being executed: request -> device drafts asked for
         self._init()
@@ -180,7 +184,7 @@ class ModelRunner:
             dev, enabled=graphed, capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
             max_num_batched_tokens=lim.max_num_batched_tokens, max_num_draft_tokens=lim.max_num_draft_tokens, max_logprobs=lim.max_logprobs,
             build_step=lambda inputs, key: build_padded_step(self, inputs, key), staging_bytes=capacity,
-            staging_layout=staging_layout, lanes=self.lanes,
+            staging_layout=staging_layout, lanes=self.lanes, mixed_sizes=self._mixed_sizes,
         )
 
     # ------------------------------------------------------------------ profile
@@ -248,7 +252,8 @@ class ModelRunner:
             if device_drafts:
                 proposer.mark_placeholders(plan, device_drafts)
             staged = self.input_batch.stage(plan, writer)
-            key, reason = self.graphs.select(plan.num_reqs, plan.uniform, plan.num_prompt_rows, plan.max_num_logprobs)
+            key, reason = self.graphs.select(plan.num_reqs, plan.uniform, plan.num_prompt_rows, plan.max_num_logprobs,
+                                             plan.num_tokens, len(plan.drafts))
             if isinstance(proposer, DraftModelProposer):
                 key, reason = None, "draft_model"  # its verify and propose run between and after the graph's launches
         self.staged_writes.flush(writer)

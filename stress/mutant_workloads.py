@@ -59,6 +59,8 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("decode", "short prompts, long outputs, up to 4 requests: mostly decodes",
              ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5, max_prompt_len=4, max_new_tokens=16)),
              max_num_reqs=4),
+    Workload("prompt-logprobs", "as steady, half the prompts asking for prompt logprobs: their prefill steps run eager",
+             ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5, prompt_logprobs_prob=0.5))),
     Workload("racing", "as steady; random-drain lag on sim, an undelayed GPU running ahead on cuda",
              ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5))),
     Workload("lagging", "as steady; the device a step behind (lag-1-steps on sim, calibrated delays on cuda)",

@@ -130,8 +130,8 @@ def _synchronize_in_step(runner: Any, m: AppliedMutant) -> None:
     m.set(runner, "_record_stats", record_stats_synchronized)
 
 
-@_mutant("tensor_in_python_if", "sync", ("sync",), "steady", ("sampling_state",),
-         "the penalty-count kernel is skipped with `if not (valid != 0).any():` on a device tensor")
+@_mutant("tensor_in_python_if", "sync", ("sync",), "prompt-logprobs", ("sampling_state",),
+         "the eager step's penalty-count kernel is skipped with `if not (valid != 0).any():` on a device tensor")
 def _tensor_in_python_if(runner: Any, m: AppliedMutant) -> None:
     sampling_state = runner.sampling_state
     enqueue_post_update = sampling_state.enqueue_post_update
@@ -212,7 +212,9 @@ def _staged_writes_wrong_order(runner: Any, m: AppliedMutant) -> None:
 @_mutant("num_computed_not_advanced", "state", ("differential", "provenance"), "steady", ("state",),
          "post-update stores NUM_TOKENS and LAST_TOKEN but lost the NUM_COMPUTED store")
 def _num_computed_not_advanced(runner: Any, m: AppliedMutant) -> None:
+    import impl.graph_step as graph_step_module
     import impl.runner as runner_module
+    from stress.mutants_graphs import recapture_graphs
 
     launch, row_state = runner_module.launch_post_update, runner.state.base
 
@@ -223,7 +225,10 @@ def _num_computed_not_advanced(runner: Any, m: AppliedMutant) -> None:
         launch(**kwargs)
         row_state[:, NUM_COMPUTED].copy_(kept)
 
+    # The eager step's launch and the bucketed steps' (graphs captured again with it).
     m.set(runner_module, "launch_post_update", launch_keeping_num_computed)
+    m.set(graph_step_module, "launch_post_update", launch_keeping_num_computed)
+    recapture_graphs(runner, m)
 
 
 def _after_input_prep(runner: Any, m: AppliedMutant, fix: Callable[[Any, Any], None], label: str) -> None:

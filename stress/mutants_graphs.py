@@ -11,11 +11,16 @@ runner's graph manager (`impl.graphs.CudaGraphManager`, ``runner.graphs``):
 * ``predicate_admits_larger_batch``: the bucket lookup rounds down and the graph's predicate drops
   its size check, so a batch larger than its bucket replays and its last requests are never run;
 * ``graph_init_only_at_capture``: the per-query-length offsets are written by the capture warm-up
-  instead of at init; eager execution (``--eager``, which this mutant runs) reads zeros.
+  instead of at init; eager execution (``--eager``, which this mutant runs) reads zeros;
+* ``mixed_tail_left_stale``: a mixed bucket's input prep is told the bucket's token count for the
+  step's, so it pads no tail: the padding tokens keep the ids, positions and KV slots an earlier
+  step left there, and write those slots again -- slots that may since belong to another request.
 
 They use the ``decode`` workload (up to 4 requests, buckets 1, 2, 4: a batch of 3 pads one row or,
 rounded down, loses one); the padding mutant uses ``decode-penalties`` (registered here: decode
-with penalties).  On cpu/sim the padding program runs after the live one and advances the row twice
+with penalties), the mixed-tail mutant ``steady`` (prompts joining decodes: mixed steps).
+``graph_buffer_reallocated`` also turns mixed graphs off, so prefill steps run eager against the new
+address while decode steps replay against the old.  On cpu/sim the padding program runs after the live one and advances the row twice
 (the differential sees the wrong position); on an H200 both programs of the one launch read the
 row at once and store the same values, so tokens stay right (it survived the differential in two
 H200 runs): KV provenance kills it there, as a padding token that writes a live KV slot.  The
@@ -30,6 +35,7 @@ from typing import Any, Callable
 
 import torch
 
+from impl import graph_step
 from impl.kernels.input_prep import HEADER_NUM_REQS
 
 from stress.mutant_registry import AppliedMutant, _mutant
@@ -40,6 +46,8 @@ from stress.mutant_registry import AppliedMutant, _mutant
 def _graph_buffer_reallocated(runner: Any, m: AppliedMutant) -> None:
     table = runner.state.row_state
     m.set(table, "_base", table.base.clone())  # base is a property over the staged-write arena
+    # Prefill steps run eager (no mixed graphs), against the new address, decode steps replay against the old.
+    m.set(runner.graphs, "mixed_sizes", ())
 
 
 @_mutant("padding_row_writes_live_state", "state", ("differential", "provenance"), "decode-penalties", ("graphs",),
@@ -58,9 +66,16 @@ def _padding_row_writes_live_state(runner: Any, m: AppliedMutant) -> None:
         padded.copy_(torch.where(index >= num_reqs, last, padded))
 
     m.set(inputs, "launch_pad", pad_with_last_row)
-    # CUDA graphs hold the launches they captured: capture again with the mutant; undo puts the
-    # original captures back (recorded closures on cpu/sim look the pad up when they run anyway).
-    graphs = runner.graphs
+    recapture_graphs(runner, m)
+
+
+def recapture_graphs(runner: Any, m: AppliedMutant) -> None:
+    """CUDA graphs hold the launches they captured: capture again with the mutant; undo puts the
+    original captures back (recorded closures on cpu/sim look patched names up when they run anyway).
+    A runner without captured graphs is left alone."""
+    graphs = getattr(runner, "graphs", None)
+    if graphs is None or not graphs.captured:
+        return
     for name in ("graphs", "fused_graphs", "fused_in_bytes"):
         m.set(graphs, name, getattr(graphs, name))
     graphs.recapture()
@@ -114,6 +129,21 @@ def _graph_init_only_at_capture(runner: Any, m: AppliedMutant) -> None:
 
 
 
+@_mutant("mixed_tail_left_stale", "state", ("provenance", "differential"), "steady", ("graphs",),
+         "a mixed bucket's input prep takes the bucket's token count for the step's: padding tokens keep an earlier "
+         "step's ids and KV slots and write there")
+def _mixed_tail_left_stale(runner: Any, m: AppliedMutant) -> None:
+    prepare = graph_step.launch_prepare_inputs
+
+    def prepare_without_tail(**kwargs: Any) -> None:
+        if kwargs["num_tokens"] == 0:  # a mixed bucket's (`impl.graph_step`): 0 keeps the tail program on
+            kwargs["num_tokens"] = kwargs["padded_num_tokens"]
+        prepare(**kwargs)
+
+    m.set(graph_step, "launch_prepare_inputs", prepare_without_tail)
+    recapture_graphs(runner, m)
+
+
 def after_graph_input_prep(runner: Any, m: AppliedMutant, fix: Callable[[Any, Any], None], label: str) -> None:
     """Plant ``fix(input_batch, plan)`` right after input prep in bucketed steps too, and capture again.
 
@@ -129,8 +159,7 @@ def after_graph_input_prep(runner: Any, m: AppliedMutant, fix: Callable[[Any, An
 
     def build_with_fix(inputs: Any, key: Any) -> Any:
         step = build(inputs, key)
-        num_tokens = key.size * key.mode.query_len
-        plan = SimpleNamespace(num_reqs=key.size, num_tokens=num_tokens, num_sampling_rows=num_tokens)
+        plan = SimpleNamespace(num_reqs=key.size, num_tokens=key.num_tokens, num_sampling_rows=key.num_sampling_rows)
         after = [name for name, _ in step.launches].index("input prep") + 1
         step.launches.insert(after, (label, lambda: fix(input_batch, plan)))
         return step
@@ -142,4 +171,4 @@ def after_graph_input_prep(runner: Any, m: AppliedMutant, fix: Callable[[Any, An
         graphs.capture()
 
 
-__all__ = ["after_graph_input_prep"]
+__all__ = ["after_graph_input_prep", "recapture_graphs"]

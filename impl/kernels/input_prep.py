@@ -21,7 +21,7 @@ only fills the bucket.  It computes ``query_len`` tokens of id 0 at positions ``
 and its logit rows read the sampling parameters of `PADDING_STATE_ROW` with an empty draft
 prefix.  Nothing of it is written to row state, KV cache or a live request's output.
 
-One extra *tail* program pads tokens ``[num_tokens, padded_num_tokens)`` (slot -1) and copies the
+One extra *tail* program pads tokens ``[cu[num_reqs], padded_num_tokens)`` (slot -1) and copies the
 host-computed prompt-logprob token indices after the sampling rows.  The host uploads only the
 compact per-step arrays (rows, query_start_loc, logits_start, draft_start, drafts, prompt
 indices); everything else comes from device state, so nothing is rebuilt per token on the host.
@@ -41,14 +41,14 @@ PADDING_STATE_ROW: tl.constexpr = tl.constexpr(0)
 PADDING_ROW = -1  # the ``rows`` entry that marks a padding request of a bucketed step
 
 
-@triton.jit(do_not_specialize=["num_reqs", "num_tokens", "padded_num_tokens", "num_sampling_rows", "num_prompt_rows"])
+@triton.jit(do_not_specialize=["num_reqs", "padded_num_tokens", "num_sampling_rows", "num_prompt_rows"])
 def _prepare_inputs_kernel(
     rows_ptr, cu_ptr, logits_start_ptr, draft_start_ptr, drafts_ptr, prompt_token_index_ptr,
     row_state_ptr, prefill_ptr, prefill_row_stride, block_table_ptr, block_table_row_stride,
     input_ids_ptr, positions_ptr, slot_mapping_ptr, query_start_loc_ptr, seq_lens_ptr, idx_mapping_ptr,
     block_table_out_ptr, block_table_out_row_stride,
     logits_indices_ptr, logits_rows_ptr, logits_positions_ptr, draft_prefix_ptr, draft_prefix_row_stride,
-    num_reqs, num_tokens, padded_num_tokens, num_sampling_rows, num_prompt_rows,
+    num_reqs, padded_num_tokens, num_sampling_rows, num_prompt_rows,
     ROW_FIELDS: tl.constexpr, COL_COMPUTED: tl.constexpr, COL_TOKENS: tl.constexpr,
     COL_PREFILL: tl.constexpr, COL_LAST: tl.constexpr,
     KV_BLOCK_SIZE: tl.constexpr, BLOCK: tl.constexpr, BLOCK_LOGITS: tl.constexpr,
@@ -56,8 +56,9 @@ def _prepare_inputs_kernel(
 ):
     i = tl.program_id(0)
     if i == num_reqs:
-        # The tail program: padding tokens write nothing to the KV cache (slot -1).
-        for start in range(num_tokens, padded_num_tokens, BLOCK):
+        # The tail program: padding tokens write nothing to the KV cache (slot -1).  They start where
+        # the requests' tokens end, read on the device (a mixed graph's host does not know it).
+        for start in range(tl.load(cu_ptr + num_reqs), padded_num_tokens, BLOCK):
             t = start + tl.arange(0, BLOCK)
             m = t < padded_num_tokens
             tl.store(input_ids_ptr + t, tl.zeros([BLOCK], tl.int64), mask=m)
@@ -123,7 +124,9 @@ def _prepare_inputs_kernel(
     r = tl.arange(0, BLOCK_LOGITS)
     m = r <= k
     l_start = tl.load(logits_start_ptr + i)
-    tl.store(logits_indices_ptr + l_start + r, (q_end - 1 - k + r).to(tl.int64), mask=m)
+    # (A padding request of a mixed step that has no real request before it -- a capture's warm-up --
+    # would point at token -1: clamped, its row is discarded anyway.)
+    tl.store(logits_indices_ptr + l_start + r, tl.maximum(q_end - 1 - k + r, 0).to(tl.int64), mask=m)
     tl.store(logits_rows_ptr + l_start + r, read_row + r * 0, mask=m)
     tl.store(logits_positions_ptr + l_start + r, (seq_len - k + r).to(tl.int64), mask=m)
     if MAX_DRAFTS > 0:
@@ -147,7 +150,11 @@ def launch_prepare_inputs(
     num_reqs: int, num_tokens: int, padded_num_tokens: int, num_sampling_rows: int, num_prompt_rows: int,
     kv_block_size: int, max_drafts: int,
 ) -> None:
-    """Launch the input-prep kernel (call from inside the step's enqueued device work)."""
+    """Launch the input-prep kernel (call from inside the step's enqueued device work).
+
+    ``num_tokens``: the requests' tokens, or a lower bound of them (a mixed graph, `impl.graph_step`:
+    0); the tail program pads from ``cu[num_reqs]`` (device) to ``padded_num_tokens``.
+    """
     needs_tail = padded_num_tokens > num_tokens or num_prompt_rows > 0
     grid = (num_reqs + (1 if needs_tail else 0),)
     launch(_prepare_inputs_kernel, grid,
@@ -156,7 +163,7 @@ def launch_prepare_inputs(
         input_ids, positions, slot_mapping, query_start_loc, seq_lens, idx_mapping,
         block_table_out, block_table_out.stride(0),
         logits_indices, logits_rows, logits_positions, draft_prefix, draft_prefix.stride(0),
-        num_reqs, num_tokens, padded_num_tokens, num_sampling_rows, num_prompt_rows,
+        num_reqs, padded_num_tokens, num_sampling_rows, num_prompt_rows,
         ROW_FIELDS=NUM_ROW_FIELDS, COL_COMPUTED=NUM_COMPUTED, COL_TOKENS=NUM_TOKENS,
         COL_PREFILL=PREFILL_LEN, COL_LAST=LAST_TOKEN,
         KV_BLOCK_SIZE=kv_block_size, BLOCK=128, BLOCK_LOGITS=max(2, next_power_of_2(max_drafts + 1)),
@@ -174,8 +181,8 @@ HEADER_WORDS = 4
 
 
 @triton.jit(do_not_specialize=["size", "max_drafts_total"])
-def _pad_step_inputs_kernel(header_ptr, rows_ptr, drafts_ptr, padded_rows_ptr, padded_drafts_ptr, size, max_drafts_total,
-                            BLOCK: tl.constexpr):
+def _pad_step_inputs_kernel(header_ptr, rows_ptr, drafts_ptr, cu_ptr, padded_rows_ptr, padded_drafts_ptr, padded_cu_ptr,
+                            size, max_drafts_total, BLOCK: tl.constexpr, PAD_CU: tl.constexpr):
     # Loop bounds are the bucket's (fixed at capture); the step's counts come from the header.
     num_reqs = tl.load(header_ptr + 0)  # HEADER_NUM_REQS
     num_drafts = tl.load(header_ptr + 1)  # HEADER_NUM_DRAFTS
@@ -189,14 +196,25 @@ def _pad_step_inputs_kernel(header_ptr, rows_ptr, drafts_ptr, padded_rows_ptr, p
         j = start + tl.arange(0, BLOCK)
         m = (j < num_drafts) & (j < max_drafts_total)
         tl.store(padded_drafts_ptr + j, tl.load(drafts_ptr + j, mask=m), mask=m)
+    if PAD_CU:
+        # A mixed step: padding requests [num_reqs, size) are empty, so their query starts repeat its token count.
+        for start in range(0, size + 1, BLOCK):
+            i = start + tl.arange(0, BLOCK)
+            m = i <= size
+            tl.store(padded_cu_ptr + i, tl.load(cu_ptr + tl.minimum(i, num_reqs), mask=m), mask=m)
 
 
 def launch_pad_step_inputs(*, header: torch.Tensor, rows: torch.Tensor, drafts: torch.Tensor, padded_rows: torch.Tensor,
-                           padded_drafts: torch.Tensor, size: int, max_drafts_total: int) -> None:
+                           padded_drafts: torch.Tensor, size: int, max_drafts_total: int,
+                           cu: torch.Tensor | None = None, padded_cu: torch.Tensor | None = None) -> None:
     """Copy a bucketed step's rows and drafts into the persistent padded inputs; rows ``[num_reqs, size)`` get -1.
 
     One launch (call inside enqueued device work, or inside a graph capture): ``num_reqs`` and the
     number of drafts are read from ``header`` (`HEADER_NUM_REQS`, `HEADER_NUM_DRAFTS`) on the
     device; ``size`` is the bucket and ``max_drafts_total`` the most drafts a batch of it stages.
+    With ``cu``/``padded_cu`` (a mixed step's query starts, ``size + 1`` entries written) the
+    padding requests get empty queries: ``padded_cu[i] = cu[min(i, num_reqs)]``.
     """
-    launch(_pad_step_inputs_kernel, (1,), header, rows, drafts, padded_rows, padded_drafts, size, max_drafts_total, BLOCK=256)
+    pad_cu = cu is not None
+    launch(_pad_step_inputs_kernel, (1,), header, rows, drafts, cu if pad_cu else rows, padded_rows, padded_drafts,
+           padded_cu if pad_cu else padded_rows, size, max_drafts_total, BLOCK=256, PAD_CU=pad_cu)

@@ -1,0 +1,133 @@
+"""Mixed CUDA graphs (`impl.graphs`, `impl.graph_step` mode MIXED): a batch whose query lengths differ -- decodes next
+to admitted prompts and prefill chunks -- replays one graph padded to a token size.  Its tokens equal the unpadded
+eager step's, its padding touches no free row, penalty count or KV slot, and bad sizes are typed errors."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from impl.device import Device
+from impl.graph_step import MIXED
+from impl.graphs import GraphConfigError, default_mixed_sizes
+from impl.interface import RunnerLimits, SamplingParams
+from impl.model.weights import preset, random_weights
+from impl.runner import ModelRunner
+from checks.kv_provenance import arm_kv_provenance
+from stress import mutants as catalogue
+from stress.scheduler import SchedulerSim
+
+LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=48, max_num_batched_tokens=24, num_kv_blocks=40,
+                      block_size=4, max_logprobs=3, max_num_draft_tokens=0)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    return random_weights(preset("micro"), seed=11)
+
+
+def churn(runners: list[ModelRunner], seed: int = 0, max_steps: int = 60) -> list:
+    """Requests arriving while others decode (every few steps a prompt of 2-9 tokens joins the batch), one schedule
+    fed to every runner; every runner's output must equal the first's.  Returns the outputs."""
+    sched = SchedulerSim(LIMITS, seed=seed)
+    params = [SamplingParams(temperature=0.0, max_tokens=6),
+              SamplingParams(temperature=0.9, seed=5, repetition_penalty=1.3, max_tokens=8, logprobs=2),
+              SamplingParams(temperature=1.1, frequency_penalty=0.6, presence_penalty=0.4, max_tokens=7),
+              SamplingParams(temperature=0.8, min_p=0.05, max_tokens=9)]
+    outputs, added = [], 0
+    for tick in range(max_steps):
+        if tick % 3 == 0 and added < 8:
+            prompt = tuple(range(3 + added, 3 + added + 2 + (added * 5) % 8))
+            sched.add_request(f"r{added}", prompt, params[added % len(params)])
+            added += 1
+        if not sched.has_work:
+            if added >= 8:
+                break
+            continue
+        step = sched.schedule()
+        got = [r.execute_model(step).get() for r in runners]
+        for other in got[1:]:
+            assert other == got[0], f"step {step.step_id}: {other} != {got[0]}"
+        outputs.append(got[0])
+        sched.update(got[0])
+    assert added == 8 and not sched.has_work
+    return outputs
+
+
+def test_default_mixed_sizes():
+    assert default_mixed_sizes(4, 24) == (16, 24)
+    assert default_mixed_sizes(256, 8192) == (16, 32, *range(64, 769, 64))
+    assert default_mixed_sizes(64, 100) == (16, 32, 64, 100)
+    assert default_mixed_sizes(8, 10) == (10,)
+
+
+@pytest.mark.parametrize("sizes, named", [((0,), "0"), ((8, 4), "4 after 8"), ((25,), "max_num_batched_tokens=24"),
+                                          ((8, 8), "8 is duplicated"), ("16", "sequence")])
+def test_bad_mixed_sizes_are_a_typed_error_naming_the_value(weights, sizes, named):
+    with pytest.raises(GraphConfigError, match=named):
+        ModelRunner(weights, LIMITS, Device("cpu"), mixed_sizes=sizes)
+
+
+def test_mixed_batches_replay_one_graph_and_match_the_unpadded_eager_step(weights):
+    mixed = ModelRunner(weights, LIMITS, Device("sim", seed=3), base_seed=7)
+    padded_eager = ModelRunner(weights, LIMITS, Device("cpu"), base_seed=7, cuda_graphs=False)
+    unpadded = ModelRunner(weights, LIMITS, Device("cpu"), base_seed=7, mixed_sizes=())
+    churn([mixed, padded_eager, unpadded])
+    stats = mixed.cuda_graph_stats()
+    assert stats["mixed_sizes"] == [16, 24] and stats["mixed_replays"] > 0
+    assert not stats["fallbacks"], stats  # every step with tokens replayed a graph
+    assert {k.mode.query_len for k in mixed.graphs.graphs} == {1, MIXED}
+    assert padded_eager.cuda_graph_stats()["padded_eager"] == stats["replays"]
+    assert unpadded.cuda_graph_stats()["fallbacks"]["non_uniform"] == stats["mixed_replays"]
+
+
+def test_a_mixed_step_above_the_largest_mixed_size_runs_eager(weights):
+    small = ModelRunner(weights, LIMITS, Device("cpu"), base_seed=7, mixed_sizes=(8,))
+    unpadded = ModelRunner(weights, LIMITS, Device("cpu"), base_seed=7, mixed_sizes=())
+    churn([small, unpadded])
+    stats = small.cuda_graph_stats()
+    assert stats["mixed_replays"] > 0 and stats["fallbacks"]["batch_above_largest_size"] > 0
+
+
+def test_mixed_padding_changes_no_free_state_count_or_kv_slot(weights):
+    """A decode and an admitted 3-token prompt (4 tokens, 2 requests) in a bucket of 16 tokens and 4 requests."""
+    runner = ModelRunner(weights, LIMITS, Device("cpu"), base_seed=1)
+    sched = SchedulerSim(LIMITS, seed=0)
+    sched.add_request("a", (5, 6), SamplingParams(temperature=0.0, max_tokens=8, frequency_penalty=0.5))
+    for _ in range(2):  # a's prefill, then a decode
+        sched.update(runner.execute_model(sched.schedule()).get())
+    sched.add_request("b", (7, 8, 9), SamplingParams(temperature=0.0, max_tokens=8, frequency_penalty=0.5))
+    step = sched.schedule()
+    assert step.num_scheduled_tokens == {"a": 1, "b": 3}
+    before = (runner.state.base.clone(), runner.sampling_state.output_counts.clone(), runner.model.kv_cache.k.clone())
+    sched.update(runner.execute_model(step).get())
+    stats = runner.last_step_stats
+    assert stats.graph_replayed and runner.cuda_graph_stats()["mixed_replays"] == 2  # a's prefill, this step
+    live_rows = sorted(runner.state.row_of(r) for r in "ab")
+    free_rows = [r for r in range(LIMITS.max_num_reqs) if r not in live_rows]
+    state, counts, k_cache = runner.state.base, runner.sampling_state.output_counts, runner.model.kv_cache.k
+    assert torch.equal(state[free_rows], before[0][free_rows]), "a padding request wrote a free row's state"
+    assert torch.equal(counts[free_rows], before[1][free_rows]), "a padding request counted tokens into a free row"
+    assert (counts[live_rows].sum(dim=1) - before[1][live_rows].sum(dim=1)).tolist() == [1, 1]
+    slot_mapping, query_start = runner.input_batch.slot_mapping, runner.input_batch.query_start_loc
+    assert query_start[:5].tolist() == [0, 1, 4, 4, 4], "padding requests are not empty"
+    assert (slot_mapping[4:16] == -1).all(), "a padding token was given a KV slot"
+    slots_written = set(slot_mapping[:4].tolist())
+    flat_before, flat = before[2].flatten(1, 2), k_cache.flatten(1, 2)  # [layers, slots, heads, dim]
+    changed = {s for s in range(flat.shape[1]) if not torch.equal(flat[:, s], flat_before[:, s])}
+    assert changed <= slots_written, f"KV slots {sorted(changed - slots_written)} written by padding"
+
+
+def test_a_mixed_step_whose_padding_tokens_keep_stale_slots_is_caught(weights):
+    """The planted bug (`mixed_tail_left_stale`): the tail is not padded, so padding tokens write an earlier step's
+    KV slots again; KV provenance names the write."""
+    planted = ModelRunner(weights, LIMITS, Device("cpu"), base_seed=7)
+    with catalogue.apply("mixed_tail_left_stale", runner=planted):
+        checker = arm_kv_provenance(planted)
+        churn([planted])
+        violations = checker.finish()
+        checker.detach()
+    assert violations and violations[0].kind == "padding-write", [v.line() for v in violations[:3]]
+    clean = ModelRunner(weights, LIMITS, Device("cpu"), base_seed=7)
+    checker = arm_kv_provenance(clean)
+    churn([clean])
+    assert checker.finish() == []
