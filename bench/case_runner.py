@@ -136,8 +136,9 @@ HOST_COST_CHURN = 0.01
 def host_cost_setup(ctx: BenchContext, num_reqs: int, churn: float = HOST_COST_CHURN):
     """(runner with its forward stubbed, decode workload with ``churn``, limits), warmed up to all-decode.
 
-    At 1% churn and 256 requests every step admits one request (a prefill chunk: an eager step); at
-    churn 0 every step is a uniform decode step, which replays a CUDA graph.
+    At 1% churn and 256 requests every step admits one request (its prompt next to the decodes: a
+    mixed graph's replay, `impl.graphs`); at churn 0 every step is a uniform decode step, which
+    replays a CUDA graph (after the first, its bucket's fused graph).
     """
     config = _host_config(ctx)
     block_size = 16

@@ -25,9 +25,10 @@ def weights():
     return random_weights(preset("micro"), seed=11)
 
 
-def churn(runners: list[ModelRunner], seed: int = 0, max_steps: int = 60) -> list:
+def churn(runners: list[ModelRunner], seed: int = 0, max_steps: int = 60, oracle=None) -> list:
     """Requests arriving while others decode (every few steps a prompt of 2-9 tokens joins the batch), one schedule
-    fed to every runner; every runner's output must equal the first's.  Returns the outputs."""
+    fed to every runner; every runner's output must equal the first's (and the ``oracle``'s, ties adopted).
+    Returns the outputs."""
     sched = SchedulerSim(LIMITS, seed=seed)
     params = [SamplingParams(temperature=0.0, max_tokens=6),
               SamplingParams(temperature=0.9, seed=5, repetition_penalty=1.3, max_tokens=8, logprobs=2),
@@ -47,6 +48,13 @@ def churn(runners: list[ModelRunner], seed: int = 0, max_steps: int = 60) -> lis
         got = [r.execute_model(step).get() for r in runners]
         for other in got[1:]:
             assert other == got[0], f"step {step.step_id}: {other} != {got[0]}"
+        if oracle is not None:
+            compare = pytest.importorskip("checks.compare")
+            cmp = compare.compare_step(got[0], oracle.execute_model(step), oracle.last_results,
+                                       positions=compare.first_output_positions(step))
+            assert cmp.ok, "\n".join(d.line() for d in cmp.divergences)
+            for tie in cmp.ties:
+                oracle.replace_output_token(tie.req_id, 0, got[0].token_dict()[tie.req_id][-1])
         outputs.append(got[0])
         sched.update(got[0])
     assert added == 8 and not sched.has_work
@@ -131,3 +139,27 @@ def test_a_mixed_step_whose_padding_tokens_keep_stale_slots_is_caught(weights):
     checker = arm_kv_provenance(clean)
     churn([clean])
     assert checker.finish() == []
+
+
+def test_mixed_replay_matches_the_oracle(weights):
+    reference = pytest.importorskip("reference.runner")
+    runner = ModelRunner(weights, LIMITS, Device("sim", seed=1), base_seed=7)
+    churn([runner], oracle=reference.ReferenceRunner(weights, LIMITS, base_seed=7))
+    assert runner.cuda_graph_stats()["mixed_replays"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_mixed_replay_equals_padded_eager_and_the_oracle_with_no_host_sync(weights):
+    """Captured mixed graphs on the GPU: tokens equal the same padded launches run eagerly and the oracle's,
+    and a detector armed around every execute_model counts no host read."""
+    reference = pytest.importorskip("reference.runner")
+    sync = pytest.importorskip("checks.sync")
+    graphed = ModelRunner(weights, LIMITS, Device("cuda"), base_seed=7)
+    padded_eager = ModelRunner(weights, LIMITS, Device("cuda"), base_seed=7, cuda_graphs=False)
+    report = sync.arm_runner(graphed, mode="count")
+    churn([graphed, padded_eager], oracle=reference.ReferenceRunner(weights, LIMITS, base_seed=7))
+    stats = graphed.cuda_graph_stats()
+    assert stats["mixed_replays"] > 0 and not stats["fallbacks"], stats
+    assert next(g for k, g in graphed.graphs.graphs.items() if k.mixed).cuda_graph is not None
+    assert report.count == 0, report.summary()
