@@ -213,7 +213,7 @@ class _HostCostRun:
 
 def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, num_reqs: int, churn: float,
                     steps: int) -> _HostCostRun:
-    """Runner vs baseline at one batch size and churn (1%: every step at 256 admits a request, an eager
+    """Runner vs baseline at one batch size and churn (1%: every step at 256 admits a request, a mixed
     step; 0: uniform decode steps, graph replays), both on the same scheduler traffic."""
     runner, work, limits = host_cost_setup(hctx, num_reqs, churn)
     block_size, prompt_len, num_blocks = limits.block_size, HOST_COST_PROMPT_LEN, limits.num_kv_blocks
