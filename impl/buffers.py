@@ -278,6 +278,7 @@ class StagingWriter:
         self.num_slots_used = 0
         self.first: StagingSlot | None = None  # the step's first slot (the fixed layout of `first_slot`)
         self._first_submitted = 0  # its bytes, once submitted to its own device buffer (0: not yet)
+        self._first_home: torch.Tensor | None = None  # where the first slot's device views point (`place_first`)
 
     @hot_path
     def first_slot(self, reserve_bytes: int) -> StagingSlot:
@@ -298,10 +299,18 @@ class StagingWriter:
             raise StagingLifetimeError("trim_reserved without a larger reservation in the writer's first slot", step=self.step)
         self.slot.used_bytes = used_bytes
 
+    def place_first(self, home: torch.Tensor) -> None:
+        """The first slot's bytes will reach ``home`` (a device uint8 buffer, same offsets: `submit` with
+        ``first_to=home``) before any kernel reads them: device views of the first slot handed out from
+        now on point into ``home``, so its H2D may go there directly (``redirect``) with no copy after it."""
+        self._first_home = home
+
     @hot_path
     def alloc_words(self, n: int) -> tuple[np.ndarray, torch.Tensor]:
         """``n`` 32-bit words: a numpy host view to fill now and the int32 device view kernels read later."""
         host, slot, start = self.reserve_words(n)
+        if slot is self.first and self._first_home is not None:
+            return host, self._first_home[4 * start : 4 * (start + n)].view(torch.int32)
         return host, slot.device_words[start : start + n]
 
     @hot_path
@@ -322,7 +331,11 @@ class StagingWriter:
                 self._submit_current()
             self.slot = self.pool.acquire(self.step)
             self.num_slots_used += 1
-        return self.slot.alloc(n, dtype)
+        host, dev = self.slot.alloc(n, dtype)
+        if self.slot is self.first and self._first_home is not None:
+            end = self.slot.used_bytes
+            dev = self._first_home[end - n * dtype.itemsize : end].view(dtype)
+        return host, dev
 
     def stage_array(self, values: Sequence | np.ndarray | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Copy host values into the slot; returns the device view (valid after submit, in stream order)."""

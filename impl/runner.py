@@ -256,6 +256,9 @@ class ModelRunner:
                                              plan.num_tokens, len(plan.drafts))
             if isinstance(proposer, DraftModelProposer):
                 key, reason = None, "draft_model"  # its verify and propose run between and after the graph's launches
+        if key is not None and proposer is None:
+            # The bucketed step's first slot lands in the step buffer: an admission's kernels read it there.
+            writer.place_first(self.graphs.inputs.step_bytes)
         self.staged_writes.flush(writer)
         admitted = self.sampling_state.num_pending > 0  # its own kernels (count resets) follow admissions only
         if admitted:
@@ -266,10 +269,10 @@ class ModelRunner:
             # (the usual case), reading counts and the table from the step buffer's header.
             step_buffer = self.graphs.inputs.step_bytes
             packed = self._pack_for_graph(writer)
-        # The first slot's one H2D goes straight to the step buffer unless an eager apply or an
-        # admission kernel reads the slot through its own device views (then a device copy follows); so
-        # does the proposer (its gather and propose kernels read the step's rows through the slot's views).
-        writer.submit(step_buffer, redirect=packed is not None and not admitted and proposer is None)
+        # The first slot's one H2D goes straight to the step buffer unless an eager apply reads the slot
+        # through its own device views (then a device copy follows); so does the proposer (its gather and
+        # propose kernels read the step's rows through the slot's views).
+        writer.submit(step_buffer, redirect=packed is not None and proposer is None)
         self._enqueue_applies(admitted)
         if proposer is not None:
             proposer.note_step(step, sched.new_requests, self.state.req_to_row)

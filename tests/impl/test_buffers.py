@@ -206,6 +206,38 @@ def test_first_slot_reserves_a_fixed_layout_and_diffs_follow_it():
         StagingWriter(pool, 1).first_slot(512)
 
 
+@pytest.mark.parametrize("redirect", [True, False], ids=["redirected", "copied"])
+def test_views_of_a_placed_first_slot_read_the_home_buffer_the_slot_lands_in(redirect):
+    """`place_first`: views handed out after it point into the home buffer (a bucketed step's step buffer), which
+    the slot's own H2D (redirected) or a device copy after it fills; views of a second slot stay the slot's."""
+    dev = Device("cpu")
+    pool = StagingPool(dev, num_slots=3, capacity_bytes=64)
+    home = dev.zeros(64, torch.uint8)
+    writer = StagingWriter(pool, 0)
+    slot = writer.first_slot(16)
+    writer.place_first(home)
+    words = writer.stage_array([7, 8, 9], torch.int32)
+    floats = writer.stage_array([0.5, 1.5], torch.float32)
+    spilled = writer.stage_array(list(range(12)), torch.int32)  # does not fit: the second slot
+    assert words.data_ptr() == home.data_ptr() + 16 and floats.data_ptr() == home.data_ptr() + 32
+    assert writer.slot is not slot and spilled.data_ptr() != home.data_ptr() + 48
+    writer.submit(home, redirect=redirect)
+    assert words.tolist() == [7, 8, 9] and floats.tolist() == [0.5, 1.5] and spilled.tolist() == list(range(12))
+
+
+def test_a_placed_view_whose_home_is_never_filled_reads_stale_bytes():
+    """The planted bug: views placed in a home the slot's bytes never reach (no ``first_to`` at submit)."""
+    dev = Device("cpu")
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=64)
+    home = dev.zeros(64, torch.uint8)
+    writer = StagingWriter(pool, 0)
+    writer.first_slot(16)
+    writer.place_first(home)
+    words = writer.stage_array([7, 8, 9], torch.int32)
+    writer.submit()
+    assert words.tolist() == [0, 0, 0]
+
+
 def test_ragged_diffs_land_with_the_other_diffs_in_one_launch():
     dev = Device("sim", seed=3, lag_policy="random-drain")
     group, ints, floats, _ = _group_of_three(dev)
