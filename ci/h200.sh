@@ -141,6 +141,7 @@ want gpu_tests && job gpu_tests "$limit" python3 -m pytest -v -p no:cacheprovide
 want mutants && job mutants "$limit" $rc mutants --device cuda --out "$out/mutants" &
 want mutants_new && job mutants_new "$limit" $rc mutants --device cuda --junit "$out/mutants_new.xml" --only \
   graph_buffer_reallocated padding_row_writes_live_state predicate_admits_larger_batch graph_init_only_at_capture mixed_tail_left_stale \
+  graph_skips_admitted_count_reset \
   prefix_hit_recomputes_cached_block block_table_tail_kept prefix_hit_one_block_too_long evicted_block_still_referenced \
   refcount_dropped_on_preemption --out "$out/mutants_new" &
 want race_rates && job race_rates "$limit" $rc mutants --device cuda --seeds 10 --no-chisq --only \

@@ -309,9 +309,13 @@ class StagingWriter:
     def alloc_words(self, n: int) -> tuple[np.ndarray, torch.Tensor]:
         """``n`` 32-bit words: a numpy host view to fill now and the int32 device view kernels read later."""
         host, slot, start = self.reserve_words(n)
+        return host, self.words_view(slot, start, n)
+
+    def words_view(self, slot: StagingSlot, start: int, n: int) -> torch.Tensor:
+        """The int32 device view of words ``[start, start + n)`` of ``slot`` (`reserve_words`), in ``home`` when placed."""
         if slot is self.first and self._first_home is not None:
-            return host, self._first_home[4 * start : 4 * (start + n)].view(torch.int32)
-        return host, slot.device_words[start : start + n]
+            return self._first_home[4 * start : 4 * (start + n)].view(torch.int32)
+        return slot.device_words[start : start + n]
 
     @hot_path
     def reserve_words(self, n: int) -> tuple[np.ndarray, StagingSlot, int]:

@@ -22,9 +22,10 @@ one sampling row reads the step's last token and is never copied out.
 
 The step's counts are device data too: a bucketed step's staging slot is copied (its one H2D)
 into the fixed-address step buffer below, whose header (`impl.kernels.input_prep.HEADER_WORDS`)
-holds the number of real requests and drafts and where the step's staged-write diffs sit.  The
-recorded launches start with the staged-write apply and the bucket padding, both reading that
-header, so a bucketed step is one H2D, one replay, one D2H + event (a steady one is a single fused
+holds the number of real requests and drafts, where the step's staged-write diffs sit and which
+admitted rows' penalty counts start at zero.  The recorded launches start with the staged-write
+apply, the count reset and the bucket padding, all reading that header, so a bucketed step --
+admissions included -- is one H2D, one replay, one D2H + event (a steady one is a single fused
 replay with both copies inside: `impl.lanes`).
 
 Ownership: `PaddedInputs` owns, on the device, for the runner's lifetime, at fixed addresses:
@@ -51,7 +52,7 @@ from typing import Any, Callable
 import torch
 
 from impl.device import Device
-from impl.kernels.input_prep import (HEADER_NUM_DIFFS, HEADER_WORDS, PADDING_ROW, launch_pad_step_inputs,
+from impl.kernels.input_prep import (HEADER_NUM_DIFFS, HEADER_NUM_RESETS, HEADER_WORDS, PADDING_ROW, launch_pad_step_inputs,
                                      launch_prepare_inputs)
 from impl.kernels.post_update import launch_post_update
 from impl.output import OutputLayout
@@ -135,6 +136,7 @@ class PaddedInputs:
         if self.header.numel() != HEADER_WORDS:
             raise ValueError(f"the staging layout's header has {self.header.numel()} words, not {HEADER_WORDS}")
         self.apply_header = self.header[HEADER_NUM_DIFFS:]  # (diffs, table word offset), as the apply kernel reads them
+        self.reset_header = self.header[HEADER_NUM_RESETS:]  # (admitted rows, their word offset): the count reset
         self.apply_programs = APPLY_PROGRAMS_CUDA if device.is_cuda else 1
         self.rows = device.full(max_num_reqs, PADDING_ROW, torch.int32)
         self.drafts = device.zeros(max_num_reqs * max(1, max_num_draft_tokens), torch.int32)
@@ -207,6 +209,9 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     def apply_staged() -> None:
         inputs.launch_apply(arena)
 
+    def reset_counts() -> None:
+        sampling_state.launch_reset_from_header(inputs.step_words, inputs.reset_header)
+
     def pad() -> None:
         inputs.launch_pad(size, q)
 
@@ -245,7 +250,8 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     def pack() -> None:
         outputs.pack_results(layout, result)
 
-    step.launches += [("apply staged writes", apply_staged), ("pad step inputs", pad), ("input prep", prepare),
+    step.launches += [("apply staged writes", apply_staged), ("reset admitted counts", reset_counts),
+                      ("pad step inputs", pad), ("input prep", prepare),
                       ("forward", forward), ("sample", sample), ("post update", post_update),
                       ("count sampled tokens", count_sampled), ("pack output", pack)]
     return step

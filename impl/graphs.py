@@ -193,6 +193,9 @@ class CudaGraphManager:
             return
         self._keys.clear()  # `select`'s looked-up graphs: this capture fills ``graphs`` anew
         self._selected = None
+        # The warm-ups run the launches on the step buffer as it is: a header naming no request, diff or reset.
+        self.inputs.header.zero_()
+        self.device._stream_waits_for_current()
         if self.device.is_cuda:
             self.device.synchronize()
             self._pool = torch.cuda.graph_pool_handle()

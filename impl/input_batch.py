@@ -31,7 +31,8 @@ from impl.block_table import BlockTable
 from impl.buffers import StagingSlot, StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
-from impl.kernels.input_prep import (HEADER_DIFF_TABLE, HEADER_NUM_DIFFS, HEADER_NUM_DRAFTS, HEADER_NUM_REQS, HEADER_WORDS,
+from impl.kernels.input_prep import (HEADER_DIFF_TABLE, HEADER_NUM_DIFFS, HEADER_NUM_DRAFTS, HEADER_NUM_REQS, HEADER_NUM_RESETS,
+                                     HEADER_RESET_ROWS, HEADER_WORDS,
                                      launch_prepare_inputs)
 from impl.output import PromptLogprobRequest
 from impl.state import RequestStateTable
@@ -262,6 +263,7 @@ class InputBatch:
         r = plan.num_reqs
         header = host["header"]
         header[HEADER_NUM_REQS], header[HEADER_NUM_DRAFTS], header[HEADER_NUM_DIFFS], header[HEADER_DIFF_TABLE] = r, len(plan.drafts), 0, 0
+        header[HEADER_NUM_RESETS] = header[HEADER_RESET_ROWS] = 0
         # A steady step's plan shares its arrays with the last one (`_replan`): a slot that already
         # holds them (they were written there by a step since which nothing was allocated over
         # them: `StagingSlot.kept`) is not written again.
@@ -294,6 +296,11 @@ class InputBatch:
         """Name in ``slot``'s header the staged-write diffs a bucketed step's graph applies (slot still WRITING)."""
         header = self._slot_views(slot)[0]["header"]
         header[HEADER_NUM_DIFFS], header[HEADER_DIFF_TABLE] = num_diffs, table_word
+
+    def set_header_resets(self, slot: StagingSlot, num_rows: int, first_word: int) -> None:
+        """Name in ``slot``'s header the admitted rows whose penalty counts a bucketed step's graph zeroes (slot still WRITING)."""
+        header = self._slot_views(slot)[0]["header"]
+        header[HEADER_NUM_RESETS], header[HEADER_RESET_ROWS] = num_rows, first_word
 
     @hot_path
     def enqueue_prepare(self, plan: StepPlan, staged: StagedStepArrays, state: RequestStateTable, block_table: BlockTable) -> None:

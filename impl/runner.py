@@ -269,6 +269,9 @@ class ModelRunner:
             # (the usual case), reading counts and the table from the step buffer's header.
             step_buffer = self.graphs.inputs.step_bytes
             packed = self._pack_for_graph(writer)
+            resets = self.sampling_state.take_resets(writer.first) if admitted else None
+            if resets is not None:  # the admitted rows' count reset runs in the graph too
+                self.input_batch.set_header_resets(writer.first, *resets)
         # The first slot's one H2D goes straight to the step buffer unless an eager apply reads the slot
         # through its own device views (then a device copy follows); so does the proposer (its gather and
         # propose kernels read the step's rows through the slot's views).

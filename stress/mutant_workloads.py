@@ -131,3 +131,10 @@ PREFIX_WORKLOAD = Workload(
     max_num_reqs=3, block_size=4, num_kv_blocks=12, max_batched_tokens=16, lag_policy="random-drain", ticks=24, full_ticks=60,
 )
 WORKLOADS[PREFIX_WORKLOAD.name] = PREFIX_WORKLOAD
+
+# Rows handed from request to request (`stress.mutants_graphs`): short penalised requests, two rows,
+# so every few ticks a row whose counts the last request filled is admitted into again.
+WORKLOADS["reuse-penalties"] = Workload(
+    "reuse-penalties", "short requests with frequency and presence penalties through two rows (counts reset at reuse)",
+    ChurnConfig(**dict(_QUIET, add_prob=0.9, max_prompt_len=6, max_new_tokens=4)), _penalised, max_num_reqs=2,
+    max_batched_tokens=8, ticks=28)

@@ -14,7 +14,11 @@ runner's graph manager (`impl.graphs.CudaGraphManager`, ``runner.graphs``):
   instead of at init; eager execution (``--eager``, which this mutant runs) reads zeros;
 * ``mixed_tail_left_stale``: a mixed bucket's input prep is told the bucket's token count for the
   step's, so it pads no tail: the padding tokens keep the ids, positions and KV slots an earlier
-  step left there, and write those slots again -- slots that may since belong to another request.
+  step left there, and write those slots again -- slots that may since belong to another request;
+* ``graph_skips_admitted_count_reset``: a bucketed step names its admissions' count reset in its
+  header instead of running it eagerly, but the graph's reset does nothing: a row reused by a new
+  request keeps the penalty counts of the one before (workload ``reuse-penalties``: two rows, short
+  penalised requests).
 
 They use the ``decode`` workload (up to 4 requests, buckets 1, 2, 4: a batch of 3 pads one row or,
 rounded down, loses one); the padding mutant uses ``decode-penalties`` (registered here: decode
@@ -141,6 +145,14 @@ def _mixed_tail_left_stale(runner: Any, m: AppliedMutant) -> None:
         prepare(**kwargs)
 
     m.set(graph_step, "launch_prepare_inputs", prepare_without_tail)
+    recapture_graphs(runner, m)
+
+
+@_mutant("graph_skips_admitted_count_reset", "state", ("differential",), "reuse-penalties", ("graphs", "sampling_state"),
+         "a bucketed step drops its admissions' eager count reset, but its graph never zeroes their rows: a reused "
+         "row keeps the last request's penalty counts")
+def _graph_skips_admitted_count_reset(runner: Any, m: AppliedMutant) -> None:
+    m.set(runner.sampling_state, "launch_reset_from_header", lambda step_words, header: None)
     recapture_graphs(runner, m)
 
 

@@ -177,7 +177,9 @@ HEADER_NUM_REQS = 0  # real requests of the step (rows past it are padding)
 HEADER_NUM_DRAFTS = 1  # drafts staged for them
 HEADER_NUM_DIFFS = 2  # staged-write diffs the in-graph apply copies (0: none, or applied eagerly)
 HEADER_DIFF_TABLE = 3  # word offset of the diff table in the step buffer (values follow it)
-HEADER_WORDS = 4
+HEADER_NUM_RESETS = 4  # rows admitted this step whose penalty counts the graph zeroes (0: none, or zeroed eagerly)
+HEADER_RESET_ROWS = 5  # word offset of those rows in the step buffer
+HEADER_WORDS = 6
 
 
 @triton.jit(do_not_specialize=["size", "max_drafts_total"])

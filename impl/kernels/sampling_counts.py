@@ -21,6 +21,18 @@ def zero_count_rows_kernel(counts_ptr, counts_stride, rows_ptr, vocab_size, BLOC
 
 
 @triton.jit
+def zero_count_rows_from_header_kernel(counts_ptr, counts_stride, step_words_ptr, header_ptr, vocab_size,
+                                       BLOCK: tl.constexpr):
+    # A fixed grid over the vocabulary (one capture serves every step); the rows come from the step's header.
+    num_rows = tl.load(header_ptr)
+    first = tl.load(header_ptr + 1)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    for i in range(num_rows):
+        row = tl.load(step_words_ptr + first + i).to(tl.int64)
+        tl.store(counts_ptr + row * counts_stride + offs, tl.zeros((BLOCK,), tl.int32), mask=offs < vocab_size)
+
+
+@triton.jit
 def add_token_counts_kernel(counts_ptr, counts_stride, rows_ptr, tokens_ptr, valid_ptr, num_pairs, vocab_size,
                             HAS_VALID: tl.constexpr, BLOCK: tl.constexpr):
     pair = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

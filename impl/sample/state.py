@@ -40,7 +40,7 @@ from impl.device import Device
 from impl.hotpath import hot_path
 from impl.interface import MAX_SEED, SamplingParams, SamplingParamsError, TokenOutOfVocabError
 from impl.kernels.launch import cdiv, launch
-from impl.kernels.sampling_counts import add_token_counts_kernel, zero_count_rows_kernel
+from impl.kernels.sampling_counts import add_token_counts_kernel, zero_count_rows_from_header_kernel, zero_count_rows_kernel
 
 _COUNT_BLOCK = 1024
 
@@ -92,6 +92,7 @@ class SamplingState:
         )
         self._pending_admissions: dict[int, list[int]] = {}  # row -> earlier outputs to count
         self._prepared_kernels: list = []
+        self._reset_rows: tuple[object, int, int] | None = None  # the last flush's reset rows: (slot, first word, rows)
 
     # ------------------------------------------------------------------ host API
     def add_request(
@@ -147,6 +148,7 @@ class SamplingState:
         for tensor in self._staged:
             tensor.flush(writer)
         self._prepared_kernels = []
+        self._reset_rows = None
         if not self._pending_admissions:
             return
         rows = sorted(self._pending_admissions)
@@ -158,8 +160,11 @@ class SamplingState:
             pair_tokens.extend(tokens)
         self._pending_admissions = {}
         counts, stride, vocab = self.output_counts, self.output_counts.stride(0), self.vocab_size
-        rows_dev = writer.stage_array(np.asarray(rows, dtype=np.int32), torch.int32)
         num_rows = len(rows)
+        rows_host, rows_slot, rows_start = writer.reserve_words(num_rows)
+        rows_host[:] = rows
+        rows_dev = writer.words_view(rows_slot, rows_start, num_rows)
+        self._reset_rows = (rows_slot, rows_start, num_rows)
         blocks = cdiv(vocab, _COUNT_BLOCK)
 
         def reset() -> None:
@@ -179,6 +184,23 @@ class SamplingState:
             self._prepared_kernels.append(("count earlier outputs", add_earlier_outputs))
 
     @hot_path
+    def take_resets(self, slot: object) -> tuple[int, int] | None:
+        """``(rows, first word in slot)`` when the last flush's only kernel is the count reset and its rows sit in
+        ``slot`` (a bucketed step's first slot): the caller names them in the step's header, so its graph zeroes
+        them (`launch_reset_from_header`), and the eager reset is dropped.  Else None (the kernels stay eager:
+        a resumed request's earlier outputs are counted after the reset, in that order)."""
+        pack = self._reset_rows
+        if pack is None or len(self._prepared_kernels) != 1 or pack[0] is not slot:
+            return None
+        self._prepared_kernels, self._reset_rows = [], None
+        return pack[2], pack[1]
+
+    def launch_reset_from_header(self, step_words: torch.Tensor, header: torch.Tensor) -> None:
+        """Launch (inside a bucketed step) the count reset of the rows ``header`` names (`take_resets`):
+        ``header[0]`` rows listed from word ``header[1]`` of ``step_words``."""
+        launch(zero_count_rows_from_header_kernel, (cdiv(self.vocab_size, _COUNT_BLOCK),), self.output_counts,
+               self.output_counts.stride(0), step_words, header, self.vocab_size, BLOCK=_COUNT_BLOCK)
+
     def enqueue_apply(self) -> None:
         """Enqueue the staged applies, then the count reset, then the earlier-output counts."""
         for tensor in self._staged:

@@ -163,3 +163,39 @@ def test_cuda_mixed_replay_equals_padded_eager_and_the_oracle_with_no_host_sync(
     assert stats["mixed_replays"] > 0 and not stats["fallbacks"], stats
     assert next(g for k, g in graphed.graphs.graphs.items() if k.mixed).cuda_graph is not None
     assert report.count == 0, report.summary()
+
+
+def test_an_admission_step_is_one_h2d_one_replay_and_one_output_copy():
+    """The admissions' diffs and their rows' count reset are named in the step header and run inside the graph."""
+    runner = ModelRunner(random_weights(preset("micro"), seed=11), LIMITS, Device("cpu"), base_seed=1)
+    labels: list[str] = []
+    enqueue = runner.device.enqueue
+    runner.device.enqueue = lambda fn, label="": (labels.append(label), enqueue(fn, label))[1]
+    sched = SchedulerSim(LIMITS, seed=0)
+    sched.add_request("a", (5, 6, 7), SamplingParams(temperature=0.0, max_tokens=4, frequency_penalty=0.5))
+    sched.update(runner.execute_model(sched.schedule()).get())
+    assert len(labels) == 3 and labels[0].startswith("h2d") and "mixed" in labels[1] and labels[2].startswith("d2h"), labels
+
+
+def test_a_reused_row_starts_at_zero_counts_and_a_graph_that_skips_the_reset_is_caught(weights):
+    """Requests with strong penalties one after another in the same rows: the mixed graph's reset gives each a clean
+    count row (tokens equal the eager reset's); with the graph's reset planted away the counts carry over."""
+    def sequential(runners: list[ModelRunner]) -> None:
+        sched = SchedulerSim(LIMITS, seed=0)
+        for i in range(6):
+            sched.add_request(f"s{i}", (3 + i, 4, 5, 9), SamplingParams(temperature=0.0, max_tokens=6, frequency_penalty=2.0,
+                                                                       presence_penalty=2.0))
+        while sched.has_work:
+            step = sched.schedule()
+            got = [r.execute_model(step).get() for r in runners]
+            for other in got[1:]:
+                assert other == got[0], f"step {step.step_id}: {other} != {got[0]}"
+            sched.update(got[0])
+
+    eager_reset = ModelRunner(weights, LIMITS, Device("cpu"), base_seed=3, mixed_sizes=())
+    graph_reset = ModelRunner(weights, LIMITS, Device("cpu"), base_seed=3)
+    sequential([eager_reset, graph_reset])
+    planted = ModelRunner(weights, LIMITS, Device("cpu"), base_seed=3)
+    with catalogue.apply("graph_skips_admitted_count_reset", runner=planted):
+        with pytest.raises(AssertionError, match="step"):
+            sequential([ModelRunner(weights, LIMITS, Device("cpu"), base_seed=3, mixed_sizes=()), planted])

@@ -379,9 +379,9 @@ def test_step_stats_and_no_wait_in_steady_state():
     # A decode step uploads only the compact per-step arrays (rows, query_start_loc, ...), well
     # under a prefill step that also carries the admission's staged diffs.
     assert 0 < decode_stats.h2d_bytes < prefill_stats.h2d_bytes
-    # The 16-byte header (the step's counts) and the compact arrays, and room for a block append per request:
-    # what the fused step's lane copy reads (`impl.lanes.SteadyLanes.in_bytes`).
-    assert decode_stats.h2d_bytes == runner.lanes.in_bytes(1) <= 8 * 16 + 32
+    # The 32-byte header (the step's counts, 6 words aligned) and the compact arrays, and room for a block append
+    # per request: what the fused step's lane copy reads (`impl.lanes.SteadyLanes.in_bytes`).
+    assert decode_stats.h2d_bytes == runner.lanes.in_bytes(1) <= 8 * 16 + 48
     # The steady decode step is one enqueue: its bucket's fused graph (the slot's copy in, apply, pad, input
     # prep .. post-update, the output's copy out).
     assert decode_stats.graph_replayed and decode_stats.graph_fallback is None and decode_stats.steady

@@ -13,7 +13,8 @@ from stress.mutants_cmd import run_differential
 from stress.run_config import default_limits
 
 GRAPH_MUTANTS = ("graph_buffer_reallocated", "padding_row_writes_live_state", "predicate_admits_larger_batch",
-                 "graph_init_only_at_capture", "mixed_tail_left_stale")
+                 "graph_init_only_at_capture", "mixed_tail_left_stale",
+                 "graph_skips_admitted_count_reset")
 
 
 def test_the_graph_mutants_are_in_the_catalogue():
