@@ -76,6 +76,9 @@ _NP_DTYPES = {torch.int32: np.int32, torch.float32: np.float32, torch.int64: np.
 _steady = native.load("steady")  # `pack_ragged`, the C twin of the one-ragged diff table; None: numpy only
 
 
+_ARRAY_DIFF_MIN = 64  # elements from which a staged numpy row is flushed as an array, not a list of ints
+
+
 def _fill_diff_table(words: np.ndarray, dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray) -> None:
     """Write a diff table into ``words``: ``_META_WORDS`` words (destination, length, source) per diff, then the values."""
     n = len(lens)
@@ -155,6 +158,11 @@ class StagedWriteGroup:
                 t._pending.clear()
                 dst, lens, values = by_dtype.setdefault(t.dtype, ([], [], []))
                 for row, start, vals in diffs:
+                    if type(vals) is np.ndarray:  # a whole row staged as an array (a prompt bitmask): no Python ints
+                        dst_parts.append(np.array([base + (row * cols + start) * words_per], np.int64))
+                        len_parts.append(np.array([len(vals) * words_per], np.int64))
+                        word_parts.append(np.ascontiguousarray(vals, _NP_DTYPES[t.dtype]).view(np.int32))
+                        continue
                     dst.append(base + (row * cols + start) * words_per)
                     lens.append(len(vals) * words_per)
                     values.extend(vals)
@@ -313,7 +321,7 @@ class StagedWriteTensor:
         self.group = StagedWriteGroup(device, name) if group is None else group
         self.word_offset = self.group._join(self)
         self._base: torch.Tensor | None = None
-        self._pending: list[tuple[int, int, list]] = []
+        self._pending: list[tuple[int, int, list | np.ndarray]] = []
         self._ragged: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # from `stage_ragged`
         if self._private:
             self.group.seal()
@@ -334,12 +342,14 @@ class StagedWriteTensor:
 
     def stage(self, row: int, start: int, values: Sequence[float | int] | np.ndarray) -> None:
         """Record ``base[row, start:start+len(values)] = values`` for the next flush."""
-        values = list(values.tolist() if isinstance(values, np.ndarray) else values)
+        # A long array stays one (flushed as a block); short ones and sequences become Python lists (merged by cell).
+        if not (isinstance(values, np.ndarray) and values.ndim == 1 and len(values) >= _ARRAY_DIFF_MIN):
+            values = list(values.tolist() if isinstance(values, np.ndarray) else values)
         if not 0 <= row < self.num_rows:
             raise IndexError(f"{self.name}: row {row} outside [0, {self.num_rows})")
         if start < 0 or start + len(values) > self.num_cols:
             raise IndexError(f"{self.name}: columns [{start}, {start + len(values)}) outside [0, {self.num_cols})")
-        if values:
+        if len(values):
             if not self._pending and not self._ragged:
                 self.group._dirty.append(self)  # the group flushes only members with diffs
             self._pending.append((row, start, values))

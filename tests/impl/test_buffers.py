@@ -42,6 +42,26 @@ def test_staged_writes_apply_and_later_wins(kind):
     assert torch.equal(table.base, expect)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32, torch.int64])
+def test_long_rows_staged_as_arrays_apply_beside_scalars_and_later_writes_still_win(dtype):
+    """A row of >= 64 elements is flushed as one array (a prompt bitmask at a real vocabulary), not Python ints."""
+    dev = Device("cpu")
+    pool = StagingPool(dev, num_slots=4, capacity_bytes=8192)
+    table = StagedWriteTensor(dev, (3, 100), dtype, "table", fill=0)
+    long_row = np.arange(100).astype(np.float64) * 3
+    table.stage(0, 0, long_row)  # alone in its row: one array diff
+    table.stage(2, 0, long_row + 1)
+    table.stage(2, 10, [-5])  # later, same row: merged by cell, the later write wins
+    table.stage(1, 4, [7, 8])
+    _flush_all(pool, 0, [table])
+    expect = torch.zeros((3, 100), dtype=dtype)
+    expect[0] = torch.as_tensor(long_row, dtype=dtype)
+    expect[2] = torch.as_tensor(long_row + 1, dtype=dtype)
+    expect[2, 10] = -5
+    expect[1, 4:6] = torch.tensor([7, 8], dtype=dtype)
+    assert torch.equal(table.base, expect)
+
+
 def test_slot_cycle_and_reuse_waits_for_event():
     dev = Device("sim", lag_policy="lag-5-steps")
     pool = StagingPool(dev, num_slots=2, capacity_bytes=256)
