@@ -63,6 +63,9 @@
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
+#   mutants_bucketed  the mutants planted into bucketed (mixed and decode) steps' launches -- input prep, post-update,
+#                 count reset, padding -- and those moved to other workloads when prefills became mixed graphs
+#                 (`mutants --no-chisq --only ...`), with their controls
 #   race_rates    kill rates of the race mutants over 10 seeds (`mutants --seeds 10 --only ...`)
 #   verify_kills  the race mutants through verify's own quick cuda plan (`mutants --campaign verify`), 5 seeds: kill rates
 #   output_slots  the output-slot checksums on cuda: a clean delayed stress run, then output_slot_overwritten_early
@@ -144,6 +147,10 @@ want mutants_new && job mutants_new "$limit" $rc mutants --device cuda --junit "
   graph_skips_admitted_count_reset \
   prefix_hit_recomputes_cached_block block_table_tail_kept prefix_hit_one_block_too_long evicted_block_still_referenced \
   refcount_dropped_on_preemption --out "$out/mutants_new" &
+want mutants_bucketed && job mutants_bucketed "$limit" $rc mutants --device cuda --no-chisq --only positions_off_by_one \
+  slot_mapping_wrong_block idx_mapping_off_by_one num_computed_not_advanced tensor_in_python_if staged_writes_wrong_order \
+  stale_row_after_preempt graph_buffer_reallocated padding_row_writes_live_state predicate_admits_larger_batch \
+  graph_init_only_at_capture mixed_tail_left_stale graph_skips_admitted_count_reset --out "$out/mutants_bucketed" &
 want race_rates && job race_rates "$limit" $rc mutants --device cuda --seeds 10 --no-chisq --only \
   reuse_staging_early pageable_nonblocking_copy output_slot_overwritten_early --out "$out/race_rates" &
 want verify_kills && (  # two shards side by side (seeds 0,2,4 and 1,3), then their kill rates merged

@@ -259,9 +259,13 @@ def _idx_mapping_off_by_one(runner: Any, m: AppliedMutant) -> None:
 
 
 def _batch_index(ib: Any, plan: Any) -> torch.Tensor:
-    """The batch position of each of the step's tokens, from the device's query_start_loc (no host read)."""
+    """The batch position of each of the step's tokens, from the device's query_start_loc (no host read).
+
+    A mixed bucket's padding tokens lie past every request's: they get the last (padding, empty) request,
+    not an index past the batch (a device-side assert on the GPU, at the capture's warm-up already)."""
     token_index = torch.arange(plan.num_tokens, device=ib.positions.device, dtype=torch.int32)
-    return torch.searchsorted(ib.query_start_loc[1 : plan.num_reqs + 1], token_index, right=True)
+    index = torch.searchsorted(ib.query_start_loc[1 : plan.num_reqs + 1], token_index, right=True)
+    return index.clamp_(max=plan.num_reqs - 1)
 
 
 @_mutant("positions_off_by_one", "state", ("differential", "provenance"), "decode", ("input_batch", "device"),

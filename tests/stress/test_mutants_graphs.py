@@ -45,3 +45,18 @@ def test_undo_restores_what_the_init_only_at_capture_mutant_changed():
     with catalogue.apply("graph_init_only_at_capture", runner=runner):
         assert not runner.graphs.enabled and all(not t.any() for t in inputs.query_start.values())
     assert runner.graphs.enabled and all(inputs.query_start[q].equal(t) for q, t in before.items())
+
+
+@pytest.mark.parametrize("name", ["positions_off_by_one", "slot_mapping_wrong_block", "idx_mapping_off_by_one"])
+def test_input_prep_mutants_survive_a_mixed_graphs_warm_up(name):
+    """A CUDA capture's warm-up runs a mixed graph's launches with no request named (every token padding): a
+    mutant's fix must index inside the batch there too (an index past it is a device-side assert on the GPU,
+    which ended run 48's catalogue; on CPU an IndexError)."""
+    config = preset("micro")
+    runner = make_runner(random_weights(config, seed=0), default_limits(config, max_num_reqs=4), Device("cpu"))
+    with catalogue.apply(name, runner=runner):
+        runner.graphs.inputs.header.zero_()
+        mixed = [graph for key, graph in runner.graphs.graphs.items() if key.mixed]
+        assert mixed
+        for graph in mixed:
+            graph.replay()
