@@ -1,4 +1,4 @@
-"""The bucketed (padded) decode step: its persistent inputs and its device work, ready to capture.
+"""The bucketed (padded) step: its persistent inputs and its device work, ready to capture.
 
 A *bucketed* step is a uniform decode batch (every request scheduled ``query_len = 1 + k`` tokens
 with exactly ``k`` drafts) padded from ``num_reqs`` up to a capture size ``size``, or a *mixed*
@@ -92,15 +92,15 @@ class GraphKey:
     @property
     def num_tokens(self) -> int:
         """The tokens the bucket's launches prepare (padding included)."""
-        return self.tokens if self.mode.query_len == MIXED else self.size * self.mode.query_len
+        return self.tokens if self.mixed else self.size * self.mode.query_len
 
     @property
     def num_sampling_rows(self) -> int:
         """Its sampling rows: one per request of a mixed bucket, one per token of a decode bucket."""
-        return self.size if self.mode.query_len == MIXED else self.num_tokens
+        return self.size if self.mixed else self.num_tokens
 
     def describe(self) -> str:
-        tokens = f"{self.tokens}t" if self.mode.query_len == MIXED else ""
+        tokens = f"{self.tokens}t" if self.mixed else ""
         return f"{self.size}x{tokens}{self.mode.describe()}"
 
 
@@ -163,13 +163,10 @@ class PaddedInputs:
         """Launch (inside device work or a capture) the copy of the step buffer's rows/drafts into the padded
         inputs, rows past the header's request count set to -1; a mixed step (``query_len`` `MIXED`) pads its
         query starts instead of drafts."""
-        if query_len == MIXED:
-            launch_pad_step_inputs(header=self.header, rows=self.step_rows, drafts=self.step_drafts, padded_rows=self.rows,
-                                   padded_drafts=self.drafts, size=size, max_drafts_total=0, cu=self.step_cu,
-                                   padded_cu=self.mixed_cu)
-            return
+        mixed = query_len == MIXED
         launch_pad_step_inputs(header=self.header, rows=self.step_rows, drafts=self.step_drafts, padded_rows=self.rows,
-                               padded_drafts=self.drafts, size=size, max_drafts_total=size * (query_len - 1))
+                               padded_drafts=self.drafts, size=size, max_drafts_total=0 if mixed else size * (query_len - 1),
+                               cu=self.step_cu if mixed else None, padded_cu=self.mixed_cu if mixed else None)
 
     def launch_apply(self, arena: torch.Tensor) -> None:
         """Launch (inside device work or a capture) the staged-write apply of the diffs the header names."""

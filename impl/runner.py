@@ -15,7 +15,9 @@ output slot -> event.  A uniform decode batch pads its rows into a capture-size 
 mixed batch without drafts (decodes next to admitted prompts) into a token-size bucket, and runs
 apply .. post-update as one graph replay (`impl.graph_step`): its slot's H2D lands in the graph's
 fixed step buffer, whose header carries the step's counts, and the graph packs the step's output,
-so such a step enqueues only the H2D, the replay and the output copy (and an admission's kernels).
+so such a step -- admissions included: their diffs and count resets are named in the header --
+enqueues only the H2D, the replay and the output copy (a resumed request's earlier outputs are
+counted by a kernel of their own).
 Other batches (drafts that differ, prompt logprobs, above the largest bucket) run eager.
 A step that repeats the last decode batch (`impl.step_reader.read_steady_step`) reuses its plan;
 after a bucketed step it runs `ModelRunner._execute_steady`, whose host side is the read of the
