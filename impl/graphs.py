@@ -181,7 +181,7 @@ class CudaGraphManager:
         self.replays = 0
         self.padded_eager = 0
         self.fallbacks: Counter[str] = Counter()
-        # (size, query_len, num_top) -> (the graphs dict it was looked up in, key, graph or None): host, see `select`
+        # (size or mixed tokens, query_len, num_top) -> (the graphs dict it was looked up in, key, graph or None): `select`
         self._keys: dict[tuple[int, int, int], tuple[dict, GraphKey, StepGraph | None]] = {}
         self._selected: tuple[GraphKey, StepGraph | None] | None = None  # the last `select`'s key and graph
         self._pool = None
@@ -303,39 +303,33 @@ class CudaGraphManager:
         if uniform is None or uniform[0] not in self.query_lens or uniform[1] != uniform[0] - 1:
             if num_drafts or not self.mixed_sizes:
                 return None, "non_uniform"
-            return self._select_mixed(num_reqs, num_tokens, max_num_logprobs)
+            tokens = self.mixed_bucket_for(num_tokens)
+            if tokens is None:
+                return None, "batch_above_largest_size"
+            return self._bucket(tokens, MIXED, num_reqs, 0, max_num_logprobs, num_tokens)
         query_len, num_drafts = uniform
         size = self.bucket_for(num_reqs)
         if size is None:
             return None, "batch_above_largest_size"
         if size * query_len > self.max_num_batched_tokens:
             return None, "bucket_above_token_budget"
+        return self._bucket(size, query_len, num_reqs, num_drafts, max_num_logprobs, num_tokens)
+
+    def _bucket(self, size: int, query_len: int, num_reqs: int, num_drafts_each: int, max_num_logprobs: int,
+                num_tokens: int) -> tuple[GraphKey | None, str | None]:
+        """The key of bucket ``size`` (a mixed bucket's: its tokens) in mode ``query_len``, if its graph admits the batch."""
         num_top = -1 if max_num_logprobs < 0 else self.max_logprobs
         # The key and its graph, looked up once per (size, mode) and captured set: no per-step dataclass
         # construction or hashing.  A new ``graphs`` dict (a recapture) makes every entry stale.
         entry = self._keys.get((size, query_len, num_top))
         if entry is None or entry[0] is not self.graphs:
-            key = GraphKey(size, GraphMode(query_len, num_top))
+            mode = GraphMode(query_len, num_top)
+            key = GraphKey(min(size, self.max_num_reqs), mode, size) if query_len == MIXED else GraphKey(size, mode)
             entry = self._keys[(size, query_len, num_top)] = (self.graphs, key, self.graphs.get(key))
         _, key, graph = entry
-        if self.enabled and (graph is None or not graph.admits(num_reqs, query_len, num_drafts, num_top)):
+        if self.enabled and (graph is None or not graph.admits(num_reqs, query_len, num_drafts_each, num_top, num_tokens)):
             return None, "no_graph_for_mode"
         self._selected = (key, graph)  # `run` takes the graph from here: no second hash of the key
-        return key, None
-
-    def _select_mixed(self, num_reqs: int, num_tokens: int, max_num_logprobs: int) -> tuple[GraphKey | None, str | None]:
-        tokens = self.mixed_bucket_for(num_tokens)
-        if tokens is None:
-            return None, "batch_above_largest_size"
-        num_top = -1 if max_num_logprobs < 0 else self.max_logprobs
-        entry = self._keys.get((tokens, MIXED, num_top))
-        if entry is None or entry[0] is not self.graphs:
-            key = GraphKey(min(tokens, self.max_num_reqs), GraphMode(MIXED, num_top), tokens)
-            entry = self._keys[(tokens, MIXED, num_top)] = (self.graphs, key, self.graphs.get(key))
-        _, key, graph = entry
-        if self.enabled and (graph is None or not graph.admits(num_reqs, MIXED, 0, num_top, num_tokens)):
-            return None, "no_graph_for_mode"
-        self._selected = (key, graph)
         return key, None
 
     def count_fallback(self, reason: str) -> None:

@@ -97,7 +97,8 @@ def _predicate_admits_larger_batch(runner: Any, m: AppliedMutant) -> None:
 
     m.set(graphs, "bucket_for", bucket_rounded_down)
     for graph in graphs.graphs.values():
-        def admits_any_size(num_reqs: int, query_len: int, num_drafts_each: int, num_top: int, mode: Any = graph.key.mode) -> bool:
+        def admits_any_size(num_reqs: int, query_len: int, num_drafts_each: int, num_top: int, num_tokens: int = 0,
+                            mode: Any = graph.key.mode) -> bool:
             return query_len == mode.query_len and num_drafts_each == mode.query_len - 1 and num_top == mode.num_top
 
         m.set(graph, "admits", admits_any_size)
