@@ -152,7 +152,7 @@ class StepGraph:
 
 
 class CudaGraphManager:
-    """Buckets, predicates, capture and replay of bucketed decode steps.  See the module docstring."""
+    """Buckets, predicates, capture and replay of bucketed steps (uniform decode and mixed).  See the module docstring."""
 
     def __init__(self, device: Device, *, enabled: bool, capture_sizes: Sequence[int] | None, max_num_reqs: int,
                  max_num_batched_tokens: int, max_num_draft_tokens: int, max_logprobs: int,
