@@ -201,6 +201,7 @@ class SamplingState:
         launch(zero_count_rows_from_header_kernel, (cdiv(self.vocab_size, _COUNT_BLOCK),), self.output_counts,
                self.output_counts.stride(0), step_words, header, self.vocab_size, BLOCK=_COUNT_BLOCK)
 
+    @hot_path
     def enqueue_apply(self) -> None:
         """Enqueue the staged applies, then the count reset, then the earlier-output counts."""
         for tensor in self._staged:
