@@ -274,29 +274,15 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     # Rows of the requests leaving this step: neither cached nor scheduled may name them.
     gone_rows = np.fromiter(map(r2r.__getitem__, gone), np.int64, len(gone)) if gone else None
     if nc:
-        # Ids are checked through the row lookup: a non-string, empty, new or unknown id has no row.
         ids = cached.req_ids
-        crows = _rows_of(r2r, ids)
-        if crows is None or np.count_nonzero(crows < 0) or _hits(crows, gone_rows) or _repeats(crows, state.max_num_reqs):
-            _diagnose(sched, state, limits, last_step_id)
-        block_lists = cached.new_block_ids
-        if not _all_of(block_lists, {tuple, list}):
-            _diagnose(sched, state, limits, last_step_id)
-        upper = num_computed[crows]
-        shift = None  # the counts are the mirror's bounds unless the scheduler reports rejected drafts
-        if not equal_exact_ints(cached.num_computed_tokens, upper):
-            ccomp, shift = _computed_counts(cached.num_computed_tokens, upper, crows, sched, state, limits, last_step_id)
-        cnew = np.fromiter(map(len, block_lists), np.int64, nc)
-        with_blocks = cnew.nonzero()[0]
-        if len(with_blocks):  # only the requests that appended blocks, checked in C-level passes
-            appended = _appended_ids(list(map(block_lists.__getitem__, with_blocks.tolist())), limits.num_kv_blocks)
-            if appended is None:
-                for i in with_blocks.tolist():  # names the first bad block id
-                    check_block_ids(block_lists[i], limits.num_kv_blocks, ids[i], "new_block_ids")
-            appends = (crows[with_blocks], cnew[with_blocks], np.array(appended, np.int64))
-        if len(with_blocks):
-            if (num_blocks[crows] + cnew).max() > blocks_per_request(limits.max_model_len, limits.block_size):
-                _diagnose(sched, state, limits, last_step_id)
+        got = NotImplemented if _native_reader is None else _native_reader.read_cached(
+            ids, cached.num_computed_tokens, cached.new_block_ids, r2r, _EMPTY if gone_rows is None else gone_rows,
+            num_computed, num_blocks, blocks_per_request(limits.max_model_len, limits.block_size), limits.num_kv_blocks)
+        if got is None or got is NotImplemented:  # the reference decides: it names a bad request, reads a shift
+            crows, ccomp, cnew, appends, shift = _read_cached(sched, state, limits, last_step_id, gone_rows)
+        else:
+            (crows, cnew, appends), shift = got, None
+        if appends is not None:
             num_blocks = num_blocks.copy()
             num_blocks[crows] += cnew
         if shift is not None:
@@ -305,18 +291,14 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
             num_computed[crows] = ccomp
 
     scheduled = sched.num_scheduled_tokens
-    req_ids = tuple(scheduled)
+    got = NotImplemented if _native_reader is None else _native_reader.read_scheduled(scheduled, r2r, state.max_num_reqs)
+    if got is NotImplemented:
+        got = _read_scheduled(scheduled, r2r, ids, crows)
+        if got is None:
+            _diagnose(sched, state, limits, last_step_id)
+    req_ids, query_lens, rows = got
     nr = len(req_ids)
-    counts = list(scheduled.values())
-    query_lens = _int_array(counts) if _all_of(counts, {int}) else None
-    if query_lens is None:
-        _diagnose(sched, state, limits, last_step_id)
-    # The usual batch lists the cached requests first, in their order: their rows are known.
-    if nc and req_ids[:nc] == ids:
-        rows = np.concatenate((crows, _rows_of(r2r, req_ids[nc:]))) if nr > nc else crows.copy()
-    else:
-        rows = _rows_of(r2r, req_ids)
-    if rows is None or _hits(rows, gone_rows):
+    if _hits(rows, gone_rows):
         _diagnose(sched, state, limits, last_step_id)
     safe_rows = np.maximum(rows, 0)
     known, starts, blocks = num_tokens[safe_rows], num_computed[safe_rows], num_blocks[safe_rows]
@@ -354,6 +336,59 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         req_ids=req_ids, rows=rows, new_positions=tuple(new_positions), query_lens=query_lens, starts=starts, ends=end, known=known,
         num_drafts=num_drafts, drafts=drafts, num_tokens=total,
     )
+
+
+def _read_cached(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last_step_id: int | None,
+                 gone_rows: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, tuple | None, np.ndarray | None]:
+    """The cached requests of a checked step: (rows, computed counts, new block counts, block appends, shifts).
+
+    Computed counts and shifts are None when every count is the mirror's bound (no rejected drafts).
+    Rejects through `_diagnose`.  The reference of the C ``read_cached`` (`impl/native/steady.c`).
+    """
+    r2r, cached = state.req_to_row, sched.cached_requests
+    nc = len(cached)
+    # Ids are checked through the row lookup: a non-string, empty, new or unknown id has no row.
+    ids = cached.req_ids
+    crows = _rows_of(r2r, ids)
+    if crows is None or np.count_nonzero(crows < 0) or _hits(crows, gone_rows) or _repeats(crows, state.max_num_reqs):
+        _diagnose(sched, state, limits, last_step_id)
+    block_lists = cached.new_block_ids
+    if not _all_of(block_lists, {tuple, list}):
+        _diagnose(sched, state, limits, last_step_id)
+    upper = state.num_computed[crows]
+    ccomp = shift = None  # the counts are the mirror's bounds unless the scheduler reports rejected drafts
+    if not equal_exact_ints(cached.num_computed_tokens, upper):
+        ccomp, shift = _computed_counts(cached.num_computed_tokens, upper, crows, sched, state, limits, last_step_id)
+    cnew = np.fromiter(map(len, block_lists), np.int64, nc)
+    with_blocks = cnew.nonzero()[0]
+    appends = None
+    if len(with_blocks):  # only the requests that appended blocks, checked in C-level passes
+        appended = _appended_ids(list(map(block_lists.__getitem__, with_blocks.tolist())), limits.num_kv_blocks)
+        if appended is None:
+            for i in with_blocks.tolist():  # names the first bad block id
+                check_block_ids(block_lists[i], limits.num_kv_blocks, ids[i], "new_block_ids")
+        if (state.num_blocks[crows] + cnew).max() > blocks_per_request(limits.max_model_len, limits.block_size):
+            _diagnose(sched, state, limits, last_step_id)
+        appends = (crows[with_blocks], cnew[with_blocks], np.array(appended, np.int64))
+    return crows, ccomp, cnew, appends, shift
+
+
+def _read_scheduled(scheduled: dict, r2r: dict, cached_ids: tuple, cached_rows: np.ndarray
+                    ) -> tuple[tuple, np.ndarray, np.ndarray] | None:
+    """(batch ids, query lengths, rows: -1 for an id that holds none); None when a count is not an int of 64
+    bits or an id cannot be looked up.  The reference of the C ``read_scheduled`` (`impl/native/steady.c`)."""
+    req_ids = tuple(scheduled)
+    counts = list(scheduled.values())
+    query_lens = _int_array(counts) if _all_of(counts, {int}) else None
+    if query_lens is None:
+        return None
+    nc, nr = len(cached_ids), len(req_ids)
+    # The usual batch lists the cached requests first, in their order: their rows are known.
+    if nc and req_ids[:nc] == cached_ids:
+        rows = np.concatenate((cached_rows, _rows_of(r2r, req_ids[nc:]))) if nr > nc else cached_rows.copy()
+    else:
+        rows = _rows_of(r2r, req_ids)
+    return None if rows is None else (req_ids, query_lens, rows)
 
 
 def _computed_counts(computed: tuple, upper: np.ndarray, crows: np.ndarray, sched: SchedulerOutput, state: RequestStateTable,

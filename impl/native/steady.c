@@ -1,4 +1,4 @@
-/* The steady decode step's host work in C (`impl.native`): each function is the twin of a Python
+/* The decode step's host work in C (`impl.native`): each function is the twin of a Python
  * method that stays the reference and the fallback, and each is called by that method's owner.
  *
  * read_steady   -- `impl.step_reader._read_steady`, through `impl.step_reader.read_steady_native`.
@@ -14,6 +14,21 @@
  *       -> NotImplemented | None | (starts, ends, known, appends)
  *     appends: None, or (rows, counts, block ids) of the requests that appended blocks, in batch order.
  *
+ * read_cached   -- the cached requests' block of `impl.step_reader.read_step` (`_read_cached`), for a
+ *     step that admits, finishes or preempts (the general reader).  The same exact-type rule as
+ *     read_steady: NotImplemented whenever an object it reads is of another type; else None when a
+ *     rule fails or a computed count differs from the mirror's (a rejected draft: the Python reader
+ *     reads the shift), else what `_read_cached` returns for an accepted step without shifts.
+ *
+ *     read_cached(req_ids, computed, block_lists, req_to_row, gone_rows, num_computed, num_blocks,
+ *                 max_blocks, num_kv_blocks)
+ *       -> NotImplemented | None | (rows, new_block_counts, appends)
+ *
+ * read_scheduled -- `impl.step_reader._read_scheduled`: the batch's ids, query lengths and rows (-1 for
+ *     an id that holds none) from the scheduled counts; NotImplemented for a key that is not an exact
+ *     str or a count that is not an exact int of 64 bits.  Only reads.
+ *     read_scheduled(scheduled, req_to_row, num_rows) -> NotImplemented | (req_ids, query_lens, rows)
+ *
  * advance_decode -- the no-draft branch of `impl.state.RequestStateTable.advance` (its owner's mirror):
  *     num_tokens[rows[i]] = max(known[i], ends[i] + 1); num_computed[rows[i]] = ends[i].
  *     advance_decode(rows, ends, known, num_tokens, num_computed) -> True, or NotImplemented (arrays
@@ -25,7 +40,7 @@
  *     -> True, or NotImplemented (nothing written).
  *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
- * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (a reader that never compares the scheduler's computed counts
+ * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts
  * with the mirror), -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token) and
  * -DRUNNERCHECK_PLANT_SOURCE_ZERO (a diff table whose every source offset is 0).
  */
@@ -259,6 +274,193 @@ fail:
     return NULL;
 }
 
+/* A row of ``req_to_row``: 1 with it in *row; 0 when ``rid`` holds none; -1 when the dict holds a value
+ * that is not an exact int in [0, num_rows) (the caller declines). */
+static int row_of(PyObject *req_to_row, PyObject *rid, npy_intp num_rows, npy_int64 *row)
+{
+    PyObject *value = PyDict_GetItemWithError(req_to_row, rid);
+    if (value == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    long long got;
+    if (exact_int(value, &got) != EXACT_INT || got < 0 || got >= num_rows)
+        return -1;
+    *row = got;
+    return 1;
+}
+
+static PyObject *read_cached(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *ids, *computed, *block_lists, *req_to_row, *gone_obj, *num_computed_obj, *num_blocks_obj;
+    long long max_blocks, num_kv_blocks;
+    if (!PyArg_ParseTuple(args, "OOOOOOOLL", &ids, &computed, &block_lists, &req_to_row, &gone_obj, &num_computed_obj,
+                          &num_blocks_obj, &max_blocks, &num_kv_blocks))
+        return NULL;
+    if (!PyTuple_CheckExact(ids) || !PyTuple_CheckExact(computed) || !PyTuple_CheckExact(block_lists)
+        || !PyDict_CheckExact(req_to_row))
+        Py_RETURN_NOTIMPLEMENTED;
+    ArrayView gone, mirror_computed, mirror_blocks;
+    if (!int64_view(gone_obj, &gone) || !int64_view(num_computed_obj, &mirror_computed)
+        || !int64_view(num_blocks_obj, &mirror_blocks))
+        Py_RETURN_NOTIMPLEMENTED;
+    const Py_ssize_t n = PyTuple_GET_SIZE(ids);
+    const npy_intp num_rows = mirror_computed.len;
+    if (PyTuple_GET_SIZE(computed) != n || PyTuple_GET_SIZE(block_lists) != n || mirror_blocks.len != num_rows)
+        Py_RETURN_NOTIMPLEMENTED;
+
+    PyObject *rows = new_int64(n), *counts = new_int64(n);
+    char *seen = PyMem_Calloc(num_rows > 0 ? num_rows : 1, 1);
+    PyObject *append_rows = NULL, *append_counts = NULL, *append_ids = NULL, *appends = NULL, *result = NULL;
+    if (!rows || !counts || !seen) {
+        if (!seen)
+            PyErr_NoMemory();
+        goto done;
+    }
+    npy_int64 *rows_out = DATA64(rows), *counts_out = DATA64(counts);
+    /* One pass: exact types (any other: NotImplemented), and whether a value fails a rule or a computed
+     * count differs from the mirror (then None: the Python reader decides, naming the request). */
+    int verdict = 1;  /* 1: accepted so far, 0: None, -1: NotImplemented */
+    Py_ssize_t num_appending = 0, num_appended = 0;
+    for (Py_ssize_t i = 0; i < n && verdict >= 0; i++) {
+        PyObject *rid = PyTuple_GET_ITEM(ids, i);
+        if (!PyUnicode_CheckExact(rid)) {
+            verdict = -1;
+            break;
+        }
+        npy_int64 row = -1;
+        int found = row_of(req_to_row, rid, num_rows, &row);
+        if (found < 0) {
+            if (PyErr_Occurred())
+                goto done;
+            verdict = -1;
+            break;
+        }
+        if (!found || seen[row])  /* unknown (or new, or empty) id; a request named twice */
+            verdict = 0;
+        else {
+            seen[row] = 1;
+            for (npy_intp g = 0; g < gone.len; g++)
+                if (AT(gone, g) == row)  /* finished or preempted this step, and cached too */
+                    verdict = 0;
+        }
+        rows_out[i] = row;
+        long long claimed;
+        int kind = exact_int(PyTuple_GET_ITEM(computed, i), &claimed);
+        if (!kind) {
+            verdict = -1;
+            break;
+        }
+#ifndef RUNNERCHECK_PLANT_TRUST_COMPUTED
+        if (kind != EXACT_INT || (found && claimed != AT(mirror_computed, row)))
+            verdict = 0;
+#endif
+        PyObject *blocks = PyTuple_GET_ITEM(block_lists, i);
+        if (!PyTuple_CheckExact(blocks) && !PyList_CheckExact(blocks)) {
+            verdict = -1;
+            break;
+        }
+        Py_ssize_t num_new = Py_SIZE(blocks);
+        PyObject **items = PySequence_Fast_ITEMS(blocks);
+        for (Py_ssize_t j = 0; j < num_new; j++) {
+            long long block;
+            kind = exact_int(items[j], &block);
+            if (!kind) {
+                verdict = -1;
+                break;
+            }
+            if (kind != EXACT_INT || block < 0 || block >= num_kv_blocks)
+                verdict = 0;
+        }
+        counts_out[i] = num_new;
+        if (num_new) {
+            num_appending++;
+            num_appended += num_new;
+            if (found && AT(mirror_blocks, row) + num_new > max_blocks)
+                verdict = 0;
+        }
+    }
+    if (verdict < 0) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    if (verdict == 0) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (num_appending) {
+        append_rows = new_int64(num_appending);
+        append_counts = new_int64(num_appending);
+        append_ids = new_int64(num_appended);
+        if (!append_rows || !append_counts || !append_ids)
+            goto done;
+        Py_ssize_t a = 0, b = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!counts_out[i])
+                continue;
+            DATA64(append_rows)[a] = rows_out[i];
+            DATA64(append_counts)[a++] = counts_out[i];
+            PyObject **items = PySequence_Fast_ITEMS(PyTuple_GET_ITEM(block_lists, i));
+            for (Py_ssize_t j = 0; j < counts_out[i]; j++)
+                DATA64(append_ids)[b++] = PyLong_AsLongLong(items[j]);
+        }
+        appends = PyTuple_Pack(3, append_rows, append_counts, append_ids);
+    }
+    else
+        appends = Py_NewRef(Py_None);
+    if (appends)
+        result = PyTuple_Pack(3, rows, counts, appends);
+done:
+    PyMem_Free(seen);
+    Py_XDECREF(rows);
+    Py_XDECREF(counts);
+    Py_XDECREF(append_rows);
+    Py_XDECREF(append_counts);
+    Py_XDECREF(append_ids);
+    Py_XDECREF(appends);
+    return result;
+}
+
+static PyObject *read_scheduled(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *scheduled, *req_to_row;
+    Py_ssize_t num_rows;
+    if (!PyArg_ParseTuple(args, "OOn", &scheduled, &req_to_row, &num_rows))
+        return NULL;
+    if (!PyDict_CheckExact(scheduled) || !PyDict_CheckExact(req_to_row))
+        Py_RETURN_NOTIMPLEMENTED;
+    const Py_ssize_t n = PyDict_GET_SIZE(scheduled);
+    PyObject *ids = PyTuple_New(n), *lens = new_int64(n), *rows = new_int64(n), *result = NULL;
+    if (!ids || !lens || !rows)
+        goto done;
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(scheduled, &pos, &key, &value)) {
+        long long count;
+        npy_int64 row = -1;
+        int found;
+        if (i >= n || !PyUnicode_CheckExact(key) || exact_int(value, &count) != EXACT_INT
+            || (found = row_of(req_to_row, key, num_rows, &row)) < 0) {
+            if (!PyErr_Occurred())
+                result = Py_NewRef(Py_NotImplemented);
+            goto done;
+        }
+        PyTuple_SET_ITEM(ids, i, Py_NewRef(key));
+        DATA64(lens)[i] = count;
+        DATA64(rows)[i++] = found ? row : -1;
+    }
+    if (i != n) {
+        result = Py_NewRef(Py_NotImplemented);
+        goto done;
+    }
+    result = PyTuple_Pack(3, ids, lens, rows);
+done:
+    Py_XDECREF(ids);
+    Py_XDECREF(lens);
+    Py_XDECREF(rows);
+    return result;
+}
+
 static PyObject *advance_decode(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -326,6 +528,8 @@ static PyObject *pack_ragged(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"read_steady", read_steady, METH_VARARGS, "The steady decode step's reader (see the module's source header)."},
+    {"read_cached", read_cached, METH_VARARGS, "The cached requests of a general step (see the module's source header)."},
+    {"read_scheduled", read_scheduled, METH_VARARGS, "A general step's batch: ids, query lengths and rows."},
     {"advance_decode", advance_decode, METH_VARARGS, "The mirror's advance past a decode step without drafts."},
     {"pack_ragged", pack_ragged, METH_VARARGS, "One ragged set of int32 diffs as a staged-write diff table."},
     {NULL, NULL, 0, NULL},

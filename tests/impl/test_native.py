@@ -1,6 +1,6 @@
 """The steady step's C twins (`impl/native/steady.c`) against their Python references, and their loader.
 
-The reader:
+The steady reader:
 
 The Python reader (`impl.step_reader._read_steady`) is the reference: on every generated step
 near a steady state -- ids swapped, renamed or mistyped, scheduled counts off, computed counts
@@ -9,6 +9,11 @@ the C reader returns the same verdict (None, or `StepArrays` equal field by fiel
 NotImplemented, and NotImplemented only when some object it reads is not of its exact type.
 A build of the C reader with a planted bug (it trusts the mirror's computed counts) is caught
 by the same comparison.
+
+The general reader's C blocks (``read_cached``, ``read_scheduled``) against their Python references
+(`_read_cached`, `_read_scheduled`) in the same way, on generated cached requests (ids unknown, repeated
+or leaving, counts inside or outside the drafts' window) and scheduled counts; the planted build that
+trusts the mirror is caught by the cached block's comparison too.
 
 The mirror's advance and the one-ragged diff table: on generated batches the C functions write
 exactly what the numpy code of their owners (`RequestStateTable.advance`,
@@ -36,7 +41,7 @@ from impl.buffers import StagingPool, StagingWriter
 from impl.device import Device
 from impl.staged_writes import StagedWriteTensor
 from impl.state import RequestStateTable
-from impl.interface import CachedRequests, RunnerLimits, SchedulerOutput
+from impl.interface import CachedRequests, RunnerLimits, SchedulerOutput, SchedulerOutputError
 from impl.step_reader import StepArrays, _read_steady, read_steady_native
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=8, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=48,
@@ -206,6 +211,147 @@ def test_planted_bug_c_reader_trusting_the_mirror_is_caught():
         assert_readers_agree(reader, off_by_one, state, last, exactly_typed=True)  # the real build rejects it too
     with pytest.raises(AssertionError, match="C reader"):
         assert_readers_agree(trusting, off_by_one, state, last, exactly_typed=True)
+
+
+# --------------------------------------------------------------------------- the general reader's cached block
+
+class Rejected(Exception):
+    """What `_diagnose` raises here: the tests compare verdicts, not the error the full validator names."""
+
+
+def _reject(*args, **kwargs):
+    raise Rejected
+
+
+def _general_mirror(rows: list[int], computed: list[int], unconfirmed: list[int]) -> SimpleNamespace:
+    """What `_read_cached` reads of the table: the row map and the mirror's arrays."""
+    mirror = _mirror(rows, computed, [1] * len(rows))
+    mirror.req_to_row = {f"r{row}": row for row in rows}
+    mirror.unconfirmed_drafts = np.zeros(LIMITS.max_num_reqs, np.int64)
+    for row, k in zip(rows, unconfirmed):
+        mirror.unconfirmed_drafts[row] = k
+    mirror.max_num_reqs = LIMITS.max_num_reqs
+    return mirror
+
+
+def _c_cached(c_reader, sched, state, gone_rows):
+    cached = sched.cached_requests
+    return c_reader.read_cached(cached.req_ids, cached.num_computed_tokens, cached.new_block_ids, state.req_to_row,
+                                step_reader._EMPTY if gone_rows is None else gone_rows, state.num_computed,
+                                state.num_blocks, MAX_BLOCKS, LIMITS.num_kv_blocks)
+
+
+def assert_cached_readers_agree(c_reader, sched, state, gone_rows, exactly_typed: bool) -> None:
+    """C ``read_cached`` against `_read_cached`: NotImplemented only for an object of another type; None
+    exactly when the Python reader rejects the step or reads a shift; else the same rows, counts and appends."""
+    got = _c_cached(c_reader, sched, state, gone_rows)
+    if got is NotImplemented:
+        assert not exactly_typed, "the C reader declined cached requests whose every object has its exact type"
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(step_reader, "_diagnose", _reject)
+        try:
+            crows, _, cnew, appends, shift = step_reader._read_cached(sched, state, LIMITS, None, gone_rows)
+            want = None if shift is not None else (crows, cnew, appends)
+        except (Rejected, SchedulerOutputError):
+            want = None
+    if got is None or want is None:
+        assert got is want, f"C reader: {got}\nPython reader: {want}"
+        return
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), f"C reader: {got}\nPython reader: {want}"
+    assert (got[2] is None) == (want[2] is None), f"C reader: {got}\nPython reader: {want}"
+    if got[2] is not None:
+        assert all(np.array_equal(a, b) for a, b in zip(got[2], want[2])), f"C reader: {got}\nPython reader: {want}"
+
+
+@st.composite
+def cached_blocks(draw):
+    """The cached requests of a step that admits or finishes: live rows, some leaving (``gone_rows``), and
+    entries near the accepted case -- ids unknown, repeated, leaving or mistyped, computed counts off (inside
+    or outside the unconfirmed drafts' window) or mistyped, block lists empty, out of range, too long, mistyped."""
+    n = draw(st.integers(1, 6))
+    rows = draw(st.permutations(range(LIMITS.max_num_reqs)))[:n]
+    computed = [draw(st.integers(0, 60)) for _ in range(n)]
+    unconfirmed = [draw(st.integers(0, 2)) for _ in range(n)]
+    state = _general_mirror(rows, computed, unconfirmed)
+    listed = draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=n, unique=True))
+    ids = [f"r{rows[i]}" for i in listed]
+    claimed = [computed[i] for i in listed]
+    block_lists: list = [(draw(st.integers(0, LIMITS.num_kv_blocks - 1)),) if draw(st.booleans()) else () for _ in listed]
+    leaving = [rows[i] for i in range(n) if i not in listed and draw(st.booleans())]
+    exactly_typed = True
+    for _ in range(draw(st.integers(0, 3))):
+        i = draw(st.integers(0, len(ids) - 1))
+        kind = draw(st.sampled_from(["id", "id odd", "leaving", "computed", "computed odd", "blocks", "blocks odd"]))
+        if kind == "id":
+            ids[i] = draw(st.sampled_from(["ghost", "", ids[(i + 1) % len(ids)]]))
+        elif kind == "id odd":
+            ids[i] = draw(st.sampled_from([Odd(ids[i]), 7, None]))
+            exactly_typed = False
+        elif kind == "leaving":
+            leaving.append(rows[listed[i]])
+        elif kind == "computed":
+            c = claimed[i]
+            claimed[i] = draw(st.sampled_from([c + 1, c - 1, c - 2, -1, 2**70]))
+        elif kind == "computed odd":
+            claimed[i] = draw(st.sampled_from(ODD_COUNTS))
+            exactly_typed = False
+        elif kind == "blocks":
+            block_lists[i] = draw(st.sampled_from([[5], [], (LIMITS.num_kv_blocks,), (-1,), tuple(range(MAX_BLOCKS + 1)),
+                                                   (3, 4), [2**70]]))
+        else:
+            block_lists[i] = draw(st.sampled_from(ODD_BLOCK_LISTS))
+            exactly_typed = False
+    cached = CachedRequests(tuple(ids), tuple(block_lists), tuple(claimed))
+    gone_rows = np.array(leaving, np.int64) if leaving else None
+    return SchedulerOutput(step_id=9, cached_requests=cached), state, gone_rows, exactly_typed
+
+
+@needs_native
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cached_blocks())
+def test_c_cached_reader_agrees_with_the_python_reader(case):
+    sched, state, gone_rows, exactly_typed = case
+    assert_cached_readers_agree(reader, sched, state, gone_rows, exactly_typed)
+
+
+def test_planted_bug_c_cached_reader_trusting_the_mirror_is_caught():
+    """The comparison can fail: the build whose readers never compare the computed counts with the mirror."""
+    trusting = _planted("RUNNERCHECK_PLANT_TRUST_COMPUTED")
+    state = _general_mirror([1, 2], [5, 6], [0, 0])
+    off_by_one = SchedulerOutput(step_id=2, cached_requests=CachedRequests(("r1", "r2"), ((), ()), (5, 7)))
+    if reader is not None:
+        assert_cached_readers_agree(reader, off_by_one, state, None, True)  # the real build rejects it too
+    with pytest.raises(AssertionError, match="C reader"):
+        assert_cached_readers_agree(trusting, off_by_one, state, None, True)
+
+
+@st.composite
+def scheduled_counts(draw):
+    """Scheduled counts of live and unknown ids, some keys or counts of other types."""
+    rows = draw(st.permutations(range(LIMITS.max_num_reqs)))[: draw(st.integers(0, 5))]
+    r2r = {f"r{row}": row for row in rows}
+    keys = draw(st.lists(st.sampled_from([*r2r, "new", "other", Odd("r0"), 3]), max_size=6, unique=True))
+    scheduled = {key: draw(st.sampled_from([1, 1, 4, 0, -2, 2**70, True, 1.0])) for key in keys}
+    exactly_typed = all(type(k) is str and type(v) is int and v < 2**63 for k, v in scheduled.items())
+    cached_ids = tuple(k for k in keys if k in r2r and type(k) is str)[: draw(st.integers(0, 3))]
+    return scheduled, r2r, cached_ids, exactly_typed
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(scheduled_counts())
+def test_c_scheduled_reader_agrees_with_the_python_reader(case):
+    scheduled, r2r, cached_ids, exactly_typed = case
+    got = reader.read_scheduled(scheduled, r2r, LIMITS.max_num_reqs)
+    if got is NotImplemented:
+        assert not exactly_typed, "the C reader declined scheduled counts whose every object has its exact type"
+        return
+    cached_rows = np.array([r2r[rid] for rid in cached_ids], np.int64)
+    want = step_reader._read_scheduled(scheduled, r2r, cached_ids, cached_rows)
+    assert want is not None, f"C reader: {got}\nPython reader: None"
+    assert got[0] == want[0] and np.array_equal(got[1], want[1]) and np.array_equal(got[2], want[2]), \
+        f"C reader: {got}\nPython reader: {want}"
 
 
 # --------------------------------------------------------------------------- the mirror's advance
@@ -390,18 +536,18 @@ def test_the_runner_reads_steady_steps_with_the_python_twin(monkeypatch):
     test_steady_step.test_steady_reader_agrees_with_the_full_reader_on_a_decode_run()
 
 
-def test_the_steady_bad_input_catalogue_holds_with_the_python_twin(monkeypatch):
-    """The bad-input suite's steady variants with the C reader off: the same typed errors, no state changed
-    (the suite itself runs with the C reader whenever it is built)."""
-    from test_bad_inputs import _runner, _schedule, _throw, _variants_at_5
+def test_the_bad_input_catalogue_holds_with_the_python_twin(monkeypatch):
+    """The bad-input suite's variants (general steps 3 and 4, steady step 5) with the C readers off: the same
+    typed errors, no state changed (the suite itself runs with the C readers whenever they are built)."""
+    from test_bad_inputs import _runner, _schedule, _throw, _variants_at_3, _variants_at_4, _variants_at_5
 
     monkeypatch.setattr(step_reader, "_native_reader", None)
-    runner, outputs = _runner(), []
-    for step in range(5):
+    runner, outputs, seen = _runner(), [], {}
+    for step, variants in enumerate((None, None, None, _variants_at_3, _variants_at_4, _variants_at_5)):
+        if variants is not None:
+            _throw(runner, variants(_schedule(step, outputs)), seen)
         outputs.append(runner.execute_model(_schedule(step, outputs)).get())
-    seen: dict[str, type] = {}
-    _throw(runner, _variants_at_5(_schedule(5, outputs)), seen)
-    assert len(seen) >= 40
+    assert len(seen) >= 100
 
 
 class _Counting:
@@ -438,3 +584,19 @@ def test_a_decode_run_takes_the_c_path(monkeypatch):
     assert counting.done.get("read_steady", 0) >= 16, counting.done
     assert counting.done.get("advance_decode", 0) >= 8, counting.done
     assert counting.done.get("pack_ragged", 0) >= 2, counting.done
+
+
+@needs_native
+def test_a_run_that_admits_reads_its_general_steps_in_c(monkeypatch):
+    """The general reader's cached block and batch are read in C (admissions, finishes, drafts)."""
+    from test_bad_inputs import NUM_STEPS, _runner, _schedule
+
+    counting = _Counting(reader)
+    monkeypatch.setattr(step_reader, "_native_reader", counting)
+    runner, outputs, steady = _runner(), [], 0
+    for step in range(NUM_STEPS):
+        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
+        steady += runner.last_step_stats.steady
+    general = NUM_STEPS - steady
+    assert counting.done.get("read_scheduled", 0) == general, counting.done
+    assert counting.done.get("read_cached", 0) >= general - 1, counting.done  # the first step caches nothing
