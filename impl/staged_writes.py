@@ -76,6 +76,9 @@ _NP_DTYPES = {torch.int32: np.int32, torch.float32: np.float32, torch.int64: np.
 _steady = native.load("steady")  # `pack_ragged`, the C twin of the one-ragged diff table; None: numpy only
 
 
+_CELL_WORDS = {k: np.full(1024, k, np.int64) for k in (1, 2)}  # the lengths of 4- and 8-byte cells (read-only slices)
+for _words in _CELL_WORDS.values():
+    _words.flags.writeable = False
 _ARRAY_DIFF_MIN = 64  # elements from which a staged numpy row is flushed as an array, not a list of ints
 
 
@@ -104,6 +107,10 @@ class StagedWriteGroup:
         self.name = name
         self.members: list[StagedWriteTensor] = []
         self._dirty: list[StagedWriteTensor] = []  # members with pending diffs, in the order they got them
+        # Single-element writes (`StagedWriteTensor.stage_scalar`) of every member, by element type: destination
+        # word -> value, the later write of a cell winning.  Flushed as three arrays, not member by member.
+        self._cells: dict[torch.dtype, dict[int, float | int]] = {dtype: {} for dtype in _NP_DTYPES}
+        self._cell_members: list[StagedWriteTensor] = []  # members with cells pending
         self.arena: torch.Tensor | None = None
         self._num_words = 0
         self._applies: list[Callable[[], None]] = []
@@ -141,7 +148,8 @@ class StagedWriteGroup:
         self._packs = []
         dirty = self._dirty
         limit = writer.pool.capacity_bytes // 4 - 4  # words of one slot, less alignment
-        if len(dirty) == 1 and dirty[0]._int32 and not dirty[0]._pending and len(dirty[0]._ragged) == 1:
+        if (len(dirty) == 1 and dirty[0]._int32 and not dirty[0]._pending and len(dirty[0]._ragged) == 1
+                and not self._cell_members):
             lens, values = dirty[0]._ragged[0][2:]
             if _META_WORDS * len(lens) + len(values) <= limit:
                 self._flush_one_ragged(dirty[0], writer)
@@ -179,6 +187,8 @@ class StagedWriteGroup:
             dst_parts.append(np.array(dst, np.int64))
             len_parts.append(np.array(lens, np.int64))
             word_parts.append(np.array(values, _NP_DTYPES[dtype]).view(np.int32))
+        if self._cell_members:
+            self._take_cells(dst_parts, len_parts, word_parts)
         if not dst_parts:
             return
         self.seal()
@@ -191,6 +201,32 @@ class StagedWriteGroup:
             self._applies = [self._pack(dst, lens, src, values, writer)]
         else:
             self._applies = [self._pack(*batch, writer) for batch in _word_batches(dst, lens, src, values, limit)]
+
+    def _take_cells(self, dst_parts: list[np.ndarray], len_parts: list[np.ndarray], word_parts: list[np.ndarray]) -> None:
+        """Move the pending cells into the flush's parts: one destination, length and value array per element type."""
+        for member in self._cell_members:
+            member._has_cells = False
+        self._cell_members = []
+        for dtype, cells in self._cells.items():
+            if cells:
+                n = len(cells)
+                dst_parts.append(np.fromiter(cells, np.int64, n))
+                words = _CELL_WORDS[dtype.itemsize // 4]
+                len_parts.append(words[:n] if n <= len(words) else np.full(n, words[0], np.int64))
+                word_parts.append(np.array(list(cells.values()), _NP_DTYPES[dtype]).view(np.int32))
+                cells.clear()
+
+    def _cells_of(self, tensor: "StagedWriteTensor", remove: bool) -> list[tuple[int, float | int]]:
+        """``tensor``'s pending cells as (element index, value), in staging order; taken out of the table when ``remove``."""
+        cells = self._cells[tensor.dtype]
+        first, end = tensor.word_offset, tensor.word_offset + tensor.num_words
+        mine = [(dst, v) for dst, v in cells.items() if first <= dst < end]
+        if remove:
+            for dst, _ in mine:
+                del cells[dst]
+            tensor._has_cells = False
+            self._cell_members.remove(tensor)
+        return [((dst - first) // tensor.words_per_element, v) for dst, v in mine]
 
     def _flush_one_ragged(self, tensor: "StagedWriteTensor", writer: StagingWriter) -> None:
         """`flush` of one int32 member's one ragged set that fits a slot (a steady step's block appends):
@@ -322,6 +358,7 @@ class StagedWriteTensor:
         self.word_offset = self.group._join(self)
         self._base: torch.Tensor | None = None
         self._pending: list[tuple[int, int, list | np.ndarray]] = []
+        self._has_cells = False  # `stage_scalar` cells in the group's table (`StagedWriteGroup._cells`)
         self._ragged: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # from `stage_ragged`
         if self._private:
             self.group.seal()
@@ -338,7 +375,20 @@ class StagedWriteTensor:
 
     @property
     def num_pending(self) -> int:
-        return len(self._pending) + len(self._ragged)
+        cells = len(self.group._cells_of(self, remove=False)) if self._has_cells else 0
+        return len(self._pending) + len(self._ragged) + cells
+
+    def pending_writes(self) -> list[tuple[int, int, list]]:
+        """What the next flush writes of this tensor, as (row, start, values): merged row diffs, then cells (inspection)."""
+        cells = self.group._cells_of(self, remove=False) if self._has_cells else []
+        return [*self._merged_diffs(), *((i // self.num_cols, i % self.num_cols, [v]) for i, v in cells)]
+
+    def _cells_to_diffs(self) -> None:
+        """Before a row or ragged diff: this tensor's earlier cells become row diffs, ahead of it (later writes win)."""
+        for index, value in self.group._cells_of(self, remove=True):
+            if not self._pending and not self._ragged:
+                self.group._dirty.append(self)
+            self._pending.append((index // self.num_cols, index % self.num_cols, [value]))
 
     def stage(self, row: int, start: int, values: Sequence[float | int] | np.ndarray) -> None:
         """Record ``base[row, start:start+len(values)] = values`` for the next flush."""
@@ -350,6 +400,8 @@ class StagedWriteTensor:
         if start < 0 or start + len(values) > self.num_cols:
             raise IndexError(f"{self.name}: columns [{start}, {start + len(values)}) outside [0, {self.num_cols})")
         if len(values):
+            if self._has_cells:
+                self._cells_to_diffs()
             if not self._pending and not self._ragged:
                 self.group._dirty.append(self)  # the group flushes only members with diffs
             self._pending.append((row, start, values))
@@ -366,14 +418,28 @@ class StagedWriteTensor:
         if not checked and (rows.min() < 0 or rows.max() >= self.num_rows or starts.min() < 0
                             or (starts + lens).max() > self.num_cols or int(lens.sum()) != len(values)):
             raise IndexError(f"{self.name}: ragged diffs outside [0, {self.num_rows}) x [0, {self.num_cols})")
+        if self._has_cells:
+            self._cells_to_diffs()
         if not self._pending and not self._ragged:
             self.group._dirty.append(self)
         self._ragged.append((rows, starts, lens, values))
 
     def stage_scalar(self, row: int, value: float | int) -> None:
-        self.stage(row, 0, [value])
+        """Record ``base[row, 0] = value``: one entry of the group's cell table (flushed per element type with
+        every member's cells), or a row diff when this tensor already has row diffs pending this step."""
+        if self._pending or self._ragged:
+            self.stage(row, 0, [value])
+            return
+        if not 0 <= row < self.num_rows:
+            raise IndexError(f"{self.name}: row {row} outside [0, {self.num_rows})")
+        if not self._has_cells:
+            self._has_cells = True
+            self.group._cell_members.append(self)
+        self.group._cells[self.dtype][self.word_offset + row * self.num_cols * self.words_per_element] = value
 
     def discard_pending(self) -> None:
+        if self._has_cells:
+            self.group._cells_of(self, remove=True)
         self._pending.clear()
         self._ragged.clear()
 

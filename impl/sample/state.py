@@ -163,11 +163,12 @@ class SamplingState:
         num_rows = len(rows)
         rows_host, rows_slot, rows_start = writer.reserve_words(num_rows)
         rows_host[:] = rows
-        rows_dev = writer.words_view(rows_slot, rows_start, num_rows)
         self._reset_rows = (rows_slot, rows_start, num_rows)
         blocks = cdiv(vocab, _COUNT_BLOCK)
 
         def reset() -> None:
+            # The device view is made here: a bucketed step drops this kernel (`take_resets`).
+            rows_dev = writer.words_view(rows_slot, rows_start, num_rows)
             launch(zero_count_rows_kernel, (num_rows, blocks), counts, stride, rows_dev, vocab, BLOCK=_COUNT_BLOCK)
 
         self._prepared_kernels.append(("reset output counts", reset))

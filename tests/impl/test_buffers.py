@@ -194,6 +194,43 @@ def test_group_applies_every_member_in_one_launch_per_slot(capacity):
     assert ints.num_pending == floats.num_pending == longs.num_pending == 0
 
 
+def test_scalar_cells_of_every_member_apply_in_the_one_launch_and_later_writes_win_across_kinds():
+    """`stage_scalar` goes to the group's cell table (flushed per element type, not member by member); a cell
+    and a row diff of the same cell in one step still apply in staging order, whichever came first."""
+    dev = Device("sim", seed=3, lag_policy="random-drain")
+    group, ints, floats, longs = _group_of_three(dev)
+    floats.stage_scalar(0, 1.5)
+    floats.stage_scalar(0, 2.5)  # the later write of a cell wins inside the table
+    floats.stage_scalar(1, -3.0)
+    longs.stage_scalar(2, 2**45 + 3)
+    ints.stage_scalar(1, 11)
+    ints.stage(1, 0, [12, 13])  # a row diff after a cell of its row: the row diff wins
+    longs.stage(0, 0, [4, 5])
+    longs.stage_scalar(0, 6)  # a cell after a row diff of its row: the cell wins
+    assert (ints.num_pending, floats.num_pending, longs.num_pending) == (2, 2, 3)
+    pool = StagingPool(dev, num_slots=4, capacity_bytes=4096)
+    writer = StagingWriter(pool, 0)
+    enqueued = dev.num_enqueued
+    group.flush(writer)
+    writer.submit()
+    group.enqueue_apply()
+    dev.synchronize()
+    assert dev.num_enqueued - enqueued - writer.num_slots_used == 1  # one apply launch
+    assert floats.base.tolist() == [2.5, -3.0, 0.5]
+    assert ints.base[1].tolist() == [12, 13, -1, -1]
+    assert longs.base[0].tolist() == [6, 5, 7, 7] and longs.base[2].tolist() == [2**45 + 3, 7, 7, 7]
+    assert ints.num_pending == floats.num_pending == longs.num_pending == 0
+    floats.stage_scalar(2, 9.0)
+    floats.discard_pending()  # a discarded cell is never written
+    ints.stage_scalar(0, 1)
+    writer = StagingWriter(pool, 1)
+    group.flush(writer)
+    writer.submit()
+    group.enqueue_apply()
+    dev.synchronize()
+    assert floats.base.tolist() == [2.5, -3.0, 0.5] and ints.base[0, 0] == 1
+
+
 def test_members_of_a_group_are_flushed_by_the_group_not_by_themselves():
     dev = Device("cpu")
     group, ints, _, _ = _group_of_three(dev)

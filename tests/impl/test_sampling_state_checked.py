@@ -11,7 +11,7 @@ from impl.sample.state import SamplingState
 
 
 def _staged(state: SamplingState) -> list:
-    return [[(row, start, list(vals)) for row, start, vals in t._merged_diffs()] for t in state._staged]
+    return [[(row, start, list(vals)) for row, start, vals in t.pending_writes()] for t in state._staged]
 
 
 def test_checked_admissions_stage_the_same_words():
