@@ -382,7 +382,9 @@ class ModelRunner:
             return step
         last = self._last_decode
         step = read_steady_step(sched, self.state, self.limits, self._last_step_id, last[0] if last is not None else None)
-        return step if step is not None else read_step(sched, self.state, self.limits, self._last_step_id)
+        # `read_steady_step` checked the containers and the step id before it declined.
+        return step if step is not None else read_step(sched, self.state, self.limits, self._last_step_id,
+                                                       containers_checked=True)
 
     def _update_rows(self, sched: SchedulerOutput) -> dict[str, int]:
         """Releases and admissions per item; cached requests' counts and block appends from the step's arrays."""

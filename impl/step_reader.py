@@ -242,13 +242,16 @@ def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
     return _steady_arrays(last, starts, ends, state.num_tokens[rows], appends)
 
 
-def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last_step_id: int | None) -> StepArrays:
+def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last_step_id: int | None, *,
+              containers_checked: bool = False) -> StepArrays:
     """Check ``sched`` against the host mirror and read it into `StepArrays`; changes nothing.
 
-    Raises a `SchedulerOutputError` subclass naming the request and field.
+    Raises a `SchedulerOutputError` subclass naming the request and field.  ``containers_checked``: the
+    caller ran `check_containers` and `check_step_id` on this step already (`read_steady_step` did).
     """
-    check_containers(sched)
-    check_step_id(sched.step_id, last_step_id)
+    if not containers_checked:
+        check_containers(sched)
+        check_step_id(sched.step_id, last_step_id)
     r2r = state.req_to_row
 
     gone = check_gone(sched, r2r)
@@ -291,17 +294,14 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
             num_computed[crows] = ccomp
 
     scheduled = sched.num_scheduled_tokens
-    got = NotImplemented if _native_reader is None else _native_reader.read_scheduled(scheduled, r2r, state.max_num_reqs)
+    got = NotImplemented if _native_reader is None else _native_reader.read_scheduled(
+        scheduled, r2r, _EMPTY if gone_rows is None else gone_rows, num_tokens, num_computed, num_blocks)
     if got is NotImplemented:
-        got = _read_scheduled(scheduled, r2r, ids, crows)
-        if got is None:
-            _diagnose(sched, state, limits, last_step_id)
-    req_ids, query_lens, rows = got
-    nr = len(req_ids)
-    if _hits(rows, gone_rows):
+        got = _read_scheduled(scheduled, r2r, gone_rows, ids, crows, num_tokens, num_computed, num_blocks)
+    if got is None:
         _diagnose(sched, state, limits, last_step_id)
-    safe_rows = np.maximum(rows, 0)
-    known, starts, blocks = num_tokens[safe_rows], num_computed[safe_rows], num_blocks[safe_rows]
+    req_ids, query_lens, rows, known, starts, blocks = got
+    nr = len(req_ids)
     new_positions: list[tuple[int, str]] = []
     for i in (rows < 0).nonzero()[0].tolist():  # per item: new (or unknown) ids
         rid = req_ids[i]
@@ -323,14 +323,14 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
             per_request[i] = tuple(d)
         drafts = tuple(per_request)
 
-    end = starts + query_lens
-    known_all = known if drafts is None else known + num_drafts
-    bad = (query_lens <= 0) | (end > known_all) | ((end + (limits.block_size - 1)) // limits.block_size > blocks)
-    if drafts is not None:
-        bad |= (num_drafts > 0) & (end != known_all)
-    total = int(query_lens.sum())
-    if np.count_nonzero(bad) or total > limits.max_num_batched_tokens or (nr and int(end.max()) > limits.max_model_len):
+    with_drafts = num_drafts if drafts is not None else None
+    got = NotImplemented if _native_reader is None else _native_reader.check_batch(
+        query_lens, starts, known, blocks, with_drafts, limits.block_size, limits.max_model_len, limits.max_num_batched_tokens)
+    if got is NotImplemented:
+        got = _check_batch(query_lens, starts, known, blocks, with_drafts, limits)
+    if got is None:
         _diagnose(sched, state, limits, last_step_id)
+    end, total = got
     return StepArrays(
         gone=tuple(sorted(gone)), cached_rows=crows, cached_computed=ccomp, cached_new_blocks=cnew, block_appends=appends,
         req_ids=req_ids, rows=rows, new_positions=tuple(new_positions), query_lens=query_lens, starts=starts, ends=end, known=known,
@@ -373,10 +373,12 @@ def _read_cached(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
     return crows, ccomp, cnew, appends, shift
 
 
-def _read_scheduled(scheduled: dict, r2r: dict, cached_ids: tuple, cached_rows: np.ndarray
-                    ) -> tuple[tuple, np.ndarray, np.ndarray] | None:
-    """(batch ids, query lengths, rows: -1 for an id that holds none); None when a count is not an int of 64
-    bits or an id cannot be looked up.  The reference of the C ``read_scheduled`` (`impl/native/steady.c`)."""
+def _read_scheduled(scheduled: dict, r2r: dict, gone_rows: np.ndarray | None, cached_ids: tuple, cached_rows: np.ndarray,
+                    num_tokens: np.ndarray, num_computed: np.ndarray, num_blocks: np.ndarray) -> tuple | None:
+    """(batch ids, query lengths, rows: -1 for an id that holds none, and each row's tokens known, computed and
+    blocks in the given mirror arrays: 0 for -1); None when a count is not an int of 64 bits, an id cannot be
+    looked up or a scheduled row is leaving this step (``gone_rows``).  The reference of the C
+    ``read_scheduled`` (`impl/native/steady.c`)."""
     req_ids = tuple(scheduled)
     counts = list(scheduled.values())
     query_lens = _int_array(counts) if _all_of(counts, {int}) else None
@@ -388,7 +390,32 @@ def _read_scheduled(scheduled: dict, r2r: dict, cached_ids: tuple, cached_rows: 
         rows = np.concatenate((cached_rows, _rows_of(r2r, req_ids[nc:]))) if nr > nc else cached_rows.copy()
     else:
         rows = _rows_of(r2r, req_ids)
-    return None if rows is None else (req_ids, query_lens, rows)
+    if rows is None or _hits(rows, gone_rows):
+        return None
+    new = rows < 0
+    safe_rows = np.maximum(rows, 0)
+    known, starts, blocks = num_tokens[safe_rows], num_computed[safe_rows], num_blocks[safe_rows]
+    known[new] = starts[new] = blocks[new] = 0
+    return req_ids, query_lens, rows, known, starts, blocks
+
+
+def _check_batch(query_lens: np.ndarray, starts: np.ndarray, known: np.ndarray, blocks: np.ndarray,
+                 num_drafts: np.ndarray | None, limits: RunnerLimits) -> tuple[np.ndarray, int] | None:
+    """(ends, token total) of a batch whose every count is >= 1, inside the tokens known (to their end exactly
+    with drafts), the blocks held and the model's length, with a total inside the budget; else None.
+    The reference of the C ``check_batch`` (`impl/native/steady.c`)."""
+    # A count above the budget is rejected before any sum: a 64-bit sum could wrap past it.
+    if np.count_nonzero((query_lens <= 0) | (query_lens > limits.max_num_batched_tokens)):
+        return None
+    end = starts + query_lens
+    known_all = known if num_drafts is None else known + num_drafts
+    bad = (end > known_all) | ((end + (limits.block_size - 1)) // limits.block_size > blocks) | (end > limits.max_model_len)
+    if num_drafts is not None:
+        bad |= (num_drafts > 0) & (end != known_all)
+    total = int(query_lens.sum())
+    if np.count_nonzero(bad) or total > limits.max_num_batched_tokens:
+        return None
+    return end, total
 
 
 def _computed_counts(computed: tuple, upper: np.ndarray, crows: np.ndarray, sched: SchedulerOutput, state: RequestStateTable,

@@ -24,10 +24,17 @@
  *                 max_blocks, num_kv_blocks)
  *       -> NotImplemented | None | (rows, new_block_counts, appends)
  *
- * read_scheduled -- `impl.step_reader._read_scheduled`: the batch's ids, query lengths and rows (-1 for
- *     an id that holds none) from the scheduled counts; NotImplemented for a key that is not an exact
- *     str or a count that is not an exact int of 64 bits.  Only reads.
- *     read_scheduled(scheduled, req_to_row, num_rows) -> NotImplemented | (req_ids, query_lens, rows)
+ * read_scheduled -- `impl.step_reader._read_scheduled`: the batch's ids, query lengths, rows (-1 for an
+ *     id that holds none) and the mirror's tokens known, computed and blocks of each row (0 for -1), from
+ *     the scheduled counts; None when a scheduled row is one of ``gone_rows``; NotImplemented for a key
+ *     that is not an exact str or a count that is not an exact int of 64 bits.  Only reads.
+ *     read_scheduled(scheduled, req_to_row, gone_rows, num_tokens, num_computed, num_blocks)
+ *       -> NotImplemented | None | (req_ids, query_lens, rows, known, starts, blocks)
+ *
+ * check_batch -- `impl.step_reader._check_batch`: every scheduled count >= 1, inside the tokens known
+ *     (exactly to their end with drafts), the blocks held, the model's length, and a total inside the
+ *     token budget.  check_batch(query_lens, starts, known, blocks, num_drafts | None, block_size,
+ *     max_model_len, max_num_batched_tokens) -> NotImplemented | None | (ends, total)
  *
  * advance_decode -- the no-draft branch of `impl.state.RequestStateTable.advance` (its owner's mirror):
  *     num_tokens[rows[i]] = max(known[i], ends[i] + 1); num_computed[rows[i]] = ends[i].
@@ -423,18 +430,25 @@ done:
 static PyObject *read_scheduled(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *scheduled, *req_to_row;
-    Py_ssize_t num_rows;
-    if (!PyArg_ParseTuple(args, "OOn", &scheduled, &req_to_row, &num_rows))
+    PyObject *scheduled, *req_to_row, *gone_obj, *tokens_obj, *computed_obj, *blocks_obj;
+    if (!PyArg_ParseTuple(args, "OOOOOO", &scheduled, &req_to_row, &gone_obj, &tokens_obj, &computed_obj, &blocks_obj))
         return NULL;
-    if (!PyDict_CheckExact(scheduled) || !PyDict_CheckExact(req_to_row))
+    ArrayView gone, mirror_tokens, mirror_computed, mirror_blocks;
+    if (!PyDict_CheckExact(scheduled) || !PyDict_CheckExact(req_to_row) || !int64_view(gone_obj, &gone)
+        || !int64_view(tokens_obj, &mirror_tokens) || !int64_view(computed_obj, &mirror_computed)
+        || !int64_view(blocks_obj, &mirror_blocks))
+        Py_RETURN_NOTIMPLEMENTED;
+    const npy_intp num_rows = mirror_tokens.len;
+    if (mirror_computed.len != num_rows || mirror_blocks.len != num_rows)
         Py_RETURN_NOTIMPLEMENTED;
     const Py_ssize_t n = PyDict_GET_SIZE(scheduled);
-    PyObject *ids = PyTuple_New(n), *lens = new_int64(n), *rows = new_int64(n), *result = NULL;
-    if (!ids || !lens || !rows)
+    PyObject *ids = PyTuple_New(n), *lens = new_int64(n), *rows = new_int64(n);
+    PyObject *known = new_int64(n), *starts = new_int64(n), *blocks = new_int64(n), *result = NULL;
+    if (!ids || !lens || !rows || !known || !starts || !blocks)
         goto done;
     Py_ssize_t pos = 0, i = 0;
     PyObject *key, *value;
+    int leaving = 0;
     while (PyDict_Next(scheduled, &pos, &key, &value)) {
         long long count;
         npy_int64 row = -1;
@@ -447,17 +461,80 @@ static PyObject *read_scheduled(PyObject *self, PyObject *args)
         }
         PyTuple_SET_ITEM(ids, i, Py_NewRef(key));
         DATA64(lens)[i] = count;
-        DATA64(rows)[i++] = found ? row : -1;
+        if (found) {
+            for (npy_intp g = 0; g < gone.len; g++)
+                leaving |= AT(gone, g) == row;
+            DATA64(known)[i] = AT(mirror_tokens, row);
+            DATA64(starts)[i] = AT(mirror_computed, row);
+            DATA64(blocks)[i] = AT(mirror_blocks, row);
+        }
+        else {  /* a new request's (or an unknown id's): filled in by the caller */
+            row = -1;
+            DATA64(known)[i] = DATA64(starts)[i] = DATA64(blocks)[i] = 0;
+        }
+        DATA64(rows)[i++] = row;
     }
-    if (i != n) {
+    if (i != n)
         result = Py_NewRef(Py_NotImplemented);
-        goto done;
-    }
-    result = PyTuple_Pack(3, ids, lens, rows);
+    else if (leaving)
+        result = Py_NewRef(Py_None);
+    else
+        result = PyTuple_Pack(6, ids, lens, rows, known, starts, blocks);
 done:
     Py_XDECREF(ids);
     Py_XDECREF(lens);
     Py_XDECREF(rows);
+    Py_XDECREF(known);
+    Py_XDECREF(starts);
+    Py_XDECREF(blocks);
+    return result;
+}
+
+static PyObject *check_batch(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *lens_obj, *starts_obj, *known_obj, *blocks_obj, *drafts_obj;
+    long long block_size, max_model_len, max_num_batched_tokens;
+    if (!PyArg_ParseTuple(args, "OOOOOLLL", &lens_obj, &starts_obj, &known_obj, &blocks_obj, &drafts_obj, &block_size,
+                          &max_model_len, &max_num_batched_tokens))
+        return NULL;
+    ArrayView lens, starts, known, blocks, drafts;
+    int with_drafts = drafts_obj != Py_None;
+    if (!int64_view(lens_obj, &lens) || !int64_view(starts_obj, &starts) || !int64_view(known_obj, &known)
+        || !int64_view(blocks_obj, &blocks) || (with_drafts && !int64_view(drafts_obj, &drafts)) || block_size <= 0)
+        Py_RETURN_NOTIMPLEMENTED;
+    const npy_intp n = lens.len;
+    if (starts.len != n || known.len != n || blocks.len != n || (with_drafts && drafts.len != n))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *ends = new_int64(n);
+    if (!ends)
+        return NULL;
+    npy_int64 *ends_out = DATA64(ends);
+    long long total = 0;
+    int bad = 0;
+    for (npy_intp i = 0; i < n; i++) {
+        npy_int64 count = AT(lens, i), start = AT(starts, i), end, have = AT(known, i), k = 0;
+        /* Counts and mirror values are far inside int64 after the readers' checks, but a scheduled count
+         * may be any 64-bit int: an overflowing sum is a rejection, as numpy's wrapped one would be. */
+        if (count <= 0 || count > max_num_batched_tokens || __builtin_add_overflow(start, count, &end)) {
+            bad = 1;
+            ends_out[i] = 0;
+            continue;
+        }
+        if (with_drafts) {
+            k = AT(drafts, i);
+            have += k;
+        }
+        if (end > have || (end + block_size - 1) / block_size > AT(blocks, i) || (k > 0 && end != have) || end > max_model_len)
+            bad = 1;
+        total += count;
+        ends_out[i] = end;
+    }
+    if (bad || total > max_num_batched_tokens) {
+        Py_DECREF(ends);
+        Py_RETURN_NONE;
+    }
+    PyObject *result = Py_BuildValue("(NL)", ends, total);
     return result;
 }
 
@@ -529,7 +606,8 @@ static PyObject *pack_ragged(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"read_steady", read_steady, METH_VARARGS, "The steady decode step's reader (see the module's source header)."},
     {"read_cached", read_cached, METH_VARARGS, "The cached requests of a general step (see the module's source header)."},
-    {"read_scheduled", read_scheduled, METH_VARARGS, "A general step's batch: ids, query lengths and rows."},
+    {"read_scheduled", read_scheduled, METH_VARARGS, "A general step's batch: ids, query lengths, rows and their mirror."},
+    {"check_batch", check_batch, METH_VARARGS, "A general step's per-request count rules, and its token total."},
     {"advance_decode", advance_decode, METH_VARARGS, "The mirror's advance past a decode step without drafts."},
     {"pack_ragged", pack_ragged, METH_VARARGS, "One ragged set of int32 diffs as a staged-write diff table."},
     {NULL, NULL, 0, NULL},

@@ -10,10 +10,11 @@ NotImplemented, and NotImplemented only when some object it reads is not of its 
 A build of the C reader with a planted bug (it trusts the mirror's computed counts) is caught
 by the same comparison.
 
-The general reader's C blocks (``read_cached``, ``read_scheduled``) against their Python references
-(`_read_cached`, `_read_scheduled`) in the same way, on generated cached requests (ids unknown, repeated
-or leaving, counts inside or outside the drafts' window) and scheduled counts; the planted build that
-trusts the mirror is caught by the cached block's comparison too.
+The general reader's C blocks (``read_cached``, ``read_scheduled``, ``check_batch``) against their
+Python references (`_read_cached`, `_read_scheduled`, `_check_batch`) in the same way, on generated
+cached requests (ids unknown, repeated or leaving, counts inside or outside the drafts' window),
+scheduled counts and batches (counts past each bound, one that wraps a 64-bit sum); the planted build
+that trusts the mirror is caught by the cached block's comparison too.
 
 The mirror's advance and the one-ragged diff table: on generated batches the C functions write
 exactly what the numpy code of their owners (`RequestStateTable.advance`,
@@ -291,7 +292,7 @@ def cached_blocks(draw):
         elif kind == "leaving":
             leaving.append(rows[listed[i]])
         elif kind == "computed":
-            c = claimed[i]
+            c = computed[listed[i]]
             claimed[i] = draw(st.sampled_from([c + 1, c - 1, c - 2, -1, 2**70]))
         elif kind == "computed odd":
             claimed[i] = draw(st.sampled_from(ODD_COUNTS))
@@ -328,30 +329,75 @@ def test_planted_bug_c_cached_reader_trusting_the_mirror_is_caught():
 
 @st.composite
 def scheduled_counts(draw):
-    """Scheduled counts of live and unknown ids, some keys or counts of other types."""
+    """Scheduled counts of live, leaving and unknown ids, some keys or counts of other types."""
     rows = draw(st.permutations(range(LIMITS.max_num_reqs)))[: draw(st.integers(0, 5))]
     r2r = {f"r{row}": row for row in rows}
     keys = draw(st.lists(st.sampled_from([*r2r, "new", "other", Odd("r0"), 3]), max_size=6, unique=True))
     scheduled = {key: draw(st.sampled_from([1, 1, 4, 0, -2, 2**70, True, 1.0])) for key in keys}
     exactly_typed = all(type(k) is str and type(v) is int and v < 2**63 for k, v in scheduled.items())
     cached_ids = tuple(k for k in keys if k in r2r and type(k) is str)[: draw(st.integers(0, 3))]
-    return scheduled, r2r, cached_ids, exactly_typed
+    leaving = [row for row in rows if draw(st.integers(0, 4)) == 0]
+    gone_rows = np.array(leaving, np.int64) if leaving else None
+    mirror = [np.array([draw(st.integers(0, 99)) for _ in range(LIMITS.max_num_reqs)], np.int64) for _ in range(3)]
+    return scheduled, r2r, gone_rows, cached_ids, mirror, exactly_typed
 
 
 @needs_native
 @settings(max_examples=300, deadline=None)
 @given(scheduled_counts())
 def test_c_scheduled_reader_agrees_with_the_python_reader(case):
-    scheduled, r2r, cached_ids, exactly_typed = case
-    got = reader.read_scheduled(scheduled, r2r, LIMITS.max_num_reqs)
+    scheduled, r2r, gone_rows, cached_ids, mirror, exactly_typed = case
+    got = reader.read_scheduled(scheduled, r2r, step_reader._EMPTY if gone_rows is None else gone_rows, *mirror)
     if got is NotImplemented:
         assert not exactly_typed, "the C reader declined scheduled counts whose every object has its exact type"
         return
     cached_rows = np.array([r2r[rid] for rid in cached_ids], np.int64)
-    want = step_reader._read_scheduled(scheduled, r2r, cached_ids, cached_rows)
-    assert want is not None, f"C reader: {got}\nPython reader: None"
-    assert got[0] == want[0] and np.array_equal(got[1], want[1]) and np.array_equal(got[2], want[2]), \
+    want = step_reader._read_scheduled(scheduled, r2r, gone_rows, cached_ids, cached_rows, *mirror)
+    if got is None or want is None:
+        assert got is want, f"C reader: {got}\nPython reader: {want}"
+        return
+    assert got[0] == want[0] and all(np.array_equal(a, b) for a, b in zip(got[1:], want[1:])), \
         f"C reader: {got}\nPython reader: {want}"
+
+
+BIG = 2**63 - 3  # a count whose sum with a start wraps a 64-bit integer
+
+
+@st.composite
+def batches(draw):
+    """A batch's counts against its requests' mirror values: inside or just past each rule's bound."""
+    n = draw(st.integers(1, 6))
+    lens = np.array([draw(st.sampled_from([1, 1, 2, 4, 0, -1, 17, BIG])) for _ in range(n)], np.int64)
+    starts = np.array([draw(st.integers(0, 62)) for _ in range(n)], np.int64)
+    known = starts + np.array([draw(st.integers(0, 5)) for _ in range(n)], np.int64)
+    blocks = np.array([draw(st.integers(0, MAX_BLOCKS)) for _ in range(n)], np.int64)
+    drafts = np.array([draw(st.integers(0, 2)) for _ in range(n)], np.int64) if draw(st.booleans()) else None
+    return lens, starts, known, blocks, drafts
+
+
+def assert_batch_checks_agree(c_reader, lens, starts, known, blocks, drafts) -> None:
+    got = c_reader.check_batch(lens, starts, known, blocks, drafts, LIMITS.block_size, LIMITS.max_model_len,
+                               LIMITS.max_num_batched_tokens)
+    want = step_reader._check_batch(lens, starts, known, blocks, drafts, LIMITS)
+    if got is None or want is None:
+        assert got is want, f"C check: {got}\nnumpy check: {want}"
+        return
+    assert np.array_equal(got[0], want[0]) and got[1] == want[1], f"C check: {got}\nnumpy check: {want}"
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(batches())
+def test_c_batch_check_agrees_with_the_numpy_check(batch):
+    assert_batch_checks_agree(reader, *batch)
+
+
+@needs_native
+def test_a_count_that_wraps_the_total_is_rejected_by_both_checks():
+    """Two counts whose int64 sum wraps below the budget: the per-request validator rejects it, so must both."""
+    lens, starts = np.array([BIG, 10], np.int64), np.array([5, 0], np.int64)
+    assert_batch_checks_agree(reader, lens, starts, starts + 20, np.full(2, MAX_BLOCKS, np.int64), None)
+    assert step_reader._check_batch(lens, starts, starts + 20, np.full(2, MAX_BLOCKS, np.int64), None, LIMITS) is None
 
 
 # --------------------------------------------------------------------------- the mirror's advance
