@@ -27,9 +27,10 @@ were recorded with -- so a buffer re-allocated after capture diverges on CPU as 
 graphs off the same bucketed step runs eagerly (launches rebuilt and enqueued one by one), so
 eager and replay compute the same shapes and agree bit for bit.
 
-Fused steady graphs: with `impl.lanes.SteadyLanes` (usable), each single-token bucket also gets a
-second capture whose replay copies its staging bytes in and its output out itself (`fused`,
-`run(key, fused=True)`): a steady step is then one enqueue.  Its warm-up is the plain capture's.
+Fused graphs: with `impl.lanes.SteadyLanes` (usable), each single-token and each mixed bucket also
+gets a second capture whose replay copies its staging bytes in and its output out itself (`fused`,
+`run(key, fused=True)`): a steady step, and a churn step that admits one request, is then one
+enqueue.  Its warm-up is the plain capture's.
 
 Ownership: the manager owns the `PaddedInputs` (see `impl.graph_step`), the recorded steps, the
 CUDA graphs and their memory pool (device, runner lifetime, written only at capture), and the
@@ -205,7 +206,7 @@ class CudaGraphManager:
             if self.device.is_cuda:
                 graph.cuda_graph = self._capture_cuda(step)
             self.graphs[key] = graph
-            if self.lanes is not None and key.mode.query_len == 1:
+            if self.lanes is not None and (key.mode.query_len == 1 or key.mixed):
                 self._capture_fused(key)
         if self.device.is_cuda:
             self.device.synchronize()
@@ -227,7 +228,7 @@ class CudaGraphManager:
         Captured without a warm-up: the plain capture of ``key`` just warmed its launches, and the lane
         kernels were compiled when the lanes were tried; a warm-up would run the copies on live lanes."""
         step = self._build_step(self.inputs, key)
-        in_bytes = self.lanes.in_bytes(key.size)
+        in_bytes = self.lanes.in_bytes(key.size, key.mixed)
         head, tail = self.lanes.launches(in_bytes, self.inputs.step_bytes, step.result["packed"].nbytes)
         fused = PaddedStep(key, head + step.launches + tail, step.result)
         fused.result["copied_out"] = True  # `impl.output.OutputSlots.enqueue_copy_out` enqueues no D2H for it
@@ -336,8 +337,8 @@ class CudaGraphManager:
         self.fallbacks[reason] += 1
 
     def fused(self, key: GraphKey | None) -> int | None:
-        """The bytes the fused step of ``key`` copies in (the most a steady step may stage to replay it), or None
-        when ``key`` has no fused step (lanes off, graphs off, a multi-token mode)."""
+        """The bytes the fused step of ``key`` copies in (the most a step may stage to replay it), or None
+        when ``key`` has no fused step (lanes off, graphs off, a multi-token decode mode)."""
         return self.fused_in_bytes.get(key)  # filled by `capture`, which captures nothing with graphs off
 
     def run(self, key: GraphKey, fused: bool = False) -> dict[str, Any]:
@@ -350,6 +351,7 @@ class CudaGraphManager:
             self.lanes.take()
             self.replays += 1
             self.fused_replays += 1
+            self.mixed_replays += key.mixed
             self.device.enqueue(graph.replay, graph.label)
             return graph.step.result
         if not self.enabled:

@@ -1,10 +1,12 @@
-"""Steady lanes: a graphed steady step's H2D and D2H copies made inside its one graph replay.
+"""Steady lanes: a graphed step's H2D and D2H copies made inside its one graph replay.
 
 A steady decode step (`impl.runner.ModelRunner._execute_steady`) used to enqueue three things: the
 H2D copy of its staging slot into the step buffer, the graph replay, the D2H copy of the packed
 output into an output slot.  On the H200's host each call costs 4-10 us, and with its events and
 the Python around them they were about half of a 64-request step.  A *fused* graph does all three
-in one replay (`impl.graphs.CudaGraphManager` captures one per steady-capable bucket):
+in one replay (`impl.graphs.CudaGraphManager` captures one per single-token bucket and one per
+mixed bucket).  The general step takes one too when its staged bytes fit the bucket's copy-in: a
+mixed bucket's has room for one admission's diffs (an admission next to decodes, the churn step):
 
     lane copy in (staging slot -> step buffer) | the bucketed step | lane copy out (pack -> output slot) | advance
 
@@ -53,7 +55,8 @@ _DIFF_WORDS_PER_REQUEST = 5  # a block append's diff-table entry (3 words) and i
 class SteadyLanes:
     """The lanes of the fused steady step; see the module docstring."""
 
-    def __init__(self, device: Device, staging: StagingPool, outputs: OutputSlots, prefix_bytes: int):
+    def __init__(self, device: Device, staging: StagingPool, outputs: OutputSlots, prefix_bytes: int,
+                 admission_bytes: int = 0):
         self.device = device
         self.staging, self.outputs = staging, outputs
         self.num_lanes = min(len(staging.slots), len(outputs.slots))
@@ -61,6 +64,7 @@ class SteadyLanes:
         self.staging_slots = list(staging.slots[: self.num_lanes])
         self.output_buffers = list(outputs.slots[: self.num_lanes])
         self.prefix_bytes = prefix_bytes  # a decode step's compact arrays: the staging layout through ``logits_start``
+        self.admission_bytes = admission_bytes  # the staged diffs of one admitted request (a mixed bucket's copy-in room)
         self.staging_table = self._addresses([s.host for s in self.staging_slots])
         self.output_table = self._addresses(self.output_buffers)
         self.counter = device.zeros(1, torch.int64)
@@ -73,10 +77,12 @@ class SteadyLanes:
         self.device._stream_waits_for_current()
         return table
 
-    def in_bytes(self, size: int) -> int:
+    def in_bytes(self, size: int, mixed: bool = False) -> int:
         """Bytes the lane copy-in of a bucket of ``size`` requests reads: the compact arrays and room for one
-        diff-table entry and two values per request (a steady step's block appends)."""
-        return min(self.prefix_bytes + 16 + 4 * _DIFF_WORDS_PER_REQUEST * size, self.staging.capacity_bytes)
+        diff-table entry and two values per request (a steady step's block appends); a mixed bucket's also
+        room for one admission's diffs (a step that admits more, or a longer prompt's, takes the three enqueues)."""
+        room = self.admission_bytes if mixed else 0
+        return min(self.prefix_bytes + 16 + 4 * _DIFF_WORDS_PER_REQUEST * size + room, self.staging.capacity_bytes)
 
     def launches(self, in_bytes: int, step_bytes: torch.Tensor,
                  out_bytes: int) -> tuple[list[tuple[str, Callable[[], None]]], list[tuple[str, Callable[[], None]]]]:

@@ -69,6 +69,10 @@ from impl.step_reader import StepArrays, read_steady_step, read_step
 _INT32_MAX = 2**31 - 1
 _NO_SEEDS: dict[str, int] = {}  # a steady step admits nobody (read-only: `StepOutputMeta` copies it)
 
+# An admission's staged words besides its prompt bitmask and block ids: the row-state diff (3 + 5), the two
+# rows' table entries (3 + 3), the eight sampling-parameter cells (8 x 3 + 9), its count-reset row, alignment.
+_ADMISSION_WORDS = 64
+
 # Prompt-logprob positions whose logits exist at once (x vocab fp32): 256 x 151936 x 4 B = 156 MB.
 PROMPT_CHUNK_ROWS = 256
 
@@ -160,6 +164,7 @@ class ModelRunner:
             max_logit_rows=self.input_batch.max_sampling_rows, max_prompt_rows=self.input_batch.max_prompt_rows,
             max_logprobs=lim.max_logprobs,
         )
+        admission_bytes = 4 * (self.sampling_state.num_mask_words + self.block_table.max_blocks_per_req + _ADMISSION_WORDS)
         largest_alloc = max(
             4 * lim.max_num_reqs * self.block_table.max_blocks_per_req,
             InputBatch.staging_bytes_needed(lim.max_num_reqs, lim.max_num_batched_tokens, lim.max_num_draft_tokens),
@@ -181,7 +186,8 @@ class ModelRunner:
         graphed = self._cuda_graphs and not isinstance(self.proposer, DraftModelProposer)
         staging_layout = InputBatch.staging_layout(lim.max_num_reqs, lim.max_num_batched_tokens, lim.max_num_draft_tokens)
         offset, n, dtype = staging_layout["logits_start"]  # a decode step's compact arrays end there
-        self.lanes = SteadyLanes(dev, self.staging, self.outputs, offset + n * dtype.itemsize) if graphed else None
+        self.lanes = SteadyLanes(dev, self.staging, self.outputs, offset + n * dtype.itemsize,
+                                 admission_bytes) if graphed else None
         self.graphs = CudaGraphManager(  # a draft-model runner's steps all run eager: nothing to capture
             dev, enabled=graphed, capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
             max_num_batched_tokens=lim.max_num_batched_tokens, max_num_draft_tokens=lim.max_num_draft_tokens, max_logprobs=lim.max_logprobs,
@@ -246,18 +252,24 @@ class ModelRunner:
         # One staging slot (more only when admissions overflow it), one H2D, one apply launch for
         # every staged diff: the compact arrays first, at the slot's fixed layout, then the diffs.
         writer = StagingWriter(self.staging, sched.step_id)
-        key = reason = None
+        key = reason = in_bytes = output_slot = None
+        lane_free = False
         proposer, device_drafts = self.proposer, self._device_drafts
         if step.req_ids:
             plan = plan_step(step, self.state, self._last_decode[1] if step.steady else None)
             self._last_decode = (step, plan) if step.is_decode else None
             if device_drafts:
                 proposer.mark_placeholders(plan, device_drafts)
-            staged = self.input_batch.stage(plan, writer)
             key, reason = self.graphs.select(plan.num_reqs, plan.uniform, plan.num_prompt_rows, plan.max_num_logprobs,
                                              plan.num_tokens, len(plan.drafts))
             if isinstance(proposer, DraftModelProposer):
                 key, reason = None, "draft_model"  # its verify and propose run between and after the graph's launches
+            if key is not None and proposer is None:
+                # A bucket with a fused step: both rings seek its next lane (`impl.lanes`) before the slots are taken.
+                in_bytes = self.graphs.fused(key)
+                lane_free = in_bytes is not None and self.lanes.seek()
+                output_slot = self.outputs.acquire() if in_bytes is not None else None
+            staged = self.input_batch.stage(plan, writer)
         if key is not None and proposer is None:
             # The bucketed step's first slot lands in the step buffer: an admission's kernels read it there.
             writer.place_first(self.graphs.inputs.step_bytes)
@@ -265,7 +277,7 @@ class ModelRunner:
         admitted = self.sampling_state.num_pending > 0  # its own kernels (count resets) follow admissions only
         if admitted:
             self.sampling_state.flush(writer)
-        step_buffer, packed = None, None
+        step_buffer, packed, resets = None, None, None
         if key is not None:
             # A bucketed step: its graph applies the diffs itself when they sit in the first slot
             # (the usual case), reading counts and the table from the step buffer's header.
@@ -274,11 +286,15 @@ class ModelRunner:
             resets = self.sampling_state.take_resets(writer.first) if admitted else None
             if resets is not None:  # the admitted rows' count reset runs in the graph too
                 self.input_batch.set_header_resets(writer.first, *resets)
-        # The first slot's one H2D goes straight to the step buffer unless an eager apply reads the slot
-        # through its own device views (then a device copy follows); so does the proposer (its gather and
-        # propose kernels read the step's rows through the slot's views).
-        writer.submit(step_buffer, redirect=packed is not None and proposer is None)
-        self._enqueue_applies(admitted)
+        # The fused step copies the slot in and the output out itself, when nothing runs eager before it.
+        fused = (lane_free and packed is not None and (resets is not None or not admitted)
+                 and self.lanes.fits(writer, output_slot, in_bytes))
+        if not fused:
+            # The first slot's one H2D goes straight to the step buffer unless an eager apply reads the slot
+            # through its own device views (then a device copy follows); so does the proposer (its gather and
+            # propose kernels read the step's rows through the slot's views).
+            writer.submit(step_buffer, redirect=packed is not None and proposer is None)
+            self._enqueue_applies(admitted)
         if proposer is not None:
             proposer.note_step(step, sched.new_requests, self.state.req_to_row)
         if not step.req_ids:
@@ -290,11 +306,15 @@ class ModelRunner:
             # A bucketed step's graph pads the drafts it finds in the step buffer: the gather writes there.
             staged = proposer.enqueue_gather(staged, plan.num_reqs,
                                              out=self.graphs.inputs.step_drafts if key is not None else None)
-        result, fallback = self._enqueue_device_step(plan, staged, key, reason)
+        result, fallback = self._enqueue_device_step(plan, staged, key, reason, fused)
         if proposer is not None:
             proposer.enqueue_propose(staged, plan.num_reqs, self.outputs.num_sampled, self.sampler.tokens,
                                      self.state.base, self.state.prefill_tokens)
-        output = self._enqueue_output(sched.step_id, plan, result, seeds)
+        output = self._enqueue_output(sched.step_id, plan, result, seeds, output_slot)
+        if fused:
+            writer.submit_enqueued(output.event, in_bytes)
+        elif in_bytes is not None:
+            self.lanes.follow_rings()
         # A bucketed decode step whose diffs its graph applied: the steady steps after it repeat it
         # through `_execute_steady` (its plan and key hold while nothing is admitted or finished).
         self._steady_key = key if (step.is_decode and packed is not None and not admitted and proposer is None

@@ -202,6 +202,9 @@ class StagedWriteGroup:
         else:
             self._applies = [self._pack(*batch, writer) for batch in _word_batches(dst, lens, src, values, limit)]
 
+    def _set_cell(self, dtype: torch.dtype, dst: int, value: float | int) -> None:
+        self._cells[dtype][dst] = value  # a cell written twice in one step: the later write wins
+
     def _take_cells(self, dst_parts: list[np.ndarray], len_parts: list[np.ndarray], word_parts: list[np.ndarray]) -> None:
         """Move the pending cells into the flush's parts: one destination, length and value array per element type."""
         for member in self._cell_members:
@@ -435,7 +438,7 @@ class StagedWriteTensor:
         if not self._has_cells:
             self._has_cells = True
             self.group._cell_members.append(self)
-        self.group._cells[self.dtype][self.word_offset + row * self.num_cols * self.words_per_element] = value
+        self.group._set_cell(self.dtype, self.word_offset + row * self.num_cols * self.words_per_element, value)
 
     def discard_pending(self) -> None:
         if self._has_cells:

@@ -204,9 +204,14 @@ def _staged_writes_wrong_order(runner: Any, m: AppliedMutant) -> None:
 
         return merged
 
+    def first_cell_write_wins(dtype: Any, dst: int, value: Any) -> None:
+        group._cells[dtype].setdefault(dst, value)
+
+    group = sampling_state.temperature.group
     m.set(state, "release", release_resetting_params)
     for tensor, _ in defaults:
         m.set(tensor, "_merged_diffs", first_write_wins(tensor))
+    m.set(group, "_set_cell", first_cell_write_wins)  # single-element writes merge in the group's cell table
 
 
 @_mutant("num_computed_not_advanced", "state", ("differential", "provenance"), "steady", ("state",),

@@ -1,4 +1,4 @@
-"""Steady lanes (`impl.lanes`): a fused steady step copies its staging slot in and its output out inside its replay.
+"""Steady lanes (`impl.lanes`): a fused step copies its staging slot in and its output out inside its replay.
 
 The lane copies read and write pinned host buffers chosen on the device by a counter the fused
 step advances; the host only mirrors that counter.  These tests pin what that rests on: the copy
@@ -9,6 +9,7 @@ that drifts from the counter (the bug the mirror exists to prevent) shows up as 
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -31,10 +32,10 @@ def _runner(device: Device | None = None, **kwargs) -> ModelRunner:
     return ModelRunner(random_weights(preset("micro"), seed=3), LIMITS, device or Device("cpu"), base_seed=5, **kwargs)
 
 
-def _workload(num_reqs: int = 3) -> DecodeWorkload:
+def _workload(num_reqs: int = 3, params: SamplingParams = PARAMS) -> DecodeWorkload:
     return DecodeWorkload(num_reqs=num_reqs, prompt_len=5, vocab_size=LIMITS.vocab_size, block_size=LIMITS.block_size,
                           num_blocks=LIMITS.num_kv_blocks, token_budget=LIMITS.max_num_batched_tokens, churn=0.0,
-                          params=PARAMS, seed=1)
+                          params=params, seed=1)
 
 
 def _run(runner: ModelRunner, steps: int, work: DecodeWorkload | None = None) -> list[tuple]:
@@ -73,23 +74,25 @@ def test_fused_steps_agree_with_unfused_ones_and_the_mirror_tracks_the_counter()
 
 
 def test_a_busy_lane_is_skipped_without_a_wait_and_the_lanes_follow_the_rings_again():
-    """On sim with the device two steps behind and each output read two steps late, the first steady step's
-    lane (0, after capture) holds the prefill's unfinished output: that step takes the three enqueues, with no
-    host wait, and moves the counter to the output ring's next slot; every steady step after it is fused."""
+    """On sim with the device two steps behind and each output read two steps late: the prefill asks for prompt
+    logprobs (an eager step: the rings serve it without the lanes, whose mirror stays at lane 0), so the first
+    decode step finds lane 0's output slot holding the prefill's unread output.  That step takes the three
+    enqueues, with no host wait, and moves the counter to the output ring's next slot; every step after it is fused."""
     from checks import sync as sync_check
 
     device = Device("sim", seed=1, lag_policy="lag-2-steps")
     runner = _runner(device)
     sync_check.arm_runner(runner, "error")
-    work = _workload()
-    outputs, kinds = [], []
+    work = _workload(params=dataclasses.replace(PARAMS, prompt_logprobs=1))
+    outputs, enqueues = [], []
     for _ in range(16):
         outputs.append(runner.execute_model(work.next_step()))
-        kinds.append(runner.last_step_stats.num_enqueued if runner.last_step_stats.steady else None)
+        enqueues.append(runner.last_step_stats.num_enqueued)
         if len(outputs) > 2:
             outputs[-3].get()
-    assert kinds[:2] == [None, None] and kinds[2] == 4, kinds  # H2D, plain replay, D2H, the counter's fill
-    assert kinds[3:] == [1] * 13, kinds
+    assert runner.cuda_graph_stats()["fallbacks"] == {"prompt_logprobs": 1}
+    assert enqueues[1] == 4, enqueues  # H2D, plain replay, D2H, the counter's fill
+    assert enqueues[2:] == [1] * 14, enqueues
     device.synchronize()
     assert runner.lanes.counter.item() == runner.lanes.lane
 

@@ -165,16 +165,23 @@ def test_cuda_mixed_replay_equals_padded_eager_and_the_oracle_with_no_host_sync(
     assert report.count == 0, report.summary()
 
 
-def test_an_admission_step_is_one_h2d_one_replay_and_one_output_copy():
-    """The admissions' diffs and their rows' count reset are named in the step header and run inside the graph."""
+@pytest.mark.parametrize("lanes", [True, False])
+def test_an_admission_step_is_one_fused_replay_or_one_h2d_one_replay_and_one_output_copy(lanes):
+    """The admissions' diffs and their rows' count reset are named in the step header and run inside the graph;
+    with the lanes (`impl.lanes`) the replay copies the slot in and the output out itself: one enqueue."""
     runner = ModelRunner(random_weights(preset("micro"), seed=11), LIMITS, Device("cpu"), base_seed=1)
+    if not lanes:
+        runner.graphs.fused_in_bytes.clear()
     labels: list[str] = []
     enqueue = runner.device.enqueue
     runner.device.enqueue = lambda fn, label="": (labels.append(label), enqueue(fn, label))[1]
     sched = SchedulerSim(LIMITS, seed=0)
     sched.add_request("a", (5, 6, 7), SamplingParams(temperature=0.0, max_tokens=4, frequency_penalty=0.5))
     sched.update(runner.execute_model(sched.schedule()).get())
-    assert len(labels) == 3 and labels[0].startswith("h2d") and "mixed" in labels[1] and labels[2].startswith("d2h"), labels
+    if lanes:
+        assert len(labels) == 1 and labels[0].startswith("fused graph replay") and "mixed" in labels[0], labels
+    else:
+        assert len(labels) == 3 and labels[0].startswith("h2d") and "mixed" in labels[1] and labels[2].startswith("d2h"), labels
 
 
 def test_a_reused_row_starts_at_zero_counts_and_a_graph_that_skips_the_reset_is_caught(weights):
