@@ -93,15 +93,18 @@ def plan_step(step: StepArrays, state: RequestStateTable, previous: StepPlan | N
 
     cu = np.zeros(num_reqs + 1, dtype=np.int32)
     query_lens.cumsum(out=cu[1:])
-    draft_start = np.zeros(num_reqs + 1, dtype=np.int32)
-    logits_start = np.zeros(num_reqs + 1, dtype=np.int32)
-    if step.drafts is None:
-        drafts = _NO_DRAFTS
-        logits_start[1:] = np.arange(1, num_reqs + 1, dtype=np.int32)
+    if step.drafts is None and num_reqs < len(_COUNTING32):
+        # No drafts: one sampling row per request, no draft offsets (shared read-only arrays).
+        drafts, draft_start = _NO_DRAFTS, _ZEROS32[: num_reqs + 1]
+        logits_start, logits_start64 = _COUNTING32[: num_reqs + 1], _COUNTING64[: num_reqs + 1]
     else:
+        draft_start = np.zeros(num_reqs + 1, dtype=np.int32)
+        logits_start = np.zeros(num_reqs + 1, dtype=np.int32)
+        logits_start64 = None
         num_drafts.cumsum(out=draft_start[1:])
         (num_drafts + 1).cumsum(out=logits_start[1:])
-        drafts = np.fromiter((t for d in step.drafts for t in d), dtype=np.int32, count=int(draft_start[-1]))
+        drafts = (_NO_DRAFTS if step.drafts is None else
+                  np.fromiter((t for d in step.drafts for t in d), dtype=np.int32, count=int(draft_start[-1])))
 
     max_num_logprobs, num_logprobs = -1, (None,) * num_reqs
     if state.num_logprob_rows:  # somebody live asked for logprobs
@@ -143,11 +146,11 @@ def plan_step(step: StepArrays, state: RequestStateTable, previous: StepPlan | N
         max_query_len=int(query_lens.max()) if num_reqs else 0,
         max_seq_len=int(step.ends.max()) if num_reqs else 0,
         max_num_logprobs=max_num_logprobs,
-        max_num_prompt_logprobs=max((p.num_top for p in prompt_requests), default=-1),
+        max_num_prompt_logprobs=max((p.num_top for p in prompt_requests), default=-1) if prompt_requests else -1,
         query_lens=query_lens,
         num_drafts=num_drafts,
-        uniform=_uniform(query_lens, num_drafts),
-        logits_start64=logits_start.astype(np.int64),
+        uniform=_uniform(query_lens, num_drafts if step.drafts is not None else None),
+        logits_start64=logits_start.astype(np.int64) if logits_start64 is None else logits_start64,
     )
 
 
@@ -157,16 +160,23 @@ def _replan(p: StepPlan, max_seq_len: int) -> StepPlan:
                     p.max_num_prompt_logprobs, p.query_lens, p.num_drafts, p.uniform, p.logits_start64)
 
 
-def _uniform(query_lens: np.ndarray, num_drafts: np.ndarray) -> tuple[int, int] | None:
+def _uniform(query_lens: np.ndarray, num_drafts: np.ndarray | None) -> tuple[int, int] | None:
+    """(query length, drafts) shared by every request; ``num_drafts`` None: no drafts this step."""
     if not len(query_lens):
         return None
-    q, k = int(query_lens[0]), int(num_drafts[0])
-    if np.count_nonzero(query_lens != q) or np.count_nonzero(num_drafts != k):
+    q, k = int(query_lens[0]), 0 if num_drafts is None else int(num_drafts[0])
+    if np.count_nonzero(query_lens != q) or (num_drafts is not None and np.count_nonzero(num_drafts != k)):
         return None
     return q, k
 
 
 _NO_DRAFTS = np.zeros(0, np.int32)
+# A no-draft plan's draft offsets and logit-row starts: slices of these, shared by every plan (read-only).
+_ZEROS32 = np.zeros(4097, np.int32)
+_COUNTING32 = np.arange(4097, dtype=np.int32)
+_COUNTING64 = np.arange(4097, dtype=np.int64)
+for _shared in (_ZEROS32, _COUNTING32, _COUNTING64, _NO_DRAFTS):
+    _shared.flags.writeable = False
 _NO_ROWS: list[int] = []
 _NO_PROMPT_INDEX = np.zeros(0, np.int32)
 _NO_PROMPT_TARGETS = np.zeros(0, np.int64)

@@ -62,8 +62,17 @@ _ONES = np.ones(1024, np.int64)
 _ONES.flags.writeable = False  # shared by steps: read-only slices
 
 
+_ZEROS = np.zeros(1024, np.int64)
+_ZEROS.flags.writeable = False
+
+
 def _ones(k: int) -> np.ndarray:
     return _ONES[:k] if k <= len(_ONES) else np.ones(k, np.int64)
+
+
+def _zeros(k: int) -> np.ndarray:
+    """``k`` zeros, read-only when shared (a step without drafts: its draft counts)."""
+    return _ZEROS[:k] if k <= len(_ZEROS) else np.zeros(k, np.int64)
 
 
 @dataclass(slots=True)
@@ -310,8 +319,9 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         known[i], blocks[i], starts[i] = new[rid]
         new_positions.append((i, rid))
 
-    num_drafts, drafts = np.zeros(nr, np.int64), None
+    num_drafts, drafts = _zeros(nr), None
     if sched.draft_token_ids:
+        num_drafts = np.zeros(nr, np.int64)
         index_of = dict(zip(req_ids, range(nr)))
         per_request: list[tuple[int, ...]] = [()] * nr
         for rid, d in sched.draft_token_ids.items():  # per item: drafts
