@@ -9,7 +9,9 @@ copied straight into the graph's step buffer, ``slot.copy_to``: then that buffer
 on the host; this check sees what the device actually read, without needing the race window to be
 hit by a delay, and names both owners:
 
-* at submit, the host takes a checksum of the bytes it staged (the bytes the copy should move);
+* at submit, the host takes a checksum of the bytes it staged (the bytes the copy should move); a fused
+  step's slot (`impl.lanes`: its graph copies the slot in itself) is checked the same way, at its
+  ``submit_enqueued``, against the graph's step buffer it lands in;
 * when ``execute_model`` returns, every kernel of the step that reads the slot is enqueued, so a
   device checksum of the slot's device bytes enqueued then sees what those readers saw (nothing but
   the slot's own next H2D writes the device buffer, and it comes later in stream order);
@@ -17,8 +19,8 @@ hit by a delay, and names both owners:
   the two are compared.  A mismatch names the slot, the step whose kernels read it and the later
   steps that took the slot before the comparison.
 
-How it attaches (from outside ``impl``): it wraps the pool instance's ``submit`` and the runner's
-``execute_model``, and observes the pool's transitions.  Apply mutants before arming.
+How it attaches (from outside ``impl``): it wraps the pool instance's ``submit`` and ``submit_enqueued``
+and the runner's ``execute_model``, and observes the pool's transitions.  Apply mutants before arming.
 
 Ownership: a `StagingSlotChecksums` owns its checksum records (`checks.checksums.ChecksumRecords`)
 and its pending table (host); it never writes a slot.
@@ -71,6 +73,16 @@ class StagingSlotChecksums:
             if nbytes:
                 self._this_step.append(_Submitted(slot.step, slot.index, nbytes, staged, target))
 
+        submit_enqueued = pool.submit_enqueued
+
+        def submit_enqueued_checked(slot: Any, event: Any, nbytes: int, landed_in: Any) -> None:
+            # A fused step's lane copy moves the slot's leading bytes (more than it staged) into ``landed_in``.
+            used = slot.used_bytes
+            staged = weighted_checksum_host(slot.host[:used].numpy()) if used else 0
+            submit_enqueued(slot, event, nbytes, landed_in)
+            if used:
+                self._this_step.append(_Submitted(slot.step, slot.index, used, staged, landed_in))
+
         def execute_model_checked(sched: Any) -> Any:
             self._this_step.clear()
             try:
@@ -79,6 +91,7 @@ class StagingSlotChecksums:
                 self._after_step()
 
         self._patch(pool, "submit", submit, submit_checked)
+        self._patch(pool, "submit_enqueued", submit_enqueued, submit_enqueued_checked)
         self._patch(runner, "execute_model", execute_model, execute_model_checked)
         pool.observers.append(self._observe)
         self._undo.append(lambda: pool.observers.remove(self._observe))

@@ -257,12 +257,13 @@ class StagingPool:
         self._transition(slot, SlotState.IN_FLIGHT)
 
     @hot_path
-    def submit_enqueued(self, slot: StagingSlot, event: DeviceEvent, nbytes: int) -> None:
-        """`submit` of a slot whose ``nbytes`` device work already enqueued reads (a fused steady step's lane
-        copy, `impl.lanes`); ``event``, recorded after that work, frees it."""
+    def submit_enqueued(self, slot: StagingSlot, event: DeviceEvent, nbytes: int, landed_in: torch.Tensor) -> None:
+        """`submit` of a slot whose first ``nbytes`` device work already enqueued copies into ``landed_in`` (a fused
+        step's lane copy into its graph's step buffer, `impl.lanes`); ``event``, recorded after that work, frees it."""
         if slot.state is not SlotState.WRITING:
             raise StagingLifetimeError("submit of a slot that is not being written", slot=slot.index, step=slot.step, state=slot.state)
         self.h2d_bytes_total += nbytes
+        slot.copy_to = None  # the copy is the enqueued work's; ``landed_in`` is where the step's readers find it
         slot.event = event
         self._transition(slot, SlotState.IN_FLIGHT)
 
@@ -360,12 +361,13 @@ class StagingWriter:
         self.pool.submit(self.slot)
         self.slot = None
 
-    def submit_enqueued(self, event: DeviceEvent, nbytes: int) -> None:
-        """Submit the step's one slot, whose ``nbytes`` enqueued device work already reads (`StagingPool.submit_enqueued`)."""
+    def submit_enqueued(self, event: DeviceEvent, nbytes: int, landed_in: torch.Tensor) -> None:
+        """Submit the step's one slot, whose ``nbytes`` enqueued device work already copies into ``landed_in``
+        (`StagingPool.submit_enqueued`)."""
         if self.slot is None or self.slot is not self.first or self.num_slots_used != 1:
             raise StagingLifetimeError("submit_enqueued of a step that does not hold exactly its first slot", step=self.step)
         self.bytes += nbytes
-        self.pool.submit_enqueued(self.slot, event, nbytes)
+        self.pool.submit_enqueued(self.slot, event, nbytes, landed_in)
         self.slot = None
 
     @hot_path

@@ -312,7 +312,7 @@ class ModelRunner:
                                      self.state.base, self.state.prefill_tokens)
         output = self._enqueue_output(sched.step_id, plan, result, seeds, output_slot)
         if fused:
-            writer.submit_enqueued(output.event, in_bytes)
+            writer.submit_enqueued(output.event, in_bytes, self.graphs.inputs.step_bytes)
         elif in_bytes is not None:
             self.lanes.follow_rings()
         # A bucketed decode step whose diffs its graph applied: the steady steps after it repeat it
@@ -365,7 +365,7 @@ class ModelRunner:
         result, _ = self._enqueue_device_step(plan, staged, key, None, fused)
         output = self._enqueue_output(step_id, plan, result, _NO_SEEDS, output_slot)
         if fused:
-            writer.submit_enqueued(output.event, in_bytes)
+            writer.submit_enqueued(output.event, in_bytes, self.graphs.inputs.step_bytes)
         elif in_bytes is not None:
             lanes.follow_rings()
         self._steady_key = key if packed is not None else None

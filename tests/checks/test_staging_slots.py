@@ -30,18 +30,26 @@ def test_a_slot_rewritten_before_its_copy_ran_names_the_step_that_took_it(held_s
 def test_a_device_write_into_a_staging_buffer_is_caught_without_any_race(monkeypatch, held_sim_run) -> None:
     from impl.buffers import StagingPool
 
-    submit = StagingPool.submit
+    submit, submit_enqueued = StagingPool.submit, StagingPool.submit_enqueued
     submits = []
 
-    def submit_then_scribble(pool, slot):  # planted: device work that writes a slot's device buffer after its copy
-        target = slot.device if slot.copy_to is None else slot.copy_to  # where the copy lands (a graph's step buffer)
-        submit(pool, slot)
+    def scribble(pool, slot, target) -> None:  # planted: device work that writes where a slot's bytes landed
         submits.append(slot.step)
         if len(submits) == 5 and slot.used_bytes:
             last = target[slot.used_bytes - 1 : slot.used_bytes]
             pool.device.enqueue(lambda: last.bitwise_xor_(1), "scribble")
 
+    def submit_then_scribble(pool, slot):
+        target = slot.device if slot.copy_to is None else slot.copy_to  # where the copy lands (a graph's step buffer)
+        submit(pool, slot)
+        scribble(pool, slot, target)
+
+    def submit_enqueued_then_scribble(pool, slot, event, nbytes, landed_in):  # a fused step: after its replay
+        submit_enqueued(pool, slot, event, nbytes, landed_in)
+        scribble(pool, slot, landed_in)
+
     monkeypatch.setattr(StagingPool, "submit", submit_then_scribble)
+    monkeypatch.setattr(StagingPool, "submit_enqueued", submit_enqueued_then_scribble)
     config, churn = held_sim_run("staging-slot", steps=12)
     findings = checked_run(replace(config, lag_policy=None), ChurnOps(churn), name="scribbled")
     staging = [e for e in findings.lifetime_errors if "host did not stage" in e]

@@ -439,9 +439,10 @@ def test_profile_is_a_dummy_forward_that_leaves_state_alone():
 
 def test_one_h2d_and_one_apply_launch_per_step():
     """Row state, block tables and sampling params of two admissions reach the device through one
-    staging copy and one apply launch; a graphed decode's diffs (a new block) ride in its one H2D and
-    are applied inside its graph replay, with no apply of their own; a steady step after it is its
-    bucket's fused replay alone, which copies its slot in itself (`impl.lanes`)."""
+    staging copy and one apply launch (two admissions: more than a mixed bucket's lane copy holds); a
+    graphed decode's diffs (a new block) ride in its staging slot and are applied inside its graph
+    replay, with no apply of their own; it and the steady step after it are their bucket's fused replay
+    alone, which copies the slot in itself (`impl.lanes`)."""
     device = Device("sim", seed=1, lag_policy="run-immediately")
     runner = make_runner(_weights(), LIMITS, device, 0)
     device.trace = []
@@ -461,7 +462,7 @@ def test_one_h2d_and_one_apply_launch_per_step():
                        sum(x.startswith("graph replay") for x in labels), sum(x.startswith("fused graph replay") for x in labels),
                        sum(x.startswith("copy first staging slot") for x in labels)))
     # The admissions: a mixed graph applies their diffs; their count reset reads the step buffer (no copy into it).
-    assert counts == [(1, 0, 1, 0, 0), (1, 0, 1, 0, 0), (0, 0, 0, 1, 0)]
+    assert counts == [(1, 0, 1, 0, 0), (0, 0, 0, 1, 0), (0, 0, 0, 1, 0)]
     assert runner.block_table.base[runner.state.req_to_row["a"], :2].tolist() == [0, 2]  # step 1's block, applied in the graph
 
 

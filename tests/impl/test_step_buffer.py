@@ -102,8 +102,8 @@ LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=64, max_num_
 
 
 def test_a_steady_graphed_decode_step_is_one_fused_replay():
-    """The first bucketed decode step is one H2D, one replay and one output copy; every steady step after it
-    is one enqueue, its bucket's fused replay (`impl.lanes`), block appends included."""
+    """Every bucketed decode step -- the first after the prefill (the general step) and the steady steps after
+    it -- is one enqueue, its bucket's fused replay (`impl.lanes`), block appends included."""
     runner = ModelRunner(random_weights(preset("micro"), seed=2), LIMITS, Device("cpu"), base_seed=1)
     sched = SchedulerSim(LIMITS, seed=0)
     for i in range(4):
@@ -125,9 +125,6 @@ def test_a_steady_graphed_decode_step_is_one_fused_replay():
     assert all(replayed) and any("mixed" in label for label in labels[0]), labels[0]
     graphed = labels[1:]
     assert len(graphed) >= 8, replayed  # block appends (staged diffs) happen on several of them
-    first, steady = graphed[0], graphed[1:]
-    assert len(first) == 3 and first[0].startswith("h2d") and first[1].startswith("graph replay"), first
-    assert first[2].startswith("d2h"), first
-    for step in steady:
+    for step in graphed:
         assert len(step) == 1 and step[0].startswith("fused graph replay"), step
-    assert runner.cuda_graph_stats()["fused_replays"] == len(steady)
+    assert runner.cuda_graph_stats()["fused_replays"] == len(graphed) + ("fused" in labels[0][0])
