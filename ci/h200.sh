@@ -66,6 +66,8 @@
 #   mutants_bucketed  the mutants planted into bucketed (mixed and decode) steps' launches -- input prep, post-update,
 #                 count reset, padding -- and those moved to other workloads when prefills became mixed graphs
 #                 (`mutants --no-chisq --only ...`), with their controls
+#   mutants_rest  the rest of the catalogue, beside mutants_new, mutants_bucketed and staging_slots (race, sync, sampler,
+#                 stream and speculative mutants; `mutants --only ...`, chi-square probes included), with their controls
 #   race_rates    kill rates of the race mutants over 10 seeds (`mutants --seeds 10 --only ...`)
 #   verify_kills  the race mutants through verify's own quick cuda plan (`mutants --campaign verify`), 5 seeds: kill rates
 #   output_slots  the output-slot checksums on cuda: a clean delayed stress run, then output_slot_overwritten_early
@@ -151,6 +153,11 @@ want mutants_bucketed && job mutants_bucketed "$limit" $rc mutants --device cuda
   slot_mapping_wrong_block idx_mapping_off_by_one num_computed_not_advanced tensor_in_python_if staged_writes_wrong_order \
   stale_row_after_preempt graph_buffer_reallocated padding_row_writes_live_state predicate_admits_larger_batch \
   graph_init_only_at_capture mixed_tail_left_stale graph_skips_admitted_count_reset --out "$out/mutants_bucketed" &
+want mutants_rest && job mutants_rest "$limit" $rc mutants --device cuda --only pageable_nonblocking_copy \
+  output_slot_overwritten_early item_in_step synchronize_in_step fp16_gumbel_noise u24_uniform top_k_off_by_one \
+  top_p_boundary_dropped temperature_twice penalty_sign_flipped logprobs_from_processed runner_stream_reads_default_stream_write \
+  accepted_count_read_on_host spec_accept_ratio_normalised spec_residual_abs spec_accept_uses_draft_noise spec_bonus_dropped \
+  --out "$out/mutants_rest" &
 want race_rates && job race_rates "$limit" $rc mutants --device cuda --seeds 10 --no-chisq --only \
   reuse_staging_early pageable_nonblocking_copy output_slot_overwritten_early --out "$out/race_rates" &
 want verify_kills && (  # two shards side by side (seeds 0,2,4 and 1,3), then their kill rates merged

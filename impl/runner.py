@@ -17,7 +17,9 @@ apply .. post-update as one graph replay (`impl.graph_step`): its slot's H2D lan
 fixed step buffer, whose header carries the step's counts, and the graph packs the step's output,
 so such a step -- admissions included: their diffs and count resets are named in the header --
 enqueues only the H2D, the replay and the output copy (a resumed request's earlier outputs are
-counted by a kernel of their own).
+counted by a kernel of their own).  When its staged bytes fit its bucket's lane copy (`impl.lanes`:
+a decode step's block appends, or one admission next to decodes) it enqueues one thing: the bucket's
+fused graph, which copies the slot in and the output out itself.
 Other batches (drafts that differ, prompt logprobs, above the largest bucket) run eager.
 A step that repeats the last decode batch (`impl.step_reader.read_steady_step`) reuses its plan;
 after a bucketed step it runs `ModelRunner._execute_steady`, whose host side is the read of the
