@@ -68,6 +68,8 @@
 #                 (`mutants --no-chisq --only ...`), with their controls
 #   mutants_rest  the rest of the catalogue, beside mutants_new, mutants_bucketed and staging_slots (race, sync, sampler,
 #                 stream and speculative mutants; `mutants --only ...`, chi-square probes included), with their controls
+#   mutant_logprobs_rates  logprobs_from_processed over 3 seeds (`mutants --seeds 3 --only ...`): it patches the sampler's
+#                 Python, so it recaptures the graphs (run 52 found it surviving graph-replayed logprob steps)
 #   race_rates    kill rates of the race mutants over 10 seeds (`mutants --seeds 10 --only ...`)
 #   verify_kills  the race mutants through verify's own quick cuda plan (`mutants --campaign verify`), 5 seeds: kill rates
 #   output_slots  the output-slot checksums on cuda: a clean delayed stress run, then output_slot_overwritten_early
@@ -158,6 +160,8 @@ want mutants_rest && job mutants_rest "$limit" $rc mutants --device cuda --only 
   top_p_boundary_dropped temperature_twice penalty_sign_flipped logprobs_from_processed runner_stream_reads_default_stream_write \
   accepted_count_read_on_host spec_accept_ratio_normalised spec_residual_abs spec_accept_uses_draft_noise spec_bonus_dropped \
   --out "$out/mutants_rest" &
+want mutant_logprobs_rates && job mutant_logprobs_rates "$limit" $rc mutants --device cuda --no-chisq --seeds 3 \
+  --only logprobs_from_processed --out "$out/mutant_logprobs_rates" &
 want race_rates && job race_rates "$limit" $rc mutants --device cuda --seeds 10 --no-chisq --only \
   reuse_staging_early pageable_nonblocking_copy output_slot_overwritten_early --out "$out/race_rates" &
 want verify_kills && (  # two shards side by side (seeds 0,2,4 and 1,3), then their kill rates merged

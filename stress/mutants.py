@@ -376,6 +376,10 @@ def _logprobs_from_processed(target: Any, m: AppliedMutant) -> None:
         return SamplerOutput(out.tokens, out.nan_flags, lp.logprob, lp.rank, lp.top_ids, lp.top_logprobs)
 
     m.set(sampler, "sample", sample_then_logprobs_of_scores)
+    # Bucketed steps with logprobs (mixed prefills, decodes) replay captured launches: capture them with the bug.
+    from stress.mutants_graphs import recapture_graphs
+
+    recapture_graphs(target, m)
 
 
 # --------------------------------------------------------------------------- entry points
