@@ -165,6 +165,17 @@ def _group_of_three(dev: Device) -> tuple:
     return group, ints, floats, longs
 
 
+def _flush_group(dev: Device, group: StagedWriteGroup, pool: StagingPool, step: int = 0) -> tuple[StagingWriter, int]:
+    """Flush ``group`` through one writer, submit, enqueue its apply and run it: (the writer, device calls enqueued)."""
+    writer = StagingWriter(pool, step)
+    enqueued = dev.num_enqueued
+    group.flush(writer)
+    writer.submit()
+    group.enqueue_apply()
+    dev.synchronize()
+    return writer, dev.num_enqueued - enqueued
+
+
 @pytest.mark.parametrize("capacity", [4096, 48])
 def test_group_applies_every_member_in_one_launch_per_slot(capacity):
     """int32, float32 and int64 members share one arena; a flush is one staging allocation and one
@@ -176,14 +187,8 @@ def test_group_applies_every_member_in_one_launch_per_slot(capacity):
     ints.stage(0, 2, [9])  # later wins within a member
     floats.stage_scalar(2, 1.25)
     longs.stage(1, 0, [2**40 + 5, -(2**35), 3, 2**50 + 1])
-    pool = StagingPool(dev, num_slots=8, capacity_bytes=capacity)
-    writer = StagingWriter(pool, 0)
-    enqueued = dev.num_enqueued
-    group.flush(writer)
-    writer.submit()
-    group.enqueue_apply()
-    dev.synchronize()
-    applies = dev.num_enqueued - enqueued - writer.num_slots_used  # minus the H2D copies
+    writer, enqueued = _flush_group(dev, group, StagingPool(dev, num_slots=8, capacity_bytes=capacity))
+    applies = enqueued - writer.num_slots_used  # minus the H2D copies
     if capacity == 4096:
         assert (applies, writer.num_slots_used) == (1, 1)
     else:  # one launch per batch that fits a slot
@@ -209,13 +214,8 @@ def test_scalar_cells_of_every_member_apply_in_the_one_launch_and_later_writes_w
     longs.stage_scalar(0, 6)  # a cell after a row diff of its row: the cell wins
     assert (ints.num_pending, floats.num_pending, longs.num_pending) == (2, 2, 3)
     pool = StagingPool(dev, num_slots=4, capacity_bytes=4096)
-    writer = StagingWriter(pool, 0)
-    enqueued = dev.num_enqueued
-    group.flush(writer)
-    writer.submit()
-    group.enqueue_apply()
-    dev.synchronize()
-    assert dev.num_enqueued - enqueued - writer.num_slots_used == 1  # one apply launch
+    writer, enqueued = _flush_group(dev, group, pool)
+    assert enqueued - writer.num_slots_used == 1  # one apply launch
     assert floats.base.tolist() == [2.5, -3.0, 0.5]
     assert ints.base[1].tolist() == [12, 13, -1, -1]
     assert longs.base[0].tolist() == [6, 5, 7, 7] and longs.base[2].tolist() == [2**45 + 3, 7, 7, 7]
@@ -223,11 +223,7 @@ def test_scalar_cells_of_every_member_apply_in_the_one_launch_and_later_writes_w
     floats.stage_scalar(2, 9.0)
     floats.discard_pending()  # a discarded cell is never written
     ints.stage_scalar(0, 1)
-    writer = StagingWriter(pool, 1)
-    group.flush(writer)
-    writer.submit()
-    group.enqueue_apply()
-    dev.synchronize()
+    _flush_group(dev, group, pool, step=1)
     assert floats.base.tolist() == [2.5, -3.0, 0.5] and ints.base[0, 0] == 1
 
 
@@ -303,13 +299,7 @@ def test_ragged_diffs_land_with_the_other_diffs_in_one_launch():
     floats.stage_scalar(0, 2.0)
     with pytest.raises(IndexError):
         ints.stage_ragged(np.array([2]), np.array([3]), np.array([2]), np.array([1, 2]))  # past the row
-    pool = StagingPool(dev, num_slots=2, capacity_bytes=1024)
-    writer = StagingWriter(pool, 0)
-    enqueued = dev.num_enqueued
-    group.flush(writer)
-    writer.submit()
-    group.enqueue_apply()
-    dev.synchronize()
-    assert dev.num_enqueued - enqueued == 2  # one H2D, one apply
+    _, enqueued = _flush_group(dev, group, StagingPool(dev, num_slots=2, capacity_bytes=1024))
+    assert enqueued == 2  # one H2D, one apply
     assert ints.base.tolist() == [[5, -1, -1, -1], [-1, 7, 8, -1], [9, 10, 11, -1]]
     assert floats.base.tolist() == [2.0, 0.5, 0.5] and ints.num_pending == 0
