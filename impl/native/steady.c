@@ -514,13 +514,14 @@ static PyObject *check_batch(PyObject *self, PyObject *args)
     int bad = 0;
     for (npy_intp i = 0; i < n; i++) {
         npy_int64 count = AT(lens, i), start = AT(starts, i), end, have = AT(known, i), k = 0;
-        /* Counts and mirror values are far inside int64 after the readers' checks, but a scheduled count
-         * may be any 64-bit int: an overflowing sum is a rejection, as numpy's wrapped one would be. */
-        if (count <= 0 || count > max_num_batched_tokens || __builtin_add_overflow(start, count, &end)) {
+        /* A scheduled count may be any 64-bit int: one above the budget is rejected before any sum (as the
+         * Python reference does), so neither ``end`` nor ``total`` can overflow. */
+        if (count <= 0 || count > max_num_batched_tokens || start > NPY_MAX_INT64 - count) {
             bad = 1;
             ends_out[i] = 0;
             continue;
         }
+        end = start + count;
         if (with_drafts) {
             k = AT(drafts, i);
             have += k;
