@@ -73,7 +73,7 @@ _ARANGE = np.arange(4096, dtype=np.int64)
 _ARANGE.flags.writeable = False
 _META_WORDS = 3  # (destination word, length in words, source word) per diff
 _NP_DTYPES = {torch.int32: np.int32, torch.float32: np.float32, torch.int64: np.int64}
-_steady = native.load("steady")  # `pack_ragged`, the C twin of the one-ragged diff table; None: numpy only
+_staging = native.load("staging")  # `pack_ragged` and `pack_parts`, the C twins of the diff tables; None: numpy only
 
 
 _CELL_WORDS = {k: np.full(1024, k, np.int64) for k in (1, 2)}  # the lengths of 4- and 8-byte cells (read-only slices)
@@ -192,15 +192,16 @@ class StagedWriteGroup:
         if not dst_parts:
             return
         self.seal()
-        dst = np.concatenate(dst_parts) if len(dst_parts) > 1 else dst_parts[0]
-        lens = np.concatenate(len_parts) if len(len_parts) > 1 else len_parts[0]
-        values = np.concatenate(word_parts) if len(word_parts) > 1 else word_parts[0]
-        src = np.zeros(len(lens), np.int64)
-        lens[:-1].cumsum(out=src[1:])
-        if _META_WORDS * len(lens) + len(values) <= limit:
-            self._applies = [self._pack(dst, lens, src, values, writer)]
+        n = sum(map(len, len_parts))
+        total = _META_WORDS * n + sum(map(len, word_parts))
+        if total <= limit:  # one diff table in one slot (the usual case), written from the parts
+            host, slot, start = writer.reserve_words(total)
+            if _staging is None or _staging.pack_parts(host, dst_parts, len_parts, word_parts) is NotImplemented:
+                _fill_diff_table(host, *_join_parts(dst_parts, len_parts, word_parts))
+            self._applies = [self._packed(slot, start, n, total)]
         else:
-            self._applies = [self._pack(*batch, writer) for batch in _word_batches(dst, lens, src, values, limit)]
+            batches = _word_batches(*_join_parts(dst_parts, len_parts, word_parts), limit)
+            self._applies = [self._pack(*batch, writer) for batch in batches]
 
     def _set_cell(self, dtype: torch.dtype, dst: int, value: float | int) -> None:
         self._cells[dtype][dst] = value  # a cell written twice in one step: the later write wins
@@ -239,7 +240,7 @@ class StagedWriteGroup:
         n = len(lens)
         total = _META_WORDS * n + len(values)
         host, slot, start = writer.reserve_words(total)
-        if _steady is None or _steady.pack_ragged(host, rows, starts, lens, values, tensor.num_cols,
+        if _staging is None or _staging.pack_ragged(host, rows, starts, lens, values, tensor.num_cols,
                                                   tensor.word_offset) is NotImplemented:
             dst = rows * tensor.num_cols
             dst += starts
@@ -293,6 +294,18 @@ class StagedWriteGroup:
         applies, self._applies = self._applies, []
         for apply in applies:
             self.device.enqueue(apply, f"apply {self.name}")
+
+
+def _join_parts(dst_parts: list[np.ndarray], len_parts: list[np.ndarray],
+                word_parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A flush's gathered parts as one diff list: (destinations, lengths, sources, values), the sources counting
+    up through the lengths (the reference of `pack_parts` in ``impl/native/staging.c``)."""
+    dst = np.concatenate(dst_parts) if len(dst_parts) > 1 else dst_parts[0]
+    lens = np.concatenate(len_parts) if len(len_parts) > 1 else len_parts[0]
+    values = np.concatenate(word_parts) if len(word_parts) > 1 else word_parts[0]
+    src = np.zeros(len(lens), np.int64)
+    lens[:-1].cumsum(out=src[1:])
+    return dst, lens, src, values
 
 
 def _word_batches(dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray, limit: int) -> list[tuple]:

@@ -94,8 +94,9 @@ def _module_name(name: str, defines: tuple[str, ...]) -> str:
 
 def _build_and_import(name: str, defines: tuple[str, ...]) -> ModuleType:
     source = (_SOURCES / f"{name}.c").read_bytes()
+    headers = [path.read_bytes() for path in sorted(_SOURCES.glob("*.h"))]  # included by every module
     module = _module_name(name, defines)
-    stamp = hashlib.sha256(b"\0".join([source, sys.version.encode(), np.__version__.encode(),
+    stamp = hashlib.sha256(b"\0".join([source, *headers, sys.version.encode(), np.__version__.encode(),
                                        repr(defines).encode()])).hexdigest()[:16]
     target = cache_dir() / stamp / f"{module}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not target.exists():
@@ -114,8 +115,8 @@ def _compile(source: Path, module: str, defines: tuple[str, ...], target: Path) 
     ldshared = shlex.split(sysconfig.get_config_var("LDSHARED") or "cc -shared")
     # LDSHARED names the compiler as its first word; keep its linker flags (-shared, macOS's -bundle ...).
     command = [*cc, *ldshared[1:], *shlex.split(sysconfig.get_config_var("CCSHARED") or ""), "-O2",
-               "-I", sysconfig.get_paths()["include"], "-I", np.get_include(), f"-DMODULE_NAME={module}",
-               *(f"-D{d}" for d in defines), str(source)]
+               "-I", sysconfig.get_paths()["include"], "-I", np.get_include(), "-I", str(source.parent),
+               f"-DMODULE_NAME={module}", *(f"-D{d}" for d in defines), str(source)]
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     result = subprocess.run([*command, "-o", str(partial)], capture_output=True, text=True, timeout=120)

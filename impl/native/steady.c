@@ -41,73 +41,12 @@
  *     advance_decode(rows, ends, known, num_tokens, num_computed) -> True, or NotImplemented (arrays
  *     of another kind or shape, a row out of range; nothing written).
  *
- * pack_ragged -- `impl.staged_writes.StagedWriteGroup._flush_one_ragged`'s diff table (its owner's slot words):
- *     words[3i:3i+3] = (rows[i] * cols + starts[i] + word_offset, lens[i], sum(lens[:i])), then the values
- *     as int32 after the 3n meta words.  pack_ragged(words, rows, starts, lens, values, cols, word_offset)
- *     -> True, or NotImplemented (nothing written).
- *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts
- * with the mirror), -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token) and
- * -DRUNNERCHECK_PLANT_SOURCE_ZERO (a diff table whose every source offset is 0).
+ * with the mirror) and -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token).
+ * The staged writes' packing lives in staging.c.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
-#include <numpy/arrayobject.h>
-
-#ifndef MODULE_NAME
-#define MODULE_NAME _steady
-#endif
-#define CONCAT_(a, b) a##b
-#define CONCAT(a, b) CONCAT_(a, b)
-#define STRINGIFY_(a) #a
-#define STRINGIFY(a) STRINGIFY_(a)
-
-typedef struct {
-    const char *data;
-    npy_intp len;
-    npy_intp stride;
-} ArrayView;
-
-#define AT(view, i) (*(const npy_int64 *)((view).data + (npy_intp)(i) * (view).stride))
-
-/* A 1-D array of ``type`` in native byte order, aligned (and writeable when asked): usable in place.
- * 0 for anything else. */
-static int array_view(PyObject *obj, int type, int writeable, ArrayView *view)
-{
-    if (!PyArray_Check(obj))
-        return 0;
-    PyArrayObject *array = (PyArrayObject *)obj;
-    if (PyArray_NDIM(array) != 1 || PyArray_TYPE(array) != type || !PyArray_ISALIGNED(array)
-        || !PyArray_ISNOTSWAPPED(array) || (writeable && !PyArray_ISWRITEABLE(array)))
-        return 0;
-    view->data = PyArray_BYTES(array);
-    view->len = PyArray_DIM(array, 0);
-    view->stride = PyArray_STRIDE(array, 0);
-    return 1;
-}
-
-static int int64_view(PyObject *obj, ArrayView *view)
-{
-    return array_view(obj, NPY_INT64, 0, view);
-}
-
-#define OUT64(view, i) (*(npy_int64 *)((view).data + (npy_intp)(i) * (view).stride))
-#define OUT32(view, i) (*(npy_int32 *)((view).data + (npy_intp)(i) * (view).stride))
-
-enum { EXACT_INT = 1, EXACT_INT_TOO_BIG = 2 };
-
-/* An exact int (not a bool or subclass): EXACT_INT with its value, EXACT_INT_TOO_BIG when it does
- * not fit 64 bits (then it equals no mirror value and lies in no bound), 0 for any other object. */
-static int exact_int(PyObject *obj, long long *value)
-{
-    if (!PyLong_CheckExact(obj))
-        return 0;
-    int overflow = 0;
-    *value = PyLong_AsLongLongAndOverflow(obj, &overflow);
-    return overflow ? EXACT_INT_TOO_BIG : EXACT_INT;
-}
+#include "arrays.h"
 
 /* Two exact strs: equal?  (Identity first, as a tuple comparison does.) */
 static int same_id(PyObject *a, PyObject *b)
@@ -568,49 +507,12 @@ static PyObject *advance_decode(PyObject *self, PyObject *args)
     Py_RETURN_TRUE;
 }
 
-static PyObject *pack_ragged(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *words_obj, *rows_obj, *starts_obj, *lens_obj, *values_obj;
-    long long cols, word_offset;
-    if (!PyArg_ParseTuple(args, "OOOOOLL", &words_obj, &rows_obj, &starts_obj, &lens_obj, &values_obj, &cols,
-                          &word_offset))
-        return NULL;
-    ArrayView words, rows, starts, lens, values;
-    if (!array_view(words_obj, NPY_INT32, 1, &words) || !int64_view(rows_obj, &rows) || !int64_view(starts_obj, &starts)
-        || !int64_view(lens_obj, &lens) || !int64_view(values_obj, &values))
-        Py_RETURN_NOTIMPLEMENTED;
-    const npy_intp n = rows.len;
-    if (starts.len != n || lens.len != n || words.len != 3 * n + values.len)
-        Py_RETURN_NOTIMPLEMENTED;
-    npy_int64 total = 0;
-    for (npy_intp i = 0; i < n; i++)
-        total += AT(lens, i);
-    if (total != values.len)
-        Py_RETURN_NOTIMPLEMENTED;
-    npy_int64 source = 0;
-    for (npy_intp i = 0; i < n; i++) {
-        OUT32(words, 3 * i) = (npy_int32)(AT(rows, i) * cols + AT(starts, i) + word_offset);
-        OUT32(words, 3 * i + 1) = (npy_int32)AT(lens, i);
-#ifdef RUNNERCHECK_PLANT_SOURCE_ZERO
-        OUT32(words, 3 * i + 2) = 0;
-#else
-        OUT32(words, 3 * i + 2) = (npy_int32)source;
-#endif
-        source += AT(lens, i);
-    }
-    for (npy_intp j = 0; j < values.len; j++)
-        OUT32(words, 3 * n + j) = (npy_int32)AT(values, j);
-    Py_RETURN_TRUE;
-}
-
 static PyMethodDef methods[] = {
     {"read_steady", read_steady, METH_VARARGS, "The steady decode step's reader (see the module's source header)."},
     {"read_cached", read_cached, METH_VARARGS, "The cached requests of a general step (see the module's source header)."},
     {"read_scheduled", read_scheduled, METH_VARARGS, "A general step's batch: ids, query lengths, rows and their mirror."},
     {"check_batch", check_batch, METH_VARARGS, "A general step's per-request count rules, and its token total."},
     {"advance_decode", advance_decode, METH_VARARGS, "The mirror's advance past a decode step without drafts."},
-    {"pack_ragged", pack_ragged, METH_VARARGS, "One ragged set of int32 diffs as a staged-write diff table."},
     {NULL, NULL, 0, NULL},
 };
 

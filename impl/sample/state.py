@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from impl import native
 from impl.buffers import StagingWriter
 from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from impl.device import Device
@@ -43,6 +44,7 @@ from impl.kernels.launch import cdiv, launch
 from impl.kernels.sampling_counts import add_token_counts_kernel, zero_count_rows_from_header_kernel, zero_count_rows_kernel
 
 _COUNT_BLOCK = 1024
+_staging = native.load("staging")  # `prompt_bitmask`, the C twin of `_prompt_bitmask_reference`; None: numpy only
 
 
 class SamplingStateError(ValueError):
@@ -50,7 +52,15 @@ class SamplingStateError(ValueError):
 
 
 def prompt_bitmask_words(prompt_token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
-    """The int32 words of one ``prompt_mask`` row for these prompt tokens."""
+    """The int32 words of one ``prompt_mask`` row for these prompt tokens (in C when `impl.native` built it)."""
+    if _staging is not None:
+        words = np.empty((vocab_size + 31) // 32, dtype=np.int32)
+        if _staging.prompt_bitmask(words, prompt_token_ids, vocab_size) is not NotImplemented:
+            return words
+    return _prompt_bitmask_reference(prompt_token_ids, vocab_size)
+
+
+def _prompt_bitmask_reference(prompt_token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
     words = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
     ids = np.asarray(prompt_token_ids, dtype=np.int64)
     if ids.size:

@@ -16,10 +16,9 @@ cached requests (ids unknown, repeated or leaving, counts inside or outside the 
 scheduled counts and batches (counts past each bound, one that wraps a 64-bit sum); the planted build
 that trusts the mirror is caught by the cached block's comparison too.
 
-The mirror's advance and the one-ragged diff table: on generated batches the C functions write
-exactly what the numpy code of their owners (`RequestStateTable.advance`,
-`StagedWriteGroup._flush_one_ragged`) writes; builds that forget the sampled token, or write every
-diff's source offset as 0, are caught.
+The mirror's advance: on generated batches the C function writes exactly what the numpy code of its
+owner (`RequestStateTable.advance`) writes; a build that forgets the sampled token is caught.  (The
+staged writes' packing, `impl/native/staging.c`, is tested in test_native_staging.py.)
 """
 from __future__ import annotations
 
@@ -32,15 +31,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import torch
-
 import impl.native as native
 import impl.staged_writes as staged_writes
 import impl.state as state_module
 import impl.step_reader as step_reader
-from impl.buffers import StagingPool, StagingWriter
-from impl.device import Device
-from impl.staged_writes import StagedWriteTensor
 from impl.state import RequestStateTable
 from impl.interface import CachedRequests, RunnerLimits, SchedulerOutput, SchedulerOutputError
 from impl.step_reader import StepArrays, _read_steady, read_steady_native
@@ -53,12 +47,12 @@ reader = native.load("steady")
 needs_native = pytest.mark.skipif(reader is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
 
 
-def _planted(define: str):
-    """A build of impl/native/steady.c with a planted bug; skips where nothing can be built."""
+def _planted(define: str, name: str = "steady"):
+    """A build of impl/native/<name>.c with a planted bug; skips where nothing can be built."""
     if native.mode() == "0":
         pytest.skip("RUNNERCHECK_NATIVE=0")
     try:
-        return native.load("steady", (define,))
+        return native.load(name, (define,))
     except native.NativeBuildError as err:
         pytest.skip(f"no C compiler here: {err}")
 
@@ -461,62 +455,6 @@ def test_planted_bug_c_advance_forgetting_the_sampled_token_is_caught():
         assert_advances_agree(forgetting, *at_the_end)
 
 
-# --------------------------------------------------------------------------- the one-ragged diff table
-
-TABLE_ROWS, TABLE_COLS = 6, 8
-
-
-def _staged_table(c_module, rows, starts, lens, values) -> tuple[list[int], list[list[int]]]:
-    """(the diff table's words, the table after the apply) for one ragged set through a private
-    `StagedWriteTensor` on cpu, with ``c_module`` as the group's C twin (None: numpy)."""
-    dev = Device("cpu")
-    table = StagedWriteTensor(dev, (TABLE_ROWS, TABLE_COLS), torch.int32, "table", fill=-1)
-    table.stage_ragged(rows, starts, lens, values)
-    pool = StagingPool(dev, num_slots=2, capacity_bytes=1024)
-    writer = StagingWriter(pool, 0)
-    saved = staged_writes._steady
-    staged_writes._steady = c_module
-    try:
-        table.flush(writer)
-    finally:
-        staged_writes._steady = saved
-    slot, start, n = table.group._packs[0]
-    words = slot.host_words[start : start + 3 * n + len(values)].tolist()
-    writer.submit()
-    table.enqueue_apply()
-    dev.synchronize()
-    return words, table.base.tolist()
-
-
-@st.composite
-def ragged_sets(draw):
-    n = draw(st.integers(1, TABLE_ROWS))
-    rows = np.array(draw(st.permutations(range(TABLE_ROWS)))[:n], np.int64)
-    lens = np.array([draw(st.integers(1, 3)) for _ in range(n)], np.int64)
-    starts = np.array([draw(st.integers(0, TABLE_COLS - int(k))) for k in lens], np.int64)
-    values = np.array([draw(st.integers(0, 1000)) for _ in range(int(lens.sum()))], np.int64)
-    return rows, starts, lens, values
-
-
-def assert_diff_tables_agree(c_module, rows, starts, lens, values) -> None:
-    got, want = _staged_table(c_module, rows, starts, lens, values), _staged_table(None, rows, starts, lens, values)
-    assert got == want, f"C diff table: {got}\nnumpy diff table: {want}"
-
-
-@needs_native
-@settings(max_examples=60, deadline=None)
-@given(ragged_sets())
-def test_c_diff_table_is_the_numpy_diff_table(ragged):
-    assert_diff_tables_agree(reader, *ragged)
-
-
-def test_planted_bug_c_diff_table_with_every_source_at_zero_is_caught():
-    zero_sources = _planted("RUNNERCHECK_PLANT_SOURCE_ZERO")
-    two_appends = (np.array([1, 4], np.int64), np.array([2, 0], np.int64), np.ones(2, np.int64), np.array([17, 23], np.int64))
-    with pytest.raises(AssertionError, match="C diff table"):
-        assert_diff_tables_agree(zero_sources, *two_appends)
-
-
 # --------------------------------------------------------------------------- the loader
 
 @pytest.fixture
@@ -624,12 +562,12 @@ def test_a_decode_run_takes_the_c_path(monkeypatch):
     counting = _Counting(reader)
     monkeypatch.setattr(step_reader, "_native_reader", counting)
     monkeypatch.setattr(state_module, "_steady", counting)
-    monkeypatch.setattr(staged_writes, "_steady", counting)
+    monkeypatch.setattr(staged_writes, "_staging", packing := _Counting(native.load("staging")))
     test_steady_step.test_steady_reader_agrees_with_the_full_reader_on_a_decode_run()
     # The run's steady steps (>= 8 there) are read twice each: by the test and by the runner.
     assert counting.done.get("read_steady", 0) >= 16, counting.done
     assert counting.done.get("advance_decode", 0) >= 8, counting.done
-    assert counting.done.get("pack_ragged", 0) >= 2, counting.done
+    assert packing.done.get("pack_ragged", 0) >= 2, packing.done
 
 
 @needs_native

@@ -1,0 +1,64 @@
+/* What the C modules of `impl.native` share: the module-name macros, 1-D array views and the exact-int read.
+ * Included by each module's source (the build hashes this header into every module's cache stamp). */
+#ifndef RUNNERCHECK_NATIVE_ARRAYS_H
+#define RUNNERCHECK_NATIVE_ARRAYS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
+#ifndef MODULE_NAME
+#error "impl.native builds each module with -DMODULE_NAME"
+#endif
+#define CONCAT_(a, b) a##b
+#define CONCAT(a, b) CONCAT_(a, b)
+#define STRINGIFY_(a) #a
+#define STRINGIFY(a) STRINGIFY_(a)
+
+typedef struct {
+    const char *data;
+    npy_intp len;
+    npy_intp stride;
+} ArrayView;
+
+#define AT(view, i) (*(const npy_int64 *)((view).data + (npy_intp)(i) * (view).stride))
+
+/* A 1-D array of ``type`` in native byte order, aligned (and writeable when asked): usable in place.
+ * 0 for anything else. */
+static inline int array_view(PyObject *obj, int type, int writeable, ArrayView *view)
+{
+    if (!PyArray_Check(obj))
+        return 0;
+    PyArrayObject *array = (PyArrayObject *)obj;
+    if (PyArray_NDIM(array) != 1 || PyArray_TYPE(array) != type || !PyArray_ISALIGNED(array)
+        || !PyArray_ISNOTSWAPPED(array) || (writeable && !PyArray_ISWRITEABLE(array)))
+        return 0;
+    view->data = PyArray_BYTES(array);
+    view->len = PyArray_DIM(array, 0);
+    view->stride = PyArray_STRIDE(array, 0);
+    return 1;
+}
+
+static inline int int64_view(PyObject *obj, ArrayView *view)
+{
+    return array_view(obj, NPY_INT64, 0, view);
+}
+
+#define OUT64(view, i) (*(npy_int64 *)((view).data + (npy_intp)(i) * (view).stride))
+#define OUT32(view, i) (*(npy_int32 *)((view).data + (npy_intp)(i) * (view).stride))
+
+enum { EXACT_INT = 1, EXACT_INT_TOO_BIG = 2 };
+
+/* An exact int (not a bool or subclass): EXACT_INT with its value, EXACT_INT_TOO_BIG when it does
+ * not fit 64 bits (then it equals no mirror value and lies in no bound), 0 for any other object. */
+static inline int exact_int(PyObject *obj, long long *value)
+{
+    if (!PyLong_CheckExact(obj))
+        return 0;
+    int overflow = 0;
+    *value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    return overflow ? EXACT_INT_TOO_BIG : EXACT_INT;
+}
+
+#endif

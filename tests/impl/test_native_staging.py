@@ -1,0 +1,243 @@
+"""The staged writes' packing in C (`impl/native/staging.c`) against its Python references.
+
+On generated writes the C functions produce exactly the words their references produce: the
+one-ragged diff table (`StagedWriteGroup._flush_one_ragged`'s numpy code), a general flush's diff
+table from its gathered parts (`_join_parts` + `_fill_diff_table`: row diffs of three element types,
+single-element cells, ragged sets and whole array rows in one group) and the prompt-token bitmask
+(`impl.sample.state._prompt_bitmask_reference`).  Each declines what it does not take -- another
+type, dtype or length -- with NotImplemented and writes nothing.  Builds with planted bugs (every
+source offset 0, bit 31 of each mask word lost) are caught by the same comparisons, and a run that
+admits requests is packed in C.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import impl.native as native
+import impl.sample.state as sampling_state_module
+import impl.staged_writes as staged_writes
+from impl.buffers import StagingPool, StagingWriter
+from impl.device import Device
+from impl.sample.state import _prompt_bitmask_reference
+from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
+from test_native import _Counting, _planted
+
+staging = native.load("staging")
+needs_native = pytest.mark.skipif(staging is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
+
+TABLE_ROWS, TABLE_COLS = 6, 8
+MASK_WORDS = 80  # a row of 64 words or more is staged as one array (`staged_writes._ARRAY_DIFF_MIN`)
+
+
+def _flushed(c_module, stage) -> tuple[list[int], list]:
+    """(the diff table's words, every member's base after the apply): ``stage(members)`` records writes into a
+    group of four members on cpu, flushed with ``c_module`` as the group's C twin (None: numpy)."""
+    dev = Device("cpu")
+    group = StagedWriteGroup(dev, "packed")
+    members = {
+        "table": StagedWriteTensor(dev, (TABLE_ROWS, TABLE_COLS), torch.int32, "table", fill=-1, group=group),
+        "scale": StagedWriteTensor(dev, TABLE_ROWS, torch.float32, "scale", fill=1.0, group=group),
+        "seed": StagedWriteTensor(dev, TABLE_ROWS, torch.int64, "seed", fill=0, group=group),
+        "mask": StagedWriteTensor(dev, (TABLE_ROWS, MASK_WORDS), torch.int32, "mask", fill=0, group=group),
+    }
+    group.seal()
+    stage(members)
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=1 << 14)
+    writer = StagingWriter(pool, 0)
+    saved = staged_writes._staging
+    staged_writes._staging = c_module
+    try:
+        group.flush(writer)
+    finally:
+        staged_writes._staging = saved
+    slot, start, n = group._packs[0]
+    words = slot.host_words[start : start + group.h2d_bytes_last_flush // 4].tolist()
+    writer.submit()
+    group.enqueue_apply()
+    dev.synchronize()
+    return words, [m.base.tolist() for m in members.values()]
+
+
+# --------------------------------------------------------------------------- the one-ragged diff table
+
+def _ragged_table(c_module, rows, starts, lens, values):
+    return _flushed(c_module, lambda m: m["table"].stage_ragged(rows, starts, lens, values))
+
+
+@st.composite
+def ragged_sets(draw):
+    n = draw(st.integers(1, TABLE_ROWS))
+    rows = np.array(draw(st.permutations(range(TABLE_ROWS)))[:n], np.int64)
+    lens = np.array([draw(st.integers(1, 3)) for _ in range(n)], np.int64)
+    starts = np.array([draw(st.integers(0, TABLE_COLS - int(k))) for k in lens], np.int64)
+    values = np.array([draw(st.integers(0, 1000)) for _ in range(int(lens.sum()))], np.int64)
+    return rows, starts, lens, values
+
+
+def assert_diff_tables_agree(c_module, rows, starts, lens, values) -> None:
+    got, want = _ragged_table(c_module, rows, starts, lens, values), _ragged_table(None, rows, starts, lens, values)
+    assert got == want, f"C diff table: {got}\nnumpy diff table: {want}"
+
+
+@needs_native
+@settings(max_examples=60, deadline=None)
+@given(ragged_sets())
+def test_c_diff_table_is_the_numpy_diff_table(ragged):
+    assert_diff_tables_agree(staging, *ragged)
+
+
+def test_planted_bug_c_diff_table_with_every_source_at_zero_is_caught():
+    zero_sources = _planted("RUNNERCHECK_PLANT_SOURCE_ZERO", "staging")
+    two_appends = (np.array([1, 4], np.int64), np.array([2, 0], np.int64), np.ones(2, np.int64), np.array([17, 23], np.int64))
+    with pytest.raises(AssertionError, match="C diff table"):
+        assert_diff_tables_agree(zero_sources, *two_appends)
+
+
+# --------------------------------------------------------------------------- a general flush's diff table
+
+@st.composite
+def general_writes(draw):
+    """Writes in staging order: ("row", member, row, start, values), ("cell", member, row, value),
+    ("mask", row, words) and at most one ("ragged", rows, starts, lens, values) into the table's rows
+    that nothing else writes."""
+    writes = []
+    for _ in range(draw(st.integers(0, 8))):
+        kind = draw(st.sampled_from(["row", "cell", "mask"]))
+        row = draw(st.integers(0, TABLE_ROWS - 1))
+        if kind == "mask":
+            writes.append(("mask", row, np.array(draw(st.lists(st.integers(-2**31, 2**31 - 1), min_size=MASK_WORDS,
+                                                               max_size=MASK_WORDS)), np.int32)))
+            continue
+        member = draw(st.sampled_from(["table", "scale", "seed"]))
+        value = draw(st.integers(-2**31, 2**31 - 1)) if member != "scale" else draw(st.floats(-1e6, 1e6, width=32))
+        if kind == "cell" or member != "table":
+            writes.append(("cell", member, row, value) if kind == "cell" else ("row", member, row, 0, [value]))
+        else:
+            start = draw(st.integers(0, TABLE_COLS - 1))
+            count = draw(st.integers(1, TABLE_COLS - start))
+            writes.append(("row", "table", row, start, [draw(st.integers(-2**31, 2**31 - 1)) for _ in range(count)]))
+    if draw(st.booleans()):  # appends into rows the other writes leave alone (a ragged set is never merged)
+        free = [r for r in range(TABLE_ROWS) if not any(w[0] != "mask" and w[1] == "table" and w[2] == r for w in writes)]
+        if free:
+            rows = np.array(free[: draw(st.integers(1, len(free)))], np.int64)
+            lens = np.ones(len(rows), np.int64)
+            writes.append(("ragged", rows, np.zeros(len(rows), np.int64), lens, np.arange(len(rows), dtype=np.int64) + 7))
+    return writes
+
+
+def _stage_all(writes):
+    def stage(members):
+        for write in writes:
+            if write[0] == "row":
+                members[write[1]].stage(write[2], write[3], write[4])
+            elif write[0] == "cell":
+                members[write[1]].stage_scalar(write[2], write[3])
+            elif write[0] == "mask":
+                members["mask"].stage(write[1], 0, write[2])
+            else:
+                members["table"].stage_ragged(*write[1:])
+    return stage
+
+
+@needs_native
+@settings(max_examples=40, deadline=None)
+@given(general_writes())
+def test_c_general_diff_table_is_the_numpy_diff_table(writes):
+    if not writes:
+        return  # nothing staged: nothing is packed
+    got, want = _flushed(staging, _stage_all(writes)), _flushed(None, _stage_all(writes))
+    assert got == want, f"C diff table: {got[0]}\nnumpy diff table: {want[0]}"
+
+
+def test_planted_bug_c_general_diff_table_with_every_source_at_zero_is_caught():
+    zero_sources = _planted("RUNNERCHECK_PLANT_SOURCE_ZERO", "staging")
+    writes = [("cell", "scale", 1, 0.5), ("cell", "seed", 2, 9), ("row", "table", 3, 1, [4, 5])]
+    assert _flushed(zero_sources, _stage_all(writes)) != _flushed(None, _stage_all(writes))
+
+
+@needs_native
+def test_pack_parts_declines_what_it_cannot_take():
+    dst, lens, values = [np.array([3, 9], np.int64)], [np.array([1, 2], np.int64)], [np.array([5, 6, 7], np.int32)]
+    words = np.full(9, -1, np.int32)
+    declined = [
+        (words, tuple(dst), lens, values),  # a tuple, not a list
+        (words, [dst[0].astype(np.int32)], lens, values),  # destinations of another dtype
+        (words, dst, [np.array([1], np.int64)], values),  # one length for two destinations
+        (words, dst, [np.array([1, 3], np.int64)], values),  # lengths that do not sum to the values
+        (words, dst, [np.array([-1, 4], np.int64)], values),  # a negative length
+        (np.full(10, -1, np.int32), dst, lens, values),  # words of another size
+        (words.astype(np.int64), dst, lens, values),  # words of another dtype
+        (words, dst, lens, [values[0].astype(np.int64)]),  # values of another dtype
+    ]
+    for args in declined:
+        before = args[0].copy()
+        assert staging.pack_parts(*args) is NotImplemented
+        assert np.array_equal(args[0], before)  # nothing written
+    assert staging.pack_parts(words, dst, lens, values) is True
+    assert words.tolist() == [3, 1, 0, 9, 2, 1, 5, 6, 7]
+
+
+# --------------------------------------------------------------------------- the prompt bitmask
+
+@st.composite
+def prompts(draw):
+    vocab = draw(st.integers(1, 300))
+    tokens = draw(st.lists(st.integers(0, vocab - 1), max_size=40))
+    return (tuple(tokens) if draw(st.booleans()) else tokens), vocab
+
+
+def _c_bitmask(c_module, tokens, vocab) -> np.ndarray | None:
+    words = np.full((vocab + 31) // 32, 12345, np.int32)
+    return words if c_module.prompt_bitmask(words, tokens, vocab) is True else None
+
+
+@needs_native
+@settings(max_examples=100, deadline=None)
+@given(prompts())
+def test_c_prompt_bitmask_is_the_numpy_bitmask(prompt):
+    tokens, vocab = prompt
+    assert np.array_equal(_c_bitmask(staging, tokens, vocab), _prompt_bitmask_reference(tokens, vocab))
+    assert np.array_equal(sampling_state_module.prompt_bitmask_words(tokens, vocab), _prompt_bitmask_reference(tokens, vocab))
+
+
+def test_planted_bug_c_prompt_bitmask_losing_bit_31_is_caught():
+    lost = _planted("RUNNERCHECK_PLANT_MASK_BIT31_LOST", "staging")
+    tokens = (3, 31, 40)
+    assert not np.array_equal(_c_bitmask(lost, tokens, 64), _prompt_bitmask_reference(tokens, 64))
+
+
+@needs_native
+def test_prompt_bitmask_declines_what_it_cannot_take():
+    words = np.full(2, 7, np.int32)
+    for tokens, vocab, out in [((1, 64), 64, words), ((1, -1), 64, words), ((True,), 64, words), ((np.int64(3),), 64, words),
+                               (np.array([1]), 64, words), ((1,), 65, words), ((1,), 64, words.astype(np.int64)),
+                               ((2**70,), 64, words)]:
+        before = out.copy()
+        assert staging.prompt_bitmask(out, tokens, vocab) is NotImplemented
+        assert np.array_equal(out, before)
+    # What the C function declines, the reference reads (numpy ints from an unchecked caller).
+    assert np.array_equal(sampling_state_module.prompt_bitmask_words((np.int64(33),), 64), _prompt_bitmask_reference((33,), 64))
+
+
+# --------------------------------------------------------------------------- the runner
+
+@needs_native
+def test_a_run_that_admits_packs_in_c(monkeypatch):
+    """An admitting run's general flushes and prompt bitmasks take the C path (a build that declined
+    everything, or a call site that stopped calling it, would leave numpy silently doing the work)."""
+    from test_bad_inputs import NUM_STEPS, _runner, _schedule
+
+    counting = _Counting(staging)
+    monkeypatch.setattr(staged_writes, "_staging", counting)
+    monkeypatch.setattr(sampling_state_module, "_staging", counting)
+    runner, outputs, admitted = _runner(), [], 0
+    for step in range(NUM_STEPS):
+        sched = _schedule(step, outputs)
+        admitted += len(sched.new_requests)
+        outputs.append(runner.execute_model(sched).get())
+    assert admitted and counting.done.get("prompt_bitmask", 0) == admitted, counting.done
+    assert counting.done.get("pack_parts", 0) >= 1, counting.done
