@@ -217,7 +217,7 @@ class StagedWriteGroup:
                 dst_parts.append(np.fromiter(cells, np.int64, n))
                 words = _CELL_WORDS[dtype.itemsize // 4]
                 len_parts.append(words[:n] if n <= len(words) else np.full(n, words[0], np.int64))
-                word_parts.append(np.array(list(cells.values()), _NP_DTYPES[dtype]).view(np.int32))
+                word_parts.append(np.fromiter(cells.values(), _NP_DTYPES[dtype], n).view(np.int32))
                 cells.clear()
 
     def _cells_of(self, tensor: "StagedWriteTensor", remove: bool) -> list[tuple[int, float | int]]:
