@@ -79,6 +79,7 @@ _staging = native.load("staging")  # `pack_ragged` and `pack_parts`, the C twins
 _CELL_WORDS = {k: np.full(1024, k, np.int64) for k in (1, 2)}  # the lengths of 4- and 8-byte cells (read-only slices)
 for _words in _CELL_WORDS.values():
     _words.flags.writeable = False
+_CELL_CODES = {torch.int32: 0, torch.float32: 1, torch.int64: 2}  # element codes of `pack_parts`'s cell tables
 _ARRAY_DIFF_MIN = 64  # elements from which a staged numpy row is flushed as an array, not a list of ints
 
 
@@ -111,6 +112,8 @@ class StagedWriteGroup:
         # word -> value, the later write of a cell winning.  Flushed as three arrays, not member by member.
         self._cells: dict[torch.dtype, dict[int, float | int]] = {dtype: {} for dtype in _NP_DTYPES}
         self._cell_members: list[StagedWriteTensor] = []  # members with cells pending
+        # The cell tables as `pack_parts` in impl/native/staging.c reads them: (table, element code), in `_cells` order.
+        self._cell_tables = tuple((self._cells[dtype], _CELL_CODES[dtype]) for dtype in self._cells)
         self.arena: torch.Tensor | None = None
         self._num_words = 0
         self._applies: list[Callable[[], None]] = []
@@ -187,19 +190,27 @@ class StagedWriteGroup:
             dst_parts.append(np.array(dst, np.int64))
             len_parts.append(np.array(lens, np.int64))
             word_parts.append(np.array(values, _NP_DTYPES[dtype]).view(np.int32))
+        num_cells = cell_words = 0
         if self._cell_members:
-            self._take_cells(dst_parts, len_parts, word_parts)
-        if not dst_parts:
+            for dtype, cells in self._cells.items():
+                num_cells += len(cells)
+                cell_words += len(cells) * (dtype.itemsize // 4)
+        if not dst_parts and not num_cells:
             return
         self.seal()
-        n = sum(map(len, len_parts))
-        total = _META_WORDS * n + sum(map(len, word_parts))
-        if total <= limit:  # one diff table in one slot (the usual case), written from the parts
+        n = sum(map(len, len_parts)) + num_cells
+        total = _META_WORDS * n + sum(map(len, word_parts)) + cell_words
+        if total <= limit:  # one diff table in one slot (the usual case), written from the parts and cells
             host, slot, start = writer.reserve_words(total)
-            if _staging is None or _staging.pack_parts(host, dst_parts, len_parts, word_parts) is NotImplemented:
+            if _staging is not None and _staging.pack_parts(host, dst_parts, len_parts, word_parts,
+                                                            self._cell_tables) is not NotImplemented:
+                self._clear_cells()
+            else:
+                self._take_cells(dst_parts, len_parts, word_parts)
                 _fill_diff_table(host, *_join_parts(dst_parts, len_parts, word_parts))
             self._applies = [self._packed(slot, start, n, total)]
         else:
+            self._take_cells(dst_parts, len_parts, word_parts)
             batches = _word_batches(*_join_parts(dst_parts, len_parts, word_parts), limit)
             self._applies = [self._pack(*batch, writer) for batch in batches]
 
@@ -207,10 +218,8 @@ class StagedWriteGroup:
         self._cells[dtype][dst] = value  # a cell written twice in one step: the later write wins
 
     def _take_cells(self, dst_parts: list[np.ndarray], len_parts: list[np.ndarray], word_parts: list[np.ndarray]) -> None:
-        """Move the pending cells into the flush's parts: one destination, length and value array per element type."""
-        for member in self._cell_members:
-            member._has_cells = False
-        self._cell_members = []
+        """Move the pending cells into the flush's parts: one destination, length and value array per element type
+        (the reference of the cell tables' share of `pack_parts`)."""
         for dtype, cells in self._cells.items():
             if cells:
                 n = len(cells)
@@ -218,7 +227,14 @@ class StagedWriteGroup:
                 words = _CELL_WORDS[dtype.itemsize // 4]
                 len_parts.append(words[:n] if n <= len(words) else np.full(n, words[0], np.int64))
                 word_parts.append(np.fromiter(cells.values(), _NP_DTYPES[dtype], n).view(np.int32))
-                cells.clear()
+        self._clear_cells()
+
+    def _clear_cells(self) -> None:
+        for member in self._cell_members:
+            member._has_cells = False
+        self._cell_members = []
+        for cells in self._cells.values():
+            cells.clear()
 
     def _cells_of(self, tensor: "StagedWriteTensor", remove: bool) -> list[tuple[int, float | int]]:
         """``tensor``'s pending cells as (element index, value), in staging order; taken out of the table when ``remove``."""

@@ -8,12 +8,15 @@
  *     as int32 after the 3n meta words.  pack_ragged(words, rows, starts, lens, values, cols, word_offset)
  *     -> True | NotImplemented.
  *
- * pack_parts -- the general `StagedWriteGroup.flush`'s diff table, from the parts it gathered (reference:
- *     `_fill_diff_table` over the joined parts, `impl.staged_writes._join_parts`): the diffs of every
- *     (destinations, lengths) part in order, as (destination, length, source) with the sources counting
- *     up through the lengths, then every word part in order.  pack_parts(words, dst_parts, len_parts,
- *     word_parts) -> True | NotImplemented.  The parts are lists of 1-D arrays (int64, int64, int32);
- *     ``words`` (int32) must hold exactly 3n + the word parts' total, and the lengths must sum to that total.
+ * pack_parts -- the general `StagedWriteGroup.flush`'s diff table, from the parts it gathered and its cell
+ *     tables (reference: `StagedWriteGroup._take_cells`, then `_fill_diff_table` over `_join_parts`): the
+ *     diffs of every (destinations, lengths) part in order, then one diff per cell of each table in order,
+ *     as (destination, length, source) with the sources counting up through the lengths; then every word
+ *     part in order, then the cells' values.  pack_parts(words, dst_parts, len_parts, word_parts,
+ *     cell_tables=()) -> True | NotImplemented.  The parts are lists of 1-D arrays (int64, int64, int32);
+ *     ``cell_tables`` a tuple of (dict, element code) pairs -- destination word (exact int) -> value, code 0 int32
+ *     (exact int in range), 1 float32 (exact float within float32's range, or not finite), 2 int64 (exact
+ *     int in range, two words).  ``words`` (int32) must hold exactly the table and the values.
  *
  * prompt_bitmask -- `impl.sample.state.prompt_bitmask_words`: bit t % 32 of word t // 32 set for each token t.
  *     prompt_bitmask(words, tokens, vocab_size) -> True | NotImplemented.  ``tokens`` an exact tuple or list
@@ -24,6 +27,10 @@
  * -DRUNNERCHECK_PLANT_MASK_BIT31_LOST (a bitmask that never sets bit 31 of a word).
  */
 #include "arrays.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
 
 #ifdef RUNNERCHECK_PLANT_SOURCE_ZERO
 #define SOURCE_OF(source) 0
@@ -79,11 +86,71 @@ static Py_ssize_t part_views(PyObject *list, int type, ArrayView *views)
 
 #define WORD_AT(view, i) (*(const npy_int32 *)((view).data + (npy_intp)(i) * (view).stride))
 
+enum { CELL_INT32 = 0, CELL_FLOAT32 = 1, CELL_INT64 = 2, CELL_CODES = 3 };
+
+/* One cell's value as its words (1, or 2 for int64: the in-memory halves, as numpy's int32 view has them);
+ * 0 when the value is not one the reference converts the same way. */
+static int cell_words(PyObject *value, long code, npy_int32 *out)
+{
+    if (code == CELL_FLOAT32) {
+        if (!PyFloat_CheckExact(value))
+            return 0;
+        double v = PyFloat_AS_DOUBLE(value);
+        if (isfinite(v) && (v > FLT_MAX || v < -FLT_MAX))
+            return 0;  /* numpy warns and rounds to infinity: left to it */
+        float f = (float)v;
+        memcpy(out, &f, sizeof f);
+        return 1;
+    }
+    long long v;
+    if (exact_int(value, &v) != EXACT_INT)
+        return 0;
+    if (code == CELL_INT32) {
+        if (v < NPY_MIN_INT32 || v > NPY_MAX_INT32)
+            return 0;
+        out[0] = (npy_int32)v;
+        return 1;
+    }
+    npy_int64 wide = (npy_int64)v;
+    memcpy(out, &wide, sizeof wide);
+    return 2;
+}
+
+/* The cell tables' (dict, code) pairs: their count of cells and of value words, or 0 when one is not usable. */
+static int cell_tables_size(PyObject *tables, npy_intp *cells, npy_intp *value_words)
+{
+    *cells = *value_words = 0;
+    if (!PyTuple_CheckExact(tables))
+        return 0;
+    for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(tables); t++) {
+        PyObject *pair = PyTuple_GET_ITEM(tables, t);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyDict_CheckExact(PyTuple_GET_ITEM(pair, 0)))
+            return 0;
+        long long code;
+        if (exact_int(PyTuple_GET_ITEM(pair, 1), &code) != EXACT_INT || code < 0 || code >= CELL_CODES)
+            return 0;
+        PyObject *dict = PyTuple_GET_ITEM(pair, 0), *key, *value;
+        Py_ssize_t pos = 0;
+        npy_int32 scratch[2];
+        while (PyDict_Next(dict, &pos, &key, &value)) {
+            long long dst;
+            if (exact_int(key, &dst) != EXACT_INT)
+                return 0;
+            int words = cell_words(value, (long)code, scratch);
+            if (!words)
+                return 0;
+            *cells += 1;
+            *value_words += words;
+        }
+    }
+    return 1;
+}
+
 static PyObject *pack_parts(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *words_obj, *dst_list, *len_list, *value_list;
-    if (!PyArg_ParseTuple(args, "OOOO", &words_obj, &dst_list, &len_list, &value_list))
+    PyObject *words_obj, *dst_list, *len_list, *value_list, *tables = NULL;
+    if (!PyArg_ParseTuple(args, "OOOO|O", &words_obj, &dst_list, &len_list, &value_list, &tables))
         return NULL;
     ArrayView words, dst[MAX_PARTS], lens[MAX_PARTS], values[MAX_PARTS];
     if (!array_view(words_obj, NPY_INT32, 1, &words))
@@ -91,6 +158,9 @@ static PyObject *pack_parts(PyObject *self, PyObject *args)
     Py_ssize_t num_dst = part_views(dst_list, NPY_INT64, dst), num_lens = part_views(len_list, NPY_INT64, lens);
     Py_ssize_t num_values = part_views(value_list, NPY_INT32, values);
     if (num_dst < 0 || num_lens != num_dst || num_values < 0)
+        Py_RETURN_NOTIMPLEMENTED;
+    npy_intp num_cells = 0, cell_value_words = 0;
+    if (tables != NULL && !cell_tables_size(tables, &num_cells, &cell_value_words))
         Py_RETURN_NOTIMPLEMENTED;
     npy_intp n = 0, value_words = 0;
     npy_int64 length_total = 0;
@@ -107,7 +177,7 @@ static PyObject *pack_parts(PyObject *self, PyObject *args)
     }
     for (Py_ssize_t p = 0; p < num_values; p++)
         value_words += values[p].len;
-    if (length_total != value_words || words.len != 3 * n + value_words)
+    if (length_total != value_words || words.len != 3 * (n + num_cells) + value_words + cell_value_words)
         Py_RETURN_NOTIMPLEMENTED;
     npy_intp d = 0;
     npy_int64 source = 0;
@@ -118,10 +188,26 @@ static PyObject *pack_parts(PyObject *self, PyObject *args)
             OUT32(words, 3 * d + 2) = (npy_int32)SOURCE_OF(source);
             source += AT(lens[p], i);
         }
-    npy_intp w = 3 * n;
+    npy_intp w = 3 * (n + num_cells);
     for (Py_ssize_t p = 0; p < num_values; p++)
         for (npy_intp j = 0; j < values[p].len; j++)
             OUT32(words, w++) = WORD_AT(values[p], j);
+    for (Py_ssize_t t = 0; tables != NULL && t < PyTuple_GET_SIZE(tables); t++) {
+        PyObject *pair = PyTuple_GET_ITEM(tables, t), *key, *value;
+        long code = PyLong_AsLong(PyTuple_GET_ITEM(pair, 1));
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(PyTuple_GET_ITEM(pair, 0), &pos, &key, &value)) {
+            npy_int32 cell[2];
+            int length = cell_words(value, code, cell);
+            OUT32(words, 3 * d) = (npy_int32)PyLong_AsLongLong(key);
+            OUT32(words, 3 * d + 1) = length;
+            OUT32(words, 3 * d + 2) = (npy_int32)SOURCE_OF(source);
+            source += length;
+            d++;
+            for (int k = 0; k < length; k++)
+                OUT32(words, w++) = cell[k];
+        }
+    }
     Py_RETURN_TRUE;
 }
 

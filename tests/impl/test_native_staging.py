@@ -113,7 +113,9 @@ def general_writes(draw):
                                                                max_size=MASK_WORDS)), np.int32)))
             continue
         member = draw(st.sampled_from(["table", "scale", "seed"]))
-        value = draw(st.integers(-2**31, 2**31 - 1)) if member != "scale" else draw(st.floats(-1e6, 1e6, width=32))
+        value = {"table": st.integers(-2**31, 2**31 - 1), "scale": st.floats(-1e6, 1e6, width=32),
+                 "seed": st.integers(-2**63, 2**63 - 1)}[member]
+        value = draw(value)
         if kind == "cell" or member != "table":
             writes.append(("cell", member, row, value) if kind == "cell" else ("row", member, row, 0, [value]))
         else:
@@ -179,6 +181,30 @@ def test_pack_parts_declines_what_it_cannot_take():
         assert np.array_equal(args[0], before)  # nothing written
     assert staging.pack_parts(words, dst, lens, values) is True
     assert words.tolist() == [3, 1, 0, 9, 2, 1, 5, 6, 7]
+
+
+@needs_native
+def test_pack_parts_declines_cells_it_cannot_convert_as_numpy_does():
+    none: list = []
+    declined = [
+        ({4: 1}, 1),  # an int in a float32 table
+        ({4: 1.5}, 0),  # a float in an int32 table
+        ({4: 2**31}, 0),  # outside int32
+        ({4: 2**63}, 2),  # outside int64
+        ({4: True}, 0),  # a bool
+        ({4: 1e39}, 1),  # outside float32's range (numpy rounds it to infinity, with a warning)
+        ({4.0: 1}, 0),  # a float destination
+        ({4: 1}, 3),  # no such element code
+    ]
+    for table, code in declined:
+        words = np.full(4 if code != 2 else 5, -1, np.int32)
+        assert staging.pack_parts(words, none, none, none, ((table, code),)) is NotImplemented, (table, code)
+        assert (words == -1).all()
+    assert staging.pack_parts(np.zeros(4, np.int32), none, none, none, [({4: 1}, 0)]) is NotImplemented  # a list of pairs
+    words = np.zeros(3 + 3 + 1 + 2, np.int32)
+    assert staging.pack_parts(words, none, none, none, (({4: float("inf")}, 1), ({6: -2}, 2))) is True
+    assert words[:6].tolist() == [4, 1, 0, 6, 2, 1]
+    assert words[6:7].view(np.float32)[0] == np.inf and words[7:].view(np.int64)[0] == -2
 
 
 # --------------------------------------------------------------------------- the prompt bitmask
