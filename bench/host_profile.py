@@ -65,7 +65,7 @@ PHASES = (("", "_check"), ("", "_update_rows"), ("input_batch", "stage"), ("grap
           ("outputs", "enqueue_copy_out"), ("graphs", "run"), ("staging", "seek_free"), ("outputs", "seek_free"),
           ("lanes", "fits"), ("staging", "submit_enqueued"),
           # the eager step's device work, by owner (closures call them when the stream runs them: at once on cuda)
-          ("", "_enqueue_model_and_sampling"), ("input_batch", "enqueue_prepare"), ("sampler", "sample"),
+          ("input_batch", "enqueue_prepare"), ("sampler", "sample"),
           ("sampling_state", "flush"), ("sampling_state", "enqueue_post_update"), ("staging", "acquire"),
           ("outputs", "acquire"))
 

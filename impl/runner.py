@@ -7,7 +7,8 @@ there; it uses its own scratch inputs, so it may run before or after capture), `
 runs steps and never captures.  The step's pieces live in their own modules: rows and the host mirror (`impl.state`),
 block tables (`impl.block_table`), the step plan and input buffers (`impl.input_batch`), the
 input-prep and post-update kernels (`impl.kernels`), the model (`impl.model.forward`), sampling
-(`impl.sample`) and the output ring (`impl.output`).
+(`impl.sample`), the output ring (`impl.output`), and a step's device work -- bucketed
+(`impl.graph_step`) or eager (`impl.eager_step`).
 
 Device work of a step, in one submit order on the one stream: H2D of the staging slot -> staged
 write applies -> input prep -> forward -> sampler -> post-update -> pack + one D2H into a pinned
@@ -50,6 +51,7 @@ from impl.block_table import BlockTable
 from impl.buffers import StagingPool, StagingWriter
 from impl.staged_writes import StagedWriteGroup
 from impl.device import Device
+from impl.eager_step import enqueue_eager_step
 from impl.graph_step import GraphKey, build_padded_step
 from impl.graphs import CudaGraphManager, validate_capture_sizes, validate_mixed_sizes
 from impl.hotpath import hot_path
@@ -59,11 +61,10 @@ from impl.boundary import check_device_drafts
 from impl.interface import DraftModelConfig, ModelRunnerOutput, NgramConfig, RunnerLimits, SchedulerOutput, effective_seed
 from impl.draft_proposer import DraftModelProposer
 from impl.ngram_proposer import NgramProposer, ProposerConfigError
-from impl.kernels.post_update import launch_post_update
 from impl.model.forward import PagedDecoder
 from impl.model.weights import ModelWeights
 from impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
-from impl.sample import LogprobsComputer, LogprobsOutput, Sampler, SamplingState, prompt_logprobs_chunked
+from impl.sample import LogprobsComputer, Sampler, SamplingState
 from impl.state import RequestStateTable
 from impl.step_reader import StepArrays, read_steady_step, read_step
 
@@ -74,10 +75,6 @@ _NO_SEEDS: dict[str, int] = {}  # a steady step admits nobody (read-only: `StepO
 # An admission's staged words besides its prompt bitmask and block ids: the row-state diff (3 + 5), the two
 # rows' table entries (3 + 3), the eight sampling-parameter cells (8 x 3 + 9), its count-reset row, alignment.
 _ADMISSION_WORDS = 64
-
-# Prompt-logprob positions whose logits exist at once (x vocab fp32): 256 x 151936 x 4 B = 156 MB.
-PROMPT_CHUNK_ROWS = 256
-
 
 class RunnerConfigError(ValueError):
     """Limits that do not fit the model or each other (raised at construction)."""
@@ -267,10 +264,7 @@ class ModelRunner:
             if isinstance(proposer, DraftModelProposer):
                 key, reason = None, "draft_model"  # its verify and propose run between and after the graph's launches
             if key is not None and proposer is None:
-                # A bucket with a fused step: both rings seek its next lane (`impl.lanes`) before the slots are taken.
-                in_bytes = self.graphs.fused(key)
-                lane_free = in_bytes is not None and self.lanes.seek()
-                output_slot = self.outputs.acquire() if in_bytes is not None else None
+                in_bytes, lane_free, output_slot = self._seek_lane(key)
             staged = self.input_batch.stage(plan, writer)
         if key is not None and proposer is None:
             # The bucketed step's first slot lands in the step buffer: an admission's kernels read it there.
@@ -313,10 +307,7 @@ class ModelRunner:
             proposer.enqueue_propose(staged, plan.num_reqs, self.outputs.num_sampled, self.sampler.tokens,
                                      self.state.base, self.state.prefill_tokens)
         output = self._enqueue_output(sched.step_id, plan, result, seeds, output_slot)
-        if fused:
-            writer.submit_enqueued(output.event, in_bytes, self.graphs.inputs.step_bytes)
-        elif in_bytes is not None:
-            self.lanes.follow_rings()
+        self._close_lane(writer, fused, in_bytes, output)
         # A bucketed decode step whose diffs its graph applied: the steady steps after it repeat it
         # through `_execute_steady` (its plan and key hold while nothing is admitted or finished).
         self._steady_key = key if (step.is_decode and packed is not None and not admitted and proposer is None
@@ -349,16 +340,13 @@ class ModelRunner:
         if appends is not None:
             self.state.apply_cached(appends[0], None, appends[1])
             self.block_table.append_many(*appends)
-        key, lanes = self._steady_key, self.lanes
-        in_bytes = self.graphs.fused(key)
-        # The next lane's slots, when both rings can hand them out without a wait (`impl.lanes`).
-        lane_free = in_bytes is not None and lanes.seek()
-        output_slot = self.outputs.acquire()
+        key = self._steady_key
+        in_bytes, lane_free, output_slot = self._seek_lane(key)
         writer = StagingWriter(self.staging, step_id)
         staged = self.input_batch.stage(plan, writer)
         self.staged_writes.flush(writer)
         packed = self._pack_for_graph(writer)
-        fused = lane_free and packed is not None and lanes.fits(writer, output_slot, in_bytes)
+        fused = lane_free and packed is not None and self.lanes.fits(writer, output_slot, in_bytes)
         if not fused:
             writer.submit(self.graphs.inputs.step_bytes, redirect=packed is not None)
             self.staged_writes.enqueue_apply()  # only when the diffs overflowed the first slot
@@ -366,10 +354,7 @@ class ModelRunner:
         # follow a step's device work (`checks.kv_provenance`).
         result, _ = self._enqueue_device_step(plan, staged, key, None, fused)
         output = self._enqueue_output(step_id, plan, result, _NO_SEEDS, output_slot)
-        if fused:
-            writer.submit_enqueued(output.event, in_bytes, self.graphs.inputs.step_bytes)
-        elif in_bytes is not None:
-            lanes.follow_rings()
+        self._close_lane(writer, fused, in_bytes, output)
         self._steady_key = key if packed is not None else None
         self.state.mark_used(plan.rows, output.event)
         self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
@@ -377,6 +362,25 @@ class ModelRunner:
         self._record_stats(step_id, plan.num_reqs, plan.num_tokens, writer.bytes, enqueued_before, started,
                            self.graphs.enabled, None, True)
         return output
+
+    @hot_path
+    def _seek_lane(self, key: GraphKey) -> tuple[int | None, bool, int | None]:
+        """A bucketed step's fused graph, before its slots are taken: (its copy-in bytes, None when the bucket
+        has no fused graph; whether both rings' next lane is free without a wait, `impl.lanes`; the output
+        slot, acquired now when there is a fused graph, else by `_enqueue_output`)."""
+        in_bytes = self.graphs.fused(key)
+        if in_bytes is None:
+            return None, False, None
+        return in_bytes, self.lanes.seek(), self.outputs.acquire()
+
+    @hot_path
+    def _close_lane(self, writer: StagingWriter, fused: bool, in_bytes: int | None, output: AsyncStepOutput) -> None:
+        """After the step's output is enqueued: a fused step's slot is submitted as copied in by its replay
+        (its output's event ends the slot's use); an unfused one leaves the rings' lanes where its slots were."""
+        if fused:
+            writer.submit_enqueued(output.event, in_bytes, self.graphs.inputs.step_bytes)
+        elif in_bytes is not None:
+            self.lanes.follow_rings()
 
     @hot_path
     def _pack_for_graph(self, writer: StagingWriter) -> tuple[int, int] | None:
@@ -445,62 +449,12 @@ class ModelRunner:
         if key is None:
             graphs.count_fallback(reason)
             self.input_batch.enqueue_prepare(plan, staged, self.state, self.block_table)
-            return self._enqueue_model_and_sampling(plan, staged), reason
+            return enqueue_eager_step(self, plan, staged), reason
         return graphs.run(key, fused=True) if fused else graphs.run(key), None
 
     def cuda_graph_stats(self) -> dict[str, Any]:
         """``{"enabled", "replays", "fallbacks": {reason: steps}}`` (plus padded-eager steps, graph count, sizes)."""
         return self.graphs.stats()
-
-    def _enqueue_model_and_sampling(self, plan: StepPlan, staged: StagedStepArrays) -> dict:
-        ib, result = self.input_batch, {}
-        num_reqs, num_tokens = plan.num_reqs, plan.num_tokens
-        num_rows, num_prompt_rows = plan.num_sampling_rows, plan.num_prompt_rows
-        max_query_len, max_seq_len, max_num_logprobs = plan.max_query_len, plan.max_seq_len, plan.max_num_logprobs
-        draft_prefix = ib.logits_draft_prefix if len(plan.drafts) else None
-        prompt_top = plan.max_num_prompt_logprobs
-
-        def forward() -> None:
-            hidden = self.model.forward(
-                ib.input_ids, ib.positions, ib.slot_mapping, ib.query_start_loc, ib.seq_lens, ib.block_table,
-                ib.logits_indices[: num_rows + num_prompt_rows], num_reqs=num_reqs, num_tokens=num_tokens,
-                max_query_len=max_query_len, max_seq_len=max_seq_len, return_hidden=True,
-            )
-            result["hidden"] = hidden
-            result["logits"] = self.model.compute_logits(hidden[:num_rows])
-
-        def sample() -> None:
-            result["out"] = self.sampler.sample(
-                result["logits"], self.sampling_state, ib.logits_state_rows, ib.logits_positions,
-                num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=max_num_logprobs,
-            )
-            if num_prompt_rows:
-                result["prompt"] = self._prompt_logprobs(result["hidden"][num_rows:], staged.prompt_targets, num_prompt_rows, prompt_top)
-
-        def post_update() -> None:
-            launch_post_update(
-                rows=staged.rows, cu=staged.cu, logits_start=staged.logits_start, draft_start=staged.draft_start,
-                drafts=staged.drafts, sampled=self.sampler.tokens, row_state=self.state.base,
-                num_sampled=self.outputs.num_sampled, row_valid=self.outputs.row_valid,
-                num_reqs=num_reqs, max_drafts=self.limits.max_num_draft_tokens,
-            )
-
-        self.device.enqueue(forward, "forward")
-        self.device.enqueue(sample, "sample")
-        if isinstance(self.proposer, DraftModelProposer):
-            self.proposer.enqueue_verify(result, plan, staged, self.sampler)
-        self.device.enqueue(post_update, "post update")
-        self.sampling_state.enqueue_post_update(ib.logits_state_rows, self.sampler.tokens, self.outputs.row_valid, num_rows)
-        return result
-
-    def _prompt_logprobs(self, hidden: torch.Tensor, targets: torch.Tensor, num_rows: int, num_top: int) -> LogprobsOutput:
-        """Prompt logprobs a chunk of positions at a time: peak memory is PROMPT_CHUNK_ROWS x vocab logits."""
-        computer = self.prompt_logprobs
-        out = LogprobsOutput(computer.logprob[:num_rows], computer.rank[:num_rows], computer.top_ids[:num_rows, :num_top],
-                             computer.top_logprobs[:num_rows, :num_top])
-        chunk = min(PROMPT_CHUNK_ROWS, computer.max_num_rows)
-        return prompt_logprobs_chunked(lambda start, end: self.model.compute_logits(hidden[start:end]), targets, num_rows,
-                                       num_top, computer, out, chunk_rows=chunk)
 
     def _enqueue_output(self, step_id: int, plan: StepPlan, result: dict, seeds: dict[str, int],
                         slot: int | None = None) -> AsyncStepOutput:

@@ -217,11 +217,11 @@ def _staged_writes_wrong_order(runner: Any, m: AppliedMutant) -> None:
 @_mutant("num_computed_not_advanced", "state", ("differential", "provenance"), "steady", ("state",),
          "post-update stores NUM_TOKENS and LAST_TOKEN but lost the NUM_COMPUTED store")
 def _num_computed_not_advanced(runner: Any, m: AppliedMutant) -> None:
+    import impl.eager_step as eager_step_module
     import impl.graph_step as graph_step_module
-    import impl.runner as runner_module
     from stress.mutants_graphs import recapture_graphs
 
-    launch, row_state = runner_module.launch_post_update, runner.state.base
+    launch, row_state = eager_step_module.launch_post_update, runner.state.base
 
     def launch_keeping_num_computed(**kwargs: Any) -> None:
         if kwargs["row_state"] is not row_state:  # another runner in this process: untouched
@@ -231,7 +231,7 @@ def _num_computed_not_advanced(runner: Any, m: AppliedMutant) -> None:
         row_state[:, NUM_COMPUTED].copy_(kept)
 
     # The eager step's launch and the bucketed steps' (graphs captured again with it).
-    m.set(runner_module, "launch_post_update", launch_keeping_num_computed)
+    m.set(eager_step_module, "launch_post_update", launch_keeping_num_computed)
     m.set(graph_step_module, "launch_post_update", launch_keeping_num_computed)
     recapture_graphs(runner, m)
 

@@ -239,10 +239,10 @@ def test_runner_matches_oracle_cpu(oracle_checked_trace):
 
 
 def test_runner_matches_oracle_cpu_all_sampling_features(monkeypatch):
-    import impl.runner
+    import impl.eager_step
 
     # Prompt logprobs in chunks of two positions: several chunks per step, still equal to the oracle.
-    monkeypatch.setattr(impl.runner, "PROMPT_CHUNK_ROWS", 2)
+    monkeypatch.setattr(impl.eager_step, "PROMPT_CHUNK_ROWS", 2)
     trace, stats, _ = _oracle_run(Device("cpu"), "full")
     assert stats["tokens"] >= 30
     assert any(out.prompt_logprobs for _, out in trace) and any(lp for _, out in trace for lp in out.logprobs)
