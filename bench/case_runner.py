@@ -209,6 +209,7 @@ class _HostCostRun:
     bucketed: int
     steady: bool
     waits: int
+    row_waits: int  # admissions that waited for a freed row's last step (`RequestStateTable.num_quarantine_waits`)
 
 
 def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, num_reqs: int, churn: float,
@@ -223,17 +224,19 @@ def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
                            num_blocks=num_blocks, token_budget=limits.max_num_batched_tokens, churn=churn, params=PARAMS, seed=ctx.seed)
     graphs_before = runner.cuda_graph_stats()
     waits_before = runner.staging.num_backpressure_waits + runner.outputs.num_backpressure_waits
+    row_waits_before = runner.state.num_quarantine_waits
     # The runner and the baseline interleaved, so the ratio is taken under one set of host conditions.
     host_us, base_us = _drive_paired(runner, work, baseline, bwork, steps)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     waits = runner.staging.num_backpressure_waits + runner.outputs.num_backpressure_waits - waits_before
+    row_waits = runner.state.num_quarantine_waits - row_waits_before
     # The runner's steps again, alone: what the interleaving costs it (its caches shared with the baseline's work).
     alone_us = _drive(runner, work, steps // 2)
     graphs_after = runner.cuda_graph_stats()
     bucketed = (graphs_after["replays"] + graphs_after["padded_eager"]) - (graphs_before["replays"] + graphs_before["padded_eager"])
     return _HostCostRun(num_reqs, churn, steps, runner, work, host_us, base_us, alone_us, baseline.h2d_bytes_last_step,
-                        bucketed, runner.last_step_stats.steady, waits)
+                        bucketed, runner.last_step_stats.steady, waits, row_waits)
 
 
 def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Row]:
@@ -262,7 +265,7 @@ def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Ro
             target="<= 150 us at 256, graphed (0% churn)" if churn == 0.0 else None, met=(median <= 150) if graphed else None,
             note=f"p90 {np.percentile(run.host_us, 90):.0f} us over {steps} steps, {device.kind}; "
                  f"bucketed (graph) steps {run.bucketed}/{steps}; last step steady: {run.steady}; "
-                 f"slot back-pressure waits {run.waits}; step reading (impl/native/steady.c): {native.describe()}, "
+                 f"slot back-pressure waits {run.waits}; row quarantine waits {run.row_waits}; step reading (impl/native/steady.c): {native.describe()}, "
                  f"diff packing (impl/native/staging.c): {native.describe('staging')}"),
         Row("host_cost", f"runner execute_model host time alone, {tag} ({what})", statistics.median(run.alone_us), "us",
             note=f"{steps // 2} more steps right after, not interleaved with the baseline (compare with the row above)"),
