@@ -1,4 +1,5 @@
-/* What the C modules of `impl.native` share: the module-name macros, 1-D array views and the exact-int read.
+/* What the C modules of `impl.native` share: the module-name macros, 1-D array views, the exact-int read and
+ * the module definition.
  * Included by each module's source (the build hashes this header into every module's cache stamp). */
 #ifndef RUNNERCHECK_NATIVE_ARRAYS_H
 #define RUNNERCHECK_NATIVE_ARRAYS_H
@@ -60,5 +61,16 @@ static inline int exact_int(PyObject *obj, long long *value)
     *value = PyLong_AsLongLongAndOverflow(obj, &overflow);
     return overflow ? EXACT_INT_TOO_BIG : EXACT_INT;
 }
+
+/* The module object and its init function, for a source whose method table is ``methods``. */
+#define RUNNERCHECK_MODULE(doc)                                                                              \
+    static struct PyModuleDef module = {                                                                     \
+        PyModuleDef_HEAD_INIT, STRINGIFY(MODULE_NAME), doc, -1, methods, NULL, NULL, NULL, NULL,              \
+    };                                                                                                       \
+    PyMODINIT_FUNC CONCAT(PyInit_, MODULE_NAME)(void)                                                        \
+    {                                                                                                        \
+        import_array();                                                                                      \
+        return PyModule_Create(&module);                                                                     \
+    }
 
 #endif

@@ -250,13 +250,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, STRINGIFY(MODULE_NAME), "The staged writes' packing, in C.", -1, methods,
-    NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC CONCAT(PyInit_, MODULE_NAME)(void)
-{
-    import_array();
-    return PyModule_Create(&module);
-}
+RUNNERCHECK_MODULE("The staged writes' packing, in C.")

@@ -516,13 +516,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, STRINGIFY(MODULE_NAME), "The steady decode step's host work, in C.", -1, methods,
-    NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC CONCAT(PyInit_, MODULE_NAME)(void)
-{
-    import_array();
-    return PyModule_Create(&module);
-}
+RUNNERCHECK_MODULE("The steady decode step's host work, in C.")
