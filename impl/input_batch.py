@@ -86,13 +86,12 @@ def plan_step(step: StepArrays, state: RequestStateTable, previous: StepPlan | N
     depend on positions).
     """
     if previous is not None and step.steady and previous.req_ids is step.req_ids and not state.num_prompt_logprob_rows:
-        return _replan(previous, int(step.ends.max()))
+        return _replan(previous, step.max_end)
     req_ids, rows, query_lens, starts = step.req_ids, step.rows, step.query_lens, step.starts
     num_reqs = len(req_ids)
     num_drafts = step.num_drafts
 
-    cu = np.zeros(num_reqs + 1, dtype=np.int32)
-    cu[1:] = query_lens.cumsum()  # an int64 sum cast once: cheaper than an accumulate into int32
+    cu = step.query_starts  # summed by the reader's batch check, with the largest query and end
     if step.drafts is None and num_reqs < len(_COUNTING32):
         # No drafts: one sampling row per request, no draft offsets (shared read-only arrays).
         drafts, draft_start = _NO_DRAFTS, _ZEROS32[: num_reqs + 1]
@@ -142,14 +141,15 @@ def plan_step(step: StepArrays, state: RequestStateTable, previous: StepPlan | N
         prompt_targets=np.concatenate(prompt_target_parts) if prompt_target_parts else _NO_PROMPT_TARGETS,
         prompt_requests=tuple(prompt_requests),
         num_logprobs=num_logprobs,
-        num_tokens=int(cu[-1]),
-        max_query_len=int(query_lens.max()) if num_reqs else 0,
-        max_seq_len=int(step.ends.max()) if num_reqs else 0,
+        num_tokens=step.num_tokens,
+        max_query_len=step.max_query_len,
+        max_seq_len=step.max_end,
         max_num_logprobs=max_num_logprobs,
         max_num_prompt_logprobs=max((p.num_top for p in prompt_requests), default=-1) if prompt_requests else -1,
         query_lens=query_lens,
         num_drafts=num_drafts,
-        uniform=_uniform(query_lens, num_drafts if step.drafts is not None else None),
+        uniform=_uniform(query_lens, num_drafts) if step.drafts is not None else
+        ((step.uniform_query_len, 0) if step.uniform_query_len >= 0 else None),
         logits_start64=logits_start.astype(np.int64) if logits_start64 is None else logits_start64,
     )
 
@@ -160,12 +160,12 @@ def _replan(p: StepPlan, max_seq_len: int) -> StepPlan:
                     p.max_num_prompt_logprobs, p.query_lens, p.num_drafts, p.uniform, p.logits_start64)
 
 
-def _uniform(query_lens: np.ndarray, num_drafts: np.ndarray | None) -> tuple[int, int] | None:
-    """(query length, drafts) shared by every request; ``num_drafts`` None: no drafts this step."""
+def _uniform(query_lens: np.ndarray, num_drafts: np.ndarray) -> tuple[int, int] | None:
+    """(query length, drafts) shared by every request of a step with drafts (without: `StepArrays.uniform_query_len`)."""
     if not len(query_lens):
         return None
-    q, k = int(query_lens[0]), 0 if num_drafts is None else int(num_drafts[0])
-    if np.count_nonzero(query_lens != q) or (num_drafts is not None and np.count_nonzero(num_drafts != k)):
+    q, k = int(query_lens[0]), int(num_drafts[0])
+    if np.count_nonzero(query_lens != q) or np.count_nonzero(num_drafts != k):
         return None
     return q, k
 

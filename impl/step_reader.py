@@ -94,8 +94,15 @@ class StepArrays:
     num_drafts: np.ndarray  # int64 [R]
     drafts: tuple[tuple[int, ...], ...] | None  # per scheduled request, batch order; None: no drafts this step
     num_tokens: int
+    # The plan's summaries, from the pass that checked the counts (`_check_batch`): ``query_start_loc`` (int32
+    # [R + 1]), the largest query and end (0 for no requests), and the query length every request shares (-1:
+    # they differ, or none).
+    query_starts: np.ndarray
+    max_query_len: int
+    max_end: int
+    uniform_query_len: int
     # Read by `read_steady_step`: the last step's requests, order and one-token queries again (its
-    # ``req_ids``, ``rows``, ``query_lens`` and ``num_drafts`` are the last step's objects, shared).
+    # ``req_ids``, ``rows``, ``query_lens``, ``num_drafts`` and ``query_starts`` are the last step's objects, shared).
     steady: bool = False
 
     @property
@@ -188,14 +195,15 @@ def read_steady_native(reader: ModuleType, sched: SchedulerOutput, state: Reques
 
 
 def _steady_arrays(last: StepArrays, starts: np.ndarray, ends: np.ndarray, known: np.ndarray,
-                   appends: tuple[np.ndarray, np.ndarray, np.ndarray] | None) -> StepArrays:
+                   appends: tuple[np.ndarray, np.ndarray, np.ndarray] | None, max_end: int) -> StepArrays:
     """A checked steady step: ``last``'s requests, rows and one-token queries again; the cached updates touch
     only the rows that appended blocks (every other shift and count is 0)."""
     return StepArrays(
         gone=(), cached_rows=appends[0] if appends is not None else _EMPTY, cached_computed=None,
         cached_new_blocks=appends[1] if appends is not None else _EMPTY, block_appends=appends, req_ids=last.req_ids,
         rows=last.rows, new_positions=(), query_lens=last.query_lens, starts=starts, ends=ends, known=known,
-        num_drafts=last.num_drafts, drafts=None, num_tokens=len(starts), steady=True,
+        num_drafts=last.num_drafts, drafts=None, num_tokens=len(starts), query_starts=last.query_starts,
+        max_query_len=last.max_query_len, max_end=max_end, uniform_query_len=last.uniform_query_len, steady=True,
     )
 
 
@@ -246,9 +254,10 @@ def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
     if np.count_nonzero(starts >= num_blocks * limits.block_size) or n > limits.max_num_batched_tokens:
         return None
     ends = starts + 1
-    if int(ends.max()) > limits.max_model_len:
+    max_end = int(ends.max())
+    if max_end > limits.max_model_len:
         return None
-    return _steady_arrays(last, starts, ends, state.num_tokens[rows], appends)
+    return _steady_arrays(last, starts, ends, state.num_tokens[rows], appends, max_end)
 
 
 def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last_step_id: int | None, *,
@@ -340,11 +349,12 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         got = _check_batch(query_lens, starts, known, blocks, with_drafts, limits)
     if got is None:
         _diagnose(sched, state, limits, last_step_id)
-    end, total = got
+    end, total, query_starts, max_query_len, max_end, uniform_query_len = got
     return StepArrays(
         gone=tuple(sorted(gone)), cached_rows=crows, cached_computed=ccomp, cached_new_blocks=cnew, block_appends=appends,
         req_ids=req_ids, rows=rows, new_positions=tuple(new_positions), query_lens=query_lens, starts=starts, ends=end, known=known,
-        num_drafts=num_drafts, drafts=drafts, num_tokens=total,
+        num_drafts=num_drafts, drafts=drafts, num_tokens=total, query_starts=query_starts, max_query_len=max_query_len,
+        max_end=max_end, uniform_query_len=uniform_query_len,
     )
 
 
@@ -410,10 +420,11 @@ def _read_scheduled(scheduled: dict, r2r: dict, gone_rows: np.ndarray | None, ca
 
 
 def _check_batch(query_lens: np.ndarray, starts: np.ndarray, known: np.ndarray, blocks: np.ndarray,
-                 num_drafts: np.ndarray | None, limits: RunnerLimits) -> tuple[np.ndarray, int] | None:
-    """(ends, token total) of a batch whose every count is >= 1, inside the tokens known (to their end exactly
-    with drafts), the blocks held and the model's length, with a total inside the budget; else None.
-    The reference of the C ``check_batch`` (`impl/native/steady.c`)."""
+                 num_drafts: np.ndarray | None, limits: RunnerLimits) -> tuple[np.ndarray, int, np.ndarray, int, int, int] | None:
+    """(ends, token total, query starts, largest query, largest end, shared query length or -1) of a batch whose
+    every count is >= 1, inside the tokens known (to their end exactly with drafts), the blocks held and the
+    model's length, with a total inside the budget; else None.  The reference of the C ``check_batch``
+    (`impl/native/steady.c`)."""
     # A count above the budget is rejected before any sum: a 64-bit sum could wrap past it.
     if np.count_nonzero((query_lens <= 0) | (query_lens > limits.max_num_batched_tokens)):
         return None
@@ -425,7 +436,12 @@ def _check_batch(query_lens: np.ndarray, starts: np.ndarray, known: np.ndarray, 
     total = int(query_lens.sum())
     if np.count_nonzero(bad) or total > limits.max_num_batched_tokens:
         return None
-    return end, total
+    query_starts = np.zeros(len(query_lens) + 1, np.int32)
+    query_starts[1:] = query_lens.cumsum()
+    if not len(query_lens):
+        return end, total, query_starts, 0, 0, -1
+    shared = int(query_lens[0]) if not np.count_nonzero(query_lens != query_lens[0]) else -1
+    return end, total, query_starts, int(query_lens.max()), int(end.max()), shared
 
 
 def _computed_counts(computed: tuple, upper: np.ndarray, crows: np.ndarray, sched: SchedulerOutput, state: RequestStateTable,

@@ -11,8 +11,9 @@
  *     read_steady(cached_ids, scheduled, computed, block_lists, last_ids, rows,
  *                 num_computed, num_blocks, num_tokens,
  *                 block_size, max_blocks, num_kv_blocks, max_model_len, max_num_batched_tokens)
- *       -> NotImplemented | None | (starts, ends, known, appends)
- *     appends: None, or (rows, counts, block ids) of the requests that appended blocks, in batch order.
+ *       -> NotImplemented | None | (starts, ends, known, appends, max_end)
+ *     appends: None, or (rows, counts, block ids) of the requests that appended blocks, in batch order;
+ *     max_end: the largest end (0 for no requests).
  *
  * read_cached   -- the cached requests' block of `impl.step_reader.read_step` (`_read_cached`), for a
  *     step that admits, finishes or preempts (the general reader).  The same exact-type rule as
@@ -34,7 +35,10 @@
  * check_batch -- `impl.step_reader._check_batch`: every scheduled count >= 1, inside the tokens known
  *     (exactly to their end with drafts), the blocks held, the model's length, and a total inside the
  *     token budget.  check_batch(query_lens, starts, known, blocks, num_drafts | None, block_size,
- *     max_model_len, max_num_batched_tokens) -> NotImplemented | None | (ends, total)
+ *     max_model_len, max_num_batched_tokens)
+ *       -> NotImplemented | None | (ends, total, query_starts, max_query_len, max_end, uniform_query_len)
+ *     The plan's summaries come from the same pass: query_starts int32 [n + 1] (the counts' running sum from 0),
+ *     the largest count and end (0 for no requests), and the count every request shares (-1: they differ, or none).
  *
  * advance_decode -- the no-draft branch of `impl.state.RequestStateTable.advance` (its owner's mirror):
  *     num_tokens[rows[i]] = max(known[i], ends[i] + 1); num_computed[rows[i]] = ends[i].
@@ -157,6 +161,7 @@ static PyObject *read_steady(PyObject *self, PyObject *args)
             goto fail;
     }
     npy_int64 *starts_out = DATA64(starts), *ends_out = DATA64(ends), *known_out = DATA64(known);
+    npy_int64 max_end = 0;
     Py_ssize_t a = 0, b = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         npy_int64 row = AT(rows, i), start = AT(mirror_computed, row), blocks_held = AT(mirror_blocks, row);
@@ -181,6 +186,8 @@ static PyObject *read_steady(PyObject *self, PyObject *args)
         }
         starts_out[i] = start;
         ends_out[i] = start + 1;
+        if (start + 1 > max_end)
+            max_end = start + 1;
         known_out[i] = AT(mirror_tokens, row);
     }
     if (mismatch) {
@@ -203,7 +210,7 @@ static PyObject *read_steady(PyObject *self, PyObject *args)
     else {
         appends = Py_NewRef(Py_None);
     }
-    PyObject *result = PyTuple_Pack(4, starts, ends, known, appends);
+    PyObject *result = Py_BuildValue("(OOOOL)", starts, ends, known, appends, (long long)max_end);
     Py_DECREF(starts);
     Py_DECREF(ends);
     Py_DECREF(known);
@@ -446,11 +453,18 @@ static PyObject *check_batch(PyObject *self, PyObject *args)
     if (starts.len != n || known.len != n || blocks.len != n || (with_drafts && drafts.len != n))
         Py_RETURN_NOTIMPLEMENTED;
     PyObject *ends = new_int64(n);
-    if (!ends)
+    npy_intp num_starts = n + 1;
+    PyObject *query_starts = PyArray_SimpleNew(1, &num_starts, NPY_INT32);
+    if (!ends || !query_starts) {
+        Py_XDECREF(ends);
+        Py_XDECREF(query_starts);
         return NULL;
+    }
     npy_int64 *ends_out = DATA64(ends);
-    long long total = 0;
+    npy_int32 *starts_out = (npy_int32 *)PyArray_DATA((PyArrayObject *)query_starts);
+    long long total = 0, max_count = 0, max_end = 0, shared = n ? AT(lens, 0) : -1;
     int bad = 0;
+    starts_out[0] = 0;
     for (npy_intp i = 0; i < n; i++) {
         npy_int64 count = AT(lens, i), start = AT(starts, i), end, have = AT(known, i), k = 0;
         /* A scheduled count may be any 64-bit int: one above the budget is rejected before any sum (as the
@@ -469,13 +483,22 @@ static PyObject *check_batch(PyObject *self, PyObject *args)
             bad = 1;
         total += count;
         ends_out[i] = end;
+        /* Written only while the total fits int32 (the budget does: `impl.runner._check_limits`); a batch past
+         * the budget is rejected below and its starts are never read. */
+        starts_out[i + 1] = (npy_int32)total;
+        if (count > max_count)
+            max_count = count;
+        if (end > max_end)
+            max_end = end;
+        if (count != shared)
+            shared = -1;
     }
     if (bad || total > max_num_batched_tokens) {
         Py_DECREF(ends);
+        Py_DECREF(query_starts);
         Py_RETURN_NONE;
     }
-    PyObject *result = Py_BuildValue("(NL)", ends, total);
-    return result;
+    return Py_BuildValue("(NLNLLL)", ends, total, query_starts, max_count, max_end, shared);
 }
 
 static PyObject *advance_decode(PyObject *self, PyObject *args)

@@ -111,7 +111,8 @@ def _last(req_ids: tuple, rows: list[int]) -> StepArrays:
     return StepArrays(gone=(), cached_rows=np.zeros(0, np.int64), cached_computed=None, cached_new_blocks=np.zeros(0, np.int64),
                       block_appends=None, req_ids=req_ids, rows=np.array(rows, np.int64), new_positions=(), query_lens=ones,
                       starts=np.zeros(n, np.int64), ends=ones, known=ones, num_drafts=np.zeros(n, np.int64), drafts=None,
-                      num_tokens=n)
+                      num_tokens=n, query_starts=np.arange(n + 1, dtype=np.int32), max_query_len=1, max_end=1,
+                      uniform_query_len=1)
 
 
 # Replacements for one entry of a field, and whether each keeps every object of its exact type.
@@ -376,7 +377,10 @@ def assert_batch_checks_agree(c_reader, lens, starts, known, blocks, drafts) -> 
     if got is None or want is None:
         assert got is want, f"C check: {got}\nnumpy check: {want}"
         return
-    assert np.array_equal(got[0], want[0]) and got[1] == want[1], f"C check: {got}\nnumpy check: {want}"
+    (ends, total, starts_c, *summaries), (want_ends, want_total, want_starts, *want_summaries) = got, want
+    assert starts_c.dtype == want_starts.dtype == np.int32, (starts_c.dtype, want_starts.dtype)
+    assert (np.array_equal(ends, want_ends) and total == want_total and np.array_equal(starts_c, want_starts)
+            and summaries == want_summaries), f"C check: {got}\nnumpy check: {want}"
 
 
 @needs_native
