@@ -265,7 +265,8 @@ def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Ro
             target="<= 150 us at 256, graphed (0% churn)" if churn == 0.0 else None, met=(median <= 150) if graphed else None,
             note=f"p90 {np.percentile(run.host_us, 90):.0f} us over {steps} steps, {device.kind}; "
                  f"bucketed (graph) steps {run.bucketed}/{steps}; last step steady: {run.steady}; "
-                 f"slot back-pressure waits {run.waits}; row quarantine waits {run.row_waits}; step reading (impl/native/steady.c): {native.describe()}, "
+                 f"slot back-pressure waits {run.waits}; row quarantine waits {run.row_waits}; "
+                 f"step reading (impl/native/steady.c, boundary.c): {native.describe()}, {native.describe('boundary')}; "
                  f"diff packing (impl/native/staging.c): {native.describe('staging')}"),
         Row("host_cost", f"runner execute_model host time alone, {tag} ({what})", statistics.median(run.alone_us), "us",
             note=f"{steps // 2} more steps right after, not interleaved with the baseline (compare with the row above)"),

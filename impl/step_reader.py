@@ -46,10 +46,13 @@ from impl.boundary import (
 from impl import native
 from impl.exact_ints import RepeatedInt, equal_exact_ints
 from impl.interface import (
+    MAX_SEED,
     CapacityError,
     DuplicateRequestError,
     FinishedAndScheduledError,
+    NewRequest,
     RunnerLimits,
+    SamplingParams,
     ScheduledTokensError,
     SchedulerOutput,
     SchedulerOutputError,
@@ -177,6 +180,20 @@ def read_steady_step(sched: SchedulerOutput, state: RequestStateTable, limits: R
 
 # The C twin of `_read_steady` (`impl/native/steady.c`); None without a compiler or with RUNNERCHECK_NATIVE=0.
 _native_reader = native.load("steady")
+# The C twin of `impl.boundary.check_new_request` (`impl/native/boundary.c`); None: the reference alone.
+_native_boundary = native.load("boundary")
+
+
+def _new_request_prefill(req: object, limits: RunnerLimits) -> int:
+    """`check_new_request`'s verdict on one new request (its prefill length), decided in C when the C twin takes
+    the request; the reference decides every other request and names every rejection."""
+    if _native_boundary is not None:
+        n = _native_boundary.check_new_request(
+            req, NewRequest, SamplingParams, limits.vocab_size, limits.max_logprobs, limits.max_model_len,
+            limits.num_kv_blocks, blocks_per_request(limits.max_model_len, limits.block_size), limits.block_size, MAX_SEED)
+        if type(n) is int:
+            return n
+    return check_new_request(req, limits)
 
 
 def read_steady_native(reader: ModuleType, sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits,
@@ -276,7 +293,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
 
     new: dict[str, tuple[int, int, int]] = {}  # id -> (prefill length, blocks, prefix-cache hit)
     for req in sched.new_requests:
-        n = check_new_request(req, limits)
+        n = _new_request_prefill(req, limits)
         rid = req.req_id
         if rid in new or (rid in r2r and rid not in gone):
             raise DuplicateRequestError("request id already live", req_id=rid, field="req_id")

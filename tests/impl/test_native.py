@@ -525,11 +525,13 @@ def test_the_runner_reads_steady_steps_with_the_python_twin(monkeypatch):
 
 
 def test_the_bad_input_catalogue_holds_with_the_python_twin(monkeypatch):
-    """The bad-input suite's variants (general steps 3 and 4, steady step 5) with the C readers off: the same
+    """The bad-input suite's variants (general steps 3 and 4, steady step 5) with the C readers and the C
+    new-request check off: the same
     typed errors, no state changed (the suite itself runs with the C readers whenever they are built)."""
     from test_bad_inputs import _runner, _schedule, _throw, _variants_at_3, _variants_at_4, _variants_at_5
 
     monkeypatch.setattr(step_reader, "_native_reader", None)
+    monkeypatch.setattr(step_reader, "_native_boundary", None)
     runner, outputs, seen = _runner(), [], {}
     for step, variants in enumerate((None, None, None, _variants_at_3, _variants_at_4, _variants_at_5)):
         if variants is not None:

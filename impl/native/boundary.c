@@ -1,0 +1,238 @@
+/* The admission boundary's checks in C (`impl.native`): the twin of `impl.boundary.check_new_request`, which
+ * stays the reference, names every rejection and decides every request this function does not.
+ *
+ * check_new_request -- everything about one new request that needs no runner state (its id, token lists,
+ *     sampling parameters as `impl.interface.SamplingParams.validate` checks them, prefill length, block ids
+ *     and prefix-cache hit as `impl.boundary.validate_prefix_hit` checks it).
+ *
+ *     check_new_request(req, new_request_type, sampling_params_type, vocab_size, max_logprobs, max_model_len,
+ *                       num_kv_blocks, max_blocks, block_size, max_seed)
+ *       -> NotImplemented | None | prefill length
+ *
+ *     It decides only requests whose every inspected object has its exact expected type: the request and
+ *     its parameters of exactly the two given classes, the id a `str`, token and block lists `tuple` or
+ *     `list` of `int`, counts and ids `int` (of 64 bits), float parameters `int` or `float`, optional ones
+ *     `None` or `int`.  Then no comparison can call user code, and the verdict -- the prefill length, or
+ *     None when a rule fails (the reference then raises the error that names it) -- is a pure function of
+ *     the values.  On any other request it returns NotImplemented before deciding, and the reference
+ *     decides.  It only reads.
+ *
+ * Built at run time by `impl.native`; the planted-bug test builds a variant with
+ * -DRUNNERCHECK_PLANT_TOP_P_ZERO (a top_p of 0 accepted).
+ */
+#include "arrays.h"
+
+#include <math.h>
+
+enum { UNDECIDED = -1, REJECT = 0, ACCEPT = 1 };
+
+/* An attribute, as a new reference; NULL with an exception set when reading it failed.  The names are
+ * interned once (a module lives as long as the interpreter that loaded it). */
+static PyObject *attr(PyObject *obj, const char *name)
+{
+    enum { MAX_NAMES = 32 };
+    static const char *known[MAX_NAMES];
+    static PyObject *interned[MAX_NAMES];
+    static int count;
+    for (int i = 0; i < count; i++)
+        if (known[i] == name)
+            return PyObject_GetAttr(obj, interned[i]);
+    if (count == MAX_NAMES)
+        return PyObject_GetAttrString(obj, name);
+    PyObject *key = PyUnicode_InternFromString(name);
+    if (!key)
+        return NULL;
+    known[count] = name;
+    interned[count++] = key;
+    return PyObject_GetAttr(obj, key);
+}
+
+/* A number parameter (exact int of 64 bits or exact float) as a double, for a check that does not depend on
+ * the int's last bits (comparisons with small bounds); UNDECIDED for any other object. */
+static int number(PyObject *value, double *out)
+{
+    if (PyFloat_CheckExact(value)) {
+        *out = PyFloat_AS_DOUBLE(value);
+        return ACCEPT;
+    }
+    long long v;
+    if (exact_int(value, &v) != EXACT_INT)
+        return UNDECIDED;
+    *out = (double)v;
+    return ACCEPT;
+}
+
+/* A token or block-id list: an exact tuple or list of exact ints; REJECT when one lies outside [0, bound). */
+static int id_list(PyObject *list, long long bound, Py_ssize_t *count)
+{
+    if (!PyTuple_CheckExact(list) && !PyList_CheckExact(list))
+        return UNDECIDED;
+    PyObject **items = PySequence_Fast_ITEMS(list);
+    *count = PySequence_Fast_GET_SIZE(list);
+    int verdict = ACCEPT;
+    for (Py_ssize_t i = 0; i < *count; i++) {
+        long long v;
+        int kind = exact_int(items[i], &v);
+        if (kind == 0)
+            return UNDECIDED;
+        if (kind == EXACT_INT_TOO_BIG || v < 0 || v >= bound)
+            verdict = REJECT;  /* the whole list is still read: a later odd type leaves the request undecided */
+    }
+    return verdict;
+}
+
+/* An optional count (None, or an exact int >= 0 and <= limit). */
+static int optional_count(PyObject *value, long long limit, int *is_none)
+{
+    *is_none = value == Py_None;
+    if (*is_none)
+        return ACCEPT;
+    long long v;
+    int kind = exact_int(value, &v);
+    if (kind == 0)
+        return UNDECIDED;
+    return kind == EXACT_INT && v >= 0 && v <= limit ? ACCEPT : REJECT;
+}
+
+/* `SamplingParams.validate`'s rules on exactly typed fields. */
+static int sampling_params(PyObject *params, long long vocab_size, long long max_logprobs, long long max_seed,
+                           int *asks_prompt_logprobs)
+{
+    static const char *numbers[] = {"temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+                                    "presence_penalty"};
+    double value[6];
+    int verdict = ACCEPT;
+    for (int i = 0; i < 6; i++) {
+        PyObject *field = attr(params, numbers[i]);
+        if (!field)
+            return UNDECIDED;
+        int kind = number(field, &value[i]);
+        Py_DECREF(field);
+        if (kind == UNDECIDED)
+            return UNDECIDED;
+    }
+    double temperature = value[0], top_p = value[1], min_p = value[2], repetition = value[3];
+    if (!isfinite(temperature) || temperature < 0)
+        verdict = REJECT;
+#ifdef RUNNERCHECK_PLANT_TOP_P_ZERO
+    if (!(top_p >= 0.0 && top_p <= 1.0))
+#else
+    if (!(top_p > 0.0 && top_p <= 1.0))
+#endif
+        verdict = REJECT;
+    if (!(min_p >= 0.0 && min_p <= 1.0))
+        verdict = REJECT;
+    if (!isfinite(repetition) || !(repetition > 0))
+        verdict = REJECT;
+    for (int i = 4; i < 6; i++)
+        if (!isfinite(value[i]) || !(value[i] >= -2.0 && value[i] <= 2.0))
+            verdict = REJECT;
+
+    static const char *ints[] = {"top_k", "max_tokens"};
+    long long top_k = 0, max_tokens = 0, *int_out[] = {&top_k, &max_tokens};
+    for (int i = 0; i < 2; i++) {
+        PyObject *field = attr(params, ints[i]);
+        if (!field)
+            return UNDECIDED;
+        int kind = exact_int(field, int_out[i]);
+        Py_DECREF(field);
+        if (kind != EXACT_INT)  /* another type, or beyond 64 bits (valid or not by its sign): the reference decides */
+            return UNDECIDED;
+    }
+    if (top_k == 0 || top_k < -1 || max_tokens < 1)
+        verdict = REJECT;
+
+    static const char *optionals[] = {"seed", "logprobs", "prompt_logprobs"};
+    long long limits[] = {max_seed, max_logprobs, max_logprobs};
+    for (int i = 0; i < 3; i++) {
+        PyObject *field = attr(params, optionals[i]);
+        if (!field)
+            return UNDECIDED;
+        int is_none, kind = optional_count(field, limits[i], &is_none);
+        Py_DECREF(field);
+        if (kind == UNDECIDED)
+            return UNDECIDED;
+        if (kind == REJECT)
+            verdict = REJECT;
+        if (i == 2)
+            *asks_prompt_logprobs = !is_none;
+    }
+
+    PyObject *stops = attr(params, "stop_token_ids");
+    if (!stops)
+        return UNDECIDED;
+    Py_ssize_t num_stops;
+    int kind = id_list(stops, vocab_size, &num_stops);
+    Py_DECREF(stops);
+    if (kind == UNDECIDED)
+        return UNDECIDED;
+    return kind == REJECT ? REJECT : verdict;
+}
+
+static PyObject *check_new_request(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *req, *request_type, *params_type;
+    long long vocab_size, max_logprobs, max_model_len, num_kv_blocks, max_blocks, block_size, max_seed;
+    if (!PyArg_ParseTuple(args, "OOOLLLLLLL", &req, &request_type, &params_type, &vocab_size, &max_logprobs,
+                          &max_model_len, &num_kv_blocks, &max_blocks, &block_size, &max_seed))
+        return NULL;
+    if ((PyObject *)Py_TYPE(req) != request_type || block_size < 1)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *fields[6] = {NULL};
+    static const char *names[] = {"req_id", "sampling_params", "prompt_token_ids", "output_token_ids", "block_ids",
+                                  "num_computed_tokens"};
+    int verdict = UNDECIDED;
+    for (int i = 0; i < 6; i++) {
+        fields[i] = attr(req, names[i]);
+        if (!fields[i]) {
+            PyErr_Clear();
+            goto done;
+        }
+    }
+    PyObject *rid = fields[0], *params = fields[1], *prompt = fields[2], *outputs = fields[3], *blocks = fields[4];
+    if (!PyUnicode_CheckExact(rid) || (PyObject *)Py_TYPE(params) != params_type)
+        goto done;
+    Py_ssize_t prompt_len, output_len, num_blocks;
+    int checks[3] = {id_list(prompt, vocab_size, &prompt_len), id_list(outputs, vocab_size, &output_len),
+                     id_list(blocks, num_kv_blocks, &num_blocks)};
+    long long hit;
+    int hit_kind = exact_int(fields[5], &hit);
+    if (checks[0] == UNDECIDED || checks[1] == UNDECIDED || checks[2] == UNDECIDED || hit_kind == 0)
+        goto done;
+    int asks_prompt_logprobs = 0;
+    int params_verdict = sampling_params(params, vocab_size, max_logprobs, max_seed, &asks_prompt_logprobs);
+    if (params_verdict == UNDECIDED) {
+        PyErr_Clear();
+        goto done;
+    }
+    long long prefill_len = (long long)prompt_len + output_len;
+    verdict = ACCEPT;
+    if (PyUnicode_GET_LENGTH(rid) == 0 || checks[0] == REJECT || checks[1] == REJECT || checks[2] == REJECT
+        || prompt_len == 0 || params_verdict == REJECT || prefill_len > max_model_len || num_blocks > max_blocks)
+        verdict = REJECT;
+    if (hit_kind == EXACT_INT_TOO_BIG || hit < 0)
+        verdict = REJECT;
+    else if (hit > 0 && (hit % block_size || hit >= prefill_len || (long long)num_blocks * block_size < hit
+                         || asks_prompt_logprobs))
+        verdict = REJECT;
+    if (verdict == ACCEPT) {
+        for (int i = 0; i < 6; i++)
+            Py_DECREF(fields[i]);
+        return PyLong_FromLongLong(prefill_len);
+    }
+
+done:
+    for (int i = 0; i < 6; i++)
+        Py_XDECREF(fields[i]);
+    if (verdict == REJECT)
+        Py_RETURN_NONE;
+    Py_RETURN_NOTIMPLEMENTED;
+}
+
+static PyMethodDef methods[] = {
+    {"check_new_request", check_new_request, METH_VARARGS, "One new request's stateless checks (see the source header)."},
+    {NULL, NULL, 0, NULL},
+};
+
+RUNNERCHECK_MODULE("The admission boundary's checks, in C.")
