@@ -73,13 +73,14 @@ _ARANGE = np.arange(4096, dtype=np.int64)
 _ARANGE.flags.writeable = False
 _META_WORDS = 3  # (destination word, length in words, source word) per diff
 _NP_DTYPES = {torch.int32: np.int32, torch.float32: np.float32, torch.int64: np.int64}
-_staging = native.load("staging")  # `pack_ragged` and `pack_parts`, the C twins of the diff tables; None: numpy only
+_staging = native.load("staging")  # `pack_ragged` and `pack_members`, the C twins of the diff tables; None: numpy only
 
 
 _CELL_WORDS = {k: np.full(1024, k, np.int64) for k in (1, 2)}  # the lengths of 4- and 8-byte cells (read-only slices)
 for _words in _CELL_WORDS.values():
     _words.flags.writeable = False
-_CELL_CODES = {torch.int32: 0, torch.float32: 1, torch.int64: 2}  # element codes of `pack_parts`'s cell tables
+_CELL_CODES = {torch.int32: 0, torch.float32: 1, torch.int64: 2}  # element codes of impl/native/staging.c
+_NO_DIFFS: list = []  # a member without row diffs, as `pack_members` reads it (never written)
 _ARRAY_DIFF_MIN = 64  # elements from which a staged numpy row is flushed as an array, not a list of ints
 
 
@@ -112,7 +113,7 @@ class StagedWriteGroup:
         # word -> value, the later write of a cell winning.  Flushed as three arrays, not member by member.
         self._cells: dict[torch.dtype, dict[int, float | int]] = {dtype: {} for dtype in _NP_DTYPES}
         self._cell_members: list[StagedWriteTensor] = []  # members with cells pending
-        # The cell tables as `pack_parts` in impl/native/staging.c reads them: (table, element code), in `_cells` order.
+        # The cell tables as `pack_members` in impl/native/staging.c reads them: (table, element code), in `_cells` order.
         self._cell_tables = tuple((self._cells[dtype], _CELL_CODES[dtype]) for dtype in self._cells)
         self.arena: torch.Tensor | None = None
         self._num_words = 0
@@ -144,8 +145,9 @@ class StagedWriteGroup:
     def flush(self, writer: StagingWriter) -> None:
         """Pack every member's pending diffs into staging and prepare the apply launch (enqueued by `enqueue_apply`).
 
-        Values are gathered per element type (int32, float32, int64) and turned into words with one
-        numpy conversion each; the diff table holds (destination word, words, source word).
+        The diff table holds (destination word, words, source word) per diff, then the values.  It is written in
+        C when `impl.native` built it (`pack_ragged`, `pack_members`); the numpy path below is their reference:
+        values gathered per element type (int32, float32, int64) and turned into words with one conversion each.
         """
         self.h2d_bytes_last_flush = 0
         self._packs = []
@@ -157,6 +159,8 @@ class StagedWriteGroup:
             if _META_WORDS * len(lens) + len(values) <= limit:
                 self._flush_one_ragged(dirty[0], writer)
                 return
+        if _staging is not None and self._pack_members(dirty, writer, limit):
+            return
         by_dtype: dict[torch.dtype, tuple[list[int], list[int], list]] = {}
         dst_parts: list[np.ndarray] = []  # ragged diffs, already arrays
         len_parts: list[np.ndarray] = []
@@ -190,36 +194,42 @@ class StagedWriteGroup:
             dst_parts.append(np.array(dst, np.int64))
             len_parts.append(np.array(lens, np.int64))
             word_parts.append(np.array(values, _NP_DTYPES[dtype]).view(np.int32))
-        num_cells = cell_words = 0
         if self._cell_members:
-            for dtype, cells in self._cells.items():
-                num_cells += len(cells)
-                cell_words += len(cells) * (dtype.itemsize // 4)
-        if not dst_parts and not num_cells:
+            self._take_cells(dst_parts, len_parts, word_parts)
+        if not dst_parts:
             return
         self.seal()
-        n = sum(map(len, len_parts)) + num_cells
-        total = _META_WORDS * n + sum(map(len, word_parts)) + cell_words
-        if total <= limit:  # one diff table in one slot (the usual case), written from the parts and cells
-            host, slot, start = writer.reserve_words(total)
-            if _staging is not None and _staging.pack_parts(host, dst_parts, len_parts, word_parts,
-                                                            self._cell_tables) is not NotImplemented:
-                self._clear_cells()
-            else:
-                self._take_cells(dst_parts, len_parts, word_parts)
-                _fill_diff_table(host, *_join_parts(dst_parts, len_parts, word_parts))
-            self._applies = [self._packed(slot, start, n, total)]
+        dst, lens, src, values = _join_parts(dst_parts, len_parts, word_parts)
+        if _META_WORDS * len(lens) + len(values) <= limit:
+            self._applies = [self._pack(dst, lens, src, values, writer)]
         else:
-            self._take_cells(dst_parts, len_parts, word_parts)
-            batches = _word_batches(*_join_parts(dst_parts, len_parts, word_parts), limit)
-            self._applies = [self._pack(*batch, writer) for batch in batches]
+            self._applies = [self._pack(*batch, writer) for batch in _word_batches(dst, lens, src, values, limit)]
+
+    def _pack_members(self, dirty: list["StagedWriteTensor"], writer: StagingWriter, limit: int) -> bool:
+        """`flush` by ``pack_members`` (impl/native/staging.c): the members' diffs and the cells as one diff table
+        in one slot.  False, with nothing taken, when the C twin declines them or they need more than one slot."""
+        members = [(t.word_offset, t.num_cols, _CELL_CODES[t.dtype], t._merged_diffs() if t._pending else _NO_DIFFS,
+                    t._ragged) for t in dirty]
+        size = _staging.pack_members(None, members, self._cell_tables)
+        if size is NotImplemented or not size[0] or _META_WORDS * size[0] + size[1] > limit:
+            return False
+        n, total = size[0], _META_WORDS * size[0] + size[1]
+        self.seal()
+        host, slot, start = writer.reserve_words(total)
+        _staging.pack_members(host, members, self._cell_tables)
+        self._dirty = []
+        for t in dirty:
+            t._pending.clear()
+            t._ragged.clear()
+        self._clear_cells()
+        self._applies = [self._packed(slot, start, n, total)]
+        return True
 
     def _set_cell(self, dtype: torch.dtype, dst: int, value: float | int) -> None:
         self._cells[dtype][dst] = value  # a cell written twice in one step: the later write wins
 
     def _take_cells(self, dst_parts: list[np.ndarray], len_parts: list[np.ndarray], word_parts: list[np.ndarray]) -> None:
-        """Move the pending cells into the flush's parts: one destination, length and value array per element type
-        (the reference of the cell tables' share of `pack_parts`)."""
+        """Move the pending cells into the flush's parts: one destination, length and value array per element type."""
         for dtype, cells in self._cells.items():
             if cells:
                 n = len(cells)
@@ -315,7 +325,7 @@ class StagedWriteGroup:
 def _join_parts(dst_parts: list[np.ndarray], len_parts: list[np.ndarray],
                 word_parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A flush's gathered parts as one diff list: (destinations, lengths, sources, values), the sources counting
-    up through the lengths (the reference of `pack_parts` in ``impl/native/staging.c``)."""
+    up through the lengths (with `_fill_diff_table`, the layout `pack_members` in impl/native/staging.c writes)."""
     dst = np.concatenate(dst_parts) if len(dst_parts) > 1 else dst_parts[0]
     lens = np.concatenate(len_parts) if len(len_parts) > 1 else len_parts[0]
     values = np.concatenate(word_parts) if len(word_parts) > 1 else word_parts[0]

@@ -8,15 +8,19 @@
  *     as int32 after the 3n meta words.  pack_ragged(words, rows, starts, lens, values, cols, word_offset)
  *     -> True | NotImplemented.
  *
- * pack_parts -- the general `StagedWriteGroup.flush`'s diff table, from the parts it gathered and its cell
- *     tables (reference: `StagedWriteGroup._take_cells`, then `_fill_diff_table` over `_join_parts`): the
- *     diffs of every (destinations, lengths) part in order, then one diff per cell of each table in order,
- *     as (destination, length, source) with the sources counting up through the lengths; then every word
- *     part in order, then the cells' values.  pack_parts(words, dst_parts, len_parts, word_parts,
- *     cell_tables=()) -> True | NotImplemented.  The parts are lists of 1-D arrays (int64, int64, int32);
- *     ``cell_tables`` a tuple of (dict, element code) pairs -- destination word (exact int) -> value, code 0 int32
- *     (exact int in range), 1 float32 (exact float within float32's range, or not finite), 2 int64 (exact
- *     int in range, two words).  ``words`` (int32) must hold exactly the table and the values.
+ * pack_members -- the general `StagedWriteGroup.flush` as a whole, from its dirty members' pending diffs and
+ *     its single-element cells (reference: the flush's numpy path, `_take_cells` and `_join_parts` +
+ *     `_fill_diff_table`): one diff (destination, length, source) per row diff, ragged entry and cell, the
+ *     sources counting up through the lengths, then the values, in the reference's order -- first every
+ *     member's array row diffs and ragged sets in member order, then the list row diffs grouped by element type (the types in
+ *     the order their first member with diffs has them, each type's members in order), then the cells.
+ *     pack_members(None, members, cell_tables) -> (diffs, value words) | NotImplemented, the size to reserve;
+ *     pack_members(words, members, cell_tables) -> True | NotImplemented.  A member is (word offset, columns,
+ *     element code, merged diffs, ragged sets): diffs (row, start, values) with values an exact list of numbers
+ *     (converted as a cell is) or a 1-D array of the member's own dtype; ragged sets (rows, starts, lengths,
+ *     values), int64 arrays, of an int32 member only.  ``cell_tables`` a tuple of (dict, element code) pairs --
+ *     destination word (exact int) -> value, code 0 int32 (exact int in range), 1 float32 (exact float within
+ *     float32's range, or not finite), 2 int64 (exact int in range, two words).
  *
  * prompt_bitmask -- `impl.sample.state.prompt_bitmask_words`: bit t % 32 of word t // 32 set for each token t.
  *     prompt_bitmask(words, tokens, vocab_size) -> True | NotImplemented.  ``tokens`` an exact tuple or list
@@ -69,22 +73,6 @@ static PyObject *pack_ragged(PyObject *self, PyObject *args)
         OUT32(words, 3 * n + j) = (npy_int32)AT(values, j);
     Py_RETURN_TRUE;
 }
-
-#define MAX_PARTS 256
-
-/* Views of a list's arrays of ``type`` (at most MAX_PARTS); their count, or -1 when one is not usable. */
-static Py_ssize_t part_views(PyObject *list, int type, ArrayView *views)
-{
-    if (!PyList_CheckExact(list) || PyList_GET_SIZE(list) > MAX_PARTS)
-        return -1;
-    Py_ssize_t count = PyList_GET_SIZE(list);
-    for (Py_ssize_t p = 0; p < count; p++)
-        if (!array_view(PyList_GET_ITEM(list, p), type, 0, &views[p]))
-            return -1;
-    return count;
-}
-
-#define WORD_AT(view, i) (*(const npy_int32 *)((view).data + (npy_intp)(i) * (view).stride))
 
 enum { CELL_INT32 = 0, CELL_FLOAT32 = 1, CELL_INT64 = 2, CELL_CODES = 3 };
 
@@ -146,68 +134,176 @@ static int cell_tables_size(PyObject *tables, npy_intp *cells, npy_intp *value_w
     return 1;
 }
 
-static PyObject *pack_parts(PyObject *self, PyObject *args)
+enum { MAX_MEMBERS = 64 };
+
+typedef struct {
+    long long offset, cols, code;
+    PyObject *diffs, *ragged;
+} Member;
+
+static const int CODE_WORDS[CELL_CODES] = {1, 1, 2};
+static const int CODE_TYPES[CELL_CODES] = {NPY_INT32, NPY_FLOAT32, NPY_INT64};
+
+/* Emit one diff: its meta words at ``d`` and its value words at ``w`` (when writing), then advance both. */
+typedef struct {
+    ArrayView *words;  /* NULL: count only */
+    npy_intp diffs, value_words;
+    npy_int64 source;
+} Packer;
+
+static void emit_meta(Packer *pk, npy_int64 dst, npy_int64 length)
 {
-    (void)self;
-    PyObject *words_obj, *dst_list, *len_list, *value_list, *tables = NULL;
-    if (!PyArg_ParseTuple(args, "OOOO|O", &words_obj, &dst_list, &len_list, &value_list, &tables))
-        return NULL;
-    ArrayView words, dst[MAX_PARTS], lens[MAX_PARTS], values[MAX_PARTS];
-    if (!array_view(words_obj, NPY_INT32, 1, &words))
-        Py_RETURN_NOTIMPLEMENTED;
-    Py_ssize_t num_dst = part_views(dst_list, NPY_INT64, dst), num_lens = part_views(len_list, NPY_INT64, lens);
-    Py_ssize_t num_values = part_views(value_list, NPY_INT32, values);
-    if (num_dst < 0 || num_lens != num_dst || num_values < 0)
-        Py_RETURN_NOTIMPLEMENTED;
-    npy_intp num_cells = 0, cell_value_words = 0;
-    if (tables != NULL && !cell_tables_size(tables, &num_cells, &cell_value_words))
-        Py_RETURN_NOTIMPLEMENTED;
-    npy_intp n = 0, value_words = 0;
-    npy_int64 length_total = 0;
-    for (Py_ssize_t p = 0; p < num_dst; p++) {
-        if (dst[p].len != lens[p].len)
-            Py_RETURN_NOTIMPLEMENTED;
-        n += lens[p].len;
-        for (npy_intp i = 0; i < lens[p].len; i++) {
-            npy_int64 length = AT(lens[p], i);
-            if (length < 0 || length > NPY_MAX_INT32)
-                Py_RETURN_NOTIMPLEMENTED;
-            length_total += length;  /* at most MAX_PARTS x 2^31 x 2^31: no overflow in 64 bits */
-        }
+    if (pk->words) {
+        OUT32(*pk->words, 3 * pk->diffs) = (npy_int32)dst;
+        OUT32(*pk->words, 3 * pk->diffs + 1) = (npy_int32)length;
+        OUT32(*pk->words, 3 * pk->diffs + 2) = (npy_int32)SOURCE_OF(pk->source);
     }
-    for (Py_ssize_t p = 0; p < num_values; p++)
-        value_words += values[p].len;
-    if (length_total != value_words || words.len != 3 * (n + num_cells) + value_words + cell_value_words)
-        Py_RETURN_NOTIMPLEMENTED;
-    npy_intp d = 0;
-    npy_int64 source = 0;
-    for (Py_ssize_t p = 0; p < num_dst; p++)
-        for (npy_intp i = 0; i < lens[p].len; i++, d++) {
-            OUT32(words, 3 * d) = (npy_int32)AT(dst[p], i);
-            OUT32(words, 3 * d + 1) = (npy_int32)AT(lens[p], i);
-            OUT32(words, 3 * d + 2) = (npy_int32)SOURCE_OF(source);
-            source += AT(lens[p], i);
+    pk->diffs++;
+    pk->source += length;
+}
+
+/* A row diff (row, start, values) of ``m``: list values only when ``lists``, array values only otherwise.
+ * 0 when something is not what the reference converts the same way. */
+static int emit_diff(Packer *pk, const Member *m, PyObject *diff, int lists, npy_intp table_words)
+{
+    long long row, start;
+    if (!PyTuple_CheckExact(diff) || PyTuple_GET_SIZE(diff) != 3 || exact_int(PyTuple_GET_ITEM(diff, 0), &row) != EXACT_INT
+        || exact_int(PyTuple_GET_ITEM(diff, 1), &start) != EXACT_INT)
+        return 0;
+    PyObject *values = PyTuple_GET_ITEM(diff, 2);
+    const int words_per = CODE_WORDS[m->code];
+    const npy_int64 dst = m->offset + (row * m->cols + start) * words_per;
+    if (PyList_CheckExact(values)) {
+        if (!lists)
+            return 1;
+        Py_ssize_t count = PyList_GET_SIZE(values);
+        emit_meta(pk, dst, (npy_int64)count * words_per);
+        for (Py_ssize_t j = 0; j < count; j++) {
+            npy_int32 cell[2];
+            if (cell_words(PyList_GET_ITEM(values, j), (long)m->code, cell) != words_per)
+                return 0;
+            for (int k = 0; k < words_per; k++, pk->value_words++)
+                if (pk->words)
+                    OUT32(*pk->words, table_words + pk->value_words) = cell[k];
         }
-    npy_intp w = 3 * (n + num_cells);
-    for (Py_ssize_t p = 0; p < num_values; p++)
-        for (npy_intp j = 0; j < values[p].len; j++)
-            OUT32(words, w++) = WORD_AT(values[p], j);
-    for (Py_ssize_t t = 0; tables != NULL && t < PyTuple_GET_SIZE(tables); t++) {
+        return 1;
+    }
+    ArrayView array;
+    if (!PyArray_CheckExact(values) || !array_view(values, CODE_TYPES[m->code], 0, &array))
+        return 0;
+    if (lists)
+        return 1;
+    emit_meta(pk, dst, (npy_int64)array.len * words_per);
+    for (npy_intp j = 0; j < array.len; j++)
+        for (int k = 0; k < words_per; k++, pk->value_words++)
+            if (pk->words)
+                OUT32(*pk->words, table_words + pk->value_words) = ((const npy_int32 *)(array.data + j * array.stride))[k];
+    return 1;
+}
+
+/* A ragged set (rows, starts, lengths, values) of an int32 member. */
+static int emit_ragged(Packer *pk, const Member *m, PyObject *set, npy_intp table_words)
+{
+    ArrayView rows, starts, lens, values;
+    if (m->code != CELL_INT32 || !PyTuple_CheckExact(set) || PyTuple_GET_SIZE(set) != 4
+        || !int64_view(PyTuple_GET_ITEM(set, 0), &rows) || !int64_view(PyTuple_GET_ITEM(set, 1), &starts)
+        || !int64_view(PyTuple_GET_ITEM(set, 2), &lens) || !int64_view(PyTuple_GET_ITEM(set, 3), &values)
+        || starts.len != rows.len || lens.len != rows.len)
+        return 0;
+    npy_int64 total = 0;
+    for (npy_intp i = 0; i < lens.len; i++) {
+        if (AT(lens, i) < 0)
+            return 0;
+        total += AT(lens, i);
+    }
+    if (total != values.len)
+        return 0;
+    for (npy_intp i = 0; i < rows.len; i++)
+        emit_meta(pk, AT(rows, i) * m->cols + AT(starts, i) + m->offset, AT(lens, i));
+    for (npy_intp j = 0; j < values.len; j++, pk->value_words++)
+        if (pk->words)
+            OUT32(*pk->words, table_words + pk->value_words) = (npy_int32)AT(values, j);
+    return 1;
+}
+
+/* The whole table in the reference's order; 0 when a member or cell is not one this function takes. */
+static int walk_members(Packer *pk, const Member *members, Py_ssize_t count, PyObject *tables, npy_intp table_words)
+{
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const Member *m = &members[i];
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(m->diffs); j++)
+            if (!emit_diff(pk, m, PyList_GET_ITEM(m->diffs, j), 0, table_words))
+                return 0;
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(m->ragged); j++)
+            if (!emit_ragged(pk, m, PyList_GET_ITEM(m->ragged, j), table_words))
+                return 0;
+    }
+    /* List diffs by element type, the types in the order of their first member with diffs. */
+    int seen[CELL_CODES] = {0}, order[CELL_CODES], num_codes = 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (PyList_GET_SIZE(members[i].diffs) && !seen[members[i].code]) {
+            seen[members[i].code] = 1;
+            order[num_codes++] = (int)members[i].code;
+        }
+    for (int c = 0; c < num_codes; c++)
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (members[i].code != order[c])
+                continue;
+            for (Py_ssize_t j = 0; j < PyList_GET_SIZE(members[i].diffs); j++)
+                if (!emit_diff(pk, &members[i], PyList_GET_ITEM(members[i].diffs, j), 1, table_words))
+                    return 0;
+        }
+    for (Py_ssize_t t = 0; t < PyTuple_GET_SIZE(tables); t++) {
         PyObject *pair = PyTuple_GET_ITEM(tables, t), *key, *value;
         long code = PyLong_AsLong(PyTuple_GET_ITEM(pair, 1));
         Py_ssize_t pos = 0;
         while (PyDict_Next(PyTuple_GET_ITEM(pair, 0), &pos, &key, &value)) {
             npy_int32 cell[2];
             int length = cell_words(value, code, cell);
-            OUT32(words, 3 * d) = (npy_int32)PyLong_AsLongLong(key);
-            OUT32(words, 3 * d + 1) = length;
-            OUT32(words, 3 * d + 2) = (npy_int32)SOURCE_OF(source);
-            source += length;
-            d++;
-            for (int k = 0; k < length; k++)
-                OUT32(words, w++) = cell[k];
+            emit_meta(pk, PyLong_AsLongLong(key), length);
+            for (int k = 0; k < length; k++, pk->value_words++)
+                if (pk->words)
+                    OUT32(*pk->words, table_words + pk->value_words) = cell[k];
         }
     }
+    return 1;
+}
+
+static PyObject *pack_members(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *words_obj, *member_list, *tables;
+    if (!PyArg_ParseTuple(args, "OOO", &words_obj, &member_list, &tables))
+        return NULL;
+    Member members[MAX_MEMBERS];
+    if (!PyList_CheckExact(member_list) || PyList_GET_SIZE(member_list) > MAX_MEMBERS)
+        Py_RETURN_NOTIMPLEMENTED;
+    const Py_ssize_t count = PyList_GET_SIZE(member_list);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GET_ITEM(member_list, i);
+        Member *m = &members[i];
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 5
+            || exact_int(PyTuple_GET_ITEM(item, 0), &m->offset) != EXACT_INT
+            || exact_int(PyTuple_GET_ITEM(item, 1), &m->cols) != EXACT_INT
+            || exact_int(PyTuple_GET_ITEM(item, 2), &m->code) != EXACT_INT || m->code < 0 || m->code >= CELL_CODES
+            || !PyList_CheckExact(PyTuple_GET_ITEM(item, 3)) || !PyList_CheckExact(PyTuple_GET_ITEM(item, 4)))
+            Py_RETURN_NOTIMPLEMENTED;
+        m->diffs = PyTuple_GET_ITEM(item, 3);
+        m->ragged = PyTuple_GET_ITEM(item, 4);
+    }
+    npy_intp num_cells, cell_value_words;
+    if (!cell_tables_size(tables, &num_cells, &cell_value_words))
+        Py_RETURN_NOTIMPLEMENTED;
+    Packer measure = {NULL, 0, 0, 0};
+    if (!walk_members(&measure, members, count, tables, 0))
+        Py_RETURN_NOTIMPLEMENTED;
+    if (words_obj == Py_None)
+        return Py_BuildValue("(nn)", measure.diffs, measure.value_words);
+    ArrayView words;
+    if (!array_view(words_obj, NPY_INT32, 1, &words) || words.len != 3 * measure.diffs + measure.value_words)
+        Py_RETURN_NOTIMPLEMENTED;
+    Packer pack = {&words, 0, 0, 0};
+    walk_members(&pack, members, count, tables, 3 * measure.diffs);  /* the measuring walk accepted the same objects */
     Py_RETURN_TRUE;
 }
 
@@ -245,7 +341,7 @@ static PyObject *prompt_bitmask(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"pack_ragged", pack_ragged, METH_VARARGS, "One ragged set of int32 diffs as a staged-write diff table."},
-    {"pack_parts", pack_parts, METH_VARARGS, "A general flush's gathered parts as one staged-write diff table."},
+    {"pack_members", pack_members, METH_VARARGS, "A general flush's members and cells as one staged-write diff table."},
     {"prompt_bitmask", prompt_bitmask, METH_VARARGS, "The prompt-token bitmask words of one sampling-state row."},
     {NULL, NULL, 0, NULL},
 };

@@ -162,49 +162,41 @@ def test_planted_bug_c_general_diff_table_with_every_source_at_zero_is_caught():
 
 
 @needs_native
-def test_pack_parts_declines_what_it_cannot_take():
-    dst, lens, values = [np.array([3, 9], np.int64)], [np.array([1, 2], np.int64)], [np.array([5, 6, 7], np.int32)]
-    words = np.full(9, -1, np.int32)
-    declined = [
-        (words, tuple(dst), lens, values),  # a tuple, not a list
-        (words, [dst[0].astype(np.int32)], lens, values),  # destinations of another dtype
-        (words, dst, [np.array([1], np.int64)], values),  # one length for two destinations
-        (words, dst, [np.array([1, 3], np.int64)], values),  # lengths that do not sum to the values
-        (words, dst, [np.array([-1, 4], np.int64)], values),  # a negative length
-        (np.full(10, -1, np.int32), dst, lens, values),  # words of another size
-        (words.astype(np.int64), dst, lens, values),  # words of another dtype
-        (words, dst, lens, [values[0].astype(np.int64)]),  # values of another dtype
-    ]
-    for args in declined:
-        before = args[0].copy()
-        assert staging.pack_parts(*args) is NotImplemented
-        assert np.array_equal(args[0], before)  # nothing written
-    assert staging.pack_parts(words, dst, lens, values) is True
-    assert words.tolist() == [3, 1, 0, 9, 2, 1, 5, 6, 7]
-
-
-@needs_native
-def test_pack_parts_declines_cells_it_cannot_convert_as_numpy_does():
+def test_pack_members_declines_what_it_cannot_take():
     none: list = []
+    table32 = (0, 8, 0)  # word offset, columns, element code: an int32 member
+    rows, ones = np.array([1], np.int64), np.ones(1, np.int64)
     declined = [
-        ({4: 1}, 1),  # an int in a float32 table
-        ({4: 1.5}, 0),  # a float in an int32 table
-        ({4: 2**31}, 0),  # outside int32
-        ({4: 2**63}, 2),  # outside int64
-        ({4: True}, 0),  # a bool
-        ({4: 1e39}, 1),  # outside float32's range (numpy rounds it to infinity, with a warning)
-        ({4.0: 1}, 0),  # a float destination
-        ({4: 1}, 3),  # no such element code
+        [(*table32, [(1, 0, [3, 2**31])], none)],  # a value outside int32
+        [(*table32, [(1, 0, [3, True])], none)],  # a bool
+        [(*table32, [(1, 0, [np.int32(3)])], none)],  # a numpy scalar (a merged row's)
+        [(0, 8, 1, [(1, 0, [1])], none)],  # an int in a float32 member
+        [(*table32, [(1, 0, np.array([3], np.int64))], none)],  # an array of another dtype than the member's
+        [(*table32, [(1, 0, (3,))], none)],  # a tuple of values
+        [(*table32, [(1.0, 0, [3])], none)],  # a float row
+        [(0, 8, 1, none, [(rows, rows, ones, ones)])],  # a ragged set of a float32 member
+        [(*table32, none, [(rows, rows, ones * 2, ones)])],  # lengths that do not sum to the values
+        [(*table32, none, [(rows.astype(np.int32), rows, ones, ones)])],  # int32 rows
+        [(0, 8, 3, none, none)],  # no such element code
+        (tuple(table32) + (none, none),),  # a tuple of members
     ]
-    for table, code in declined:
-        words = np.full(4 if code != 2 else 5, -1, np.int32)
-        assert staging.pack_parts(words, none, none, none, ((table, code),)) is NotImplemented, (table, code)
-        assert (words == -1).all()
-    assert staging.pack_parts(np.zeros(4, np.int32), none, none, none, [({4: 1}, 0)]) is NotImplemented  # a list of pairs
-    words = np.zeros(3 + 3 + 1 + 2, np.int32)
-    assert staging.pack_parts(words, none, none, none, (({4: float("inf")}, 1), ({6: -2}, 2))) is True
-    assert words[:6].tolist() == [4, 1, 0, 6, 2, 1]
-    assert words[6:7].view(np.float32)[0] == np.inf and words[7:].view(np.int64)[0] == -2
+    for members in declined:
+        assert staging.pack_members(None, members, ()) is NotImplemented, members
+    for table, code in [({4: 1}, 1), ({4: 1.5}, 0), ({4: 2**31}, 0), ({4: 2**63}, 2), ({4: True}, 0), ({4: 1e39}, 1),
+                        ({4.0: 1}, 0), ({4: 1}, 3)]:
+        assert staging.pack_members(None, [], ((table, code),)) is NotImplemented, (table, code)
+    assert staging.pack_members(None, [], [({4: 1}, 0)]) is NotImplemented  # a list of cell tables
+    members = [(*table32, [(1, 2, [5, 6])], [(rows, rows, ones, ones * 9)])]
+    assert staging.pack_members(None, members, (({4: float("inf")}, 1), ({6: -2}, 2))) == (4, 6)
+    words = np.full(3 * 4 + 5, -1, np.int32)  # one word short: nothing written
+    assert staging.pack_members(words, members, (({4: float("inf")}, 1), ({6: -2}, 2))) is NotImplemented
+    assert (words == -1).all()
+    words = np.zeros(3 * 4 + 6, np.int32)
+    assert staging.pack_members(words, members, (({4: float("inf")}, 1), ({6: -2}, 2))) is True
+    # The ragged entry first, then the list diff, then the cells; sources count up through the lengths.
+    assert words[:12].tolist() == [9, 1, 0, 10, 2, 1, 4, 1, 3, 6, 2, 4]
+    assert words[12:15].tolist() == [9, 5, 6]
+    assert words[15:16].view(np.float32)[0] == np.inf and words[16:].view(np.int64)[0] == -2
 
 
 # --------------------------------------------------------------------------- the prompt bitmask
@@ -266,4 +258,4 @@ def test_a_run_that_admits_packs_in_c(monkeypatch):
         admitted += len(sched.new_requests)
         outputs.append(runner.execute_model(sched).get())
     assert admitted and counting.done.get("prompt_bitmask", 0) == admitted, counting.done
-    assert counting.done.get("pack_parts", 0) >= 1, counting.done
+    assert counting.done.get("pack_members", 0) >= 2, counting.done  # a size, then the table
