@@ -96,10 +96,13 @@ class SamplingState:
         self.seed = StagedWriteTensor(device, max_num_reqs, torch.int64, "seed", fill=0, group=group)
         self.prompt_mask = StagedWriteTensor(device, (max_num_reqs, self.num_mask_words), torch.int32, "prompt_mask", fill=0, group=group)
         self.output_counts = device.zeros((max_num_reqs, vocab_size), torch.int32)
-        self._staged = (
+        self._counts_stride = self.output_counts.stride(0)
+        staged = (
             self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty,
             self.frequency_penalty, self.presence_penalty, self.seed, self.prompt_mask,
         )
+        # Flushed and applied here only when they have private groups; a shared group's owner does both.
+        self._staged = staged if group is None else ()
         self._pending_admissions: dict[int, list[int]] = {}  # row -> earlier outputs to count
         self._prepared_kernels: list = []
         self._reset_rows: tuple[object, int, int] | None = None  # the last flush's reset rows: (slot, first word, rows)
@@ -169,7 +172,7 @@ class SamplingState:
             pair_rows.extend([row] * len(tokens))
             pair_tokens.extend(tokens)
         self._pending_admissions = {}
-        counts, stride, vocab = self.output_counts, self.output_counts.stride(0), self.vocab_size
+        counts, stride, vocab = self.output_counts, self._counts_stride, self.vocab_size
         num_rows = len(rows)
         rows_host, rows_slot, rows_start = writer.reserve_words(num_rows)
         rows_host[:] = rows
