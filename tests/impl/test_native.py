@@ -540,6 +540,20 @@ def test_the_bad_input_catalogue_holds_with_the_python_twin(monkeypatch):
     assert len(seen) >= 100
 
 
+def admitting_run() -> tuple[int, int]:
+    """The bad-input suite's valid run (admissions, finishes, preemptions, drafts): (requests admitted, steps read
+    as steady)."""
+    from test_bad_inputs import NUM_STEPS, _runner, _schedule
+
+    runner, outputs, admitted, steady = _runner(), [], 0, 0
+    for step in range(NUM_STEPS):
+        sched = _schedule(step, outputs)
+        admitted += len(sched.new_requests)
+        outputs.append(runner.execute_model(sched).get())
+        steady += runner.last_step_stats.steady
+    return admitted, steady
+
+
 class _Counting:
     """A stand-in for the built module that counts how often each C function did the work (did not decline)."""
 
@@ -579,14 +593,11 @@ def test_a_decode_run_takes_the_c_path(monkeypatch):
 @needs_native
 def test_a_run_that_admits_reads_its_general_steps_in_c(monkeypatch):
     """The general reader's cached block and batch are read in C (admissions, finishes, drafts)."""
-    from test_bad_inputs import NUM_STEPS, _runner, _schedule
+    from test_bad_inputs import NUM_STEPS
 
     counting = _Counting(reader)
     monkeypatch.setattr(step_reader, "_native_reader", counting)
-    runner, outputs, steady = _runner(), [], 0
-    for step in range(NUM_STEPS):
-        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
-        steady += runner.last_step_stats.steady
+    _, steady = admitting_run()
     general = NUM_STEPS - steady
     assert counting.done.get("read_scheduled", 0) == general, counting.done
     assert counting.done.get("read_cached", 0) >= general - 1, counting.done  # the first step caches nothing

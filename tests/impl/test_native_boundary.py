@@ -20,7 +20,7 @@ import impl.native as native
 import impl.step_reader as step_reader
 from impl.boundary import check_new_request
 from impl.interface import MAX_SEED, NewRequest, RunnerLimits, SamplingParams, SchedulerOutputError, blocks_per_request
-from test_native import Odd, _Counting, _planted
+from test_native import Odd, _Counting, _planted, admitting_run
 
 LIMITS = RunnerLimits(vocab_size=64, max_num_reqs=8, max_model_len=32, max_num_batched_tokens=32, num_kv_blocks=40,
                       block_size=4, max_logprobs=5)
@@ -133,13 +133,7 @@ def test_planted_bug_c_new_request_check_accepting_top_p_zero_is_caught():
 
 @needs_native
 def test_a_run_that_admits_checks_its_new_requests_in_c(monkeypatch):
-    from test_bad_inputs import NUM_STEPS, _runner, _schedule
-
     counting = _Counting(boundary)
     monkeypatch.setattr(step_reader, "_native_boundary", counting)
-    runner, outputs, admitted = _runner(), [], 0
-    for step in range(NUM_STEPS):
-        sched = _schedule(step, outputs)
-        admitted += len(sched.new_requests)
-        outputs.append(runner.execute_model(sched).get())
+    admitted, _ = admitting_run()
     assert admitted and counting.done.get("check_new_request", 0) == admitted, counting.done

@@ -24,7 +24,7 @@ from impl.buffers import StagingPool, StagingWriter
 from impl.device import Device
 from impl.sample.state import _prompt_bitmask_reference
 from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
-from test_native import _Counting, _planted
+from test_native import _Counting, _planted, admitting_run
 
 staging = native.load("staging")
 needs_native = pytest.mark.skipif(staging is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
@@ -247,15 +247,9 @@ def test_prompt_bitmask_declines_what_it_cannot_take():
 def test_a_run_that_admits_packs_in_c(monkeypatch):
     """An admitting run's general flushes and prompt bitmasks take the C path (a build that declined
     everything, or a call site that stopped calling it, would leave numpy silently doing the work)."""
-    from test_bad_inputs import NUM_STEPS, _runner, _schedule
-
     counting = _Counting(staging)
     monkeypatch.setattr(staged_writes, "_staging", counting)
     monkeypatch.setattr(sampling_state_module, "_staging", counting)
-    runner, outputs, admitted = _runner(), [], 0
-    for step in range(NUM_STEPS):
-        sched = _schedule(step, outputs)
-        admitted += len(sched.new_requests)
-        outputs.append(runner.execute_model(sched).get())
+    admitted, _ = admitting_run()
     assert admitted and counting.done.get("prompt_bitmask", 0) == admitted, counting.done
     assert counting.done.get("pack_members", 0) >= 2, counting.done  # a size, then the table
