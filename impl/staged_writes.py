@@ -205,6 +205,7 @@ class StagedWriteGroup:
         else:
             self._applies = [self._pack(*batch, writer) for batch in _word_batches(dst, lens, src, values, limit)]
 
+    @hot_path
     def _pack_members(self, dirty: list["StagedWriteTensor"], writer: StagingWriter, limit: int) -> bool:
         """`flush` by ``pack_members`` (impl/native/staging.c): the members' diffs and the cells as one diff table
         in one slot.  False, with nothing taken, when the C twin declines them or they need more than one slot."""

@@ -45,6 +45,7 @@ from impl.boundary import (
 )
 from impl import native
 from impl.exact_ints import RepeatedInt, equal_exact_ints
+from impl.hotpath import hot_path
 from impl.interface import (
     MAX_SEED,
     CapacityError,
@@ -184,6 +185,7 @@ _native_reader = native.load("steady")
 _native_boundary = native.load("boundary")
 
 
+@hot_path
 def _new_request_prefill(req: object, limits: RunnerLimits) -> int:
     """`check_new_request`'s verdict on one new request (its prefill length), decided in C when the C twin takes
     the request; the reference decides every other request and names every rejection."""
