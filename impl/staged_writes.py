@@ -80,7 +80,6 @@ _CELL_WORDS = {k: np.full(1024, k, np.int64) for k in (1, 2)}  # the lengths of 
 for _words in _CELL_WORDS.values():
     _words.flags.writeable = False
 _CELL_CODES = {torch.int32: 0, torch.float32: 1, torch.int64: 2}  # element codes of impl/native/staging.c
-_NO_DIFFS: list = []  # a member without row diffs, as `pack_members` reads it (never written)
 _ARRAY_DIFF_MIN = 64  # elements from which a staged numpy row is flushed as an array, not a list of ints
 
 
@@ -209,8 +208,7 @@ class StagedWriteGroup:
     def _pack_members(self, dirty: list["StagedWriteTensor"], writer: StagingWriter, limit: int) -> bool:
         """`flush` by ``pack_members`` (impl/native/staging.c): the members' diffs and the cells as one diff table
         in one slot.  False, with nothing taken, when the C twin declines them or they need more than one slot."""
-        members = [(t.word_offset, t.num_cols, _CELL_CODES[t.dtype], t._merged_diffs() if t._pending else _NO_DIFFS,
-                    t._ragged) for t in dirty]
+        members = [(t.word_offset, t.num_cols, _CELL_CODES[t.dtype], t._merged_diffs(), t._ragged) for t in dirty]
         size = _staging.pack_members(None, members, self._cell_tables)
         if size is NotImplemented or not size[0] or _META_WORDS * size[0] + size[1] > limit:
             return False
@@ -487,7 +485,7 @@ class StagedWriteTensor:
         self._ragged.clear()
 
     def _merged_diffs(self) -> list[tuple[int, int, list]]:
-        if len(self._pending) == 1:
+        if len(self._pending) <= 1:
             return list(self._pending)
         by_row: dict[int, list[tuple[int, list]]] = {}
         for row, start, values in self._pending:
