@@ -18,9 +18,10 @@ one token each, nothing admitted, finished or preempted, no drafts -- is read by
 the computed counts and appended blocks (C-level passes) and checks them against the mirror.  It
 never raises past the container and step-id checks: any step it does not accept in full goes to
 `read_step`, so the verdicts (and error classes) are `read_step`'s.  It tries the C twin of its
-Python reader first (`read_steady`, `impl/native/steady.c`, built at first use by `impl.native`):
-one pass over the step's objects that decides the same verdict whenever every object it reads has
-its exact type, and hands every other step to the Python reader (`_read_steady`), the reference.
+checks and Python reader first (`read_steady`, `impl/native/steady.c`, built at first use by
+`impl.native`): one pass over the step's objects -- containers, step id, then the batch -- that
+decides the same verdict whenever every object it reads has its exact type, and hands every other
+step to the Python checks and reader (`_read_steady`), the reference.
 
 The result, `StepArrays`, serves the row updates (`apply_cached`, block appends, admissions)
 and the step plan (`impl.input_batch.plan_step`); nothing reads the `SchedulerOutput` again
@@ -48,6 +49,7 @@ from impl.exact_ints import RepeatedInt, equal_exact_ints
 from impl.hotpath import hot_path
 from impl.interface import (
     MAX_SEED,
+    CachedRequests,
     CapacityError,
     DuplicateRequestError,
     FinishedAndScheduledError,
@@ -164,22 +166,22 @@ def read_steady_step(sched: SchedulerOutput, state: RequestStateTable, limits: R
     returns None and the caller runs `read_step`, which rejects the step with the error that names
     the request and field.  Raises only what `read_step` raises first (containers, step id).
     """
+    if last is not None and _native_reader is not None:
+        read = read_steady_native(_native_reader, sched, state, limits, last, last_step_id)
+        if read is not NotImplemented:
+            return read
     check_containers(sched)
     check_step_id(sched.step_id, last_step_id)
     if (last is None or sched.new_requests or sched.finished_req_ids or sched.preempted_req_ids or sched.draft_token_ids
             or sched.num_device_drafts):
         return None
-    if _native_reader is not None:
-        read = read_steady_native(_native_reader, sched, state, limits, last)
-        if read is not NotImplemented:
-            return read
     try:
         return _read_steady(sched, state, limits, last)
     except (TypeError, ValueError):  # an element whose comparison or truth value fails: `read_step` names it
         return None
 
 
-# The C twin of `_read_steady` (`impl/native/steady.c`); None without a compiler or with RUNNERCHECK_NATIVE=0.
+# The C twin of `read_steady_step`'s checks and `_read_steady` (`impl/native/steady.c`); None without a compiler or with RUNNERCHECK_NATIVE=0.
 _native_reader = native.load("steady")
 # The C twin of `impl.boundary.check_new_request` (`impl/native/boundary.c`); None: the reference alone.
 _native_boundary = native.load("boundary")
@@ -199,14 +201,12 @@ def _new_request_prefill(req: object, limits: RunnerLimits) -> int:
 
 
 def read_steady_native(reader: ModuleType, sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits,
-                       last: StepArrays) -> StepArrays | None | NotImplementedType:
-    """`_read_steady` by ``reader`` (a build of `impl/native/steady.c`): the same StepArrays or None, or
-    NotImplemented when the step holds an object of another type than the exact ones it reads (the Python
-    reader decides those)."""
-    cached = sched.cached_requests
-    got = reader.read_steady(cached.req_ids, sched.num_scheduled_tokens, cached.num_computed_tokens,
-                             cached.new_block_ids, last.req_ids, last.rows, state.num_computed, state.num_blocks,
-                             state.num_tokens, limits.block_size, blocks_per_request(limits.max_model_len, limits.block_size),
+                       last: StepArrays, last_step_id: int | None = None) -> StepArrays | None | NotImplementedType:
+    """`read_steady_step` by ``reader`` (a build of `impl/native/steady.c`): the same StepArrays or None, or
+    NotImplemented when the step holds an object of another type than the exact ones it reads, or a step id
+    the Python checks reject (the Python reader decides those and names the error)."""
+    got = reader.read_steady(sched, SchedulerOutput, CachedRequests, last_step_id, last.req_ids, last.rows,
+                             state.num_computed, state.num_blocks, state.num_tokens, limits.block_size,
                              limits.num_kv_blocks, limits.max_model_len, limits.max_num_batched_tokens)
     if got is None or got is NotImplemented:
         return got

@@ -1,17 +1,21 @@
 /* The decode step's host work in C (`impl.native`): each function is the twin of a Python
  * method that stays the reference and the fallback, and each is called by that method's owner.
  *
- * read_steady   -- `impl.step_reader._read_steady`, through `impl.step_reader.read_steady_native`.
+ * read_steady   -- `impl.step_reader.read_steady_step` (its container and step-id checks, its "is this a
+ *     steady step" test, and `_read_steady`), through `impl.step_reader.read_steady_native`.
  *     It decides the same verdict as the Python reader on the steps whose every inspected object
- *     has its exact expected type (request ids `str`, counts and block ids `int`, block lists
- *     `tuple` or `list`, the scheduled counts a `dict`): then no comparison can call user code or
- *     raise, and the verdict is a pure function of the values.  On any other step it returns
- *     `NotImplemented` before deciding anything, and the Python reader decides.  It only reads.
+ *     has its exact expected type (the step a `SchedulerOutput`, its containers the exact types
+ *     `impl.boundary.check_containers` names first, request ids `str`, counts, block ids and the step
+ *     id `int`, block lists `tuple` or `list`): then no comparison can call user code or raise, and
+ *     the verdict is a pure function of the values.  On any other step -- and on a bad step id, which
+ *     the Python checks name -- it returns `NotImplemented` before deciding anything, and the Python
+ *     reader decides.  It only reads.
  *
- *     read_steady(cached_ids, scheduled, computed, block_lists, last_ids, rows,
+ *     read_steady(sched, SchedulerOutput, CachedRequests, last_step_id | None, last_ids, rows,
  *                 num_computed, num_blocks, num_tokens,
- *                 block_size, max_blocks, num_kv_blocks, max_model_len, max_num_batched_tokens)
+ *                 block_size, num_kv_blocks, max_model_len, max_num_batched_tokens)
  *       -> NotImplemented | None | (starts, ends, known, appends, max_end)
+ *     None: not a steady step (something admitted, finished, preempted or drafted) or a rule fails.
  *     appends: None, or (rows, counts, block ids) of the requests that appended blocks, in batch order;
  *     max_end: the largest end (0 for no requests).
  *
@@ -47,7 +51,7 @@
  *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts
- * with the mirror) and -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token).
+ * with the mirror), -DRUNNERCHECK_PLANT_STALE_STEP_ID (a steady reader that accepts a step id not past the last) and -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token).
  * The staged writes' packing lives in staging.c.
  */
 #include "arrays.h"
@@ -65,19 +69,15 @@ static PyObject *new_int64(npy_intp n)
 
 #define DATA64(array) ((npy_int64 *)PyArray_DATA((PyArrayObject *)(array)))
 
-static PyObject *read_steady(PyObject *self, PyObject *args)
+/* `_read_steady` on a step whose containers passed `steady_containers`: the cached tuples, the scheduled dict. */
+static PyObject *read_steady_batch(PyObject *cached_ids, PyObject *scheduled, PyObject *computed, PyObject *block_lists,
+                                   PyObject *last_ids, PyObject *rows_obj, PyObject *num_computed_obj,
+                                   PyObject *num_blocks_obj, PyObject *num_tokens_obj, long long block_size,
+                                   long long num_kv_blocks, long long max_model_len, long long max_num_batched_tokens)
 {
-    (void)self;
-    PyObject *cached_ids, *scheduled, *computed, *block_lists, *last_ids;
-    PyObject *rows_obj, *num_computed_obj, *num_blocks_obj, *num_tokens_obj;
-    long long block_size, max_blocks, num_kv_blocks, max_model_len, max_num_batched_tokens;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOLLLLL", &cached_ids, &scheduled, &computed, &block_lists, &last_ids,
-                          &rows_obj, &num_computed_obj, &num_blocks_obj, &num_tokens_obj, &block_size, &max_blocks,
-                          &num_kv_blocks, &max_model_len, &max_num_batched_tokens))
-        return NULL;
-    if (!PyTuple_CheckExact(cached_ids) || !PyDict_CheckExact(scheduled) || !PyTuple_CheckExact(computed)
-        || !PyTuple_CheckExact(block_lists) || !PyTuple_CheckExact(last_ids))
+    if (!PyTuple_CheckExact(last_ids) || block_size <= 0 || max_model_len <= 0)
         Py_RETURN_NOTIMPLEMENTED;
+    const long long max_blocks = (max_model_len + block_size - 1) / block_size;  /* `blocks_per_request` */
     ArrayView rows, mirror_computed, mirror_blocks, mirror_tokens;
     if (!int64_view(rows_obj, &rows) || !int64_view(num_computed_obj, &mirror_computed)
         || !int64_view(num_blocks_obj, &mirror_blocks) || !int64_view(num_tokens_obj, &mirror_tokens))
@@ -85,7 +85,7 @@ static PyObject *read_steady(PyObject *self, PyObject *args)
     const Py_ssize_t n = PyTuple_GET_SIZE(last_ids);
     /* Shapes the Python reader would compare element by element before finding the difference. */
     if (n == 0 || rows.len != n || PyTuple_GET_SIZE(cached_ids) != n || PyTuple_GET_SIZE(computed) != n
-        || PyTuple_GET_SIZE(block_lists) != n || PyDict_GET_SIZE(scheduled) != n || block_size <= 0)
+        || PyTuple_GET_SIZE(block_lists) != n || PyDict_GET_SIZE(scheduled) != n)
         Py_RETURN_NOTIMPLEMENTED;
     const npy_intp num_rows = mirror_computed.len;
     if (mirror_blocks.len != num_rows || mirror_tokens.len != num_rows)
@@ -225,6 +225,96 @@ fail:
     Py_XDECREF(append_counts);
     Py_XDECREF(append_ids);
     return NULL;
+}
+
+/* The attribute ``name`` of ``obj`` (a new reference), or NULL with the error cleared: the caller declines. */
+static PyObject *attribute(PyObject *obj, const char *name)
+{
+    PyObject *value = PyObject_GetAttrString(obj, name);
+    if (value == NULL)
+        PyErr_Clear();
+    return value;
+}
+
+static int empty_or_exact(PyObject *obj, int kind, int *empty)
+{
+    /* kind 0: tuple or list; 1: frozenset or set; 2: dict.  1 with *empty set when ``obj`` has that exact type. */
+    Py_ssize_t size;
+    if (kind == 0 && (PyTuple_CheckExact(obj) || PyList_CheckExact(obj)))
+        size = Py_SIZE(obj);
+    else if (kind == 1 && PyAnySet_CheckExact(obj))
+        size = PySet_GET_SIZE(obj);
+    else if (kind == 2 && PyDict_CheckExact(obj))
+        size = PyDict_GET_SIZE(obj);
+    else
+        return 0;
+    *empty = size == 0;
+    return 1;
+}
+
+static const char *const STEP_FIELDS[] = {"step_id", "new_requests", "cached_requests", "num_scheduled_tokens",
+                                          "finished_req_ids", "preempted_req_ids", "draft_token_ids", "num_device_drafts"};
+#define NUM_STEP_FIELDS 8
+/* The containers' kinds, in STEP_FIELDS order from new_requests (cached_requests: -1, checked on its own). */
+static const int STEP_KINDS[] = {0, -1, 2, 1, 1, 2, 2};
+static const char *const CACHED_FIELDS[] = {"req_ids", "new_block_ids", "num_computed_tokens"};
+
+static PyObject *read_steady(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *sched, *sched_type, *cached_type, *last_step_id, *last_ids;
+    PyObject *rows_obj, *num_computed_obj, *num_blocks_obj, *num_tokens_obj;
+    long long block_size, num_kv_blocks, max_model_len, max_num_batched_tokens;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOLLLL", &sched, &sched_type, &cached_type, &last_step_id, &last_ids, &rows_obj,
+                          &num_computed_obj, &num_blocks_obj, &num_tokens_obj, &block_size, &num_kv_blocks, &max_model_len,
+                          &max_num_batched_tokens))
+        return NULL;
+    if ((PyObject *)Py_TYPE(sched) != sched_type)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *fields[NUM_STEP_FIELDS] = {NULL}, *cached[3] = {NULL}, *result = NULL;
+    for (int f = 0; f < NUM_STEP_FIELDS; f++)
+        if (!(fields[f] = attribute(sched, STEP_FIELDS[f])))
+            goto decline;
+    /* `check_containers`' exact types, `check_step_id`'s rule: anything else is the Python checks' to name. */
+    int steady = 1, empty;
+    for (int f = 1; f < NUM_STEP_FIELDS; f++) {
+        if (STEP_KINDS[f - 1] < 0)
+            continue;
+        if (!empty_or_exact(fields[f], STEP_KINDS[f - 1], &empty))
+            goto decline;
+        if (f != 3 && !empty)  /* admitted, finished, preempted or drafted: not a steady step */
+            steady = 0;
+    }
+    if ((PyObject *)Py_TYPE(fields[2]) != cached_type)
+        goto decline;
+    for (int f = 0; f < 3; f++)
+        if (!(cached[f] = attribute(fields[2], CACHED_FIELDS[f])) || !PyTuple_CheckExact(cached[f])
+            || PyTuple_GET_SIZE(cached[f]) != PyTuple_GET_SIZE(cached[0]))
+            goto decline;
+    long long step_id, last = -1;
+    if (exact_int(fields[0], &step_id) != EXACT_INT || step_id < 0)
+        goto decline;
+#ifndef RUNNERCHECK_PLANT_STALE_STEP_ID
+    if (last_step_id != Py_None && (exact_int(last_step_id, &last) != EXACT_INT || step_id <= last))
+        goto decline;
+#else
+    (void)last;
+#endif
+    if (!steady)
+        result = Py_NewRef(Py_None);
+    else
+        result = read_steady_batch(cached[0], fields[3], cached[2], cached[1], last_ids, rows_obj, num_computed_obj,
+                                   num_blocks_obj, num_tokens_obj, block_size, num_kv_blocks, max_model_len,
+                                   max_num_batched_tokens);
+    goto done;
+decline:
+    result = Py_NewRef(Py_NotImplemented);
+done:
+    for (int f = 0; f < NUM_STEP_FIELDS; f++)
+        Py_XDECREF(fields[f]);
+    for (int f = 0; f < 3; f++)
+        Py_XDECREF(cached[f]);
+    return result;
 }
 
 /* A row of ``req_to_row``: 1 with it in *row; 0 when ``rid`` holds none; -1 when the dict holds a value

@@ -8,7 +8,9 @@ off by one or of another type, block lists empty, out of range, too long or of a
 the C reader returns the same verdict (None, or `StepArrays` equal field by field) or
 NotImplemented, and NotImplemented only when some object it reads is not of its exact type.
 A build of the C reader with a planted bug (it trusts the mirror's computed counts) is caught
-by the same comparison.
+by the same comparison.  The C reader also makes `read_steady_step`'s checks (containers, step id, nothing
+admitted, finished or drafted): with it and without it, generated steps with those changed get the same
+error, None or arrays; a build that accepts a stale step id is caught.
 
 The general reader's C blocks (``read_cached``, ``read_scheduled``, ``check_batch``) against their
 Python references (`_read_cached`, `_read_scheduled`, `_check_batch`) in the same way, on generated
@@ -36,7 +38,7 @@ import impl.staged_writes as staged_writes
 import impl.state as state_module
 import impl.step_reader as step_reader
 from impl.state import RequestStateTable
-from impl.interface import CachedRequests, RunnerLimits, SchedulerOutput, SchedulerOutputError
+from impl.interface import CachedRequests, RunnerLimits, SchedulerOutput, SchedulerOutputError, StepIdError
 from impl.step_reader import StepArrays, _read_steady, read_steady_native
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=8, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=48,
@@ -207,6 +209,94 @@ def test_planted_bug_c_reader_trusting_the_mirror_is_caught():
         assert_readers_agree(reader, off_by_one, state, last, exactly_typed=True)  # the real build rejects it too
     with pytest.raises(AssertionError, match="C reader"):
         assert_readers_agree(trusting, off_by_one, state, last, exactly_typed=True)
+
+
+# --------------------------------------------------------------------------- the steady reader's checks
+
+class OddCached(CachedRequests):
+    """A `CachedRequests` subclass: `check_containers` rejects it, the C reader declines it."""
+
+
+class OddSchedule(SchedulerOutput):
+    """A `SchedulerOutput` subclass: the Python checks accept it, the C reader declines it."""
+
+
+# Replacements of one top-level field: (field, value, every object still of its exact type).
+FIELD_CHANGES = (
+    ("step_id", -1, True), ("step_id", True, False), ("step_id", 9.0, False), ("step_id", "9", False),
+    ("step_id", 2**70, False), ("step_id", 8, True), ("step_id", 10, True),
+    ("new_requests", [], True), ("new_requests", None, False), ("new_requests", ("x",), True),
+    ("finished_req_ids", set(), True), ("finished_req_ids", {"r0"}, True), ("finished_req_ids", [], False),
+    ("preempted_req_ids", frozenset({"r1"}), True), ("preempted_req_ids", (), False),
+    ("num_scheduled_tokens", None, False), ("num_scheduled_tokens", (), False),
+    ("draft_token_ids", {"r0": (1,)}, True), ("draft_token_ids", [], False),
+    ("num_device_drafts", {"r0": 1}, True), ("num_device_drafts", None, False),
+    ("cached_requests", None, False), ("cached_requests", "odd", False), ("cached_requests", "lists", False),
+    ("cached_requests", "short", False),
+)
+
+
+def _outcome(call):
+    try:
+        return call()
+    except SchedulerOutputError as err:
+        return type(err), str(err)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps(), st.lists(st.sampled_from(FIELD_CHANGES), max_size=2), st.sampled_from([None, 8, 9]), st.booleans())
+def test_c_reader_checks_the_step_as_the_python_checks(case, changes, last_step_id, subclass):
+    """`read_steady_step` with the C reader against the Python checks and reader alone: the same error (class and
+    text), None or arrays on steps with bad step ids, containers of other types, or something admitted, finished,
+    preempted or drafted; the C reader declines only where an object is not of its exact type or the id is bad."""
+    sched, state, last, exactly_typed = case
+    fields = {name: getattr(sched, name) for name in SchedulerOutput.__dataclass_fields__}
+    cached = sched.cached_requests
+    for name, value, exact in changes:
+        if name == "cached_requests" and value == "odd":
+            value = OddCached(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens)
+        elif name == "cached_requests" and value == "lists":
+            value = CachedRequests(list(cached.req_ids), cached.new_block_ids, cached.num_computed_tokens)
+        elif name == "cached_requests" and value == "short":
+            value = CachedRequests(cached.req_ids, cached.new_block_ids[1:], cached.num_computed_tokens)
+        fields[name] = value
+        exactly_typed &= exact
+    sched = (OddSchedule if subclass else SchedulerOutput)(**fields)
+    exactly_typed &= not subclass
+    step_id = fields["step_id"]
+    id_ok = type(step_id) is int and step_id >= 0 and (last_step_id is None or step_id > last_step_id)
+
+    def python_only():
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(step_reader, "_native_reader", None)
+            return step_reader.read_steady_step(sched, state, LIMITS, last_step_id, last)
+
+    got = _outcome(lambda: step_reader.read_steady_step(sched, state, LIMITS, last_step_id, last))
+    want = _outcome(python_only)
+    if isinstance(want, StepArrays) or isinstance(got, StepArrays):
+        assert _same(got, want), f"C reader: {got}\nPython reader: {want}"
+    else:
+        assert got == want, f"C reader: {got}\nPython reader: {want}"
+    if exactly_typed and id_ok:
+        assert read_steady_native(reader, sched, state, LIMITS, last, last_step_id) is not NotImplemented, \
+            "the C reader declined a step whose every object has its exact type"
+
+
+def test_planted_bug_c_reader_accepting_a_stale_step_id_is_caught():
+    """The comparison can fail: a build whose steady reader never compares the step id with the last one."""
+    stale = _planted("RUNNERCHECK_PLANT_STALE_STEP_ID")
+    rows = [1, 2]
+    state = _mirror(rows, [5, 6], [1, 1])
+    last = _last(("a", "b"), rows)
+    repeated = SchedulerOutput(step_id=9, cached_requests=CachedRequests(("a", "b"), ((), ()), (5, 6)),
+                               num_scheduled_tokens={"a": 1, "b": 1})
+    with pytest.raises(StepIdError):
+        step_reader.read_steady_step(repeated, state, LIMITS, 9, last)  # the real build (or Python) rejects it
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(step_reader, "_native_reader", stale)
+        got = step_reader.read_steady_step(repeated, state, LIMITS, 9, last)
+    assert isinstance(got, StepArrays), "the planted build should accept the repeated step id"
 
 
 # --------------------------------------------------------------------------- the general reader's cached block
