@@ -313,6 +313,20 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     crows, ccomp, cnew, appends, ids = _EMPTY, None, _EMPTY, None, ()
     # Rows of the requests leaving this step: neither cached nor scheduled may name them.
     gone_rows = np.fromiter(map(r2r.__getitem__, gone), np.int64, len(gone)) if gone else None
+    if _native_reader is not None and not sched.draft_token_ids:
+        got = _native_reader.read_general(
+            cached.req_ids, cached.num_computed_tokens, cached.new_block_ids, sched.num_scheduled_tokens, r2r,
+            _EMPTY if gone_rows is None else gone_rows, new, num_computed, num_blocks, num_tokens, limits.block_size,
+            limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks)
+        if got is not NotImplemented:  # an accepted step: its parts below would read the same
+            (crows, cnew, appends, req_ids, query_lens, rows, known, starts, end, total, query_starts, max_query_len, max_end,
+             uniform_query_len, new_positions) = got
+            return StepArrays(
+                gone=tuple(sorted(gone)), cached_rows=crows, cached_computed=None, cached_new_blocks=cnew,
+                block_appends=appends, req_ids=req_ids, rows=rows, new_positions=new_positions, query_lens=query_lens,
+                starts=starts, ends=end, known=known, num_drafts=_zeros(len(req_ids)), drafts=None, num_tokens=total,
+                query_starts=query_starts, max_query_len=max_query_len, max_end=max_end, uniform_query_len=uniform_query_len,
+            )
     if nc:
         ids = cached.req_ids
         got = NotImplemented if _native_reader is None else _native_reader.read_cached(

@@ -44,6 +44,17 @@
  *     The plan's summaries come from the same pass: query_starts int32 [n + 1] (the counts' running sum from 0),
  *     the largest count and end (0 for no requests), and the count every request shares (-1: they differ, or none).
  *
+ * read_general -- the batch of `impl.step_reader.read_step` for a step without drafts, in one call: read_cached,
+ *     the blocks each row holds after the appends, read_scheduled, the new requests' facts filled in, check_batch.
+ *     read_general(req_ids, computed, block_lists, scheduled, req_to_row, gone_rows, new, num_computed, num_blocks,
+ *                  num_tokens, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks)
+ *       -> NotImplemented | (cached_rows, new_block_counts, appends, req_ids, query_lens, rows, known, starts,
+ *                            ends, total, query_starts, max_query_len, max_end, uniform_query_len, new_positions)
+ *     ``new``: a dict of the step's new ids to (prefill length, blocks, prefix-cache hit) exact ints;
+ *     new_positions: ((batch index, id), ...) of the new ids, whose rows stay -1.  NotImplemented whenever one
+ *     of its parts declines or rejects (or reads a shift): `read_step` then runs its parts itself, and names
+ *     any error.  Only reads (the blocks after the appends are a copy).
+ *
  * advance_decode -- the no-draft branch of `impl.state.RequestStateTable.advance` (its owner's mirror):
  *     num_tokens[rows[i]] = max(known[i], ends[i] + 1); num_computed[rows[i]] = ends[i].
  *     advance_decode(rows, ends, known, num_tokens, num_computed) -> True, or NotImplemented (arrays
@@ -51,7 +62,8 @@
  *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts
- * with the mirror), -DRUNNERCHECK_PLANT_STALE_STEP_ID (a steady reader that accepts a step id not past the last) and -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token).
+ * with the mirror), -DRUNNERCHECK_PLANT_STALE_STEP_ID (a steady reader that accepts a step id not past the last),
+ * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0) and -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token).
  * The staged writes' packing lives in staging.c.
  */
 #include "arrays.h"
@@ -463,12 +475,11 @@ done:
     return result;
 }
 
-static PyObject *read_scheduled(PyObject *self, PyObject *args)
+/* read_scheduled's pass.  ``prefix_ids`` (NULL: none): ids whose rows the caller read already (``prefix_rows``), in
+ * the order the batch usually lists them first; a key that is the same object as its entry takes that row. */
+static PyObject *scheduled_pass(PyObject *scheduled, PyObject *req_to_row, PyObject *gone_obj, PyObject *tokens_obj,
+                                PyObject *computed_obj, PyObject *blocks_obj, PyObject *prefix_ids, const npy_int64 *prefix_rows)
 {
-    (void)self;
-    PyObject *scheduled, *req_to_row, *gone_obj, *tokens_obj, *computed_obj, *blocks_obj;
-    if (!PyArg_ParseTuple(args, "OOOOOO", &scheduled, &req_to_row, &gone_obj, &tokens_obj, &computed_obj, &blocks_obj))
-        return NULL;
     ArrayView gone, mirror_tokens, mirror_computed, mirror_blocks;
     if (!PyDict_CheckExact(scheduled) || !PyDict_CheckExact(req_to_row) || !int64_view(gone_obj, &gone)
         || !int64_view(tokens_obj, &mirror_tokens) || !int64_view(computed_obj, &mirror_computed)
@@ -477,7 +488,7 @@ static PyObject *read_scheduled(PyObject *self, PyObject *args)
     const npy_intp num_rows = mirror_tokens.len;
     if (mirror_computed.len != num_rows || mirror_blocks.len != num_rows)
         Py_RETURN_NOTIMPLEMENTED;
-    const Py_ssize_t n = PyDict_GET_SIZE(scheduled);
+    const Py_ssize_t n = PyDict_GET_SIZE(scheduled), num_prefix = prefix_ids ? PyTuple_GET_SIZE(prefix_ids) : 0;
     PyObject *ids = PyTuple_New(n), *lens = new_int64(n), *rows = new_int64(n);
     PyObject *known = new_int64(n), *starts = new_int64(n), *blocks = new_int64(n), *result = NULL;
     if (!ids || !lens || !rows || !known || !starts || !blocks)
@@ -489,8 +500,12 @@ static PyObject *read_scheduled(PyObject *self, PyObject *args)
         long long count;
         npy_int64 row = -1;
         int found;
-        if (i >= n || !PyUnicode_CheckExact(key) || exact_int(value, &count) != EXACT_INT
-            || (found = row_of(req_to_row, key, num_rows, &row)) < 0) {
+        if (i < num_prefix && key == PyTuple_GET_ITEM(prefix_ids, i) && exact_int(value, &count) == EXACT_INT) {
+            row = prefix_rows[i];
+            found = 1;
+        }
+        else if (i >= n || !PyUnicode_CheckExact(key) || exact_int(value, &count) != EXACT_INT
+                 || (found = row_of(req_to_row, key, num_rows, &row)) < 0) {
             if (!PyErr_Occurred())
                 result = Py_NewRef(Py_NotImplemented);
             goto done;
@@ -524,6 +539,15 @@ done:
     Py_XDECREF(starts);
     Py_XDECREF(blocks);
     return result;
+}
+
+static PyObject *read_scheduled(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *scheduled, *req_to_row, *gone, *tokens, *computed, *blocks;
+    if (!PyArg_ParseTuple(args, "OOOOOO", &scheduled, &req_to_row, &gone, &tokens, &computed, &blocks))
+        return NULL;
+    return scheduled_pass(scheduled, req_to_row, gone, tokens, computed, blocks, NULL, NULL);
 }
 
 static PyObject *check_batch(PyObject *self, PyObject *args)
@@ -591,6 +615,100 @@ static PyObject *check_batch(PyObject *self, PyObject *args)
     return Py_BuildValue("(NLNLLL)", ends, total, query_starts, max_count, max_end, shared);
 }
 
+/* A tuple result of one of this module's functions, or NULL after dropping ``got`` (an error stays set; None
+ * and NotImplemented are declined silently). */
+static PyObject *accepted(PyObject *got)
+{
+    if (got != NULL && PyTuple_CheckExact(got))
+        return got;
+    Py_XDECREF(got);
+    return NULL;
+}
+
+static PyObject *read_general(PyObject *self, PyObject *args)
+{
+    PyObject *ids, *computed, *block_lists, *scheduled, *req_to_row, *gone, *new_requests;
+    PyObject *num_computed, *num_blocks, *num_tokens;
+    long long block_size, max_model_len, max_num_batched_tokens, num_kv_blocks;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOLLLL", &ids, &computed, &block_lists, &scheduled, &req_to_row, &gone,
+                          &new_requests, &num_computed, &num_blocks, &num_tokens, &block_size, &max_model_len,
+                          &max_num_batched_tokens, &num_kv_blocks))
+        return NULL;
+    if (!PyDict_CheckExact(new_requests) || block_size <= 0 || max_model_len <= 0)
+        Py_RETURN_NOTIMPLEMENTED;
+    const long long max_blocks = (max_model_len + block_size - 1) / block_size;  /* `blocks_per_request` */
+    PyObject *cached = NULL, *blocks_after = NULL, *batch = NULL, *checked = NULL, *positions = NULL, *result = NULL;
+    PyObject *call = Py_BuildValue("(OOOOOOOLL)", ids, computed, block_lists, req_to_row, gone, num_computed, num_blocks,
+                                   max_blocks, num_kv_blocks);
+    if (!call || !(cached = accepted(read_cached(self, call))))
+        goto done;
+    /* The blocks each row holds after this step's appends (a copy: the mirror changes only at the commit). */
+    blocks_after = num_blocks;
+    Py_INCREF(blocks_after);
+    PyObject *appends = PyTuple_GET_ITEM(cached, 2);
+    if (appends != Py_None) {
+        Py_SETREF(blocks_after, PyArray_NewCopy((PyArrayObject *)num_blocks, NPY_CORDER));
+        if (!blocks_after)
+            goto done;
+        PyObject *rows = PyTuple_GET_ITEM(cached, 0), *counts = PyTuple_GET_ITEM(cached, 1);
+        for (npy_intp i = 0; i < PyArray_DIM((PyArrayObject *)rows, 0); i++)
+            DATA64(blocks_after)[DATA64(rows)[i]] += DATA64(counts)[i];
+    }
+    if (!(batch = accepted(scheduled_pass(scheduled, req_to_row, gone, num_tokens, num_computed, blocks_after, ids,
+                                          DATA64(PyTuple_GET_ITEM(cached, 0))))))
+        goto done;
+    /* The new requests' (prefill length, blocks, prefix-cache hit), as read_step fills them in. */
+    PyObject *req_ids = PyTuple_GET_ITEM(batch, 0), *lens = PyTuple_GET_ITEM(batch, 1), *rows = PyTuple_GET_ITEM(batch, 2);
+    PyObject *known = PyTuple_GET_ITEM(batch, 3), *starts = PyTuple_GET_ITEM(batch, 4), *blocks = PyTuple_GET_ITEM(batch, 5);
+    if (!(positions = PyList_New(0)))
+        goto done;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(req_ids); i++) {
+        if (DATA64(rows)[i] >= 0)
+            continue;
+        PyObject *rid = PyTuple_GET_ITEM(req_ids, i);
+        PyObject *facts = PyDict_GetItemWithError(new_requests, rid);
+        long long n, held, hit;
+        if (facts == NULL || !PyTuple_CheckExact(facts) || PyTuple_GET_SIZE(facts) != 3
+            || exact_int(PyTuple_GET_ITEM(facts, 0), &n) != EXACT_INT || exact_int(PyTuple_GET_ITEM(facts, 1), &held) != EXACT_INT
+            || exact_int(PyTuple_GET_ITEM(facts, 2), &hit) != EXACT_INT)
+            goto done;  /* an unknown id (or an error): read_step names it */
+        DATA64(known)[i] = n;
+        DATA64(blocks)[i] = held;
+#ifndef RUNNERCHECK_PLANT_NEW_HIT_ZERO
+        DATA64(starts)[i] = hit;
+#else
+        (void)hit;
+#endif
+        PyObject *position = Py_BuildValue("(nO)", i, rid);
+        if (!position || PyList_Append(positions, position) < 0) {
+            Py_XDECREF(position);
+            goto done;
+        }
+        Py_DECREF(position);
+    }
+    Py_SETREF(call, Py_BuildValue("(OOOOOLLL)", lens, starts, known, blocks, Py_None, block_size, max_model_len,
+                                  max_num_batched_tokens));
+    if (!call || !(checked = accepted(check_batch(self, call))))
+        goto done;
+    PyObject *new_positions = PyList_AsTuple(positions);
+    if (new_positions)
+        result = Py_BuildValue("(OOOOOOOOOOOOOOO)", PyTuple_GET_ITEM(cached, 0), PyTuple_GET_ITEM(cached, 1), appends,
+                               req_ids, lens, rows, known, starts, PyTuple_GET_ITEM(checked, 0), PyTuple_GET_ITEM(checked, 1),
+                               PyTuple_GET_ITEM(checked, 2), PyTuple_GET_ITEM(checked, 3), PyTuple_GET_ITEM(checked, 4),
+                               PyTuple_GET_ITEM(checked, 5), new_positions);
+    Py_XDECREF(new_positions);
+done:
+    Py_XDECREF(call);
+    Py_XDECREF(cached);
+    Py_XDECREF(blocks_after);
+    Py_XDECREF(batch);
+    Py_XDECREF(checked);
+    Py_XDECREF(positions);
+    if (result == NULL && !PyErr_Occurred())
+        result = Py_NewRef(Py_NotImplemented);
+    return result;
+}
+
 static PyObject *advance_decode(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -625,6 +743,7 @@ static PyMethodDef methods[] = {
     {"read_cached", read_cached, METH_VARARGS, "The cached requests of a general step (see the module's source header)."},
     {"read_scheduled", read_scheduled, METH_VARARGS, "A general step's batch: ids, query lengths, rows and their mirror."},
     {"check_batch", check_batch, METH_VARARGS, "A general step's per-request count rules, and its token total."},
+    {"read_general", read_general, METH_VARARGS, "A general step without drafts: read_cached, read_scheduled, the new requests, check_batch."},
     {"advance_decode", advance_decode, METH_VARARGS, "The mirror's advance past a decode step without drafts."},
     {NULL, NULL, 0, NULL},
 };

@@ -24,6 +24,7 @@ staged writes' packing, `impl/native/staging.c`, is tested in test_native_stagin
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sysconfig
 from types import SimpleNamespace
@@ -38,7 +39,8 @@ import impl.staged_writes as staged_writes
 import impl.state as state_module
 import impl.step_reader as step_reader
 from impl.state import RequestStateTable
-from impl.interface import CachedRequests, RunnerLimits, SchedulerOutput, SchedulerOutputError, StepIdError
+from impl.interface import (CachedRequests, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput,
+                            SchedulerOutputError, StepIdError)
 from impl.step_reader import StepArrays, _read_steady, read_steady_native
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=8, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=48,
@@ -689,5 +691,84 @@ def test_a_run_that_admits_reads_its_general_steps_in_c(monkeypatch):
     monkeypatch.setattr(step_reader, "_native_reader", counting)
     _, steady = admitting_run()
     general = NUM_STEPS - steady
-    assert counting.done.get("read_scheduled", 0) == general, counting.done
-    assert counting.done.get("read_cached", 0) >= general - 1, counting.done  # the first step caches nothing
+    # read_general reads the steps without drafts in one call (its parts inside); the others call the parts.
+    done = counting.done.get
+    assert done("read_general", 0) + done("read_scheduled", 0) == general, counting.done
+    assert done("read_general", 0) >= 1 and done("read_scheduled", 0) >= 1, counting.done
+    assert done("read_general", 0) + done("read_cached", 0) >= general - 1, counting.done  # the first step caches nothing
+
+
+class _WithoutGeneral:
+    """The built module with read_general declining every step: read_step then runs its parts one by one."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name: str):
+        if name == "read_general":
+            return lambda *args: NotImplemented
+        return getattr(self._module, name)
+
+
+def _without_drafts(sched: SchedulerOutput) -> SchedulerOutput:
+    """``sched`` with its drafted requests scheduled for one token and no drafts (a step read_general reads)."""
+    counts = {rid: (1 if rid in sched.draft_token_ids else n) for rid, n in sched.num_scheduled_tokens.items()}
+    return dataclasses.replace(sched, draft_token_ids={}, num_scheduled_tokens=counts)
+
+
+def _read_outcome(sched, runner):
+    try:
+        return step_reader.read_step(sched, runner.state, runner.limits, runner._last_step_id)
+    except SchedulerOutputError as err:
+        return type(err), str(err)
+
+
+def _same_outcome(a, b) -> bool:
+    if isinstance(a, StepArrays) and isinstance(b, StepArrays):
+        return _same(a, b)
+    return a == b
+
+
+@needs_native
+def test_c_general_reader_agrees_with_its_parts(monkeypatch):
+    """read_general against read_step's parts (C and Python) on the bad-input suite's run and every one of its bad
+    variants: the same StepArrays or the same error, class and text; it reads the run's steps without drafts."""
+    from test_bad_inputs import _runner, _schedule, _variants_at_3, _variants_at_4, _variants_at_5
+
+    counting, without = _Counting(reader), _WithoutGeneral(reader)
+    runner, outputs, compared = _runner(), [], 0
+    for step, variants in enumerate((None, None, None, _variants_at_3, _variants_at_4, _variants_at_5)):
+        good = _schedule(step, outputs)
+        bases = [good] if step != 3 else [good, _without_drafts(good)]  # step 3 drafts: read by the parts
+        schedules = list(bases)
+        if variants is not None:
+            schedules += [bad for base in bases for _, _, bad, _ in variants(base)]
+        for sched in schedules:
+            monkeypatch.setattr(step_reader, "_native_reader", counting)
+            got = _read_outcome(sched, runner)
+            monkeypatch.setattr(step_reader, "_native_reader", without)
+            want = _read_outcome(sched, runner)
+            assert _same_outcome(got, want), f"step {step}: read_general {got}\nits parts {want}"
+            compared += 1
+        monkeypatch.setattr(step_reader, "_native_reader", reader)
+        outputs.append(runner.execute_model(good).get())
+    assert compared >= 100 and counting.done.get("read_general", 0) >= 3, (compared, counting.done)
+
+
+def test_planted_bug_general_reader_ignoring_the_new_requests_facts_is_caught(monkeypatch):
+    """The comparison above can fail: a build whose read_general leaves a new request's prefix-cache hit at 0."""
+    planted = _planted("RUNNERCHECK_PLANT_NEW_HIT_ZERO")
+    from test_bad_inputs import _runner, _schedule
+
+    runner, outputs = _runner(), []
+    for step in range(3):
+        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
+    good = _without_drafts(_schedule(3, outputs))
+    hit = NewRequest("H", (1, 2, 3, 4, 5), SamplingParams(), (9, 10), num_computed_tokens=4)
+    sched = dataclasses.replace(good, new_requests=good.new_requests + (hit,),
+                                num_scheduled_tokens={**good.num_scheduled_tokens, "H": 1})
+    monkeypatch.setattr(step_reader, "_native_reader", _WithoutGeneral(reader) if reader is not None else None)
+    want = _read_outcome(sched, runner)
+    assert isinstance(want, StepArrays), want
+    monkeypatch.setattr(step_reader, "_native_reader", planted)
+    assert not _same_outcome(_read_outcome(sched, runner), want)
