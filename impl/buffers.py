@@ -209,9 +209,13 @@ class StagingPool:
     def acquire(self, step: int) -> StagingSlot:
         """A FREE slot, now WRITING.  Waits on the oldest in-flight copy only if none is free.
 
-        On cuda it first retires the slots known complete (a step's output read completes its copies:
-        no CUDA query a step) and asks CUDA only when that leaves no slot free."""
-        slot = self._free_slot(step, ask=not self._known_first)
+        On cuda it takes the next slot when it is free (`seek_free` made it so on a steady step), else it retires the
+        slots known complete (a step's output read completes its copies: no CUDA query a step) and asks CUDA only
+        when that leaves no slot free."""
+        slot = self.slots[self._next]
+        # The slot `seek_free` (or the last acquire) left next, when free: retiring the others can wait for a miss.
+        if not (self._known_first and slot.state is SlotState.FREE and slot.step != step):
+            slot = self._free_slot(step, ask=not self._known_first)
         if self._known_first and slot is None:
             slot = self._free_slot(step, ask=True)
         if slot is None:

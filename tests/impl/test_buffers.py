@@ -78,6 +78,23 @@ def test_slot_cycle_and_reuse_waits_for_event():
     assert seen[:3] == [(0, "FREE", "WRITING"), (0, "WRITING", "IN_FLIGHT"), (1, "FREE", "WRITING")]
 
 
+def test_cuda_order_takes_a_free_next_slot_and_retires_the_others_on_a_miss():
+    """On cuda (`StagingPool._known_first`, forced here on a host device whose work runs at once) the next slot is
+    taken when free, with no pass over the others; the first miss retires every slot known complete."""
+    pool = StagingPool(Device("cpu"), num_slots=3, capacity_bytes=256)
+    pool._known_first = True
+    a = pool.acquire(0)
+    pool.submit(a)
+    b = pool.acquire(1)
+    assert b.index == 1 and a.state is SlotState.IN_FLIGHT  # complete, not retired yet
+    pool.submit(b)
+    c = pool.acquire(2)
+    pool.submit(c)
+    d = pool.acquire(3)  # the next slot (0) is in flight: a miss
+    assert d is a and b.state is SlotState.FREE and c.state is SlotState.FREE
+    assert pool.num_backpressure_waits == 0
+
+
 def test_alloc_after_submit_is_a_lifetime_error():
     dev = Device("sim")
     pool = StagingPool(dev, num_slots=2, capacity_bytes=256)
