@@ -166,7 +166,7 @@ def read_steady_step(sched: SchedulerOutput, state: RequestStateTable, limits: R
     returns None and the caller runs `read_step`, which rejects the step with the error that names
     the request and field.  Raises only what `read_step` raises first (containers, step id).
     """
-    if last is not None and _native_reader is not None:
+    if _native_reader is not None:
         read = read_steady_native(_native_reader, sched, state, limits, last, last_step_id)
         if read is not NotImplemented:
             return read
@@ -201,11 +201,12 @@ def _new_request_prefill(req: object, limits: RunnerLimits) -> int:
 
 
 def read_steady_native(reader: ModuleType, sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits,
-                       last: StepArrays, last_step_id: int | None = None) -> StepArrays | None | NotImplementedType:
+                       last: StepArrays | None, last_step_id: int | None = None) -> StepArrays | None | NotImplementedType:
     """`read_steady_step` by ``reader`` (a build of `impl/native/steady.c`): the same StepArrays or None, or
     NotImplemented when the step holds an object of another type than the exact ones it reads, or a step id
     the Python checks reject (the Python reader decides those and names the error)."""
-    got = reader.read_steady(sched, SchedulerOutput, CachedRequests, last_step_id, last.req_ids, last.rows,
+    last_ids, last_rows = (None, None) if last is None else (last.req_ids, last.rows)
+    got = reader.read_steady(sched, SchedulerOutput, CachedRequests, last_step_id, last_ids, last_rows,
                              state.num_computed, state.num_blocks, state.num_tokens, limits.block_size,
                              limits.num_kv_blocks, limits.max_model_len, limits.max_num_batched_tokens)
     if got is None or got is NotImplemented:

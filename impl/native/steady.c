@@ -11,11 +11,12 @@
  *     the Python checks name -- it returns `NotImplemented` before deciding anything, and the Python
  *     reader decides.  It only reads.
  *
- *     read_steady(sched, SchedulerOutput, CachedRequests, last_step_id | None, last_ids, rows,
+ *     read_steady(sched, SchedulerOutput, CachedRequests, last_step_id | None, last_ids | None, rows | None,
  *                 num_computed, num_blocks, num_tokens,
  *                 block_size, num_kv_blocks, max_model_len, max_num_batched_tokens)
  *       -> NotImplemented | None | (starts, ends, known, appends, max_end)
- *     None: not a steady step (something admitted, finished, preempted or drafted) or a rule fails.
+ *     None: not a steady step (no last decode batch, or something admitted, finished, preempted or drafted),
+ *     or a rule fails.
  *     appends: None, or (rows, counts, block ids) of the requests that appended blocks, in batch order;
  *     max_end: the largest end (0 for no requests).
  *
@@ -312,7 +313,7 @@ static PyObject *read_steady(PyObject *self, PyObject *args)
 #else
     (void)last;
 #endif
-    if (!steady)
+    if (!steady || last_ids == Py_None)  /* nothing to repeat: the checks alone */
         result = Py_NewRef(Py_None);
     else
         result = read_steady_batch(cached[0], fields[3], cached[2], cached[1], last_ids, rows_obj, num_computed_obj,

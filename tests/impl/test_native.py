@@ -247,12 +247,16 @@ def _outcome(call):
 
 @needs_native
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps(), st.lists(st.sampled_from(FIELD_CHANGES), max_size=2), st.sampled_from([None, 8, 9]), st.booleans())
-def test_c_reader_checks_the_step_as_the_python_checks(case, changes, last_step_id, subclass):
+@given(steps(), st.lists(st.sampled_from(FIELD_CHANGES), max_size=2), st.sampled_from([None, 8, 9]), st.booleans(),
+       st.booleans())
+def test_c_reader_checks_the_step_as_the_python_checks(case, changes, last_step_id, subclass, no_last):
     """`read_steady_step` with the C reader against the Python checks and reader alone: the same error (class and
     text), None or arrays on steps with bad step ids, containers of other types, or something admitted, finished,
-    preempted or drafted; the C reader declines only where an object is not of its exact type or the id is bad."""
+    preempted or drafted, with and without a last decode batch; the C reader declines only where an object is not
+    of its exact type or the id is bad."""
     sched, state, last, exactly_typed = case
+    if no_last:
+        last = None  # no decode batch to repeat: the checks alone
     fields = {name: getattr(sched, name) for name in SchedulerOutput.__dataclass_fields__}
     cached = sched.cached_requests
     for name, value, exact in changes:
