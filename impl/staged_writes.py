@@ -114,6 +114,8 @@ class StagedWriteGroup:
         self._cell_members: list[StagedWriteTensor] = []  # members with cells pending
         # The cell tables as `pack_members` in impl/native/staging.c reads them: (table, element code), in `_cells` order.
         self._cell_tables = tuple((self._cells[dtype], _CELL_CODES[dtype]) for dtype in self._cells)
+        # Admission records a member owner defers to the flush (`defer_admissions`): (records, layout, reference).
+        self._admissions: tuple[dict, tuple, Callable[[], None]] | None = None
         self.arena: torch.Tensor | None = None
         self._num_words = 0
         self._applies: list[Callable[[], None]] = []
@@ -151,15 +153,21 @@ class StagedWriteGroup:
         self.h2d_bytes_last_flush = 0
         self._packs = []
         dirty = self._dirty
+        records = self._admissions[0] if self._admissions is not None else None
+        if not dirty and not self._cell_members and not records:  # nothing staged (most steady steps): no table
+            return
         limit = writer.pool.capacity_bytes // 4 - 4  # words of one slot, less alignment
         if (len(dirty) == 1 and dirty[0]._int32 and not dirty[0]._pending and len(dirty[0]._ragged) == 1
-                and not self._cell_members):
+                and not self._cell_members and not records):
             lens, values = dirty[0]._ragged[0][2:]
             if _META_WORDS * len(lens) + len(values) <= limit:
                 self._flush_one_ragged(dirty[0], writer)
                 return
-        if _staging is not None and self._pack_members(dirty, writer, limit):
+        if _staging is not None and self._pack_members(dirty, writer, limit, records):
             return
+        if records:
+            self._admissions[2]()  # the reference: the records staged as cells and mask row diffs
+            dirty = self._dirty
         by_dtype: dict[torch.dtype, tuple[list[int], list[int], list]] = {}
         dst_parts: list[np.ndarray] = []  # ragged diffs, already arrays
         len_parts: list[np.ndarray] = []
@@ -205,17 +213,21 @@ class StagedWriteGroup:
             self._applies = [self._pack(*batch, writer) for batch in _word_batches(dst, lens, src, values, limit)]
 
     @hot_path
-    def _pack_members(self, dirty: list["StagedWriteTensor"], writer: StagingWriter, limit: int) -> bool:
-        """`flush` by ``pack_members`` (impl/native/staging.c): the members' diffs and the cells as one diff table
-        in one slot.  False, with nothing taken, when the C twin declines them or they need more than one slot."""
+    def _pack_members(self, dirty: list["StagedWriteTensor"], writer: StagingWriter, limit: int, records: dict | None) -> bool:
+        """`flush` by ``pack_members`` (impl/native/staging.c): the members' diffs, the cells and the deferred admission
+        records as one diff table in one slot.  False, with nothing taken, when the C twin declines them or they
+        need more than one slot."""
         members = [(t.word_offset, t.num_cols, _CELL_CODES[t.dtype], t._merged_diffs(), t._ragged) for t in dirty]
-        size = _staging.pack_members(None, members, self._cell_tables)
+        admissions = (records, self._admissions[1]) if records else None
+        size = _staging.pack_members(None, members, self._cell_tables, admissions)
         if size is NotImplemented or not size[0] or _META_WORDS * size[0] + size[1] > limit:
             return False
         n, total = size[0], _META_WORDS * size[0] + size[1]
         self.seal()
         host, slot, start = writer.reserve_words(total)
-        _staging.pack_members(host, members, self._cell_tables)
+        _staging.pack_members(host, members, self._cell_tables, admissions)
+        if records:
+            records.clear()
         self._dirty = []
         for t in dirty:
             t._pending.clear()
@@ -223,6 +235,21 @@ class StagedWriteGroup:
         self._clear_cells()
         self._applies = [self._packed(slot, start, n, total)]
         return True
+
+    def defer_admissions(self, records: dict, scalars: Sequence["StagedWriteTensor"], mask: "StagedWriteTensor",
+                         vocab_size: int, stage: Callable[[], None]) -> None:
+        """Let a member owner record its admissions in ``records`` -- row -> (one value for each of the eight one-element
+        members ``scalars``, the prompt's token ids, whose bitmask is ``mask``'s row) -- for the flush to pack after
+        everything else (`pack_members`).  ``stage`` is the reference: it stages them through the members (called
+        when the C twin declines).  Those members must get no other writes, so their order against other diffs
+        does not matter."""
+        if self._admissions is not None:
+            raise RuntimeError(f"staged-write group {self.name!r} already packs another owner's admissions")
+        if len(scalars) != 8 or any(t.group is not self or t.num_cols != 1 for t in (*scalars, mask)[:-1]) or mask.group is not self:
+            raise ValueError("defer_admissions takes eight one-element members and a mask member of this group")
+        layout = (tuple(t.word_offset for t in scalars), tuple(_CELL_CODES[t.dtype] for t in scalars), mask.word_offset,
+                  mask.num_cols, vocab_size, mask.num_rows)
+        self._admissions = (records, layout, stage)
 
     def _set_cell(self, dtype: torch.dtype, dst: int, value: float | int) -> None:
         self._cells[dtype][dst] = value  # a cell written twice in one step: the later write wins

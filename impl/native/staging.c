@@ -21,6 +21,12 @@
  *     values), int64 arrays, of an int32 member only.  ``cell_tables`` a tuple of (dict, element code) pairs --
  *     destination word (exact int) -> value, code 0 int32 (exact int in range), 1 float32 (exact float within
  *     float32's range, or not finite), 2 int64 (exact int in range, two words).
+ *     pack_members(words, members, cell_tables, (records, layout)): the sampling state's admission records too,
+ *     after the cells (reference: `SamplingState._stage_admissions`, which stages them as cells and a mask row
+ *     diff before the numpy path): per record (a dict row -> (eight parameter values, prompt token ids)) its
+ *     eight cells, then its prompt mask row (bit t % 32 of word t // 32 for each token t) as one diff; the
+ *     layout (the eight members' word offsets and element codes, the mask's word offset and words per row, the
+ *     vocabulary size, the rows).
  *
  * prompt_bitmask -- `impl.sample.state.prompt_bitmask_words`: bit t % 32 of word t // 32 set for each token t.
  *     prompt_bitmask(words, tokens, vocab_size) -> True | NotImplemented.  ``tokens`` an exact tuple or list
@@ -28,7 +34,8 @@
  *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_SOURCE_ZERO (diff tables whose every source offset is 0) and
- * -DRUNNERCHECK_PLANT_MASK_BIT31_LOST (a bitmask that never sets bit 31 of a word).
+ * -DRUNNERCHECK_PLANT_MASK_BIT31_LOST (a bitmask that never sets bit 31 of a word) and
+ * -DRUNNERCHECK_PLANT_RECORD_ROW_STRIDE_ONE (admission records whose parameter rows are one word apart).
  */
 #include "arrays.h"
 
@@ -226,8 +233,91 @@ static int emit_ragged(Packer *pk, const Member *m, PyObject *set, npy_intp tabl
     return 1;
 }
 
+/* Admission records (`impl.sample.state.SamplingState`'s, deferred to the flush): each row's eight one-element
+ * parameters and its prompt bitmask.  The layout: ((word offset of each parameter member), (its element code),
+ * prompt mask word offset, mask words per row, vocabulary size, rows). */
+enum { NUM_PARAMS = 8 };
+
+typedef struct {
+    long long offsets[NUM_PARAMS], codes[NUM_PARAMS];
+    long long mask_offset, mask_words, vocab, num_rows;
+} AdmissionLayout;
+
+static int read_layout(PyObject *obj, AdmissionLayout *layout)
+{
+    if (!PyTuple_CheckExact(obj) || PyTuple_GET_SIZE(obj) != 6)
+        return 0;
+    PyObject *offsets = PyTuple_GET_ITEM(obj, 0), *codes = PyTuple_GET_ITEM(obj, 1);
+    if (!PyTuple_CheckExact(offsets) || !PyTuple_CheckExact(codes) || PyTuple_GET_SIZE(offsets) != NUM_PARAMS
+        || PyTuple_GET_SIZE(codes) != NUM_PARAMS)
+        return 0;
+    for (int k = 0; k < NUM_PARAMS; k++)
+        if (exact_int(PyTuple_GET_ITEM(offsets, k), &layout->offsets[k]) != EXACT_INT
+            || exact_int(PyTuple_GET_ITEM(codes, k), &layout->codes[k]) != EXACT_INT
+            || layout->codes[k] < 0 || layout->codes[k] >= CELL_CODES)
+            return 0;
+    return exact_int(PyTuple_GET_ITEM(obj, 2), &layout->mask_offset) == EXACT_INT
+           && exact_int(PyTuple_GET_ITEM(obj, 3), &layout->mask_words) == EXACT_INT
+           && exact_int(PyTuple_GET_ITEM(obj, 4), &layout->vocab) == EXACT_INT
+           && exact_int(PyTuple_GET_ITEM(obj, 5), &layout->num_rows) == EXACT_INT
+           && layout->vocab >= 1 && layout->mask_words == (layout->vocab + 31) / 32;
+}
+
+/* Every record of ``records`` (a dict: row -> (eight parameter values, prompt token ids)) as its eight cells and
+ * its mask row; 0 when one is not what the reference (`SamplingState._stage_admissions`) stages the same way. */
+static int emit_admissions(Packer *pk, PyObject *records, const AdmissionLayout *layout, npy_intp table_words)
+{
+    PyObject *key, *record;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(records, &pos, &key, &record)) {
+        long long row;
+        if (exact_int(key, &row) != EXACT_INT || row < 0 || row >= layout->num_rows || !PyTuple_CheckExact(record)
+            || PyTuple_GET_SIZE(record) != 2)
+            return 0;
+        PyObject *values = PyTuple_GET_ITEM(record, 0), *tokens = PyTuple_GET_ITEM(record, 1);
+        if (!PyTuple_CheckExact(values) || PyTuple_GET_SIZE(values) != NUM_PARAMS
+            || !(PyTuple_CheckExact(tokens) || PyList_CheckExact(tokens)))
+            return 0;
+        for (int k = 0; k < NUM_PARAMS; k++) {
+            npy_int32 cell[2];
+            const int words_per = CODE_WORDS[layout->codes[k]];
+            if (cell_words(PyTuple_GET_ITEM(values, k), (long)layout->codes[k], cell) != words_per)
+                return 0;
+#ifdef RUNNERCHECK_PLANT_RECORD_ROW_STRIDE_ONE
+            emit_meta(pk, layout->offsets[k] + row, words_per);  /* the planted bug: int64 rows one word apart */
+#else
+            emit_meta(pk, layout->offsets[k] + row * words_per, words_per);
+#endif
+            for (int w = 0; w < words_per; w++, pk->value_words++)
+                if (pk->words)
+                    OUT32(*pk->words, table_words + pk->value_words) = cell[w];
+        }
+        PyObject **items = PySequence_Fast_ITEMS(tokens);
+        const Py_ssize_t count = PySequence_Fast_GET_SIZE(tokens);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            long long token;
+            if (exact_int(items[i], &token) != EXACT_INT || token < 0 || token >= layout->vocab)
+                return 0;
+        }
+        emit_meta(pk, layout->mask_offset + row * layout->mask_words, layout->mask_words);
+        if (pk->words) {
+            const npy_intp first = table_words + pk->value_words;
+            for (npy_intp j = 0; j < layout->mask_words; j++)
+                OUT32(*pk->words, first + j) = 0;
+            for (Py_ssize_t i = 0; i < count; i++) {
+                long long token = PyLong_AsLongLong(items[i]);
+                npy_uint32 *word = (npy_uint32 *)(pk->words->data + (first + (npy_intp)(token >> 5)) * pk->words->stride);
+                *word |= (npy_uint32)1 << (token & 31);
+            }
+        }
+        pk->value_words += layout->mask_words;
+    }
+    return 1;
+}
+
 /* The whole table in the reference's order; 0 when a member or cell is not one this function takes. */
-static int walk_members(Packer *pk, const Member *members, Py_ssize_t count, PyObject *tables, npy_intp table_words)
+static int walk_members(Packer *pk, const Member *members, Py_ssize_t count, PyObject *tables, PyObject *records,
+                        const AdmissionLayout *layout, npy_intp table_words)
 {
     for (Py_ssize_t i = 0; i < count; i++) {
         const Member *m = &members[i];
@@ -266,15 +356,22 @@ static int walk_members(Packer *pk, const Member *members, Py_ssize_t count, PyO
                     OUT32(*pk->words, table_words + pk->value_words) = cell[k];
         }
     }
-    return 1;
+    return records == NULL || emit_admissions(pk, records, layout, table_words);
 }
 
 static PyObject *pack_members(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *words_obj, *member_list, *tables;
-    if (!PyArg_ParseTuple(args, "OOO", &words_obj, &member_list, &tables))
+    PyObject *words_obj, *member_list, *tables, *admissions = Py_None, *records = NULL;
+    if (!PyArg_ParseTuple(args, "OOO|O", &words_obj, &member_list, &tables, &admissions))
         return NULL;
+    AdmissionLayout layout = {{0}, {0}, 0, 0, 0, 0};
+    if (admissions != Py_None) {
+        if (!PyTuple_CheckExact(admissions) || PyTuple_GET_SIZE(admissions) != 2
+            || !PyDict_CheckExact(PyTuple_GET_ITEM(admissions, 0)) || !read_layout(PyTuple_GET_ITEM(admissions, 1), &layout))
+            Py_RETURN_NOTIMPLEMENTED;
+        records = PyTuple_GET_ITEM(admissions, 0);
+    }
     Member members[MAX_MEMBERS];
     if (!PyList_CheckExact(member_list) || PyList_GET_SIZE(member_list) > MAX_MEMBERS)
         Py_RETURN_NOTIMPLEMENTED;
@@ -295,7 +392,7 @@ static PyObject *pack_members(PyObject *self, PyObject *args)
     if (!cell_tables_size(tables, &num_cells, &cell_value_words))
         Py_RETURN_NOTIMPLEMENTED;
     Packer measure = {NULL, 0, 0, 0};
-    if (!walk_members(&measure, members, count, tables, 0))
+    if (!walk_members(&measure, members, count, tables, records, &layout, 0))
         Py_RETURN_NOTIMPLEMENTED;
     if (words_obj == Py_None)
         return Py_BuildValue("(nn)", measure.diffs, measure.value_words);
@@ -303,7 +400,7 @@ static PyObject *pack_members(PyObject *self, PyObject *args)
     if (!array_view(words_obj, NPY_INT32, 1, &words) || words.len != 3 * measure.diffs + measure.value_words)
         Py_RETURN_NOTIMPLEMENTED;
     Packer pack = {&words, 0, 0, 0};
-    walk_members(&pack, members, count, tables, 3 * measure.diffs);  /* the measuring walk accepted the same objects */
+    walk_members(&pack, members, count, tables, records, &layout, 3 * measure.diffs);  /* the measuring walk accepted them */
     Py_RETURN_TRUE;
 }
 

@@ -9,7 +9,9 @@ admission into a row until the row is reused.  Their writers:
 * ``temperature`` f32, ``top_k`` i32, ``top_p`` f32, ``min_p`` f32, ``repetition_penalty`` f32,
   ``frequency_penalty`` f32, ``presence_penalty`` f32, ``seed`` i64 -- `StagedWriteTensor` s,
   written only by their apply kernels from diffs staged by `add_request` (with ``group``, views
-  into that `StagedWriteGroup`'s arena, applied by the group's owner in one launch with its others);
+  into that `StagedWriteGroup`'s arena, applied by the group's owner in one launch with its others;
+  an admission is then one record, row -> (the eight values, the prompt), that the group's flush
+  packs with the prompt mask's row in C: `StagedWriteGroup.defer_admissions`);
 * ``prompt_mask`` i32 ``[max_num_reqs, ceil(V / 32)]`` -- bit ``t % 32`` of word ``t // 32`` is set
   when token ``t`` occurs in the user's prompt (a resumed request's re-fed outputs are not
   prompt).  A `StagedWriteTensor`: the host builds the whole row of words at admission;
@@ -103,6 +105,13 @@ class SamplingState:
         )
         # Flushed and applied here only when they have private groups; a shared group's owner does both.
         self._staged = staged if group is None else ()
+        self._scalars = staged[:8]  # one element per row, in `add_request`'s order
+        # With a shared group an admission is one record (row -> (the eight values, the prompt)), packed by the
+        # group's flush in C (`StagedWriteGroup.defer_admissions`); these tensors get no other writes.
+        self._admission_records: dict[int, tuple[tuple, Sequence[int]]] | None = None
+        if group is not None:
+            self._admission_records = {}
+            group.defer_admissions(self._admission_records, self._scalars, self.prompt_mask, vocab_size, self._stage_admissions)
         self._pending_admissions: dict[int, list[int]] = {}  # row -> earlier outputs to count
         self._prepared_kernels: list = []
         self._reset_rows: tuple[object, int, int] | None = None  # the last flush's reset rows: (slot, first word, rows)
@@ -128,16 +137,25 @@ class SamplingState:
             prompt, outputs = prompt_token_ids, [int(t) for t in output_token_ids]
         else:
             prompt, outputs = self._check_request(row, params, seed, prompt_token_ids, output_token_ids)
-        self.temperature.stage_scalar(row, float(params.temperature))
-        self.top_k.stage_scalar(row, int(params.top_k))
-        self.top_p.stage_scalar(row, float(params.top_p))
-        self.min_p.stage_scalar(row, float(params.min_p))
-        self.repetition_penalty.stage_scalar(row, float(params.repetition_penalty))
-        self.frequency_penalty.stage_scalar(row, float(params.frequency_penalty))
-        self.presence_penalty.stage_scalar(row, float(params.presence_penalty))
-        self.seed.stage_scalar(row, seed)
-        self.prompt_mask.stage(row, 0, prompt_bitmask_words(prompt, self.vocab_size))
+        values = (float(params.temperature), int(params.top_k), float(params.top_p), float(params.min_p),
+                  float(params.repetition_penalty), float(params.frequency_penalty), float(params.presence_penalty), seed)
+        if self._admission_records is not None:
+            self._admission_records[row] = (values, prompt)  # packed by the group's flush
+        else:
+            self._stage_admission(row, values, prompt)
         self._pending_admissions[row] = outputs
+
+    def _stage_admission(self, row: int, values: tuple, prompt: Sequence[int]) -> None:
+        for tensor, value in zip(self._scalars, values):
+            tensor.stage_scalar(row, value)
+        self.prompt_mask.stage(row, 0, prompt_bitmask_words(prompt, self.vocab_size))
+
+    def _stage_admissions(self) -> None:
+        """The deferred admissions staged through the tensors (the reference of the group's packing in C)."""
+        records = self._admission_records
+        for row, (values, prompt) in records.items():
+            self._stage_admission(row, values, prompt)
+        records.clear()
 
     def _check_request(self, row: int, params: SamplingParams, seed: int, prompt_token_ids: Sequence[int],
                        output_token_ids: Sequence[int]) -> tuple[list[int], list[int]]:

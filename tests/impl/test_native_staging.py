@@ -4,7 +4,8 @@ On generated writes the C functions produce exactly the words their references p
 one-ragged diff table (`StagedWriteGroup._flush_one_ragged`'s numpy code), a general flush's diff
 table from its gathered parts (`_join_parts` + `_fill_diff_table`: row diffs of three element types,
 single-element cells, ragged sets and whole array rows in one group) and the prompt-token bitmask
-(`impl.sample.state._prompt_bitmask_reference`).  Each declines what it does not take -- another
+(`impl.sample.state._prompt_bitmask_reference`); a sampling state's admission records packed in C leave every
+member as its reference (`SamplingState._stage_admissions` + the numpy flush) leaves it.  Each declines what it does not take -- another
 type, dtype or length -- with NotImplemented and writes nothing.  Builds with planted bugs (every
 source offset 0, bit 31 of each mask word lost) are caught by the same comparisons, and a run that
 admits requests is packed in C.
@@ -22,7 +23,8 @@ import impl.sample.state as sampling_state_module
 import impl.staged_writes as staged_writes
 from impl.buffers import StagingPool, StagingWriter
 from impl.device import Device
-from impl.sample.state import _prompt_bitmask_reference
+from impl.interface import SamplingParams
+from impl.sample.state import SamplingState, _prompt_bitmask_reference
 from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from test_native import _Counting, _planted, admitting_run
 
@@ -241,15 +243,84 @@ def test_prompt_bitmask_declines_what_it_cannot_take():
     assert np.array_equal(sampling_state_module.prompt_bitmask_words((np.int64(33),), 64), _prompt_bitmask_reference((33,), 64))
 
 
+# --------------------------------------------------------------------------- admission records
+
+VOCAB, STATE_ROWS = 200, 5  # 7 mask words: the reference stages a mask row as a list diff
+
+
+@st.composite
+def admissions(draw):
+    """add_request calls (a row may be admitted twice: the later call wins) next to another member's row diffs and
+    ragged appends, as a runner's step stages them."""
+    calls = []
+    for _ in range(draw(st.integers(1, 4))):
+        params = SamplingParams(
+            temperature=draw(st.sampled_from([0.0, 0.7, 1.0, 1e-3])), top_k=draw(st.sampled_from([-1, 1, 50, VOCAB])),
+            top_p=draw(st.sampled_from([1.0, 0.5, 1e-6])), min_p=draw(st.sampled_from([0.0, 0.25])),
+            repetition_penalty=draw(st.sampled_from([1.0, 1.3])), frequency_penalty=draw(st.sampled_from([0.0, -0.5])),
+            presence_penalty=draw(st.sampled_from([0.0, 2.0])))
+        prompt = draw(st.lists(st.integers(0, VOCAB - 1), max_size=12))
+        kind = draw(st.sampled_from(["tuple", "list", "numpy ints"]))
+        prompt = tuple(prompt) if kind == "tuple" else ([np.int64(t) for t in prompt] if kind == "numpy ints" else prompt)
+        calls.append((draw(st.integers(0, STATE_ROWS - 1)), params, draw(st.integers(0, 2**63 - 1)), prompt))
+    diffs = [(draw(st.integers(0, STATE_ROWS - 1)), draw(st.lists(st.integers(0, 999), min_size=1, max_size=3)))
+             for _ in range(draw(st.integers(0, 3)))]
+    return calls, diffs
+
+
+def _admitted(c_module, calls, diffs) -> list:
+    """Every base of a shared group holding a sampling state and a row table, after ``calls`` and ``diffs`` are
+    flushed and applied with ``c_module`` as the C twin (None: the reference stages the records)."""
+    dev = Device("cpu")
+    group = StagedWriteGroup(dev, "runner")
+    table = StagedWriteTensor(dev, (STATE_ROWS, 4), torch.int32, "rows", fill=-1, group=group)
+    state = SamplingState(dev, STATE_ROWS, VOCAB, group=group)
+    group.seal()
+    for row, values in diffs:
+        table.stage(row, 0, values)
+    for row, params, seed, prompt in calls:
+        state.add_request(row, params, seed, prompt, checked=True)
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=1 << 14)
+    writer = StagingWriter(pool, 0)
+    saved = staged_writes._staging, sampling_state_module._staging
+    staged_writes._staging = sampling_state_module._staging = c_module
+    try:
+        group.flush(writer)
+    finally:
+        staged_writes._staging, sampling_state_module._staging = saved
+    writer.submit()
+    group.enqueue_apply()
+    dev.synchronize()
+    return [m.base.tolist() for m in group.members]
+
+
+@needs_native
+@settings(max_examples=30, deadline=None)
+@given(admissions())
+def test_c_admission_records_write_what_the_reference_stages(case):
+    """Records packed in C (`pack_members` with the sampling state's admissions) leave every member as the reference
+    leaves it: the records staged as cells and mask row diffs, flushed by numpy."""
+    got, want = _admitted(staging, *case), _admitted(None, *case)
+    assert got == want, f"C records: {got}\nreference: {want}"
+
+
+def test_planted_bug_admission_records_with_one_word_rows_are_caught():
+    """The comparison above can fail: a build that puts each record's int64 seed one word per row apart."""
+    planted = _planted("RUNNERCHECK_PLANT_RECORD_ROW_STRIDE_ONE", "staging")
+    calls = [(3, SamplingParams(), 12345, (1, 2, 3))]
+    assert _admitted(planted, calls, []) != _admitted(None, calls, [])
+
+
 # --------------------------------------------------------------------------- the runner
 
 @needs_native
 def test_a_run_that_admits_packs_in_c(monkeypatch):
-    """An admitting run's general flushes and prompt bitmasks take the C path (a build that declined
-    everything, or a call site that stopped calling it, would leave numpy silently doing the work)."""
+    """An admitting run's general flushes, its admissions' parameters and prompt bitmasks included, take the C path
+    (a build that declined everything, or a call site that stopped calling it, would leave numpy silently doing the
+    work): the reference (`SamplingState._stage_admissions`, which builds each bitmask by `prompt_bitmask`) never runs."""
     counting = _Counting(staging)
     monkeypatch.setattr(staged_writes, "_staging", counting)
     monkeypatch.setattr(sampling_state_module, "_staging", counting)
     admitted, _ = admitting_run()
-    assert admitted and counting.done.get("prompt_bitmask", 0) == admitted, counting.done
+    assert admitted and counting.done.get("prompt_bitmask", 0) == 0, counting.done
     assert counting.done.get("pack_members", 0) >= 2, counting.done  # a size, then the table
