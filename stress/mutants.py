@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 
 from impl.buffers import SlotState
-from impl.state import NUM_COMPUTED
+from impl.state import NUM_COMPUTED, NUM_ROW_FIELDS
 from stress.mutant_registry import CATALOGUE, CHECKS, CLASSES, AppliedMutant, Mutant, UnknownMutantError, _mutant
 from stress.mutant_workloads import WORKLOADS, Workload
 from stress.mutant_kernels import (
@@ -180,38 +180,27 @@ def _stale_row_after_preempt(runner: Any, m: AppliedMutant) -> None:
     m.set(sampling_state, "add_request", add_request_unless_row_looks_current)
 
 
-@_mutant("staged_writes_wrong_order", "state", ("differential",), "row-reuse", ("state", "sampling_state"),
-         "the staged-diff merge keeps the first write to a cell: a row whose params are reset at release and "
-         "re-admitted in the same step keeps the reset (temperature 1, seed 0)")
+@_mutant("staged_writes_wrong_order", "state", ("differential", "provenance"), "row-reuse", ("state",),
+         "the staged-diff merge keeps the first write to a cell: a row whose state is poisoned (-1) at release "
+         "and re-admitted in the same step keeps the poison")
 def _staged_writes_wrong_order(runner: Any, m: AppliedMutant) -> None:
-    state, sampling_state = runner.state, runner.sampling_state
-    release = state.release
-    defaults = ((sampling_state.temperature, 1.0), (sampling_state.seed, 0))
+    state = runner.state
+    release, row_state = state.release, state.row_state
 
-    def release_resetting_params(req_id: str) -> int:
+    def release_poisoning_row(req_id: str) -> int:
         row = release(req_id)
-        for tensor, value in defaults:
-            tensor.stage_scalar(row, value)
+        row_state.stage(row, 0, [-1] * NUM_ROW_FIELDS)  # harmless when later writes win: the admission's follow
         return row
 
-    def first_write_wins(tensor: Any) -> Callable[[], list]:
-        def merged() -> list[tuple[int, int, list]]:
-            cells: dict[tuple[int, int], Any] = {}
-            for row, start, values in tensor._pending:
-                for j, v in enumerate(values):
-                    cells.setdefault((row, start + j), v)
-            return [(row, col, [v]) for (row, col), v in sorted(cells.items())]
+    def first_write_wins() -> list[tuple[int, int, list]]:
+        cells: dict[tuple[int, int], Any] = {}
+        for row, start, values in row_state._pending:
+            for j, v in enumerate(values):
+                cells.setdefault((row, start + j), v)
+        return [(row, col, [v]) for (row, col), v in sorted(cells.items())]
 
-        return merged
-
-    def first_cell_write_wins(dtype: Any, dst: int, value: Any) -> None:
-        group._cells[dtype].setdefault(dst, value)
-
-    group = sampling_state.temperature.group
-    m.set(state, "release", release_resetting_params)
-    for tensor, _ in defaults:
-        m.set(tensor, "_merged_diffs", first_write_wins(tensor))
-    m.set(group, "_set_cell", first_cell_write_wins)  # single-element writes merge in the group's cell table
+    m.set(state, "release", release_poisoning_row)
+    m.set(row_state, "_merged_diffs", first_write_wins)
 
 
 @_mutant("num_computed_not_advanced", "state", ("differential", "provenance"), "steady", ("state",),
