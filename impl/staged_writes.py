@@ -241,8 +241,8 @@ class StagedWriteGroup:
         """Let a member owner record its admissions in ``records`` -- row -> (one value for each of the eight one-element
         members ``scalars``, the prompt's token ids, whose bitmask is ``mask``'s row) -- for the flush to pack after
         everything else (`pack_members`).  ``stage`` is the reference: it stages them through the members (called
-        when the C twin declines).  Those members must get no other writes, so their order against other diffs
-        does not matter."""
+        when the C twin declines, and before any other write to one of those members, so later writes still
+        win).  It must empty ``records`` before it stages through the members."""
         if self._admissions is not None:
             raise RuntimeError(f"staged-write group {self.name!r} already packs another owner's admissions")
         if len(scalars) != 8 or any(t.group is not self or t.num_cols != 1 for t in (*scalars, mask)[:-1]) or mask.group is not self:
@@ -250,6 +250,14 @@ class StagedWriteGroup:
         layout = (tuple(t.word_offset for t in scalars), tuple(_CELL_CODES[t.dtype] for t in scalars), mask.word_offset,
                   mask.num_cols, vocab_size, mask.num_rows)
         self._admissions = (records, layout, stage)
+        for member in (*scalars, mask):
+            member._deferred = True
+
+    def _stage_deferred(self) -> None:
+        """Before another write to a member with deferred admissions: the records are staged first (the reference),
+        so the later write wins, as for any two writes of one step."""
+        if self._admissions[0]:
+            self._admissions[2]()
 
     def _set_cell(self, dtype: torch.dtype, dst: int, value: float | int) -> None:
         self._cells[dtype][dst] = value  # a cell written twice in one step: the later write wins
@@ -427,6 +435,7 @@ class StagedWriteTensor:
         self._base: torch.Tensor | None = None
         self._pending: list[tuple[int, int, list | np.ndarray]] = []
         self._has_cells = False  # `stage_scalar` cells in the group's table (`StagedWriteGroup._cells`)
+        self._deferred = False  # its admissions' writes may wait in the group's records (`defer_admissions`)
         self._ragged: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []  # from `stage_ragged`
         if self._private:
             self.group.seal()
@@ -460,6 +469,8 @@ class StagedWriteTensor:
 
     def stage(self, row: int, start: int, values: Sequence[float | int] | np.ndarray) -> None:
         """Record ``base[row, start:start+len(values)] = values`` for the next flush."""
+        if self._deferred:
+            self.group._stage_deferred()
         # A long array stays one (flushed as a block); short ones and sequences become Python lists (merged by cell).
         if not (isinstance(values, np.ndarray) and values.ndim == 1 and len(values) >= _ARRAY_DIFF_MIN):
             values = list(values.tolist() if isinstance(values, np.ndarray) else values)
@@ -483,6 +494,8 @@ class StagedWriteTensor:
         table's appends: `impl.step_reader`), so the five reductions of the bounds check are skipped."""
         if len(rows) == 0:
             return
+        if self._deferred:
+            self.group._stage_deferred()
         if not checked and (rows.min() < 0 or rows.max() >= self.num_rows or starts.min() < 0
                             or (starts + lens).max() > self.num_cols or int(lens.sum()) != len(values)):
             raise IndexError(f"{self.name}: ragged diffs outside [0, {self.num_rows}) x [0, {self.num_cols})")
@@ -495,6 +508,8 @@ class StagedWriteTensor:
     def stage_scalar(self, row: int, value: float | int) -> None:
         """Record ``base[row, 0] = value``: one entry of the group's cell table (flushed per element type with
         every member's cells), or a row diff when this tensor already has row diffs pending this step."""
+        if self._deferred:
+            self.group._stage_deferred()
         if self._pending or self._ragged:
             self.stage(row, 0, [value])
             return

@@ -107,7 +107,8 @@ class SamplingState:
         self._staged = staged if group is None else ()
         self._scalars = staged[:8]  # one element per row, in `add_request`'s order
         # With a shared group an admission is one record (row -> (the eight values, the prompt)), packed by the
-        # group's flush in C (`StagedWriteGroup.defer_admissions`); these tensors get no other writes.
+        # group's flush in C (`StagedWriteGroup.defer_admissions`; another write to these tensors stages the pending
+        # records first, so the later write wins).
         self._admission_records: dict[int, tuple[tuple, Sequence[int]]] | None = None
         if group is not None:
             self._admission_records = {}
@@ -152,10 +153,10 @@ class SamplingState:
 
     def _stage_admissions(self) -> None:
         """The deferred admissions staged through the tensors (the reference of the group's packing in C)."""
-        records = self._admission_records
-        for row, (values, prompt) in records.items():
+        records = list(self._admission_records.items())
+        self._admission_records.clear()  # emptied first: the stagings below check for pending records
+        for row, (values, prompt) in records:
             self._stage_admission(row, values, prompt)
-        records.clear()
 
     def _check_request(self, row: int, params: SamplingParams, seed: int, prompt_token_ids: Sequence[int],
                        output_token_ids: Sequence[int]) -> tuple[list[int], list[int]]:

@@ -304,6 +304,35 @@ def test_c_admission_records_write_what_the_reference_stages(case):
     assert got == want, f"C records: {got}\nreference: {want}"
 
 
+@pytest.mark.parametrize("c_module", [staging, None], ids=["C", "reference"])
+@pytest.mark.parametrize("direct_first", [True, False], ids=["write-then-admit", "admit-then-write"])
+def test_a_direct_write_and_an_admission_of_one_row_keep_their_order(c_module, direct_first):
+    """Records wait for the flush, but another write to their tensors in the same step stages them first: the later
+    of the two writes wins, whichever it is, with the C packing and with the reference."""
+    if c_module is None and staging is None:
+        pytest.skip("the C build is the other case")
+    dev = Device("cpu")
+    group = StagedWriteGroup(dev, "runner")
+    state = SamplingState(dev, STATE_ROWS, VOCAB, group=group)
+    group.seal()
+    admit = lambda: state.add_request(2, SamplingParams(temperature=0.5), 7, (1, 2), checked=True)  # noqa: E731
+    write = lambda: state.temperature.stage_scalar(2, 0.25)  # noqa: E731
+    for call in ((write, admit) if direct_first else (admit, write)):
+        call()
+    writer = StagingWriter(StagingPool(dev, num_slots=2, capacity_bytes=1 << 14), 0)
+    saved = staged_writes._staging
+    staged_writes._staging = c_module
+    try:
+        group.flush(writer)
+    finally:
+        staged_writes._staging = saved
+    writer.submit()
+    group.enqueue_apply()
+    dev.synchronize()
+    assert state.temperature.base[2].item() == (0.5 if direct_first else 0.25)
+    assert state.seed.base[2].item() == 7
+
+
 def test_planted_bug_admission_records_with_one_word_rows_are_caught():
     """The comparison above can fail: a build that puts each record's int64 seed one word per row apart."""
     planted = _planted("RUNNERCHECK_PLANT_RECORD_ROW_STRIDE_ONE", "staging")
