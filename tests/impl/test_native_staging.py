@@ -48,20 +48,31 @@ def _flushed(c_module, stage) -> tuple[list[int], list]:
     }
     group.seal()
     stage(members)
-    pool = StagingPool(dev, num_slots=2, capacity_bytes=1 << 14)
-    writer = StagingWriter(pool, 0)
-    saved = staged_writes._staging
-    staged_writes._staging = c_module
+    writer = _flush_with(group, c_module)
+    slot, start, n = group._packs[0]
+    words = slot.host_words[start : start + group.h2d_bytes_last_flush // 4].tolist()
+    _apply(group, writer)
+    return words, [m.base.tolist() for m in members.values()]
+
+
+def _flush_with(group: StagedWriteGroup, c_module) -> StagingWriter:
+    """``group`` flushed into a fresh two-slot pool's writer, with ``c_module`` as the C twin of the packing and of
+    the prompt bitmask (None: numpy, the references)."""
+    writer = StagingWriter(StagingPool(group.device, num_slots=2, capacity_bytes=1 << 14), 0)
+    saved = staged_writes._staging, sampling_state_module._staging
+    staged_writes._staging = sampling_state_module._staging = c_module
     try:
         group.flush(writer)
     finally:
-        staged_writes._staging = saved
-    slot, start, n = group._packs[0]
-    words = slot.host_words[start : start + group.h2d_bytes_last_flush // 4].tolist()
+        staged_writes._staging, sampling_state_module._staging = saved
+    return writer
+
+
+def _apply(group: StagedWriteGroup, writer: StagingWriter) -> None:
+    """Submit the flushed writer, apply the group's diffs and wait for them."""
     writer.submit()
     group.enqueue_apply()
-    dev.synchronize()
-    return words, [m.base.tolist() for m in members.values()]
+    group.device.synchronize()
 
 
 # --------------------------------------------------------------------------- the one-ragged diff table
@@ -280,17 +291,7 @@ def _admitted(c_module, calls, diffs) -> list:
         table.stage(row, 0, values)
     for row, params, seed, prompt in calls:
         state.add_request(row, params, seed, prompt, checked=True)
-    pool = StagingPool(dev, num_slots=2, capacity_bytes=1 << 14)
-    writer = StagingWriter(pool, 0)
-    saved = staged_writes._staging, sampling_state_module._staging
-    staged_writes._staging = sampling_state_module._staging = c_module
-    try:
-        group.flush(writer)
-    finally:
-        staged_writes._staging, sampling_state_module._staging = saved
-    writer.submit()
-    group.enqueue_apply()
-    dev.synchronize()
+    _apply(group, _flush_with(group, c_module))
     return [m.base.tolist() for m in group.members]
 
 
@@ -319,16 +320,7 @@ def test_a_direct_write_and_an_admission_of_one_row_keep_their_order(c_module, d
     write = lambda: state.temperature.stage_scalar(2, 0.25)  # noqa: E731
     for call in ((write, admit) if direct_first else (admit, write)):
         call()
-    writer = StagingWriter(StagingPool(dev, num_slots=2, capacity_bytes=1 << 14), 0)
-    saved = staged_writes._staging
-    staged_writes._staging = c_module
-    try:
-        group.flush(writer)
-    finally:
-        staged_writes._staging = saved
-    writer.submit()
-    group.enqueue_apply()
-    dev.synchronize()
+    _apply(group, _flush_with(group, c_module))
     assert state.temperature.base[2].item() == (0.5 if direct_first else 0.25)
     assert state.seed.base[2].item() == 7
 
