@@ -245,7 +245,7 @@ class StagedWriteGroup:
         win).  It must empty ``records`` before it stages through the members."""
         if self._admissions is not None:
             raise RuntimeError(f"staged-write group {self.name!r} already packs another owner's admissions")
-        if len(scalars) != 8 or any(t.group is not self or t.num_cols != 1 for t in (*scalars, mask)[:-1]) or mask.group is not self:
+        if len(scalars) != 8 or any(t.group is not self or t.num_cols != 1 for t in scalars) or mask.group is not self:
             raise ValueError("defer_admissions takes eight one-element members and a mask member of this group")
         layout = (tuple(t.word_offset for t in scalars), tuple(_CELL_CODES[t.dtype] for t in scalars), mask.word_offset,
                   mask.num_cols, vocab_size, mask.num_rows)
@@ -452,11 +452,15 @@ class StagedWriteTensor:
 
     @property
     def num_pending(self) -> int:
+        if self._deferred:
+            self.group._stage_deferred()  # deferred admissions count as what they stage
         cells = len(self.group._cells_of(self, remove=False)) if self._has_cells else 0
         return len(self._pending) + len(self._ragged) + cells
 
     def pending_writes(self) -> list[tuple[int, int, list]]:
         """What the next flush writes of this tensor, as (row, start, values): merged row diffs, then cells (inspection)."""
+        if self._deferred:
+            self.group._stage_deferred()
         cells = self.group._cells_of(self, remove=False) if self._has_cells else []
         return [*self._merged_diffs(), *((i // self.num_cols, i % self.num_cols, [v]) for i, v in cells)]
 
@@ -521,6 +525,8 @@ class StagedWriteTensor:
         self.group._set_cell(self.dtype, self.word_offset + row * self.num_cols * self.words_per_element, value)
 
     def discard_pending(self) -> None:
+        if self._deferred:
+            self.group._stage_deferred()  # its share of the deferred admissions is discarded with the rest
         if self._has_cells:
             self.group._cells_of(self, remove=True)
         self._pending.clear()
