@@ -181,7 +181,8 @@ def read_steady_step(sched: SchedulerOutput, state: RequestStateTable, limits: R
         return None
 
 
-# The C twin of `read_steady_step`'s checks and `_read_steady` (`impl/native/steady.c`); None without a compiler or with RUNNERCHECK_NATIVE=0.
+# The C twin of `read_steady_step`'s checks and `_read_steady` (`impl/native/steady.c`); None without a compiler
+# or with RUNNERCHECK_NATIVE=0.
 _native_reader = native.load("steady")
 # The C twin of `impl.boundary.check_new_request` (`impl/native/boundary.c`); None: the reference alone.
 _native_boundary = native.load("boundary")

@@ -4,11 +4,12 @@ On generated writes the C functions produce exactly the words their references p
 one-ragged diff table (`StagedWriteGroup._flush_one_ragged`'s numpy code), a general flush's diff
 table from its gathered parts (`_join_parts` + `_fill_diff_table`: row diffs of three element types,
 single-element cells, ragged sets and whole array rows in one group) and the prompt-token bitmask
-(`impl.sample.state._prompt_bitmask_reference`); a sampling state's admission records packed in C leave every
-member as its reference (`SamplingState._stage_admissions` + the numpy flush) leaves it.  Each declines what it does not take -- another
-type, dtype or length -- with NotImplemented and writes nothing.  Builds with planted bugs (every
-source offset 0, bit 31 of each mask word lost) are caught by the same comparisons, and a run that
-admits requests is packed in C.
+(`impl.sample.state._prompt_bitmask_reference`); a sampling state's admission records packed in C
+leave every member as their reference (`SamplingState._stage_admissions`, then the numpy flush)
+leaves it, and keep their order against other writes.  Each declines what it does not take --
+another type, dtype or length -- with NotImplemented and writes nothing.  Builds with planted bugs
+(every source offset 0, bit 31 of each mask word lost, records' int64 rows one word apart) are
+caught by the same comparisons, and a run that admits requests is packed in C.
 """
 from __future__ import annotations
 
