@@ -64,7 +64,8 @@
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts
  * with the mirror), -DRUNNERCHECK_PLANT_STALE_STEP_ID (a steady reader that accepts a step id not past the last),
- * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0) and -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token).
+ * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0) and
+ * -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token).
  * The staged writes' packing lives in staging.c.
  */
 #include "arrays.h"
@@ -82,7 +83,13 @@ static PyObject *new_int64(npy_intp n)
 
 #define DATA64(array) ((npy_int64 *)PyArray_DATA((PyArrayObject *)(array)))
 
-/* `_read_steady` on a step whose containers passed `steady_containers`: the cached tuples, the scheduled dict. */
+/* `impl.interface.blocks_per_request`: the most KV blocks one request can hold (both arguments positive). */
+static long long blocks_per_request(long long max_model_len, long long block_size)
+{
+    return (max_model_len + block_size - 1) / block_size;
+}
+
+/* `_read_steady` on a step whose containers `read_steady` checked: the cached tuples, the scheduled dict. */
 static PyObject *read_steady_batch(PyObject *cached_ids, PyObject *scheduled, PyObject *computed, PyObject *block_lists,
                                    PyObject *last_ids, PyObject *rows_obj, PyObject *num_computed_obj,
                                    PyObject *num_blocks_obj, PyObject *num_tokens_obj, long long block_size,
@@ -90,7 +97,7 @@ static PyObject *read_steady_batch(PyObject *cached_ids, PyObject *scheduled, Py
 {
     if (!PyTuple_CheckExact(last_ids) || block_size <= 0 || max_model_len <= 0)
         Py_RETURN_NOTIMPLEMENTED;
-    const long long max_blocks = (max_model_len + block_size - 1) / block_size;  /* `blocks_per_request` */
+    const long long max_blocks = blocks_per_request(max_model_len, block_size);
     ArrayView rows, mirror_computed, mirror_blocks, mirror_tokens;
     if (!int64_view(rows_obj, &rows) || !int64_view(num_computed_obj, &mirror_computed)
         || !int64_view(num_blocks_obj, &mirror_blocks) || !int64_view(num_tokens_obj, &mirror_tokens))
@@ -637,7 +644,7 @@ static PyObject *read_general(PyObject *self, PyObject *args)
         return NULL;
     if (!PyDict_CheckExact(new_requests) || block_size <= 0 || max_model_len <= 0)
         Py_RETURN_NOTIMPLEMENTED;
-    const long long max_blocks = (max_model_len + block_size - 1) / block_size;  /* `blocks_per_request` */
+    const long long max_blocks = blocks_per_request(max_model_len, block_size);
     PyObject *cached = NULL, *blocks_after = NULL, *batch = NULL, *checked = NULL, *positions = NULL, *result = NULL;
     PyObject *call = Py_BuildValue("(OOOOOOOLL)", ids, computed, block_lists, req_to_row, gone, num_computed, num_blocks,
                                    max_blocks, num_kv_blocks);
