@@ -161,13 +161,10 @@ class RequestStateTable:
 
     def _use_event(self, row: int) -> DeviceEvent | None:
         self._write_batch_uses()
-        seq = int(self._last_use_seq[row])
-        for s, event in self._use_events:
-            if s == seq:
-                return event
-            if s > seq:
-                break
-        return None  # never used, or its step was already seen complete
+        events = self._use_events
+        # The kept markers are consecutive steps (dropped from the front only): the row's is found by its offset.
+        i = self._last_use_seq.item(row) - events[0][0] if events else -1
+        return events[i][1] if 0 <= i < len(events) else None  # else never used, or its step was seen complete
 
     def is_quarantined(self, row: int) -> bool:
         event = self._use_event(row)
@@ -217,8 +214,9 @@ class RequestStateTable:
             raise RowStateError(f"release of {req_id!r}, which holds no row")
         self.rows[row] = None
         self.generation[row] = -1
-        self.num_logprob_rows -= int(self.num_logprobs[row] >= 0)
-        self.num_prompt_logprob_rows -= int(self.prompt_logprobs[row] >= 0)
+        # Read back as Python ints: a numpy comparison costs more than the two reads.
+        self.num_logprob_rows -= self.num_logprobs.item(row) >= 0
+        self.num_prompt_logprob_rows -= self.prompt_logprobs.item(row) >= 0
         self.num_logprobs[row] = self.prompt_logprobs[row] = -1
         self._free.append(row)
         return row
@@ -244,10 +242,12 @@ class RequestStateTable:
         self.num_blocks[row] = len(req.block_ids)
         self.unconfirmed_drafts[row] = 0
         self.prompt_len[row] = prompt_len
-        self.num_logprobs[row] = -1 if params.logprobs is None else params.logprobs
-        self.prompt_logprobs[row] = -1 if params.prompt_logprobs is None or req.is_resumed else params.prompt_logprobs
-        self.num_logprob_rows += int(self.num_logprobs[row] >= 0)
-        self.num_prompt_logprob_rows += int(self.prompt_logprobs[row] >= 0)
+        num_logprobs = -1 if params.logprobs is None else params.logprobs
+        prompt_logprobs = -1 if params.prompt_logprobs is None or req.is_resumed else params.prompt_logprobs
+        self.num_logprobs[row] = num_logprobs
+        self.prompt_logprobs[row] = prompt_logprobs
+        self.num_logprob_rows += num_logprobs >= 0
+        self.num_prompt_logprob_rows += prompt_logprobs >= 0
         return row
 
     def _take_free_row(self, req_id: str) -> int:
