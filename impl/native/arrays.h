@@ -1,5 +1,5 @@
-/* What the C modules of `impl.native` share: the module-name macros, 1-D array views, the exact-int read and
- * the module definition.
+/* What the C modules of `impl.native` share: the module-name macros, 1-D array views, the exact-int read, the
+ * attribute read by interned name and the module definition.
  * Included by each module's source (the build hashes this header into every module's cache stamp). */
 #ifndef RUNNERCHECK_NATIVE_ARRAYS_H
 #define RUNNERCHECK_NATIVE_ARRAYS_H
@@ -60,6 +60,27 @@ static inline int exact_int(PyObject *obj, long long *value)
     int overflow = 0;
     *value = PyLong_AsLongLongAndOverflow(obj, &overflow);
     return overflow ? EXACT_INT_TOO_BIG : EXACT_INT;
+}
+
+/* An attribute, as a new reference; NULL with an exception set when reading it failed.  The names are
+ * interned once (a module lives as long as the interpreter that loaded it). */
+static inline PyObject *attr(PyObject *obj, const char *name)
+{
+    enum { MAX_NAMES = 32 };
+    static const char *known[MAX_NAMES];
+    static PyObject *interned[MAX_NAMES];
+    static int count;
+    for (int i = 0; i < count; i++)
+        if (known[i] == name)
+            return PyObject_GetAttr(obj, interned[i]);
+    if (count == MAX_NAMES)
+        return PyObject_GetAttrString(obj, name);
+    PyObject *key = PyUnicode_InternFromString(name);
+    if (!key)
+        return NULL;
+    known[count] = name;
+    interned[count++] = key;
+    return PyObject_GetAttr(obj, key);
 }
 
 /* The module object and its init function, for a source whose method table is ``methods``. */

@@ -26,27 +26,6 @@
 
 enum { UNDECIDED = -1, REJECT = 0, ACCEPT = 1 };
 
-/* An attribute, as a new reference; NULL with an exception set when reading it failed.  The names are
- * interned once (a module lives as long as the interpreter that loaded it). */
-static PyObject *attr(PyObject *obj, const char *name)
-{
-    enum { MAX_NAMES = 32 };
-    static const char *known[MAX_NAMES];
-    static PyObject *interned[MAX_NAMES];
-    static int count;
-    for (int i = 0; i < count; i++)
-        if (known[i] == name)
-            return PyObject_GetAttr(obj, interned[i]);
-    if (count == MAX_NAMES)
-        return PyObject_GetAttrString(obj, name);
-    PyObject *key = PyUnicode_InternFromString(name);
-    if (!key)
-        return NULL;
-    known[count] = name;
-    interned[count++] = key;
-    return PyObject_GetAttr(obj, key);
-}
-
 /* A number parameter (exact int of 64 bits or exact float) as a double, for a check that does not depend on
  * the int's last bits (comparisons with small bounds); UNDECIDED for any other object. */
 static int number(PyObject *value, double *out)

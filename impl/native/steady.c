@@ -248,9 +248,10 @@ fail:
 }
 
 /* The attribute ``name`` of ``obj`` (a new reference), or NULL with the error cleared: the caller declines. */
+/* An attribute (interned name: `attr`), or NULL with no exception set when reading it failed. */
 static PyObject *attribute(PyObject *obj, const char *name)
 {
-    PyObject *value = PyObject_GetAttrString(obj, name);
+    PyObject *value = attr(obj, name);
     if (value == NULL)
         PyErr_Clear();
     return value;
