@@ -427,9 +427,13 @@ class ModelRunner:
             seeds[req.req_id] = seed
         for i, req_id in step.new_positions:
             step.rows[i] = self.state.req_to_row[req_id]
-        self.state.apply_cached(step.cached_rows, step.cached_computed, step.cached_new_blocks)
-        if step.block_appends is not None:
-            self.block_table.append_many(*step.block_appends)
+        appends = step.block_appends
+        if step.cached_computed is not None:  # rejected drafts reported: counts move too
+            self.state.apply_cached(step.cached_rows, step.cached_computed, step.cached_new_blocks)
+        elif appends is not None:  # else only the rows that appended blocks change (as in a steady step)
+            self.state.apply_cached(appends[0], None, appends[1])
+        if appends is not None:
+            self.block_table.append_many(*appends)
         return seeds
 
     def _enqueue_applies(self, admitted: bool) -> None:
