@@ -163,7 +163,7 @@ class RequestStateTable:
         self._write_batch_uses()
         events = self._use_events
         # The kept markers are consecutive steps (dropped from the front only): the row's is found by its offset.
-        i = self._last_use_seq.item(row) - events[0][0] if events else -1
+        i = int(self._last_use_seq[row]) - events[0][0] if events else -1
         return events[i][1] if 0 <= i < len(events) else None  # else never used, or its step was seen complete
 
     def is_quarantined(self, row: int) -> bool:
@@ -214,9 +214,9 @@ class RequestStateTable:
             raise RowStateError(f"release of {req_id!r}, which holds no row")
         self.rows[row] = None
         self.generation[row] = -1
-        # Read back as Python ints: a numpy comparison costs more than the two reads.
-        self.num_logprob_rows -= self.num_logprobs.item(row) >= 0
-        self.num_prompt_logprob_rows -= self.prompt_logprobs.item(row) >= 0
+        # Compared as Python ints: a numpy comparison costs more than the two conversions.
+        self.num_logprob_rows -= int(self.num_logprobs[row]) >= 0
+        self.num_prompt_logprob_rows -= int(self.prompt_logprobs[row]) >= 0
         self.num_logprobs[row] = self.prompt_logprobs[row] = -1
         self._free.append(row)
         return row
