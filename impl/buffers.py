@@ -135,15 +135,25 @@ class StagingSlot:
     def reserve_words(self, n: int) -> tuple[np.ndarray, int]:
         """`alloc_words` without the device view: the host numpy view and the first word's index
         (``device_words[start : start + n]`` is the device side; made only where it is read)."""
+        got = self.try_reserve_words(n)
+        if got is None:
+            start = -(-self.used_bytes // _ALIGN) * _ALIGN
+            raise StagingCapacityError(f"{4 * n} bytes do not fit in slot {self.index} ({self.capacity_bytes - start} left)")
+        return got
+
+    def try_reserve_words(self, n: int) -> tuple[np.ndarray, int] | None:
+        """`reserve_words`, or None (nothing reserved) when ``n`` words do not fit after what the slot holds."""
         if self.state is not SlotState.WRITING:
             raise StagingLifetimeError("alloc on a staging slot that is not being written", slot=self.index, step=self.step, state=self.state)
         start = -(-self.used_bytes // _ALIGN) * _ALIGN
-        if start + 4 * n > self.capacity_bytes:
-            raise StagingCapacityError(f"{4 * n} bytes do not fit in slot {self.index} ({self.capacity_bytes - start} left)")
+        end = start + 4 * n
+        if end > self.capacity_bytes:
+            return None
         if start < self.kept_bytes:
             self.kept, self.kept_bytes = None, 0
-        self.used_bytes = start + 4 * n
-        return self.host_words[start // 4 : start // 4 + n], start // 4
+        self.used_bytes = end
+        first = start // 4
+        return self.host_words[first : first + n], first
 
     def fits(self, n: int, dtype: torch.dtype) -> bool:
         itemsize = dtype.itemsize
@@ -325,13 +335,15 @@ class StagingWriter:
     @hot_path
     def reserve_words(self, n: int) -> tuple[np.ndarray, StagingSlot, int]:
         """`alloc_words` without the device view: (host view, the slot, first word index in its ``device_words``)."""
-        if self.slot is None or not self.slot.fits(n, torch.int32):
-            if self.slot is not None:
+        slot = self.slot
+        got = None if slot is None else slot.try_reserve_words(n)
+        if got is None:
+            if slot is not None:
                 self._submit_current()
-            self.slot = self.pool.acquire(self.step)
+            slot = self.slot = self.pool.acquire(self.step)
             self.num_slots_used += 1
-        host, start = self.slot.reserve_words(n)
-        return host, self.slot, start
+            got = slot.reserve_words(n)  # raises when n words exceed a whole slot
+        return got[0], slot, got[1]
 
     @hot_path
     def alloc(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
