@@ -219,12 +219,13 @@ def _steady_arrays(last: StepArrays, starts: np.ndarray, ends: np.ndarray, known
                    appends: tuple[np.ndarray, np.ndarray, np.ndarray] | None, max_end: int) -> StepArrays:
     """A checked steady step: ``last``'s requests, rows and one-token queries again; the cached updates touch
     only the rows that appended blocks (every other shift and count is 0)."""
+    # Positional, in field order (a keyword call of twenty fields costs ~0.6 us, every step).
     return StepArrays(
-        gone=(), cached_rows=appends[0] if appends is not None else _EMPTY, cached_computed=None,
-        cached_new_blocks=appends[1] if appends is not None else _EMPTY, block_appends=appends, req_ids=last.req_ids,
-        rows=last.rows, new_positions=(), query_lens=last.query_lens, starts=starts, ends=ends, known=known,
-        num_drafts=last.num_drafts, drafts=None, num_tokens=len(starts), query_starts=last.query_starts,
-        max_query_len=last.max_query_len, max_end=max_end, uniform_query_len=last.uniform_query_len, steady=True,
+        (), appends[0] if appends is not None else _EMPTY, None,  # gone, cached_rows, cached_computed
+        appends[1] if appends is not None else _EMPTY, appends, last.req_ids,  # cached_new_blocks, block_appends, req_ids
+        last.rows, (), last.query_lens, starts, ends, known,  # rows, new_positions, query_lens, starts, ends, known
+        last.num_drafts, None, len(starts), last.query_starts,  # num_drafts, drafts, num_tokens, query_starts
+        last.max_query_len, max_end, last.uniform_query_len, True,  # max_query_len, max_end, uniform_query_len, steady
     )
 
 
@@ -323,11 +324,10 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         if got is not NotImplemented:  # an accepted step: its parts below would read the same
             (crows, cnew, appends, req_ids, query_lens, rows, known, starts, end, total, query_starts, max_query_len, max_end,
              uniform_query_len, new_positions) = got
-            return StepArrays(
-                gone=tuple(sorted(gone)), cached_rows=crows, cached_computed=None, cached_new_blocks=cnew,
-                block_appends=appends, req_ids=req_ids, rows=rows, new_positions=new_positions, query_lens=query_lens,
-                starts=starts, ends=end, known=known, num_drafts=_zeros(len(req_ids)), drafts=None, num_tokens=total,
-                query_starts=query_starts, max_query_len=max_query_len, max_end=max_end, uniform_query_len=uniform_query_len,
+            return StepArrays(  # positional, in field order (as `_steady_arrays`)
+                tuple(sorted(gone)), crows, None, cnew, appends, req_ids,  # gone .. req_ids
+                rows, new_positions, query_lens, starts, end, known,  # rows .. known
+                _zeros(len(req_ids)), None, total, query_starts, max_query_len, max_end, uniform_query_len,  # num_drafts ..
             )
     if nc:
         ids = cached.req_ids

@@ -52,8 +52,12 @@ def test_steady_reader_agrees_with_the_full_reader_on_a_decode_run():
         if fast is not None:
             steady_steps += 1
             assert fast.req_ids == full.req_ids and fast.num_tokens == full.num_tokens and fast.gone == ()
-            for name in ("rows", "query_lens", "starts", "ends", "known", "num_drafts"):
+            for name in ("rows", "query_lens", "starts", "ends", "known", "num_drafts", "query_starts"):
                 assert np.array_equal(getattr(fast, name), getattr(full, name)), name
+            # Both build StepArrays positionally: every summary lands in its own field.
+            for name in ("max_query_len", "max_end", "uniform_query_len", "drafts", "cached_computed", "new_positions"):
+                assert getattr(fast, name) == getattr(full, name), name
+            assert fast.steady and not full.steady
             # The cached updates: the steady reader names only the rows that appended blocks.
             assert np.array_equal(fast.cached_rows, full.cached_rows[full.cached_new_blocks > 0])
             assert np.array_equal(fast.cached_new_blocks, full.cached_new_blocks[full.cached_new_blocks > 0])
