@@ -230,6 +230,7 @@ def _steady_arrays(last: StepArrays, starts: np.ndarray, ends: np.ndarray, known
 
 
 _ONE_EACH = RepeatedInt(1)  # the scheduled counts of a steady step
+_NO_HINT = (None, None)  # no `RequestStateTable.batch_hint`: the C readers look every cached id up
 
 
 def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLimits, last: StepArrays) -> StepArrays | None:
@@ -316,11 +317,12 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     crows, ccomp, cnew, appends, ids = _EMPTY, None, _EMPTY, None, ()
     # Rows of the requests leaving this step: neither cached nor scheduled may name them.
     gone_rows = np.fromiter(map(r2r.__getitem__, gone), np.int64, len(gone)) if gone else None
+    hint = state.batch_hint or _NO_HINT  # the last batch's ids and rows: most cached rows found without a look-up
     if _native_reader is not None and not sched.draft_token_ids:
         got = _native_reader.read_general(
             cached.req_ids, cached.num_computed_tokens, cached.new_block_ids, sched.num_scheduled_tokens, r2r,
             _EMPTY if gone_rows is None else gone_rows, new, num_computed, num_blocks, num_tokens, limits.block_size,
-            limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks)
+            limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks, *hint)
         if got is not NotImplemented:  # an accepted step: its parts below would read the same
             (crows, cnew, appends, req_ids, query_lens, rows, known, starts, end, total, query_starts, max_query_len, max_end,
              uniform_query_len, new_positions) = got
@@ -333,7 +335,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         ids = cached.req_ids
         got = NotImplemented if _native_reader is None else _native_reader.read_cached(
             ids, cached.num_computed_tokens, cached.new_block_ids, r2r, _EMPTY if gone_rows is None else gone_rows,
-            num_computed, num_blocks, blocks_per_request(limits.max_model_len, limits.block_size), limits.num_kv_blocks)
+            num_computed, num_blocks, blocks_per_request(limits.max_model_len, limits.block_size), limits.num_kv_blocks, *hint)
         if got is None or got is NotImplemented:  # the reference decides: it names a bad request, reads a shift
             crows, ccomp, cnew, appends, shift = _read_cached(sched, state, limits, last_step_id, gone_rows)
         else:

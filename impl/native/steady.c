@@ -27,8 +27,11 @@
  *     reads the shift), else what `_read_cached` returns for an accepted step without shifts.
  *
  *     read_cached(req_ids, computed, block_lists, req_to_row, gone_rows, num_computed, num_blocks,
- *                 max_blocks, num_kv_blocks)
+ *                 max_blocks, num_kv_blocks[, hint_ids, hint_rows])
  *       -> NotImplemented | None | (rows, new_block_counts, appends)
+ *     hint_ids, hint_rows (None: no hint): the last planned batch's ids and rows while every one of them still holds
+ *     its row (`impl.state.RequestStateTable.batch_hint`); a cached id that is the same object as the hint's next
+ *     (or next but one) takes that row instead of a look-up in req_to_row -- the same row, found cheaper.
  *
  * read_scheduled -- `impl.step_reader._read_scheduled`: the batch's ids, query lengths, rows (-1 for an
  *     id that holds none) and the mirror's tokens known, computed and blocks of each row (0 for -1), from
@@ -48,7 +51,7 @@
  * read_general -- the batch of `impl.step_reader.read_step` for a step without drafts, in one call: read_cached,
  *     the blocks each row holds after the appends, read_scheduled, the new requests' facts filled in, check_batch.
  *     read_general(req_ids, computed, block_lists, scheduled, req_to_row, gone_rows, new, num_computed, num_blocks,
- *                  num_tokens, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks)
+ *                  num_tokens, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks[, hint_ids, hint_rows])
  *       -> NotImplemented | (cached_rows, new_block_counts, appends, req_ids, query_lens, rows, known, starts,
  *                            ends, total, query_starts, max_query_len, max_end, uniform_query_len, new_positions)
  *     ``new``: a dict of the step's new ids to (prefill length, blocks, prefix-cache hit) exact ints;
@@ -64,6 +67,7 @@
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts
  * with the mirror), -DRUNNERCHECK_PLANT_STALE_STEP_ID (a steady reader that accepts a step id not past the last),
+ * -DRUNNERCHECK_PLANT_HINT_OFF_BY_ONE (a cached reader that takes the row after the hint's),
  * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0) and
  * -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token).
  * The staged writes' packing lives in staging.c.
@@ -352,18 +356,22 @@ static int row_of(PyObject *req_to_row, PyObject *rid, npy_intp num_rows, npy_in
     return 1;
 }
 
+/* How far ahead of its place read_cached looks for a cached id in the hint: past up to three requests that left. */
+#define HINT_REACH 4
+
 static PyObject *read_cached(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *ids, *computed, *block_lists, *req_to_row, *gone_obj, *num_computed_obj, *num_blocks_obj;
+    PyObject *hint_ids = Py_None, *hint_rows_obj = Py_None;
     long long max_blocks, num_kv_blocks;
-    if (!PyArg_ParseTuple(args, "OOOOOOOLL", &ids, &computed, &block_lists, &req_to_row, &gone_obj, &num_computed_obj,
-                          &num_blocks_obj, &max_blocks, &num_kv_blocks))
+    if (!PyArg_ParseTuple(args, "OOOOOOOLL|OO", &ids, &computed, &block_lists, &req_to_row, &gone_obj, &num_computed_obj,
+                          &num_blocks_obj, &max_blocks, &num_kv_blocks, &hint_ids, &hint_rows_obj))
         return NULL;
     if (!PyTuple_CheckExact(ids) || !PyTuple_CheckExact(computed) || !PyTuple_CheckExact(block_lists)
         || !PyDict_CheckExact(req_to_row))
         Py_RETURN_NOTIMPLEMENTED;
-    ArrayView gone, mirror_computed, mirror_blocks;
+    ArrayView gone, mirror_computed, mirror_blocks, hint_rows = {NULL, 0, 0};
     if (!int64_view(gone_obj, &gone) || !int64_view(num_computed_obj, &mirror_computed)
         || !int64_view(num_blocks_obj, &mirror_blocks))
         Py_RETURN_NOTIMPLEMENTED;
@@ -371,6 +379,14 @@ static PyObject *read_cached(PyObject *self, PyObject *args)
     const npy_intp num_rows = mirror_computed.len;
     if (PyTuple_GET_SIZE(computed) != n || PyTuple_GET_SIZE(block_lists) != n || mirror_blocks.len != num_rows)
         Py_RETURN_NOTIMPLEMENTED;
+    /* The hint: the last planned batch's ids and rows, each id still in its row (`RequestStateTable.batch_hint`). */
+    Py_ssize_t num_hints = 0, next_hint = 0;
+    if (hint_ids != Py_None) {
+        if (!PyTuple_CheckExact(hint_ids) || !int64_view(hint_rows_obj, &hint_rows)
+            || hint_rows.len != PyTuple_GET_SIZE(hint_ids))
+            Py_RETURN_NOTIMPLEMENTED;
+        num_hints = PyTuple_GET_SIZE(hint_ids);
+    }
 
     PyObject *rows = new_int64(n), *counts = new_int64(n);
     char *seen = PyMem_Calloc(num_rows > 0 ? num_rows : 1, 1);
@@ -392,7 +408,27 @@ static PyObject *read_cached(PyObject *self, PyObject *args)
             break;
         }
         npy_int64 row = -1;
-        int found = row_of(req_to_row, rid, num_rows, &row);
+        int found;
+        /* The batch usually lists the last one's requests again, in order, less those that left: the id object
+         * at one of the hint's next HINT_REACH places takes its row without a look-up. */
+        Py_ssize_t at = -1;
+        for (Py_ssize_t k = next_hint; k < num_hints && k < next_hint + HINT_REACH; k++)
+            if (PyTuple_GET_ITEM(hint_ids, k) == rid) {
+                at = k;
+                break;
+            }
+#ifndef RUNNERCHECK_PLANT_HINT_OFF_BY_ONE
+        if (at >= 0 && AT(hint_rows, at) >= 0 && AT(hint_rows, at) < num_rows) {
+            row = AT(hint_rows, at);
+#else
+        if (at >= 0 && AT(hint_rows, at) >= 0 && AT(hint_rows, at) < num_rows) {
+            row = (AT(hint_rows, at) + 1) % num_rows;
+#endif
+            found = 1;
+            next_hint = at + 1;
+        }
+        else
+            found = row_of(req_to_row, rid, num_rows, &row);
         if (found < 0) {
             if (PyErr_Occurred())
                 goto done;
@@ -637,18 +673,18 @@ static PyObject *accepted(PyObject *got)
 static PyObject *read_general(PyObject *self, PyObject *args)
 {
     PyObject *ids, *computed, *block_lists, *scheduled, *req_to_row, *gone, *new_requests;
-    PyObject *num_computed, *num_blocks, *num_tokens;
+    PyObject *num_computed, *num_blocks, *num_tokens, *hint_ids = Py_None, *hint_rows = Py_None;
     long long block_size, max_model_len, max_num_batched_tokens, num_kv_blocks;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOLLLL", &ids, &computed, &block_lists, &scheduled, &req_to_row, &gone,
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOLLLL|OO", &ids, &computed, &block_lists, &scheduled, &req_to_row, &gone,
                           &new_requests, &num_computed, &num_blocks, &num_tokens, &block_size, &max_model_len,
-                          &max_num_batched_tokens, &num_kv_blocks))
+                          &max_num_batched_tokens, &num_kv_blocks, &hint_ids, &hint_rows))
         return NULL;
     if (!PyDict_CheckExact(new_requests) || block_size <= 0 || max_model_len <= 0)
         Py_RETURN_NOTIMPLEMENTED;
     const long long max_blocks = blocks_per_request(max_model_len, block_size);
     PyObject *cached = NULL, *blocks_after = NULL, *batch = NULL, *checked = NULL, *positions = NULL, *result = NULL;
-    PyObject *call = Py_BuildValue("(OOOOOOOLL)", ids, computed, block_lists, req_to_row, gone, num_computed, num_blocks,
-                                   max_blocks, num_kv_blocks);
+    PyObject *call = Py_BuildValue("(OOOOOOOLLOO)", ids, computed, block_lists, req_to_row, gone, num_computed, num_blocks,
+                                   max_blocks, num_kv_blocks, hint_ids, hint_rows);
     if (!call || !(cached = accepted(read_cached(self, call))))
         goto done;
     /* The blocks each row holds after this step's appends (a copy: the mirror changes only at the commit). */
