@@ -1,6 +1,7 @@
 """Where the host time of a decode step goes: cProfile of ``execute_model`` (forward stubbed).
 
-    python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0] [--phases | --trace]
+    python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0]
+                                 [--phases | --trace | --lines MODULE:QUALNAME [--depth N]]
 
 The same workload and runner set-up as the `host_cost` benchmark (`bench.case_runner`), with the
 profiler enabled only inside ``execute_model``; prints the median host time per step with and
@@ -10,14 +11,23 @@ runs the kernels inline, so there the profile is dominated by kernel bodies, unl
 bookkeeping alone (outputs are garbage then; a measuring aid, never a correctness run).
 ``--phases`` times the pieces of ``execute_model`` (`PHASES`) with wrappers instead of the profiler;
 ``--trace`` runs torch.profiler instead (host self time per operator and CUDA runtime call, device time).
+``--lines impl.runner:ModelRunner._execute`` times each statement of one function or method instead: its
+source, compiled again with a clock read before every statement (``--depth``: also inside that many levels of
+if/for/with bodies), replaces it for the run; each read costs ~0.1 us on the dev box, counted in the statement
+after it.  A function that uses a closure cell (``super()``, a nested function's free names) is refused.
 """
 from __future__ import annotations
 
 import argparse
+import ast
 import cProfile
+import importlib
+import inspect
 import io
 import pstats
 import statistics
+import sys
+import textwrap
 import time
 
 from bench import case_runner
@@ -124,6 +134,78 @@ def trace_steps(device: Device, num_reqs: int, steps: int, top: int, churn: floa
             f"{table}")
 
 
+def _instrumented(fn, depth: int) -> tuple[object, list[tuple[int, str]], list[tuple[int, float]]]:
+    """``fn`` compiled again with a clock read before each statement (to ``depth`` levels of nested bodies) and
+    after its last: (the new function, (line, source) of each statement, the (statement, time) list it appends to)."""
+    if fn.__code__.co_freevars:
+        raise ValueError(f"{fn.__qualname__} uses closure cells {fn.__code__.co_freevars}: it cannot be recompiled alone")
+    lines, first = inspect.getsourcelines(fn)
+    tree = ast.parse(textwrap.dedent("".join(lines)))
+    ast.increment_lineno(tree, first - 1)
+    func = tree.body[0]
+    func.decorator_list = []
+    labels: list[tuple[int, str]] = []
+
+    def marked(body: list[ast.stmt], level: int) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        for statement in body:
+            labels.append((statement.lineno, ast.unparse(statement).splitlines()[0]))
+            mark = ast.parse(f"__rc_marks.append(({len(labels) - 1}, __rc_clock()))").body[0]
+            if level < depth and isinstance(statement, (ast.If, ast.For, ast.While, ast.With)):
+                statement.body = marked(statement.body, level + 1)
+                if getattr(statement, "orelse", None):
+                    statement.orelse = marked(statement.orelse, level + 1)
+            out += [mark, statement]
+        return out
+
+    end = ast.parse("__rc_marks.append((-1, __rc_clock()))").body[0]
+    func.body = [ast.Try(body=marked(func.body, 0), handlers=[], orelse=[], finalbody=[end])]
+    ast.fix_missing_locations(tree)
+    marks: list[tuple[int, float]] = []
+    namespace = dict(fn.__globals__, __rc_marks=marks, __rc_clock=time.perf_counter)
+    exec(compile(tree, inspect.getsourcefile(fn), "exec"), namespace)
+    return namespace[func.name], labels, marks
+
+
+def time_lines(device: Device, num_reqs: int, steps: int, target: str, depth: int = 0, drop_device_work: bool = False,
+               churn: float = case_runner.HOST_COST_CHURN) -> str:
+    """Median host microseconds of each statement of ``target`` ("module:Qualname") over ``steps`` steps."""
+    module_name, _, qualname = target.partition(":")
+    if not qualname:
+        raise ValueError(f"--lines {target!r}: expected MODULE:QUALNAME, e.g. impl.runner:ModelRunner._execute")
+    owner = importlib.import_module(module_name)
+    *path, name = qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    original = getattr(owner, name)
+    new, labels, marks = _instrumented(inspect.unwrap(original), depth)
+    # A module function may have been imported by name elsewhere: every module holding it gets the timed one.
+    holders = [owner] + ([m for m in list(sys.modules.values()) if m is not owner and getattr(m, name, None) is original]
+                         if inspect.ismodule(owner) else [])
+    if drop_device_work:
+        case_runner.drop_device_work(device)
+    runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs, churn)
+    for holder in holders:
+        setattr(holder, name, new)
+    try:
+        case_runner._drive(runner, work, steps)
+    finally:
+        for holder in holders:
+            setattr(holder, name, original)
+    samples: dict[int, list[float]] = {}
+    for (index, start), (_, stop) in zip(marks, marks[1:]):
+        if index >= 0:
+            samples.setdefault(index, []).append((stop - start) * 1e6)
+    calls = sum(1 for index, _ in marks if index == -1)
+    out = [f"{device.kind}{', device work dropped' if drop_device_work else ''}, {num_reqs} decode requests, churn {churn}, "
+           f"{steps} steps: {target} ran {calls} times; median host us per statement (times it ran), a clock read each"]
+    for index in sorted(samples):
+        line, text = labels[index]
+        values = samples[index]
+        out.append(f"  {statistics.median(values):8.2f}  ({len(values):5d})  {line:5d}  {text[:110]}")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu", "sim"])
@@ -138,15 +220,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="make Device.enqueue a no-op: time the Python bookkeeping alone (cpu/sim only)")
     parser.add_argument("--trace", action="store_true",
                         help="torch.profiler instead: host self time by operator and CUDA runtime call, device time per step")
+    parser.add_argument("--lines", metavar="MODULE:QUALNAME",
+                        help="time each statement of one function or method instead (e.g. impl.runner:ModelRunner._execute)")
+    parser.add_argument("--depth", type=int, default=0, help="with --lines: also time statements nested this deep")
     args = parser.parse_args(argv)
-    if args.reqs < 1 or args.steps < 1 or args.top < 1:
-        parser.error("--reqs, --steps and --top must be >= 1")
+    if args.reqs < 1 or args.steps < 1 or args.top < 1 or args.depth < 0:
+        parser.error("--reqs, --steps and --top must be >= 1, --depth >= 0")
+    if sum(map(bool, (args.phases, args.trace, args.lines))) > 1:
+        parser.error("--phases, --trace and --lines are one choice each")
     if not 0 <= args.churn <= 1:
         parser.error("--churn must be in [0, 1]")
     device = Device(args.device, seed=0)
     if args.drop_device_work and device.is_cuda:
         parser.error("--drop-device-work is for cpu/sim: on cuda the launches are part of the host cost")
-    if args.trace:
+    if args.lines:
+        try:
+            print(time_lines(device, args.reqs, args.steps, args.lines, args.depth, args.drop_device_work, args.churn))
+        except (ValueError, ImportError, AttributeError, TypeError, OSError) as err:
+            parser.error(f"--lines {args.lines}: {err}")
+    elif args.trace:
         print(trace_steps(device, args.reqs, args.steps, args.top, args.churn))
     elif args.phases:
         print(time_phases(device, args.reqs, args.steps, args.drop_device_work, args.churn))

@@ -53,6 +53,9 @@
 #                 device time queued per step)
 #   host_trace_eager  alone: the same for the eager churn step (1% churn: an admission every step at 256 requests),
 #                 its device-work pieces included (`host_profile --phases --churn 0.01`), then torch.profiler over 100 of them
+#   host_lines    alone: each statement of the step's functions timed on this host (`host_profile --lines`, a clock
+#                 read before each): the fused steady step at 64 requests (`ModelRunner._execute_steady`), the churn
+#                 step at 64 and 256 requests (`ModelRunner._execute`, its `_update_rows` and `_check`)
 #   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`;
 #                 prints host enqueues per step and how many Triton launches took the cached launcher), then 1% churn
 #                 with RUNNERCHECK_SLOW_LAUNCH=1
@@ -137,6 +140,10 @@ want host_trace && job host_trace 300 bash -c "python3 -m bench.host_profile --d
 want host_trace_eager && job host_trace_eager 300 bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 200 --churn 0.01 --phases &&
   python3 -m bench.host_profile --device cuda --reqs 64 --steps 200 --churn 0.01 --phases &&
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0.01 --trace --top 45"
+hp="python3 -m bench.host_profile --device cuda --steps 300"
+want host_lines && job host_lines 300 bash -c "$hp --reqs 64 --churn 0 --lines impl.runner:ModelRunner._execute_steady &&
+  $hp --reqs 64 --churn 0.01 --lines impl.runner:ModelRunner._execute && $hp --reqs 64 --churn 0.01 --lines impl.runner:ModelRunner._update_rows &&
+  $hp --reqs 256 --churn 0.01 --lines impl.runner:ModelRunner._execute && $hp --reqs 256 --churn 0.01 --lines impl.runner:ModelRunner._check"
 want tune_logprobs && job tune_logprobs 300 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
 want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &&
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&

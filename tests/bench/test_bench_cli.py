@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from stress.cli import main
@@ -85,3 +86,25 @@ def test_host_profile_times_the_pieces_of_a_step(capsys) -> None:
     assert host_profile_main(["--device", "cpu", "--reqs", "4", "--steps", "3", "--churn", "0", "--drop-device-work", "--phases"]) == 0
     text = capsys.readouterr().out
     assert "execute_model  (3 calls)" in text and "runner._check" in text and "state.advance" in text
+
+
+def test_host_profile_times_each_statement_of_one_method(capsys) -> None:
+    from bench.host_profile import main as host_profile_main
+
+    assert host_profile_main(["--device", "cpu", "--reqs", "4", "--steps", "4", "--churn", "0", "--drop-device-work",
+                              "--lines", "impl.runner:ModelRunner._execute", "--depth", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "ModelRunner._execute ran 4 times" in text
+    assert "step = self._check(sched)" in text and "self._execute_steady(step" in text  # a nested statement too
+    from impl.runner import ModelRunner
+    assert not hasattr(ModelRunner._execute, "__code__") or "__rc_marks" not in ModelRunner._execute.__code__.co_names
+
+
+def test_host_profile_refuses_what_it_cannot_recompile(capsys) -> None:
+    from bench.host_profile import main as host_profile_main
+
+    for target, why in (("impl.runner:ModelRunner.nope", "no attribute"), ("impl.runner", "MODULE:QUALNAME"),
+                        ("impl.buffers:StagingLifetimeError.__init__", "closure cells")):
+        with pytest.raises(SystemExit):
+            host_profile_main(["--device", "cpu", "--reqs", "2", "--steps", "1", "--lines", target])
+        assert why in capsys.readouterr().err, target
