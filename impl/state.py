@@ -24,9 +24,10 @@ Tensors (owner: `RequestStateTable`; the four questions for each)
     lifetime.  Written by the host only, at admission, into the admitted row; read by the
     input-prep kernel over UVA on CUDA (a plain host tensor on cpu/sim).
 Host-only state: row <-> request id, free list, generation numbers, the last-use step of each row,
-the last planned batch's ids and rows (``batch_hint``, cleared by every admission and release), and the host mirror -- numpy arrays ``[max_num_reqs]`` indexed by row, owned by the table, written
-only by its own methods (admission, release, `apply_cached`, `advance`), each vectorised over the
-step's rows:
+the last planned batch's ids and rows (``batch_hint``, cleared by every admission and release), and
+the host mirror -- numpy arrays ``[max_num_reqs]`` indexed by row, owned by the table, written only
+by its own methods (admission, release, `apply_cached`, `advance`), each vectorised over the step's
+rows:
 
     num_tokens, num_computed     upper bounds of the device's NUM_TOKENS / NUM_COMPUTED
     num_blocks                   KV blocks the request holds (exact)
