@@ -30,8 +30,8 @@
  *                 max_blocks, num_kv_blocks[, hint_ids, hint_rows])
  *       -> NotImplemented | None | (rows, new_block_counts, appends)
  *     hint_ids, hint_rows (None: no hint): the last planned batch's ids and rows while every one of them still holds
- *     its row (`impl.state.RequestStateTable.batch_hint`); a cached id that is the same object as the hint's next
- *     (or next but one) takes that row instead of a look-up in req_to_row -- the same row, found cheaper.
+ *     its row (`impl.state.RequestStateTable.batch_hint`); a cached id that is the same object as one of the hint's
+ *     next few (HINT_REACH) takes that row instead of a look-up in req_to_row -- the same row, found cheaper.
  *
  * read_scheduled -- `impl.step_reader._read_scheduled`: the batch's ids, query lengths, rows (-1 for an
  *     id that holds none) and the mirror's tokens known, computed and blocks of each row (0 for -1), from
@@ -251,8 +251,8 @@ fail:
     return NULL;
 }
 
-/* The attribute ``name`` of ``obj`` (a new reference), or NULL with the error cleared: the caller declines. */
-/* An attribute (interned name: `attr`), or NULL with no exception set when reading it failed. */
+/* The attribute ``name`` of ``obj`` (a new reference, read by interned name: `attr`), or NULL with the error
+ * cleared: the caller declines. */
 static PyObject *attribute(PyObject *obj, const char *name)
 {
     PyObject *value = attr(obj, name);
@@ -417,11 +417,10 @@ static PyObject *read_cached(PyObject *self, PyObject *args)
                 at = k;
                 break;
             }
-#ifndef RUNNERCHECK_PLANT_HINT_OFF_BY_ONE
         if (at >= 0 && AT(hint_rows, at) >= 0 && AT(hint_rows, at) < num_rows) {
+#ifndef RUNNERCHECK_PLANT_HINT_OFF_BY_ONE
             row = AT(hint_rows, at);
 #else
-        if (at >= 0 && AT(hint_rows, at) >= 0 && AT(hint_rows, at) < num_rows) {
             row = (AT(hint_rows, at) + 1) % num_rows;
 #endif
             found = 1;
