@@ -24,7 +24,7 @@ Tensors (owner: `RequestStateTable`; the four questions for each)
     lifetime.  Written by the host only, at admission, into the admitted row; read by the
     input-prep kernel over UVA on CUDA (a plain host tensor on cpu/sim).
 Host-only state: row <-> request id, free list, generation numbers, the last-use step of each row,
-the last planned batch's ids and rows (``batch_hint``, cleared by every admission and release), and
+the last planned batch (its ids, rows and counts: ``batch_hint``, cleared by every admission and release), and
 the host mirror -- numpy arrays ``[max_num_reqs]`` indexed by row, owned by the table, written only
 by its own methods (admission, release, `apply_cached`, `advance`), each vectorised over the step's
 rows:
@@ -133,12 +133,9 @@ class RequestStateTable:
         self._use_seq = 0
         self._next_generation = 0
         self.num_quarantine_waits = 0
-        # The rows of the last planned batch, so `advance` need not look its ids up again.
+        # The rows of the last planned batch, so `advance` need not look its ids up again (and the reader's
+        # `batch_hint`).  Any admission or release clears it, so it never names a row that changed hands.
         self._planned: tuple[Sequence[str], np.ndarray, np.ndarray, np.ndarray] | None = None
-        # The last planned batch's ids and rows while every one of its ids still holds that row: the reader
-        # finds a cached request's row there without a look-up (`impl.native` read_cached).  Any admission
-        # or release clears it, so it never names a row that changed hands.
-        self.batch_hint: tuple[tuple[str, ...], np.ndarray] | None = None
 
     # ------------------------------------------------------------------ queries
     @property
@@ -154,6 +151,14 @@ class RequestStateTable:
         """A snapshot of the mirror as `LiveRequest` s (for inspection and the per-request validator; not hot)."""
         return {rid: LiveRequest(int(self.num_tokens[row]), int(self.num_computed[row]), int(self.num_blocks[row]))
                 for rid, row in self.req_to_row.items()}
+
+    @property
+    def batch_hint(self) -> tuple[tuple[str, ...], np.ndarray] | None:
+        """The last planned batch's ids and rows while every one of its ids still holds that row (None after any
+        admission or release): the reader finds a cached request's row there without a look-up (`impl.native`
+        read_cached)."""
+        planned = self._planned
+        return planned[:2] if planned is not None and type(planned[0]) is tuple else None
 
     def row_of(self, req_id: str) -> int:
         return self.req_to_row[req_id]
@@ -217,7 +222,7 @@ class RequestStateTable:
         row = self.req_to_row.pop(req_id, None)
         if row is None:
             raise RowStateError(f"release of {req_id!r}, which holds no row")
-        self.batch_hint = None
+        self._planned = None
         self.rows[row] = None
         self.generation[row] = -1
         # Compared as Python ints: a numpy comparison costs more than the two conversions.
@@ -233,7 +238,7 @@ class RequestStateTable:
         if req.req_id in self.req_to_row:
             raise RowStateError(f"admit of {req.req_id!r}, which is already live")
         row = self._take_free_row(req.req_id)
-        self.batch_hint = None
+        self._planned = None
         prefill = req.prefill_token_ids
         prompt_len, prefill_len = len(req.prompt_token_ids), len(prefill)
         self._prefill_np[row, :prefill_len] = prefill
@@ -291,7 +296,6 @@ class RequestStateTable:
         """Remember a planned batch: its rows, where each request's tokens end, and the tokens known
         before the step (this step's `advance` on the same ids uses them instead of looking up again)."""
         self._planned = (req_ids, rows, ends, known)
-        self.batch_hint = (req_ids, rows) if type(req_ids) is tuple else None
 
     @hot_path
     def advance(self, req_ids: Sequence[str], num_scheduled: Mapping[str, int] | np.ndarray,

@@ -4,7 +4,7 @@ A cached id that is the same object as one of the last planned batch's next few 
 that left) takes that batch's row instead of a look-up in ``req_to_row``.  The hint is an accelerator,
 never a source of truth: on generated batches -- the last batch's ids again, some gone, some new, the
 order shuffled, equal ids that are other objects -- the reader with the hint returns exactly what it
-returns without it (and what the Python reference reads); a build that takes the row after the hint's
+returns without it (the rows ``req_to_row`` holds); a build that takes the row after the hint's
 is caught by that comparison.  The table clears the hint at every admission and release, so it never
 names a row that changed hands: a request released and admitted again (the same id object, another
 row) is read at its new row, and a table that kept its hint past a release is caught.
@@ -25,6 +25,10 @@ from test_native import LIMITS, MAX_BLOCKS, _planted, needs_native, reader
 NUM_ROWS = LIMITS.max_num_reqs
 
 
+def _copy(rid: str) -> str:
+    return "".join(list(rid))  # equal, another object
+
+
 @st.composite
 def hinted_batches(draw):
     """(req_to_row, hint ids, hint rows, cached ids): a valid hint (every hint id holds its row) and a batch of
@@ -39,7 +43,7 @@ def hinted_batches(draw):
     if draw(st.booleans()):
         cached = draw(st.permutations(cached))
     # Equal ids that are other objects: found by the look-up, never by the hint.
-    cached = ["".join(list(rid)) if draw(st.integers(0, 4)) == 0 else rid for rid in cached]
+    cached = [_copy(rid) if draw(st.integers(0, 4)) == 0 else rid for rid in cached]
     hint_rows = np.array([req_to_row[rid] for rid in hint_ids], np.int64)
     return req_to_row, hint_ids, hint_rows, tuple(cached)
 
@@ -65,10 +69,6 @@ def _assert_hint_changes_nothing(c_reader, batch) -> None:
 @given(hinted_batches())
 def test_the_hint_finds_the_rows_a_look_up_finds(batch):
     _assert_hint_changes_nothing(reader, batch)
-
-
-def _copy(rid: str) -> str:
-    return "".join(list(rid))  # equal, another object
 
 
 _R2R = {"a": 6, "b": 2, "c": 7, "d": 0, "f": 1, "g": 3, "h": 5, "e": 4}
@@ -139,9 +139,9 @@ def test_planted_bug_a_table_keeping_its_hint_past_a_release_is_caught(monkeypat
 
     def keeping(method):
         def wrapper(self, *args, **kwargs):
-            hint = self.batch_hint
+            planned = self._planned  # the batch the hint reads
             result = method(self, *args, **kwargs)
-            self.batch_hint = hint
+            self._planned = planned
             return result
         return wrapper
 
