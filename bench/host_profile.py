@@ -1,7 +1,7 @@
 """Where the host time of a decode step goes: cProfile of ``execute_model`` (forward stubbed).
 
     python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0]
-                                 [--phases | --trace | --lines MODULE:QUALNAME [--depth N]]
+                                 [--phases | --trace | --lines MODULE:QUALNAME [--lines ...] [--depth N]]
 
 The same workload and runner set-up as the `host_cost` benchmark (`bench.case_runner`), with the
 profiler enabled only inside ``execute_model``; prints the median host time per step with and
@@ -14,7 +14,8 @@ bookkeeping alone (outputs are garbage then; a measuring aid, never a correctnes
 ``--lines impl.runner:ModelRunner._execute`` times each statement of one function or method instead: its
 source, compiled again with a clock read before every statement (``--depth``: also inside that many levels of
 if/for/with bodies), replaces it for the run; each read costs ~0.1 us on the dev box, counted in the statement
-after it.  A function that uses a closure cell (``super()``, a nested function's free names) is refused.
+after it; several ``--lines`` time several functions over the same steps.  A function that uses a closure cell
+(``super()``, a nested function's free names) is refused.
 """
 from __future__ import annotations
 
@@ -167,9 +168,8 @@ def _instrumented(fn, depth: int) -> tuple[object, list[tuple[int, str]], list[t
     return namespace[func.name], labels, marks
 
 
-def time_lines(device: Device, num_reqs: int, steps: int, target: str, depth: int = 0, drop_device_work: bool = False,
-               churn: float = case_runner.HOST_COST_CHURN) -> str:
-    """Median host microseconds of each statement of ``target`` ("module:Qualname") over ``steps`` steps."""
+def _resolve(target: str) -> tuple[object, str, object]:
+    """(owner, attribute name, function) of ``target`` ("module:Qualname")."""
     module_name, _, qualname = target.partition(":")
     if not qualname:
         raise ValueError(f"--lines {target!r}: expected MODULE:QUALNAME, e.g. impl.runner:ModelRunner._execute")
@@ -177,21 +177,45 @@ def time_lines(device: Device, num_reqs: int, steps: int, target: str, depth: in
     *path, name = qualname.split(".")
     for part in path:
         owner = getattr(owner, part)
-    original = getattr(owner, name)
-    new, labels, marks = _instrumented(inspect.unwrap(original), depth)
-    # A module function may have been imported by name elsewhere: every module holding it gets the timed one.
-    holders = [owner] + ([m for m in list(sys.modules.values()) if m is not owner and getattr(m, name, None) is original]
-                         if inspect.ismodule(owner) else [])
+    return owner, name, getattr(owner, name)
+
+
+def time_lines(device: Device, num_reqs: int, steps: int, targets: list[str], depth: int = 0,
+               drop_device_work: bool = False, churn: float = case_runner.HOST_COST_CHURN) -> str:
+    """Median host microseconds of each statement of each of ``targets`` ("module:Qualname") over ``steps`` steps
+    of one runner (one set-up for all of them; a timed function that calls another timed one counts the inner
+    one's clock reads in the calling statement)."""
+    resolved = [_resolve(target) for target in targets]
+    timed = [(owner, name, original, *_instrumented(inspect.unwrap(original), depth))
+             for owner, name, original in resolved]
     if drop_device_work:
         case_runner.drop_device_work(device)
     runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs, churn)
-    for holder in holders:
+    # A module function may have been imported by name elsewhere: every module holding it gets the timed one
+    # (looked for after the set-up, which imports the runner's modules).
+    swaps = []
+    for owner, name, original, new, _, _ in timed:
+        holders = [owner] + ([m for m in list(sys.modules.values()) if m is not owner and getattr(m, name, None) is original]
+                             if inspect.ismodule(owner) else [])
+        swaps += [(holder, name, original, new) for holder in holders]
+    for holder, name, original, new in swaps:
         setattr(holder, name, new)
+        for timed_fn in (entry[3] for entry in timed):  # their globals are copies: a timed caller finds the timed callee
+            if timed_fn.__globals__.get(name) is original:
+                timed_fn.__globals__[name] = new
     try:
         case_runner._drive(runner, work, steps)
     finally:
-        for holder in holders:
+        for holder, name, original, _ in swaps:
             setattr(holder, name, original)
+    out = []
+    for target, (_, _, _, _, labels, marks) in zip(targets, timed):
+        out += _statement_table(device, num_reqs, churn, steps, target, drop_device_work, labels, marks)
+    return "\n".join(out)
+
+
+def _statement_table(device: Device, num_reqs: int, churn: float, steps: int, target: str, drop_device_work: bool,
+                     labels: list[tuple[int, str]], marks: list[tuple[int, float]]) -> list[str]:
     samples: dict[int, list[float]] = {}
     for (index, start), (_, stop) in zip(marks, marks[1:]):
         if index >= 0:
@@ -203,7 +227,7 @@ def time_lines(device: Device, num_reqs: int, steps: int, target: str, depth: in
         line, text = labels[index]
         values = samples[index]
         out.append(f"  {statistics.median(values):8.2f}  ({len(values):5d})  {line:5d}  {text[:110]}")
-    return "\n".join(out)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -220,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="make Device.enqueue a no-op: time the Python bookkeeping alone (cpu/sim only)")
     parser.add_argument("--trace", action="store_true",
                         help="torch.profiler instead: host self time by operator and CUDA runtime call, device time per step")
-    parser.add_argument("--lines", metavar="MODULE:QUALNAME",
-                        help="time each statement of one function or method instead (e.g. impl.runner:ModelRunner._execute)")
+    parser.add_argument("--lines", metavar="MODULE:QUALNAME", action="append",
+                        help="time each statement of one function or method instead (e.g. impl.runner:ModelRunner._execute); "
+                             "repeat it to time several in one run")
     parser.add_argument("--depth", type=int, default=0, help="with --lines: also time statements nested this deep")
     args = parser.parse_args(argv)
     if args.reqs < 1 or args.steps < 1 or args.top < 1 or args.depth < 0:
@@ -237,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             print(time_lines(device, args.reqs, args.steps, args.lines, args.depth, args.drop_device_work, args.churn))
         except (ValueError, ImportError, AttributeError, TypeError, OSError) as err:
-            parser.error(f"--lines {args.lines}: {err}")
+            parser.error(f"--lines {' '.join(args.lines)}: {err}")
     elif args.trace:
         print(trace_steps(device, args.reqs, args.steps, args.top, args.churn))
     elif args.phases:

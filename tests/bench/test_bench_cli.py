@@ -100,6 +100,21 @@ def test_host_profile_times_each_statement_of_one_method(capsys) -> None:
     assert not hasattr(ModelRunner._execute, "__code__") or "__rc_marks" not in ModelRunner._execute.__code__.co_names
 
 
+def test_host_profile_times_several_functions_in_one_run(capsys) -> None:
+    """A timed method that calls a timed module function (imported by name into the runner's module) reaches the
+    timed one: both tables count their calls."""
+    from bench.host_profile import main as host_profile_main
+
+    assert host_profile_main(["--device", "cpu", "--reqs", "4", "--steps", "4", "--churn", "0", "--drop-device-work",
+                              "--lines", "impl.runner:ModelRunner._check", "--lines", "impl.step_reader:read_steady_step"]) == 0
+    text = capsys.readouterr().out
+    assert "ModelRunner._check ran 4 times" in text and "read_steady_step ran 4 times" in text
+    import impl.runner
+    import impl.step_reader
+    assert impl.runner.read_steady_step is impl.step_reader.read_steady_step  # put back
+    assert "__rc_marks" not in impl.step_reader.read_steady_step.__code__.co_names
+
+
 def test_host_profile_refuses_what_it_cannot_recompile(capsys) -> None:
     from bench.host_profile import main as host_profile_main
 
