@@ -150,7 +150,10 @@ want host_lines_admit && job host_lines_admit 300 bash -c "for reqs in 256 64; d
   --lines impl.step_reader:read_step --lines impl.runner:ModelRunner._update_rows --lines impl.state:RequestStateTable.admit \
   --lines impl.input_batch:plan_step --lines impl.input_batch:InputBatch.stage --lines impl.graphs:CudaGraphManager.select \
   --lines impl.staged_writes:StagedWriteGroup.flush --lines impl.sample.state:SamplingState.flush \
-  --lines impl.runner:ModelRunner._enqueue_output || exit 1; done"
+  --lines impl.runner:ModelRunner._enqueue_output --lines impl.state:RequestStateTable._take_free_row \
+  --lines impl.state:RequestStateTable.is_quarantined --lines impl.state:RequestStateTable._use_event \
+  --lines impl.device:DeviceEvent.query --lines impl.state:RequestStateTable.release \
+  --lines impl.staged_writes:StagedWriteGroup._pack_members || exit 1; done"
 want tune_logprobs && job tune_logprobs 300 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
 want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &&
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&
