@@ -11,8 +11,9 @@ last one.  Cells past a row's count are stale and never read (the input-prep ker
 blocks covering computed positions).  The per-step gather into batch order and the slot mapping
 are done by the input-prep kernel (`impl.kernels.input_prep`), which reads this tensor.
 
-Host state: the number of blocks in each row (an exact mirror: the host is the only source of
-block ids).
+Host state: none.  How many blocks each row holds is the request state's mirror
+(`impl.state.RequestStateTable.num_blocks`, the only copy: the host is the only source of block ids);
+appends are placed at the columns its ``append_blocks`` returns.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from impl.interface import blocks_per_request
 
 
 class BlockTable:
-    """Block ids of every row (device, staged appends) and their counts (host).  See the module docstring."""
+    """Block ids of every row (device, staged appends).  See the module docstring."""
 
     def __init__(self, device: Device, max_num_reqs: int, max_model_len: int, block_size: int,
                  group: StagedWriteGroup | None = None):
@@ -36,7 +37,6 @@ class BlockTable:
         self.block_size = block_size
         self.max_blocks_per_req = blocks_per_request(max_model_len, block_size)
         self.table = StagedWriteTensor(device, (max_num_reqs, self.max_blocks_per_req), torch.int32, "block_table", group=group)
-        self.num_blocks = np.zeros(max_num_reqs, dtype=np.int64)
 
     @property
     def base(self) -> torch.Tensor:
@@ -44,26 +44,21 @@ class BlockTable:
 
     @hot_path
     def assign(self, row: int, block_ids: tuple[int, ...]) -> None:
-        """A newly admitted row's whole block list."""
-        self.num_blocks[row] = len(block_ids)
+        """A newly admitted row's whole block list (a reused row is overwritten from column 0)."""
         if block_ids:
             self.table.stage(row, 0, block_ids)
 
-    @hot_path
-    def append(self, row: int, block_ids: tuple[int, ...]) -> None:
+    def append(self, row: int, start: int, block_ids: tuple[int, ...]) -> None:
+        """``block_ids`` after the ``start`` blocks ``row`` holds."""
         if block_ids:
-            self.table.stage(row, int(self.num_blocks[row]), block_ids)
-            self.num_blocks[row] += len(block_ids)
+            self.table.stage(row, start, block_ids)
 
     @hot_path
-    def append_many(self, rows: np.ndarray, counts: np.ndarray, block_ids: np.ndarray) -> None:
-        """Appends to several rows at once: ``block_ids`` holds ``counts[i]`` ids for ``rows[i]``, in order
-        (rows distinct, none admitted this step; checked at the boundary to fit the table: `impl.step_reader`)."""
-        self.table.stage_ragged(rows, self.num_blocks[rows], counts, block_ids, checked=True)
-        self.num_blocks[rows] += counts
-
-    def release(self, row: int) -> None:
-        self.num_blocks[row] = 0
+    def append_many(self, rows: np.ndarray, starts: np.ndarray, counts: np.ndarray, block_ids: np.ndarray) -> None:
+        """Appends to several rows at once: ``block_ids`` holds ``counts[i]`` ids for ``rows[i]``, in order, placed
+        after the ``starts[i]`` it holds (rows distinct, none admitted this step; checked at the boundary to fit
+        the table: `impl.step_reader`)."""
+        self.table.stage_ragged(rows, starts, counts, block_ids, checked=True)
 
     @hot_path
     def flush(self, writer: StagingWriter) -> None:

@@ -338,8 +338,8 @@ class ModelRunner:
         self._last_step_id = step_id
         appends = step.block_appends
         if appends is not None:
-            self.state.apply_cached(appends[0], None, appends[1])
-            self.block_table.append_many(*appends)
+            rows, counts, block_ids = appends
+            self.block_table.append_many(rows, self.state.append_blocks(rows, counts), counts, block_ids)
         key = self._steady_key
         in_bytes, lane_free, output_slot = self._seek_lane(key)
         writer = StagingWriter(self.staging, step_id)
@@ -416,7 +416,7 @@ class ModelRunner:
         """Releases and admissions per item; cached requests' counts and block appends from the step's arrays."""
         step = self._step
         for req_id in step.gone:
-            self.block_table.release(self.state.release(req_id))
+            self.state.release(req_id)
         seeds: dict[str, int] = {}
         for req in sched.new_requests:
             seed = effective_seed(req.sampling_params, req.req_id, self.base_seed)
@@ -427,13 +427,12 @@ class ModelRunner:
             seeds[req.req_id] = seed
         for i, req_id in step.new_positions:
             step.rows[i] = self.state.req_to_row[req_id]
+        if step.cached_computed is not None:  # rejected drafts reported: the computed counts move
+            self.state.apply_cached(step.cached_rows, step.cached_computed, None)
         appends = step.block_appends
-        if step.cached_computed is not None:  # rejected drafts reported: counts move too
-            self.state.apply_cached(step.cached_rows, step.cached_computed, step.cached_new_blocks)
-        elif appends is not None:  # else only the rows that appended blocks change (as in a steady step)
-            self.state.apply_cached(appends[0], None, appends[1])
-        if appends is not None:
-            self.block_table.append_many(*appends)
+        if appends is not None:  # only the rows that appended blocks change (as in a steady step)
+            rows, counts, block_ids = appends
+            self.block_table.append_many(rows, self.state.append_blocks(rows, counts), counts, block_ids)
         return seeds
 
     def _enqueue_applies(self, admitted: bool) -> None:

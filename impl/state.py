@@ -26,11 +26,11 @@ Tensors (owner: `RequestStateTable`; the four questions for each)
 Host-only state: row <-> request id, free list, generation numbers, the last-use step of each row,
 the last planned batch (its ids, rows and counts: ``batch_hint``, cleared by every admission and release), and
 the host mirror -- numpy arrays ``[max_num_reqs]`` indexed by row, owned by the table, written only
-by its own methods (admission, release, `apply_cached`, `advance`), each vectorised over the step's
-rows:
+by its own methods (admission, release, `apply_cached`, `append_blocks`, `advance`), each vectorised over
+the step's rows:
 
     num_tokens, num_computed     upper bounds of the device's NUM_TOKENS / NUM_COMPUTED
-    num_blocks                   KV blocks the request holds (exact)
+    num_blocks                   KV blocks the request holds (exact; the block table's columns in use)
     unconfirmed_drafts           drafts scheduled whose acceptance the host has not learned: the
                                  device counts may sit up to this many tokens below the bounds
     generation                   admission number of the row's request (-1: free)
@@ -276,12 +276,13 @@ class RequestStateTable:
         return row
 
     @hot_path
-    def apply_cached(self, rows: np.ndarray, num_computed: np.ndarray | None, num_new_blocks: np.ndarray) -> None:
+    def apply_cached(self, rows: np.ndarray, num_computed: np.ndarray | None, num_new_blocks: np.ndarray | None) -> None:
         """Adopt the scheduler's (checked) computed counts and appended blocks for the cached ``rows``.
 
         A computed count below the mirror's bound reports rejected drafts: the known length moves
         down by the same amount, and those drafts are no longer unconfirmed.  ``num_computed=None``:
-        the counts are the mirror's (a steady step's, checked equal), only the blocks move.
+        the counts are the mirror's (a steady step's, checked equal), only the blocks move;
+        ``num_new_blocks=None``: the blocks are moved by `append_blocks`.
         """
         if len(rows) == 0:
             return
@@ -290,7 +291,21 @@ class RequestStateTable:
             self.unconfirmed_drafts[rows] -= shift
             self.num_tokens[rows] -= shift
             self.num_computed[rows] = num_computed
-        self.num_blocks[rows] += num_new_blocks
+        if num_new_blocks is not None:
+            self.num_blocks[rows] += num_new_blocks
+
+    @hot_path
+    def append_blocks(self, rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+        """The block counts of ``rows`` (distinct; checked at the boundary to fit) before this step's appends --
+        the columns the block table writes them at -- then moved past them.  One C call when `impl.native`
+        built it (``append_counts``); this numpy is its reference."""
+        if _steady is not None:
+            starts = _steady.append_counts(self.num_blocks, rows, counts)
+            if starts is not NotImplemented:
+                return starts
+        starts = self.num_blocks[rows]
+        self.num_blocks[rows] = starts + counts
+        return starts
 
     def plan_rows(self, req_ids: Sequence[str], rows: np.ndarray, ends: np.ndarray, known: np.ndarray) -> None:
         """Remember a planned batch: its rows, where each request's tokens end, and the tokens known

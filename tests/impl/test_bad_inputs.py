@@ -100,7 +100,7 @@ def clean_outputs() -> list:
 
 def fingerprint(runner: ModelRunner) -> str:
     """Everything a rejected step must leave as it was (on cpu the device tensors are read directly)."""
-    st, bt, ss, pool = runner.state, runner.block_table, runner.sampling_state, runner.staging
+    st, ss, pool = runner.state, runner.sampling_state, runner.staging
     h = hashlib.sha256()
 
     def put(*parts: object) -> None:
@@ -112,7 +112,7 @@ def fingerprint(runner: ModelRunner) -> str:
         st.num_logprobs, st.prompt_logprobs, st._last_use_seq, st._batch_rows, st._batch_seq)
     put(sorted(st.req_to_row.items()), st.rows, list(st._free), st._next_generation, st._use_seq, st.prefill_tokens.numpy())
     # device row state, block table, sampling state (all in the shared arena) and penalty counts
-    put(runner.staged_writes.arena.numpy(), ss.output_counts.numpy(), bt.num_blocks)
+    put(runner.staged_writes.arena.numpy(), ss.output_counts.numpy())
     # pending work: staged diffs, admissions, prepared applies
     put([(t.name, list(t._pending), t.num_pending) for t in runner.staged_writes.members], ss._pending_admissions,
         len(runner.staged_writes._applies), len(ss._prepared_kernels))
@@ -463,7 +463,7 @@ def test_planted_bug_finishes_applied_before_the_step_id_check_is_caught(monkeyp
     def releases_first(self: ModelRunner, sched: SchedulerOutput):
         for rid in sorted(getattr(sched, "finished_req_ids", ()) or ()):
             if rid in self.state.req_to_row:
-                self.block_table.release(self.state.release(rid))
+                self.state.release(rid)
         return original(self, sched)
 
     monkeypatch.setattr(ModelRunner, "_check", releases_first)

@@ -1,6 +1,7 @@
 """Block tables: whole lists at admission, appends at the right column, limits checked at the boundary."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from impl.block_table import BlockTable
@@ -37,18 +38,17 @@ def test_assign_append_and_reuse(kind):
     bt.assign(2, (9,))
     _flush(bt, pool, 0)
     dev.begin_step()
-    bt.append(0, (11,))
-    bt.append(0, (12, 13))  # two appends in one step land after each other
-    bt.append(2, ())
+    bt.append(0, 2, (11,))
+    bt.append(0, 3, (12, 13))  # two appends in one step land where they are placed
+    bt.append(2, 1, ())
     _flush(bt, pool, 1)
     dev.begin_step()
-    bt.release(2)
     bt.assign(2, (1, 2))  # a new request in a reused row overwrites from column 0
+    bt.append_many(np.array([2], np.int64), np.array([2], np.int64), np.array([1], np.int64), np.array([4], np.int64))
     _flush(bt, pool, 2)
     dev.synchronize()
     assert bt.base[0].tolist() == [7, 3, 11, 12, 13]
-    assert bt.base[2, :2].tolist() == [1, 2]
-    assert bt.num_blocks.tolist() == [5, 0, 2]
+    assert bt.base[2, :3].tolist() == [1, 2, 4]
 
 
 def test_boundary_rejects_rows_that_overflow():

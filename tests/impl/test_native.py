@@ -38,6 +38,7 @@ import impl.native as native
 import impl.staged_writes as staged_writes
 import impl.state as state_module
 import impl.step_reader as step_reader
+from impl.device import Device
 from impl.state import RequestStateTable
 from impl.interface import (CachedRequests, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput,
                             SchedulerOutputError, StepIdError)
@@ -553,6 +554,61 @@ def test_planted_bug_c_advance_forgetting_the_sampled_token_is_caught():
     at_the_end = (np.array([3], np.int64), np.array([10], np.int64), np.array([10], np.int64))
     with pytest.raises(AssertionError, match="C advance"):
         assert_advances_agree(forgetting, *at_the_end)
+
+
+@st.composite
+def block_appends(draw):
+    """Block counts of every row and this step's appends: distinct rows, a few blocks each."""
+    counts = np.array(draw(st.lists(st.integers(0, 40), min_size=NUM_ROWS, max_size=NUM_ROWS)), np.int64)
+    n = draw(st.integers(0, NUM_ROWS))
+    rows = np.array(draw(st.permutations(range(NUM_ROWS)))[:n], np.int64)
+    appended = np.array([draw(st.integers(1, 3)) for _ in range(n)], np.int64)
+    return counts, rows, appended
+
+
+def _appended(c_module, counts: np.ndarray, rows: np.ndarray, appended: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, counts after) by ``c_module``'s ``append_counts`` (None: `RequestStateTable.append_blocks`'s numpy)."""
+    table = RequestStateTable(Device("cpu"), max_num_reqs=len(counts), max_model_len=64)
+    table.num_blocks[:] = counts
+    if c_module is None:
+        saved, state_module._steady = state_module._steady, None
+        try:
+            starts = table.append_blocks(rows, appended)
+        finally:
+            state_module._steady = saved
+    else:
+        starts = c_module.append_counts(table.num_blocks, rows, appended)
+    return starts, table.num_blocks
+
+
+def assert_appends_agree(c_module, counts, rows, appended) -> None:
+    got, want = _appended(c_module, counts, rows, appended), _appended(None, counts, rows, appended)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"C append_counts: {got}\nnumpy: {want}"
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(block_appends())
+def test_c_block_appends_place_and_count_what_numpy_does(appends):
+    assert_appends_agree(reader, *appends)
+
+
+@needs_native
+def test_c_block_appends_decline_what_they_cannot_take():
+    counts = np.array([1, 2, 3], np.int64)
+    for rows in (np.array([0, 0], np.int64), np.array([3], np.int64), np.array([-1], np.int64), np.array([1], np.int32)):
+        assert reader.append_counts(counts, rows, np.ones(len(rows), np.int64)) is NotImplemented, rows
+    frozen = counts.copy()
+    frozen.flags.writeable = False
+    assert reader.append_counts(frozen, np.array([1], np.int64), np.ones(1, np.int64)) is NotImplemented
+    assert counts.tolist() == [1, 2, 3]  # declined before writing
+
+
+def test_planted_bug_c_appends_placed_after_their_own_blocks_are_caught():
+    planted = _planted("RUNNERCHECK_PLANT_STARTS_AFTER_APPEND")
+    one_append = (np.array([4, 0, 7], np.int64), np.array([2], np.int64), np.array([1], np.int64))
+    with pytest.raises(AssertionError, match="C append_counts"):
+        assert_appends_agree(planted, *one_append)
 
 
 # --------------------------------------------------------------------------- the loader

@@ -46,7 +46,7 @@ def _fingerprint(runner: ModelRunner) -> str:
     st, h = runner.state, hashlib.sha256()
     h.update(repr(sorted((k, v.num_tokens, v.num_computed_upper, v.num_blocks) for k, v in st.live.items())).encode())
     h.update(repr((sorted(st.req_to_row.items()), list(st._free), st._next_generation)).encode())
-    h.update(st.prefill_tokens.numpy().tobytes() + runner.block_table.num_blocks.tobytes())
+    h.update(st.prefill_tokens.numpy().tobytes() + st.num_blocks.tobytes())
     h.update(repr((st.row_state.num_pending, runner.block_table.table.num_pending, runner.sampling_state.num_pending,
                    runner.device.step_index, [s.state for s in runner.staging.slots])).encode())
     return h.hexdigest()

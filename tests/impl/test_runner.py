@@ -297,7 +297,7 @@ def _fingerprint(runner: ModelRunner) -> str:
     h.update(repr(sorted(st.req_to_row.items())).encode())
     h.update(repr(list(st._free)).encode())
     h.update(st.prefill_tokens.numpy().tobytes())
-    h.update(runner.block_table.num_blocks.tobytes())
+    h.update(st.num_blocks.tobytes())  # the block table's columns in use
     h.update(repr([s.state for s in runner.staging.slots]).encode())
     ss = runner.sampling_state
     pending = (st.row_state.num_pending, runner.block_table.table.num_pending, ss.num_pending,
