@@ -60,7 +60,9 @@ from impl.device import Device, DeviceEvent
 from impl.hotpath import hot_path
 from impl.interface import CachedRequests, CapacityError, LiveRequest, NewRequest, SamplingParams
 
-_steady = native.load("steady")  # `advance_decode`, the C twin of `advance`'s no-draft update; None: numpy only
+# `advance_decode`, `append_counts` and `admit_row`: the C twins of `advance`'s no-draft update, `append_blocks` and
+# `admit`'s mirror writes (`impl/native/rows.c`); None: numpy only.
+_rows = native.load("rows")
 
 _MAX_PENDING_USES = 64  # `mark_used`: steps whose markers are kept before it asks whether the oldest completed
 
@@ -116,6 +118,9 @@ class RequestStateTable:
         self.prompt_len = np.zeros(r, np.int64)
         self.num_logprobs = np.full(r, -1, np.int64)
         self.prompt_logprobs = np.full(r, -1, np.int64)
+        # What an admission writes into its row, in the order `admit` gives the values.
+        self._admitted_columns = (self.num_tokens, self.num_computed, self.num_blocks, self.unconfirmed_drafts,
+                                  self.prompt_len, self.num_logprobs, self.prompt_logprobs, self.generation)
         self.num_logprob_rows = 0  # live rows asking for logprobs / prompt logprobs (plans skip both when 0)
         self.num_prompt_logprob_rows = 0
 
@@ -241,23 +246,21 @@ class RequestStateTable:
         self._planned = None
         prefill = req.prefill_token_ids
         prompt_len, prefill_len = len(req.prompt_token_ids), len(prefill)
-        self._prefill_np[row, :prefill_len] = prefill
         hit = req.num_computed_tokens  # prefix-cache hit: the first step computes from there
-        self.row_state.stage(row, 0, [hit, prefill_len, prompt_len, prefill_len, prefill[-1]])
         params = req.sampling_params
-        self.rows[row] = RowInfo(req.req_id, self._next_generation, params, seed, prompt_len, prefill_len, req.is_resumed)
-        self.generation[row] = self._next_generation
-        self._next_generation += 1
-        self.req_to_row[req.req_id] = row
-        self.num_tokens[row] = prefill_len
-        self.num_computed[row] = hit
-        self.num_blocks[row] = len(req.block_ids)
-        self.unconfirmed_drafts[row] = 0
-        self.prompt_len[row] = prompt_len
+        generation = self._next_generation
         num_logprobs = -1 if params.logprobs is None else params.logprobs
         prompt_logprobs = -1 if params.prompt_logprobs is None or req.is_resumed else params.prompt_logprobs
-        self.num_logprobs[row] = num_logprobs
-        self.prompt_logprobs[row] = prompt_logprobs
+        # The mirror's row, in `_admitted_columns` order: one C call when `impl.native` built it.
+        values = (prefill_len, hit, len(req.block_ids), 0, prompt_len, num_logprobs, prompt_logprobs, generation)
+        if _rows is None or _rows.admit_row(self._prefill_np, row, prefill, self._admitted_columns, values) is NotImplemented:
+            self._prefill_np[row, :prefill_len] = prefill
+            for column, value in zip(self._admitted_columns, values):
+                column[row] = value
+        self.row_state.stage(row, 0, [hit, prefill_len, prompt_len, prefill_len, prefill[-1]])
+        self.rows[row] = RowInfo(req.req_id, generation, params, seed, prompt_len, prefill_len, req.is_resumed)
+        self._next_generation += 1
+        self.req_to_row[req.req_id] = row
         self.num_logprob_rows += num_logprobs >= 0
         self.num_prompt_logprob_rows += prompt_logprobs >= 0
         return row
@@ -299,8 +302,8 @@ class RequestStateTable:
         """The block counts of ``rows`` (distinct; checked at the boundary to fit) before this step's appends --
         the columns the block table writes them at -- then moved past them.  One C call when `impl.native`
         built it (``append_counts``); this numpy is its reference."""
-        if _steady is not None:
-            starts = _steady.append_counts(self.num_blocks, rows, counts)
+        if _rows is not None:
+            starts = _rows.append_counts(self.num_blocks, rows, counts)
             if starts is not NotImplemented:
                 return starts
         starts = self.num_blocks[rows]
@@ -333,7 +336,7 @@ class RequestStateTable:
             self.unconfirmed_drafts[rows] += np.where(samples, k, 0)
             self.num_computed[rows] = end
         # end <= known (checked at the boundary): a request that reached the end samples one more.
-        elif _steady is None or _steady.advance_decode(rows, end, known, self.num_tokens, self.num_computed) is NotImplemented:
+        elif _rows is None or _rows.advance_decode(rows, end, known, self.num_tokens, self.num_computed) is NotImplemented:
             self.num_tokens[rows] = np.maximum(known, end + 1)
             self.num_computed[rows] = end
 

@@ -1,5 +1,5 @@
-/* What the C modules of `impl.native` share: the module-name macros, 1-D array views, the exact-int read, the
- * attribute read by interned name and the module definition.
+/* What the C modules of `impl.native` share: the module-name macros, 1-D array views, new int64 arrays, the
+ * exact-int read, the attribute read by interned name and the module definition.
  * Included by each module's source (the build hashes this header into every module's cache stamp). */
 #ifndef RUNNERCHECK_NATIVE_ARRAYS_H
 #define RUNNERCHECK_NATIVE_ARRAYS_H
@@ -48,6 +48,14 @@ static inline int int64_view(PyObject *obj, ArrayView *view)
 
 #define OUT64(view, i) (*(npy_int64 *)((view).data + (npy_intp)(i) * (view).stride))
 #define OUT32(view, i) (*(npy_int32 *)((view).data + (npy_intp)(i) * (view).stride))
+
+/* A new 1-D int64 array of ``n`` elements (uninitialised), and the data of an array known to be one. */
+static inline PyObject *new_int64(npy_intp n)
+{
+    return PyArray_SimpleNew(1, &n, NPY_INT64);
+}
+
+#define DATA64(array) ((npy_int64 *)PyArray_DATA((PyArrayObject *)(array)))
 
 enum { EXACT_INT = 1, EXACT_INT_TOO_BIG = 2 };
 

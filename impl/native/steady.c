@@ -1,4 +1,4 @@
-/* The decode step's host work in C (`impl.native`): each function is the twin of a Python
+/* The step's reading in C (`impl.native`): each function is the twin of a Python
  * method that stays the reference and the fallback, and each is called by that method's owner.
  *
  * read_steady   -- `impl.step_reader.read_steady_step` (its container and step-id checks, its "is this a
@@ -59,25 +59,12 @@
  *     of its parts declines or rejects (or reads a shift): `read_step` then runs its parts itself, and names
  *     any error.  Only reads (the blocks after the appends are a copy).
  *
- * advance_decode -- the no-draft branch of `impl.state.RequestStateTable.advance` (its owner's mirror):
- *     num_tokens[rows[i]] = max(known[i], ends[i] + 1); num_computed[rows[i]] = ends[i].
- *     advance_decode(rows, ends, known, num_tokens, num_computed) -> True, or NotImplemented (arrays
- *     of another kind or shape, a row out of range; nothing written).
- *
- * append_counts -- `impl.state.RequestStateTable.append_blocks` (its owner's block counts): the counts of ``rows``
- *     before this step's appends (where each row's new blocks go in the block table), then moved past them:
- *     starts[i] = num_blocks[rows[i]]; num_blocks[rows[i]] += counts[i].
- *     append_counts(num_blocks, rows, counts) -> starts (int64), or NotImplemented (arrays of another kind or
- *     shape, a row out of range or named twice; nothing written).
- *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts
  * with the mirror), -DRUNNERCHECK_PLANT_STALE_STEP_ID (a steady reader that accepts a step id not past the last),
- * -DRUNNERCHECK_PLANT_HINT_OFF_BY_ONE (a cached reader that takes the row after the hint's),
- * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0),
- * -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token) and
- * -DRUNNERCHECK_PLANT_STARTS_AFTER_APPEND (block appends placed after the counts they moved).
- * The staged writes' packing lives in staging.c.
+ * -DRUNNERCHECK_PLANT_HINT_OFF_BY_ONE (a cached reader that takes the row after the hint's) and
+ * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0).
+ * The staged writes' packing lives in staging.c, the request state table's writes in rows.c.
  */
 #include "arrays.h"
 
@@ -86,13 +73,6 @@ static int same_id(PyObject *a, PyObject *b)
 {
     return a == b || PyUnicode_Compare(a, b) == 0;
 }
-
-static PyObject *new_int64(npy_intp n)
-{
-    return PyArray_SimpleNew(1, &n, NPY_INT64);
-}
-
-#define DATA64(array) ((npy_int64 *)PyArray_DATA((PyArrayObject *)(array)))
 
 /* `impl.interface.blocks_per_request`: the most KV blocks one request can hold (both arguments positive). */
 static long long blocks_per_request(long long max_model_len, long long block_size)
@@ -760,83 +740,13 @@ done:
     return result;
 }
 
-static PyObject *advance_decode(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *rows_obj, *ends_obj, *known_obj, *tokens_obj, *computed_obj;
-    if (!PyArg_ParseTuple(args, "OOOOO", &rows_obj, &ends_obj, &known_obj, &tokens_obj, &computed_obj))
-        return NULL;
-    ArrayView rows, ends, known, num_tokens, num_computed;
-    if (!int64_view(rows_obj, &rows) || !int64_view(ends_obj, &ends) || !int64_view(known_obj, &known)
-        || !array_view(tokens_obj, NPY_INT64, 1, &num_tokens) || !array_view(computed_obj, NPY_INT64, 1, &num_computed))
-        Py_RETURN_NOTIMPLEMENTED;
-    const npy_intp n = rows.len, num_rows = num_tokens.len;
-    if (ends.len != n || known.len != n || num_computed.len != num_rows)
-        Py_RETURN_NOTIMPLEMENTED;
-    for (npy_intp i = 0; i < n; i++)
-        if (AT(rows, i) < 0 || AT(rows, i) >= num_rows)
-            Py_RETURN_NOTIMPLEMENTED;
-    for (npy_intp i = 0; i < n; i++) {
-        npy_int64 row = AT(rows, i), end = AT(ends, i), have = AT(known, i);
-#ifdef RUNNERCHECK_PLANT_NO_SAMPLE
-        npy_int64 after = end;
-#else
-        npy_int64 after = end + 1;  /* a request that reached the end of what is known samples one more */
-#endif
-        OUT64(num_tokens, row) = have > after ? have : after;
-        OUT64(num_computed, row) = end;
-    }
-    Py_RETURN_TRUE;
-}
-
-static PyObject *append_counts(PyObject *self, PyObject *args)
-{
-    (void)self;
-    PyObject *blocks_obj, *rows_obj, *counts_obj;
-    if (!PyArg_ParseTuple(args, "OOO", &blocks_obj, &rows_obj, &counts_obj))
-        return NULL;
-    ArrayView num_blocks, rows, counts;
-    if (!array_view(blocks_obj, NPY_INT64, 1, &num_blocks) || !int64_view(rows_obj, &rows) || !int64_view(counts_obj, &counts))
-        Py_RETURN_NOTIMPLEMENTED;
-    const npy_intp n = rows.len;
-    if (counts.len != n)
-        Py_RETURN_NOTIMPLEMENTED;
-    /* Distinct rows in range: a row named twice would read a count this call already moved. */
-    unsigned char *seen = PyMem_Calloc((size_t)num_blocks.len + 1, 1);
-    if (!seen)
-        return PyErr_NoMemory();
-    for (npy_intp i = 0; i < n; i++) {
-        npy_int64 row = AT(rows, i);
-        if (row < 0 || row >= num_blocks.len || seen[row]) {
-            PyMem_Free(seen);
-            Py_RETURN_NOTIMPLEMENTED;
-        }
-        seen[row] = 1;
-    }
-    PyMem_Free(seen);
-    PyObject *starts = new_int64(n);
-    if (!starts)
-        return NULL;
-    for (npy_intp i = 0; i < n; i++) {
-        npy_int64 row = AT(rows, i), before = AT(num_blocks, row);
-        OUT64(num_blocks, row) = before + AT(counts, i);
-#ifdef RUNNERCHECK_PLANT_STARTS_AFTER_APPEND
-        before += AT(counts, i);
-#endif
-        DATA64(starts)[i] = before;
-    }
-    return starts;
-}
-
 static PyMethodDef methods[] = {
     {"read_steady", read_steady, METH_VARARGS, "The steady decode step's reader (see the module's source header)."},
     {"read_cached", read_cached, METH_VARARGS, "The cached requests of a general step (see the module's source header)."},
     {"read_scheduled", read_scheduled, METH_VARARGS, "A general step's batch: ids, query lengths, rows and their mirror."},
     {"check_batch", check_batch, METH_VARARGS, "A general step's per-request count rules, and its token total."},
     {"read_general", read_general, METH_VARARGS, "A general step without drafts: read_cached, read_scheduled, the new requests, check_batch."},
-    {"advance_decode", advance_decode, METH_VARARGS, "The mirror's advance past a decode step without drafts."},
-    {"append_counts", append_counts, METH_VARARGS, "The block counts of rows before their appends, moved past them."},
     {NULL, NULL, 0, NULL},
 };
 
-RUNNERCHECK_MODULE("The steady decode step's host work, in C.")
+RUNNERCHECK_MODULE("The step's reading, in C.")

@@ -1,4 +1,4 @@
-"""The steady step's C twins (`impl/native/steady.c`) against their Python references, and their loader.
+"""The step reader's C twins (`impl/native/steady.c`) against their Python references, and their loader.
 
 The steady reader:
 
@@ -18,9 +18,8 @@ cached requests (ids unknown, repeated or leaving, counts inside or outside the 
 scheduled counts and batches (counts past each bound, one that wraps a 64-bit sum); the planted build
 that trusts the mirror is caught by the cached block's comparison too.
 
-The mirror's advance: on generated batches the C function writes exactly what the numpy code of its
-owner (`RequestStateTable.advance`) writes; a build that forgets the sampled token is caught.  (The
-staged writes' packing, `impl/native/staging.c`, is tested in test_native_staging.py.)
+(The staged writes' packing, `impl/native/staging.c`, is tested in test_native_staging.py; the request state
+table's writes, `impl/native/rows.c`, in test_native_rows.py.)
 """
 from __future__ import annotations
 
@@ -38,8 +37,6 @@ import impl.native as native
 import impl.staged_writes as staged_writes
 import impl.state as state_module
 import impl.step_reader as step_reader
-from impl.device import Device
-from impl.state import RequestStateTable
 from impl.interface import (CachedRequests, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput,
                             SchedulerOutputError, StepIdError)
 from impl.step_reader import StepArrays, _read_steady, read_steady_native
@@ -495,122 +492,6 @@ def test_a_count_that_wraps_the_total_is_rejected_by_both_checks():
     assert step_reader._check_batch(lens, starts, starts + 20, np.full(2, MAX_BLOCKS, np.int64), None, LIMITS) is None
 
 
-# --------------------------------------------------------------------------- the mirror's advance
-
-NUM_ROWS = 8
-
-
-def _advanced(c_module, rows: np.ndarray, ends: np.ndarray, known: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(num_tokens, num_computed) after `RequestStateTable.advance` of a planned decode batch, with ``c_module``
-    as its C twin (None: numpy)."""
-    table = SimpleNamespace(num_tokens=np.arange(NUM_ROWS, dtype=np.int64) * 3, num_computed=np.arange(NUM_ROWS, dtype=np.int64),
-                            unconfirmed_drafts=np.zeros(NUM_ROWS, np.int64), req_to_row={})
-    req_ids = tuple(f"r{r}" for r in rows)
-    table._planned = (req_ids, rows, ends, known)
-    saved = state_module._steady
-    state_module._steady = c_module
-    try:
-        RequestStateTable.advance(table, req_ids, None, None)
-    finally:
-        state_module._steady = saved
-    return table.num_tokens, table.num_computed
-
-
-@st.composite
-def decode_batches(draw):
-    n = draw(st.integers(0, NUM_ROWS))
-    rows = np.array(draw(st.permutations(range(NUM_ROWS)))[:n], np.int64)
-    ends = np.array([draw(st.integers(1, 100)) for _ in range(n)], np.int64)
-    known = ends + np.array([draw(st.integers(-1, 3)) for _ in range(n)], np.int64)  # at, past or behind the end
-    return rows, ends, known
-
-
-def assert_advances_agree(c_module, rows, ends, known) -> None:
-    got, want = _advanced(c_module, rows, ends, known), _advanced(None, rows, ends, known)
-    assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"C advance: {got}\nnumpy advance: {want}"
-
-
-@needs_native
-@settings(max_examples=200, deadline=None)
-@given(decode_batches())
-def test_c_advance_writes_what_numpy_writes(batch):
-    assert_advances_agree(reader, *batch)
-
-
-@needs_native
-def test_c_advance_declines_what_it_cannot_read():
-    rows = np.array([1, 2], np.int64)
-    assert reader.advance_decode(rows.astype(np.int32), rows, rows, np.zeros(4, np.int64), np.zeros(4, np.int64)) is NotImplemented
-    frozen = np.zeros(4, np.int64)
-    frozen.flags.writeable = False
-    assert reader.advance_decode(rows, rows, rows, frozen, np.zeros(4, np.int64)) is NotImplemented
-    out_of_range = np.zeros(2, np.int64)
-    assert reader.advance_decode(np.array([1, 9], np.int64), rows, rows, out_of_range, out_of_range) is NotImplemented
-    assert not out_of_range.any()  # declined before writing
-
-
-def test_planted_bug_c_advance_forgetting_the_sampled_token_is_caught():
-    forgetting = _planted("RUNNERCHECK_PLANT_NO_SAMPLE")
-    at_the_end = (np.array([3], np.int64), np.array([10], np.int64), np.array([10], np.int64))
-    with pytest.raises(AssertionError, match="C advance"):
-        assert_advances_agree(forgetting, *at_the_end)
-
-
-@st.composite
-def block_appends(draw):
-    """Block counts of every row and this step's appends: distinct rows, a few blocks each."""
-    counts = np.array(draw(st.lists(st.integers(0, 40), min_size=NUM_ROWS, max_size=NUM_ROWS)), np.int64)
-    n = draw(st.integers(0, NUM_ROWS))
-    rows = np.array(draw(st.permutations(range(NUM_ROWS)))[:n], np.int64)
-    appended = np.array([draw(st.integers(1, 3)) for _ in range(n)], np.int64)
-    return counts, rows, appended
-
-
-def _appended(c_module, counts: np.ndarray, rows: np.ndarray, appended: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(starts, counts after) by ``c_module``'s ``append_counts`` (None: `RequestStateTable.append_blocks`'s numpy)."""
-    table = RequestStateTable(Device("cpu"), max_num_reqs=len(counts), max_model_len=64)
-    table.num_blocks[:] = counts
-    if c_module is None:
-        saved, state_module._steady = state_module._steady, None
-        try:
-            starts = table.append_blocks(rows, appended)
-        finally:
-            state_module._steady = saved
-    else:
-        starts = c_module.append_counts(table.num_blocks, rows, appended)
-    return starts, table.num_blocks
-
-
-def assert_appends_agree(c_module, counts, rows, appended) -> None:
-    got, want = _appended(c_module, counts, rows, appended), _appended(None, counts, rows, appended)
-    assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"C append_counts: {got}\nnumpy: {want}"
-
-
-@needs_native
-@settings(max_examples=200, deadline=None)
-@given(block_appends())
-def test_c_block_appends_place_and_count_what_numpy_does(appends):
-    assert_appends_agree(reader, *appends)
-
-
-@needs_native
-def test_c_block_appends_decline_what_they_cannot_take():
-    counts = np.array([1, 2, 3], np.int64)
-    for rows in (np.array([0, 0], np.int64), np.array([3], np.int64), np.array([-1], np.int64), np.array([1], np.int32)):
-        assert reader.append_counts(counts, rows, np.ones(len(rows), np.int64)) is NotImplemented, rows
-    frozen = counts.copy()
-    frozen.flags.writeable = False
-    assert reader.append_counts(frozen, np.array([1], np.int64), np.ones(1, np.int64)) is NotImplemented
-    assert counts.tolist() == [1, 2, 3]  # declined before writing
-
-
-def test_planted_bug_c_appends_placed_after_their_own_blocks_are_caught():
-    planted = _planted("RUNNERCHECK_PLANT_STARTS_AFTER_APPEND")
-    one_append = (np.array([4, 0, 7], np.int64), np.array([2], np.int64), np.array([1], np.int64))
-    with pytest.raises(AssertionError, match="C append_counts"):
-        assert_appends_agree(planted, *one_append)
-
-
 # --------------------------------------------------------------------------- the loader
 
 @pytest.fixture
@@ -731,14 +612,14 @@ def test_a_decode_run_takes_the_c_path(monkeypatch):
     call site that stopped calling it, would leave the numpy path silently doing the work)."""
     import test_steady_step
 
-    counting = _Counting(reader)
+    counting, writing = _Counting(reader), _Counting(native.load("rows"))
     monkeypatch.setattr(step_reader, "_native_reader", counting)
-    monkeypatch.setattr(state_module, "_steady", counting)
+    monkeypatch.setattr(state_module, "_rows", writing)
     monkeypatch.setattr(staged_writes, "_staging", packing := _Counting(native.load("staging")))
     test_steady_step.test_steady_reader_agrees_with_the_full_reader_on_a_decode_run()
     # The run's steady steps (>= 8 there) are read twice each: by the test and by the runner.
     assert counting.done.get("read_steady", 0) >= 16, counting.done
-    assert counting.done.get("advance_decode", 0) >= 8, counting.done
+    assert writing.done.get("advance_decode", 0) >= 8, writing.done
     assert packing.done.get("pack_ragged", 0) >= 2, packing.done
 
 
@@ -747,9 +628,11 @@ def test_a_run_that_admits_reads_its_general_steps_in_c(monkeypatch):
     """The general reader's cached block and batch are read in C (admissions, finishes, drafts)."""
     from test_bad_inputs import NUM_STEPS
 
-    counting = _Counting(reader)
+    counting, writing = _Counting(reader), _Counting(native.load("rows"))
     monkeypatch.setattr(step_reader, "_native_reader", counting)
-    _, steady = admitting_run()
+    monkeypatch.setattr(state_module, "_rows", writing)
+    admitted, steady = admitting_run()
+    assert writing.done.get("admit_row", 0) == admitted, writing.done  # every admission's mirror row written in C
     general = NUM_STEPS - steady
     # read_general reads the steps without drafts in one call (its parts inside); the others call the parts.
     done = counting.done.get

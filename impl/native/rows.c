@@ -1,0 +1,150 @@
+/* The request state table's writes in C (`impl.native`): each function is the twin of a Python method of
+ * `impl.state.RequestStateTable` that stays the reference and the fallback, and is called by it.  Each writes
+ * only the arrays it is handed, and on any argument it does not take (another type, dtype or shape, a row out
+ * of range, a value outside its rule) returns `NotImplemented` before writing anything.
+ *
+ * advance_decode -- the no-draft branch of `impl.state.RequestStateTable.advance` (its owner's mirror):
+ *     num_tokens[rows[i]] = max(known[i], ends[i] + 1); num_computed[rows[i]] = ends[i].
+ *     advance_decode(rows, ends, known, num_tokens, num_computed) -> True, or NotImplemented (arrays
+ *     of another kind or shape, a row out of range; nothing written).
+ *
+ * append_counts -- `impl.state.RequestStateTable.append_blocks` (its owner's block counts): the counts of ``rows``
+ *     before this step's appends (where each row's new blocks go in the block table), then moved past them:
+ *     starts[i] = num_blocks[rows[i]]; num_blocks[rows[i]] += counts[i].
+ *     append_counts(num_blocks, rows, counts) -> starts (int64), or NotImplemented (arrays of another kind or
+ *     shape, a row out of range or named twice; nothing written).
+ *
+ * admit_row -- `impl.state.RequestStateTable.admit`'s mirror writes for the admitted row: its prefill tokens into
+ *     the row of the pinned token table, then one value into each of the per-row columns.
+ *     admit_row(prefill, row, tokens, columns, values) -> True, or NotImplemented.  ``prefill`` a C-contiguous,
+ *     writeable 2-D int32 array; ``tokens`` an exact tuple or list of exact ints within int32, at most a row of
+ *     them; ``columns`` a tuple of writeable 1-D int64 arrays, each with a row ``row``; ``values`` a tuple of exact
+ *     ints within int64, one per column.
+ *
+ * Built at run time by `impl.native`; the planted-bug tests build variants with
+ * -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token),
+ * -DRUNNERCHECK_PLANT_STARTS_AFTER_APPEND (block appends placed after the counts they moved) and
+ * -DRUNNERCHECK_PLANT_PREFILL_SHIFTED (an admission whose prefill tokens land one column late).
+ */
+#include "arrays.h"
+
+static PyObject *advance_decode(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *rows_obj, *ends_obj, *known_obj, *tokens_obj, *computed_obj;
+    if (!PyArg_ParseTuple(args, "OOOOO", &rows_obj, &ends_obj, &known_obj, &tokens_obj, &computed_obj))
+        return NULL;
+    ArrayView rows, ends, known, num_tokens, num_computed;
+    if (!int64_view(rows_obj, &rows) || !int64_view(ends_obj, &ends) || !int64_view(known_obj, &known)
+        || !array_view(tokens_obj, NPY_INT64, 1, &num_tokens) || !array_view(computed_obj, NPY_INT64, 1, &num_computed))
+        Py_RETURN_NOTIMPLEMENTED;
+    const npy_intp n = rows.len, num_rows = num_tokens.len;
+    if (ends.len != n || known.len != n || num_computed.len != num_rows)
+        Py_RETURN_NOTIMPLEMENTED;
+    for (npy_intp i = 0; i < n; i++)
+        if (AT(rows, i) < 0 || AT(rows, i) >= num_rows)
+            Py_RETURN_NOTIMPLEMENTED;
+    for (npy_intp i = 0; i < n; i++) {
+        npy_int64 row = AT(rows, i), end = AT(ends, i), have = AT(known, i);
+#ifdef RUNNERCHECK_PLANT_NO_SAMPLE
+        npy_int64 after = end;
+#else
+        npy_int64 after = end + 1;  /* a request that reached the end of what is known samples one more */
+#endif
+        OUT64(num_tokens, row) = have > after ? have : after;
+        OUT64(num_computed, row) = end;
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *append_counts(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *blocks_obj, *rows_obj, *counts_obj;
+    if (!PyArg_ParseTuple(args, "OOO", &blocks_obj, &rows_obj, &counts_obj))
+        return NULL;
+    ArrayView num_blocks, rows, counts;
+    if (!array_view(blocks_obj, NPY_INT64, 1, &num_blocks) || !int64_view(rows_obj, &rows) || !int64_view(counts_obj, &counts))
+        Py_RETURN_NOTIMPLEMENTED;
+    const npy_intp n = rows.len;
+    if (counts.len != n)
+        Py_RETURN_NOTIMPLEMENTED;
+    /* Distinct rows in range: a row named twice would read a count this call already moved. */
+    unsigned char *seen = PyMem_Calloc((size_t)num_blocks.len + 1, 1);
+    if (!seen)
+        return PyErr_NoMemory();
+    for (npy_intp i = 0; i < n; i++) {
+        npy_int64 row = AT(rows, i);
+        if (row < 0 || row >= num_blocks.len || seen[row]) {
+            PyMem_Free(seen);
+            Py_RETURN_NOTIMPLEMENTED;
+        }
+        seen[row] = 1;
+    }
+    PyMem_Free(seen);
+    PyObject *starts = new_int64(n);
+    if (!starts)
+        return NULL;
+    for (npy_intp i = 0; i < n; i++) {
+        npy_int64 row = AT(rows, i), before = AT(num_blocks, row);
+        OUT64(num_blocks, row) = before + AT(counts, i);
+#ifdef RUNNERCHECK_PLANT_STARTS_AFTER_APPEND
+        before += AT(counts, i);
+#endif
+        DATA64(starts)[i] = before;
+    }
+    return starts;
+}
+
+static PyObject *admit_row(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *prefill_obj, *tokens, *columns, *values;
+    Py_ssize_t row;
+    if (!PyArg_ParseTuple(args, "OnOO!O!", &prefill_obj, &row, &tokens, &PyTuple_Type, &columns, &PyTuple_Type, &values))
+        return NULL;
+    if (!PyArray_Check(prefill_obj) || (!PyTuple_CheckExact(tokens) && !PyList_CheckExact(tokens)))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyArrayObject *prefill = (PyArrayObject *)prefill_obj;
+    if (PyArray_NDIM(prefill) != 2 || PyArray_TYPE(prefill) != NPY_INT32 || !PyArray_IS_C_CONTIGUOUS(prefill)
+        || !PyArray_ISWRITEABLE(prefill) || !PyArray_ISNOTSWAPPED(prefill) || row < 0 || row >= PyArray_DIM(prefill, 0))
+        Py_RETURN_NOTIMPLEMENTED;
+    const Py_ssize_t n = Py_SIZE(tokens), num_columns = PyTuple_GET_SIZE(columns);
+    if (n > PyArray_DIM(prefill, 1) || PyTuple_GET_SIZE(values) != num_columns)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject **items = PySequence_Fast_ITEMS(tokens);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long token;
+        if (exact_int(items[i], &token) != EXACT_INT || token < NPY_MIN_INT32 || token > NPY_MAX_INT32)
+            Py_RETURN_NOTIMPLEMENTED;
+    }
+    for (Py_ssize_t c = 0; c < num_columns; c++) {
+        ArrayView column;
+        long long value;
+        if (!array_view(PyTuple_GET_ITEM(columns, c), NPY_INT64, 1, &column) || row >= column.len
+            || exact_int(PyTuple_GET_ITEM(values, c), &value) != EXACT_INT)
+            Py_RETURN_NOTIMPLEMENTED;
+    }
+    npy_int32 *out = (npy_int32 *)PyArray_GETPTR2(prefill, row, 0);
+#ifdef RUNNERCHECK_PLANT_PREFILL_SHIFTED
+    if (n < PyArray_DIM(prefill, 1))
+        out++;
+#endif
+    for (Py_ssize_t i = 0; i < n; i++)
+        out[i] = (npy_int32)PyLong_AsLongLong(items[i]);
+    for (Py_ssize_t c = 0; c < num_columns; c++) {
+        ArrayView column;
+        array_view(PyTuple_GET_ITEM(columns, c), NPY_INT64, 1, &column);
+        OUT64(column, row) = PyLong_AsLongLong(PyTuple_GET_ITEM(values, c));
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyMethodDef methods[] = {
+    {"advance_decode", advance_decode, METH_VARARGS, "The mirror's advance past a decode step without drafts."},
+    {"append_counts", append_counts, METH_VARARGS, "The block counts of rows before their appends, moved past them."},
+    {"admit_row", admit_row, METH_VARARGS, "An admitted row's prefill tokens and per-row mirror values."},
+    {NULL, NULL, 0, NULL},
+};
+
+RUNNERCHECK_MODULE("The request state table's writes, in C.")

@@ -1,0 +1,209 @@
+"""The request state table's writes in C (`impl/native/rows.c`) against their numpy references.
+
+On generated batches each C function leaves the table's arrays exactly as its reference
+(`RequestStateTable.advance`'s no-draft update, `append_blocks`, `admit`'s mirror writes) leaves them,
+declines what it does not take (another dtype, a frozen array, a row out of range or named twice, a
+token outside int32) with NotImplemented before writing anything, and builds with planted bugs (an
+advance that forgets the sampled token, appends placed after their own blocks, prefill tokens one
+column late) are caught by the same comparisons.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import impl.native as native
+import impl.state as state_module
+from impl.device import Device
+from impl.interface import NewRequest, SamplingParams
+from impl.state import RequestStateTable
+from test_native import _planted
+
+rows_module = native.load("rows")
+needs_native = pytest.mark.skipif(rows_module is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
+
+# --------------------------------------------------------------------------- the mirror's advance
+
+NUM_ROWS = 8
+
+
+def _advanced(c_module, rows: np.ndarray, ends: np.ndarray, known: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(num_tokens, num_computed) after `RequestStateTable.advance` of a planned decode batch, with ``c_module``
+    as its C twin (None: numpy)."""
+    table = SimpleNamespace(num_tokens=np.arange(NUM_ROWS, dtype=np.int64) * 3, num_computed=np.arange(NUM_ROWS, dtype=np.int64),
+                            unconfirmed_drafts=np.zeros(NUM_ROWS, np.int64), req_to_row={})
+    req_ids = tuple(f"r{r}" for r in rows)
+    table._planned = (req_ids, rows, ends, known)
+    saved = state_module._rows
+    state_module._rows = c_module
+    try:
+        RequestStateTable.advance(table, req_ids, None, None)
+    finally:
+        state_module._rows = saved
+    return table.num_tokens, table.num_computed
+
+
+@st.composite
+def decode_batches(draw):
+    n = draw(st.integers(0, NUM_ROWS))
+    rows = np.array(draw(st.permutations(range(NUM_ROWS)))[:n], np.int64)
+    ends = np.array([draw(st.integers(1, 100)) for _ in range(n)], np.int64)
+    known = ends + np.array([draw(st.integers(-1, 3)) for _ in range(n)], np.int64)  # at, past or behind the end
+    return rows, ends, known
+
+
+def assert_advances_agree(c_module, rows, ends, known) -> None:
+    got, want = _advanced(c_module, rows, ends, known), _advanced(None, rows, ends, known)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"C advance: {got}\nnumpy advance: {want}"
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(decode_batches())
+def test_c_advance_writes_what_numpy_writes(batch):
+    assert_advances_agree(rows_module, *batch)
+
+
+@needs_native
+def test_c_advance_declines_what_it_cannot_read():
+    rows = np.array([1, 2], np.int64)
+    assert rows_module.advance_decode(rows.astype(np.int32), rows, rows, np.zeros(4, np.int64), np.zeros(4, np.int64)) is NotImplemented
+    frozen = np.zeros(4, np.int64)
+    frozen.flags.writeable = False
+    assert rows_module.advance_decode(rows, rows, rows, frozen, np.zeros(4, np.int64)) is NotImplemented
+    out_of_range = np.zeros(2, np.int64)
+    assert rows_module.advance_decode(np.array([1, 9], np.int64), rows, rows, out_of_range, out_of_range) is NotImplemented
+    assert not out_of_range.any()  # declined before writing
+
+
+def test_planted_bug_c_advance_forgetting_the_sampled_token_is_caught():
+    forgetting = _planted("RUNNERCHECK_PLANT_NO_SAMPLE", "rows")
+    at_the_end = (np.array([3], np.int64), np.array([10], np.int64), np.array([10], np.int64))
+    with pytest.raises(AssertionError, match="C advance"):
+        assert_advances_agree(forgetting, *at_the_end)
+
+
+@st.composite
+def block_appends(draw):
+    """Block counts of every row and this step's appends: distinct rows, a few blocks each."""
+    counts = np.array(draw(st.lists(st.integers(0, 40), min_size=NUM_ROWS, max_size=NUM_ROWS)), np.int64)
+    n = draw(st.integers(0, NUM_ROWS))
+    rows = np.array(draw(st.permutations(range(NUM_ROWS)))[:n], np.int64)
+    appended = np.array([draw(st.integers(1, 3)) for _ in range(n)], np.int64)
+    return counts, rows, appended
+
+
+def _appended(c_module, counts: np.ndarray, rows: np.ndarray, appended: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, counts after) by ``c_module``'s ``append_counts`` (None: `RequestStateTable.append_blocks`'s numpy)."""
+    table = RequestStateTable(Device("cpu"), max_num_reqs=len(counts), max_model_len=64)
+    table.num_blocks[:] = counts
+    if c_module is None:
+        saved, state_module._rows = state_module._rows, None
+        try:
+            starts = table.append_blocks(rows, appended)
+        finally:
+            state_module._rows = saved
+    else:
+        starts = c_module.append_counts(table.num_blocks, rows, appended)
+    return starts, table.num_blocks
+
+
+def assert_appends_agree(c_module, counts, rows, appended) -> None:
+    got, want = _appended(c_module, counts, rows, appended), _appended(None, counts, rows, appended)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"C append_counts: {got}\nnumpy: {want}"
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(block_appends())
+def test_c_block_appends_place_and_count_what_numpy_does(appends):
+    assert_appends_agree(rows_module, *appends)
+
+
+@needs_native
+def test_c_block_appends_decline_what_they_cannot_take():
+    counts = np.array([1, 2, 3], np.int64)
+    for rows in (np.array([0, 0], np.int64), np.array([3], np.int64), np.array([-1], np.int64), np.array([1], np.int32)):
+        assert rows_module.append_counts(counts, rows, np.ones(len(rows), np.int64)) is NotImplemented, rows
+    frozen = counts.copy()
+    frozen.flags.writeable = False
+    assert rows_module.append_counts(frozen, np.array([1], np.int64), np.ones(1, np.int64)) is NotImplemented
+    assert counts.tolist() == [1, 2, 3]  # declined before writing
+
+
+def test_planted_bug_c_appends_placed_after_their_own_blocks_are_caught():
+    planted = _planted("RUNNERCHECK_PLANT_STARTS_AFTER_APPEND", "rows")
+    one_append = (np.array([4, 0, 7], np.int64), np.array([2], np.int64), np.array([1], np.int64))
+    with pytest.raises(AssertionError, match="C append_counts"):
+        assert_appends_agree(planted, *one_append)
+
+
+# --------------------------------------------------------------------------- an admission's row
+
+MODEL_LEN = 16
+
+
+@st.composite
+def admissions(draw):
+    """A request admitted into a table with one live request already: its prompt, outputs, blocks and parameters."""
+    prompt = tuple(draw(st.lists(st.integers(0, 99), min_size=1, max_size=MODEL_LEN // 2)))
+    outputs = tuple(draw(st.lists(st.integers(0, 99), max_size=MODEL_LEN - len(prompt))))
+    params = SamplingParams(logprobs=draw(st.one_of(st.none(), st.integers(0, 5))),
+                            prompt_logprobs=draw(st.one_of(st.none(), st.integers(0, 5))))
+    blocks = tuple(range(draw(st.integers(1, 4))))
+    hit = draw(st.integers(0, len(prompt) - 1))
+    return NewRequest("new", prompt, params, blocks, num_computed_tokens=hit, output_token_ids=outputs)
+
+
+def _admitted(c_module, req: NewRequest) -> list[np.ndarray]:
+    """Every array `RequestStateTable.admit` writes, after admitting ``req`` next to a live request, with
+    ``c_module`` as the C twin of its mirror writes (None: numpy)."""
+    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=MODEL_LEN)
+    saved, state_module._rows = state_module._rows, c_module
+    try:
+        table.admit(NewRequest("old", (5, 6, 7), SamplingParams(), (9,)), seed=1)
+        table.admit(req, seed=2)
+    finally:
+        state_module._rows = saved
+    return [table.prefill_tokens.numpy().copy(), *(column.copy() for column in table._admitted_columns)]
+
+
+def assert_admissions_agree(c_module, req: NewRequest) -> None:
+    got, want = _admitted(c_module, req), _admitted(None, req)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"C admit_row: {got}\nnumpy: {want}"
+
+
+@needs_native
+@settings(max_examples=100, deadline=None)
+@given(admissions())
+def test_c_admission_writes_the_row_numpy_writes(req):
+    assert_admissions_agree(rows_module, req)
+
+
+@needs_native
+def test_c_admission_declines_what_it_cannot_take():
+    prefill = np.zeros((2, 4), np.int32)
+    column = np.zeros(2, np.int64)
+    frozen = column.copy()
+    frozen.flags.writeable = False
+    for args in ((prefill, 2, [1], (column,), (1,)),  # a row past the table
+                 (prefill, 0, [1] * 5, (column,), (1,)),  # more tokens than a row holds
+                 (prefill, 0, [1 << 40], (column,), (1,)),  # a token outside int32
+                 (prefill, 0, [True], (column,), (1,)),  # not an exact int
+                 (prefill, 0, (1,), (frozen,), (1,)),
+                 (prefill, 0, (1,), (column,), (1.0,)),
+                 (prefill.astype(np.int64), 0, (1,), (column,), (1,)),
+                 (prefill[:, ::2], 0, (1,), (column,), (1,)),  # not C-contiguous
+                 (prefill, 0, (1,), (column, column), (1,))):  # a value missing
+        assert rows_module.admit_row(*args) is NotImplemented, args
+    assert not prefill.any() and not column.any()  # declined before writing
+
+
+def test_planted_bug_c_admission_writing_the_prefill_one_column_late_is_caught():
+    planted = _planted("RUNNERCHECK_PLANT_PREFILL_SHIFTED", "rows")
+    with pytest.raises(AssertionError, match="C admit_row"):
+        assert_admissions_agree(planted, NewRequest("new", (3, 4), SamplingParams(), (0,)))
