@@ -155,6 +155,17 @@ class StagingSlot:
         first = start // 4
         return self.host_words[first : first + n], first
 
+    def free_words(self) -> tuple[np.ndarray, int]:
+        """The words a `reserve_words` would hand out next, all of them up to the slot's end: (host view, first
+        word index), to be written.  Reserves nothing (a caller that filled a prefix reserves exactly it next, at
+        the same index), but drops a `kept` note over them, as a reservation would."""
+        if self.state is not SlotState.WRITING:
+            raise StagingLifetimeError("free_words of a staging slot that is not being written", slot=self.index, step=self.step, state=self.state)
+        start = -(-self.used_bytes // _ALIGN) * _ALIGN
+        if start < self.kept_bytes:
+            self.kept, self.kept_bytes = None, 0
+        return self.host_words[start // 4:], start // 4
+
     def fits(self, n: int, dtype: torch.dtype) -> bool:
         itemsize = dtype.itemsize
         start = -(-self.used_bytes // _ALIGN) * _ALIGN
@@ -344,6 +355,16 @@ class StagingWriter:
             self.num_slots_used += 1
             got = slot.reserve_words(n)  # raises when n words exceed a whole slot
         return got[0], slot, got[1]
+
+    def free_words(self) -> tuple[np.ndarray, StagingSlot, int] | None:
+        """The current slot's unreserved words (`StagingSlot.free_words`: host view, the slot, first word index), or
+        None before the writer holds a slot.  A caller that fills a prefix of them then reserves exactly that prefix
+        (`reserve_words`), which hands out those words."""
+        slot = self.slot
+        if slot is None:
+            return None
+        host, first = slot.free_words()
+        return host, slot, first
 
     @hot_path
     def alloc(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

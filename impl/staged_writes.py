@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from impl import native
-from impl.buffers import StagingSlot, StagingWriter
+from impl.buffers import StagingLifetimeError, StagingSlot, StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.kernels.launch import launch
@@ -219,13 +219,18 @@ class StagedWriteGroup:
         need more than one slot."""
         members = [(t.word_offset, t.num_cols, _CELL_CODES[t.dtype], t._merged_diffs(), t._ragged) for t in dirty]
         admissions = (records, self._admissions[1]) if records else None
-        size = _staging.pack_members(None, members, self._cell_tables, admissions)
+        # Packed straight into the current slot's free words when they hold the table (one C call), else sized.
+        free = writer.free_words()
+        size = _staging.pack_members(None if free is None else free[0], members, self._cell_tables, admissions)
         if size is NotImplemented or not size[0] or _META_WORDS * size[0] + size[1] > limit:
             return False
         n, total = size[0], _META_WORDS * size[0] + size[1]
         self.seal()
         host, slot, start = writer.reserve_words(total)
-        _staging.pack_members(host, members, self._cell_tables, admissions)
+        if not size[2]:
+            _staging.pack_members(host, members, self._cell_tables, admissions)
+        elif slot is not free[1] or start != free[2]:  # nothing else reserves between the two calls
+            raise StagingLifetimeError("a diff table packed into free words that another allocation took", step=writer.step)
         if records:
             records.clear()
         self._dirty = []

@@ -14,8 +14,10 @@
  *     sources counting up through the lengths, then the values, in the reference's order -- first every
  *     member's array row diffs and ragged sets in member order, then the list row diffs grouped by element type (the types in
  *     the order their first member with diffs has them, each type's members in order), then the cells.
- *     pack_members(None, members, cell_tables) -> (diffs, value words) | NotImplemented, the size to reserve;
- *     pack_members(words, members, cell_tables) -> True | NotImplemented.  A member is (word offset, columns,
+ *     pack_members(words | None, members, cell_tables) -> (diffs, value words, written) | NotImplemented: the
+ *     table's size (3 * diffs + value words), and whether it was written at the start of ``words`` (a 1-D int32
+ *     array at least that long; the words after it are not touched); None or a shorter array: nothing written,
+ *     the size to reserve.  A member is (word offset, columns,
  *     element code, merged diffs, ragged sets): diffs (row, start, values) with values an exact list of numbers
  *     (converted as a cell is) or a 1-D array of the member's own dtype; ragged sets (rows, starts, lengths,
  *     values), int64 arrays, of an int32 member only.  ``cell_tables`` a tuple of (dict, element code) pairs --
@@ -391,17 +393,17 @@ static PyObject *pack_members(PyObject *self, PyObject *args)
     npy_intp num_cells, cell_value_words;
     if (!cell_tables_size(tables, &num_cells, &cell_value_words))
         Py_RETURN_NOTIMPLEMENTED;
+    ArrayView words;
+    if (words_obj != Py_None && !array_view(words_obj, NPY_INT32, 1, &words))
+        Py_RETURN_NOTIMPLEMENTED;
     Packer measure = {NULL, 0, 0, 0};
     if (!walk_members(&measure, members, count, tables, records, &layout, 0))
         Py_RETURN_NOTIMPLEMENTED;
-    if (words_obj == Py_None)
-        return Py_BuildValue("(nn)", measure.diffs, measure.value_words);
-    ArrayView words;
-    if (!array_view(words_obj, NPY_INT32, 1, &words) || words.len != 3 * measure.diffs + measure.value_words)
-        Py_RETURN_NOTIMPLEMENTED;
+    if (words_obj == Py_None || words.len < 3 * measure.diffs + measure.value_words)
+        return Py_BuildValue("(nnO)", measure.diffs, measure.value_words, Py_False);
     Packer pack = {&words, 0, 0, 0};
     walk_members(&pack, members, count, tables, records, &layout, 3 * measure.diffs);  /* the measuring walk accepted them */
-    Py_RETURN_TRUE;
+    return Py_BuildValue("(nnO)", measure.diffs, measure.value_words, Py_True);
 }
 
 static PyObject *prompt_bitmask(PyObject *self, PyObject *args)

@@ -276,6 +276,26 @@ def test_first_slot_reserves_a_fixed_layout_and_diffs_follow_it():
         StagingWriter(pool, 1).first_slot(512)
 
 
+def test_free_words_are_the_words_the_next_reservation_hands_out():
+    """A flush may fill the current slot's free words before it knows its size (`StagedWriteGroup._pack_members`):
+    the reservation of that prefix hands out those same words, and a kept note over them is dropped at once."""
+    dev = Device("cpu")
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=256)
+    writer = StagingWriter(pool, 0)
+    assert writer.free_words() is None  # no slot yet
+    slot = writer.first_slot(20)
+    slot.kept, slot.kept_bytes = "compact arrays", 48
+    free, same_slot, first = writer.free_words()
+    assert same_slot is slot and first == 8 and len(free) == 64 - 8  # after the reservation, 16-byte aligned
+    assert slot.kept is None and slot.used_bytes == 20  # the note over those words is gone; nothing reserved
+    free[:3] = [7, 8, 9]
+    host, got_slot, start = writer.reserve_words(3)
+    assert got_slot is slot and start == first and host.tolist() == [7, 8, 9]
+    writer.submit()
+    with pytest.raises(StagingLifetimeError):
+        slot.free_words()  # in flight: not writable
+
+
 @pytest.mark.parametrize("redirect", [True, False], ids=["redirected", "copied"])
 def test_views_of_a_placed_first_slot_read_the_home_buffer_the_slot_lands_in(redirect):
     """`place_first`: views handed out after it point into the home buffer (a bucketed step's step buffer), which

@@ -201,12 +201,14 @@ def test_pack_members_declines_what_it_cannot_take():
         assert staging.pack_members(None, [], ((table, code),)) is NotImplemented, (table, code)
     assert staging.pack_members(None, [], [({4: 1}, 0)]) is NotImplemented  # a list of cell tables
     members = [(*table32, [(1, 2, [5, 6])], [(rows, rows, ones, ones * 9)])]
-    assert staging.pack_members(None, members, (({4: float("inf")}, 1), ({6: -2}, 2))) == (4, 6)
-    words = np.full(3 * 4 + 5, -1, np.int32)  # one word short: nothing written
-    assert staging.pack_members(words, members, (({4: float("inf")}, 1), ({6: -2}, 2))) is NotImplemented
+    assert staging.pack_members(None, members, (({4: float("inf")}, 1), ({6: -2}, 2))) == (4, 6, False)
+    words = np.full(3 * 4 + 5, -1, np.int32)  # one word short: nothing written, the size to reserve
+    assert staging.pack_members(words, members, (({4: float("inf")}, 1), ({6: -2}, 2))) == (4, 6, False)
     assert (words == -1).all()
-    words = np.zeros(3 * 4 + 6, np.int32)
-    assert staging.pack_members(words, members, (({4: float("inf")}, 1), ({6: -2}, 2))) is True
+    assert staging.pack_members(words.astype(np.int64), members, ()) is NotImplemented
+    words = np.full(3 * 4 + 6 + 2, -1, np.int32)  # longer than the table: the words after it are not touched
+    assert staging.pack_members(words, members, (({4: float("inf")}, 1), ({6: -2}, 2))) == (4, 6, True)
+    assert words[-2:].tolist() == [-1, -1]
     # The ragged entry first, then the list diff, then the cells; sources count up through the lengths.
     assert words[:12].tolist() == [9, 1, 0, 10, 2, 1, 4, 1, 3, 6, 2, 4]
     assert words[12:15].tolist() == [9, 5, 6]
@@ -345,4 +347,4 @@ def test_a_run_that_admits_packs_in_c(monkeypatch):
     monkeypatch.setattr(sampling_state_module, "_staging", counting)
     admitted, _ = admitting_run()
     assert admitted and counting.done.get("prompt_bitmask", 0) == 0, counting.done
-    assert counting.done.get("pack_members", 0) >= 2, counting.done  # a size, then the table
+    assert counting.done.get("pack_members", 0) >= 2, counting.done
