@@ -41,8 +41,10 @@ the step's rows:
 Quarantine: device work enqueued in earlier steps may still read a freed row's pinned prefill
 tokens (the host writes them directly, outside stream order).  A freed row therefore stays out of
 use until the event recorded after the last step that scheduled it completes.  Admission only
-*queries* events; it waits (counted in ``num_quarantine_waits``) only when every free row is
-still quarantined.
+*queries* events -- on cuda and cpu the newest step's first: once it is complete no row is in use --
+and waits (counted in ``num_quarantine_waits``) only when every free row is still quarantined.  A
+planned batch's rows get their last-use step written only when the next batch comes while the
+batch's step is not known complete (a completed batch is dropped unwritten).
 """
 from __future__ import annotations
 
@@ -134,6 +136,11 @@ class RequestStateTable:
         # row's step is asked for: a steady step repeats its batch (the same rows array), one int a step.
         self._batch_rows: np.ndarray | None = None
         self._batch_seq = -1
+        # Its step's marker, the newest: once it is complete every use is, and the batch need never be written.
+        self._batch_event: DeviceEvent | None = None
+        # A free row's check asks the newest marker first (complete: no look-up).  Not on sim, whose queries run
+        # its lag policy: there the row's own marker is asked, as a seeded replay expects.
+        self._ask_newest_first = device.kind != "sim"
         self._use_events: deque[tuple[int, DeviceEvent]] = deque()
         self._use_seq = 0
         self._next_generation = 0
@@ -182,6 +189,9 @@ class RequestStateTable:
         return events[i][1] if 0 <= i < len(events) else None  # else never used, or its step was seen complete
 
     def is_quarantined(self, row: int) -> bool:
+        newest = self._batch_event
+        if self._ask_newest_first and newest is not None and newest.query():  # in stream order: every use is over
+            return False
         event = self._use_event(row)
         return event is not None and not event.query()
 
@@ -354,9 +364,13 @@ class RequestStateTable:
         self._use_seq += 1
         events.append((self._use_seq, event))
         if rows is not self._batch_rows:  # a planned batch's rows array is never changed after planning
-            self._write_batch_uses()
+            if self._batch_rows is not None and self._batch_event.known_complete():
+                self._batch_rows = None  # its uses are over, and older marks point at completed steps too
+            else:
+                self._write_batch_uses()
             self._batch_rows = rows if isinstance(rows, np.ndarray) else np.asarray(rows, dtype=np.int64)
         self._batch_seq = self._use_seq
+        self._batch_event = event
 
     def _write_batch_uses(self) -> None:
         if self._batch_rows is not None:

@@ -65,9 +65,14 @@ def _read_row_later(dev: Device, table: RequestStateTable, row: int, n: int, sin
     table.mark_used([row], dev.record_event())
 
 
-def test_freed_row_is_quarantined_until_its_last_use_completes():
+NEWEST_FIRST = pytest.mark.parametrize("newest_first", [False, True], ids=["row-marker", "newest-marker-first"])
+
+
+@NEWEST_FIRST
+def test_freed_row_is_quarantined_until_its_last_use_completes(newest_first):
     dev = Device("sim", lag_policy="lag-5-steps")
     table = RequestStateTable(dev, max_num_reqs=2, max_model_len=8)
+    table._ask_newest_first = newest_first  # cuda and cpu ask the newest marker first; sim by default does not
     seen: list = []
     row_a = table.admit(_req("a", (1, 1, 1)), seed=0)
     table.admit(_req("c", (4,)), seed=0)
@@ -79,9 +84,11 @@ def test_freed_row_is_quarantined_until_its_last_use_completes():
     assert seen == [[1, 1, 1]], "the in-flight read saw the next request's tokens"
 
 
-def test_quarantine_prefers_a_completed_row_without_waiting():
+@NEWEST_FIRST
+def test_quarantine_prefers_a_completed_row_without_waiting(newest_first):
     dev = Device("sim", lag_policy="lag-5-steps")
     table = RequestStateTable(dev, max_num_reqs=3, max_model_len=8)
+    table._ask_newest_first = newest_first
     seen: list = []
     row_a = table.admit(_req("a", (1,)), seed=0)
     row_c = table.admit(_req("c", (3,)), seed=0)
@@ -107,6 +114,47 @@ def test_planted_bug_without_quarantine_the_reader_sees_new_tokens(monkeypatch):
     table.admit(_req("b", (2, 2, 2)), seed=0)
     dev.synchronize()
     assert seen == [[2, 2, 2]]
+
+
+def _reused_row_read(newest_first: bool) -> list:
+    """What a queued read of a freed row sees when later steps used other rows before the row is admitted again."""
+    dev = Device("sim", lag_policy="lag-5-steps")
+    table = RequestStateTable(dev, max_num_reqs=2, max_model_len=8)
+    table._ask_newest_first = newest_first
+    seen: list = []
+    row_a = table.admit(_req("a", (1, 1, 1)), seed=0)
+    row_c = table.admit(_req("c", (4,)), seed=0)
+    _read_row_later(dev, table, row_a, 3, seen)
+    table.mark_used(np.array([row_c]), dev.record_event())  # a later step: the batch reading row_a is still queued
+    table.release("a")
+    table.admit(_req("b", (2, 2, 2)), seed=0)
+    dev.synchronize()
+    return seen
+
+
+@NEWEST_FIRST
+def test_a_row_stays_quarantined_while_a_step_that_read_it_is_queued_behind_later_steps(newest_first):
+    assert _reused_row_read(newest_first) == [[1, 1, 1]]
+
+
+def test_planted_bug_a_batch_not_recorded_while_its_step_may_run_is_caught(monkeypatch):
+    """The test above can fail: a table that drops a batch's last-use marks without knowing its step complete."""
+    monkeypatch.setattr(RequestStateTable, "_write_batch_uses", lambda self: setattr(self, "_batch_rows", None))
+    assert _reused_row_read(True) == [[2, 2, 2]]
+
+
+def test_a_batch_is_recorded_only_while_its_step_may_still_run():
+    """A planned batch's last-use marks are written when the next batch comes only if its step may still run; a
+    completed one is dropped unwritten (its rows' older marks point at completed steps too)."""
+    dev = Device("sim", lag_policy="lag-5-steps")
+    table = RequestStateTable(dev, max_num_reqs=4, max_model_len=8)
+    rows = [table.admit(_req(name, (1,)), seed=0) for name in "abc"]
+    _read_row_later(dev, table, rows[0], 1, [])  # queued: the sim runs it five steps later
+    table.mark_used(np.array([rows[1]]), dev.record_event())
+    assert table._last_use_seq[rows[0]] == 1  # written: its step may still run
+    dev.synchronize()
+    table.mark_used(np.array([rows[2]]), dev.record_event())
+    assert table._last_use_seq[rows[1]] == -1 and not table.is_quarantined(rows[1])  # dropped unwritten
 
 
 def _read(table: RequestStateTable, sched: SchedulerOutput):
