@@ -188,14 +188,26 @@ _native_reader = native.load("steady")
 _native_boundary = native.load("boundary")
 
 
+def _check_new_args(limits: RunnerLimits) -> tuple:
+    """What the C check of a new request takes after the request (`_new_request_prefill`, `read_general`), made
+    once for the limits asked last (a runner's never change)."""
+    global _check_new_last
+    if _check_new_last[0] is not limits:
+        _check_new_last = (limits, (
+            NewRequest, SamplingParams, limits.vocab_size, limits.max_logprobs, limits.max_model_len, limits.num_kv_blocks,
+            blocks_per_request(limits.max_model_len, limits.block_size), limits.block_size, MAX_SEED))
+    return _check_new_last[1]
+
+
+_check_new_last: tuple[RunnerLimits | None, tuple] = (None, ())
+
+
 @hot_path
 def _new_request_prefill(req: object, limits: RunnerLimits) -> int:
     """`check_new_request`'s verdict on one new request (its prefill length), decided in C when the C twin takes
     the request; the reference decides every other request and names every rejection."""
     if _native_boundary is not None:
-        n = _native_boundary.check_new_request(
-            req, NewRequest, SamplingParams, limits.vocab_size, limits.max_logprobs, limits.max_model_len,
-            limits.num_kv_blocks, blocks_per_request(limits.max_model_len, limits.block_size), limits.block_size, MAX_SEED)
+        n = _native_boundary.check_new_request(req, *_check_new_args(limits))
         if type(n) is int:
             return n
     return check_new_request(req, limits)
@@ -294,6 +306,22 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         check_containers(sched)
         check_step_id(sched.step_id, last_step_id)
     r2r = state.req_to_row
+    cached = sched.cached_requests
+    if _native_reader is not None and _native_boundary is not None and not sched.draft_token_ids:
+        got = _native_reader.read_general(
+            cached.req_ids, cached.num_computed_tokens, cached.new_block_ids, sched.num_scheduled_tokens, r2r,
+            sched.finished_req_ids, sched.preempted_req_ids, sched.new_requests, _native_boundary.check_new_request,
+            _check_new_args(limits), limits.max_num_reqs, state.num_computed, state.num_blocks, state.num_tokens,
+            limits.block_size, limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks,
+            *(state.batch_hint or _NO_HINT))
+        if got is not NotImplemented:  # an accepted step: the parts below would read the same
+            (gone, crows, cnew, appends, req_ids, query_lens, rows, known, starts, end, total, query_starts, max_query_len,
+             max_end, uniform_query_len, new_positions) = got
+            return StepArrays(  # positional, in field order (as `_steady_arrays`)
+                gone, crows, None, cnew, appends, req_ids,  # gone .. req_ids
+                rows, new_positions, query_lens, starts, end, known,  # rows .. known
+                _zeros(len(req_ids)), None, total, query_starts, max_query_len, max_end, uniform_query_len,  # num_drafts ..
+            )
 
     gone = check_gone(sched, r2r)
 
@@ -312,25 +340,11 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
 
     # Mirror after this step's cached updates, by row (copies: the table is changed only by the commit).
     num_tokens, num_computed, num_blocks = state.num_tokens, state.num_computed, state.num_blocks
-    cached = sched.cached_requests
     nc = len(cached)
     crows, ccomp, cnew, appends, ids = _EMPTY, None, _EMPTY, None, ()
     # Rows of the requests leaving this step: neither cached nor scheduled may name them.
     gone_rows = np.fromiter(map(r2r.__getitem__, gone), np.int64, len(gone)) if gone else None
     hint = state.batch_hint or _NO_HINT  # the last batch's ids and rows: most cached rows found without a look-up
-    if _native_reader is not None and not sched.draft_token_ids:
-        got = _native_reader.read_general(
-            cached.req_ids, cached.num_computed_tokens, cached.new_block_ids, sched.num_scheduled_tokens, r2r,
-            _EMPTY if gone_rows is None else gone_rows, new, num_computed, num_blocks, num_tokens, limits.block_size,
-            limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks, *hint)
-        if got is not NotImplemented:  # an accepted step: its parts below would read the same
-            (crows, cnew, appends, req_ids, query_lens, rows, known, starts, end, total, query_starts, max_query_len, max_end,
-             uniform_query_len, new_positions) = got
-            return StepArrays(  # positional, in field order (as `_steady_arrays`)
-                tuple(sorted(gone)), crows, None, cnew, appends, req_ids,  # gone .. req_ids
-                rows, new_positions, query_lens, starts, end, known,  # rows .. known
-                _zeros(len(req_ids)), None, total, query_starts, max_query_len, max_end, uniform_query_len,  # num_drafts ..
-            )
     if nc:
         ids = cached.req_ids
         got = NotImplemented if _native_reader is None else _native_reader.read_cached(

@@ -48,25 +48,32 @@
  *     The plan's summaries come from the same pass: query_starts int32 [n + 1] (the counts' running sum from 0),
  *     the largest count and end (0 for no requests), and the count every request shares (-1: they differ, or none).
  *
- * read_general -- the batch of `impl.step_reader.read_step` for a step without drafts, in one call: read_cached,
- *     the blocks each row holds after the appends, read_scheduled, the new requests' facts filled in, check_batch.
- *     read_general(req_ids, computed, block_lists, scheduled, req_to_row, gone_rows, new, num_computed, num_blocks,
- *                  num_tokens, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks[, hint_ids, hint_rows])
- *       -> NotImplemented | (cached_rows, new_block_counts, appends, req_ids, query_lens, rows, known, starts,
+ * read_general -- `impl.step_reader.read_step` for a step without drafts, in one call: the leaving ids (`check_gone`),
+ *     the new requests (each checked by ``check``, `impl/native/boundary.c`'s check_new_request, with ``check_args``
+ *     after it) and the live count, read_cached, the blocks each row holds after the appends, read_scheduled, the
+ *     new requests' facts filled in, check_batch.
+ *     read_general(req_ids, computed, block_lists, scheduled, req_to_row, finished, preempted, new_requests, check,
+ *                  check_args, max_num_reqs, num_computed, num_blocks, num_tokens, block_size, max_model_len,
+ *                  max_num_batched_tokens, num_kv_blocks[, hint_ids, hint_rows])
+ *       -> NotImplemented | (gone, cached_rows, new_block_counts, appends, req_ids, query_lens, rows, known, starts,
  *                            ends, total, query_starts, max_query_len, max_end, uniform_query_len, new_positions)
- *     ``new``: a dict of the step's new ids to (prefill length, blocks, prefix-cache hit) exact ints;
- *     new_positions: ((batch index, id), ...) of the new ids, whose rows stay -1.  NotImplemented whenever one
- *     of its parts declines or rejects (or reads a shift): `read_step` then runs its parts itself, and names
- *     any error.  Only reads (the blocks after the appends are a copy).
+ *     gone: the leaving ids, sorted; new_positions: ((batch index, id), ...) of the new ids, whose rows stay -1.
+ *     NotImplemented whenever a leaving id is not an exact non-empty str holding a row named once, a new request is
+ *     not accepted by ``check`` or its id is live, leaving or repeated, the live requests would outnumber
+ *     ``max_num_reqs``, or one of the parts declines or rejects (or reads a shift): `read_step` then runs its
+ *     parts itself, and names any error.  Only reads (the blocks after the appends are a copy).
  *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts
  * with the mirror), -DRUNNERCHECK_PLANT_STALE_STEP_ID (a steady reader that accepts a step id not past the last),
- * -DRUNNERCHECK_PLANT_HINT_OFF_BY_ONE (a cached reader that takes the row after the hint's) and
- * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0).
+ * -DRUNNERCHECK_PLANT_HINT_OFF_BY_ONE (a cached reader that takes the row after the hint's),
+ * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0) and
+ * -DRUNNERCHECK_PLANT_LIVE_ID_READMITTED (a general reader that takes a new request under a live id).
  * The staged writes' packing lives in staging.c, the request state table's writes in rows.c.
  */
 #include "arrays.h"
+
+#include <string.h>
 
 /* Two exact strs: equal?  (Identity first, as a tuple comparison does.) */
 static int same_id(PyObject *a, PyObject *b)
@@ -656,21 +663,104 @@ static PyObject *accepted(PyObject *got)
     return NULL;
 }
 
+/* The step's leaving ids (finished, then preempted): each an exact, non-empty str holding a row, named once.  Adds
+ * them to ``gone`` (a list) and their rows to ``rows`` (int64, room for all); 0 when one is not such an id (or
+ * on an error, left set). */
+static int read_gone(PyObject *ids, PyObject *req_to_row, PyObject *gone, npy_int64 *rows, Py_ssize_t room)
+{
+    PyObject *iter = PyObject_GetIter(ids), *rid;
+    if (!iter)
+        return 0;
+    int ok = 1;
+    while (ok && (rid = PyIter_Next(iter))) {
+        npy_int64 row;
+        Py_ssize_t k = PyList_GET_SIZE(gone);
+        ok = PyUnicode_CheckExact(rid) && PyUnicode_GET_LENGTH(rid) > 0 && k < room
+             && row_of(req_to_row, rid, NPY_MAX_INT64, &row) == 1 && PySequence_Contains(gone, rid) == 0
+             && PyList_Append(gone, rid) == 0;
+        if (ok)
+            rows[k] = row;
+        Py_DECREF(rid);
+    }
+    Py_DECREF(iter);
+    return ok && !PyErr_Occurred();
+}
+
+/* The step's new requests into ``new`` (id -> (prefill length, blocks, prefix-cache hit)), each accepted by
+ * ``check`` (`impl.boundary.check_new_request`'s C twin, called with the request and then ``check_args``: it
+ * returns the prefill length, or anything else for the reference to decide); an id must be neither live (unless
+ * leaving, which `read_step` rejects too), nor leaving, nor named twice.  0 when one is not (or on an error). */
+static int read_new(PyObject *requests, PyObject *check, PyObject *check_args, PyObject *req_to_row, PyObject *gone,
+                    PyObject *new)
+{
+    enum { MAX_ARGS = 16 };
+    PyObject *stack[MAX_ARGS];
+    const Py_ssize_t num_args = PyTuple_GET_SIZE(check_args);
+    if (num_args + 1 > MAX_ARGS || (!PyTuple_CheckExact(requests) && !PyList_CheckExact(requests)))
+        return 0;
+    for (Py_ssize_t a = 0; a < num_args; a++)
+        stack[a + 1] = PyTuple_GET_ITEM(check_args, a);
+    for (Py_ssize_t i = 0; i < Py_SIZE(requests); i++) {
+        stack[0] = PySequence_Fast_ITEMS(requests)[i];
+        PyObject *length = PyObject_Vectorcall(check, stack, (size_t)(num_args + 1), NULL);
+        if (!length)
+            return 0;
+        PyObject *rid = NULL, *blocks = NULL, *hit = NULL, *facts = NULL;
+        long long n, h;
+        int ok = exact_int(length, &n) == EXACT_INT && (rid = attr(stack[0], "req_id")) && PyUnicode_CheckExact(rid)
+                 && (blocks = attr(stack[0], "block_ids")) && (hit = attr(stack[0], "num_computed_tokens"))
+                 && exact_int(hit, &h) == EXACT_INT && PyDict_Contains(new, rid) == 0
+#ifndef RUNNERCHECK_PLANT_LIVE_ID_READMITTED
+                 && PyDict_Contains(req_to_row, rid) == 0
+#endif
+                 && PySequence_Contains(gone, rid) == 0;
+        Py_ssize_t num_blocks = ok ? PyObject_Size(blocks) : -1;
+        ok = ok && num_blocks >= 0 && (facts = Py_BuildValue("(LnL)", n, num_blocks, h)) && PyDict_SetItem(new, rid, facts) == 0;
+        Py_DECREF(length);
+        Py_XDECREF(rid);
+        Py_XDECREF(blocks);
+        Py_XDECREF(hit);
+        Py_XDECREF(facts);
+        if (!ok)
+            return 0;
+    }
+    return 1;
+}
+
 static PyObject *read_general(PyObject *self, PyObject *args)
 {
-    PyObject *ids, *computed, *block_lists, *scheduled, *req_to_row, *gone, *new_requests;
+    PyObject *ids, *computed, *block_lists, *scheduled, *req_to_row, *finished, *preempted, *requests, *check, *check_args;
     PyObject *num_computed, *num_blocks, *num_tokens, *hint_ids = Py_None, *hint_rows = Py_None;
-    long long block_size, max_model_len, max_num_batched_tokens, num_kv_blocks;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOLLLL|OO", &ids, &computed, &block_lists, &scheduled, &req_to_row, &gone,
-                          &new_requests, &num_computed, &num_blocks, &num_tokens, &block_size, &max_model_len,
-                          &max_num_batched_tokens, &num_kv_blocks, &hint_ids, &hint_rows))
+    long long max_num_reqs, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!LOOOLLLL|OO", &ids, &computed, &block_lists, &scheduled, &req_to_row, &finished,
+                          &preempted, &requests, &check, &PyTuple_Type, &check_args, &max_num_reqs, &num_computed,
+                          &num_blocks, &num_tokens, &block_size, &max_model_len, &max_num_batched_tokens, &num_kv_blocks,
+                          &hint_ids, &hint_rows))
         return NULL;
-    if (!PyDict_CheckExact(new_requests) || block_size <= 0 || max_model_len <= 0)
+    if (!PyDict_CheckExact(req_to_row) || block_size <= 0 || max_model_len <= 0)
         Py_RETURN_NOTIMPLEMENTED;
-    const long long max_blocks = blocks_per_request(max_model_len, block_size);
+    PyObject *gone = NULL, *gone_rows = NULL, *new_requests = NULL, *gone_sorted = NULL;
     PyObject *cached = NULL, *blocks_after = NULL, *batch = NULL, *checked = NULL, *positions = NULL, *result = NULL;
-    PyObject *call = Py_BuildValue("(OOOOOOOLLOO)", ids, computed, block_lists, req_to_row, gone, num_computed, num_blocks,
-                                   max_blocks, num_kv_blocks, hint_ids, hint_rows);
+    PyObject *call = NULL;
+    /* The leaving and new requests, checked as `read_step`'s own loops check them (any doubt: its parts decide). */
+    const Py_ssize_t room = PyDict_GET_SIZE(req_to_row);
+    npy_int64 *leaving = PyMem_Malloc(sizeof(npy_int64) * (size_t)(room + 1));
+    if (!leaving) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (!(gone = PyList_New(0)) || !(new_requests = PyDict_New()) || !read_gone(finished, req_to_row, gone, leaving, room)
+        || !read_gone(preempted, req_to_row, gone, leaving, room))
+        goto done;
+    if (!read_new(requests, check, check_args, req_to_row, gone, new_requests)
+        || room - PyList_GET_SIZE(gone) + PyDict_GET_SIZE(new_requests) > max_num_reqs)
+        goto done;
+    if (!(gone_rows = new_int64(PyList_GET_SIZE(gone))) || PyList_Sort(gone) < 0 || !(gone_sorted = PyList_AsTuple(gone)))
+        goto done;
+    memcpy(DATA64(gone_rows), leaving, sizeof(npy_int64) * (size_t)PyList_GET_SIZE(gone));
+    const long long max_blocks = blocks_per_request(max_model_len, block_size);
+    call = Py_BuildValue("(OOOOOOOLLOO)", ids, computed, block_lists, req_to_row, gone_rows, num_computed, num_blocks,
+                         max_blocks, num_kv_blocks, hint_ids, hint_rows);
     if (!call || !(cached = accepted(read_cached(self, call))))
         goto done;
     /* The blocks each row holds after this step's appends (a copy: the mirror changes only at the commit). */
@@ -685,7 +775,7 @@ static PyObject *read_general(PyObject *self, PyObject *args)
         for (npy_intp i = 0; i < PyArray_DIM((PyArrayObject *)rows, 0); i++)
             DATA64(blocks_after)[DATA64(rows)[i]] += DATA64(counts)[i];
     }
-    if (!(batch = accepted(scheduled_pass(scheduled, req_to_row, gone, num_tokens, num_computed, blocks_after, ids,
+    if (!(batch = accepted(scheduled_pass(scheduled, req_to_row, gone_rows, num_tokens, num_computed, blocks_after, ids,
                                           DATA64(PyTuple_GET_ITEM(cached, 0))))))
         goto done;
     /* The new requests' (prefill length, blocks, prefix-cache hit), as read_step fills them in. */
@@ -723,12 +813,17 @@ static PyObject *read_general(PyObject *self, PyObject *args)
         goto done;
     PyObject *new_positions = PyList_AsTuple(positions);
     if (new_positions)
-        result = Py_BuildValue("(OOOOOOOOOOOOOOO)", PyTuple_GET_ITEM(cached, 0), PyTuple_GET_ITEM(cached, 1), appends,
+        result = Py_BuildValue("(OOOOOOOOOOOOOOOO)", gone_sorted, PyTuple_GET_ITEM(cached, 0), PyTuple_GET_ITEM(cached, 1), appends,
                                req_ids, lens, rows, known, starts, PyTuple_GET_ITEM(checked, 0), PyTuple_GET_ITEM(checked, 1),
                                PyTuple_GET_ITEM(checked, 2), PyTuple_GET_ITEM(checked, 3), PyTuple_GET_ITEM(checked, 4),
                                PyTuple_GET_ITEM(checked, 5), new_positions);
     Py_XDECREF(new_positions);
 done:
+    PyMem_Free(leaving);
+    Py_XDECREF(gone);
+    Py_XDECREF(gone_rows);
+    Py_XDECREF(new_requests);
+    Py_XDECREF(gone_sorted);
     Py_XDECREF(call);
     Py_XDECREF(cached);
     Py_XDECREF(blocks_after);

@@ -37,8 +37,8 @@ import impl.native as native
 import impl.staged_writes as staged_writes
 import impl.state as state_module
 import impl.step_reader as step_reader
-from impl.interface import (CachedRequests, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput,
-                            SchedulerOutputError, StepIdError)
+from impl.interface import (CachedRequests, DuplicateRequestError, NewRequest, RunnerLimits, SamplingParams,
+                            SchedulerOutput, SchedulerOutputError, StepIdError)
 from impl.step_reader import StepArrays, _read_steady, read_steady_native
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=8, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=48,
@@ -696,6 +696,25 @@ def test_c_general_reader_agrees_with_its_parts(monkeypatch):
         monkeypatch.setattr(step_reader, "_native_reader", reader)
         outputs.append(runner.execute_model(good).get())
     assert compared >= 100 and counting.done.get("read_general", 0) >= 3, (compared, counting.done)
+
+
+def test_planted_bug_general_reader_admitting_a_live_id_again_is_caught(monkeypatch):
+    """The comparison above can fail: a build whose read_general takes a new request under an id that is live (and
+    not leaving), which `read_step` rejects as a duplicate."""
+    planted = _planted("RUNNERCHECK_PLANT_LIVE_ID_READMITTED")
+    from test_bad_inputs import _runner, _schedule
+
+    runner, outputs = _runner(), []
+    for step in range(3):
+        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
+    good = _without_drafts(_schedule(3, outputs))
+    live = next(iter(runner.state.req_to_row))
+    again = NewRequest(live, (1, 2), SamplingParams(), (9,))
+    sched = dataclasses.replace(good, new_requests=good.new_requests + (again,))
+    want = _read_outcome(sched, runner)
+    assert want[0] is DuplicateRequestError, want
+    monkeypatch.setattr(step_reader, "_native_reader", planted)
+    assert not _same_outcome(_read_outcome(sched, runner), want)
 
 
 def test_planted_bug_general_reader_ignoring_the_new_requests_facts_is_caught(monkeypatch):
