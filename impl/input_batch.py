@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from impl import native
 from impl.block_table import BlockTable
 from impl.buffers import StagingSlot, StagingWriter
 from impl.device import Device
@@ -37,6 +38,11 @@ from impl.kernels.input_prep import (HEADER_DIFF_TABLE, HEADER_NUM_DIFFS, HEADER
 from impl.output import PromptLogprobRequest
 from impl.state import RequestStateTable
 from impl.step_reader import StepArrays
+
+_staging = native.load("staging")  # `put_words`: the header and compact arrays in one C call; None: numpy only
+# The header `stage` writes, in word order: the request and draft counts, then the four words filled later (0 now).
+if (HEADER_NUM_REQS, HEADER_NUM_DRAFTS, HEADER_WORDS) != (0, 1, 6):
+    raise ImportError("impl.input_batch.stage writes the step header in the order of impl.kernels.input_prep's HEADER_*")
 
 
 @dataclass(slots=True)
@@ -224,6 +230,8 @@ class InputBatch:
         self.logits_positions = device.zeros(self.max_sampling_rows, torch.int64)
         self.logits_draft_prefix = device.full((self.max_sampling_rows, max(1, max_num_draft_tokens)), -1, torch.int32)
         self._layout = self.staging_layout(max_num_reqs, max_num_batched_tokens, max_num_draft_tokens)
+        # The first word of the header and of each array `stage` writes on every step (`_staging.put_words`).
+        self._words = tuple(self._layout[name][0] // 4 for name in ("header", "rows", "cu", "draft_start", "logits_start"))
         self.staging_bytes = self.staging_bytes_needed(max_num_reqs, max_num_batched_tokens, max_num_draft_tokens)
         self._views_by_slot: dict[int, tuple[dict[str, np.ndarray], StagedStepArrays, StagingSlot]] = {}
 
@@ -272,19 +280,24 @@ class InputBatch:
         slot = writer.first_slot(self.staging_bytes)
         host, staged = self._slot_views(slot)
         r = plan.num_reqs
-        header = host["header"]
-        header[HEADER_NUM_REQS], header[HEADER_NUM_DRAFTS], header[HEADER_NUM_DIFFS], header[HEADER_DIFF_TABLE] = r, len(plan.drafts), 0, 0
-        header[HEADER_NUM_RESETS] = header[HEADER_RESET_ROWS] = 0
+        header = (r, len(plan.drafts), 0, 0, 0, 0)  # HEADER_NUM_REQS, HEADER_NUM_DRAFTS, the diffs' and resets' words
         # A steady step's plan shares its arrays with the last one (`_replan`): a slot that already
         # holds them (they were written there by a step since which nothing was allocated over
         # them: `StagingSlot.kept`) is not written again.
         kept = slot.kept
-        if not (type(kept) is tuple and kept[0] is plan.rows and kept[1] is plan.cu and kept[2] is plan.draft_start
-                and kept[3] is plan.logits_start):
-            host["rows"][:r] = plan.rows
-            host["cu"][: r + 1] = plan.cu
-            host["draft_start"][: r + 1] = plan.draft_start
-            host["logits_start"][: r + 1] = plan.logits_start
+        fresh = not (type(kept) is tuple and kept[0] is plan.rows and kept[1] is plan.cu and kept[2] is plan.draft_start
+                     and kept[3] is plan.logits_start)
+        words = self._words
+        parts = ((words[0], header), (words[1], plan.rows), (words[2], plan.cu), (words[3], plan.draft_start),
+                 (words[4], plan.logits_start)) if fresh else ((words[0], header),)
+        if _staging is None or _staging.put_words(slot.host_words, parts) is NotImplemented:
+            host["header"][:] = header
+            if fresh:
+                host["rows"][:r] = plan.rows
+                host["cu"][: r + 1] = plan.cu
+                host["draft_start"][: r + 1] = plan.draft_start
+                host["logits_start"][: r + 1] = plan.logits_start
+        if fresh:
             offset, n, dtype = self._layout["logits_start"]
             slot.kept, slot.kept_bytes = (plan.rows, plan.cu, plan.draft_start, plan.logits_start), offset + n * dtype.itemsize
         last = "logits_start"

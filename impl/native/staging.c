@@ -34,10 +34,17 @@
  *     prompt_bitmask(words, tokens, vocab_size) -> True | NotImplemented.  ``tokens`` an exact tuple or list
  *     of exact ints in [0, vocab_size); ``words`` int32 of (vocab_size + 31) // 32 words (overwritten).
  *
+ * put_words -- `impl.input_batch.InputBatch.stage`'s writes of the step's header and compact arrays into its slot
+ *     (reference: numpy element and slice assignments through the slot's views): put_words(words, parts) -> True |
+ *     NotImplemented, ``words`` the slot's int32 words, each part (first word, values) with values a tuple of exact
+ *     ints within int32 or a 1-D int32 array, written from that word on; NotImplemented, nothing written, when a
+ *     part is not such a pair or does not fit.
+ *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
- * -DRUNNERCHECK_PLANT_SOURCE_ZERO (diff tables whose every source offset is 0) and
- * -DRUNNERCHECK_PLANT_MASK_BIT31_LOST (a bitmask that never sets bit 31 of a word) and
- * -DRUNNERCHECK_PLANT_RECORD_ROW_STRIDE_ONE (admission records whose parameter rows are one word apart).
+ * -DRUNNERCHECK_PLANT_SOURCE_ZERO (diff tables whose every source offset is 0),
+ * -DRUNNERCHECK_PLANT_MASK_BIT31_LOST (a bitmask that never sets bit 31 of a word),
+ * -DRUNNERCHECK_PLANT_RECORD_ROW_STRIDE_ONE (admission records whose parameter rows are one word apart) and
+ * -DRUNNERCHECK_PLANT_PUT_WORDS_SHORT (a put that leaves each part's last value unwritten).
  */
 #include "arrays.h"
 
@@ -406,6 +413,59 @@ static PyObject *pack_members(PyObject *self, PyObject *args)
     return Py_BuildValue("(nnO)", measure.diffs, measure.value_words, Py_True);
 }
 
+/* One part of put_words: its first word and length, 0 when it is not one put_words takes. */
+static int word_part(PyObject *part, npy_intp num_words, npy_intp *first, npy_intp *count, ArrayView *values)
+{
+    long long offset, single;
+    if (!PyTuple_CheckExact(part) || PyTuple_GET_SIZE(part) != 2 || exact_int(PyTuple_GET_ITEM(part, 0), &offset) != EXACT_INT
+        || offset < 0)
+        return 0;
+    PyObject *what = PyTuple_GET_ITEM(part, 1);
+    if (PyTuple_CheckExact(what)) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(what); i++)
+            if (exact_int(PyTuple_GET_ITEM(what, i), &single) != EXACT_INT || single < NPY_MIN_INT32 || single > NPY_MAX_INT32)
+                return 0;
+        *count = PyTuple_GET_SIZE(what);
+        values->data = NULL;
+    }
+    else if (array_view(what, NPY_INT32, 0, values))
+        *count = values->len;
+    else
+        return 0;
+    *first = (npy_intp)offset;
+    return offset <= num_words && *count <= num_words - offset;
+}
+
+static PyObject *put_words(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *words_obj, *parts;
+    if (!PyArg_ParseTuple(args, "OO!", &words_obj, &PyTuple_Type, &parts))
+        return NULL;
+    ArrayView words, values;
+    npy_intp first, count;
+    if (!array_view(words_obj, NPY_INT32, 1, &words))
+        Py_RETURN_NOTIMPLEMENTED;
+    for (Py_ssize_t p = 0; p < PyTuple_GET_SIZE(parts); p++)
+        if (!word_part(PyTuple_GET_ITEM(parts, p), words.len, &first, &count, &values))
+            Py_RETURN_NOTIMPLEMENTED;
+    for (Py_ssize_t p = 0; p < PyTuple_GET_SIZE(parts); p++) {
+        PyObject *part = PyTuple_GET_ITEM(parts, p);
+        word_part(part, words.len, &first, &count, &values);  /* accepted above */
+#ifdef RUNNERCHECK_PLANT_PUT_WORDS_SHORT
+        if (count > 1)
+            count--;
+#endif
+        if (values.data == NULL)
+            for (npy_intp i = 0; i < count; i++)
+                OUT32(words, first + i) = (npy_int32)PyLong_AsLong(PyTuple_GET_ITEM(PyTuple_GET_ITEM(part, 1), i));
+        else
+            for (npy_intp i = 0; i < count; i++)
+                OUT32(words, first + i) = *(const npy_int32 *)(values.data + i * values.stride);
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyObject *prompt_bitmask(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -442,6 +502,7 @@ static PyMethodDef methods[] = {
     {"pack_ragged", pack_ragged, METH_VARARGS, "One ragged set of int32 diffs as a staged-write diff table."},
     {"pack_members", pack_members, METH_VARARGS, "A general flush's members and cells as one staged-write diff table."},
     {"prompt_bitmask", prompt_bitmask, METH_VARARGS, "The prompt-token bitmask words of one sampling-state row."},
+    {"put_words", put_words, METH_VARARGS, "int32 values and arrays written at word offsets of a slot's words."},
     {NULL, NULL, 0, NULL},
 };
 
