@@ -615,6 +615,7 @@ static PyObject *check_batch(PyObject *self, PyObject *args)
     npy_int64 *ends_out = DATA64(ends);
     npy_int32 *starts_out = (npy_int32 *)PyArray_DATA((PyArrayObject *)query_starts);
     long long total = 0, max_count = 0, max_end = 0, shared = n ? AT(lens, 0) : -1;
+    const npy_int64 max_held = NPY_MAX_INT64 / block_size;
     int bad = 0;
     starts_out[0] = 0;
     for (npy_intp i = 0; i < n; i++) {
@@ -631,7 +632,11 @@ static PyObject *check_batch(PyObject *self, PyObject *args)
             k = AT(drafts, i);
             have += k;
         }
-        if (end > have || (end + block_size - 1) / block_size > AT(blocks, i) || (k > 0 && end != have) || end > max_model_len)
+        /* Past the blocks held: ceil(end / block_size) > held, i.e. end > held * block_size (no division a request;
+         * a count of blocks too large to multiply holds any end). */
+        const npy_int64 held = AT(blocks, i);
+        if (end > have || (k > 0 && end != have) || end > max_model_len || held < 0
+            || (held <= max_held && end > held * block_size))
             bad = 1;
         total += count;
         ends_out[i] = end;
