@@ -21,7 +21,10 @@ never raises past the container and step-id checks: any step it does not accept 
 checks and Python reader first (`read_steady`, `impl/native/steady.c`, built at first use by
 `impl.native`): one pass over the step's objects -- containers, step id, then the batch -- that
 decides the same verdict whenever every object it reads has its exact type, and hands every other
-step to the Python checks and reader (`_read_steady`), the reference.
+step to the Python checks and reader (`_read_steady`), the reference.  A general step without
+drafts is read the same way by ``read_general`` first -- the leaving ids, the new requests (through
+`impl/native/boundary.c`'s check), the cached and scheduled requests and the batch rules in one
+call -- and `read_step`'s own parts, the reference, read every step it declines.
 
 The result, `StepArrays`, serves the row updates (`apply_cached`, block appends, admissions)
 and the step plan (`impl.input_batch.plan_step`); nothing reads the `SchedulerOutput` again
