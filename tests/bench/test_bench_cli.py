@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -123,3 +124,22 @@ def test_host_profile_refuses_what_it_cannot_recompile(capsys) -> None:
         with pytest.raises(SystemExit):
             host_profile_main(["--device", "cpu", "--reqs", "2", "--steps", "1", "--lines", target])
         assert why in capsys.readouterr().err, target
+
+
+def test_host_instructions_refuses_bad_arguments(capsys) -> None:
+    from bench.host_instructions import main as instructions_main
+
+    for argv in (["--reqs", "0"], ["--steps", "0"], ["--churn", "2"]):
+        with pytest.raises(SystemExit):
+            instructions_main(argv)
+        assert "must be" in capsys.readouterr().err, argv
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind")
+def test_host_instructions_counts_the_same_steps_the_same() -> None:
+    """The count is a measure that does not move: two runs of the same steps agree to well under 1%."""
+    from bench.host_instructions import count
+
+    first, second = count(4, 0.01, 3), count(4, 0.01, 3)
+    assert first > 10 and abs(first - second) < 0.01 * first, (first, second)
