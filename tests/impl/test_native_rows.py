@@ -56,16 +56,18 @@ def decode_batches(draw):
     return rows, ends, known
 
 
-def assert_advances_agree(c_module, rows, ends, known) -> None:
-    got, want = _advanced(c_module, rows, ends, known), _advanced(None, rows, ends, known)
-    assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"C advance: {got}\nnumpy advance: {want}"
+def assert_c_agrees(name: str, written, c_module, *case) -> None:
+    """``written(c_module, *case)`` -- the arrays a table method leaves -- equal with ``c_module`` and with numpy
+    (None); the message names the C function ``name``."""
+    got, want = written(c_module, *case), written(None, *case)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"C {name}: {got}\nnumpy: {want}"
 
 
 @needs_native
 @settings(max_examples=200, deadline=None)
 @given(decode_batches())
 def test_c_advance_writes_what_numpy_writes(batch):
-    assert_advances_agree(rows_module, *batch)
+    assert_c_agrees("advance", _advanced, rows_module, *batch)
 
 
 @needs_native
@@ -84,7 +86,7 @@ def test_planted_bug_c_advance_forgetting_the_sampled_token_is_caught():
     forgetting = _planted("RUNNERCHECK_PLANT_NO_SAMPLE", "rows")
     at_the_end = (np.array([3], np.int64), np.array([10], np.int64), np.array([10], np.int64))
     with pytest.raises(AssertionError, match="C advance"):
-        assert_advances_agree(forgetting, *at_the_end)
+        assert_c_agrees("advance", _advanced, forgetting, *at_the_end)
 
 
 @st.composite
@@ -112,16 +114,11 @@ def _appended(c_module, counts: np.ndarray, rows: np.ndarray, appended: np.ndarr
     return starts, table.num_blocks
 
 
-def assert_appends_agree(c_module, counts, rows, appended) -> None:
-    got, want = _appended(c_module, counts, rows, appended), _appended(None, counts, rows, appended)
-    assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"C append_counts: {got}\nnumpy: {want}"
-
-
 @needs_native
 @settings(max_examples=200, deadline=None)
 @given(block_appends())
 def test_c_block_appends_place_and_count_what_numpy_does(appends):
-    assert_appends_agree(rows_module, *appends)
+    assert_c_agrees("append_counts", _appended, rows_module, *appends)
 
 
 @needs_native
@@ -139,7 +136,7 @@ def test_planted_bug_c_appends_placed_after_their_own_blocks_are_caught():
     planted = _planted("RUNNERCHECK_PLANT_STARTS_AFTER_APPEND", "rows")
     one_append = (np.array([4, 0, 7], np.int64), np.array([2], np.int64), np.array([1], np.int64))
     with pytest.raises(AssertionError, match="C append_counts"):
-        assert_appends_agree(planted, *one_append)
+        assert_c_agrees("append_counts", _appended, planted, *one_append)
 
 
 # --------------------------------------------------------------------------- an admission's row
@@ -172,16 +169,11 @@ def _admitted(c_module, req: NewRequest) -> list[np.ndarray]:
     return [table.prefill_tokens.numpy().copy(), *(column.copy() for column in table._admitted_columns)]
 
 
-def assert_admissions_agree(c_module, req: NewRequest) -> None:
-    got, want = _admitted(c_module, req), _admitted(None, req)
-    assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"C admit_row: {got}\nnumpy: {want}"
-
-
 @needs_native
 @settings(max_examples=100, deadline=None)
 @given(admissions())
 def test_c_admission_writes_the_row_numpy_writes(req):
-    assert_admissions_agree(rows_module, req)
+    assert_c_agrees("admit_row", _admitted, rows_module, req)
 
 
 @needs_native
@@ -206,4 +198,4 @@ def test_c_admission_declines_what_it_cannot_take():
 def test_planted_bug_c_admission_writing_the_prefill_one_column_late_is_caught():
     planted = _planted("RUNNERCHECK_PLANT_PREFILL_SHIFTED", "rows")
     with pytest.raises(AssertionError, match="C admit_row"):
-        assert_admissions_agree(planted, NewRequest("new", (3, 4), SamplingParams(), (0,)))
+        assert_c_agrees("admit_row", _admitted, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)))
