@@ -44,19 +44,22 @@ def _prefix_hit_recomputes_cached_block(runner: Any, m: AppliedMutant) -> None:
     m.set(state, "admit", admit_one_block_early)
 
 
-@_mutant("block_table_tail_kept", "state", ("provenance", "differential"), "prefix", ("block_table",),
+@_mutant("block_table_tail_kept", "state", ("provenance", "differential"), "prefix", ("state",),
          "a freed row keeps its block count and admission only grows it (max): a new request's row keeps the "
          "previous owner's block-table tail, and its appended blocks land after that stale tail")
 def _block_table_tail_kept(runner: Any, m: AppliedMutant) -> None:
-    table = runner.block_table
+    # The block count of a row is the request state's (`RequestStateTable.num_blocks`, where `append_blocks`
+    # places the appends); the release leaves it, the admission here keeps the larger of it and the new list's.
+    state = runner.state
+    admit = state.admit
 
-    def assign_keeping_count(row: int, block_ids: tuple[int, ...]) -> None:
-        table.num_blocks[row] = max(int(table.num_blocks[row]), len(block_ids))
-        if block_ids:
-            table.table.stage(row, 0, block_ids)
+    def admit_keeping_count(req: Any, seed: int) -> int:
+        before = state.num_blocks.copy()
+        row = admit(req, seed)
+        state.num_blocks[row] = max(int(before[row]), len(req.block_ids))
+        return row
 
-    m.set(table, "release", lambda row: None)
-    m.set(table, "assign", assign_keeping_count)
+    m.set(state, "admit", admit_keeping_count)
 
 
 # ---- scheduler (prefix cache) bugs
