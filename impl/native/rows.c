@@ -12,7 +12,8 @@
  *     before this step's appends (where each row's new blocks go in the block table), then moved past them:
  *     starts[i] = num_blocks[rows[i]]; num_blocks[rows[i]] += counts[i].
  *     append_counts(num_blocks, rows, counts) -> starts (int64), or NotImplemented (arrays of another kind or
- *     shape, a row out of range or named twice; nothing written).
+ *     shape, a row out of range; nothing written).  A row named twice gets the reference's result: every start
+ *     read before any count moves, the later move wins.
  *
  * admit_row -- `impl.state.RequestStateTable.admit`'s mirror writes for the admitted row: its prefill tokens into
  *     the row of the pinned token table, then one value into each of the per-row columns.
@@ -69,29 +70,20 @@ static PyObject *append_counts(PyObject *self, PyObject *args)
     const npy_intp n = rows.len;
     if (counts.len != n)
         Py_RETURN_NOTIMPLEMENTED;
-    /* Distinct rows in range: a row named twice would read a count this call already moved. */
-    unsigned char *seen = PyMem_Calloc((size_t)num_blocks.len + 1, 1);
-    if (!seen)
-        return PyErr_NoMemory();
-    for (npy_intp i = 0; i < n; i++) {
-        npy_int64 row = AT(rows, i);
-        if (row < 0 || row >= num_blocks.len || seen[row]) {
-            PyMem_Free(seen);
+    for (npy_intp i = 0; i < n; i++)
+        if (AT(rows, i) < 0 || AT(rows, i) >= num_blocks.len)
             Py_RETURN_NOTIMPLEMENTED;
-        }
-        seen[row] = 1;
-    }
-    PyMem_Free(seen);
     PyObject *starts = new_int64(n);
     if (!starts)
         return NULL;
+    /* Every count read before any is moved, then moved in order: the reference's gather, then its scatter. */
+    for (npy_intp i = 0; i < n; i++)
+        DATA64(starts)[i] = AT(num_blocks, AT(rows, i));
     for (npy_intp i = 0; i < n; i++) {
-        npy_int64 row = AT(rows, i), before = AT(num_blocks, row);
-        OUT64(num_blocks, row) = before + AT(counts, i);
+        OUT64(num_blocks, AT(rows, i)) = DATA64(starts)[i] + AT(counts, i);
 #ifdef RUNNERCHECK_PLANT_STARTS_AFTER_APPEND
-        before += AT(counts, i);
+        DATA64(starts)[i] += AT(counts, i);
 #endif
-        DATA64(starts)[i] = before;
     }
     return starts;
 }

@@ -693,10 +693,9 @@ static int read_gone(PyObject *ids, PyObject *req_to_row, PyObject *gone, npy_in
 
 /* The step's new requests into ``new`` (id -> (prefill length, blocks, prefix-cache hit)), each accepted by
  * ``check`` (`impl.boundary.check_new_request`'s C twin, called with the request and then ``check_args``: it
- * returns the prefill length, or anything else for the reference to decide); an id must be neither live (unless
- * leaving, which `read_step` rejects too), nor leaving, nor named twice.  0 when one is not (or on an error). */
-static int read_new(PyObject *requests, PyObject *check, PyObject *check_args, PyObject *req_to_row, PyObject *gone,
-                    PyObject *new)
+ * returns the prefill length, or anything else for the reference to decide); an id must be neither live (a
+ * leaving id is live too: `read_step` rejects both) nor named twice.  0 when one is not (or on an error). */
+static int read_new(PyObject *requests, PyObject *check, PyObject *check_args, PyObject *req_to_row, PyObject *new)
 {
     enum { MAX_ARGS = 16 };
     PyObject *stack[MAX_ARGS];
@@ -713,12 +712,11 @@ static int read_new(PyObject *requests, PyObject *check, PyObject *check_args, P
         PyObject *rid = NULL, *blocks = NULL, *hit = NULL, *facts = NULL;
         long long n, h;
         int ok = exact_int(length, &n) == EXACT_INT && (rid = attr(stack[0], "req_id")) && PyUnicode_CheckExact(rid)
-                 && (blocks = attr(stack[0], "block_ids")) && (hit = attr(stack[0], "num_computed_tokens"))
-                 && exact_int(hit, &h) == EXACT_INT && PyDict_Contains(new, rid) == 0
 #ifndef RUNNERCHECK_PLANT_LIVE_ID_READMITTED
                  && PyDict_Contains(req_to_row, rid) == 0
 #endif
-                 && PySequence_Contains(gone, rid) == 0;
+                 && PyDict_Contains(new, rid) == 0 && (blocks = attr(stack[0], "block_ids"))
+                 && (hit = attr(stack[0], "num_computed_tokens")) && exact_int(hit, &h) == EXACT_INT;
         Py_ssize_t num_blocks = ok ? PyObject_Size(blocks) : -1;
         ok = ok && num_blocks >= 0 && (facts = Py_BuildValue("(LnL)", n, num_blocks, h)) && PyDict_SetItem(new, rid, facts) == 0;
         Py_DECREF(length);
@@ -757,7 +755,7 @@ static PyObject *read_general(PyObject *self, PyObject *args)
     if (!(gone = PyList_New(0)) || !(new_requests = PyDict_New()) || !read_gone(finished, req_to_row, gone, leaving, room)
         || !read_gone(preempted, req_to_row, gone, leaving, room))
         goto done;
-    if (!read_new(requests, check, check_args, req_to_row, gone, new_requests)
+    if (!read_new(requests, check, check_args, req_to_row, new_requests)
         || room - PyList_GET_SIZE(gone) + PyDict_GET_SIZE(new_requests) > max_num_reqs)
         goto done;
     if (!(gone_rows = new_int64(PyList_GET_SIZE(gone))) || PyList_Sort(gone) < 0 || !(gone_sorted = PyList_AsTuple(gone)))

@@ -2,7 +2,7 @@
 
 On generated batches each C function leaves the table's arrays exactly as its reference
 (`RequestStateTable.advance`'s no-draft update, `append_blocks`, `admit`'s mirror writes) leaves them,
-declines what it does not take (another dtype, a frozen array, a row out of range or named twice, a
+declines what it does not take (another dtype, a frozen array, a row out of range, a
 token outside int32) with NotImplemented before writing anything, and builds with planted bugs (an
 advance that forgets the sampled token, appends placed after their own blocks, prefill tokens one
 column late) are caught by the same comparisons.
@@ -124,12 +124,20 @@ def test_c_block_appends_place_and_count_what_numpy_does(appends):
 @needs_native
 def test_c_block_appends_decline_what_they_cannot_take():
     counts = np.array([1, 2, 3], np.int64)
-    for rows in (np.array([0, 0], np.int64), np.array([3], np.int64), np.array([-1], np.int64), np.array([1], np.int32)):
+    for rows in (np.array([3], np.int64), np.array([-1], np.int64), np.array([1], np.int32)):
         assert rows_module.append_counts(counts, rows, np.ones(len(rows), np.int64)) is NotImplemented, rows
     frozen = counts.copy()
     frozen.flags.writeable = False
     assert rows_module.append_counts(frozen, np.array([1], np.int64), np.ones(1, np.int64)) is NotImplemented
     assert counts.tolist() == [1, 2, 3]  # declined before writing
+
+
+@needs_native
+def test_c_block_appends_naming_a_row_twice_do_what_numpy_does():
+    """Not a step the boundary lets through, but the C twin still matches its reference: every start read first,
+    the later count written last."""
+    assert_c_agrees("append_counts", _appended, rows_module, np.array([4, 0, 7], np.int64), np.array([1, 1], np.int64),
+                    np.array([2, 3], np.int64))
 
 
 def test_planted_bug_c_appends_placed_after_their_own_blocks_are_caught():
