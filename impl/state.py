@@ -23,8 +23,9 @@ Tensors (owner: `RequestStateTable`; the four questions for each)
 ``prefill_tokens`` -- pinned host ``[max_num_reqs, max_model_len]`` int32, for the table's
     lifetime.  Written by the host only, at admission, into the admitted row; read by the
     input-prep kernel over UVA on CUDA (a plain host tensor on cpu/sim).
-Host-only state: row <-> request id, free list, generation numbers, the last-use step of each row,
-the last planned batch (its ids, rows and counts: ``batch_hint``, cleared by every admission and release), and
+Host-only state: row <-> request id, free list, generation numbers, the last-use step of each row and the
+newest step when it was freed, the last planned batch (its ids, rows and counts: ``batch_hint``, cleared by
+every admission and release), and
 the host mirror -- numpy arrays ``[max_num_reqs]`` indexed by row, owned by the table, written only
 by its own methods (admission, release, `apply_cached`, `append_blocks`, `advance`), each vectorised over
 the step's rows:
@@ -41,10 +42,13 @@ the step's rows:
 Quarantine: device work enqueued in earlier steps may still read a freed row's pinned prefill
 tokens (the host writes them directly, outside stream order).  A freed row therefore stays out of
 use until the event recorded after the last step that scheduled it completes.  Admission only
-*queries* events -- on cuda and cpu the newest step's first: once it is complete no row is in use --
-and waits (counted in ``num_quarantine_waits``) only when every free row is still quarantined.  A
-planned batch's rows get their last-use step written only when the next batch comes while the
-batch's step is not known complete (a completed batch is dropped unwritten).
+*queries* events and waits (counted in ``num_quarantine_waits``) only when every free row is still
+quarantined.  On cuda and cpu it first asks, of the step that was the newest when the row was freed
+(no later step schedules a free row), whether its marker is already known complete -- an output read
+saw it or a later one complete: no CUDA query --, then the newest step's marker (once it is complete
+no row is in use), and only then the row's own.  A planned batch's rows get their last-use step
+written only when the next batch comes while the batch's step is not known complete (a completed
+batch is dropped unwritten).
 """
 from __future__ import annotations
 
@@ -143,6 +147,9 @@ class RequestStateTable:
         self._ask_newest_first = device.kind != "sim"
         self._use_events: deque[tuple[int, DeviceEvent]] = deque()
         self._use_seq = 0
+        # Per row, the newest step when it was last freed (0: never used).  No later step schedules a free row, so
+        # once that step's marker is known complete (no CUDA query: an output read saw it) the row is out of use.
+        self._freed_after = [0] * r
         self._next_generation = 0
         self.num_quarantine_waits = 0
         # The rows of the last planned batch, so `advance` need not look its ids up again (and the reader's
@@ -189,11 +196,21 @@ class RequestStateTable:
         return events[i][1] if 0 <= i < len(events) else None  # else never used, or its step was seen complete
 
     def is_quarantined(self, row: int) -> bool:
-        newest = self._batch_event
-        if self._ask_newest_first and newest is not None and newest.query():  # in stream order: every use is over
-            return False
+        if self._ask_newest_first:
+            if self._step_known_complete(self._freed_after[row]):  # the step before its release: asks CUDA nothing
+                return False
+            newest = self._batch_event
+            if newest is not None and newest.query():  # in stream order: every use is over
+                return False
         event = self._use_event(row)
         return event is not None and not event.query()
+
+    def _step_known_complete(self, seq: int) -> bool:
+        """Whether step ``seq``'s marker (and so every earlier one) is known complete, without asking the device."""
+        events = self._use_events  # consecutive steps; only markers known complete are dropped, from the front
+        if not events or seq < events[0][0]:
+            return True
+        return events[seq - events[0][0]][1].known_complete()
 
     def free_rows(self) -> tuple[int, ...]:
         """The free list in order (quarantined rows included), for inspection."""
@@ -244,6 +261,7 @@ class RequestStateTable:
         self.num_logprob_rows -= int(self.num_logprobs[row]) >= 0
         self.num_prompt_logprob_rows -= int(self.prompt_logprobs[row]) >= 0
         self.num_logprobs[row] = self.prompt_logprobs[row] = -1
+        self._freed_after[row] = self._use_seq
         self._free.append(row)
         return row
 

@@ -385,18 +385,22 @@ def test_impl_sampler_reads_logits_written_on_the_callers_stream() -> None:
 
 
 def test_shards_partition_the_matrix_and_the_biases_and_shard_0_keeps_the_calibration(tmp_path) -> None:
+    """The two shards' runs, against the whole quick campaign's plan (its matrix and its planted biases)."""
+    from checks.chisq_cases import build_cases, power_plan
     from stress.cli import main
 
     def names(*extra: str) -> tuple[set, set, dict]:
-        out = tmp_path / "-".join(extra or ("whole",)).replace("/", "of")
+        out = tmp_path / "-".join(extra).replace("/", "of")
         assert main(["chisq", "--quick", "--no-spec", "--device", "cpu", "--out", str(out), *extra]) == 0
         doc = json.loads((out / "chisq.json").read_text())
-        return {t["name"] for t in doc["tests"]}, {p["bias"] for p in doc["power"]}, doc
+        cases = {t["config"]["case"] for t in doc["tests"]} | {s["case"] for s in doc["skipped"]}
+        return cases, {p["bias"] for p in doc["power"]}, doc
 
-    whole_tests, whole_biases, _ = names("--no-calibration")
-    first_tests, first_biases, first = names("--shard", "0/2")
-    second_tests, second_biases, second = names("--shard", "1/2")
-    assert first_tests.isdisjoint(second_tests) and first_tests | second_tests == whole_tests
+    whole_cases = {c.name for c in build_cases(quick=True)}
+    whole_biases = set(power_plan(True, torch.device("cpu")))
+    first_cases, first_biases, first = names("--shard", "0/2")
+    second_cases, second_biases, second = names("--shard", "1/2")
+    assert first_cases.isdisjoint(second_cases) and first_cases | second_cases == whole_cases
     assert first_biases.isdisjoint(second_biases) and first_biases | second_biases == whole_biases
     assert first["calibration"] is not None and second["calibration"] is None
     assert (first["shard"], second["shard"]) == ("0/2", "1/2")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from impl.buffers import StagingPool, StagingWriter
-from impl.device import Device
+from impl.device import Device, DeviceEvent
 from impl.interface import (
     CachedRequest, CachedRequests, CapacityError, NewRequest, RunnerLimits, SamplingParams, ScheduledTokensError, SchedulerOutput,
 )
@@ -141,6 +141,53 @@ def test_planted_bug_a_batch_not_recorded_while_its_step_may_run_is_caught(monke
     """The test above can fail: a table that drops a batch's last-use marks without knowing its step complete."""
     monkeypatch.setattr(RequestStateTable, "_write_batch_uses", lambda self: setattr(self, "_batch_rows", None))
     assert _reused_row_read(True) == [[2, 2, 2]]
+
+
+def test_a_row_freed_after_a_completed_step_is_handed_out_without_a_query(monkeypatch):
+    """Newest-first devices (cuda, cpu): a free row whose release came after a step known complete needs no
+    query, even while a later step is queued -- the step before its release is the last that could read it."""
+    dev = Device("sim", lag_policy="lag-5-steps")
+    table = RequestStateTable(dev, max_num_reqs=2, max_model_len=8)
+    table._ask_newest_first = True
+    row_a = table.admit(_req("a", (1,)), seed=0)
+    row_c = table.admit(_req("c", (3,)), seed=0)
+    _read_row_later(dev, table, row_a, 1, [])
+    table.release("a")
+    dev.synchronize()  # the step that read row_a is over (seen: the sim's marker reports it complete)
+    _read_row_later(dev, table, row_c, 1, [])  # a later step, still queued
+    queries: list = []
+    monkeypatch.setattr(DeviceEvent, "query", lambda self: queries.append(self) or False)
+    assert table.admit(_req("b", (2,)), seed=0) == row_a
+    assert queries == [] and table.num_quarantine_waits == 0
+
+
+def _admit_after_freeing_a_row_in_flight(freed_one_step_early: bool, monkeypatch) -> list:
+    """A newest-first table frees a row whose last step is still queued and admits another request into it."""
+    if freed_one_step_early:  # planted: the release records the step before the one that last read the row
+        release = RequestStateTable.release
+
+        def early(self, req_id):
+            row = release(self, req_id)
+            self._freed_after[row] -= 1
+            return row
+        monkeypatch.setattr(RequestStateTable, "release", early)
+    dev = Device("sim", lag_policy="lag-5-steps")
+    table = RequestStateTable(dev, max_num_reqs=2, max_model_len=8)
+    table._ask_newest_first = True
+    seen: list = []
+    row_a = table.admit(_req("a", (1, 1, 1)), seed=0)
+    table.admit(_req("c", (4,)), seed=0)
+    _read_row_later(dev, table, row_a, 3, seen)
+    table.release("a")
+    table.admit(_req("b", (2, 2, 2)), seed=0)
+    dev.synchronize()
+    return seen
+
+
+def test_planted_bug_a_release_that_records_an_earlier_step_is_caught(monkeypatch):
+    """The release-step shortcut can fail: recorded one step early, it hands out a row a queued step still reads."""
+    assert _admit_after_freeing_a_row_in_flight(False, monkeypatch) == [[1, 1, 1]]
+    assert _admit_after_freeing_a_row_in_flight(True, monkeypatch) == [[2, 2, 2]]
 
 
 def test_a_batch_is_recorded_only_while_its_step_may_still_run():

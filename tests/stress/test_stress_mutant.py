@@ -12,7 +12,7 @@ def _first_line(text: str) -> str:
 
 def test_reuse_staging_early_is_caught_recorded_and_replayed(tmp_path, capsys):
     out = tmp_path / "d"
-    rc = main(["stress", "--device", "sim", "--mutant", "reuse_staging_early", "--seed", "1", "--steps", "30",
+    rc = main(["stress", "--device", "sim", "--mutant", "reuse_staging_early", "--seed", "1", "--steps", "10",
                "--no-progress", "--out", str(out)])
     first = _first_line(capsys.readouterr().out)
     assert rc == 1
@@ -24,7 +24,7 @@ def test_reuse_staging_early_is_caught_recorded_and_replayed(tmp_path, capsys):
 
 
 def test_same_command_without_the_mutant_passes(tmp_path):
-    rc = main(["stress", "--device", "sim", "--seed", "1", "--steps", "30", "--no-progress", "--out", str(tmp_path / "d")])
+    rc = main(["stress", "--device", "sim", "--seed", "1", "--steps", "10", "--no-progress", "--out", str(tmp_path / "d")])
     assert rc == 0
     assert not (tmp_path / "d" / "repro.json").exists()
 
