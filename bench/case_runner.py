@@ -61,10 +61,12 @@ class _RunnerSteps:
 
     def __init__(self, runner, work: DecodeWorkload, *, async_mode: bool = True, around=None):
         self.runner, self.work, self.async_mode, self.around, self.pending = runner, work, async_mode, around, None
+        self.admitting: list[bool] = []  # per step issued: whether it admitted a request
 
     def step(self) -> float:
         """Issue the next step; its host microseconds inside execute_model."""
         sched = self.work.next_step()
+        self.admitting.append(bool(sched.new_requests))
         t0 = time.perf_counter()
         if self.around is None:
             out = self.runner.execute_model(sched)
@@ -100,8 +102,17 @@ def _drive(runner, work: DecodeWorkload, steps: int, *, async_mode: bool = True,
 PAIRED_BLOCK_STEPS = 10
 
 
-def _drive_paired(runner, work: DecodeWorkload, batch: V1HostBatch, bwork: DecodeWorkload, steps: int) -> tuple[list[float], list[float]]:
-    """Runner and baseline timed in alternating blocks of `PAIRED_BLOCK_STEPS` steps: (runner us, baseline us).
+@dataclass
+class _PairedSteps:
+    """Runner and baseline host microseconds per step, and which of each side's steps admitted a request."""
+    runner_us: list[float]
+    baseline_us: list[float]
+    runner_admitting: list[bool]
+    baseline_admitting: list[bool]
+
+
+def _drive_paired(runner, work: DecodeWorkload, batch: V1HostBatch, bwork: DecodeWorkload, steps: int) -> _PairedSteps:
+    """Runner and baseline timed in alternating blocks of `PAIRED_BLOCK_STEPS` steps.
 
     Both sides see the same host conditions: a lent machine's host speed drifts by up to 2x within a
     minute, which two back-to-back timing loops would read as a ratio.  Blocks, not single steps,
@@ -112,12 +123,16 @@ def _drive_paired(runner, work: DecodeWorkload, batch: V1HostBatch, bwork: Decod
     runner_steps = _RunnerSteps(runner, work)
     runner_us: list[float] = []
     baseline_us: list[float] = []
+    baseline_admitting: list[bool] = []
     while len(runner_us) < steps:
         n = min(PAIRED_BLOCK_STEPS, steps - len(runner_us))
         runner_us += [runner_steps.step() for _ in range(n)]
-        baseline_us += [_baseline_step(batch, bwork.next_step()) for _ in range(n)]
+        for _ in range(n):
+            sched = bwork.next_step()
+            baseline_admitting.append(bool(sched.new_requests))
+            baseline_us.append(_baseline_step(batch, sched))
     runner_steps.finish()
-    return runner_us, baseline_us
+    return _PairedSteps(runner_us, baseline_us, runner_steps.admitting, baseline_admitting)
 
 
 def _warm_to_decode(runner, work: DecodeWorkload) -> None:
@@ -205,6 +220,8 @@ class _HostCostRun:
     host_us: list[float]
     base_us: list[float]
     alone_us: list[float]
+    host_admitting: list[bool]  # per timed step: whether it admitted a request (runner's, then baseline's)
+    base_admitting: list[bool]
     baseline_h2d_bytes: int
     bucketed: int
     steady: bool
@@ -226,7 +243,7 @@ def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
     waits_before = runner.staging.num_backpressure_waits + runner.outputs.num_backpressure_waits
     row_waits_before = runner.state.num_quarantine_waits
     # The runner and the baseline interleaved, so the ratio is taken under one set of host conditions.
-    host_us, base_us = _drive_paired(runner, work, baseline, bwork, steps)
+    paired = _drive_paired(runner, work, baseline, bwork, steps)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     waits = runner.staging.num_backpressure_waits + runner.outputs.num_backpressure_waits - waits_before
@@ -235,7 +252,8 @@ def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
     alone_us = _drive(runner, work, steps // 2)
     graphs_after = runner.cuda_graph_stats()
     bucketed = (graphs_after["replays"] + graphs_after["padded_eager"]) - (graphs_before["replays"] + graphs_before["padded_eager"])
-    return _HostCostRun(num_reqs, churn, steps, runner, work, host_us, base_us, alone_us, baseline.h2d_bytes_last_step,
+    return _HostCostRun(num_reqs, churn, steps, runner, work, paired.runner_us, paired.baseline_us, alone_us,
+                        paired.runner_admitting, paired.baseline_admitting, baseline.h2d_bytes_last_step,
                         bucketed, runner.last_step_stats.steady, waits, row_waits)
 
 
@@ -279,6 +297,8 @@ def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Ro
         Row("host_cost", f"host syncs per step, {tag}", report.count / max(1, len(counted_us)), "syncs",
             target="0", met=report.count == 0, note=f"detector in count mode over {len(counted_us)} steps"),
     ]
+    if churn > 0:
+        out.append(_by_step_kind(run, tag))
     out.append(Row("host_cost", f"host enqueues per step, {tag}", enqueues, "enqueues",
                    target="1 at 0% churn (the fused graph replay, H2D and D2H inside: impl.lanes)" if churn == 0.0 else None,
                    met=(enqueues <= 1) if churn == 0.0 and runner.graphs.enabled else None,
@@ -292,6 +312,23 @@ def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Ro
         out.append(Row("host_cost", f"device operations per step, {tag} (forward stubbed)", launches / 5, "ops",
                        note="CUDA profiler events: kernels (those inside a graph replay too) and copies"))
     return out
+
+
+def _by_step_kind(run: _HostCostRun, tag: str) -> Row:
+    """The ratio over the steps that admitted a request alone, with both kinds' medians in the note: a churn row's
+    median is one kind's or the other's (at 64 requests, 1% churn, about two steps in three admit)."""
+    def medians(us: list[float], admitting: list[bool]) -> tuple[list[float], list[float]]:
+        return [t for t, a in zip(us, admitting) if a], [t for t, a in zip(us, admitting) if not a]
+
+    def describe(us: list[float]) -> str:
+        return f"{statistics.median(us):.0f} us ({len(us)})" if us else "none"
+
+    runner_adm, runner_other = medians(run.host_us, run.host_admitting)
+    base_adm, base_other = medians(run.base_us, run.base_admitting)
+    ratio = statistics.median(runner_adm) / statistics.median(base_adm) if runner_adm and base_adm else float("nan")
+    return Row("host_cost", f"runner / baseline host time, admitting steps, {tag}", ratio, "x",
+               note=f"medians (steps): admitting runner {describe(runner_adm)}, baseline {describe(base_adm)}; "
+                    f"other steps runner {describe(runner_other)}, baseline {describe(base_other)}")
 
 
 class TorchCallCounter(TorchFunctionMode):

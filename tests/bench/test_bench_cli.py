@@ -25,6 +25,8 @@ def test_bench_quick_writes_valid_json(tmp_path):
     rates = [r for r in data["rows"] if r["case"] in ("spec_ngram", "spec_draft") and r["unit"] == "tok/s"]
     assert len(rates) == 5 and all(r["value"] > 0 for r in rates)
     assert all(isinstance(row["value"], (int, float)) for row in data["rows"])
+    admitting = [r for r in data["rows"] if r["name"].startswith("runner / baseline host time, admitting steps, ")]
+    assert admitting and all("admitting runner" in r["note"] and "other steps runner" in r["note"] for r in admitting)
     syncs = [r for r in data["rows"] if r["name"].startswith("host syncs per step")]
     assert syncs and all(r["value"] == 0 for r in syncs)
     assert (tmp_path / "bench.md").read_text().startswith("# runnercheck bench")
