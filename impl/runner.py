@@ -182,6 +182,7 @@ class ModelRunner:
                     self.proposer = NgramProposer(dev, self.speculative, lim)
             except (ProposerConfigError, ValueError) as e:
                 raise RunnerConfigError(f"speculative: {e}") from None
+            self.state.history_reads = True  # a proposer reads every row's tokens, its prefill's too, in every step
         graphed = self._cuda_graphs and not isinstance(self.proposer, DraftModelProposer)
         staging_layout = InputBatch.staging_layout(lim.max_num_reqs, lim.max_num_batched_tokens, lim.max_num_draft_tokens)
         offset, n, dtype = staging_layout["logits_start"]  # a decode step's compact arrays end there
@@ -313,7 +314,7 @@ class ModelRunner:
         self._steady_key = key if (step.is_decode and packed is not None and not admitted and proposer is None
                                    and not self.state.num_prompt_logprob_rows) else None
 
-        self.state.mark_used(step.rows, output.event)  # int64: the plan's int32 copy would cost a cast per scatter
+        self.state.mark_step(step.rows, output.event)  # int64: the plan's int32 copy would cost a cast per scatter
         self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
         self.state.advance(plan.req_ids, plan.query_lens, plan.num_drafts if len(plan.drafts) else None)
         self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer.bytes, enqueued_before, started,
@@ -356,7 +357,7 @@ class ModelRunner:
         output = self._enqueue_output(step_id, plan, result, _NO_SEEDS, output_slot)
         self._close_lane(writer, fused, in_bytes, output)
         self._steady_key = key if packed is not None else None
-        self.state.mark_used(step.rows, output.event)
+        self.state.mark_step(step.rows, output.event)
         self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
         self.state.advance(plan.req_ids, plan.query_lens, None)
         self._record_stats(step_id, plan.num_reqs, plan.num_tokens, writer.bytes, enqueued_before, started,

@@ -23,10 +23,9 @@ Tensors (owner: `RequestStateTable`; the four questions for each)
 ``prefill_tokens`` -- pinned host ``[max_num_reqs, max_model_len]`` int32, for the table's
     lifetime.  Written by the host only, at admission, into the admitted row; read by the
     input-prep kernel over UVA on CUDA (a plain host tensor on cpu/sim).
-Host-only state: row <-> request id, free list, generation numbers, the last-use step of each row and the
-newest step when it was freed, the last planned batch (its ids, rows and counts: ``batch_hint``, cleared by
-every admission and release), and
-the host mirror -- numpy arrays ``[max_num_reqs]`` indexed by row, owned by the table, written only
+Host-only state: row <-> request id, free list, generation numbers, the last-use step of each row, the rows
+still prefilling and each row's last reading step once it is over, the last planned batch (its ids, rows
+and counts: ``batch_hint``, cleared by every admission and release), and the host mirror -- numpy arrays ``[max_num_reqs]`` indexed by row, owned by the table, written only
 by its own methods (admission, release, `apply_cached`, `append_blocks`, `advance`), each vectorised over
 the step's rows:
 
@@ -41,11 +40,13 @@ the step's rows:
 
 Quarantine: device work enqueued in earlier steps may still read a freed row's pinned prefill
 tokens (the host writes them directly, outside stream order).  A freed row therefore stays out of
-use until the event recorded after the last step that scheduled it completes.  Admission only
-*queries* events and waits (counted in ``num_quarantine_waits``) only when every free row is still
-quarantined.  On cuda and cpu it first asks, of the step that was the newest when the row was freed
-(no later step schedules a free row), whether its marker is already known complete -- an output read
-saw it or a later one complete: no CUDA query --, then the newest step's marker (once it is complete
+use until the event recorded after the last step that could read them completes.  Input prep reads a
+row's pinned tokens only below its prefill length, so only the rows still prefilling (and, with a
+proposer -- ``history_reads`` -- every scheduled row) are marked used by a step (`mark_step`); a
+decode step of rows past their prefill marks nothing.  Admission only *queries* events and waits
+(counted in ``num_quarantine_waits``) only when every free row is still quarantined.  On cuda and cpu
+it first asks whether the row's last reading step is already known complete -- an output read saw it
+or a later one complete: no CUDA query --, then the newest marked step's marker (once it is complete
 no row is in use), and only then the row's own.  A planned batch's rows get their last-use step
 written only when the next batch comes while the batch's step is not known complete (a completed
 batch is dropped unwritten).
@@ -147,9 +148,14 @@ class RequestStateTable:
         self._ask_newest_first = device.kind != "sim"
         self._use_events: deque[tuple[int, DeviceEvent]] = deque()
         self._use_seq = 0
-        # Per row, the newest step when it was last freed (0: never used).  No later step schedules a free row, so
-        # once that step's marker is known complete (no CUDA query: an output read saw it) the row is out of use.
-        self._freed_after = [0] * r
+        # Rows whose prefill tokens a step may still read: admitted rows until the device's computed count passes
+        # their prefill length (row -> prefill length).  With ``history_reads`` (a proposer reads every row's
+        # tokens) every scheduled row reads them in every step.
+        self._prefilling: dict[int, int] = {}
+        self.history_reads = False
+        # Per row, the marker of the last step that could have read its prefill tokens, once no later one can (set
+        # when its prefill is computed, or at its release): known complete, the free row is out of use.
+        self._reads_over: list[DeviceEvent | None] = [None] * r
         self._next_generation = 0
         self.num_quarantine_waits = 0
         # The rows of the last planned batch, so `advance` need not look its ids up again (and the reader's
@@ -197,20 +203,14 @@ class RequestStateTable:
 
     def is_quarantined(self, row: int) -> bool:
         if self._ask_newest_first:
-            if self._step_known_complete(self._freed_after[row]):  # the step before its release: asks CUDA nothing
+            over = self._reads_over[row]
+            if over is None or over.known_complete():  # its last reading step is over: asks CUDA nothing
                 return False
             newest = self._batch_event
             if newest is not None and newest.query():  # in stream order: every use is over
                 return False
         event = self._use_event(row)
         return event is not None and not event.query()
-
-    def _step_known_complete(self, seq: int) -> bool:
-        """Whether step ``seq``'s marker (and so every earlier one) is known complete, without asking the device."""
-        events = self._use_events  # consecutive steps; only markers known complete are dropped, from the front
-        if not events or seq < events[0][0]:
-            return True
-        return events[seq - events[0][0]][1].known_complete()
 
     def free_rows(self) -> tuple[int, ...]:
         """The free list in order (quarantined rows included), for inspection."""
@@ -261,7 +261,8 @@ class RequestStateTable:
         self.num_logprob_rows -= int(self.num_logprobs[row]) >= 0
         self.num_prompt_logprob_rows -= int(self.prompt_logprobs[row]) >= 0
         self.num_logprobs[row] = self.prompt_logprobs[row] = -1
-        self._freed_after[row] = self._use_seq
+        if self.history_reads or self._prefilling.pop(row, None) is not None:
+            self._reads_over[row] = self._batch_event  # the newest marked step may have read it
         self._free.append(row)
         return row
 
@@ -286,6 +287,7 @@ class RequestStateTable:
             for column, value in zip(self._admitted_columns, values):
                 column[row] = value
         self.row_state.stage(row, 0, [hit, prefill_len, prompt_len, prefill_len, prefill[-1]])
+        self._prefilling[row] = prefill_len
         self.rows[row] = RowInfo(req.req_id, generation, params, seed, prompt_len, prefill_len, req.is_resumed)
         self._next_generation += 1
         self.req_to_row[req.req_id] = row
@@ -367,6 +369,27 @@ class RequestStateTable:
         elif _rows is None or _rows.advance_decode(rows, end, known, self.num_tokens, self.num_computed) is NotImplemented:
             self.num_tokens[rows] = np.maximum(known, end + 1)
             self.num_computed[rows] = end
+        if self._prefilling:
+            self._end_prefill_reads()
+
+    def _end_prefill_reads(self) -> None:
+        """Rows whose prefill the device has surely computed (the mirror's bound less its unconfirmed drafts) leave
+        `_prefilling`: no later step reads their tokens, so the step just marked was their last reader."""
+        done = [row for row, length in self._prefilling.items()
+                if self.num_computed[row] - self.unconfirmed_drafts[row] >= length]
+        for row in done:
+            del self._prefilling[row]
+            self._reads_over[row] = self._batch_event
+
+    @hot_path
+    def mark_step(self, rows: np.ndarray, event: DeviceEvent) -> None:
+        """Mark a step's use of the rows whose prefill tokens it may read (before its `advance`): every scheduled
+        row with ``history_reads``; else the rows still prefilling, scheduled or not (a superset is safe).  A step
+        that reads none -- every decode step of rows past their prefill -- records nothing."""
+        if self.history_reads:
+            self.mark_used(rows, event)
+        elif self._prefilling:
+            self.mark_used(np.fromiter(self._prefilling, np.int64, len(self._prefilling)), event)
 
     @hot_path
     def mark_used(self, rows: Iterable[int] | np.ndarray, event: DeviceEvent) -> None:

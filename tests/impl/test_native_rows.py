@@ -35,7 +35,7 @@ def _advanced(c_module, rows: np.ndarray, ends: np.ndarray, known: np.ndarray) -
     """(num_tokens, num_computed) after `RequestStateTable.advance` of a planned decode batch, with ``c_module``
     as its C twin (None: numpy)."""
     table = SimpleNamespace(num_tokens=np.arange(NUM_ROWS, dtype=np.int64) * 3, num_computed=np.arange(NUM_ROWS, dtype=np.int64),
-                            unconfirmed_drafts=np.zeros(NUM_ROWS, np.int64), req_to_row={})
+                            unconfirmed_drafts=np.zeros(NUM_ROWS, np.int64), req_to_row={}, _prefilling={})
     req_ids = tuple(f"r{r}" for r in rows)
     table._planned = (req_ids, rows, ends, known)
     saved = state_module._rows

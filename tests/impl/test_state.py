@@ -144,8 +144,8 @@ def test_planted_bug_a_batch_not_recorded_while_its_step_may_run_is_caught(monke
 
 
 def test_a_row_freed_after_a_completed_step_is_handed_out_without_a_query(monkeypatch):
-    """Newest-first devices (cuda, cpu): a free row whose release came after a step known complete needs no
-    query, even while a later step is queued -- the step before its release is the last that could read it."""
+    """Newest-first devices (cuda, cpu): a free row released while prefilling, after a step known complete, needs
+    no query, even while a later step is queued -- the newest step at its release is the last that could read it."""
     dev = Device("sim", lag_policy="lag-5-steps")
     table = RequestStateTable(dev, max_num_reqs=2, max_model_len=8)
     table._ask_newest_first = True
@@ -161,33 +161,84 @@ def test_a_row_freed_after_a_completed_step_is_handed_out_without_a_query(monkey
     assert queries == [] and table.num_quarantine_waits == 0
 
 
-def _admit_after_freeing_a_row_in_flight(freed_one_step_early: bool, monkeypatch) -> list:
-    """A newest-first table frees a row whose last step is still queued and admits another request into it."""
-    if freed_one_step_early:  # planted: the release records the step before the one that last read the row
-        release = RequestStateTable.release
+def _step_reading(dev: Device, table: RequestStateTable, rid: str, n: int, sink: list) -> None:
+    """One step of ``rid``'s ``n`` next tokens through the table as the runner drives it (marker, then advance); its
+    queued read sees the row's pinned tokens below its prefill length, as input prep does."""
+    row, start = table.row_of(rid), int(table.num_computed[table.row_of(rid)])
+    length = table.info(rid).prefill_len
+    src = table.prefill_tokens
+    dev.enqueue(lambda: sink.append(src[row, start:min(start + n, length)].tolist()), "input prep")
+    table.mark_step(np.array([row]), dev.record_event())
+    table.advance([rid], np.array([n]), None)
 
-        def early(self, req_id):
-            row = release(self, req_id)
-            self._freed_after[row] -= 1
-            return row
-        monkeypatch.setattr(RequestStateTable, "release", early)
+
+def _readmit_after_a_chunked_prefill(monkeypatch, reads_end_early: bool) -> list:
+    """A row's prefill in two chunks, the second still queued when the row is freed and admitted again."""
+    if reads_end_early:  # planted: the prefill counted as read one chunk before its last chunk ran
+        monkeypatch.setattr(RequestStateTable, "_end_prefill_reads", lambda self: (
+            [self._reads_over.__setitem__(r, self._batch_event) for r in self._prefilling], self._prefilling.clear()))
     dev = Device("sim", lag_policy="lag-5-steps")
-    table = RequestStateTable(dev, max_num_reqs=2, max_model_len=8)
+    table = RequestStateTable(dev, max_num_reqs=1, max_model_len=8)
     table._ask_newest_first = True
     seen: list = []
-    row_a = table.admit(_req("a", (1, 1, 1)), seed=0)
-    table.admit(_req("c", (4,)), seed=0)
-    _read_row_later(dev, table, row_a, 3, seen)
+    table.admit(_req("a", (1, 1, 1, 1)), seed=0)
+    _step_reading(dev, table, "a", 2, seen)
+    dev.synchronize()  # the first chunk is done
+    _step_reading(dev, table, "a", 2, seen)
     table.release("a")
-    table.admit(_req("b", (2, 2, 2)), seed=0)
+    table.admit(_req("b", (2, 2, 2, 2)), seed=0)
     dev.synchronize()
     return seen
 
 
-def test_planted_bug_a_release_that_records_an_earlier_step_is_caught(monkeypatch):
-    """The release-step shortcut can fail: recorded one step early, it hands out a row a queued step still reads."""
-    assert _admit_after_freeing_a_row_in_flight(False, monkeypatch) == [[1, 1, 1]]
-    assert _admit_after_freeing_a_row_in_flight(True, monkeypatch) == [[2, 2, 2]]
+def test_a_row_stays_quarantined_until_its_last_prefill_chunk_ran(monkeypatch):
+    assert _readmit_after_a_chunked_prefill(monkeypatch, False) == [[1, 1], [1, 1]]
+
+
+def test_planted_bug_prefill_reads_ended_a_chunk_early_is_caught(monkeypatch):
+    """The test above can fail: a table that ends a row's prefill reads before its last chunk hands the row out
+    while that chunk's read is queued."""
+    assert _readmit_after_a_chunked_prefill(monkeypatch, True) == [[1, 1], [2, 2]]
+
+
+def test_decode_steps_mark_nothing_and_a_row_past_its_prefill_is_free_at_once(monkeypatch):
+    """Decode steps read no prefill token (input prep reads the pinned row only below the prefill length): with no
+    proposer they record no marker, and a row freed while they are queued is handed out without a query or wait."""
+    dev = Device("sim", lag_policy="lag-5-steps")
+    table = RequestStateTable(dev, max_num_reqs=2, max_model_len=16)
+    table._ask_newest_first = True
+    seen: list = []
+    table.admit(_req("a", (1, 1)), seed=0)
+    table.admit(_req("c", (3,)), seed=0)
+    _step_reading(dev, table, "a", 2, seen)
+    _step_reading(dev, table, "c", 1, seen)
+    dev.synchronize()
+    marked = len(table._use_events)
+    for _ in range(3):  # decodes, queued behind the lag
+        _step_reading(dev, table, "a", 1, seen)
+    assert len(table._use_events) == marked and not table._prefilling
+    table.release("a")
+    queries: list = []
+    monkeypatch.setattr(DeviceEvent, "query", lambda self: queries.append(self) or False)
+    table.admit(_req("b", (2, 2)), seed=0)
+    assert queries == [] and table.num_quarantine_waits == 0
+
+
+def test_with_history_reads_every_step_marks_its_rows(monkeypatch):
+    """A proposer reads every row's tokens in every step: then a row freed while a decode step is queued stays
+    quarantined (the same decode steps as above, with ``history_reads``)."""
+    dev = Device("sim", lag_policy="lag-5-steps")
+    table = RequestStateTable(dev, max_num_reqs=1, max_model_len=16)
+    table._ask_newest_first = True
+    table.history_reads = True
+    table.admit(_req("a", (1, 1)), seed=0)
+    _step_reading(dev, table, "a", 2, [])
+    dev.synchronize()
+    _step_reading(dev, table, "a", 1, [])  # a decode, queued
+    table.release("a")
+    assert table.is_quarantined(0)
+    table.admit(_req("b", (2, 2)), seed=0)
+    assert table.num_quarantine_waits == 1
 
 
 def test_a_batch_is_recorded_only_while_its_step_may_still_run():
