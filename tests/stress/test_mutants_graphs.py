@@ -23,6 +23,9 @@ def test_the_graph_mutants_are_in_the_catalogue():
         assert "differential" in CATALOGUE[name].checks and "graphs" in CATALOGUE[name].requires
 
 
+# Each mutant and control on its own: the CI run of the whole catalogue (`test_mutants.py`, `mutants --quick` on
+# sim) already kills every one of them by the checks it was built for, with these workloads' controls clean.
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GRAPH_MUTANTS)
 def test_graph_mutant_is_killed_on_sim_by_the_checks_it_was_built_for(name):
     workload = WORKLOADS[CATALOGUE[name].workload]
@@ -30,6 +33,7 @@ def test_graph_mutant_is_killed_on_sim_by_the_checks_it_was_built_for(name):
     assert set(run.fired) & set(CATALOGUE[name].checks), (name, run)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["decode", "decode-penalties"])
 def test_the_graph_workloads_are_silent_unmutated(name):
     workload = WORKLOADS[name]

@@ -25,6 +25,7 @@ def test_the_host_read_mutant_is_killed_by_the_sync_detector() -> None:
     assert "sync" in run.fired, run
 
 
+@pytest.mark.slow  # the catalogue's CI run (test_mutants.py) runs this control too
 def test_the_ngram_workload_is_silent_unmutated() -> None:
     workload = WORKLOADS["ngram"]
     run = run_differential(workload, "sim", 0, workload.ticks)
