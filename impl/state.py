@@ -25,9 +25,9 @@ Tensors (owner: `RequestStateTable`; the four questions for each)
     input-prep kernel over UVA on CUDA (a plain host tensor on cpu/sim).
 Host-only state: row <-> request id, free list, generation numbers, the last-use step of each row, the rows
 still prefilling and each row's last reading step once it is over, the last planned batch (its ids, rows
-and counts: ``batch_hint``, cleared by every admission and release), and the host mirror -- numpy arrays ``[max_num_reqs]`` indexed by row, owned by the table, written only
-by its own methods (admission, release, `apply_cached`, `append_blocks`, `advance`), each vectorised over
-the step's rows:
+and counts: ``batch_hint``, cleared by every admission and release), and the host mirror -- numpy arrays
+``[max_num_reqs]`` indexed by row, owned by the table, written only by its own methods (admission,
+release, `apply_cached`, `append_blocks`, `advance`), each vectorised over the step's rows:
 
     num_tokens, num_computed     upper bounds of the device's NUM_TOKENS / NUM_COMPUTED
     num_blocks                   KV blocks the request holds (exact; the block table's columns in use)
