@@ -48,6 +48,9 @@
 #                 type check, H2D/D2H copy_, event record new and re-recorded, enqueue, stream switch, graph replay) on this
 #                 machine, the step's three submissions in situ (after Python work, GPU idle or busy), and one Triton launch
 #                 with the eager kernels' argument shape by piece (Triton's path, the cached launcher, its key, its gate)
+#   graph_census  alone: each graph the host_cost runner replays at 64 and 256 requests, 1% churn (`python -m
+#                 bench.graph_census`): host us per replay (GPU idle, back to back, after the most replayed graph),
+#                 device us, its nodes by type and kernels by name (a debug-mode capture of the same launches)
 #   host_trace    alone: the steady step's pieces timed by wrappers at 256 and 64 requests (`host_profile --phases`),
 #                 then torch.profiler over 100 steady steps (`--trace`: host self time per operator and CUDA runtime call,
 #                 device time queued per step)
@@ -144,6 +147,7 @@ want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cud
   RUNNERCHECK_SLOW_LAUNCH=1 job bench_host_slow_launch "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost \
   --out "$out/bench_host_slow_launch"
 want host_primitives && job host_primitives 120 python3 -m bench.host_primitives --out "$out/host_primitives.json"
+want graph_census && job graph_census 200 python3 -m bench.graph_census --out "$out/graph_census.json"
 want host_trace && job host_trace 300 bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 200 --churn 0 --phases &&
   python3 -m bench.host_profile --device cuda --reqs 64 --steps 200 --churn 0 --phases &&
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 --trace --top 30"
