@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import time
 from typing import Any
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 
 from bench import case_runner
-from bench.common import BenchContext
+from bench.common import BenchContext, print_and_write_json
 from impl.device import Device
 
 def _replayed_graphs(runner) -> dict[tuple, list[float]]:
@@ -188,11 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         parser.error("graph_census needs a GPU (the graphs are CUDA graphs)")
     result = {"unit": "us (median)", "runs": [census(n, c, args.steps) for n in args.reqs for c in args.churn]}
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_and_write_json(result, args.out)
     return 0
 
 

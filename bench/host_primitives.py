@@ -13,7 +13,6 @@ calls; compare figures of one run only.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from typing import Callable
@@ -21,6 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from bench.common import print_and_write_json
 from bench.timing import host_time_us
 from impl.device import Device
 
@@ -173,11 +173,7 @@ def main(argv: list[str] | None = None) -> int:
               "host": _host_primitives()}
     if torch.cuda.is_available():
         result["cuda"] = _cuda_primitives()
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    print_and_write_json(result, args.out)
     return 0
 
 
