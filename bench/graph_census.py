@@ -33,6 +33,7 @@ from bench import case_runner
 from bench.common import BenchContext, print_and_write_json
 from impl.device import Device
 
+
 def _replayed_graphs(runner) -> dict[tuple, list[float]]:
     """Wrap the runner's `CudaGraphManager.run`: host us of each call, by (key, fused)."""
     seen: dict[tuple, list[float]] = collections.defaultdict(list)
@@ -49,24 +50,15 @@ def _replayed_graphs(runner) -> dict[tuple, list[float]]:
     return seen
 
 
-def _host_us(call, times: int, idle: bool) -> float:
+def _host_us(call, times: int, sync_every: int, before=None) -> float:
+    """Median host us of ``call``, the GPU synchronized before every ``sync_every``-th call (1: it finds the GPU
+    idle each time; more: a short queue), ``before`` called (untimed) before each."""
     samples = []
     for i in range(times):
-        if idle or i % 8 == 0:
-            torch.cuda.synchronize()  # idle: every launch finds the GPU done; else keep the queue short
-        t0 = time.perf_counter()
-        call()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    torch.cuda.synchronize()
-    return round(statistics.median(samples[times // 10:]), 2)
-
-
-def _host_us_after(before, call, times: int) -> float:
-    samples = []
-    for i in range(times):
-        if i % 4 == 0:
+        if i % sync_every == 0:
             torch.cuda.synchronize()
-        before()
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         call()
         samples.append((time.perf_counter() - t0) * 1e6)
@@ -128,13 +120,7 @@ def _conditions(replay) -> dict[str, float]:
     for name, before in (("GPU idle 0 us", spin(0)), ("GPU idle 100 us", spin(100)), ("GPU idle 300 us", spin(300)),
                          ("GPU idle, 1 MiB swept", sweep(1)), ("GPU idle, 8 MiB swept", sweep(8)),
                          ("GPU idle, 32 MiB swept", sweep(32))):
-        samples = []
-        for _ in range(120):
-            before()
-            t0 = time.perf_counter()
-            replay()
-            samples.append((time.perf_counter() - t0) * 1e6)
-        out[name] = round(statistics.median(samples[12:]), 2)
+        out[name] = _host_us(replay, 120, sync_every=120, before=before)  # each condition synchronizes itself
     torch.cuda.synchronize()
     return out
 
@@ -163,15 +149,15 @@ def census(num_reqs: int, churn: float, steps: int) -> dict[str, Any]:
         replay = graph.cuda_graph.replay
         row = {"graph": key.describe(), "fused": fused, "replays_in_run": len(run_us),
                "in_step_graphs_run_us": round(statistics.median(run_us), 2),
-               "host_us_gpu_idle": _host_us(replay, 200, idle=True),
-               "host_us_back_to_back": _host_us(replay, 200, idle=False),
+               "host_us_gpu_idle": _host_us(replay, 200, sync_every=1),
+               "host_us_back_to_back": _host_us(replay, 200, sync_every=8),
                "device_us": _device_us(replay, 50),
-               "host_us_via_device_enqueue_gpu_idle": _host_us(lambda: device.enqueue(replay, graph.label), 200, idle=True)}
+               "host_us_via_device_enqueue_gpu_idle": _host_us(lambda: device.enqueue(replay, graph.label), 200, sync_every=1)}
         row["after_conditions"] = _conditions(replay)
         if first is None:
             first = graph
         else:  # a step of this graph right after one of the most replayed graph's (a churn run's order)
-            row["host_us_after_the_most_replayed"] = _host_us_after(first.cuda_graph.replay, replay, 200)
+            row["host_us_after_the_most_replayed"] = _host_us(replay, 200, sync_every=4, before=first.cuda_graph.replay)
         out["graphs"].append(row)
     torch.cuda.synchronize()
     return out
