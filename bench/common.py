@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-
 from dataclasses import asdict, dataclass
 
 from impl.device import Device

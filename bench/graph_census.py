@@ -2,8 +2,8 @@
 
     python -m bench.graph_census [--reqs 64 256] [--churn 0.01 0] [--steps 200] [--out FILE.json]
 
-On the H200 the churn step's mixed-graph replay costs the host 2-3x the steady step's fused replay (runs 66
-and 76, `host_profile --lines`: 28-35 us against 11-14), while a graph of 50 small kernels replays in ~5 us
+Under `host_profile --lines` on the H200 the churn step's mixed-graph replay cost the host 2-3x the steady
+step's fused replay (runs 66 and 76: 28-35 us against 11-14, clock reads included), while a graph of 50 small kernels replays in ~5 us
 (`bench.host_primitives`).  This drives the `host_cost` workload (1% churn: admitting, general and steady
 steps; churn 0: steady steps), notes which graphs the runner replayed and how often, then for each of them alone:
 
@@ -13,7 +13,7 @@ steps; churn 0: steady steps), notes which graphs the runner replayed and how of
   names no request), with the GPU idle (synchronized before each), back to back, right
   after the most replayed graph, through ``Device.enqueue``, and after conditions a step may leave behind (the
   GPU idle for 100-300 us, the CPU caches swept by 1-32 MiB of numpy work);
-* device us per replay (events around a run of replays);
+* device us per replay (events around a run of replays).
 
 Replays here re-run a step's launches outside the runner's own order, so the runner is thrown away after.
 cuda only.
@@ -34,19 +34,20 @@ from bench.common import BenchContext, print_and_write_json
 from impl.device import Device
 
 
+def _timed(fn, samples: list[float], key=None):
+    """``fn`` wrapped: the host us of each call appended to ``samples`` (to ``samples[key(*args, **kwargs)]`` with ``key``)."""
+    def call(*args, **kwargs):
+        t0 = time.perf_counter()
+        result = fn(*args, **kwargs)
+        (samples if key is None else samples[key(*args, **kwargs)]).append((time.perf_counter() - t0) * 1e6)
+        return result
+    return call
+
+
 def _replayed_graphs(runner) -> dict[tuple, list[float]]:
     """Wrap the runner's `CudaGraphManager.run`: host us of each call, by (key, fused)."""
     seen: dict[tuple, list[float]] = collections.defaultdict(list)
-    graphs = runner.graphs
-    run = graphs.run
-
-    def timed_run(key, fused=False):
-        t0 = time.perf_counter()
-        result = run(key, fused)
-        seen[(key, fused)].append((time.perf_counter() - t0) * 1e6)
-        return result
-
-    graphs.run = timed_run
+    runner.graphs.run = _timed(runner.graphs.run, seen, key=lambda key, fused=False: (key, fused))
     return seen
 
 
@@ -83,15 +84,7 @@ def _timed_replays(runner) -> tuple[dict[str, list[float]], list]:
     wrapped = []
     for fused, graphs in ((False, runner.graphs.graphs), (True, runner.graphs.fused_graphs)):
         for key, graph in graphs.items():
-            name = f"{key.describe()}{' fused' if fused else ''}"
-            replay = graph.replay
-
-            def timed(replay=replay, samples=timings[name]):
-                t0 = time.perf_counter()
-                replay()
-                samples.append((time.perf_counter() - t0) * 1e6)
-
-            graph.replay = timed
+            graph.replay = _timed(graph.replay, timings[f"{key.describe()}{' fused' if fused else ''}"])
             wrapped.append(graph)
     return timings, wrapped
 
@@ -121,7 +114,6 @@ def _conditions(replay) -> dict[str, float]:
                          ("GPU idle, 1 MiB swept", sweep(1)), ("GPU idle, 8 MiB swept", sweep(8)),
                          ("GPU idle, 32 MiB swept", sweep(32))):
         out[name] = _host_us(replay, 120, sync_every=120, before=before)  # each condition synchronizes itself
-    torch.cuda.synchronize()
     return out
 
 

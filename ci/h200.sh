@@ -48,9 +48,9 @@
 #                 type check, H2D/D2H copy_, event record new and re-recorded, enqueue, stream switch, graph replay) on this
 #                 machine, the step's three submissions in situ (after Python work, GPU idle or busy), and one Triton launch
 #                 with the eager kernels' argument shape by piece (Triton's path, the cached launcher, its key, its gate)
-#   graph_census  alone: each graph the host_cost runner replays at 64 and 256 requests, 1% churn (`python -m
-#                 bench.graph_census`): host us per replay (GPU idle, back to back, after the most replayed graph),
-#                 device us, its nodes by type and kernels by name (a debug-mode capture of the same launches)
+#   graph_census  alone: each graph the host_cost runner replays at 64 and 256 requests, 1% and 0% churn (`python -m
+#                 bench.graph_census`): host us per replay inside the runner's steps, then alone (GPU idle, back to
+#                 back, after the most replayed graph, after the GPU idled or the CPU caches were swept), device us
 #   host_trace    alone: the steady step's pieces timed by wrappers at 256 and 64 requests (`host_profile --phases`),
 #                 then torch.profiler over 100 steady steps (`--trace`: host self time per operator and CUDA runtime call,
 #                 device time queued per step)
