@@ -3,8 +3,8 @@
     python -m bench.graph_census [--reqs 64 256] [--churn 0.01 0] [--steps 200] [--out FILE.json]
 
 Under `host_profile --lines` on the H200 the churn step's mixed-graph replay cost the host 2-3x the steady
-step's fused replay (runs 66 and 76: 28-35 us against 11-14, clock reads included), while a graph of 50 small kernels replays in ~5 us
-(`bench.host_primitives`).  This drives the `host_cost` workload (1% churn: admitting, general and steady
+step's fused replay (runs 66 and 76: 28-35 us against 11-14, clock reads included), while a graph of 50
+small kernels replays in ~5 us (`bench.host_primitives`).  This drives the `host_cost` workload (1% churn: admitting, general and steady
 steps; churn 0: steady steps), notes which graphs the runner replayed and how often, then for each of them alone:
 
 * host us of ``CudaGraphManager.run`` as the runner called it in those steps, and of the replay call inside it
@@ -35,7 +35,8 @@ from impl.device import Device
 
 
 def _timed(fn, samples: list[float], key=None):
-    """``fn`` wrapped: the host us of each call appended to ``samples`` (to ``samples[key(*args, **kwargs)]`` with ``key``)."""
+    """``fn`` wrapped: the host us of each call appended to ``samples`` (to ``samples[key(*args, **kwargs)]``
+    with ``key``)."""
     def call(*args, **kwargs):
         t0 = time.perf_counter()
         result = fn(*args, **kwargs)
@@ -144,7 +145,8 @@ def census(num_reqs: int, churn: float, steps: int) -> dict[str, Any]:
                "host_us_gpu_idle": _host_us(replay, 200, sync_every=1),
                "host_us_back_to_back": _host_us(replay, 200, sync_every=8),
                "device_us": _device_us(replay, 50),
-               "host_us_via_device_enqueue_gpu_idle": _host_us(lambda: device.enqueue(replay, graph.label), 200, sync_every=1)}
+               "host_us_via_device_enqueue_gpu_idle": _host_us(lambda: device.enqueue(replay, graph.label), 200,
+                                                               sync_every=1)}
         row["after_conditions"] = _conditions(replay)
         if first is None:
             first = graph
