@@ -100,9 +100,16 @@ def command_parser(name: str, module) -> argparse.ArgumentParser:
 
 
 def prepare_triton_env(argv: list[str]) -> None:
-    """Set TRITON_INTERPRET before triton is imported, unless a real GPU will run the kernels."""
-    if "TRITON_INTERPRET" in os.environ:
-        return
+    """Set TRITON_INTERPRET before triton is imported, unless a real GPU will run the kernels; an
+    interpreter gets `speed_up_nested_calls`."""
+    if "TRITON_INTERPRET" not in os.environ:
+        _choose_interpreter(argv)
+    from impl.kernels.interpreter import speed_up_nested_calls
+
+    speed_up_nested_calls()
+
+
+def _choose_interpreter(argv: list[str]) -> None:
     wants_gpu = True  # the default device is auto
     for i, a in enumerate(argv):
         if a == "--device" and i + 1 < len(argv):
