@@ -101,12 +101,12 @@ def command_parser(name: str, module) -> argparse.ArgumentParser:
 
 def prepare_triton_env(argv: list[str]) -> None:
     """Set TRITON_INTERPRET before triton is imported, unless a real GPU will run the kernels; an
-    interpreter gets `speed_up_nested_calls`."""
+    interpreter gets `speed_up_interpreter`."""
     if "TRITON_INTERPRET" not in os.environ:
         _choose_interpreter(argv)
-    from impl.kernels.interpreter import speed_up_nested_calls
+    from impl.kernels.interpreter import speed_up_interpreter
 
-    speed_up_nested_calls()
+    speed_up_interpreter()
 
 
 def _choose_interpreter(argv: list[str]) -> None:

@@ -86,9 +86,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_OWNED_MARKERS_KEY] = set(owned)
     if config.getoption("runnercheck_device") != "cuda" and "triton" not in sys.modules and not _cuda_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any test module imports the kernels
-    from impl.kernels.interpreter import speed_up_nested_calls
+    from impl.kernels.interpreter import speed_up_interpreter
 
-    speed_up_nested_calls()
+    speed_up_interpreter()
     if config.getoption("runnercheck_csan"):
         _enable_csan(config)
 

@@ -2,7 +2,7 @@
 language only when the running launch has already patched every language module they see."""
 from __future__ import annotations
 
-from types import SimpleNamespace
+from types import FunctionType
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from impl.device import triton_interpreted
-from impl.kernels.interpreter import NestedPatchCache, speed_up_nested_calls
+from impl.kernels.interpreter import NestedPatchCache, _memoised, speed_up_interpreter
 
 interpreted = pytest.mark.skipif(not triton_interpreted(), reason="kernels run on a GPU, not in the interpreter")
 
@@ -41,7 +41,7 @@ def _launch(n: int = 30, block: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
 def test_the_test_process_has_it_installed():
     from triton.runtime import interpreter
 
-    assert speed_up_nested_calls() is True and speed_up_nested_calls() is True  # idempotent
+    assert speed_up_interpreter() is True and speed_up_interpreter() is True  # idempotent
     assert isinstance(getattr(interpreter._patch_lang, "__self__", None), NestedPatchCache)
 
 
@@ -65,8 +65,8 @@ def test_the_language_is_restored_after_a_launch():
     assert {name: getattr(tl, name) for name in before} == before
 
 
-def _fn(*modules) -> SimpleNamespace:
-    return SimpleNamespace(__globals__={f"m{i}": m for i, m in enumerate(modules)} | {"torch": torch})
+def _fn(*modules) -> FunctionType:
+    return FunctionType((lambda: None).__code__, {f"m{i}": m for i, m in enumerate(modules)} | {"torch": torch})
 
 
 def test_the_cache_skips_only_languages_the_launch_already_patched():
@@ -90,3 +90,27 @@ def test_the_cache_skips_only_languages_the_launch_already_patched():
         cache.patch_lang(sees_tl)
         raise RuntimeError("a kernel failed")
     assert cache.patch_lang(sees_tl) == "scope7"  # the failed launch left nothing behind
+
+
+def test_a_function_whose_module_imports_a_language_later_is_patched_again():
+    calls = []
+    cache = NestedPatchCache(lambda fn: calls.append(fn), (tl, tl.core))
+    fn = _fn(tl)
+    with cache.launch():
+        cache.patch_lang(fn)
+        cache.patch_lang(fn)
+        fn.__globals__["core"] = tl.core  # the module grew a language: looked up again, patched
+        cache.patch_lang(fn)
+    assert len(calls) == 2
+
+
+@interpreted
+def test_the_dtype_memo_answers_what_triton_does_for_every_kind_of_type():
+    from triton.runtime import interpreter
+
+    plain = interpreter._get_np_dtype.__wrapped__  # Triton's own
+    memoised = _memoised(plain)
+    types = [tl.float32, tl.int32, tl.block_type(tl.float32, [4]), tl.block_type(tl.int64, [4]), tl.block_type(tl.int64, [8]),
+             tl.pointer_type(tl.float16), tl.block_type(tl.pointer_type(tl.int8), [2]), tl.int1, tl.bfloat16]
+    for _ in range(2):  # the second round answers from the memo
+        assert [memoised(t) for t in types] == [plain(t) for t in types]
