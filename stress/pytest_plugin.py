@@ -38,7 +38,9 @@ the steps and tokens compared, every statistical test and its p-values, every sk
 Markers ``gpu`` and ``stress`` are registered unless the host project registers them; when the
 plugin owns ``gpu`` it skips those tests without a CUDA device.  Without CUDA, the plugin sets
 ``TRITON_INTERPRET=1`` (when unset) before any test module imports Triton, so the built-in runner's
-kernels run interpreted on CPU.  See docs/PLUGIN.md for an example test file.
+kernels run interpreted on CPU, with the interpreter sped up (`impl.kernels.interpreter`;
+``RUNNERCHECK_PLAIN_INTERPRETER=1`` leaves it as Triton ships it).  See docs/PLUGIN.md for an
+example test file.
 """
 from __future__ import annotations
 
