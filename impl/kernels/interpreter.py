@@ -123,6 +123,20 @@ def _memoised(dtype_of: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return memoised_dtype_of
 
 
+def layout_known(interpreter: Any) -> bool:
+    """Whether ``interpreter`` (``triton.runtime.interpreter`` before `speed_up_interpreter`) has the
+    parts it wraps: ``_patch_lang`` and ``_get_np_dtype``, and a launch class and a nested-function
+    class whose calls look ``_patch_lang`` up by name."""
+
+    def looks_up_patch(cls: Any) -> bool:
+        code = getattr(getattr(cls, "__call__", None), "__code__", None)
+        return code is not None and "_patch_lang" in code.co_names
+
+    return (callable(getattr(interpreter, "_patch_lang", None)) and callable(getattr(interpreter, "_get_np_dtype", None))
+            and looks_up_patch(getattr(interpreter, "GridExecutor", None))
+            and looks_up_patch(getattr(interpreter, "InterpretedFunction", None)))
+
+
 def speed_up_interpreter() -> bool:
     """Install the nested-call patch cache and the dtype memo into Triton's interpreter; True when in place.
 
@@ -137,16 +151,10 @@ def speed_up_interpreter() -> bool:
         return False
     if getattr(interpreter, _INSTALLED_ATTR, False):
         return True
-    launch_cls = getattr(interpreter, "GridExecutor", None)
-    nested_cls = getattr(interpreter, "InterpretedFunction", None)
-    full_patch = getattr(interpreter, "_patch_lang", None)
-    dtype_of = getattr(interpreter, "_get_np_dtype", None)
-    patches_per_call = all(cls is not None and "_patch_lang" in cls.__call__.__code__.co_names
-                           for cls in (launch_cls, nested_cls))
-    if full_patch is None or dtype_of is None or not patches_per_call:
+    if not layout_known(interpreter):
         log.info("this Triton's interpreter is not laid out as expected; it runs unchanged")
         return False
-
+    launch_cls, full_patch, dtype_of = interpreter.GridExecutor, interpreter._patch_lang, interpreter._get_np_dtype
     cache = NestedPatchCache(full_patch, (tl, tl.core))
     run_launch = launch_cls.__call__
 

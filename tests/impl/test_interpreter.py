@@ -2,7 +2,7 @@
 language only when the running launch has already patched every language module they see."""
 from __future__ import annotations
 
-from types import FunctionType
+from types import FunctionType, SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from impl.device import triton_interpreted
-from impl.kernels.interpreter import NestedPatchCache, _memoised, speed_up_interpreter
+from impl.kernels.interpreter import NestedPatchCache, _memoised, layout_known, speed_up_interpreter
 
 interpreted = pytest.mark.skipif(not triton_interpreted(), reason="kernels run on a GPU, not in the interpreter")
 
@@ -114,3 +114,25 @@ def test_the_dtype_memo_answers_what_triton_does_for_every_kind_of_type():
              tl.pointer_type(tl.float16), tl.block_type(tl.pointer_type(tl.int8), [2]), tl.int1, tl.bfloat16]
     for _ in range(2):  # the second round answers from the memo
         assert [memoised(t) for t in types] == [plain(t) for t in types]
+
+
+def _patch_lang(fn):
+    return None
+
+
+class _Launch:
+    def __call__(self):
+        return _patch_lang(None)  # looked up by name, as Triton's launch does
+
+
+class _NestedThatDoesNotPatch:
+    def __call__(self):
+        return None
+
+
+def test_an_interpreter_laid_out_otherwise_is_left_alone():
+    known = SimpleNamespace(_patch_lang=_patch_lang, _get_np_dtype=str, GridExecutor=_Launch, InterpretedFunction=_Launch)
+    assert layout_known(known)
+    assert not layout_known(SimpleNamespace(**{**vars(known), "InterpretedFunction": _NestedThatDoesNotPatch}))
+    assert not layout_known(SimpleNamespace(**{k: v for k, v in vars(known).items() if k != "_get_np_dtype"}))
+    assert not layout_known(SimpleNamespace(**{k: v for k, v in vars(known).items() if k != "GridExecutor"}))
