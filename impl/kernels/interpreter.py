@@ -44,7 +44,7 @@ from impl.device import triton_interpreted
 
 log = logging.getLogger(__name__)
 
-_INSTALLED_ATTR = "_runnercheck_nested_patch_cache"
+_INSTALLED_ATTR = "_runnercheck_sped_up"
 
 
 class _NoPatch:
@@ -90,7 +90,6 @@ class NestedPatchCache:
             return _NO_PATCH
         stack[-1] = seen | (patched or frozenset())
         return self.full_patch(fn)
-
 
     def _languages_seen_by(self, fn: Any) -> frozenset[int]:
         """The language modules among ``fn``'s globals (looked up again when its module's globals grow)."""
