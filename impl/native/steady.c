@@ -62,13 +62,18 @@
  *     not accepted by ``check`` or its id is live, leaving or repeated, the live requests would outnumber
  *     ``max_num_reqs``, or one of the parts declines or rejects (or reads a shift): `read_step` then runs its
  *     parts itself, and names any error.  Only reads (the blocks after the appends are a copy).
+ *     A step as a decode batch usually brings it -- the scheduled dict listing the cached ids first, each key the
+ *     same object as its cached id and in that order, then the new ids -- is read in one pass (read_in_lockstep:
+ *     each request checked as the parts check it); any other step, or one where a rule fails, goes to the parts.
  *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts
  * with the mirror), -DRUNNERCHECK_PLANT_STALE_STEP_ID (a steady reader that accepts a step id not past the last),
  * -DRUNNERCHECK_PLANT_HINT_OFF_BY_ONE (a cached reader that takes the row after the hint's),
- * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0) and
- * -DRUNNERCHECK_PLANT_LIVE_ID_READMITTED (a general reader that takes a new request under a live id).
+ * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0),
+ * -DRUNNERCHECK_PLANT_LIVE_ID_READMITTED (a general reader that takes a new request under a live id) and
+ * -DRUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD (a one-pass general reader that never reads the tokens known);
+ * -DRUNNERCHECK_GENERAL_PASSES_ONLY builds read_general without its one pass: the reference its tests compare with.
  * The staged writes' packing lives in staging.c, the request state table's writes in rows.c.
  */
 #include "arrays.h"
@@ -353,6 +358,26 @@ static int row_of(PyObject *req_to_row, PyObject *rid, npy_intp num_rows, npy_in
 /* How far ahead of its place read_cached looks for a cached id in the hint: past up to three requests that left. */
 #define HINT_REACH 4
 
+/* A cached id's row: from the hint when ``rid`` is the same object as one of its next HINT_REACH ids (*next_hint then
+ * moves past it), else from ``req_to_row`` (`row_of`'s answer). */
+static int hinted_row(PyObject *rid, PyObject *hint_ids, ArrayView hint_rows, Py_ssize_t num_hints, Py_ssize_t *next_hint,
+                      PyObject *req_to_row, npy_intp num_rows, npy_int64 *row)
+{
+    for (Py_ssize_t k = *next_hint; k < num_hints && k < *next_hint + HINT_REACH; k++)
+        if (PyTuple_GET_ITEM(hint_ids, k) == rid) {
+            if (AT(hint_rows, k) < 0 || AT(hint_rows, k) >= num_rows)
+                break;
+#ifndef RUNNERCHECK_PLANT_HINT_OFF_BY_ONE
+            *row = AT(hint_rows, k);
+#else
+            *row = (AT(hint_rows, k) + 1) % num_rows;
+#endif
+            *next_hint = k + 1;
+            return 1;
+        }
+    return row_of(req_to_row, rid, num_rows, row);
+}
+
 static PyObject *read_cached(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -402,26 +427,9 @@ static PyObject *read_cached(PyObject *self, PyObject *args)
             break;
         }
         npy_int64 row = -1;
-        int found;
         /* The batch usually lists the last one's requests again, in order, less those that left: the id object
          * at one of the hint's next HINT_REACH places takes its row without a look-up. */
-        Py_ssize_t at = -1;
-        for (Py_ssize_t k = next_hint; k < num_hints && k < next_hint + HINT_REACH; k++)
-            if (PyTuple_GET_ITEM(hint_ids, k) == rid) {
-                at = k;
-                break;
-            }
-        if (at >= 0 && AT(hint_rows, at) >= 0 && AT(hint_rows, at) < num_rows) {
-#ifndef RUNNERCHECK_PLANT_HINT_OFF_BY_ONE
-            row = AT(hint_rows, at);
-#else
-            row = (AT(hint_rows, at) + 1) % num_rows;
-#endif
-            found = 1;
-            next_hint = at + 1;
-        }
-        else
-            found = row_of(req_to_row, rid, num_rows, &row);
+        int found = hinted_row(rid, hint_ids, hint_rows, num_hints, &next_hint, req_to_row, num_rows, &row);
         if (found < 0) {
             if (PyErr_Occurred())
                 goto done;
@@ -588,6 +596,31 @@ static PyObject *read_scheduled(PyObject *self, PyObject *args)
     return scheduled_pass(scheduled, req_to_row, gone, tokens, computed, blocks, NULL, NULL);
 }
 
+/* check_batch's rule for one request of ``count`` tokens from ``start``, with ``have`` tokens known (its drafts
+ * included), ``k`` drafts and ``held`` blocks: -1 when the count itself is out of bounds (no end, nothing to sum),
+ * else 1 when the rule holds and 0 when it fails, with the request's end in *end either way.  ``max_held``:
+ * `max_held_blocks` (a division: once a batch). */
+/* The most blocks whose tokens can be counted in 64 bits: a request holding more holds any end. */
+static inline npy_int64 max_held_blocks(long long block_size)
+{
+    return NPY_MAX_INT64 / block_size;
+}
+
+static inline int batch_rule(npy_int64 count, npy_int64 start, npy_int64 have, npy_int64 k, npy_int64 held,
+                             long long block_size, long long max_model_len, long long max_num_batched_tokens,
+                             npy_int64 max_held, npy_int64 *end)
+{
+    /* A scheduled count may be any 64-bit int: one above the budget is rejected before any sum (as the Python
+     * reference does), so neither the end nor a total can overflow. */
+    if (count <= 0 || count > max_num_batched_tokens || start > NPY_MAX_INT64 - count)
+        return -1;
+    *end = start + count;
+    /* Past the blocks held: ceil(end / block_size) > held, i.e. end > held * block_size (no division a request;
+     * a count of blocks too large to multiply holds any end). */
+    return !(*end > have || (k > 0 && *end != have) || *end > max_model_len || held < 0
+             || (held <= max_held && *end > held * block_size));
+}
+
 static PyObject *check_batch(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -615,28 +648,19 @@ static PyObject *check_batch(PyObject *self, PyObject *args)
     npy_int64 *ends_out = DATA64(ends);
     npy_int32 *starts_out = (npy_int32 *)PyArray_DATA((PyArrayObject *)query_starts);
     long long total = 0, max_count = 0, max_end = 0, shared = n ? AT(lens, 0) : -1;
-    const npy_int64 max_held = NPY_MAX_INT64 / block_size;
+    const npy_int64 max_held = max_held_blocks(block_size);
     int bad = 0;
     starts_out[0] = 0;
     for (npy_intp i = 0; i < n; i++) {
-        npy_int64 count = AT(lens, i), start = AT(starts, i), end, have = AT(known, i), k = 0;
-        /* A scheduled count may be any 64-bit int: one above the budget is rejected before any sum (as the
-         * Python reference does), so neither ``end`` nor ``total`` can overflow. */
-        if (count <= 0 || count > max_num_batched_tokens || start > NPY_MAX_INT64 - count) {
+        npy_int64 count = AT(lens, i), end, k = with_drafts ? AT(drafts, i) : 0;
+        const int holds = batch_rule(count, AT(starts, i), AT(known, i) + k, k, AT(blocks, i), block_size,
+                                     max_model_len, max_num_batched_tokens, max_held, &end);
+        if (holds < 0) {
             bad = 1;
             ends_out[i] = 0;
             continue;
         }
-        end = start + count;
-        if (with_drafts) {
-            k = AT(drafts, i);
-            have += k;
-        }
-        /* Past the blocks held: ceil(end / block_size) > held, i.e. end > held * block_size (no division a request;
-         * a count of blocks too large to multiply holds any end). */
-        const npy_int64 held = AT(blocks, i);
-        if (end > have || (k > 0 && end != have) || end > max_model_len || held < 0
-            || (held <= max_held && end > held * block_size))
+        if (!holds)
             bad = 1;
         total += count;
         ends_out[i] = end;
@@ -730,6 +754,177 @@ static int read_new(PyObject *requests, PyObject *check, PyObject *check_args, P
     return 1;
 }
 
+/* What read_general's one-pass reader reads a step against: the mirror, the hint and the limits. */
+typedef struct {
+    PyObject *req_to_row, *new_requests, *hint_ids;
+    ArrayView mirror_computed, mirror_blocks, mirror_tokens, hint_rows;
+    const npy_int64 *gone_rows;
+    Py_ssize_t num_gone, num_hints;
+    long long max_blocks, num_kv_blocks, block_size, max_model_len, max_num_batched_tokens, max_held;
+} GeneralMirror;
+
+/* The step as a decode batch usually comes (a tenth of read_general's passes' work, in one pass): the scheduled dict
+ * lists the cached requests first, each key the same object as its cached id and in that order, then the new
+ * requests.  Each request is checked as read_cached, read_scheduled and check_batch check it, with the facts of a new
+ * one from ``new_requests``.  Returns read_general's tuple (``gone``: its first item), or NULL: with an error set on a
+ * failure, else when the step is not such a step or a rule fails (read_general's passes then decide). */
+static PyObject *read_in_lockstep(PyObject *ids, PyObject *computed, PyObject *block_lists, PyObject *scheduled,
+                                  PyObject *gone, const GeneralMirror *m)
+{
+    const Py_ssize_t num_cached = PyTuple_GET_SIZE(ids), n = PyDict_GET_SIZE(scheduled);
+    const npy_intp num_rows = m->mirror_computed.len;
+    if (n != num_cached + PyDict_GET_SIZE(m->new_requests))
+        return NULL;
+    PyObject *cached_rows = new_int64(num_cached), *new_counts = new_int64(num_cached), *lens = new_int64(n);
+    PyObject *rows = new_int64(n), *known = new_int64(n), *starts = new_int64(n), *ends = new_int64(n);
+    npy_intp num_query_starts = n + 1;
+    PyObject *query_starts = PyArray_SimpleNew(1, &num_query_starts, NPY_INT32);
+    PyObject *req_ids = NULL, *positions = NULL, *new_positions = NULL, *appends = NULL, *result = NULL;
+    char *seen = PyMem_Calloc(num_rows > 0 ? num_rows : 1, 1);
+    /* The ids: the cached tuple itself when nothing is admitted (its items are the keys), else the keys, in order. */
+    req_ids = n == num_cached ? Py_NewRef(ids) : PyTuple_New(n);
+    if (!cached_rows || !new_counts || !lens || !rows || !known || !starts || !ends || !query_starts || !seen || !req_ids) {
+        if (!seen)
+            PyErr_NoMemory();
+        goto done;
+    }
+    npy_int64 *cached_out = DATA64(cached_rows), *counts_out = DATA64(new_counts), *lens_out = DATA64(lens);
+    npy_int64 *rows_out = DATA64(rows), *known_out = DATA64(known), *starts_out = DATA64(starts), *ends_out = DATA64(ends);
+    npy_int32 *query_out = (npy_int32 *)PyArray_DATA((PyArrayObject *)query_starts);
+    long long total = 0, max_count = 0, max_end = 0, shared = -1;
+    Py_ssize_t num_appending = 0, num_appended = 0, next_hint = 0, pos = 0, i = 0;
+    PyObject *key, *value;
+    query_out[0] = 0;
+    while (PyDict_Next(scheduled, &pos, &key, &value)) {
+        long long count, claimed, start, have, held;
+        npy_int64 row = -1, end;
+        if (exact_int(value, &count) != EXACT_INT)
+            goto done;
+        if (i < num_cached) {
+            PyObject *blocks = PyTuple_GET_ITEM(block_lists, i);
+            if (key != PyTuple_GET_ITEM(ids, i) || !PyUnicode_CheckExact(key)
+                || hinted_row(key, m->hint_ids, m->hint_rows, m->num_hints, &next_hint, m->req_to_row, num_rows, &row) != 1
+                || seen[row] || exact_int(PyTuple_GET_ITEM(computed, i), &claimed) != EXACT_INT
+                || (!PyTuple_CheckExact(blocks) && !PyList_CheckExact(blocks)))
+                goto done;
+#ifndef RUNNERCHECK_PLANT_TRUST_COMPUTED
+            if (claimed != AT(m->mirror_computed, row))  /* a rejected draft's shift: the passes read it */
+                goto done;
+#endif
+            seen[row] = 1;
+            for (Py_ssize_t g = 0; g < m->num_gone; g++)
+                if (m->gone_rows[g] == row)  /* finished or preempted this step, and cached too */
+                    goto done;
+            const Py_ssize_t num_new = Py_SIZE(blocks);
+            PyObject **items = PySequence_Fast_ITEMS(blocks);
+            for (Py_ssize_t j = 0; j < num_new; j++) {
+                long long block;
+                if (exact_int(items[j], &block) != EXACT_INT || block < 0 || block >= m->num_kv_blocks)
+                    goto done;
+            }
+            held = AT(m->mirror_blocks, row) + num_new;
+            if (num_new) {
+                if (held > m->max_blocks)
+                    goto done;
+                num_appending++;
+                num_appended += num_new;
+            }
+            cached_out[i] = row;
+            counts_out[i] = num_new;
+            start = AT(m->mirror_computed, row);
+#ifndef RUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD
+            have = AT(m->mirror_tokens, row);
+#else
+            have = NPY_MAX_INT64;
+#endif
+        }
+        else {  /* a new request: its facts, as read_new read them (prefill length, blocks, prefix-cache hit) */
+            PyObject *facts = PyDict_GetItemWithError(m->new_requests, key);
+            long long hit;
+            if (!PyUnicode_CheckExact(key) || facts == NULL || exact_int(PyTuple_GET_ITEM(facts, 0), &have) != EXACT_INT
+                || exact_int(PyTuple_GET_ITEM(facts, 1), &held) != EXACT_INT
+                || exact_int(PyTuple_GET_ITEM(facts, 2), &hit) != EXACT_INT)
+                goto done;
+#ifndef RUNNERCHECK_PLANT_NEW_HIT_ZERO
+            start = hit;
+#else
+            start = 0;
+#endif
+            if (!positions && !(positions = PyList_New(0)))
+                goto done;
+            PyObject *position = Py_BuildValue("(nO)", i, key);
+            if (!position || PyList_Append(positions, position) < 0) {
+                Py_XDECREF(position);
+                goto done;
+            }
+            Py_DECREF(position);
+        }
+        if (batch_rule(count, start, have, 0, held, m->block_size, m->max_model_len, m->max_num_batched_tokens, m->max_held,
+                       &end) != 1)
+            goto done;
+        total += count;
+        if (total > m->max_num_batched_tokens)
+            goto done;
+        if (req_ids != ids)
+            PyTuple_SET_ITEM(req_ids, i, Py_NewRef(key));
+        lens_out[i] = count;
+        rows_out[i] = row;
+        known_out[i] = have;
+        starts_out[i] = start;
+        ends_out[i] = end;
+        query_out[i + 1] = (npy_int32)total;
+        max_count = count > max_count ? count : max_count;
+        max_end = end > max_end ? end : max_end;
+        shared = i == 0 ? count : (count == shared ? shared : -1);
+        i++;
+    }
+    if (i != n)
+        goto done;
+    if (num_appending) {
+        PyObject *append_rows = new_int64(num_appending), *append_counts = new_int64(num_appending);
+        PyObject *append_ids = new_int64(num_appended);
+        if (append_rows && append_counts && append_ids) {
+            Py_ssize_t a = 0, b = 0;
+            for (Py_ssize_t c = 0; c < num_cached; c++) {
+                if (!counts_out[c])
+                    continue;
+                DATA64(append_rows)[a] = cached_out[c];
+                DATA64(append_counts)[a++] = counts_out[c];
+                PyObject **items = PySequence_Fast_ITEMS(PyTuple_GET_ITEM(block_lists, c));
+                for (Py_ssize_t j = 0; j < counts_out[c]; j++)
+                    DATA64(append_ids)[b++] = PyLong_AsLongLong(items[j]);
+            }
+            appends = PyTuple_Pack(3, append_rows, append_counts, append_ids);
+        }
+        Py_XDECREF(append_rows);
+        Py_XDECREF(append_counts);
+        Py_XDECREF(append_ids);
+        if (!appends)
+            goto done;
+    }
+    else
+        appends = Py_NewRef(Py_None);
+    new_positions = positions ? PyList_AsTuple(positions) : PyTuple_New(0);
+    if (new_positions)
+        result = Py_BuildValue("(OOOOOOOOOOLOLLLO)", gone, cached_rows, new_counts, appends, req_ids, lens, rows, known,
+                               starts, ends, total, query_starts, max_count, max_end, n ? shared : -1LL, new_positions);
+done:
+    PyMem_Free(seen);
+    Py_XDECREF(cached_rows);
+    Py_XDECREF(new_counts);
+    Py_XDECREF(lens);
+    Py_XDECREF(rows);
+    Py_XDECREF(known);
+    Py_XDECREF(starts);
+    Py_XDECREF(ends);
+    Py_XDECREF(query_starts);
+    Py_XDECREF(req_ids);
+    Py_XDECREF(positions);
+    Py_XDECREF(new_positions);
+    Py_XDECREF(appends);
+    return result;
+}
+
 static PyObject *read_general(PyObject *self, PyObject *args)
 {
     PyObject *ids, *computed, *block_lists, *scheduled, *req_to_row, *finished, *preempted, *requests, *check, *check_args;
@@ -762,6 +957,22 @@ static PyObject *read_general(PyObject *self, PyObject *args)
         goto done;
     memcpy(DATA64(gone_rows), leaving, sizeof(npy_int64) * (size_t)PyList_GET_SIZE(gone));
     const long long max_blocks = blocks_per_request(max_model_len, block_size);
+#ifndef RUNNERCHECK_GENERAL_PASSES_ONLY
+    GeneralMirror mirror = {req_to_row, new_requests, hint_ids, {0}, {0}, {0}, {NULL, 0, 0}, leaving, PyList_GET_SIZE(gone), 0,
+                            max_blocks, num_kv_blocks, block_size, max_model_len, max_num_batched_tokens,
+                            max_held_blocks(block_size)};
+    if (PyTuple_CheckExact(ids) && PyTuple_CheckExact(computed) && PyTuple_CheckExact(block_lists)
+        && PyTuple_GET_SIZE(computed) == PyTuple_GET_SIZE(ids) && PyTuple_GET_SIZE(block_lists) == PyTuple_GET_SIZE(ids)
+        && PyDict_CheckExact(scheduled) && int64_view(num_computed, &mirror.mirror_computed)
+        && int64_view(num_blocks, &mirror.mirror_blocks) && int64_view(num_tokens, &mirror.mirror_tokens)
+        && mirror.mirror_blocks.len == mirror.mirror_computed.len && mirror.mirror_tokens.len == mirror.mirror_computed.len
+        && (hint_ids == Py_None || (PyTuple_CheckExact(hint_ids) && int64_view(hint_rows, &mirror.hint_rows)
+                                    && mirror.hint_rows.len == PyTuple_GET_SIZE(hint_ids)))) {
+        mirror.num_hints = hint_ids == Py_None ? 0 : PyTuple_GET_SIZE(hint_ids);
+        if ((result = read_in_lockstep(ids, computed, block_lists, scheduled, gone_sorted, &mirror)) || PyErr_Occurred())
+            goto done;
+    }
+#endif
     call = Py_BuildValue("(OOOOOOOLLOO)", ids, computed, block_lists, req_to_row, gone_rows, num_computed, num_blocks,
                          max_blocks, num_kv_blocks, hint_ids, hint_rows);
     if (!call || !(cached = accepted(read_cached(self, call))))
