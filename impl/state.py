@@ -67,10 +67,11 @@ from impl.device import Device, DeviceEvent
 from impl.hotpath import hot_path
 from impl.interface import CachedRequests, CapacityError, LiveRequest, NewRequest, SamplingParams
 
-# `advance_decode`, `append_counts` and `admit_row`: the C twins of `advance`'s no-draft update, `append_blocks` and
-# `admit`'s mirror writes (`impl/native/rows.c`); None: numpy only.
+# `advance_decode`, `append_counts`, `admit_row` and `swap_row`: the C twins of `advance`'s no-draft update,
+# `append_blocks`, `admit`'s and `release`'s mirror writes (`impl/native/rows.c`); None: numpy only.
 _rows = native.load("rows")
 
+_RELEASED_VALUES = (-1, -1, -1)  # a free row: no generation, no logprobs asked (`RequestStateTable.release`)
 _MAX_PENDING_USES = 64  # `mark_used`: steps whose markers are kept before it asks whether the oldest completed
 
 NUM_COMPUTED = 0
@@ -128,6 +129,8 @@ class RequestStateTable:
         # What an admission writes into its row, in the order `admit` gives the values.
         self._admitted_columns = (self.num_tokens, self.num_computed, self.num_blocks, self.unconfirmed_drafts,
                                   self.prompt_len, self.num_logprobs, self.prompt_logprobs, self.generation)
+        # What a release writes into its row (`_RELEASED_VALUES`), in that order.
+        self._released_columns = (self.generation, self.num_logprobs, self.prompt_logprobs)
         self.num_logprob_rows = 0  # live rows asking for logprobs / prompt logprobs (plans skip both when 0)
         self.num_prompt_logprob_rows = 0
 
@@ -256,11 +259,13 @@ class RequestStateTable:
             raise RowStateError(f"release of {req_id!r}, which holds no row")
         self._planned = None
         self.rows[row] = None
-        self.generation[row] = -1
-        # Compared as Python ints: a numpy comparison costs more than the two conversions.
-        self.num_logprob_rows -= int(self.num_logprobs[row]) >= 0
-        self.num_prompt_logprob_rows -= int(self.prompt_logprobs[row]) >= 0
-        self.num_logprobs[row] = self.prompt_logprobs[row] = -1
+        # The mirror's row freed (`_released_columns`), the logprob asks it held read back: one C call when built.
+        held = None if _rows is None else _rows.swap_row(row, self._released_columns, _RELEASED_VALUES)
+        if held is None or held is NotImplemented:
+            held = (int(self.generation[row]), int(self.num_logprobs[row]), int(self.prompt_logprobs[row]))
+            self.generation[row] = self.num_logprobs[row] = self.prompt_logprobs[row] = -1
+        self.num_logprob_rows -= held[1] >= 0
+        self.num_prompt_logprob_rows -= held[2] >= 0
         if self.history_reads or self._prefilling.pop(row, None) is not None:
             self._reads_over[row] = self._batch_event  # the newest marked step may have read it
         self._free.append(row)

@@ -207,3 +207,51 @@ def test_planted_bug_c_admission_writing_the_prefill_one_column_late_is_caught()
     planted = _planted("RUNNERCHECK_PLANT_PREFILL_SHIFTED", "rows")
     with pytest.raises(AssertionError, match="C admit_row"):
         assert_c_agrees("admit_row", _admitted, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)))
+
+
+# --------------------------------------------------------------------------- a release's row
+
+def _released(c_module, req: NewRequest, release_first: bool) -> list[np.ndarray]:
+    """Every array and count `RequestStateTable.release` writes, after admitting ``req`` next to a live request and
+    releasing one of them, with ``c_module`` as the C twin of its mirror writes (None: numpy)."""
+    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=MODEL_LEN)
+    saved, state_module._rows = state_module._rows, c_module
+    try:
+        table.admit(NewRequest("old", (5, 6, 7), SamplingParams(logprobs=2), (9,)), seed=1)
+        table.admit(req, seed=2)
+        table.release("old" if release_first else "new")
+    finally:
+        state_module._rows = saved
+    counts = np.array([table.num_logprob_rows, table.num_prompt_logprob_rows], np.int64)
+    return [*(column.copy() for column in table._admitted_columns), counts]
+
+
+@needs_native
+@settings(max_examples=100, deadline=None)
+@given(admissions(), st.booleans())
+def test_c_release_writes_the_row_numpy_writes(req, release_first):
+    assert_c_agrees("swap_row", _released, rows_module, req, release_first)
+
+
+@needs_native
+def test_c_release_declines_what_it_cannot_take():
+    column = np.arange(2, dtype=np.int64)
+    frozen = column.copy()
+    frozen.flags.writeable = False
+    for args in ((2, (column,), (-1,)),  # a row past the column
+                 (-1, (column,), (-1,)),
+                 (0, (frozen,), (-1,)),
+                 (0, (column,), (-1.0,)),
+                 (0, (column,), (True,)),  # not an exact int
+                 (0, (column.astype(np.int32),), (-1,)),
+                 (0, (column, column), (-1,)),  # a value missing
+                 (0, (column,) * 17, (-1,) * 17)):  # more columns than it writes
+        assert rows_module.swap_row(*args) is NotImplemented, args
+    assert column.tolist() == [0, 1]  # declined before writing
+    assert rows_module.swap_row(1, (column,), (-1,)) == (1,) and column.tolist() == [0, -1]
+
+
+def test_planted_bug_c_release_reading_back_what_it_wrote_is_caught():
+    planted = _planted("RUNNERCHECK_PLANT_SWAP_RETURNS_NEW", "rows")
+    with pytest.raises(AssertionError, match="C swap_row"):
+        assert_c_agrees("swap_row", _released, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)), True)
