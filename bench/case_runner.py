@@ -284,7 +284,8 @@ def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Ro
             note=f"p90 {np.percentile(run.host_us, 90):.0f} us over {steps} steps, {device.kind}; "
                  f"bucketed (graph) steps {run.bucketed}/{steps}; last step steady: {run.steady}; "
                  f"slot back-pressure waits {run.waits}; row quarantine waits {run.row_waits}; "
-                 f"step reading (impl/native/steady.c, boundary.c): {native.describe()}, {native.describe('boundary')}; "
+                 f"step reading (impl/native/steady.c, general.c, boundary.c): {native.describe()}, "
+                 f"{native.describe('general')}, {native.describe('boundary')}; "
                  f"diff packing (impl/native/staging.c): {native.describe('staging')}"),
         Row("host_cost", f"runner execute_model host time alone, {tag} ({what})", statistics.median(run.alone_us), "us",
             note=f"{steps // 2} more steps right after, not interleaved with the baseline (compare with the row above)"),

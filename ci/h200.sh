@@ -42,8 +42,8 @@
 #   bench_host    `runnercheck bench --device cuda --only host_cost` alone (runner vs V1-style baseline, 1% and 0% churn;
 #                 host enqueues per step, target 1 at 0% churn: the fused replay, H2D and D2H inside), then the same with
 #                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves)
-#   bench_host_python  the same host_cost bench with RUNNERCHECK_NATIVE=0: the Python twins of impl/native/steady.c (the
-#                 steady reader, advance, diff table), to compare with bench_host's C parts through each pass's own ratio
+#   bench_host_python  the same host_cost bench with RUNNERCHECK_NATIVE=0: the Python twins of impl/native/*.c (the
+#                 readers, the rows writes, the diff tables), to compare with bench_host's C parts through each pass's own ratio
 #   host_primitives  `python -m bench.host_primitives` alone: host us of the steady step's pieces (numpy ops, the
 #                 type check, H2D/D2H copy_, event record new and re-recorded, enqueue, stream switch, graph replay) on this
 #                 machine, the step's three submissions in situ (after Python work, GPU idle or busy), and one Triton launch
@@ -125,7 +125,7 @@ want() { [[ "$jobs" == *" $1 "* ]]; }
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())" | tee "$out/versions.txt"
 # The C parts (impl/native) built once here, before jobs run side by side; a failed build is logged, and the jobs
 # then use the Python twins (each host_cost row says whether its step reading and diff packing ran in C or Python).
-python3 -c "import impl.native as n; print('native step reading, boundary, staging and rows (impl/native/*.c):', *map(n.load, ('steady', 'boundary', 'staging', 'rows')))" \
+python3 -c "import impl.native as n; print('native step reading, boundary, staging and rows (impl/native/*.c):', *map(n.load, ('steady', 'general', 'boundary', 'staging', 'rows')))" \
   2>&1 | tee -a "$out/versions.txt"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
 want bench_spec && job bench_spec "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_ngram --out "$out/bench_spec"

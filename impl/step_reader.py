@@ -22,9 +22,10 @@ checks and Python reader first (`read_steady`, `impl/native/steady.c`, built at 
 `impl.native`): one pass over the step's objects -- containers, step id, then the batch -- that
 decides the same verdict whenever every object it reads has its exact type, and hands every other
 step to the Python checks and reader (`_read_steady`), the reference.  A general step without
-drafts is read the same way by ``read_general`` first -- the leaving ids, the new requests (through
-`impl/native/boundary.c`'s check), the cached and scheduled requests and the batch rules in one
-call -- and `read_step`'s own parts, the reference, read every step it declines.
+drafts is read the same way by ``read_general`` first (`impl/native/general.c`) -- the leaving ids, the
+new requests (through `impl/native/boundary.c`'s check), the cached and scheduled requests and the
+batch rules in one call, in one pass when the scheduled dict lists the cached requests first and in
+their order -- and `read_step`'s own parts, the reference, read every step it declines.
 
 The result, `StepArrays`, serves the row updates (`apply_cached`, block appends, admissions)
 and the step plan (`impl.input_batch.plan_step`); nothing reads the `SchedulerOutput` again
@@ -187,6 +188,9 @@ def read_steady_step(sched: SchedulerOutput, state: RequestStateTable, limits: R
 # The C twin of `read_steady_step`'s checks and `_read_steady` (`impl/native/steady.c`); None without a compiler
 # or with RUNNERCHECK_NATIVE=0.
 _native_reader = native.load("steady")
+# The C twins of `read_step`'s parts, and its whole for a step without drafts (`impl/native/general.c`); None: the
+# Python parts alone.
+_native_general = native.load("general")
 # The C twin of `impl.boundary.check_new_request` (`impl/native/boundary.c`); None: the reference alone.
 _native_boundary = native.load("boundary")
 
@@ -310,8 +314,8 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         check_step_id(sched.step_id, last_step_id)
     r2r = state.req_to_row
     cached = sched.cached_requests
-    if _native_reader is not None and _native_boundary is not None and not sched.draft_token_ids:
-        got = _native_reader.read_general(
+    if _native_general is not None and _native_boundary is not None and not sched.draft_token_ids:
+        got = _native_general.read_general(
             cached.req_ids, cached.num_computed_tokens, cached.new_block_ids, sched.num_scheduled_tokens, r2r,
             sched.finished_req_ids, sched.preempted_req_ids, sched.new_requests, _native_boundary.check_new_request,
             _check_new_args(limits), limits.max_num_reqs, state.num_computed, state.num_blocks, state.num_tokens,
@@ -350,7 +354,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     hint = state.batch_hint or _NO_HINT  # the last batch's ids and rows: most cached rows found without a look-up
     if nc:
         ids = cached.req_ids
-        got = NotImplemented if _native_reader is None else _native_reader.read_cached(
+        got = NotImplemented if _native_general is None else _native_general.read_cached(
             ids, cached.num_computed_tokens, cached.new_block_ids, r2r, _EMPTY if gone_rows is None else gone_rows,
             num_computed, num_blocks, blocks_per_request(limits.max_model_len, limits.block_size), limits.num_kv_blocks, *hint)
         if got is None or got is NotImplemented:  # the reference decides: it names a bad request, reads a shift
@@ -366,7 +370,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
             num_computed[crows] = ccomp
 
     scheduled = sched.num_scheduled_tokens
-    got = NotImplemented if _native_reader is None else _native_reader.read_scheduled(
+    got = NotImplemented if _native_general is None else _native_general.read_scheduled(
         scheduled, r2r, _EMPTY if gone_rows is None else gone_rows, num_tokens, num_computed, num_blocks)
     if got is NotImplemented:
         got = _read_scheduled(scheduled, r2r, gone_rows, ids, crows, num_tokens, num_computed, num_blocks)
@@ -397,7 +401,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         drafts = tuple(per_request)
 
     with_drafts = num_drafts if drafts is not None else None
-    got = NotImplemented if _native_reader is None else _native_reader.check_batch(
+    got = NotImplemented if _native_general is None else _native_general.check_batch(
         query_lens, starts, known, blocks, with_drafts, limits.block_size, limits.max_model_len, limits.max_num_batched_tokens)
     if got is NotImplemented:
         got = _check_batch(query_lens, starts, known, blocks, with_drafts, limits)
@@ -417,7 +421,7 @@ def _read_cached(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
     """The cached requests of a checked step: (rows, computed counts, new block counts, block appends, shifts).
 
     Computed counts and shifts are None when every count is the mirror's bound (no rejected drafts).
-    Rejects through `_diagnose`.  The reference of the C ``read_cached`` (`impl/native/steady.c`).
+    Rejects through `_diagnose`.  The reference of the C ``read_cached`` (`impl/native/general.c`).
     """
     r2r, cached = state.req_to_row, sched.cached_requests
     nc = len(cached)
@@ -452,7 +456,7 @@ def _read_scheduled(scheduled: dict, r2r: dict, gone_rows: np.ndarray | None, ca
     """(batch ids, query lengths, rows: -1 for an id that holds none, and each row's tokens known, computed and
     blocks in the given mirror arrays: 0 for -1); None when a count is not an int of 64 bits, an id cannot be
     looked up or a scheduled row is leaving this step (``gone_rows``).  The reference of the C
-    ``read_scheduled`` (`impl/native/steady.c`)."""
+    ``read_scheduled`` (`impl/native/general.c`)."""
     req_ids = tuple(scheduled)
     counts = list(scheduled.values())
     query_lens = _int_array(counts) if _all_of(counts, {int}) else None
@@ -478,7 +482,7 @@ def _check_batch(query_lens: np.ndarray, starts: np.ndarray, known: np.ndarray, 
     """(ends, token total, query starts, largest query, largest end, shared query length or -1) of a batch whose
     every count is >= 1, inside the tokens known (to their end exactly with drafts), the blocks held and the
     model's length, with a total inside the budget; else None.  The reference of the C ``check_batch``
-    (`impl/native/steady.c`)."""
+    (`impl/native/general.c`)."""
     # A count above the budget is rejected before any sum: a 64-bit sum could wrap past it.
     if np.count_nonzero((query_lens <= 0) | (query_lens > limits.max_num_batched_tokens)):
         return None

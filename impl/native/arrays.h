@@ -1,5 +1,5 @@
 /* What the C modules of `impl.native` share: the module-name macros, 1-D array views, new int64 arrays, the
- * exact-int read, the attribute read by interned name and the module definition.
+ * exact-int read, the blocks a request can hold, the attribute read by interned name and the module definition.
  * Included by each module's source (the build hashes this header into every module's cache stamp). */
 #ifndef RUNNERCHECK_NATIVE_ARRAYS_H
 #define RUNNERCHECK_NATIVE_ARRAYS_H
@@ -69,6 +69,13 @@ static inline int exact_int(PyObject *obj, long long *value)
     *value = PyLong_AsLongLongAndOverflow(obj, &overflow);
     return overflow ? EXACT_INT_TOO_BIG : EXACT_INT;
 }
+
+/* `impl.interface.blocks_per_request`: the most KV blocks one request can hold (both arguments positive). */
+static inline long long blocks_per_request(long long max_model_len, long long block_size)
+{
+    return (max_model_len + block_size - 1) / block_size;
+}
+
 
 /* An attribute, as a new reference; NULL with an exception set when reading it failed.  The names are
  * interned once (a module lives as long as the interpreter that loaded it). */

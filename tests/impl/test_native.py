@@ -1,4 +1,4 @@
-"""The step reader's C twins (`impl/native/steady.c`) against their Python references, and their loader.
+"""The step reader's C twins (`impl/native/steady.c`, `general.c`) against their Python references, and their loader.
 
 The steady reader:
 
@@ -12,14 +12,15 @@ by the same comparison.  The C reader also makes `read_steady_step`'s checks (co
 admitted, finished or drafted): with it and without it, generated steps with those changed get the same
 error, None or arrays; a build that accepts a stale step id is caught.
 
-The general reader's C blocks (``read_cached``, ``read_scheduled``, ``check_batch``) against their
+The general reader's C blocks (`impl/native/general.c`: ``read_cached``, ``read_scheduled``, ``check_batch``) against their
 Python references (`_read_cached`, `_read_scheduled`, `_check_batch`) in the same way, on generated
 cached requests (ids unknown, repeated or leaving, counts inside or outside the drafts' window),
 scheduled counts and batches (counts past each bound, one that wraps a 64-bit sum); the planted build
 that trusts the mirror is caught by the cached block's comparison too.
 
-(The staged writes' packing, `impl/native/staging.c`, is tested in test_native_staging.py; the request state
-table's writes, `impl/native/rows.c`, in test_native_rows.py.)
+(The general reader's one pass is tested in test_native_lockstep.py; the staged writes' packing,
+`impl/native/staging.c`, in test_native_staging.py; the request state table's writes, `impl/native/rows.c`, in
+test_native_rows.py.)
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=8, max_model_len=64, max_num_
 MAX_BLOCKS = 16  # 64 tokens / 4 per block
 
 reader = native.load("steady")
-needs_native = pytest.mark.skipif(reader is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
+general = native.load("general")
+needs_native = pytest.mark.skipif(reader is None or general is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
 
 
 def _planted(define: str, name: str = "steady"):
@@ -402,16 +404,16 @@ def cached_blocks(draw):
 @given(cached_blocks())
 def test_c_cached_reader_agrees_with_the_python_reader(case):
     sched, state, gone_rows, exactly_typed = case
-    assert_cached_readers_agree(reader, sched, state, gone_rows, exactly_typed)
+    assert_cached_readers_agree(general, sched, state, gone_rows, exactly_typed)
 
 
 def test_planted_bug_c_cached_reader_trusting_the_mirror_is_caught():
     """The comparison can fail: the build whose readers never compare the computed counts with the mirror."""
-    trusting = _planted("RUNNERCHECK_PLANT_TRUST_COMPUTED")
+    trusting = _planted("RUNNERCHECK_PLANT_TRUST_COMPUTED", "general")
     state = _general_mirror([1, 2], [5, 6], [0, 0])
     off_by_one = SchedulerOutput(step_id=2, cached_requests=CachedRequests(("r1", "r2"), ((), ()), (5, 7)))
-    if reader is not None:
-        assert_cached_readers_agree(reader, off_by_one, state, None, True)  # the real build rejects it too
+    if general is not None:
+        assert_cached_readers_agree(general, off_by_one, state, None, True)  # the real build rejects it too
     with pytest.raises(AssertionError, match="C reader"):
         assert_cached_readers_agree(trusting, off_by_one, state, None, True)
 
@@ -436,7 +438,7 @@ def scheduled_counts(draw):
 @given(scheduled_counts())
 def test_c_scheduled_reader_agrees_with_the_python_reader(case):
     scheduled, r2r, gone_rows, cached_ids, mirror, exactly_typed = case
-    got = reader.read_scheduled(scheduled, r2r, step_reader._EMPTY if gone_rows is None else gone_rows, *mirror)
+    got = general.read_scheduled(scheduled, r2r, step_reader._EMPTY if gone_rows is None else gone_rows, *mirror)
     if got is NotImplemented:
         assert not exactly_typed, "the C reader declined scheduled counts whose every object has its exact type"
         return
@@ -481,14 +483,14 @@ def assert_batch_checks_agree(c_reader, lens, starts, known, blocks, drafts) -> 
 @settings(max_examples=300, deadline=None)
 @given(batches())
 def test_c_batch_check_agrees_with_the_numpy_check(batch):
-    assert_batch_checks_agree(reader, *batch)
+    assert_batch_checks_agree(general, *batch)
 
 
 @needs_native
 def test_a_count_that_wraps_the_total_is_rejected_by_both_checks():
     """Two counts whose int64 sum wraps below the budget: the per-request validator rejects it, so must both."""
     lens, starts = np.array([BIG, 10], np.int64), np.array([5, 0], np.int64)
-    assert_batch_checks_agree(reader, lens, starts, starts + 20, np.full(2, MAX_BLOCKS, np.int64), None)
+    assert_batch_checks_agree(general, lens, starts, starts + 20, np.full(2, MAX_BLOCKS, np.int64), None)
     assert step_reader._check_batch(lens, starts, starts + 20, np.full(2, MAX_BLOCKS, np.int64), None, LIMITS) is None
 
 
@@ -564,6 +566,7 @@ def test_the_bad_input_catalogue_holds_with_the_python_twin(monkeypatch):
     from test_bad_inputs import _runner, _schedule, _throw, _variants_at_3, _variants_at_4, _variants_at_5
 
     monkeypatch.setattr(step_reader, "_native_reader", None)
+    monkeypatch.setattr(step_reader, "_native_general", None)
     monkeypatch.setattr(step_reader, "_native_boundary", None)
     runner, outputs, seen = _runner(), [], {}
     for step, variants in enumerate((None, None, None, _variants_at_3, _variants_at_4, _variants_at_5)):
@@ -628,17 +631,17 @@ def test_a_run_that_admits_reads_its_general_steps_in_c(monkeypatch):
     """The general reader's cached block and batch are read in C (admissions, finishes, drafts)."""
     from test_bad_inputs import NUM_STEPS
 
-    counting, writing = _Counting(reader), _Counting(native.load("rows"))
-    monkeypatch.setattr(step_reader, "_native_reader", counting)
+    counting, writing = _Counting(general), _Counting(native.load("rows"))
+    monkeypatch.setattr(step_reader, "_native_general", counting)
     monkeypatch.setattr(state_module, "_rows", writing)
     admitted, steady = admitting_run()
     assert writing.done.get("admit_row", 0) == admitted, writing.done  # every admission's mirror row written in C
-    general = NUM_STEPS - steady
+    num_general = NUM_STEPS - steady
     # read_general reads the steps without drafts in one call (its parts inside); the others call the parts.
     done = counting.done.get
-    assert done("read_general", 0) + done("read_scheduled", 0) == general, counting.done
+    assert done("read_general", 0) + done("read_scheduled", 0) == num_general, counting.done
     assert done("read_general", 0) >= 1 and done("read_scheduled", 0) >= 1, counting.done
-    assert done("read_general", 0) + done("read_cached", 0) >= general - 1, counting.done  # the first step caches nothing
+    assert done("read_general", 0) + done("read_cached", 0) >= num_general - 1, counting.done  # the first step caches nothing
 
 
 class _WithoutGeneral:
@@ -678,7 +681,7 @@ def test_c_general_reader_agrees_with_its_parts(monkeypatch):
     variants: the same StepArrays or the same error, class and text; it reads the run's steps without drafts."""
     from test_bad_inputs import _runner, _schedule, _variants_at_3, _variants_at_4, _variants_at_5
 
-    counting, without = _Counting(reader), _WithoutGeneral(reader)
+    counting, without = _Counting(general), _WithoutGeneral(general)
     runner, outputs, compared = _runner(), [], 0
     for step, variants in enumerate((None, None, None, _variants_at_3, _variants_at_4, _variants_at_5)):
         good = _schedule(step, outputs)
@@ -687,13 +690,13 @@ def test_c_general_reader_agrees_with_its_parts(monkeypatch):
         if variants is not None:
             schedules += [bad for base in bases for _, _, bad, _ in variants(base)]
         for sched in schedules:
-            monkeypatch.setattr(step_reader, "_native_reader", counting)
+            monkeypatch.setattr(step_reader, "_native_general", counting)
             got = _read_outcome(sched, runner)
-            monkeypatch.setattr(step_reader, "_native_reader", without)
+            monkeypatch.setattr(step_reader, "_native_general", without)
             want = _read_outcome(sched, runner)
             assert _same_outcome(got, want), f"step {step}: read_general {got}\nits parts {want}"
             compared += 1
-        monkeypatch.setattr(step_reader, "_native_reader", reader)
+        monkeypatch.setattr(step_reader, "_native_general", general)
         outputs.append(runner.execute_model(good).get())
     assert compared >= 100 and counting.done.get("read_general", 0) >= 3, (compared, counting.done)
 
@@ -701,7 +704,7 @@ def test_c_general_reader_agrees_with_its_parts(monkeypatch):
 def test_planted_bug_general_reader_admitting_a_live_id_again_is_caught(monkeypatch):
     """The comparison above can fail: a build whose read_general takes a new request under an id that is live (and
     not leaving), which `read_step` rejects as a duplicate."""
-    planted = _planted("RUNNERCHECK_PLANT_LIVE_ID_READMITTED")
+    planted = _planted("RUNNERCHECK_PLANT_LIVE_ID_READMITTED", "general")
     from test_bad_inputs import _runner, _schedule
 
     runner, outputs = _runner(), []
@@ -713,13 +716,13 @@ def test_planted_bug_general_reader_admitting_a_live_id_again_is_caught(monkeypa
     sched = dataclasses.replace(good, new_requests=good.new_requests + (again,))
     want = _read_outcome(sched, runner)
     assert want[0] is DuplicateRequestError, want
-    monkeypatch.setattr(step_reader, "_native_reader", planted)
+    monkeypatch.setattr(step_reader, "_native_general", planted)
     assert not _same_outcome(_read_outcome(sched, runner), want)
 
 
 def test_planted_bug_general_reader_ignoring_the_new_requests_facts_is_caught(monkeypatch):
     """The comparison above can fail: a build whose read_general leaves a new request's prefix-cache hit at 0."""
-    planted = _planted("RUNNERCHECK_PLANT_NEW_HIT_ZERO")
+    planted = _planted("RUNNERCHECK_PLANT_NEW_HIT_ZERO", "general")
     from test_bad_inputs import _runner, _schedule
 
     runner, outputs = _runner(), []
@@ -729,8 +732,8 @@ def test_planted_bug_general_reader_ignoring_the_new_requests_facts_is_caught(mo
     hit = NewRequest("H", (1, 2, 3, 4, 5), SamplingParams(), (9, 10), num_computed_tokens=4)
     sched = dataclasses.replace(good, new_requests=good.new_requests + (hit,),
                                 num_scheduled_tokens={**good.num_scheduled_tokens, "H": 1})
-    monkeypatch.setattr(step_reader, "_native_reader", _WithoutGeneral(reader) if reader is not None else None)
+    monkeypatch.setattr(step_reader, "_native_general", _WithoutGeneral(general) if general is not None else None)
     want = _read_outcome(sched, runner)
     assert isinstance(want, StepArrays), want
-    monkeypatch.setattr(step_reader, "_native_reader", planted)
+    monkeypatch.setattr(step_reader, "_native_general", planted)
     assert not _same_outcome(_read_outcome(sched, runner), want)

@@ -1,4 +1,4 @@
-"""The cached reader's batch hint (`impl.state.RequestStateTable.batch_hint`, `impl/native/steady.c` read_cached).
+"""The cached reader's batch hint (`impl.state.RequestStateTable.batch_hint`, `impl/native/general.c` read_cached).
 
 A cached id that is the same object as one of the last planned batch's next few ids (past requests
 that left) takes that batch's row instead of a look-up in ``req_to_row``.  The hint is an accelerator,
@@ -20,7 +20,7 @@ import impl.step_reader as step_reader
 from impl.device import Device
 from impl.interface import CachedRequests, NewRequest, SamplingParams, SchedulerOutput
 from impl.state import RequestStateTable
-from test_native import LIMITS, MAX_BLOCKS, _planted, needs_native, reader
+from test_native import LIMITS, MAX_BLOCKS, _planted, general, needs_native
 
 NUM_ROWS = LIMITS.max_num_reqs
 
@@ -68,7 +68,7 @@ def _assert_hint_changes_nothing(c_reader, batch) -> None:
 @settings(max_examples=300, deadline=None)
 @given(hinted_batches())
 def test_the_hint_finds_the_rows_a_look_up_finds(batch):
-    _assert_hint_changes_nothing(reader, batch)
+    _assert_hint_changes_nothing(general, batch)
 
 
 _R2R = {"a": 6, "b": 2, "c": 7, "d": 0, "f": 1, "g": 3, "h": 5, "e": 4}
@@ -89,16 +89,16 @@ HAND_CASES = {  # cached ids around the hint ("a".."h" at rows 6, 2, 7, 0, 1, 3,
 @pytest.mark.parametrize("case", HAND_CASES)
 def test_the_hint_finds_the_rows_a_look_up_finds_by_hand(case):
     hint_rows = np.array([_R2R[rid] for rid in _HINT], np.int64)
-    _assert_hint_changes_nothing(reader, (_R2R, _HINT, hint_rows, HAND_CASES[case]))
+    _assert_hint_changes_nothing(general, (_R2R, _HINT, hint_rows, HAND_CASES[case]))
 
 
 @needs_native
 def test_planted_bug_a_reader_taking_the_row_after_the_hints_is_caught():
-    planted = _planted("RUNNERCHECK_PLANT_HINT_OFF_BY_ONE")
+    planted = _planted("RUNNERCHECK_PLANT_HINT_OFF_BY_ONE", "general")
     req_to_row = {"a": 3, "b": 5, "c": 1}
     ids = tuple(req_to_row)
     batch = (req_to_row, ids, np.array([3, 5, 1], np.int64), ids)
-    _assert_hint_changes_nothing(reader, batch)
+    _assert_hint_changes_nothing(general, batch)
     with pytest.raises(AssertionError):
         _assert_hint_changes_nothing(planted, batch)
 

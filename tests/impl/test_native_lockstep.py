@@ -1,4 +1,4 @@
-"""read_general's one-pass reader (`impl/native/steady.c` read_in_lockstep) against its passes.
+"""read_general's one-pass reader (`impl/native/general.c` read_in_lockstep) against its passes.
 
 A general step as a decode batch usually brings it -- the scheduled dict listing the cached requests
 first, each key the very object of its cached id and in that order, then the new requests -- is read
@@ -22,7 +22,7 @@ from bench import case_runner
 from bench.common import BenchContext
 from impl.device import Device
 from impl.interface import CachedRequests, SchedulerOutput
-from test_native import _planted, needs_native, reader
+from test_native import _planted, general, needs_native
 
 PASSES_ONLY = "RUNNERCHECK_GENERAL_PASSES_ONLY"
 
@@ -104,13 +104,13 @@ def _damaged(sched: SchedulerOutput, num_kv_blocks: int):
 
 @needs_native
 def test_the_one_pass_reader_reads_as_the_passes_over_a_churning_workload():
-    passes = _planted(PASSES_ONLY)
+    passes = _planted(PASSES_ONLY, "general")
     runner, work, limits = _workload()
     compared = accepted = admitting = 0
     for _ in range(60):
         sched = work.next_step()
         for name, damaged in [("as scheduled", sched), *_damaged(sched, limits.num_kv_blocks)]:
-            got, want = _read(reader, damaged, runner), _read(passes, damaged, runner)
+            got, want = _read(general, damaged, runner), _read(passes, damaged, runner)
             assert _same(got, want), f"step {sched.step_id}, {name}:\none pass {got}\npasses {want}"
             compared += 1
             accepted += got is not NotImplemented
@@ -132,18 +132,18 @@ def test_a_finishing_step_is_read_in_one_pass():
         sched, finished_req_ids=frozenset({gone}),
         cached_requests=CachedRequests(cached.req_ids[keep], cached.new_block_ids[keep], cached.num_computed_tokens[keep]),
         num_scheduled_tokens={k: v for k, v in sched.num_scheduled_tokens.items() if k != gone})
-    got = _read(reader, finishing, runner)
+    got = _read(general, finishing, runner)
     assert got is not NotImplemented and got[0] == (gone,)
     assert got[4] is finishing.cached_requests.req_ids
-    want = _read(_planted(PASSES_ONLY), finishing, runner)
+    want = _read(_planted(PASSES_ONLY, "general"), finishing, runner)
     assert _same(got, want) and want[4] is not finishing.cached_requests.req_ids
 
 
 def test_planted_bug_one_pass_reader_skipping_the_known_tokens_is_caught():
     """The comparison above can fail: a one-pass reader that never reads the tokens known accepts a cached request
     scheduled past them, which the passes (and `read_step`) reject."""
-    planted = _planted("RUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD")
-    passes = _planted(PASSES_ONLY)
+    planted = _planted("RUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD", "general")
+    passes = _planted(PASSES_ONLY, "general")
     runner, work, _ = _workload()
     caught = 0
     for _ in range(10):
