@@ -98,6 +98,35 @@ static int hinted_row(PyObject *rid, PyObject *hint_ids, ArrayView hint_rows, Py
     return row_of(req_to_row, rid, num_rows, row);
 }
 
+/* The appends of cached requests whose block lists (exact tuples or lists of exact ints, read already) add
+ * ``counts[i]`` blocks to row ``rows[i]``: (rows, counts, block ids) of those that add any, in batch order, or None
+ * when none does; NULL on an allocation failure. */
+static PyObject *appends_of(PyObject *block_lists, const npy_int64 *rows, const npy_int64 *counts,
+                            Py_ssize_t num_appending, Py_ssize_t num_appended)
+{
+    if (!num_appending)
+        return Py_NewRef(Py_None);
+    PyObject *append_rows = new_int64(num_appending), *append_counts = new_int64(num_appending);
+    PyObject *append_ids = new_int64(num_appended), *appends = NULL;
+    if (append_rows && append_counts && append_ids) {
+        Py_ssize_t a = 0, b = 0;
+        for (Py_ssize_t i = 0; a < num_appending; i++) {
+            if (!counts[i])
+                continue;
+            DATA64(append_rows)[a] = rows[i];
+            DATA64(append_counts)[a++] = counts[i];
+            PyObject **items = PySequence_Fast_ITEMS(PyTuple_GET_ITEM(block_lists, i));
+            for (Py_ssize_t j = 0; j < counts[i]; j++)
+                DATA64(append_ids)[b++] = PyLong_AsLongLong(items[j]);
+        }
+        appends = PyTuple_Pack(3, append_rows, append_counts, append_ids);
+    }
+    Py_XDECREF(append_rows);
+    Py_XDECREF(append_counts);
+    Py_XDECREF(append_ids);
+    return appends;
+}
+
 static PyObject *read_cached(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -129,7 +158,7 @@ static PyObject *read_cached(PyObject *self, PyObject *args)
 
     PyObject *rows = new_int64(n), *counts = new_int64(n);
     char *seen = PyMem_Calloc(num_rows > 0 ? num_rows : 1, 1);
-    PyObject *append_rows = NULL, *append_counts = NULL, *append_ids = NULL, *appends = NULL, *result = NULL;
+    PyObject *appends = NULL, *result = NULL;
     if (!rows || !counts || !seen) {
         if (!seen)
             PyErr_NoMemory();
@@ -208,35 +237,13 @@ static PyObject *read_cached(PyObject *self, PyObject *args)
         result = Py_NewRef(Py_None);
         goto done;
     }
-    if (num_appending) {
-        append_rows = new_int64(num_appending);
-        append_counts = new_int64(num_appending);
-        append_ids = new_int64(num_appended);
-        if (!append_rows || !append_counts || !append_ids)
-            goto done;
-        Py_ssize_t a = 0, b = 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (!counts_out[i])
-                continue;
-            DATA64(append_rows)[a] = rows_out[i];
-            DATA64(append_counts)[a++] = counts_out[i];
-            PyObject **items = PySequence_Fast_ITEMS(PyTuple_GET_ITEM(block_lists, i));
-            for (Py_ssize_t j = 0; j < counts_out[i]; j++)
-                DATA64(append_ids)[b++] = PyLong_AsLongLong(items[j]);
-        }
-        appends = PyTuple_Pack(3, append_rows, append_counts, append_ids);
-    }
-    else
-        appends = Py_NewRef(Py_None);
+    appends = appends_of(block_lists, rows_out, counts_out, num_appending, num_appended);
     if (appends)
         result = PyTuple_Pack(3, rows, counts, appends);
 done:
     PyMem_Free(seen);
     Py_XDECREF(rows);
     Py_XDECREF(counts);
-    Py_XDECREF(append_rows);
-    Py_XDECREF(append_counts);
-    Py_XDECREF(append_ids);
     Py_XDECREF(appends);
     return result;
 }
@@ -600,30 +607,8 @@ static PyObject *read_in_lockstep(PyObject *ids, PyObject *computed, PyObject *b
     }
     if (i != n)
         goto done;
-    if (num_appending) {
-        PyObject *append_rows = new_int64(num_appending), *append_counts = new_int64(num_appending);
-        PyObject *append_ids = new_int64(num_appended);
-        if (append_rows && append_counts && append_ids) {
-            Py_ssize_t a = 0, b = 0;
-            for (Py_ssize_t c = 0; c < num_cached; c++) {
-                if (!counts_out[c])
-                    continue;
-                DATA64(append_rows)[a] = cached_out[c];
-                DATA64(append_counts)[a++] = counts_out[c];
-                PyObject **items = PySequence_Fast_ITEMS(PyTuple_GET_ITEM(block_lists, c));
-                for (Py_ssize_t j = 0; j < counts_out[c]; j++)
-                    DATA64(append_ids)[b++] = PyLong_AsLongLong(items[j]);
-            }
-            appends = PyTuple_Pack(3, append_rows, append_counts, append_ids);
-        }
-        Py_XDECREF(append_rows);
-        Py_XDECREF(append_counts);
-        Py_XDECREF(append_ids);
-        if (!appends)
-            goto done;
-    }
-    else
-        appends = Py_NewRef(Py_None);
+    if (!(appends = appends_of(block_lists, cached_out, counts_out, num_appending, num_appended)))
+        goto done;
     new_positions = positions ? PyList_AsTuple(positions) : PyTuple_New(0);
     if (new_positions)
         result = Py_BuildValue("(OOOOOOOOOOLOLLLO)", gone, cached_rows, new_counts, appends, req_ids, lens, rows, known,
