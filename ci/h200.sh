@@ -57,8 +57,9 @@
 #   host_trace_eager  alone: the same for the eager churn step (1% churn: an admission every step at 256 requests),
 #                 its device-work pieces included (`host_profile --phases --churn 0.01`), then torch.profiler over 100 of them
 #   bench_host_ab alone: host_cost passes of this tree and of the tree at $AB_BASE (an earlier commit exported there:
-#                 `git archive COMMIT | tar x -C DIR`; the device's own git metadata may be stale), alternating,
-#                 $AB_PASSES each (default 3), so both are timed under one host's conditions; then the pairs'
+#                 `git archive COMMIT | tar x -C DIR`; the device's own git metadata may be stale), alternating
+#                 (the base first in odd passes, this tree first in even ones), $AB_PASSES each (default 3), so both
+#                 are timed under one host's conditions; then the pairs'
 #                 ratios compared (`python -m bench.ab_compare`: medians, pairs down, Wilcoxon p; ab.json)
 #   host_lines    alone: each statement of the step's functions timed on this host (`host_profile --lines`, a clock
 #                 read before each): the fused steady step at 64 requests (`ModelRunner._execute_steady`), the churn
@@ -139,10 +140,13 @@ want gpu_sampler && job gpu_sampler "$limit" python3 -m pytest -v -p no:cachepro
   tests/impl/test_sampler_split_gpu.py tests/impl/test_sampler_gpu.py tests/reference/test_rng.py
 want bench_host_python && RUNNERCHECK_NATIVE=0 job bench_host_python "${BENCH_LIMIT_S:-420}" $rc bench --device cuda \
   --only host_cost --out "$out/bench_host_python"
-want bench_host_ab && job bench_host_ab "${BENCH_LIMIT_S:-500}" bash -c 'for i in $(seq "${AB_PASSES:-3}"); do
-  (cd "${AB_BASE:?AB_BASE: an exported tree of the commit to compare with}" && PYTHONPATH=. python3 -m stress.cli bench \
-  --device cuda --only host_cost --out "$0/base_$i") && python3 -m stress.cli bench --device cuda --only host_cost \
-  --out "$0/new_$i" || exit 1; done; python3 -m bench.ab_compare "$0" --out "$0/ab.json"' "$out/bench_host_ab"
+want bench_host_ab && job bench_host_ab "${BENCH_LIMIT_S:-500}" bash -c 'base() { (cd "${AB_BASE:?an exported tree of the commit to compare with}" &&
+  PYTHONPATH=. python3 -m stress.cli bench --device cuda --only host_cost --out "$1"); }
+  new() { python3 -m stress.cli bench --device cuda --only host_cost --out "$1"; }
+  for i in $(seq "${AB_PASSES:-3}"); do  # odd passes run the base first, even ones this tree: neither always goes first
+    if [ $((i % 2)) = 1 ]; then base "$0/base_$i" && new "$0/new_$i" || exit 1
+    else new "$0/new_$i" && base "$0/base_$i" || exit 1; fi
+  done; python3 -m bench.ab_compare "$0" --out "$0/ab.json"' "$out/bench_host_ab"
 want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host" &&
   RUNNERCHECK_SLOW_LAUNCH=1 job bench_host_slow_launch "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost \
   --out "$out/bench_host_slow_launch"
