@@ -98,6 +98,68 @@ static int hinted_row(PyObject *rid, PyObject *hint_ids, ArrayView hint_rows, Py
     return row_of(req_to_row, rid, num_rows, row);
 }
 
+/* What a cached request is checked against: the mirror's computed counts and blocks by row, the rows leaving this
+ * step, the hint (`hinted_row`) and the limits on blocks. */
+typedef struct {
+    PyObject *req_to_row, *hint_ids;
+    ArrayView mirror_computed, mirror_blocks, gone, hint_rows;
+    Py_ssize_t num_hints;
+    long long max_blocks, num_kv_blocks;
+} CachedMirror;
+
+enum { ENTRY_ERROR = -2, ENTRY_TYPE = -1, ENTRY_RULE = 0, ENTRY_OK = 1 };
+
+/* One cached request (``rid``, its computed count, its new block list) checked as read_cached checks it: ENTRY_OK,
+ * ENTRY_RULE when a rule fails (an unknown, repeated or leaving id, a computed count off the mirror, a block out of
+ * range, more blocks than a request holds) -- every type is still checked --, ENTRY_TYPE when an object is not of its
+ * exact type, ENTRY_ERROR with an error set.  Unless ENTRY_TYPE or ENTRY_ERROR: its row (-1: unknown) in *row and
+ * its new blocks in *num_new; a known, unrepeated row is marked in ``seen``. */
+static int cached_entry(PyObject *rid, PyObject *computed, PyObject *blocks, const CachedMirror *m, char *seen,
+                        Py_ssize_t *next_hint, npy_int64 *row, Py_ssize_t *num_new)
+{
+    if (!PyUnicode_CheckExact(rid))
+        return ENTRY_TYPE;
+    const npy_intp num_rows = m->mirror_computed.len;
+    int verdict = ENTRY_OK;
+    *row = -1;
+    /* The batch usually lists the last one's requests again, in order, less those that left: the id object
+     * at one of the hint's next HINT_REACH places takes its row without a look-up. */
+    const int found = hinted_row(rid, m->hint_ids, m->hint_rows, m->num_hints, next_hint, m->req_to_row, num_rows, row);
+    if (found < 0)
+        return PyErr_Occurred() ? ENTRY_ERROR : ENTRY_TYPE;
+    if (!found || seen[*row])  /* unknown (or new, or empty) id; a request named twice */
+        verdict = ENTRY_RULE;
+    else {
+        seen[*row] = 1;
+        for (npy_intp g = 0; g < m->gone.len; g++)
+            if (AT(m->gone, g) == *row)  /* finished or preempted this step, and cached too */
+                verdict = ENTRY_RULE;
+    }
+    long long claimed;
+    int kind = exact_int(computed, &claimed);
+    if (!kind)
+        return ENTRY_TYPE;
+#ifndef RUNNERCHECK_PLANT_TRUST_COMPUTED
+    if (kind != EXACT_INT || (found && claimed != AT(m->mirror_computed, *row)))
+        verdict = ENTRY_RULE;
+#endif
+    if (!PyTuple_CheckExact(blocks) && !PyList_CheckExact(blocks))
+        return ENTRY_TYPE;
+    *num_new = Py_SIZE(blocks);
+    PyObject **items = PySequence_Fast_ITEMS(blocks);
+    for (Py_ssize_t j = 0; j < *num_new; j++) {
+        long long block;
+        kind = exact_int(items[j], &block);
+        if (!kind)
+            return ENTRY_TYPE;
+        if (kind != EXACT_INT || block < 0 || block >= m->num_kv_blocks)
+            verdict = ENTRY_RULE;
+    }
+    if (*num_new && found && AT(m->mirror_blocks, *row) + *num_new > m->max_blocks)
+        verdict = ENTRY_RULE;
+    return verdict;
+}
+
 /* The appends of cached requests whose block lists (exact tuples or lists of exact ints, read already) add
  * ``counts[i]`` blocks to row ``rows[i]``: (rows, counts, block ids) of those that add any, in batch order, or None
  * when none does; NULL on an allocation failure. */
@@ -165,68 +227,30 @@ static PyObject *read_cached(PyObject *self, PyObject *args)
         goto done;
     }
     npy_int64 *rows_out = DATA64(rows), *counts_out = DATA64(counts);
+    const CachedMirror mirror = {req_to_row, hint_ids, mirror_computed, mirror_blocks, gone, hint_rows, num_hints,
+                                 max_blocks, num_kv_blocks};
     /* One pass: exact types (any other: NotImplemented), and whether a value fails a rule or a computed
      * count differs from the mirror (then None: the Python reader decides, naming the request). */
-    int verdict = 1;  /* 1: accepted so far, 0: None, -1: NotImplemented */
+    int verdict = ENTRY_OK;  /* ENTRY_OK: accepted so far, ENTRY_RULE: None, ENTRY_TYPE: NotImplemented */
     Py_ssize_t num_appending = 0, num_appended = 0;
-    for (Py_ssize_t i = 0; i < n && verdict >= 0; i++) {
-        PyObject *rid = PyTuple_GET_ITEM(ids, i);
-        if (!PyUnicode_CheckExact(rid)) {
-            verdict = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        npy_int64 row;
+        Py_ssize_t num_new;
+        const int entry = cached_entry(PyTuple_GET_ITEM(ids, i), PyTuple_GET_ITEM(computed, i),
+                                       PyTuple_GET_ITEM(block_lists, i), &mirror, seen, &next_hint, &row, &num_new);
+        if (entry == ENTRY_ERROR)
+            goto done;
+        if (entry == ENTRY_TYPE) {
+            verdict = ENTRY_TYPE;
             break;
         }
-        npy_int64 row = -1;
-        /* The batch usually lists the last one's requests again, in order, less those that left: the id object
-         * at one of the hint's next HINT_REACH places takes its row without a look-up. */
-        int found = hinted_row(rid, hint_ids, hint_rows, num_hints, &next_hint, req_to_row, num_rows, &row);
-        if (found < 0) {
-            if (PyErr_Occurred())
-                goto done;
-            verdict = -1;
-            break;
-        }
-        if (!found || seen[row])  /* unknown (or new, or empty) id; a request named twice */
-            verdict = 0;
-        else {
-            seen[row] = 1;
-            for (npy_intp g = 0; g < gone.len; g++)
-                if (AT(gone, g) == row)  /* finished or preempted this step, and cached too */
-                    verdict = 0;
-        }
+        if (entry == ENTRY_RULE)
+            verdict = ENTRY_RULE;
         rows_out[i] = row;
-        long long claimed;
-        int kind = exact_int(PyTuple_GET_ITEM(computed, i), &claimed);
-        if (!kind) {
-            verdict = -1;
-            break;
-        }
-#ifndef RUNNERCHECK_PLANT_TRUST_COMPUTED
-        if (kind != EXACT_INT || (found && claimed != AT(mirror_computed, row)))
-            verdict = 0;
-#endif
-        PyObject *blocks = PyTuple_GET_ITEM(block_lists, i);
-        if (!PyTuple_CheckExact(blocks) && !PyList_CheckExact(blocks)) {
-            verdict = -1;
-            break;
-        }
-        Py_ssize_t num_new = Py_SIZE(blocks);
-        PyObject **items = PySequence_Fast_ITEMS(blocks);
-        for (Py_ssize_t j = 0; j < num_new; j++) {
-            long long block;
-            kind = exact_int(items[j], &block);
-            if (!kind) {
-                verdict = -1;
-                break;
-            }
-            if (kind != EXACT_INT || block < 0 || block >= num_kv_blocks)
-                verdict = 0;
-        }
         counts_out[i] = num_new;
         if (num_new) {
             num_appending++;
             num_appended += num_new;
-            if (found && AT(mirror_blocks, row) + num_new > max_blocks)
-                verdict = 0;
         }
     }
     if (verdict < 0) {
@@ -483,11 +507,10 @@ static int read_new(PyObject *requests, PyObject *check, PyObject *check_args, P
 
 /* What read_general's one-pass reader reads a step against: the mirror, the hint and the limits. */
 typedef struct {
-    PyObject *req_to_row, *new_requests, *hint_ids;
-    ArrayView mirror_computed, mirror_blocks, mirror_tokens, hint_rows;
-    const npy_int64 *gone_rows;
-    Py_ssize_t num_gone, num_hints;
-    long long max_blocks, num_kv_blocks, block_size, max_model_len, max_num_batched_tokens, max_held;
+    CachedMirror cached;  /* what each cached request is checked against (`cached_entry`) */
+    PyObject *new_requests;
+    ArrayView mirror_tokens;
+    long long block_size, max_model_len, max_num_batched_tokens, max_held;
 } GeneralMirror;
 
 /* The step as a decode batch usually comes, read in one pass instead of read_general's passes: the scheduled dict
@@ -499,7 +522,7 @@ static PyObject *read_in_lockstep(PyObject *ids, PyObject *computed, PyObject *b
                                   PyObject *gone, const GeneralMirror *m)
 {
     const Py_ssize_t num_cached = PyTuple_GET_SIZE(ids), n = PyDict_GET_SIZE(scheduled);
-    const npy_intp num_rows = m->mirror_computed.len;
+    const npy_intp num_rows = m->cached.mirror_computed.len;
     if (n != num_cached + PyDict_GET_SIZE(m->new_requests))
         return NULL;
     PyObject *cached_rows = new_int64(num_cached), *new_counts = new_int64(num_cached), *lens = new_int64(n);
@@ -523,42 +546,27 @@ static PyObject *read_in_lockstep(PyObject *ids, PyObject *computed, PyObject *b
     PyObject *key, *value;
     query_out[0] = 0;
     while (PyDict_Next(scheduled, &pos, &key, &value)) {
-        long long count, claimed, start, have, held;
+        long long count, start, have, held;
         npy_int64 row = -1, end;
         if (exact_int(value, &count) != EXACT_INT)
             goto done;
         if (i < num_cached) {
-            PyObject *blocks = PyTuple_GET_ITEM(block_lists, i);
-            if (key != PyTuple_GET_ITEM(ids, i) || !PyUnicode_CheckExact(key)
-                || hinted_row(key, m->hint_ids, m->hint_rows, m->num_hints, &next_hint, m->req_to_row, num_rows, &row) != 1
-                || seen[row] || exact_int(PyTuple_GET_ITEM(computed, i), &claimed) != EXACT_INT
-                || (!PyTuple_CheckExact(blocks) && !PyList_CheckExact(blocks)))
+            Py_ssize_t num_new;
+            if (key != PyTuple_GET_ITEM(ids, i))
                 goto done;
-#ifndef RUNNERCHECK_PLANT_TRUST_COMPUTED
-            if (claimed != AT(m->mirror_computed, row))  /* a rejected draft's shift: the passes read it */
+            /* Anything but a pass (a rejected draft's shift among them) goes to the passes, which decide. */
+            const int entry = cached_entry(key, PyTuple_GET_ITEM(computed, i), PyTuple_GET_ITEM(block_lists, i),
+                                           &m->cached, seen, &next_hint, &row, &num_new);
+            if (entry != ENTRY_OK)
                 goto done;
-#endif
-            seen[row] = 1;
-            for (Py_ssize_t g = 0; g < m->num_gone; g++)
-                if (m->gone_rows[g] == row)  /* finished or preempted this step, and cached too */
-                    goto done;
-            const Py_ssize_t num_new = Py_SIZE(blocks);
-            PyObject **items = PySequence_Fast_ITEMS(blocks);
-            for (Py_ssize_t j = 0; j < num_new; j++) {
-                long long block;
-                if (exact_int(items[j], &block) != EXACT_INT || block < 0 || block >= m->num_kv_blocks)
-                    goto done;
-            }
-            held = AT(m->mirror_blocks, row) + num_new;
             if (num_new) {
-                if (held > m->max_blocks)
-                    goto done;
                 num_appending++;
                 num_appended += num_new;
             }
+            held = AT(m->cached.mirror_blocks, row) + num_new;
             cached_out[i] = row;
             counts_out[i] = num_new;
-            start = AT(m->mirror_computed, row);
+            start = AT(m->cached.mirror_computed, row);
 #ifndef RUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD
             have = AT(m->mirror_tokens, row);
 #else
@@ -663,17 +671,20 @@ static PyObject *read_general(PyObject *self, PyObject *args)
     memcpy(DATA64(gone_rows), leaving, sizeof(npy_int64) * (size_t)PyList_GET_SIZE(gone));
     const long long max_blocks = blocks_per_request(max_model_len, block_size);
 #ifndef RUNNERCHECK_GENERAL_PASSES_ONLY
-    GeneralMirror mirror = {req_to_row, new_requests, hint_ids, {0}, {0}, {0}, {NULL, 0, 0}, leaving, PyList_GET_SIZE(gone), 0,
-                            max_blocks, num_kv_blocks, block_size, max_model_len, max_num_batched_tokens,
+    GeneralMirror mirror = {{req_to_row, hint_ids, {0}, {0}, {0}, {NULL, 0, 0}, 0, max_blocks, num_kv_blocks},
+                            new_requests, {0}, block_size, max_model_len, max_num_batched_tokens,
                             max_held_blocks(block_size)};
+    CachedMirror *cached_mirror = &mirror.cached;
     if (PyTuple_CheckExact(ids) && PyTuple_CheckExact(computed) && PyTuple_CheckExact(block_lists)
         && PyTuple_GET_SIZE(computed) == PyTuple_GET_SIZE(ids) && PyTuple_GET_SIZE(block_lists) == PyTuple_GET_SIZE(ids)
-        && PyDict_CheckExact(scheduled) && int64_view(num_computed, &mirror.mirror_computed)
-        && int64_view(num_blocks, &mirror.mirror_blocks) && int64_view(num_tokens, &mirror.mirror_tokens)
-        && mirror.mirror_blocks.len == mirror.mirror_computed.len && mirror.mirror_tokens.len == mirror.mirror_computed.len
-        && (hint_ids == Py_None || (PyTuple_CheckExact(hint_ids) && int64_view(hint_rows, &mirror.hint_rows)
-                                    && mirror.hint_rows.len == PyTuple_GET_SIZE(hint_ids)))) {
-        mirror.num_hints = hint_ids == Py_None ? 0 : PyTuple_GET_SIZE(hint_ids);
+        && PyDict_CheckExact(scheduled) && int64_view(num_computed, &cached_mirror->mirror_computed)
+        && int64_view(num_blocks, &cached_mirror->mirror_blocks) && int64_view(num_tokens, &mirror.mirror_tokens)
+        && int64_view(gone_rows, &cached_mirror->gone)
+        && cached_mirror->mirror_blocks.len == cached_mirror->mirror_computed.len
+        && mirror.mirror_tokens.len == cached_mirror->mirror_computed.len
+        && (hint_ids == Py_None || (PyTuple_CheckExact(hint_ids) && int64_view(hint_rows, &cached_mirror->hint_rows)
+                                    && cached_mirror->hint_rows.len == PyTuple_GET_SIZE(hint_ids)))) {
+        cached_mirror->num_hints = hint_ids == Py_None ? 0 : PyTuple_GET_SIZE(hint_ids);
         if ((result = read_in_lockstep(ids, computed, block_lists, scheduled, gone_sorted, &mirror)) || PyErr_Occurred())
             goto done;
     }
