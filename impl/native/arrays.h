@@ -76,7 +76,6 @@ static inline long long blocks_per_request(long long max_model_len, long long bl
     return (max_model_len + block_size - 1) / block_size;
 }
 
-
 /* An attribute, as a new reference; NULL with an exception set when reading it failed.  The names are
  * interned once (a module lives as long as the interpreter that loaded it). */
 static inline PyObject *attr(PyObject *obj, const char *name)

@@ -505,6 +505,26 @@ static int read_new(PyObject *requests, PyObject *check, PyObject *check_args, P
     return 1;
 }
 
+/* A new request scheduled at batch index ``i`` under ``rid``: its facts as read_new recorded them in ``new_requests``
+ * (prefill length, blocks, prefix-cache hit: the tokens it is known to, holds, and starts computing from), and
+ * (i, rid) appended to ``positions``.  1 when read; 0 when ``rid`` names no new request (or on an error, left set). */
+static int new_entry(PyObject *new_requests, PyObject *rid, Py_ssize_t i, PyObject *positions, long long *known,
+                     long long *held, long long *start)
+{
+    PyObject *facts = PyDict_GetItemWithError(new_requests, rid);
+    if (facts == NULL || !PyTuple_CheckExact(facts) || PyTuple_GET_SIZE(facts) != 3
+        || exact_int(PyTuple_GET_ITEM(facts, 0), known) != EXACT_INT || exact_int(PyTuple_GET_ITEM(facts, 1), held) != EXACT_INT
+        || exact_int(PyTuple_GET_ITEM(facts, 2), start) != EXACT_INT)
+        return 0;
+#ifdef RUNNERCHECK_PLANT_NEW_HIT_ZERO
+    *start = 0;
+#endif
+    PyObject *position = Py_BuildValue("(nO)", i, rid);
+    const int ok = position != NULL && PyList_Append(positions, position) == 0;
+    Py_XDECREF(position);
+    return ok;
+}
+
 /* What read_general's one-pass reader reads a step against: the mirror, the hint and the limits. */
 typedef struct {
     CachedMirror cached;  /* what each cached request is checked against (`cached_entry`) */
@@ -529,10 +549,10 @@ static PyObject *read_in_lockstep(PyObject *ids, PyObject *computed, PyObject *b
     PyObject *rows = new_int64(n), *known = new_int64(n), *starts = new_int64(n), *ends = new_int64(n);
     npy_intp num_query_starts = n + 1;
     PyObject *query_starts = PyArray_SimpleNew(1, &num_query_starts, NPY_INT32);
-    PyObject *req_ids = NULL, *positions = NULL, *new_positions = NULL, *appends = NULL, *result = NULL;
+    PyObject *positions = NULL, *new_positions = NULL, *appends = NULL, *result = NULL;
     char *seen = PyMem_Calloc(num_rows > 0 ? num_rows : 1, 1);
     /* The ids: the cached tuple itself when nothing is admitted (its items are the keys), else the keys, in order. */
-    req_ids = n == num_cached ? Py_NewRef(ids) : PyTuple_New(n);
+    PyObject *req_ids = n == num_cached ? Py_NewRef(ids) : PyTuple_New(n);
     if (!cached_rows || !new_counts || !lens || !rows || !known || !starts || !ends || !query_starts || !seen || !req_ids) {
         if (!seen)
             PyErr_NoMemory();
@@ -573,27 +593,9 @@ static PyObject *read_in_lockstep(PyObject *ids, PyObject *computed, PyObject *b
             have = NPY_MAX_INT64;
 #endif
         }
-        else {  /* a new request: its facts, as read_new read them (prefill length, blocks, prefix-cache hit) */
-            PyObject *facts = PyDict_GetItemWithError(m->new_requests, key);
-            long long hit;
-            if (!PyUnicode_CheckExact(key) || facts == NULL || exact_int(PyTuple_GET_ITEM(facts, 0), &have) != EXACT_INT
-                || exact_int(PyTuple_GET_ITEM(facts, 1), &held) != EXACT_INT
-                || exact_int(PyTuple_GET_ITEM(facts, 2), &hit) != EXACT_INT)
-                goto done;
-#ifndef RUNNERCHECK_PLANT_NEW_HIT_ZERO
-            start = hit;
-#else
-            start = 0;
-#endif
-            if (!positions && !(positions = PyList_New(0)))
-                goto done;
-            PyObject *position = Py_BuildValue("(nO)", i, key);
-            if (!position || PyList_Append(positions, position) < 0) {
-                Py_XDECREF(position);
-                goto done;
-            }
-            Py_DECREF(position);
-        }
+        else if (!PyUnicode_CheckExact(key) || (!positions && !(positions = PyList_New(0)))
+                 || !new_entry(m->new_requests, key, i, positions, &have, &held, &start))
+            goto done;  /* not a new request's id (or an error, left set) */
         if (batch_rule(count, start, have, 0, held, m->block_size, m->max_model_len, m->max_num_batched_tokens, m->max_held,
                        &end) != 1)
             goto done;
@@ -716,26 +718,12 @@ static PyObject *read_general(PyObject *self, PyObject *args)
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(req_ids); i++) {
         if (DATA64(rows)[i] >= 0)
             continue;
-        PyObject *rid = PyTuple_GET_ITEM(req_ids, i);
-        PyObject *facts = PyDict_GetItemWithError(new_requests, rid);
         long long n, held, hit;
-        if (facts == NULL || !PyTuple_CheckExact(facts) || PyTuple_GET_SIZE(facts) != 3
-            || exact_int(PyTuple_GET_ITEM(facts, 0), &n) != EXACT_INT || exact_int(PyTuple_GET_ITEM(facts, 1), &held) != EXACT_INT
-            || exact_int(PyTuple_GET_ITEM(facts, 2), &hit) != EXACT_INT)
+        if (!new_entry(new_requests, PyTuple_GET_ITEM(req_ids, i), i, positions, &n, &held, &hit))
             goto done;  /* an unknown id (or an error): read_step names it */
         DATA64(known)[i] = n;
         DATA64(blocks)[i] = held;
-#ifndef RUNNERCHECK_PLANT_NEW_HIT_ZERO
         DATA64(starts)[i] = hit;
-#else
-        (void)hit;
-#endif
-        PyObject *position = Py_BuildValue("(nO)", i, rid);
-        if (!position || PyList_Append(positions, position) < 0) {
-            Py_XDECREF(position);
-            goto done;
-        }
-        Py_DECREF(position);
     }
     Py_SETREF(call, Py_BuildValue("(OOOOOLLL)", lens, starts, known, blocks, Py_None, block_size, max_model_len,
                                   max_num_batched_tokens));

@@ -98,7 +98,7 @@ static PyObject *append_counts(PyObject *self, PyObject *args)
 enum { MAX_COLUMNS = 16 };  /* the per-row columns admit_row and swap_row write, at most */
 
 /* The row's cell in each column, checked before any is written: 1 with the views filled, 0 when a column or value is
- * not one swap_row takes. */
+ * not one admit_row and swap_row take. */
 static int row_cells(Py_ssize_t row, PyObject *columns, PyObject *values, ArrayView *views, Py_ssize_t room)
 {
     const Py_ssize_t num_columns = PyTuple_GET_SIZE(columns);
