@@ -56,6 +56,9 @@
 #                 device time queued per step)
 #   host_trace_eager  alone: the same for the eager churn step (1% churn: an admission every step at 256 requests),
 #                 its device-work pieces included (`host_profile --phases --churn 0.01`), then torch.profiler over 100 of them
+#   host_affinity alone: host_cost passes as they run (base_i) and under `taskset -c $AFFINITY_CPUS` (new_i, default
+#                 4,5: the process held on two cores), $AB_PASSES each (default 4), alternating which goes first, compared by bench.ab_compare: whether the host
+#                 moving the process between cores is part of what a step costs (runner and baseline alike)
 #   bench_host_ab alone: host_cost passes of this tree and of the tree at $AB_BASE (an earlier commit exported there:
 #                 `git archive COMMIT | tar x -C DIR`; the device's own git metadata may be stale), alternating
 #                 (the base first in odd passes, this tree first in even ones), $AB_PASSES each (default 3), so both
@@ -147,6 +150,12 @@ want bench_host_ab && job bench_host_ab "${BENCH_LIMIT_S:-500}" bash -c 'base() 
     if [ $((i % 2)) = 1 ]; then base "$0/base_$i" && new "$0/new_$i" || exit 1
     else new "$0/new_$i" && base "$0/base_$i" || exit 1; fi
   done; python3 -m bench.ab_compare "$0" --out "$0/ab.json"' "$out/bench_host_ab"
+want host_affinity && job host_affinity "${BENCH_LIMIT_S:-420}" bash -c 'free() { python3 -m stress.cli bench --device cuda --only host_cost --out "$1"; }
+  held() { taskset -c "${AFFINITY_CPUS:-4,5}" python3 -m stress.cli bench --device cuda --only host_cost --out "$1"; }
+  for i in $(seq "${AB_PASSES:-4}"); do  # odd passes run free first, even ones held first
+    if [ $((i % 2)) = 1 ]; then free "$0/base_$i" && held "$0/new_$i" || exit 1
+    else held "$0/new_$i" && free "$0/base_$i" || exit 1; fi
+  done; python3 -m bench.ab_compare "$0" --out "$0/ab.json"' "$out/host_affinity"
 want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host" &&
   RUNNERCHECK_SLOW_LAUNCH=1 job bench_host_slow_launch "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost \
   --out "$out/bench_host_slow_launch"

@@ -237,7 +237,8 @@ class StagedWriteGroup:
         for t in dirty:
             t._pending.clear()
             t._ragged.clear()
-        self._clear_cells()
+        if self._cell_members:  # a cell is pending only with its member listed here
+            self._clear_cells()
         self._applies = [self._packed(slot, start, n, total)]
         return True
 

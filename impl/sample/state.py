@@ -179,32 +179,36 @@ class SamplingState:
         """Pack everything staged since the last flush into ``writer`` (before ``writer.submit()``)."""
         for tensor in self._staged:
             tensor.flush(writer)
-        self._prepared_kernels = []
         self._reset_rows = None
-        if not self._pending_admissions:
+        pending = self._pending_admissions
+        if not pending:
+            self._prepared_kernels = []
             return
-        rows = sorted(self._pending_admissions)
-        pair_rows: list[int] = []
-        pair_tokens: list[int] = []
-        for row in rows:
-            tokens = self._pending_admissions[row]
-            pair_rows.extend([row] * len(tokens))
-            pair_tokens.extend(tokens)
         self._pending_admissions = {}
-        counts, stride, vocab = self.output_counts, self._counts_stride, self.vocab_size
+        rows = sorted(pending)
         num_rows = len(rows)
         rows_host, rows_slot, rows_start = writer.reserve_words(num_rows)
-        rows_host[:] = rows
+        if num_rows == 1:  # the usual admission: one word, no list-to-array conversion
+            rows_host[0] = rows[0]
+        else:
+            rows_host[:] = rows
         self._reset_rows = (rows_slot, rows_start, num_rows)
-        blocks = cdiv(vocab, _COUNT_BLOCK)
+        counts, stride, vocab = self.output_counts, self._counts_stride, self.vocab_size
 
         def reset() -> None:
             # The device view is made here: a bucketed step drops this kernel (`take_resets`).
             rows_dev = writer.words_view(rows_slot, rows_start, num_rows)
-            launch(zero_count_rows_kernel, (num_rows, blocks), counts, stride, rows_dev, vocab, BLOCK=_COUNT_BLOCK)
+            launch(zero_count_rows_kernel, (num_rows, cdiv(vocab, _COUNT_BLOCK)), counts, stride, rows_dev, vocab,
+                   BLOCK=_COUNT_BLOCK)
 
-        self._prepared_kernels.append(("reset output counts", reset))
-        if pair_tokens:
+        self._prepared_kernels = [("reset output counts", reset)]
+        if any(pending.values()):  # a resumed request's earlier outputs are counted again after its reset
+            pair_rows: list[int] = []
+            pair_tokens: list[int] = []
+            for row in rows:
+                tokens = pending[row]
+                pair_rows.extend([row] * len(tokens))
+                pair_tokens.extend(tokens)
             num_pairs = len(pair_tokens)
             pair_rows_dev = writer.stage_array(np.asarray(pair_rows, dtype=np.int32), torch.int32)
             pair_tokens_dev = writer.stage_array(np.asarray(pair_tokens, dtype=np.int32), torch.int32)
