@@ -55,6 +55,10 @@ FALLBACK_REASONS = ("prompt_logprobs", "non_uniform", "batch_above_largest_size"
                     "no_graph_for_mode", "draft_model")
 
 
+# A selected bucket: its key, graph and fused graph (None: not captured) and the fused graph's copy-in bytes.
+_Selection = tuple[GraphKey, "StepGraph | None", "StepGraph | None", "int | None"]
+
+
 class GraphConfigError(ValueError):
     """Capture sizes that cannot be used (raised at construction, naming the value)."""
 
@@ -182,9 +186,9 @@ class CudaGraphManager:
         self.replays = 0
         self.padded_eager = 0
         self.fallbacks: Counter[str] = Counter()
-        # (size or mixed tokens, query_len, num_top) -> (the graphs dict it was looked up in, key, graph or None): `select`
-        self._keys: dict[tuple[int, int, int], tuple[dict, GraphKey, StepGraph | None]] = {}
-        self._selected: tuple[GraphKey, StepGraph | None] | None = None  # the last `select`'s key and graph
+        # (size or mixed tokens, query_len, num_top) -> (the graphs dict it was looked up in, the selection): `select`
+        self._keys: dict[tuple[int, int, int], tuple[dict, _Selection]] = {}
+        self._selected: _Selection | None = None  # the last `select`'s key, its graphs and fused copy-in bytes
         self._pool = None
 
     # ------------------------------------------------------------------ capture phase
@@ -326,12 +330,14 @@ class CudaGraphManager:
         if entry is None or entry[0] is not self.graphs:
             mode = GraphMode(query_len, num_top)
             key = GraphKey(min(size, self.max_num_reqs), mode, size) if query_len == MIXED else GraphKey(size, mode)
-            entry = self._keys[(size, query_len, num_top)] = (self.graphs, key, self.graphs.get(key))
-        _, key, graph = entry
+            selection = (key, self.graphs.get(key), self.fused_graphs.get(key), self.fused_in_bytes.get(key))
+            entry = self._keys[(size, query_len, num_top)] = (self.graphs, selection)
+        selection = entry[1]
+        graph = selection[1]
         if self.enabled and (graph is None or not graph.admits(num_reqs, query_len, num_drafts_each, num_top, num_tokens)):
             return None, "no_graph_for_mode"
-        self._selected = (key, graph)  # `run` takes the graph from here: no second hash of the key
-        return key, None
+        self._selected = selection  # `fused` and `run` take the graphs from here: the key is not hashed again
+        return selection[0], None
 
     def count_fallback(self, reason: str) -> None:
         self.fallbacks[reason] += 1
@@ -339,6 +345,9 @@ class CudaGraphManager:
     def fused(self, key: GraphKey | None) -> int | None:
         """The bytes the fused step of ``key`` copies in (the most a step may stage to replay it), or None
         when ``key`` has no fused step (lanes off, graphs off, a multi-token decode mode)."""
+        selected = self._selected  # usually the key `select` (or, for a steady step, the one before it) returned
+        if selected is not None and selected[0] is key:
+            return selected[3]
         return self.fused_in_bytes.get(key)  # filled by `capture`, which captures nothing with graphs off
 
     def run(self, key: GraphKey, fused: bool = False) -> dict[str, Any]:
@@ -346,8 +355,9 @@ class CudaGraphManager:
 
         ``fused``: the fused step of ``key`` instead, for the lane `SteadyLanes.take` names (the caller staged
         the step in that lane's staging slot and holds its output slot: `SteadyLanes.fits`)."""
+        selected = self._selected
         if fused:
-            graph = self.fused_graphs[key]
+            graph = selected[2] if selected is not None and selected[0] is key else self.fused_graphs[key]
             self.lanes.take()
             self.replays += 1
             self.fused_replays += 1
@@ -360,7 +370,6 @@ class CudaGraphManager:
                 self.device.enqueue(launch, label)
             self.padded_eager += 1
             return step.result
-        selected = self._selected
         graph = selected[1] if selected is not None and selected[0] is key else self.graphs[key]
         self.replays += 1
         if key.mode.query_len == MIXED:
