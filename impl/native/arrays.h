@@ -65,6 +65,19 @@ static inline int exact_int(PyObject *obj, long long *value)
 {
     if (!PyLong_CheckExact(obj))
         return 0;
+    /* The counts a step holds are one-digit ints: read in place, without the general conversion's call. */
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)obj)) {
+        *value = (long long)PyUnstable_Long_CompactValue((PyLongObject *)obj);
+        return EXACT_INT;
+    }
+#elif PY_VERSION_HEX >= 0x030B0000
+    const Py_ssize_t size = Py_SIZE(obj);
+    if (size >= -1 && size <= 1) {
+        *value = (long long)size * (long long)((PyLongObject *)obj)->ob_digit[0];
+        return EXACT_INT;
+    }
+#endif
     int overflow = 0;
     *value = PyLong_AsLongLongAndOverflow(obj, &overflow);
     return overflow ? EXACT_INT_TOO_BIG : EXACT_INT;
