@@ -55,6 +55,8 @@ FALLBACK_REASONS = ("prompt_logprobs", "non_uniform", "batch_above_largest_size"
                     "no_graph_for_mode", "draft_model")
 
 
+_MAX_VERDICTS = 256  # batch shapes whose `CudaGraphManager.select` verdict is kept (all dropped when full)
+
 # A selected bucket: its key, graph and fused graph (None: not captured) and the fused graph's copy-in bytes.
 _Selection = tuple[GraphKey, "StepGraph | None", "StepGraph | None", "int | None"]
 
@@ -189,6 +191,8 @@ class CudaGraphManager:
         # (size or mixed tokens, query_len, num_top) -> (the graphs dict it was looked up in, the selection): `select`
         self._keys: dict[tuple[int, int, int], tuple[dict, _Selection]] = {}
         self._selected: _Selection | None = None  # the last `select`'s key, its graphs and fused copy-in bytes
+        # batch shape -> (graphs dict, enabled, verdict, selection): `select`'s verdicts, at most `_MAX_VERDICTS`
+        self._verdicts: dict[tuple, tuple] = {}
         self._pool = None
 
     # ------------------------------------------------------------------ capture phase
@@ -197,6 +201,7 @@ class CudaGraphManager:
         if not self.enabled or self.captured:
             return
         self._keys.clear()  # `select`'s looked-up graphs: this capture fills ``graphs`` anew
+        self._verdicts.clear()
         self._selected = None
         # The warm-ups run the launches on the step buffer as it is: a header naming no request, diff or reset.
         self.inputs.header.zero_()
@@ -303,6 +308,22 @@ class CudaGraphManager:
         (`impl.input_batch.StepPlan.uniform`); ``num_tokens``, ``num_drafts``: the step's (a batch that is
         not a uniform decode goes to a mixed graph when it has no drafts).
         """
+        # A batch shape seen before (the steps of a steady workload repeat a few): its verdict again, while the
+        # captured set and the enabled flag it was made under hold.
+        shape = (num_reqs, uniform, num_prompt_rows, max_num_logprobs, num_tokens, num_drafts)
+        seen = self._verdicts.get(shape)
+        if seen is not None and seen[0] is self.graphs and seen[1] == self.enabled:
+            if seen[3] is not None:
+                self._selected = seen[3]
+            return seen[2]
+        verdict = self._select(num_reqs, uniform, num_prompt_rows, max_num_logprobs, num_tokens, num_drafts)
+        if len(self._verdicts) >= _MAX_VERDICTS:
+            self._verdicts.clear()
+        self._verdicts[shape] = (self.graphs, self.enabled, verdict, self._selected if verdict[0] is not None else None)
+        return verdict
+
+    def _select(self, num_reqs: int, uniform: tuple[int, int] | None, num_prompt_rows: int,
+                max_num_logprobs: int, num_tokens: int, num_drafts: int) -> tuple[GraphKey | None, str | None]:
         if num_prompt_rows:
             return None, "prompt_logprobs"
         if uniform is None or uniform[0] not in self.query_lens or uniform[1] != uniform[0] - 1:
