@@ -58,13 +58,14 @@ from impl.hotpath import hot_path
 from impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
 from impl.lanes import SteadyLanes
 from impl.boundary import check_device_drafts
-from impl.interface import DraftModelConfig, ModelRunnerOutput, NgramConfig, RunnerLimits, SchedulerOutput, effective_seed
+from impl.interface import DraftModelConfig, ModelRunnerOutput, NgramConfig, RunnerLimits, SchedulerOutput
 from impl.draft_proposer import DraftModelProposer
 from impl.ngram_proposer import NgramProposer, ProposerConfigError
 from impl.model.forward import PagedDecoder
 from impl.model.weights import ModelWeights
 from impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
 from impl.sample import LogprobsComputer, Sampler, SamplingState
+from impl.seeds import request_seed
 from impl.state import RequestStateTable
 from impl.step_reader import StepArrays, read_steady_step, read_step
 
@@ -420,7 +421,7 @@ class ModelRunner:
             self.state.release(req_id)
         seeds: dict[str, int] = {}
         for req in sched.new_requests:
-            seed = effective_seed(req.sampling_params, req.req_id, self.base_seed)
+            seed = request_seed(req.sampling_params, req.req_id, self.base_seed)
             row = self.state.admit(req, seed)
             self.block_table.assign(row, req.block_ids)
             self.sampling_state.add_request(row, req.sampling_params, seed, req.prompt_token_ids, req.output_token_ids,

@@ -20,7 +20,7 @@ that trusts the mirror is caught by the cached block's comparison too.
 
 (The general reader's one pass is tested in test_native_lockstep.py; the staged writes' packing,
 `impl/native/staging.c`, in test_native_staging.py; the request state table's writes, `impl/native/rows.c`, in
-test_native_rows.py.)
+test_native_rows.py; an admission's derived seed, `impl/native/seeds.c`, in test_native_seeds.py.)
 """
 from __future__ import annotations
 
