@@ -78,15 +78,16 @@ static int row_of(PyObject *req_to_row, PyObject *rid, npy_intp num_rows, npy_in
 /* How far ahead of its place read_cached looks for a cached id in the hint: past up to three requests that left. */
 #define HINT_REACH 4
 
-/* A cached id's row: from the hint when ``rid`` is the same object as one of its next HINT_REACH ids (*next_hint then
- * moves past it), else from ``req_to_row`` (`row_of`'s answer). */
+/* A cached id's row from the hint: 1 with it in *row when ``rid`` is the same object as one of the hint's next
+ * HINT_REACH ids (*next_hint then moves past it), else 0 (the caller looks the id up: `row_of`).  Compares
+ * pointers only: the id object is not read. */
 static int hinted_row(PyObject *rid, PyObject *hint_ids, ArrayView hint_rows, Py_ssize_t num_hints, Py_ssize_t *next_hint,
-                      PyObject *req_to_row, npy_intp num_rows, npy_int64 *row)
+                      npy_intp num_rows, npy_int64 *row)
 {
     for (Py_ssize_t k = *next_hint; k < num_hints && k < *next_hint + HINT_REACH; k++)
         if (PyTuple_GET_ITEM(hint_ids, k) == rid) {
             if (AT(hint_rows, k) < 0 || AT(hint_rows, k) >= num_rows)
-                break;
+                return 0;
 #ifndef RUNNERCHECK_PLANT_HINT_OFF_BY_ONE
             *row = AT(hint_rows, k);
 #else
@@ -95,17 +96,23 @@ static int hinted_row(PyObject *rid, PyObject *hint_ids, ArrayView hint_rows, Py
             *next_hint = k + 1;
             return 1;
         }
-    return row_of(req_to_row, rid, num_rows, row);
+    return 0;
 }
 
 /* What a cached request is checked against: the mirror's computed counts and blocks by row, the rows leaving this
- * step, the hint (`hinted_row`) and the limits on blocks. */
+ * step, the hint (`hinted_row`, and whether the one pass checked its ids) and the limits on blocks. */
 typedef struct {
     PyObject *req_to_row, *hint_ids;
     ArrayView mirror_computed, mirror_blocks, gone, hint_rows;
     Py_ssize_t num_hints;
     long long max_blocks, num_kv_blocks;
+    int hint_checked;  /* every hint id is an exact str (`checked_batch`): one found there is not type-checked again */
 } CachedMirror;
+
+/* The batch the one pass accepted last (read_in_lockstep), held: each of its ids was an exact str.  Ids cannot change
+ * their type, and the reference held here keeps this tuple's address from naming another, so a hint that is this
+ * very tuple (the runner's usual next hint: `RequestStateTable.batch_hint`) holds only exact strs. */
+static PyObject *checked_batch = NULL;
 
 enum { ENTRY_ERROR = -2, ENTRY_TYPE = -1, ENTRY_RULE = 0, ENTRY_OK = 1 };
 
@@ -117,14 +124,17 @@ enum { ENTRY_ERROR = -2, ENTRY_TYPE = -1, ENTRY_RULE = 0, ENTRY_OK = 1 };
 static int cached_entry(PyObject *rid, PyObject *computed, PyObject *blocks, const CachedMirror *m, char *seen,
                         Py_ssize_t *next_hint, npy_int64 *row, Py_ssize_t *num_new)
 {
-    if (!PyUnicode_CheckExact(rid))
-        return ENTRY_TYPE;
     const npy_intp num_rows = m->mirror_computed.len;
     int verdict = ENTRY_OK;
     *row = -1;
     /* The batch usually lists the last one's requests again, in order, less those that left: the id object
-     * at one of the hint's next HINT_REACH places takes its row without a look-up. */
-    const int found = hinted_row(rid, m->hint_ids, m->hint_rows, m->num_hints, next_hint, m->req_to_row, num_rows, row);
+     * at one of the hint's next HINT_REACH places takes its row without a look-up -- and, when the hint is the
+     * batch the one pass checked last, without reading the id object for its type. */
+    int found = hinted_row(rid, m->hint_ids, m->hint_rows, m->num_hints, next_hint, num_rows, row);
+    if (!(found && m->hint_checked) && !PyUnicode_CheckExact(rid))
+        return ENTRY_TYPE;
+    if (!found)
+        found = row_of(m->req_to_row, rid, num_rows, row);
     if (found < 0)
         return PyErr_Occurred() ? ENTRY_ERROR : ENTRY_TYPE;
     if (!found || seen[*row])  /* unknown (or new, or empty) id; a request named twice */
@@ -228,7 +238,7 @@ static PyObject *read_cached(PyObject *self, PyObject *args)
     }
     npy_int64 *rows_out = DATA64(rows), *counts_out = DATA64(counts);
     const CachedMirror mirror = {req_to_row, hint_ids, mirror_computed, mirror_blocks, gone, hint_rows, num_hints,
-                                 max_blocks, num_kv_blocks};
+                                 max_blocks, num_kv_blocks, num_hints && hint_ids == checked_batch};
     /* One pass: exact types (any other: NotImplemented), and whether a value fails a rule or a computed
      * count differs from the mirror (then None: the Python reader decides, naming the request). */
     int verdict = ENTRY_OK;  /* ENTRY_OK: accepted so far, ENTRY_RULE: None, ENTRY_TYPE: NotImplemented */
@@ -623,6 +633,8 @@ static PyObject *read_in_lockstep(PyObject *ids, PyObject *computed, PyObject *b
     if (new_positions)
         result = Py_BuildValue("(OOOOOOOOOOLOLLLO)", gone, cached_rows, new_counts, appends, req_ids, lens, rows, known,
                                starts, ends, total, query_starts, max_count, max_end, n ? shared : -1LL, new_positions);
+    if (result)  /* every id of the batch read is an exact str: the next step's hint, when it is this tuple */
+        Py_XSETREF(checked_batch, Py_NewRef(req_ids));
 done:
     PyMem_Free(seen);
     Py_XDECREF(cached_rows);
@@ -673,7 +685,7 @@ static PyObject *read_general(PyObject *self, PyObject *args)
     memcpy(DATA64(gone_rows), leaving, sizeof(npy_int64) * (size_t)PyList_GET_SIZE(gone));
     const long long max_blocks = blocks_per_request(max_model_len, block_size);
 #ifndef RUNNERCHECK_GENERAL_PASSES_ONLY
-    GeneralMirror mirror = {{req_to_row, hint_ids, {0}, {0}, {0}, {NULL, 0, 0}, 0, max_blocks, num_kv_blocks},
+    GeneralMirror mirror = {{req_to_row, hint_ids, {0}, {0}, {0}, {NULL, 0, 0}, 0, max_blocks, num_kv_blocks, 0},
                             new_requests, {0}, block_size, max_model_len, max_num_batched_tokens,
                             max_held_blocks(block_size)};
     CachedMirror *cached_mirror = &mirror.cached;
@@ -687,6 +699,7 @@ static PyObject *read_general(PyObject *self, PyObject *args)
         && (hint_ids == Py_None || (PyTuple_CheckExact(hint_ids) && int64_view(hint_rows, &cached_mirror->hint_rows)
                                     && cached_mirror->hint_rows.len == PyTuple_GET_SIZE(hint_ids)))) {
         cached_mirror->num_hints = hint_ids == Py_None ? 0 : PyTuple_GET_SIZE(hint_ids);
+        cached_mirror->hint_checked = cached_mirror->num_hints && hint_ids == checked_batch;
         if ((result = read_in_lockstep(ids, computed, block_lists, scheduled, gone_sorted, &mirror)) || PyErr_Occurred())
             goto done;
     }
