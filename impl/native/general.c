@@ -14,7 +14,8 @@
  *       -> NotImplemented | None | (rows, new_block_counts, appends)
  *     hint_ids, hint_rows (None: no hint): the last planned batch's ids and rows while every one of them still holds
  *     its row (`impl.state.RequestStateTable.batch_hint`); a cached id that is the same object as one of the hint's
- *     next few (HINT_REACH) takes that row instead of a look-up in req_to_row -- the same row, found cheaper.
+ *     next few (HINT_REACH) takes that row instead of a look-up in req_to_row -- the same row, found cheaper.  When the
+ *     hint is the batch the one pass accepted last (`checked_batch`), such an id is not read for its type either.
  *
  * read_scheduled -- `impl.step_reader._read_scheduled`: the batch's ids, query lengths, rows (-1 for an
  *     id that holds none) and the mirror's tokens known, computed and blocks of each row (0 for -1), from
@@ -53,8 +54,9 @@
  * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts with the mirror),
  * -DRUNNERCHECK_PLANT_HINT_OFF_BY_ONE (a cached reader that takes the row after the hint's),
  * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0),
- * -DRUNNERCHECK_PLANT_LIVE_ID_READMITTED (a general reader that takes a new request under a live id) and
- * -DRUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD (a one-pass general reader that never reads the tokens known);
+ * -DRUNNERCHECK_PLANT_LIVE_ID_READMITTED (a general reader that takes a new request under a live id),
+ * -DRUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD (a one-pass general reader that never reads the tokens known) and
+ * -DRUNNERCHECK_PLANT_HINT_TRUSTED (readers that take any hint's ids as exact strs, not only the batch they checked);
  * -DRUNNERCHECK_GENERAL_PASSES_ONLY builds read_general without its one pass: the reference its tests compare with.
  */
 #include "arrays.h"
@@ -113,6 +115,13 @@ typedef struct {
  * their type, and the reference held here keeps this tuple's address from naming another, so a hint that is this
  * very tuple (the runner's usual next hint: `RequestStateTable.batch_hint`) holds only exact strs. */
 static PyObject *checked_batch = NULL;
+
+/* Whether a hint of ``num_hints`` ids holds only exact strs: it is `checked_batch`. */
+#ifndef RUNNERCHECK_PLANT_HINT_TRUSTED
+#define HINT_CHECKED(hint_ids, num_hints) ((num_hints) > 0 && (hint_ids) == checked_batch)
+#else
+#define HINT_CHECKED(hint_ids, num_hints) ((num_hints) > 0)
+#endif
 
 enum { ENTRY_ERROR = -2, ENTRY_TYPE = -1, ENTRY_RULE = 0, ENTRY_OK = 1 };
 
@@ -238,7 +247,7 @@ static PyObject *read_cached(PyObject *self, PyObject *args)
     }
     npy_int64 *rows_out = DATA64(rows), *counts_out = DATA64(counts);
     const CachedMirror mirror = {req_to_row, hint_ids, mirror_computed, mirror_blocks, gone, hint_rows, num_hints,
-                                 max_blocks, num_kv_blocks, num_hints && hint_ids == checked_batch};
+                                 max_blocks, num_kv_blocks, HINT_CHECKED(hint_ids, num_hints)};
     /* One pass: exact types (any other: NotImplemented), and whether a value fails a rule or a computed
      * count differs from the mirror (then None: the Python reader decides, naming the request). */
     int verdict = ENTRY_OK;  /* ENTRY_OK: accepted so far, ENTRY_RULE: None, ENTRY_TYPE: NotImplemented */
@@ -699,7 +708,7 @@ static PyObject *read_general(PyObject *self, PyObject *args)
         && (hint_ids == Py_None || (PyTuple_CheckExact(hint_ids) && int64_view(hint_rows, &cached_mirror->hint_rows)
                                     && cached_mirror->hint_rows.len == PyTuple_GET_SIZE(hint_ids)))) {
         cached_mirror->num_hints = hint_ids == Py_None ? 0 : PyTuple_GET_SIZE(hint_ids);
-        cached_mirror->hint_checked = cached_mirror->num_hints && hint_ids == checked_batch;
+        cached_mirror->hint_checked = HINT_CHECKED(hint_ids, cached_mirror->num_hints);
         if ((result = read_in_lockstep(ids, computed, block_lists, scheduled, gone_sorted, &mirror)) || PyErr_Occurred())
             goto done;
     }

@@ -8,7 +8,9 @@ the reference here).  Over a churning decode workload (admissions and finishes e
 runner's host side stepping its mirror with the device work dropped), each step and a set of damaged
 copies of it -- counts off by one, a block out of range, the dict reordered, an equal id that is
 another object, a missing or extra request -- must read the same through both builds.  A build whose
-one-pass reader skips the known-tokens rule is caught by that comparison.
+one-pass reader skips the known-tokens rule is caught by that comparison.  The batch the one pass accepts
+becomes the next hint, whose ids are not read for their type again; any other hint's are (a build that
+trusts every hint takes a str subclass the passes decline).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from bench import case_runner
 from bench.common import BenchContext
 from impl.device import Device
 from impl.interface import CachedRequests, SchedulerOutput
-from test_native import _planted, general, needs_native
+from test_native import Odd, _planted, general, needs_native
 
 PASSES_ONLY = "RUNNERCHECK_GENERAL_PASSES_ONLY"
 
@@ -46,6 +48,16 @@ def _read(module, sched: SchedulerOutput, runner):
         step_reader._check_new_args(limits), limits.max_num_reqs, state.num_computed, state.num_blocks, state.num_tokens,
         limits.block_size, limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks,
         *(state.batch_hint or step_reader._NO_HINT))
+
+
+def _read_hinted(module, sched: SchedulerOutput, runner, hint_ids: tuple, hint_rows: np.ndarray):
+    """`_read` with the hint given, not the runner's."""
+    saved = runner.state._planned
+    runner.state._planned = (hint_ids, hint_rows, None, None)
+    try:
+        return _read(module, sched, runner)
+    finally:
+        runner.state._planned = saved
 
 
 def _same(a, b) -> bool:
@@ -154,3 +166,26 @@ def test_planted_bug_one_pass_reader_skipping_the_known_tokens_is_caught():
             caught += 1
         runner.execute_model(sched).get()
     assert caught == 10
+
+
+@needs_native
+def test_only_the_batch_the_one_pass_accepted_is_trusted_as_a_hint():
+    """An id found in the hint is not read for its type when the hint is the batch the one pass accepted last (each
+    of its ids was an exact str); any other hint's ids are.  A build that trusts every hint takes an id of another
+    type (an equal str subclass) that an unchecked hint holds, which the passes decline."""
+    runner, work, _ = _workload(churn=0.0)
+    sched = work.next_step()
+    got = _read(general, sched, runner)
+    assert got is not NotImplemented
+    ids, rows = got[4], got[6]
+    assert _same(_read_hinted(general, sched, runner, ids, rows), got)  # the checked batch as the hint
+    odd = Odd(ids[0])
+    odd_ids = (odd, *ids[1:])
+    cached = sched.cached_requests
+    oddly = dataclasses.replace(
+        sched, cached_requests=CachedRequests(odd_ids, cached.new_block_ids, cached.num_computed_tokens),
+        num_scheduled_tokens={(odd if k == ids[0] else k): v for k, v in sched.num_scheduled_tokens.items()})
+    for module in (general, _planted(PASSES_ONLY, "general")):
+        assert _read_hinted(module, oddly, runner, odd_ids, rows) is NotImplemented
+    trusting = _planted("RUNNERCHECK_PLANT_HINT_TRUSTED", "general")
+    assert _read_hinted(trusting, oddly, runner, odd_ids, rows) is not NotImplemented
