@@ -134,8 +134,8 @@ class SamplingState:
         `impl.boundary.check_new_request` accepted the request under stricter limits, with its row from
         `RequestStateTable.admit` and its seed from `effective_seed`): they are not run twice per admission.
         """
-        if checked:
-            prompt, outputs = prompt_token_ids, [int(t) for t in output_token_ids]
+        if checked:  # a new request brings no outputs: no list comprehension's frame for none
+            prompt, outputs = prompt_token_ids, list(map(int, output_token_ids)) if output_token_ids else []
         else:
             prompt, outputs = self._check_request(row, params, seed, prompt_token_ids, output_token_ids)
         values = (float(params.temperature), int(params.top_k), float(params.top_p), float(params.min_p),
