@@ -20,9 +20,10 @@ admission into a row until the row is reused.  Their writers:
   ``V`` zeros), then the counts of a resumed request's earlier outputs added from a staged token
   list; after each step `enqueue_post_update` adds the accepted sampled tokens.
 
-Seeds: the runner passes ``impl.interface.effective_seed(params, req_id, base_seed)``: the
-request's own seed, or for a request without one a seed derived from the runner's base seed and
-the request id (which the runner records and reports in ``ModelRunnerOutput.seeds``).  Noise is
+Seeds: the runner passes ``impl.interface.effective_seed(params, req_id, base_seed)`` (asked through
+`impl.seeds.request_seed`, which derives it in C when it can): the request's own seed, or for a
+request without one a seed derived from the runner's base seed and the request id (which the
+runner records and reports in ``ModelRunnerOutput.seeds``).  Noise is
 keyed by (seed, position, token id), so a resumed request continues its stream exactly.
 
 Host protocol per step: `add_request` (any number; the latest call for a row wins), then
