@@ -1,0 +1,187 @@
+"""Two trees' runner host steps on this machine, interleaved: what a host-side change moved, without a GPU.
+
+    python -m bench.tree_ab BASE_DIR [--reqs 64 256] [--churn 0.01] [--blocks 70] [--block-steps 10] [--out FILE]
+
+One worker process per tree -- this checkout and BASE_DIR, an earlier commit (`git archive COMMIT | tar x -C
+BASE_DIR`) -- builds the host_cost runner on cpu with its device work dropped (`bench.case_runner`: the Python
+bookkeeping alone) and the same seeded workload.  The driver then asks the two for blocks of steps in turn, the
+order alternating block by block, so the machine's drift (a lent 2-core box moves 2x within minutes, and
+whole-process A/Bs drift by 5% with their order) reaches both trees alike.  Per configuration it reports each
+tree's median host us over the admitting steps and over the others, new / base for each, how many blocks the new
+tree ran faster, and the Wilcoxon signed-rank p of the blocks' paired medians (`scipy.stats.wilcoxon`).
+
+The workload's requests grow toward max_model_len, so a configuration runs at most ~800 steps a tree.  The figures
+are the dev box's: the H200's say what counts for issue 14 (`ci/h200.sh` job ``bench_host_ab``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from scipy import stats
+
+from bench.common import print_and_write_json
+
+MAX_STEPS = 800  # a tree's steps per configuration, warm-up included, before the workload's requests reach max length
+WARM_UP_STEPS = 20
+
+# The worker, run by each tree's own interpreter path: its imports are that tree's.
+_WORKER = r'''
+import json, os, sys, time
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+from bench import case_runner
+from bench.common import BenchContext
+from impl.device import Device
+
+delay = float(os.environ.get("RUNNERCHECK_TREE_AB_DELAY_US", "0")) / 1e6
+steps = None
+for line in sys.stdin:
+    command, *args = line.split()
+    if command == "setup":
+        num_reqs, churn, seed = int(args[0]), float(args[1]), int(args[2])
+        device = Device("cpu", seed=seed, lag_policy="run-immediately")
+        case_runner.drop_device_work(device)
+        runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False, seed=seed), num_reqs, churn)
+        if delay:  # a planted slowdown (the tool's own test): each step busy-waits this long first
+            execute = runner.execute_model
+            def slowed(sched, execute=execute):
+                end = time.perf_counter() + delay
+                while time.perf_counter() < end:
+                    pass
+                return execute(sched)
+            runner.execute_model = slowed
+        steps = case_runner._RunnerSteps(runner, work)
+        print("ready", flush=True)
+    elif command == "steps":
+        first = len(steps.admitting)
+        host_us = [steps.step() for _ in range(int(args[0]))]
+        print(json.dumps([host_us, steps.admitting[first:]]), flush=True)
+    elif command == "quit":
+        break
+'''
+
+
+class TreeAbError(RuntimeError):
+    """A worker could not be started or stopped answering (its stderr is quoted)."""
+
+
+class _Worker:
+    """One tree's worker process, asked one line at a time."""
+
+    def __init__(self, tree: Path, extra_env: dict[str, str] | None = None):
+        if not (tree / "impl" / "runner.py").is_file() or not (tree / "bench" / "case_runner.py").is_file():
+            raise TreeAbError(f"{tree}: not a runnercheck tree (no impl/runner.py or bench/case_runner.py)")
+        self.tree = tree
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0", **(extra_env or {})}
+        self._proc = subprocess.Popen([sys.executable, "-c", _WORKER], cwd=tree, env=env, stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._stderr, text=True)
+
+    def ask(self, line: str) -> str:
+        try:
+            self._proc.stdin.write(line + "\n")
+            self._proc.stdin.flush()
+            answer = self._proc.stdout.readline()
+        except BrokenPipeError:
+            answer = ""
+        if not answer:
+            self._stderr.seek(0)
+            raise TreeAbError(f"the worker of {self.tree} stopped at {line!r}:\n{self._stderr.read()[-2000:]}")
+        return answer
+
+    def steps(self, n: int) -> tuple[list[float], list[bool]]:
+        host_us, admitting = json.loads(self.ask(f"steps {n}"))
+        return host_us, admitting
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            try:
+                self._proc.stdin.write("quit\n")
+                self._proc.stdin.flush()
+            except BrokenPipeError:
+                pass
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        self._stderr.close()
+
+
+def _medians(host_us: list[float], admitting: list[bool]) -> dict[str, float | None]:
+    adm = [t for t, a in zip(host_us, admitting) if a]
+    other = [t for t, a in zip(host_us, admitting) if not a]
+    return {"admitting_us": statistics.median(adm) if adm else None, "other_us": statistics.median(other) if other else None,
+            "all_us": statistics.median(host_us), "admitting_steps": len(adm), "other_steps": len(other)}
+
+
+def _ratio(new: float | None, base: float | None) -> float | None:
+    return None if new is None or not base else new / base
+
+
+def compare_trees(base_tree: Path, new_tree: Path, num_reqs: int, churn: float = 0.01, blocks: int = 70,
+                  block_steps: int = 10, seed: int = 0, new_env: dict[str, str] | None = None) -> dict:
+    """One configuration of the two trees, interleaved (see the module docstring).  ``new_env``: extra environment
+    of the new tree's worker (its test plants a slowdown there)."""
+    if blocks < 1 or block_steps < 1:
+        raise ValueError("blocks and block_steps must be >= 1")
+    if WARM_UP_STEPS + blocks * block_steps > MAX_STEPS:
+        raise ValueError(f"{blocks} blocks of {block_steps} steps: more than the {MAX_STEPS - WARM_UP_STEPS} a workload allows")
+    workers = {"base": _Worker(base_tree), "new": _Worker(new_tree, new_env)}
+    try:
+        for worker in workers.values():
+            worker.ask(f"setup {num_reqs} {churn} {seed}")
+            worker.steps(WARM_UP_STEPS)
+        timed: dict[str, tuple[list[float], list[bool]]] = {"base": ([], []), "new": ([], [])}
+        block_medians: dict[str, list[float]] = {"base": [], "new": []}
+        for b in range(blocks):
+            for side in (("base", "new") if b % 2 == 0 else ("new", "base")):
+                host_us, admitting = workers[side].steps(block_steps)
+                timed[side][0].extend(host_us)
+                timed[side][1].extend(admitting)
+                block_medians[side].append(statistics.median(host_us))
+    finally:
+        for worker in workers.values():
+            worker.close()
+    base, new = _medians(*timed["base"]), _medians(*timed["new"])
+    diffs = [n - b for n, b in zip(block_medians["new"], block_medians["base"])]
+    p = float(stats.wilcoxon(diffs).pvalue) if len(diffs) > 1 and any(diffs) else 1.0
+    return {"num_reqs": num_reqs, "churn": churn, "blocks": blocks, "block_steps": block_steps, "base": base, "new": new,
+            "new_over_base_admitting": _ratio(new["admitting_us"], base["admitting_us"]),
+            "new_over_base_other": _ratio(new["other_us"], base["other_us"]),
+            "new_over_base_all": _ratio(new["all_us"], base["all_us"]),
+            "blocks_faster": sum(d < 0 for d in diffs), "wilcoxon_p": p}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("base", type=Path, help="the earlier tree (an exported commit)")
+    parser.add_argument("--new", type=Path, default=Path(__file__).resolve().parent.parent,
+                        help="the tree to compare (default: this checkout)")
+    parser.add_argument("--reqs", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--churn", type=float, default=0.01)
+    parser.add_argument("--blocks", type=int, default=70)
+    parser.add_argument("--block-steps", type=int, default=10)
+    parser.add_argument("--out", help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    if not 0 <= args.churn <= 1:
+        parser.error("--churn must be in [0, 1]")
+    if any(n < 1 for n in args.reqs):
+        parser.error("--reqs must be >= 1")
+    try:
+        result = {"base": str(args.base), "new": str(args.new),
+                  "configurations": [compare_trees(args.base.resolve(), args.new.resolve(), n, args.churn, args.blocks,
+                                                   args.block_steps) for n in args.reqs]}
+    except (TreeAbError, ValueError) as err:
+        parser.error(str(err))
+    print_and_write_json(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

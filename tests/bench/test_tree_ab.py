@@ -1,0 +1,49 @@
+"""`bench.tree_ab`: two trees' host steps interleaved on the dev box.  A tree whose every step is planted 400 us
+slower is seen slower in every block; bad trees and block counts are refused with typed errors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.tree_ab import MAX_STEPS, TreeAbError, compare_trees, main
+
+HERE = Path(__file__).resolve().parents[2]  # this checkout: both sides of the comparison
+
+
+def test_a_planted_slowdown_is_seen_in_every_block() -> None:
+    got = compare_trees(HERE, HERE, num_reqs=8, blocks=6, block_steps=3,
+                        new_env={"RUNNERCHECK_TREE_AB_DELAY_US": "400"})
+    assert got["blocks_faster"] == 0
+    assert got["new_over_base_all"] > 1.5, got
+    assert got["new"]["all_us"] - got["base"]["all_us"] > 300, got
+    assert got["base"]["admitting_steps"] + got["base"]["other_steps"] == 18
+
+
+def test_the_same_tree_against_itself_runs_the_same_steps() -> None:
+    got = compare_trees(HERE, HERE, num_reqs=8, blocks=2, block_steps=3)
+    for side in ("base", "new"):  # one seeded workload: the same admitting steps on both sides
+        assert got[side]["admitting_steps"] == got["base"]["admitting_steps"]
+        assert got[side]["all_us"] > 0
+
+
+def test_what_it_refuses(tmp_path: Path) -> None:
+    with pytest.raises(TreeAbError, match="not a runnercheck tree"):
+        compare_trees(tmp_path, HERE, num_reqs=8, blocks=1, block_steps=1)
+    with pytest.raises(ValueError, match="a workload allows"):
+        compare_trees(HERE, HERE, num_reqs=8, blocks=MAX_STEPS, block_steps=1)
+    with pytest.raises(ValueError, match=">= 1"):
+        compare_trees(HERE, HERE, num_reqs=8, blocks=0)
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--reqs", "8", "--blocks", "1", "--block-steps", "1"])
+    with pytest.raises(SystemExit):
+        main([str(HERE), "--churn", "2"])
+
+
+def test_the_cli_writes_its_figures(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "ab.json"
+    assert main([str(HERE), "--reqs", "8", "--blocks", "2", "--block-steps", "2", "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert [c["num_reqs"] for c in written["configurations"]] == [8]
+    assert json.loads(capsys.readouterr().out) == written
