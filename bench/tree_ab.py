@@ -1,23 +1,31 @@
 """Two trees' runner host steps on this machine, interleaved: what a host-side change moved, without a GPU.
 
-    python -m bench.tree_ab BASE_DIR [--reqs 64 256] [--churn 0.01] [--blocks 70] [--block-steps 10] [--out FILE]
+    python -m bench.tree_ab BASE_DIR [--new DIR] [--reqs 64 256] [--pairs 5] [--blocks 30] [--block-steps 10] [--out FILE]
 
-One worker process per tree -- this checkout and BASE_DIR, an earlier commit (`git archive COMMIT | tar x -C
-BASE_DIR`) -- builds the host_cost runner on cpu with its device work dropped (`bench.case_runner`: the Python
-bookkeeping alone) and the same seeded workload.  The driver then asks the two for blocks of steps in turn, the
-order alternating block by block, so the machine's drift (a lent 2-core box moves 2x within minutes, and
-whole-process A/Bs drift by 5% with their order) reaches both trees alike.  Per configuration it reports each
-tree's median host us over the admitting steps and over the others, new / base for each, how many blocks the new
-tree ran faster, and the Wilcoxon signed-rank p of the blocks' paired medians (`scipy.stats.wilcoxon`).
+A pair is one worker process per tree -- this checkout (or ``--new``) and BASE_DIR, an earlier commit (`git archive
+COMMIT | tar x -C BASE_DIR`) -- each building the host_cost runner on cpu with its device work dropped
+(`bench.case_runner`: the Python bookkeeping alone) and the same seeded workload.  The driver asks the two for blocks
+of steps in turn, alternating which goes first, so the machine's drift within the pair reaches both trees alike.
 
-The workload's requests grow toward max_model_len, so a configuration runs at most ~800 steps a tree.  The figures
-are the dev box's: the H200's say what counts for issue 14 (`ci/h200.sh` job ``bench_host_ab``).
+A process brings a speed of its own, too: two workers of one tree differed by up to ~18% on this 2-core box, and a
+test over one pair's blocks called such a difference significant.  So the workers run with address-space
+randomisation off on one pinned core (`setarch -R`, `taskset`, where present), which cut that to ~4%, and the
+verdict is taken over ``--pairs`` fresh pairs, not over blocks.  Per configuration it reports each pair's new / base
+ratio of median host us (the admitting steps, the others, all), their medians, how many pairs the new tree ran
+faster, and the Wilcoxon signed-rank p of the pairs' log ratios (`scipy.stats.wilcoxon`; five pairs cannot go below
+1/16).  Run the base against itself (``--new BASE_DIR``) to see this machine's noise.
+
+The workload's requests grow toward max_model_len, so a pair runs at most ~800 steps a tree.  The figures are the dev
+box's: the H200's say what counts for issue 14 (`ci/h200.sh` job ``bench_host_ab``).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -67,6 +75,17 @@ for line in sys.stdin:
 '''
 
 
+
+
+def _placement() -> list[str]:
+    """The command prefix that runs a worker with address-space randomisation off, on this machine's last core
+    (both trees' workers alike; they never run at once), or nothing where `setarch` or `taskset` is missing."""
+    if sys.platform != "linux" or not shutil.which("setarch") or not shutil.which("taskset"):
+        return []
+    cores = sorted(os.sched_getaffinity(0))
+    return ["setarch", platform.machine(), "-R", "taskset", "-c", str(cores[-1])]
+
+
 class TreeAbError(RuntimeError):
     """A worker could not be started or stopped answering (its stderr is quoted)."""
 
@@ -80,7 +99,7 @@ class _Worker:
         self.tree = tree
         self._stderr = tempfile.TemporaryFile(mode="w+")
         env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0", **(extra_env or {})}
-        self._proc = subprocess.Popen([sys.executable, "-c", _WORKER], cwd=tree, env=env, stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([*_placement(), sys.executable, "-c", _WORKER], cwd=tree, env=env, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._stderr, text=True)
 
     def ask(self, line: str) -> str:
@@ -124,38 +143,48 @@ def _ratio(new: float | None, base: float | None) -> float | None:
     return None if new is None or not base else new / base
 
 
-def compare_trees(base_tree: Path, new_tree: Path, num_reqs: int, churn: float = 0.01, blocks: int = 70,
-                  block_steps: int = 10, seed: int = 0, new_env: dict[str, str] | None = None) -> dict:
-    """One configuration of the two trees, interleaved (see the module docstring).  ``new_env``: extra environment
-    of the new tree's worker (its test plants a slowdown there)."""
-    if blocks < 1 or block_steps < 1:
-        raise ValueError("blocks and block_steps must be >= 1")
-    if WARM_UP_STEPS + blocks * block_steps > MAX_STEPS:
-        raise ValueError(f"{blocks} blocks of {block_steps} steps: more than the {MAX_STEPS - WARM_UP_STEPS} a workload allows")
+def _run_pair(base_tree: Path, new_tree: Path, num_reqs: int, churn: float, blocks: int, block_steps: int, seed: int,
+              base_first: bool, new_env: dict[str, str] | None) -> dict:
+    """One pair of fresh workers: each tree's medians over its timed steps and the new / base ratios."""
     workers = {"base": _Worker(base_tree), "new": _Worker(new_tree, new_env)}
+    timed: dict[str, tuple[list[float], list[bool]]] = {"base": ([], []), "new": ([], [])}
     try:
         for worker in workers.values():
             worker.ask(f"setup {num_reqs} {churn} {seed}")
             worker.steps(WARM_UP_STEPS)
-        timed: dict[str, tuple[list[float], list[bool]]] = {"base": ([], []), "new": ([], [])}
-        block_medians: dict[str, list[float]] = {"base": [], "new": []}
         for b in range(blocks):
-            for side in (("base", "new") if b % 2 == 0 else ("new", "base")):
+            for side in (("base", "new") if (b % 2 == 0) == base_first else ("new", "base")):
                 host_us, admitting = workers[side].steps(block_steps)
                 timed[side][0].extend(host_us)
                 timed[side][1].extend(admitting)
-                block_medians[side].append(statistics.median(host_us))
     finally:
         for worker in workers.values():
             worker.close()
     base, new = _medians(*timed["base"]), _medians(*timed["new"])
-    diffs = [n - b for n, b in zip(block_medians["new"], block_medians["base"])]
-    p = float(stats.wilcoxon(diffs).pvalue) if len(diffs) > 1 and any(diffs) else 1.0
-    return {"num_reqs": num_reqs, "churn": churn, "blocks": blocks, "block_steps": block_steps, "base": base, "new": new,
-            "new_over_base_admitting": _ratio(new["admitting_us"], base["admitting_us"]),
-            "new_over_base_other": _ratio(new["other_us"], base["other_us"]),
-            "new_over_base_all": _ratio(new["all_us"], base["all_us"]),
-            "blocks_faster": sum(d < 0 for d in diffs), "wilcoxon_p": p}
+    return {"base": base, "new": new, **{f"new_over_base_{kind}": _ratio(new[f"{kind}_us"], base[f"{kind}_us"])
+                                         for kind in ("admitting", "other", "all")}}
+
+
+def compare_trees(base_tree: Path, new_tree: Path, num_reqs: int, churn: float = 0.01, pairs: int = 5, blocks: int = 30,
+                  block_steps: int = 10, seed: int = 0, new_env: dict[str, str] | None = None) -> dict:
+    """One configuration of the two trees over ``pairs`` pairs of workers (see the module docstring).  ``new_env``:
+    extra environment of the new tree's workers (the tool's test plants a slowdown there)."""
+    if pairs < 1 or blocks < 1 or block_steps < 1:
+        raise ValueError("pairs, blocks and block_steps must be >= 1")
+    if WARM_UP_STEPS + blocks * block_steps > MAX_STEPS:
+        raise ValueError(f"{blocks} blocks of {block_steps} steps: more than the {MAX_STEPS - WARM_UP_STEPS} a workload allows")
+    runs = [_run_pair(base_tree, new_tree, num_reqs, churn, blocks, block_steps, seed, k % 2 == 0, new_env)
+            for k in range(pairs)]
+    result: dict = {"num_reqs": num_reqs, "churn": churn, "pairs": pairs, "blocks": blocks, "block_steps": block_steps,
+                    "runs": runs}
+    for kind in ("admitting", "other", "all"):
+        ratios = [r[f"new_over_base_{kind}"] for r in runs if r[f"new_over_base_{kind}"] is not None]
+        result[f"new_over_base_{kind}"] = statistics.median(ratios) if ratios else None
+        if kind == "all":
+            logs = [math.log(x) for x in ratios]
+            result["pairs_faster"] = sum(x < 0 for x in logs)
+            result["wilcoxon_p"] = float(stats.wilcoxon(logs).pvalue) if len(logs) > 1 and any(logs) else 1.0
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the tree to compare (default: this checkout)")
     parser.add_argument("--reqs", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--churn", type=float, default=0.01)
-    parser.add_argument("--blocks", type=int, default=70)
+    parser.add_argument("--pairs", type=int, default=5, help="fresh worker pairs per configuration")
+    parser.add_argument("--blocks", type=int, default=30)
     parser.add_argument("--block-steps", type=int, default=10)
     parser.add_argument("--out", help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -175,8 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--reqs must be >= 1")
     try:
         result = {"base": str(args.base), "new": str(args.new),
-                  "configurations": [compare_trees(args.base.resolve(), args.new.resolve(), n, args.churn, args.blocks,
-                                                   args.block_steps) for n in args.reqs]}
+                  "configurations": [compare_trees(args.base.resolve(), args.new.resolve(), n, args.churn, args.pairs,
+                                                   args.blocks, args.block_steps) for n in args.reqs]}
     except (TreeAbError, ValueError) as err:
         parser.error(str(err))
     print_and_write_json(result, args.out)

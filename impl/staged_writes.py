@@ -217,7 +217,9 @@ class StagedWriteGroup:
         """`flush` by ``pack_members`` (impl/native/staging.c): the members' diffs, the cells and the deferred admission
         records as one diff table in one slot.  False, with nothing taken, when the C twin declines them or they
         need more than one slot."""
-        members = [(t.word_offset, t.num_cols, _CELL_CODES[t.dtype], t._merged_diffs(), t._ragged) for t in dirty]
+        # A member's one pending diff needs no merging: its list is read as it stands (and emptied below).
+        members = [(t.word_offset, t.num_cols, _CELL_CODES[t.dtype], t._pending if len(t._pending) <= 1 else t._merged_diffs(),
+                    t._ragged) for t in dirty]
         admissions = (records, self._admissions[1]) if records else None
         # Packed straight into the current slot's free words when they hold the table (one C call), else sized.
         free = writer.free_words()
@@ -225,7 +227,8 @@ class StagedWriteGroup:
         if size is NotImplemented or not size[0] or _META_WORDS * size[0] + size[1] > limit:
             return False
         n, total = size[0], _META_WORDS * size[0] + size[1]
-        self.seal()
+        if self.arena is None:
+            self.seal()
         host, slot, start = writer.reserve_words(total)
         if not size[2]:
             _staging.pack_members(host, members, self._cell_tables, admissions)

@@ -1,5 +1,5 @@
-"""`bench.tree_ab`: two trees' host steps interleaved on the dev box.  A tree whose every step is planted 400 us
-slower is seen slower in every block; bad trees and block counts are refused with typed errors."""
+"""`bench.tree_ab`: two trees' host steps interleaved on the dev box, over fresh worker pairs.  A tree whose every
+step is planted 400 us slower is seen slower in every pair; bad trees and counts are refused with typed errors."""
 from __future__ import annotations
 
 import json
@@ -12,20 +12,21 @@ from bench.tree_ab import MAX_STEPS, TreeAbError, compare_trees, main
 HERE = Path(__file__).resolve().parents[2]  # this checkout: both sides of the comparison
 
 
-def test_a_planted_slowdown_is_seen_in_every_block() -> None:
-    got = compare_trees(HERE, HERE, num_reqs=8, blocks=6, block_steps=3,
+def test_a_planted_slowdown_is_seen_in_every_pair() -> None:
+    got = compare_trees(HERE, HERE, num_reqs=8, pairs=2, blocks=4, block_steps=3,
                         new_env={"RUNNERCHECK_TREE_AB_DELAY_US": "400"})
-    assert got["blocks_faster"] == 0
+    assert got["pairs_faster"] == 0
     assert got["new_over_base_all"] > 1.5, got
-    assert got["new"]["all_us"] - got["base"]["all_us"] > 300, got
-    assert got["base"]["admitting_steps"] + got["base"]["other_steps"] == 18
+    for run in got["runs"]:
+        assert run["new"]["all_us"] - run["base"]["all_us"] > 300, run
+        assert run["base"]["admitting_steps"] + run["base"]["other_steps"] == 12
 
 
 def test_the_same_tree_against_itself_runs_the_same_steps() -> None:
-    got = compare_trees(HERE, HERE, num_reqs=8, blocks=2, block_steps=3)
+    run = compare_trees(HERE, HERE, num_reqs=8, pairs=1, blocks=2, block_steps=3)["runs"][0]
     for side in ("base", "new"):  # one seeded workload: the same admitting steps on both sides
-        assert got[side]["admitting_steps"] == got["base"]["admitting_steps"]
-        assert got[side]["all_us"] > 0
+        assert run[side]["admitting_steps"] == run["base"]["admitting_steps"]
+        assert run[side]["all_us"] > 0
 
 
 def test_what_it_refuses(tmp_path: Path) -> None:
@@ -35,6 +36,8 @@ def test_what_it_refuses(tmp_path: Path) -> None:
         compare_trees(HERE, HERE, num_reqs=8, blocks=MAX_STEPS, block_steps=1)
     with pytest.raises(ValueError, match=">= 1"):
         compare_trees(HERE, HERE, num_reqs=8, blocks=0)
+    with pytest.raises(ValueError, match=">= 1"):
+        compare_trees(HERE, HERE, num_reqs=8, pairs=0)
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--reqs", "8", "--blocks", "1", "--block-steps", "1"])
     with pytest.raises(SystemExit):
@@ -43,7 +46,7 @@ def test_what_it_refuses(tmp_path: Path) -> None:
 
 def test_the_cli_writes_its_figures(tmp_path: Path, capsys) -> None:
     out = tmp_path / "ab.json"
-    assert main([str(HERE), "--reqs", "8", "--blocks", "2", "--block-steps", "2", "--out", str(out)]) == 0
+    assert main([str(HERE), "--reqs", "8", "--pairs", "1", "--blocks", "2", "--block-steps", "2", "--out", str(out)]) == 0
     written = json.loads(out.read_text())
     assert [c["num_reqs"] for c in written["configurations"]] == [8]
     assert json.loads(capsys.readouterr().out) == written
