@@ -192,6 +192,8 @@ class DeviceEvent:
     def known_complete(self) -> bool:
         """`is_complete` without asking CUDA: on cuda, whether this marker was seen complete or was recorded
         before one that was (False says only "not known yet").  For bookkeeping that may wait for the answer."""
+        if self._complete:  # cuda: seen complete before (the usual answer for an old marker; no call)
+            return True
         if not self.recorded:
             raise DeviceError("known_complete() on an event that was never recorded")
         if self._dev.kind == "cuda":

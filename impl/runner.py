@@ -409,7 +409,9 @@ class ModelRunner:
             self._device_drafts = counts
             return step
         last = self._last_decode
-        step = read_steady_step(sched, self.state, self.limits, self._last_step_id, last[0] if last is not None else None)
+        if last is None:  # no decode step to repeat, so no steady step: `read_step` checks the containers itself
+            return read_step(sched, self.state, self.limits, self._last_step_id)
+        step = read_steady_step(sched, self.state, self.limits, self._last_step_id, last[0])
         # `read_steady_step` checked the containers and the step id before it declined.
         return step if step is not None else read_step(sched, self.state, self.limits, self._last_step_id,
                                                        containers_checked=True)

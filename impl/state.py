@@ -86,7 +86,7 @@ class RowStateError(RuntimeError):
     """Internal misuse of the table (freeing an unknown request, admitting a live id)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class RowInfo:
     """Host-side facts about the request in one row that the arrays do not hold (written at admission)."""
 
@@ -276,7 +276,13 @@ class RequestStateTable:
         """Give `req` a row: write its prefill tokens (pinned) and stage its row-state diffs."""
         if req.req_id in self.req_to_row:
             raise RowStateError(f"admit of {req.req_id!r}, which is already live")
-        row = self._take_free_row(req.req_id)
+        free = self._free
+        # The oldest free row when its last reading step is known over -- `is_quarantined`'s first answer, asked
+        # here without its frames (the usual admission); any other case goes through `_take_free_row`.
+        if free and self._ask_newest_first and ((over := self._reads_over[free[0]]) is None or over.known_complete()):
+            row = free.popleft()
+        else:
+            row = self._take_free_row(req.req_id)
         self._planned = None
         prefill = req.prefill_token_ids
         prompt_len, prefill_len = len(req.prompt_token_ids), len(prefill)

@@ -22,10 +22,11 @@ checks and Python reader first (`read_steady`, `impl/native/steady.c`, built at 
 `impl.native`): one pass over the step's objects -- containers, step id, then the batch -- that
 decides the same verdict whenever every object it reads has its exact type, and hands every other
 step to the Python checks and reader (`_read_steady`), the reference.  A general step without
-drafts is read the same way by ``read_general`` first (`impl/native/general.c`) -- the leaving ids, the
-new requests (through `impl/native/boundary.c`'s check), the cached and scheduled requests and the
-batch rules in one call, in one pass when the scheduled dict lists the cached requests first and in
-their order -- and `read_step`'s own parts, the reference, read every step it declines.
+drafts is read the same way by ``read_general_step`` first (`impl/native/general.c`) -- the containers and
+the step id, the leaving ids, the new requests (through `impl/native/boundary.c`'s check), the cached and
+scheduled requests and the batch rules in one call, in one pass when the scheduled dict lists the cached
+requests first and in their order -- and `read_step`'s own checks and parts, the reference, read every step
+it declines.
 
 The result, `StepArrays`, serves the row updates (`apply_cached`, block appends, admissions)
 and the step plan (`impl.input_batch.plan_step`); nothing reads the `SchedulerOutput` again
@@ -309,15 +310,12 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     Raises a `SchedulerOutputError` subclass naming the request and field.  ``containers_checked``: the
     caller ran `check_containers` and `check_step_id` on this step already (`read_steady_step` did).
     """
-    if not containers_checked:
-        check_containers(sched)
-        check_step_id(sched.step_id, last_step_id)
     r2r = state.req_to_row
-    cached = sched.cached_requests
-    if _native_general is not None and _native_boundary is not None and not sched.draft_token_ids:
-        got = _native_general.read_general(
-            cached.req_ids, cached.num_computed_tokens, cached.new_block_ids, sched.num_scheduled_tokens, r2r,
-            sched.finished_req_ids, sched.preempted_req_ids, sched.new_requests, _native_boundary.check_new_request,
+    if _native_general is not None and _native_boundary is not None:
+        # The containers and the step id are checked in this one C call too (any doubt: it declines, and the checks
+        # below name the error); so is the absence of drafts.
+        got = _native_general.read_general_step(
+            sched, SchedulerOutput, CachedRequests, last_step_id, r2r, _native_boundary.check_new_request,
             _check_new_args(limits), limits.max_num_reqs, state.num_computed, state.num_blocks, state.num_tokens,
             limits.block_size, limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks,
             *(state.batch_hint or _NO_HINT))
@@ -329,6 +327,10 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
                 rows, new_positions, query_lens, starts, end, known,  # rows .. known
                 _zeros(len(req_ids)), None, total, query_starts, max_query_len, max_end, uniform_query_len,  # num_drafts ..
             )
+    if not containers_checked:
+        check_containers(sched)
+        check_step_id(sched.step_id, last_step_id)
+    cached = sched.cached_requests
 
     gone = check_gone(sched, r2r)
 

@@ -50,13 +50,26 @@
  *     same object as its cached id and in that order, then the new ids -- is read in one pass (read_in_lockstep:
  *     each request checked as the parts check it); any other step, or one where a rule fails, goes to the parts.
  *
+ * read_general_step -- read_general on the `SchedulerOutput` itself, for `impl.step_reader.read_step`: first
+ *     `impl.boundary.check_containers`' exact types (the step a ``SchedulerOutput``, the cached requests a
+ *     ``CachedRequests`` of three tuples of one length, the other containers each the first type that check names),
+ *     `check_step_id`'s rule (an exact int >= 0 past ``last_step_id``) and no drafts; then read_general on its fields.
+ *     read_general_step(sched, SchedulerOutput, CachedRequests, last_step_id | None, req_to_row, check, check_args,
+ *                       max_num_reqs, num_computed, num_blocks, num_tokens, block_size, max_model_len,
+ *                       max_num_batched_tokens, num_kv_blocks[, hint_ids, hint_rows])
+ *       -> NotImplemented | read_general's tuple
+ *     NotImplemented as soon as one of those checks does not pass (read_step's Python checks then name the error), or
+ *     when read_general declines.  A step with no decode step before it to repeat is read by this call alone: the
+ *     steady reader's own container checks are not run first (`impl.runner.ModelRunner._check`).
+ *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts with the mirror),
  * -DRUNNERCHECK_PLANT_HINT_OFF_BY_ONE (a cached reader that takes the row after the hint's),
  * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0),
  * -DRUNNERCHECK_PLANT_LIVE_ID_READMITTED (a general reader that takes a new request under a live id),
- * -DRUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD (a one-pass general reader that never reads the tokens known) and
- * -DRUNNERCHECK_PLANT_HINT_TRUSTED (readers that take any hint's ids as exact strs, not only the batch they checked);
+ * -DRUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD (a one-pass general reader that never reads the tokens known),
+ * -DRUNNERCHECK_PLANT_HINT_TRUSTED (readers that take any hint's ids as exact strs, not only the batch they checked) and
+ * -DRUNNERCHECK_PLANT_GENERAL_STALE_STEP_ID (a read_general_step that accepts a step id not past the last);
  * -DRUNNERCHECK_GENERAL_PASSES_ONLY builds read_general without its one pass: the reference its tests compare with.
  */
 #include "arrays.h"
@@ -661,16 +674,14 @@ done:
     return result;
 }
 
-static PyObject *read_general(PyObject *self, PyObject *args)
+/* read_general's work on its parsed arguments (shared by read_general and read_general_step). */
+static PyObject *general_read(PyObject *self, PyObject *ids, PyObject *computed, PyObject *block_lists, PyObject *scheduled,
+                              PyObject *req_to_row, PyObject *finished, PyObject *preempted, PyObject *requests,
+                              PyObject *check, PyObject *check_args, long long max_num_reqs, PyObject *num_computed,
+                              PyObject *num_blocks, PyObject *num_tokens, long long block_size, long long max_model_len,
+                              long long max_num_batched_tokens, long long num_kv_blocks, PyObject *hint_ids,
+                              PyObject *hint_rows)
 {
-    PyObject *ids, *computed, *block_lists, *scheduled, *req_to_row, *finished, *preempted, *requests, *check, *check_args;
-    PyObject *num_computed, *num_blocks, *num_tokens, *hint_ids = Py_None, *hint_rows = Py_None;
-    long long max_num_reqs, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!LOOOLLLL|OO", &ids, &computed, &block_lists, &scheduled, &req_to_row, &finished,
-                          &preempted, &requests, &check, &PyTuple_Type, &check_args, &max_num_reqs, &num_computed,
-                          &num_blocks, &num_tokens, &block_size, &max_model_len, &max_num_batched_tokens, &num_kv_blocks,
-                          &hint_ids, &hint_rows))
-        return NULL;
     if (!PyDict_CheckExact(req_to_row) || block_size <= 0 || max_model_len <= 0)
         Py_RETURN_NOTIMPLEMENTED;
     PyObject *gone = NULL, *gone_rows = NULL, *new_requests = NULL, *gone_sorted = NULL;
@@ -775,12 +786,104 @@ done:
     return result;
 }
 
+static PyObject *read_general(PyObject *self, PyObject *args)
+{
+    PyObject *ids, *computed, *block_lists, *scheduled, *req_to_row, *finished, *preempted, *requests, *check, *check_args;
+    PyObject *num_computed, *num_blocks, *num_tokens, *hint_ids = Py_None, *hint_rows = Py_None;
+    long long max_num_reqs, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!LOOOLLLL|OO", &ids, &computed, &block_lists, &scheduled, &req_to_row, &finished,
+                          &preempted, &requests, &check, &PyTuple_Type, &check_args, &max_num_reqs, &num_computed,
+                          &num_blocks, &num_tokens, &block_size, &max_model_len, &max_num_batched_tokens, &num_kv_blocks,
+                          &hint_ids, &hint_rows))
+        return NULL;
+    return general_read(self, ids, computed, block_lists, scheduled, req_to_row, finished, preempted, requests, check,
+                        check_args, max_num_reqs, num_computed, num_blocks, num_tokens, block_size, max_model_len,
+                        max_num_batched_tokens, num_kv_blocks, hint_ids, hint_rows);
+}
+
+/* The fields of a `SchedulerOutput` read_general_step reads, and the exact container type each must have (-1: the
+ * cached requests, checked on their own; -2: the step id). */
+static const char *const STEP_FIELDS[] = {"step_id", "cached_requests", "new_requests", "num_scheduled_tokens",
+                                          "finished_req_ids", "preempted_req_ids", "draft_token_ids", "num_device_drafts"};
+enum { NUM_STEP_FIELDS = 8 };
+static const char *const CACHED_FIELDS[] = {"req_ids", "num_computed_tokens", "new_block_ids"};
+
+/* Whether ``obj`` has the exact type of ``check_containers``' first choice for field ``f`` of STEP_FIELDS. */
+static int exact_container(int f, PyObject *obj)
+{
+    switch (f) {
+    case 2:
+        return PyTuple_CheckExact(obj) || PyList_CheckExact(obj);
+    case 4:
+    case 5:
+        return PyAnySet_CheckExact(obj);
+    default:
+        return PyDict_CheckExact(obj);
+    }
+}
+
+static PyObject *read_general_step(PyObject *self, PyObject *args)
+{
+    PyObject *sched, *sched_type, *cached_type, *last_step_id, *req_to_row, *check, *check_args;
+    PyObject *num_computed, *num_blocks, *num_tokens, *hint_ids = Py_None, *hint_rows = Py_None;
+    long long max_num_reqs, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks;
+    if (!PyArg_ParseTuple(args, "OOOOOOO!LOOOLLLL|OO", &sched, &sched_type, &cached_type, &last_step_id, &req_to_row,
+                          &check, &PyTuple_Type, &check_args, &max_num_reqs, &num_computed, &num_blocks, &num_tokens,
+                          &block_size, &max_model_len, &max_num_batched_tokens, &num_kv_blocks, &hint_ids, &hint_rows))
+        return NULL;
+    if ((PyObject *)Py_TYPE(sched) != sched_type)
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *fields[NUM_STEP_FIELDS] = {NULL}, *cached[3] = {NULL}, *result = NULL;
+    for (int f = 0; f < NUM_STEP_FIELDS; f++)
+        if (!(fields[f] = attr(sched, STEP_FIELDS[f]))) {
+            PyErr_Clear();
+            goto decline;
+        }
+    /* `check_containers`' exact types and `check_step_id`'s rule, and no drafts: anything else is read_step's to
+     * check and name, or to read by its parts. */
+    for (int f = 2; f < NUM_STEP_FIELDS; f++)
+        if (!exact_container(f, fields[f]))
+            goto decline;
+    if (PyDict_GET_SIZE(fields[6]) || (PyObject *)Py_TYPE(fields[1]) != cached_type)
+        goto decline;
+    for (int f = 0; f < 3; f++) {
+        if (!(cached[f] = attr(fields[1], CACHED_FIELDS[f]))) {
+            PyErr_Clear();
+            goto decline;
+        }
+        if (!PyTuple_CheckExact(cached[f]) || PyTuple_GET_SIZE(cached[f]) != PyTuple_GET_SIZE(cached[0]))
+            goto decline;
+    }
+    long long step_id, last = -1;
+    if (exact_int(fields[0], &step_id) != EXACT_INT || step_id < 0)
+        goto decline;
+#ifndef RUNNERCHECK_PLANT_GENERAL_STALE_STEP_ID
+    if (last_step_id != Py_None && (exact_int(last_step_id, &last) != EXACT_INT || step_id <= last))
+        goto decline;
+#else
+    (void)last;
+#endif
+    result = general_read(self, cached[0], cached[1], cached[2], fields[3], req_to_row, fields[4], fields[5], fields[2],
+                          check, check_args, max_num_reqs, num_computed, num_blocks, num_tokens, block_size,
+                          max_model_len, max_num_batched_tokens, num_kv_blocks, hint_ids, hint_rows);
+    goto done;
+decline:
+    result = Py_NewRef(Py_NotImplemented);
+done:
+    for (int f = 0; f < NUM_STEP_FIELDS; f++)
+        Py_XDECREF(fields[f]);
+    for (int f = 0; f < 3; f++)
+        Py_XDECREF(cached[f]);
+    return result;
+}
+
 
 static PyMethodDef methods[] = {
     {"read_cached", read_cached, METH_VARARGS, "The cached requests of a general step (see the module's source header)."},
     {"read_scheduled", read_scheduled, METH_VARARGS, "A general step's batch: ids, query lengths, rows and their mirror."},
     {"check_batch", check_batch, METH_VARARGS, "A general step's per-request count rules, and its token total."},
     {"read_general", read_general, METH_VARARGS, "A general step without drafts: read_cached, read_scheduled, the new requests, check_batch."},
+    {"read_general_step", read_general_step, METH_VARARGS, "read_general on a SchedulerOutput, its containers and step id checked first."},
     {NULL, NULL, 0, NULL},
 };
 
