@@ -232,6 +232,8 @@ class InputBatch:
         self._layout = self.staging_layout(max_num_reqs, max_num_batched_tokens, max_num_draft_tokens)
         # The first word of the header and of each array `stage` writes on every step (`_staging.put_words`).
         self._words = tuple(self._layout[name][0] // 4 for name in ("header", "rows", "cu", "draft_start", "logits_start"))
+        # Where each array's region ends (bytes): what a step that writes up to it keeps (`stage`: `trim_reserved`).
+        self._ends = {name: offset + n * dtype.itemsize for name, (offset, n, dtype) in self._layout.items()}
         self.staging_bytes = self.staging_bytes_needed(max_num_reqs, max_num_batched_tokens, max_num_draft_tokens)
         self._views_by_slot: dict[int, tuple[dict[str, np.ndarray], StagedStepArrays, StagingSlot]] = {}
 
@@ -298,8 +300,7 @@ class InputBatch:
                 host["draft_start"][: r + 1] = plan.draft_start
                 host["logits_start"][: r + 1] = plan.logits_start
         if fresh:
-            offset, n, dtype = self._layout["logits_start"]
-            slot.kept, slot.kept_bytes = (plan.rows, plan.cu, plan.draft_start, plan.logits_start), offset + n * dtype.itemsize
+            slot.kept, slot.kept_bytes = (plan.rows, plan.cu, plan.draft_start, plan.logits_start), self._ends["logits_start"]
         last = "logits_start"
         if len(plan.drafts):
             host["drafts"][: len(plan.drafts)] = plan.drafts
@@ -311,8 +312,7 @@ class InputBatch:
             last = "prompt_targets"
         # Regions past the last one written are not read this step: the slot's next allocations
         # (the staged diffs) may use their bytes, and the H2D copy stops short of them.
-        offset, n, dtype = self._layout[last]
-        writer.trim_reserved(offset + n * dtype.itemsize)
+        writer.trim_reserved(self._ends[last])
         return staged
 
     @hot_path

@@ -409,7 +409,9 @@ class ModelRunner:
             self._device_drafts = counts
             return step
         last = self._last_decode
-        if last is None:  # no decode step to repeat, so no steady step: `read_step` checks the containers itself
+        # No decode step to repeat, or a step that admits (an exact tuple's truth cannot raise): no steady step.
+        # `read_step` checks the containers itself.
+        if last is None or (type(sched) is SchedulerOutput and type(sched.new_requests) is tuple and sched.new_requests):
             return read_step(sched, self.state, self.limits, self._last_step_id)
         step = read_steady_step(sched, self.state, self.limits, self._last_step_id, last[0])
         # `read_steady_step` checked the containers and the step id before it declined.

@@ -11,6 +11,7 @@ then they are batched, long diffs cut at even words, one launch per batch).
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Sequence
 
 import numpy as np
@@ -118,7 +119,7 @@ class StagedWriteGroup:
         self._admissions: tuple[dict, tuple, Callable[[], None]] | None = None
         self.arena: torch.Tensor | None = None
         self._num_words = 0
-        self._applies: list[Callable[[], None]] = []
+        self._applies: list[tuple[StagingSlot, int, int, int]] = []  # the last flush's tables (`_packed`), to apply
         # Where the last flush packed each batch: (slot, first word in the slot, diffs), for `take_single_pack`.
         self._packs: list[tuple[object, int, int]] = []
         self.h2d_bytes_last_flush = 0
@@ -323,24 +324,20 @@ class StagedWriteGroup:
             _fill_diff_table(host, dst, lens, src, values)  # int64 values: written as int32
         self._applies = [self._packed(slot, start, n, total)]
 
-    def _pack(self, dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray, writer: StagingWriter) -> Callable[[], None]:
+    def _pack(self, dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray,
+              writer: StagingWriter) -> tuple[StagingSlot, int, int, int]:
         n = len(lens)
         total = _META_WORDS * n + len(values)
         host, slot, start = writer.reserve_words(total)
         _fill_diff_table(host, dst, lens, src, values)
         return self._packed(slot, start, n, total)
 
-    def _packed(self, slot: StagingSlot, start: int, n: int, total: int) -> Callable[[], None]:
-        """Note a diff table of ``n`` diffs written at word ``start`` of ``slot``; its apply launch (enqueued later)."""
+    def _packed(self, slot: StagingSlot, start: int, n: int, total: int) -> tuple[StagingSlot, int, int, int]:
+        """Note a diff table of ``n`` diffs (``total`` words) written at word ``start`` of ``slot``: the apply that
+        `enqueue_apply` launches (a bucketed step drops it: `take_single_pack`)."""
         self.h2d_bytes_last_flush += 4 * total
         self._packs.append((slot, start, n))
-        arena, meta_words = self.arena, _META_WORDS * n
-
-        def apply() -> None:
-            # The device view is made here: a bucketed step drops this apply (`take_single_pack`).
-            launch(_apply_word_diffs_kernel, (n,), arena, slot.device_words[start : start + total], meta_words, BLOCK=_APPLY_BLOCK)
-
-        return apply
+        return slot, start, n, total
 
     @hot_path
     def take_single_pack(self, slot: object) -> tuple[int, int] | None:
@@ -361,8 +358,13 @@ class StagedWriteGroup:
     def enqueue_apply(self) -> None:
         """Enqueue the launch(es) prepared by the last `flush` (call after the writer submitted)."""
         applies, self._applies = self._applies, []
-        for apply in applies:
-            self.device.enqueue(apply, f"apply {self.name}")
+        for table in applies:
+            self.device.enqueue(partial(self._apply, *table), f"apply {self.name}")
+
+    def _apply(self, slot: StagingSlot, start: int, n: int, total: int) -> None:
+        """One diff table's apply launch (device work): the table's device view is made here, not at the flush."""
+        launch(_apply_word_diffs_kernel, (n,), self.arena, slot.device_words[start : start + total], _META_WORDS * n,
+               BLOCK=_APPLY_BLOCK)
 
 
 def _join_parts(dst_parts: list[np.ndarray], len_parts: list[np.ndarray],

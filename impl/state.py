@@ -386,11 +386,11 @@ class RequestStateTable:
     def _end_prefill_reads(self) -> None:
         """Rows whose prefill the device has surely computed (the mirror's bound less its unconfirmed drafts) leave
         `_prefilling`: no later step reads their tokens, so the step just marked was their last reader."""
-        done = [row for row, length in self._prefilling.items()
-                if self.num_computed[row] - self.unconfirmed_drafts[row] >= length]
-        for row in done:
-            del self._prefilling[row]
-            self._reads_over[row] = self._batch_event
+        computed, unconfirmed, prefilling = self.num_computed, self.unconfirmed_drafts, self._prefilling
+        for row, length in list(prefilling.items()):  # usually one row: Python ints, no numpy scalars
+            if computed.item(row) - unconfirmed.item(row) >= length:
+                del prefilling[row]
+                self._reads_over[row] = self._batch_event
 
     @hot_path
     def mark_step(self, rows: np.ndarray, event: DeviceEvent) -> None:

@@ -59,8 +59,8 @@
  *                       max_num_batched_tokens, num_kv_blocks[, hint_ids, hint_rows])
  *       -> NotImplemented | read_general's tuple
  *     NotImplemented as soon as one of those checks does not pass (read_step's Python checks then name the error), or
- *     when read_general declines.  A step with no decode step before it to repeat is read by this call alone: the
- *     steady reader's own container checks are not run first (`impl.runner.ModelRunner._check`).
+ *     when read_general declines.  A step that admits, or has no decode step before it to repeat, is read by this
+ *     call alone: the steady reader's own container checks are not run first (`impl.runner.ModelRunner._check`).
  *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts with the mirror),
