@@ -1,5 +1,6 @@
 /* What the C modules of `impl.native` share: the module-name macros, 1-D array views, new int64 arrays, the
- * exact-int read, the blocks a request can hold, the attribute read by interned name and the module definition.
+ * exact-int read, the blocks a request can hold, the attribute read by interned name, a step's fields read and
+ * checked (the step readers') and the module definition.
  * Included by each module's source (the build hashes this header into every module's cache stamp). */
 #ifndef RUNNERCHECK_NATIVE_ARRAYS_H
 #define RUNNERCHECK_NATIVE_ARRAYS_H
@@ -108,6 +109,93 @@ static inline PyObject *attr(PyObject *obj, const char *name)
     known[count] = name;
     interned[count++] = key;
     return PyObject_GetAttr(obj, key);
+}
+
+/* The attribute ``name`` of ``obj`` (a new reference, read by interned name: `attr`), or NULL with the error
+ * cleared: the caller declines. */
+static inline PyObject *attribute(PyObject *obj, const char *name)
+{
+    PyObject *value = attr(obj, name);
+    if (value == NULL)
+        PyErr_Clear();
+    return value;
+}
+
+/* The fields of a `SchedulerOutput` the step readers read (`read_step_fields`), in this order, and those of its
+ * `CachedRequests`. */
+static const char *const STEP_FIELDS[] = {"step_id", "new_requests", "cached_requests", "num_scheduled_tokens",
+                                          "finished_req_ids", "preempted_req_ids", "draft_token_ids", "num_device_drafts"};
+enum { STEP_ID, STEP_NEW, STEP_CACHED, STEP_SCHEDULED, STEP_FINISHED, STEP_PREEMPTED, STEP_DRAFTS, STEP_DEVICE_DRAFTS,
+       NUM_STEP_FIELDS };
+static const char *const CACHED_FIELDS[] = {"req_ids", "new_block_ids", "num_computed_tokens"};
+enum { CACHED_IDS, CACHED_BLOCKS, CACHED_COMPUTED };
+
+/* Whether field ``f`` (from STEP_NEW) has the exact type `impl.boundary.check_containers` names first for it -- a
+ * tuple or list, a frozenset or set, a dict -- with *empty set; 0 for any other object. */
+static inline int exact_container(int f, PyObject *obj, int *empty)
+{
+    Py_ssize_t size;
+    if (f == STEP_NEW && (PyTuple_CheckExact(obj) || PyList_CheckExact(obj)))
+        size = Py_SIZE(obj);
+    else if ((f == STEP_FINISHED || f == STEP_PREEMPTED) && PyAnySet_CheckExact(obj))
+        size = PySet_GET_SIZE(obj);
+    else if ((f == STEP_SCHEDULED || f == STEP_DRAFTS || f == STEP_DEVICE_DRAFTS) && PyDict_CheckExact(obj))
+        size = PyDict_GET_SIZE(obj);
+    else
+        return 0;
+    *empty = size == 0;
+    return 1;
+}
+
+/* A step's fields (new references into ``fields``, STEP_FIELDS order) and its cached requests' three tuples (into
+ * ``cached``, CACHED_FIELDS order), checked as `check_containers` and `check_step_id` check them, on their exact
+ * types only: the step a ``sched_type``, its containers each the first type check_containers names, the cached
+ * requests a ``cached_type`` of three tuples of one length, the step id an exact int >= 0 past ``last_step_id``
+ * (None: any).  1 when all hold, with *changes set when the step admits, finishes, preempts or drafts; 0 when one does
+ * not (the caller declines, and the Python checks name the error).  The caller releases what was read either way. */
+static inline int read_step_fields(PyObject *sched, PyObject *sched_type, PyObject *cached_type, PyObject *last_step_id,
+                                   PyObject **fields, PyObject **cached, int *changes)
+{
+    if ((PyObject *)Py_TYPE(sched) != sched_type)
+        return 0;
+    for (int f = 0; f < NUM_STEP_FIELDS; f++)
+        if (!(fields[f] = attribute(sched, STEP_FIELDS[f])))
+            return 0;
+    int empty;
+    *changes = 0;
+    for (int f = STEP_NEW; f < NUM_STEP_FIELDS; f++) {
+        if (f == STEP_CACHED)
+            continue;
+        if (!exact_container(f, fields[f], &empty))
+            return 0;
+        if (f != STEP_SCHEDULED && !empty)
+            *changes = 1;
+    }
+    if ((PyObject *)Py_TYPE(fields[STEP_CACHED]) != cached_type)
+        return 0;
+    for (int f = 0; f < 3; f++)
+        if (!(cached[f] = attribute(fields[STEP_CACHED], CACHED_FIELDS[f])) || !PyTuple_CheckExact(cached[f])
+            || PyTuple_GET_SIZE(cached[f]) != PyTuple_GET_SIZE(cached[CACHED_IDS]))
+            return 0;
+    long long step_id, last = -1;
+    if (exact_int(fields[STEP_ID], &step_id) != EXACT_INT || step_id < 0)
+        return 0;
+#ifndef RUNNERCHECK_PLANT_STALE_STEP_ID
+    if (last_step_id != Py_None && (exact_int(last_step_id, &last) != EXACT_INT || step_id <= last))
+        return 0;
+#else
+    (void)last;
+#endif
+    return 1;
+}
+
+/* What `read_step_fields` read, released (any of it may be NULL). */
+static inline void release_step_fields(PyObject **fields, PyObject **cached)
+{
+    for (int f = 0; f < NUM_STEP_FIELDS; f++)
+        Py_XDECREF(fields[f]);
+    for (int f = 0; f < 3; f++)
+        Py_XDECREF(cached[f]);
 }
 
 /* The module object and its init function, for a source whose method table is ``methods``. */

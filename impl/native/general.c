@@ -69,7 +69,8 @@
  * -DRUNNERCHECK_PLANT_LIVE_ID_READMITTED (a general reader that takes a new request under a live id),
  * -DRUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD (a one-pass general reader that never reads the tokens known),
  * -DRUNNERCHECK_PLANT_HINT_TRUSTED (readers that take any hint's ids as exact strs, not only the batch they checked) and
- * -DRUNNERCHECK_PLANT_GENERAL_STALE_STEP_ID (a read_general_step that accepts a step id not past the last);
+ * -DRUNNERCHECK_PLANT_STALE_STEP_ID (a read_general_step that accepts a step id not past the last: arrays.h's
+ * `read_step_fields`, shared with the steady reader);
  * -DRUNNERCHECK_GENERAL_PASSES_ONLY builds read_general without its one pass: the reference its tests compare with.
  */
 #include "arrays.h"
@@ -801,27 +802,6 @@ static PyObject *read_general(PyObject *self, PyObject *args)
                         max_num_batched_tokens, num_kv_blocks, hint_ids, hint_rows);
 }
 
-/* The fields of a `SchedulerOutput` read_general_step reads, and the exact container type each must have (-1: the
- * cached requests, checked on their own; -2: the step id). */
-static const char *const STEP_FIELDS[] = {"step_id", "cached_requests", "new_requests", "num_scheduled_tokens",
-                                          "finished_req_ids", "preempted_req_ids", "draft_token_ids", "num_device_drafts"};
-enum { NUM_STEP_FIELDS = 8 };
-static const char *const CACHED_FIELDS[] = {"req_ids", "num_computed_tokens", "new_block_ids"};
-
-/* Whether ``obj`` has the exact type of ``check_containers``' first choice for field ``f`` of STEP_FIELDS. */
-static int exact_container(int f, PyObject *obj)
-{
-    switch (f) {
-    case 2:
-        return PyTuple_CheckExact(obj) || PyList_CheckExact(obj);
-    case 4:
-    case 5:
-        return PyAnySet_CheckExact(obj);
-    default:
-        return PyDict_CheckExact(obj);
-    }
-}
-
 static PyObject *read_general_step(PyObject *self, PyObject *args)
 {
     PyObject *sched, *sched_type, *cached_type, *last_step_id, *req_to_row, *check, *check_args;
@@ -831,50 +811,22 @@ static PyObject *read_general_step(PyObject *self, PyObject *args)
                           &check, &PyTuple_Type, &check_args, &max_num_reqs, &num_computed, &num_blocks, &num_tokens,
                           &block_size, &max_model_len, &max_num_batched_tokens, &num_kv_blocks, &hint_ids, &hint_rows))
         return NULL;
-    if ((PyObject *)Py_TYPE(sched) != sched_type)
-        Py_RETURN_NOTIMPLEMENTED;
     PyObject *fields[NUM_STEP_FIELDS] = {NULL}, *cached[3] = {NULL}, *result = NULL;
-    for (int f = 0; f < NUM_STEP_FIELDS; f++)
-        if (!(fields[f] = attr(sched, STEP_FIELDS[f]))) {
-            PyErr_Clear();
-            goto decline;
-        }
     /* `check_containers`' exact types and `check_step_id`'s rule, and no drafts: anything else is read_step's to
      * check and name, or to read by its parts. */
-    for (int f = 2; f < NUM_STEP_FIELDS; f++)
-        if (!exact_container(f, fields[f]))
-            goto decline;
-    if (PyDict_GET_SIZE(fields[6]) || (PyObject *)Py_TYPE(fields[1]) != cached_type)
+    int changes;
+    if (!read_step_fields(sched, sched_type, cached_type, last_step_id, fields, cached, &changes)
+        || PyDict_GET_SIZE(fields[STEP_DRAFTS]))
         goto decline;
-    for (int f = 0; f < 3; f++) {
-        if (!(cached[f] = attr(fields[1], CACHED_FIELDS[f]))) {
-            PyErr_Clear();
-            goto decline;
-        }
-        if (!PyTuple_CheckExact(cached[f]) || PyTuple_GET_SIZE(cached[f]) != PyTuple_GET_SIZE(cached[0]))
-            goto decline;
-    }
-    long long step_id, last = -1;
-    if (exact_int(fields[0], &step_id) != EXACT_INT || step_id < 0)
-        goto decline;
-#ifndef RUNNERCHECK_PLANT_GENERAL_STALE_STEP_ID
-    if (last_step_id != Py_None && (exact_int(last_step_id, &last) != EXACT_INT || step_id <= last))
-        goto decline;
-#else
-    (void)last;
-#endif
-    result = general_read(self, cached[0], cached[1], cached[2], fields[3], req_to_row, fields[4], fields[5], fields[2],
-                          check, check_args, max_num_reqs, num_computed, num_blocks, num_tokens, block_size,
-                          max_model_len, max_num_batched_tokens, num_kv_blocks, hint_ids, hint_rows);
-    goto done;
-decline:
-    result = Py_NewRef(Py_NotImplemented);
-done:
-    for (int f = 0; f < NUM_STEP_FIELDS; f++)
-        Py_XDECREF(fields[f]);
-    for (int f = 0; f < 3; f++)
-        Py_XDECREF(cached[f]);
+    result = general_read(self, cached[CACHED_IDS], cached[CACHED_COMPUTED], cached[CACHED_BLOCKS], fields[STEP_SCHEDULED],
+                          req_to_row, fields[STEP_FINISHED], fields[STEP_PREEMPTED], fields[STEP_NEW], check, check_args,
+                          max_num_reqs, num_computed, num_blocks, num_tokens, block_size, max_model_len,
+                          max_num_batched_tokens, num_kv_blocks, hint_ids, hint_rows);
+    release_step_fields(fields, cached);
     return result;
+decline:
+    release_step_fields(fields, cached);
+    Py_RETURN_NOTIMPLEMENTED;
 }
 
 

@@ -194,39 +194,6 @@ fail:
     return NULL;
 }
 
-/* The attribute ``name`` of ``obj`` (a new reference, read by interned name: `attr`), or NULL with the error
- * cleared: the caller declines. */
-static PyObject *attribute(PyObject *obj, const char *name)
-{
-    PyObject *value = attr(obj, name);
-    if (value == NULL)
-        PyErr_Clear();
-    return value;
-}
-
-static int empty_or_exact(PyObject *obj, int kind, int *empty)
-{
-    /* kind 0: tuple or list; 1: frozenset or set; 2: dict.  1 with *empty set when ``obj`` has that exact type. */
-    Py_ssize_t size;
-    if (kind == 0 && (PyTuple_CheckExact(obj) || PyList_CheckExact(obj)))
-        size = Py_SIZE(obj);
-    else if (kind == 1 && PyAnySet_CheckExact(obj))
-        size = PySet_GET_SIZE(obj);
-    else if (kind == 2 && PyDict_CheckExact(obj))
-        size = PyDict_GET_SIZE(obj);
-    else
-        return 0;
-    *empty = size == 0;
-    return 1;
-}
-
-static const char *const STEP_FIELDS[] = {"step_id", "new_requests", "cached_requests", "num_scheduled_tokens",
-                                          "finished_req_ids", "preempted_req_ids", "draft_token_ids", "num_device_drafts"};
-#define NUM_STEP_FIELDS 8
-/* The containers' kinds, in STEP_FIELDS order from new_requests (cached_requests: -1, checked on its own). */
-static const int STEP_KINDS[] = {0, -1, 2, 1, 1, 2, 2};
-static const char *const CACHED_FIELDS[] = {"req_ids", "new_block_ids", "num_computed_tokens"};
-
 static PyObject *read_steady(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -237,52 +204,24 @@ static PyObject *read_steady(PyObject *self, PyObject *args)
                           &num_computed_obj, &num_blocks_obj, &num_tokens_obj, &block_size, &num_kv_blocks, &max_model_len,
                           &max_num_batched_tokens))
         return NULL;
-    if ((PyObject *)Py_TYPE(sched) != sched_type)
-        Py_RETURN_NOTIMPLEMENTED;
     PyObject *fields[NUM_STEP_FIELDS] = {NULL}, *cached[3] = {NULL}, *result = NULL;
-    for (int f = 0; f < NUM_STEP_FIELDS; f++)
-        if (!(fields[f] = attribute(sched, STEP_FIELDS[f])))
-            goto decline;
     /* `check_containers`' exact types, `check_step_id`'s rule: anything else is the Python checks' to name. */
-    int steady = 1, empty;
-    for (int f = 1; f < NUM_STEP_FIELDS; f++) {
-        if (STEP_KINDS[f - 1] < 0)
-            continue;
-        if (!empty_or_exact(fields[f], STEP_KINDS[f - 1], &empty))
-            goto decline;
-        if (f != 3 && !empty)  /* admitted, finished, preempted or drafted: not a steady step */
-            steady = 0;
-    }
-    if ((PyObject *)Py_TYPE(fields[2]) != cached_type)
+    int changes;
+    if (!read_step_fields(sched, sched_type, cached_type, last_step_id, fields, cached, &changes))
         goto decline;
-    for (int f = 0; f < 3; f++)
-        if (!(cached[f] = attribute(fields[2], CACHED_FIELDS[f])) || !PyTuple_CheckExact(cached[f])
-            || PyTuple_GET_SIZE(cached[f]) != PyTuple_GET_SIZE(cached[0]))
-            goto decline;
-    long long step_id, last = -1;
-    if (exact_int(fields[0], &step_id) != EXACT_INT || step_id < 0)
-        goto decline;
-#ifndef RUNNERCHECK_PLANT_STALE_STEP_ID
-    if (last_step_id != Py_None && (exact_int(last_step_id, &last) != EXACT_INT || step_id <= last))
-        goto decline;
-#else
-    (void)last;
-#endif
+    const int steady = !changes;  /* admitted, finished, preempted or drafted: not a steady step */
     if (!steady || last_ids == Py_None)  /* nothing to repeat: the checks alone */
         result = Py_NewRef(Py_None);
     else
-        result = read_steady_batch(cached[0], fields[3], cached[2], cached[1], last_ids, rows_obj, num_computed_obj,
+        result = read_steady_batch(cached[CACHED_IDS], fields[STEP_SCHEDULED], cached[CACHED_COMPUTED],
+                                   cached[CACHED_BLOCKS], last_ids, rows_obj, num_computed_obj,
                                    num_blocks_obj, num_tokens_obj, block_size, num_kv_blocks, max_model_len,
                                    max_num_batched_tokens);
-    goto done;
-decline:
-    result = Py_NewRef(Py_NotImplemented);
-done:
-    for (int f = 0; f < NUM_STEP_FIELDS; f++)
-        Py_XDECREF(fields[f]);
-    for (int f = 0; f < 3; f++)
-        Py_XDECREF(cached[f]);
+    release_step_fields(fields, cached);
     return result;
+decline:
+    release_step_fields(fields, cached);
+    Py_RETURN_NOTIMPLEMENTED;
 }
 
 

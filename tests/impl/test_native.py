@@ -742,7 +742,7 @@ def test_planted_bug_general_reader_ignoring_the_new_requests_facts_is_caught(mo
 def test_planted_bug_general_step_reader_accepting_a_stale_step_id_is_caught(monkeypatch):
     """read_general_step checks the step id itself (a step with no decode step before it reaches no other check
     first): a build that never compares it with the last one reads a repeated step id as a step."""
-    planted = _planted("RUNNERCHECK_PLANT_GENERAL_STALE_STEP_ID", "general")
+    planted = _planted("RUNNERCHECK_PLANT_STALE_STEP_ID", "general")
     from test_bad_inputs import _runner, _schedule
 
     runner, outputs = _runner(), []
