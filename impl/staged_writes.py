@@ -119,9 +119,9 @@ class StagedWriteGroup:
         self._admissions: tuple[dict, tuple, Callable[[], None]] | None = None
         self.arena: torch.Tensor | None = None
         self._num_words = 0
-        self._applies: list[tuple[StagingSlot, int, int, int]] = []  # the last flush's tables (`_packed`), to apply
-        # Where the last flush packed each batch: (slot, first word in the slot, diffs), for `take_single_pack`.
-        self._packs: list[tuple[object, int, int]] = []
+        # The last flush's diff tables, each (slot, first word in the slot, diffs, words): applied by `enqueue_apply`,
+        # or by a bucketed step's graph (`take_single_pack`).
+        self._applies: list[tuple[StagingSlot, int, int, int]] = []
         self.h2d_bytes_last_flush = 0
 
     def _join(self, tensor: "StagedWriteTensor") -> int:
@@ -152,7 +152,7 @@ class StagedWriteGroup:
         values gathered per element type (int32, float32, int64) and turned into words with one conversion each.
         """
         self.h2d_bytes_last_flush = 0
-        self._packs = []
+        self._applies = []
         dirty = self._dirty
         records = self._admissions[0] if self._admissions is not None else None
         if not dirty and not self._cell_members and not records:  # nothing staged (most steady steps): no table
@@ -336,7 +336,6 @@ class StagedWriteGroup:
         """Note a diff table of ``n`` diffs (``total`` words) written at word ``start`` of ``slot``: the apply that
         `enqueue_apply` launches (a bucketed step drops it: `take_single_pack`)."""
         self.h2d_bytes_last_flush += 4 * total
-        self._packs.append((slot, start, n))
         return slot, start, n, total
 
     @hot_path
@@ -346,12 +345,13 @@ class StagedWriteGroup:
         On a hit the prepared apply is dropped: the caller applies the batch itself from a copy of
         the slot (`launch_apply_from_header`, inside a bucketed step's graph).  No diffs: ``(0, 0)``.
         """
-        if not self._applies:
+        applies = self._applies
+        if not applies:
             return 0, 0
-        if len(self._packs) != 1 or self._packs[0][0] is not slot:
+        if len(applies) != 1 or applies[0][0] is not slot:
             return None
-        _, offset, n = self._packs[0]
-        self._applies, self._packs = [], []
+        _, offset, n, _ = applies[0]
+        self._applies = []
         return n, offset
 
     @hot_path

@@ -22,7 +22,7 @@ checks and Python reader first (`read_steady`, `impl/native/steady.c`, built at 
 `impl.native`): one pass over the step's objects -- containers, step id, then the batch -- that
 decides the same verdict whenever every object it reads has its exact type, and hands every other
 step to the Python checks and reader (`_read_steady`), the reference.  A general step without
-drafts is read the same way by ``read_general_step`` first (`impl/native/general.c`) -- the containers and
+drafts is read the same way by ``read_general`` first (`impl/native/general.c`) -- the containers and
 the step id, the leaving ids, the new requests (through `impl/native/boundary.c`'s check), the cached and
 scheduled requests and the batch rules in one call, in one pass when the scheduled dict lists the cached
 requests first and in their order -- and `read_step`'s own checks and parts, the reference, read every step
@@ -314,7 +314,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     if _native_general is not None and _native_boundary is not None:
         # The containers and the step id are checked in this one C call too (any doubt: it declines, and the checks
         # below name the error); so is the absence of drafts.
-        got = _native_general.read_general_step(
+        got = _native_general.read_general(
             sched, SchedulerOutput, CachedRequests, last_step_id, r2r, _native_boundary.check_new_request,
             _check_new_args(limits), limits.max_num_reqs, state.num_computed, state.num_blocks, state.num_tokens,
             limits.block_size, limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks,

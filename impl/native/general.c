@@ -32,35 +32,29 @@
  *     The plan's summaries come from the same pass: query_starts int32 [n + 1] (the counts' running sum from 0),
  *     the largest count and end (0 for no requests), and the count every request shares (-1: they differ, or none).
  *
- * read_general -- `impl.step_reader.read_step` for a step without drafts, in one call: the leaving ids (`check_gone`),
- *     the new requests (each checked by ``check``, `impl/native/boundary.c`'s check_new_request, with ``check_args``
- *     after it) and the live count, read_cached, the blocks each row holds after the appends, read_scheduled, the
- *     new requests' facts filled in, check_batch.
- *     read_general(req_ids, computed, block_lists, scheduled, req_to_row, finished, preempted, new_requests, check,
- *                  check_args, max_num_reqs, num_computed, num_blocks, num_tokens, block_size, max_model_len,
+ * read_general -- `impl.step_reader.read_step` for a step without drafts, in one call, on the `SchedulerOutput`
+ *     itself: first `impl.boundary.check_containers`' exact types (the step a ``SchedulerOutput``, the cached requests
+ *     a ``CachedRequests`` of three tuples of one length, the other containers each the first type that check names),
+ *     `check_step_id`'s rule (an exact int >= 0 past ``last_step_id``; None: any) and no drafts (arrays.h
+ *     `read_step_fields`, the steady reader's checks too); then the leaving ids (`check_gone`), the new requests
+ *     (each checked by ``check``, `impl/native/boundary.c`'s check_new_request, with ``check_args`` after it) and the
+ *     live count, read_cached, the blocks each row holds after the appends, read_scheduled, the new requests' facts
+ *     filled in, check_batch.
+ *     read_general(sched, SchedulerOutput, CachedRequests, last_step_id | None, req_to_row, check, check_args,
+ *                  max_num_reqs, num_computed, num_blocks, num_tokens, block_size, max_model_len,
  *                  max_num_batched_tokens, num_kv_blocks[, hint_ids, hint_rows])
  *       -> NotImplemented | (gone, cached_rows, new_block_counts, appends, req_ids, query_lens, rows, known, starts,
  *                            ends, total, query_starts, max_query_len, max_end, uniform_query_len, new_positions)
  *     gone: the leaving ids, sorted; new_positions: ((batch index, id), ...) of the new ids, whose rows stay -1.
- *     NotImplemented whenever a leaving id is not an exact non-empty str holding a row named once, a new request is
- *     not accepted by ``check`` or its id is live, leaving or repeated, the live requests would outnumber
- *     ``max_num_reqs``, or one of the parts declines or rejects (or reads a shift): `read_step` then runs its
- *     parts itself, and names any error.  Only reads (the blocks after the appends are a copy).
+ *     NotImplemented whenever one of the first checks does not pass, a leaving id is not an exact non-empty str
+ *     holding a row named once, a new request is not accepted by ``check`` or its id is live, leaving or repeated, the
+ *     live requests would outnumber ``max_num_reqs``, or one of the parts declines or rejects (or reads a shift):
+ *     `read_step` then runs its own checks and parts, and names any error.  Only reads (the blocks after the appends
+ *     are a copy).  A step that admits, or has no decode step before it to repeat, is read by this call alone: the
+ *     steady reader is not asked first (`impl.runner.ModelRunner._check`).
  *     A step as a decode batch usually brings it -- the scheduled dict listing the cached ids first, each key the
  *     same object as its cached id and in that order, then the new ids -- is read in one pass (read_in_lockstep:
  *     each request checked as the parts check it); any other step, or one where a rule fails, goes to the parts.
- *
- * read_general_step -- read_general on the `SchedulerOutput` itself, for `impl.step_reader.read_step`: first
- *     `impl.boundary.check_containers`' exact types (the step a ``SchedulerOutput``, the cached requests a
- *     ``CachedRequests`` of three tuples of one length, the other containers each the first type that check names),
- *     `check_step_id`'s rule (an exact int >= 0 past ``last_step_id``) and no drafts; then read_general on its fields.
- *     read_general_step(sched, SchedulerOutput, CachedRequests, last_step_id | None, req_to_row, check, check_args,
- *                       max_num_reqs, num_computed, num_blocks, num_tokens, block_size, max_model_len,
- *                       max_num_batched_tokens, num_kv_blocks[, hint_ids, hint_rows])
- *       -> NotImplemented | read_general's tuple
- *     NotImplemented as soon as one of those checks does not pass (read_step's Python checks then name the error), or
- *     when read_general declines.  A step that admits, or has no decode step before it to repeat, is read by this
- *     call alone: the steady reader's own container checks are not run first (`impl.runner.ModelRunner._check`).
  *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts with the mirror),
@@ -69,7 +63,7 @@
  * -DRUNNERCHECK_PLANT_LIVE_ID_READMITTED (a general reader that takes a new request under a live id),
  * -DRUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD (a one-pass general reader that never reads the tokens known),
  * -DRUNNERCHECK_PLANT_HINT_TRUSTED (readers that take any hint's ids as exact strs, not only the batch they checked) and
- * -DRUNNERCHECK_PLANT_STALE_STEP_ID (a read_general_step that accepts a step id not past the last: arrays.h's
+ * -DRUNNERCHECK_PLANT_STALE_STEP_ID (a read_general that accepts a step id not past the last: arrays.h's
  * `read_step_fields`, shared with the steady reader);
  * -DRUNNERCHECK_GENERAL_PASSES_ONLY builds read_general without its one pass: the reference its tests compare with.
  */
@@ -675,7 +669,7 @@ done:
     return result;
 }
 
-/* read_general's work on its parsed arguments (shared by read_general and read_general_step). */
+/* read_general's reading, on the step's fields (after `read_step_fields` checked them). */
 static PyObject *general_read(PyObject *self, PyObject *ids, PyObject *computed, PyObject *block_lists, PyObject *scheduled,
                               PyObject *req_to_row, PyObject *finished, PyObject *preempted, PyObject *requests,
                               PyObject *check, PyObject *check_args, long long max_num_reqs, PyObject *num_computed,
@@ -789,21 +783,6 @@ done:
 
 static PyObject *read_general(PyObject *self, PyObject *args)
 {
-    PyObject *ids, *computed, *block_lists, *scheduled, *req_to_row, *finished, *preempted, *requests, *check, *check_args;
-    PyObject *num_computed, *num_blocks, *num_tokens, *hint_ids = Py_None, *hint_rows = Py_None;
-    long long max_num_reqs, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOO!LOOOLLLL|OO", &ids, &computed, &block_lists, &scheduled, &req_to_row, &finished,
-                          &preempted, &requests, &check, &PyTuple_Type, &check_args, &max_num_reqs, &num_computed,
-                          &num_blocks, &num_tokens, &block_size, &max_model_len, &max_num_batched_tokens, &num_kv_blocks,
-                          &hint_ids, &hint_rows))
-        return NULL;
-    return general_read(self, ids, computed, block_lists, scheduled, req_to_row, finished, preempted, requests, check,
-                        check_args, max_num_reqs, num_computed, num_blocks, num_tokens, block_size, max_model_len,
-                        max_num_batched_tokens, num_kv_blocks, hint_ids, hint_rows);
-}
-
-static PyObject *read_general_step(PyObject *self, PyObject *args)
-{
     PyObject *sched, *sched_type, *cached_type, *last_step_id, *req_to_row, *check, *check_args;
     PyObject *num_computed, *num_blocks, *num_tokens, *hint_ids = Py_None, *hint_rows = Py_None;
     long long max_num_reqs, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks;
@@ -834,8 +813,7 @@ static PyMethodDef methods[] = {
     {"read_cached", read_cached, METH_VARARGS, "The cached requests of a general step (see the module's source header)."},
     {"read_scheduled", read_scheduled, METH_VARARGS, "A general step's batch: ids, query lengths, rows and their mirror."},
     {"check_batch", check_batch, METH_VARARGS, "A general step's per-request count rules, and its token total."},
-    {"read_general", read_general, METH_VARARGS, "A general step without drafts: read_cached, read_scheduled, the new requests, check_batch."},
-    {"read_general_step", read_general_step, METH_VARARGS, "read_general on a SchedulerOutput, its containers and step id checked first."},
+    {"read_general", read_general, METH_VARARGS, "A general step without drafts: its containers and step id, read_cached, read_scheduled, the new requests, check_batch."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -637,11 +637,11 @@ def test_a_run_that_admits_reads_its_general_steps_in_c(monkeypatch):
     admitted, steady = admitting_run()
     assert writing.done.get("admit_row", 0) == admitted, writing.done  # every admission's mirror row written in C
     num_general = NUM_STEPS - steady
-    # read_general_step reads the steps without drafts in one call (its parts inside); the others call the parts.
+    # read_general reads the steps without drafts in one call (its parts inside); the others call the parts.
     done = counting.done.get
-    assert done("read_general_step", 0) + done("read_scheduled", 0) == num_general, counting.done
-    assert done("read_general_step", 0) >= 1 and done("read_scheduled", 0) >= 1, counting.done
-    assert done("read_general_step", 0) + done("read_cached", 0) >= num_general - 1, counting.done  # the first step caches nothing
+    assert done("read_general", 0) + done("read_scheduled", 0) == num_general, counting.done
+    assert done("read_general", 0) >= 1 and done("read_scheduled", 0) >= 1, counting.done
+    assert done("read_general", 0) + done("read_cached", 0) >= num_general - 1, counting.done  # the first step caches nothing
 
 
 class _WithoutGeneral:
@@ -651,7 +651,7 @@ class _WithoutGeneral:
         self._module = module
 
     def __getattr__(self, name: str):
-        if name in ("read_general", "read_general_step"):
+        if name == "read_general":
             return lambda *args: NotImplemented
         return getattr(self._module, name)
 
@@ -698,7 +698,7 @@ def test_c_general_reader_agrees_with_its_parts(monkeypatch):
             compared += 1
         monkeypatch.setattr(step_reader, "_native_general", general)
         outputs.append(runner.execute_model(good).get())
-    assert compared >= 100 and counting.done.get("read_general_step", 0) >= 3, (compared, counting.done)
+    assert compared >= 100 and counting.done.get("read_general", 0) >= 3, (compared, counting.done)
 
 
 def test_planted_bug_general_reader_admitting_a_live_id_again_is_caught(monkeypatch):
@@ -739,8 +739,8 @@ def test_planted_bug_general_reader_ignoring_the_new_requests_facts_is_caught(mo
     assert not _same_outcome(_read_outcome(sched, runner), want)
 
 
-def test_planted_bug_general_step_reader_accepting_a_stale_step_id_is_caught(monkeypatch):
-    """read_general_step checks the step id itself (a step with no decode step before it reaches no other check
+def test_planted_bug_general_reader_accepting_a_stale_step_id_is_caught(monkeypatch):
+    """read_general checks the step id itself (a step with no decode step before it reaches no other check
     first): a build that never compares it with the last one reads a repeated step id as a step."""
     planted = _planted("RUNNERCHECK_PLANT_STALE_STEP_ID", "general")
     from test_bad_inputs import _runner, _schedule

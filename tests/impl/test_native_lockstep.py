@@ -41,10 +41,8 @@ def _workload(num_reqs: int = 12, churn: float = 0.08):
 
 def _read(module, sched: SchedulerOutput, runner):
     state, limits = runner.state, runner.limits
-    cached = sched.cached_requests
     return module.read_general(
-        cached.req_ids, cached.num_computed_tokens, cached.new_block_ids, sched.num_scheduled_tokens, state.req_to_row,
-        sched.finished_req_ids, sched.preempted_req_ids, sched.new_requests, step_reader._native_boundary.check_new_request,
+        sched, SchedulerOutput, CachedRequests, None, state.req_to_row, step_reader._native_boundary.check_new_request,
         step_reader._check_new_args(limits), limits.max_num_reqs, state.num_computed, state.num_blocks, state.num_tokens,
         limits.block_size, limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks,
         *(state.batch_hint or step_reader._NO_HINT))

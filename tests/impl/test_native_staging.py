@@ -50,7 +50,7 @@ def _flushed(c_module, stage) -> tuple[list[int], list]:
     group.seal()
     stage(members)
     writer = _flush_with(group, c_module)
-    slot, start, n = group._packs[0]
+    slot, start, n, _ = group._applies[0]
     words = slot.host_words[start : start + group.h2d_bytes_last_flush // 4].tolist()
     _apply(group, writer)
     return words, [m.base.tolist() for m in members.values()]
