@@ -287,7 +287,8 @@ def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Ro
                  f"step reading (impl/native/steady.c, general.c, boundary.c): {native.describe()}, "
                  f"{native.describe('general')}, {native.describe('boundary')}; "
                  f"diff packing (impl/native/staging.c): {native.describe('staging')}; "
-                 f"admission seeds (impl/native/seeds.c): {native.describe('seeds')}"),
+                 f"admission seeds (impl/native/seeds.c): {native.describe('seeds')}; "
+                 f"launch thread (impl/launcher.py): {'on' if getattr(device, 'launcher', None) else 'off'}"),
         Row("host_cost", f"runner execute_model host time alone, {tag} ({what})", statistics.median(run.alone_us), "us",
             note=f"{steps // 2} more steps right after, not interleaved with the baseline (compare with the row above)"),
         Row("host_cost", f"V1-style baseline prepare+upload, {tag}", base_median, "us",

@@ -59,6 +59,9 @@
 #   host_affinity alone: host_cost passes as they run (base_i) and under `taskset -c $AFFINITY_CPUS` (new_i, default
 #                 4,5: the process held on two cores), $AB_PASSES each (default 4), alternating which goes first, compared by bench.ab_compare: whether the host
 #                 moving the process between cores is part of what a step costs (runner and baseline alike)
+#   host_launch_thread alone: host_cost passes with the device's launch thread off (base_i, RUNNERCHECK_LAUNCH_THREAD=0)
+#                 and on (new_i, =1: the step's graph replay and marker issued by a worker, `impl/launcher.py`),
+#                 $AB_PASSES each (default 3), alternating which goes first, compared by bench.ab_compare
 #   bench_host_ab alone: host_cost passes of this tree and of the tree at $AB_BASE (an earlier commit exported there:
 #                 `git archive COMMIT | tar x -C DIR`; the device's own git metadata may be stale), alternating
 #                 (the base first in odd passes, this tree first in even ones), $AB_PASSES each (default 3), so both
@@ -74,8 +77,8 @@
 #                 with RUNNERCHECK_SLOW_LAUNCH=1
 #   tune_logprobs (alone, after bench) the logprobs launch shapes (chunk x warps x sub-block x finish capacity x
 #                 register cap), timed with and without top-n and checked equal (`python -m bench.tune_selection`)
-#   gpu_events    the gpu-marked tests of events, the steady step, its lanes and slot lifetimes alone (test_device,
-#                 test_steady_step, test_lanes, test_lifetime: ~40 s)
+#   gpu_events    the gpu-marked tests of events, the steady step, its lanes, the launch thread and slot lifetimes
+#                 alone (test_device, test_steady_step, test_lanes, test_launcher, test_lifetime: ~45 s)
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
@@ -129,7 +132,7 @@ want() { [[ "$jobs" == *" $1 "* ]]; }
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())" | tee "$out/versions.txt"
 # The C parts (impl/native) built once here, before jobs run side by side; a failed build is logged, and the jobs
 # then use the Python twins (each host_cost row says whether its step reading and diff packing ran in C or Python).
-python3 -c "import impl.native as n; print('native step reading, boundary, staging, rows and seeds (impl/native/*.c):', *map(n.load, ('steady', 'general', 'boundary', 'staging', 'rows', 'seeds')))" \
+python3 -c "import impl.native as n; print('native step reading, boundary, staging, rows, seeds and launch thread (impl/native/*.c):', *map(n.load, ('steady', 'general', 'boundary', 'staging', 'rows', 'seeds', 'launcher')))" \
   2>&1 | tee -a "$out/versions.txt"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
 want bench_spec && job bench_spec "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_ngram --out "$out/bench_spec"
@@ -150,6 +153,12 @@ want bench_host_ab && job bench_host_ab "${BENCH_LIMIT_S:-500}" bash -c 'base() 
     if [ $((i % 2)) = 1 ]; then base "$0/base_$i" && new "$0/new_$i" || exit 1
     else new "$0/new_$i" && base "$0/base_$i" || exit 1; fi
   done; python3 -m bench.ab_compare "$0" --out "$0/ab.json"' "$out/bench_host_ab"
+want host_launch_thread && job host_launch_thread "${BENCH_LIMIT_S:-420}" bash -c 'off() { RUNNERCHECK_LAUNCH_THREAD=0 python3 -m stress.cli bench --device cuda --only host_cost --out "$1"; }
+  on() { RUNNERCHECK_LAUNCH_THREAD=1 python3 -m stress.cli bench --device cuda --only host_cost --out "$1"; }
+  for i in $(seq "${AB_PASSES:-3}"); do  # odd passes run the thread off first, even ones on first
+    if [ $((i % 2)) = 1 ]; then off "$0/base_$i" && on "$0/new_$i" || exit 1
+    else on "$0/new_$i" && off "$0/base_$i" || exit 1; fi
+  done; python3 -m bench.ab_compare "$0" --out "$0/ab.json"' "$out/host_launch_thread"
 want host_affinity && job host_affinity "${BENCH_LIMIT_S:-420}" bash -c 'free() { python3 -m stress.cli bench --device cuda --only host_cost --out "$1"; }
   held() { taskset -c "${AFFINITY_CPUS:-4,5}" python3 -m stress.cli bench --device cuda --only host_cost --out "$1"; }
   for i in $(seq "${AB_PASSES:-4}"); do  # odd passes run free first, even ones held first
@@ -184,7 +193,8 @@ want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_pr
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&
   RUNNERCHECK_SLOW_LAUNCH=1 python3 -m bench.host_profile --device cuda --reqs 256 --steps 100" &
 want gpu_events && job gpu_events "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" \
-  tests/impl/test_device.py tests/impl/test_steady_step.py tests/impl/test_lanes.py tests/checks/test_lifetime.py
+  tests/impl/test_device.py tests/impl/test_steady_step.py tests/impl/test_lanes.py tests/impl/test_launcher.py \
+  tests/checks/test_lifetime.py
 want gpu_tests && job gpu_tests "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" tests \
   --deselect tests/stress/test_mutants.py::test_cuda_run_kills_every_mutant_including_the_noise_bugs \
   --deselect tests/impl/test_sampler_tail.py &

@@ -40,6 +40,7 @@ from typing import Callable, Sequence
 import torch
 
 from impl.lag_policies import LagPolicy, RunImmediately, make_lag_policy
+from impl.launcher import LaunchThread
 
 DEVICE_KINDS = ("cuda", "cpu", "sim")
 
@@ -146,15 +147,24 @@ class DeviceEvent:
         self._seq = -1
         self.recorded = False
         self._complete = False  # cuda only: seen complete (its CUDA event then went back to the device)
+        self._issue = 0  # cuda with a launch thread: the job recording it (0: recorded by the host itself)
 
     def record(self) -> "DeviceEvent":
         dev = self._dev
         if dev.kind == "cuda":
             spares = dev._spare_cuda_events
-            # A new event is made and recorded through `torch.cuda.Event`'s base class: the Python
-            # wrappers (keyword defaults, a stream look-up) cost several us per step on an H200 host.
-            self._cuda_event = spares.pop() if spares else _new_cuda_event(torch.cuda.Event)
-            _record_cuda_event(self._cuda_event, dev.stream)
+            if dev._launch_pending and spares:
+                # After work the launch thread holds: recorded by it, behind that work (a spare event exists on
+                # the device already; a new one is made by its first record, here, after a drain).
+                event = self._cuda_event = spares.pop()
+                launcher = dev.launcher
+                self._issue = launcher.event(event.cuda_event, launcher.stream_handle)
+            else:
+                dev.drain_launches()
+                # A new event is made and recorded through `torch.cuda.Event`'s base class: the Python
+                # wrappers (keyword defaults, a stream look-up) cost several us per step on an H200 host.
+                self._cuda_event = spares.pop() if spares else _new_cuda_event(torch.cuda.Event)
+                _record_cuda_event(self._cuda_event, dev.stream)
             dev._cuda_markers += 1
             self._seq = dev._cuda_markers
         elif dev.kind == "sim":
@@ -163,8 +173,10 @@ class DeviceEvent:
         return self
 
     def _cuda_complete(self, ask: bool = True) -> bool:
-        """Seen complete, recorded before a marker that was, or (``ask``) complete by a CUDA query."""
-        if not self._complete and (self._seq <= self._dev._cuda_done_marker or (ask and _query_cuda_event(self._cuda_event))):
+        """Seen complete, recorded before a marker that was, or (``ask``) complete by a CUDA query -- asked only once
+        the launch thread recorded it (before that its work is not on the stream yet)."""
+        if not self._complete and (self._seq <= self._dev._cuda_done_marker or (
+                ask and (not self._issue or self._dev.launcher.issued() >= self._issue) and _query_cuda_event(self._cuda_event))):
             self._seen_complete()
         return self._complete
 
@@ -218,6 +230,8 @@ class DeviceEvent:
         _call_host_wait_hooks("DeviceEvent.synchronize")
         if dev.kind == "cuda":
             if not self._complete:
+                if self._issue:
+                    dev.launcher.wait(self._issue)
                 self._cuda_event.synchronize()
                 self._seen_complete()
         elif dev.kind == "sim":
@@ -235,6 +249,8 @@ class _StreamScope:
 
     def __enter__(self) -> None:
         dev = self._dev
+        if dev.launcher is not None:  # the step will push: the worker polls again by then
+            dev.launcher.wake()
         stream_id, index, device_type = dev._stream_key
         if torch._C._cuda_getDevice() != index:  # another current device: enqueue switches per call
             return
@@ -243,10 +259,30 @@ class _StreamScope:
         dev._on_stream = threading.get_ident()
 
     def __exit__(self, *exc: object) -> None:
+        dev = self._dev
+        if dev._launch_pending:  # a step ends with its work on the stream
+            dev.drain_launches()
         prev = self._prev
         if prev is not None:
             self._dev._on_stream = None
             torch._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
+
+
+class GraphLaunch:
+    """A captured CUDA graph's replay as device work for `Device.enqueue`: handed to the device's launch thread as
+    its exec handle when there is one (`impl.launcher`), else replayed on the caller's thread."""
+
+    __slots__ = ("cuda_graph", "exec_handle")
+
+    def __init__(self, cuda_graph: "torch.cuda.CUDAGraph"):
+        self.cuda_graph = cuda_graph
+        try:
+            self.exec_handle = int(cuda_graph.raw_cuda_graph_exec())
+        except (AttributeError, RuntimeError):  # a torch without the accessor: replayed here
+            self.exec_handle = 0
+
+    def __call__(self) -> None:
+        self.cuda_graph.replay()
 
 
 @dataclass
@@ -281,9 +317,14 @@ class Device:
             # context manager makes underneath (the context manager costs ~18 us per enqueue on an
             # H200, re-resolving device and stream each time; these ~1.5 us).
             self._stream_key = (self.stream.stream_id, self.stream.device_index, self.stream.device_type)
+            with torch.cuda.device(self.torch_device):  # its context current on this thread for the worker to adopt
+                self.launcher = LaunchThread.start(self.stream.cuda_stream)
         else:
             self.torch_device = torch.device("cpu")
             self.stream = None
+        if kind != "cuda":
+            self.launcher = None
+        self._launch_pending = False  # jobs pushed to the launch thread that no drain has waited for
         self._queue: deque[_QueuedWork] = deque()
         self._next_seq = 0
         self._done_seq = -1
@@ -336,6 +377,7 @@ class Device:
         Enqueue-only: no host wait.
         """
         if self.kind == "cuda":
+            self.drain_launches()
             current = torch.cuda.current_stream(self.torch_device)
             if current != self.stream:
                 self.stream.wait_stream(current)
@@ -363,6 +405,13 @@ class Device:
         """Hand device work to the stream/queue.  Returns without waiting for it on cuda and sim."""
         self.num_enqueued += 1
         if self.kind == "cuda":
+            if self.launcher is not None:
+                if type(fn) is GraphLaunch and fn.exec_handle:
+                    self.launcher.graph(fn.exec_handle, self.launcher.stream_handle)
+                    self._launch_pending = True
+                    return
+                if self._launch_pending:  # work of this thread's goes on the stream after what the worker holds
+                    self.drain_launches()
             self._run_on_stream(fn)
             return
         if self.kind == "cpu":
@@ -419,10 +468,18 @@ class Device:
         cycles = int(microseconds * _clock_mhz(self.torch_device))
         self.enqueue(lambda: torch.cuda._sleep(cycles), "delay")
 
+    def drain_launches(self) -> None:
+        """Wait until the launch thread (`impl.launcher`) has issued every job pushed to it: a wait on the worker's
+        driver calls, not on device work.  Before any other use of the stream, and at the end of each step."""
+        if self._launch_pending:
+            self._launch_pending = False
+            self.launcher.wait()
+
     def synchronize(self) -> None:
         """Wait for all enqueued work (a host wait: never in the hot path)."""
         _call_host_wait_hooks("Device.synchronize")
         if self.kind == "cuda":
+            self.drain_launches()
             self.stream.synchronize()
             self._cuda_done_marker = self._cuda_markers
         elif self.kind == "sim":

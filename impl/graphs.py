@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from impl.device import Device, _run_as_device_work
+from impl.device import Device, GraphLaunch, _run_as_device_work
 from impl.graph_step import MIXED, GraphKey, GraphMode, PaddedInputs, PaddedStep
 from impl.lanes import SteadyLanes
 
@@ -136,6 +136,12 @@ class StepGraph:
 
     def __post_init__(self) -> None:
         self.label = f"graph replay {self.key.describe()}"  # the replay's `Device.enqueue` label, made once
+        self.work: Callable[[], None] = self.replay  # what `run` enqueues (`set_cuda_graph`)
+
+    def set_cuda_graph(self, cuda_graph: torch.cuda.CUDAGraph) -> None:
+        """The captured graph: its replay is enqueued as a `GraphLaunch` (the device's launch thread may issue it)."""
+        self.cuda_graph = cuda_graph
+        self.work = GraphLaunch(cuda_graph)
 
     def replay(self) -> None:
         """One replay (device work): the CUDA graph on cuda, the recorded launches in order on cpu/sim."""
@@ -213,7 +219,7 @@ class CudaGraphManager:
             step = self._build_step(self.inputs, key)
             graph = StepGraph(step)
             if self.device.is_cuda:
-                graph.cuda_graph = self._capture_cuda(step)
+                graph.set_cuda_graph(self._capture_cuda(step))
             self.graphs[key] = graph
             if self.lanes is not None and (key.mode.query_len == 1 or key.mixed):
                 self._capture_fused(key)
@@ -244,7 +250,7 @@ class CudaGraphManager:
         graph = StepGraph(fused)
         graph.label = f"fused graph replay {key.describe()}"
         if self.device.is_cuda:
-            graph.cuda_graph = self._capture_cuda(fused, warm_up=False)
+            graph.set_cuda_graph(self._capture_cuda(fused, warm_up=False))
         self.fused_graphs[key] = graph
         self.fused_in_bytes[key] = in_bytes
 
@@ -383,7 +389,7 @@ class CudaGraphManager:
             self.replays += 1
             self.fused_replays += 1
             self.mixed_replays += key.mixed
-            self.device.enqueue(graph.replay, graph.label)
+            self.device.enqueue(graph.work, graph.label)
             return graph.step.result
         if not self.enabled:
             step = self._build_step(self.inputs, key)
@@ -395,7 +401,7 @@ class CudaGraphManager:
         self.replays += 1
         if key.mode.query_len == MIXED:
             self.mixed_replays += 1
-        self.device.enqueue(graph.replay, graph.label)
+        self.device.enqueue(graph.work, graph.label)
         return graph.step.result
 
     def stats(self) -> dict[str, Any]:

@@ -1,0 +1,122 @@
+"""The device's launch thread: a cuda step's graph replay and its marker issued by a worker, not by the step.
+
+On an H200 host a graph launch called from inside a host step costs 10-30 us, against ~3 us for the same call made
+back to back (docs/BENCHMARKS.md, runs 79-82: the step's own work leaves the driver's code and data cold in the
+caches), and the marker after it ~3 us more.  A worker thread that does nothing else keeps them warm.  The step
+pushes the two jobs (~1 us) and goes on with its bookkeeping while the worker issues them, in push order, on the
+device's stream; `impl.device.Device` makes every other use of the stream wait until the worker has issued what
+was pushed before it (`Device.drain_launches`), and ends each step that way, so when ``execute_model`` returns
+its work is on the stream as before.  A marker pushed and not yet issued is not complete
+(`impl.device.DeviceEvent`): the device is never asked about an event that is not yet recorded.
+
+The worker is C (`impl/native/launcher.c`): it calls the driver's ``cuGraphLaunch`` and ``cuEventRecord`` (found
+in ``libcuda.so.1`` through ctypes; runtime and driver handles are the same objects) and never takes the GIL.
+It polls for a job for ``RUNNERCHECK_LAUNCH_SPIN_US`` (default 300) after its last one, then sleeps; a step
+wakes it as it begins (`Device.on_stream`), so it is polling again by the time the step pushes.
+
+``RUNNERCHECK_LAUNCH_THREAD``: ``auto`` (default: on for cuda when the C module builds and the driver's calls are
+found, else off with one log line), ``0`` (off: the step launches and records itself, as without the thread),
+``1`` (required: raises `LaunchThreadError` when it cannot start).
+
+Ownership: `LaunchThread` owns the native launcher (its ring of jobs, host memory, and its worker thread) for
+the device's lifetime; only the device's thread pushes, only the worker issues.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+from impl import native
+
+log = logging.getLogger(__name__)
+
+_MODES = ("auto", "0", "1")
+DEFAULT_SPIN_US = 300
+
+
+class LaunchThreadError(RuntimeError):
+    """The launch thread was required (``RUNNERCHECK_LAUNCH_THREAD=1``) and cannot start, or a job it issued failed."""
+
+
+def mode() -> str:
+    value = os.environ.get("RUNNERCHECK_LAUNCH_THREAD", "auto")
+    if value not in _MODES:
+        raise LaunchThreadError(f"RUNNERCHECK_LAUNCH_THREAD={value!r}: expected one of {', '.join(_MODES)}")
+    return value
+
+
+def _spin_us() -> int:
+    value = os.environ.get("RUNNERCHECK_LAUNCH_SPIN_US", str(DEFAULT_SPIN_US))
+    try:
+        spin = int(value)
+    except ValueError:
+        spin = -1
+    if spin < 0:
+        raise LaunchThreadError(f"RUNNERCHECK_LAUNCH_SPIN_US={value!r}: expected an int >= 0 (microseconds)")
+    return spin
+
+
+def _driver_calls() -> tuple[int, int, int, int]:
+    """Addresses of cuGraphLaunch, cuEventRecord and cuCtxSetCurrent, and this thread's current context."""
+    driver = ctypes.CDLL("libcuda.so.1")
+    addresses = tuple(ctypes.cast(getattr(driver, name), ctypes.c_void_p).value
+                      for name in ("cuGraphLaunch", "cuEventRecord", "cuCtxSetCurrent"))
+    context = ctypes.c_void_p()
+    code = driver.cuCtxGetCurrent(ctypes.byref(context))
+    if code != 0 or not context.value:
+        raise OSError(f"cuCtxGetCurrent returned {code} (context {context.value})")
+    return (*addresses, context.value)
+
+
+class LaunchThread:
+    """The worker and the device's view of it (see the module docstring)."""
+
+    def __init__(self, launcher: object, stream_handle: int, error: type[Exception] = RuntimeError):
+        self._launcher = launcher
+        self._error = error  # what the native launcher raises for a failed job
+        self.stream_handle = stream_handle
+        self.graph = launcher.graph  # (exec handle, stream handle) -> job number
+        self.event = launcher.event  # (event handle, stream handle) -> job number
+        self.issued = launcher.issued
+        self.wake = launcher.wake
+
+    @classmethod
+    def start(cls, stream_handle: int) -> "LaunchThread | None":
+        """A started launch thread for ``stream_handle`` (call on the device's thread, its context current), or None
+        when it is off or cannot start (``auto``)."""
+        wanted = mode()
+        if wanted == "0":
+            return None
+        spin_us = _spin_us()
+        try:
+            module = native.load("launcher")
+            if module is None:
+                raise OSError("impl/native/launcher.c is not built (RUNNERCHECK_NATIVE=0 or no compiler)")
+            graph, event, set_context, context = _driver_calls()
+            return cls(module.Launcher(graph, event, set_context, context, spin_us), stream_handle, module.LaunchError)
+        except (OSError, AttributeError, native.NativeBuildError) as err:
+            if wanted == "1":
+                raise LaunchThreadError(f"the launch thread cannot start: {err}") from err
+            log.info("launch thread off (%s): each step launches its graph itself", err)
+            return None
+
+    def wait(self, seq: int = -1) -> None:
+        """Return once the jobs up to ``seq`` (-1: all pushed) are issued; a failed job raises `LaunchThreadError`."""
+        try:
+            self._launcher.wait(seq)
+        except self._error as err:
+            raise LaunchThreadError(str(err)) from err
+
+    def pause(self) -> None:
+        """Hold issuing (tests: a pushed job stays off the stream until `resume`)."""
+        self._launcher.pause()
+
+    def resume(self) -> None:
+        self._launcher.resume()
+
+    def close(self) -> None:
+        self._launcher.close()
+
+
+__all__ = ["DEFAULT_SPIN_US", "LaunchThread", "LaunchThreadError", "mode"]

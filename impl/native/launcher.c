@@ -1,0 +1,401 @@
+/* The device's launch thread (`impl.launcher`): a worker that issues CUDA graph launches and event records on a
+ * stream, in the order the device's thread pushed them, so that the host step does not wait on the driver.
+ *
+ * Launcher(graph_launch, event_record, set_context, context, spin_us) -- addresses of the driver's cuGraphLaunch,
+ *     cuEventRecord and cuCtxSetCurrent (or of stand-ins with their signatures: int f(void *, void *), int
+ *     f(void *)), the context the worker makes current before its first call (0: none), and how long the worker
+ *     polls for the next job after its last one before it sleeps.  The worker starts at construction.
+ *     graph(exec, stream) -> seq     push a graph launch; seq numbers the jobs from 1, in push order
+ *     event(event, stream) -> seq    push an event record
+ *     wait(seq=-1)                   return once every job up to ``seq`` (-1: every job pushed) is issued; raises
+ *                                    LaunchError when any issued job failed (the first failure, kept)
+ *     issued() / pushed() -> int     jobs issued (their driver call returned) / pushed so far
+ *     wake()                         end the worker's sleep (a step about to push: it polls again by then)
+ *     pause() / resume()             hold issuing (tests: a job pushed and not yet issued); wait() raises while paused
+ *     close()                        stop and join the worker (pushed jobs are issued first)
+ *
+ * Ownership: a Launcher owns its ring of jobs (host memory, its lifetime) and its worker thread.  The ring's
+ * slots are written by the pushing thread only (one producer: every push holds the GIL) and read by the worker;
+ * ``pushed`` is written by the producer, ``issued`` and the first error by the worker.
+ *
+ * The planted-bug test builds -DRUNNERCHECK_PLANT_ISSUED_EARLY: issued() answers with the jobs pushed, so a job
+ * still in the ring passes for one on the stream (a marker query would then ask CUDA about an unrecorded event).
+ */
+#include "arrays.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+typedef int (*HandleCall)(void *handle, void *stream);
+typedef int (*ContextCall)(void *context);
+
+enum { JOB_GRAPH = 0, JOB_EVENT = 1, RING_SIZE = 1024 };
+
+typedef struct {
+    int kind;
+    void *handle;
+    void *stream;
+} Job;
+
+typedef struct {
+    PyObject_HEAD
+    Job ring[RING_SIZE];
+    atomic_uint_fast64_t pushed;
+    atomic_uint_fast64_t issued;
+    atomic_int stop, sleeping, paused, error_code, error_kind;
+    atomic_uint_fast64_t error_seq;
+    int woken; /* under ``mutex`` */
+    pthread_mutex_t mutex;
+    pthread_cond_t wake;
+    pthread_t thread;
+    int running;
+    HandleCall graph_launch, event_record;
+    ContextCall set_context;
+    void *context;
+    long long spin_ns;
+} Launcher;
+
+static PyObject *LaunchError;
+
+static long long now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static inline void relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void note_error(Launcher *l, int code, int kind, uint64_t seq)
+{
+    int none = 0;
+    if (atomic_compare_exchange_strong(&l->error_code, &none, code)) {
+        atomic_store(&l->error_kind, kind);
+        atomic_store(&l->error_seq, seq);
+    }
+}
+
+static void wake_worker(Launcher *l)
+{
+    pthread_mutex_lock(&l->mutex);
+    l->woken = 1;
+    pthread_cond_signal(&l->wake);
+    pthread_mutex_unlock(&l->mutex);
+}
+
+/* The worker: issue every pushed job in order, poll ``spin_ns`` after the last, then sleep until a push wakes it.
+ * The sleep is the other half of the producer's (store ``pushed``, load ``sleeping``): both sequentially
+ * consistent, so either the worker sees the job before it sleeps or the producer sees it asleep and wakes it. */
+static void *work(void *arg)
+{
+    Launcher *l = arg;
+    if (l->set_context != NULL && l->context != NULL) {
+        int code = l->set_context(l->context);
+        if (code)
+            note_error(l, code, -1, 0);
+    }
+    uint64_t done = atomic_load(&l->issued);
+    long long idle_since = now_ns();
+    while (!atomic_load(&l->stop) || atomic_load(&l->pushed) != done) {
+        uint64_t pushed = atomic_load(&l->pushed);
+        if (pushed != done && !atomic_load(&l->paused)) {
+            while (done != pushed) {
+                Job job = l->ring[done % RING_SIZE];
+                int code = job.kind == JOB_GRAPH ? l->graph_launch(job.handle, job.stream)
+                                                 : l->event_record(job.handle, job.stream);
+                done++;
+                if (code)
+                    note_error(l, code, job.kind, done);
+                atomic_store(&l->issued, done);
+            }
+            idle_since = now_ns();
+            continue;
+        }
+        if (now_ns() - idle_since < l->spin_ns) {
+            relax();
+            continue;
+        }
+        pthread_mutex_lock(&l->mutex);
+        atomic_store(&l->sleeping, 1);
+        while (!l->woken && !atomic_load(&l->stop)
+               && (atomic_load(&l->pushed) == done || atomic_load(&l->paused))) {
+            struct timespec until;
+            clock_gettime(CLOCK_REALTIME, &until);
+            until.tv_nsec += 50 * 1000 * 1000; /* a belt to the wake's braces */
+            if (until.tv_nsec >= 1000000000L) {
+                until.tv_sec += 1;
+                until.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&l->wake, &l->mutex, &until);
+        }
+        l->woken = 0;
+        atomic_store(&l->sleeping, 0);
+        pthread_mutex_unlock(&l->mutex);
+        idle_since = now_ns();
+    }
+    return NULL;
+}
+
+static int address(PyObject *obj, void **out)
+{
+    unsigned long long value = PyLong_AsUnsignedLongLong(obj);
+    if (value == (unsigned long long)-1 && PyErr_Occurred())
+        return 0;
+    *out = (void *)(uintptr_t)value;
+    return 1;
+}
+
+static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
+{
+    (void)kwds;
+    PyObject *graph_obj, *event_obj, *context_call_obj, *context_obj;
+    long long spin_us;
+    if (self->running) {
+        PyErr_SetString(PyExc_RuntimeError, "Launcher already started");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OOOOL", &graph_obj, &event_obj, &context_call_obj, &context_obj, &spin_us))
+        return -1;
+    void *graph, *event, *context_call, *context;
+    if (!address(graph_obj, &graph) || !address(event_obj, &event) || !address(context_call_obj, &context_call)
+        || !address(context_obj, &context))
+        return -1;
+    if (graph == NULL || event == NULL || spin_us < 0) {
+        PyErr_SetString(PyExc_ValueError, "Launcher needs its two calls' addresses and spin_us >= 0");
+        return -1;
+    }
+    self->graph_launch = (HandleCall)graph;
+    self->event_record = (HandleCall)event;
+    self->set_context = (ContextCall)context_call;
+    self->context = context;
+    self->spin_ns = spin_us * 1000;
+    atomic_store(&self->pushed, 0);
+    atomic_store(&self->issued, 0);
+    atomic_store(&self->stop, 0);
+    atomic_store(&self->sleeping, 0);
+    atomic_store(&self->paused, 0);
+    atomic_store(&self->error_code, 0);
+    atomic_store(&self->error_kind, 0);
+    atomic_store(&self->error_seq, 0);
+    self->woken = 0;
+    pthread_mutex_init(&self->mutex, NULL);
+    pthread_cond_init(&self->wake, NULL);
+    int failed = pthread_create(&self->thread, NULL, work, self);
+    if (failed) {
+        pthread_cond_destroy(&self->wake);
+        pthread_mutex_destroy(&self->mutex);
+        errno = failed;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    self->running = 1;
+    return 0;
+}
+
+static void stop_worker(Launcher *self)
+{
+    if (!self->running)
+        return;
+    atomic_store(&self->paused, 0);
+    atomic_store(&self->stop, 1);
+    wake_worker(self);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_join(self->thread, NULL);
+    Py_END_ALLOW_THREADS
+    self->running = 0;
+    pthread_cond_destroy(&self->wake);
+    pthread_mutex_destroy(&self->mutex);
+}
+
+static void Launcher_dealloc(Launcher *self)
+{
+    stop_worker(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *push(Launcher *self, PyObject *args, int kind)
+{
+    PyObject *handle_obj, *stream_obj;
+    void *handle, *stream;
+    if (!PyArg_ParseTuple(args, "OO", &handle_obj, &stream_obj) || !address(handle_obj, &handle)
+        || !address(stream_obj, &stream))
+        return NULL;
+    if (!self->running) {
+        PyErr_SetString(LaunchError, "push to a closed launch thread");
+        return NULL;
+    }
+    uint64_t seq = atomic_load(&self->pushed);
+    while (seq - atomic_load(&self->issued) >= RING_SIZE) { /* full: the worker is behind by a whole ring */
+        if (atomic_load(&self->paused)) {
+            PyErr_SetString(LaunchError, "the launch thread's ring is full while it is paused");
+            return NULL;
+        }
+        if (atomic_load(&self->sleeping))
+            wake_worker(self);
+        relax();
+    }
+    self->ring[seq % RING_SIZE] = (Job){kind, handle, stream};
+    atomic_store(&self->pushed, seq + 1);
+    if (atomic_load(&self->sleeping))
+        wake_worker(self);
+    return PyLong_FromUnsignedLongLong(seq + 1);
+}
+
+static PyObject *Launcher_graph(Launcher *self, PyObject *args) { return push(self, args, JOB_GRAPH); }
+
+static PyObject *Launcher_event(Launcher *self, PyObject *args) { return push(self, args, JOB_EVENT); }
+
+static uint64_t issued_count(Launcher *self)
+{
+#ifdef RUNNERCHECK_PLANT_ISSUED_EARLY
+    return atomic_load(&self->pushed);
+#else
+    return atomic_load(&self->issued);
+#endif
+}
+
+static PyObject *raise_error(Launcher *self)
+{
+    int kind = atomic_load(&self->error_kind);
+    const char *what = kind == JOB_GRAPH ? "cuGraphLaunch" : kind == JOB_EVENT ? "cuEventRecord" : "cuCtxSetCurrent";
+    PyErr_Format(LaunchError, "%s returned CUresult %d (launch-thread job %llu)", what, atomic_load(&self->error_code),
+                 (unsigned long long)atomic_load(&self->error_seq));
+    return NULL;
+}
+
+static PyObject *Launcher_wait(Launcher *self, PyObject *args)
+{
+    long long wanted = -1;
+    if (!PyArg_ParseTuple(args, "|L", &wanted))
+        return NULL;
+    uint64_t seq = wanted < 0 ? atomic_load(&self->pushed) : (uint64_t)wanted;
+    if (seq > atomic_load(&self->pushed)) {
+        PyErr_Format(PyExc_ValueError, "wait for job %llu, but only %llu were pushed", (unsigned long long)seq,
+                     (unsigned long long)atomic_load(&self->pushed));
+        return NULL;
+    }
+    if (atomic_load(&self->issued) < seq) {
+        if (atomic_load(&self->paused) || !self->running) {
+            PyErr_SetString(LaunchError, "wait on a paused or closed launch thread");
+            return NULL;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        while (atomic_load(&self->issued) < seq) {
+            if (atomic_load(&self->sleeping))
+                wake_worker(self);
+            relax();
+        }
+        Py_END_ALLOW_THREADS
+    }
+    if (atomic_load(&self->error_code))
+        return raise_error(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Launcher_issued(Launcher *self, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(issued_count(self));
+}
+
+static PyObject *Launcher_pushed(Launcher *self, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(atomic_load(&self->pushed));
+}
+
+static PyObject *Launcher_wake(Launcher *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->running && atomic_load(&self->sleeping))
+        wake_worker(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Launcher_pause(Launcher *self, PyObject *unused)
+{
+    (void)unused;
+    atomic_store(&self->paused, 1);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Launcher_resume(Launcher *self, PyObject *unused)
+{
+    (void)unused;
+    atomic_store(&self->paused, 0);
+    if (self->running)
+        wake_worker(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Launcher_close(Launcher *self, PyObject *unused)
+{
+    (void)unused;
+    stop_worker(self);
+    if (atomic_load(&self->error_code))
+        return raise_error(self);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Launcher_methods[] = {
+    {"graph", (PyCFunction)Launcher_graph, METH_VARARGS, "Push a graph launch (exec, stream); returns its job number."},
+    {"event", (PyCFunction)Launcher_event, METH_VARARGS, "Push an event record (event, stream); returns its job number."},
+    {"wait", (PyCFunction)Launcher_wait, METH_VARARGS, "Return once the jobs up to seq (-1: all) are issued."},
+    {"issued", (PyCFunction)Launcher_issued, METH_NOARGS, "Jobs issued so far."},
+    {"pushed", (PyCFunction)Launcher_pushed, METH_NOARGS, "Jobs pushed so far."},
+    {"wake", (PyCFunction)Launcher_wake, METH_NOARGS, "End the worker's sleep."},
+    {"pause", (PyCFunction)Launcher_pause, METH_NOARGS, "Hold issuing (tests)."},
+    {"resume", (PyCFunction)Launcher_resume, METH_NOARGS, "Issue again."},
+    {"close", (PyCFunction)Launcher_close, METH_NOARGS, "Issue what was pushed, stop and join the worker."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LauncherType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = STRINGIFY(MODULE_NAME) ".Launcher",
+    .tp_basicsize = sizeof(Launcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A worker thread issuing graph launches and event records in push order.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Launcher_init,
+    .tp_dealloc = (destructor)Launcher_dealloc,
+    .tp_methods = Launcher_methods,
+};
+
+static PyMethodDef methods[] = {{NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, STRINGIFY(MODULE_NAME), "The device's launch thread.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC CONCAT(PyInit_, MODULE_NAME)(void)
+{
+    if (PyType_Ready(&LauncherType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    LaunchError = PyErr_NewException(STRINGIFY(MODULE_NAME) ".LaunchError", PyExc_RuntimeError, NULL);
+    if (LaunchError == NULL || PyModule_AddObject(m, "LaunchError", LaunchError) < 0) {
+        Py_XDECREF(LaunchError);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&LauncherType);
+    if (PyModule_AddObject(m, "Launcher", (PyObject *)&LauncherType) < 0) {
+        Py_DECREF(&LauncherType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
