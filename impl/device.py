@@ -239,32 +239,45 @@ class DeviceEvent:
 
 
 class _StreamScope:
-    """`Device.on_stream` on cuda: a plain class, not a generator context manager (cheaper per step)."""
+    """`Device.on_stream` on cuda: a plain class, not a generator context manager (cheaper per step).
 
-    __slots__ = ("_dev", "_prev")
+    The stream is made current by the scope's first enqueue that runs on its thread (`switch`), not on entry: a
+    step whose device work all goes to the launch thread (a fused replay and its marker) switches nothing."""
+
+    __slots__ = ("_dev", "_prev", "thread")
 
     def __init__(self, dev: "Device"):
         self._dev = dev
         self._prev = None
+        self.thread = threading.get_ident()
 
     def __enter__(self) -> None:
         dev = self._dev
         if dev.launcher is not None:  # the step will push: the worker polls again by then
             dev.launcher.wake()
+        dev._scope = self
+
+    def switch(self) -> bool:
+        """Make the device's stream current until the scope ends; False (nothing switched) when another device is
+        current (each enqueue then switches both itself)."""
+        dev = self._dev
         stream_id, index, device_type = dev._stream_key
-        if torch._C._cuda_getDevice() != index:  # another current device: enqueue switches per call
-            return
+        if torch._C._cuda_getDevice() != index:
+            return False
         self._prev = torch._C._cuda_getCurrentStream(index)
         torch._C._cuda_setStream(stream_id=stream_id, device_index=index, device_type=device_type)
-        dev._on_stream = threading.get_ident()
+        dev._on_stream = self.thread
+        return True
 
     def __exit__(self, *exc: object) -> None:
         dev = self._dev
+        dev._scope = None
         if dev._launch_pending:  # a step ends with its work on the stream
             dev.drain_launches()
         prev = self._prev
         if prev is not None:
-            self._dev._on_stream = None
+            self._prev = None
+            dev._on_stream = None
             torch._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
 
 
@@ -331,7 +344,8 @@ class Device:
         self._running = False
         self.policy: LagPolicy = make_lag_policy(lag_policy, seed) if kind == "sim" else RunImmediately()
         self.trace: list[str] | None = None  # sim: labels in the order they ran, when enabled
-        self._on_stream: int | None = None  # cuda: the thread inside `on_stream` (its stream is current)
+        self._on_stream: int | None = None  # cuda: the thread inside `on_stream` whose stream it made current
+        self._scope: _StreamScope | None = None  # cuda: the open `on_stream` scope
         # cuda: CUDA events of this device's markers seen complete, re-recorded by its next markers (`DeviceEvent`)
         self._spare_cuda_events: list[torch.cuda.Event] = []
         self._cuda_markers = 0  # cuda: markers recorded so far (each marker's number, in stream order)
@@ -427,8 +441,13 @@ class Device:
 
     def _run_on_stream(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` with the device's stream current (cuda), restoring the caller's stream after."""
-        if self._on_stream == threading.get_ident():  # inside this thread's `on_stream`: already current
+        thread = threading.get_ident()
+        if self._on_stream == thread:  # inside this thread's `on_stream`: already current
             _run_as_device_work(fn)
+            return
+        scope = self._scope
+        if scope is not None and scope.thread == thread and scope._prev is None and scope.switch():
+            _run_as_device_work(fn)  # current from here to the scope's end
             return
         stream_id, index, device_type = self._stream_key
         if torch._C._cuda_getDevice() != index:  # another current device: let the context manager switch both
@@ -446,9 +465,11 @@ class Device:
             torch._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
 
     def on_stream(self) -> AbstractContextManager:
-        """Make the device's stream current for a whole step (cuda; a no-op elsewhere): one switch and one
-        restore, not two per enqueue (each costs host time on an H200).  Nested use is a no-op."""
-        if self.kind != "cuda" or self._on_stream is not None:
+        """A step's scope (cuda; a no-op elsewhere): the device's stream is made current by its first enqueue run on
+        this thread and stays so to its end -- one switch and one restore, not two per enqueue (each costs host time
+        on an H200), and none for a step whose work all goes to the launch thread.  It wakes the launch thread on
+        entry and waits at its end until the thread has issued what the step pushed.  Nested use is a no-op."""
+        if self.kind != "cuda" or self._scope is not None:
             return _NO_SCOPE
         return _StreamScope(self)
 

@@ -277,20 +277,24 @@ def test_on_stream_is_a_no_op_without_a_stream():
 
 
 @pytest.mark.gpu
-def test_cuda_on_stream_switches_once_and_restores_the_callers_stream():
-    """Inside `Device.on_stream` the runner's stream is current and enqueued work lands on it; the caller's
-    stream comes back after, also when the step raises."""
+def test_cuda_on_stream_switches_at_its_first_enqueue_and_restores_the_callers_stream():
+    """Inside `Device.on_stream` enqueued work lands on the runner's stream, made current by the scope's first
+    enqueue that runs on this thread (a step whose work all goes to the launch thread switches nothing); the
+    caller's stream comes back after, also when the step raises."""
     dev = Device("cuda")
     caller = torch.cuda.current_stream()
     seen = []
     with dev.on_stream():
+        assert torch.cuda.current_stream() == caller  # nothing enqueued yet: nothing switched
+        dev.enqueue(lambda: seen.append(torch.cuda.current_stream()), "probe")
         assert torch.cuda.current_stream() == dev.stream
         dev.enqueue(lambda: seen.append(torch.cuda.current_stream()), "probe")
-    assert seen == [dev.stream]
+    assert seen == [dev.stream, dev.stream]
     assert torch.cuda.current_stream() == caller
     with pytest.raises(RuntimeError):
         with dev.on_stream():
+            dev.enqueue(lambda: None, "probe")
             raise RuntimeError("a step that fails")
     assert torch.cuda.current_stream() == caller
     dev.enqueue(lambda: seen.append(torch.cuda.current_stream()), "probe")  # outside: enqueue switches per call
-    assert seen == [dev.stream, dev.stream] and torch.cuda.current_stream() == caller
+    assert seen == [dev.stream, dev.stream, dev.stream] and torch.cuda.current_stream() == caller

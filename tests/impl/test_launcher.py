@@ -229,6 +229,7 @@ def test_gpu_a_marker_the_worker_has_not_recorded_is_not_complete(monkeypatch):
     with device.on_stream():  # a step: its pushes are issued by the time it ends
         device.enqueue(launch, "graph")
         device.enqueue(launch, "graph")
+        assert torch.cuda.current_stream() != device.stream  # all its work went to the worker: nothing switched
     assert not device._launch_pending and device.launcher.issued() == device.launcher._launcher.pushed()
     device.synchronize()
     assert counter.item() == 3
