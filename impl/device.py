@@ -3,7 +3,10 @@
 Kinds
 -----
 ``cuda``  ``enqueue(fn)`` runs ``fn`` now under the runner's one stream; ``fn`` only *launches*
-          work (kernels, async copies), so it returns before the GPU has done anything.
+          work (kernels, async copies), so it returns before the GPU has done anything.  A captured
+          graph's replay (`GraphLaunch`) and the markers after it go to the device's launch thread
+          (`impl.launcher`), which issues them in order; everything else waits until it has
+          (`Device.drain_launches`), and so does the end of each step (`Device.on_stream`).
 ``cpu``   ``enqueue(fn)`` runs ``fn`` now on CPU tensors (Triton kernels interpreted).  Work is done
           when ``enqueue`` returns: good for fast, exact unit tests, blind to races.
 ``sim``   ``enqueue(fn)`` appends ``fn`` to a queue.  A seeded `LagPolicy` decides when queued work
@@ -14,7 +17,7 @@ Kinds
 
 Ownership
 ---------
-The `Device` owns the stream (cuda) or the work queue (sim) and the events it hands out.  It does
+The `Device` owns the stream and its launch thread (cuda) or the work queue (sim) and the events it hands out.  It does
 not own the tensors it allocates: their owners (state table, buffers, input batch) hold them.  It
 *registers* every device allocation and pinned host allocation by storage pointer, so detectors
 can tell "device memory" from host memory even when both are CPU tensors
