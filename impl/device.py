@@ -275,13 +275,15 @@ class _StreamScope:
     def __exit__(self, *exc: object) -> None:
         dev = self._dev
         dev._scope = None
-        if dev._launch_pending:  # a step ends with its work on the stream
-            dev.drain_launches()
-        prev = self._prev
-        if prev is not None:
-            self._prev = None
-            dev._on_stream = None
-            torch._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
+        try:
+            if dev._launch_pending:  # a step ends with its work on the stream
+                dev.drain_launches()
+        finally:
+            prev = self._prev
+            if prev is not None:
+                self._prev = None
+                dev._on_stream = None
+                torch._C._cuda_setStream(stream_id=prev[0], device_index=prev[1], device_type=prev[2])
 
 
 class GraphLaunch:
@@ -325,6 +327,7 @@ class Device:
         self.kind = kind
         self.seed = seed
         self.step_index = 0
+        self.launcher: LaunchThread | None = None  # cuda: the launch thread, when it starts (`impl.launcher`)
         self.num_enqueued = 0
         if kind == "cuda":
             self.torch_device = torch.device("cuda", cuda_index)
@@ -338,8 +341,6 @@ class Device:
         else:
             self.torch_device = torch.device("cpu")
             self.stream = None
-        if kind != "cuda":
-            self.launcher = None
         self._launch_pending = False  # jobs pushed to the launch thread that no drain has waited for
         self._queue: deque[_QueuedWork] = deque()
         self._next_seq = 0

@@ -78,7 +78,8 @@ class LaunchThread:
         self.stream_handle = stream_handle
         self.graph = launcher.graph  # (exec handle, stream handle) -> job number
         self.event = launcher.event  # (event handle, stream handle) -> job number
-        self.issued = launcher.issued
+        self.issued = launcher.issued  # () -> jobs issued so far
+        self.pushed = launcher.pushed  # () -> jobs pushed so far
         self.wake = launcher.wake
 
     @classmethod

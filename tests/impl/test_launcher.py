@@ -218,10 +218,10 @@ def test_gpu_a_marker_the_worker_has_not_recorded_is_not_complete(monkeypatch):
     first = device.record_event()
     first.synchronize()
     device.launcher.pause()
-    pushed = device.launcher._launcher.pushed()
+    pushed = device.launcher.pushed()
     device.enqueue(launch, "graph")
     marker = device.record_event()
-    assert device.launcher._launcher.pushed() == pushed + 2  # the replay and its marker went to the worker
+    assert device.launcher.pushed() == pushed + 2  # the replay and its marker went to the worker
     assert not marker.query() and not marker.is_complete() and not marker.known_complete()
     device.launcher.resume()
     marker.synchronize()
@@ -230,7 +230,7 @@ def test_gpu_a_marker_the_worker_has_not_recorded_is_not_complete(monkeypatch):
         device.enqueue(launch, "graph")
         device.enqueue(launch, "graph")
         assert torch.cuda.current_stream() != device.stream  # all its work went to the worker: nothing switched
-    assert not device._launch_pending and device.launcher.issued() == device.launcher._launcher.pushed()
+    assert not device._launch_pending and device.launcher.issued() == device.launcher.pushed()
     device.synchronize()
     assert counter.item() == 3
 
@@ -285,7 +285,7 @@ def test_gpu_runner_outputs_with_the_launch_thread_equal_those_without(monkeypat
             got.append(runner.execute_model(work.next_step()).get())
         outputs[setting] = got
         if setting == "1":
-            assert device.launcher._launcher.pushed() > 40  # the replays and their markers
+            assert device.launcher.pushed() > 40  # the replays and their markers
     assert outputs["1"] == outputs["0"]
 
 
