@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from impl import native
-from impl.launcher import LaunchThread, LaunchThreadError, mode
+from impl.launcher import LaunchThread, LaunchThreadError, _driver_calls, mode
 
 _HANDLE_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _CONTEXT_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
@@ -249,7 +249,7 @@ def test_gpu_planted_bug_a_marker_answered_before_its_record_is_issued_is_caught
     device.record_event().synchronize()
     planted = _module(("RUNNERCHECK_PLANT_ISSUED_EARLY",))
     real = device.launcher
-    graph, event, context_call, context = __import__("impl.launcher", fromlist=["_driver_calls"])._driver_calls()
+    graph, event, context_call, context = _driver_calls()
     device.launcher = LaunchThread(planted.Launcher(graph, event, context_call, context, 50), real.stream_handle,
                                    planted.LaunchError)
     try:
