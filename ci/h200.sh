@@ -70,8 +70,8 @@
 #   host_lines    alone: each statement of the step's functions timed on this host (`host_profile --lines`, a clock
 #                 read before each): the fused steady step at 64 requests (`ModelRunner._execute_steady`), the churn
 #                 step at 64 and 256 requests (`ModelRunner._execute`, its `_update_rows` and `_check`)
-#   host_lines_admit  alone: the same per statement, inside an admitting step's pieces (reading, admission, plan,
-#                 staging, flushes, output) at 256 and 64 requests, 1% churn
+#   host_lines_admit  alone: the same per statement, inside an admitting step and its pieces (reading, admission, plan,
+#                 staging, flushes, output) at 256 and 64 requests, 1% churn (LINES_REQS="64": one size)
 #   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`;
 #                 prints host enqueues per step and how many Triton launches took the cached launcher), then 1% churn
 #                 with RUNNERCHECK_SLOW_LAUNCH=1
@@ -180,8 +180,8 @@ hp="python3 -m bench.host_profile --device cuda --steps 300"
 want host_lines && job host_lines 300 bash -c "$hp --reqs 64 --churn 0 --lines impl.runner:ModelRunner._execute_steady &&
   $hp --reqs 64 --churn 0.01 --lines impl.runner:ModelRunner._execute && $hp --reqs 64 --churn 0.01 --lines impl.runner:ModelRunner._update_rows &&
   $hp --reqs 256 --churn 0.01 --lines impl.runner:ModelRunner._execute && $hp --reqs 256 --churn 0.01 --lines impl.runner:ModelRunner._check"
-want host_lines_admit && job host_lines_admit 300 bash -c "for reqs in 256 64; do $hp --reqs \$reqs --churn 0.01 --depth 1 \
-  --lines impl.step_reader:read_step --lines impl.runner:ModelRunner._update_rows --lines impl.state:RequestStateTable.admit \
+want host_lines_admit && job host_lines_admit 300 bash -c "for reqs in ${LINES_REQS:-256 64}; do $hp --reqs \$reqs --churn 0.01 --depth 1 \
+  --lines impl.runner:ModelRunner._execute --lines impl.runner:ModelRunner._check --lines impl.step_reader:read_step --lines impl.runner:ModelRunner._update_rows --lines impl.state:RequestStateTable.admit \
   --lines impl.input_batch:plan_step --lines impl.input_batch:InputBatch.stage --lines impl.graphs:CudaGraphManager.select \
   --lines impl.staged_writes:StagedWriteGroup.flush --lines impl.sample.state:SamplingState.flush \
   --lines impl.runner:ModelRunner._enqueue_output --lines impl.state:RequestStateTable._take_free_row \
