@@ -166,6 +166,15 @@ class StagingSlot:
             self.kept, self.kept_bytes = None, 0
         return self.host_words[start // 4:], start // 4
 
+    def claim_free_words(self, first: int, n: int) -> None:
+        """Reserve the ``n`` words from ``first`` that `free_words` handed out and the caller filled (`reserve_words`
+        of exactly them, without handing them out again).  Raises when another allocation took them meanwhile."""
+        start = -(-self.used_bytes // _ALIGN) * _ALIGN
+        if self.state is not SlotState.WRITING or start != 4 * first or start + 4 * n > self.capacity_bytes:
+            raise StagingLifetimeError("claim of free words that another allocation took, or that do not fit",
+                                       slot=self.index, step=self.step, state=self.state)
+        self.used_bytes = start + 4 * n
+
     def fits(self, n: int, dtype: torch.dtype) -> bool:
         itemsize = dtype.itemsize
         start = -(-self.used_bytes // _ALIGN) * _ALIGN

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from impl import native
-from impl.buffers import StagingLifetimeError, StagingSlot, StagingWriter
+from impl.buffers import StagingSlot, StagingWriter
 from impl.device import Device
 from impl.hotpath import hot_path
 from impl.kernels.launch import launch
@@ -230,11 +230,12 @@ class StagedWriteGroup:
         n, total = size[0], _META_WORDS * size[0] + size[1]
         if self.arena is None:
             self.seal()
-        host, slot, start = writer.reserve_words(total)
-        if not size[2]:
+        if size[2]:  # packed in place: the free words it filled become the table's allocation
+            slot, start = free[1], free[2]
+            slot.claim_free_words(start, total)
+        else:
+            host, slot, start = writer.reserve_words(total)
             _staging.pack_members(host, members, self._cell_tables, admissions)
-        elif slot is not free[1] or start != free[2]:  # nothing else reserves between the two calls
-            raise StagingLifetimeError("a diff table packed into free words that another allocation took", step=writer.step)
         if records:
             records.clear()
         self._dirty = []
@@ -243,7 +244,8 @@ class StagedWriteGroup:
             t._ragged.clear()
         if self._cell_members:  # a cell is pending only with its member listed here
             self._clear_cells()
-        self._applies = [self._packed(slot, start, n, total)]
+        self.h2d_bytes_last_flush += 4 * total  # `_packed`, without its frame
+        self._applies = [(slot, start, n, total)]
         return True
 
     def defer_admissions(self, records: dict, scalars: Sequence["StagedWriteTensor"], mask: "StagedWriteTensor",
@@ -499,6 +501,18 @@ class StagedWriteTensor:
             if not self._pending and not self._ragged:
                 self.group._dirty.append(self)  # the group flushes only members with diffs
             self._pending.append((row, start, values))
+
+    @hot_path
+    def stage_list(self, row: int, values: list) -> None:
+        """`stage` of ``base[row, :len(values)]`` from a list the caller hands over: kept as the pending diff, not
+        copied (an admission's row-state values, `impl.state.RequestStateTable.admit`)."""
+        if (self._deferred or self._has_cells or type(values) is not list or not 0 <= row < self.num_rows
+                or len(values) > self.num_cols or not values):
+            self.stage(row, 0, values)  # the general path: its conversions, checks and errors
+            return
+        if not self._pending and not self._ragged:
+            self.group._dirty.append(self)
+        self._pending.append((row, 0, values))
 
     def stage_ragged(self, rows: np.ndarray, starts: np.ndarray, lens: np.ndarray, values: np.ndarray, *,
                      checked: bool = False) -> None:

@@ -164,6 +164,9 @@ class RequestStateTable:
         # The rows of the last planned batch, so `advance` need not look its ids up again (and the reader's
         # `batch_hint`).  Any admission or release clears it, so it never names a row that changed hands.
         self._planned: tuple[Sequence[str], np.ndarray, np.ndarray, np.ndarray] | None = None
+        # What `admit`'s C twin writes into (`admit_request`): objects this table holds for its lifetime.
+        self._admit_targets = (NewRequest, self._prefill_np, self._admitted_columns, self._prefilling, self.rows, RowInfo,
+                               self.req_to_row)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -284,11 +287,25 @@ class RequestStateTable:
         else:
             row = self._take_free_row(req.req_id)
         self._planned = None
+        generation = self._next_generation
+        # The row's tokens, mirror, RowInfo and look-ups: one C call when `impl.native` built it (`admit_request`).
+        got = NotImplemented if _rows is None else _rows.admit_request(self._admit_targets, req, seed, row, generation)
+        if got is NotImplemented:
+            got = self._admit_reference(req, seed, row, generation)
+        self.row_state.stage_list(row, got[0])
+        self._next_generation = generation + 1
+        self.num_logprob_rows += got[1]
+        self.num_prompt_logprob_rows += got[2]
+        return row
+
+    def _admit_reference(self, req: NewRequest, seed: int, row: int, generation: int) -> tuple[list[int], bool, bool]:
+        """`admit`'s writes into ``row`` (the reference of ``admit_request`` in impl/native/rows.c): its prefill tokens,
+        the mirror's row, its `RowInfo`, ``_prefilling`` and ``req_to_row``.  Returns the row-state values to stage and
+        whether the request asks for logprobs and for prompt logprobs."""
         prefill = req.prefill_token_ids
         prompt_len, prefill_len = len(req.prompt_token_ids), len(prefill)
         hit = req.num_computed_tokens  # prefix-cache hit: the first step computes from there
         params = req.sampling_params
-        generation = self._next_generation
         num_logprobs = -1 if params.logprobs is None else params.logprobs
         prompt_logprobs = -1 if params.prompt_logprobs is None or req.is_resumed else params.prompt_logprobs
         # The mirror's row, in `_admitted_columns` order: one C call when `impl.native` built it.
@@ -297,14 +314,10 @@ class RequestStateTable:
             self._prefill_np[row, :prefill_len] = prefill
             for column, value in zip(self._admitted_columns, values):
                 column[row] = value
-        self.row_state.stage(row, 0, [hit, prefill_len, prompt_len, prefill_len, prefill[-1]])
         self._prefilling[row] = prefill_len
         self.rows[row] = RowInfo(req.req_id, generation, params, seed, prompt_len, prefill_len, req.is_resumed)
-        self._next_generation += 1
         self.req_to_row[req.req_id] = row
-        self.num_logprob_rows += num_logprobs >= 0
-        self.num_prompt_logprob_rows += prompt_logprobs >= 0
-        return row
+        return [hit, prefill_len, prompt_len, prefill_len, prefill[-1]], num_logprobs >= 0, prompt_logprobs >= 0
 
     def _take_free_row(self, req_id: str) -> int:
         if not self._free:

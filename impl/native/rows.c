@@ -28,10 +28,23 @@
  *     writeable 1-D int64 arrays, each with a row ``row``; ``values`` a tuple of exact ints within int64, one per
  *     column.
  *
+ * admit_request -- the rest of `impl.state.RequestStateTable.admit` for one request and the row it took: what
+ *     `_admit_reference` does (the prefill tokens and the mirror's row as admit_row writes them, the row's
+ *     `RowInfo`, ``_prefilling``, ``req_to_row``), reading the request itself.
+ *     admit_request(targets, req, seed, row, generation) -> (row-state values, asks logprobs, asks prompt logprobs),
+ *     or NotImplemented before writing anything.  ``targets`` the table's (NewRequest type, prefill token array,
+ *     mirror columns in `_admitted_columns` order, ``_prefilling``, ``rows``, RowInfo type, ``req_to_row``);
+ *     ``req`` an exact NewRequest whose id is an exact str, prompt (not empty), outputs and blocks exact tuples,
+ *     tokens exact ints within int32, prefix-cache hit an exact int and logprob asks None or exact ints; ``seed``
+ *     and ``generation`` exact ints.  The row-state values are a new list: the row's computed count (the hit),
+ *     token count, prompt length, prefill length and last token, as `admit` stages them.
+ *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token),
  * -DRUNNERCHECK_PLANT_STARTS_AFTER_APPEND (block appends placed after the counts they moved),
- * -DRUNNERCHECK_PLANT_PREFILL_SHIFTED (an admission whose prefill tokens land one column late) and
+ * -DRUNNERCHECK_PLANT_PREFILL_SHIFTED (an admission whose prefill tokens land one column late, in admit_row and
+ * admit_request),
+ * -DRUNNERCHECK_PLANT_ADMIT_GENERATION_REUSED (an admitted row's RowInfo naming the generation before its own) and
  * -DRUNNERCHECK_PLANT_SWAP_RETURNS_NEW (a release that reads the values it wrote, not those the row held).
  */
 #include "arrays.h"
@@ -178,11 +191,146 @@ static PyObject *swap_row(PyObject *self, PyObject *args)
     return old;
 }
 
+/* An optional logprob ask of `SamplingParams`: -1 for None, else the exact int >= 0; 0 (decline) for anything else. */
+static int logprob_ask(PyObject *params, const char *name, long long *ask)
+{
+    PyObject *value = attribute(params, name);
+    if (value == NULL)
+        return 0;
+    int ok = 1;
+    if (value == Py_None)
+        *ask = -1;
+    else
+        ok = exact_int(value, ask) == EXACT_INT && *ask >= 0;
+    Py_DECREF(value);
+    return ok;
+}
+
+/* Every token of ``tokens`` (an exact tuple) an exact int within int32. */
+static int int32_tokens(PyObject *tokens)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tokens); i++) {
+        long long token;
+        if (exact_int(PyTuple_GET_ITEM(tokens, i), &token) != EXACT_INT || token < NPY_MIN_INT32 || token > NPY_MAX_INT32)
+            return 0;
+    }
+    return 1;
+}
+
+enum { ADMIT_TYPE, ADMIT_PREFILL, ADMIT_COLUMNS, ADMIT_PREFILLING, ADMIT_ROWS, ADMIT_ROW_INFO, ADMIT_REQ_TO_ROW,
+       NUM_ADMIT_TARGETS };
+enum { NUM_ADMITTED_COLUMNS = 8 };  /* `_admitted_columns`: tokens, computed, blocks, unconfirmed, prompt, two asks, generation */
+
+static PyObject *admit_request(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *targets, *req, *seed, *generation_obj;
+    Py_ssize_t row;
+    if (!PyArg_ParseTuple(args, "O!OOnO", &PyTuple_Type, &targets, &req, &seed, &row, &generation_obj))
+        return NULL;
+    if (PyTuple_GET_SIZE(targets) != NUM_ADMIT_TARGETS || (PyObject *)Py_TYPE(req) != PyTuple_GET_ITEM(targets, ADMIT_TYPE))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *prefill_obj = PyTuple_GET_ITEM(targets, ADMIT_PREFILL), *columns = PyTuple_GET_ITEM(targets, ADMIT_COLUMNS);
+    PyObject *prefilling = PyTuple_GET_ITEM(targets, ADMIT_PREFILLING), *rows = PyTuple_GET_ITEM(targets, ADMIT_ROWS);
+    PyObject *req_to_row = PyTuple_GET_ITEM(targets, ADMIT_REQ_TO_ROW);
+    long long seed_value, generation;
+    if (!PyArray_Check(prefill_obj) || !PyTuple_CheckExact(columns) || PyTuple_GET_SIZE(columns) != NUM_ADMITTED_COLUMNS
+        || !PyDict_CheckExact(prefilling) || !PyList_CheckExact(rows) || !PyDict_CheckExact(req_to_row)
+        || exact_int(seed, &seed_value) != EXACT_INT || exact_int(generation_obj, &generation) != EXACT_INT
+        || row < 0 || row >= PyList_GET_SIZE(rows))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyArrayObject *prefill = (PyArrayObject *)prefill_obj;
+    if (PyArray_NDIM(prefill) != 2 || PyArray_TYPE(prefill) != NPY_INT32 || !PyArray_IS_C_CONTIGUOUS(prefill)
+        || !PyArray_ISWRITEABLE(prefill) || !PyArray_ISNOTSWAPPED(prefill) || row >= PyArray_DIM(prefill, 0))
+        Py_RETURN_NOTIMPLEMENTED;
+    ArrayView views[NUM_ADMITTED_COLUMNS];
+    for (Py_ssize_t c = 0; c < NUM_ADMITTED_COLUMNS; c++)
+        if (!array_view(PyTuple_GET_ITEM(columns, c), NPY_INT64, 1, &views[c]) || row >= views[c].len)
+            Py_RETURN_NOTIMPLEMENTED;
+
+    PyObject *req_id = NULL, *prompt = NULL, *outputs = NULL, *blocks = NULL, *hit_obj = NULL, *params = NULL;
+    PyObject *info = NULL, *staged = NULL, *row_obj = NULL, *prefill_len_obj = NULL, *result = NULL;
+    long long hit, num_logprobs, prompt_logprobs;
+    if (!(req_id = attribute(req, "req_id")) || !PyUnicode_CheckExact(req_id)
+        || !(prompt = attribute(req, "prompt_token_ids")) || !PyTuple_CheckExact(prompt) || PyTuple_GET_SIZE(prompt) == 0
+        || !(outputs = attribute(req, "output_token_ids")) || !PyTuple_CheckExact(outputs)
+        || !(blocks = attribute(req, "block_ids")) || !PyTuple_CheckExact(blocks)
+        || !(hit_obj = attribute(req, "num_computed_tokens")) || exact_int(hit_obj, &hit) != EXACT_INT
+        || !(params = attribute(req, "sampling_params")) || !logprob_ask(params, "logprobs", &num_logprobs)
+        || !logprob_ask(params, "prompt_logprobs", &prompt_logprobs))
+        goto decline;
+    const Py_ssize_t prompt_len = PyTuple_GET_SIZE(prompt), num_outputs = PyTuple_GET_SIZE(outputs);
+    const Py_ssize_t prefill_len = prompt_len + num_outputs;
+    if (prefill_len > PyArray_DIM(prefill, 1) || !int32_tokens(prompt) || !int32_tokens(outputs))
+        goto decline;
+    const int resumed = num_outputs > 0;
+    if (resumed)
+        prompt_logprobs = -1;  /* a resumed request's prompt logprobs were reported before its preemption */
+    PyObject *last = resumed ? PyTuple_GET_ITEM(outputs, num_outputs - 1) : PyTuple_GET_ITEM(prompt, prompt_len - 1);
+#ifdef RUNNERCHECK_PLANT_ADMIT_GENERATION_REUSED
+    PyObject *info_generation = PyLong_FromLongLong(generation - 1);
+#else
+    PyObject *info_generation = Py_NewRef(generation_obj);
+#endif
+    /* Everything that can fail is made before anything is written. */
+    if (!info_generation || !(row_obj = PyLong_FromSsize_t(row)) || !(prefill_len_obj = PyLong_FromSsize_t(prefill_len)))
+        goto fail_generation;
+    PyObject *info_args[] = {req_id, info_generation, params, seed, NULL, prefill_len_obj, resumed ? Py_True : Py_False};
+    if (!(info_args[4] = PyLong_FromSsize_t(prompt_len)))
+        goto fail_generation;
+    info = PyObject_Vectorcall(PyTuple_GET_ITEM(targets, ADMIT_ROW_INFO), info_args, 7, NULL);
+    staged = info ? Py_BuildValue("[LnnnO]", hit, prefill_len, prompt_len, prefill_len, last) : NULL;
+    Py_DECREF(info_args[4]);
+    if (!staged)
+        goto fail_generation;
+    result = Py_BuildValue("(ONN)", staged, PyBool_FromLong(num_logprobs >= 0), PyBool_FromLong(prompt_logprobs >= 0));
+    if (!result)
+        goto fail_generation;
+    if (PyDict_SetItem(prefilling, row_obj, prefill_len_obj) != 0 || PyDict_SetItem(req_to_row, req_id, row_obj) != 0) {
+        PyDict_DelItem(prefilling, row_obj);  /* a failed insert (out of memory) leaves the table as it was */
+        PyErr_Clear();
+        PyErr_NoMemory();
+        Py_CLEAR(result);
+        goto fail_generation;
+    }
+    npy_int32 *out = (npy_int32 *)PyArray_GETPTR2(prefill, row, 0);
+#ifdef RUNNERCHECK_PLANT_PREFILL_SHIFTED
+    if (prefill_len < PyArray_DIM(prefill, 1))
+        out++;
+#endif
+    for (Py_ssize_t i = 0; i < prompt_len; i++)
+        out[i] = (npy_int32)PyLong_AsLongLong(PyTuple_GET_ITEM(prompt, i));
+    for (Py_ssize_t i = 0; i < num_outputs; i++)
+        out[prompt_len + i] = (npy_int32)PyLong_AsLongLong(PyTuple_GET_ITEM(outputs, i));
+    const long long values[NUM_ADMITTED_COLUMNS] = {prefill_len, hit, PyTuple_GET_SIZE(blocks), 0, prompt_len,
+                                                     num_logprobs, prompt_logprobs, generation};
+    for (Py_ssize_t c = 0; c < NUM_ADMITTED_COLUMNS; c++)
+        OUT64(views[c], row) = values[c];
+    PyList_SetItem(rows, row, Py_NewRef(info));  /* steals the new reference; drops the row's old entry */
+fail_generation:
+    Py_XDECREF(info_generation);
+    Py_XDECREF(info);
+    Py_XDECREF(staged);
+    Py_XDECREF(row_obj);
+    Py_XDECREF(prefill_len_obj);
+decline:
+    Py_XDECREF(req_id);
+    Py_XDECREF(prompt);
+    Py_XDECREF(outputs);
+    Py_XDECREF(blocks);
+    Py_XDECREF(hit_obj);
+    Py_XDECREF(params);
+    if (result == NULL && !PyErr_Occurred())
+        result = Py_NewRef(Py_NotImplemented);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"advance_decode", advance_decode, METH_VARARGS, "The mirror's advance past a decode step without drafts."},
     {"append_counts", append_counts, METH_VARARGS, "The block counts of rows before their appends, moved past them."},
     {"admit_row", admit_row, METH_VARARGS, "An admitted row's prefill tokens and per-row mirror values."},
     {"swap_row", swap_row, METH_VARARGS, "A row's per-row mirror values written, the old ones returned."},
+    {"admit_request", admit_request, METH_VARARGS, "An admission's writes into the table for one request and its row."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -115,8 +115,10 @@ class SamplingState:
             self._admission_records = {}
             group.defer_admissions(self._admission_records, self._scalars, self.prompt_mask, vocab_size, self._stage_admissions)
         self._pending_admissions: dict[int, list[int]] = {}  # row -> earlier outputs to count
-        self._prepared_kernels: list = []
-        self._reset_rows: tuple[object, int, int] | None = None  # the last flush's reset rows: (slot, first word, rows)
+        # The last flush's kernels, enqueued by `enqueue_apply`: the count reset of the admitted rows (writer, slot,
+        # first word, rows) and a resumed request's earlier outputs to count again (rows, tokens, pairs).
+        self._reset_rows: tuple[StagingWriter, object, int, int] | None = None
+        self._earlier_outputs: tuple[torch.Tensor, torch.Tensor, int] | None = None
 
     # ------------------------------------------------------------------ host API
     def add_request(
@@ -180,46 +182,40 @@ class SamplingState:
         """Pack everything staged since the last flush into ``writer`` (before ``writer.submit()``)."""
         for tensor in self._staged:
             tensor.flush(writer)
-        self._reset_rows = None
         pending = self._pending_admissions
         if not pending:
-            self._prepared_kernels = []
+            self._reset_rows = self._earlier_outputs = None
             return
         self._pending_admissions = {}
+        if len(pending) == 1:  # the usual admission: one word, no sort and no list-to-array conversion
+            (row, outputs), = pending.items()
+            rows_host, rows_slot, rows_start = writer.reserve_words(1)
+            rows_host[0] = row
+            self._reset_rows = (writer, rows_slot, rows_start, 1)
+            self._earlier_outputs = None if not outputs else self._stage_earlier_outputs(writer, [row], pending)
+            return
         rows = sorted(pending)
-        num_rows = len(rows)
-        rows_host, rows_slot, rows_start = writer.reserve_words(num_rows)
-        if num_rows == 1:  # the usual admission: one word, no list-to-array conversion
-            rows_host[0] = rows[0]
-        else:
-            rows_host[:] = rows
-        self._reset_rows = (rows_slot, rows_start, num_rows)
-        counts, stride, vocab = self.output_counts, self._counts_stride, self.vocab_size
+        rows_host, rows_slot, rows_start = writer.reserve_words(len(rows))
+        rows_host[:] = rows
+        self._reset_rows = (writer, rows_slot, rows_start, len(rows))
+        self._earlier_outputs = self._stage_earlier_outputs(writer, rows, pending) if any(pending.values()) else None
 
-        def reset() -> None:
-            # The device view is made here: a bucketed step drops this kernel (`take_resets`).
-            rows_dev = writer.words_view(rows_slot, rows_start, num_rows)
-            launch(zero_count_rows_kernel, (num_rows, cdiv(vocab, _COUNT_BLOCK)), counts, stride, rows_dev, vocab,
-                   BLOCK=_COUNT_BLOCK)
+    def _stage_earlier_outputs(self, writer: StagingWriter, rows: list[int],
+                               pending: dict[int, list[int]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Resumed requests' earlier outputs as (row, token) pairs in staging, counted again after their rows' reset."""
+        pair_rows: list[int] = []
+        pair_tokens: list[int] = []
+        for row in rows:
+            tokens = pending[row]
+            pair_rows.extend([row] * len(tokens))
+            pair_tokens.extend(tokens)
+        return (writer.stage_array(np.asarray(pair_rows, dtype=np.int32), torch.int32),
+                writer.stage_array(np.asarray(pair_tokens, dtype=np.int32), torch.int32), len(pair_tokens))
 
-        self._prepared_kernels = [("reset output counts", reset)]
-        if any(pending.values()):  # a resumed request's earlier outputs are counted again after its reset
-            pair_rows: list[int] = []
-            pair_tokens: list[int] = []
-            for row in rows:
-                tokens = pending[row]
-                pair_rows.extend([row] * len(tokens))
-                pair_tokens.extend(tokens)
-            num_pairs = len(pair_tokens)
-            pair_rows_dev = writer.stage_array(np.asarray(pair_rows, dtype=np.int32), torch.int32)
-            pair_tokens_dev = writer.stage_array(np.asarray(pair_tokens, dtype=np.int32), torch.int32)
-
-            def add_earlier_outputs() -> None:
-                launch(add_token_counts_kernel, (cdiv(num_pairs, _COUNT_BLOCK),),
-                    counts, stride, pair_rows_dev, pair_tokens_dev, pair_tokens_dev, num_pairs, vocab,
-                    HAS_VALID=False, BLOCK=_COUNT_BLOCK)
-
-            self._prepared_kernels.append(("count earlier outputs", add_earlier_outputs))
+    @property
+    def num_prepared_kernels(self) -> int:
+        """Kernels the last flush prepared for `enqueue_apply` (the count reset, the earlier-output counts)."""
+        return (self._reset_rows is not None) + (self._earlier_outputs is not None)
 
     @hot_path
     def take_resets(self, slot: object) -> tuple[int, int] | None:
@@ -228,10 +224,10 @@ class SamplingState:
         them (`launch_reset_from_header`), and the eager reset is dropped.  Else None (the kernels stay eager:
         a resumed request's earlier outputs are counted after the reset, in that order)."""
         pack = self._reset_rows
-        if pack is None or len(self._prepared_kernels) != 1 or pack[0] is not slot:
+        if pack is None or self._earlier_outputs is not None or pack[1] is not slot:
             return None
-        self._prepared_kernels, self._reset_rows = [], None
-        return pack[2], pack[1]
+        self._reset_rows = None
+        return pack[3], pack[2]
 
     def launch_reset_from_header(self, step_words: torch.Tensor, header: torch.Tensor) -> None:
         """Launch (inside a bucketed step) the count reset of the rows ``header`` names (`take_resets`):
@@ -244,9 +240,28 @@ class SamplingState:
         """Enqueue the staged applies, then the count reset, then the earlier-output counts."""
         for tensor in self._staged:
             tensor.enqueue_apply()
-        prepared, self._prepared_kernels = self._prepared_kernels, []
-        for label, kernels in prepared:
-            self.device.enqueue(kernels, label)
+        resets, earlier = self._reset_rows, self._earlier_outputs
+        self._reset_rows = self._earlier_outputs = None
+        counts, stride, vocab = self.output_counts, self._counts_stride, self.vocab_size
+        if resets is not None:
+            writer, slot, start, num_rows = resets
+
+            def reset() -> None:
+                # The device view is made here: a bucketed step drops this kernel (`take_resets`).
+                rows_dev = writer.words_view(slot, start, num_rows)
+                launch(zero_count_rows_kernel, (num_rows, cdiv(vocab, _COUNT_BLOCK)), counts, stride, rows_dev, vocab,
+                       BLOCK=_COUNT_BLOCK)
+
+            self.device.enqueue(reset, "reset output counts")
+        if earlier is not None:
+            pair_rows_dev, pair_tokens_dev, num_pairs = earlier
+
+            def add_earlier_outputs() -> None:
+                launch(add_token_counts_kernel, (cdiv(num_pairs, _COUNT_BLOCK),),
+                    counts, stride, pair_rows_dev, pair_tokens_dev, pair_tokens_dev, num_pairs, vocab,
+                    HAS_VALID=False, BLOCK=_COUNT_BLOCK)
+
+            self.device.enqueue(add_earlier_outputs, "count earlier outputs")
 
     @hot_path
     def launch_post_update(self, rows_dev: torch.Tensor, tokens_dev: torch.Tensor, valid_dev: torch.Tensor | None,

@@ -115,7 +115,7 @@ def fingerprint(runner: ModelRunner) -> str:
     put(runner.staged_writes.arena.numpy(), ss.output_counts.numpy())
     # pending work: staged diffs, admissions, prepared applies
     put([(t.name, list(t._pending), t.num_pending) for t in runner.staged_writes.members], ss._pending_admissions,
-        len(runner.staged_writes._applies), len(ss._prepared_kernels))
+        len(runner.staged_writes._applies), ss.num_prepared_kernels)
     # staging pool
     put([(s.state, s.step, s.used_bytes) for s in pool.slots], pool._next, pool.h2d_bytes_total,
         [s.host.numpy() for s in pool.slots])

@@ -130,6 +130,25 @@ def test_bad_stage_is_rejected_and_changes_nothing():
     assert t.num_pending == 0
 
 
+def test_a_handed_over_list_stages_as_stage_does_and_bad_rows_are_rejected_unchanged():
+    """`stage_list` keeps the caller's list as the pending diff; it merges with the other diffs (later wins) and
+    rejects what `stage` rejects, with nothing staged."""
+    dev = Device("cpu")
+    pool = StagingPool(dev, num_slots=4, capacity_bytes=4096)
+    table = StagedWriteTensor(dev, (4, 8), torch.int32, "table", fill=-1)
+    values = [5, 6, 7]
+    table.stage_list(1, values)
+    assert table._pending[0][2] is values
+    table.stage(1, 1, [9])  # overlaps: later wins
+    for row, bad in ((4, [1]), (-1, [1]), (0, [0] * 9)):
+        with pytest.raises(IndexError):
+            table.stage_list(row, bad)
+    assert table.num_pending == 2
+    _flush_all(pool, 0, [table])
+    dev.synchronize()
+    assert table.base[1, :3].tolist() == [5, 9, 7] and (table.base[[0, 2, 3]] == -1).all()
+
+
 def test_sim_race_when_host_rewrites_in_flight_slot():
     """The race class: rewrite a submitted slot before its copy ran -> the device sees new bytes."""
     dev = Device("sim", lag_policy="lag-2-steps")
@@ -294,6 +313,31 @@ def test_free_words_are_the_words_the_next_reservation_hands_out():
     writer.submit()
     with pytest.raises(StagingLifetimeError):
         slot.free_words()  # in flight: not writable
+
+
+def test_claimed_free_words_are_reserved_and_a_claim_after_another_allocation_raises():
+    """`claim_free_words` reserves the prefix a caller filled through `free_words` (the in-place diff table), and
+    refuses words another allocation took meanwhile, words past the slot's end, and a slot no longer being written."""
+    dev = Device("cpu")
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=256)
+    writer = StagingWriter(pool, 0)
+    slot = writer.first_slot(20)
+    free, _, first = writer.free_words()
+    free[:2] = [5, 6]
+    slot.claim_free_words(first, 2)
+    assert slot.used_bytes == 4 * (first + 2)
+    host, _, start = writer.reserve_words(1)  # the next allocation starts after the claimed words
+    assert start >= first + 2
+    _, _, stale = writer.free_words()
+    writer.reserve_words(1)  # takes the words `stale` named
+    with pytest.raises(StagingLifetimeError):
+        slot.claim_free_words(stale, 1)
+    _, _, first = writer.free_words()
+    with pytest.raises(StagingLifetimeError):
+        slot.claim_free_words(first, 64)  # past the slot's end
+    writer.submit()
+    with pytest.raises(StagingLifetimeError):
+        slot.claim_free_words(first, 1)  # in flight
 
 
 @pytest.mark.parametrize("redirect", [True, False], ids=["redirected", "copied"])

@@ -209,6 +209,57 @@ def test_planted_bug_c_admission_writing_the_prefill_one_column_late_is_caught()
         assert_c_agrees("admit_row", _admitted, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)))
 
 
+def _admitted_table(c_module, req: NewRequest) -> list:
+    """Everything `RequestStateTable.admit` leaves besides its arrays, after admitting ``req`` next to a live request
+    (``c_module``: its C twin; None: the reference): the rows' records, the look-ups, the row-state diffs staged, the
+    counts and the next generation."""
+    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=MODEL_LEN)
+    saved, state_module._rows = state_module._rows, c_module
+    try:
+        table.admit(NewRequest("old", (5, 6, 7), SamplingParams(logprobs=1), (9,)), seed=1)
+        table.admit(req, seed=2)
+    finally:
+        state_module._rows = saved
+    return [np.array(repr((table.rows, sorted(table.req_to_row.items()), sorted(table._prefilling.items()),
+                           table.row_state._pending, table.num_logprob_rows, table.num_prompt_logprob_rows,
+                           table._next_generation)))]
+
+
+@needs_native
+@settings(max_examples=100, deadline=None)
+@given(admissions())
+def test_c_admission_records_the_request_as_the_reference_does(req):
+    assert_c_agrees("admit_request", _admitted_table, rows_module, req)
+
+
+@needs_native
+def test_c_admission_of_a_request_it_cannot_take_declines_before_writing():
+    """``admit_request`` declines -- nothing written, the reference then admits -- for a request it does not read."""
+    table = RequestStateTable(Device("cpu"), max_num_reqs=2, max_model_len=4)
+    targets = table._admit_targets
+    good = NewRequest("a", (1, 2), SamplingParams(), (0,))
+    for req in (NewRequest("a", [1, 2], SamplingParams(), (0,)),  # a list prompt: not the exact tuple it reads
+                NewRequest("a", (1, 2), SamplingParams(), (0,), output_token_ids=(1 << 40,)),  # a token outside int32
+                NewRequest("a", (1, 2, 3), SamplingParams(), (0,), output_token_ids=(4, 5)),  # longer than a row
+                NewRequest("a", (), SamplingParams(), (0,)),  # no last token
+                NewRequest("a", (1, True), SamplingParams(), (0,)),  # not an exact int
+                SimpleNamespace(**vars(good))):  # not a NewRequest
+        assert rows_module.admit_request(targets, req, 7, 0, 0) is NotImplemented, req
+    assert rows_module.admit_request(targets, good, 7, 2, 0) is NotImplemented  # a row past the table
+    assert rows_module.admit_request(targets, good, 7.0, 0, 0) is NotImplemented  # a seed that is not an exact int
+    assert not table._prefill_np.any() and not table.req_to_row and not table._prefilling and table.rows == [None, None]
+    assert all((column == column[0]).all() for column in table._admitted_columns)  # every row as it was made
+    staged, asks_logprobs, asks_prompt = rows_module.admit_request(targets, good, 7, 1, 0)
+    assert staged == [0, 2, 2, 2, 2] and (asks_logprobs, asks_prompt) == (False, False)
+    assert table.req_to_row == {"a": 1} and table.rows[1].seed == 7 and table._prefill_np[1, :2].tolist() == [1, 2]
+
+
+def test_planted_bug_c_admission_recording_the_previous_generation_is_caught():
+    planted = _planted("RUNNERCHECK_PLANT_ADMIT_GENERATION_REUSED", "rows")
+    with pytest.raises(AssertionError, match="C admit_request"):
+        assert_c_agrees("admit_request", _admitted_table, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)))
+
+
 # --------------------------------------------------------------------------- a release's row
 
 def _released(c_module, req: NewRequest, release_first: bool) -> list[np.ndarray]:
