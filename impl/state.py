@@ -167,6 +167,8 @@ class RequestStateTable:
         # What `admit`'s C twin writes into (`admit_request`): objects this table holds for its lifetime.
         self._admit_targets = (NewRequest, self._prefill_np, self._admitted_columns, self._prefilling, self.rows, RowInfo,
                                self.req_to_row)
+        self._release_targets = (self.req_to_row, self.rows, self._released_columns, _RELEASED_VALUES, self._prefilling,
+                                 self._reads_over, self._free)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -257,22 +259,33 @@ class RequestStateTable:
     @hot_path
     def release(self, req_id: str) -> int:
         """Free a finished or preempted request's row (it stays quarantined until its last use completes)."""
+        # The look-ups, the record, the mirror's row, the reads noted and the free list: one C call when built.
+        got = NotImplemented if _rows is None else _rows.release_request(self._release_targets, req_id, self._batch_event,
+                                                                          self.history_reads)
+        if got is NotImplemented:
+            got = self._release_reference(req_id)
+        self._planned = None
+        self.num_logprob_rows -= got[1]
+        self.num_prompt_logprob_rows -= got[2]
+        return got[0]
+
+    def _release_reference(self, req_id: str) -> tuple[int, bool, bool]:
+        """`release`'s writes (the reference of ``release_request`` in impl/native/rows.c).  Returns the row and whether
+        its request asked for logprobs and for prompt logprobs."""
         row = self.req_to_row.pop(req_id, None)
         if row is None:
             raise RowStateError(f"release of {req_id!r}, which holds no row")
-        self._planned = None
         self.rows[row] = None
         # The mirror's row freed (`_released_columns`), the logprob asks it held read back: one C call when built.
         held = None if _rows is None else _rows.swap_row(row, self._released_columns, _RELEASED_VALUES)
         if held is None or held is NotImplemented:
             held = (int(self.generation[row]), int(self.num_logprobs[row]), int(self.prompt_logprobs[row]))
             self.generation[row] = self.num_logprobs[row] = self.prompt_logprobs[row] = -1
-        self.num_logprob_rows -= held[1] >= 0
-        self.num_prompt_logprob_rows -= held[2] >= 0
-        if self.history_reads or self._prefilling.pop(row, None) is not None:
+        was_prefilling = self._prefilling.pop(row, None) is not None  # a freed row prefills nothing, proposer or not
+        if self.history_reads or was_prefilling:
             self._reads_over[row] = self._batch_event  # the newest marked step may have read it
         self._free.append(row)
-        return row
+        return row, held[1] >= 0, held[2] >= 0
 
     @hot_path
     def admit(self, req: NewRequest, seed: int) -> int:

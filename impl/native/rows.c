@@ -39,13 +39,23 @@
  *     and ``generation`` exact ints.  The row-state values are a new list: the row's computed count (the hit),
  *     token count, prompt length, prefill length and last token, as `admit` stages them.
  *
+ * release_request -- `impl.state.RequestStateTable.release` but its counts: what `_release_reference` does (the id's
+ *     look-up and record dropped, the mirror's row freed as swap_row frees it, the row's last reading step noted when
+ *     its prefill may still be read, the row appended to the free list).
+ *     release_request(targets, req_id, newest_marker, history_reads) -> (row, held logprobs, held prompt logprobs),
+ *     or NotImplemented before writing anything (an id that holds no row among them).  ``targets`` the table's
+ *     (``req_to_row``, ``rows``, `_released_columns`, `_RELEASED_VALUES`, ``_prefilling``, ``_reads_over``, the free
+ *     list).
+ *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token),
  * -DRUNNERCHECK_PLANT_STARTS_AFTER_APPEND (block appends placed after the counts they moved),
  * -DRUNNERCHECK_PLANT_PREFILL_SHIFTED (an admission whose prefill tokens land one column late, in admit_row and
  * admit_request),
- * -DRUNNERCHECK_PLANT_ADMIT_GENERATION_REUSED (an admitted row's RowInfo naming the generation before its own) and
- * -DRUNNERCHECK_PLANT_SWAP_RETURNS_NEW (a release that reads the values it wrote, not those the row held).
+ * -DRUNNERCHECK_PLANT_ADMIT_GENERATION_REUSED (an admitted row's RowInfo naming the generation before its own),
+ * -DRUNNERCHECK_PLANT_SWAP_RETURNS_NEW (a release that reads the values it wrote, not those the row held, in swap_row
+ * and release_request) and -DRUNNERCHECK_PLANT_RELEASE_READS_OVER_KEPT (a release that never notes the last reading
+ * step of a row still prefilling).
  */
 #include "arrays.h"
 
@@ -325,12 +335,75 @@ decline:
     return result;
 }
 
+enum { RELEASE_REQ_TO_ROW, RELEASE_ROWS, RELEASE_COLUMNS, RELEASE_VALUES, RELEASE_PREFILLING, RELEASE_READS_OVER,
+       RELEASE_FREE, NUM_RELEASE_TARGETS };
+
+static PyObject *release_request(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *targets, *req_id, *newest, *history_reads;
+    ArrayView views[MAX_COLUMNS];
+    if (!PyArg_ParseTuple(args, "O!OOO", &PyTuple_Type, &targets, &req_id, &newest, &history_reads))
+        return NULL;
+    if (PyTuple_GET_SIZE(targets) != NUM_RELEASE_TARGETS || !PyUnicode_CheckExact(req_id) || !PyBool_Check(history_reads))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *req_to_row = PyTuple_GET_ITEM(targets, RELEASE_REQ_TO_ROW), *rows = PyTuple_GET_ITEM(targets, RELEASE_ROWS);
+    PyObject *columns = PyTuple_GET_ITEM(targets, RELEASE_COLUMNS), *values = PyTuple_GET_ITEM(targets, RELEASE_VALUES);
+    PyObject *prefilling = PyTuple_GET_ITEM(targets, RELEASE_PREFILLING);
+    PyObject *reads_over = PyTuple_GET_ITEM(targets, RELEASE_READS_OVER), *free_rows = PyTuple_GET_ITEM(targets, RELEASE_FREE);
+    if (!PyDict_CheckExact(req_to_row) || !PyList_CheckExact(rows) || !PyTuple_CheckExact(columns)
+        || !PyTuple_CheckExact(values) || PyTuple_GET_SIZE(columns) != 3 || !PyDict_CheckExact(prefilling)
+        || !PyList_CheckExact(reads_over))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *row_obj = PyDict_GetItemWithError(req_to_row, req_id);  /* borrowed */
+    long long row;
+    if (row_obj == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NOTIMPLEMENTED;  /* no row: the reference names the misuse */
+    }
+    if (exact_int(row_obj, &row) != EXACT_INT || row >= PyList_GET_SIZE(rows) || row >= PyList_GET_SIZE(reads_over)
+        || !row_cells(row, columns, values, views, 3))
+        Py_RETURN_NOTIMPLEMENTED;
+    Py_INCREF(row_obj);
+    /* The free list first: the one write that can fail (out of memory) leaves the table as it was. */
+    PyObject *appended = PyObject_CallMethod(free_rows, "append", "O", row_obj);
+    if (!appended) {
+        Py_DECREF(row_obj);
+        return NULL;
+    }
+    Py_DECREF(appended);
+    long long held[3];
+    for (Py_ssize_t c = 0; c < 3; c++) {
+#ifdef RUNNERCHECK_PLANT_SWAP_RETURNS_NEW
+        OUT64(views[c], row) = PyLong_AsLongLong(PyTuple_GET_ITEM(values, c));
+#endif
+        held[c] = OUT64(views[c], row);
+        OUT64(views[c], row) = PyLong_AsLongLong(PyTuple_GET_ITEM(values, c));
+    }
+    PyDict_DelItem(req_to_row, req_id);  /* found above: an exact str's cached hash, no error */
+    PyList_SetItem(rows, row, Py_NewRef(Py_None));
+    int was_prefilling = 0;
+    PyObject *length = PyDict_GetItemWithError(prefilling, row_obj);
+    if (length != NULL) {
+        was_prefilling = 1;
+        PyDict_DelItem(prefilling, row_obj);
+    }
+#ifdef RUNNERCHECK_PLANT_RELEASE_READS_OVER_KEPT
+    was_prefilling = 0;
+#endif
+    if (history_reads == Py_True || was_prefilling)  /* the newest marked step may have read its tokens */
+        PyList_SetItem(reads_over, row, Py_NewRef(newest));
+    return Py_BuildValue("(NNN)", row_obj, PyBool_FromLong(held[1] >= 0), PyBool_FromLong(held[2] >= 0));
+}
+
 static PyMethodDef methods[] = {
     {"advance_decode", advance_decode, METH_VARARGS, "The mirror's advance past a decode step without drafts."},
     {"append_counts", append_counts, METH_VARARGS, "The block counts of rows before their appends, moved past them."},
     {"admit_row", admit_row, METH_VARARGS, "An admitted row's prefill tokens and per-row mirror values."},
     {"swap_row", swap_row, METH_VARARGS, "A row's per-row mirror values written, the old ones returned."},
     {"admit_request", admit_request, METH_VARARGS, "An admission's writes into the table for one request and its row."},
+    {"release_request", release_request, METH_VARARGS, "A release's writes into the table for one request."},
     {NULL, NULL, 0, NULL},
 };
 

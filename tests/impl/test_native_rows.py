@@ -284,6 +284,47 @@ def test_c_release_writes_the_row_numpy_writes(req, release_first):
     assert_c_agrees("swap_row", _released, rows_module, req, release_first)
 
 
+def _released_table(c_module, req: NewRequest, release_first: bool, history_reads: bool = False) -> list:
+    """Everything `RequestStateTable.release` leaves besides its arrays, as `_released` sets it up with a marked step
+    (its marker a stand-in): the look-ups, the records, the rows still prefilling, each row's last reading step, the
+    free list and the counts."""
+    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=MODEL_LEN)
+    table.history_reads = history_reads
+    saved, state_module._rows = state_module._rows, c_module
+    try:
+        table.admit(NewRequest("old", (5, 6, 7), SamplingParams(logprobs=2), (9,)), seed=1)
+        table.admit(req, seed=2)
+        table._batch_event = "the newest marker"
+        row = table.release("old" if release_first else "new")
+    finally:
+        state_module._rows = saved
+    return [np.array(repr((row, sorted(table.req_to_row.items()), table.rows, sorted(table._prefilling.items()),
+                           table._reads_over, list(table._free), table.num_logprob_rows, table.num_prompt_logprob_rows,
+                           table._planned)))]
+
+
+@needs_native
+@settings(max_examples=100, deadline=None)
+@given(admissions(), st.booleans(), st.booleans())
+def test_c_release_records_what_the_reference_records(req, release_first, history_reads):
+    assert_c_agrees("release_request", _released_table, rows_module, req, release_first, history_reads)
+
+
+@needs_native
+def test_c_release_of_an_id_without_a_row_declines_and_the_reference_names_it():
+    table = RequestStateTable(Device("cpu"), max_num_reqs=2, max_model_len=4)
+    assert rows_module.release_request(table._release_targets, "ghost", None, False) is NotImplemented
+    with pytest.raises(state_module.RowStateError, match="ghost"):
+        table.release("ghost")
+    assert list(table._free) == [0, 1] and table.generation.tolist() == [-1, -1]
+
+
+def test_planted_bug_c_release_forgetting_a_prefilling_rows_last_reader_is_caught():
+    planted = _planted("RUNNERCHECK_PLANT_RELEASE_READS_OVER_KEPT", "rows")
+    with pytest.raises(AssertionError, match="C release_request"):
+        assert_c_agrees("release_request", _released_table, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)), True)
+
+
 @needs_native
 def test_c_release_declines_what_it_cannot_take():
     column = np.arange(2, dtype=np.int64)
