@@ -12,7 +12,8 @@ its work is on the stream as before.  A marker pushed and not yet issued is not 
 The worker is C (`impl/native/launcher.c`): it calls the driver's ``cuGraphLaunch`` and ``cuEventRecord`` (found
 in ``libcuda.so.1`` through ctypes; runtime and driver handles are the same objects) and never takes the GIL.
 It polls for a job for ``RUNNERCHECK_LAUNCH_SPIN_US`` (default 300) after its last one, then sleeps; a step
-wakes it as it begins (`Device.on_stream`), so it is polling again by the time the step pushes.
+wakes it as it begins (`Device.on_stream`), so it is polling again by the time the step pushes.  That polling is
+most of its CPU time (`LaunchThread.cpu_seconds`; the host_cost benchmark reports it per step).
 
 ``RUNNERCHECK_LAUNCH_THREAD``: ``auto`` (default: on for cuda when the C module builds and the driver's calls are
 found, else off with one log line), ``0`` (off: the step launches and records itself, as without the thread),
@@ -81,6 +82,7 @@ class LaunchThread:
         self.issued = launcher.issued  # () -> jobs issued so far
         self.pushed = launcher.pushed  # () -> jobs pushed so far
         self.wake = launcher.wake
+        self.cpu_seconds = launcher.cpu_seconds  # () -> CPU seconds the worker has used (its polling is the most of it)
 
     @classmethod
     def start(cls, stream_handle: int) -> "LaunchThread | None":
@@ -117,7 +119,11 @@ class LaunchThread:
         self._launcher.resume()
 
     def close(self) -> None:
-        self._launcher.close()
+        """Issue what was pushed and stop the worker; a job that failed raises `LaunchThreadError`, as `wait` does."""
+        try:
+            self._launcher.close()
+        except self._error as err:
+            raise LaunchThreadError(str(err)) from err
 
 
 __all__ = ["DEFAULT_SPIN_US", "LaunchThread", "LaunchThreadError", "mode"]

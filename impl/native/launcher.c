@@ -11,6 +11,7 @@
  *                                    LaunchError when any issued job failed (the first failure, kept)
  *     issued() / pushed() -> int     jobs issued (their driver call returned) / pushed so far
  *     wake()                         end the worker's sleep (a step about to push: it polls again by then)
+ *     cpu_seconds() -> float         CPU time the worker has used (its polling included); after close, its total
  *     pause() / resume()             hold issuing (tests: a job pushed and not yet issued); wait() raises while paused
  *     close()                        stop and join the worker (pushed jobs are issued first)
  *
@@ -56,9 +57,18 @@ typedef struct {
     ContextCall set_context;
     void *context;
     long long spin_ns;
+    _Atomic double cpu_at_exit; /* the worker's CPU seconds, written by it as it exits */
 } Launcher;
 
 static PyObject *LaunchError;
+
+static double thread_cpu_seconds(clockid_t clock)
+{
+    struct timespec t;
+    if (clock_gettime(clock, &t) != 0)
+        return -1.0;
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 static long long now_ns(void)
 {
@@ -143,6 +153,7 @@ static void *work(void *arg)
         pthread_mutex_unlock(&l->mutex);
         idle_since = now_ns();
     }
+    atomic_store(&l->cpu_at_exit, thread_cpu_seconds(CLOCK_THREAD_CPUTIME_ID));
     return NULL;
 }
 
@@ -187,6 +198,7 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
     atomic_store(&self->error_code, 0);
     atomic_store(&self->error_kind, 0);
     atomic_store(&self->error_seq, 0);
+    atomic_store(&self->cpu_at_exit, 0.0);
     self->woken = 0;
     pthread_mutex_init(&self->mutex, NULL);
     pthread_cond_init(&self->wake, NULL);
@@ -322,6 +334,21 @@ static PyObject *Launcher_wake(Launcher *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+static PyObject *Launcher_cpu_seconds(Launcher *self, PyObject *unused)
+{
+    (void)unused;
+    if (!self->running)
+        return PyFloat_FromDouble(atomic_load(&self->cpu_at_exit));
+    clockid_t clock;
+    const int failed = pthread_getcpuclockid(self->thread, &clock);
+    const double seconds = failed ? -1.0 : thread_cpu_seconds(clock);
+    if (seconds < 0) {
+        errno = failed ? failed : errno;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    return PyFloat_FromDouble(seconds);
+}
+
 static PyObject *Launcher_pause(Launcher *self, PyObject *unused)
 {
     (void)unused;
@@ -354,6 +381,7 @@ static PyMethodDef Launcher_methods[] = {
     {"issued", (PyCFunction)Launcher_issued, METH_NOARGS, "Jobs issued so far."},
     {"pushed", (PyCFunction)Launcher_pushed, METH_NOARGS, "Jobs pushed so far."},
     {"wake", (PyCFunction)Launcher_wake, METH_NOARGS, "End the worker's sleep."},
+    {"cpu_seconds", (PyCFunction)Launcher_cpu_seconds, METH_NOARGS, "CPU time the worker has used, its polling included."},
     {"pause", (PyCFunction)Launcher_pause, METH_NOARGS, "Hold issuing (tests)."},
     {"resume", (PyCFunction)Launcher_resume, METH_NOARGS, "Issue again."},
     {"close", (PyCFunction)Launcher_close, METH_NOARGS, "Issue what was pushed, stop and join the worker."},

@@ -142,8 +142,29 @@ def test_launch_thread_wait_raises_the_typed_error():
     thread.graph(5, 3)
     with pytest.raises(LaunchThreadError, match="cuGraphLaunch returned CUresult 1"):
         thread.wait()
-    with pytest.raises(module.LaunchError):
-        thread.close()
+    with pytest.raises(LaunchThreadError, match="cuGraphLaunch returned CUresult 1"):
+        thread.close()  # the same typed error as wait's
+
+
+def test_the_workers_cpu_time_counts_its_polling_and_stops_at_close():
+    """`cpu_seconds`: a worker polling after its last job uses CPU time (what the host_cost benchmark reports per
+    step); one that sleeps at once (spin 0) uses next to none; after close the total stays."""
+    module = _module()
+    spinning = LaunchThread(StandIns().launcher(module, spin_us=2_000_000), 3, module.LaunchError)
+    sleeping = LaunchThread(StandIns().launcher(module, spin_us=0), 3, module.LaunchError)
+    try:
+        for thread in (spinning, sleeping):
+            thread.graph(1, 3)
+            thread.wait()
+        time.sleep(0.3)  # inside the spinning worker's 2 s of polling (on a busy 2-core box it still gets a share)
+        polled, slept = spinning.cpu_seconds(), sleeping.cpu_seconds()
+        assert polled > 0.03 and slept < 0.02, (polled, slept)
+    finally:
+        spinning.close()
+        sleeping.close()
+    total = spinning.cpu_seconds()
+    time.sleep(0.02)
+    assert total >= polled and spinning.cpu_seconds() == total
 
 
 def test_bad_launcher_arguments_are_typed_errors():
