@@ -136,6 +136,36 @@ static int row_cells(Py_ssize_t row, PyObject *columns, PyObject *values, ArrayV
     return 1;
 }
 
+/* Every one of the ``n`` tokens at ``items`` an exact int within int32. */
+static int int32_tokens(PyObject *const *items, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long token;
+        if (exact_int(items[i], &token) != EXACT_INT || token < NPY_MIN_INT32 || token > NPY_MAX_INT32)
+            return 0;
+    }
+    return 1;
+}
+
+/* Where row ``row`` of the pinned token table ``prefill`` starts, to take ``n`` tokens; NULL when ``prefill`` is not a
+ * C-contiguous, writeable 2-D int32 array in native byte order with that row and room for them.  Writes nothing. */
+static npy_int32 *prefill_row(PyObject *prefill_obj, Py_ssize_t row, Py_ssize_t n)
+{
+    if (!PyArray_Check(prefill_obj))
+        return NULL;
+    PyArrayObject *prefill = (PyArrayObject *)prefill_obj;
+    if (PyArray_NDIM(prefill) != 2 || PyArray_TYPE(prefill) != NPY_INT32 || !PyArray_IS_C_CONTIGUOUS(prefill)
+        || !PyArray_ISWRITEABLE(prefill) || !PyArray_ISNOTSWAPPED(prefill) || row < 0 || row >= PyArray_DIM(prefill, 0)
+        || n > PyArray_DIM(prefill, 1))
+        return NULL;
+    npy_int32 *out = (npy_int32 *)PyArray_GETPTR2(prefill, row, 0);
+#ifdef RUNNERCHECK_PLANT_PREFILL_SHIFTED
+    if (n < PyArray_DIM(prefill, 1))
+        out++;
+#endif
+    return out;
+}
+
 static PyObject *admit_row(PyObject *self, PyObject *args)
 {
     (void)self;
@@ -144,26 +174,13 @@ static PyObject *admit_row(PyObject *self, PyObject *args)
     ArrayView views[MAX_COLUMNS];
     if (!PyArg_ParseTuple(args, "OnOO!O!", &prefill_obj, &row, &tokens, &PyTuple_Type, &columns, &PyTuple_Type, &values))
         return NULL;
-    if (!PyArray_Check(prefill_obj) || (!PyTuple_CheckExact(tokens) && !PyList_CheckExact(tokens)))
-        Py_RETURN_NOTIMPLEMENTED;
-    PyArrayObject *prefill = (PyArrayObject *)prefill_obj;
-    if (PyArray_NDIM(prefill) != 2 || PyArray_TYPE(prefill) != NPY_INT32 || !PyArray_IS_C_CONTIGUOUS(prefill)
-        || !PyArray_ISWRITEABLE(prefill) || !PyArray_ISNOTSWAPPED(prefill) || row < 0 || row >= PyArray_DIM(prefill, 0))
+    if (!PyTuple_CheckExact(tokens) && !PyList_CheckExact(tokens))
         Py_RETURN_NOTIMPLEMENTED;
     const Py_ssize_t n = Py_SIZE(tokens), num_columns = PyTuple_GET_SIZE(columns);
-    if (n > PyArray_DIM(prefill, 1) || !row_cells(row, columns, values, views, MAX_COLUMNS))
-        Py_RETURN_NOTIMPLEMENTED;
     PyObject **items = PySequence_Fast_ITEMS(tokens);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        long long token;
-        if (exact_int(items[i], &token) != EXACT_INT || token < NPY_MIN_INT32 || token > NPY_MAX_INT32)
-            Py_RETURN_NOTIMPLEMENTED;
-    }
-    npy_int32 *out = (npy_int32 *)PyArray_GETPTR2(prefill, row, 0);
-#ifdef RUNNERCHECK_PLANT_PREFILL_SHIFTED
-    if (n < PyArray_DIM(prefill, 1))
-        out++;
-#endif
+    npy_int32 *out = prefill_row(prefill_obj, row, n);
+    if (out == NULL || !row_cells(row, columns, values, views, MAX_COLUMNS) || !int32_tokens(items, n))
+        Py_RETURN_NOTIMPLEMENTED;
     for (Py_ssize_t i = 0; i < n; i++)
         out[i] = (npy_int32)PyLong_AsLongLong(items[i]);
     for (Py_ssize_t c = 0; c < num_columns; c++)
@@ -216,17 +233,6 @@ static int logprob_ask(PyObject *params, const char *name, long long *ask)
     return ok;
 }
 
-/* Every token of ``tokens`` (an exact tuple) an exact int within int32. */
-static int int32_tokens(PyObject *tokens)
-{
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tokens); i++) {
-        long long token;
-        if (exact_int(PyTuple_GET_ITEM(tokens, i), &token) != EXACT_INT || token < NPY_MIN_INT32 || token > NPY_MAX_INT32)
-            return 0;
-    }
-    return 1;
-}
-
 enum { ADMIT_TYPE, ADMIT_PREFILL, ADMIT_COLUMNS, ADMIT_PREFILLING, ADMIT_ROWS, ADMIT_ROW_INFO, ADMIT_REQ_TO_ROW,
        NUM_ADMIT_TARGETS };
 enum { NUM_ADMITTED_COLUMNS = 8 };  /* `_admitted_columns`: tokens, computed, blocks, unconfirmed, prompt, two asks, generation */
@@ -244,14 +250,10 @@ static PyObject *admit_request(PyObject *self, PyObject *args)
     PyObject *prefilling = PyTuple_GET_ITEM(targets, ADMIT_PREFILLING), *rows = PyTuple_GET_ITEM(targets, ADMIT_ROWS);
     PyObject *req_to_row = PyTuple_GET_ITEM(targets, ADMIT_REQ_TO_ROW);
     long long seed_value, generation;
-    if (!PyArray_Check(prefill_obj) || !PyTuple_CheckExact(columns) || PyTuple_GET_SIZE(columns) != NUM_ADMITTED_COLUMNS
+    if (!PyTuple_CheckExact(columns) || PyTuple_GET_SIZE(columns) != NUM_ADMITTED_COLUMNS
         || !PyDict_CheckExact(prefilling) || !PyList_CheckExact(rows) || !PyDict_CheckExact(req_to_row)
         || exact_int(seed, &seed_value) != EXACT_INT || exact_int(generation_obj, &generation) != EXACT_INT
         || row < 0 || row >= PyList_GET_SIZE(rows))
-        Py_RETURN_NOTIMPLEMENTED;
-    PyArrayObject *prefill = (PyArrayObject *)prefill_obj;
-    if (PyArray_NDIM(prefill) != 2 || PyArray_TYPE(prefill) != NPY_INT32 || !PyArray_IS_C_CONTIGUOUS(prefill)
-        || !PyArray_ISWRITEABLE(prefill) || !PyArray_ISNOTSWAPPED(prefill) || row >= PyArray_DIM(prefill, 0))
         Py_RETURN_NOTIMPLEMENTED;
     ArrayView views[NUM_ADMITTED_COLUMNS];
     for (Py_ssize_t c = 0; c < NUM_ADMITTED_COLUMNS; c++)
@@ -271,7 +273,9 @@ static PyObject *admit_request(PyObject *self, PyObject *args)
         goto decline;
     const Py_ssize_t prompt_len = PyTuple_GET_SIZE(prompt), num_outputs = PyTuple_GET_SIZE(outputs);
     const Py_ssize_t prefill_len = prompt_len + num_outputs;
-    if (prefill_len > PyArray_DIM(prefill, 1) || !int32_tokens(prompt) || !int32_tokens(outputs))
+    npy_int32 *out = prefill_row(prefill_obj, row, prefill_len);
+    if (out == NULL || !int32_tokens(PySequence_Fast_ITEMS(prompt), prompt_len)
+        || !int32_tokens(PySequence_Fast_ITEMS(outputs), num_outputs))
         goto decline;
     const int resumed = num_outputs > 0;
     if (resumed)
@@ -303,11 +307,6 @@ static PyObject *admit_request(PyObject *self, PyObject *args)
         Py_CLEAR(result);
         goto fail_generation;
     }
-    npy_int32 *out = (npy_int32 *)PyArray_GETPTR2(prefill, row, 0);
-#ifdef RUNNERCHECK_PLANT_PREFILL_SHIFTED
-    if (prefill_len < PyArray_DIM(prefill, 1))
-        out++;
-#endif
     for (Py_ssize_t i = 0; i < prompt_len; i++)
         out[i] = (npy_int32)PyLong_AsLongLong(PyTuple_GET_ITEM(prompt, i));
     for (Py_ssize_t i = 0; i < num_outputs; i++)

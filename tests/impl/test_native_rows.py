@@ -164,16 +164,27 @@ def admissions(draw):
     return NewRequest("new", prompt, params, blocks, num_computed_tokens=hit, output_token_ids=outputs)
 
 
+def _table_after(c_module, act, history_reads: bool = False) -> RequestStateTable:
+    """A 3-row table after ``act(table)``, run with ``c_module`` as `impl.state`'s C twin (None: the reference)."""
+    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=MODEL_LEN)
+    table.history_reads = history_reads
+    saved, state_module._rows = state_module._rows, c_module
+    try:
+        act(table)
+    finally:
+        state_module._rows = saved
+    return table
+
+
+def _admit_next_to_old(table: RequestStateTable, req: NewRequest, old_params: SamplingParams = SamplingParams()) -> None:
+    table.admit(NewRequest("old", (5, 6, 7), old_params, (9,)), seed=1)
+    table.admit(req, seed=2)
+
+
 def _admitted(c_module, req: NewRequest) -> list[np.ndarray]:
     """Every array `RequestStateTable.admit` writes, after admitting ``req`` next to a live request, with
     ``c_module`` as the C twin of its mirror writes (None: numpy)."""
-    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=MODEL_LEN)
-    saved, state_module._rows = state_module._rows, c_module
-    try:
-        table.admit(NewRequest("old", (5, 6, 7), SamplingParams(), (9,)), seed=1)
-        table.admit(req, seed=2)
-    finally:
-        state_module._rows = saved
+    table = _table_after(c_module, lambda t: _admit_next_to_old(t, req))
     return [table.prefill_tokens.numpy().copy(), *(column.copy() for column in table._admitted_columns)]
 
 
@@ -213,13 +224,7 @@ def _admitted_table(c_module, req: NewRequest) -> list:
     """Everything `RequestStateTable.admit` leaves besides its arrays, after admitting ``req`` next to a live request
     (``c_module``: its C twin; None: the reference): the rows' records, the look-ups, the row-state diffs staged, the
     counts and the next generation."""
-    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=MODEL_LEN)
-    saved, state_module._rows = state_module._rows, c_module
-    try:
-        table.admit(NewRequest("old", (5, 6, 7), SamplingParams(logprobs=1), (9,)), seed=1)
-        table.admit(req, seed=2)
-    finally:
-        state_module._rows = saved
+    table = _table_after(c_module, lambda t: _admit_next_to_old(t, req, SamplingParams(logprobs=1)))
     return [np.array(repr((table.rows, sorted(table.req_to_row.items()), sorted(table._prefilling.items()),
                            table.row_state._pending, table.num_logprob_rows, table.num_prompt_logprob_rows,
                            table._next_generation)))]
@@ -265,16 +270,15 @@ def test_planted_bug_c_admission_recording_the_previous_generation_is_caught():
 def _released(c_module, req: NewRequest, release_first: bool) -> list[np.ndarray]:
     """Every array and count `RequestStateTable.release` writes, after admitting ``req`` next to a live request and
     releasing one of them, with ``c_module`` as the C twin of its mirror writes (None: numpy)."""
-    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=MODEL_LEN)
-    saved, state_module._rows = state_module._rows, c_module
-    try:
-        table.admit(NewRequest("old", (5, 6, 7), SamplingParams(logprobs=2), (9,)), seed=1)
-        table.admit(req, seed=2)
-        table.release("old" if release_first else "new")
-    finally:
-        state_module._rows = saved
+    table = _table_after(c_module, lambda t: _admit_and_release(t, req, release_first))
     counts = np.array([table.num_logprob_rows, table.num_prompt_logprob_rows], np.int64)
     return [*(column.copy() for column in table._admitted_columns), counts]
+
+
+def _admit_and_release(table: RequestStateTable, req: NewRequest, release_first: bool) -> int:
+    _admit_next_to_old(table, req, SamplingParams(logprobs=2))
+    table._batch_event = "the newest marker"  # a marked step: a release notes it for a row still prefilling
+    return table.release("old" if release_first else "new")
 
 
 @needs_native
@@ -285,20 +289,12 @@ def test_c_release_writes_the_row_numpy_writes(req, release_first):
 
 
 def _released_table(c_module, req: NewRequest, release_first: bool, history_reads: bool = False) -> list:
-    """Everything `RequestStateTable.release` leaves besides its arrays, as `_released` sets it up with a marked step
-    (its marker a stand-in): the look-ups, the records, the rows still prefilling, each row's last reading step, the
-    free list and the counts."""
-    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=MODEL_LEN)
-    table.history_reads = history_reads
-    saved, state_module._rows = state_module._rows, c_module
-    try:
-        table.admit(NewRequest("old", (5, 6, 7), SamplingParams(logprobs=2), (9,)), seed=1)
-        table.admit(req, seed=2)
-        table._batch_event = "the newest marker"
-        row = table.release("old" if release_first else "new")
-    finally:
-        state_module._rows = saved
-    return [np.array(repr((row, sorted(table.req_to_row.items()), table.rows, sorted(table._prefilling.items()),
+    """Everything `RequestStateTable.release` leaves besides its arrays, as `_released` sets it up (its step's marker
+    a stand-in): the look-ups, the records, the rows still prefilling, each row's last reading step, the free list
+    and the counts."""
+    released = []
+    table = _table_after(c_module, lambda t: released.append(_admit_and_release(t, req, release_first)), history_reads)
+    return [np.array(repr((released, sorted(table.req_to_row.items()), table.rows, sorted(table._prefilling.items()),
                            table._reads_over, list(table._free), table.num_logprob_rows, table.num_prompt_logprob_rows,
                            table._planned)))]
 
