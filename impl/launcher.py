@@ -32,7 +32,6 @@ from impl import native
 
 log = logging.getLogger(__name__)
 
-_MODES = ("auto", "0", "1")
 DEFAULT_SPIN_US = 300
 
 
@@ -41,10 +40,7 @@ class LaunchThreadError(RuntimeError):
 
 
 def mode() -> str:
-    value = os.environ.get("RUNNERCHECK_LAUNCH_THREAD", "auto")
-    if value not in _MODES:
-        raise LaunchThreadError(f"RUNNERCHECK_LAUNCH_THREAD={value!r}: expected one of {', '.join(_MODES)}")
-    return value
+    return native.tri_state("RUNNERCHECK_LAUNCH_THREAD", LaunchThreadError)
 
 
 def _spin_us() -> int:

@@ -40,11 +40,17 @@ class NativeBuildError(RuntimeError):
     """A C module could not be built or loaded while ``RUNNERCHECK_NATIVE=1`` asked for it (or a variant was asked for)."""
 
 
-def mode() -> str:
-    value = os.environ.get("RUNNERCHECK_NATIVE", "auto")
+def tri_state(variable: str, error: type[Exception]) -> str:
+    """An ``auto`` / ``0`` / ``1`` switch from the environment (``auto`` when unset); ``error`` for any other value.
+    ``RUNNERCHECK_NATIVE`` here, ``RUNNERCHECK_LAUNCH_THREAD`` in `impl.launcher`: one rule for both."""
+    value = os.environ.get(variable, "auto")
     if value not in _MODES:
-        raise NativeBuildError(f"RUNNERCHECK_NATIVE={value!r}: expected one of {', '.join(_MODES)}")
+        raise error(f"{variable}={value!r}: expected one of {', '.join(_MODES)}")
     return value
+
+
+def mode() -> str:
+    return tri_state("RUNNERCHECK_NATIVE", NativeBuildError)
 
 
 def load(name: str, defines: tuple[str, ...] = ()) -> ModuleType | None:
