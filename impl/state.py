@@ -67,8 +67,9 @@ from impl.device import Device, DeviceEvent
 from impl.hotpath import hot_path
 from impl.interface import CachedRequests, CapacityError, LiveRequest, NewRequest, SamplingParams
 
-# `advance_decode`, `append_counts`, `admit_row` and `swap_row`: the C twins of `advance`'s no-draft update,
-# `append_blocks`, `admit`'s and `release`'s mirror writes (`impl/native/rows.c`); None: numpy only.
+# `advance_decode`, `append_counts`, `admit_request`, `release_request`, `admit_row` and `swap_row`: the C twins of
+# `advance`'s no-draft update, `append_blocks`, `admit`'s and `release`'s writes (`_admit_reference`,
+# `_release_reference`) and of the mirror writes inside those references (`impl/native/rows.c`); None: Python only.
 _rows = native.load("rows")
 
 _RELEASED_VALUES = (-1, -1, -1)  # a free row: no generation, no logprobs asked (`RequestStateTable.release`)
