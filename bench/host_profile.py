@@ -1,7 +1,7 @@
 """Where the host time of a decode step goes: cProfile of ``execute_model`` (forward stubbed).
 
     python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0]
-                                 [--phases | --trace | --lines MODULE:QUALNAME [--lines ...] [--depth N]]
+                                 [--phases | --trace | --cpu-time | --lines MODULE:QUALNAME [--lines ...] [--depth N]]
 
 The same workload and runner set-up as the `host_cost` benchmark (`bench.case_runner`), with the
 profiler enabled only inside ``execute_model``; prints the median host time per step with and
@@ -11,6 +11,7 @@ runs the kernels inline, so there the profile is dominated by kernel bodies, unl
 bookkeeping alone (outputs are garbage then; a measuring aid, never a correctness run).
 ``--phases`` times the pieces of ``execute_model`` (`PHASES`) with wrappers instead of the profiler;
 ``--trace`` runs torch.profiler instead (host self time per operator and CUDA runtime call, device time).
+``--cpu-time`` sets each step's wall time against the CPU time its thread spent in it (and the launch thread's).
 ``--lines impl.runner:ModelRunner._execute`` times each statement of one function or method instead: its
 source, compiled again with a clock read before every statement (``--depth``: also inside that many levels of
 if/for/with bodies), replaces it for the run; each read costs ~0.1 us on the dev box, counted in the statement
@@ -110,6 +111,44 @@ def time_phases(device: Device, num_reqs: int, steps: int, drop_device_work: boo
     for name, values in sorted(samples.items(), key=lambda kv: -statistics.median(kv[1] or [0.0])):
         if values:
             lines.append(f"  {statistics.median(values):8.1f}  {name}  ({len(values)} calls)")
+    return "\n".join(lines)
+
+
+def time_cpu(device: Device, num_reqs: int, steps: int, drop_device_work: bool = False,
+             churn: float = case_runner.HOST_COST_CHURN) -> str:
+    """Each step's wall time against the CPU time its thread spent in it (and the device's launch thread, when it has
+    one), medians over the admitting steps and the others: whether ``execute_model`` computes for all of its wall
+    time, or waits or is descheduled for part of it.  The clocks sit inside the timed region (~1 us a step)."""
+    if drop_device_work:
+        case_runner.drop_device_work(device)
+    runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs, churn)
+    launcher = getattr(device, "launcher", None)
+    samples: list[tuple[float, float, float]] = []  # per step: wall, this thread's CPU, the launch thread's CPU (us)
+
+    class Clocks:
+        def __enter__(self) -> None:
+            self.start = (time.perf_counter(), time.thread_time(), launcher.cpu_seconds() if launcher else 0.0)
+
+        def __exit__(self, *exc: object) -> None:
+            now = (time.perf_counter(), time.thread_time(), launcher.cpu_seconds() if launcher else 0.0)
+            samples.append(tuple(1e6 * (b - a) for a, b in zip(self.start, now)))
+
+    clocks = Clocks()
+    runner_steps = case_runner._RunnerSteps(runner, work, around=lambda: clocks)
+    for _ in range(steps):
+        runner_steps.step()
+    runner_steps.finish()
+    admitting = runner_steps.admitting[-steps:]
+    lines = [f"{device.kind}{', device work dropped' if drop_device_work else ''}, {num_reqs} decode requests, churn {churn}, "
+             f"{steps} steps: median us a step, wall against CPU time (thread_time; the launch thread's: "
+             f"{'cpu_seconds' if launcher else 'none here'})"]
+    for name, wanted in (("admitting steps", True), ("other steps", False)):
+        chosen = [sample for sample, admits in zip(samples, admitting) if admits == wanted]
+        if chosen:
+            wall, cpu, worker = (statistics.median(values) for values in zip(*chosen))
+            gap = statistics.median(w - c for w, c, _ in chosen)
+            lines.append(f"  {name} ({len(chosen)}): wall {wall:.1f}, CPU {cpu:.1f}, wall - CPU {gap:.1f}, "
+                         f"launch thread CPU {worker:.1f}")
     return "\n".join(lines)
 
 
@@ -248,11 +287,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="time each statement of one function or method instead (e.g. impl.runner:ModelRunner._execute); "
                              "repeat it to time several in one run")
     parser.add_argument("--depth", type=int, default=0, help="with --lines: also time statements nested this deep")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="each step's wall time against its thread's CPU time (and the launch thread's) instead")
     args = parser.parse_args(argv)
     if args.reqs < 1 or args.steps < 1 or args.top < 1 or args.depth < 0:
         parser.error("--reqs, --steps and --top must be >= 1, --depth >= 0")
-    if sum(map(bool, (args.phases, args.trace, args.lines))) > 1:
-        parser.error("--phases, --trace and --lines are one choice each")
+    if sum(map(bool, (args.phases, args.trace, args.lines, args.cpu_time))) > 1:
+        parser.error("--phases, --trace, --lines and --cpu-time are one choice each")
     if not 0 <= args.churn <= 1:
         parser.error("--churn must be in [0, 1]")
     device = Device(args.device, seed=0)
@@ -265,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--lines {' '.join(args.lines)}: {err}")
     elif args.trace:
         print(trace_steps(device, args.reqs, args.steps, args.top, args.churn))
+    elif args.cpu_time:
+        print(time_cpu(device, args.reqs, args.steps, args.drop_device_work, args.churn))
     elif args.phases:
         print(time_phases(device, args.reqs, args.steps, args.drop_device_work, args.churn))
     else:

@@ -74,6 +74,8 @@
 #                 staging, flushes, output) at 256 and 64 requests, 1% churn (LINES_REQS="64": one size)
 #   host_lines_drain  alone: the end of a step's stream scope timed per statement at 64 requests, 1% and 0% churn: how
 #                 long a step waits at its end for the launch thread to issue what it pushed (`Device.drain_launches`)
+#   host_cpu_time alone: each step's wall time against its thread's CPU time and the launch thread's (`host_profile
+#                 --cpu-time`) at 64 and 256 requests, 1% and 0% churn: whether a step computes all its wall time
 #   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`;
 #                 prints host enqueues per step and how many Triton launches took the cached launcher), then 1% churn
 #                 with RUNNERCHECK_SLOW_LAUNCH=1
@@ -192,6 +194,8 @@ want host_lines_admit && job host_lines_admit 300 bash -c "for reqs in ${LINES_R
   --lines impl.staged_writes:StagedWriteGroup._pack_members || exit 1; done"
 want host_lines_drain && job host_lines_drain 200 bash -c "for churn in 0.01 0; do $hp --reqs 64 --churn \$churn --depth 1 \
   --lines impl.device:_StreamScope.__exit__ --lines impl.device:Device.drain_launches || exit 1; done"
+want host_cpu_time && job host_cpu_time 200 bash -c "for reqs in 64 256; do for churn in 0.01 0; do \
+  $hp --reqs \$reqs --churn \$churn --cpu-time || exit 1; done; done"
 want tune_logprobs && job tune_logprobs 300 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
 want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &&
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 import torch
@@ -145,3 +146,26 @@ def test_host_instructions_counts_the_same_steps_the_same() -> None:
 
     first, second = count(4, 0.01, 3), count(4, 0.01, 3)
     assert first > 10 and abs(first - second) < 0.01 * first, (first, second)
+
+
+def test_host_profile_sets_wall_time_against_cpu_time(capsys, monkeypatch) -> None:
+    """``--cpu-time``: a step that sleeps half of its wall time reads so (its wall far above its CPU time), where the
+    plain steps' wall and CPU time are close."""
+    from bench import host_profile
+    from impl.runner import ModelRunner
+
+    assert host_profile.main(["--device", "cpu", "--reqs", "4", "--steps", "6", "--churn", "0", "--drop-device-work",
+                              "--cpu-time"]) == 0
+    plain = capsys.readouterr().out
+    assert "other steps (6): wall" in plain and "launch thread CPU 0.0" in plain
+    execute = ModelRunner.execute_model
+
+    def sleepy(self, sched):
+        time.sleep(0.005)
+        return execute(self, sched)
+
+    monkeypatch.setattr(ModelRunner, "execute_model", sleepy)
+    assert host_profile.main(["--device", "cpu", "--reqs", "4", "--steps", "6", "--churn", "0", "--drop-device-work",
+                              "--cpu-time"]) == 0
+    gap = float(capsys.readouterr().out.split("wall - CPU ")[1].split(",")[0])
+    assert gap >= 4000, gap
