@@ -188,12 +188,26 @@ static PyObject *admit_row(PyObject *self, PyObject *args)
     Py_RETURN_TRUE;
 }
 
+/* Each column's cell of ``row`` (views checked by row_cells) given its value from ``values``, the value it held
+ * read into ``held``: swap_row's and release_request's one swap. */
+static void swap_cells(ArrayView *views, PyObject *values, Py_ssize_t row, long long *held)
+{
+    for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(values); c++) {
+#ifdef RUNNERCHECK_PLANT_SWAP_RETURNS_NEW
+        OUT64(views[c], row) = PyLong_AsLongLong(PyTuple_GET_ITEM(values, c));
+#endif
+        held[c] = OUT64(views[c], row);
+        OUT64(views[c], row) = PyLong_AsLongLong(PyTuple_GET_ITEM(values, c));
+    }
+}
+
 static PyObject *swap_row(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *columns, *values;
     Py_ssize_t row;
     ArrayView views[MAX_COLUMNS];
+    long long held[MAX_COLUMNS];
     if (!PyArg_ParseTuple(args, "nO!O!", &row, &PyTuple_Type, &columns, &PyTuple_Type, &values))
         return NULL;
     if (!row_cells(row, columns, values, views, MAX_COLUMNS))
@@ -202,19 +216,17 @@ static PyObject *swap_row(PyObject *self, PyObject *args)
     PyObject *old = PyTuple_New(num_columns);
     if (!old)
         return NULL;
+    swap_cells(views, values, row, held);
     for (Py_ssize_t c = 0; c < num_columns; c++) {
-#ifdef RUNNERCHECK_PLANT_SWAP_RETURNS_NEW
-        OUT64(views[c], row) = PyLong_AsLongLong(PyTuple_GET_ITEM(values, c));
-#endif
-        PyObject *held = PyLong_FromLongLong(OUT64(views[c], row));
-        if (!held) {  /* nothing written yet */
+        PyObject *value = PyLong_FromLongLong(held[c]);
+        if (!value) {  /* out of memory: the row as it was */
+            for (Py_ssize_t k = 0; k < num_columns; k++)
+                OUT64(views[k], row) = held[k];
             Py_DECREF(old);
             return NULL;
         }
-        PyTuple_SET_ITEM(old, c, held);
+        PyTuple_SET_ITEM(old, c, value);
     }
-    for (Py_ssize_t c = 0; c < num_columns; c++)
-        OUT64(views[c], row) = PyLong_AsLongLong(PyTuple_GET_ITEM(values, c));
     return old;
 }
 
@@ -373,13 +385,7 @@ static PyObject *release_request(PyObject *self, PyObject *args)
     }
     Py_DECREF(appended);
     long long held[3];
-    for (Py_ssize_t c = 0; c < 3; c++) {
-#ifdef RUNNERCHECK_PLANT_SWAP_RETURNS_NEW
-        OUT64(views[c], row) = PyLong_AsLongLong(PyTuple_GET_ITEM(values, c));
-#endif
-        held[c] = OUT64(views[c], row);
-        OUT64(views[c], row) = PyLong_AsLongLong(PyTuple_GET_ITEM(values, c));
-    }
+    swap_cells(views, values, row, held);
     PyDict_DelItem(req_to_row, req_id);  /* found above: an exact str's cached hash, no error */
     PyList_SetItem(rows, row, Py_NewRef(Py_None));
     int was_prefilling = 0;
