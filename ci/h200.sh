@@ -76,6 +76,11 @@
 #                 long a step waits at its end for the launch thread to issue what it pushed (`Device.drain_launches`)
 #   host_cpu_time alone: each step's wall time against its thread's CPU time and the launch thread's (`host_profile
 #                 --cpu-time`) at 64 and 256 requests, 1% and 0% churn: whether a step computes all its wall time
+#   host_spin     alone: host_cpu_time's 64-request, 1% churn probe with the launch thread polling 0, 300 and 50000 us
+#                 after its last job (RUNNERCHECK_LAUNCH_SPIN_US), twice in turn, then with the thread off: whether its
+#                 polling slows the step's own thread
+#   host_siblings alone: a Python loop pinned to CPU 0 and to CPU 8, beside a busy loop on each other CPU in turn
+#                 (`bench.host_siblings`): hidden SMT siblings among the CPUs the VM shows
 #   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`;
 #                 prints host enqueues per step and how many Triton launches took the cached launcher), then 1% churn
 #                 with RUNNERCHECK_SLOW_LAUNCH=1
@@ -196,6 +201,11 @@ want host_lines_drain && job host_lines_drain 200 bash -c "for churn in 0.01 0; 
   --lines impl.device:_StreamScope.__exit__ --lines impl.device:Device.drain_launches || exit 1; done"
 want host_cpu_time && job host_cpu_time 200 bash -c "for reqs in 64 256; do for churn in 0.01 0; do \
   $hp --reqs \$reqs --churn \$churn --cpu-time || exit 1; done; done"
+want host_spin && job host_spin 300 bash -c "for pass in 1 2; do for spin in 0 300 50000; do echo spin_us=\$spin pass=\$pass; \
+  RUNNERCHECK_LAUNCH_SPIN_US=\$spin $hp --reqs 64 --churn 0.01 --cpu-time || exit 1; done; done; echo launch thread off; \
+  RUNNERCHECK_LAUNCH_THREAD=0 $hp --reqs 64 --churn 0.01 --cpu-time"
+want host_siblings && job host_siblings 200 bash -c "python3 -m bench.host_siblings --cpu 0 --out $out/host_siblings_cpu0.json &&
+  python3 -m bench.host_siblings --cpu 8 --out $out/host_siblings_cpu8.json"
 want tune_logprobs && job tune_logprobs 300 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
 want host_profile && job host_profile "$limit" bash -c "python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 &&
   python3 -m bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&
