@@ -93,6 +93,23 @@ def plan_step(step: StepArrays, state: RequestStateTable, previous: StepPlan | N
     """
     if previous is not None and step.steady and previous.req_ids is step.req_ids and not state.num_prompt_logprob_rows:
         return _replan(previous, step.max_end)
+    if (step.drafts is None and not state.num_logprob_rows and not state.num_prompt_logprob_rows
+            and len(step.req_ids) < len(_COUNTING32)):
+        return _plain_plan(step)
+    return _general_plan(step, state)
+
+
+def _plain_plan(step: StepArrays) -> StepPlan:
+    """`_general_plan` of a step without drafts, logprobs or prompt logprobs (most admitting steps): every part
+    besides the step's own arrays is shared by the plans of its request count (`_plain_parts`)."""
+    draft_start, logits_start, logits_start64, num_logprobs = _PLAIN.get(len(step.req_ids)) or _plain_parts(len(step.req_ids))
+    return StepPlan(  # positional, in field order, as `_general_plan`
+        step.req_ids, step.rows.astype(np.int32), step.query_starts, draft_start, _NO_DRAFTS, logits_start, _NO_PROMPT_INDEX,
+        _NO_PROMPT_TARGETS, (), num_logprobs, step.num_tokens, step.max_query_len, step.max_end, -1, -1, step.query_lens,
+        step.num_drafts, (step.uniform_query_len, 0) if step.uniform_query_len >= 0 else None, logits_start64)
+
+
+def _general_plan(step: StepArrays, state: RequestStateTable) -> StepPlan:
     req_ids, rows, query_lens, starts = step.req_ids, step.rows, step.query_lens, step.starts
     num_reqs = len(req_ids)
     num_drafts = step.num_drafts
@@ -185,6 +202,15 @@ _COUNTING64 = np.arange(4097, dtype=np.int64)
 for _shared in (_ZEROS32, _COUNTING32, _COUNTING64, _NO_DRAFTS):
     _shared.flags.writeable = False
 _NO_ROWS: list[int] = []
+# A plain plan's shared parts by request count (`_plain_parts`): one set of slices for each count, not one a step.
+_PLAIN: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, tuple[None, ...]]] = {}
+
+
+def _plain_parts(num_reqs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[None, ...]]:
+    """A no-draft, no-logprob plan's draft offsets, logit-row starts (int32, int64) and logprob counts."""
+    parts = _PLAIN[num_reqs] = (_ZEROS32[: num_reqs + 1], _COUNTING32[: num_reqs + 1], _COUNTING64[: num_reqs + 1],
+                                (None,) * num_reqs)
+    return parts
 _NO_PROMPT_INDEX = np.zeros(0, np.int32)
 _NO_PROMPT_TARGETS = np.zeros(0, np.int64)
 

@@ -161,3 +161,40 @@ def test_plan_step_prompt_logprob_rows_cover_only_the_prompt_on_first_admission(
     _, plan2 = _plan(sched2, table, 0)
     # Positions 4 and 5 are computed; only position 4 has a next prompt token (15).
     assert plan2.prompt_token_index.tolist() == [0] and plan2.prompt_targets.tolist() == [15]
+
+
+def _plans_equal(a, b) -> bool:
+    from dataclasses import fields
+    for f in fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            if x.dtype != y.dtype or not np.array_equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def test_plain_plan_equals_the_general_plan_and_is_taken_for_plain_steps():
+    from impl.input_batch import _general_plan, _plain_plan
+    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=16)
+    plain = SamplingParams()
+    table.admit(NewRequest("a", (10, 11, 12, 13, 14, 15), plain, (0, 1)), seed=0)
+    table.admit(NewRequest("r", (20, 21), plain, (2,), output_token_ids=(22, 23)), seed=0)
+    sched = SchedulerOutput(0, num_scheduled_tokens={"r": 4, "a": 3})  # mixed queries: no uniform length
+    step, plan = _plan(sched, table, None)
+    assert _plans_equal(plan, _general_plan(step, table)) and _plans_equal(_plain_plan(step), plan)
+    table.advance(plan.req_ids, plan.query_lens, plan.num_drafts)
+    sched2 = SchedulerOutput(1, cached_requests=CachedRequests.of((CachedRequest("a", (), 3), CachedRequest("r", (3,), 4))),
+                             num_scheduled_tokens={"a": 1, "r": 1})
+    step2, plan2 = _plan(sched2, table, 0)
+    assert plan2.uniform == (1, 0) and _plans_equal(plan2, _general_plan(step2, table))
+    # Taken: a request count's shared parts are one set of objects.
+    assert plan2.draft_start is plan.draft_start and plan2.logits_start64 is plan.logits_start64
+
+
+def test_a_live_logprob_request_takes_the_general_plan():
+    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=16)
+    table.admit(NewRequest("a", (10, 11, 12), SamplingParams(logprobs=2), (0,)), seed=0)
+    _, plan = _plan(SchedulerOutput(0, num_scheduled_tokens={"a": 3}), table, None)
+    assert plan.max_num_logprobs == 2 and plan.num_logprobs == (2,)
