@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -27,6 +28,13 @@ from impl.device import Device
 NUM_REQS = 256
 
 
+@dataclass(slots=True)
+class _Three:
+    a: int
+    b: int
+    c: int
+
+
 def _median_us(fn: Callable[[], object], calls: int = 2000) -> float:
     host_time_us(fn, 50)  # warm-up
     return round(statistics.median(host_time_us(fn, calls)), 2)
@@ -36,6 +44,7 @@ def _host_primitives() -> dict[str, float]:
     rows = np.arange(NUM_REQS, dtype=np.int64)
     values = list(range(NUM_REQS))
     scheduled = {f"r{i}": 1 for i in range(NUM_REQS)}
+    short = rows[:64]
     return {
         "python call": _median_us(lambda: None),
         "numpy gather [256]": _median_us(lambda: rows[rows]),
@@ -45,6 +54,11 @@ def _host_primitives() -> dict[str, float]:
         "set(map(type, list)) [256] (the type check)": _median_us(lambda: set(map(type, values))),
         "tuple(dict) [256]": _median_us(lambda: tuple(scheduled)),
         "list(dict.values()) [256]": _median_us(lambda: list(scheduled.values())),
+        # What one array object costs against one Python call: a step makes ~15-20 of them (views included).
+        "numpy empty [64] int32 (a new array)": _median_us(lambda: np.empty(64, np.int32)),
+        "numpy slice [:65] (a new view)": _median_us(lambda: rows[:65]),
+        "ndarray.astype int32 [64]": _median_us(lambda: short.astype(np.int32)),
+        "slots dataclass, 3 fields": _median_us(lambda: _Three(1, 2, 3)),
     }
 
 
