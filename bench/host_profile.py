@@ -1,7 +1,8 @@
 """Where the host time of a decode step goes: cProfile of ``execute_model`` (forward stubbed).
 
     python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0]
-                                 [--phases | --trace | --cpu-time | --lines MODULE:QUALNAME [--lines ...] [--depth N]]
+                                 [--phases | --trace | --cpu-time [--sweep-kib KIB ...] | --lines MODULE:QUALNAME [--lines ...]
+                                  [--depth N]]
 
 The same workload and runner set-up as the `host_cost` benchmark (`bench.case_runner`), with the
 profiler enabled only inside ``execute_model``; prints the median host time per step with and
@@ -11,7 +12,8 @@ runs the kernels inline, so there the profile is dominated by kernel bodies, unl
 bookkeeping alone (outputs are garbage then; a measuring aid, never a correctness run).
 ``--phases`` times the pieces of ``execute_model`` (`PHASES`) with wrappers instead of the profiler;
 ``--trace`` runs torch.profiler instead (host self time per operator and CUDA runtime call, device time).
-``--cpu-time`` sets each step's wall time against the CPU time its thread spent in it (and the launch thread's).
+``--cpu-time`` sets each step's wall time against the CPU time its thread spent in it (and the launch thread's);
+``--sweep-kib 0 8192`` writes that much other memory before each step, sizes in turn: what cold caches cost it.
 ``--lines impl.runner:ModelRunner._execute`` times each statement of one function or method instead: its
 source, compiled again with a clock read before every statement (``--depth``: also inside that many levels of
 if/for/with bodies), replaces it for the run; each read costs ~0.1 us on the dev box, counted in the statement
@@ -31,6 +33,9 @@ import statistics
 import sys
 import textwrap
 import time
+from typing import Sequence
+
+import numpy as np
 
 from bench import case_runner
 from bench.common import BenchContext
@@ -115,18 +120,24 @@ def time_phases(device: Device, num_reqs: int, steps: int, drop_device_work: boo
 
 
 def time_cpu(device: Device, num_reqs: int, steps: int, drop_device_work: bool = False,
-             churn: float = case_runner.HOST_COST_CHURN) -> str:
+             churn: float = case_runner.HOST_COST_CHURN, sweep_kib: Sequence[int] = (0,)) -> str:
     """Each step's wall time against the CPU time its thread spent in it (and the device's launch thread, when it has
     one), medians over the admitting steps and the others: whether ``execute_model`` computes for all of its wall
-    time, or waits or is descheduled for part of it.  The clocks sit inside the timed region (~1 us a step)."""
+    time, or waits or is descheduled for part of it.  The clocks sit inside the timed region (~1 us a step).
+
+    ``sweep_kib``: before step i (outside its clocks), write ``sweep_kib[i % len(sweep_kib)]`` KiB of other memory,
+    evicting that much of what the step last left in the caches; the figures come per size, from steps interleaved
+    under one set of host conditions.  How a step's time grows with the sweep says how much of it is cache misses."""
     if drop_device_work:
         case_runner.drop_device_work(device)
     runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False), num_reqs, churn)
     launcher = getattr(device, "launcher", None)
     samples: list[tuple[float, float, float]] = []  # per step: wall, this thread's CPU, the launch thread's CPU (us)
+    sweeps = [np.zeros(kib * 128, np.uint64) for kib in sweep_kib]  # 128 eight-byte words a KiB
 
     class Clocks:
         def __enter__(self) -> None:
+            sweep(sweeps[len(samples) % len(sweeps)])
             self.start = (time.perf_counter(), time.thread_time(), launcher.cpu_seconds() if launcher else 0.0)
 
         def __exit__(self, *exc: object) -> None:
@@ -142,14 +153,23 @@ def time_cpu(device: Device, num_reqs: int, steps: int, drop_device_work: bool =
     lines = [f"{device.kind}{', device work dropped' if drop_device_work else ''}, {num_reqs} decode requests, churn {churn}, "
              f"{steps} steps: median us a step, wall against CPU time (thread_time; the launch thread's: "
              f"{'cpu_seconds' if launcher else 'none here'})"]
-    for name, wanted in (("admitting steps", True), ("other steps", False)):
-        chosen = [sample for sample, admits in zip(samples, admitting) if admits == wanted]
-        if chosen:
-            wall, cpu, worker = (statistics.median(values) for values in zip(*chosen))
-            gap = statistics.median(w - c for w, c, _ in chosen)
-            lines.append(f"  {name} ({len(chosen)}): wall {wall:.1f}, CPU {cpu:.1f}, wall - CPU {gap:.1f}, "
-                         f"launch thread CPU {worker:.1f}")
+    for k, kib in enumerate(sweep_kib):
+        if len(sweep_kib) > 1 or kib:
+            lines.append(f" after {kib} KiB swept before each step:")
+        for name, wanted in (("admitting steps", True), ("other steps", False)):
+            chosen = [sample for i, (sample, admits) in enumerate(zip(samples, admitting))
+                      if admits == wanted and i % len(sweep_kib) == k]
+            if chosen:
+                wall, cpu, worker = (statistics.median(values) for values in zip(*chosen))
+                gap = statistics.median(w - c for w, c, _ in chosen)
+                lines.append(f"  {name} ({len(chosen)}): wall {wall:.1f}, CPU {cpu:.1f}, wall - CPU {gap:.1f}, "
+                             f"launch thread CPU {worker:.1f}")
     return "\n".join(lines)
+
+
+def sweep(words: np.ndarray) -> None:
+    """Write every word of ``words`` (each of its cache lines becomes this core's, what it held there evicted)."""
+    np.add(words, 1, out=words)
 
 
 def trace_steps(device: Device, num_reqs: int, steps: int, top: int, churn: float = case_runner.HOST_COST_CHURN) -> str:
@@ -289,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--depth", type=int, default=0, help="with --lines: also time statements nested this deep")
     parser.add_argument("--cpu-time", action="store_true",
                         help="each step's wall time against its thread's CPU time (and the launch thread's) instead")
+    parser.add_argument("--sweep-kib", type=int, nargs="+", default=[0], metavar="KIB",
+                        help="with --cpu-time: write this much other memory before each step, the sizes taken in turn "
+                             "(e.g. 0 1024 8192): what cold caches cost a step")
     args = parser.parse_args(argv)
     if args.reqs < 1 or args.steps < 1 or args.top < 1 or args.depth < 0:
         parser.error("--reqs, --steps and --top must be >= 1, --depth >= 0")
@@ -296,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--phases, --trace, --lines and --cpu-time are one choice each")
     if not 0 <= args.churn <= 1:
         parser.error("--churn must be in [0, 1]")
+    if min(args.sweep_kib) < 0 or (args.sweep_kib != [0] and not args.cpu_time):
+        parser.error("--sweep-kib takes sizes >= 0, with --cpu-time")
     device = Device(args.device, seed=0)
     if args.drop_device_work and device.is_cuda:
         parser.error("--drop-device-work is for cpu/sim: on cuda the launches are part of the host cost")
@@ -307,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.trace:
         print(trace_steps(device, args.reqs, args.steps, args.top, args.churn))
     elif args.cpu_time:
-        print(time_cpu(device, args.reqs, args.steps, args.drop_device_work, args.churn))
+        print(time_cpu(device, args.reqs, args.steps, args.drop_device_work, args.churn, args.sweep_kib))
     elif args.phases:
         print(time_phases(device, args.reqs, args.steps, args.drop_device_work, args.churn))
     else:

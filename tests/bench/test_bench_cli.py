@@ -5,6 +5,7 @@ import json
 import shutil
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -169,3 +170,30 @@ def test_host_profile_sets_wall_time_against_cpu_time(capsys, monkeypatch) -> No
                               "--cpu-time"]) == 0
     gap = float(capsys.readouterr().out.split("wall - CPU ")[1].split(",")[0])
     assert gap >= 4000, gap
+
+
+def test_a_sweep_writes_every_word() -> None:
+    from bench.host_profile import sweep
+
+    words = np.zeros(1024, np.uint64)
+    sweep(words)
+    sweep(words)
+    assert (words == 2).all()
+
+
+def test_host_profile_reports_each_sweep_size_from_interleaved_steps(capsys) -> None:
+    from bench import host_profile
+
+    assert host_profile.main(["--device", "cpu", "--reqs", "4", "--steps", "6", "--churn", "0", "--drop-device-work",
+                              "--cpu-time", "--sweep-kib", "0", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "after 0 KiB swept before each step:\n  other steps (3)" in out
+    assert "after 64 KiB swept before each step:\n  other steps (3)" in out
+
+
+@pytest.mark.parametrize("argv", [["--sweep-kib", "64"], ["--cpu-time", "--sweep-kib", "-1"]])
+def test_host_profile_refuses_a_sweep_it_cannot_take(argv) -> None:
+    from bench import host_profile
+
+    with pytest.raises(SystemExit):
+        host_profile.main(["--device", "cpu", "--reqs", "4", "--steps", "2", *argv])
