@@ -81,6 +81,7 @@
 #                 polling slows the step's own thread
 #   host_cache    alone: host_cpu_time's probe at 64 and 256 requests, 1% churn, with 0, 512 KiB, 2, 8, 32 and 128 MiB of
 #                 other memory written before each step, the sizes in turn (`--sweep-kib`): what cold caches cost a step
+#                 (600 steps at 256: the workload's longest requests outgrow max_model_len in 1200; CACHE_REQS="256": one size)
 #   host_siblings alone: a Python loop pinned to CPU 0 and to CPU 8, beside a busy loop on each other CPU in turn
 #                 (`bench.host_siblings`): hidden SMT siblings among the CPUs the VM shows
 #   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m bench.host_profile`;
@@ -206,8 +207,8 @@ want host_cpu_time && job host_cpu_time 200 bash -c "for reqs in 64 256; do for 
 want host_spin && job host_spin 300 bash -c "for pass in 1 2; do for spin in 0 300 50000; do echo spin_us=\$spin pass=\$pass; \
   RUNNERCHECK_LAUNCH_SPIN_US=\$spin $hp --reqs 64 --churn 0.01 --cpu-time || exit 1; done; done; echo launch thread off; \
   RUNNERCHECK_LAUNCH_THREAD=0 $hp --reqs 64 --churn 0.01 --cpu-time"
-want host_cache && job host_cache 300 bash -c "for reqs in 64 256; do $hp --reqs \$reqs --churn 0.01 --steps 1200 --cpu-time \
-  --sweep-kib 0 512 2048 8192 32768 131072 || exit 1; done"
+want host_cache && job host_cache 300 bash -c "for reqs in ${CACHE_REQS:-64 256}; do $hp --reqs \$reqs --churn 0.01 --cpu-time \
+  --steps \$((reqs > 64 ? 600 : 1200)) --sweep-kib 0 512 2048 8192 32768 131072 || exit 1; done"
 want host_siblings && job host_siblings 200 bash -c "python3 -m bench.host_siblings --cpu 0 --out $out/host_siblings_cpu0.json &&
   python3 -m bench.host_siblings --cpu 8 --out $out/host_siblings_cpu8.json"
 want tune_logprobs && job tune_logprobs 300 python3 -m bench.tune_selection --device cuda --out "$out/tune_logprobs"
