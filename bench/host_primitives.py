@@ -54,7 +54,8 @@ def _host_primitives() -> dict[str, float]:
         "set(map(type, list)) [256] (the type check)": _median_us(lambda: set(map(type, values))),
         "tuple(dict) [256]": _median_us(lambda: tuple(scheduled)),
         "list(dict.values()) [256]": _median_us(lambda: list(scheduled.values())),
-        # What one array object costs against one Python call: a step makes ~15-20 of them (views included).
+        # What one array object (a view too) and one small record cost against one Python call: a step's reading and
+        # plan make several of each.
         "numpy empty [64] int32 (a new array)": _median_us(lambda: np.empty(64, np.int32)),
         "numpy slice [:65] (a new view)": _median_us(lambda: rows[:65]),
         "ndarray.astype int32 [64]": _median_us(lambda: short.astype(np.int32)),

@@ -6,8 +6,8 @@ A lent VM can present two hyperthreads of one physical core as two cores with on
 says nothing).  The runner's launch thread polls on one CPU while the step's Python runs on another; if the two
 are siblings, the poll takes execution slots from the step.  This pins a timed Python loop to ``--cpu`` and, in
 turn, a busy loop to each other CPU, and reports the timed loop's slowdown against no competitor (medians of
-alternating rounds: the host's speed drifts).  A sibling shows as a slowdown well above the rest (typically
-1.2-1.6x); no outlier means the CPUs the guest sees do not share cores.
+alternating rounds: the host's speed drifts).  A sibling -- two busy hyperthreads share one core's execution
+units -- shows as a slowdown well above the rest; no outlier means the CPUs the guest sees do not share cores.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import time
 from bench.common import print_and_write_json
 
 ROUNDS = 5
-# Two hyperthreads of one core typically slow each other's loop by 20-60%; a lent host's own speed drifts too (up to
-# +-30% between rounds on the H200 host of run 106), so a CPU just above the margin is a hint to re-run, not a verdict.
+# A lent host's own speed drifts between rounds (the H200 host of run 106 read 0.70-1.11x with no sibling at all), so a
+# CPU just above the margin is a hint to re-run, not a verdict.
 SIBLING_MARGIN = 1.15
 
 
