@@ -117,8 +117,8 @@ def _general_plan(step: StepArrays, state: RequestStateTable) -> StepPlan:
     cu = step.query_starts  # summed by the reader's batch check, with the largest query and end
     if step.drafts is None and num_reqs < len(_COUNTING32):
         # No drafts: one sampling row per request, no draft offsets (shared read-only arrays).
-        drafts, draft_start = _NO_DRAFTS, _ZEROS32[: num_reqs + 1]
-        logits_start, logits_start64 = _COUNTING32[: num_reqs + 1], _COUNTING64[: num_reqs + 1]
+        drafts = _NO_DRAFTS
+        draft_start, logits_start, logits_start64, _ = _PLAIN.get(num_reqs) or _plain_parts(num_reqs)
     else:
         draft_start = np.zeros(num_reqs + 1, dtype=np.int32)
         logits_start = np.zeros(num_reqs + 1, dtype=np.int32)
@@ -202,17 +202,17 @@ _COUNTING64 = np.arange(4097, dtype=np.int64)
 for _shared in (_ZEROS32, _COUNTING32, _COUNTING64, _NO_DRAFTS):
     _shared.flags.writeable = False
 _NO_ROWS: list[int] = []
-# A plain plan's shared parts by request count (`_plain_parts`): one set of slices for each count, not one a step.
+# The no-draft plans' shared parts by request count (`_plain_parts`): one set of slices for each count, not one a step.
 _PLAIN: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, tuple[None, ...]]] = {}
+_NO_PROMPT_INDEX = np.zeros(0, np.int32)
+_NO_PROMPT_TARGETS = np.zeros(0, np.int64)
 
 
 def _plain_parts(num_reqs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[None, ...]]:
-    """A no-draft, no-logprob plan's draft offsets, logit-row starts (int32, int64) and logprob counts."""
+    """A no-draft plan's draft offsets, logit-row starts (int32, int64) and, with no logprobs asked, logprob counts."""
     parts = _PLAIN[num_reqs] = (_ZEROS32[: num_reqs + 1], _COUNTING32[: num_reqs + 1], _COUNTING64[: num_reqs + 1],
                                 (None,) * num_reqs)
     return parts
-_NO_PROMPT_INDEX = np.zeros(0, np.int32)
-_NO_PROMPT_TARGETS = np.zeros(0, np.int64)
 
 
 _NP_DTYPES = {torch.int32: np.int32, torch.int64: np.int64}
