@@ -1,22 +1,27 @@
 """Two trees' runner host steps on this machine, interleaved: what a host-side change moved, without a GPU.
 
-    python -m bench.tree_ab BASE_DIR [--new DIR] [--reqs 64 256] [--pairs 5] [--blocks 30] [--block-steps 10] [--out FILE]
+    python -m bench.tree_ab BASE_DIR [--new DIR] [--device cpu|cuda] [--reqs 64 256] [--pairs 5] [--blocks 30]
+                            [--block-steps 10] [--out FILE]
 
 A pair is one worker process per tree -- this checkout (or ``--new``) and BASE_DIR, an earlier commit (`git archive
-COMMIT | tar x -C BASE_DIR`) -- each building the host_cost runner on cpu with its device work dropped
-(`bench.case_runner`: the Python bookkeeping alone) and the same seeded workload.  The driver asks the two for blocks
-of steps in turn, alternating which goes first, so the machine's drift within the pair reaches both trees alike.
+COMMIT | tar x -C BASE_DIR`) -- each building the host_cost runner and the same seeded workload: on cpu with its
+device work dropped (`bench.case_runner`: the Python bookkeeping alone), or with ``--device cuda`` as `runnercheck
+bench --only host_cost` times it on a GPU (forward stubbed, launches and the launch thread included).  The driver asks
+the two for blocks of steps in turn, alternating which goes first, so the machine's drift within the pair reaches
+both trees alike -- on the lent H200 hosts, whose speed changes by up to ~2x between whole benchmark passes, this is
+what lets a few-percent change be seen at all.
 
 A process brings a speed of its own, too: two workers of one tree differed by up to ~18% on this 2-core box, and a
 test over one pair's blocks called such a difference significant.  So the workers run with address-space
-randomisation off on one pinned core (`setarch -R`, `taskset`, where present), which cut that to ~4%, and the
+randomisation off (`setarch -R`, where present) and, on cpu, on one pinned core (`taskset`; a cuda worker is not
+pinned: its launch thread needs a core of its own), which cut that to ~4% here, and the
 verdict is taken over ``--pairs`` fresh pairs, not over blocks.  Per configuration it reports each pair's new / base
 ratio of median host us (the admitting steps, the others, all), their medians, how many pairs the new tree ran
 faster, and the Wilcoxon signed-rank p of the pairs' log ratios (`scipy.stats.wilcoxon`; five pairs cannot go below
 1/16).  Run the base against itself (``--new BASE_DIR``) to see this machine's noise.
 
-The workload's requests grow toward max_model_len, so a pair runs at most ~800 steps a tree.  The figures are the dev
-box's: the H200's say what counts for issue 14 (`ci/h200.sh` job ``bench_host_ab``).
+The workload's requests grow toward max_model_len, so a pair runs at most ~800 steps a tree.  On cpu the figures are
+the dev box's; the H200's say what counts for issue 14 (`ci/h200.sh` jobs ``tree_ab`` and ``bench_host_ab``).
 """
 from __future__ import annotations
 
@@ -42,7 +47,9 @@ WARM_UP_STEPS = 20
 # The worker, run by each tree's own interpreter path: its imports are that tree's.
 _WORKER = r'''
 import json, os, sys, time
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+device_kind = os.environ.get("RUNNERCHECK_TREE_AB_DEVICE", "cpu")
+if device_kind == "cpu":
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 from bench import case_runner
 from bench.common import BenchContext
 from impl.device import Device
@@ -53,8 +60,9 @@ for line in sys.stdin:
     command, *args = line.split()
     if command == "setup":
         num_reqs, churn, seed = int(args[0]), float(args[1]), int(args[2])
-        device = Device("cpu", seed=seed, lag_policy="run-immediately")
-        case_runner.drop_device_work(device)
+        device = Device(device_kind, seed=seed, lag_policy="run-immediately")  # as `runnercheck bench` builds it
+        if device_kind == "cpu":
+            case_runner.drop_device_work(device)
         runner, work, _ = case_runner.host_cost_setup(BenchContext(device, quick=False, seed=seed), num_reqs, churn)
         if delay:  # a planted slowdown (the tool's own test): each step busy-waits this long first
             execute = runner.execute_model
@@ -71,19 +79,26 @@ for line in sys.stdin:
         host_us = [steps.step() for _ in range(int(args[0]))]
         print(json.dumps([host_us, steps.admitting[first:]]), flush=True)
     elif command == "quit":
+        if steps is not None:  # a cuda step's output is read before the process goes
+            steps.finish()
         break
 '''
 
 
 
 
-def _placement() -> list[str]:
-    """The command prefix that runs a worker with address-space randomisation off, on this machine's last core
-    (both trees' workers alike; they never run at once), or nothing where `setarch` or `taskset` is missing."""
+DEVICES = ("cpu", "cuda")
+
+
+def _placement(device: str) -> list[str]:
+    """The command prefix that runs a worker with address-space randomisation off and, on cpu, on this machine's last
+    core (both trees' workers alike; they never run at once); nothing where `setarch` or `taskset` is missing."""
     if sys.platform != "linux" or not shutil.which("setarch") or not shutil.which("taskset"):
         return []
-    cores = sorted(os.sched_getaffinity(0))
-    return ["setarch", platform.machine(), "-R", "taskset", "-c", str(cores[-1])]
+    no_aslr = ["setarch", platform.machine(), "-R"]
+    if device != "cpu":  # the launch thread (`impl.launcher`) polls on a core beside the step's
+        return no_aslr
+    return [*no_aslr, "taskset", "-c", str(sorted(os.sched_getaffinity(0))[-1])]
 
 
 class TreeAbError(RuntimeError):
@@ -93,13 +108,14 @@ class TreeAbError(RuntimeError):
 class _Worker:
     """One tree's worker process, asked one line at a time."""
 
-    def __init__(self, tree: Path, extra_env: dict[str, str] | None = None):
+    def __init__(self, tree: Path, device: str, extra_env: dict[str, str] | None = None):
         if not (tree / "impl" / "runner.py").is_file() or not (tree / "bench" / "case_runner.py").is_file():
             raise TreeAbError(f"{tree}: not a runnercheck tree (no impl/runner.py or bench/case_runner.py)")
         self.tree = tree
         self._stderr = tempfile.TemporaryFile(mode="w+")
-        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0", **(extra_env or {})}
-        self._proc = subprocess.Popen([*_placement(), sys.executable, "-c", _WORKER], cwd=tree, env=env, stdin=subprocess.PIPE,
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0", "RUNNERCHECK_TREE_AB_DEVICE": device,
+               **(extra_env or {})}
+        self._proc = subprocess.Popen([*_placement(device), sys.executable, "-c", _WORKER], cwd=tree, env=env, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._stderr, text=True)
 
     def ask(self, line: str) -> str:
@@ -144,9 +160,9 @@ def _ratio(new: float | None, base: float | None) -> float | None:
 
 
 def _run_pair(base_tree: Path, new_tree: Path, num_reqs: int, churn: float, blocks: int, block_steps: int, seed: int,
-              base_first: bool, new_env: dict[str, str] | None) -> dict:
+              base_first: bool, new_env: dict[str, str] | None, device: str) -> dict:
     """One pair of fresh workers: each tree's medians over its timed steps and the new / base ratios."""
-    workers = {"base": _Worker(base_tree), "new": _Worker(new_tree, new_env)}
+    workers = {"base": _Worker(base_tree, device), "new": _Worker(new_tree, device, new_env)}
     timed: dict[str, tuple[list[float], list[bool]]] = {"base": ([], []), "new": ([], [])}
     try:
         for worker in workers.values():
@@ -166,16 +182,18 @@ def _run_pair(base_tree: Path, new_tree: Path, num_reqs: int, churn: float, bloc
 
 
 def compare_trees(base_tree: Path, new_tree: Path, num_reqs: int, churn: float = 0.01, pairs: int = 5, blocks: int = 30,
-                  block_steps: int = 10, seed: int = 0, new_env: dict[str, str] | None = None) -> dict:
+                  block_steps: int = 10, seed: int = 0, new_env: dict[str, str] | None = None, device: str = "cpu") -> dict:
     """One configuration of the two trees over ``pairs`` pairs of workers (see the module docstring).  ``new_env``:
     extra environment of the new tree's workers (the tool's test plants a slowdown there)."""
     if pairs < 1 or blocks < 1 or block_steps < 1:
         raise ValueError("pairs, blocks and block_steps must be >= 1")
+    if device not in DEVICES:
+        raise ValueError(f"device {device!r}: one of {DEVICES}")
     if WARM_UP_STEPS + blocks * block_steps > MAX_STEPS:
         raise ValueError(f"{blocks} blocks of {block_steps} steps: more than the {MAX_STEPS - WARM_UP_STEPS} a workload allows")
-    runs = [_run_pair(base_tree, new_tree, num_reqs, churn, blocks, block_steps, seed, k % 2 == 0, new_env)
+    runs = [_run_pair(base_tree, new_tree, num_reqs, churn, blocks, block_steps, seed, k % 2 == 0, new_env, device)
             for k in range(pairs)]
-    result: dict = {"num_reqs": num_reqs, "churn": churn, "pairs": pairs, "blocks": blocks, "block_steps": block_steps,
+    result: dict = {"device": device, "num_reqs": num_reqs, "churn": churn, "pairs": pairs, "blocks": blocks, "block_steps": block_steps,
                     "runs": runs}
     for kind in ("admitting", "other", "all"):
         ratios = [r[f"new_over_base_{kind}"] for r in runs if r[f"new_over_base_{kind}"] is not None]
@@ -192,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("base", type=Path, help="the earlier tree (an exported commit)")
     parser.add_argument("--new", type=Path, default=Path(__file__).resolve().parent.parent,
                         help="the tree to compare (default: this checkout)")
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
+                        help="cpu: device work dropped (the dev box); cuda: the GPU benchmark's steps")
     parser.add_argument("--reqs", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--churn", type=float, default=0.01)
     parser.add_argument("--pairs", type=int, default=5, help="fresh worker pairs per configuration")
@@ -206,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = {"base": str(args.base), "new": str(args.new),
                   "configurations": [compare_trees(args.base.resolve(), args.new.resolve(), n, args.churn, args.pairs,
-                                                   args.blocks, args.block_steps) for n in args.reqs]}
+                                                   args.blocks, args.block_steps, device=args.device)
+                                     for n in args.reqs]}
     except (TreeAbError, ValueError) as err:
         parser.error(str(err))
     print_and_write_json(result, args.out)

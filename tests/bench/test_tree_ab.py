@@ -50,3 +50,18 @@ def test_the_cli_writes_its_figures(tmp_path: Path, capsys) -> None:
     written = json.loads(out.read_text())
     assert [c["num_reqs"] for c in written["configurations"]] == [8]
     assert json.loads(capsys.readouterr().out) == written
+
+
+def test_a_cuda_worker_is_not_pinned_to_one_core() -> None:
+    from bench.tree_ab import _placement
+    cpu, cuda = _placement("cpu"), _placement("cuda")
+    if not cpu:
+        pytest.skip("no setarch/taskset here")
+    assert "taskset" in cpu and "taskset" not in cuda and "-R" in cuda
+
+
+def test_an_unknown_device_is_refused() -> None:
+    with pytest.raises(ValueError, match="one of"):
+        compare_trees(HERE, HERE, num_reqs=8, blocks=1, block_steps=1, device="tpu")
+    with pytest.raises(SystemExit):
+        main([str(HERE), "--device", "tpu"])
