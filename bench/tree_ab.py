@@ -18,7 +18,9 @@ pinned: its launch thread needs a core of its own), which cut that to ~4% here, 
 verdict is taken over ``--pairs`` fresh pairs, not over blocks.  Per configuration it reports each pair's new / base
 ratio of median host us (the admitting steps, the others, all), their medians, how many pairs the new tree ran
 faster, and the Wilcoxon signed-rank p of the pairs' log ratios (`scipy.stats.wilcoxon`; five pairs cannot go below
-1/16).  Run the base against itself (``--new BASE_DIR``) to see this machine's noise.
+1/16).  Run the base against itself (``--new BASE_DIR``) to see this machine's noise, and add ``--new-env NAME=VALUE``
+to time one switch of a tree against its default in the same way (``RUNNERCHECK_NATIVE=0``: the C twins against
+their Python references).
 
 The workload's requests grow toward max_model_len, so a pair runs at most ~800 steps a tree.  On cpu the figures are
 the dev box's; the H200's say what counts for issue 14 (`ci/h200.sh` jobs ``tree_ab`` and ``bench_host_ab``).
@@ -217,16 +219,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=5, help="fresh worker pairs per configuration")
     parser.add_argument("--blocks", type=int, default=30)
     parser.add_argument("--block-steps", type=int, default=10)
+    parser.add_argument("--new-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set this in the new tree's workers only (repeatable): with --new the same as BASE_DIR, "
+                             "one switch against its default, e.g. RUNNERCHECK_NATIVE=0")
     parser.add_argument("--out", help="also write the figures as JSON here")
     args = parser.parse_args(argv)
+    new_env = {}
+    for item in args.new_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            parser.error(f"--new-env {item!r}: NAME=VALUE")
+        new_env[name] = value
     if not 0 <= args.churn <= 1:
         parser.error("--churn must be in [0, 1]")
     if any(n < 1 for n in args.reqs):
         parser.error("--reqs must be >= 1")
     try:
-        result = {"base": str(args.base), "new": str(args.new),
+        result = {"base": str(args.base), "new": str(args.new), "new_env": new_env,
                   "configurations": [compare_trees(args.base.resolve(), args.new.resolve(), n, args.churn, args.pairs,
-                                                   args.blocks, args.block_steps, device=args.device)
+                                                   args.blocks, args.block_steps, new_env=new_env or None,
+                                                   device=args.device)
                                      for n in args.reqs]}
     except (TreeAbError, ValueError) as err:
         parser.error(str(err))

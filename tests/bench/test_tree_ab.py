@@ -65,3 +65,15 @@ def test_an_unknown_device_is_refused() -> None:
         compare_trees(HERE, HERE, num_reqs=8, blocks=1, block_steps=1, device="tpu")
     with pytest.raises(SystemExit):
         main([str(HERE), "--device", "tpu"])
+
+
+def test_the_cli_plants_new_env_in_the_new_workers_only(tmp_path: Path) -> None:
+    out = tmp_path / "ab.json"
+    assert main([str(HERE), "--reqs", "8", "--pairs", "1", "--blocks", "2", "--block-steps", "2",
+                 "--new-env", "RUNNERCHECK_TREE_AB_DELAY_US=400", "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["new_env"] == {"RUNNERCHECK_TREE_AB_DELAY_US": "400"}
+    run = written["configurations"][0]["runs"][0]
+    assert run["new"]["all_us"] - run["base"]["all_us"] > 300, run
+    with pytest.raises(SystemExit):
+        main([str(HERE), "--new-env", "NO_EQUALS_SIGN"])
