@@ -14,11 +14,15 @@ what lets a few-percent change be seen at all.
 A process brings a speed of its own, too: two workers of one tree differed by up to ~18% on this 2-core box, and a
 test over one pair's blocks called such a difference significant.  So the workers run with address-space
 randomisation off (`setarch -R`, where present) and, on cpu, on one pinned core (`taskset`; a cuda worker is not
-pinned: its launch thread needs a core of its own), which cut that to ~4% here, and the
+pinned unless ``--pin`` names CPUs for both sides: its launch thread needs a core of its own), which cut that to ~4%
+here, and the
 verdict is taken over ``--pairs`` fresh pairs, not over blocks.  Per configuration it reports each pair's new / base
 ratio of median host us (the admitting steps, the others, all), their medians, how many pairs the new tree ran
 faster, and the Wilcoxon signed-rank p of the pairs' log ratios (`scipy.stats.wilcoxon`; five pairs cannot go below
-1/16).  Run the base against itself (``--new BASE_DIR``) to see this machine's noise, and add ``--new-env NAME=VALUE``
+1/16).  On the lent H200 hosts a worker process brings a speed of its own as well (same-tree pairs there read
+0.69-1.07), so each worker also times a fixed piece of Python glue after each block (the same code in both trees'
+workers), and every ratio is reported calibrated too: divided by the pair's ratio of those timings.  Run the base
+against itself (``--new BASE_DIR``) to see this machine's noise, and add ``--new-env NAME=VALUE``
 to time one switch of a tree against its default in the same way (``RUNNERCHECK_NATIVE=0``: the C twins against
 their Python references).
 
@@ -57,7 +61,45 @@ from bench.common import BenchContext
 from impl.device import Device
 
 delay = float(os.environ.get("RUNNERCHECK_TREE_AB_DELAY_US", "0")) / 1e6
+# A planted process speed (the tool's own test): every timed piece, steps and calibration, lasts this many times longer.
+speed = float(os.environ.get("RUNNERCHECK_TREE_AB_SLOWDOWN", "1"))
 steps = None
+
+
+def slow_down(seconds):
+    end = time.perf_counter() + (speed - 1) * seconds
+    while time.perf_counter() < end:
+        pass
+    return seconds * speed
+
+
+class _Cell:
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _glue(cell, table, key):
+    # The runner's host step in miniature: a call, attribute reads and writes, a dict look-up and store, a tuple.
+    value = table.get(key, 0) + cell.value
+    table[key] = value & 1023
+    cell.value = value & 255
+    return (key, value)
+
+
+def calibrate(repeats=5, calls=2000):
+    """Microseconds per `calls` of the same Python glue, the least of ``repeats``: this process's speed (the same
+    code in both trees' workers, so a slower process shows a larger figure here too)."""
+    cell, table, best = _Cell(1), {}, None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for i in range(calls):
+            _glue(cell, table, i & 63)
+        took = slow_down(time.perf_counter() - t0) * 1e6
+        best = took if best is None else min(best, took)
+    return best
+
 for line in sys.stdin:
     command, *args = line.split()
     if command == "setup":
@@ -78,8 +120,8 @@ for line in sys.stdin:
         print("ready", flush=True)
     elif command == "steps":
         first = len(steps.admitting)
-        host_us = [steps.step() for _ in range(int(args[0]))]
-        print(json.dumps([host_us, steps.admitting[first:]]), flush=True)
+        host_us = [slow_down(steps.step() / 1e6) * 1e6 for _ in range(int(args[0]))]
+        print(json.dumps([host_us, steps.admitting[first:], calibrate()]), flush=True)
     elif command == "quit":
         if steps is not None:  # a cuda step's output is read before the process goes
             steps.finish()
@@ -92,12 +134,15 @@ for line in sys.stdin:
 DEVICES = ("cpu", "cuda")
 
 
-def _placement(device: str) -> list[str]:
-    """The command prefix that runs a worker with address-space randomisation off and, on cpu, on this machine's last
-    core (both trees' workers alike; they never run at once); nothing where `setarch` or `taskset` is missing."""
+def _placement(device: str, pin: str | None = None) -> list[str]:
+    """The command prefix that runs a worker with address-space randomisation off and on the CPUs ``pin`` names (a
+    `taskset -c` list), else, on cpu, on this machine's last core (both trees' workers alike; they never run at once)
+    and, on cuda, wherever the system puts it; nothing where `setarch` or `taskset` is missing."""
     if sys.platform != "linux" or not shutil.which("setarch") or not shutil.which("taskset"):
         return []
     no_aslr = ["setarch", platform.machine(), "-R"]
+    if pin is not None:
+        return [*no_aslr, "taskset", "-c", pin]
     if device != "cpu":  # the launch thread (`impl.launcher`) polls on a core beside the step's
         return no_aslr
     return [*no_aslr, "taskset", "-c", str(sorted(os.sched_getaffinity(0))[-1])]
@@ -110,14 +155,14 @@ class TreeAbError(RuntimeError):
 class _Worker:
     """One tree's worker process, asked one line at a time."""
 
-    def __init__(self, tree: Path, device: str, extra_env: dict[str, str] | None = None):
+    def __init__(self, tree: Path, device: str, extra_env: dict[str, str] | None = None, pin: str | None = None):
         if not (tree / "impl" / "runner.py").is_file() or not (tree / "bench" / "case_runner.py").is_file():
             raise TreeAbError(f"{tree}: not a runnercheck tree (no impl/runner.py or bench/case_runner.py)")
         self.tree = tree
         self._stderr = tempfile.TemporaryFile(mode="w+")
         env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0", "RUNNERCHECK_TREE_AB_DEVICE": device,
                **(extra_env or {})}
-        self._proc = subprocess.Popen([*_placement(device), sys.executable, "-c", _WORKER], cwd=tree, env=env, stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([*_placement(device, pin), sys.executable, "-c", _WORKER], cwd=tree, env=env, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._stderr, text=True)
 
     def ask(self, line: str) -> str:
@@ -132,9 +177,10 @@ class _Worker:
             raise TreeAbError(f"the worker of {self.tree} stopped at {line!r}:\n{self._stderr.read()[-2000:]}")
         return answer
 
-    def steps(self, n: int) -> tuple[list[float], list[bool]]:
-        host_us, admitting = json.loads(self.ask(f"steps {n}"))
-        return host_us, admitting
+    def steps(self, n: int) -> tuple[list[float], list[bool], float]:
+        """``n`` steps: their host us, whether each admitted, and the worker's calibration us right after them."""
+        host_us, admitting, calibration_us = json.loads(self.ask(f"steps {n}"))
+        return host_us, admitting, calibration_us
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -150,11 +196,12 @@ class _Worker:
         self._stderr.close()
 
 
-def _medians(host_us: list[float], admitting: list[bool]) -> dict[str, float | None]:
+def _medians(host_us: list[float], admitting: list[bool], calibration_us: list[float]) -> dict[str, float | None]:
     adm = [t for t, a in zip(host_us, admitting) if a]
     other = [t for t, a in zip(host_us, admitting) if not a]
     return {"admitting_us": statistics.median(adm) if adm else None, "other_us": statistics.median(other) if other else None,
-            "all_us": statistics.median(host_us), "admitting_steps": len(adm), "other_steps": len(other)}
+            "all_us": statistics.median(host_us), "admitting_steps": len(adm), "other_steps": len(other),
+            "calibration_us": statistics.median(calibration_us)}
 
 
 def _ratio(new: float | None, base: float | None) -> float | None:
@@ -162,29 +209,45 @@ def _ratio(new: float | None, base: float | None) -> float | None:
 
 
 def _run_pair(base_tree: Path, new_tree: Path, num_reqs: int, churn: float, blocks: int, block_steps: int, seed: int,
-              base_first: bool, new_env: dict[str, str] | None, device: str) -> dict:
-    """One pair of fresh workers: each tree's medians over its timed steps and the new / base ratios."""
-    workers = {"base": _Worker(base_tree, device), "new": _Worker(new_tree, device, new_env)}
-    timed: dict[str, tuple[list[float], list[bool]]] = {"base": ([], []), "new": ([], [])}
+              base_first: bool, new_env: dict[str, str] | None, device: str, pin: str | None) -> dict:
+    """One pair of fresh workers: each tree's medians over its timed steps and the new / base ratios, raw and
+    calibrated (each side's medians divided by its worker's calibration, the process's own speed)."""
+    workers = {"base": _Worker(base_tree, device, pin=pin), "new": _Worker(new_tree, device, new_env, pin)}
+    timed: dict[str, tuple[list[float], list[bool], list[float]]] = {"base": ([], [], []), "new": ([], [], [])}
     try:
         for worker in workers.values():
             worker.ask(f"setup {num_reqs} {churn} {seed}")
             worker.steps(WARM_UP_STEPS)
         for b in range(blocks):
             for side in (("base", "new") if (b % 2 == 0) == base_first else ("new", "base")):
-                host_us, admitting = workers[side].steps(block_steps)
+                host_us, admitting, calibration_us = workers[side].steps(block_steps)
                 timed[side][0].extend(host_us)
                 timed[side][1].extend(admitting)
+                timed[side][2].append(calibration_us)
     finally:
         for worker in workers.values():
             worker.close()
     base, new = _medians(*timed["base"]), _medians(*timed["new"])
-    return {"base": base, "new": new, **{f"new_over_base_{kind}": _ratio(new[f"{kind}_us"], base[f"{kind}_us"])
-                                         for kind in ("admitting", "other", "all")}}
+    speed = _ratio(new["calibration_us"], base["calibration_us"])
+    ratios = {f"new_over_base_{kind}": _ratio(new[f"{kind}_us"], base[f"{kind}_us"]) for kind in ("admitting", "other", "all")}
+    return {"base": base, "new": new, **ratios, "new_over_base_calibration": speed,
+            **{f"calibrated_{name}": None if ratio is None or not speed else ratio / speed for name, ratio in ratios.items()}}
+
+
+def _valid_cpu_list(pin: str) -> bool:
+    """Whether ``pin`` is a `taskset -c` list (``6,7``, ``4-7``) of CPUs this process may run on."""
+    cpus: set[int] = set()
+    for part in pin.split(","):
+        low, sep, high = part.partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            return False
+        cpus.update(range(int(low), int(high if sep else low) + 1))
+    return bool(cpus) and cpus <= os.sched_getaffinity(0)
 
 
 def compare_trees(base_tree: Path, new_tree: Path, num_reqs: int, churn: float = 0.01, pairs: int = 5, blocks: int = 30,
-                  block_steps: int = 10, seed: int = 0, new_env: dict[str, str] | None = None, device: str = "cpu") -> dict:
+                  block_steps: int = 10, seed: int = 0, new_env: dict[str, str] | None = None, device: str = "cpu",
+                  pin: str | None = None) -> dict:
     """One configuration of the two trees over ``pairs`` pairs of workers (see the module docstring).  ``new_env``:
     extra environment of the new tree's workers (the tool's test plants a slowdown there)."""
     if pairs < 1 or blocks < 1 or block_steps < 1:
@@ -193,17 +256,21 @@ def compare_trees(base_tree: Path, new_tree: Path, num_reqs: int, churn: float =
         raise ValueError(f"device {device!r}: one of {DEVICES}")
     if WARM_UP_STEPS + blocks * block_steps > MAX_STEPS:
         raise ValueError(f"{blocks} blocks of {block_steps} steps: more than the {MAX_STEPS - WARM_UP_STEPS} a workload allows")
-    runs = [_run_pair(base_tree, new_tree, num_reqs, churn, blocks, block_steps, seed, k % 2 == 0, new_env, device)
+    if pin is not None and not _valid_cpu_list(pin):
+        raise ValueError(f"pin {pin!r}: a list of this machine's CPUs such as 6,7 or 4-7")
+    runs = [_run_pair(base_tree, new_tree, num_reqs, churn, blocks, block_steps, seed, k % 2 == 0, new_env, device, pin)
             for k in range(pairs)]
-    result: dict = {"device": device, "num_reqs": num_reqs, "churn": churn, "pairs": pairs, "blocks": blocks, "block_steps": block_steps,
+    result: dict = {"device": device, "pin": pin, "num_reqs": num_reqs, "churn": churn, "pairs": pairs, "blocks": blocks, "block_steps": block_steps,
                     "runs": runs}
-    for kind in ("admitting", "other", "all"):
-        ratios = [r[f"new_over_base_{kind}"] for r in runs if r[f"new_over_base_{kind}"] is not None]
-        result[f"new_over_base_{kind}"] = statistics.median(ratios) if ratios else None
-        if kind == "all":
-            logs = [math.log(x) for x in ratios]
-            result["pairs_faster"] = sum(x < 0 for x in logs)
-            result["wilcoxon_p"] = float(stats.wilcoxon(logs).pvalue) if len(logs) > 1 and any(logs) else 1.0
+    for prefix in ("", "calibrated_"):
+        for kind in ("admitting", "other", "all"):
+            name = f"{prefix}new_over_base_{kind}"
+            ratios = [r[name] for r in runs if r[name] is not None]
+            result[name] = statistics.median(ratios) if ratios else None
+            if kind == "all":
+                logs = [math.log(x) for x in ratios]
+                result[f"{prefix}pairs_faster"] = sum(x < 0 for x in logs)
+                result[f"{prefix}wilcoxon_p"] = float(stats.wilcoxon(logs).pvalue) if len(logs) > 1 and any(logs) else 1.0
     return result
 
 
@@ -214,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the tree to compare (default: this checkout)")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="cpu: device work dropped (the dev box); cuda: the GPU benchmark's steps")
+    parser.add_argument("--pin", metavar="CPUS", help="run both trees' workers on these CPUs (`taskset -c`, e.g. 6,7); "
+                                                      "default: cpu on the last core, cuda unpinned")
     parser.add_argument("--reqs", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--churn", type=float, default=0.01)
     parser.add_argument("--pairs", type=int, default=5, help="fresh worker pairs per configuration")
@@ -235,10 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(n < 1 for n in args.reqs):
         parser.error("--reqs must be >= 1")
     try:
-        result = {"base": str(args.base), "new": str(args.new), "new_env": new_env,
+        result = {"base": str(args.base), "new": str(args.new), "new_env": new_env, "pin": args.pin,
                   "configurations": [compare_trees(args.base.resolve(), args.new.resolve(), n, args.churn, args.pairs,
                                                    args.blocks, args.block_steps, new_env=new_env or None,
-                                                   device=args.device)
+                                                   device=args.device, pin=args.pin)
                                      for n in args.reqs]}
     except (TreeAbError, ValueError) as err:
         parser.error(str(err))

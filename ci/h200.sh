@@ -70,7 +70,9 @@
 #   bench_tree_ab alone: this tree against the one at $AB_BASE in lockstep (`python -m bench.tree_ab --device cuda`):
 #                 a worker process per tree, the host_cost runner and workload each, asked for blocks of 10 steps in
 #                 turn, $TREE_AB_PAIRS fresh pairs (default 4) at $TREE_AB_REQS requests (default "64 256"), 1% churn:
-#                 both trees timed under the host's speed of the moment (ab.json); AB_NEW (default this tree): the new side
+#                 both trees timed under the host's speed of the moment, ratios raw and calibrated by each worker's
+#                 timing of a fixed piece of Python; AB_NEW (default this tree): the new side; TREE_AB_PIN: both sides'
+#                 workers on these CPUs (`taskset -c`)
 #   bench_tree_native alone: bench_tree_ab's lockstep on this tree against itself with RUNNERCHECK_NATIVE=0 in the new
 #                 side's workers: what the C twins of impl/native buy a step on this host (new / base > 1: they save)
 #   host_lines    alone: each statement of the step's functions timed on this host (`host_profile --lines`, a clock
@@ -172,7 +174,8 @@ want bench_host_ab && job bench_host_ab "${BENCH_LIMIT_S:-500}" bash -c 'base() 
     else new "$0/new_$i" && base "$0/base_$i" || exit 1; fi
   done; python3 -m bench.ab_compare "$0" --out "$0/ab.json"' "$out/bench_host_ab"
 want bench_tree_ab && job bench_tree_ab "${BENCH_LIMIT_S:-500}" python3 -m bench.tree_ab "${AB_BASE:?an exported tree of the commit to compare with}" \
-  --new "${AB_NEW:-.}" --device cuda --reqs ${TREE_AB_REQS:-64 256} --pairs "${TREE_AB_PAIRS:-4}" --out "$out/bench_tree_ab.json"
+  --new "${AB_NEW:-.}" --device cuda --reqs ${TREE_AB_REQS:-64 256} --pairs "${TREE_AB_PAIRS:-4}" ${TREE_AB_PIN:+--pin "$TREE_AB_PIN"} \
+  --out "$out/bench_tree_ab.json"
 want bench_tree_native && job bench_tree_native "${BENCH_LIMIT_S:-500}" python3 -m bench.tree_ab . --device cuda \
   --reqs ${TREE_AB_REQS:-64 256} --pairs "${TREE_AB_PAIRS:-4}" --new-env RUNNERCHECK_NATIVE=0 --out "$out/bench_tree_native.json"
 want host_launch_thread && job host_launch_thread "${BENCH_LIMIT_S:-420}" bash -c 'off() { RUNNERCHECK_LAUNCH_THREAD=0 python3 -m stress.cli bench --device cuda --only host_cost --out "$1"; }

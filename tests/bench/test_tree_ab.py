@@ -22,6 +22,22 @@ def test_a_planted_slowdown_is_seen_in_every_pair() -> None:
         assert run["base"]["admitting_steps"] + run["base"]["other_steps"] == 12
 
 
+def test_a_slower_process_is_calibrated_away_and_a_slower_tree_is_not() -> None:
+    # A new-side worker that runs everything five times as slowly, its calibration too: a slower process, same code.
+    slower_process = compare_trees(HERE, HERE, num_reqs=8, pairs=1, blocks=6, block_steps=5,
+                                   new_env={"RUNNERCHECK_TREE_AB_SLOWDOWN": "5"})["runs"][0]
+    speed = slower_process["new_over_base_calibration"]
+    assert 4 < speed < 6.5, slower_process
+    raw, calibrated = slower_process["new_over_base_all"], slower_process["calibrated_new_over_base_all"]
+    assert calibrated == pytest.approx(raw / speed)
+    assert raw > 2.5 and 0.4 < calibrated < 2.5, slower_process
+    # Steps made slower where the calibration is not: the calibrated ratio still sees it.
+    slower_tree = compare_trees(HERE, HERE, num_reqs=8, pairs=1, blocks=6, block_steps=5,
+                                new_env={"RUNNERCHECK_TREE_AB_DELAY_US": "2000"})["runs"][0]
+    assert slower_tree["calibrated_new_over_base_all"] > 5, slower_tree
+    assert 0.5 < slower_tree["new_over_base_calibration"] < 2, slower_tree
+
+
 def test_the_same_tree_against_itself_runs_the_same_steps() -> None:
     run = compare_trees(HERE, HERE, num_reqs=8, pairs=1, blocks=2, block_steps=3)["runs"][0]
     for side in ("base", "new"):  # one seeded workload: the same admitting steps on both sides
@@ -77,3 +93,15 @@ def test_the_cli_plants_new_env_in_the_new_workers_only(tmp_path: Path) -> None:
     assert run["new"]["all_us"] - run["base"]["all_us"] > 300, run
     with pytest.raises(SystemExit):
         main([str(HERE), "--new-env", "NO_EQUALS_SIGN"])
+
+
+def test_pinned_workers_run_where_asked_and_bad_lists_are_refused() -> None:
+    from bench.tree_ab import _placement
+    if not _placement("cpu"):
+        pytest.skip("no setarch/taskset here")
+    assert _placement("cuda", "0")[-2:] == ["-c", "0"]
+    run = compare_trees(HERE, HERE, num_reqs=8, pairs=1, blocks=1, block_steps=2, pin="0")
+    assert run["pin"] == "0" and run["runs"][0]["new"]["all_us"] > 0
+    for bad in ("", "x", "0-", "99999", "1,,2"):
+        with pytest.raises(ValueError, match="CPUs"):
+            compare_trees(HERE, HERE, num_reqs=8, blocks=1, block_steps=1, pin=bad)
