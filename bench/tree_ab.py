@@ -19,15 +19,15 @@ here, and the
 verdict is taken over ``--pairs`` fresh pairs, not over blocks.  Per configuration it reports each pair's new / base
 ratio of median host us (the admitting steps, the others, all), their medians, how many pairs the new tree ran
 faster, and the Wilcoxon signed-rank p of the pairs' log ratios (`scipy.stats.wilcoxon`; five pairs cannot go below
-1/16).  On the lent H200 hosts a worker process brings a speed of its own as well (same-tree pairs there read
-0.69-1.07), so each worker also times a fixed piece of Python glue after each block (the same code in both trees'
-workers), and every ratio is reported calibrated too: divided by the pair's ratio of those timings.  Run the base
-against itself (``--new BASE_DIR``) to see this machine's noise, and add ``--new-env NAME=VALUE``
-to time one switch of a tree against its default in the same way (``RUNNERCHECK_NATIVE=0``: the C twins against
-their Python references).
+1/16).  On the lent H200 hosts a worker process brings a speed of its own as well, pinned or not: same-tree pairs
+there read 0.69-1.33, half of them within 5% (22 pairs, runs 111-114; docs/BENCHMARKS.md), so a few-percent change
+needs dozens of pairs there.  A fixed piece of Python timed in each worker did not track that speed (r = 0.4;
+dividing by it widened the spread) and was dropped.  Run the base against itself (``--new BASE_DIR``) to see this
+machine's noise, and add ``--new-env NAME=VALUE`` to time one switch of a tree against its default in the same way
+(``RUNNERCHECK_NATIVE=0``: the C twins against their Python references).
 
 The workload's requests grow toward max_model_len, so a pair runs at most ~800 steps a tree.  On cpu the figures are
-the dev box's; the H200's say what counts for issue 14 (`ci/h200.sh` jobs ``tree_ab`` and ``bench_host_ab``).
+the dev box's; the H200's say what counts for issue 14 (`ci/h200.sh` jobs ``bench_tree_ab``, ``bench_tree_native`` and ``bench_host_ab``).
 """
 from __future__ import annotations
 
@@ -61,45 +61,7 @@ from bench.common import BenchContext
 from impl.device import Device
 
 delay = float(os.environ.get("RUNNERCHECK_TREE_AB_DELAY_US", "0")) / 1e6
-# A planted process speed (the tool's own test): every timed piece, steps and calibration, lasts this many times longer.
-speed = float(os.environ.get("RUNNERCHECK_TREE_AB_SLOWDOWN", "1"))
 steps = None
-
-
-def slow_down(seconds):
-    end = time.perf_counter() + (speed - 1) * seconds
-    while time.perf_counter() < end:
-        pass
-    return seconds * speed
-
-
-class _Cell:
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
-
-
-def _glue(cell, table, key):
-    # The runner's host step in miniature: a call, attribute reads and writes, a dict look-up and store, a tuple.
-    value = table.get(key, 0) + cell.value
-    table[key] = value & 1023
-    cell.value = value & 255
-    return (key, value)
-
-
-def calibrate(repeats=5, calls=2000):
-    """Microseconds per `calls` of the same Python glue, the least of ``repeats``: this process's speed (the same
-    code in both trees' workers, so a slower process shows a larger figure here too)."""
-    cell, table, best = _Cell(1), {}, None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for i in range(calls):
-            _glue(cell, table, i & 63)
-        took = slow_down(time.perf_counter() - t0) * 1e6
-        best = took if best is None else min(best, took)
-    return best
-
 for line in sys.stdin:
     command, *args = line.split()
     if command == "setup":
@@ -120,8 +82,8 @@ for line in sys.stdin:
         print("ready", flush=True)
     elif command == "steps":
         first = len(steps.admitting)
-        host_us = [slow_down(steps.step() / 1e6) * 1e6 for _ in range(int(args[0]))]
-        print(json.dumps([host_us, steps.admitting[first:], calibrate()]), flush=True)
+        host_us = [steps.step() for _ in range(int(args[0]))]
+        print(json.dumps([host_us, steps.admitting[first:]]), flush=True)
     elif command == "quit":
         if steps is not None:  # a cuda step's output is read before the process goes
             steps.finish()
@@ -177,10 +139,9 @@ class _Worker:
             raise TreeAbError(f"the worker of {self.tree} stopped at {line!r}:\n{self._stderr.read()[-2000:]}")
         return answer
 
-    def steps(self, n: int) -> tuple[list[float], list[bool], float]:
-        """``n`` steps: their host us, whether each admitted, and the worker's calibration us right after them."""
-        host_us, admitting, calibration_us = json.loads(self.ask(f"steps {n}"))
-        return host_us, admitting, calibration_us
+    def steps(self, n: int) -> tuple[list[float], list[bool]]:
+        host_us, admitting = json.loads(self.ask(f"steps {n}"))
+        return host_us, admitting
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -196,12 +157,11 @@ class _Worker:
         self._stderr.close()
 
 
-def _medians(host_us: list[float], admitting: list[bool], calibration_us: list[float]) -> dict[str, float | None]:
+def _medians(host_us: list[float], admitting: list[bool]) -> dict[str, float | None]:
     adm = [t for t, a in zip(host_us, admitting) if a]
     other = [t for t, a in zip(host_us, admitting) if not a]
     return {"admitting_us": statistics.median(adm) if adm else None, "other_us": statistics.median(other) if other else None,
-            "all_us": statistics.median(host_us), "admitting_steps": len(adm), "other_steps": len(other),
-            "calibration_us": statistics.median(calibration_us)}
+            "all_us": statistics.median(host_us), "admitting_steps": len(adm), "other_steps": len(other)}
 
 
 def _ratio(new: float | None, base: float | None) -> float | None:
@@ -210,28 +170,24 @@ def _ratio(new: float | None, base: float | None) -> float | None:
 
 def _run_pair(base_tree: Path, new_tree: Path, num_reqs: int, churn: float, blocks: int, block_steps: int, seed: int,
               base_first: bool, new_env: dict[str, str] | None, device: str, pin: str | None) -> dict:
-    """One pair of fresh workers: each tree's medians over its timed steps and the new / base ratios, raw and
-    calibrated (each side's medians divided by its worker's calibration, the process's own speed)."""
+    """One pair of fresh workers: each tree's medians over its timed steps and the new / base ratios."""
     workers = {"base": _Worker(base_tree, device, pin=pin), "new": _Worker(new_tree, device, new_env, pin)}
-    timed: dict[str, tuple[list[float], list[bool], list[float]]] = {"base": ([], [], []), "new": ([], [], [])}
+    timed: dict[str, tuple[list[float], list[bool]]] = {"base": ([], []), "new": ([], [])}
     try:
         for worker in workers.values():
             worker.ask(f"setup {num_reqs} {churn} {seed}")
             worker.steps(WARM_UP_STEPS)
         for b in range(blocks):
             for side in (("base", "new") if (b % 2 == 0) == base_first else ("new", "base")):
-                host_us, admitting, calibration_us = workers[side].steps(block_steps)
+                host_us, admitting = workers[side].steps(block_steps)
                 timed[side][0].extend(host_us)
                 timed[side][1].extend(admitting)
-                timed[side][2].append(calibration_us)
     finally:
         for worker in workers.values():
             worker.close()
     base, new = _medians(*timed["base"]), _medians(*timed["new"])
-    speed = _ratio(new["calibration_us"], base["calibration_us"])
-    ratios = {f"new_over_base_{kind}": _ratio(new[f"{kind}_us"], base[f"{kind}_us"]) for kind in ("admitting", "other", "all")}
-    return {"base": base, "new": new, **ratios, "new_over_base_calibration": speed,
-            **{f"calibrated_{name}": None if ratio is None or not speed else ratio / speed for name, ratio in ratios.items()}}
+    return {"base": base, "new": new, **{f"new_over_base_{kind}": _ratio(new[f"{kind}_us"], base[f"{kind}_us"])
+                                         for kind in ("admitting", "other", "all")}}
 
 
 def _valid_cpu_list(pin: str) -> bool:
@@ -262,15 +218,13 @@ def compare_trees(base_tree: Path, new_tree: Path, num_reqs: int, churn: float =
             for k in range(pairs)]
     result: dict = {"device": device, "pin": pin, "num_reqs": num_reqs, "churn": churn, "pairs": pairs, "blocks": blocks, "block_steps": block_steps,
                     "runs": runs}
-    for prefix in ("", "calibrated_"):
-        for kind in ("admitting", "other", "all"):
-            name = f"{prefix}new_over_base_{kind}"
-            ratios = [r[name] for r in runs if r[name] is not None]
-            result[name] = statistics.median(ratios) if ratios else None
-            if kind == "all":
-                logs = [math.log(x) for x in ratios]
-                result[f"{prefix}pairs_faster"] = sum(x < 0 for x in logs)
-                result[f"{prefix}wilcoxon_p"] = float(stats.wilcoxon(logs).pvalue) if len(logs) > 1 and any(logs) else 1.0
+    for kind in ("admitting", "other", "all"):
+        ratios = [r[f"new_over_base_{kind}"] for r in runs if r[f"new_over_base_{kind}"] is not None]
+        result[f"new_over_base_{kind}"] = statistics.median(ratios) if ratios else None
+        if kind == "all":
+            logs = [math.log(x) for x in ratios]
+            result["pairs_faster"] = sum(x < 0 for x in logs)
+            result["wilcoxon_p"] = float(stats.wilcoxon(logs).pvalue) if len(logs) > 1 and any(logs) else 1.0
     return result
 
 

@@ -70,9 +70,8 @@
 #   bench_tree_ab alone: this tree against the one at $AB_BASE in lockstep (`python -m bench.tree_ab --device cuda`):
 #                 a worker process per tree, the host_cost runner and workload each, asked for blocks of 10 steps in
 #                 turn, $TREE_AB_PAIRS fresh pairs (default 4) at $TREE_AB_REQS requests (default "64 256"), 1% churn:
-#                 both trees timed under the host's speed of the moment, ratios raw and calibrated by each worker's
-#                 timing of a fixed piece of Python; AB_NEW (default this tree): the new side; TREE_AB_PIN: both sides'
-#                 workers on these CPUs (`taskset -c`)
+#                 both trees timed under the host's speed of the moment; AB_NEW (default this tree): the new side;
+#                 TREE_AB_PIN: both sides' workers on these CPUs (`taskset -c`)
 #   bench_tree_native alone: bench_tree_ab's lockstep on this tree against itself with RUNNERCHECK_NATIVE=0 in the new
 #                 side's workers: what the C twins of impl/native buy a step on this host (new / base > 1: they save)
 #   host_lines    alone: each statement of the step's functions timed on this host (`host_profile --lines`, a clock

@@ -22,22 +22,6 @@ def test_a_planted_slowdown_is_seen_in_every_pair() -> None:
         assert run["base"]["admitting_steps"] + run["base"]["other_steps"] == 12
 
 
-def test_a_slower_process_is_calibrated_away_and_a_slower_tree_is_not() -> None:
-    # A new-side worker that runs everything five times as slowly, its calibration too: a slower process, same code.
-    slower_process = compare_trees(HERE, HERE, num_reqs=8, pairs=1, blocks=6, block_steps=5,
-                                   new_env={"RUNNERCHECK_TREE_AB_SLOWDOWN": "5"})["runs"][0]
-    speed = slower_process["new_over_base_calibration"]
-    assert 4 < speed < 6.5, slower_process
-    raw, calibrated = slower_process["new_over_base_all"], slower_process["calibrated_new_over_base_all"]
-    assert calibrated == pytest.approx(raw / speed)
-    assert raw > 2.5 and 0.4 < calibrated < 2.5, slower_process
-    # Steps made slower where the calibration is not: the calibrated ratio still sees it.
-    slower_tree = compare_trees(HERE, HERE, num_reqs=8, pairs=1, blocks=6, block_steps=5,
-                                new_env={"RUNNERCHECK_TREE_AB_DELAY_US": "2000"})["runs"][0]
-    assert slower_tree["calibrated_new_over_base_all"] > 5, slower_tree
-    assert 0.5 < slower_tree["new_over_base_calibration"] < 2, slower_tree
-
-
 def test_the_same_tree_against_itself_runs_the_same_steps() -> None:
     run = compare_trees(HERE, HERE, num_reqs=8, pairs=1, blocks=2, block_steps=3)["runs"][0]
     for side in ("base", "new"):  # one seeded workload: the same admitting steps on both sides
