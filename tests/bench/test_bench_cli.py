@@ -29,6 +29,8 @@ def test_bench_quick_writes_valid_json(tmp_path):
     assert all(isinstance(row["value"], (int, float)) for row in data["rows"])
     admitting = [r for r in data["rows"] if r["name"].startswith("runner / baseline host time, admitting steps, ")]
     assert admitting and all("admitting runner" in r["note"] and "other steps runner" in r["note"] for r in admitting)
+    general = [r for r in data["rows"] if r["name"].startswith("runner / baseline host time, general steps without an ")]
+    assert all("were an admission free" in r["note"] for r in general)  # quick sizes may admit every step
     syncs = [r for r in data["rows"] if r["name"].startswith("host syncs per step")]
     assert syncs and all(r["value"] == 0 for r in syncs)
     assert (tmp_path / "bench.md").read_text().startswith("# runnercheck bench")
@@ -197,3 +199,21 @@ def test_host_profile_refuses_a_sweep_it_cannot_take(argv) -> None:
 
     with pytest.raises(SystemExit):
         host_profile.main(["--device", "cpu", "--reqs", "4", "--steps", "2", *argv])
+
+
+def test_step_kinds_split_the_runner_steps_by_what_the_runner_did():
+    """Admitting steps against the baseline's admitting ones; the runner's general steps without an admission (not
+    the steady ones) against the baseline's steps without one."""
+    from types import SimpleNamespace
+
+    from bench.case_runner import _by_step_kind
+
+    run = SimpleNamespace(host_us=[100.0, 100.0, 60.0, 60.0, 20.0, 20.0],
+                          host_admitting=[True, True, False, False, False, False],
+                          host_steady=[False, False, False, False, True, True],
+                          base_us=[200.0, 200.0, 150.0, 150.0], base_admitting=[True, True, False, False])
+    admitting, general = _by_step_kind(run, "tag")
+    assert admitting.value == 0.5 and "general 60 us (2), steady 20 us (2)" in admitting.note
+    assert general.name.endswith("general steps without an admission, tag") and general.value == 0.4
+    run.host_admitting = run.base_admitting = [True] * 6  # every step admits (256 requests, 1% churn): no floor row
+    assert len(_by_step_kind(run, "tag")) == 1
