@@ -1,33 +1,34 @@
-"""Two trees' runner host steps on this machine, interleaved: what a host-side change moved, without a GPU.
+"""Two trees' runner host steps on this machine, interleaved: what a host-side change moved (cpu or a GPU).
 
-    python -m bench.tree_ab BASE_DIR [--new DIR] [--device cpu|cuda] [--reqs 64 256] [--pairs 5] [--blocks 30]
-                            [--block-steps 10] [--out FILE]
+    python -m bench.tree_ab BASE_DIR [--new DIR] [--device cpu|cuda] [--pin CPUS] [--new-env NAME=VALUE]
+                            [--reqs 64 256] [--pairs 5] [--blocks 30] [--block-steps 10] [--out FILE]
 
 A pair is one worker process per tree -- this checkout (or ``--new``) and BASE_DIR, an earlier commit (`git archive
 COMMIT | tar x -C BASE_DIR`) -- each building the host_cost runner and the same seeded workload: on cpu with its
 device work dropped (`bench.case_runner`: the Python bookkeeping alone), or with ``--device cuda`` as `runnercheck
 bench --only host_cost` times it on a GPU (forward stubbed, launches and the launch thread included).  The driver asks
 the two for blocks of steps in turn, alternating which goes first, so the machine's drift within the pair reaches
-both trees alike -- on the lent H200 hosts, whose speed changes by up to ~2x between whole benchmark passes, this is
-what lets a few-percent change be seen at all.
+both trees alike (the lent H200 hosts change speed by up to ~2x between whole benchmark passes).
 
 A process brings a speed of its own, too: two workers of one tree differed by up to ~18% on this 2-core box, and a
 test over one pair's blocks called such a difference significant.  So the workers run with address-space
 randomisation off (`setarch -R`, where present) and, on cpu, on one pinned core (`taskset`; a cuda worker is not
 pinned unless ``--pin`` names CPUs for both sides: its launch thread needs a core of its own), which cut that to ~4%
-here, and the
-verdict is taken over ``--pairs`` fresh pairs, not over blocks.  Per configuration it reports each pair's new / base
-ratio of median host us (the admitting steps, the others, all), their medians, how many pairs the new tree ran
-faster, and the Wilcoxon signed-rank p of the pairs' log ratios (`scipy.stats.wilcoxon`; five pairs cannot go below
-1/16).  On the lent H200 hosts a worker process brings a speed of its own as well, pinned or not: same-tree pairs
-there read 0.69-1.33, half of them within 5% (22 pairs, runs 111-114; docs/BENCHMARKS.md), so a few-percent change
-needs dozens of pairs there.  A fixed piece of Python timed in each worker did not track that speed (r = 0.4;
-dividing by it widened the spread) and was dropped.  Run the base against itself (``--new BASE_DIR``) to see this
-machine's noise, and add ``--new-env NAME=VALUE`` to time one switch of a tree against its default in the same way
-(``RUNNERCHECK_NATIVE=0``: the C twins against their Python references).
+here, and the verdict is taken over ``--pairs`` fresh pairs, not over blocks.  Per configuration it reports each
+pair's new / base ratio of median host us (the admitting steps, the others, all), their medians, how many pairs the
+new tree ran faster, and the Wilcoxon signed-rank p of the pairs' log ratios (`scipy.stats.wilcoxon`; five pairs
+cannot go below 1/16).
 
-The workload's requests grow toward max_model_len, so a pair runs at most ~800 steps a tree.  On cpu the figures are
-the dev box's; the H200's say what counts for issue 14 (`ci/h200.sh` jobs ``bench_tree_ab``, ``bench_tree_native`` and ``bench_host_ab``).
+On the lent H200 hosts a worker process brings a speed of its own as well, pinned or not: same-tree pairs there read
+0.69-1.33, half of them within 5% (22 pairs, runs 111-114; docs/BENCHMARKS.md).  At that spread a 3% change needs
+120-200 pairs to be seen, a 10% one 12-20.  A fixed piece of Python timed in each worker did not track that speed
+(r = 0.4; dividing by it widened the spread) and was dropped.
+
+Run the base against itself (``--new BASE_DIR``) to see this machine's noise, and add ``--new-env NAME=VALUE`` to time
+one switch of a tree against its default in the same way (``RUNNERCHECK_NATIVE=0``: the C twins against their Python
+references).  The workload's requests grow toward max_model_len, so a pair runs at most ~800 steps a tree.  On cpu
+the figures are the dev box's; the H200's say what counts for issue 14 (`ci/h200.sh` jobs ``bench_tree_ab``,
+``bench_tree_native`` and ``bench_host_ab``).
 """
 from __future__ import annotations
 
@@ -243,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=30)
     parser.add_argument("--block-steps", type=int, default=10)
     parser.add_argument("--new-env", action="append", default=[], metavar="NAME=VALUE",
-                        help="set this in the new tree's workers only (repeatable): with --new the same as BASE_DIR, "
-                             "one switch against its default, e.g. RUNNERCHECK_NATIVE=0")
+                        help="set this in the new side's workers only (repeatable); with BASE_DIR the same tree as --new, "
+                             "it times one switch against its default, e.g. RUNNERCHECK_NATIVE=0")
     parser.add_argument("--out", help="also write the figures as JSON here")
     args = parser.parse_args(argv)
     new_env = {}
