@@ -427,11 +427,12 @@ class RequestStateTable:
         if self.history_reads:
             self.mark_used(rows, event)
         elif self._prefilling:
-            self.mark_used(np.fromiter(self._prefilling, np.int64, len(self._prefilling)), event)
+            self.mark_used(list(self._prefilling), event)  # usually one row: a list, no array made
 
     @hot_path
     def mark_used(self, rows: Iterable[int] | np.ndarray, event: DeviceEvent) -> None:
-        """Record the event after which the step that scheduled ``rows`` no longer reads them."""
+        """Record the event after which the step that scheduled ``rows`` no longer reads them.  ``rows``: an array, or a
+        list the caller hands over (kept as it is until the next batch comes: never changed after)."""
         events = self._use_events
         # In stream order: every earlier step is done too.  Only markers known complete are dropped (no CUDA
         # query a step: a step's output marker is seen complete when it is read); a free row's check asks.
@@ -447,13 +448,19 @@ class RequestStateTable:
                 self._batch_rows = None  # its uses are over, and older marks point at completed steps too
             else:
                 self._write_batch_uses()
-            self._batch_rows = rows if isinstance(rows, np.ndarray) else np.asarray(rows, dtype=np.int64)
+            self._batch_rows = rows if type(rows) is list or isinstance(rows, np.ndarray) else np.asarray(rows, dtype=np.int64)
         self._batch_seq = self._use_seq
         self._batch_event = event
 
     def _write_batch_uses(self) -> None:
-        if self._batch_rows is not None:
-            self._last_use_seq[self._batch_rows] = self._batch_seq
+        rows = self._batch_rows
+        if rows is not None:
+            if type(rows) is list:  # a few prefilling rows (`mark_step`): cell by cell, no index array
+                last_use, seq = self._last_use_seq, self._batch_seq
+                for row in rows:
+                    last_use[row] = seq
+            else:
+                self._last_use_seq[rows] = self._batch_seq
             self._batch_rows = None
 
     @hot_path
