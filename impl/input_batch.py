@@ -68,18 +68,13 @@ class StepPlan:
     num_drafts: np.ndarray  # int64 [R]
     uniform: tuple[int, int] | None  # (query_len, drafts) shared by every request; None: they differ (or no requests)
     logits_start64: np.ndarray  # int64 copy of ``logits_start`` (what the step's output metadata holds)
-
-    @property
-    def num_reqs(self) -> int:
-        return len(self.req_ids)
+    # len(req_ids) and len(prompt_token_index): read several times a step, stored rather than recounted.
+    num_reqs: int
+    num_prompt_rows: int
 
     @property
     def num_sampling_rows(self) -> int:
         return int(self.logits_start[-1])
-
-    @property
-    def num_prompt_rows(self) -> int:
-        return len(self.prompt_token_index)
 
 
 def plan_step(step: StepArrays, state: RequestStateTable, previous: StepPlan | None = None) -> StepPlan:
@@ -106,7 +101,8 @@ def _plain_plan(step: StepArrays) -> StepPlan:
     return StepPlan(  # positional, in field order, as `_general_plan`
         step.req_ids, step.rows.astype(np.int32), step.query_starts, draft_start, _NO_DRAFTS, logits_start, _NO_PROMPT_INDEX,
         _NO_PROMPT_TARGETS, (), num_logprobs, step.num_tokens, step.max_query_len, step.max_end, -1, -1, step.query_lens,
-        step.num_drafts, (step.uniform_query_len, 0) if step.uniform_query_len >= 0 else None, logits_start64)
+        step.num_drafts, (step.uniform_query_len, 0) if step.uniform_query_len >= 0 else None, logits_start64,
+        len(step.req_ids), 0)
 
 
 def _general_plan(step: StepArrays, state: RequestStateTable) -> StepPlan:
@@ -153,7 +149,8 @@ def _general_plan(step: StepArrays, state: RequestStateTable) -> StepPlan:
         prompt_requests.append(PromptLogprobRequest(req_ids[i], offset, stop - first, int(prompt_k[i])))
         offset += stop - first
 
-    # Positional, in field order (a keyword call of nineteen fields costs ~0.5 us a step), as `_replan`.
+    prompt_token_index = np.concatenate(prompt_index_parts).astype(np.int32) if prompt_index_parts else _NO_PROMPT_INDEX
+    # Positional, in field order (a keyword call of twenty-one fields costs ~0.5 us a step), as `_replan`.
     return StepPlan(
         req_ids,
         rows.astype(np.int32),  # rows
@@ -161,7 +158,7 @@ def _general_plan(step: StepArrays, state: RequestStateTable) -> StepPlan:
         draft_start,
         drafts,
         logits_start,
-        np.concatenate(prompt_index_parts).astype(np.int32) if prompt_index_parts else _NO_PROMPT_INDEX,  # prompt_token_index
+        prompt_token_index,
         np.concatenate(prompt_target_parts) if prompt_target_parts else _NO_PROMPT_TARGETS,  # prompt_targets
         tuple(prompt_requests),
         num_logprobs,
@@ -175,13 +172,16 @@ def _general_plan(step: StepArrays, state: RequestStateTable) -> StepPlan:
         _uniform(query_lens, num_drafts) if step.drafts is not None else  # uniform
         ((step.uniform_query_len, 0) if step.uniform_query_len >= 0 else None),
         logits_start.astype(np.int64) if logits_start64 is None else logits_start64,  # logits_start64
+        num_reqs,
+        len(prompt_token_index),  # num_prompt_rows
     )
 
 
 def _replan(p: StepPlan, max_seq_len: int) -> StepPlan:
     return StepPlan(p.req_ids, p.rows, p.cu, p.draft_start, p.drafts, p.logits_start, p.prompt_token_index, p.prompt_targets,
                     p.prompt_requests, p.num_logprobs, p.num_tokens, p.max_query_len, max_seq_len, p.max_num_logprobs,
-                    p.max_num_prompt_logprobs, p.query_lens, p.num_drafts, p.uniform, p.logits_start64)
+                    p.max_num_prompt_logprobs, p.query_lens, p.num_drafts, p.uniform, p.logits_start64, p.num_reqs,
+                    p.num_prompt_rows)
 
 
 def _uniform(query_lens: np.ndarray, num_drafts: np.ndarray) -> tuple[int, int] | None:

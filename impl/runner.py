@@ -258,7 +258,8 @@ class ModelRunner:
         proposer, device_drafts = self.proposer, self._device_drafts
         if step.req_ids:
             plan = plan_step(step, self.state, self._last_decode[1] if step.steady else None)
-            self._last_decode = (step, plan) if step.is_decode else None
+            is_decode = step.is_decode
+            self._last_decode = (step, plan) if is_decode else None
             if device_drafts:
                 proposer.mark_placeholders(plan, device_drafts)
             key, reason = self.graphs.select(plan.num_reqs, plan.uniform, plan.num_prompt_rows, plan.max_num_logprobs,
@@ -312,7 +313,7 @@ class ModelRunner:
         self._close_lane(writer, fused, in_bytes, output)
         # A bucketed decode step whose diffs its graph applied: the steady steps after it repeat it
         # through `_execute_steady` (its plan and key hold while nothing is admitted or finished).
-        self._steady_key = key if (step.is_decode and packed is not None and not admitted and proposer is None
+        self._steady_key = key if (is_decode and packed is not None and not admitted and proposer is None
                                    and not self.state.num_prompt_logprob_rows) else None
 
         self.state.mark_step(step.rows, output.event)  # int64: the plan's int32 copy would cost a cast per scatter

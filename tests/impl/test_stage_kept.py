@@ -28,6 +28,7 @@ def _plan(rows: list[int]) -> StepPlan:
         prompt_targets=np.zeros(0, np.int64), prompt_requests=(), num_logprobs=(None,) * r, num_tokens=r, max_query_len=1,
         max_seq_len=9, max_num_logprobs=-1, max_num_prompt_logprobs=-1, query_lens=np.ones(r, np.int64),
         num_drafts=np.zeros(r, np.int64), uniform=(1, 0), logits_start64=np.arange(r + 1, dtype=np.int64),
+        num_reqs=r, num_prompt_rows=0,
     )
 
 
