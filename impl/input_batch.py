@@ -347,10 +347,15 @@ class InputBatch:
         header = self._slot_views(slot)[0]["header"]
         header[HEADER_NUM_DIFFS], header[HEADER_DIFF_TABLE] = num_diffs, table_word
 
-    def set_header_resets(self, slot: StagingSlot, num_rows: int, first_word: int) -> None:
-        """Name in ``slot``'s header the admitted rows whose penalty counts a bucketed step's graph zeroes (slot still WRITING)."""
+    @hot_path
+    def set_header_counts(self, slot: StagingSlot, diffs: tuple[int, int] | None, resets: tuple[int, int] | None) -> None:
+        """`set_header_diffs` of ``diffs`` and, when not None, the admitted rows whose penalty counts a bucketed
+        step's graph zeroes, ``resets`` = (rows, first word), in one look-up of the header (slot still WRITING)."""
         header = self._slot_views(slot)[0]["header"]
-        header[HEADER_NUM_RESETS], header[HEADER_RESET_ROWS] = num_rows, first_word
+        if diffs is not None:
+            header[HEADER_NUM_DIFFS], header[HEADER_DIFF_TABLE] = diffs
+        if resets is not None:
+            header[HEADER_NUM_RESETS], header[HEADER_RESET_ROWS] = resets
 
     @hot_path
     def enqueue_prepare(self, plan: StepPlan, staged: StagedStepArrays, state: RequestStateTable, block_table: BlockTable) -> None:

@@ -281,10 +281,10 @@ class ModelRunner:
             # A bucketed step: its graph applies the diffs itself when they sit in the first slot
             # (the usual case), reading counts and the table from the step buffer's header.
             step_buffer = self.graphs.inputs.step_bytes
-            packed = self._pack_for_graph(writer)
-            resets = self.sampling_state.take_resets(writer.first) if admitted else None
-            if resets is not None:  # the admitted rows' count reset runs in the graph too
-                self.input_batch.set_header_resets(writer.first, *resets)
+            packed = self.staged_writes.take_single_pack(writer.first)  # as `_pack_for_graph`, with the resets
+            resets = self.sampling_state.take_resets(writer.first) if admitted else None  # their count reset: in the graph too
+            if packed is not None or resets is not None:
+                self.input_batch.set_header_counts(writer.first, packed, resets)
         # The fused step copies the slot in and the output out itself, when nothing runs eager before it.
         fused = (lane_free and packed is not None and (resets is not None or not admitted)
                  and self.lanes.fits(writer, output_slot, in_bytes))

@@ -316,7 +316,8 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         # below name the error); so is the absence of drafts.
         got = _native_general.read_general(
             sched, SchedulerOutput, CachedRequests, last_step_id, r2r, _native_boundary.check_new_request,
-            _check_new_args(limits), limits.max_num_reqs, state.num_computed, state.num_blocks, state.num_tokens,
+            _check_new_last[1] if _check_new_last[0] is limits else _check_new_args(limits),  # `_check_new_args`, frameless
+            limits.max_num_reqs, state.num_computed, state.num_blocks, state.num_tokens,
             limits.block_size, limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks,
             *(state.batch_hint or _NO_HINT))
         if got is not NotImplemented:  # an accepted step: the parts below would read the same
@@ -325,7 +326,8 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
             return StepArrays(  # positional, in field order (as `_steady_arrays`)
                 gone, crows, None, cnew, appends, req_ids,  # gone .. req_ids
                 rows, new_positions, query_lens, starts, end, known,  # rows .. known
-                _zeros(len(req_ids)), None, total, query_starts, max_query_len, max_end, uniform_query_len,  # num_drafts ..
+                _ZEROS[:len(req_ids)] if len(req_ids) <= len(_ZEROS) else _zeros(len(req_ids)),  # num_drafts (`_zeros`)
+                None, total, query_starts, max_query_len, max_end, uniform_query_len,  # drafts ..
             )
     if not containers_checked:
         check_containers(sched)
