@@ -203,6 +203,8 @@ class StagingPool:
         self._known_first = device.is_cuda
 
     def _transition(self, slot: StagingSlot, new: SlotState) -> None:
+        """``slot`` into state ``new``, seen by every observer.  The per-step transitions call it only when there are
+        observers: without any, the state is set where it changes (no call a step)."""
         old = slot.state
         slot.state = new
         if self.observers:
@@ -218,7 +220,10 @@ class StagingPool:
                 self._retire(slot)
 
     def _retire(self, slot: StagingSlot) -> None:
-        self._transition(slot, SlotState.FREE)
+        if self.observers:  # `_transition`, called only for observers
+            self._transition(slot, SlotState.FREE)
+        else:
+            slot.state = SlotState.FREE
         slot.event = None
 
     @hot_path
@@ -262,7 +267,10 @@ class StagingPool:
         self._next = (slot.index + 1) % len(self.slots)
         slot.step = step
         slot.used_bytes = 0
-        self._transition(slot, SlotState.WRITING)
+        if self.observers:  # `_transition`, called only for observers
+            self._transition(slot, SlotState.WRITING)
+        else:
+            slot.state = SlotState.WRITING
         return slot
 
     def _free_slot(self, step: int, ask: bool) -> StagingSlot | None:
@@ -288,7 +296,10 @@ class StagingPool:
             self.device.enqueue(lambda: dev.copy_(host, non_blocking=True), f"h2d slot{slot.index} step{slot.step}")
         self.h2d_bytes_total += nbytes
         slot.event = self.device.record_event()
-        self._transition(slot, SlotState.IN_FLIGHT)
+        if self.observers:  # `_transition`, called only for observers
+            self._transition(slot, SlotState.IN_FLIGHT)
+        else:
+            slot.state = SlotState.IN_FLIGHT
 
     @hot_path
     def submit_enqueued(self, slot: StagingSlot, event: DeviceEvent, nbytes: int, landed_in: torch.Tensor) -> None:
@@ -299,7 +310,10 @@ class StagingPool:
         self.h2d_bytes_total += nbytes
         slot.copy_to = None  # the copy is the enqueued work's; ``landed_in`` is where the step's readers find it
         slot.event = event
-        self._transition(slot, SlotState.IN_FLIGHT)
+        if self.observers:  # `_transition`, called only for observers
+            self._transition(slot, SlotState.IN_FLIGHT)
+        else:
+            slot.state = SlotState.IN_FLIGHT
 
 
 class StagingWriter:

@@ -305,23 +305,18 @@ class OutputSlots:
         ``results["copied_out"]``: it copied the pack into ``slot`` too (a fused steady step, `impl.lanes`):
         only the event is recorded here.
         """
-        if results.get("copied_out"):
-            return self._hold(slot, layout, meta)
-        host, pack = self._d2h_views(slot, layout.nbytes)
-        if results.get("packed") is layout:
-            def copy_out() -> None:
-                host.copy_(pack, non_blocking=True)
-        else:
-            def copy_out() -> None:
-                self.pack_results(layout, results)
-                host.copy_(pack, non_blocking=True)
+        if not results.get("copied_out"):
+            host, pack = self._d2h_views(slot, layout.nbytes)
+            if results.get("packed") is layout:
+                def copy_out() -> None:
+                    host.copy_(pack, non_blocking=True)
+            else:
+                def copy_out() -> None:
+                    self.pack_results(layout, results)
+                    host.copy_(pack, non_blocking=True)
 
-        self.device.enqueue(copy_out, f"d2h output slot{slot} step{meta.step_id}")
-        return self._hold(slot, layout, meta)
-
-    def _hold(self, slot: int, layout: OutputLayout, meta: StepOutputMeta) -> AsyncStepOutput:
-        """The step's output over ``slot``, complete at the event recorded now (after its copy)."""
-        event = self.device.record_event()
-        result = AsyncStepOutput(self, slot, event, layout, meta)
+            self.device.enqueue(copy_out, f"d2h output slot{slot} step{meta.step_id}")
+        # The step's output over ``slot``, complete at the event recorded now (after its copy).
+        result = AsyncStepOutput(self, slot, self.device.record_event(), layout, meta)
         self._holders[slot] = result
         return result
