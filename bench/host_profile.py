@@ -78,7 +78,7 @@ def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_devic
 PHASES = (("", "_check"), ("", "_update_rows"), ("input_batch", "stage"), ("graphs", "select"), ("staged_writes", "flush"),
           ("", "_enqueue_applies"), ("", "_enqueue_device_step"), ("", "_enqueue_output"), ("state", "mark_used"),
           ("state", "advance"), ("", "_record_stats"), ("", "_execute_steady"), ("", "_pack_for_graph"),
-          ("state", "apply_cached"), ("block_table", "append_many"), ("staging", "submit"),
+          ("state", "apply_cached"), ("block_table", "append_many"), ("state", "plan_rows"), ("staging", "submit"),
           ("outputs", "enqueue_copy_out"), ("graphs", "run"), ("staging", "seek_free"), ("outputs", "seek_free"),
           ("lanes", "fits"), ("staging", "submit_enqueued"),
           # the eager step's device work, by owner (closures call them when the stream runs them: at once on cuda)

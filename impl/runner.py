@@ -317,8 +317,8 @@ class ModelRunner:
                                    and not self.state.num_prompt_logprob_rows) else None
 
         self.state.mark_step(step.rows, output.event)  # int64: the plan's int32 copy would cost a cast per scatter
-        self.state.advance(plan.req_ids, plan.query_lens, plan.num_drafts if len(plan.drafts) else None,
-                           (step.rows, step.ends, step.known))  # remembered as `plan_rows` does
+        self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
+        self.state.advance(plan.req_ids, plan.query_lens, plan.num_drafts if len(plan.drafts) else None)
         self._record_stats(sched.step_id, plan.num_reqs, plan.num_tokens, writer.bytes, enqueued_before, started,
                            fallback is None and self.graphs.enabled, fallback, step.steady)
         return output
@@ -360,7 +360,8 @@ class ModelRunner:
         self._close_lane(writer, fused, in_bytes, output)
         self._steady_key = key if packed is not None else None
         self.state.mark_step(step.rows, output.event)
-        self.state.advance(plan.req_ids, plan.query_lens, None, (step.rows, step.ends, step.known))
+        self.state.plan_rows(plan.req_ids, step.rows, step.ends, step.known)
+        self.state.advance(plan.req_ids, plan.query_lens, None)
         self._record_stats(step_id, plan.num_reqs, plan.num_tokens, writer.bytes, enqueued_before, started,
                            self.graphs.enabled, None, True)
         return output

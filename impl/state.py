@@ -385,16 +385,12 @@ class RequestStateTable:
 
     @hot_path
     def advance(self, req_ids: Sequence[str], num_scheduled: Mapping[str, int] | np.ndarray,
-                num_drafts: Mapping[str, int] | np.ndarray | None,
-                planned: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
+                num_drafts: Mapping[str, int] | np.ndarray | None) -> None:
         """Move the mirror past one step: each scheduled request computed its tokens and may have sampled.
 
         ``num_scheduled``/``num_drafts``: per request, as mappings by id or arrays in ``req_ids`` order
-        (``num_drafts=None``: the batch had no drafts).  ``planned``: (rows, ends, known) of the batch, remembered
-        first as `plan_rows` remembers them (the runner's step: one call for both).
+        (``num_drafts=None``: the batch had no drafts).
         """
-        if planned is not None:
-            self._planned = (req_ids, *planned)
         planned = self._planned
         k = None if num_drafts is None else _in_order(num_drafts, req_ids)
         if planned is not None and planned[0] is req_ids:
