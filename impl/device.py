@@ -255,6 +255,7 @@ class _StreamScope:
         self.thread = threading.get_ident()
 
     def __enter__(self) -> None:
+        self.thread = threading.get_ident()  # the device's one scope is entered anew by each step
         dev = self._dev
         if dev.launcher is not None:  # the step will push: the worker polls again by then
             dev.launcher.wake()
@@ -350,6 +351,7 @@ class Device:
         self.trace: list[str] | None = None  # sim: labels in the order they ran, when enabled
         self._on_stream: int | None = None  # cuda: the thread inside `on_stream` whose stream it made current
         self._scope: _StreamScope | None = None  # cuda: the open `on_stream` scope
+        self._stream_scope: _StreamScope | None = None  # cuda: the one scope `on_stream` hands out, made at first use
         # cuda: CUDA events of this device's markers seen complete, re-recorded by its next markers (`DeviceEvent`)
         self._spare_cuda_events: list[torch.cuda.Event] = []
         self._cuda_markers = 0  # cuda: markers recorded so far (each marker's number, in stream order)
@@ -475,7 +477,10 @@ class Device:
         entry and waits at its end until the thread has issued what the step pushed.  Nested use is a no-op."""
         if self.kind != "cuda" or self._scope is not None:
             return _NO_SCOPE
-        return _StreamScope(self)
+        scope = self._stream_scope  # one per device, entered by each step (no object made a step)
+        if scope is None:
+            scope = self._stream_scope = _StreamScope(self)
+        return scope
 
     def record_event(self) -> DeviceEvent:
         return DeviceEvent(self).record()

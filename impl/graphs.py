@@ -388,7 +388,7 @@ class CudaGraphManager:
             self.lanes.take()
             self.replays += 1
             self.fused_replays += 1
-            self.mixed_replays += key.mixed
+            self.mixed_replays += key.mode.query_len == MIXED  # `GraphKey.mixed`, without its call
             self.device.enqueue(graph.work, graph.label)
             return graph.step.result
         if not self.enabled:

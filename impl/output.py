@@ -107,7 +107,7 @@ class AsyncStepOutput:
     def __init__(self, ring: "OutputSlots", slot: int, event: DeviceEvent, layout: OutputLayout, meta: StepOutputMeta):
         self._ring = ring
         self._slot = slot
-        self._event = event
+        self.event = event  # recorded after the step's copy out: its work is done once this is complete
         self._layout = layout
         self._meta = meta
         self._result: ModelRunnerOutput | None = None
@@ -116,25 +116,21 @@ class AsyncStepOutput:
     def step_id(self) -> int:
         return self._meta.step_id
 
-    @property
-    def event(self) -> DeviceEvent:
-        return self._event
-
     def ready(self) -> bool:
         """True once the step's device work is done (never waits)."""
-        return self._result is not None or self._event.query()
+        return self._result is not None or self.event.query()
 
     def get(self) -> ModelRunnerOutput:
         if self._result is None:
-            self._event.synchronize()
+            self.event.synchronize()
             self._materialise()
         return self._result
 
     def materialise(self) -> None:
         """Decode the slot now, waiting on the event only if the step is not done yet."""
         if self._result is None:
-            if not self._event.query():
-                self._event.synchronize()
+            if not self.event.query():
+                self.event.synchronize()
             self._materialise()
 
     def _materialise(self) -> None:

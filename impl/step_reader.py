@@ -75,6 +75,7 @@ _ONES.flags.writeable = False  # shared by steps: read-only slices
 
 _ZEROS = np.zeros(1024, np.int64)
 _ZEROS.flags.writeable = False
+_NUM_ZEROS = len(_ZEROS)
 
 
 def _ones(k: int) -> np.ndarray:
@@ -326,7 +327,7 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
             return StepArrays(  # positional, in field order (as `_steady_arrays`)
                 gone, crows, None, cnew, appends, req_ids,  # gone .. req_ids
                 rows, new_positions, query_lens, starts, end, known,  # rows .. known
-                _ZEROS[:len(req_ids)] if len(req_ids) <= len(_ZEROS) else _zeros(len(req_ids)),  # num_drafts (`_zeros`)
+                _ZEROS[:n] if (n := len(req_ids)) <= _NUM_ZEROS else _zeros(n),  # num_drafts (`_zeros`, frameless)
                 None, total, query_starts, max_query_len, max_end, uniform_query_len,  # drafts ..
             )
     if not containers_checked:
