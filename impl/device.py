@@ -252,7 +252,7 @@ class _StreamScope:
     def __init__(self, dev: "Device"):
         self._dev = dev
         self._prev = None
-        self.thread = threading.get_ident()
+        self.thread = 0  # the thread that entered it: read only while it is open
 
     def __enter__(self) -> None:
         self.thread = threading.get_ident()  # the device's one scope is entered anew by each step
