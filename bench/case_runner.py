@@ -1,7 +1,6 @@
 """Runner benchmarks: host cost per step vs the V1-style baseline, staged-write bytes, end to end."""
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -17,7 +16,7 @@ from bench.workload import DecodeWorkload
 from impl import native
 from impl.device import Device
 from impl.interface import RunnerLimits, SamplingParams
-from impl.launcher import DEFAULT_SPIN_US
+from impl.launcher import idle_settings
 from impl.model.weights import ModelConfig, preset, random_weights
 
 PARAMS = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_tokens=1 << 20)
@@ -234,7 +233,7 @@ class _HostCostRun:
     steady: bool
     waits: int
     row_waits: int  # admissions that waited for a freed row's last step (`RequestStateTable.num_quarantine_waits`)
-    thread_cpu: tuple[float, float] | None  # the alone steps: launch-thread CPU seconds and wall seconds per step
+    thread_cpu: tuple[float, float, float] | None  # the alone steps, per step: launch-thread CPU and wall seconds, wakes
 
 
 def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, num_reqs: int, churn: float,
@@ -260,9 +259,10 @@ def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
     # and what the device's launch thread (`impl.launcher`) spends on them in CPU time, its polling included.
     launcher = getattr(runner.device, "launcher", None)
     cpu_before, wall_before = (launcher.cpu_seconds() if launcher else 0.0), time.perf_counter()
+    signals_before = launcher.signals() if launcher else 0
     alone_us = _drive(runner, work, steps // 2)
-    thread_cpu = ((launcher.cpu_seconds() - cpu_before) / (steps // 2), (time.perf_counter() - wall_before) / (steps // 2)
-                  ) if launcher else None
+    thread_cpu = ((launcher.cpu_seconds() - cpu_before) / (steps // 2), (time.perf_counter() - wall_before) / (steps // 2),
+                  (launcher.signals() - signals_before) / (steps // 2)) if launcher else None
     graphs_after = runner.cuda_graph_stats()
     bucketed = (graphs_after["replays"] + graphs_after["padded_eager"]) - (graphs_before["replays"] + graphs_before["padded_eager"])
     return _HostCostRun(num_reqs, churn, steps, runner, work, paired.runner_us, paired.baseline_us, alone_us,
@@ -316,12 +316,13 @@ def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Ro
     if churn > 0:
         out += _by_step_kind(run, tag)
     if run.thread_cpu is not None:
-        cpu, wall = run.thread_cpu
+        cpu, wall, signals = run.thread_cpu
+        spin, nap, nap_for = idle_settings()
         out.append(Row("host_cost", f"launch thread CPU time per step, {tag}", 1e6 * cpu, "us",
-                       note=f"impl.launcher's worker over the alone steps, its polling (RUNNERCHECK_LAUNCH_SPIN_US="
-                            f"{os.environ.get('RUNNERCHECK_LAUNCH_SPIN_US', DEFAULT_SPIN_US)}) included: "
-                            f"{cpu / wall:.0%} of a core while steps run back to back ({1e6 * wall:.0f} us a step, "
-                            "the workload's and output reads' time included)"))
+                       note=f"impl.launcher's worker over the alone steps, its polling ({spin} us) and naps ({nap} us "
+                            f"each for {nap_for} us) included: {cpu / wall:.0%} of a core while steps run back to back "
+                            f"({1e6 * wall:.0f} us a step, the workload's and output reads' time included); "
+                            f"wakes of the sleeping worker (a system call in the step) per step: {signals:.2f}"))
     out.append(Row("host_cost", f"host enqueues per step, {tag}", enqueues, "enqueues",
                    target="1 at 0% churn (the fused graph replay, H2D and D2H inside: impl.lanes)" if churn == 0.0 else None,
                    met=(enqueues <= 1) if churn == 0.0 and runner.graphs.enabled else None,

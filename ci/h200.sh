@@ -72,6 +72,8 @@
 #                 turn, $TREE_AB_PAIRS fresh pairs (default 4) at $TREE_AB_REQS requests (default "64 256"), 1% churn:
 #                 both trees timed under the host's speed of the moment; AB_NEW (default this tree): the new side;
 #                 TREE_AB_PIN: both sides' workers on these CPUs (`taskset -c`)
+#   bench_tree_env alone: bench_tree_ab's lockstep on this tree against itself with TREE_AB_ENV (NAME=VALUE) set in the
+#                 new side's workers (e.g. RUNNERCHECK_LAUNCH_NAP_FOR_US=0: the launch thread without naps)
 #   bench_tree_native alone: bench_tree_ab's lockstep on this tree against itself with RUNNERCHECK_NATIVE=0 in the new
 #                 side's workers: what the C twins of impl/native buy a step on this host (new / base > 1: they save)
 #   host_lines    alone: each statement of the step's functions timed on this host (`host_profile --lines`, a clock
@@ -175,6 +177,9 @@ want bench_host_ab && job bench_host_ab "${BENCH_LIMIT_S:-500}" bash -c 'base() 
 want bench_tree_ab && job bench_tree_ab "${BENCH_LIMIT_S:-500}" python3 -m bench.tree_ab "${AB_BASE:?an exported tree of the commit to compare with}" \
   --new "${AB_NEW:-.}" --device cuda --reqs ${TREE_AB_REQS:-64 256} --pairs "${TREE_AB_PAIRS:-4}" ${TREE_AB_PIN:+--pin "$TREE_AB_PIN"} \
   --out "$out/bench_tree_ab.json"
+want bench_tree_env && job bench_tree_env "${BENCH_LIMIT_S:-500}" python3 -m bench.tree_ab . --device cuda \
+  --reqs ${TREE_AB_REQS:-64} --pairs "${TREE_AB_PAIRS:-4}" --new-env "${TREE_AB_ENV:?NAME=VALUE for the new side}" \
+  --out "$out/bench_tree_env.json"
 want bench_tree_native && job bench_tree_native "${BENCH_LIMIT_S:-500}" python3 -m bench.tree_ab . --device cuda \
   --reqs ${TREE_AB_REQS:-64 256} --pairs "${TREE_AB_PAIRS:-4}" --new-env RUNNERCHECK_NATIVE=0 --out "$out/bench_tree_native.json"
 want host_launch_thread && job host_launch_thread "${BENCH_LIMIT_S:-420}" bash -c 'off() { RUNNERCHECK_LAUNCH_THREAD=0 python3 -m stress.cli bench --device cuda --only host_cost --out "$1"; }

@@ -11,9 +11,13 @@ its work is on the stream as before.  A marker pushed and not yet issued is not 
 
 The worker is C (`impl/native/launcher.c`): it calls the driver's ``cuGraphLaunch`` and ``cuEventRecord`` (found
 in ``libcuda.so.1`` through ctypes; runtime and driver handles are the same objects) and never takes the GIL.
-It polls for a job for ``RUNNERCHECK_LAUNCH_SPIN_US`` (default 300) after its last one, then sleeps; a step
-wakes it as it begins (`Device.on_stream`), so it is polling again by the time the step pushes.  That polling is
-most of its CPU time (`LaunchThread.cpu_seconds`; the host_cost benchmark reports it per step).
+Idle, it polls for a job for ``RUNNERCHECK_LAUNCH_SPIN_US`` (default 300) after its last one, then naps
+``RUNNERCHECK_LAUNCH_NAP_US`` (default 20) at a time for ``RUNNERCHECK_LAUNCH_NAP_FOR_US`` more (default 50000; 0:
+no naps), then sleeps.  A step tells it that it begins (`Device.on_stream`), so it is polling again by the time the
+step pushes.  A polling or napping worker finds that out by itself; only a sleeping one must be woken, and that wake
+is a system call (a futex wake) on the step's thread, some microseconds on the H200's virtual machine
+(docs/BENCHMARKS.md, run 118).  The naps keep that call out of steps that come closer together than the naps last.  Polling is most of the worker's CPU time (`LaunchThread.cpu_seconds`;
+the host_cost benchmark reports it per step, and the wakes per step: `LaunchThread.signals`).
 
 ``RUNNERCHECK_LAUNCH_THREAD``: ``auto`` (default: on for cuda when the C module builds and the driver's calls are
 found, else off with one log line), ``0`` (off: the step launches and records itself, as without the thread),
@@ -33,6 +37,8 @@ from impl import native
 log = logging.getLogger(__name__)
 
 DEFAULT_SPIN_US = 300
+DEFAULT_NAP_US = 20
+DEFAULT_NAP_FOR_US = 50_000
 
 
 class LaunchThreadError(RuntimeError):
@@ -43,15 +49,27 @@ def mode() -> str:
     return native.tri_state("RUNNERCHECK_LAUNCH_THREAD", LaunchThreadError)
 
 
-def _spin_us() -> int:
-    value = os.environ.get("RUNNERCHECK_LAUNCH_SPIN_US", str(DEFAULT_SPIN_US))
+def idle_settings() -> tuple[int, int, int]:
+    """The worker's idle phases in microseconds: (polling, one nap, naps for) from ``RUNNERCHECK_LAUNCH_SPIN_US``,
+    ``RUNNERCHECK_LAUNCH_NAP_US`` and ``RUNNERCHECK_LAUNCH_NAP_FOR_US`` (typed errors for values the worker refuses)."""
+    spin = _micros("RUNNERCHECK_LAUNCH_SPIN_US", DEFAULT_SPIN_US, 3_600_000_000)
+    nap = _micros("RUNNERCHECK_LAUNCH_NAP_US", DEFAULT_NAP_US, 1_000_000)
+    nap_for = _micros("RUNNERCHECK_LAUNCH_NAP_FOR_US", DEFAULT_NAP_FOR_US, 3_600_000_000)
+    if nap_for and not nap:
+        raise LaunchThreadError("RUNNERCHECK_LAUNCH_NAP_US=0 with naps for "
+                                f"{nap_for} us: a nap must last >= 1 us (set RUNNERCHECK_LAUNCH_NAP_FOR_US=0 for none)")
+    return spin, nap, nap_for
+
+
+def _micros(name: str, default: int, most: int) -> int:
+    value = os.environ.get(name, str(default))
     try:
-        spin = int(value)
+        micros = int(value)
     except ValueError:
-        spin = -1
-    if spin < 0:
-        raise LaunchThreadError(f"RUNNERCHECK_LAUNCH_SPIN_US={value!r}: expected an int >= 0 (microseconds)")
-    return spin
+        micros = -1
+    if not 0 <= micros <= most:
+        raise LaunchThreadError(f"{name}={value!r}: expected an int in [0, {most}] (microseconds)")
+    return micros
 
 
 def _driver_calls() -> tuple[int, int, int, int]:
@@ -77,7 +95,8 @@ class LaunchThread:
         self.event = launcher.event  # (event handle, stream handle) -> job number
         self.issued = launcher.issued  # () -> jobs issued so far
         self.pushed = launcher.pushed  # () -> jobs pushed so far
-        self.wake = launcher.wake
+        self.wake = launcher.wake  # () -> None: a step begins (a system call only when the worker sleeps)
+        self.signals = launcher.signals  # () -> times a pushing thread has woken the sleeping worker
         self.cpu_seconds = launcher.cpu_seconds  # () -> CPU seconds the worker has used (its polling is the most of it)
 
     @classmethod
@@ -87,13 +106,13 @@ class LaunchThread:
         wanted = mode()
         if wanted == "0":
             return None
-        spin_us = _spin_us()
+        idle = idle_settings()
         try:
             module = native.load("launcher")
             if module is None:
                 raise OSError("impl/native/launcher.c is not built (RUNNERCHECK_NATIVE=0 or no compiler)")
             graph, event, set_context, context = _driver_calls()
-            return cls(module.Launcher(graph, event, set_context, context, spin_us), stream_handle, module.LaunchError)
+            return cls(module.Launcher(graph, event, set_context, context, *idle), stream_handle, module.LaunchError)
         except (OSError, AttributeError, native.NativeBuildError) as err:
             if wanted == "1":
                 raise LaunchThreadError(f"the launch thread cannot start: {err}") from err
@@ -122,4 +141,4 @@ class LaunchThread:
             raise LaunchThreadError(str(err)) from err
 
 
-__all__ = ["DEFAULT_SPIN_US", "LaunchThread", "LaunchThreadError", "mode"]
+__all__ = ["DEFAULT_NAP_FOR_US", "DEFAULT_NAP_US", "DEFAULT_SPIN_US", "LaunchThread", "LaunchThreadError", "idle_settings", "mode"]

@@ -1,16 +1,22 @@
 /* The device's launch thread (`impl.launcher`): a worker that issues CUDA graph launches and event records on a
  * stream, in the order the device's thread pushed them, so that the host step does not wait on the driver.
  *
- * Launcher(graph_launch, event_record, set_context, context, spin_us) -- addresses of the driver's cuGraphLaunch,
- *     cuEventRecord and cuCtxSetCurrent (or of stand-ins with their signatures: int f(void *, void *), int
- *     f(void *)), the context the worker makes current before its first call (0: none), and how long the worker
- *     polls for the next job after its last one before it sleeps.  The worker starts at construction.
+ * Launcher(graph_launch, event_record, set_context, context, spin_us[, nap_us, nap_limit_us]) -- addresses of the
+ *     driver's cuGraphLaunch, cuEventRecord and cuCtxSetCurrent (or of stand-ins with their signatures: int
+ *     f(void *, void *), int f(void *)), the context the worker makes current before its first call (0: none), how
+ *     long the worker polls for the next job after its last one, then how long each of its naps lasts and for how
+ *     long after the polling it naps (0, 0: not at all) before it sleeps.  The worker starts at construction.
+ *     Idle, the worker polls, then naps, then sleeps.  Polling or napping, it finds a pushed job by itself (a nap
+ *     ends within nap_us); only a sleeping worker has to be woken, and waking it is a system call on the pushing
+ *     thread (a futex wake: several microseconds on a virtual machine's host, inside the step that pays it).
  *     graph(exec, stream) -> seq     push a graph launch; seq numbers the jobs from 1, in push order
  *     event(event, stream) -> seq    push an event record
  *     wait(seq=-1)                   return once every job up to ``seq`` (-1: every job pushed) is issued; raises
  *                                    LaunchError when any issued job failed (the first failure, kept)
  *     issued() / pushed() -> int     jobs issued (their driver call returned) / pushed so far
- *     wake()                         end the worker's sleep (a step about to push: it polls again by then)
+ *     wake()                         a step is about to push: a napping worker polls again from its next nap's end
+ *                                    (no system call), a sleeping one is woken
+ *     signals() -> int               how many times a pushing thread has woken the sleeping worker (a system call each)
  *     cpu_seconds() -> float         CPU time the worker has used (its polling included); after close, its total
  *     pause() / resume()             hold issuing (tests: a job pushed and not yet issued); wait() raises while paused
  *     close()                        stop and join the worker (pushed jobs are issued first)
@@ -20,12 +26,17 @@
  * ``pushed`` is written by the producer, ``issued`` and the first error by the worker.
  *
  * The planted-bug test builds -DRUNNERCHECK_PLANT_ISSUED_EARLY: issued() answers with the jobs pushed, so a job
- * still in the ring passes for one on the stream (a marker query would then ask CUDA about an unrecorded event).
+ * still in the ring passes for one on the stream (a marker query would then ask CUDA about an unrecorded event);
+ * and -DRUNNERCHECK_PLANT_NAP_MISSES_PUSH: a napping worker looks only for a step's wake(), not for a pushed job, so a
+ * job pushed without one waits for the naps to end.
  */
 #include "arrays.h"
 
 #include <errno.h>
 #include <pthread.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 #include <stdatomic.h>
 #include <stdint.h>
 #include <time.h>
@@ -47,6 +58,8 @@ typedef struct {
     atomic_uint_fast64_t pushed;
     atomic_uint_fast64_t issued;
     atomic_int stop, sleeping, paused, error_code, error_kind;
+    atomic_int wanted; /* a step's wake() while the worker was not asleep: it polls again from its next nap's end */
+    atomic_uint_fast64_t signals; /* wakes of the sleeping worker (a system call each) */
     atomic_uint_fast64_t error_seq;
     int woken; /* under ``mutex`` */
     pthread_mutex_t mutex;
@@ -56,7 +69,7 @@ typedef struct {
     HandleCall graph_launch, event_record;
     ContextCall set_context;
     void *context;
-    long long spin_ns;
+    long long spin_ns, nap_ns, nap_limit_ns;
     _Atomic double cpu_at_exit; /* the worker's CPU seconds, written by it as it exits */
 } Launcher;
 
@@ -95,20 +108,37 @@ static void note_error(Launcher *l, int code, int kind, uint64_t seq)
     }
 }
 
+/* Wake the sleeping worker: one signal (a system call) unless one is already on its way. */
 static void wake_worker(Launcher *l)
 {
     pthread_mutex_lock(&l->mutex);
-    l->woken = 1;
-    pthread_cond_signal(&l->wake);
+    if (!l->woken) {
+        l->woken = 1;
+        atomic_fetch_add(&l->signals, 1);
+        pthread_cond_signal(&l->wake);
+    }
     pthread_mutex_unlock(&l->mutex);
 }
 
-/* The worker: issue every pushed job in order, poll ``spin_ns`` after the last, then sleep until a push wakes it.
- * The sleep is the other half of the producer's (store ``pushed``, load ``sleeping``): both sequentially
+/* One nap of ``ns`` nanoseconds (the worker's timer slack is set small: `work`). */
+static void nap(long long ns)
+{
+    struct timespec t = {ns / 1000000000LL, ns % 1000000000LL};
+    while (clock_nanosleep(CLOCK_MONOTONIC, 0, &t, &t) == EINTR)
+        ;
+}
+
+/* The worker: issue every pushed job in order, poll ``spin_ns`` after the last, nap ``nap_ns`` at a time for
+ * ``nap_limit_ns`` more (a step's wake() or a pushed job found after a nap: it polls again), then sleep until a push
+ * wakes it.  The sleep is the other half of the producer's (store ``pushed``, load ``sleeping``): both sequentially
  * consistent, so either the worker sees the job before it sleeps or the producer sees it asleep and wakes it. */
 static void *work(void *arg)
 {
     Launcher *l = arg;
+#ifdef __linux__
+    if (l->nap_ns > 0)
+        prctl(PR_SET_TIMERSLACK, 1000UL); /* a nap ends within a microsecond of its time, not the default 50 */
+#endif
     if (l->set_context != NULL && l->context != NULL) {
         int code = l->set_context(l->context);
         if (code)
@@ -128,16 +158,29 @@ static void *work(void *arg)
                     note_error(l, code, job.kind, done);
                 atomic_store(&l->issued, done);
             }
+            atomic_store(&l->wanted, 0); /* the step that asked is pushing: polling from here serves it */
             idle_since = now_ns();
             continue;
         }
-        if (now_ns() - idle_since < l->spin_ns) {
+        const long long idle = now_ns() - idle_since;
+        if (idle < l->spin_ns) {
             relax();
+            continue;
+        }
+        if (idle < l->spin_ns + l->nap_limit_ns && !atomic_load(&l->stop)) {
+            if (atomic_exchange(&l->wanted, 0))
+                idle_since = now_ns(); /* a step began: poll for its jobs */
+            else
+                nap(l->nap_ns);
+#ifdef RUNNERCHECK_PLANT_NAP_MISSES_PUSH
+            while (!atomic_load(&l->wanted) && !atomic_load(&l->stop) && now_ns() - idle_since < l->spin_ns + l->nap_limit_ns)
+                nap(l->nap_ns);
+#endif
             continue;
         }
         pthread_mutex_lock(&l->mutex);
         atomic_store(&l->sleeping, 1);
-        while (!l->woken && !atomic_load(&l->stop)
+        while (!l->woken && !atomic_load(&l->stop) && !atomic_load(&l->wanted)
                && (atomic_load(&l->pushed) == done || atomic_load(&l->paused))) {
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
@@ -149,6 +192,7 @@ static void *work(void *arg)
             pthread_cond_timedwait(&l->wake, &l->mutex, &until);
         }
         l->woken = 0;
+        atomic_store(&l->wanted, 0);
         atomic_store(&l->sleeping, 0);
         pthread_mutex_unlock(&l->mutex);
         idle_since = now_ns();
@@ -170,12 +214,13 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
 {
     (void)kwds;
     PyObject *graph_obj, *event_obj, *context_call_obj, *context_obj;
-    long long spin_us;
+    long long spin_us, nap_us = 0, nap_limit_us = 0;
     if (self->running) {
         PyErr_SetString(PyExc_RuntimeError, "Launcher already started");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOOOL", &graph_obj, &event_obj, &context_call_obj, &context_obj, &spin_us))
+    if (!PyArg_ParseTuple(args, "OOOOL|LL", &graph_obj, &event_obj, &context_call_obj, &context_obj, &spin_us, &nap_us,
+                          &nap_limit_us))
         return -1;
     void *graph, *event, *context_call, *context;
     if (!address(graph_obj, &graph) || !address(event_obj, &event) || !address(context_call_obj, &context_call)
@@ -185,16 +230,27 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "Launcher needs its two calls' addresses and spin_us >= 0");
         return -1;
     }
+    /* A nap of 0 would poll as fast as the polling does, through a system call; the limit keeps the sums in range. */
+    if (nap_limit_us < 0 || nap_us < 0 || (nap_limit_us > 0 && nap_us == 0) || nap_us > 1000000 || nap_limit_us > 3600000000LL
+        || spin_us > 3600000000LL) {
+        PyErr_SetString(PyExc_ValueError, "Launcher needs 0 <= nap_us <= 1e6 (> 0 with a nap limit), "
+                                          "0 <= nap_limit_us <= 3.6e9 and spin_us <= 3.6e9");
+        return -1;
+    }
     self->graph_launch = (HandleCall)graph;
     self->event_record = (HandleCall)event;
     self->set_context = (ContextCall)context_call;
     self->context = context;
     self->spin_ns = spin_us * 1000;
+    self->nap_ns = nap_us * 1000;
+    self->nap_limit_ns = nap_limit_us * 1000;
     atomic_store(&self->pushed, 0);
     atomic_store(&self->issued, 0);
     atomic_store(&self->stop, 0);
     atomic_store(&self->sleeping, 0);
     atomic_store(&self->paused, 0);
+    atomic_store(&self->wanted, 0);
+    atomic_store(&self->signals, 0);
     atomic_store(&self->error_code, 0);
     atomic_store(&self->error_kind, 0);
     atomic_store(&self->error_seq, 0);
@@ -302,9 +358,12 @@ static PyObject *Launcher_wait(Launcher *self, PyObject *args)
             return NULL;
         }
         Py_BEGIN_ALLOW_THREADS
+        int asked = 0; /* one wake: a woken worker issues before it can sleep again (the pushes woke it already) */
         while (atomic_load(&self->issued) < seq) {
-            if (atomic_load(&self->sleeping))
+            if (!asked && atomic_load(&self->sleeping)) {
                 wake_worker(self);
+                asked = 1;
+            }
             relax();
         }
         Py_END_ALLOW_THREADS
@@ -329,9 +388,18 @@ static PyObject *Launcher_pushed(Launcher *self, PyObject *unused)
 static PyObject *Launcher_wake(Launcher *self, PyObject *unused)
 {
     (void)unused;
-    if (self->running && atomic_load(&self->sleeping))
+    if (!self->running)
+        Py_RETURN_NONE;
+    atomic_store(&self->wanted, 1); /* seen at a nap's end; before the load below, so a worker going to sleep clears it */
+    if (atomic_load(&self->sleeping))
         wake_worker(self);
     Py_RETURN_NONE;
+}
+
+static PyObject *Launcher_signals(Launcher *self, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(atomic_load(&self->signals));
 }
 
 static PyObject *Launcher_cpu_seconds(Launcher *self, PyObject *unused)
@@ -380,7 +448,8 @@ static PyMethodDef Launcher_methods[] = {
     {"wait", (PyCFunction)Launcher_wait, METH_VARARGS, "Return once the jobs up to seq (-1: all) are issued."},
     {"issued", (PyCFunction)Launcher_issued, METH_NOARGS, "Jobs issued so far."},
     {"pushed", (PyCFunction)Launcher_pushed, METH_NOARGS, "Jobs pushed so far."},
-    {"wake", (PyCFunction)Launcher_wake, METH_NOARGS, "End the worker's sleep."},
+    {"wake", (PyCFunction)Launcher_wake, METH_NOARGS, "A step is about to push: end the worker's nap or sleep."},
+    {"signals", (PyCFunction)Launcher_signals, METH_NOARGS, "Wakes of the sleeping worker so far (a system call each)."},
     {"cpu_seconds", (PyCFunction)Launcher_cpu_seconds, METH_NOARGS, "CPU time the worker has used, its polling included."},
     {"pause", (PyCFunction)Launcher_pause, METH_NOARGS, "Hold issuing (tests)."},
     {"resume", (PyCFunction)Launcher_resume, METH_NOARGS, "Issue again."},

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from impl import native
-from impl.launcher import LaunchThread, LaunchThreadError, _driver_calls, mode
+from impl.launcher import LaunchThread, LaunchThreadError, _driver_calls, idle_settings, mode
 
 _HANDLE_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _CONTEXT_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
@@ -47,10 +47,10 @@ class StandIns:
         self.calls.append(("context", context))
         return 0
 
-    def launcher(self, module=None, spin_us: int = 50):
+    def launcher(self, module=None, spin_us: int = 50, nap_us: int = 0, nap_for_us: int = 0):
         module = module or _module()
         graph, event, context = (_address(f) for f in self._keep)
-        return module.Launcher(graph, event, context, 77, spin_us)
+        return module.Launcher(graph, event, context, 77, spin_us, nap_us, nap_for_us)
 
 
 def _module(defines: tuple[str, ...] = ()):
@@ -173,8 +173,57 @@ def test_bad_launcher_arguments_are_typed_errors():
         module.Launcher(0, 0, 0, 0, 10)
     with pytest.raises(ValueError, match="spin_us"):
         module.Launcher(1, 1, 0, 0, -1)
+    for nap_us, nap_for_us in ((0, 10), (-1, 0), (5, -1), (2_000_000, 10)):
+        with pytest.raises(ValueError, match="nap_us"):
+            module.Launcher(1, 1, 0, 0, 10, nap_us, nap_for_us)
     with pytest.raises(TypeError):
         module.Launcher("a", 1, 0, 0, 1)
+
+
+def _issued_within(launcher, seconds: float) -> float:
+    """Push one job to a worker idle past its polling and return how long it took to be issued."""
+    time.sleep(seconds)
+    pushed_at = time.perf_counter()
+    launcher.graph(2, 9)
+    launcher.wait()
+    return time.perf_counter() - pushed_at
+
+
+def test_a_napping_worker_takes_pushed_jobs_without_being_woken():
+    """Past its polling a worker naps: a job pushed then is issued at a nap's end, with no system call from the pushing
+    thread (``signals``), and a step's ``wake`` costs none either.  Past its naps it sleeps: a push wakes it (one
+    signal each)."""
+    stand_ins = StandIns()
+    launcher = stand_ins.launcher(spin_us=200, nap_us=50, nap_for_us=3_000_000)
+    try:
+        launcher.graph(1, 9)
+        launcher.wait()
+        took = _issued_within(launcher, 0.02)  # napping
+        launcher.wake()
+        launcher.graph(3, 9)
+        launcher.wait()
+        assert launcher.signals() == 0, launcher.signals()
+        assert took < 0.5, took  # a nap's end, not the naps' (3 s); a busy 2-core box may delay it a little
+        assert [c[1] for c in stand_ins.calls[1:]] == [1, 2, 3]
+    finally:
+        launcher.close()
+    no_naps = StandIns().launcher(spin_us=200)
+    try:
+        _issued_within(no_naps, 0.02)  # asleep: woken by the push
+        assert no_naps.signals() == 1
+    finally:
+        no_naps.close()
+
+
+def test_planted_bug_a_napping_worker_that_looks_only_for_wakes_is_caught():
+    """A nap loop that waits for a step's ``wake`` and never looks at the ring leaves a job pushed without one in the
+    ring until the naps end: the pushing step would wait for its own launch at its end."""
+    launcher = StandIns().launcher(_module(("RUNNERCHECK_PLANT_NAP_MISSES_PUSH",)), spin_us=200, nap_us=50,
+                                   nap_for_us=1_500_000)
+    try:
+        assert _issued_within(launcher, 0.02) > 1.0
+    finally:
+        launcher.close()
 
 
 @pytest.mark.parametrize("value", ["2", "yes"])
@@ -198,6 +247,22 @@ def test_the_launch_thread_is_off_on_request_and_without_a_driver(monkeypatch):
     monkeypatch.setenv("RUNNERCHECK_LAUNCH_THREAD", "auto")
     with pytest.raises(LaunchThreadError, match="RUNNERCHECK_LAUNCH_SPIN_US"):
         LaunchThread.start(0)
+
+
+@pytest.mark.parametrize("settings, named", [
+    ({"RUNNERCHECK_LAUNCH_NAP_US": "x"}, "RUNNERCHECK_LAUNCH_NAP_US"),
+    ({"RUNNERCHECK_LAUNCH_NAP_US": "2000000"}, "RUNNERCHECK_LAUNCH_NAP_US"),
+    ({"RUNNERCHECK_LAUNCH_NAP_FOR_US": "-1"}, "RUNNERCHECK_LAUNCH_NAP_FOR_US"),
+    ({"RUNNERCHECK_LAUNCH_NAP_US": "0"}, "RUNNERCHECK_LAUNCH_NAP_FOR_US=0"),
+])
+def test_bad_idle_settings_are_typed_errors(monkeypatch, settings, named):
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(LaunchThreadError, match=named):
+        idle_settings()
+    monkeypatch.setenv("RUNNERCHECK_LAUNCH_NAP_FOR_US", "0")
+    if "RUNNERCHECK_LAUNCH_NAP_US" in settings and settings["RUNNERCHECK_LAUNCH_NAP_US"] == "0":
+        assert idle_settings()[1:] == (0, 0)  # no naps at all: accepted
 
 
 def test_cpu_and_sim_devices_have_no_launch_thread():
