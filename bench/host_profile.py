@@ -17,13 +17,15 @@ bookkeeping alone (outputs are garbage then; a measuring aid, never a correctnes
 ``--lines impl.runner:ModelRunner._execute`` times each statement of one function or method instead: its
 source, compiled again with a clock read before every statement (``--depth``: also inside that many levels of
 if/for/with bodies), replaces it for the run; each read costs ~0.1 us on the dev box, counted in the statement
-after it; several ``--lines`` time several functions over the same steps.  A function that uses a closure cell
-(``super()``, a nested function's free names) is refused.
+after it; several ``--lines`` time several functions over the same steps.  With churn, each statement's median is
+also given over the steps that admitted a request and over the others, and their difference: where an admission's
+cost lands.  A function that uses a closure cell (``super()``, a nested function's free names) is refused.
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import bisect
 import cProfile
 import importlib
 import inspect
@@ -262,30 +264,55 @@ def time_lines(device: Device, num_reqs: int, steps: int, targets: list[str], de
         for timed_fn in (entry[3] for entry in timed):  # their globals are copies: a timed caller finds the timed callee
             if timed_fn.__globals__.get(name) is original:
                 timed_fn.__globals__[name] = new
+    step_starts: list[tuple[int, ...]] = []  # per step: where it begins in each timed function's marks
+
+    class StepStart:
+        def __enter__(self) -> None:
+            step_starts.append(tuple(len(entry[5]) for entry in timed))
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    start = StepStart()
+    runner_steps = case_runner._RunnerSteps(runner, work, around=lambda: start)
     try:
-        case_runner._drive(runner, work, steps)
+        for _ in range(steps):
+            runner_steps.step()
+        runner_steps.finish()
     finally:
         for holder, name, original, _ in swaps:
             setattr(holder, name, original)
     out = []
-    for target, (_, _, _, _, labels, marks) in zip(targets, timed):
-        out += _statement_table(device, num_reqs, churn, steps, target, drop_device_work, labels, marks)
+    for k, (target, (_, _, _, _, labels, marks)) in enumerate(zip(targets, timed)):
+        starts = [positions[k] for positions in step_starts]
+        # Each mark's step: whether it admitted (the step whose start is the last at or before the mark).
+        admitting = [runner_steps.admitting[bisect.bisect_right(starts, i) - 1] for i in range(len(marks))]
+        out += _statement_table(device, num_reqs, churn, steps, target, drop_device_work, labels, marks, admitting)
     return "\n".join(out)
 
 
 def _statement_table(device: Device, num_reqs: int, churn: float, steps: int, target: str, drop_device_work: bool,
-                     labels: list[tuple[int, str]], marks: list[tuple[int, float]]) -> list[str]:
-    samples: dict[int, list[float]] = {}
-    for (index, start), (_, stop) in zip(marks, marks[1:]):
+                     labels: list[tuple[int, str]], marks: list[tuple[int, float]], admitting: list[bool]) -> list[str]:
+    """The statements' medians (and times run) over all steps, then, when both kinds ran them, over the admitting
+    steps and the others, and the difference: admitting - other."""
+    samples: dict[int, tuple[list[float], list[float]]] = {}  # statement -> (admitting steps' times, the others')
+    for (index, start), (_, stop), admits in zip(marks, marks[1:], admitting):
         if index >= 0:
-            samples.setdefault(index, []).append((stop - start) * 1e6)
+            samples.setdefault(index, ([], []))[0 if admits else 1].append((stop - start) * 1e6)
     calls = sum(1 for index, _ in marks if index == -1)
+    split = any(adm and other for adm, other in samples.values())
     out = [f"{device.kind}{', device work dropped' if drop_device_work else ''}, {num_reqs} decode requests, churn {churn}, "
-           f"{steps} steps: {target} ran {calls} times; median host us per statement (times it ran), a clock read each"]
+           f"{steps} steps: {target} ran {calls} times; median host us per statement (times it ran), a clock read each"
+           + ("; then over admitting steps / the others, and the difference" if split else "")]
     for index in sorted(samples):
         line, text = labels[index]
-        values = samples[index]
-        out.append(f"  {statistics.median(values):8.2f}  ({len(values):5d})  {line:5d}  {text[:110]}")
+        adm, other = samples[index]
+        row = f"  {statistics.median(adm + other):8.2f}  ({len(adm) + len(other):5d})"
+        if split:
+            by_kind = [f"{statistics.median(v):7.2f}" if v else "      -" for v in (adm, other)]
+            delta = f"{statistics.median(adm) - statistics.median(other):+7.2f}" if adm and other else "      -"
+            row += f"  {by_kind[0]} / {by_kind[1]}  {delta}"
+        out.append(f"{row}  {line:5d}  {text[:100]}")
     return out
 
 

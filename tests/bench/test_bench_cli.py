@@ -107,6 +107,23 @@ def test_host_profile_times_each_statement_of_one_method(capsys) -> None:
     assert not hasattr(ModelRunner._execute, "__code__") or "__rc_marks" not in ModelRunner._execute.__code__.co_names
 
 
+def test_host_profile_splits_each_statement_by_step_kind(capsys) -> None:
+    """With churn, a statement's times are split into the steps that admitted and the others: a release runs only in
+    admitting steps (none in the others' column), a statement every step runs has both and their difference."""
+    from bench.host_profile import main as host_profile_main
+
+    assert host_profile_main(["--device", "cpu", "--reqs", "4", "--steps", "16", "--churn", "0.12", "--drop-device-work",
+                              "--lines", "impl.runner:ModelRunner._update_rows", "--depth", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "then over admitting steps / the others, and the difference" in text
+    rows = {line.split("  ")[-1].strip(): line for line in text.splitlines()[1:]}
+    release = rows["self.state.release(req_id)"]
+    assert release.split("/")[1].split()[0] == "-" and release.split("/")[1].split()[1] == "-", release
+    step = rows["step = self._step"]
+    other, delta = step.split("/")[1].split()[:2]
+    assert other != "-" and delta[0] in "+-" and delta != "-", step
+
+
 def test_host_profile_times_several_functions_in_one_run(capsys) -> None:
     """A timed method that calls a timed module function (imported by name into the runner's module) reaches the
     timed one: both tables count their calls."""
