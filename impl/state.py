@@ -218,8 +218,17 @@ class RequestStateTable:
             newest = self._batch_event
             if newest is not None and newest.query():  # in stream order: every use is over
                 return False
-        event = self._use_event(row)
-        return event is not None and not event.query()
+        return any(not event.query() for event in self._last_readers(row))
+
+    def _last_readers(self, row: int) -> list[DeviceEvent]:
+        """The markers after which no step reads ``row``: its own last mark while one is kept (`mark_used`), and, where
+        `mark_step` keeps none (``_ask_newest_first`` without ``history_reads``), the step its prefill reads ended with
+        (``_reads_over``: noted when its prefill is seen computed, or the newest marker at its release -- the step
+        that marked every row then prefilling, itself among them).  Callers wait for or ask each."""
+        readers = [] if (event := self._use_event(row)) is None else [event]
+        if self._ask_newest_first and not self.history_reads and (over := self._reads_over[row]) is not None:
+            readers.append(over)
+        return readers
 
     def free_rows(self) -> tuple[int, ...]:
         """The free list in order (quarantined rows included), for inspection."""
@@ -227,12 +236,7 @@ class RequestStateTable:
 
     def quarantined_rows(self) -> tuple[int, ...]:
         """Free rows whose last step has not completed, read without letting a sim device run work."""
-        out = []
-        for r in self._free:
-            event = self._use_event(r)
-            if event is not None and not event.is_complete():
-                out.append(r)
-        return tuple(out)
+        return tuple(r for r in self._free if any(not event.is_complete() for event in self._last_readers(r)))
 
     def mirror_for(self, sched: object) -> dict[str, LiveRequest]:
         """The mirror as the per-request validator sees it, corrected for draft rejections the scheduler reports.
@@ -343,7 +347,8 @@ class RequestStateTable:
         # Every free row may still be read by in-flight work: wait for the one freed first.
         row = self._free.popleft()
         self.num_quarantine_waits += 1
-        self._use_event(row).synchronize()
+        for event in self._last_readers(row):
+            event.synchronize()
         return row
 
     @hot_path
@@ -423,11 +428,20 @@ class RequestStateTable:
     def mark_step(self, rows: np.ndarray, event: DeviceEvent) -> None:
         """Mark a step's use of the rows whose prefill tokens it may read (before its `advance`): every scheduled
         row with ``history_reads``; else the rows still prefilling, scheduled or not (a superset is safe).  A step
-        that reads none -- every decode step of rows past their prefill -- records nothing."""
+        that reads none -- every decode step of rows past their prefill -- records nothing.
+
+        Without ``history_reads``, where a free row's check reads its ``_reads_over`` marker first
+        (``_ask_newest_first``), the step's marker becomes the newest and no per-row mark is kept: each of those rows
+        is marked by every step until its prefill is seen computed or it is released, and both note the newest marker
+        as its last reader (`_end_prefill_reads`, `release`), which is what `_last_readers` answers for it.  On sim
+        every row keeps its own mark, as a seeded replay's queries expect."""
         if self.history_reads:
             self.mark_used(rows, event)
         elif self._prefilling:
-            self.mark_used(list(self._prefilling), event)  # usually one row: a list, no array made
+            if self._ask_newest_first:
+                self._batch_event = event
+            else:
+                self.mark_used(list(self._prefilling), event)  # usually one row: a list, no array made
 
     @hot_path
     def mark_used(self, rows: Iterable[int] | np.ndarray, event: DeviceEvent) -> None:

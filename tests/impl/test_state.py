@@ -94,6 +94,9 @@ def test_quarantine_prefers_a_completed_row_without_waiting(newest_first):
     row_c = table.admit(_req("c", (3,)), seed=0)
     table.admit(_req("d", (4,)), seed=0)
     table.mark_used([row_c], dev.record_event())  # nothing queued: complete
+    # c's prefill is computed by that step: its reads end there (a released row still prefilling would name the
+    # newest marker at its release as its last reader on a newest-first table, whose steps mark no row of their own).
+    table.advance(["c"], np.array([1]), None)
     _read_row_later(dev, table, row_a, 1, seen)
     table.release("a")
     table.release("c")
@@ -116,11 +119,12 @@ def test_planted_bug_without_quarantine_the_reader_sees_new_tokens(monkeypatch):
     assert seen == [[2, 2, 2]]
 
 
-def _reused_row_read(newest_first: bool) -> list:
+def _reused_row_read(newest_first: bool, history_reads: bool = False) -> list:
     """What a queued read of a freed row sees when later steps used other rows before the row is admitted again."""
     dev = Device("sim", lag_policy="lag-5-steps")
     table = RequestStateTable(dev, max_num_reqs=2, max_model_len=8)
     table._ask_newest_first = newest_first
+    table.history_reads = history_reads
     seen: list = []
     row_a = table.admit(_req("a", (1, 1, 1)), seed=0)
     row_c = table.admit(_req("c", (4,)), seed=0)
@@ -137,10 +141,13 @@ def test_a_row_stays_quarantined_while_a_step_that_read_it_is_queued_behind_late
     assert _reused_row_read(newest_first) == [[1, 1, 1]]
 
 
-def test_planted_bug_a_batch_not_recorded_while_its_step_may_run_is_caught(monkeypatch):
-    """The test above can fail: a table that drops a batch's last-use marks without knowing its step complete."""
+@pytest.mark.parametrize("newest_first", [False, True], ids=["row-marker", "newest-marker-first-history-reads"])
+def test_planted_bug_a_batch_not_recorded_while_its_step_may_run_is_caught(monkeypatch, newest_first):
+    """The test above can fail: a table that drops a batch's last-use marks without knowing its step complete, where
+    those marks answer for a free row -- on sim, and with ``history_reads`` (a newest-first table without it answers
+    from each row's prefill reads, `RequestStateTable._last_readers`)."""
     monkeypatch.setattr(RequestStateTable, "_write_batch_uses", lambda self: setattr(self, "_batch_rows", None))
-    assert _reused_row_read(True) == [[2, 2, 2]]
+    assert _reused_row_read(newest_first, history_reads=newest_first) == [[2, 2, 2]]
 
 
 def test_a_row_freed_after_a_completed_step_is_handed_out_without_a_query(monkeypatch):
@@ -199,6 +206,15 @@ def test_planted_bug_prefill_reads_ended_a_chunk_early_is_caught(monkeypatch):
     """The test above can fail: a table that ends a row's prefill reads before its last chunk hands the row out
     while that chunk's read is queued."""
     assert _readmit_after_a_chunked_prefill(monkeypatch, True) == [[1, 1], [2, 2]]
+
+
+def test_planted_bug_a_free_rows_check_that_skips_its_prefill_reads_is_caught(monkeypatch):
+    """Steps mark no row of their own on a newest-first table without ``history_reads`` (`RequestStateTable.mark_step`):
+    a free row's last reader is then its prefill's last reading step alone.  A check that asks only for kept marks
+    hands the row out while that step is queued."""
+    monkeypatch.setattr(RequestStateTable, "_last_readers",
+                        lambda self, row: [] if (event := self._use_event(row)) is None else [event])
+    assert _readmit_after_a_chunked_prefill(monkeypatch, False) == [[1, 1], [2, 2]]
 
 
 def test_decode_steps_mark_nothing_and_a_row_past_its_prefill_is_free_at_once(monkeypatch):
