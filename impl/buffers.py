@@ -143,6 +143,12 @@ class StagingSlot:
 
     def try_reserve_words(self, n: int) -> tuple[np.ndarray, int] | None:
         """`reserve_words`, or None (nothing reserved) when ``n`` words do not fit after what the slot holds."""
+        first = self.try_reserve_index(n)
+        return None if first is None else (self.host_words[first : first + n], first)
+
+    def try_reserve_index(self, n: int) -> int | None:
+        """`try_reserve_words` without the host view: the first word's index (None: nothing reserved, they do not fit);
+        the caller writes ``host_words[first : first + n]`` itself."""
         if self.state is not SlotState.WRITING:
             raise StagingLifetimeError("alloc on a staging slot that is not being written", slot=self.index, step=self.step, state=self.state)
         start = -(-self.used_bytes // _ALIGN) * _ALIGN
@@ -152,8 +158,7 @@ class StagingSlot:
         if start < self.kept_bytes:
             self.kept, self.kept_bytes = None, 0
         self.used_bytes = end
-        first = start // 4
-        return self.host_words[first : first + n], first
+        return start // 4
 
     def free_words(self) -> tuple[np.ndarray, int]:
         """The words a `reserve_words` would hand out next, all of them up to the slot's end: (host view, first
@@ -370,14 +375,28 @@ class StagingWriter:
     def reserve_words(self, n: int) -> tuple[np.ndarray, StagingSlot, int]:
         """`alloc_words` without the device view: (host view, the slot, first word index in its ``device_words``)."""
         slot = self.slot
-        got = None if slot is None else slot.try_reserve_words(n)
-        if got is None:
-            if slot is not None:
-                self._submit_current()
-            slot = self.slot = self.pool.acquire(self.step)
-            self.num_slots_used += 1
-            got = slot.reserve_words(n)  # raises when n words exceed a whole slot
-        return got[0], slot, got[1]
+        first = None if slot is None else slot.try_reserve_index(n)
+        if first is None:
+            slot, first = self._reserve_in_next_slot(n)
+        return slot.host_words[first : first + n], slot, first
+
+    @hot_path
+    def reserve_index(self, n: int) -> tuple[StagingSlot, int]:
+        """`reserve_words` without the host view: (the slot, first word index); the caller writes its
+        ``host_words[first : first + n]`` (a word or two: no view object made)."""
+        slot = self.slot
+        first = None if slot is None else slot.try_reserve_index(n)
+        if first is None:
+            slot, first = self._reserve_in_next_slot(n)
+        return slot, first
+
+    def _reserve_in_next_slot(self, n: int) -> tuple[StagingSlot, int]:
+        """``n`` words at the start of a new slot, the current one (if any) submitted first."""
+        if self.slot is not None:
+            self._submit_current()
+        slot = self.slot = self.pool.acquire(self.step)
+        self.num_slots_used += 1
+        return slot, slot.reserve_words(n)[1]  # raises when n words exceed a whole slot
 
     def free_words(self) -> tuple[np.ndarray, StagingSlot, int] | None:
         """The current slot's unreserved words (`StagingSlot.free_words`: host view, the slot, first word index), or

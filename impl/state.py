@@ -270,8 +270,10 @@ class RequestStateTable:
         if got is NotImplemented:
             got = self._release_reference(req_id)
         self._planned = None
-        self.num_logprob_rows -= got[1]
-        self.num_prompt_logprob_rows -= got[2]
+        if got[1]:  # the counts move only for a request that asked (the usual one did not)
+            self.num_logprob_rows -= 1
+        if got[2]:
+            self.num_prompt_logprob_rows -= 1
         return got[0]
 
     def _release_reference(self, req_id: str) -> tuple[int, bool, bool]:
@@ -312,8 +314,10 @@ class RequestStateTable:
             got = self._admit_reference(req, seed, row, generation)
         self.row_state.stage_list(row, got[0])
         self._next_generation = generation + 1
-        self.num_logprob_rows += got[1]
-        self.num_prompt_logprob_rows += got[2]
+        if got[1]:
+            self.num_logprob_rows += 1
+        if got[2]:
+            self.num_prompt_logprob_rows += 1
         return row
 
     def _admit_reference(self, req: NewRequest, seed: int, row: int, generation: int) -> tuple[list[int], bool, bool]:
@@ -419,10 +423,10 @@ class RequestStateTable:
         """Rows whose prefill the device has surely computed (the mirror's bound less its unconfirmed drafts) leave
         `_prefilling`: no later step reads their tokens, so the step just marked was their last reader."""
         computed, unconfirmed, prefilling = self.num_computed, self.unconfirmed_drafts, self._prefilling
-        for row, length in list(prefilling.items()):  # usually one row: Python ints, no numpy scalars
-            if computed.item(row) - unconfirmed.item(row) >= length:
-                del prefilling[row]
-                self._reads_over[row] = self._batch_event
+        ended = [row for row, length in prefilling.items() if computed.item(row) - unconfirmed.item(row) >= length]
+        for row in ended:  # usually one row: Python ints, no numpy scalars
+            del prefilling[row]
+            self._reads_over[row] = self._batch_event
 
     @hot_path
     def mark_step(self, rows: np.ndarray, event: DeviceEvent) -> None:

@@ -189,8 +189,8 @@ class SamplingState:
         self._pending_admissions = {}
         if len(pending) == 1:  # the usual admission: one word, no sort and no list-to-array conversion
             (row, outputs), = pending.items()
-            rows_host, rows_slot, rows_start = writer.reserve_words(1)
-            rows_host[0] = row
+            rows_slot, rows_start = writer.reserve_index(1)
+            rows_slot.host_words[rows_start] = row
             self._reset_rows = (writer, rows_slot, rows_start, 1)
             self._earlier_outputs = None if not outputs else self._stage_earlier_outputs(writer, [row], pending)
             return
