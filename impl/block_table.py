@@ -46,7 +46,7 @@ class BlockTable:
     def assign(self, row: int, block_ids: tuple[int, ...]) -> None:
         """A newly admitted row's whole block list (a reused row is overwritten from column 0)."""
         if block_ids:
-            self.table.stage(row, 0, block_ids)
+            self.table.stage_list(row, list(block_ids))  # a fresh list: kept as the pending diff
 
     def append(self, row: int, start: int, block_ids: tuple[int, ...]) -> None:
         """``block_ids`` after the ``start`` blocks ``row`` holds."""
