@@ -315,6 +315,26 @@ def test_free_words_are_the_words_the_next_reservation_hands_out():
         slot.free_words()  # in flight: not writable
 
 
+def test_a_reserved_index_is_the_words_reserve_words_would_hand_out_and_rolls_over_a_full_slot():
+    """`StagingWriter.reserve_index` reserves as `reserve_words` does (alignment, a kept note dropped, a new slot when
+    the current one is full, the full one submitted), without making a view: the caller writes ``host_words``."""
+    dev = Device("cpu")
+    pool = StagingPool(dev, num_slots=2, capacity_bytes=64)
+    writer = StagingWriter(pool, 0)
+    slot = writer.first_slot(20)
+    slot.kept, slot.kept_bytes = "compact arrays", 48
+    got_slot, first = writer.reserve_index(2)
+    assert got_slot is slot and first == 8 and slot.used_bytes == 40 and slot.kept is None
+    got_slot.host_words[first: first + 2] = [5, 6]
+    _, view_slot, view_first = writer.reserve_words(1)
+    assert view_slot is slot and view_first == 12  # after the indexed words, aligned
+    rolled, start = writer.reserve_index(4)  # 16 bytes do not fit after 52: the next slot, from its start
+    assert rolled is not slot and start == 0 and writer.bytes == 52 and writer.num_slots_used == 2  # the full one submitted
+    with pytest.raises(StagingCapacityError):
+        writer.reserve_index(17)  # more than a whole slot
+    assert slot.host_words[8:10].tolist() == [5, 6]
+
+
 def test_claimed_free_words_are_reserved_and_a_claim_after_another_allocation_raises():
     """`claim_free_words` reserves the prefix a caller filled through `free_words` (the in-place diff table), and
     refuses words another allocation took meanwhile, words past the slot's end, and a slot no longer being written."""
