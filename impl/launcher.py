@@ -16,8 +16,9 @@ Idle, it polls for a job for ``RUNNERCHECK_LAUNCH_SPIN_US`` (default 300) after 
 no naps), then sleeps.  A step tells it that it begins (`Device.on_stream`), so it is polling again by the time the
 step pushes.  A polling or napping worker finds that out by itself; only a sleeping one must be woken, and that wake
 is a system call (a futex wake) on the step's thread, some microseconds on the H200's virtual machine
-(docs/BENCHMARKS.md, run 118).  The naps keep that call out of steps that come closer together than the naps last.  Polling is most of the worker's CPU time (`LaunchThread.cpu_seconds`;
-the host_cost benchmark reports it per step, and the wakes per step: `LaunchThread.signals`).
+(docs/BENCHMARKS.md, run 118).  The naps keep that call out of steps that come closer together than the naps last.
+Polling is most of the worker's CPU time (`LaunchThread.cpu_seconds`; the host_cost benchmark reports it per step,
+and the wakes per step: `LaunchThread.signals`).
 
 ``RUNNERCHECK_LAUNCH_THREAD``: ``auto`` (default: on for cuda when the C module builds and the driver's calls are
 found, else off with one log line), ``0`` (off: the step launches and records itself, as without the thread),
@@ -141,4 +142,5 @@ class LaunchThread:
             raise LaunchThreadError(str(err)) from err
 
 
-__all__ = ["DEFAULT_NAP_FOR_US", "DEFAULT_NAP_US", "DEFAULT_SPIN_US", "LaunchThread", "LaunchThreadError", "idle_settings", "mode"]
+__all__ = ["DEFAULT_NAP_FOR_US", "DEFAULT_NAP_US", "DEFAULT_SPIN_US", "LaunchThread", "LaunchThreadError", "idle_settings",
+           "mode"]
