@@ -65,8 +65,7 @@ from impl.model.forward import PagedDecoder
 from impl.model.weights import ModelWeights
 from impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
 from impl.sample import LogprobsComputer, Sampler, SamplingState
-from impl.seeds import request_seed
-from impl.state import RequestStateTable
+from impl.state import AdmissionWriters, RequestStateTable
 from impl.step_reader import StepArrays, read_steady_step, read_step
 
 
@@ -157,6 +156,8 @@ class ModelRunner:
         self.model = PagedDecoder(self.weights, dev, dtype=self.dtype, num_kv_blocks=lim.num_kv_blocks, block_size=lim.block_size)
         self.sampling_state = SamplingState(dev, lim.max_num_reqs, lim.vocab_size, group=self.staged_writes)
         self.staged_writes.seal()
+        # An admission's stagings past the table's own (block list, sampling record): one C call with its row.
+        self._admission_writers = AdmissionWriters.of(self.state, self.block_table, self.sampling_state)
         self.sampler = Sampler(dev, lim.vocab_size, lim.max_logprobs, max_num_rows=self.input_batch.max_sampling_rows)
         self.prompt_logprobs = LogprobsComputer(dev, lim.vocab_size, lim.max_logprobs, self.input_batch.max_prompt_rows)
         self.outputs = OutputSlots(
@@ -425,13 +426,10 @@ class ModelRunner:
         for req_id in step.gone:
             self.state.release(req_id)
         seeds: dict[str, int] = {}
-        for req in sched.new_requests:
-            seed = request_seed(req.sampling_params, req.req_id, self.base_seed)
-            row = self.state.admit(req, seed)
-            self.block_table.assign(row, req.block_ids)
-            self.sampling_state.add_request(row, req.sampling_params, seed, req.prompt_token_ids, req.output_token_ids,
-                                            checked=True)  # `read_step` checked the request
-            seeds[req.req_id] = seed
+        if sched.new_requests:  # `read_step` checked each request: its sampling record is staged unchecked
+            admit, writers, base_seed = self.state.admit_staged, self._admission_writers, self.base_seed
+            for req in sched.new_requests:
+                admit(req, base_seed, writers, seeds)
         for i, req_id in step.new_positions:
             step.rows[i] = self.state.req_to_row[req_id]
         if step.cached_computed is not None:  # rejected drafts reported: the computed counts move

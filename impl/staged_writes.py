@@ -108,7 +108,9 @@ class StagedWriteGroup:
         self.device = device
         self.name = name
         self.members: list[StagedWriteTensor] = []
-        self._dirty: list[StagedWriteTensor] = []  # members with pending diffs, in the order they got them
+        # Members with pending diffs, in the order they got them: one list for the group's lifetime, emptied by each
+        # flush (the C twin of an admission appends to it: `impl.state.AdmissionWriters`).
+        self._dirty: list[StagedWriteTensor] = []
         # Single-element writes (`StagedWriteTensor.stage_scalar`) of every member, by element type: destination
         # word -> value, the later write of a cell winning.  Flushed as three arrays, not member by member.
         self._cells: dict[torch.dtype, dict[int, float | int]] = {dtype: {} for dtype in _NP_DTYPES}
@@ -173,7 +175,8 @@ class StagedWriteGroup:
         dst_parts: list[np.ndarray] = []  # ragged diffs, already arrays
         len_parts: list[np.ndarray] = []
         word_parts: list[np.ndarray] = []
-        self._dirty = []
+        dirty = dirty[:]
+        self._dirty.clear()  # the one list, kept (`impl.state.AdmissionWriters` holds it)
         for t in dirty:
             words_per, base, cols = t.words_per_element, t.word_offset, t.num_cols
             if t._pending:
@@ -238,10 +241,10 @@ class StagedWriteGroup:
             _staging.pack_members(host, members, self._cell_tables, admissions)
         if records:
             records.clear()
-        self._dirty = []
         for t in dirty:
             t._pending.clear()
             t._ragged.clear()
+        dirty.clear()  # `self._dirty` itself
         if self._cell_members:  # a cell is pending only with its member listed here
             self._clear_cells()
         self.h2d_bytes_last_flush += 4 * total  # `_packed`, without its frame
@@ -307,7 +310,7 @@ class StagedWriteGroup:
     def _flush_one_ragged(self, tensor: "StagedWriteTensor", writer: StagingWriter) -> None:
         """`flush` of one int32 member's one ragged set that fits a slot (a steady step's block appends):
         the same diff table as the general path, built without its gathering (in C when `impl.native` built it)."""
-        self._dirty = []
+        self._dirty.clear()
         rows, starts, lens, values = tensor._ragged.pop()
         n = len(lens)
         total = _META_WORDS * n + len(values)

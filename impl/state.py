@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -66,11 +66,17 @@ from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from impl.device import Device, DeviceEvent
 from impl.hotpath import hot_path
 from impl.interface import CachedRequests, CapacityError, LiveRequest, NewRequest, SamplingParams
+from impl.seeds import request_seed
+
+if TYPE_CHECKING:
+    from impl.block_table import BlockTable
+    from impl.sample.state import SamplingState
 
 # `advance_decode`, `append_counts`, `admit_request`, `release_request`, `admit_row` and `swap_row`: the C twins of
 # `advance`'s no-draft update, `append_blocks`, `admit`'s and `release`'s writes (`_admit_reference`,
 # `_release_reference`) and of the mirror writes inside those references (`impl/native/rows.c`); None: Python only.
 _rows = native.load("rows")
+_seeds = native.load("seeds")  # `derived_seed`, read by `admit_staged`'s C twin (`AdmissionWriters.derive`)
 
 _RELEASED_VALUES = (-1, -1, -1)  # a free row: no generation, no logprobs asked (`RequestStateTable.release`)
 _MAX_PENDING_USES = 64  # `mark_used`: steps whose markers are kept before it asks whether the oldest completed
@@ -85,6 +91,28 @@ NUM_ROW_FIELDS = 5
 
 class RowStateError(RuntimeError):
     """Internal misuse of the table (freeing an unknown request, admitting a live id)."""
+
+
+@dataclass(frozen=True)
+class AdmissionWriters:
+    """The other owners an admission stages into (`RequestStateTable.admit_staged`), made once by the runner: the
+    block table and the sampling state (in the table's staged-write group, its admissions deferred as records), and
+    ``targets``/``derive`` as the C twin reads them (``derive`` None: no C twin, the owners' methods alone)."""
+
+    block_table: BlockTable
+    sampling_state: SamplingState
+    targets: tuple
+    derive: Callable[[int, str], int] | None
+
+    @staticmethod
+    def of(state: "RequestStateTable", block_table: BlockTable, sampling_state: SamplingState) -> "AdmissionWriters":
+        group = state.row_state.group
+        records = sampling_state.admission_records
+        # The C twin stages into the group's one dirty list and its deferred records: all three in one group.
+        shared = records is not None and block_table.table.group is group and sampling_state.temperature.group is group
+        derive = None if _rows is None or _seeds is None or not shared else _seeds.derived_seed
+        lists = tuple((t, t._pending, t._ragged, t.num_rows, t.num_cols) for t in (state.row_state, block_table.table))
+        return AdmissionWriters(block_table, sampling_state, (*lists, group._dirty, sampling_state, records), derive)
 
 
 @dataclass(slots=True)
@@ -294,30 +322,61 @@ class RequestStateTable:
         self._free.append(row)
         return row, held[1] >= 0, held[2] >= 0
 
-    @hot_path
     def admit(self, req: NewRequest, seed: int) -> int:
         """Give `req` a row: write its prefill tokens (pinned) and stage its row-state diffs."""
-        if req.req_id in self.req_to_row:
-            raise RowStateError(f"admit of {req.req_id!r}, which is already live")
-        free = self._free
-        # The oldest free row when its last reading step is known over -- `is_quarantined`'s first answer, asked
-        # here without its frames (the usual admission); any other case goes through `_take_free_row`.
-        if free and self._ask_newest_first and ((over := self._reads_over[free[0]]) is None or over.known_complete()):
-            row = free.popleft()
-        else:
-            row = self._take_free_row(req.req_id)
-        self._planned = None
+        row = self._take_row(req.req_id)
+        self._admit_into(req, seed, row)
+        return row
+
+    def _admit_into(self, req: NewRequest, seed: int, row: int) -> None:
         generation = self._next_generation
         # The row's tokens, mirror, RowInfo and look-ups: one C call when `impl.native` built it (`admit_request`).
         got = NotImplemented if _rows is None else _rows.admit_request(self._admit_targets, req, seed, row, generation)
         if got is NotImplemented:
             got = self._admit_reference(req, seed, row, generation)
         self.row_state.stage_list(row, got[0])
-        self._next_generation = generation + 1
-        if got[1]:
+        self._count_admission(got)
+
+    @hot_path
+    def admit_staged(self, req: NewRequest, base_seed: int, writers: AdmissionWriters, seeds: dict[str, int]) -> int:
+        """`admit` with the rest of a runner's admission: the request's seed (`impl.seeds.request_seed`, noted in
+        ``seeds`` under its id), its block list (`BlockTable.assign`) and its sampling record
+        (`SamplingState.add_request`, the request checked at the boundary).  One C call when `impl.native` built it
+        (`admit_staged` in impl/native/rows.c, which stages into those owners' pending diffs and records as their own
+        methods do), else `admit`'s writes and those methods: the reference."""
+        row = self._take_row(req.req_id)
+        got = NotImplemented if writers.derive is None else _rows.admit_staged(
+            self._admit_targets, writers.targets, req, base_seed, writers.derive, row, self._next_generation, seeds)
+        if got is NotImplemented:
+            seed = request_seed(req.sampling_params, req.req_id, base_seed)
+            self._admit_into(req, seed, row)
+            writers.block_table.assign(row, req.block_ids)
+            writers.sampling_state.add_request(row, req.sampling_params, seed, req.prompt_token_ids,
+                                               req.output_token_ids, checked=True)
+            seeds[req.req_id] = seed
+            return row
+        self._count_admission(got)
+        return row
+
+    def _count_admission(self, got: tuple[list[int], bool, bool]) -> None:
+        self._next_generation += 1
+        if got[1]:  # the counts move only for a request that asked (the usual one did not)
             self.num_logprob_rows += 1
         if got[2]:
             self.num_prompt_logprob_rows += 1
+
+    def _take_row(self, req_id: str) -> int:
+        """The row an admission of ``req_id`` takes (out of the free list), before anything is written."""
+        if req_id in self.req_to_row:
+            raise RowStateError(f"admit of {req_id!r}, which is already live")
+        free = self._free
+        # The oldest free row when its last reading step is known over -- `is_quarantined`'s first answer, asked
+        # here without its frames (the usual admission); any other case goes through `_take_free_row`.
+        if free and self._ask_newest_first and ((over := self._reads_over[free[0]]) is None or over.known_complete()):
+            row = free.popleft()
+        else:
+            row = self._take_free_row(req_id)
+        self._planned = None
         return row
 
     def _admit_reference(self, req: NewRequest, seed: int, row: int, generation: int) -> tuple[list[int], bool, bool]:

@@ -39,6 +39,18 @@
  *     and ``generation`` exact ints.  The row-state values are a new list: the row's computed count (the hit),
  *     token count, prompt length, prefill length and last token, as `admit` stages them.
  *
+ * admit_staged -- `impl.state.RequestStateTable.admit_staged`: admit_request with the rest of a runner's admission in
+ *     the same call, each written as its owner's method writes it: the request's seed (its own, else
+ *     ``derive(base_seed, req_id)``: impl/native/seeds.c's derived_seed), noted in ``seeds``; the row-state values
+ *     and the block list as `StagedWriteTensor.stage_list` stages them (the tensor joining its group's dirty list when
+ *     it had nothing pending); the sampling record and the row's pending admission as `SamplingState.add_request`
+ *     with ``checked=True`` writes them.
+ *     admit_staged(targets, writers, req, base_seed, derive, row, generation, seeds) -> admit_request's result, or
+ *     NotImplemented before writing anything: for what admit_request declines, a seed it cannot read, a tensor
+ *     that would take another staging path (deferred writes, cells pending, a list too long for its row), a
+ *     sampling parameter that is not an exact float or int (top_k: an exact int).  ``writers`` (row-state tensor,
+ *     block-table tensor, sampling state, its admission records): `impl.state.AdmissionWriters.targets`.
+ *
  * release_request -- `impl.state.RequestStateTable.release` but its counts: what `_release_reference` does (the id's
  *     look-up and record dropped, the mirror's row freed as swap_row frees it, the row's last reading step noted when
  *     its prefill may still be read, the row appended to the free list).
@@ -53,8 +65,9 @@
  * -DRUNNERCHECK_PLANT_PREFILL_SHIFTED (an admission whose prefill tokens land one column late, in admit_row and
  * admit_request),
  * -DRUNNERCHECK_PLANT_ADMIT_GENERATION_REUSED (an admitted row's RowInfo naming the generation before its own),
- * -DRUNNERCHECK_PLANT_SWAP_RETURNS_NEW (a release that reads the values it wrote, not those the row held, in swap_row
- * and release_request) and -DRUNNERCHECK_PLANT_RELEASE_READS_OVER_KEPT (a release that never notes the last reading
+ * -DRUNNERCHECK_PLANT_STAGED_NEVER_JOINS (an admission whose staged lists never join the group's dirty list, so they
+ * would never be flushed), -DRUNNERCHECK_PLANT_SWAP_RETURNS_NEW (a release that reads the values it wrote, not those
+ * the row held, in swap_row and release_request) and -DRUNNERCHECK_PLANT_RELEASE_READS_OVER_KEPT (a release that never notes the last reading
  * step of a row still prefilling).
  */
 #include "arrays.h"
@@ -249,13 +262,19 @@ enum { ADMIT_TYPE, ADMIT_PREFILL, ADMIT_COLUMNS, ADMIT_PREFILLING, ADMIT_ROWS, A
        NUM_ADMIT_TARGETS };
 enum { NUM_ADMITTED_COLUMNS = 8 };  /* `_admitted_columns`: tokens, computed, blocks, unconfirmed, prompt, two asks, generation */
 
-static PyObject *admit_request(PyObject *self, PyObject *args)
+/* The rest of an admission, written after the table's look-ups are in place and before its infallible writes:
+ * admit_staged's stagings.  ``prepare`` reads and checks (0: decline, -1: error; nothing written), ``commit`` writes
+ * (-1: out of memory, with its own writes undone), ``release`` drops what ``prepare`` made. */
+typedef struct Also {
+    int (*prepare)(struct Also *also, PyObject *params, PyObject *prompt, PyObject *blocks, PyObject *outputs, Py_ssize_t row);
+    int (*commit)(struct Also *also, PyObject *staged);
+    void (*release)(struct Also *also);
+} Also;
+
+/* admit_request's body, with ``also`` (may be NULL) prepared before and committed inside its writes. */
+static PyObject *admit_core(PyObject *targets, PyObject *req, PyObject *seed, Py_ssize_t row, PyObject *generation_obj,
+                            Also *also)
 {
-    (void)self;
-    PyObject *targets, *req, *seed, *generation_obj;
-    Py_ssize_t row;
-    if (!PyArg_ParseTuple(args, "O!OOnO", &PyTuple_Type, &targets, &req, &seed, &row, &generation_obj))
-        return NULL;
     if (PyTuple_GET_SIZE(targets) != NUM_ADMIT_TARGETS || (PyObject *)Py_TYPE(req) != PyTuple_GET_ITEM(targets, ADMIT_TYPE))
         Py_RETURN_NOTIMPLEMENTED;
     PyObject *prefill_obj = PyTuple_GET_ITEM(targets, ADMIT_PREFILL), *columns = PyTuple_GET_ITEM(targets, ADMIT_COLUMNS);
@@ -289,6 +308,11 @@ static PyObject *admit_request(PyObject *self, PyObject *args)
     if (out == NULL || !int32_tokens(PySequence_Fast_ITEMS(prompt), prompt_len)
         || !int32_tokens(PySequence_Fast_ITEMS(outputs), num_outputs))
         goto decline;
+    if (also != NULL) {
+        const int prepared = also->prepare(also, params, prompt, blocks, outputs, row);
+        if (prepared <= 0)
+            goto decline;  /* declined, or an error set (returned as it is) */
+    }
     const int resumed = num_outputs > 0;
     if (resumed)
         prompt_logprobs = -1;  /* a resumed request's prompt logprobs were reported before its preemption */
@@ -319,6 +343,12 @@ static PyObject *admit_request(PyObject *self, PyObject *args)
         Py_CLEAR(result);
         goto fail_generation;
     }
+    if (also != NULL && also->commit(also, staged) != 0) {  /* out of memory: the look-ups undone, nothing else written */
+        PyDict_DelItem(prefilling, row_obj);
+        PyDict_DelItem(req_to_row, req_id);
+        Py_CLEAR(result);
+        goto fail_generation;
+    }
     for (Py_ssize_t i = 0; i < prompt_len; i++)
         out[i] = (npy_int32)PyLong_AsLongLong(PyTuple_GET_ITEM(prompt, i));
     for (Py_ssize_t i = 0; i < num_outputs; i++)
@@ -335,6 +365,8 @@ fail_generation:
     Py_XDECREF(row_obj);
     Py_XDECREF(prefill_len_obj);
 decline:
+    if (also != NULL)
+        also->release(also);
     Py_XDECREF(req_id);
     Py_XDECREF(prompt);
     Py_XDECREF(outputs);
@@ -343,6 +375,237 @@ decline:
     Py_XDECREF(params);
     if (result == NULL && !PyErr_Occurred())
         result = Py_NewRef(Py_NotImplemented);
+    return result;
+}
+
+static PyObject *admit_request(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *targets, *req, *seed, *generation_obj;
+    Py_ssize_t row;
+    if (!PyArg_ParseTuple(args, "O!OOnO", &PyTuple_Type, &targets, &req, &seed, &row, &generation_obj))
+        return NULL;
+    return admit_core(targets, req, seed, row, generation_obj, NULL);
+}
+
+/* A staged-write tensor's fast path of `StagedWriteTensor.stage_list` for ``n`` values into ``row``: its pending and
+ * ragged lists, and the group's dirty list, which the tensor joins when it has nothing pending.  ``target`` is
+ * (tensor, its pending list, its ragged list, its rows, its columns), ``dirty`` its group's list; 0 when the tensor
+ * would take another path (deferred admissions, cells pending, a row or length out of range) or a target is not one
+ * this reads. */
+typedef struct {
+    PyObject *pending, *ragged, *dirty, *tensor;
+    int joins;
+} StagedList;
+
+enum { LIST_TENSOR, LIST_PENDING, LIST_RAGGED, LIST_ROWS, LIST_COLS, NUM_LIST_TARGETS };
+
+static int staged_list(PyObject *target, PyObject *dirty, Py_ssize_t row, Py_ssize_t n, StagedList *out)
+{
+    if (!PyTuple_CheckExact(target) || PyTuple_GET_SIZE(target) != NUM_LIST_TARGETS || !PyList_CheckExact(dirty))
+        return 0;
+    out->tensor = PyTuple_GET_ITEM(target, LIST_TENSOR);
+    out->pending = PyTuple_GET_ITEM(target, LIST_PENDING);
+    out->ragged = PyTuple_GET_ITEM(target, LIST_RAGGED);
+    out->dirty = dirty;
+    long long num_rows, num_cols;
+    if (!PyList_CheckExact(out->pending) || !PyList_CheckExact(out->ragged)
+        || exact_int(PyTuple_GET_ITEM(target, LIST_ROWS), &num_rows) != EXACT_INT || row >= num_rows
+        || exact_int(PyTuple_GET_ITEM(target, LIST_COLS), &num_cols) != EXACT_INT || n > num_cols || n <= 0)
+        return 0;
+    PyObject *deferred = attribute(out->tensor, "_deferred"), *cells = attribute(out->tensor, "_has_cells");
+    const int ok = deferred == Py_False && cells == Py_False;
+    Py_XDECREF(deferred);
+    Py_XDECREF(cells);
+    out->joins = PyList_GET_SIZE(out->pending) == 0 && PyList_GET_SIZE(out->ragged) == 0;
+#ifdef RUNNERCHECK_PLANT_STAGED_NEVER_JOINS
+    out->joins = 0;
+#endif
+    return ok;
+}
+
+/* The diff (row, 0, values) appended, the tensor joining the dirty list first when it must: 0, or -1 (out of memory)
+ * with nothing appended. */
+static int staged_list_append(StagedList *list, PyObject *row_obj, PyObject *values)
+{
+    PyObject *zero = PyLong_FromLong(0);
+    PyObject *diff = zero ? PyTuple_Pack(3, row_obj, zero, values) : NULL;
+    Py_XDECREF(zero);
+    if (!diff)
+        return -1;
+    if (list->joins && PyList_Append(list->dirty, list->tensor) != 0) {
+        Py_DECREF(diff);
+        return -1;
+    }
+    const int failed = PyList_Append(list->pending, diff);
+    Py_DECREF(diff);
+    if (failed && list->joins)
+        PyList_SetSlice(list->dirty, PyList_GET_SIZE(list->dirty) - 1, PyList_GET_SIZE(list->dirty), NULL);
+    return failed ? -1 : 0;
+}
+
+/* One of the above undone (the last diff popped, the tensor out of the dirty list if it joined). */
+static void staged_list_undo(StagedList *list)
+{
+    PyList_SetSlice(list->pending, PyList_GET_SIZE(list->pending) - 1, PyList_GET_SIZE(list->pending), NULL);
+    if (list->joins)
+        PyList_SetSlice(list->dirty, PyList_GET_SIZE(list->dirty) - 1, PyList_GET_SIZE(list->dirty), NULL);
+}
+
+enum { NUM_ROW_STATE_VALUES = 5 };  /* the row-state values an admission stages: computed, tokens, prompt, prefill, last */
+enum { STAGED_ROW_STATE, STAGED_BLOCKS, STAGED_DIRTY, STAGED_SAMPLING, STAGED_RECORDS, NUM_STAGED_TARGETS };
+enum { NUM_SAMPLING_VALUES = 8 };
+/* `SamplingState.add_request`'s values, in its order: float, int, then floats (the seed is the eighth). */
+static const char *const SAMPLING_FIELDS[NUM_SAMPLING_VALUES - 1] = {
+    "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty",
+};
+
+typedef struct {
+    Also base;
+    PyObject *writers, *seed, *seeds, *req_id;
+    PyObject *row_obj, *values, *prompt, *blocks, *outputs, *records, *pending;
+    StagedList row_state, block_list;
+    int has_blocks;
+} Staged;
+
+/* A parameter as `float(x)` gives it, for an exact float or int (NULL, no error set: declined). */
+static PyObject *exact_float(PyObject *value)
+{
+    if (PyFloat_CheckExact(value))
+        return Py_NewRef(value);
+    if (!PyLong_CheckExact(value))
+        return NULL;
+    const double converted = PyLong_AsDouble(value);
+    if (converted == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();  /* too big for a float: the reference raises it */
+        return NULL;
+    }
+    return PyFloat_FromDouble(converted);
+}
+
+static int staged_prepare(Also *base, PyObject *params, PyObject *prompt, PyObject *blocks, PyObject *outputs, Py_ssize_t row)
+{
+    Staged *st = (Staged *)base;
+    st->records = PyTuple_GET_ITEM(st->writers, STAGED_RECORDS);
+    if (!PyDict_CheckExact(st->records) || !(st->pending = attribute(PyTuple_GET_ITEM(st->writers, STAGED_SAMPLING),
+                                                                     "_pending_admissions"))
+        || !PyDict_CheckExact(st->pending))
+        return 0;
+    st->prompt = Py_NewRef(prompt);
+    st->has_blocks = PyTuple_GET_SIZE(blocks) > 0;
+    PyObject *dirty = PyTuple_GET_ITEM(st->writers, STAGED_DIRTY);
+    if (!staged_list(PyTuple_GET_ITEM(st->writers, STAGED_ROW_STATE), dirty, row, NUM_ROW_STATE_VALUES, &st->row_state)
+        || (st->has_blocks && !staged_list(PyTuple_GET_ITEM(st->writers, STAGED_BLOCKS), dirty, row,
+                                           PyTuple_GET_SIZE(blocks), &st->block_list)))
+        return 0;
+    if (!(st->values = PyTuple_New(NUM_SAMPLING_VALUES)))
+        return -1;
+    for (int k = 0; k < NUM_SAMPLING_VALUES - 1; k++) {
+        PyObject *field = attribute(params, SAMPLING_FIELDS[k]);
+        if (field == NULL)
+            return 0;
+        long long top_k;
+        PyObject *value = k == 1 ? (exact_int(field, &top_k) == EXACT_INT ? Py_NewRef(field) : NULL) : exact_float(field);
+        Py_DECREF(field);
+        if (value == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+        PyTuple_SET_ITEM(st->values, k, value);
+    }
+    PyTuple_SET_ITEM(st->values, NUM_SAMPLING_VALUES - 1, Py_NewRef(st->seed));
+    if (!(st->row_obj = PyLong_FromSsize_t(row)) || !(st->outputs = PySequence_List(outputs))
+        || (st->has_blocks && !(st->blocks = PySequence_List(blocks))))
+        return -1;
+    return 1;
+}
+
+static int staged_commit(Also *base, PyObject *staged)
+{
+    Staged *st = (Staged *)base;
+    PyObject *record = PyTuple_Pack(2, st->values, st->prompt);
+    if (!record)
+        return -1;
+    int step = 0;  /* the writes done, undone in reverse order on a failure */
+    if (staged_list_append(&st->row_state, st->row_obj, staged) == 0 && ++step
+        && (!st->has_blocks || staged_list_append(&st->block_list, st->row_obj, st->blocks) == 0) && ++step
+        && PyDict_SetItem(st->records, st->row_obj, record) == 0 && ++step
+        && PyDict_SetItem(st->pending, st->row_obj, st->outputs) == 0 && ++step
+        && PyDict_SetItem(st->seeds, st->req_id, st->seed) == 0) {
+        Py_DECREF(record);
+        return 0;
+    }
+    Py_DECREF(record);
+    if (step >= 4)
+        PyDict_DelItem(st->pending, st->row_obj);
+    if (step >= 3)
+        PyDict_DelItem(st->records, st->row_obj);
+    if (step >= 2 && st->has_blocks)
+        staged_list_undo(&st->block_list);
+    if (step >= 1)
+        staged_list_undo(&st->row_state);
+    PyErr_Clear();
+    PyErr_NoMemory();
+    return -1;
+}
+
+static void staged_release(Also *base)
+{
+    Staged *st = (Staged *)base;
+    Py_CLEAR(st->row_obj);
+    Py_CLEAR(st->values);
+    Py_CLEAR(st->prompt);
+    Py_CLEAR(st->blocks);
+    Py_CLEAR(st->outputs);
+    Py_CLEAR(st->pending);
+}
+
+/* The request's seed: its own (an exact int), else derived from the base seed by the given ``derived_seed``;
+ * NULL with no error set when neither can be read here (declined). */
+static PyObject *admission_seed(PyObject *params, PyObject *req_id, PyObject *base_seed, PyObject *derive)
+{
+    PyObject *own = attribute(params, "seed");
+    if (own == NULL)
+        return NULL;
+    long long value;
+    if (own != Py_None) {
+        if (exact_int(own, &value) == EXACT_INT)
+            return own;
+        Py_DECREF(own);
+        return NULL;
+    }
+    Py_DECREF(own);
+    PyObject *call_args[] = {base_seed, req_id};
+    PyObject *seed = PyObject_Vectorcall(derive, call_args, 2, NULL);
+    if (seed == NULL || exact_int(seed, &value) != EXACT_INT) {
+        Py_XDECREF(seed);
+        PyErr_Clear();
+        return NULL;
+    }
+    return seed;
+}
+
+static PyObject *admit_staged(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *targets, *writers, *req, *base_seed, *derive, *generation_obj, *seeds;
+    Py_ssize_t row;
+    if (!PyArg_ParseTuple(args, "O!O!OOOnOO!", &PyTuple_Type, &targets, &PyTuple_Type, &writers, &req, &base_seed,
+                          &derive, &row, &generation_obj, &PyDict_Type, &seeds))
+        return NULL;
+    if (PyTuple_GET_SIZE(writers) != NUM_STAGED_TARGETS || (PyObject *)Py_TYPE(req) != PyTuple_GET_ITEM(targets, ADMIT_TYPE)
+        || !PyDict_CheckExact(seeds))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *params = attribute(req, "sampling_params"), *req_id = attribute(req, "req_id");
+    PyObject *seed = params && req_id && PyUnicode_CheckExact(req_id) ? admission_seed(params, req_id, base_seed, derive) : NULL;
+    Py_XDECREF(params);
+    if (seed == NULL) {
+        Py_XDECREF(req_id);
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    Staged staged = {.base = {staged_prepare, staged_commit, staged_release}, .writers = writers, .seed = seed,
+                     .seeds = seeds, .req_id = req_id};
+    PyObject *result = admit_core(targets, req, seed, row, generation_obj, &staged.base);
+    Py_DECREF(seed);
+    Py_DECREF(req_id);
     return result;
 }
 
@@ -408,6 +671,7 @@ static PyMethodDef methods[] = {
     {"admit_row", admit_row, METH_VARARGS, "An admitted row's prefill tokens and per-row mirror values."},
     {"swap_row", swap_row, METH_VARARGS, "A row's per-row mirror values written, the old ones returned."},
     {"admit_request", admit_request, METH_VARARGS, "An admission's writes into the table for one request and its row."},
+    {"admit_staged", admit_staged, METH_VARARGS, "admit_request with the admission's seed, block list and sampling record."},
     {"release_request", release_request, METH_VARARGS, "A release's writes into the table for one request."},
     {NULL, NULL, 0, NULL},
 };

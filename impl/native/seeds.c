@@ -135,12 +135,14 @@ static uint64_t blake2b_64(const unsigned char *first, size_t first_len, const u
     return h[0];
 }
 
-static PyObject *derived_seed(PyObject *self, PyObject *args)
+static PyObject *derived_seed(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    PyObject *base_seed, *req_id;
-    if (!PyArg_ParseTuple(args, "OO", &base_seed, &req_id))
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "derived_seed takes 2 arguments (%zd given)", nargs);
         return NULL;
+    }
+    PyObject *base_seed = args[0], *req_id = args[1];
     long long base;
     if (exact_int(base_seed, &base) != EXACT_INT || !PyUnicode_CheckExact(req_id))
         Py_RETURN_NOTIMPLEMENTED;
@@ -158,7 +160,7 @@ static PyObject *derived_seed(PyObject *self, PyObject *args)
 }
 
 static PyMethodDef methods[] = {
-    {"derived_seed", derived_seed, METH_VARARGS, "The seed of a request without its own: BLAKE2b-64 of \"base:id\"."},
+    {"derived_seed", (PyCFunction)(void (*)(void))derived_seed, METH_FASTCALL, "The seed of a request without its own: BLAKE2b-64 of \"base:id\"."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -177,6 +177,13 @@ class SamplingState:
     def num_pending(self) -> int:
         return len(self._pending_admissions)
 
+    @property
+    def admission_records(self) -> dict[int, tuple[tuple, Sequence[int]]] | None:
+        """The deferred admission records (None: a private group, no records).  `add_request` writes them, and so
+        does the C twin of `impl.state.RequestStateTable.admit_staged`, exactly as `add_request` would (with
+        ``checked=True``): the record, then the row's entry among the pending admissions."""
+        return self._admission_records
+
     @hot_path
     def flush(self, writer: StagingWriter) -> None:
         """Pack everything staged since the last flush into ``writer`` (before ``writer.submit()``)."""

@@ -78,15 +78,15 @@ def test_a_correct_runner_with_prefix_hits_is_clean_and_the_shadow_holds_the_sha
 
 
 def _plant_recompute_last_cached_block(runner) -> None:
-    state, admit = runner.state, runner.state.admit
+    state, admit = runner.state, runner.state.admit_staged
 
-    def admit_one_block_early(req, seed):
-        row = admit(req, seed)
+    def admit_one_block_early(req, base_seed, writers, seeds):
+        row = admit(req, base_seed, writers, seeds)
         if req.num_computed_tokens:
             state.row_state.stage(row, NUM_COMPUTED, [req.num_computed_tokens - BLOCK])
         return row
 
-    state.admit = admit_one_block_early
+    state.admit_staged = admit_one_block_early
 
 
 def test_a_cached_position_written_again_is_named() -> None:

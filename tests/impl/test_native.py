@@ -635,7 +635,7 @@ def test_a_run_that_admits_reads_its_general_steps_in_c(monkeypatch):
     monkeypatch.setattr(step_reader, "_native_general", counting)
     monkeypatch.setattr(state_module, "_rows", writing)
     admitted, steady = admitting_run()
-    assert writing.done.get("admit_request", 0) == admitted, writing.done  # every admission written in C
+    assert writing.done.get("admit_staged", 0) == admitted, writing.done  # every admission written in C, in one call
     assert writing.done.get("release_request", 0) >= 1, writing.done  # and the releases
     num_general = NUM_STEPS - steady
     # read_general reads the steps without drafts in one call (its parts inside); the others call the parts.

@@ -19,8 +19,11 @@ from hypothesis import strategies as st
 import impl.native as native
 import impl.state as state_module
 from impl.device import Device
-from impl.interface import NewRequest, SamplingParams
-from impl.state import RequestStateTable
+from impl.interface import NewRequest, SamplingParams, effective_seed
+from impl.block_table import BlockTable
+from impl.sample.state import SamplingState
+from impl.staged_writes import StagedWriteGroup
+from impl.state import AdmissionWriters, RequestStateTable
 from test_native import _planted
 
 rows_module = native.load("rows")
@@ -343,3 +346,103 @@ def test_planted_bug_c_release_reading_back_what_it_wrote_is_caught():
     planted = _planted("RUNNERCHECK_PLANT_SWAP_RETURNS_NEW", "rows")
     with pytest.raises(AssertionError, match="C swap_row"):
         assert_c_agrees("swap_row", _released, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)), True)
+
+
+# --------------------------------------------------------------------------- an admission with its stagings
+
+@st.composite
+def staged_admissions(draw):
+    """A request (`admissions`) with the sampling parameters and blocks an admission stages: an own seed or none,
+    parameters given as floats or ints, no blocks at all (a request whose prompt is all cached? -- an empty list)."""
+    req = draw(admissions())
+    params = SamplingParams(temperature=draw(st.sampled_from([0.0, 0.7, 1, 2])), top_k=draw(st.sampled_from([-1, 5])),
+                            top_p=draw(st.sampled_from([1.0, 0.9])), repetition_penalty=draw(st.sampled_from([1.0, 2])),
+                            seed=draw(st.one_of(st.none(), st.integers(0, 2**40))),
+                            logprobs=req.sampling_params.logprobs, prompt_logprobs=req.sampling_params.prompt_logprobs)
+    blocks = req.block_ids if draw(st.booleans()) else ()
+    return NewRequest(req.req_id, req.prompt_token_ids, params, blocks, num_computed_tokens=req.num_computed_tokens,
+                      output_token_ids=req.output_token_ids)
+
+
+def _staged_owners(c_module, block_cells: bool = False):
+    """A table, block table and sampling state in one group, and the writers of `admit_staged` (C twin ``c_module``;
+    None: the reference)."""
+    group = StagedWriteGroup(Device("cpu"), "admissions")
+    table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=MODEL_LEN, group=group)
+    blocks = BlockTable(Device("cpu"), 3, MODEL_LEN, 4, group=group)
+    sampling = SamplingState(Device("cpu"), 3, 100, group=group)
+    group.seal()
+    if block_cells:
+        blocks.table.stage_scalar(2, 1)  # a cell pending: `stage_list` would stage another way
+    writers = AdmissionWriters.of(table, blocks, sampling)
+    if c_module is None:
+        writers = AdmissionWriters(blocks, sampling, writers.targets, None)
+    return table, blocks, sampling, writers
+
+
+def _staged(c_module, req: NewRequest, block_cells: bool = False) -> list:
+    """Everything an admission of ``req`` next to a live request leaves in the table, the block table and the sampling
+    state, and the seeds it notes (``c_module``: `admit_staged`'s C twin, with `impl.state`'s; None: the reference)."""
+    saved, state_module._rows = state_module._rows, c_module
+    try:
+        table, blocks, sampling, writers = _staged_owners(c_module, block_cells)
+        seeds: dict[str, int] = {}
+        for admitted in (NewRequest("old", (5, 6, 7), SamplingParams(logprobs=1), (9,)), req):
+            table.admit_staged(admitted, 123, writers, seeds)
+    finally:
+        state_module._rows = saved
+    group = table.row_state.group
+    return [table.prefill_tokens.numpy().copy(), *(column.copy() for column in table._admitted_columns),
+            np.array(repr((table.rows, sorted(table.req_to_row.items()), sorted(table._prefilling.items()),
+                           table.row_state._pending, blocks.table._pending, [t.name for t in group._dirty],
+                           sampling.admission_records, sampling._pending_admissions, seeds, table.num_logprob_rows,
+                           table.num_prompt_logprob_rows, table._next_generation, list(table._free))))]
+
+
+@needs_native
+@settings(max_examples=100, deadline=None)
+@given(staged_admissions())
+def test_c_staged_admission_stages_what_the_owners_methods_stage(req):
+    assert_c_agrees("admit_staged", _staged, rows_module, req)
+
+
+@needs_native
+def test_c_staged_admission_with_a_block_cell_pending_declines_and_the_reference_stages_it():
+    req = NewRequest("new", (3, 4), SamplingParams(), (0, 1))
+    table, blocks, sampling, writers = _staged_owners(rows_module, block_cells=True)
+    assert rows_module.admit_staged(table._admit_targets, writers.targets, req, 1, writers.derive, 0, 0, {}) is NotImplemented
+    assert not table.req_to_row and not blocks.table._pending and not sampling.admission_records  # nothing written
+    assert_c_agrees("admit_staged", _staged, rows_module, req, True)
+
+
+@needs_native
+def test_c_staged_admission_declines_before_writing():
+    """What ``admit_staged`` does not read -- a seed it cannot derive or take, a parameter of another type, what
+    ``admit_request`` declines -- leaves every owner as it was."""
+    table, blocks, sampling, writers = _staged_owners(rows_module)
+    good = NewRequest("a", (1, 2), SamplingParams(), (0,))
+    cases = [(good, 1 << 70), (good, -1.5),  # a base seed derived_seed declines
+             (NewRequest("a", (1, 2), SamplingParams(seed=True), (0,)), 1),  # an own seed that is not an exact int
+             (NewRequest("a", (1, 2), SamplingParams(temperature=np.float32(1.0)), (0,)), 1),
+             (NewRequest("a", (1, 2), SamplingParams(top_k=5.0), (0,)), 1),
+             (NewRequest("a", (1, 2), SamplingParams(), tuple(range(MODEL_LEN))), 1),  # more blocks than a row holds
+             (NewRequest("a", [1, 2], SamplingParams(), (0,)), 1)]  # what admit_request declines
+    for req, base_seed in cases:
+        seeds: dict[str, int] = {}
+        got = rows_module.admit_staged(table._admit_targets, writers.targets, req, base_seed, writers.derive, 0, 0, seeds)
+        assert got is NotImplemented, req
+        assert not seeds
+    assert not table.req_to_row and not table._prefilling and table.rows == [None] * 3 and not table._prefill_np.any()
+    assert not table.row_state._pending and not blocks.table._pending and not table.row_state.group._dirty
+    assert not sampling.admission_records and not sampling._pending_admissions
+    seeds = {}
+    assert rows_module.admit_staged(table._admit_targets, writers.targets, good, 1, writers.derive, 0, 0, seeds) is not NotImplemented
+    assert seeds == {"a": effective_seed(good.sampling_params, "a", 1)} and table.req_to_row == {"a": 0}
+    assert blocks.table._pending == [(0, 0, [0])] and [t.name for t in table.row_state.group._dirty] == ["row_state", "block_table"]
+    assert sampling.admission_records == {0: ((1.0, -1, 1.0, 0.0, 1.0, 0.0, 0.0, seeds["a"]), (1, 2))}
+
+
+def test_planted_bug_c_staged_admission_that_never_joins_the_dirty_list_is_caught():
+    planted = _planted("RUNNERCHECK_PLANT_STAGED_NEVER_JOINS", "rows")
+    with pytest.raises(AssertionError, match="C admit_staged"):
+        assert_c_agrees("admit_staged", _staged, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)))
