@@ -72,9 +72,10 @@ if TYPE_CHECKING:
     from impl.block_table import BlockTable
     from impl.sample.state import SamplingState
 
-# `advance_decode`, `append_counts`, `admit_request`, `release_request`, `admit_row` and `swap_row`: the C twins of
-# `advance`'s no-draft update, `append_blocks`, `admit`'s and `release`'s writes (`_admit_reference`,
-# `_release_reference`) and of the mirror writes inside those references (`impl/native/rows.c`); None: Python only.
+# `advance_decode`, `append_counts`, `admit_request`, `admit_staged`, `release_request`, `end_prefill_reads`, `admit_row`
+# and `swap_row`: the C twins of `advance`'s no-draft update, `append_blocks`, `admit`'s and `release`'s writes
+# (`_admit_reference`, `_release_reference`), `admit_staged`'s, `_end_prefill_reads` and of the mirror writes inside
+# those references (`impl/native/rows.c`); None: Python only.
 _rows = native.load("rows")
 _seeds = native.load("seeds")  # `derived_seed`, read by `admit_staged`'s C twin (`AdmissionWriters.derive`)
 
@@ -197,7 +198,7 @@ class RequestStateTable:
         self._admit_targets = (NewRequest, self._prefill_np, self._admitted_columns, self._prefilling, self.rows, RowInfo,
                                self.req_to_row)
         self._release_targets = (self.req_to_row, self.rows, self._released_columns, _RELEASED_VALUES, self._prefilling,
-                                 self._reads_over, self._free)
+                                 self._reads_over, self._free.append)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -475,12 +476,14 @@ class RequestStateTable:
         elif _rows is None or _rows.advance_decode(rows, end, known, self.num_tokens, self.num_computed) is NotImplemented:
             self.num_tokens[rows] = np.maximum(known, end + 1)
             self.num_computed[rows] = end
-        if self._prefilling:
+        if self._prefilling and (_rows is None or _rows.end_prefill_reads(
+                self._prefilling, self.num_computed, self.unconfirmed_drafts, self._reads_over, self._batch_event) is not True):
             self._end_prefill_reads()
 
     def _end_prefill_reads(self) -> None:
         """Rows whose prefill the device has surely computed (the mirror's bound less its unconfirmed drafts) leave
-        `_prefilling`: no later step reads their tokens, so the step just marked was their last reader."""
+        `_prefilling`: no later step reads their tokens, so the step just marked was their last reader.  The reference
+        of ``end_prefill_reads`` in impl/native/rows.c, which `advance` calls first."""
         computed, unconfirmed, prefilling = self.num_computed, self.unconfirmed_drafts, self._prefilling
         ended = [row for row, length in prefilling.items() if computed.item(row) - unconfirmed.item(row) >= length]
         for row in ended:  # usually one row: Python ints, no numpy scalars

@@ -51,13 +51,19 @@
  *     sampling parameter that is not an exact float or int (top_k: an exact int).  ``writers`` (row-state tensor,
  *     block-table tensor, sampling state, its admission records): `impl.state.AdmissionWriters.targets`.
  *
+ * end_prefill_reads -- `impl.state.RequestStateTable._end_prefill_reads`: the rows of ``prefilling`` (row -> prefill
+ *     length) whose computed count less their unconfirmed drafts reaches that length leave it, each noting ``event`` as
+ *     its last reader in ``reads_over``.
+ *     end_prefill_reads(prefilling, num_computed, unconfirmed_drafts, reads_over, event) -> True, or NotImplemented
+ *     before writing anything (a row or length that is not an exact int, a row out of range, more than 16 rows ended).
+ *
  * release_request -- `impl.state.RequestStateTable.release` but its counts: what `_release_reference` does (the id's
  *     look-up and record dropped, the mirror's row freed as swap_row frees it, the row's last reading step noted when
  *     its prefill may still be read, the row appended to the free list).
  *     release_request(targets, req_id, newest_marker, history_reads) -> (row, held logprobs, held prompt logprobs),
  *     or NotImplemented before writing anything (an id that holds no row among them).  ``targets`` the table's
  *     (``req_to_row``, ``rows``, `_released_columns`, `_RELEASED_VALUES`, ``_prefilling``, ``_reads_over``, the free
- *     list).
+ *     list's bound ``append``).
  *
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token),
@@ -66,7 +72,8 @@
  * admit_request),
  * -DRUNNERCHECK_PLANT_ADMIT_GENERATION_REUSED (an admitted row's RowInfo naming the generation before its own),
  * -DRUNNERCHECK_PLANT_STAGED_NEVER_JOINS (an admission whose staged lists never join the group's dirty list, so they
- * would never be flushed), -DRUNNERCHECK_PLANT_SWAP_RETURNS_NEW (a release that reads the values it wrote, not those
+ * would never be flushed), -DRUNNERCHECK_PLANT_PREFILL_ENDS_EARLY (a row's prefill reads seen over once anything of it
+ * is computed), -DRUNNERCHECK_PLANT_SWAP_RETURNS_NEW (a release that reads the values it wrote, not those
  * the row held, in swap_row and release_request) and -DRUNNERCHECK_PLANT_RELEASE_READS_OVER_KEPT (a release that never notes the last reading
  * step of a row still prefilling).
  */
@@ -624,7 +631,7 @@ static PyObject *release_request(PyObject *self, PyObject *args)
     PyObject *req_to_row = PyTuple_GET_ITEM(targets, RELEASE_REQ_TO_ROW), *rows = PyTuple_GET_ITEM(targets, RELEASE_ROWS);
     PyObject *columns = PyTuple_GET_ITEM(targets, RELEASE_COLUMNS), *values = PyTuple_GET_ITEM(targets, RELEASE_VALUES);
     PyObject *prefilling = PyTuple_GET_ITEM(targets, RELEASE_PREFILLING);
-    PyObject *reads_over = PyTuple_GET_ITEM(targets, RELEASE_READS_OVER), *free_rows = PyTuple_GET_ITEM(targets, RELEASE_FREE);
+    PyObject *reads_over = PyTuple_GET_ITEM(targets, RELEASE_READS_OVER), *append_free = PyTuple_GET_ITEM(targets, RELEASE_FREE);
     if (!PyDict_CheckExact(req_to_row) || !PyList_CheckExact(rows) || !PyTuple_CheckExact(columns)
         || !PyTuple_CheckExact(values) || PyTuple_GET_SIZE(columns) != 3 || !PyDict_CheckExact(prefilling)
         || !PyList_CheckExact(reads_over))
@@ -641,7 +648,7 @@ static PyObject *release_request(PyObject *self, PyObject *args)
         Py_RETURN_NOTIMPLEMENTED;
     Py_INCREF(row_obj);
     /* The free list first: the one write that can fail (out of memory) leaves the table as it was. */
-    PyObject *appended = PyObject_CallMethod(free_rows, "append", "O", row_obj);
+    PyObject *appended = PyObject_CallOneArg(append_free, row_obj);
     if (!appended) {
         Py_DECREF(row_obj);
         return NULL;
@@ -665,6 +672,61 @@ static PyObject *release_request(PyObject *self, PyObject *args)
     return Py_BuildValue("(NNN)", row_obj, PyBool_FromLong(held[1] >= 0), PyBool_FromLong(held[2] >= 0));
 }
 
+/* Its prefill length, and the row's computed count less its unconfirmed drafts: 1 when read, 0 when not (a row or
+ * length that is not an exact int in range). */
+static int prefill_ended(PyObject *row_obj, PyObject *length_obj, const ArrayView *computed, const ArrayView *unconfirmed,
+                         Py_ssize_t num_over, int *ended)
+{
+    long long row, length;
+    if (exact_int(row_obj, &row) != EXACT_INT || exact_int(length_obj, &length) != EXACT_INT || row < 0
+        || row >= computed->len || row >= unconfirmed->len || row >= num_over)
+        return 0;
+    *ended = AT(*computed, row) - AT(*unconfirmed, row) >= length;
+#ifdef RUNNERCHECK_PLANT_PREFILL_ENDS_EARLY
+    *ended = AT(*computed, row) >= 1;
+#endif
+    return 1;
+}
+
+static PyObject *end_prefill_reads(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *prefilling, *computed_obj, *unconfirmed_obj, *reads_over, *event;
+    if (!PyArg_ParseTuple(args, "O!OOO!O", &PyDict_Type, &prefilling, &computed_obj, &unconfirmed_obj, &PyList_Type,
+                          &reads_over, &event))
+        return NULL;
+    ArrayView computed, unconfirmed;
+    if (!PyDict_CheckExact(prefilling) || !PyList_CheckExact(reads_over) || !int64_view(computed_obj, &computed)
+        || !int64_view(unconfirmed_obj, &unconfirmed))
+        Py_RETURN_NOTIMPLEMENTED;
+    enum { FEW = 16 };  /* rows ended in one step, at most, without a list (usually one) */
+    PyObject *few[FEW];
+    Py_ssize_t num_ended = 0, pos = 0;
+    PyObject *row_obj, *length_obj;
+    const Py_ssize_t num_over = PyList_GET_SIZE(reads_over);
+    /* Every row read first (any doubt: nothing written), then the ended ones moved out in the dict's order. */
+    while (PyDict_Next(prefilling, &pos, &row_obj, &length_obj)) {
+        int ended;
+        if (!prefill_ended(row_obj, length_obj, &computed, &unconfirmed, num_over, &ended) || (ended && num_ended == FEW))
+            Py_RETURN_NOTIMPLEMENTED;
+        if (ended)
+            few[num_ended++] = row_obj;
+    }
+    for (Py_ssize_t i = 0; i < num_ended; i++) {
+        long long row;
+        exact_int(few[i], &row);
+        PyList_SetItem(reads_over, (Py_ssize_t)row, Py_NewRef(event));
+    }
+    for (Py_ssize_t i = 0; i < num_ended; i++) {
+        Py_INCREF(few[i]);  /* borrowed from the dict, which the deletion would drop */
+        const int failed = PyDict_DelItem(prefilling, few[i]);
+        Py_DECREF(few[i]);
+        if (failed)
+            return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"advance_decode", advance_decode, METH_VARARGS, "The mirror's advance past a decode step without drafts."},
     {"append_counts", append_counts, METH_VARARGS, "The block counts of rows before their appends, moved past them."},
@@ -672,6 +734,7 @@ static PyMethodDef methods[] = {
     {"swap_row", swap_row, METH_VARARGS, "A row's per-row mirror values written, the old ones returned."},
     {"admit_request", admit_request, METH_VARARGS, "An admission's writes into the table for one request and its row."},
     {"admit_staged", admit_staged, METH_VARARGS, "admit_request with the admission's seed, block list and sampling record."},
+    {"end_prefill_reads", end_prefill_reads, METH_VARARGS, "The rows whose prefill is computed leave the prefilling rows."},
     {"release_request", release_request, METH_VARARGS, "A release's writes into the table for one request."},
     {NULL, NULL, 0, NULL},
 };

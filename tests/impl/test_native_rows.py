@@ -446,3 +446,53 @@ def test_planted_bug_c_staged_admission_that_never_joins_the_dirty_list_is_caugh
     planted = _planted("RUNNERCHECK_PLANT_STAGED_NEVER_JOINS", "rows")
     with pytest.raises(AssertionError, match="C admit_staged"):
         assert_c_agrees("admit_staged", _staged, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)))
+
+
+# --------------------------------------------------------------------------- the end of a row's prefill reads
+
+@st.composite
+def prefill_reads(draw):
+    """Rows still prefilling (row -> prefill length) and the mirror's computed counts and unconfirmed drafts."""
+    rows = draw(st.lists(st.integers(0, NUM_ROWS - 1), unique=True, max_size=NUM_ROWS))
+    prefilling = {row: draw(st.integers(1, 40)) for row in rows}
+    computed = np.array(draw(st.lists(st.integers(0, 50), min_size=NUM_ROWS, max_size=NUM_ROWS)), np.int64)
+    unconfirmed = np.array(draw(st.lists(st.integers(0, 3), min_size=NUM_ROWS, max_size=NUM_ROWS)), np.int64)
+    return prefilling, computed, unconfirmed
+
+
+def _prefill_reads_ended(c_module, prefilling: dict, computed: np.ndarray, unconfirmed: np.ndarray) -> list[np.ndarray]:
+    """The rows still prefilling and each row's last reader after `RequestStateTable.advance`'s end of the prefill
+    reads (``c_module``: its C twin; None: `_end_prefill_reads`)."""
+    table = SimpleNamespace(num_computed=computed, unconfirmed_drafts=unconfirmed, _prefilling=dict(prefilling),
+                            _reads_over=[None] * NUM_ROWS, _batch_event="newest")
+    if c_module is None:
+        RequestStateTable._end_prefill_reads(table)
+    else:
+        assert c_module.end_prefill_reads(table._prefilling, computed, unconfirmed, table._reads_over, "newest") is True
+    return [np.array(repr((table._prefilling, table._reads_over)))]
+
+
+@needs_native
+@settings(max_examples=200, deadline=None)
+@given(prefill_reads())
+def test_c_end_of_prefill_reads_moves_the_rows_the_reference_moves(case):
+    assert_c_agrees("end_prefill_reads", _prefill_reads_ended, rows_module, *case)
+
+
+@needs_native
+def test_c_end_of_prefill_reads_declines_before_writing():
+    computed, unconfirmed = np.full(40, 9, np.int64), np.zeros(40, np.int64)
+    for prefilling, over in (({1: 2.0}, [None] * 40), ({True: 2}, [None] * 40), ({41: 2}, [None] * 40),
+                             ({1: 2}, [None] * 1),  # a row past the readers' list
+                             ({row: 1 for row in range(17)}, [None] * 40)):  # more rows ended than it holds
+        before = dict(prefilling)
+        assert rows_module.end_prefill_reads(prefilling, computed, unconfirmed, over, "e") is NotImplemented
+        assert prefilling == before and set(over) == {None}
+    assert rows_module.end_prefill_reads({1: 2}, computed.astype(np.int32), unconfirmed, [None] * 40, "e") is NotImplemented
+
+
+def test_planted_bug_c_prefill_reads_ended_early_are_caught():
+    planted = _planted("RUNNERCHECK_PLANT_PREFILL_ENDS_EARLY", "rows")
+    half_computed = ({2: 10}, np.full(NUM_ROWS, 4, np.int64), np.zeros(NUM_ROWS, np.int64))
+    with pytest.raises(AssertionError, match="C end_prefill_reads"):
+        assert_c_agrees("end_prefill_reads", _prefill_reads_ended, planted, *half_computed)

@@ -10,6 +10,7 @@ from impl.device import Device, DeviceEvent
 from impl.interface import (
     CachedRequest, CachedRequests, CapacityError, NewRequest, RunnerLimits, SamplingParams, ScheduledTokensError, SchedulerOutput,
 )
+import impl.state as state_module
 from impl.step_reader import read_step
 from impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_TOKENS, PREFILL_LEN, PROMPT_LEN, RequestStateTable, RowStateError
 
@@ -181,7 +182,8 @@ def _step_reading(dev: Device, table: RequestStateTable, rid: str, n: int, sink:
 
 def _readmit_after_a_chunked_prefill(monkeypatch, reads_end_early: bool) -> list:
     """A row's prefill in two chunks, the second still queued when the row is freed and admitted again."""
-    if reads_end_early:  # planted: the prefill counted as read one chunk before its last chunk ran
+    if reads_end_early:  # planted: the prefill counted as read one chunk before its last chunk ran (in the reference,
+        monkeypatch.setattr(state_module, "_rows", None)  # which then runs alone)
         monkeypatch.setattr(RequestStateTable, "_end_prefill_reads", lambda self: (
             [self._reads_over.__setitem__(r, self._batch_event) for r in self._prefilling], self._prefilling.clear()))
     dev = Device("sim", lag_policy="lag-5-steps")
