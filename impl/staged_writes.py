@@ -119,6 +119,10 @@ class StagedWriteGroup:
         self._cell_tables = tuple((self._cells[dtype], _CELL_CODES[dtype]) for dtype in self._cells)
         # Admission records a member owner defers to the flush (`defer_admissions`): (records, layout, reference).
         self._admissions: tuple[dict, tuple, Callable[[], None]] | None = None
+        self._list_rows = False  # whether that owner has their rows listed after the table (`listed_rows`)
+        # The last flush's listing of the records' rows: (writer, slot, first word, rows), or None (no records packed
+        # in C this flush).  Read by the records' owner for its count reset (`SamplingState.flush`).
+        self.listed_rows: tuple[StagingWriter, StagingSlot, int, int] | None = None
         self.arena: torch.Tensor | None = None
         self._num_words = 0
         # The last flush's diff tables, each (slot, first word in the slot, diffs, words): applied by `enqueue_apply`,
@@ -155,6 +159,7 @@ class StagedWriteGroup:
         """
         self.h2d_bytes_last_flush = 0
         self._applies = []
+        self.listed_rows = None
         dirty = self._dirty
         records = self._admissions[0] if self._admissions is not None else None
         if not dirty and not self._cell_members and not records:  # nothing staged (most steady steps): no table
@@ -219,18 +224,22 @@ class StagedWriteGroup:
     @hot_path
     def _pack_members(self, dirty: list["StagedWriteTensor"], writer: StagingWriter, limit: int, records: dict | None) -> bool:
         """`flush` by ``pack_members`` (impl/native/staging.c): the members' diffs, the cells and the deferred admission
-        records as one diff table in one slot.  False, with nothing taken, when the C twin declines them or they
-        need more than one slot."""
+        records as one diff table in one slot (the records' rows listed after it when their owner asked:
+        `listed_rows`).  False, with nothing taken, when the C twin declines them or they need more than one slot."""
         # A member's one pending diff needs no merging: its list is read as it stands (and emptied below).
         members = [(t.word_offset, t.num_cols, _CELL_CODES[t.dtype], t._pending if len(t._pending) <= 1 else t._merged_diffs(),
                     t._ragged) for t in dirty]
         admissions = (records, self._admissions[1]) if records else None
         # Packed straight into the current slot's free words when they hold the table (one C call), else sized.
         free = writer.free_words()
-        size = _staging.pack_members(None if free is None else free[0], members, self._cell_tables, admissions)
-        if size is NotImplemented or not size[0] or _META_WORDS * size[0] + size[1] > limit:
+        size = _staging.pack_members(None if free is None else free[0], members, self._cell_tables, admissions,
+                                     self._list_rows)
+        if size is NotImplemented or not size[0]:
             return False
-        n, total = size[0], _META_WORDS * size[0] + size[1]
+        n, table = size[0], _META_WORDS * size[0] + size[1]
+        total = table + size[3]
+        if total > limit:
+            return False
         if self.arena is None:
             self.seal()
         if size[2]:  # packed in place: the free words it filled become the table's allocation
@@ -238,7 +247,7 @@ class StagedWriteGroup:
             slot.claim_free_words(start, total)
         else:
             host, slot, start = writer.reserve_words(total)
-            _staging.pack_members(host, members, self._cell_tables, admissions)
+            _staging.pack_members(host, members, self._cell_tables, admissions, self._list_rows)
         if records:
             records.clear()
         for t in dirty:
@@ -248,16 +257,20 @@ class StagedWriteGroup:
         if self._cell_members:  # a cell is pending only with its member listed here
             self._clear_cells()
         self.h2d_bytes_last_flush += 4 * total  # `_packed`, without its frame
-        self._applies = [(slot, start, n, total)]
+        self._applies = [(slot, start, n, table)]
+        if size[3]:
+            self.listed_rows = (writer, slot, start + table, size[3])
         return True
 
     def defer_admissions(self, records: dict, scalars: Sequence["StagedWriteTensor"], mask: "StagedWriteTensor",
-                         vocab_size: int, stage: Callable[[], None]) -> None:
+                         vocab_size: int, stage: Callable[[], None], list_rows: bool = False) -> None:
         """Let a member owner record its admissions in ``records`` -- row -> (one value for each of the eight one-element
         members ``scalars``, the prompt's token ids, whose bitmask is ``mask``'s row) -- for the flush to pack after
         everything else (`pack_members`).  ``stage`` is the reference: it stages them through the members (called
         when the C twin declines, and before any other write to one of those members, so later writes still
-        win).  It must empty ``records`` before it stages through the members."""
+        win).  It must empty ``records`` before it stages through the members.  ``list_rows``: a flush that packs
+        the records in C also lists their rows (the dict's keys, in its order) as int32 words right after the diff
+        table, noted in `listed_rows` (only the owner reads them; the apply does not)."""
         if self._admissions is not None:
             raise RuntimeError(f"staged-write group {self.name!r} already packs another owner's admissions")
         if len(scalars) != 8 or any(t.group is not self or t.num_cols != 1 for t in scalars) or mask.group is not self:
@@ -265,6 +278,7 @@ class StagedWriteGroup:
         layout = (tuple(t.word_offset for t in scalars), tuple(_CELL_CODES[t.dtype] for t in scalars), mask.word_offset,
                   mask.num_cols, vocab_size, mask.num_rows)
         self._admissions = (records, layout, stage)
+        self._list_rows = list_rows
         for member in (*scalars, mask):
             member._deferred = True
 

@@ -29,6 +29,10 @@
  *     eight cells, then its prompt mask row (bit t % 32 of word t // 32 for each token t) as one diff; the
  *     layout (the eight members' word offsets and element codes, the mask's word offset and words per row, the
  *     vocabulary size, the rows).
+ *     pack_members(words, members, cell_tables, admissions, list_rows) -> (diffs, value words, written, listed):
+ *     with ``list_rows`` True, the admitted rows (the records' keys, in the dict's order) are written as ``listed``
+ *     int32 words right after the table (the owner's count reset reads them there: `SamplingState.flush`); the
+ *     words to reserve are then 3 * diffs + value words + listed.  ``list_rows`` False: listed is 0.
  *
  * prompt_bitmask -- `impl.sample.state.prompt_bitmask_words`: bit t % 32 of word t // 32 set for each token t.
  *     prompt_bitmask(words, tokens, vocab_size) -> True | NotImplemented.  ``tokens`` an exact tuple or list
@@ -43,7 +47,8 @@
  * Built at run time by `impl.native`; the planted-bug tests build variants with
  * -DRUNNERCHECK_PLANT_SOURCE_ZERO (diff tables whose every source offset is 0),
  * -DRUNNERCHECK_PLANT_MASK_BIT31_LOST (a bitmask that never sets bit 31 of a word),
- * -DRUNNERCHECK_PLANT_RECORD_ROW_STRIDE_ONE (admission records whose parameter rows are one word apart) and
+ * -DRUNNERCHECK_PLANT_RECORD_ROW_STRIDE_ONE (admission records whose parameter rows are one word apart),
+ * -DRUNNERCHECK_PLANT_LISTED_ROW_NEXT (admitted rows listed as the row after each) and
  * -DRUNNERCHECK_PLANT_PUT_WORDS_SHORT (a put that leaves each part's last value unwritten).
  */
 #include "arrays.h"
@@ -371,9 +376,11 @@ static int walk_members(Packer *pk, const Member *members, Py_ssize_t count, PyO
 static PyObject *pack_members(PyObject *self, PyObject *args)
 {
     (void)self;
-    PyObject *words_obj, *member_list, *tables, *admissions = Py_None, *records = NULL;
-    if (!PyArg_ParseTuple(args, "OOO|O", &words_obj, &member_list, &tables, &admissions))
+    PyObject *words_obj, *member_list, *tables, *admissions = Py_None, *records = NULL, *list_rows = Py_None;
+    if (!PyArg_ParseTuple(args, "OOO|OO", &words_obj, &member_list, &tables, &admissions, &list_rows))
         return NULL;
+    if (list_rows != Py_None && !PyBool_Check(list_rows))
+        Py_RETURN_NOTIMPLEMENTED;
     AdmissionLayout layout = {{0}, {0}, 0, 0, 0, 0};
     if (admissions != Py_None) {
         if (!PyTuple_CheckExact(admissions) || PyTuple_GET_SIZE(admissions) != 2
@@ -406,11 +413,26 @@ static PyObject *pack_members(PyObject *self, PyObject *args)
     Packer measure = {NULL, 0, 0, 0};
     if (!walk_members(&measure, members, count, tables, records, &layout, 0))
         Py_RETURN_NOTIMPLEMENTED;
-    if (words_obj == Py_None || words.len < 3 * measure.diffs + measure.value_words)
-        return Py_BuildValue("(nnO)", measure.diffs, measure.value_words, Py_False);
+    /* The admitted rows listed after the values, when asked (the owner's count reset reads them there). */
+    const npy_intp listed = list_rows == Py_True && records != NULL ? PyDict_GET_SIZE(records) : 0;
+    const npy_intp table_words = 3 * measure.diffs + measure.value_words;
+    if (words_obj == Py_None || words.len < table_words + listed)
+        return list_rows == Py_None ? Py_BuildValue("(nnO)", measure.diffs, measure.value_words, Py_False)
+                                    : Py_BuildValue("(nnOn)", measure.diffs, measure.value_words, Py_False, listed);
     Packer pack = {&words, 0, 0, 0};
     walk_members(&pack, members, count, tables, records, &layout, 3 * measure.diffs);  /* the measuring walk accepted them */
-    return Py_BuildValue("(nnO)", measure.diffs, measure.value_words, Py_True);
+    if (listed) {
+        PyObject *key, *record;
+        Py_ssize_t pos = 0;
+        for (npy_intp i = 0; PyDict_Next(records, &pos, &key, &record); i++)  /* rows the walk read as exact ints */
+#ifdef RUNNERCHECK_PLANT_LISTED_ROW_NEXT
+            OUT32(words, table_words + i) = (npy_int32)PyLong_AsLongLong(key) + 1;
+#else
+            OUT32(words, table_words + i) = (npy_int32)PyLong_AsLongLong(key);
+#endif
+    }
+    return list_rows == Py_None ? Py_BuildValue("(nnO)", measure.diffs, measure.value_words, Py_True)
+                                : Py_BuildValue("(nnOn)", measure.diffs, measure.value_words, Py_True, listed);
 }
 
 /* One part of put_words: its first word and length, 0 when it is not one put_words takes. */

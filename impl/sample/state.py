@@ -18,7 +18,9 @@ admission into a row until the row is reused.  Their writers:
 * ``output_counts`` i32 ``[max_num_reqs, V]`` -- how often each token occurs in the request's
   outputs.  Written only by kernels, in stream order: at admission a row reset (no upload of
   ``V`` zeros), then the counts of a resumed request's earlier outputs added from a staged token
-  list; after each step `enqueue_post_update` adds the accepted sampled tokens.
+  list; after each step `enqueue_post_update` adds the accepted sampled tokens.  The reset reads the admitted
+  rows from staging: where the group's flush packed the admission records in C it listed their rows right after
+  its diff table (`StagedWriteGroup.listed_rows`), else `flush` reserves them.
 
 Seeds: the runner passes ``impl.interface.effective_seed(params, req_id, base_seed)`` (asked through
 `impl.seeds.request_seed`, which derives it in C when it can): the request's own seed, or for a
@@ -113,7 +115,9 @@ class SamplingState:
         self._admission_records: dict[int, tuple[tuple, Sequence[int]]] | None = None
         if group is not None:
             self._admission_records = {}
-            group.defer_admissions(self._admission_records, self._scalars, self.prompt_mask, vocab_size, self._stage_admissions)
+            group.defer_admissions(self._admission_records, self._scalars, self.prompt_mask, vocab_size, self._stage_admissions,
+                                   list_rows=True)  # their count reset reads the rows the flush lists
+        self._group = group
         self._pending_admissions: dict[int, list[int]] = {}  # row -> earlier outputs to count
         # The last flush's kernels, enqueued by `enqueue_apply`: the count reset of the admitted rows (writer, slot,
         # first word, rows) and a resumed request's earlier outputs to count again (rows, tokens, pairs).
@@ -194,6 +198,14 @@ class SamplingState:
             self._reset_rows = self._earlier_outputs = None
             return
         self._pending_admissions = {}
+        listed = None if self._group is None else self._group.listed_rows
+        # The group's flush listed the records' rows this step: every pending row has its record there (a record is
+        # never written without its pending entry), so the same count means the same rows.
+        if listed is not None and listed[0] is writer and listed[3] == len(pending):
+            self._reset_rows = listed
+            self._earlier_outputs = (self._stage_earlier_outputs(writer, sorted(pending), pending)
+                                     if any(pending.values()) else None)
+            return
         if len(pending) == 1:  # the usual admission: one word, no sort and no list-to-array conversion
             (row, outputs), = pending.items()
             rows_slot, rows_start = writer.reserve_index(1)

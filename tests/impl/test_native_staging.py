@@ -335,6 +335,57 @@ def test_planted_bug_admission_records_with_one_word_rows_are_caught():
     assert _admitted(planted, calls, []) != _admitted(None, calls, [])
 
 
+def _counts_after_admitting(c_module, rows: tuple[int, ...]) -> tuple[list, tuple | None]:
+    """(every row's output counts, the group's listing of the admitted rows) after admissions into ``rows`` of a
+    sampling state whose counts were all ones, flushed with ``c_module`` as the C twin (None: the reference, which
+    lists nothing: the state reserves its reset's rows itself), then applied with its count reset."""
+    dev = Device("cpu")
+    group = StagedWriteGroup(dev, "runner")
+    state = SamplingState(dev, STATE_ROWS, VOCAB, group=group)
+    group.seal()
+    state.output_counts.fill_(1)
+    for row in rows:
+        state.add_request(row, SamplingParams(), 7, (1, 2), checked=True)
+    writer = StagingWriter(StagingPool(dev, num_slots=2, capacity_bytes=1 << 14), 0)
+    saved = staged_writes._staging, sampling_state_module._staging
+    staged_writes._staging = sampling_state_module._staging = c_module
+    try:
+        group.flush(writer)
+        state.flush(writer)
+    finally:
+        staged_writes._staging, sampling_state_module._staging = saved
+    listed = group.listed_rows
+    listing = None if listed is None else (_listed_words(listed), state._reset_rows is listed)
+    writer.submit()
+    group.enqueue_apply()
+    state.enqueue_apply()
+    dev.synchronize()
+    return state.output_counts.sum(dim=1).tolist(), listing
+
+
+def _listed_words(listed: tuple) -> list[int]:
+    _, slot, first, count = listed
+    return slot.host_words[first : first + count].tolist()
+
+
+@needs_native
+def test_c_admission_records_list_their_rows_for_the_count_reset():
+    """A flush that packs the records in C lists their rows after the table; the sampling state's count reset reads
+    them there (no word of its own), and zeroes the same rows as the reference, which lists nothing."""
+    counts, listing = _counts_after_admitting(staging, (3, 1))
+    assert listing == ([3, 1], True)
+    want, nothing_listed = _counts_after_admitting(None, (3, 1))
+    assert nothing_listed is None and counts == want == [VOCAB, 0, VOCAB, 0, VOCAB]
+
+
+def test_planted_bug_admitted_rows_listed_one_row_off_are_caught():
+    """The comparison above can fail: a build that lists each admitted row as the row after it resets the wrong
+    row's counts."""
+    planted = _planted("RUNNERCHECK_PLANT_LISTED_ROW_NEXT", "staging")
+    counts, _ = _counts_after_admitting(planted, (1,))
+    assert counts != _counts_after_admitting(None, (1,))[0]
+
+
 # --------------------------------------------------------------------------- the runner
 
 @needs_native
