@@ -160,19 +160,19 @@ class StagingSlot:
         self.used_bytes = end
         return start // 4
 
-    def free_words(self) -> tuple[np.ndarray, int]:
-        """The words a `reserve_words` would hand out next, all of them up to the slot's end: (host view, first
-        word index), to be written.  Reserves nothing (a caller that filled a prefix reserves exactly it next, at
-        the same index), but drops a `kept` note over them, as a reservation would."""
+    def free_index(self) -> int:
+        """The first word a `reserve_words` would hand out next; the words from it to the slot's end are free to be
+        written (``host_words[first:]``).  Reserves nothing (a caller that filled a prefix reserves exactly it next,
+        at the same index: `claim_free_words`), but drops a `kept` note over them, as a reservation would."""
         if self.state is not SlotState.WRITING:
-            raise StagingLifetimeError("free_words of a staging slot that is not being written", slot=self.index, step=self.step, state=self.state)
+            raise StagingLifetimeError("free_index of a staging slot that is not being written", slot=self.index, step=self.step, state=self.state)
         start = -(-self.used_bytes // _ALIGN) * _ALIGN
         if start < self.kept_bytes:
             self.kept, self.kept_bytes = None, 0
-        return self.host_words[start // 4:], start // 4
+        return start // 4
 
     def claim_free_words(self, first: int, n: int) -> None:
-        """Reserve the ``n`` words from ``first`` that `free_words` handed out and the caller filled (`reserve_words`
+        """Reserve the ``n`` words from ``first`` that `free_index` handed out and the caller filled (`reserve_words`
         of exactly them, without handing them out again).  Raises when another allocation took them meanwhile."""
         start = -(-self.used_bytes // _ALIGN) * _ALIGN
         if self.state is not SlotState.WRITING or start != 4 * first or start + 4 * n > self.capacity_bytes:
@@ -398,15 +398,11 @@ class StagingWriter:
         self.num_slots_used += 1
         return slot, slot.reserve_words(n)[1]  # raises when n words exceed a whole slot
 
-    def free_words(self) -> tuple[np.ndarray, StagingSlot, int] | None:
-        """The current slot's unreserved words (`StagingSlot.free_words`: host view, the slot, first word index), or
-        None before the writer holds a slot.  A caller that fills a prefix of them then reserves exactly that prefix
-        (`reserve_words`), which hands out those words."""
+    def free_index(self) -> tuple[StagingSlot, int] | None:
+        """The current slot's unreserved words (`StagingSlot.free_index`): (the slot, its first free word), or None
+        before the writer holds a slot.  A caller that fills a prefix of them then claims exactly that prefix."""
         slot = self.slot
-        if slot is None:
-            return None
-        host, first = slot.free_words()
-        return host, slot, first
+        return None if slot is None else (slot, slot.free_index())
 
     @hot_path
     def alloc(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -231,9 +231,9 @@ class StagedWriteGroup:
                     t._ragged) for t in dirty]
         admissions = (records, self._admissions[1]) if records else None
         # Packed straight into the current slot's free words when they hold the table (one C call), else sized.
-        free = writer.free_words()
-        size = _staging.pack_members(None if free is None else free[0], members, self._cell_tables, admissions,
-                                     self._list_rows)
+        free = writer.free_index()
+        size = _staging.pack_members(None if free is None else free[0].host_words, members, self._cell_tables,
+                                     admissions, self._list_rows, 0 if free is None else free[1])
         if size is NotImplemented or not size[0]:
             return False
         n, table = size[0], _META_WORDS * size[0] + size[1]
@@ -243,11 +243,11 @@ class StagedWriteGroup:
         if self.arena is None:
             self.seal()
         if size[2]:  # packed in place: the free words it filled become the table's allocation
-            slot, start = free[1], free[2]
+            slot, start = free
             slot.claim_free_words(start, total)
         else:
-            host, slot, start = writer.reserve_words(total)
-            _staging.pack_members(host, members, self._cell_tables, admissions, self._list_rows)
+            slot, start = writer.reserve_index(total)
+            _staging.pack_members(slot.host_words, members, self._cell_tables, admissions, self._list_rows, start)
         if records:
             records.clear()
         for t in dirty:
@@ -328,9 +328,10 @@ class StagedWriteGroup:
         rows, starts, lens, values = tensor._ragged.pop()
         n = len(lens)
         total = _META_WORDS * n + len(values)
-        host, slot, start = writer.reserve_words(total)
-        if _staging is None or _staging.pack_ragged(host, rows, starts, lens, values, tensor.num_cols,
-                                                  tensor.word_offset) is NotImplemented:
+        slot, start = writer.reserve_index(total)
+        if _staging is None or _staging.pack_ragged(slot.host_words, rows, starts, lens, values, tensor.num_cols,
+                                                  tensor.word_offset, start) is NotImplemented:
+            host = slot.host_words[start : start + total]
             dst = rows * tensor.num_cols
             dst += starts
             dst += tensor.word_offset
@@ -341,7 +342,8 @@ class StagedWriteGroup:
                 src = np.zeros(n, np.int64)
                 lens[:-1].cumsum(out=src[1:])
             _fill_diff_table(host, dst, lens, src, values)  # int64 values: written as int32
-        self._applies = [self._packed(slot, start, n, total)]
+        self.h2d_bytes_last_flush += 4 * total  # `_packed`, without its frame
+        self._applies = [(slot, start, n, total)]
 
     def _pack(self, dst: np.ndarray, lens: np.ndarray, src: np.ndarray, values: np.ndarray,
               writer: StagingWriter) -> tuple[StagingSlot, int, int, int]:

@@ -6,7 +6,8 @@
  * pack_ragged -- `impl.staged_writes.StagedWriteGroup._flush_one_ragged`'s diff table (its owner's slot words):
  *     words[3i:3i+3] = (rows[i] * cols + starts[i] + word_offset, lens[i], sum(lens[:i])), then the values
  *     as int32 after the 3n meta words.  pack_ragged(words, rows, starts, lens, values, cols, word_offset)
- *     -> True | NotImplemented.
+ *     -> True | NotImplemented; ``words`` exactly the table's words, or, with a last argument ``first``, any
+ *     1-D int32 array holding them from word ``first`` on.
  *
  * pack_members -- the general `StagedWriteGroup.flush` as a whole, from its dirty members' pending diffs and
  *     its single-element cells (reference: the flush's numpy path, `_take_cells` and `_join_parts` +
@@ -32,7 +33,9 @@
  *     pack_members(words, members, cell_tables, admissions, list_rows) -> (diffs, value words, written, listed):
  *     with ``list_rows`` True, the admitted rows (the records' keys, in the dict's order) are written as ``listed``
  *     int32 words right after the table (the owner's count reset reads them there: `SamplingState.flush`); the
- *     words to reserve are then 3 * diffs + value words + listed.  ``list_rows`` False: listed is 0.
+ *     words to reserve are then 3 * diffs + value words + listed.  ``list_rows`` False: listed is 0.  A sixth
+ *     argument ``first``: the table is written from word ``first`` of ``words`` on (default 0; past its end:
+ *     NotImplemented).
  *
  * prompt_bitmask -- `impl.sample.state.prompt_bitmask_words`: bit t % 32 of word t // 32 set for each token t.
  *     prompt_bitmask(words, tokens, vocab_size) -> True | NotImplemented.  ``tokens`` an exact tuple or list
@@ -63,19 +66,35 @@
 #define SOURCE_OF(source) (source)
 #endif
 
+/* ``view`` from its word ``first`` on (a slot's words from a reservation's first word: no numpy view made for it);
+ * 0 when ``first`` lies outside it. */
+static int from_word(ArrayView *view, long long first)
+{
+    if (first < 0 || first > view->len)
+        return 0;
+    view->data += (npy_intp)first * view->stride;
+    view->len -= (npy_intp)first;
+    return 1;
+}
+
 static PyObject *pack_ragged(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *words_obj, *rows_obj, *starts_obj, *lens_obj, *values_obj;
-    long long cols, word_offset;
-    if (!PyArg_ParseTuple(args, "OOOOOLL", &words_obj, &rows_obj, &starts_obj, &lens_obj, &values_obj, &cols,
-                          &word_offset))
+    long long cols, word_offset, first = -1;
+    if (!PyArg_ParseTuple(args, "OOOOOLL|L", &words_obj, &rows_obj, &starts_obj, &lens_obj, &values_obj, &cols,
+                          &word_offset, &first))
         return NULL;
     ArrayView words, rows, starts, lens, values;
     if (!array_view(words_obj, NPY_INT32, 1, &words) || !int64_view(rows_obj, &rows) || !int64_view(starts_obj, &starts)
         || !int64_view(lens_obj, &lens) || !int64_view(values_obj, &values))
         Py_RETURN_NOTIMPLEMENTED;
     const npy_intp n = rows.len;
+    if (first >= 0) {  /* the table at ``first``, in a longer array */
+        if (!from_word(&words, first) || words.len < 3 * n + values.len)
+            Py_RETURN_NOTIMPLEMENTED;
+        words.len = 3 * n + values.len;
+    }
     if (starts.len != n || lens.len != n || words.len != 3 * n + values.len)
         Py_RETURN_NOTIMPLEMENTED;
     npy_int64 total = 0;
@@ -377,7 +396,8 @@ static PyObject *pack_members(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *words_obj, *member_list, *tables, *admissions = Py_None, *records = NULL, *list_rows = Py_None;
-    if (!PyArg_ParseTuple(args, "OOO|OO", &words_obj, &member_list, &tables, &admissions, &list_rows))
+    long long first = 0;
+    if (!PyArg_ParseTuple(args, "OOO|OOL", &words_obj, &member_list, &tables, &admissions, &list_rows, &first))
         return NULL;
     if (list_rows != Py_None && !PyBool_Check(list_rows))
         Py_RETURN_NOTIMPLEMENTED;
@@ -408,7 +428,7 @@ static PyObject *pack_members(PyObject *self, PyObject *args)
     if (!cell_tables_size(tables, &num_cells, &cell_value_words))
         Py_RETURN_NOTIMPLEMENTED;
     ArrayView words;
-    if (words_obj != Py_None && !array_view(words_obj, NPY_INT32, 1, &words))
+    if (words_obj != Py_None && (!array_view(words_obj, NPY_INT32, 1, &words) || !from_word(&words, first)))
         Py_RETURN_NOTIMPLEMENTED;
     Packer measure = {NULL, 0, 0, 0};
     if (!walk_members(&measure, members, count, tables, records, &layout, 0))

@@ -295,24 +295,24 @@ def test_first_slot_reserves_a_fixed_layout_and_diffs_follow_it():
         StagingWriter(pool, 1).first_slot(512)
 
 
-def test_free_words_are_the_words_the_next_reservation_hands_out():
+def test_free_index_names_the_words_the_next_reservation_hands_out():
     """A flush may fill the current slot's free words before it knows its size (`StagedWriteGroup._pack_members`):
     the reservation of that prefix hands out those same words, and a kept note over them is dropped at once."""
     dev = Device("cpu")
     pool = StagingPool(dev, num_slots=2, capacity_bytes=256)
     writer = StagingWriter(pool, 0)
-    assert writer.free_words() is None  # no slot yet
+    assert writer.free_index() is None  # no slot yet
     slot = writer.first_slot(20)
     slot.kept, slot.kept_bytes = "compact arrays", 48
-    free, same_slot, first = writer.free_words()
-    assert same_slot is slot and first == 8 and len(free) == 64 - 8  # after the reservation, 16-byte aligned
+    same_slot, first = writer.free_index()
+    assert same_slot is slot and first == 8  # after the reservation, 16-byte aligned
     assert slot.kept is None and slot.used_bytes == 20  # the note over those words is gone; nothing reserved
-    free[:3] = [7, 8, 9]
+    slot.host_words[first:first + 3] = [7, 8, 9]
     host, got_slot, start = writer.reserve_words(3)
     assert got_slot is slot and start == first and host.tolist() == [7, 8, 9]
     writer.submit()
     with pytest.raises(StagingLifetimeError):
-        slot.free_words()  # in flight: not writable
+        slot.free_index()  # in flight: not writable
 
 
 def test_a_reserved_index_is_the_words_reserve_words_would_hand_out_and_rolls_over_a_full_slot():
@@ -336,23 +336,23 @@ def test_a_reserved_index_is_the_words_reserve_words_would_hand_out_and_rolls_ov
 
 
 def test_claimed_free_words_are_reserved_and_a_claim_after_another_allocation_raises():
-    """`claim_free_words` reserves the prefix a caller filled through `free_words` (the in-place diff table), and
+    """`claim_free_words` reserves the prefix a caller filled from `free_index` (the in-place diff table), and
     refuses words another allocation took meanwhile, words past the slot's end, and a slot no longer being written."""
     dev = Device("cpu")
     pool = StagingPool(dev, num_slots=2, capacity_bytes=256)
     writer = StagingWriter(pool, 0)
     slot = writer.first_slot(20)
-    free, _, first = writer.free_words()
-    free[:2] = [5, 6]
+    _, first = writer.free_index()
+    slot.host_words[first:first + 2] = [5, 6]
     slot.claim_free_words(first, 2)
     assert slot.used_bytes == 4 * (first + 2)
     host, _, start = writer.reserve_words(1)  # the next allocation starts after the claimed words
     assert start >= first + 2
-    _, _, stale = writer.free_words()
+    _, stale = writer.free_index()
     writer.reserve_words(1)  # takes the words `stale` named
     with pytest.raises(StagingLifetimeError):
         slot.claim_free_words(stale, 1)
-    _, _, first = writer.free_words()
+    _, first = writer.free_index()
     with pytest.raises(StagingLifetimeError):
         slot.claim_free_words(first, 64)  # past the slot's end
     writer.submit()

@@ -215,6 +215,28 @@ def test_pack_members_declines_what_it_cannot_take():
     assert words[15:16].view(np.float32)[0] == np.inf and words[16:].view(np.int64)[0] == -2
 
 
+@needs_native
+def test_a_table_packed_from_a_first_word_is_the_table_packed_alone():
+    """``first`` (a reservation's first word in a slot's words: no view made) writes the same table from that word,
+    and leaves the words around it; a table that does not fit after it, or a first word past the end, declines."""
+    rows, starts, lens, values = np.array([1, 4], np.int64), np.array([2, 0], np.int64), np.ones(2, np.int64), np.array([17, 23], np.int64)
+    alone = np.zeros(8, np.int32)
+    assert staging.pack_ragged(alone, rows, starts, lens, values, 8, 3) is True
+    slot_words = np.full(20, -1, np.int32)
+    assert staging.pack_ragged(slot_words, rows, starts, lens, values, 8, 3, 5) is True
+    assert slot_words[5:13].tolist() == alone.tolist() and (slot_words[:5] == -1).all() and (slot_words[13:] == -1).all()
+    for first in (13, 21, -2):
+        assert staging.pack_ragged(np.full(20, -1, np.int32), rows, starts, lens, values, 8, 3, first) is NotImplemented
+    members = [((0, 8, 0, [(1, 2, [5, 6])], []))]
+    alone = np.zeros(8, np.int32)
+    assert staging.pack_members(alone, members, (), None, False, 0) == (1, 2, True, 0)
+    slot_words = np.full(20, -1, np.int32)
+    assert staging.pack_members(slot_words, members, (), None, False, 15) == (1, 2, True, 0)
+    assert slot_words[15:20].tolist() == alone[:5].tolist() and (slot_words[:15] == -1).all()
+    assert staging.pack_members(slot_words, members, (), None, False, 16) == (1, 2, False, 0)  # 4 words left: sized
+    assert staging.pack_members(slot_words, members, (), None, False, 21) is NotImplemented
+
+
 # --------------------------------------------------------------------------- the prompt bitmask
 
 @st.composite
