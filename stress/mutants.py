@@ -33,6 +33,7 @@ patched; `stress.mutant_kernels` owns the cache of private sampling-kernel copie
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from types import SimpleNamespace
 from typing import Any, Callable
@@ -73,7 +74,7 @@ def _reuse_staging_early(runner: Any, m: AppliedMutant) -> None:
     m.set(pool, "retire_completed", retire_without_waiting)
 
 
-@_mutant("pageable_nonblocking_copy", "race", ("sync", "differential"), "racing", ("staging",),
+@_mutant("pageable_nonblocking_copy", "race", ("sync", "differential"), "racing", ("staging", "lanes"),
          "H2D copy issued non_blocking from a pageable scratch tensor reused every step instead of the pinned slot")
 def _pageable_nonblocking_copy(runner: Any, m: AppliedMutant) -> None:
     pool = runner.staging
@@ -89,6 +90,9 @@ def _pageable_nonblocking_copy(runner: Any, m: AppliedMutant) -> None:
             slot.host = pinned
 
     m.set(pool, "submit", submit_from_scratch)
+    # A step that fits its bucket's lane is copied in by its fused replay, not by `submit`: every step takes the
+    # submit path here, so the bug does not hide behind how many steps happen to fit.
+    m.set(runner.lanes, "fits", lambda *args: False)
 
 
 @_mutant("output_slot_overwritten_early", "race", ("differential", "lifetime"), "racing", ("outputs",),
@@ -147,7 +151,8 @@ def _tensor_in_python_if(runner: Any, m: AppliedMutant) -> None:
 # ---- state
 
 
-@_mutant("stale_row_after_preempt", "state", ("differential",), "row-reuse", ("state", "sampling_state", "_update_rows"),
+@_mutant("stale_row_after_preempt", "state", ("differential",), "row-reuse",
+         ("state", "sampling_state", "_update_rows", "_admission_writers"),
          "preemption frees a row without bumping its generation: the next request admitted there looks like the "
          "old one, so its sampling params, seed and penalty counts are never uploaded")
 def _stale_row_after_preempt(runner: Any, m: AppliedMutant) -> None:
@@ -178,6 +183,8 @@ def _stale_row_after_preempt(runner: Any, m: AppliedMutant) -> None:
     m.set(runner, "_update_rows", update_rows_tracking_preemption)
     m.set(state, "release", release_keeping_generation)
     m.set(sampling_state, "add_request", add_request_unless_row_looks_current)
+    # Admissions through the owners' methods (`AdmissionWriters.derive` None: no C twin), where the bug lives.
+    m.set(runner, "_admission_writers", dataclasses.replace(runner._admission_writers, derive=None))
 
 
 @_mutant("staged_writes_wrong_order", "state", ("differential", "provenance"), "row-reuse", ("state",),

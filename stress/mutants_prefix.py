@@ -33,15 +33,15 @@ from stress.prefix_cache import PrefixCacheError
          "prefill re-writes the last cached block, which other requests share")
 def _prefix_hit_recomputes_cached_block(runner: Any, m: AppliedMutant) -> None:
     state, block_size = runner.state, runner.limits.block_size
-    admit = state.admit
+    admit = state.admit_staged
 
-    def admit_one_block_early(req: Any, seed: int) -> int:
-        row = admit(req, seed)
+    def admit_one_block_early(req: Any, base_seed: int, writers: Any, seeds: dict) -> int:
+        row = admit(req, base_seed, writers, seeds)
         if req.num_computed_tokens:
             state.row_state.stage(row, NUM_COMPUTED, [req.num_computed_tokens - block_size])  # the later write wins
         return row
 
-    m.set(state, "admit", admit_one_block_early)
+    m.set(state, "admit_staged", admit_one_block_early)
 
 
 @_mutant("block_table_tail_kept", "state", ("provenance", "differential"), "prefix", ("state",),
@@ -51,15 +51,15 @@ def _block_table_tail_kept(runner: Any, m: AppliedMutant) -> None:
     # The block count of a row is the request state's (`RequestStateTable.num_blocks`, where `append_blocks`
     # places the appends); the release leaves it, the admission here keeps the larger of it and the new list's.
     state = runner.state
-    admit = state.admit
+    admit = state.admit_staged
 
-    def admit_keeping_count(req: Any, seed: int) -> int:
+    def admit_keeping_count(req: Any, base_seed: int, writers: Any, seeds: dict) -> int:
         before = state.num_blocks.copy()
-        row = admit(req, seed)
+        row = admit(req, base_seed, writers, seeds)
         state.num_blocks[row] = max(int(before[row]), len(req.block_ids))
         return row
 
-    m.set(state, "admit", admit_keeping_count)
+    m.set(state, "admit_staged", admit_keeping_count)
 
 
 # ---- scheduler (prefix cache) bugs
