@@ -210,13 +210,13 @@ want host_lines && job host_lines 300 bash -c "$hp --reqs 64 --churn 0 --lines i
   $hp --reqs 64 --churn 0.01 --lines impl.runner:ModelRunner._execute && $hp --reqs 64 --churn 0.01 --lines impl.runner:ModelRunner._update_rows &&
   $hp --reqs 256 --churn 0.01 --lines impl.runner:ModelRunner._execute && $hp --reqs 256 --churn 0.01 --lines impl.runner:ModelRunner._check"
 want host_lines_admit && job host_lines_admit 300 bash -c "for reqs in ${LINES_REQS:-256 64}; do $hp --reqs \$reqs --churn 0.01 --depth 1 \
-  --lines impl.runner:ModelRunner._execute --lines impl.runner:ModelRunner._check --lines impl.step_reader:read_step --lines impl.runner:ModelRunner._update_rows --lines impl.state:RequestStateTable.admit \
+  --lines impl.runner:ModelRunner._execute --lines impl.runner:ModelRunner._check --lines impl.step_reader:read_step --lines impl.runner:ModelRunner._update_rows --lines impl.state:RequestStateTable.admit_staged \
   --lines impl.input_batch:plan_step --lines impl.input_batch:InputBatch.stage --lines impl.graphs:CudaGraphManager.select \
   --lines impl.staged_writes:StagedWriteGroup.flush --lines impl.sample.state:SamplingState.flush \
   --lines impl.runner:ModelRunner._enqueue_output --lines impl.state:RequestStateTable._take_free_row \
   --lines impl.state:RequestStateTable.is_quarantined --lines impl.state:RequestStateTable._use_event \
   --lines impl.device:DeviceEvent.query --lines impl.state:RequestStateTable.release \
-  --lines impl.staged_writes:StagedWriteGroup._pack_members || exit 1; done"
+  --lines impl.staged_writes:StagedWriteGroup._pack_members --lines impl.state:RequestStateTable.advance || exit 1; done"
 want host_lines_drain && job host_lines_drain 200 bash -c "for churn in 0.01 0; do $hp --reqs 64 --churn \$churn --depth 1 \
   --lines impl.device:_StreamScope.__exit__ --lines impl.device:Device.drain_launches || exit 1; done"
 want host_cpu_time && job host_cpu_time 200 bash -c "for reqs in 64 256; do for churn in 0.01 0; do \
