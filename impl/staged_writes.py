@@ -120,8 +120,9 @@ class StagedWriteGroup:
         # Admission records a member owner defers to the flush (`defer_admissions`): (records, layout, reference).
         self._admissions: tuple[dict, tuple, Callable[[], None]] | None = None
         self._list_rows = False  # whether that owner has their rows listed after the table (`listed_rows`)
-        # The last flush's listing of the records' rows: (writer, slot, first word, rows), or None (no records packed
-        # in C this flush).  Read by the records' owner for its count reset (`SamplingState.flush`).
+        # The last listing of the records' rows: (writer, slot, first word, rows), or None.  Taken (and cleared) by the
+        # records' owner for its count reset (`SamplingState.flush`) only when it names the writer it flushes into:
+        # a flush that lists nothing (no records, or packed by numpy) leaves it, for no other writer takes it.
         self.listed_rows: tuple[StagingWriter, StagingSlot, int, int] | None = None
         self.arena: torch.Tensor | None = None
         self._num_words = 0
@@ -158,8 +159,7 @@ class StagedWriteGroup:
         values gathered per element type (int32, float32, int64) and turned into words with one conversion each.
         """
         self.h2d_bytes_last_flush = 0
-        self._applies = []
-        self.listed_rows = None
+        self._applies = []  # `listed_rows` is left: its owner reads it only for the writer that made it
         dirty = self._dirty
         records = self._admissions[0] if self._admissions is not None else None
         if not dirty and not self._cell_members and not records:  # nothing staged (most steady steps): no table

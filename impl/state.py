@@ -346,8 +346,9 @@ class RequestStateTable:
         (`admit_staged` in impl/native/rows.c, which stages into those owners' pending diffs and records as their own
         methods do), else `admit`'s writes and those methods: the reference."""
         row = self._take_row(req.req_id)
+        generation = self._next_generation
         got = NotImplemented if writers.derive is None else _rows.admit_staged(
-            self._admit_targets, writers.targets, req, base_seed, writers.derive, row, self._next_generation, seeds)
+            self._admit_targets, writers.targets, req, base_seed, writers.derive, row, generation, seeds)
         if got is NotImplemented:
             seed = request_seed(req.sampling_params, req.req_id, base_seed)
             self._admit_into(req, seed, row)
@@ -355,8 +356,10 @@ class RequestStateTable:
             writers.sampling_state.add_request(row, req.sampling_params, seed, req.prompt_token_ids,
                                                req.output_token_ids, checked=True)
             seeds[req.req_id] = seed
-            return row
-        self._count_admission(got)
+        elif got[1] or got[2]:
+            self._count_admission(got)
+        else:  # `_count_admission` of the usual request (no logprobs asked), without its frame
+            self._next_generation = generation + 1
         return row
 
     def _count_admission(self, got: tuple[list[int], bool, bool]) -> None:

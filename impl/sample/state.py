@@ -203,6 +203,7 @@ class SamplingState:
         # never written without its pending entry), so the same count means the same rows.
         if listed is not None and listed[0] is writer and listed[3] == len(pending):
             self._reset_rows = listed
+            self._group.listed_rows = None  # taken: a later flush into the same writer lists its own or none
             self._earlier_outputs = (self._stage_earlier_outputs(writer, sorted(pending), pending)
                                      if any(pending.values()) else None)
             return

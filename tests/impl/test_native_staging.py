@@ -373,11 +373,11 @@ def _counts_after_admitting(c_module, rows: tuple[int, ...]) -> tuple[list, tupl
     staged_writes._staging = sampling_state_module._staging = c_module
     try:
         group.flush(writer)
+        listed = group.listed_rows
         state.flush(writer)
     finally:
         staged_writes._staging, sampling_state_module._staging = saved
-    listed = group.listed_rows
-    listing = None if listed is None else (_listed_words(listed), state._reset_rows is listed)
+    listing = None if listed is None else (_listed_words(listed), state._reset_rows is listed, group.listed_rows)
     writer.submit()
     group.enqueue_apply()
     state.enqueue_apply()
@@ -395,7 +395,7 @@ def test_c_admission_records_list_their_rows_for_the_count_reset():
     """A flush that packs the records in C lists their rows after the table; the sampling state's count reset reads
     them there (no word of its own), and zeroes the same rows as the reference, which lists nothing."""
     counts, listing = _counts_after_admitting(staging, (3, 1))
-    assert listing == ([3, 1], True)
+    assert listing == ([3, 1], True, None)  # taken by the state's flush
     want, nothing_listed = _counts_after_admitting(None, (3, 1))
     assert nothing_listed is None and counts == want == [VOCAB, 0, VOCAB, 0, VOCAB]
 
