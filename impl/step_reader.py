@@ -211,6 +211,21 @@ def _check_new_args(limits: RunnerLimits) -> tuple:
 _check_new_last: tuple[RunnerLimits | None, tuple] = (None, ())
 
 
+def _general_targets(state: RequestStateTable, limits: RunnerLimits) -> tuple:
+    """What ``read_general_of`` (`impl/native/general.c`) takes besides the step, its last id and the batch hint, made
+    once for the table and limits asked last (a runner's never change; the table's mirror arrays are its own for its
+    lifetime, written in place)."""
+    global _general_last
+    targets = (SchedulerOutput, CachedRequests, state.req_to_row, _native_boundary.check_new_request,
+               _check_new_args(limits), limits.max_num_reqs, state.num_computed, state.num_blocks, state.num_tokens,
+               limits.block_size, limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks)
+    _general_last = (state, limits, targets)
+    return targets
+
+
+_general_last: tuple = (None, None, ())
+
+
 @hot_path
 def _new_request_prefill(req: object, limits: RunnerLimits) -> int:
     """`check_new_request`'s verdict on one new request (its prefill length), decided in C when the C twin takes
@@ -315,12 +330,9 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
     if _native_general is not None and _native_boundary is not None:
         # The containers and the step id are checked in this one C call too (any doubt: it declines, and the checks
         # below name the error); so is the absence of drafts.
-        got = _native_general.read_general(
-            sched, SchedulerOutput, CachedRequests, last_step_id, r2r, _native_boundary.check_new_request,
-            _check_new_last[1] if _check_new_last[0] is limits else _check_new_args(limits),  # `_check_new_args`, frameless
-            limits.max_num_reqs, state.num_computed, state.num_blocks, state.num_tokens,
-            limits.block_size, limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks,
-            *(state.batch_hint or _NO_HINT))
+        last = _general_last
+        targets = last[2] if last[0] is state and last[1] is limits else _general_targets(state, limits)
+        got = _native_general.read_general_of(sched, targets, last_step_id, *(state.batch_hint or _NO_HINT))
         if got is not NotImplemented:  # an accepted step: the parts below would read the same
             (gone, crows, cnew, appends, req_ids, query_lens, rows, known, starts, end, total, query_starts, max_query_len,
              max_end, uniform_query_len, new_positions) = got

@@ -52,6 +52,10 @@
  *     `read_step` then runs its own checks and parts, and names any error.  Only reads (the blocks after the appends
  *     are a copy).  A step that admits, or has no decode step before it to repeat, is read by this call alone: the
  *     steady reader is not asked first (`impl.runner.ModelRunner._check`).
+ *     read_general_of(sched, targets, last_step_id | None, hint_ids, hint_rows): the same, vectorcall, with the
+ *     arguments a runner's steps share in one tuple made once (`impl.step_reader._general_targets`): ``targets`` is
+ *     (SchedulerOutput, CachedRequests, req_to_row, check, check_args, max_num_reqs, num_computed, num_blocks,
+ *     num_tokens, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks); NotImplemented for another.
  *     A step as a decode batch usually brings it -- the scheduled dict listing the cached ids first, each key the
  *     same object as its cached id and in that order, then the new ids -- is read in one pass (read_in_lockstep:
  *     each request checked as the parts check it); any other step, or one where a rule fails, goes to the parts.
@@ -808,11 +812,48 @@ decline:
     Py_RETURN_NOTIMPLEMENTED;
 }
 
+enum { OF_SCHED_TYPE, OF_CACHED_TYPE, OF_REQ_TO_ROW, OF_CHECK, OF_CHECK_ARGS, OF_MAX_NUM_REQS, OF_NUM_COMPUTED,
+       OF_NUM_BLOCKS, OF_NUM_TOKENS, OF_BLOCK_SIZE, OF_MAX_MODEL_LEN, OF_MAX_BATCHED, OF_NUM_KV_BLOCKS, NUM_OF_TARGETS };
+
+static PyObject *read_general_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "read_general_of takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *sched = args[0], *targets = args[1], *last_step_id = args[2];
+    long long limits[5];  /* max_num_reqs, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks */
+    const int at[5] = {OF_MAX_NUM_REQS, OF_BLOCK_SIZE, OF_MAX_MODEL_LEN, OF_MAX_BATCHED, OF_NUM_KV_BLOCKS};
+    if (!PyTuple_CheckExact(targets) || PyTuple_GET_SIZE(targets) != NUM_OF_TARGETS
+        || !PyTuple_CheckExact(PyTuple_GET_ITEM(targets, OF_CHECK_ARGS)))
+        Py_RETURN_NOTIMPLEMENTED;
+    for (int k = 0; k < 5; k++)
+        if (exact_int(PyTuple_GET_ITEM(targets, at[k]), &limits[k]) != EXACT_INT)
+            Py_RETURN_NOTIMPLEMENTED;
+    PyObject *fields[NUM_STEP_FIELDS] = {NULL}, *cached[3] = {NULL}, *result = NULL;
+    int changes;
+    if (!read_step_fields(sched, PyTuple_GET_ITEM(targets, OF_SCHED_TYPE), PyTuple_GET_ITEM(targets, OF_CACHED_TYPE),
+                          last_step_id, fields, cached, &changes)
+        || PyDict_GET_SIZE(fields[STEP_DRAFTS])) {
+        release_step_fields(fields, cached);
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    result = general_read(self, cached[CACHED_IDS], cached[CACHED_COMPUTED], cached[CACHED_BLOCKS], fields[STEP_SCHEDULED],
+                          PyTuple_GET_ITEM(targets, OF_REQ_TO_ROW), fields[STEP_FINISHED], fields[STEP_PREEMPTED],
+                          fields[STEP_NEW], PyTuple_GET_ITEM(targets, OF_CHECK), PyTuple_GET_ITEM(targets, OF_CHECK_ARGS),
+                          limits[0], PyTuple_GET_ITEM(targets, OF_NUM_COMPUTED), PyTuple_GET_ITEM(targets, OF_NUM_BLOCKS),
+                          PyTuple_GET_ITEM(targets, OF_NUM_TOKENS), limits[1], limits[2], limits[3], limits[4], args[3],
+                          args[4]);
+    release_step_fields(fields, cached);
+    return result;
+}
 
 static PyMethodDef methods[] = {
     {"read_cached", read_cached, METH_VARARGS, "The cached requests of a general step (see the module's source header)."},
     {"read_scheduled", read_scheduled, METH_VARARGS, "A general step's batch: ids, query lengths, rows and their mirror."},
     {"check_batch", check_batch, METH_VARARGS, "A general step's per-request count rules, and its token total."},
+    {"read_general_of", (PyCFunction)(void (*)(void))read_general_of, METH_FASTCALL,
+     "read_general with the arguments a runner's steps share in one tuple."},
     {"read_general", read_general, METH_VARARGS, "A general step without drafts: its containers and step id, read_cached, read_scheduled, the new requests, check_batch."},
     {NULL, NULL, 0, NULL},
 };

@@ -640,9 +640,9 @@ def test_a_run_that_admits_reads_its_general_steps_in_c(monkeypatch):
     num_general = NUM_STEPS - steady
     # read_general reads the steps without drafts in one call (its parts inside); the others call the parts.
     done = counting.done.get
-    assert done("read_general", 0) + done("read_scheduled", 0) == num_general, counting.done
-    assert done("read_general", 0) >= 1 and done("read_scheduled", 0) >= 1, counting.done
-    assert done("read_general", 0) + done("read_cached", 0) >= num_general - 1, counting.done  # the first step caches nothing
+    assert done("read_general_of", 0) + done("read_scheduled", 0) == num_general, counting.done
+    assert done("read_general_of", 0) >= 1 and done("read_scheduled", 0) >= 1, counting.done
+    assert done("read_general_of", 0) + done("read_cached", 0) >= num_general - 1, counting.done  # the first step caches nothing
 
 
 class _WithoutGeneral:
@@ -652,7 +652,7 @@ class _WithoutGeneral:
         self._module = module
 
     def __getattr__(self, name: str):
-        if name == "read_general":
+        if name == "read_general_of":
             return lambda *args: NotImplemented
         return getattr(self._module, name)
 
@@ -699,7 +699,7 @@ def test_c_general_reader_agrees_with_its_parts(monkeypatch):
             compared += 1
         monkeypatch.setattr(step_reader, "_native_general", general)
         outputs.append(runner.execute_model(good).get())
-    assert compared >= 100 and counting.done.get("read_general", 0) >= 3, (compared, counting.done)
+    assert compared >= 100 and counting.done.get("read_general_of", 0) >= 3, (compared, counting.done)
 
 
 def test_planted_bug_general_reader_admitting_a_live_id_again_is_caught(monkeypatch):
