@@ -34,7 +34,7 @@ except the admissions themselves.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import chain, compress, repeat
 from types import ModuleType, NotImplementedType
 
@@ -121,6 +121,13 @@ class StepArrays:
     def is_decode(self) -> bool:
         """Every scheduled request computes exactly one token and there are no drafts."""
         return self.drafts is None and self.num_tokens == len(self.req_ids) > 0
+
+
+# Its fields in order: what `impl/native/general.c` (read_general_of) stores slot by slot, without __init__ -- which
+# must stay the dataclass's own (no __post_init__, no field made in it).
+_STEP_FIELDS = tuple(field.name for field in fields(StepArrays))
+if hasattr(StepArrays, "__post_init__") or set(StepArrays.__slots__) != set(_STEP_FIELDS):
+    raise TypeError("StepArrays must stay a slots dataclass whose __init__ only stores its fields (general.c makes it)")
 
 
 def _all_of(values: list, types: set) -> bool:
@@ -218,7 +225,8 @@ def _general_targets(state: RequestStateTable, limits: RunnerLimits) -> tuple:
     global _general_last
     targets = (SchedulerOutput, CachedRequests, state.req_to_row, _native_boundary.check_new_request,
                _check_new_args(limits), limits.max_num_reqs, state.num_computed, state.num_blocks, state.num_tokens,
-               limits.block_size, limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks)
+               limits.block_size, limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks,
+               StepArrays, _STEP_FIELDS, _ZEROS)
     _general_last = (state, limits, targets)
     return targets
 
@@ -333,7 +341,9 @@ def read_step(sched: SchedulerOutput, state: RequestStateTable, limits: RunnerLi
         last = _general_last
         targets = last[2] if last[0] is state and last[1] is limits else _general_targets(state, limits)
         got = _native_general.read_general_of(sched, targets, last_step_id, *(state.batch_hint or _NO_HINT))
-        if got is not NotImplemented:  # an accepted step: the parts below would read the same
+        if type(got) is StepArrays:  # an accepted step, made in C: the parts below would read the same
+            return got
+        if got is not NotImplemented:  # the same as a tuple (a batch past `_ZEROS`)
             (gone, crows, cnew, appends, req_ids, query_lens, rows, known, starts, end, total, query_starts, max_query_len,
              max_end, uniform_query_len, new_positions) = got
             return StepArrays(  # positional, in field order (as `_steady_arrays`)

@@ -55,7 +55,10 @@
  *     read_general_of(sched, targets, last_step_id | None, hint_ids, hint_rows): the same, vectorcall, with the
  *     arguments a runner's steps share in one tuple made once (`impl.step_reader._general_targets`): ``targets`` is
  *     (SchedulerOutput, CachedRequests, req_to_row, check, check_args, max_num_reqs, num_computed, num_blocks,
- *     num_tokens, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks); NotImplemented for another.
+ *     num_tokens, block_size, max_model_len, max_num_batched_tokens, num_kv_blocks, StepArrays, its fields, zeros);
+ *     NotImplemented for another.  It returns the step as a `StepArrays` (every slot stored directly; its draft counts
+ *     the first n of ``zeros``), or read_general's tuple when that type's layout is not the one it reads or n exceeds
+ *     ``zeros``.
  *     A step as a decode batch usually brings it -- the scheduled dict listing the cached ids first, each key the
  *     same object as its cached id and in that order, then the new ids -- is read in one pass (read_in_lockstep:
  *     each request checked as the parts check it); any other step, or one where a rule fails, goes to the parts.
@@ -66,12 +69,15 @@
  * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0),
  * -DRUNNERCHECK_PLANT_LIVE_ID_READMITTED (a general reader that takes a new request under a live id),
  * -DRUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD (a one-pass general reader that never reads the tokens known),
- * -DRUNNERCHECK_PLANT_HINT_TRUSTED (readers that take any hint's ids as exact strs, not only the batch they checked) and
+ * -DRUNNERCHECK_PLANT_HINT_TRUSTED (readers that take any hint's ids as exact strs, not only the batch they checked),
+ * -DRUNNERCHECK_PLANT_STEP_SLOTS_SWAPPED (a read_general_of whose StepArrays holds starts and ends swapped) and
  * -DRUNNERCHECK_PLANT_STALE_STEP_ID (a read_general that accepts a step id not past the last: arrays.h's
  * `read_step_fields`, shared with the steady reader);
  * -DRUNNERCHECK_GENERAL_PASSES_ONLY builds read_general without its one pass: the reference its tests compare with.
  */
 #include "arrays.h"
+
+#include <structmember.h>  /* T_OBJECT_EX, READONLY: a StepArrays slot */
 
 #include <string.h>
 
@@ -813,7 +819,85 @@ decline:
 }
 
 enum { OF_SCHED_TYPE, OF_CACHED_TYPE, OF_REQ_TO_ROW, OF_CHECK, OF_CHECK_ARGS, OF_MAX_NUM_REQS, OF_NUM_COMPUTED,
-       OF_NUM_BLOCKS, OF_NUM_TOKENS, OF_BLOCK_SIZE, OF_MAX_MODEL_LEN, OF_MAX_BATCHED, OF_NUM_KV_BLOCKS, NUM_OF_TARGETS };
+       OF_NUM_BLOCKS, OF_NUM_TOKENS, OF_BLOCK_SIZE, OF_MAX_MODEL_LEN, OF_MAX_BATCHED, OF_NUM_KV_BLOCKS, OF_STEP_TYPE,
+       OF_STEP_FIELDS, OF_ZEROS, NUM_OF_TARGETS };
+
+/* `impl.step_reader.StepArrays`' fields, in order: a `dataclass(slots=True)` without __post_init__, whose __init__
+ * only stores them, so an instance is made here with each slot stored directly (no Python frame). */
+enum { NUM_STEP_ARRAYS = 20 };
+static const char *const STEP_ARRAYS_FIELDS[NUM_STEP_ARRAYS] = {
+    "gone", "cached_rows", "cached_computed", "cached_new_blocks", "block_appends", "req_ids", "rows", "new_positions",
+    "query_lens", "starts", "ends", "known", "num_drafts", "drafts", "num_tokens", "query_starts", "max_query_len",
+    "max_end", "uniform_query_len", "steady",
+};
+static PyTypeObject *step_arrays_type;  /* the type `step_arrays_offsets` were read from (a reference kept) */
+static Py_ssize_t step_arrays_offsets[NUM_STEP_ARRAYS];
+
+/* Each field's slot offset in ``type``, read once; 0 when ``type`` is not a class of exactly these object slots in
+ * this order of fields (``fields``, the dataclass's own, checked against the names above). */
+static int step_arrays_layout(PyObject *type_obj, PyObject *fields)
+{
+    if ((PyTypeObject *)type_obj == step_arrays_type)
+        return 1;
+    if (!PyType_Check(type_obj) || !PyTuple_CheckExact(fields) || PyTuple_GET_SIZE(fields) != NUM_STEP_ARRAYS)
+        return 0;
+    PyTypeObject *type = (PyTypeObject *)type_obj;
+    if (!(type->tp_flags & Py_TPFLAGS_HEAPTYPE) || type->tp_dictoffset != 0 || type->tp_members == NULL)
+        return 0;
+    Py_ssize_t offsets[NUM_STEP_ARRAYS], count = 0;
+    for (PyMemberDef *m = type->tp_members; m->name != NULL; m++)
+        count++;
+    if (count != NUM_STEP_ARRAYS)
+        return 0;
+    for (int k = 0; k < NUM_STEP_ARRAYS; k++) {
+        const char *name = PyUnicode_Check(PyTuple_GET_ITEM(fields, k)) ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(fields, k)) : NULL;
+        if (name == NULL || strcmp(name, STEP_ARRAYS_FIELDS[k]) != 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        offsets[k] = -1;
+        for (PyMemberDef *m = type->tp_members; m->name != NULL; m++)
+            if (strcmp(m->name, name) == 0 && m->type == T_OBJECT_EX && !(m->flags & READONLY))
+                offsets[k] = m->offset;
+        if (offsets[k] < 0)
+            return 0;
+    }
+    memcpy(step_arrays_offsets, offsets, sizeof offsets);
+    Py_XSETREF(step_arrays_type, (PyTypeObject *)Py_NewRef(type_obj));
+    return 1;
+}
+
+/* read_general's tuple as a StepArrays (its draft counts the first n of ``zeros``); NULL with no error set when the
+ * type's layout is not the one read, or n exceeds ``zeros`` (the caller returns the tuple). */
+static PyObject *step_arrays(PyObject *type, PyObject *fields, PyObject *zeros, PyObject *got)
+{
+    const Py_ssize_t n = PyTuple_GET_SIZE(PyTuple_GET_ITEM(got, 4));
+    if (!step_arrays_layout(type, fields) || !PyArray_Check(zeros) || PyArray_NDIM((PyArrayObject *)zeros) != 1
+        || PyArray_DIM((PyArrayObject *)zeros, 0) < n)
+        return NULL;
+    PyObject *num_drafts = PySequence_GetSlice(zeros, 0, n);
+    if (num_drafts == NULL)
+        return NULL;
+    PyObject *values[NUM_STEP_ARRAYS] = {
+        PyTuple_GET_ITEM(got, 0), PyTuple_GET_ITEM(got, 1), Py_None, PyTuple_GET_ITEM(got, 2), PyTuple_GET_ITEM(got, 3),
+        PyTuple_GET_ITEM(got, 4), PyTuple_GET_ITEM(got, 6), PyTuple_GET_ITEM(got, 15), PyTuple_GET_ITEM(got, 5),
+        PyTuple_GET_ITEM(got, 8), PyTuple_GET_ITEM(got, 9), PyTuple_GET_ITEM(got, 7), num_drafts, Py_None,
+        PyTuple_GET_ITEM(got, 10), PyTuple_GET_ITEM(got, 11), PyTuple_GET_ITEM(got, 12), PyTuple_GET_ITEM(got, 13),
+        PyTuple_GET_ITEM(got, 14), Py_False,
+    };
+    PyTypeObject *tp = (PyTypeObject *)type;
+    PyObject *step = tp->tp_alloc(tp, 0);
+#ifdef RUNNERCHECK_PLANT_STEP_SLOTS_SWAPPED
+    PyObject *starts = values[9];  /* the planted bug: starts and ends stored in each other's slot */
+    values[9] = values[10];
+    values[10] = starts;
+#endif
+    if (step != NULL)
+        for (int k = 0; k < NUM_STEP_ARRAYS; k++)
+            *(PyObject **)((char *)step + step_arrays_offsets[k]) = Py_NewRef(values[k]);
+    Py_DECREF(num_drafts);
+    return step;
+}
 
 static PyObject *read_general_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -845,7 +929,19 @@ static PyObject *read_general_of(PyObject *self, PyObject *const *args, Py_ssize
                           PyTuple_GET_ITEM(targets, OF_NUM_TOKENS), limits[1], limits[2], limits[3], limits[4], args[3],
                           args[4]);
     release_step_fields(fields, cached);
-    return result;
+    if (result == NULL || !PyTuple_CheckExact(result))
+        return result;  /* NotImplemented, or an error */
+    PyObject *step = step_arrays(PyTuple_GET_ITEM(targets, OF_STEP_TYPE), PyTuple_GET_ITEM(targets, OF_STEP_FIELDS),
+                                 PyTuple_GET_ITEM(targets, OF_ZEROS), result);
+    if (step == NULL) {
+        if (PyErr_Occurred()) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        return result;  /* the tuple: read_step makes the StepArrays */
+    }
+    Py_DECREF(result);
+    return step;
 }
 
 static PyMethodDef methods[] = {

@@ -740,6 +740,41 @@ def test_planted_bug_general_reader_ignoring_the_new_requests_facts_is_caught(mo
     assert not _same_outcome(_read_outcome(sched, runner), want)
 
 
+@needs_native
+def test_c_general_reader_makes_the_step_arrays_read_step_would_make(monkeypatch):
+    """read_general_of stores a StepArrays slot by slot (no __init__): the same fields as the tuple it returns when
+    that type's layout is not the one it reads, which read_step turns into a StepArrays itself."""
+    from test_bad_inputs import _runner, _schedule
+
+    runner, outputs = _runner(), []
+    for step in range(3):
+        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
+    sched = _without_drafts(_schedule(3, outputs))
+    made_in_c = _read_outcome(sched, runner)
+    targets = step_reader._general_targets(runner.state, runner.limits)
+    as_tuple = general.read_general_of(sched, targets[:-3] + (dict, targets[-2], targets[-1]), runner._last_step_id,
+                                       *(runner.state.batch_hint or (None, None)))
+    assert type(made_in_c) is StepArrays and type(as_tuple) is tuple  # another type: its layout is not read
+    monkeypatch.setattr(step_reader, "_native_general", _WithoutGeneral(general))
+    assert _same_outcome(made_in_c, _read_outcome(sched, runner))
+
+
+def test_planted_bug_general_reader_storing_two_slots_swapped_is_caught(monkeypatch):
+    """The comparison above can fail: a build whose StepArrays holds each step's starts where its ends belong."""
+    planted = _planted("RUNNERCHECK_PLANT_STEP_SLOTS_SWAPPED", "general")
+    from test_bad_inputs import _runner, _schedule
+
+    runner, outputs = _runner(), []
+    for step in range(3):
+        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
+    sched = _without_drafts(_schedule(3, outputs))
+    monkeypatch.setattr(step_reader, "_native_general", _WithoutGeneral(general) if general is not None else None)
+    want = _read_outcome(sched, runner)
+    monkeypatch.setattr(step_reader, "_native_general", planted)
+    got = _read_outcome(sched, runner)
+    assert type(got) is StepArrays and not _same_outcome(got, want)
+
+
 def test_planted_bug_general_reader_accepting_a_stale_step_id_is_caught(monkeypatch):
     """read_general checks the step id itself (a step with no decode step before it reaches no other check
     first): a build that never compares it with the last one reads a repeated step id as a step."""
