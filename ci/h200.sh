@@ -153,7 +153,7 @@ want() { [[ "$jobs" == *" $1 "* ]]; }
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())" | tee "$out/versions.txt"
 # The C parts (impl/native) built once here, before jobs run side by side; a failed build is logged, and the jobs
 # then use the Python twins (each host_cost row says whether its step reading and diff packing ran in C or Python).
-python3 -c "import impl.native as n; print('native step reading, boundary, staging, rows, seeds and launch thread (impl/native/*.c):', *map(n.load, ('steady', 'general', 'boundary', 'staging', 'rows', 'seeds', 'launcher')))" \
+python3 -c "import impl.native as n; print('native step reading, boundary, staging, rows, seeds, plans and launch thread (impl/native/*.c):', *map(n.load, ('steady', 'general', 'boundary', 'staging', 'rows', 'seeds', 'plans', 'launcher')))" \
   2>&1 | tee -a "$out/versions.txt"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
 want bench_spec && job bench_spec "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_ngram --out "$out/bench_spec"

@@ -22,7 +22,7 @@ written only by the input-prep kernel:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -37,9 +37,10 @@ from impl.kernels.input_prep import (HEADER_DIFF_TABLE, HEADER_NUM_DIFFS, HEADER
                                      launch_prepare_inputs)
 from impl.output import PromptLogprobRequest
 from impl.state import RequestStateTable
-from impl.step_reader import StepArrays
+from impl.step_reader import STEP_FIELDS, StepArrays
 
 _staging = native.load("staging")  # `put_words`: the header and compact arrays in one C call; None: numpy only
+_plans = native.load("plans")  # `plain_plan`, the C twin of `_plain_plan`; None: Python only
 # The header `stage` writes, in word order: the request and draft counts, then the four words filled later (0 now).
 if (HEADER_NUM_REQS, HEADER_NUM_DRAFTS, HEADER_WORDS) != (0, 1, 6):
     raise ImportError("impl.input_batch.stage writes the step header in the order of impl.kernels.input_prep's HEADER_*")
@@ -89,8 +90,10 @@ def plan_step(step: StepArrays, state: RequestStateTable, previous: StepPlan | N
     if previous is not None and step.steady and previous.req_ids is step.req_ids and not state.num_prompt_logprob_rows:
         return _replan(previous, step.max_end)
     if (step.drafts is None and not state.num_logprob_rows and not state.num_prompt_logprob_rows
-            and len(step.req_ids) < len(_COUNTING32)):
-        return _plain_plan(step)
+            and (n := len(step.req_ids)) < len(_COUNTING32)):
+        # `_plain_plan` in C (`impl/native/plans.c`) when built: the plan made slot by slot, no Python frame.
+        plan = NotImplemented if _plans is None else _plans.plain_plan(_PLAIN_TARGETS, step, _PLAIN.get(n) or _plain_parts(n))
+        return _plain_plan(step) if plan is NotImplemented else plan
     return _general_plan(step, state)
 
 
@@ -206,6 +209,12 @@ _NO_ROWS: list[int] = []
 _PLAIN: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, tuple[None, ...]]] = {}
 _NO_PROMPT_INDEX = np.zeros(0, np.int32)
 _NO_PROMPT_TARGETS = np.zeros(0, np.int64)
+# What ``plain_plan`` takes besides the step and its parts.  It makes a StepPlan without its __init__, which must stay
+# the dataclass's own (no __post_init__).
+_PLAN_FIELDS = tuple(field.name for field in fields(StepPlan))
+if hasattr(StepPlan, "__post_init__") or set(StepPlan.__slots__) != set(_PLAN_FIELDS):
+    raise TypeError("StepPlan must stay a slots dataclass whose __init__ only stores its fields (plans.c makes it)")
+_PLAIN_TARGETS = (StepPlan, _PLAN_FIELDS, StepArrays, STEP_FIELDS, _NO_DRAFTS, _NO_PROMPT_INDEX, _NO_PROMPT_TARGETS)
 
 
 def _plain_parts(num_reqs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[None, ...]]:

@@ -125,8 +125,8 @@ class StepArrays:
 
 # Its fields in order: what `impl/native/general.c` (read_general_of) stores slot by slot, without __init__ -- which
 # must stay the dataclass's own (no __post_init__, no field made in it).
-_STEP_FIELDS = tuple(field.name for field in fields(StepArrays))
-if hasattr(StepArrays, "__post_init__") or set(StepArrays.__slots__) != set(_STEP_FIELDS):
+STEP_FIELDS = tuple(field.name for field in fields(StepArrays))
+if hasattr(StepArrays, "__post_init__") or set(StepArrays.__slots__) != set(STEP_FIELDS):
     raise TypeError("StepArrays must stay a slots dataclass whose __init__ only stores its fields (general.c makes it)")
 
 
@@ -226,7 +226,7 @@ def _general_targets(state: RequestStateTable, limits: RunnerLimits) -> tuple:
     targets = (SchedulerOutput, CachedRequests, state.req_to_row, _native_boundary.check_new_request,
                _check_new_args(limits), limits.max_num_reqs, state.num_computed, state.num_blocks, state.num_tokens,
                limits.block_size, limits.max_model_len, limits.max_num_batched_tokens, limits.num_kv_blocks,
-               StepArrays, _STEP_FIELDS, _ZEROS)
+               StepArrays, STEP_FIELDS, _ZEROS)
     _general_last = (state, limits, targets)
     return targets
 

@@ -77,7 +77,8 @@
  */
 #include "arrays.h"
 
-#include <structmember.h>  /* T_OBJECT_EX, READONLY: a StepArrays slot */
+#include "slots.h"
+#include "step_arrays.h"
 
 #include <string.h>
 
@@ -822,79 +823,36 @@ enum { OF_SCHED_TYPE, OF_CACHED_TYPE, OF_REQ_TO_ROW, OF_CHECK, OF_CHECK_ARGS, OF
        OF_NUM_BLOCKS, OF_NUM_TOKENS, OF_BLOCK_SIZE, OF_MAX_MODEL_LEN, OF_MAX_BATCHED, OF_NUM_KV_BLOCKS, OF_STEP_TYPE,
        OF_STEP_FIELDS, OF_ZEROS, NUM_OF_TARGETS };
 
-/* `impl.step_reader.StepArrays`' fields, in order: a `dataclass(slots=True)` without __post_init__, whose __init__
- * only stores them, so an instance is made here with each slot stored directly (no Python frame). */
-enum { NUM_STEP_ARRAYS = 20 };
-static const char *const STEP_ARRAYS_FIELDS[NUM_STEP_ARRAYS] = {
-    "gone", "cached_rows", "cached_computed", "cached_new_blocks", "block_appends", "req_ids", "rows", "new_positions",
-    "query_lens", "starts", "ends", "known", "num_drafts", "drafts", "num_tokens", "query_starts", "max_query_len",
-    "max_end", "uniform_query_len", "steady",
-};
-static PyTypeObject *step_arrays_type;  /* the type `step_arrays_offsets` were read from (a reference kept) */
-static Py_ssize_t step_arrays_offsets[NUM_STEP_ARRAYS];
-
-/* Each field's slot offset in ``type``, read once; 0 when ``type`` is not a class of exactly these object slots in
- * this order of fields (``fields``, the dataclass's own, checked against the names above). */
-static int step_arrays_layout(PyObject *type_obj, PyObject *fields)
-{
-    if ((PyTypeObject *)type_obj == step_arrays_type)
-        return 1;
-    if (!PyType_Check(type_obj) || !PyTuple_CheckExact(fields) || PyTuple_GET_SIZE(fields) != NUM_STEP_ARRAYS)
-        return 0;
-    PyTypeObject *type = (PyTypeObject *)type_obj;
-    if (!(type->tp_flags & Py_TPFLAGS_HEAPTYPE) || type->tp_dictoffset != 0 || type->tp_members == NULL)
-        return 0;
-    Py_ssize_t offsets[NUM_STEP_ARRAYS], count = 0;
-    for (PyMemberDef *m = type->tp_members; m->name != NULL; m++)
-        count++;
-    if (count != NUM_STEP_ARRAYS)
-        return 0;
-    for (int k = 0; k < NUM_STEP_ARRAYS; k++) {
-        const char *name = PyUnicode_Check(PyTuple_GET_ITEM(fields, k)) ? PyUnicode_AsUTF8(PyTuple_GET_ITEM(fields, k)) : NULL;
-        if (name == NULL || strcmp(name, STEP_ARRAYS_FIELDS[k]) != 0) {
-            PyErr_Clear();
-            return 0;
-        }
-        offsets[k] = -1;
-        for (PyMemberDef *m = type->tp_members; m->name != NULL; m++)
-            if (strcmp(m->name, name) == 0 && m->type == T_OBJECT_EX && !(m->flags & READONLY))
-                offsets[k] = m->offset;
-        if (offsets[k] < 0)
-            return 0;
-    }
-    memcpy(step_arrays_offsets, offsets, sizeof offsets);
-    Py_XSETREF(step_arrays_type, (PyTypeObject *)Py_NewRef(type_obj));
-    return 1;
-}
+/* A `impl.step_reader.StepArrays` is made here with each slot stored directly (slots.h, step_arrays.h). */
+static SlotsLayout step_arrays_layout;
 
 /* read_general's tuple as a StepArrays (its draft counts the first n of ``zeros``); NULL with no error set when the
  * type's layout is not the one read, or n exceeds ``zeros`` (the caller returns the tuple). */
 static PyObject *step_arrays(PyObject *type, PyObject *fields, PyObject *zeros, PyObject *got)
 {
     const Py_ssize_t n = PyTuple_GET_SIZE(PyTuple_GET_ITEM(got, 4));
-    if (!step_arrays_layout(type, fields) || !PyArray_Check(zeros) || PyArray_NDIM((PyArrayObject *)zeros) != 1
+    if (!slots_layout(&step_arrays_layout, type, fields, STEP_ARRAYS_FIELDS, NUM_STEP_ARRAYS) || !PyArray_Check(zeros)
+        || PyArray_NDIM((PyArrayObject *)zeros) != 1
         || PyArray_DIM((PyArrayObject *)zeros, 0) < n)
         return NULL;
     PyObject *num_drafts = PySequence_GetSlice(zeros, 0, n);
     if (num_drafts == NULL)
         return NULL;
     PyObject *values[NUM_STEP_ARRAYS] = {
-        PyTuple_GET_ITEM(got, 0), PyTuple_GET_ITEM(got, 1), Py_None, PyTuple_GET_ITEM(got, 2), PyTuple_GET_ITEM(got, 3),
-        PyTuple_GET_ITEM(got, 4), PyTuple_GET_ITEM(got, 6), PyTuple_GET_ITEM(got, 15), PyTuple_GET_ITEM(got, 5),
-        PyTuple_GET_ITEM(got, 8), PyTuple_GET_ITEM(got, 9), PyTuple_GET_ITEM(got, 7), num_drafts, Py_None,
-        PyTuple_GET_ITEM(got, 10), PyTuple_GET_ITEM(got, 11), PyTuple_GET_ITEM(got, 12), PyTuple_GET_ITEM(got, 13),
-        PyTuple_GET_ITEM(got, 14), Py_False,
+        [SA_GONE] = PyTuple_GET_ITEM(got, 0), [SA_CACHED_ROWS] = PyTuple_GET_ITEM(got, 1), [SA_CACHED_COMPUTED] = Py_None,
+        [SA_CACHED_NEW_BLOCKS] = PyTuple_GET_ITEM(got, 2), [SA_BLOCK_APPENDS] = PyTuple_GET_ITEM(got, 3),
+        [SA_REQ_IDS] = PyTuple_GET_ITEM(got, 4), [SA_ROWS] = PyTuple_GET_ITEM(got, 6),
+        [SA_NEW_POSITIONS] = PyTuple_GET_ITEM(got, 15), [SA_QUERY_LENS] = PyTuple_GET_ITEM(got, 5),
+        [SA_STARTS] = PyTuple_GET_ITEM(got, 8), [SA_ENDS] = PyTuple_GET_ITEM(got, 9), [SA_KNOWN] = PyTuple_GET_ITEM(got, 7),
+        [SA_NUM_DRAFTS] = num_drafts, [SA_DRAFTS] = Py_None, [SA_NUM_TOKENS] = PyTuple_GET_ITEM(got, 10),
+        [SA_QUERY_STARTS] = PyTuple_GET_ITEM(got, 11), [SA_MAX_QUERY_LEN] = PyTuple_GET_ITEM(got, 12),
+        [SA_MAX_END] = PyTuple_GET_ITEM(got, 13), [SA_UNIFORM_QUERY_LEN] = PyTuple_GET_ITEM(got, 14), [SA_STEADY] = Py_False,
     };
-    PyTypeObject *tp = (PyTypeObject *)type;
-    PyObject *step = tp->tp_alloc(tp, 0);
 #ifdef RUNNERCHECK_PLANT_STEP_SLOTS_SWAPPED
-    PyObject *starts = values[9];  /* the planted bug: starts and ends stored in each other's slot */
-    values[9] = values[10];
-    values[10] = starts;
+    values[SA_STARTS] = PyTuple_GET_ITEM(got, 9);  /* the planted bug: starts and ends stored in each other's slot */
+    values[SA_ENDS] = PyTuple_GET_ITEM(got, 8);
 #endif
-    if (step != NULL)
-        for (int k = 0; k < NUM_STEP_ARRAYS; k++)
-            *(PyObject **)((char *)step + step_arrays_offsets[k]) = Py_NewRef(values[k]);
+    PyObject *step = slots_new(&step_arrays_layout, values, NUM_STEP_ARRAYS);
     Py_DECREF(num_drafts);
     return step;
 }
