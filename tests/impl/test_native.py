@@ -702,16 +702,22 @@ def test_c_general_reader_agrees_with_its_parts(monkeypatch):
     assert compared >= 100 and counting.done.get("read_general_of", 0) >= 3, (compared, counting.done)
 
 
-def test_planted_bug_general_reader_admitting_a_live_id_again_is_caught(monkeypatch):
-    """The comparison above can fail: a build whose read_general takes a new request under an id that is live (and
-    not leaving), which `read_step` rejects as a duplicate."""
-    planted = _planted("RUNNERCHECK_PLANT_LIVE_ID_READMITTED", "general")
+def _runner_at_step_3():
+    """The bad-input suite's runner after its first three steps, and its fourth step without drafts (a step
+    read_general reads)."""
     from test_bad_inputs import _runner, _schedule
 
     runner, outputs = _runner(), []
     for step in range(3):
         outputs.append(runner.execute_model(_schedule(step, outputs)).get())
-    good = _without_drafts(_schedule(3, outputs))
+    return runner, _without_drafts(_schedule(3, outputs))
+
+
+def test_planted_bug_general_reader_admitting_a_live_id_again_is_caught(monkeypatch):
+    """The comparison above can fail: a build whose read_general takes a new request under an id that is live (and
+    not leaving), which `read_step` rejects as a duplicate."""
+    planted = _planted("RUNNERCHECK_PLANT_LIVE_ID_READMITTED", "general")
+    runner, good = _runner_at_step_3()
     live = next(iter(runner.state.req_to_row))
     again = NewRequest(live, (1, 2), SamplingParams(), (9,))
     sched = dataclasses.replace(good, new_requests=good.new_requests + (again,))
@@ -724,12 +730,7 @@ def test_planted_bug_general_reader_admitting_a_live_id_again_is_caught(monkeypa
 def test_planted_bug_general_reader_ignoring_the_new_requests_facts_is_caught(monkeypatch):
     """The comparison above can fail: a build whose read_general leaves a new request's prefix-cache hit at 0."""
     planted = _planted("RUNNERCHECK_PLANT_NEW_HIT_ZERO", "general")
-    from test_bad_inputs import _runner, _schedule
-
-    runner, outputs = _runner(), []
-    for step in range(3):
-        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
-    good = _without_drafts(_schedule(3, outputs))
+    runner, good = _runner_at_step_3()
     hit = NewRequest("H", (1, 2, 3, 4, 5), SamplingParams(), (9, 10), num_computed_tokens=4)
     sched = dataclasses.replace(good, new_requests=good.new_requests + (hit,),
                                 num_scheduled_tokens={**good.num_scheduled_tokens, "H": 1})
@@ -744,12 +745,7 @@ def test_planted_bug_general_reader_ignoring_the_new_requests_facts_is_caught(mo
 def test_c_general_reader_makes_the_step_arrays_read_step_would_make(monkeypatch):
     """read_general_of stores a StepArrays slot by slot (no __init__): the same fields as the tuple it returns when
     that type's layout is not the one it reads, which read_step turns into a StepArrays itself."""
-    from test_bad_inputs import _runner, _schedule
-
-    runner, outputs = _runner(), []
-    for step in range(3):
-        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
-    sched = _without_drafts(_schedule(3, outputs))
+    runner, sched = _runner_at_step_3()
     made_in_c = _read_outcome(sched, runner)
     targets = step_reader._general_targets(runner.state, runner.limits)
     as_tuple = general.read_general_of(sched, targets[:-3] + (dict, targets[-2], targets[-1]), runner._last_step_id,
@@ -762,12 +758,7 @@ def test_c_general_reader_makes_the_step_arrays_read_step_would_make(monkeypatch
 def test_planted_bug_general_reader_storing_two_slots_swapped_is_caught(monkeypatch):
     """The comparison above can fail: a build whose StepArrays holds each step's starts where its ends belong."""
     planted = _planted("RUNNERCHECK_PLANT_STEP_SLOTS_SWAPPED", "general")
-    from test_bad_inputs import _runner, _schedule
-
-    runner, outputs = _runner(), []
-    for step in range(3):
-        outputs.append(runner.execute_model(_schedule(step, outputs)).get())
-    sched = _without_drafts(_schedule(3, outputs))
+    runner, sched = _runner_at_step_3()
     monkeypatch.setattr(step_reader, "_native_general", _WithoutGeneral(general) if general is not None else None)
     want = _read_outcome(sched, runner)
     monkeypatch.setattr(step_reader, "_native_general", planted)
