@@ -2,16 +2,16 @@
 
 TRITON_INTERPRET must be set before triton is imported anywhere, so this runs first: when no
 CUDA device is present, kernels run in Triton's interpreter on CPU tensors.  Before that, an
-xdist worker is pinned to one of several visible GPUs (`stress.gpu_workers`).
+xdist worker is pinned to one of several visible GPUs (`runnercheck.stress.gpu_workers`).
 """
 from __future__ import annotations
 
 import os
 
 # Before anything can initialise CUDA: an xdist worker keeps one of several visible GPUs.
-import stress.gpu_workers  # noqa: E402,F401
+import runnercheck.stress.gpu_workers  # noqa: E402,F401
 
-pytest_plugins = ["stress.gpu_workers"]
+pytest_plugins = ["runnercheck.stress.gpu_workers"]
 
 
 def _cuda_available() -> bool:
@@ -86,6 +86,6 @@ def device_kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def device(device_kind: str):
-    from impl.device import Device
+    from runnercheck.impl.device import Device
 
     return Device(device_kind, seed=0)

@@ -10,14 +10,14 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from bench.common import BenchContext, Row
-from bench.v1_baseline import V1HostBatch
-from bench.workload import DecodeWorkload
-from impl import native
-from impl.device import Device
-from impl.interface import RunnerLimits, SamplingParams
-from impl.launcher import idle_settings
-from impl.model.weights import ModelConfig, preset, random_weights
+from runnercheck.bench.common import BenchContext, Row
+from runnercheck.bench.v1_baseline import V1HostBatch
+from runnercheck.bench.workload import DecodeWorkload
+from runnercheck.impl import native
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import RunnerLimits, SamplingParams
+from runnercheck.impl.launcher import idle_settings
+from runnercheck.impl.model.weights import ModelConfig, preset, random_weights
 
 PARAMS = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_tokens=1 << 20)
 
@@ -34,7 +34,7 @@ def _limits(config: ModelConfig, num_reqs: int, budget: int, block_size: int, nu
 
 
 def _make_runner(ctx: BenchContext, config: ModelConfig, limits: RunnerLimits, dtype=None):
-    from impl.runner import ModelRunner
+    from runnercheck.impl.runner import ModelRunner
 
     weights = random_weights(config, seed=ctx.seed)
     return ModelRunner(weights, limits, ctx.device, base_seed=ctx.seed, dtype=dtype)
@@ -157,7 +157,7 @@ def host_cost_setup(ctx: BenchContext, num_reqs: int, churn: float = HOST_COST_C
     """(runner with its forward stubbed, decode workload with ``churn``, limits), warmed up to all-decode.
 
     At 1% churn and 256 requests every step admits one request (its prompt next to the decodes: a
-    mixed graph's replay, `impl.graphs`); at churn 0 every step is a uniform decode step, which
+    mixed graph's replay, `runnercheck.impl.graphs`); at churn 0 every step is a uniform decode step, which
     replays a CUDA graph (after the first, its bucket's fused graph).
     """
     config = _host_config(ctx)
@@ -256,7 +256,7 @@ def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
     waits = runner.staging.num_backpressure_waits + runner.outputs.num_backpressure_waits - waits_before
     row_waits = runner.state.num_quarantine_waits - row_waits_before
     # The runner's steps again, alone: what the interleaving costs it (its caches shared with the baseline's work),
-    # and what the device's launch thread (`impl.launcher`) spends on them in CPU time, its polling included.
+    # and what the device's launch thread (`runnercheck.impl.launcher`) spends on them in CPU time, its polling included.
     launcher = getattr(runner.device, "launcher", None)
     cpu_before, wall_before = (launcher.cpu_seconds() if launcher else 0.0), time.perf_counter()
     signals_before = launcher.signals() if launcher else 0
@@ -273,7 +273,7 @@ def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
 def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Row]:
     """A timed configuration's rows, with what its runner's steps issue, counted now: device operations
     (torch.profiler), host enqueues, torch calls and host syncs."""
-    from checks.sync import SyncReport, forbid_host_sync
+    from runnercheck.checks.sync import SyncReport, forbid_host_sync
 
     runner, work, steps, num_reqs, churn = run.runner, run.work, run.steps, run.num_reqs, run.churn
     device = runner.device
@@ -415,9 +415,9 @@ def _count_launches(ctx: BenchContext, fn) -> int:
 
 
 def bench_staged_writes(ctx: BenchContext) -> list[Row]:
-    from bench.timing import device_time_us
-    from impl.buffers import StagingPool, StagingWriter
-    from impl.staged_writes import StagedWriteTensor
+    from runnercheck.bench.timing import device_time_us
+    from runnercheck.impl.buffers import StagingPool, StagingWriter
+    from runnercheck.impl.staged_writes import StagedWriteTensor
 
     dev = ctx.device
     num_reqs = 64 if ctx.quick else 1024
@@ -473,8 +473,8 @@ def bench_end_to_end(ctx: BenchContext) -> list[Row]:
     one step late) and sync.  The batch size is fixed (no churn), so the graph runners capture
     that one size (two graphs: with and without logprobs).
     """
-    from impl.graphs import format_graph_stats
-    from impl.runner import ModelRunner
+    from runnercheck.impl.graphs import format_graph_stats
+    from runnercheck.impl.runner import ModelRunner
 
     if ctx.quick:
         config = replace(preset("micro"), max_model_len=256)

@@ -5,7 +5,7 @@ one run, each next to the memory floor of its shape (one read of the logits at t
 bandwidth) and the PyTorch path.  The runner's calls are timed as CUDA-graph replays (how the
 runner issues them: the graphs helper captures `Sampler.sample`), i.e. device time; the note gives
 the eager time too, which at small batches is the Python cost of the five launches.
-Temperature is also set against the contract's compute floor (`bench.noise_floor`): ``philox
+Temperature is also set against the contract's compute floor (`runnercheck.bench.noise_floor`): ``philox
 compute floor`` draws only the RNG spec's 64-bit Philox bits for every (row, token) (XOR-folded,
 no logits read; fastest of a few launch shapes), ``noise compute bound`` adds the uniform and the
 two logs and takes the argmax.  No temperature sampler under the contract beats the first; when it
@@ -19,13 +19,13 @@ from typing import Callable
 
 import torch
 
-from bench.common import BenchContext, Row
-from bench.timing import copy_bandwidth_bytes_per_s, device_time_us, peak_extra_memory_bytes
-from bench.torch_baselines import torch_sample_temperature, torch_sample_top_k_top_p, torch_topk_logprobs
-from bench.noise_floor import SHAPES as FLOOR_SHAPES
-from bench.noise_floor import floor_times
-from impl.buffers import StagingPool, StagingWriter
-from impl.interface import SamplingParams
+from runnercheck.bench.common import BenchContext, Row
+from runnercheck.bench.timing import copy_bandwidth_bytes_per_s, device_time_us, peak_extra_memory_bytes
+from runnercheck.bench.torch_baselines import torch_sample_temperature, torch_sample_top_k_top_p, torch_topk_logprobs
+from runnercheck.bench.noise_floor import SHAPES as FLOOR_SHAPES
+from runnercheck.bench.noise_floor import floor_times
+from runnercheck.impl.buffers import StagingPool, StagingWriter
+from runnercheck.impl.interface import SamplingParams
 
 SAMPLER_CONFIGS: dict[str, SamplingParams] = {
     "greedy": SamplingParams(temperature=0.0),
@@ -49,7 +49,7 @@ def _random_logits(ctx: BenchContext, rows: int, vocab: int) -> torch.Tensor:
 
 
 def _prepared_state(ctx: BenchContext, rows: int, vocab: int, params: SamplingParams):
-    from impl.sample.state import SamplingState
+    from runnercheck.impl.sample.state import SamplingState
 
     dev = ctx.device
     state = SamplingState(dev, rows, vocab)
@@ -88,7 +88,7 @@ def _floor_rows(case: str, shapes: tuple[int, ...], vocab: int, bw: float) -> tu
 
 
 def bench_sampler(ctx: BenchContext) -> list[Row]:
-    from impl.sample.sampler import Sampler
+    from runnercheck.impl.sample.sampler import Sampler
 
     shapes, vocab = _shapes(ctx)
     dev = ctx.device
@@ -152,7 +152,7 @@ def bench_sampler(ctx: BenchContext) -> list[Row]:
 
 
 def bench_logprobs(ctx: BenchContext) -> list[Row]:
-    from impl.sample.logprobs import LogprobsComputer
+    from runnercheck.impl.sample.logprobs import LogprobsComputer
 
     shapes, vocab = _shapes(ctx)
     dev = ctx.device

@@ -1,14 +1,14 @@
 """Speculative decoding with the runner's proposers: tokens/s and acceptance vs no speculation.
 
 ``spec_ngram`` (`bench_ngram`): the n-gram proposer on greedy requests with repetitive prompts.
-``spec_draft`` (`bench_draft`): the draft-model proposer (`impl.draft_proposer`, rejection-sampled)
+``spec_draft`` (`bench_draft`): the draft-model proposer (`runnercheck.impl.draft_proposer`, rejection-sampled)
 on temperature-1 requests, two draft arms: the model's smaller ``-draft`` preset (random weights of
 its own: drafts mostly rejected, so the row measures the proposer's cost) and the target drafting
 for itself (its own weights: drafts accepted, the row measures the best case's speedup with a draft
 as costly as the target).  The rest of this docstring describes both cases.
 
 Both arms run the same runner class on the same weights and the same greedy requests whose prompts
-repeat a short pattern (what prompt lookup is for), driven by `stress.scheduler.SchedulerSim`: the
+repeat a short pattern (what prompt lookup is for), driven by `runnercheck.stress.scheduler.SchedulerSim`: the
 ``ngram`` arm asks for up to ``K`` device drafts per decode (`SchedulerOutput.num_device_drafts`),
 the ``off`` arm for none.  Each step's output is read before the next step is scheduled (the
 scheduler must learn the accepted count before it schedules that request again), in both arms.
@@ -25,9 +25,9 @@ from dataclasses import replace
 
 import torch
 
-from bench.common import BenchContext, Row
-from impl.interface import DraftModelConfig, NgramConfig, RunnerLimits, SamplingParams
-from impl.model.weights import preset, random_weights
+from runnercheck.bench.common import BenchContext, Row
+from runnercheck.impl.interface import DraftModelConfig, NgramConfig, RunnerLimits, SamplingParams
+from runnercheck.impl.model.weights import preset, random_weights
 
 NUM_SPEC_TOKENS = 3
 WARMUP_DECODE_STEPS = 4  # untimed decode steps after the prefills, in every arm
@@ -47,8 +47,8 @@ def _run_arm(ctx: BenchContext, weights, limits: RunnerLimits, dtype, prompts: l
     """(seconds in the decode phase, output tokens taken, spec stats, steps, the runner's graph stats) for one arm.
 
     ``draft_model``: the draft-model proposer of that preset (weights from the bench seed) instead of the n-gram one."""
-    from impl.runner import ModelRunner
-    from stress.scheduler import SchedulerSim
+    from runnercheck.impl.runner import ModelRunner
+    from runnercheck.stress.scheduler import SchedulerSim
 
     speculative = None
     if num_spec_tokens:

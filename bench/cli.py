@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.common import BenchContext, Row
+from runnercheck.bench.common import BenchContext, Row
 
 
 def _cases() -> dict[str, Callable[[BenchContext], list[Row]]]:
-    from bench import case_runner, case_sampler, case_spec
+    from runnercheck.bench import case_runner, case_sampler, case_spec
 
     return {
         "host_cost": case_runner.bench_host_cost,
@@ -63,7 +63,7 @@ def _markdown(meta: dict, rows: list[Row]) -> str:
 
 def _write(out: Path, meta: dict, rows: list, failures: dict, dev: Any, *, cases_done: list[str], complete: bool) -> None:
     """``bench.json`` (rows, failures, which cases ran, whether the run completed) and ``bench.md``."""
-    from checks.provenance import provenance
+    from runnercheck.checks.provenance import provenance
 
     doc = {"format_version": BENCH_FORMAT_VERSION, "provenance": provenance(meta["device_name"] if dev.is_cuda else dev.kind),
            "meta": dict(meta, cases_done=list(cases_done), complete=complete), "rows": [r.to_dict() for r in rows],
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import triton
 
-    from impl.device import Device
+    from runnercheck.impl.device import Device
 
     dev = Device(args.device, seed=args.seed, lag_policy="run-immediately")
     ctx = BenchContext(device=dev, quick=args.quick, seed=args.seed)

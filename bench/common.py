@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from impl.device import Device
+from runnercheck.impl.device import Device
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """Host microseconds of the primitives one steady decode step is built from, on this machine.
 
-    python -m bench.host_primitives [--out FILE.json]
+    python -m runnercheck.bench.host_primitives [--out FILE.json]
 
-The runner's steady step (`impl.step_reader.read_steady_step`, one graph replay) is a few dozen
+The runner's steady step (`runnercheck.impl.step_reader.read_steady_step`, one graph replay) is a few dozen
 of these: small numpy operations over a 256-request batch, C-level passes over the scheduler's
 tuples, and on a GPU the H2D copy, the graph replay, the output copy and the event record.  Their
 costs differ from machine to machine (a lent H200 host runs Python ~2x slower than the 2-core dev
@@ -21,9 +21,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from bench.common import print_and_write_json
-from bench.timing import host_time_us
-from impl.device import Device
+from runnercheck.bench.common import print_and_write_json
+from runnercheck.bench.timing import host_time_us
+from runnercheck.impl.device import Device
 
 NUM_REQS = 256
 
@@ -110,10 +110,10 @@ def _cuda_primitives() -> dict[str, float]:
 
 def _launch_pieces(device: Device) -> dict[str, float]:
     """One Triton launch with the argument shape of the runner's eager kernels (16 tensors, 4 ints, a
-    constexpr), whole and by piece: Triton's own ``kernel[grid]``, `impl.kernels.launch.launch` (a seen
+    constexpr), whole and by piece: Triton's own ``kernel[grid]``, `runnercheck.impl.kernels.launch.launch` (a seen
     key), its gate, its key, and the compiled launcher alone."""
-    from bench.launch_probe import probe_kernel
-    from impl.kernels import launch as fast
+    from runnercheck.bench.launch_probe import probe_kernel
+    from runnercheck.impl.kernels import launch as fast
 
     tensors = [device.zeros(64, torch.int32) for _ in range(16)]
     ints = (3, 5, 7, 11)

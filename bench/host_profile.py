@@ -1,10 +1,10 @@
 """Where the host time of a decode step goes: cProfile of ``execute_model`` (forward stubbed).
 
-    python -m bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0]
+    python -m runnercheck.bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0]
                                  [--phases | --trace | --cpu-time [--sweep-kib KIB ...] | --lines MODULE:QUALNAME [--lines ...]
                                   [--depth N]]
 
-The same workload and runner set-up as the `host_cost` benchmark (`bench.case_runner`), with the
+The same workload and runner set-up as the `host_cost` benchmark (`runnercheck.bench.case_runner`), with the
 profiler enabled only inside ``execute_model``; prints the median host time per step with and
 without the profiler, then the functions with the most own time.  On CPU the Triton interpreter
 runs the kernels inline, so there the profile is dominated by kernel bodies, unless
@@ -14,7 +14,7 @@ bookkeeping alone (outputs are garbage then; a measuring aid, never a correctnes
 ``--trace`` runs torch.profiler instead (host self time per operator and CUDA runtime call, device time).
 ``--cpu-time`` sets each step's wall time against the CPU time its thread spent in it (and the launch thread's);
 ``--sweep-kib 0 8192`` writes that much other memory before each step, sizes in turn: what cold caches cost it.
-``--lines impl.runner:ModelRunner._execute`` times each statement of one function or method instead: its
+``--lines runnercheck.impl.runner:ModelRunner._execute`` times each statement of one function or method instead: its
 source, compiled again with a clock read before every statement (``--depth``: also inside that many levels of
 if/for/with bodies), replaces it for the run; each read costs ~0.1 us on the dev box, counted in the statement
 after it; several ``--lines`` time several functions over the same steps.  With churn, each statement's median is
@@ -39,15 +39,15 @@ from typing import Sequence
 
 import numpy as np
 
-from bench import case_runner
-from bench.common import BenchContext
-from impl.device import Device
-from impl.kernels.launch import launch_stats
+from runnercheck.bench import case_runner
+from runnercheck.bench.common import BenchContext
+from runnercheck.impl.device import Device
+from runnercheck.impl.kernels.launch import launch_stats
 
 
 def profile_host(device: Device, num_reqs: int, steps: int, top: int, drop_device_work: bool = False,
                  churn: float = case_runner.HOST_COST_CHURN) -> str:
-    from impl.graphs import format_graph_stats
+    from runnercheck.impl.graphs import format_graph_stats
 
     if drop_device_work:
         case_runner.drop_device_work(device)

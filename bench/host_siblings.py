@@ -1,6 +1,6 @@
 """Which of this machine's CPUs slow a Python loop on another when they compute: hidden SMT siblings.
 
-    python -m bench.host_siblings [--cpu 0] [--out FILE.json]
+    python -m runnercheck.bench.host_siblings [--cpu 0] [--out FILE.json]
 
 A lent VM can present two hyperthreads of one physical core as two cores with one thread each (`lscpu` then
 says nothing).  The runner's launch thread polls on one CPU while the step's Python runs on another; if the two
@@ -17,7 +17,7 @@ import os
 import statistics
 import time
 
-from bench.common import print_and_write_json
+from runnercheck.bench.common import print_and_write_json
 
 ROUNDS = 5
 # A lent host's own speed drifts between rounds (the H200 host of run 106 read 0.70-1.11x with no sibling at all), so a

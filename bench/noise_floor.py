@@ -1,7 +1,7 @@
-"""The compute floor of temperature sampling under the RNG contract (used by `bench.case_sampler`).
+"""The compute floor of temperature sampling under the RNG contract (used by `runnercheck.bench.case_sampler`).
 
 Temperature sampling must draw the contract's noise for every (row, token): 64-bit Philox4x32-10
-bits (RNG spec v1, `impl.kernels.rng`) and two fp32 logs.  Two kernels read no logits at all:
+bits (RNG spec v1, `runnercheck.impl.kernels.rng`) and two fp32 logs.  Two kernels read no logits at all:
 
 * ``philox``: the bits alone, XOR-folded per (row, chunk) so nothing is optimised away -- no
   temperature sampler under the contract can be faster than this;
@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from bench.timing import device_time_us
-from impl.kernels.rng import gumbel_from_bits, philox_64bits, philox_64bits_hilo
+from runnercheck.bench.timing import device_time_us
+from runnercheck.impl.kernels.rng import gumbel_from_bits, philox_64bits, philox_64bits_hilo
 
 SHAPES = ((1024, 4), (2048, 4), (2048, 8), (4096, 8))  # (chunk, num_warps)
 POSITION_BASE = tl.constexpr(100)  # jit functions read only constexpr globals

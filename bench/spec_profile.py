@@ -1,8 +1,8 @@
 """Where a speculative decode step's time goes: host enqueue vs waiting, and cProfile of both.
 
-    python -m bench.spec_profile [--device cuda] [--reqs 8] [--draft qwen3-0.6b-draft|self|ngram|off] [--steps 16]
+    python -m runnercheck.bench.spec_profile [--device cuda] [--reqs 8] [--draft qwen3-0.6b-draft|self|ngram|off] [--steps 16]
 
-The `spec_draft` bench's set-up (`bench.case_spec`: Qwen3-0.6B shape on a GPU, micro on CPU, 256-token
+The `spec_draft` bench's set-up (`runnercheck.bench.case_spec`: Qwen3-0.6B shape on a GPU, micro on CPU, 256-token
 prompts, k = 3 device drafts per decode, temperature 1), prefills untimed, then ``--steps`` decode
 steps each split into ``execute_model`` (the host enqueueing the step) and ``get()`` (waiting for
 its output).  A step whose time is mostly ``get()`` is device-bound; mostly ``execute_model``,
@@ -21,16 +21,16 @@ import time
 
 import torch
 
-from bench.case_spec import NUM_SPEC_TOKENS, _limits, _model
-from bench.common import BenchContext
-from impl.device import Device
-from impl.interface import DraftModelConfig, NgramConfig, SamplingParams
-from impl.model.weights import random_weights
+from runnercheck.bench.case_spec import NUM_SPEC_TOKENS, _limits, _model
+from runnercheck.bench.common import BenchContext
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import DraftModelConfig, NgramConfig, SamplingParams
+from runnercheck.impl.model.weights import random_weights
 
 
 def profile_spec(device: Device, num_reqs: int, draft: str, steps: int, top: int) -> str:
-    from impl.runner import ModelRunner
-    from stress.scheduler import SchedulerSim
+    from runnercheck.impl.runner import ModelRunner
+    from runnercheck.stress.scheduler import SchedulerSim
 
     ctx = BenchContext(device, quick=not device.is_cuda)
     name, config, dtype = _model(ctx)

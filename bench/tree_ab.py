@@ -1,11 +1,11 @@
 """Two trees' runner host steps on this machine, interleaved: what a host-side change moved (cpu or a GPU).
 
-    python -m bench.tree_ab BASE_DIR [--new DIR] [--device cpu|cuda] [--pin CPUS] [--new-env NAME=VALUE]
+    python -m runnercheck.bench.tree_ab BASE_DIR [--new DIR] [--device cpu|cuda] [--pin CPUS] [--new-env NAME=VALUE]
                             [--reqs 64 256] [--pairs 5] [--blocks 30] [--block-steps 10] [--out FILE]
 
 A pair is one worker process per tree -- this checkout (or ``--new``) and BASE_DIR, an earlier commit (`git archive
 COMMIT | tar x -C BASE_DIR`) -- each building the host_cost runner and the same seeded workload: on cpu with its
-device work dropped (`bench.case_runner`: the Python bookkeeping alone), or with ``--device cuda`` as `runnercheck
+device work dropped (`runnercheck.bench.case_runner`: the Python bookkeeping alone), or with ``--device cuda`` as `runnercheck
 bench --only host_cost` times it on a GPU (forward stubbed, launches and the launch thread included).  The driver asks
 the two for blocks of steps in turn, alternating which goes first, so the machine's drift within the pair reaches
 both trees alike (the lent H200 hosts change speed by up to ~2x between whole benchmark passes).
@@ -46,7 +46,7 @@ from pathlib import Path
 
 from scipy import stats
 
-from bench.common import print_and_write_json
+from runnercheck.bench.common import print_and_write_json
 
 MAX_STEPS = 800  # a tree's steps per configuration, warm-up included, before the workload's requests reach max length
 WARM_UP_STEPS = 20
@@ -57,9 +57,9 @@ import json, os, sys, time
 device_kind = os.environ.get("RUNNERCHECK_TREE_AB_DEVICE", "cpu")
 if device_kind == "cpu":
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-from bench import case_runner
-from bench.common import BenchContext
-from impl.device import Device
+from runnercheck.bench import case_runner
+from runnercheck.bench.common import BenchContext
+from runnercheck.impl.device import Device
 
 delay = float(os.environ.get("RUNNERCHECK_TREE_AB_DELAY_US", "0")) / 1e6
 steps = None
@@ -106,7 +106,7 @@ def _placement(device: str, pin: str | None = None) -> list[str]:
     no_aslr = ["setarch", platform.machine(), "-R"]
     if pin is not None:
         return [*no_aslr, "taskset", "-c", pin]
-    if device != "cpu":  # the launch thread (`impl.launcher`) polls on a core beside the step's
+    if device != "cpu":  # the launch thread (`runnercheck.impl.launcher`) polls on a core beside the step's
         return no_aslr
     return [*no_aslr, "taskset", "-c", str(sorted(os.sched_getaffinity(0))[-1])]
 

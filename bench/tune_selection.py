@@ -1,6 +1,6 @@
-"""Sweep the launch shape of the top-n logprobs kernels (`impl.sample.logprobs.SelectionConfig`).
+"""Sweep the launch shape of the top-n logprobs kernels (`runnercheck.impl.sample.logprobs.SelectionConfig`).
 
-    python -m bench.tune_selection --device cuda --out DIR     (job ``tune_logprobs`` of ci/h200.sh)
+    python -m runnercheck.bench.tune_selection --device cuda --out DIR     (job ``tune_logprobs`` of ci/h200.sh)
 
 For every shape in `SHAPES` (``logprobs_chunk``, ``logprobs_warps``, ``logprobs_sub``, ``logprobs_candidates``,
 ``logprobs_maxnreg`` over the GPU default): device time of top-20 logprobs on the benchmark's
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from bench.case_sampler import LOGPROBS_TOP, _graph_time_us
-from bench.common import BenchContext
-from impl.device import Device
-from impl.sample.logprobs import LogprobsComputer, default_selection_config
+from runnercheck.bench.case_sampler import LOGPROBS_TOP, _graph_time_us
+from runnercheck.bench.common import BenchContext
+from runnercheck.impl.device import Device
+from runnercheck.impl.sample.logprobs import LogprobsComputer, default_selection_config
 
 VOCAB = 151936
 ROWS = (1, 8, 256)

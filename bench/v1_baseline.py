@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from impl.interface import CachedRequests
+from runnercheck.impl.interface import CachedRequests
 
 
 class V1HostBatch:

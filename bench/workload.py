@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from impl.interface import CachedRequests, NewRequest, SamplingParams, SchedulerOutput
+from runnercheck.impl.interface import CachedRequests, NewRequest, SamplingParams, SchedulerOutput
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Device-side checksums read back without a wait: the shared machinery of the slot checksum checks.
 
-`checks.output_slots` (pinned output slots) and `checks.staging_slots` (staging slots) both compare a
+`runnercheck.checks.output_slots` (pinned output slots) and `runnercheck.checks.staging_slots` (staging slots) both compare a
 checksum the device takes of some bytes, in stream order, with one the host takes of the bytes it
 believes are there.  The device's value lands in a pinned record (one per in-flight item, written by
 an enqueued non-blocking copy) and is read only once an event recorded after it has completed --

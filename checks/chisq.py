@@ -4,14 +4,14 @@ A *case* (`SamplingCase`) is one logit template (one row, or a target row plus d
 request), one `SamplingParams`, a token history, and a number of draws.  Draw ``i`` of a case is
 one request: its rows are sampled at noise positions ``offset + i * rows + j`` with the case's seed,
 so every draw uses an independent ``(seed, position)`` key.  Each row's counts are tested against
-`reference.sampler.expected_distribution`; tail cases add an exact binomial tail-mass test; multi-row
+`runnercheck.reference.sampler.expected_distribution`; tail cases add an exact binomial tail-mass test; multi-row
 cases add a joint independence test.  All tests of a run form one family (Holm by default).
 
 Self-tests of the tests: *calibration* (the chosen sampler over many seeds must reject at the
-stated rate) and *power* (each planted-bias sampler of `checks.samplers.PLANTED_BIASES` must be
+stated rate) and *power* (each planted-bias sampler of `runnercheck.checks.samplers.PLANTED_BIASES` must be
 rejected in the case built to expose it).  The case catalogue (`build_cases`, `deep_tail_cases`,
-`power_cases`, ...) is `checks.chisq_cases`; the numbers behind their sizes are in docs/CHISQ.md.
-With the matrix run the speculative-verification cases and their planted biases (`checks.chisq_spec`:
+`power_cases`, ...) is `runnercheck.checks.chisq_cases`; the numbers behind their sizes are in docs/CHISQ.md.
+With the matrix run the speculative-verification cases and their planted biases (`runnercheck.checks.chisq_spec`:
 the first two tokens under speculation against the target's joint, the emitted-length law), in
 their own correction family; ``--no-spec`` leaves them out.
 """
@@ -28,9 +28,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from checks import stats
-from checks.chisq_spec import SPEC_BIASES, default_spec_verifier, run_spec_cases, run_spec_power
-from checks.chisq_cases import (
+from runnercheck.checks import stats
+from runnercheck.checks.chisq_spec import SPEC_BIASES, default_spec_verifier, run_spec_cases, run_spec_power
+from runnercheck.checks.chisq_cases import (
     SamplingCase,
     build_cases,
     calibration_case,
@@ -39,11 +39,11 @@ from checks.chisq_cases import (
     power_cases,
     power_plan,
 )
-from checks.sampler_contract import (
+from runnercheck.checks.sampler_contract import (
     SamplerContractError, SamplerLimitError, check_sampler_output, contract_failure, declared_unsupported, describe_exception,
     rows_per_call_bound,
 )
-from checks.samplers import (
+from runnercheck.checks.samplers import (
     PLANTED_BIASES, SamplerSpecError, SamplerUnavailableError, SamplerUnsupportedError, accepts_keyword, has_penalties,
     load_sampler, planted_sampler, sampler_name,
 )
@@ -56,7 +56,7 @@ CALIBRATION_ALPHA = 0.05
 
 
 def sampler_can_run(sampler: Callable, case: SamplingCase, max_rows_per_call: int | None = None) -> str | None:
-    """None if ``sampler`` can run ``case`` (`checks.sampler_contract`), else why not."""
+    """None if ``sampler`` can run ``case`` (`runnercheck.checks.sampler_contract`), else why not."""
     if has_penalties(case.params) and not accepts_keyword(sampler, "history"):
         return "penalties need a sampler that takes history="
     if max_rows_per_call is not None and case.rows > max_rows_per_call:
@@ -114,8 +114,8 @@ def draw(
 
 
 def expected_rows(case: SamplingCase) -> list[np.ndarray]:
-    """The exact float64 distribution of each row (`reference.sampler.expected_distribution`)."""
-    from reference.sampler import expected_distribution
+    """The exact float64 distribution of each row (`runnercheck.reference.sampler.expected_distribution`)."""
+    from runnercheck.reference.sampler import expected_distribution
 
     return [
         expected_distribution(case.logits[j].to(torch.float64), case.params,
@@ -176,7 +176,7 @@ class RunOptions:
     biases: tuple[str, ...] | None = None  # planted biases for the power report (None: the mode's plan)
     power_repeats: int | None = None
     max_rows_per_call: int | None = None  # bound on the logit rows of one sampler call (None: the sampler's own or none)
-    spec: bool = True  # the speculative-verification cases (`checks.chisq_spec`), with the matrix
+    spec: bool = True  # the speculative-verification cases (`runnercheck.checks.chisq_spec`), with the matrix
     shard: tuple[int, int] = (0, 1)  # (I, N): every N-th matrix case and planted bias from I; spec cases, calibration in I = 0
 
 
@@ -193,7 +193,7 @@ def default_sampler_spec(device: torch.device) -> str:
     """The runner's sampler on a GPU; on CPU the PyTorch baseline (the interpreted kernel samples
     ~50 rows/s, far too slow for ~1e6 draws; ask for it with ``--sampler impl --samples N``)."""
     if device.type == "cuda":
-        from checks.impl_sampler import impl_sampler_available
+        from runnercheck.checks.impl_sampler import impl_sampler_available
 
         if impl_sampler_available():
             return "impl"
@@ -382,7 +382,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from checks.report import print_summary, write_report
+    from runnercheck.checks.report import print_summary, write_report
 
     if args.samples is not None and args.samples < 1:
         print("runnercheck chisq: --samples must be >= 1", file=sys.stderr)
@@ -405,7 +405,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     monitor = None
     if getattr(args, "csan", False):  # armed before the sampler allocates: CSAN must see its init writes
-        from checks.csan import CsanMonitor, CsanUnavailableError
+        from runnercheck.checks.csan import CsanMonitor, CsanUnavailableError
 
         try:
             monitor = CsanMonitor().arm()
@@ -435,7 +435,7 @@ def run(args: argparse.Namespace) -> int:
         summary.csan = {"races": monitor.count, "lines": monitor.lines(), "reports": [r.text for r in monitor.races[:3]]}
     write_report(args.out, summary)
     if args.junit is not None:
-        from checks.report import write_chisq_junit
+        from runnercheck.checks.report import write_chisq_junit
 
         write_chisq_junit(args.junit, summary)
     print_summary(summary, args.out, junit=args.junit)
@@ -444,7 +444,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_quick(out_dir: str | Path, sampler: Callable | str | None = None, *, seed: int = 0) -> dict[str, Any]:
     """The quick matrix + calibration + power, report written to ``out_dir``; the JSON summary dict."""
-    from checks.report import write_report
+    from runnercheck.checks.report import write_report
 
     if sampler is None or isinstance(sampler, str):
         sampler = load_sampler(sampler or default_sampler_spec(resolve_device("auto")))

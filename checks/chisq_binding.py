@@ -1,4 +1,4 @@
-"""Which filters *bind* in a chi-square case: the catalogue check behind `checks.chisq_cases`.
+"""Which filters *bind* in a chi-square case: the catalogue check behind `runnercheck.checks.chisq_cases`.
 
 A filter binds in a case when moving its own threshold or parameter a little changes the case's
 exact distribution by enough that the case's draws would see it.  A case in which a filter does
@@ -15,15 +15,15 @@ The moves (both directions; a filter binds only if every move of it is detectabl
   min-p and top-k left, i.e. one token fewer / one more at top-p's own boundary.
 * penalties: the parameter scaled by ``1 +- PENALTY_STEP`` (for repetition, its logarithm).
 
-Distributions are `reference.sampler.expected_distribution` (float64).  A move is *detectable*
+Distributions are `runnercheck.reference.sampler.expected_distribution` (float64).  A move is *detectable*
 when the case's chi-square test at its own sample count would reject the moved distribution with
 probability at least ``REQUIRED_POWER`` at level ``BINDING_ALPHA`` (Bonferroni over a matrix of up
 to 100 tests at 0.01, which is Holm's first step), or when the moved distribution puts so much
 mass on tokens the case calls impossible that at least one is drawn with that probability.  The
 chi-square power is the noncentral chi-square approximation on the bins the test itself pools
-(`checks.stats.pool_bins`).
+(`runnercheck.checks.stats.pool_bins`).
 
-``python -m checks.chisq_binding [--full]`` prints, per case, which filters bind.
+``python -m runnercheck.checks.chisq_binding [--full]`` prints, per case, which filters bind.
 """
 from __future__ import annotations
 
@@ -35,11 +35,11 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from checks import stats
-from impl.interface import SamplingParams
+from runnercheck.checks import stats
+from runnercheck.impl.interface import SamplingParams
 
 if TYPE_CHECKING:
-    from checks.chisq_cases import SamplingCase
+    from runnercheck.checks.chisq_cases import SamplingCase
 
 THRESHOLD_FILTERS = ("top_k", "top_p", "min_p")
 PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty")
@@ -93,7 +93,7 @@ def active_filters(params: SamplingParams) -> tuple[str, ...]:
 
 
 def _expected(case: SamplingCase, params: SamplingParams) -> list[np.ndarray]:
-    from reference.sampler import expected_distribution
+    from runnercheck.reference.sampler import expected_distribution
 
     return [expected_distribution(case.logits[j].to(torch.float64), params, case.history.prompt_ids,
                                   case.history.output_ids).numpy() for j in range(case.rows)]
@@ -101,7 +101,7 @@ def _expected(case: SamplingCase, params: SamplingParams) -> list[np.ndarray]:
 
 def _scores(case: SamplingCase, params: SamplingParams, *, drop: Sequence[str]) -> np.ndarray:
     """Row 0's penalised, temperature-scaled scores with the filters in ``drop`` turned off (-inf: filtered)."""
-    from reference.sampler import filtered_scores
+    from runnercheck.reference.sampler import filtered_scores
 
     off = {"top_k": -1, "top_p": 1.0, "min_p": 0.0}
     moved = replace(params, **{f: off[f] for f in drop})

@@ -1,9 +1,9 @@
-"""The binding table: which filters bind in each chi-square case (`checks.chisq_binding`), printed.
+"""The binding table: which filters bind in each chi-square case (`runnercheck.checks.chisq_binding`), printed.
 
-    python -m checks.chisq_binding_cmd [--full] [--markdown]
+    python -m runnercheck.checks.chisq_binding_cmd [--full] [--markdown]
 
-Its own module because it reads the case catalogue (`checks.chisq_cases`), which builds on
-`checks.chisq_binding`: kept there, the command closed an import cycle.
+Its own module because it reads the case catalogue (`runnercheck.checks.chisq_cases`), which builds on
+`runnercheck.checks.chisq_binding`: kept there, the command closed an import cycle.
 """
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import argparse
 import sys
 from typing import Sequence
 
-from checks.chisq_binding import SHORT_NAMES, binding_report, case_problems
-from checks.chisq_cases import SamplingCase, build_cases, power_cases
+from runnercheck.checks.chisq_binding import SHORT_NAMES, binding_report, case_problems
+from runnercheck.checks.chisq_cases import SamplingCase, build_cases, power_cases
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    parser = argparse.ArgumentParser(prog="python -m checks.chisq_binding_cmd", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m runnercheck.checks.chisq_binding_cmd", description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="the full (GPU-sized) matrix instead of the quick one")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table (as in docs/CHISQ.md)")
     args = parser.parse_args(argv)

@@ -2,7 +2,7 @@
 
 A *case* (`SamplingCase`) is one logit template (one row, or a target row plus draft rows of one
 request), one `SamplingParams`, a token history and a number of draws; ``binds`` names the
-filter(s) the case exists to test, and `checks.chisq_binding` checks, from the exact float64
+filter(s) the case exists to test, and `runnercheck.checks.chisq_binding` checks, from the exact float64
 distributions, that each of them binds (moving its threshold or parameter changes what the case's
 draws see).  The catalogue:
 
@@ -12,7 +12,7 @@ draws see).  The catalogue:
   row, since both keep a prefix of the same order: such a pair gets a case for each, the other
   filter on but slack);
 * `deep_tail_cases` (GPU-sized tails), `calibration_case`, `power_cases` (the case that exposes
-  each planted bias of `checks.samplers.PLANTED_BIASES`) and `runner_sampler_cases` (the few
+  each planted bias of `runnercheck.checks.samplers.PLANTED_BIASES`) and `runner_sampler_cases` (the few
   cases `runnercheck verify` runs on the runner's interpreted sampler on CPU).
 
 The numbers behind the sizes are in docs/CHISQ.md.
@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from checks.chisq_binding import FILTERS, PENALTIES, SHORT_NAMES, THRESHOLD_FILTERS
-from checks.samplers import TokenHistory
-from impl.interface import MAX_SEED, SamplingParams
+from runnercheck.checks.chisq_binding import FILTERS, PENALTIES, SHORT_NAMES, THRESHOLD_FILTERS
+from runnercheck.checks.samplers import TokenHistory
+from runnercheck.impl.interface import MAX_SEED, SamplingParams
 
 # Positions are a 32-bit Philox counter word; offsets stay below 2^31 so offset + draws never wraps.
 MAX_POSITION_OFFSET = 2**31
@@ -185,7 +185,7 @@ def binding_case(binders: tuple[str, ...], slack: tuple[str, ...], temperature: 
     history = _ranked_history(base) if penalties else TokenHistory()
     params = SamplingParams(temperature=temperature, **penalties)
     if set(binders + slack) & set(THRESHOLD_FILTERS):
-        from reference.sampler import filtered_scores
+        from runnercheck.reference.sampler import filtered_scores
 
         scores = filtered_scores(logits[0].to(torch.float64), params, history.prompt_ids, history.output_ids).numpy()
         params = replace(params, **_thresholds(scores, binders, slack, kept, extra))
@@ -196,7 +196,7 @@ def binding_case(binders: tuple[str, ...], slack: tuple[str, ...], temperature: 
 
 def binding_cases(n: int) -> list[SamplingCase]:
     """Every binding spec at both temperatures; cases with a penalty draw ``3 n`` (a 25% move of a
-    penalty needs ~6e4 draws to show, one token at a threshold ~2e4: `checks.chisq_binding`)."""
+    penalty needs ~6e4 draws to show, one token at a threshold ~2e4: `runnercheck.checks.chisq_binding`)."""
     return [binding_case(b, s, t, 3 * n if set(b) & set(PENALTIES) else n) for b, s in binding_specs() for t in BIND_TEMPERATURES]
 
 
@@ -310,7 +310,7 @@ def calibration_case() -> SamplingCase:
     """The small case calibration draws over many seeds (V=32, top-k 24: cheap, many bins).
 
     It checks that p-values are uniform, not that a filter error shows: at 2000 draws top-k 24 does
-    not bind (`checks.chisq_binding`), and the case declares no binding filter.
+    not bind (`runnercheck.checks.chisq_binding`), and the case declares no binding filter.
     """
     return SamplingCase("calibration-v32", "calibration", _row(_normal(32, 1.0, 32)), SamplingParams(top_k=24), 2_000)
 
@@ -318,7 +318,7 @@ def calibration_case() -> SamplingCase:
 # The runner's sampler interpreted on CPU costs ~0.1 s of CPU per row with filters on (2 x 100
 # rows: 21.5 s CPU, measured), so `runnercheck verify` on CPU affords a few hundred draws: few,
 # heavy tokens, each filter's boundary token carrying enough mass that one token too many or too
-# few shows in that many draws (checked by `checks.chisq_binding` at RUNNER_ALPHA).
+# few shows in that many draws (checked by `runnercheck.checks.chisq_binding` at RUNNER_ALPHA).
 RUNNER_VOCAB = 8
 RUNNER_KEPT = 3
 # The runner cases are their own family in verify (Holm at 0.01 over their few tests): a move must

@@ -16,9 +16,9 @@ of tokens step 1 emits must follow the exact acceptance law (the *length* test: 
 
 Verifiers (``verifier(p [N, k+1, V], drafts [N, k], q [N, k, V], seeds [N], positions [N]) ->
 (tokens [N, k+1] -1 padded, accepted [N])``): `SpecTwin`, a vectorised float64 twin of
-`reference.spec_verify` (same RNG bits, tested equal to the oracle), whose `SpecVariant` knobs
+`runnercheck.reference.spec_verify` (same RNG bits, tested equal to the oracle), whose `SpecVariant` knobs
 plant the biases of `SPEC_BIASES`; and `KernelVerifier`, the Triton kernel through
-`impl.sample.spec_verify.SpecVerifier` (the default on CUDA; on CPU it runs interpreted, slowly).
+`runnercheck.impl.sample.spec_verify.SpecVerifier` (the default on CUDA; on CPU it runs interpreted, slowly).
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from checks import stats
-from reference.rng import ACCEPT_STREAM, DRAFT_STREAM, RESAMPLE_STREAM, gumbel_from_bits, philox_64bits, uniform_from_bits
+from runnercheck.checks import stats
+from runnercheck.reference.rng import ACCEPT_STREAM, DRAFT_STREAM, RESAMPLE_STREAM, gumbel_from_bits, philox_64bits, uniform_from_bits
 
 SpecVerifierFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 ACCEPT_VARIANTS = ("spec", "normalised-ratio", "draft-noise")
@@ -80,7 +80,7 @@ class SpecVariant:
 
 
 class SpecTwin:
-    """`reference.spec_verify.verify_rejection` vectorised over requests, float64; holds no tensors."""
+    """`runnercheck.reference.spec_verify.verify_rejection` vectorised over requests, float64; holds no tensors."""
 
     def __init__(self, variant: SpecVariant = SpecVariant(), name: str = "spec-twin"):
         self.variant = variant
@@ -125,7 +125,7 @@ class SpecTwin:
 
 
 class KernelVerifier:
-    """The runner's Triton kernel (`impl.sample.spec_verify.SpecVerifier`) in the twin's call form.
+    """The runner's Triton kernel (`runnercheck.impl.sample.spec_verify.SpecVerifier`) in the twin's call form.
 
     Owns one `SpecVerifier` per (vocabulary, k) and the device it runs on; every request samples in
     rejection mode (temperature 1), ``max_num_reqs`` requests per launch.
@@ -134,14 +134,14 @@ class KernelVerifier:
     name = "spec-kernel"
 
     def __init__(self, device_kind: str = "auto", max_num_reqs: int = 4096):
-        from impl.device import Device
+        from runnercheck.impl.device import Device
 
         self.device = Device(device_kind if device_kind != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
         self.max_num_reqs = max_num_reqs
         self._verifiers: dict[tuple[int, int], object] = {}
 
     def __call__(self, p, drafts, q, seeds, positions) -> tuple[torch.Tensor, torch.Tensor]:
-        from impl.sample.spec_verify import SpecVerifier
+        from runnercheck.impl.sample.spec_verify import SpecVerifier
 
         n, k = drafts.shape
         vocab = p.shape[2]
@@ -331,7 +331,7 @@ def power_estimate(result: stats.TestResult, alpha: float) -> float:
 
 
 def spec_seed(run_seed: int, label: str, repeat: int = 0) -> tuple[int, int]:
-    from checks.chisq_cases import case_seed
+    from runnercheck.checks.chisq_cases import case_seed
 
     return case_seed(run_seed, label, repeat)
 

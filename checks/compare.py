@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
-from impl.interface import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from runnercheck.impl.interface import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 
 DEFAULT_LOGPROB_ATOL = 1e-3
 
@@ -50,8 +50,8 @@ class SampleResultLike(Protocol):
 
 
 def default_tie_tolerance() -> float:
-    """The oracle's documented tie tolerance (``reference.sampler.TIE_TOLERANCE``)."""
-    from reference.sampler import TIE_TOLERANCE
+    """The oracle's documented tie tolerance (``runnercheck.reference.sampler.TIE_TOLERANCE``)."""
+    from runnercheck.reference.sampler import TIE_TOLERANCE
 
     return float(TIE_TOLERANCE)
 
@@ -295,7 +295,7 @@ def _rank_within_near_ties(exp: TokenLogprobs, got_rank: int, atol: float) -> bo
     """Whether ``got_rank`` is one the oracle's near-tied neighbours allow (at any rank, not only in
     the top-n list): each neighbour within ``atol`` above the target may fall below it, each within
     ``atol`` below (or equal) may rise above it.  Needs the oracle's ``neighbour_gaps``
-    (`reference.sampler.OracleTokenLogprobs`); without them no rank moves."""
+    (`runnercheck.reference.sampler.OracleTokenLogprobs`); without them no rank moves."""
     gaps = getattr(exp, "neighbour_gaps", ())
     above = sum(1 for g in gaps if 0 < g <= atol)
     below = sum(1 for g in gaps if -atol <= g <= 0)

@@ -1,9 +1,9 @@
-"""The last step of `checks.samplers.GumbelSampler` fused into one Triton kernel, for CUDA runs.
+"""The last step of `runnercheck.checks.samplers.GumbelSampler` fused into one Triton kernel, for CUDA runs.
 
 Deep-tail tests need ~1e12 (row, token) noise draws; eager PyTorch materialises ~130 int64
 temporaries per draw for the Philox rounds (~1.5e9 draws/s on an H200), a fused kernel keeps them
-in registers.  Same math as the PyTorch path (`checks.samplers.gumbel_noise`): the spec's Philox
-bits from `impl.kernels.rng`, then the uniform of the chosen variant, the spec's Gumbel transform,
+in registers.  Same math as the PyTorch path (`runnercheck.checks.samplers.gumbel_noise`): the spec's Philox
+bits from `runnercheck.impl.kernels.rng`, then the uniform of the chosen variant, the spec's Gumbel transform,
 and ``argmax(scores + noise)`` with the lowest index winning exact ties.  Precision variants that
 need fp16/bf16 arithmetic stay on the PyTorch path (`FUSED_VARIANTS` lists what runs here).
 """
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.kernels.rng import neg_log1p_neg, philox_64bits, uniform_from_bits
+from runnercheck.impl.kernels.rng import neg_log1p_neg, philox_64bits, uniform_from_bits
 
 FUSED_VARIANTS = {"u64": 0, "u32": 1, "floor31": 2, "u24": 3}
 

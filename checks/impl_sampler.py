@@ -1,6 +1,6 @@
-"""The runner's Triton sampler (`impl.sample`) behind the `checks.samplers.SamplerFn` contract.
+"""The runner's Triton sampler (`runnercheck.impl.sample`) behind the `runnercheck.checks.samplers.SamplerFn` contract.
 
-Imported only when asked for (``--sampler impl``): `impl.sample` pulls in Triton kernels, which
+Imported only when asked for (``--sampler impl``): `runnercheck.impl.sample` pulls in Triton kernels, which
 must see ``TRITON_INTERPRET`` set on a machine without a GPU.  Interpreted, the kernel runs one
 program per row (measured on the dev box: ~50 rows/s plain, ~7 rows/s with penalties and
 filters), so CPU runs of this sampler need small ``--samples``.
@@ -13,10 +13,10 @@ from typing import Any, Sequence
 
 import torch
 
-from checks.samplers import (
+from runnercheck.checks.samplers import (
     SamplerUnavailableError, SamplerUnsupportedError, TokenHistory, _check_call,
 )
-from impl.interface import SamplingParams
+from runnercheck.impl.interface import SamplingParams
 
 
 @dataclass
@@ -33,11 +33,11 @@ class _Parts:
 
 
 class ImplSampler:
-    """The runner's Triton sampler (`impl.sample.Sampler`) behind the `SamplerFn` contract.
+    """The runner's Triton sampler (`runnercheck.impl.sample.Sampler`) behind the `SamplerFn` contract.
 
     ``ImplSampler()`` builds its parts lazily, one set per (device kind, vocabulary), on its own
     `Device` (``runnercheck chisq --sampler impl``).  ``ImplSampler(device, vocab_size)`` builds one set
-    now on the caller's `Device`; `sampler` is then the `impl.sample.Sampler` every call launches, so
+    now on the caller's `Device`; `sampler` is then the `runnercheck.impl.sample.Sampler` every call launches, so
     a mutant patches it exactly as it patches ``runner.sampler`` (`runnercheck mutants`' chi-square
     probe), and a call with another vocabulary is declined (`SamplerUnsupportedError`).
 
@@ -61,7 +61,7 @@ class ImplSampler:
 
     @property
     def sampler(self) -> Any:
-        """The one `impl.sample.Sampler` of an adapter built with ``(device, vocab_size)``."""
+        """The one `runnercheck.impl.sample.Sampler` of an adapter built with ``(device, vocab_size)``."""
         if self._fixed is None:
             raise AttributeError("ImplSampler() builds a sampler per (device, vocabulary) on first use; "
                                  "construct it with (device, vocab_size) to patch the one it launches")
@@ -69,8 +69,8 @@ class ImplSampler:
 
     def _build(self, dev: Any, vocab: int) -> _Parts:
         try:
-            from impl.buffers import StagingPool
-            from impl.sample import Sampler, SamplingState
+            from runnercheck.impl.buffers import StagingPool
+            from runnercheck.impl.sample import Sampler, SamplingState
         except ImportError as e:
             raise SamplerUnavailableError(f"impl.sample cannot be imported: {e}") from e
         # Interpreted Triton runs programs one after another: fewer rows per launch costs nothing.
@@ -86,7 +86,7 @@ class ImplSampler:
         key = (torch_device.type, vocab)
         if key not in self._parts:
             try:
-                from impl.device import Device
+                from runnercheck.impl.device import Device
             except ImportError as e:
                 raise SamplerUnavailableError(f"impl.device cannot be imported: {e}") from e
             self._parts[key] = self._build(Device("cuda" if torch_device.type == "cuda" else "cpu", seed=0), vocab)
@@ -102,7 +102,7 @@ class ImplSampler:
         history: Sequence[TokenHistory] | None = None,
         request_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        from impl.buffers import StagingWriter
+        from runnercheck.impl.buffers import StagingWriter
 
         logits, seeds, positions = _check_call(logits, params, seeds, positions)
         parts = self._get(logits.device, logits.shape[1])
@@ -144,11 +144,11 @@ class ImplSampler:
 
 def impl_sampler_available() -> bool:
     try:
-        module = importlib.import_module("impl.sample")
+        module = importlib.import_module("runnercheck.impl.sample")
     except ImportError:
         return False
     return hasattr(module, "Sampler") and hasattr(module, "SamplingState")
 
 
-# `load_sampler("checks.impl_sampler:impl_sampler")`: one shared adapter (its parts are built lazily).
+# `load_sampler("runnercheck.checks.impl_sampler:impl_sampler")`: one shared adapter (its parts are built lazily).
 impl_sampler = ImplSampler()

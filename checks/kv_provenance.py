@@ -36,7 +36,7 @@ shadow lives on the device, writes are shadowed every step and reads are checked
 only in `KVProvenanceChecker.finish` (no sync in the step), and per-step inputs go up through
 a ring of pinned buffers recycled by event query.
 
-How it attaches (from outside ``impl``, like `checks.sync.arm_runner`): it wraps the runner
+How it attaches (from outside ``impl``, like `runnercheck.checks.sync.arm_runner`): it wraps the runner
 instance's ``execute_model`` (to see each `SchedulerOutput`) and ``_enqueue_device_step`` (to
 enqueue the check right after the step's device work, eager or a graph replay, so it reads the
 inputs the step actually used).  Apply mutants before arming, so the check sees what a mutant's

@@ -1,6 +1,6 @@
 """Staging-slot lifetime assertions: a checker that watches every transition of a `StagingPool`.
 
-Every slot must cycle ``FREE -> WRITING -> IN_FLIGHT -> FREE`` (`impl.buffers`).  The pool itself
+Every slot must cycle ``FREE -> WRITING -> IN_FLIGHT -> FREE`` (`runnercheck.impl.buffers`).  The pool itself
 refuses an ``alloc`` outside WRITING; what it cannot see is a write through a host view kept from
 an earlier ``alloc``, or a pool bug that frees a slot early.  The checker closes those gaps:
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from impl.buffers import SlotState, StagingLifetimeError, StagingPool, StagingSlot
-from impl.device import DeviceEvent
+from runnercheck.impl.buffers import SlotState, StagingLifetimeError, StagingPool, StagingSlot
+from runnercheck.impl.device import DeviceEvent
 
 LEGAL_TRANSITIONS = frozenset({
     (SlotState.FREE, SlotState.WRITING),

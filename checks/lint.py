@@ -5,7 +5,7 @@
 
 Which functions are hot
 -----------------------
-Functions decorated with `impl.hotpath.hot_path` (``@hot_path`` or ``@<module>.hot_path``), and
+Functions decorated with `runnercheck.impl.hotpath.hot_path` (``@hot_path`` or ``@<module>.hot_path``), and
 functions whose name is in `HOT_PATH` (``execute_model``: a runner's step entry point is hot even
 if someone forgets the decorator).  Everything lexically inside a hot function is scanned,
 including nested functions and lambdas: an enqueued closure runs on the host on CUDA, so a host
@@ -324,9 +324,9 @@ def lint_paths(paths: Iterable[str | Path], hot_names: Sequence[str] = HOT_PATH)
 
 def default_paths() -> list[str]:
     """The installed ``impl`` package directory."""
-    spec = importlib.util.find_spec("impl")
+    spec = importlib.util.find_spec("runnercheck.impl")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("the impl package is not installed; pass PATHS")
+        raise FileNotFoundError("runnercheck.impl is not installed; pass PATHS")
     return [list(spec.submodule_search_locations)[0]]
 
 

@@ -1,6 +1,6 @@
 """Output-slot checksums: what the host decodes from a pinned output slot must be what the step's D2H copied.
 
-The runner's output ring (`impl.output.OutputSlots`) hands each step a pinned slot; the step's one
+The runner's output ring (`runnercheck.impl.output.OutputSlots`) hands each step a pinned slot; the step's one
 D2H copy fills it and the step's holder decodes it at ``get()`` (or when the ring wraps).  A ring
 that hands the slot to a later step too early lets that step's D2H overwrite it first -- a race
 whose window is a few microseconds on a GPU, so a differential check sees it only when the timing
@@ -17,10 +17,10 @@ happens to line up.  This check does not need the window to be hit exactly:
 The comparison never waits inside ``execute_model`` (the ring decodes a previous holder there):
 digests taken at decode are kept until their device checksum is known.
 
-How it attaches (from outside ``impl``, like `checks.kv_provenance`): it wraps the ring instance's
+How it attaches (from outside ``impl``, like `runnercheck.checks.kv_provenance`): it wraps the ring instance's
 ``enqueue_copy_out`` and each returned output's ``_materialise``.  Apply mutants before arming.
 
-Ownership: an `OutputSlotChecksums` owns its checksum records (`checks.checksums.ChecksumRecords`:
+Ownership: an `OutputSlotChecksums` owns its checksum records (`runnercheck.checks.checksums.ChecksumRecords`:
 pinned, one per in-flight step, written only by its device work) and its pending-step table (host);
 it never writes a runner buffer.
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from checks.checksums import ChecksumRecords, weighted_checksum_host
+from runnercheck.checks.checksums import ChecksumRecords, weighted_checksum_host
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Chi-square run reports: ``chisq.json`` (machine-readable), ``chisq.md`` (a table), ``report.html``
 (the same plus plots, PNGs embedded as base64 so the file travels alone), and the one-screen
-terminal summary.  Reads a `checks.stats.RunSummary`; computes nothing statistical itself.
+terminal summary.  Reads a `runnercheck.checks.stats.RunSummary`; computes nothing statistical itself.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from checks.stats import RunSummary, TestResult
+from runnercheck.checks.stats import RunSummary, TestResult
 
 # Version of chisq.json's layout; raised when a key changes meaning or disappears.
 CHISQ_FORMAT_VERSION = 1
@@ -41,8 +41,8 @@ def _fmt_p(p: float | None) -> str:
 
 
 def write_json(path: Path, summary: RunSummary) -> None:
-    """``chisq.json``: the summary plus its format version and provenance (`checks.provenance`)."""
-    from checks.provenance import device_name, provenance
+    """``chisq.json``: the summary plus its format version and provenance (`runnercheck.checks.provenance`)."""
+    from runnercheck.checks.provenance import device_name, provenance
 
     doc = {"format_version": CHISQ_FORMAT_VERSION, "provenance": provenance(device_name(summary.device.split(":")[0])),
            **summary.to_dict()}
@@ -190,7 +190,7 @@ def write_report(out_dir: str | Path, summary: RunSummary) -> dict[str, Path]:
 def junit_cases(summary: RunSummary) -> list:
     """One JUnit case per statistical test (rejection as the failure), per skipped case (with the
     reason), for the calibration and per planted bias; the case's seed and position offset as properties."""
-    from checks.junit import JUnitCase
+    from runnercheck.checks.junit import JUnitCase
 
     cases = []
     for t in summary.tests:
@@ -225,7 +225,7 @@ def junit_cases(summary: RunSummary) -> list:
 
 def write_chisq_junit(path: str | Path, summary: RunSummary) -> Path:
     """``--junit FILE``: the run as one JUnit suite (`junit_cases`), sampler and device as suite properties."""
-    from checks.junit import write_junit
+    from runnercheck.checks.junit import write_junit
 
     return write_junit(path, "runnercheck.chisq", junit_cases(summary),
                        properties={"sampler": summary.sampler, "device": summary.device, "seed": summary.seed,

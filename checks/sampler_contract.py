@@ -6,7 +6,7 @@ A third-party sampler may implement only part of `SamplingParams`.  It says so i
 * it declares ``supported_params``: the `SamplingParams` fields it implements (e.g.
   ``{"temperature", "top_k", "top_p"}``); a case that sets any other field away from its default is
   skipped before the sampler is called, with the fields named;
-* or it raises `checks.samplers.SamplerUnsupportedError` from a call; the case is then skipped with
+* or it raises `runnercheck.checks.samplers.SamplerUnsupportedError` from a call; the case is then skipped with
   the error's message as the reason.
 
 It may also bound its batch with a ``max_rows_per_call`` attribute (``--max-rows-per-call`` on the
@@ -30,8 +30,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from checks.stats_results import TestResult
-from impl.interface import SamplingParams
+from runnercheck.checks.stats_results import TestResult
+from runnercheck.impl.interface import SamplingParams
 
 PARAM_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
 

@@ -18,7 +18,7 @@ Shipped samplers (`load_sampler` names):
 * ``gumbel``: `GumbelSampler`, docs/SAMPLING.md in float32 with the RNG spec's 64-bit noise, in
   plain PyTorch (the correct baseline without Triton; bit-exact Philox, see `philox_bits`).
 * ``torch``: `torch_multinomial_sampler`, softmax + ``torch.multinomial`` (no penalties).
-* ``impl``: `checks.impl_sampler.ImplSampler`, the runner's Triton sampler, imported lazily.
+* ``impl``: `runnercheck.checks.impl_sampler.ImplSampler`, the runner's Triton sampler, imported lazily.
 * ``bias-*``: `PLANTED_BIASES`, each `GumbelSampler` with one knob of `GumbelVariant` turned.
 * ``package.module:function``: any callable that fits the contract.
 """
@@ -32,14 +32,14 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from checks.loader import LoaderError, SpecNotCallableError, SpecNotFoundError, load_callable, split_spec
-from impl.interface import SamplingParams
+from runnercheck.checks.loader import LoaderError, SpecNotCallableError, SpecNotFoundError, load_callable, split_spec
+from runnercheck.impl.interface import SamplingParams
 
 MASK32 = 0xFFFFFFFF
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 NOISE_VARIANTS = ("u64", "u32", "floor31", "u24", "fp16", "bf16")
-# On CUDA these run fused in `checks.gumbel_kernel` (the deep tails need ~1e12 noise draws).
+# On CUDA these run fused in `runnercheck.checks.gumbel_kernel` (the deep tails need ~1e12 noise draws).
 FUSED_NOISE_VARIANTS = ("u64", "u32", "floor31", "u24")
 TOP_P_BOUNDARY = ("spec", "drop", "extra")
 # Elements per chunk of [rows, V] work.  On CPU the ~8 int64 temporaries of the Philox rounds must
@@ -61,7 +61,7 @@ class SamplerNotCallableError(SamplerSpecError):
 
 
 class SamplerUnavailableError(RuntimeError):
-    """A known sampler that cannot run here (e.g. `impl.sample` not built yet)."""
+    """A known sampler that cannot run here (e.g. `runnercheck.impl.sample` not built yet)."""
 
 
 class SamplerUnsupportedError(ValueError):
@@ -104,7 +104,7 @@ def has_penalties(params: SamplingParams) -> bool:
 def philox_bits(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The RNG spec's 64 bits ``(hi, lo)`` (int64 holding uint32) for every token of each row.
 
-    Same bits as `reference.rng.philox_64bits` (checked in the tests), computed with in-place
+    Same bits as `runnercheck.reference.rng.philox_64bits` (checked in the tests), computed with in-place
     int64 ops on ``[rows, V]`` at once: ~4x faster on CPU, which is what makes 1e8 draws feasible.
     """
     rows = seeds.shape[0]
@@ -248,7 +248,7 @@ class GumbelSampler:
     """docs/SAMPLING.md in float32 PyTorch with the spec's noise; any `GumbelVariant` plants a bug.
 
     Stateless: every call computes from its arguments only (no tensor outlives a call).  On CUDA
-    the noise + argmax step runs fused (`checks.gumbel_kernel`, same math) for the fp32 variants.
+    the noise + argmax step runs fused (`runnercheck.checks.gumbel_kernel`, same math) for the fp32 variants.
     """
 
     def __init__(self, variant: GumbelVariant = GumbelVariant(), name: str = "gumbel"):
@@ -301,7 +301,7 @@ class GumbelSampler:
                 s = s / params.temperature
             keep = _keep_mask(s, params, v, unscaled=l)
             if s.is_cuda and v.noise in FUSED_NOISE_VARIANTS:
-                from checks.gumbel_kernel import gumbel_argmax
+                from runnercheck.checks.gumbel_kernel import gumbel_argmax
 
                 tokens = gumbel_argmax(torch.where(keep, s, -math.inf), seeds, positions, v.noise)
             else:
@@ -318,7 +318,7 @@ _SPEC_SAMPLER = GumbelSampler()
 def sample_row(raw: torch.Tensor, params: SamplingParams, seed: int, position: int,
                prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()) -> int:
     """One logit row ``[V]`` -> its token, docs/SAMPLING.md in float32: the one fp32 baseline
-    (`GumbelSampler` on a single row), for host-side runners such as `stress.runners.SimpleRunner`."""
+    (`GumbelSampler` on a single row), for host-side runners such as `runnercheck.stress.runners.SimpleRunner`."""
     history = TokenHistory(tuple(prompt_ids), tuple(output_ids))
     token = _SPEC_SAMPLER(raw.reshape(1, -1), [params], torch.tensor([seed], dtype=torch.int64),
                           torch.tensor([position], dtype=torch.int64), history=[history])
@@ -393,7 +393,7 @@ def torch_multinomial_sampler(
     return out
 
 
-# What it implements, declared for `checks.sampler_contract`: a case with penalties is skipped up front.
+# What it implements, declared for `runnercheck.checks.sampler_contract`: a case with penalties is skipped up front.
 torch_multinomial_sampler.supported_params = frozenset({"temperature", "top_k", "top_p", "min_p"})  # type: ignore[attr-defined]
 
 
@@ -442,7 +442,7 @@ BUILTIN_SAMPLERS: dict[str, Callable[[], Callable]] = {
 
 def _impl_sampler() -> Callable:
     # Loaded by name: checks.impl_sampler builds on this module, so a static import would be a cycle.
-    return load_callable("checks.impl_sampler:ImplSampler", "sampler")()
+    return load_callable("runnercheck.checks.impl_sampler:ImplSampler", "sampler")()
 
 
 def load_sampler(spec: str) -> Callable:

@@ -2,15 +2,15 @@
 
 A step's host data reaches the device one way: the host fills a pinned staging slot, one H2D copy
 moves the used bytes into the slot's device buffer, and the step's kernels (staged-write applies,
-input prep, the graph's padding) read them there (`impl.buffers`).  If the host rewrites the slot
+input prep, the graph's padding) read them there (`runnercheck.impl.buffers`).  If the host rewrites the slot
 before the copy has run -- a ring that recycles a slot without waiting for its event -- the copy
 moves the next step's bytes and the kernels compute on them.  (A bucketed step's first slot may be
-copied straight into the graph's step buffer, ``slot.copy_to``: then that buffer is what is checked.)  `checks.lifetime` sees the recycling
+copied straight into the graph's step buffer, ``slot.copy_to``: then that buffer is what is checked.)  `runnercheck.checks.lifetime` sees the recycling
 on the host; this check sees what the device actually read, without needing the race window to be
 hit by a delay, and names both owners:
 
 * at submit, the host takes a checksum of the bytes it staged (the bytes the copy should move); a fused
-  step's slot (`impl.lanes`: its graph copies the slot in itself) is checked the same way, at its
+  step's slot (`runnercheck.impl.lanes`: its graph copies the slot in itself) is checked the same way, at its
   ``submit_enqueued``, against the graph's step buffer it lands in;
 * when ``execute_model`` returns, every kernel of the step that reads the slot is enqueued, so a
   device checksum of the slot's device bytes enqueued then sees what those readers saw (nothing but
@@ -22,7 +22,7 @@ hit by a delay, and names both owners:
 How it attaches (from outside ``impl``): it wraps the pool instance's ``submit`` and ``submit_enqueued``
 and the runner's ``execute_model``, and observes the pool's transitions.  Apply mutants before arming.
 
-Ownership: a `StagingSlotChecksums` owns its checksum records (`checks.checksums.ChecksumRecords`)
+Ownership: a `StagingSlotChecksums` owns its checksum records (`runnercheck.checks.checksums.ChecksumRecords`)
 and its pending table (host); it never writes a slot.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.checksums import ChecksumRecords, weighted_checksum_host
+from runnercheck.checks.checksums import ChecksumRecords, weighted_checksum_host
 
 
 @dataclass

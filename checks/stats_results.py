@@ -1,4 +1,4 @@
-"""The result records of `checks.stats` and `checks.chisq`: one test, a calibration, a power
+"""The result records of `runnercheck.checks.stats` and `runnercheck.checks.chisq`: one test, a calibration, a power
 estimate and a whole run, each with the ``to_dict`` the JSON report is written from."""
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ class RunSummary:
     calibration: CalibrationResult | None = None
     power: list[PowerResult] = field(default_factory=list)
     elapsed_s: float = 0.0
-    csan: dict[str, Any] | None = None  # ``--csan``: {"races": n, "lines": [...], "reports": [...]} (`checks.csan`)
+    csan: dict[str, Any] | None = None  # ``--csan``: {"races": n, "lines": [...], "reports": [...]} (`runnercheck.checks.csan`)
     shard: str | None = None  # ``--shard I/N``: this job's share of the campaign (None: the whole campaign)
 
     @property

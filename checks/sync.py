@@ -8,7 +8,7 @@ What is trapped
 ---------------
 On every device kind (a `torch.overrides.TorchFunctionMode`, pushed on the armed thread only):
 
-* reads of device memory (`impl.device.is_device_memory`: CUDA tensors and tensors a cpu/sim
+* reads of device memory (`runnercheck.impl.device.is_device_memory`: CUDA tensors and tensors a cpu/sim
   `Device` allocated): ``.item()``, ``.tolist()``, ``bool()``, ``int()``, ``float()``,
   ``complex()``, ``operator.index``, ``.numpy()``, ``np.asarray``, ``repr``/format, ``in``,
   ``.cpu()``, ``.to(cpu)`` / ``.to(host tensor)``, ``torch.equal``/``allclose``/``is_nonzero``;
@@ -16,9 +16,9 @@ On every device kind (a `torch.overrides.TorchFunctionMode`, pushed on the armed
   ``argwhere``, ``masked_select``, ``unique``, one-argument ``where``, boolean-mask indexing and
   assignment, ``repeat_interleave`` with tensor repeats and no ``output_size``;
 * copies that are synchronous on CUDA: a blocking ``copy_`` between device and host memory, and a
-  ``non_blocking=True`` copy whose host side is pageable (not `impl.device.is_pinned_memory`) or
+  ``non_blocking=True`` copy whose host side is pageable (not `runnercheck.impl.device.is_pinned_memory`) or
   pinned but not dense -- CUDA silently makes those synchronous;
-* host waits through the device layer (`impl.device.HOST_WAIT_HOOKS`: ``Device.synchronize``,
+* host waits through the device layer (`runnercheck.impl.device.HOST_WAIT_HOOKS`: ``Device.synchronize``,
   ``DeviceEvent.synchronize``).
 
 On ``cuda`` additionally: ``torch.cuda.set_sync_debug_mode("warn")`` while any thread is armed
@@ -27,11 +27,11 @@ On ``cuda`` additionally: ``torch.cuda.set_sync_debug_mode("warn")`` while any t
 patches for what it misses (measured on an H200): ``torch.cuda.synchronize()``,
 ``torch.cuda.Event.synchronize()`` (and ``Stream.synchronize`` for a clean location).
 
-The catalogue of watched ops and of what counts as device data is `checks.sync_ops`.
+The catalogue of watched ops and of what counts as device data is `runnercheck.checks.sync_ops`.
 
 Device work is not a host read: on cpu/sim the "device" is the host, and Triton's interpreter
 converts tensors to numpy to run a kernel inside an enqueued closure.  Reads of non-CUDA tensors
-while `impl.device.device_work_active()` are therefore not flagged (a pageable ``non_blocking``
+while `runnercheck.impl.device.device_work_active()` are therefore not flagged (a pageable ``non_blocking``
 copy still is: that is about how the host launches work).  Reads of CUDA tensors are flagged even
 inside a closure, because there the closure runs on the host.
 
@@ -58,8 +58,8 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
-from checks.sync_ops import WATCHED, mark_derived
-from impl import device as device_layer
+from runnercheck.checks.sync_ops import WATCHED, mark_derived
+from runnercheck.impl import device as device_layer
 
 SYNC_CHECK_ENV = "RUNNERCHECK_SYNC_CHECK"
 MODES = ("error", "count")
@@ -139,9 +139,9 @@ def _package_dir(module: Any) -> str:
 def _skipped_prefixes() -> tuple[tuple[str, ...], frozenset[str]]:
     import triton
 
-    import checks
+    import runnercheck.checks as checks_package
 
-    dirs = (_package_dir(torch), _package_dir(triton), _package_dir(checks))
+    dirs = (_package_dir(torch), _package_dir(triton), _package_dir(checks_package))
     files = frozenset({os.path.realpath(device_layer.__file__), os.path.realpath(warnings.__file__),
                        os.path.realpath(functools.__file__)})
     return dirs, files

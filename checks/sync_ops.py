@@ -1,13 +1,13 @@
-"""The catalogue `checks.sync` traps: which torch calls count as a host read of device data, an op
+"""The catalogue `runnercheck.checks.sync` traps: which torch calls count as a host read of device data, an op
 whose output shape depends on device data, or a copy CUDA makes synchronous -- and which tensors
 count as device data at all.
 
 `WATCHED` maps a torch function or ``Tensor`` method to a check ``(args, kwargs) -> str | None``
-that names the offence (or returns None when this call is fine); `checks.sync`'s
+that names the offence (or returns None when this call is fine); `runnercheck.checks.sync`'s
 ``TorchFunctionMode`` consults it on an armed thread only.  The list of what is trapped, and why
-device work on cpu/sim is exempt, is in `checks.sync`'s docstring.
+device work on cpu/sim is exempt, is in `runnercheck.checks.sync`'s docstring.
 
-Device data is `impl.device.is_device_memory` plus, on cpu/sim, tensors computed from it or by
+Device data is `runnercheck.impl.device.is_device_memory` plus, on cpu/sim, tensors computed from it or by
 device work (`mark_derived` registers them; `is_device_data` asks).  The registry is owned by this
 module, lives on the host, holds weak references keyed by storage pointer (an entry dies with its
 tensor) and is written only by `mark_derived`, under a lock.
@@ -20,19 +20,19 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from impl import device as device_layer
+from runnercheck.impl import device as device_layer
 
 # --------------------------------------------------------------------------- device data
 
 # On cpu/sim only tensors a `Device` allocated are registered as device memory; a tensor computed
 # from them (``x > 0``, ``x.sum()``) or by device work is device data too, so the trap registers it
-# here (weakly, by storage, like `impl.device` does).
+# here (weakly, by storage, like `runnercheck.impl.device` does).
 _derived_lock = threading.Lock()
 _derived: dict[int, weakref.ref] = {}
 
 
 def is_device_data(t: object) -> bool:
-    """Device memory (`impl.device.is_device_memory`) or a CPU tensor `mark_derived` registered."""
+    """Device memory (`runnercheck.impl.device.is_device_memory`) or a CPU tensor `mark_derived` registered."""
     if device_layer.is_device_memory(t):
         return True
     if not isinstance(t, torch.Tensor):

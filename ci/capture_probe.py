@@ -25,12 +25,12 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    import impl.sample.sampler as sampler_module
-    from bench.case_spec import NUM_SPEC_TOKENS, _limits, _model, _run_arm
-    from bench.common import BenchContext
-    from impl.device import Device
-    from impl.model.weights import random_weights
-    from impl.runner import ModelRunner
+    import runnercheck.impl.sample.sampler as sampler_module
+    from runnercheck.bench.case_spec import NUM_SPEC_TOKENS, _limits, _model, _run_arm
+    from runnercheck.bench.common import BenchContext
+    from runnercheck.impl.device import Device
+    from runnercheck.impl.model.weights import random_weights
+    from runnercheck.impl.runner import ModelRunner
 
     if args.logprobs_shape:
         chunk, warps = (int(v) for v in args.logprobs_shape.split("x"))

@@ -18,5 +18,5 @@ if ! "$vpy" -c "import torch" >/dev/null 2>&1; then
   "$vpy" -m pip install -q "torch==2.13.0"
 fi
 if ! "$vpy" -m pip install -q -e . >.venv/pip.log 2>&1; then cat .venv/pip.log >&2; exit 1; fi
-"$vpy" -c "import torch, triton, numpy, scipy, hypothesis, impl" 
+"$vpy" -c "import torch, triton, numpy, scipy, hypothesis, runnercheck.impl" 
 touch "$stamp"

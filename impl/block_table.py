@@ -9,10 +9,10 @@ order.  Its one writer is the staged-write apply kernel: a new request stages it
 column 0, a cached request stages only the blocks appended this step, at the column after its
 last one.  Cells past a row's count are stale and never read (the input-prep kernel indexes only
 blocks covering computed positions).  The per-step gather into batch order and the slot mapping
-are done by the input-prep kernel (`impl.kernels.input_prep`), which reads this tensor.
+are done by the input-prep kernel (`runnercheck.impl.kernels.input_prep`), which reads this tensor.
 
 Host state: none.  How many blocks each row holds is the request state's mirror
-(`impl.state.RequestStateTable.num_blocks`, the only copy: the host is the only source of block ids);
+(`runnercheck.impl.state.RequestStateTable.num_blocks`, the only copy: the host is the only source of block ids);
 appends are placed at the columns its ``append_blocks`` returns.
 """
 from __future__ import annotations
@@ -20,11 +20,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from impl.buffers import StagingWriter
-from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
-from impl.device import Device
-from impl.hotpath import hot_path
-from impl.interface import blocks_per_request
+from runnercheck.impl.buffers import StagingWriter
+from runnercheck.impl.staged_writes import StagedWriteGroup, StagedWriteTensor
+from runnercheck.impl.device import Device
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.interface import blocks_per_request
 
 
 class BlockTable:
@@ -57,7 +57,7 @@ class BlockTable:
     def append_many(self, rows: np.ndarray, starts: np.ndarray, counts: np.ndarray, block_ids: np.ndarray) -> None:
         """Appends to several rows at once: ``block_ids`` holds ``counts[i]`` ids for ``rows[i]``, in order, placed
         after the ``starts[i]`` it holds (rows distinct, none admitted this step; checked at the boundary to fit
-        the table: `impl.step_reader`)."""
+        the table: `runnercheck.impl.step_reader`)."""
         self.table.stage_ragged(rows, starts, counts, block_ids, checked=True)
 
     @hot_path

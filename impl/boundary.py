@@ -1,10 +1,10 @@
 """The all-or-nothing boundary: every check of one `SchedulerOutput` against the live requests and
-the `RunnerLimits`, each raising the typed `impl.interface.SchedulerOutputError` subclass that names
+the `RunnerLimits`, each raising the typed `runnercheck.impl.interface.SchedulerOutputError` subclass that names
 the request and field.
 
 `validate_scheduler_output` is the per-request form (the oracle runs it); the runner checks the same
-rules on arrays (`impl.step_reader`), built from the item checks here, and the bad-input tests hold
-the two to the same verdicts.  Like `impl.interface`, this module imports nothing else from `impl`.
+rules on arrays (`runnercheck.impl.step_reader`), built from the item checks here, and the bad-input tests hold
+the two to the same verdicts.  Like `runnercheck.impl.interface`, this module imports nothing else from `impl`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from impl.interface import (
+from runnercheck.impl.interface import (
     BlockIdError,
     CachedRequests,
     CapacityError,
@@ -234,7 +234,7 @@ def validate_scheduler_output(
     Pure: reads ``live`` (the host mirror before the step) and changes nothing.  ``last_step_id``:
     the last step the caller accepted (None: step ids are only type-checked).  The obvious,
     per-request form of the boundary: the oracle uses it; the runner checks the same rules on
-    arrays (`impl.step_reader`), and the bad-input tests hold the two to the same verdicts.
+    arrays (`runnercheck.impl.step_reader`), and the bad-input tests hold the two to the same verdicts.
     """
     check_containers(sched)
     check_step_id(sched.step_id, last_step_id)

@@ -11,7 +11,7 @@ life is a cycle enforced here (and checked harder by ``checks/lifetime.py``)::
   reads it yet.
 * IN_FLIGHT: `StagingPool.submit` enqueued one H2D copy of the used bytes and recorded an event
   right after it (or `StagingPool.submit_enqueued`: device work already enqueued reads them -- a
-  fused steady step's lane copy, `impl.lanes` -- and the event follows that work).  The host must
+  fused steady step's lane copy, `runnercheck.impl.lanes` -- and the event follows that work).  The host must
   not write the slot until that event completes: on a real GPU (and on the ``sim`` device) the copy
   may not have run yet and would pick up the new bytes.
 * FREE again once `event.query()` says the copy ran.  The device-side buffer is reused only by
@@ -26,8 +26,8 @@ it submits the current slot and continues in a freshly acquired one (stream orde
 copy ahead of the kernels that read it).  A raw `StagingWriter.alloc` larger than a whole slot
 raises `StagingCapacityError` — size ``capacity_bytes`` for the largest compact per-step array.
 `StagingWriter.first_slot` reserves the start of the step's first slot for a fixed layout whose
-views the caller made once (`impl.input_batch`).  Staged diff writes into persistent device
-tensors, which use these slots, live in `impl.staged_writes`.
+views the caller made once (`runnercheck.impl.input_batch`).  Staged diff writes into persistent device
+tensors, which use these slots, live in `runnercheck.impl.staged_writes`.
 """
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from impl.device import Device, DeviceEvent
-from impl.hotpath import hot_path
+from runnercheck.impl.device import Device, DeviceEvent
+from runnercheck.impl.hotpath import hot_path
 
 _ALIGN = 16
 COPY_GRANULE = 512  # H2D copy sizes are rounded up to this (see `StagingSlot.copy_views`)
@@ -86,13 +86,13 @@ class StagingSlot:
         self.used_bytes = 0
         self.event: DeviceEvent | None = None
         # Set by `StagingWriter.submit` for one submit: the device buffer the H2D copy lands in
-        # instead of ``device`` (a bucketed step's fixed-address step buffer, `impl.graph_step`).
+        # instead of ``device`` (a bucketed step's fixed-address step buffer, `runnercheck.impl.graph_step`).
         self.copy_to: torch.Tensor | None = None
         # (source, target, copy size) -> (source view, target view): views made once, not per step
         # (slicing a device tensor costs host time); host objects only, owned by the slot.
         self._copy_views: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         # Set by a caller that filled the slot's leading ``kept_bytes`` through views of its own
-        # (`impl.input_batch.InputBatch.stage`): an opaque note of what those bytes hold, so an
+        # (`runnercheck.impl.input_batch.InputBatch.stage`): an opaque note of what those bytes hold, so an
         # identical later fill can be skipped.  Any allocation over those bytes clears it.
         self.kept: object | None = None
         self.kept_bytes = 0
@@ -309,7 +309,7 @@ class StagingPool:
     @hot_path
     def submit_enqueued(self, slot: StagingSlot, event: DeviceEvent, nbytes: int, landed_in: torch.Tensor) -> None:
         """`submit` of a slot whose first ``nbytes`` device work already enqueued copies into ``landed_in`` (a fused
-        step's lane copy into its graph's step buffer, `impl.lanes`); ``event``, recorded after that work, frees it."""
+        step's lane copy into its graph's step buffer, `runnercheck.impl.lanes`); ``event``, recorded after that work, frees it."""
         if slot.state is not SlotState.WRITING:
             raise StagingLifetimeError("submit of a slot that is not being written", slot=slot.index, step=slot.step, state=slot.state)
         self.h2d_bytes_total += nbytes

@@ -5,7 +5,7 @@ Kinds
 ``cuda``  ``enqueue(fn)`` runs ``fn`` now under the runner's one stream; ``fn`` only *launches*
           work (kernels, async copies), so it returns before the GPU has done anything.  A captured
           graph's replay (`GraphLaunch`) and the markers after it go to the device's launch thread
-          (`impl.launcher`), which issues them in order; everything else waits until it has
+          (`runnercheck.impl.launcher`), which issues them in order; everything else waits until it has
           (`Device.drain_launches`), and so does the end of each step (`Device.on_stream`).
 ``cpu``   ``enqueue(fn)`` runs ``fn`` now on CPU tensors (Triton kernels interpreted).  Work is done
           when ``enqueue`` returns: good for fast, exact unit tests, blind to races.
@@ -42,8 +42,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from impl.lag_policies import LagPolicy, RunImmediately, make_lag_policy
-from impl.launcher import LaunchThread
+from runnercheck.impl.lag_policies import LagPolicy, RunImmediately, make_lag_policy
+from runnercheck.impl.launcher import LaunchThread
 
 DEVICE_KINDS = ("cuda", "cpu", "sim")
 
@@ -289,7 +289,7 @@ class _StreamScope:
 
 class GraphLaunch:
     """A captured CUDA graph's replay as device work for `Device.enqueue`: handed to the device's launch thread as
-    its exec handle when there is one (`impl.launcher`), else replayed on the caller's thread."""
+    its exec handle when there is one (`runnercheck.impl.launcher`), else replayed on the caller's thread."""
 
     __slots__ = ("cuda_graph", "exec_handle")
 
@@ -328,7 +328,7 @@ class Device:
         self.kind = kind
         self.seed = seed
         self.step_index = 0
-        self.launcher: LaunchThread | None = None  # cuda: the launch thread, when it starts (`impl.launcher`)
+        self.launcher: LaunchThread | None = None  # cuda: the launch thread, when it starts (`runnercheck.impl.launcher`)
         self.num_enqueued = 0
         if kind == "cuda":
             self.torch_device = torch.device("cuda", cuda_index)
@@ -499,7 +499,7 @@ class Device:
         self.enqueue(lambda: torch.cuda._sleep(cycles), "delay")
 
     def drain_launches(self) -> None:
-        """Wait until the launch thread (`impl.launcher`) has issued every job pushed to it: a wait on the worker's
+        """Wait until the launch thread (`runnercheck.impl.launcher`) has issued every job pushed to it: a wait on the worker's
         driver calls, not on device work.  Before any other use of the stream, and at the end of each step."""
         if self._launch_pending:
             self._launch_pending = False

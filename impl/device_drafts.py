@@ -3,7 +3,7 @@
 A proposer keeps its drafts on the device; the host only needs to know *whether* a row holds a
 proposal (its request sampled since its admission), which it decides exactly from its own mirror,
 and to check a step's ``num_device_drafts`` before any state changes
-(`impl.boundary.check_device_drafts`).  The step is then planned as if the drafts were explicit,
+(`runnercheck.impl.boundary.check_device_drafts`).  The step is then planned as if the drafts were explicit,
 with the placeholder -1 in the staged draft array, which the proposer's gather replaces on the device.
 
 Ownership: ``has_proposal`` numpy bool ``[max_num_reqs]``, host, owned by the proposer object for
@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from impl.boundary import check_device_drafts, with_device_drafts
-from impl.interface import DraftModelConfig, NgramConfig, RunnerLimits, SchedulerOutput
+from runnercheck.impl.boundary import check_device_drafts, with_device_drafts
+from runnercheck.impl.interface import DraftModelConfig, NgramConfig, RunnerLimits, SchedulerOutput
 
 PLACEHOLDER_DRAFT = -1  # a staged draft the gather kernel replaces by the proposer's
 

@@ -1,16 +1,16 @@
 """The runner's draft-model proposer: a second, smaller model drafting on the device, with its q.
 
-With ``speculative=DraftModelConfig(preset, num_spec_tokens)`` the runner (`impl.runner`) runs,
+With ``speculative=DraftModelConfig(preset, num_spec_tokens)`` the runner (`runnercheck.impl.runner`) runs,
 besides the target, a `PagedDecoder` over the draft preset's weights (the target's vocabulary:
-`impl.model.weights.draft_weights`).  Per step, all device work, nothing read on the host:
+`runnercheck.impl.model.weights.draft_weights`).  Per step, all device work, nothing read on the host:
 
-1. (host, before any state changes) `check_schedule` and `check`: the device-draft counts (`impl.boundary.check_device_drafts`)
-   and what a draft-model runner refuses (`impl.boundary.check_draft_model_schedule`: explicit
+1. (host, before any state changes) `check_schedule` and `check`: the device-draft counts (`runnercheck.impl.boundary.check_device_drafts`)
+   and what a draft-model runner refuses (`runnercheck.impl.boundary.check_draft_model_schedule`: explicit
    drafts, which carry no q; prefix-cache hits, which its own KV does not hold);
 2. (before input prep) `enqueue_gather`: the step's draft ids into ``step_drafts`` and their
    distributions into ``step_q`` (the layout `SpecVerifier` reads);
 3. (between the sampler and post-update) `enqueue_verify`: the target's distributions ``p`` of
-   every logit row (`impl.sample.probs.filtered_probs`: docs/SAMPLING.md steps 0-6 + softmax, the
+   every logit row (`runnercheck.impl.sample.probs.filtered_probs`: docs/SAMPLING.md steps 0-6 + softmax, the
    draft prefix counted for penalties), `SpecVerifier` over the batch, then the verified tokens
    written over the sampler's for requests with drafts and temperature > 0 (greedy requests keep
    the exact-match rule, equal to the verifier's greedy mode); the accepted count reaches the
@@ -53,7 +53,7 @@ Ownership (all owned by this object, on the device, allocated at init, for the r
     next_tokens      int64 [R]: a decode's sampled drafts, the next decode's input.  Draft-sample kernel only.
     decode_qsl       int32 [R + 1], decode_rows int64 [R]: constants ``0..R`` (one token per request).
     verifier         `SpecVerifier` (owns its output tokens / accepted counts, see its docstring).
-    has_proposal     host bookkeeping (`impl.device_drafts.DeviceDraftRows`).
+    has_proposal     host bookkeeping (`runnercheck.impl.device_drafts.DeviceDraftRows`).
 
 Host state valid for one step (set by `note_step`, read by the step's enqueues): the step's
 token count, longest query and sequence-length bounds.
@@ -65,19 +65,19 @@ from typing import Any, Mapping
 
 import torch
 
-from impl.boundary import check_draft_model_schedule
-from impl.device import Device
-from impl.device_drafts import DeviceDraftRows, ProposerConfigError
-from impl.hotpath import hot_path
-from impl.interface import DraftModelConfig, RunnerLimits, SchedulerOutput
-from impl.kernels.draft_model import launch_draft_sample, launch_gather_draft_probs, launch_scatter_verified
-from impl.kernels.ngram import launch_gather_drafts
-from impl.model.forward import PagedDecoder
-from impl.model.weights import ModelConfig, WeightsError, draft_weights
-from impl.sample.probs import filtered_probs
-from impl.sample.spec_verify import SpecVerifier
-from impl.sample.state import SamplingState
-from impl.state import LAST_TOKEN, NUM_TOKENS
+from runnercheck.impl.boundary import check_draft_model_schedule
+from runnercheck.impl.device import Device
+from runnercheck.impl.device_drafts import DeviceDraftRows, ProposerConfigError
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.interface import DraftModelConfig, RunnerLimits, SchedulerOutput
+from runnercheck.impl.kernels.draft_model import launch_draft_sample, launch_gather_draft_probs, launch_scatter_verified
+from runnercheck.impl.kernels.ngram import launch_gather_drafts
+from runnercheck.impl.model.forward import PagedDecoder
+from runnercheck.impl.model.weights import ModelConfig, WeightsError, draft_weights
+from runnercheck.impl.sample.probs import filtered_probs
+from runnercheck.impl.sample.spec_verify import SpecVerifier
+from runnercheck.impl.sample.state import SamplingState
+from runnercheck.impl.state import LAST_TOKEN, NUM_TOKENS
 
 
 class DraftModelProposer(DeviceDraftRows):
@@ -116,7 +116,7 @@ class DraftModelProposer(DeviceDraftRows):
     # ------------------------------------------------------------------ host, before any state changes
     @staticmethod
     def check_schedule(sched: SchedulerOutput) -> None:
-        """Every step: what a draft-model runner refuses (`impl.boundary.check_draft_model_schedule`)."""
+        """Every step: what a draft-model runner refuses (`runnercheck.impl.boundary.check_draft_model_schedule`)."""
         check_draft_model_schedule(sched)
 
     def note_step(self, step: Any, new_requests: Any, req_to_row: Mapping[str, int]) -> None:

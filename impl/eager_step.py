@@ -2,8 +2,8 @@
 post-update -> penalty counts, each launch shaped by the step's own plan.
 
 A step that no bucket serves (drafts that differ, prompt logprobs, above the largest bucket, a draft-model
-proposer: `impl.graphs.FALLBACK_REASONS`) runs these launches after the input-prep kernel; a bucketed step
-runs `impl.graph_step`'s padded launches instead (a graph replay, or the same launches eagerly).  The
+proposer: `runnercheck.impl.graphs.FALLBACK_REASONS`) runs these launches after the input-prep kernel; a bucketed step
+runs `runnercheck.impl.graph_step`'s padded launches instead (a graph replay, or the same launches eagerly).  The
 forward's logits for prompt logprobs are made a chunk of positions at a time (`PROMPT_CHUNK_ROWS`).
 
 Ownership: holds no tensor.  Every buffer it binds belongs to a component of the runner (input batch,
@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from impl.input_batch import StagedStepArrays, StepPlan
-from impl.draft_proposer import DraftModelProposer
-from impl.kernels.post_update import launch_post_update
-from impl.sample import LogprobsOutput, prompt_logprobs_chunked
+from runnercheck.impl.input_batch import StagedStepArrays, StepPlan
+from runnercheck.impl.draft_proposer import DraftModelProposer
+from runnercheck.impl.kernels.post_update import launch_post_update
+from runnercheck.impl.sample import LogprobsOutput, prompt_logprobs_chunked
 
 if TYPE_CHECKING:
-    from impl.runner import ModelRunner
+    from runnercheck.impl.runner import ModelRunner
 
 # Prompt-logprob positions whose logits exist at once (x vocab fp32): 256 x 151936 x 4 B = 156 MB.
 PROMPT_CHUNK_ROWS = 256

@@ -8,11 +8,11 @@ is input prep -> forward -> sampler (logprobs included when the mode asks) -> po
 penalty-count update, with every shape taken from the bucket (``size``, ``query_len``, the mode's
 top-n) and every varying fact read from device tensors, so one recording serves every batch of
 its bucket.  `build_padded_step` binds those launches to the persistent buffers *when it is
-called*: `impl.graphs.CudaGraphManager` calls it once per (size, mode) at capture and replays the
+called*: `runnercheck.impl.graphs.CudaGraphManager` calls it once per (size, mode) at capture and replays the
 result; eager execution calls it again every step, so a buffer re-allocated after capture shows
 up as a difference between the two, on CPU too.
 
-Padding: rows ``[num_reqs, size)`` are -1 (`impl.kernels.input_prep.PADDING_ROW`): the input-prep
+Padding: rows ``[num_reqs, size)`` are -1 (`runnercheck.impl.kernels.input_prep.PADDING_ROW`): the input-prep
 and post-update kernels give such a request token 0 at slot -1 (no KV write), read sampling
 parameters from a dummy row, and write no row state, no penalty counts, no ``num_sampled`` of a
 live request and nothing the output pack copies.  In a mixed step a padding request has no tokens
@@ -21,17 +21,17 @@ tokens ``[num_tokens, tokens)`` belong to no request (the input-prep tail gives 
 one sampling row reads the step's last token and is never copied out.
 
 The step's counts are device data too: a bucketed step's staging slot is copied (its one H2D)
-into the fixed-address step buffer below, whose header (`impl.kernels.input_prep.HEADER_WORDS`)
+into the fixed-address step buffer below, whose header (`runnercheck.impl.kernels.input_prep.HEADER_WORDS`)
 holds the number of real requests and drafts, where the step's staged-write diffs sit and which
 admitted rows' penalty counts start at zero.  The recorded launches start with the staged-write
 apply, the count reset and the bucket padding, all reading that header, so a bucketed step --
 admissions included -- is one H2D, one replay, one D2H + event (a steady one is a single fused
-replay with both copies inside: `impl.lanes`).
+replay with both copies inside: `runnercheck.impl.lanes`).
 
 Ownership: `PaddedInputs` owns, on the device, for the runner's lifetime, at fixed addresses:
 
     step_bytes      uint8 [staging slot bytes]           a copy of the bucketed step's first staging slot (same offsets:
-                                                         `impl.input_batch.InputBatch.staging_layout`, then the diff table);
+                                                         `runnercheck.impl.input_batch.InputBatch.staging_layout`, then the diff table);
                                                          written by that slot's H2D (or one device copy of it) each bucketed step
     rows            int32 [max_num_reqs]                 real state rows then -1; written by the pad kernel each bucketed step
     drafts          int32 [max_num_reqs * max(1, D)]     the step's drafts; written by the pad kernel each bucketed step
@@ -51,12 +51,12 @@ from typing import Any, Callable
 
 import torch
 
-from impl.device import Device
-from impl.kernels.input_prep import (HEADER_NUM_DIFFS, HEADER_NUM_RESETS, HEADER_WORDS, PADDING_ROW, launch_pad_step_inputs,
+from runnercheck.impl.device import Device
+from runnercheck.impl.kernels.input_prep import (HEADER_NUM_DIFFS, HEADER_NUM_RESETS, HEADER_WORDS, PADDING_ROW, launch_pad_step_inputs,
                                      launch_prepare_inputs)
-from impl.kernels.post_update import launch_post_update
-from impl.output import OutputLayout
-from impl.staged_writes import launch_apply_from_header
+from runnercheck.impl.kernels.post_update import launch_post_update
+from runnercheck.impl.output import OutputLayout
+from runnercheck.impl.staged_writes import launch_apply_from_header
 
 # Programs of the in-graph staged-write apply: a fixed grid striding over the step's diffs.  On
 # CPU the interpreter runs programs one after another (~0.4 ms each), so one does all the work.
@@ -108,7 +108,7 @@ class GraphKey:
 class PaddedStep:
     """The launches of one bucketed step, in stream order, and the dict the sampler output lands in.
 
-    ``result["packed"]`` is the `impl.output.OutputLayout` the step's last launch packs its output
+    ``result["packed"]`` is the `runnercheck.impl.output.OutputLayout` the step's last launch packs its output
     into (the bucket's padded shape), so the step's output needs only the D2H copy.
     """
 
@@ -176,7 +176,7 @@ class PaddedInputs:
 def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> PaddedStep:
     """The launches of a bucketed step for ``key``, bound to the buffers the runner holds *now*.
 
-    ``runner`` is the `impl.runner.ModelRunner` (its input batch, model, sampler, sampling state,
+    ``runner`` is the `runnercheck.impl.runner.ModelRunner` (its input batch, model, sampler, sampling state,
     request state, block table, output ring and limits).
     """
     ib, model, sampler, sampling_state = runner.input_batch, runner.model, runner.sampler, runner.sampling_state
@@ -199,7 +199,7 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     result = step.result
     arena = runner.staged_writes.arena
     outputs = runner.outputs
-    # The bucket's padded shape: the host reads the first num_reqs requests of it (`impl.output.decode_output`).
+    # The bucket's padded shape: the host reads the first num_reqs requests of it (`runnercheck.impl.output.decode_output`).
     layout = result["packed"] = OutputLayout.build(size, num_rows, num_top, 0, -1)
 
     # Looked up on ``inputs`` when they run (not bound here): a test harness may wrap them, then recapture.

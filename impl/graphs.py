@@ -3,8 +3,8 @@
 Phase: `CudaGraphManager.capture` runs once, after the runner's ``init`` (and ``profile``, when
 the caller runs it) and before the first step; `execute_model` only *selects* and *replays*.
 Nothing correctness needs happens only here: every buffer a graph reads is initialised at init
-(`impl.graph_step.PaddedInputs`), and the captured launches are the same ones eager execution
-runs (`impl.graph_step.build_padded_step`).
+(`runnercheck.impl.graph_step.PaddedInputs`), and the captured launches are the same ones eager execution
+runs (`runnercheck.impl.graph_step.build_padded_step`).
 
 Per step the host picks (`select`):
 
@@ -17,7 +17,7 @@ Per step the host picks (`select`):
 * a *mixed* graph, when the batch has no drafts and no prompt logprobs but its query lengths differ
   (decodes next to admitted prompts and prefill chunks: the steps of a churning batch).  Its bucket
   is the smallest mixed size >= the step's tokens (`default_mixed_sizes`), holding ``min(tokens,
-  max_num_reqs)`` requests; mode (`impl.graph_step.MIXED`, top-n).  A step of more tokens -- a long
+  max_num_reqs)`` requests; mode (`runnercheck.impl.graph_step.MIXED`, top-n).  A step of more tokens -- a long
   prefill, whose device time dwarfs its host time -- runs eager;
 * otherwise a fallback reason (`FALLBACK_REASONS`), counted; the step runs eager, unpadded.
 
@@ -27,12 +27,12 @@ were recorded with -- so a buffer re-allocated after capture diverges on CPU as 
 graphs off the same bucketed step runs eagerly (launches rebuilt and enqueued one by one), so
 eager and replay compute the same shapes and agree bit for bit.
 
-Fused graphs: with `impl.lanes.SteadyLanes` (usable), each single-token and each mixed bucket also
+Fused graphs: with `runnercheck.impl.lanes.SteadyLanes` (usable), each single-token and each mixed bucket also
 gets a second capture whose replay copies its staging bytes in and its output out itself (`fused`,
 `run(key, fused=True)`): a steady step, and a churn step that admits one request, is then one
 enqueue.  Its warm-up is the plain capture's.
 
-Ownership: the manager owns the `PaddedInputs` (see `impl.graph_step`), the recorded steps, the
+Ownership: the manager owns the `PaddedInputs` (see `runnercheck.impl.graph_step`), the recorded steps, the
 CUDA graphs and their memory pool (device, runner lifetime, written only at capture), and the
 replay/fallback counters (host).  The lanes are the runner's; the manager captures with them.
 """
@@ -47,9 +47,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from impl.device import Device, GraphLaunch, _run_as_device_work
-from impl.graph_step import MIXED, GraphKey, GraphMode, PaddedInputs, PaddedStep
-from impl.lanes import SteadyLanes
+from runnercheck.impl.device import Device, GraphLaunch, _run_as_device_work
+from runnercheck.impl.graph_step import MIXED, GraphKey, GraphMode, PaddedInputs, PaddedStep
+from runnercheck.impl.lanes import SteadyLanes
 
 FALLBACK_REASONS = ("prompt_logprobs", "non_uniform", "batch_above_largest_size", "bucket_above_token_budget",
                     "no_graph_for_mode", "draft_model")
@@ -239,14 +239,14 @@ class CudaGraphManager:
         return sorted(keys, key=lambda k: (k.num_tokens, k.size), reverse=True)
 
     def _capture_fused(self, key: GraphKey) -> None:
-        """The fused step of ``key``: lane copy in, the bucketed step, lane copy out, advance (`impl.lanes`).
+        """The fused step of ``key``: lane copy in, the bucketed step, lane copy out, advance (`runnercheck.impl.lanes`).
         Captured without a warm-up: the plain capture of ``key`` just warmed its launches, and the lane
         kernels were compiled when the lanes were tried; a warm-up would run the copies on live lanes."""
         step = self._build_step(self.inputs, key)
         in_bytes = self.lanes.in_bytes(key.size, key.mixed)
         head, tail = self.lanes.launches(in_bytes, self.inputs.step_bytes, step.result["packed"].nbytes)
         fused = PaddedStep(key, head + step.launches + tail, step.result)
-        fused.result["copied_out"] = True  # `impl.output.OutputSlots.enqueue_copy_out` enqueues no D2H for it
+        fused.result["copied_out"] = True  # `runnercheck.impl.output.OutputSlots.enqueue_copy_out` enqueues no D2H for it
         graph = StepGraph(fused)
         graph.label = f"fused graph replay {key.describe()}"
         if self.device.is_cuda:
@@ -311,7 +311,7 @@ class CudaGraphManager:
         """(key, None) for a bucketed step, or (None, fallback reason).  Host ints only.
 
         ``uniform``: the (query_len, drafts) every request of the batch shares, None when they differ
-        (`impl.input_batch.StepPlan.uniform`); ``num_tokens``, ``num_drafts``: the step's (a batch that is
+        (`runnercheck.impl.input_batch.StepPlan.uniform`); ``num_tokens``, ``num_drafts``: the step's (a batch that is
         not a uniform decode goes to a mixed graph when it has no drafts).
         """
         # A batch shape seen before (the steps of a steady workload repeat a few): its verdict again, while the

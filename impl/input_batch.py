@@ -27,23 +27,23 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from impl import native
-from impl.block_table import BlockTable
-from impl.buffers import StagingSlot, StagingWriter
-from impl.device import Device
-from impl.hotpath import hot_path
-from impl.kernels.input_prep import (HEADER_DIFF_TABLE, HEADER_NUM_DIFFS, HEADER_NUM_DRAFTS, HEADER_NUM_REQS, HEADER_NUM_RESETS,
+from runnercheck.impl import native
+from runnercheck.impl.block_table import BlockTable
+from runnercheck.impl.buffers import StagingSlot, StagingWriter
+from runnercheck.impl.device import Device
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.kernels.input_prep import (HEADER_DIFF_TABLE, HEADER_NUM_DIFFS, HEADER_NUM_DRAFTS, HEADER_NUM_REQS, HEADER_NUM_RESETS,
                                      HEADER_RESET_ROWS, HEADER_WORDS,
                                      launch_prepare_inputs)
-from impl.output import PromptLogprobRequest
-from impl.state import RequestStateTable
-from impl.step_reader import STEP_FIELDS, StepArrays
+from runnercheck.impl.output import PromptLogprobRequest
+from runnercheck.impl.state import RequestStateTable
+from runnercheck.impl.step_reader import STEP_FIELDS, StepArrays
 
 _staging = native.load("staging")  # `put_words`: the header and compact arrays in one C call; None: numpy only
 _plans = native.load("plans")  # `plain_plan`, the C twin of `_plain_plan`; None: Python only
 # The header `stage` writes, in word order: the request and draft counts, then the four words filled later (0 now).
 if (HEADER_NUM_REQS, HEADER_NUM_DRAFTS, HEADER_WORDS) != (0, 1, 6):
-    raise ImportError("impl.input_batch.stage writes the step header in the order of impl.kernels.input_prep's HEADER_*")
+    raise ImportError("runnercheck.impl.input_batch.stage writes the step header in the order of impl.kernels.input_prep's HEADER_*")
 
 
 @dataclass(slots=True)
@@ -238,7 +238,7 @@ class StagedStepArrays:
     logits_start: torch.Tensor
     prompt_token_index: torch.Tensor
     prompt_targets: torch.Tensor
-    header: torch.Tensor  # the step's counts (`impl.kernels.input_prep.HEADER_WORDS`), read by bucketed steps
+    header: torch.Tensor  # the step's counts (`runnercheck.impl.kernels.input_prep.HEADER_WORDS`), read by bucketed steps
 
 
 class InputBatch:
@@ -280,7 +280,7 @@ class InputBatch:
         are made once and a step only fills the host side.
         """
         r, t = max_num_reqs, max_num_batched_tokens
-        # The header first: a bucketed step's graph reads its counts from it (`impl.graph_step`).
+        # The header first: a bucketed step's graph reads its counts from it (`runnercheck.impl.graph_step`).
         fields = [("header", HEADER_WORDS, torch.int32), ("rows", r, torch.int32), ("cu", r + 1, torch.int32), ("draft_start", r + 1, torch.int32),
                   ("logits_start", r + 1, torch.int32), ("drafts", r * max(1, max_num_draft_tokens), torch.int32),
                   ("prompt_token_index", t, torch.int32), ("prompt_targets", t, torch.int64)]

@@ -26,7 +26,7 @@ from the runner's base seed and the request id, so every run is replayable and t
 (given the same base seed) samples the same tokens.  The seed used is reported in
 `ModelRunnerOutput.seeds`.
 
-Errors: the boundary checks (`impl.boundary`) raise a subclass of `SchedulerOutputError` naming the
+Errors: the boundary checks (`runnercheck.impl.boundary`) raise a subclass of `SchedulerOutputError` naming the
 request and field; a runner runs them before changing any state (all-or-nothing).
 """
 from __future__ import annotations
@@ -138,7 +138,7 @@ class DeviceDraftsError(ScheduledTokensError):
 
 
 class SpecVerifyError(ValueError):
-    """Inputs that speculative verification (`reference.spec_verify`, `impl.sample.spec_verify`)
+    """Inputs that speculative verification (`runnercheck.reference.spec_verify`, `runnercheck.impl.sample.spec_verify`)
     cannot take; raised before any device work.  Shared by the oracle and the runner's launcher."""
 
 
@@ -282,8 +282,8 @@ class CachedRequests:
     Entry ``i`` of each tuple belongs to request ``req_ids[i]``: the KV blocks appended this step
     (``new_block_ids[i]``, often ``()``) and its computed count (`CachedRequest`).  Parallel tuples
     rather than one object per request, so that the runner reads a steady decode step with C-level
-    operations on whole sequences (`impl.step_reader.read_steady_step`).  Nothing is checked here:
-    the runner's boundary rejects bad contents (`impl.boundary.check_containers` and the per-entry
+    operations on whole sequences (`runnercheck.impl.step_reader.read_steady_step`).  Nothing is checked here:
+    the runner's boundary rejects bad contents (`runnercheck.impl.boundary.check_containers` and the per-entry
     checks) with a typed error and no state changed, so a bad one must be constructible.
     """
 
@@ -318,7 +318,7 @@ class SchedulerOutput:
     finished_req_ids: frozenset[str] = frozenset()
     preempted_req_ids: frozenset[str] = frozenset()
     draft_token_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
-    # k drafts whose ids the runner's own proposer holds on the device (`impl.spec`): the scheduler
+    # k drafts whose ids the runner's own proposer holds on the device (`runnercheck.impl.spec`): the scheduler
     # knows only how many it asks for; the tokens are scheduled like ``draft_token_ids`` of length k.
     num_device_drafts: Mapping[str, int] = field(default_factory=dict)
 
@@ -427,7 +427,7 @@ class NgramConfig:
 class DraftModelConfig:
     """The draft-model proposer a runner and its oracle run (docs/SAMPLING.md, "Draft-model proposer").
 
-    A second, smaller model (``preset``, a name in `impl.model.weights.PRESETS`, with random weights
+    A second, smaller model (``preset``, a name in `runnercheck.impl.model.weights.PRESETS`, with random weights
     from ``weights_seed``) that must share the target's vocabulary.  After each step that samples
     for a request it runs ``num_spec_tokens`` decode steps and keeps the drafts and their
     distributions ``q`` on the device; a scheduler asks for up to ``num_spec_tokens`` of them

@@ -1,4 +1,4 @@
-"""Lag policies: when a ``sim`` device's queued work runs (`impl.device.Device`, kind ``sim``).
+"""Lag policies: when a ``sim`` device's queued work runs (`runnercheck.impl.device.Device`, kind ``sim``).
 
 A policy is told of every enqueue, step boundary and event query and runs some prefix of the
 queue (work always runs in stream order; an event the host waits on runs everything before it).
@@ -12,7 +12,7 @@ expose happen on CPU, seeded and replayable:
                      reader of a targeted resource (`DELAY_TARGETS`), which is held, with the work
                      behind it, for one or more steps -- the host reaches the resource's next reuse
                      while that reader is still pending.  The cuda counterpart injects a spin
-                     delay right before the same readers (`stress.run_config.TargetedDelay`).
+                     delay right before the same readers (`runnercheck.stress.run_config.TargetedDelay`).
 
 Ownership: a policy owns only its own seeded generator and counters (host, its lifetime); it
 reads the device's queue and runs work through ``Device._run_pending`` / ``_run_leading``, never anything else.
@@ -24,7 +24,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:
-    from impl.device import Device
+    from runnercheck.impl.device import Device
 
 LAG_POLICIES = ("run-immediately", "lag-k-steps", "random-drain", "hold-at-target")
 

@@ -1,10 +1,10 @@
 """Steady lanes: a graphed step's H2D and D2H copies made inside its one graph replay.
 
-A steady decode step (`impl.runner.ModelRunner._execute_steady`) used to enqueue three things: the
+A steady decode step (`runnercheck.impl.runner.ModelRunner._execute_steady`) used to enqueue three things: the
 H2D copy of its staging slot into the step buffer, the graph replay, the D2H copy of the packed
 output into an output slot.  On the H200's host each call costs 4-10 us, and with its events and
 the Python around them they were about half of a 64-request step.  A *fused* graph does all three
-in one replay (`impl.graphs.CudaGraphManager` captures one per single-token bucket and one per
+in one replay (`runnercheck.impl.graphs.CudaGraphManager` captures one per single-token bucket and one per
 mixed bucket).  The general step takes one too when its staged bytes fit the bucket's copy-in: a
 mixed bucket's has room for one admission's diffs (an admission next to decodes, the churn step):
 
@@ -12,12 +12,12 @@ mixed bucket's has room for one admission's diffs (an admission next to decodes,
 
 Lane ``l`` is the pair (staging slot ``l``, output slot ``l``) for ``l < num_lanes`` =
 min(staging slots, output slots).  The copies read and write the lane's pinned host buffers from
-the device (`impl.kernels.lanes`), and the lane a replay uses is ``counter % num_lanes``, read on the
+the device (`runnercheck.impl.kernels.lanes`), and the lane a replay uses is ``counter % num_lanes``, read on the
 device: a captured graph cannot take an argument, so the host does not say which lane each step; it
 keeps the counter's mirror (``lane``) and enqueues a fused replay only when the step it staged sits
 in that lane's staging slot and its output slot is that lane's (`fits`).  The host takes the lane's
-slots by seeking both rings to it (`impl.buffers.StagingPool.seek_free`,
-`impl.output.OutputSlots.seek_free`), which succeeds only when the ring could hand the slot out
+slots by seeking both rings to it (`runnercheck.impl.buffers.StagingPool.seek_free`,
+`runnercheck.impl.output.OutputSlots.seek_free`), which succeeds only when the ring could hand the slot out
 without a wait (a staging slot whose copy has run, an output slot whose last output was read); the
 staging slot's and the output's event is the one recorded after the replay.  A step that does not
 fit takes the three enqueues; when the lane was busy the rings moved on without it, so that step
@@ -41,11 +41,11 @@ from typing import Callable
 
 import torch
 
-from impl.buffers import StagingPool, StagingWriter
-from impl.device import Device, _run_as_device_work
-from impl.hotpath import hot_path
-from impl.kernels.lanes import launch_lane_advance, launch_lane_copy
-from impl.output import OutputSlots
+from runnercheck.impl.buffers import StagingPool, StagingWriter
+from runnercheck.impl.device import Device, _run_as_device_work
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.kernels.lanes import launch_lane_advance, launch_lane_copy
+from runnercheck.impl.output import OutputSlots
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class SteadyLanes:
             if dev.is_cuda:
                 dev.enqueue(work, "lane copies, tried once")
                 dev.synchronize()
-            else:  # run here: a sim queue or a bench that drops device work (`bench.case_runner`) would not run it
+            else:  # run here: a sim queue or a bench that drops device work (`runnercheck.bench.case_runner`) would not run it
                 _run_as_device_work(work)
             ok = torch.equal(host_out, torch.arange(1, 65, dtype=torch.uint8))
         except Exception as exc:  # a device or Triton build that cannot address pinned memory from a kernel

@@ -4,10 +4,10 @@ On an H200 host a graph launch called from inside a host step costs 10-30 us, ag
 back to back (docs/BENCHMARKS.md, runs 79-82: the step's own work leaves the driver's code and data cold in the
 caches), and the marker after it ~3 us more.  A worker thread that does nothing else keeps them warm.  The step
 pushes the two jobs (~1 us) and goes on with its bookkeeping while the worker issues them, in push order, on the
-device's stream; `impl.device.Device` makes every other use of the stream wait until the worker has issued what
+device's stream; `runnercheck.impl.device.Device` makes every other use of the stream wait until the worker has issued what
 was pushed before it (`Device.drain_launches`), and ends each step that way, so when ``execute_model`` returns
 its work is on the stream as before.  A marker pushed and not yet issued is not complete
-(`impl.device.DeviceEvent`): the device is never asked about an event that is not yet recorded.
+(`runnercheck.impl.device.DeviceEvent`): the device is never asked about an event that is not yet recorded.
 
 The worker is C (`impl/native/launcher.c`): it calls the driver's ``cuGraphLaunch`` and ``cuEventRecord`` (found
 in ``libcuda.so.1`` through ctypes; runtime and driver handles are the same objects) and never takes the GIL.
@@ -33,7 +33,7 @@ import ctypes
 import logging
 import os
 
-from impl import native
+from runnercheck.impl import native
 
 log = logging.getLogger(__name__)
 

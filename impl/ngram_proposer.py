@@ -3,7 +3,7 @@
 The scheduler asks for ``k`` drafts of a request (`SchedulerOutput.num_device_drafts`) without
 knowing their ids; the runner's step then
 
-1. (host) checks the counts (`impl.boundary.check_device_drafts`) and plans the step as if the
+1. (host) checks the counts (`runnercheck.impl.boundary.check_device_drafts`) and plans the step as if the
    drafts were explicit, with the placeholder -1 in the staged draft array (`mark_placeholders`);
 2. (device, before input prep) gathers the ids from `proposed` into `step_drafts`
    (`enqueue_gather`); input prep, the sampler's draft prefixes, the padded-step copy and the
@@ -29,7 +29,7 @@ Ownership (all owned by this object, allocated at init, for the runner's lifetim
     step_drafts   int32 [max_num_reqs * max(1, max_num_draft_tokens)]  device, contents valid for
                   one step.  Written only by the gather kernel; read by that step's input prep,
                   padded-step copy and post-update (stream order keeps steps apart).
-    has_proposal  host bookkeeping of `impl.device_drafts.DeviceDraftRows` (its docstring).
+    has_proposal  host bookkeeping of `runnercheck.impl.device_drafts.DeviceDraftRows` (its docstring).
 """
 from __future__ import annotations
 
@@ -38,11 +38,11 @@ from typing import Any
 
 import torch
 
-from impl.device import Device
-from impl.device_drafts import PLACEHOLDER_DRAFT, DeviceDraftRows, ProposerConfigError
-from impl.hotpath import hot_path
-from impl.interface import NgramConfig, RunnerLimits
-from impl.kernels.ngram import launch_gather_drafts, launch_ngram_propose
+from runnercheck.impl.device import Device
+from runnercheck.impl.device_drafts import PLACEHOLDER_DRAFT, DeviceDraftRows, ProposerConfigError
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.interface import NgramConfig, RunnerLimits
+from runnercheck.impl.kernels.ngram import launch_gather_drafts, launch_ngram_propose
 
 
 class NgramProposer(DeviceDraftRows):

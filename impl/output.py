@@ -13,7 +13,7 @@ runner lifetime, contents valid for one step; written only by the post-update ke
 pack copies (`OutputSlots.pack_results`: enqueued with the D2H, or the last launch of a bucketed
 step's graph), read only by the step's D2H copy (stream order separates steps).
 ``slots`` (pinned uint8 host buffers, a ring): pinned host, runner lifetime.  A slot is written
-only by its D2H copy (a fused steady step's lane copy-out, `impl.lanes`, is that copy) and read
+only by its D2H copy (a fused steady step's lane copy-out, `runnercheck.impl.lanes`, is that copy) and read
 only by the host after its event, by the `AsyncStepOutput` that holds it.  A slot is handed to a new step only after its holder has read it: either ``get()`` was
 called, or, when the ring wraps first, the holder materialises its output (waiting on its event
 if it is not complete, counted in ``num_backpressure_waits``) before the slot is reused.
@@ -26,9 +26,9 @@ from typing import Mapping, NamedTuple
 import numpy as np
 import torch
 
-from impl.device import Device, DeviceEvent
-from impl.hotpath import hot_path
-from impl.interface import ModelRunnerOutput, TokenLogprobs
+from runnercheck.impl.device import Device, DeviceEvent
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.interface import ModelRunnerOutput, TokenLogprobs
 
 _ALIGN = 8
 
@@ -245,7 +245,7 @@ class OutputSlots:
     def pack_results(self, layout: OutputLayout, results: dict) -> None:
         """Pack a step's results into ``pack`` at ``layout`` (device work: call inside enqueued work or a capture).
 
-        A bucketed step's graph runs this as its last launch (`impl.graph_step`), so its output
+        A bucketed step's graph runs this as its last launch (`runnercheck.impl.graph_step`), so its output
         needs only the D2H; ``results`` then carries ``"packed": layout``.
         """
         views = self.pack_views(layout)
@@ -298,7 +298,7 @@ class OutputSlots:
         ``results`` is filled by earlier closures of the same step (``"out"``: the sampler output,
         ``"prompt"``: prompt logprobs); on sim they run later than this call, so it is read only
         when the pack closure runs.  ``results["packed"] is layout``: the step packed itself.
-        ``results["copied_out"]``: it copied the pack into ``slot`` too (a fused steady step, `impl.lanes`):
+        ``results["copied_out"]``: it copied the pack into ``slot`` too (a fused steady step, `runnercheck.impl.lanes`):
         only the event is recorded here.
         """
         if not results.get("copied_out"):

@@ -1,38 +1,38 @@
 """The model runner: one step = validate, update rows, stage, enqueue everything, return at once.
 
 Phases are explicit: construction is ``init`` (allocate every persistent buffer) then ``capture``
-(`impl.graphs.CudaGraphManager`: one graph per (capture size, mode), recorded closures on
+(`runnercheck.impl.graphs.CudaGraphManager`: one graph per (capture size, mode), recorded closures on
 cpu/sim), `profile` runs a dummy forward to measure memory (nothing correctness needs happens
 there; it uses its own scratch inputs, so it may run before or after capture), `execute_model`
-runs steps and never captures.  The step's pieces live in their own modules: rows and the host mirror (`impl.state`),
-block tables (`impl.block_table`), the step plan and input buffers (`impl.input_batch`), the
-input-prep and post-update kernels (`impl.kernels`), the model (`impl.model.forward`), sampling
-(`impl.sample`), the output ring (`impl.output`), and a step's device work -- bucketed
-(`impl.graph_step`) or eager (`impl.eager_step`).
+runs steps and never captures.  The step's pieces live in their own modules: rows and the host mirror (`runnercheck.impl.state`),
+block tables (`runnercheck.impl.block_table`), the step plan and input buffers (`runnercheck.impl.input_batch`), the
+input-prep and post-update kernels (`runnercheck.impl.kernels`), the model (`runnercheck.impl.model.forward`), sampling
+(`runnercheck.impl.sample`), the output ring (`runnercheck.impl.output`), and a step's device work -- bucketed
+(`runnercheck.impl.graph_step`) or eager (`runnercheck.impl.eager_step`).
 
 Device work of a step, in one submit order on the one stream: H2D of the staging slot -> staged
 write applies -> input prep -> forward -> sampler -> post-update -> pack + one D2H into a pinned
 output slot -> event.  A uniform decode batch pads its rows into a capture-size bucket, and a
 mixed batch without drafts (decodes next to admitted prompts) into a token-size bucket, and runs
-apply .. post-update as one graph replay (`impl.graph_step`): its slot's H2D lands in the graph's
+apply .. post-update as one graph replay (`runnercheck.impl.graph_step`): its slot's H2D lands in the graph's
 fixed step buffer, whose header carries the step's counts, and the graph packs the step's output,
 so such a step -- admissions included: their diffs and count resets are named in the header --
 enqueues only the H2D, the replay and the output copy (a resumed request's earlier outputs are
-counted by a kernel of their own).  When its staged bytes fit its bucket's lane copy (`impl.lanes`:
+counted by a kernel of their own).  When its staged bytes fit its bucket's lane copy (`runnercheck.impl.lanes`:
 a decode step's block appends, or one admission next to decodes) it enqueues one thing: the bucket's
 fused graph, which copies the slot in and the output out itself.
 Other batches (drafts that differ, prompt logprobs, above the largest bucket) run eager.
-A step that repeats the last decode batch (`impl.step_reader.read_steady_step`) reuses its plan;
+A step that repeats the last decode batch (`runnercheck.impl.step_reader.read_steady_step`) reuses its plan;
 after a bucketed step it runs `ModelRunner._execute_steady`, whose host side is the read of the
 counts and blocks, a few vectorised mirror updates and ONE enqueue -- its bucket's fused graph,
-which copies the staging slot in and the output out itself (`impl.lanes`) -- inside one stream
+which copies the staging slot in and the output out itself (`runnercheck.impl.lanes`) -- inside one stream
 switch (`Device.on_stream`).  `execute_model` never waits in steady state; `AsyncStepOutput.get()` is the
 one wait.  Step N+1 may be submitted before step N's output is read (async scheduling): every
 count the next step needs lives on the device.
 
 Speculative decoding: drafts come from the scheduler (``draft_token_ids``) or, with
 ``speculative=NgramConfig(...)`` / ``DraftModelConfig(...)``, from the runner's own proposer on the device
-(`impl.ngram_proposer`, `impl.draft_proposer`: gathered before input prep, proposed after post-update,
+(`runnercheck.impl.ngram_proposer`, `runnercheck.impl.draft_proposer`: gathered before input prep, proposed after post-update,
 never read on the host; the draft model's drafts are verified by rejection sampling between the
 sampler and post-update).
 
@@ -47,26 +47,26 @@ from typing import Any, Sequence
 
 import torch
 
-from impl.block_table import BlockTable
-from impl.buffers import StagingPool, StagingWriter
-from impl.staged_writes import StagedWriteGroup
-from impl.device import Device
-from impl.eager_step import enqueue_eager_step
-from impl.graph_step import GraphKey, build_padded_step
-from impl.graphs import CudaGraphManager, validate_capture_sizes, validate_mixed_sizes
-from impl.hotpath import hot_path
-from impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
-from impl.lanes import SteadyLanes
-from impl.boundary import check_device_drafts
-from impl.interface import DraftModelConfig, ModelRunnerOutput, NgramConfig, RunnerLimits, SchedulerOutput
-from impl.draft_proposer import DraftModelProposer
-from impl.ngram_proposer import NgramProposer, ProposerConfigError
-from impl.model.forward import PagedDecoder
-from impl.model.weights import ModelWeights
-from impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
-from impl.sample import LogprobsComputer, Sampler, SamplingState
-from impl.state import AdmissionWriters, RequestStateTable
-from impl.step_reader import StepArrays, read_steady_step, read_step
+from runnercheck.impl.block_table import BlockTable
+from runnercheck.impl.buffers import StagingPool, StagingWriter
+from runnercheck.impl.staged_writes import StagedWriteGroup
+from runnercheck.impl.device import Device
+from runnercheck.impl.eager_step import enqueue_eager_step
+from runnercheck.impl.graph_step import GraphKey, build_padded_step
+from runnercheck.impl.graphs import CudaGraphManager, validate_capture_sizes, validate_mixed_sizes
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
+from runnercheck.impl.lanes import SteadyLanes
+from runnercheck.impl.boundary import check_device_drafts
+from runnercheck.impl.interface import DraftModelConfig, ModelRunnerOutput, NgramConfig, RunnerLimits, SchedulerOutput
+from runnercheck.impl.draft_proposer import DraftModelProposer
+from runnercheck.impl.ngram_proposer import NgramProposer, ProposerConfigError
+from runnercheck.impl.model.forward import PagedDecoder
+from runnercheck.impl.model.weights import ModelWeights
+from runnercheck.impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
+from runnercheck.impl.sample import LogprobsComputer, Sampler, SamplingState
+from runnercheck.impl.state import AdmissionWriters, RequestStateTable
+from runnercheck.impl.step_reader import StepArrays, read_steady_step, read_step
 
 
 _INT32_MAX = 2**31 - 1
@@ -89,8 +89,8 @@ class StepStats:
     num_enqueued: int
     host_seconds: float
     graph_replayed: bool = False  # the step's device work was one graph replay
-    graph_fallback: str | None = None  # why a step with tokens ran eager (`impl.graphs.FALLBACK_REASONS`)
-    steady: bool = False  # read by the steady-state reader (`impl.step_reader.read_steady_step`), its plan reused
+    graph_fallback: str | None = None  # why a step with tokens ran eager (`runnercheck.impl.graphs.FALLBACK_REASONS`)
+    steady: bool = False  # read by the steady-state reader (`runnercheck.impl.step_reader.read_steady_step`), its plan reused
 
 
 class ReadyOutput:
@@ -330,8 +330,8 @@ class ModelRunner:
         recompute to the same result -- the plan, the graph key, the admissions and releases.
 
         Its host side: the appended blocks, the slot (whose compact arrays the last steps left in
-        place: `impl.buffers.StagingSlot.kept`), the diffs, then one enqueue -- the bucket's fused graph,
-        which copies the slot in and the output out itself (`impl.lanes`) -- or, when the step does not
+        place: `runnercheck.impl.buffers.StagingSlot.kept`), the diffs, then one enqueue -- the bucket's fused graph,
+        which copies the slot in and the output out itself (`runnercheck.impl.lanes`) -- or, when the step does not
         fit the next lane, the H2D, the replay and the output's D2H.
         """
         enqueued_before = self.device.num_enqueued
@@ -355,7 +355,7 @@ class ModelRunner:
             writer.submit(self.graphs.inputs.step_bytes, redirect=packed is not None)
             self.staged_writes.enqueue_apply()  # only when the diffs overflowed the first slot
         # Through `_enqueue_device_step`, as every step with tokens: the hook point of the checks that
-        # follow a step's device work (`checks.kv_provenance`).
+        # follow a step's device work (`runnercheck.checks.kv_provenance`).
         result, _ = self._enqueue_device_step(plan, staged, key, None, fused)
         output = self._enqueue_output(step_id, plan, result, _NO_SEEDS, output_slot)
         self._close_lane(writer, fused, in_bytes, output)
@@ -370,7 +370,7 @@ class ModelRunner:
     @hot_path
     def _seek_lane(self, key: GraphKey) -> tuple[int | None, bool, int | None]:
         """A bucketed step's fused graph, before its slots are taken: (its copy-in bytes, None when the bucket
-        has no fused graph; whether both rings' next lane is free without a wait, `impl.lanes`; the output
+        has no fused graph; whether both rings' next lane is free without a wait, `runnercheck.impl.lanes`; the output
         slot, acquired now when there is a fused graph, else by `_enqueue_output`)."""
         in_bytes = self.graphs.fused(key)
         if in_bytes is None:
@@ -505,7 +505,7 @@ def _check_limits(weights: ModelWeights, limits: RunnerLimits) -> None:
         value = getattr(limits, name)
         if not isinstance(value, int) or value < 1:
             raise RunnerConfigError(f"limits.{name}={value!r} must be an int >= 1")
-        if value > _INT32_MAX:  # counts and block ids live in int32 device tensors (and `impl.exact_ints` reads them so)
+        if value > _INT32_MAX:  # counts and block ids live in int32 device tensors (and `runnercheck.impl.exact_ints` reads them so)
             raise RunnerConfigError(f"limits.{name}={value} is above {_INT32_MAX}, the int32 range of the device state")
     if limits.max_num_draft_tokens < 0 or limits.max_logprobs < 0:
         raise RunnerConfigError("limits.max_num_draft_tokens and limits.max_logprobs must be >= 0")
@@ -513,9 +513,9 @@ def _check_limits(weights: ModelWeights, limits: RunnerLimits) -> None:
 
 def make_runner(weights: ModelWeights, limits: RunnerLimits, device: Device, base_seed: int = 0, *,
                 cuda_graphs: bool = True, speculative: NgramConfig | DraftModelConfig | None = None) -> ModelRunner:
-    """The factory `runnercheck stress` and the differential driver use (``impl.runner:make_runner``).
+    """The factory `runnercheck stress` and the differential driver use (``runnercheck.impl.runner:make_runner``).
 
     ``cuda_graphs=False`` (the CLI's ``--eager``) runs bucketed steps eagerly instead of replaying graphs;
-    ``speculative`` turns the n-gram (`impl.ngram_proposer`) or draft-model (`impl.draft_proposer`) proposer on.
+    ``speculative`` turns the n-gram (`runnercheck.impl.ngram_proposer`) or draft-model (`runnercheck.impl.draft_proposer`) proposer on.
     """
     return ModelRunner(weights, limits, device, base_seed=base_seed, cuda_graphs=cuda_graphs, speculative=speculative)

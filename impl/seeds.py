@@ -1,16 +1,16 @@
 """The seed an admitted request samples with, for the runner's host step.
 
-`impl.interface.effective_seed` defines it (the request's own, else one derived from the runner's base seed and the
+`runnercheck.impl.interface.effective_seed` defines it (the request's own, else one derived from the runner's base seed and the
 request id) and stays the reference: the oracle and every other caller use it.  The runner asks `request_seed`,
-which derives the seed in C when `impl.native` built `impl/native/seeds.c` (the same BLAKE2b digest without a
+which derives the seed in C when `runnercheck.impl.native` built `impl/native/seeds.c` (the same BLAKE2b digest without a
 hashlib object, bytes and int conversion per admission) and falls back to the reference for anything the C twin
 declines.  Owner: nothing here holds state besides the loaded module.
 """
 from __future__ import annotations
 
-from impl import native
-from impl.hotpath import hot_path
-from impl.interface import SamplingParams, effective_seed
+from runnercheck.impl import native
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.interface import SamplingParams, effective_seed
 
 _seeds = native.load("seeds")  # `derived_seed`, the C twin of the derivation; None: the reference alone
 

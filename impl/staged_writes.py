@@ -2,7 +2,7 @@
 
 A `StagedWriteTensor` owns a persistent device tensor ``base`` (``[rows]`` or ``[rows, cols]``)
 whose only writer is an apply kernel.  The host records diffs ``(row, start, values)`` (or ragged
-sets of them as arrays); a flush packs them into staging (`impl.buffers`) and an apply launch
+sets of them as arrays); a flush packs them into staging (`runnercheck.impl.buffers`) and an apply launch
 scatters them into ``base``.  Later writes to the same cell win: diffs that overlap within a row
 are merged on the host (cell by cell, in order) before packing, so no two kernel programs write
 one cell.  Tensors of a `StagedWriteGroup` share one int32 word arena and are applied together,
@@ -19,11 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-from impl import native
-from impl.buffers import StagingSlot, StagingWriter
-from impl.device import Device
-from impl.hotpath import hot_path
-from impl.kernels.launch import launch
+from runnercheck.impl import native
+from runnercheck.impl.buffers import StagingSlot, StagingWriter
+from runnercheck.impl.device import Device
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.kernels.launch import launch
 
 
 @triton.jit(do_not_specialize=["values_offset"])
@@ -109,7 +109,7 @@ class StagedWriteGroup:
         self.name = name
         self.members: list[StagedWriteTensor] = []
         # Members with pending diffs, in the order they got them: one list for the group's lifetime, emptied by each
-        # flush (the C twin of an admission appends to it: `impl.state.AdmissionWriters`).
+        # flush (the C twin of an admission appends to it: `runnercheck.impl.state.AdmissionWriters`).
         self._dirty: list[StagedWriteTensor] = []
         # Single-element writes (`StagedWriteTensor.stage_scalar`) of every member, by element type: destination
         # word -> value, the later write of a cell winning.  Flushed as three arrays, not member by member.
@@ -155,7 +155,7 @@ class StagedWriteGroup:
         """Pack every member's pending diffs into staging and prepare the apply launch (enqueued by `enqueue_apply`).
 
         The diff table holds (destination word, words, source word) per diff, then the values.  It is written in
-        C when `impl.native` built it (`pack_ragged`, `pack_members`); the numpy path below is their reference:
+        C when `runnercheck.impl.native` built it (`pack_ragged`, `pack_members`); the numpy path below is their reference:
         values gathered per element type (int32, float32, int64) and turned into words with one conversion each.
         """
         self.h2d_bytes_last_flush = 0
@@ -181,7 +181,7 @@ class StagedWriteGroup:
         len_parts: list[np.ndarray] = []
         word_parts: list[np.ndarray] = []
         dirty = dirty[:]
-        self._dirty.clear()  # the one list, kept (`impl.state.AdmissionWriters` holds it)
+        self._dirty.clear()  # the one list, kept (`runnercheck.impl.state.AdmissionWriters` holds it)
         for t in dirty:
             words_per, base, cols = t.words_per_element, t.word_offset, t.num_cols
             if t._pending:
@@ -323,7 +323,7 @@ class StagedWriteGroup:
 
     def _flush_one_ragged(self, tensor: "StagedWriteTensor", writer: StagingWriter) -> None:
         """`flush` of one int32 member's one ragged set that fits a slot (a steady step's block appends):
-        the same diff table as the general path, built without its gathering (in C when `impl.native` built it)."""
+        the same diff table as the general path, built without its gathering (in C when `runnercheck.impl.native` built it)."""
         self._dirty.clear()
         rows, starts, lens, values = tensor._ragged.pop()
         n = len(lens)
@@ -524,7 +524,7 @@ class StagedWriteTensor:
     @hot_path
     def stage_list(self, row: int, values: list) -> None:
         """`stage` of ``base[row, :len(values)]`` from a list the caller hands over: kept as the pending diff, not
-        copied (an admission's row-state values, `impl.state.RequestStateTable.admit`)."""
+        copied (an admission's row-state values, `runnercheck.impl.state.RequestStateTable.admit`)."""
         if (self._deferred or self._has_cells or type(values) is not list or not 0 <= row < self.num_rows
                 or len(values) > self.num_cols or not values):
             self.stage(row, 0, values)  # the general path: its conversions, checks and errors
@@ -539,7 +539,7 @@ class StagedWriteTensor:
         at once.  These cells must not be written by the tensor's other diffs of the step (no merge).
 
         ``checked=True``: the caller's boundary already holds every diff inside the tensor (the block
-        table's appends: `impl.step_reader`), so the five reductions of the bounds check are skipped."""
+        table's appends: `runnercheck.impl.step_reader`), so the five reductions of the bounds check are skipped."""
         if len(rows) == 0:
             return
         if self._deferred:

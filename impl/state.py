@@ -60,17 +60,17 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from impl import native
-from impl.buffers import StagingWriter
-from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
-from impl.device import Device, DeviceEvent
-from impl.hotpath import hot_path
-from impl.interface import CachedRequests, CapacityError, LiveRequest, NewRequest, SamplingParams
-from impl.seeds import request_seed
+from runnercheck.impl import native
+from runnercheck.impl.buffers import StagingWriter
+from runnercheck.impl.staged_writes import StagedWriteGroup, StagedWriteTensor
+from runnercheck.impl.device import Device, DeviceEvent
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.interface import CachedRequests, CapacityError, LiveRequest, NewRequest, SamplingParams
+from runnercheck.impl.seeds import request_seed
 
 if TYPE_CHECKING:
-    from impl.block_table import BlockTable
-    from impl.sample.state import SamplingState
+    from runnercheck.impl.block_table import BlockTable
+    from runnercheck.impl.sample.state import SamplingState
 
 # `advance_decode`, `append_counts`, `admit_request`, `admit_staged`, `release_request`, `end_prefill_reads`, `admit_row`
 # and `swap_row`: the C twins of `advance`'s no-draft update, `append_blocks`, `admit`'s and `release`'s writes
@@ -218,7 +218,7 @@ class RequestStateTable:
     @property
     def batch_hint(self) -> tuple[tuple[str, ...], np.ndarray] | None:
         """The last planned batch's ids and rows while every one of its ids still holds that row (None after any
-        admission or release): the reader finds a cached request's row there without a look-up (`impl.native`
+        admission or release): the reader finds a cached request's row there without a look-up (`runnercheck.impl.native`
         read_cached)."""
         planned = self._planned
         return planned[:2] if planned is not None and type(planned[0]) is tuple else None
@@ -331,7 +331,7 @@ class RequestStateTable:
 
     def _admit_into(self, req: NewRequest, seed: int, row: int) -> None:
         generation = self._next_generation
-        # The row's tokens, mirror, RowInfo and look-ups: one C call when `impl.native` built it (`admit_request`).
+        # The row's tokens, mirror, RowInfo and look-ups: one C call when `runnercheck.impl.native` built it (`admit_request`).
         got = NotImplemented if _rows is None else _rows.admit_request(self._admit_targets, req, seed, row, generation)
         if got is NotImplemented:
             got = self._admit_reference(req, seed, row, generation)
@@ -340,9 +340,9 @@ class RequestStateTable:
 
     @hot_path
     def admit_staged(self, req: NewRequest, base_seed: int, writers: AdmissionWriters, seeds: dict[str, int]) -> int:
-        """`admit` with the rest of a runner's admission: the request's seed (`impl.seeds.request_seed`, noted in
+        """`admit` with the rest of a runner's admission: the request's seed (`runnercheck.impl.seeds.request_seed`, noted in
         ``seeds`` under its id), its block list (`BlockTable.assign`) and its sampling record
-        (`SamplingState.add_request`, the request checked at the boundary).  One C call when `impl.native` built it
+        (`SamplingState.add_request`, the request checked at the boundary).  One C call when `runnercheck.impl.native` built it
         (`admit_staged` in impl/native/rows.c, which stages into those owners' pending diffs and records as their own
         methods do), else `admit`'s writes and those methods: the reference."""
         row = self._take_row(req.req_id)
@@ -393,7 +393,7 @@ class RequestStateTable:
         params = req.sampling_params
         num_logprobs = -1 if params.logprobs is None else params.logprobs
         prompt_logprobs = -1 if params.prompt_logprobs is None or req.is_resumed else params.prompt_logprobs
-        # The mirror's row, in `_admitted_columns` order: one C call when `impl.native` built it.
+        # The mirror's row, in `_admitted_columns` order: one C call when `runnercheck.impl.native` built it.
         values = (prefill_len, hit, len(req.block_ids), 0, prompt_len, num_logprobs, prompt_logprobs, generation)
         if _rows is None or _rows.admit_row(self._prefill_np, row, prefill, self._admitted_columns, values) is NotImplemented:
             self._prefill_np[row, :prefill_len] = prefill
@@ -440,7 +440,7 @@ class RequestStateTable:
     @hot_path
     def append_blocks(self, rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """The block counts of ``rows`` (distinct; checked at the boundary to fit) before this step's appends --
-        the columns the block table writes them at -- then moved past them.  One C call when `impl.native`
+        the columns the block table writes them at -- then moved past them.  One C call when `runnercheck.impl.native`
         built it (``append_counts``); this numpy is its reference."""
         if _rows is not None:
             starts = _rows.append_counts(self.num_blocks, rows, counts)

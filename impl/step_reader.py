@@ -1,10 +1,10 @@
 """One pass over a step's `SchedulerOutput`: read it into arrays and check it, before any state changes.
 
 `read_step` is the runner's boundary.  It applies the rules of
-`impl.boundary.validate_scheduler_output` (the per-request form the oracle uses) plus the
+`runnercheck.impl.boundary.validate_scheduler_output` (the per-request form the oracle uses) plus the
 runner's own (computed counts against unconfirmed drafts), but reads the cached and scheduled
 requests with C-level passes (``map``, ``dict`` views, ``numpy``) and checks them with vectorised
-comparisons against the host mirror (`impl.state.RequestStateTable` arrays).  Per item it walks
+comparisons against the host mirror (`runnercheck.impl.state.RequestStateTable` arrays).  Per item it walks
 only what changed: finishes, preemptions, admissions, appended blocks and drafts.
 
 When a vectorised check fails, the per-request validator runs on the same step to name the
@@ -19,7 +19,7 @@ the computed counts and appended blocks (C-level passes) and checks them against
 never raises past the container and step-id checks: any step it does not accept in full goes to
 `read_step`, so the verdicts (and error classes) are `read_step`'s.  It tries the C twin of its
 checks and Python reader first (`read_steady`, `impl/native/steady.c`, built at first use by
-`impl.native`): one pass over the step's objects -- containers, step id, then the batch -- that
+`runnercheck.impl.native`): one pass over the step's objects -- containers, step id, then the batch -- that
 decides the same verdict whenever every object it reads has its exact type, and hands every other
 step to the Python checks and reader (`_read_steady`), the reference.  A general step without
 drafts is read the same way by ``read_general`` first (`impl/native/general.c`) -- the containers and
@@ -29,7 +29,7 @@ requests first and in their order -- and `read_step`'s own checks and parts, the
 it declines.
 
 The result, `StepArrays`, serves the row updates (`apply_cached`, block appends, admissions)
-and the step plan (`impl.input_batch.plan_step`); nothing reads the `SchedulerOutput` again
+and the step plan (`runnercheck.impl.input_batch.plan_step`); nothing reads the `SchedulerOutput` again
 except the admissions themselves.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from types import ModuleType, NotImplementedType
 
 import numpy as np
 
-from impl.boundary import (
+from runnercheck.impl.boundary import (
     check_block_ids,
     check_containers,
     check_gone,
@@ -49,10 +49,10 @@ from impl.boundary import (
     check_step_id,
     validate_scheduler_output,
 )
-from impl import native
-from impl.exact_ints import RepeatedInt, equal_exact_ints
-from impl.hotpath import hot_path
-from impl.interface import (
+from runnercheck.impl import native
+from runnercheck.impl.exact_ints import RepeatedInt, equal_exact_ints
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.interface import (
     MAX_SEED,
     CachedRequests,
     CapacityError,
@@ -66,7 +66,7 @@ from impl.interface import (
     SchedulerOutputError,
     blocks_per_request,
 )
-from impl.state import RequestStateTable
+from runnercheck.impl.state import RequestStateTable
 
 _EMPTY = np.zeros(0, np.int64)
 _ONES = np.ones(1024, np.int64)
@@ -200,7 +200,7 @@ _native_reader = native.load("steady")
 # The C twins of `read_step`'s parts, and its whole for a step without drafts (`impl/native/general.c`); None: the
 # Python parts alone.
 _native_general = native.load("general")
-# The C twin of `impl.boundary.check_new_request` (`impl/native/boundary.c`); None: the reference alone.
+# The C twin of `runnercheck.impl.boundary.check_new_request` (`impl/native/boundary.c`); None: the reference alone.
 _native_boundary = native.load("boundary")
 
 
@@ -286,7 +286,7 @@ def _read_steady(sched: SchedulerOutput, state: RequestStateTable, limits: Runne
     rows = last.rows
     starts = state.num_computed[rows]
     # Exact ints, one each, and computed counts equal to the mirror's bound (no draft rejection
-    # reported, nothing to shift): one C-level pass each (`impl.exact_ints`).
+    # reported, nothing to shift): one C-level pass each (`runnercheck.impl.exact_ints`).
     if not _ONE_EACH.matches(list(scheduled.values())) or not equal_exact_ints(cached.num_computed_tokens, starts):
         return None
     # Appended blocks: the requests with a non-empty list, found in one C-level pass; every other

@@ -1,16 +1,16 @@
-"""The draft-model proposer, written the obvious way (the oracle of `impl.draft_proposer`).
+"""The draft-model proposer, written the obvious way (the oracle of `runnercheck.impl.draft_proposer`).
 
 For a request with tokens ``t_0..t_{T-1}`` the proposer drafts ``k`` tokens one at a time: draft
 ``j`` comes from the draft model's float64 logits at the last position of ``t + d_0..d_{j-1}``
 (full recompute, no KV cache), turned into ``q_j`` by the request's own pipeline
-(`reference.sampler.distribution`: penalties with ``d_0..d_{j-1}`` counted as outputs,
+(`runnercheck.reference.sampler.distribution`: penalties with ``d_0..d_{j-1}`` counted as outputs,
 temperature, filters, softmax; a point mass for greedy), and sampled by Gumbel-max over
-``log q_j`` with ``DRAFT_STREAM`` noise at position ``T + j`` (`reference.spec_verify.resample`).
+``log q_j`` with ``DRAFT_STREAM`` noise at position ``T + j`` (`runnercheck.reference.spec_verify.resample`).
 The verifier then reads the drafts and their ``q`` (docs/SAMPLING.md).
 
 Each draft also carries a *fragile* flag: its ``q`` had a filter boundary (or greedy near-tie)
 within fp32 reach, or its Gumbel-max gap was below ``TIE_TOLERANCE``: the fp32 runner may then
-draft another token, and the comparison treats a difference it causes as a tie (`checks.compare`).
+draft another token, and the comparison treats a difference it causes as a tie (`runnercheck.checks.compare`).
 """
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from typing import Sequence
 
 import torch
 
-from impl.interface import DraftModelConfig, SamplingParams
-from impl.model.weights import ModelConfig, draft_weights
-from reference.model import ReferenceModel
-from reference.rng import DRAFT_STREAM
-from reference.sampler import TIE_TOLERANCE, distribution
-from reference.spec_verify import resample
+from runnercheck.impl.interface import DraftModelConfig, SamplingParams
+from runnercheck.impl.model.weights import ModelConfig, draft_weights
+from runnercheck.reference.model import ReferenceModel
+from runnercheck.reference.rng import DRAFT_STREAM
+from runnercheck.reference.sampler import TIE_TOLERANCE, distribution
+from runnercheck.reference.spec_verify import resample
 
 
 @dataclass(frozen=True)

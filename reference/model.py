@@ -36,8 +36,8 @@ from typing import Sequence
 
 import torch
 
-from impl.interface import MaxModelLenError, TokenOutOfVocabError
-from impl.model.weights import LayerWeights, ModelConfig, ModelWeights, WeightsError
+from runnercheck.impl.interface import MaxModelLenError, TokenOutOfVocabError
+from runnercheck.impl.model.weights import LayerWeights, ModelConfig, ModelWeights, WeightsError
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""The n-gram (prompt lookup) proposer, written the obvious way (the oracle of `impl.kernels.ngram`).
+"""The n-gram (prompt lookup) proposer, written the obvious way (the oracle of `runnercheck.impl.kernels.ngram`).
 
 docs/SAMPLING.md ("N-gram proposer") is the contract: for ``n = max_n`` down to ``min_n``, the
 first ``n`` whose suffix ``tokens[-n:]`` occurs earlier wins; the occurrence used is the most
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from impl.interface import NgramConfig
+from runnercheck.impl.interface import NgramConfig
 
 
 def propose_ngram(tokens: Sequence[int], config: NgramConfig) -> tuple[int, ...]:

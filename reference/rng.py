@@ -1,6 +1,6 @@
 """The sampling RNG in plain PyTorch: the float64 twin of `impl/kernels/rng.py`.
 
-The specification (runnercheck RNG v1) is stated once, in `impl.kernels.rng`'s docstring:
+The specification (runnercheck RNG v1) is stated once, in `runnercheck.impl.kernels.rng`'s docstring:
 Philox4x32-10 keyed by ``(seed lo, seed hi)`` with counter ``(token_id, position, 0, stream)``,
 64 bits ``(hi, lo) = (c0, c1)``, ``u = hi 2^-32 + (lo + 0.5) 2^-64`` clamped to ``1 - 2^-24``,
 Gumbel noise ``-log(-log1p(-u))``.  This file reproduces the bits exactly, one 32-bit word at a

@@ -2,10 +2,10 @@
 
 Per step, for each scheduled request in batch order, `ReferenceRunner` recomputes
 `ReferenceModel.logits` over the request's known sequence up to the last scheduled position (by
-causality the same numbers the whole sequence would give), and samples with `reference.sampler`
+causality the same numbers the whole sequence would give), and samples with `runnercheck.reference.sampler`
 when the scheduled tokens reach the end of what it knows.  No KV cache, no rows, no batching.
 
-Conventions it fixes for the comparison with the GPU runner (`impl.interface`, docs/SAMPLING.md):
+Conventions it fixes for the comparison with the GPU runner (`runnercheck.impl.interface`, docs/SAMPLING.md):
 
 * A request computes positions ``[start, start + n)`` where ``start`` is the cached request's
   ``num_computed_tokens`` when the scheduler sends one, else the oracle's own count; a new request
@@ -25,12 +25,12 @@ Conventions it fixes for the comparison with the GPU runner (`impl.interface`, d
 * ``seeds`` names the effective seed of every request admitted this step (first or resumed).
 
 With ``proposer=NgramConfig(...)`` a step's ``num_device_drafts`` become explicit drafts proposed by
-`reference.ngram.propose_ngram` from the request's tokens (the runner's proposer ran on the same
-tokens after the request's last sampling step), checked first by `impl.boundary.check_device_drafts`.
-With ``proposer=DraftModelConfig(...)`` they come from `reference.draft_model` (float64 draft model,
+`runnercheck.reference.ngram.propose_ngram` from the request's tokens (the runner's proposer ran on the same
+tokens after the request's last sampling step), checked first by `runnercheck.impl.boundary.check_device_drafts`.
+With ``proposer=DraftModelConfig(...)`` they come from `runnercheck.reference.draft_model` (float64 draft model,
 with their q) and a request with temperature > 0 verifies them by rejection sampling
-(`reference.spec_verify.verify_rejection`, its ``p`` from `reference.sampler.distribution`);
-`impl.boundary.check_draft_model_schedule` runs first (no explicit drafts, no prefix hits).
+(`runnercheck.reference.spec_verify.verify_rejection`, its ``p`` from `runnercheck.reference.sampler.distribution`);
+`runnercheck.impl.boundary.check_draft_model_schedule` runs first (no explicit drafts, no prefix hits).
 
 The host mirror handed to `validate_scheduler_output` is built from the per-request state, with
 ``num_tokens`` exact (the oracle knows how many drafts were accepted).
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from impl.boundary import check_device_drafts, check_draft_model_schedule, validate_scheduler_output, with_device_drafts
-from impl.interface import (
+from runnercheck.impl.boundary import check_device_drafts, check_draft_model_schedule, validate_scheduler_output, with_device_drafts
+from runnercheck.impl.interface import (
     DraftModelConfig,
     LiveRequest,
     ModelRunnerOutput,
@@ -56,12 +56,12 @@ from impl.interface import (
     UnknownRequestError,
     effective_seed,
 )
-from impl.model.weights import ModelWeights
-from reference.draft_model import DraftProposal, ReferenceDraftModel
-from reference.model import ReferenceModel
-from reference.ngram import propose_ngram
-from reference.sampler import SampleResult, distribution, is_flagged, sample, token_logprobs
-from reference.spec_verify import verify_rejection
+from runnercheck.impl.model.weights import ModelWeights
+from runnercheck.reference.draft_model import DraftProposal, ReferenceDraftModel
+from runnercheck.reference.model import ReferenceModel
+from runnercheck.reference.ngram import propose_ngram
+from runnercheck.reference.sampler import SampleResult, distribution, is_flagged, sample, token_logprobs
+from runnercheck.reference.spec_verify import verify_rejection
 
 
 class ReferenceRunnerError(ValueError):
@@ -79,7 +79,7 @@ class _RequestState:
     params: SamplingParams
     seed: int
     first_admission: bool  # prompt logprobs are only returned on a request's first admission
-    sampled_since_admission: bool = False  # the n-gram proposer has drafts for it (`reference.ngram`)
+    sampled_since_admission: bool = False  # the n-gram proposer has drafts for it (`runnercheck.reference.ngram`)
 
     @property
     def prompt(self) -> list[int]:
@@ -92,7 +92,7 @@ class _RequestState:
 
 @dataclass(frozen=True)
 class ReadyOutput:
-    """An `impl.interface.AsyncOutput` whose work is already done."""
+    """An `runnercheck.impl.interface.AsyncOutput` whose work is already done."""
 
     output: ModelRunnerOutput
 
@@ -304,7 +304,7 @@ class ReferenceRunner:
     @staticmethod
     def _verify_drafts(st: _RequestState, rows: list, drafts: tuple[int, ...],
                        proposal: DraftProposal) -> tuple[list[int], list[SampleResult]]:
-        """Rejection sampling (`reference.spec_verify`) of the draft model's drafts: tokens and their results.
+        """Rejection sampling (`runnercheck.reference.spec_verify`) of the draft model's drafts: tokens and their results.
 
         The target's ``p`` rows count the drafts before each row as outputs, like the sampler.  Every
         emitted token is reported fragile when any decision of the request (a draft's q or choice, a
@@ -322,7 +322,7 @@ class ReferenceRunner:
 
 
 class AsyncReferenceRunner:
-    """Presents a `ReferenceRunner` as an `impl.interface.Runner` (``execute_model`` returns ``.get()``-able)."""
+    """Presents a `ReferenceRunner` as an `runnercheck.impl.interface.Runner` (``execute_model`` returns ``.get()``-able)."""
 
     def __init__(self, oracle: ReferenceRunner) -> None:
         self.oracle = oracle

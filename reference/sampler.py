@@ -7,7 +7,7 @@ One logit row at a time (the row of raw model logits at the position before the 
 1. penalties (repetition over prompt + outputs, frequency and presence over outputs only),
 2. greedy for temperature 0 (argmax, lowest index on ties),
 3. ``s = l / temperature``, then 4. min-p, 5. top-k, 6. top-p (each keeps ties at its threshold),
-7. Gumbel-max with the RNG spec's noise ``reference.rng.gumbel_noise(seed, position, V)``.
+7. Gumbel-max with the RNG spec's noise ``runnercheck.reference.rng.gumbel_noise(seed, position, V)``.
 
 Besides the token, `sample` reports what the comparison with the fp32 runner needs: the gap
 between the best and second-best final score, and whether a filter boundary was *fragile*, i.e.
@@ -24,8 +24,8 @@ from typing import Sequence
 
 import torch
 
-from impl.interface import MAX_SEED, SamplingParams, TokenLogprobs, TokenOutOfVocabError
-from reference.rng import gumbel_noise
+from runnercheck.impl.interface import MAX_SEED, SamplingParams, TokenLogprobs, TokenOutOfVocabError
+from runnercheck.reference.rng import gumbel_noise
 
 TIE_TOLERANCE = 1e-3
 BOUNDARY_RTOL = 1e-4
@@ -306,7 +306,7 @@ class OracleTokenLogprobs(TokenLogprobs):
     ``neighbour_gaps``: ``l[j] - l[token_id]`` for the other tokens within `RANK_NEIGHBOUR_WINDOW`
     of the target's logit (the closest `MAX_RANK_NEIGHBOURS`), ascending by distance.  A float32
     runner may order such a token on the other side of the target at any rank, not only inside the
-    top-n list (`checks.compare`): a rank may move by the neighbours within the comparison's
+    top-n list (`runnercheck.checks.compare`): a rank may move by the neighbours within the comparison's
     tolerance, and by no more.
     """
 

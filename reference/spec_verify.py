@@ -11,7 +11,7 @@ probabilities ``p[0..k]`` (``k + 1`` rows, row ``k`` the bonus position), the dr
   zero everywhere), after ``k`` acceptances sample the bonus from ``p_k``; resampling is the
   Gumbel-max of ``log r + g`` with ``g`` from the resample stream.
 
-Inputs are checked first and rejected with the `impl.interface.SpecVerifyError` subclasses.
+Inputs are checked first and rejected with the `runnercheck.impl.interface.SpecVerifyError` subclasses.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from impl.interface import (
+from runnercheck.impl.interface import (
     MAX_SEED,
     SpecLayoutError,
     SpecProbabilityError,
@@ -29,8 +29,8 @@ from impl.interface import (
     SpecVerifyError,
     SpecVocabMismatchError,
 )
-from reference.rng import ACCEPT_STREAM, RESAMPLE_STREAM, gumbel_from_bits, philox_64bits, uniform_from_bits
-from reference.sampler import TIE_TOLERANCE
+from runnercheck.reference.rng import ACCEPT_STREAM, RESAMPLE_STREAM, gumbel_from_bits, philox_64bits, uniform_from_bits
+from runnercheck.reference.sampler import TIE_TOLERANCE
 
 DEFAULT_MAX_SPEC_TOKENS = 16
 # An accept test this close to its boundary may flip between float64 and the kernel's fp32.

@@ -14,7 +14,7 @@ one list per tick::
     {"op": "preempt", "req_id": "r5"}
 
 `TraceReplay` applies a recorded trace tick by tick, so a replay depends only on the trace (not on
-this module's random code path).  Both are ``before_tick`` callbacks for `stress.driver`.
+this module's random code path).  Both are ``before_tick`` callbacks for `runnercheck.stress.driver`.
 
 Ownership: a `Churn` owns its RNG and its trace (host lists, appended to only by `__call__`).
 """
@@ -24,8 +24,8 @@ import random
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Sequence
 
-from impl.interface import RunnerLimits, SamplingParams
-from stress.scheduler import SchedulerSim
+from runnercheck.impl.interface import RunnerLimits, SamplingParams
+from runnercheck.stress.scheduler import SchedulerSim
 
 OPS = ("add", "abort", "preempt")
 
@@ -120,7 +120,7 @@ class ChurnConfig:
     system_prompt_len: int = 8
     conversation_prob: float = 0.25  # a new prompt continues a finished request's conversation
     # Cycle every request through `PARAM_PLAN` (each entry's knobs forced on, the rest random), so a
-    # short campaign still reaches every interacting pair of sampling knobs (`stress.coverage`).
+    # short campaign still reaches every interacting pair of sampling knobs (`runnercheck.stress.coverage`).
     param_plan: bool = False
     # A new prompt is a short pattern repeated (the n-gram proposer's drafts then match); 0: never drawn.
     repetitive_prompt_prob: float = 0.0
@@ -206,7 +206,7 @@ class Churn:
         params = self._params(max_tokens)
         if len(prompt) > cfg.max_prompt_len and params.prompt_logprobs is not None:
             # Prompt logprobs only for prompts of at most max_prompt_len tokens: a logits fault
-            # (`stress.faults`) placed past that position never reaches a row that feeds them.
+            # (`runnercheck.stress.faults`) placed past that position never reaches a row that feeds them.
             params = replace(params, prompt_logprobs=None)
         return {"op": "add", "req_id": req_id, "prompt": prompt, "params": params_to_dict(params)}
 

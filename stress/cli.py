@@ -3,7 +3,7 @@
 Each command lives in its own module exposing ``add_arguments(parser)`` and
 ``run(args) -> int`` (the exit status); only the chosen one is imported (the top-level help is
 built from the table below without importing any command, as vLLM's CLI does).  The shared
-options (`stress.cli_options`) are added here, once, with one rule each: ``--device auto`` is
+options (`runnercheck.stress.cli_options`) are added here, once, with one rule each: ``--device auto`` is
 cuda when torch sees a GPU, else sim, in every command; ``--seed`` is an integer in [0, 2^63);
 ``--out`` must be creatable and writable and not a file; ``--csan`` (stress, verify, chisq) needs the
 resolved device to be cuda; ``-v``/``-q`` set the log level.  They
@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 
-from stress.cli_options import (
+from runnercheck.stress.cli_options import (
     CsanDeviceError,
     DeviceUnavailableError,
     add_logging_options,
@@ -43,16 +43,16 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "verify": Command("stress.verify", "the main job: runner vs oracle under stress, detectors armed, sampler statistics", eager=True, csan=True),
-    "stress": Command("stress.stress_cmd", "long random churn on one seed; writes a repro file on divergence", eager=True, csan=True),
-    "replay": Command("stress.replay", "re-run a recorded repro file", run_options=False),
-    "chisq": Command("checks.chisq", "chi-square tests of a sampler against the exact distributions", csan=True,
+    "verify": Command("runnercheck.stress.verify", "the main job: runner vs oracle under stress, detectors armed, sampler statistics", eager=True, csan=True),
+    "stress": Command("runnercheck.stress.stress_cmd", "long random churn on one seed; writes a repro file on divergence", eager=True, csan=True),
+    "replay": Command("runnercheck.stress.replay", "re-run a recorded repro file", run_options=False),
+    "chisq": Command("runnercheck.checks.chisq", "chi-square tests of a sampler against the exact distributions", csan=True,
                      shard="matrix cases and planted biases (the spec cases and the calibration run in shard 0; "
                            "each shard corrects its own tests)"),
-    "mutants": Command("stress.mutants_cmd", "run the checks against the catalogue of deliberate bugs", eager=True),
-    "bench": Command("bench.cli", "benchmarks (results are data, not tests)", eager=True),
-    "lint": Command("checks.lint", "static scan of hot-path functions for host reads of device data", run_options=False),
-    "env": Command("stress.env_cmd", "device kind, torch/triton versions, whether Triton is interpreted", run_options=False),
+    "mutants": Command("runnercheck.stress.mutants_cmd", "run the checks against the catalogue of deliberate bugs", eager=True),
+    "bench": Command("runnercheck.bench.cli", "benchmarks (results are data, not tests)", eager=True),
+    "lint": Command("runnercheck.checks.lint", "static scan of hot-path functions for host reads of device data", run_options=False),
+    "env": Command("runnercheck.stress.env_cmd", "device kind, torch/triton versions, whether Triton is interpreted", run_options=False),
 }
 
 
@@ -104,7 +104,7 @@ def prepare_triton_env(argv: list[str]) -> None:
     interpreter gets `speed_up_interpreter`."""
     if "TRITON_INTERPRET" not in os.environ:
         _choose_interpreter(argv)
-    from impl.kernels.interpreter import speed_up_interpreter
+    from runnercheck.impl.kernels.interpreter import speed_up_interpreter
 
     speed_up_interpreter()
 
@@ -124,8 +124,8 @@ def _choose_interpreter(argv: list[str]) -> None:
 
 def check_shared(args: argparse.Namespace) -> None:
     """The shared options' rules, whichever module declared them (`UsageError` with one line)."""
-    from checks.report_folder import OutDirError, check_out_dir
-    from stress.run_config import seed_problem
+    from runnercheck.checks.report_folder import OutDirError, check_out_dir
+    from runnercheck.stress.run_config import seed_problem
 
     if hasattr(args, "seed") and args.seed is not None and seed_problem(args.seed):
         raise UsageError(f"argument --seed: {seed_message(args.seed)}")

@@ -2,14 +2,14 @@
 
 * ``--device {auto,cuda,cpu,sim}``: **auto means cuda when torch sees a GPU, else sim** -- in
   every command (`resolve_device`); asking for cuda without one is a usage error.
-* ``--seed S``: an integer in ``[0, 2^63)`` everywhere (`stress.run_config.seed_problem` words
+* ``--seed S``: an integer in ``[0, 2^63)`` everywhere (`runnercheck.stress.run_config.seed_problem` words
   the message).
 * ``--out DIR``: a report folder that can be created and written and is not a file
-  (`checks.report_folder.check_out_dir`), checked before any work.
+  (`runnercheck.checks.report_folder.check_out_dir`), checked before any work.
 * ``--no-progress``: no progress bar (progress lines still go to a non-terminal log).
 * ``-v`` / ``-q``: more / less logging (`logging`, to stderr).
 * ``--eager``: run the runner without CUDA graphs (``cuda_graphs=False`` to factories that take it).
-* ``--csan`` (stress, verify, chisq): run under PyTorch's CUDA stream sanitizer (`checks.csan`);
+* ``--csan`` (stress, verify, chisq): run under PyTorch's CUDA stream sanitizer (`runnercheck.checks.csan`);
   a race it reports is a finding of check ``csan``.  Needs cuda: ``resolve_csan`` is the one rule,
   applied after ``--device`` is resolved and before any work (`CsanDeviceError` otherwise).
 * ``--shard I/N`` (campaigns: verify's runs, mutants' seeds): this job takes items ``I, I+N,
@@ -28,7 +28,7 @@ from typing import Callable, Sequence, TypeVar
 
 _T = TypeVar("_T")
 
-from stress.run_config import seed_problem
+from runnercheck.stress.run_config import seed_problem
 
 DEVICE_CHOICES = ("auto", "cuda", "cpu", "sim")
 
@@ -43,7 +43,7 @@ class CsanDeviceError(ValueError):
 
 def resolve_csan(csan: bool, device: str) -> bool:
     """The one rule for ``--csan``: only on a resolved ``cuda`` device."""
-    from checks.csan import NEEDS_CUDA
+    from runnercheck.checks.csan import NEEDS_CUDA
 
     if csan and device != "cuda":
         raise CsanDeviceError(f"{NEEDS_CUDA} (the device resolved to {device})")

@@ -12,10 +12,10 @@ output that the oracle agreed with) and counts, per feature of `FEATURES`:
 * draft tokens: none, some or all of a step's drafts accepted;
 * prefill chunking: a prefill in one step, the first / a middle / the final chunk of a split
   prefill, a chunk ending on a block boundary, a decode step;
-* NaN and +Inf logit rows sampled (planted by `stress.faults` in runner and oracle alike; counted
+* NaN and +Inf logit rows sampled (planted by `runnercheck.stress.faults` in runner and oracle alike; counted
   in runs whose runner took the hook: `FAULT_FEATURES`).
 
-Features counted by other observers (staged-write patterns: `stress.staged_writes`) are merged in
+Features counted by other observers (staged-write patterns: `runnercheck.stress.staged_writes`) are merged in
 with `add`.  A campaign whose total for a feature is zero did not test it: `zero_features` names
 those, and `verify` fails on them.
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
-from checks.compare import first_output_positions
-from impl.interface import RunnerLimits, SamplingParams
+from runnercheck.checks.compare import first_output_positions
+from runnercheck.impl.interface import RunnerLimits, SamplingParams
 
 _KNOBS = {
     "top-k": lambda p: p.top_k != -1,
@@ -53,7 +53,7 @@ FEATURES: tuple[str, ...] = (
     "prefill in one step", "prefill chunk: first", "prefill chunk: middle", "prefill chunk: final",
     "chunk ends on a block boundary", "decode step",
 )
-# Counted only in runs whose runner took the logits fault hook (`stress.faults`).
+# Counted only in runs whose runner took the logits fault hook (`runnercheck.stress.faults`).
 FAULT_FEATURES: tuple[str, ...] = ("logits: NaN row sampled", "logits: +Inf row sampled")
 
 
@@ -98,7 +98,7 @@ class CoverageCounter:
         self.counts.update(counts)
 
     def observe(self, report: Any) -> None:
-        """Count the features of one delivered step (``report``: a `stress.driver.StepReport`)."""
+        """Count the features of one delivered step (``report``: a `runnercheck.stress.driver.StepReport`)."""
         sched, got = report.sched, report.got
         if got is None or not report.comparison.ok:
             return
@@ -184,7 +184,7 @@ def merge(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
 
 def zero_features(totals: Mapping[str, int]) -> list[str]:
     """Features a campaign never exercised (patterns the runner never issues are shown, not gated)."""
-    from stress.staged_writes import UNGATED_STAGED_FEATURES
+    from runnercheck.stress.staged_writes import UNGATED_STAGED_FEATURES
 
     return [f for f in totals if totals[f] == 0 and f not in UNGATED_STAGED_FEATURES]
 

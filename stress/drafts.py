@@ -4,7 +4,7 @@ The scheduler simulator guesses drafts from a request's history; with random-wei
 guesses are almost never right, so a campaign would exercise only the "none accepted" path of
 speculative decoding.  `OracleDrafts` rewrites each step's drafts (same count, so the scheduler's
 bookkeeping holds) before the step is enqueued: it continues the request's sequence with the
-oracle's own pipeline (`reference.sampler.sample` on the oracle model's logits, the request's seed
+oracle's own pipeline (`runnercheck.reference.sampler.sample` on the oracle model's logits, the request's seed
 and noise positions; tokens of steps still in flight are predicted the same way), then, seeded,
 keeps the whole continuation (all drafts accepted), breaks it after a random prefix (some
 accepted), or breaks its first token (none accepted).
@@ -21,14 +21,14 @@ import dataclasses
 import random
 from typing import Any
 
-from checks.compare import first_output_positions
-from impl.interface import SchedulerOutput
+from runnercheck.checks.compare import first_output_positions
+from runnercheck.impl.interface import SchedulerOutput
 
 DRAFT_SOURCES = ("random", "oracle")
 
 
 class OracleDrafts:
-    """``rewrite(sched) -> sched`` for `stress.driver.DifferentialRun`; see the module docstring."""
+    """``rewrite(sched) -> sched`` for `runnercheck.stress.driver.DifferentialRun`; see the module docstring."""
 
     def __init__(self, oracle: Any, seed: int, vocab_size: int):
         self.oracle = oracle
@@ -43,7 +43,7 @@ class OracleDrafts:
         return dataclasses.replace(sched, draft_token_ids=drafts)
 
     def _drafts(self, rid: str, first_position: int | None, guessed: tuple[int, ...]) -> tuple[int, ...]:
-        from reference.sampler import sample
+        from runnercheck.reference.sampler import sample
 
         state = getattr(self.oracle, "_requests", {}).get(rid)
         if state is None or first_position is None:

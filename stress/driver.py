@@ -9,12 +9,12 @@ Order within one tick (async scheduling, as a serving engine runs):
    (or whenever the scheduler is blocked waiting for outputs): the runner's output N is read, the
    oracle computes step N (it lags the runner, so a tie adopted with
    ``oracle.replace_output_token`` lands before the oracle computes step N+1), the two are
-   compared (`checks.compare`), ties are adopted, and the runner's output goes to the scheduler.
+   compared (`runnercheck.checks.compare`), ties are adopted, and the runner's output goes to the scheduler.
 
 The run stops at the first step with a divergence (outputs still in flight are drained, not
 compared).  An exception raised by the runner is recorded as a divergence of kind
 ``runner-error``, and an output that breaks the runner-output contract
-(`checks.compare.check_output_contract`: ids, row counts, token ranges) as one of kind
+(`runnercheck.checks.compare.check_output_contract`: ids, row counts, token ranges) as one of kind
 ``output-contract``, so that stress runs write a repro for those too; exceptions from the
 scheduler, the mirror or the oracle are harness bugs and propagate.
 """
@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from checks.compare import (
+from runnercheck.checks.compare import (
     DEFAULT_LOGPROB_ATOL,
     Divergence,
     StepComparison,
@@ -35,13 +35,13 @@ from checks.compare import (
     compare_step,
     first_output_positions,
 )
-from impl.interface import AsyncOutput, ModelRunnerOutput, Runner, SchedulerOutput
-from stress.runners import RunnerBoundaryMirror
-from stress.scheduler import SchedulerSim, SchedulerStats
+from runnercheck.impl.interface import AsyncOutput, ModelRunnerOutput, Runner, SchedulerOutput
+from runnercheck.stress.runners import RunnerBoundaryMirror
+from runnercheck.stress.scheduler import SchedulerSim, SchedulerStats
 
 
 class Oracle(Protocol):
-    """What the driver needs from `reference.runner.ReferenceRunner`."""
+    """What the driver needs from `runnercheck.reference.runner.ReferenceRunner`."""
 
     last_results: dict
 
@@ -72,7 +72,7 @@ class RunResult:
     ties: list[Tie] = field(default_factory=list)
     divergences: list[Divergence] = field(default_factory=list)
     scheduler_stats: SchedulerStats | None = None
-    spec_stats: dict | None = None  # `stress.spec_scheduler.SpecStats.to_dict()` when the n-gram proposer ran
+    spec_stats: dict | None = None  # `runnercheck.stress.spec_scheduler.SpecStats.to_dict()` when the n-gram proposer ran
     runner_traceback: str | None = None
     elapsed_s: float = 0.0
 
@@ -122,7 +122,7 @@ class DifferentialRun:
         self.on_step = on_step
         self.before_tick = before_tick
         self.before_enqueue = before_enqueue
-        self.rewrite = rewrite  # e.g. `stress.drafts.OracleDrafts`: same shape, other draft values
+        self.rewrite = rewrite  # e.g. `runnercheck.stress.drafts.OracleDrafts`: same shape, other draft values
         self.tie_tolerance = tie_tolerance
         self.logprob_atol = logprob_atol
         self.mirror = RunnerBoundaryMirror(scheduler.limits)

@@ -14,7 +14,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import triton
 
-    from impl.device import Device, triton_interpreted
+    from runnercheck.impl.device import Device, triton_interpreted
 
     dev = Device(args.device, seed=0)
     print(f"python      {platform.python_version()}")

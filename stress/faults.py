@@ -1,14 +1,14 @@
 """A logits fault hook: NaN and +Inf entries planted in sampled logit rows, from outside ``impl/``.
 
 The rule is a pure function of the row's noise position ``p`` (the sequence index of the token
-the row samples; `checks.compare.first_output_positions`), so the runner and the oracle apply it
+the row samples; `runnercheck.checks.compare.first_output_positions`), so the runner and the oracle apply it
 identically without sharing state:
 
 * rows with ``p >= min_position`` and ``p % modulus == nan_residue`` get a NaN at column
   ``(p * 7919 + 13) % vocab``;
 * rows with ``p >= min_position`` and ``p % modulus == inf_residue`` get a +Inf there.
 
-``min_position`` is at least the longest prompt that asks for prompt logprobs (`stress.churn`
+``min_position`` is at least the longest prompt that asks for prompt logprobs (`runnercheck.stress.churn`
 asks only for prompts of at most ``max_prompt_len`` tokens; a conversation's or system prompt's
 longer prompt does not), so the rule never touches a row whose logits feed prompt logprobs (those
 predict positions inside the prompt); it only touches rows that are sampled (or computed and
@@ -18,7 +18,7 @@ entry is set; the oracle's pipeline follows the same rule, so the differential c
 
 Installation patches instances only: the runner's ``sampler.sample`` (device ops on the logits
 and the positions tensor it is handed -- no host read) and the oracle's ``model.logits`` (float64
-rows, row ``i`` predicting position ``i + 1``).  A runner without an ``impl.sample.Sampler`` at
+rows, row ``i`` predicting position ``i + 1``).  A runner without an ``runnercheck.impl.sample.Sampler`` at
 ``runner.sampler`` cannot take the hook; `install` reports that and the campaign notes it.  A
 runner with a CUDA-graph manager captures its graphs again after the hook is in place (a graph
 captured before it would replay the sampler without the faults: found on the H200, where both

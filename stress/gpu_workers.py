@@ -4,7 +4,7 @@ Importing this module pins the process: in an xdist worker (``PYTEST_XDIST_WORKE
 ``CUDA_VISIBLE_DEVICES`` lists several devices, it keeps only device ``k mod n`` of that list, so
 the workers spread over the GPUs one each in turn.  It must run before CUDA initialises (the CUDA
 runtime reads the variable once): the suite's ``conftest.py`` imports it before torch, and
-``pytest -p stress.gpu_workers`` does the same for another suite.  An empty or one-device list,
+``pytest -p runnercheck.stress.gpu_workers`` does the same for another suite.  An empty or one-device list,
 or a process that is not an xdist worker, is left as it is.
 
 As a pytest plugin it reports where each worker ran: a worker hands its pinned list to the

@@ -8,15 +8,15 @@ run, and return one typed `Findings` -- the only loop behind `verify`, `stress`,
   scheduler simulator.  Every setup problem is a `RunSetupError`.
 * `Detectors`: the host-sync detector in count mode around ``execute_model``, the
   staging-lifetime checker (``count`` or ``error`` mode) on the runner's staging pool, when it has
-  one, the output-slot checksums on its output ring (`checks.output_slots`: their violations count
-  as lifetime violations, the slots' lifetime), and the KV provenance check with the prefix-cache statistics (`stress.prefix_checks`),
+  one, the output-slot checksums on its output ring (`runnercheck.checks.output_slots`: their violations count
+  as lifetime violations, the slots' lifetime), and the KV provenance check with the prefix-cache statistics (`runnercheck.stress.prefix_checks`),
   armed after any mutant.  A host sync beyond the runner's own counted back-pressure waits is a
   finding; so is a KV provenance violation.  With ``config.csan`` (cuda) the session also holds a
-  `checks.csan.CsanMonitor`, armed *before* the runner is built (CSAN must see the init-time writes
+  `runnercheck.checks.csan.CsanMonitor`, armed *before* the runner is built (CSAN must see the init-time writes
   the first steps read) and before a device mutant is installed: every race CSAN reports during
   the run is a finding of check ``csan``, recorded, not raised.
 * `checked_run(config, ops)`: the differential run with ``ops`` (`ChurnOps` or `TraceOps`) as
-  the operation source, in this process; `stress.isolation.isolated_runs` runs it in child
+  the operation source, in this process; `runnercheck.stress.isolation.isolated_runs` runs it in child
   processes (a crash becomes a finding with a repro).
 
 Ownership: a `Session` owns one run's device, runner, oracle and scheduler; `Detectors` own the
@@ -31,13 +31,13 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from checks.loader import LoaderError, accepts_keyword, load_callable
-from stress.churn import Churn, ChurnConfig, TraceReplay
-from stress.coverage import CoverageCounter
-from stress.driver import DifferentialRun, RunResult, StepReport
-from stress.repro import Repro
-from stress.run_config import RunConfig, RunSetupError, check_model_size, delay_policy_from_dict
-from stress.scheduler import SchedulerSim
+from runnercheck.checks.loader import LoaderError, accepts_keyword, load_callable
+from runnercheck.stress.churn import Churn, ChurnConfig, TraceReplay
+from runnercheck.stress.coverage import CoverageCounter
+from runnercheck.stress.driver import DifferentialRun, RunResult, StepReport
+from runnercheck.stress.repro import Repro
+from runnercheck.stress.run_config import RunConfig, RunSetupError, check_model_size, delay_policy_from_dict
+from runnercheck.stress.scheduler import SchedulerSim
 
 _log = logging.getLogger(__name__)
 
@@ -51,8 +51,8 @@ class Session:
     runner: Any
     oracle: Any
     scheduler: SchedulerSim
-    fault: Any = None  # the installed `stress.faults.LogitsFault`, if the config asks for one and the runner takes it
-    csan: Any = None  # the armed `checks.csan.CsanMonitor` of a ``config.csan`` run (disarmed by `checked_run`)
+    fault: Any = None  # the installed `runnercheck.stress.faults.LogitsFault`, if the config asks for one and the runner takes it
+    csan: Any = None  # the armed `runnercheck.checks.csan.CsanMonitor` of a ``config.csan`` run (disarmed by `checked_run`)
 
 
 def load_runner_factory(spec: str) -> Callable:
@@ -65,7 +65,7 @@ def load_runner_factory(spec: str) -> Callable:
 
 def build_session(config: RunConfig) -> Session:
     """Weights, device, runner (+ mutant), oracle and scheduler for ``config`` (and the CSAN monitor)."""
-    from impl.device import Device, DeviceError
+    from runnercheck.impl.device import Device, DeviceError
 
     check_model_size(config.model_config, config.limits)
     try:
@@ -84,8 +84,8 @@ def build_session(config: RunConfig) -> Session:
 
 
 def arm_csan() -> Any:
-    """An armed `checks.csan.CsanMonitor`; `RunSetupError` when this torch or machine has no CSAN."""
-    from checks.csan import CsanMonitor, CsanUnavailableError
+    """An armed `runnercheck.checks.csan.CsanMonitor`; `RunSetupError` when this torch or machine has no CSAN."""
+    from runnercheck.checks.csan import CsanMonitor, CsanUnavailableError
 
     try:
         return CsanMonitor().arm()
@@ -94,7 +94,7 @@ def arm_csan() -> Any:
 
 
 def _build_on(device: Any, config: RunConfig) -> Session:
-    from impl.model.weights import random_weights
+    from runnercheck.impl.model.weights import random_weights
 
     if config.mutant is not None and _mutant_target(config.mutant) == "device":
         apply_mutant(config.mutant, device=device)  # before the runner allocates through the device
@@ -118,7 +118,7 @@ def _build_on(device: Any, config: RunConfig) -> Session:
                              ngram_spec_tokens=config.scheduler.ngram_spec_tokens, draft_model=config.scheduler.draft_model)
     if config.mutant is not None and _mutant_target(config.mutant) != "device":
         apply_mutant(config.mutant, runner, scheduler)
-    from reference.runner import ReferenceRunner, ReferenceRunnerError
+    from runnercheck.reference.runner import ReferenceRunner, ReferenceRunnerError
 
     try:
         oracle = ReferenceRunner(weights, config.limits, base_seed=config.seed, proposer=proposer)
@@ -126,7 +126,7 @@ def _build_on(device: Any, config: RunConfig) -> Session:
         raise RunSetupError(f"oracle: {e}") from None
     fault = None
     if config.logits_fault is not None:
-        from stress.faults import FaultSpecError, LogitsFault
+        from runnercheck.stress.faults import FaultSpecError, LogitsFault
 
         try:
             fault = LogitsFault.from_dict(config.logits_fault)
@@ -141,11 +141,11 @@ def _build_on(device: Any, config: RunConfig) -> Session:
 def ngram_config(config: RunConfig) -> Any:
     """The proposer config the runner and the oracle run with (None: the proposer is off).
 
-    `impl.interface.NgramConfig`, or with ``scheduler.draft_model`` a `DraftModelConfig` of that
+    `runnercheck.impl.interface.NgramConfig`, or with ``scheduler.draft_model`` a `DraftModelConfig` of that
     preset whose weights come from the run's seed (the target's preset as its own draft drafts
     with the target's weights: near-full acceptance).  A preset that does not fit raises ValueError."""
-    from impl.interface import DraftModelConfig, NgramConfig
-    from impl.model.weights import preset
+    from runnercheck.impl.interface import DraftModelConfig, NgramConfig
+    from runnercheck.impl.model.weights import preset
 
     k = config.scheduler.ngram_spec_tokens
     if k and config.scheduler.draft_model:
@@ -158,7 +158,7 @@ def ngram_config(config: RunConfig) -> Any:
 
 
 def _mutant_target(name: str) -> str:
-    from stress import mutants
+    from runnercheck.stress import mutants
 
     try:
         return mutants.get(name).target
@@ -168,8 +168,8 @@ def _mutant_target(name: str) -> str:
 
 def apply_mutant(name: str, runner: Any = None, scheduler: Any = None, *, device: Any = None) -> Any:
     """Install mutant ``name`` into ``runner`` (or, for a scheduler mutant, ``scheduler``; for a device
-    mutant, ``device``; `stress.mutants`); `RunSetupError` when it cannot be."""
-    from stress import mutants
+    mutant, ``device``; `runnercheck.stress.mutants`); `RunSetupError` when it cannot be."""
+    from runnercheck.stress import mutants
 
     try:
         return mutants.apply(name, runner=runner, scheduler=scheduler, device=device)
@@ -181,7 +181,7 @@ def apply_mutant(name: str, runner: Any = None, scheduler: Any = None, *, device
 
 
 def counted_waits(runner: Any) -> int:
-    """Host waits ``runner`` counts itself (back-pressure), as `impl.runner.ModelRunner` exposes them; 0 otherwise."""
+    """Host waits ``runner`` counts itself (back-pressure), as `runnercheck.impl.runner.ModelRunner` exposes them; 0 otherwise."""
     counters = (("state", "num_quarantine_waits"), ("staging", "num_backpressure_waits"), ("outputs", "num_backpressure_waits"))
     return sum(int(getattr(getattr(runner, owner, None), name, 0) or 0) for owner, name in counters)
 
@@ -200,11 +200,11 @@ class Detectors:
     ``csan``, the session's CSAN monitor when the run has one."""
 
     def __init__(self, runner: Any, lifetime_mode: str = "count", scheduler: Any = None, csan: Any = None):
-        from checks.lifetime import LifetimeChecker
-        from checks.output_slots import arm_output_checksums
-        from checks.staging_slots import arm_staging_checksums
-        from checks.sync import arm_runner
-        from stress.prefix_checks import arm_prefix_checks
+        from runnercheck.checks.lifetime import LifetimeChecker
+        from runnercheck.checks.output_slots import arm_output_checksums
+        from runnercheck.checks.staging_slots import arm_staging_checksums
+        from runnercheck.checks.sync import arm_runner
+        from runnercheck.stress.prefix_checks import arm_prefix_checks
 
         self.runner = runner
         self.sync_report = arm_runner(runner, "count")
@@ -271,7 +271,7 @@ class Detectors:
 
 @dataclass(frozen=True)
 class ChurnOps:
-    """Seeded random churn (`stress.churn.Churn`); ``workload`` names a mutant workload's params."""
+    """Seeded random churn (`runnercheck.stress.churn.Churn`); ``workload`` names a mutant workload's params."""
 
     churn: ChurnConfig = field(default_factory=ChurnConfig)
     workload: str | None = None
@@ -279,7 +279,7 @@ class ChurnOps:
 
 @dataclass(frozen=True)
 class TraceOps:
-    """A recorded operation trace (`stress.churn.TraceReplay`)."""
+    """A recorded operation trace (`runnercheck.stress.churn.TraceReplay`)."""
 
     trace: list
 
@@ -290,7 +290,7 @@ def make_ops(source: ChurnOps | TraceOps, config: RunConfig) -> Any:
         return TraceReplay(source.trace)
     if source.workload is None:
         return Churn(config.limits, config.seed, source.churn)
-    from stress.mutant_workloads import WORKLOADS
+    from runnercheck.stress.mutant_workloads import WORKLOADS
 
     params = WORKLOADS[source.workload].params
 
@@ -318,8 +318,8 @@ class Findings:
     lifetime_checked: bool = False
     lifetime_violations: int = 0
     lifetime_errors: list[str] = field(default_factory=list)
-    prefix: Any = None  # `stress.prefix_checks.PrefixCacheFindings` (hit rate, KV provenance), None if not armed
-    csan_checked: bool = False  # the run ran under CSAN (`checks.csan`)
+    prefix: Any = None  # `runnercheck.stress.prefix_checks.PrefixCacheFindings` (hit rate, KV provenance), None if not armed
+    csan_checked: bool = False  # the run ran under CSAN (`runnercheck.checks.csan`)
     csan_races: int = 0  # races CSAN reported
     csan_lines: list[str] = field(default_factory=list)  # the first races, one line each (tensor, ops, streams, sites)
     csan_reports: list[str] = field(default_factory=list)  # CSAN's own messages (stacks) of the first races
@@ -348,7 +348,7 @@ class Findings:
 
     def repro(self) -> Repro:
         """The repro file of this run: its configuration, the trace it applied, its first divergence."""
-        from checks.provenance import device_name, provenance
+        from runnercheck.checks.provenance import device_name, provenance
 
         steps = min(self.result.ticks, len(self.trace))
         return Repro(replace(self.config, steps=steps), [list(ops) for ops in self.trace[:steps]], self.first_divergence_line(),
@@ -364,7 +364,7 @@ class _StopRun(Exception):
 
 def _device_fault(result: RunResult, error: Exception, when: str) -> Any:
     """The runner-error divergence of device work that failed after the last compared step."""
-    from checks.compare import Divergence
+    from runnercheck.checks.compare import Divergence
 
     return Divergence(result.steps, None, None, "runner-error", None, type(error).__name__, f"{when}: {error}")
 
@@ -394,7 +394,7 @@ def checked_run(config: RunConfig, source: ChurnOps | TraceOps, *, name: str = "
 
     Observers: ``on_tick(tick)`` as each tick starts, ``on_step`` for each delivered step,
     ``on_tick_ops(tick, ops)`` after a tick's operations were applied, ``on_delivered(step_id)``
-    after a step agreed, ``on_enqueue(step_id)`` before a step is enqueued (`stress.isolation`
+    after a step agreed, ``on_enqueue(step_id)`` before a step is enqueued (`runnercheck.stress.isolation`
     streams the last three to the parent process).
     """
     started = time.perf_counter()
@@ -416,7 +416,7 @@ def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps |
     detectors = Detectors(session.runner, lifetime_mode, session.scheduler, session.csan)
     ops = make_ops(source, config)
     coverage = CoverageCounter(config.limits, session.fault)
-    from stress.staged_writes import StagedWriteObserver
+    from runnercheck.stress.staged_writes import StagedWriteObserver
 
     staged = StagedWriteObserver(session.runner)
     delay_policy = delay_policy_from_dict(config.delay_policy) if config.delay_policy else None
@@ -455,7 +455,7 @@ def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps |
 
     rewrite = None
     if config.draft_source == "oracle":
-        from stress.drafts import OracleDrafts
+        from runnercheck.stress.drafts import OracleDrafts
 
         rewrite = OracleDrafts(session.oracle, config.seed, config.limits.vocab_size)
     driver = DifferentialRun(session.runner, session.oracle, session.scheduler, on_step=observe,

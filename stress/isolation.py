@@ -1,6 +1,6 @@
 """Checked runs in child processes: a crash is a finding, and independent runs share the cores.
 
-`isolated_runs(jobs, parallel=N)` runs each `IsolatedJob` (a `stress.harness.checked_run`) in its
+`isolated_runs(jobs, parallel=N)` runs each `IsolatedJob` (a `runnercheck.stress.harness.checked_run`) in its
 own child process, at most ``N`` at a time; the parent multiplexes their pipes from one thread.
 A child streams, as its run goes, each tick's operations, each step it enqueues and each step that
 agreed with the oracle, then its `Findings`.  When a child dies instead -- a segfault in an
@@ -25,10 +25,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from checks.compare import Divergence
-from stress.driver import RunResult
-from stress.harness import ChurnOps, Findings, TraceOps, checked_run
-from stress.run_config import RunConfig, RunSetupError
+from runnercheck.checks.compare import Divergence
+from runnercheck.stress.driver import RunResult
+from runnercheck.stress.harness import ChurnOps, Findings, TraceOps, checked_run
+from runnercheck.stress.run_config import RunConfig, RunSetupError
 
 _log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""JUnit renderings of `verify` and `mutants` results (`checks.junit` writes the XML).
+"""JUnit renderings of `verify` and `mutants` results (`runnercheck.checks.junit` writes the XML).
 
 verify: one case per run (failure: its first divergence, crash, host sync, lifetime, kv provenance
 violation or csan race;
@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from checks.junit import JUnitCase, write_junit
-from stress.run_config import RunSetupError
+from runnercheck.checks.junit import JUnitCase, write_junit
+from runnercheck.stress.run_config import RunSetupError
 
 
 def check_junit_path(path: str | os.PathLike) -> Path:

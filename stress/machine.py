@@ -6,32 +6,32 @@ without seeds, logprobs, prompt logprobs, stop tokens), add requests that share 
 earlier prompt or a fixed system prompt (so the scheduler's prefix cache hits), evict unreferenced
 cached blocks (memory pressure), abort and preempt random live requests (with device drafts in
 flight too), add repetitive-pattern prompts (greedy or not, stopping on the pattern's token or not) for
-the runner's n-gram proposer (on in a third of the examples: `stress.spec_scheduler`; in about one
-example in nine the draft-model proposer instead, `impl.draft_proposer`, no prefix caching),
+the runner's n-gram proposer (on in a third of the examples: `runnercheck.stress.spec_scheduler`; in about one
+example in nine the draft-model proposer instead, `runnercheck.impl.draft_proposer`, no prefix caching),
 run scheduler ticks, drain the outputs in flight, and on ``sim`` switch the device's lag policy
 (run-immediately, lag-k-steps with k in 1..3, random-drain with a drawn seed).  Ticks follow
-`stress.driver.DifferentialRun` exactly (its enqueue / deliver steps are reused): step N+1 is
+`runnercheck.stress.driver.DifferentialRun` exactly (its enqueue / deliver steps are reused): step N+1 is
 enqueued on the runner before step N's output is read, the oracle computes step N after that
-read, and ties are adopted as `checks.compare` defines.  Steps stay in flight across rules, so
+read, and ties are adopted as `runnercheck.checks.compare` defines.  Steps stay in flight across rules, so
 aborts, preemptions and lag switches land while device work is pending.
 
 Invariants, checked after every rule (and once more after a final drain in ``teardown``), in
 this order:
 
 1. no divergence between runner and oracle (a runner exception counts as one);
-2. zero host syncs beyond the runner's own counted back-pressure waits: `checks.sync.arm_runner`
+2. zero host syncs beyond the runner's own counted back-pressure waits: `runnercheck.checks.sync.arm_runner`
    counts every host read / wait inside ``execute_model`` (``AsyncOutput.get`` is the allowed
    wait), and the count must equal `counted_waits(runner)` -- the waits the runner documents and
    counts itself (a freed row still quarantined, no free staging or output slot) when the device
    lags further behind than its rows and slots cover.  Those are designed waits, not failures
    (``error`` mode would raise on the first of them); any other read or wait is a failure;
-3. zero staging-lifetime violations: a `checks.lifetime.LifetimeChecker` on ``runner.staging``;
-4. row-table consistency (runners with an `impl.state.RequestStateTable` as ``runner.state``):
+3. zero staging-lifetime violations: a `runnercheck.checks.lifetime.LifetimeChecker` on ``runner.staging``;
+4. row-table consistency (runners with an `runnercheck.impl.state.RequestStateTable` as ``runner.state``):
    no row held by two requests, the live set equals what the request stream says the runner
    holds, and free + used + quarantined rows = ``max_num_reqs``;
 5. the scheduler simulator's own bookkeeping (`SchedulerSim.check_invariants`: block pool,
    reference counts, prefix-cache maps);
-6. zero KV provenance violations (`checks.kv_provenance`, armed on runners with an input batch).
+6. zero KV provenance violations (`runnercheck.checks.kv_provenance`, armed on runners with an input batch).
 
 `TestRunnerMachine` is the CI test case (the settings profile decides ``max_examples``; the
 step count is kept small because interpreted Triton costs ~0.5 s per step on CPU);
@@ -50,14 +50,14 @@ import hypothesis.strategies as st
 from hypothesis import event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from impl.device import Device
-from impl.interface import DraftModelConfig, NgramConfig, RunnerLimits, SamplingParams
-from impl.model.weights import ModelWeights, preset, random_weights
-from stress.driver import DifferentialRun, RunResult
-from stress.harness import Detectors, load_runner_factory, unaccounted_syncs_message
-from stress.run_config import default_limits
-from stress.runners import DEFAULT_RUNNER_SPEC
-from stress.scheduler import SchedulerSim
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import DraftModelConfig, NgramConfig, RunnerLimits, SamplingParams
+from runnercheck.impl.model.weights import ModelWeights, preset, random_weights
+from runnercheck.stress.driver import DifferentialRun, RunResult
+from runnercheck.stress.harness import Detectors, load_runner_factory, unaccounted_syncs_message
+from runnercheck.stress.run_config import default_limits
+from runnercheck.stress.runners import DEFAULT_RUNNER_SPEC
+from runnercheck.stress.scheduler import SchedulerSim
 
 MACHINE_PRESET = "micro"
 _VOCAB = preset(MACHINE_PRESET).vocab_size
@@ -106,7 +106,7 @@ def prompts(vocab_size: int = _VOCAB, max_len: int = MAX_PROMPT_LEN) -> st.Searc
 
 
 def lag_policies() -> st.SearchStrategy[dict]:
-    """`impl.lag_policies.LagPolicy.describe()` dicts: run-immediately, lag-k-steps (k 1..3), random-drain."""
+    """`runnercheck.impl.lag_policies.LagPolicy.describe()` dicts: run-immediately, lag-k-steps (k 1..3), random-drain."""
     return st.one_of(
         st.just({"name": "run-immediately"}),
         st.integers(1, 3).map(lambda k: {"name": "lag-k-steps", "k": k}),
@@ -118,7 +118,7 @@ def lag_policies() -> st.SearchStrategy[dict]:
 
 
 def check_row_table(state: Any, expected_live: Iterable[str]) -> None:
-    """Raise `MachineInvariantError` unless ``state`` (an `impl.state.RequestStateTable`) is consistent.
+    """Raise `MachineInvariantError` unless ``state`` (an `runnercheck.impl.state.RequestStateTable`) is consistent.
 
     Reads the free list and last-use events directly: `RequestStateTable.is_quarantined` queries
     events, and on ``sim`` a query lets the lag policy run work -- a check must not change the
@@ -168,7 +168,7 @@ def check_row_table(state: Any, expected_live: Iterable[str]) -> None:
 
 
 class RunnerMachine(RuleBasedStateMachine):
-    """The runner (by default ``impl.runner:make_runner``) against `reference.runner.ReferenceRunner`."""
+    """The runner (by default ``runnercheck.impl.runner:make_runner``) against `runnercheck.reference.runner.ReferenceRunner`."""
 
     device_kind: ClassVar[str] = "sim"
     runner_spec: ClassVar[str] = DEFAULT_RUNNER_SPEC
@@ -200,8 +200,8 @@ class RunnerMachine(RuleBasedStateMachine):
     )
     def build(self, seed: int, lag: dict, max_inflight: int, draft_prob: float, ngram_k: int, draft_k: int,
               first_requests: list[tuple[list[int], SamplingParams]]) -> None:
-        from reference.runner import ReferenceRunner
-        from stress.prefix_checks import arm_prefix_checks
+        from runnercheck.reference.runner import ReferenceRunner
+        from runnercheck.stress.prefix_checks import arm_prefix_checks
 
         self.healthy = False
         config = preset(MACHINE_PRESET)

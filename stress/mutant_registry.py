@@ -1,8 +1,8 @@
 """The mutant registry: `Mutant`, `AppliedMutant` (the record of what a mutant patched, undone on
 exit) and the ``CATALOGUE`` that the ``_mutant`` decorator fills.
 
-`stress.mutants` (the core catalogue), `stress.mutants_graphs`, `stress.mutants_prefix` and
-`stress.mutants_streams` register into it; `stress.mutants` imports the other three, so importing it gives the whole catalogue.  This
+`runnercheck.stress.mutants` (the core catalogue), `runnercheck.stress.mutants_graphs`, `runnercheck.stress.mutants_prefix` and
+`runnercheck.stress.mutants_streams` register into it; `runnercheck.stress.mutants` imports the other three, so importing it gives the whole catalogue.  This
 module imports none of them (no import cycle).
 
 Ownership: ``CATALOGUE`` is written only at import, by the ``_mutant`` decorator; an
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable
 
-from stress.mutant_workloads import WORKLOADS
+from runnercheck.stress.mutant_workloads import WORKLOADS
 
 CLASSES = ("race", "sync", "state", "sampler")
 CHECKS = ("sync", "lifetime", "differential", "chisq", "provenance", "csan")
@@ -71,7 +71,7 @@ class Mutant:
     needs_gpu: bool = False
     chisq_case: str | None = None
     target: str = "runner"  # what ``install`` patches: "runner" (or a sampler probe), "scheduler", or "device"
-    # ("device": the `impl.device.Device`, installed before the runner is built; `stress.mutants_streams`)
+    # ("device": the `runnercheck.impl.device.Device`, installed before the runner is built; `runnercheck.stress.mutants_streams`)
 
     def __post_init__(self) -> None:
         if (self.cls not in CLASSES or not set(self.checks) <= set(CHECKS) or self.workload not in WORKLOADS

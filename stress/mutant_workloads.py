@@ -1,7 +1,7 @@
-"""The traffic each mutant of `stress.mutants` is exercised with (its `Workload`).
+"""The traffic each mutant of `runnercheck.stress.mutants` is exercised with (its `Workload`).
 
 A workload is the slice of traffic -- sampling params, limits, lag policy -- in which a mutant's bug
-shows up within a few scheduler ticks.  `stress.mutants` names one per mutant; `runnercheck mutants`
+shows up within a few scheduler ticks.  `runnercheck.stress.mutants` names one per mutant; `runnercheck mutants`
 also runs every workload unmutated as a control (no check may fire).  Every workload is defined
 here, the CUDA-graph and prefix-caching ones too: a run in a spawned child process (cuda) imports
 only this module, not the catalogues that use them.
@@ -12,8 +12,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from impl.interface import SamplingParams
-from stress.churn import ChurnConfig
+from runnercheck.impl.interface import SamplingParams
+from runnercheck.stress.churn import ChurnConfig
 
 
 def _params(rng: random.Random, max_tokens: int, **fields: Any) -> SamplingParams:
@@ -27,7 +27,7 @@ class Workload:
 
     ``params(rng, max_tokens)`` draws every added request's `SamplingParams` (None: the churn's own
     random mix).  ``lag_policy`` is the sim device's; on cuda, ``cuda_lag`` makes the GPU trail the
-    host with injected delays calibrated on the host's tick (`stress.races`), otherwise the GPU runs
+    host with injected delays calibrated on the host's tick (`runnercheck.stress.races`), otherwise the GPU runs
     as fast as it can (ahead of a host that also runs the oracle).  ``ticks`` is the tick budget of
     a ``--quick`` run, ``full_ticks`` of a full run.
     """
@@ -45,7 +45,7 @@ class Workload:
     cuda_lag: bool = False
     ticks: int = 16
     full_ticks: int = 48
-    ngram_spec_tokens: int = 0  # > 0: the runner's proposer on (`stress.spec_scheduler`), n-gram unless draft_model
+    ngram_spec_tokens: int = 0  # > 0: the runner's proposer on (`runnercheck.stress.spec_scheduler`), n-gram unless draft_model
     draft_model: str = ""  # a draft preset: the runner's draft-model proposer (no prefix caching, no explicit drafts)
 
 
@@ -92,13 +92,13 @@ def _penalised(rng: random.Random, max_tokens: int) -> SamplingParams:
                           frequency_penalty=round(rng.uniform(1.0, 2.0), 3), presence_penalty=round(rng.uniform(0.5, 1.5), 3))
 
 
-# The first steps after init (`stress.mutants_streams`): CSAN slows every op, and a race between
+# The first steps after init (`runnercheck.stress.mutants_streams`): CSAN slows every op, and a race between
 # init-time writes and the first kernels shows up at capture warm-up or the first step.
 WORKLOADS["first-steps"] = Workload(
     "first-steps", "as steady, a few ticks: the first steps read what init wrote", WORKLOADS["steady"].churn,
     ticks=4, full_ticks=8)
 
-# The runner's n-gram proposer on (`stress.mutants_spec`): every decode asks for 3 device drafts.
+# The runner's n-gram proposer on (`runnercheck.stress.mutants_spec`): every decode asks for 3 device drafts.
 WORKLOADS["ngram"] = Workload(
     "ngram", "greedy requests on repeated-pattern prompts, the n-gram proposer on (3 device drafts a decode)",
     ChurnConfig(add_prob=0.8, abort_prob=0.0, preempt_prob=0.05, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0,
@@ -106,7 +106,7 @@ WORKLOADS["ngram"] = Workload(
                 max_prompt_len=10, max_new_tokens=12, repetitive_prompt_prob=1.0),
     max_num_reqs=2, max_batched_tokens=8, ngram_spec_tokens=3, ticks=12, full_ticks=40)
 
-# The runner's draft-model proposer on (`stress.mutants_spec`): temperatures 2.5..4 make the
+# The runner's draft-model proposer on (`runnercheck.stress.mutants_spec`): temperatures 2.5..4 make the
 # micro/micro-draft pair overlap by ~0.3-0.6 (sum min(p, q), measured), so steps accept some,
 # all and none of their 3 drafts: every rejection-sampling decision shows up within a few ticks.
 WORKLOADS["draft-model"] = Workload(
@@ -115,13 +115,13 @@ WORKLOADS["draft-model"] = Workload(
     lambda rng, n: _params(rng, n, temperature=round(rng.uniform(2.5, 4.0), 3)),
     max_num_reqs=2, max_batched_tokens=8, ngram_spec_tokens=3, draft_model="micro-draft", ticks=12, full_ticks=40)
 
-# Penalised decodes (`stress.mutants_graphs`): a padding request counted into a live row's output
+# Penalised decodes (`runnercheck.stress.mutants_graphs`): a padding request counted into a live row's output
 # counts changes the penalties.
 WORKLOADS["decode-penalties"] = Workload(
     "decode-penalties", "as decode, with frequency and presence penalties (output counts matter)",
     WORKLOADS["decode"].churn, _penalised, max_num_reqs=4)
 
-# Prefix caching (`stress.mutants_prefix`).
+# Prefix caching (`runnercheck.stress.mutants_prefix`).
 PREFIX_WORKLOAD = Workload(
     "prefix", "shared system prompts, conversations, short outputs, preemptions, a 12-block pool: hits, sharing, eviction, reuse",
     ChurnConfig(add_prob=0.9, abort_prob=0.0, preempt_prob=0.25, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0,
@@ -132,7 +132,7 @@ PREFIX_WORKLOAD = Workload(
 )
 WORKLOADS[PREFIX_WORKLOAD.name] = PREFIX_WORKLOAD
 
-# Rows handed from request to request (`stress.mutants_graphs`): short penalised requests, two rows,
+# Rows handed from request to request (`runnercheck.stress.mutants_graphs`): short penalised requests, two rows,
 # so every few ticks a row whose counts the last request filled is admitted into again.
 WORKLOADS["reuse-penalties"] = Workload(
     "reuse-penalties", "short requests with frequency and presence penalties through two rows (counts reset at reuse)",

@@ -3,18 +3,18 @@
 A mutant proves that a check fails when it should.  Each one models a bug that real runners have
 shipped (one line says which), is installed by monkeypatching *instances* of the runner's parts (or,
 for kernel bugs, by launching a private copy of the sampling kernel with one device function
-rebound: `stress.mutant_kernels`), and names the check(s) built to kill it:
+rebound: `runnercheck.stress.mutant_kernels`), and names the check(s) built to kill it:
 
-* ``sync``: the host-sync detector (`checks.sync.arm_runner`);
-* ``lifetime``: the staging-slot lifetime assertions (`checks.lifetime.LifetimeChecker`);
-* ``differential``: runner vs the float64 oracle under stress (`stress.driver.DifferentialRun`);
-* ``chisq``: chi-square / tail-mass tests of the runner's sampler (`checks.chisq`, `checks.stats`);
-* ``provenance``: the KV provenance shadow (`checks.kv_provenance.arm_kv_provenance`);
-* ``csan``: PyTorch's CUDA stream sanitizer (`checks.csan`), cuda only: unordered accesses between
-  streams (`stress.mutants_streams`: device mutants, installed before the runner is built).
+* ``sync``: the host-sync detector (`runnercheck.checks.sync.arm_runner`);
+* ``lifetime``: the staging-slot lifetime assertions (`runnercheck.checks.lifetime.LifetimeChecker`);
+* ``differential``: runner vs the float64 oracle under stress (`runnercheck.stress.driver.DifferentialRun`);
+* ``chisq``: chi-square / tail-mass tests of the runner's sampler (`runnercheck.checks.chisq`, `runnercheck.checks.stats`);
+* ``provenance``: the KV provenance shadow (`runnercheck.checks.kv_provenance.arm_kv_provenance`);
+* ``csan``: PyTorch's CUDA stream sanitizer (`runnercheck.checks.csan`), cuda only: unordered accesses between
+  streams (`runnercheck.stress.mutants_streams`: device mutants, installed before the runner is built).
 
-Prefix-caching mutants live in `stress.mutants_prefix` (registered here at import); some of them
-are scheduler bugs (``target="scheduler"``): they patch the `stress.scheduler.SchedulerSim`
+Prefix-caching mutants live in `runnercheck.stress.mutants_prefix` (registered here at import); some of them
+are scheduler bugs (``target="scheduler"``): they patch the `runnercheck.stress.scheduler.SchedulerSim`
 passed as ``apply(..., scheduler=...)`` rather than the runner.
 
 There are no fault flags in ``impl``: ``apply`` patches attributes of the given runner (or of a
@@ -27,8 +27,8 @@ limits, lag policy) in which its bug shows up within a few scheduler ticks.  ``n
 mutants whose effect is too rare to see in an interpreted CPU run (deep-tail noise bugs: the
 chi-square probes they need draw ~10^8 token noises); `runnercheck mutants` runs those only on CUDA.
 
-Ownership: `stress.mutant_registry` owns the catalogue and `AppliedMutant` the record of what it
-patched; `stress.mutant_kernels` owns the cache of private sampling-kernel copies.
+Ownership: `runnercheck.stress.mutant_registry` owns the catalogue and `AppliedMutant` the record of what it
+patched; `runnercheck.stress.mutant_kernels` owns the cache of private sampling-kernel copies.
 """
 from __future__ import annotations
 
@@ -40,11 +40,11 @@ from typing import Any, Callable
 
 import torch
 
-from impl.buffers import SlotState
-from impl.state import NUM_COMPUTED, NUM_ROW_FIELDS
-from stress.mutant_registry import CATALOGUE, CHECKS, CLASSES, AppliedMutant, Mutant, UnknownMutantError, _mutant
-from stress.mutant_workloads import WORKLOADS, Workload
-from stress.mutant_kernels import (
+from runnercheck.impl.buffers import SlotState
+from runnercheck.impl.state import NUM_COMPUTED, NUM_ROW_FIELDS
+from runnercheck.stress.mutant_registry import CATALOGUE, CHECKS, CLASSES, AppliedMutant, Mutant, UnknownMutantError, _mutant
+from runnercheck.stress.mutant_workloads import WORKLOADS, Workload
+from runnercheck.stress.mutant_kernels import (
     MutantTargetError,
     fp16_gumbel_noise,
     launch_variant,
@@ -213,9 +213,9 @@ def _staged_writes_wrong_order(runner: Any, m: AppliedMutant) -> None:
 @_mutant("num_computed_not_advanced", "state", ("differential", "provenance"), "steady", ("state",),
          "post-update stores NUM_TOKENS and LAST_TOKEN but lost the NUM_COMPUTED store")
 def _num_computed_not_advanced(runner: Any, m: AppliedMutant) -> None:
-    import impl.eager_step as eager_step_module
-    import impl.graph_step as graph_step_module
-    from stress.mutants_graphs import recapture_graphs
+    import runnercheck.impl.eager_step as eager_step_module
+    import runnercheck.impl.graph_step as graph_step_module
+    from runnercheck.stress.mutants_graphs import recapture_graphs
 
     launch, row_state = eager_step_module.launch_post_update, runner.state.base
 
@@ -242,7 +242,7 @@ def _after_input_prep(runner: Any, m: AppliedMutant, fix: Callable[[Any, Any], N
         runner.device.enqueue(lambda: fix(input_batch, plan), label)
 
     m.set(input_batch, "enqueue_prepare", enqueue_prepare_then_fix)
-    from stress.mutants_graphs import after_graph_input_prep  # bucketed steps run input prep inside a graph
+    from runnercheck.stress.mutants_graphs import after_graph_input_prep  # bucketed steps run input prep inside a graph
 
     after_graph_input_prep(runner, m, fix, label)
 
@@ -355,7 +355,7 @@ def _penalty_sign_flipped(target: Any, m: AppliedMutant) -> None:
 @_mutant("logprobs_from_processed", "sampler", ("differential",), "logprobs", ("sampler",),
          "logprobs computed from temperature-scaled logits instead of the raw logits")
 def _logprobs_from_processed(target: Any, m: AppliedMutant) -> None:
-    from impl.sample import SamplerOutput
+    from runnercheck.impl.sample import SamplerOutput
 
     sampler = target.sampler
     sample = sampler.sample
@@ -373,7 +373,7 @@ def _logprobs_from_processed(target: Any, m: AppliedMutant) -> None:
 
     m.set(sampler, "sample", sample_then_logprobs_of_scores)
     # Bucketed steps with logprobs (mixed prefills, decodes) replay captured launches: capture them with the bug.
-    from stress.mutants_graphs import recapture_graphs
+    from runnercheck.stress.mutants_graphs import recapture_graphs
 
     recapture_graphs(target, m)
 
@@ -412,12 +412,12 @@ def apply(name: str, *, runner: Any = None, device: Any = None, target: Any = No
 
 
 # The prefix-caching and CUDA-graph mutants live in their own modules and register into the same
-# catalogue (`stress.mutant_registry`); imported here, after the core ones, so the catalogue lists
+# catalogue (`runnercheck.stress.mutant_registry`); imported here, after the core ones, so the catalogue lists
 # them last and importing this module gives all of them.
-import stress.mutants_graphs  # noqa: E402,F401
-import stress.mutants_prefix  # noqa: E402,F401
-import stress.mutants_streams  # noqa: E402,F401
-import stress.mutants_spec  # noqa: E402,F401
+import runnercheck.stress.mutants_graphs  # noqa: E402,F401
+import runnercheck.stress.mutants_prefix  # noqa: E402,F401
+import runnercheck.stress.mutants_streams  # noqa: E402,F401
+import runnercheck.stress.mutants_spec  # noqa: E402,F401
 
 __all__ = ["CATALOGUE", "CHECKS", "CLASSES", "WORKLOADS", "AppliedMutant", "Mutant", "MutantTargetError",
            "UnknownMutantError", "Workload", "apply", "get"]

@@ -1,14 +1,14 @@
-"""`runnercheck mutants`: run the suite's checks against every mutant of `stress.mutants`; a kill matrix.
+"""`runnercheck mutants`: run the suite's checks against every mutant of `runnercheck.stress.mutants`; a kill matrix.
 
     runnercheck mutants [--quick] [--device auto|sim|cuda] [--only NAME ...] [--seed S]
                         [--chisq | --no-chisq] [--list] --out DIR
 
 For each mutant: build a runner, the oracle and a scheduler for the mutant's `Workload`, install the
-mutant, arm the host-sync detector (`checks.sync.arm_runner`) and the staging-lifetime checker
-(`checks.lifetime.LifetimeChecker`), and run `stress.driver.DifferentialRun` until the first check
+mutant, arm the host-sync detector (`runnercheck.checks.sync.arm_runner`) and the staging-lifetime checker
+(`runnercheck.checks.lifetime.LifetimeChecker`), and run `runnercheck.stress.driver.DifferentialRun` until the first check
 fires or the workload's tick budget is spent (``--quick``: the short budgets).  Sampler mutants
-with a chi-square probe also get the chi-square / tail-mass tests of `checks.chisq` on the
-runner's own sampler kernel (`checks.impl_sampler.ImplSampler` on the run's device).  A check *kills* a mutant when it fires; a
+with a chi-square probe also get the chi-square / tail-mass tests of `runnercheck.checks.chisq` on the
+runner's own sampler kernel (`runnercheck.checks.impl_sampler.ImplSampler` on the run's device).  A check *kills* a mutant when it fires; a
 mutant is killed *as designed* when one of the checks it was built for fired.
 
 Controls: every workload used is also run without a mutant (quick: as many ticks as its slowest
@@ -17,7 +17,7 @@ on the unmutated sampler.  Any check firing in a control fails the whole run: a 
 evidence.  Mutants marked ``needs_gpu`` are skipped unless the device is cuda.  Chi-square runs by
 default only on cuda (the interpreted CPU sampler draws ~30 rows a second).
 
-Writes DIR/mutants.json and the Markdown matrix DIR/mutants.md (`stress.mutants_report`).  Exit 0
+Writes DIR/mutants.json and the Markdown matrix DIR/mutants.md (`runnercheck.stress.mutants_report`).  Exit 0
 only when every mutant run was killed as designed and every control stayed silent; 1 otherwise; 2 on
 bad arguments.
 """
@@ -33,10 +33,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from stress import mutants as catalogue
-from stress.cli_options import add_shard_option, int_type
-from stress.mutants import CATALOGUE, CHECKS, WORKLOADS, Mutant, Workload
-from stress.mutants_report import ControlResult, MutantResult, MutantsReport, markdown, write_report
+from runnercheck.stress import mutants as catalogue
+from runnercheck.stress.cli_options import add_shard_option, int_type
+from runnercheck.stress.mutants import CATALOGUE, CHECKS, WORKLOADS, Mutant, Workload
+from runnercheck.stress.mutants_report import ControlResult, MutantResult, MutantsReport, markdown, write_report
 
 MODEL_PRESET = "micro"
 CHISQ_ALPHA = 0.01
@@ -63,8 +63,8 @@ _HOST_TICK_US: list[float] = []  # measured once per process: the host's tick on
 
 
 def _cuda_delay(config: Any) -> dict:
-    """A ``random-delay`` policy that keeps the GPU about two host ticks behind (`stress.races`)."""
-    from stress.races import calibrate_cuda_delay, measure_host_tick_us
+    """A ``random-delay`` policy that keeps the GPU about two host ticks behind (`runnercheck.stress.races`)."""
+    from runnercheck.stress.races import calibrate_cuda_delay, measure_host_tick_us
 
     if not _HOST_TICK_US:
         _HOST_TICK_US.append(measure_host_tick_us(config))
@@ -73,7 +73,7 @@ def _cuda_delay(config: Any) -> dict:
 
 def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int, *, mutant: str | None = None,
                      isolate: bool = True, cuda_graphs: bool = True, csan: bool = False) -> CheckRun:
-    """Runner (with ``mutant`` installed) vs oracle under ``workload``, through `stress.harness.checked_run`.
+    """Runner (with ``mutant`` installed) vs oracle under ``workload``, through `runnercheck.stress.harness.checked_run`.
 
     The lifetime checker raises (``error`` mode) from the host transition that exposes a violation,
     before the bytes it guards are consumed: a corrupted staging slot read by an interpreted kernel
@@ -82,14 +82,14 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     own counted back-pressure waits; the run stops at the end of the tick in which it fired.  The
     differential stops at its first divergence.  The run executes in a child process: a crash is
     evidence for the differential check (the run found the bug and died of it).  ``csan`` (cuda):
-    the run is under CUDA's stream sanitizer too (`checks.csan`); a race it reports stops the run.
+    the run is under CUDA's stream sanitizer too (`runnercheck.checks.csan`); a race it reports stops the run.
     """
-    from impl.lag_policies import make_lag_policy
-    from impl.model.weights import preset
-    from stress.harness import ChurnOps
-    from stress.run_config import RunConfig, default_limits
-    from stress.runners import DEFAULT_RUNNER_SPEC
-    from stress.scheduler import SchedulerConfig
+    from runnercheck.impl.lag_policies import make_lag_policy
+    from runnercheck.impl.model.weights import preset
+    from runnercheck.stress.harness import ChurnOps
+    from runnercheck.stress.run_config import RunConfig, default_limits
+    from runnercheck.stress.runners import DEFAULT_RUNNER_SPEC
+    from runnercheck.stress.scheduler import SchedulerConfig
 
     model_config = preset(MODEL_PRESET)
     limits = default_limits(model_config, max_num_reqs=workload.max_num_reqs, block_size=workload.block_size,
@@ -108,8 +108,8 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
 
 def checked_differential(config: Any, ops: Any, name: str, *, isolate: bool = True) -> CheckRun:
     """One differential run of ``config`` (its mutant installed) fed by ``ops``: which checks fired, with evidence."""
-    from stress.harness import checked_run
-    from stress.isolation import isolated_run
+    from runnercheck.stress.harness import checked_run
+    from runnercheck.stress.isolation import isolated_run
 
     findings = (isolated_run if isolate else checked_run)(config, ops, name=name, lifetime_mode="error", stop_on_sync=True)
     outcome = CheckRun(ran=["sync", "lifetime", "differential", "provenance"] + (["csan"] if config.csan else []),
@@ -132,11 +132,11 @@ def checked_differential(config: Any, ops: Any, name: str, *, isolate: bool = Tr
 
 
 def run_chisq(case_key: str, device_kind: str, seed: int, *, mutant: str | None = None, samples: int | None = None) -> CheckRun:
-    """The chi-square / tail-mass tests of `checks.chisq`'s probe case ``case_key`` on the runner's sampler."""
-    from checks import chisq, stats
-    from checks.chisq_cases import power_cases
-    from checks.impl_sampler import ImplSampler
-    from impl.device import Device
+    """The chi-square / tail-mass tests of `runnercheck.checks.chisq`'s probe case ``case_key`` on the runner's sampler."""
+    from runnercheck.checks import chisq, stats
+    from runnercheck.checks.chisq_cases import power_cases
+    from runnercheck.checks.impl_sampler import ImplSampler
+    from runnercheck.impl.device import Device
 
     started = time.perf_counter()
     case, _ = power_cases()[case_key]
@@ -192,7 +192,7 @@ def _csan(mutant: Mutant, opts: MutantsOptions) -> bool:
 
 def run_mutant(mutant: Mutant, opts: MutantsOptions) -> MutantResult:
     """All checks that apply to ``mutant`` on ``opts.device`` (chi-square first: it is the cheap one on cuda)."""
-    from stress.mutants_verify import campaign_name, run_verify_campaign
+    from runnercheck.stress.mutants_verify import campaign_name, run_verify_campaign
 
     verify = opts.campaign == "verify"
     base = dict(name=mutant.name, cls=mutant.cls, description=mutant.description, needs_gpu=mutant.needs_gpu,
@@ -230,7 +230,7 @@ def run_controls(results: Sequence[MutantResult], opts: MutantsOptions) -> list[
     controls: list[ControlResult] = []
     ticks: dict[str, int] = {}
     csan_workloads = {r.workload for r in results if "csan" in r.checks_run}  # the control runs under CSAN too
-    from stress.mutants_verify import plan_ticks, run_verify_campaign
+    from runnercheck.stress.mutants_verify import plan_ticks, run_verify_campaign
 
     verify = opts.campaign == "verify"
     for r in results:
@@ -267,7 +267,7 @@ def run_catalogue(opts: MutantsOptions, *, command: str = "", on_result: Callabl
     for c in controls:
         if on_result is not None:
             on_result(c)
-    from checks.provenance import device_name, provenance
+    from runnercheck.checks.provenance import device_name, provenance
 
     return MutantsReport(
         device=opts.device, quick=opts.quick, seed=opts.seed, chisq=opts.runs_chisq, command=command,
@@ -312,10 +312,10 @@ def _merge(args: argparse.Namespace) -> int:
     """``--merge DIR...``: one campaign's kill rates from the folders its ``--seeds --shard`` jobs wrote."""
     from rich.console import Console
 
-    from checks.report_folder import FolderNotReplaced, atomic_report_folder
-    from stress.junit_cases import check_junit_path
-    from stress.mutants_rates import RatesMergeError, merge_shards, write_rates
-    from stress.run_config import RunSetupError
+    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.stress.junit_cases import check_junit_path
+    from runnercheck.stress.mutants_rates import RatesMergeError, merge_shards, write_rates
+    from runnercheck.stress.run_config import RunSetupError
 
     command = f"runnercheck mutants --merge {' '.join(map(str, args.merge))} --out {args.out}"
     try:
@@ -345,9 +345,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.merge:
         return _merge(args)
-    from checks.report_folder import FolderNotReplaced, atomic_report_folder
-    from stress.junit_cases import check_junit_path, mutants_cases, write_cases
-    from stress.run_config import RunSetupError, seed_problem
+    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.stress.junit_cases import check_junit_path, mutants_cases, write_cases
+    from runnercheck.stress.run_config import RunSetupError, seed_problem
 
     unknown = [n for n in args.only if n not in CATALOGUE]
     problems = [f"unknown mutant(s) {', '.join(unknown)}; see --list"] if unknown else []
@@ -425,8 +425,8 @@ def _run_seeds(args: argparse.Namespace, opts: MutantsOptions, command: str, sho
                console: Any) -> int:
     """``--seeds N``: the catalogue once per seed of this job's shard (each seed's report in ``seed-<k>/``),
     then the kill rates over those seeds."""
-    from checks.report_folder import FolderNotReplaced, atomic_report_folder
-    from stress.mutants_rates import kill_rates, write_rates
+    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.stress.mutants_rates import kill_rates, write_rates
 
     reports = []
     try:
@@ -450,7 +450,7 @@ def _report_rates(args: argparse.Namespace, rates: Any, console: Any, note: str 
     """JUnit (``--junit``), the terminal table and the file list of a kill-rates folder; the exit status."""
     from rich.table import Table
 
-    from stress.junit_cases import rates_cases, write_cases
+    from runnercheck.stress.junit_cases import rates_cases, write_cases
 
     out = Path(args.out)
     files = [out / "rates.md", out / "rates.json", out / "manifest.json"]

@@ -1,7 +1,7 @@
-"""CUDA-graph mutants (registered in the `stress.mutants` catalogue): bugs of bucketed, graph-replayed steps.
+"""CUDA-graph mutants (registered in the `runnercheck.stress.mutants` catalogue): bugs of bucketed, graph-replayed steps.
 
 Each models a bug graph-capturing runners have shipped, planted from outside ``impl/`` into a live
-runner's graph manager (`impl.graphs.CudaGraphManager`, ``runner.graphs``):
+runner's graph manager (`runnercheck.impl.graphs.CudaGraphManager`, ``runner.graphs``):
 
 * ``graph_buffer_reallocated``: a persistent buffer re-allocated after capture -- the graph keeps
   the old address while eager code uses the new one (on cpu/sim the recorded launches hold the old
@@ -39,10 +39,10 @@ from typing import Any, Callable
 
 import torch
 
-from impl import graph_step
-from impl.kernels.input_prep import HEADER_NUM_REQS
+from runnercheck.impl import graph_step
+from runnercheck.impl.kernels.input_prep import HEADER_NUM_REQS
 
-from stress.mutant_registry import AppliedMutant, _mutant
+from runnercheck.stress.mutant_registry import AppliedMutant, _mutant
 
 
 @_mutant("graph_buffer_reallocated", "state", ("differential", "provenance"), "decode", ("graphs", "state"),
@@ -141,7 +141,7 @@ def _mixed_tail_left_stale(runner: Any, m: AppliedMutant) -> None:
     prepare = graph_step.launch_prepare_inputs
 
     def prepare_without_tail(**kwargs: Any) -> None:
-        if kwargs["num_tokens"] == 0:  # a mixed bucket's (`impl.graph_step`): 0 keeps the tail program on
+        if kwargs["num_tokens"] == 0:  # a mixed bucket's (`runnercheck.impl.graph_step`): 0 keeps the tail program on
             kwargs["num_tokens"] = kwargs["padded_num_tokens"]
         prepare(**kwargs)
 
@@ -160,7 +160,7 @@ def _graph_skips_admitted_count_reset(runner: Any, m: AppliedMutant) -> None:
 def after_graph_input_prep(runner: Any, m: AppliedMutant, fix: Callable[[Any, Any], None], label: str) -> None:
     """Plant ``fix(input_batch, plan)`` right after input prep in bucketed steps too, and capture again.
 
-    `stress.mutants` plants input-prep bugs after the eager ``enqueue_prepare``; a bucketed step
+    `runnercheck.stress.mutants` plants input-prep bugs after the eager ``enqueue_prepare``; a bucketed step
     runs its input prep inside the graph, so the same bug goes into every (size, mode) step the
     manager builds (``plan`` carries the bucket's sizes) and the graphs are captured again with it.
     A runner without a graph manager is left alone.

@@ -1,12 +1,12 @@
 """Prefix-caching mutants: KV-block bugs in the runner's admission and in the scheduler's prefix cache.
 
-Registered into the catalogue (`stress.mutant_registry.CATALOGUE`) when `stress.mutants` is imported.  Each is killed by the
-KV provenance check (`checks.kv_provenance`) and/or the differential against the oracle:
+Registered into the catalogue (`runnercheck.stress.mutant_registry.CATALOGUE`) when `runnercheck.stress.mutants` is imported.  Each is killed by the
+KV provenance check (`runnercheck.checks.kv_provenance`) and/or the differential against the oracle:
 
-* runner bugs (``target="runner"``, patching a `impl.runner.ModelRunner` instance):
+* runner bugs (``target="runner"``, patching a `runnercheck.impl.runner.ModelRunner` instance):
   ``prefix_hit_recomputes_cached_block`` (cached positions re-written) and
   ``block_table_tail_kept`` (a new request's row keeps the previous owner's block-table tail);
-* scheduler bugs (``target="scheduler"``, patching a `stress.scheduler.SchedulerSim` instance --
+* scheduler bugs (``target="scheduler"``, patching a `runnercheck.stress.scheduler.SchedulerSim` instance --
   the runner executes what it is told, so the checks must see the KV mix-up the schedule causes):
   ``prefix_hit_one_block_too_long``, ``evicted_block_still_referenced`` and
   ``refcount_dropped_on_preemption``.
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from impl.state import NUM_COMPUTED
-from stress.mutant_workloads import PREFIX_WORKLOAD
-from stress.mutant_registry import AppliedMutant, _mutant
-from stress.prefix_cache import PrefixCacheError
+from runnercheck.impl.state import NUM_COMPUTED
+from runnercheck.stress.mutant_workloads import PREFIX_WORKLOAD
+from runnercheck.stress.mutant_registry import AppliedMutant, _mutant
+from runnercheck.stress.prefix_cache import PrefixCacheError
 
 # ---- runner bugs
 

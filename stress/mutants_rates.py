@@ -6,7 +6,7 @@ over seeds is the claim that survives a re-run on another machine.  A campaign p
 mutant that ran was killed as designed in every seed it ran in and every control stayed clean in
 every seed.
 
-Files (next to one ``seed-<k>/`` folder per seed holding that seed's `stress.mutants_report`
+Files (next to one ``seed-<k>/`` folder per seed holding that seed's `runnercheck.stress.mutants_report`
 files): ``rates.json`` (`KillRates.to_dict`) and ``rates.md`` (a table, one row per mutant).
 
 Ownership: a `KillRates` is plain host data built once by `kill_rates` from the per-seed reports;
@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stress.mutant_registry import CHECKS
-from stress.mutants_report import MutantsReport, MutantsReportError, read_report
+from runnercheck.stress.mutant_registry import CHECKS
+from runnercheck.stress.mutants_report import MutantsReport, MutantsReportError, read_report
 
 RATES_VERSION = 1
 

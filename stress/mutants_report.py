@@ -1,5 +1,5 @@
 """The report of a `runnercheck mutants` run: per-mutant and control results, DIR/mutants.json and
-the Markdown kill matrix DIR/mutants.md (`stress.mutants_cmd` runs the catalogue and fills them in).
+the Markdown kill matrix DIR/mutants.md (`runnercheck.stress.mutants_cmd` runs the catalogue and fills them in).
 
 Ownership: a `MutantsReport` owns its result lists (host, built once by ``run_catalogue``, read
 here); `write_report` writes the two files and nothing else.
@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stress.mutants import CHECKS
+from runnercheck.stress.mutants import CHECKS
 
 
 # --------------------------------------------------------------------------- results

@@ -1,4 +1,4 @@
-"""Speculative-decoding mutants (registered in the `stress.mutants` catalogue) and their workload.
+"""Speculative-decoding mutants (registered in the `runnercheck.stress.mutants` catalogue) and their workload.
 
 ``accepted_count_read_on_host`` models the bug issue 20 names: a runner that reads how many drafts
 were accepted on the host inside the step (here to skip the proposer's launch when a step accepted
@@ -9,12 +9,12 @@ queued work wrote it.  The check built for it is the sync detector.
 A runner built without the proposer gets the same read in its step bookkeeping (logging the
 counts), so the mutant applies to every runner.
 
-The ``ngram`` workload (`stress.mutant_workloads`) runs the runner's n-gram proposer (`SchedulerConfig.ngram_spec_tokens`):
+The ``ngram`` workload (`runnercheck.stress.mutant_workloads`) runs the runner's n-gram proposer (`SchedulerConfig.ngram_spec_tokens`):
 greedy requests on repeated-pattern prompts, so decodes ask for device drafts every step.
 
-The rejection-sampling biases of `checks.chisq_spec.SPEC_BIASES`, planted in the runner's
-draft-model verification (`impl.draft_proposer`): the proposer's `SpecVerifier.verify` is replaced,
-for that runner only, by the float64 twin `checks.chisq_spec.SpecTwin` with one knob turned,
+The rejection-sampling biases of `runnercheck.checks.chisq_spec.SPEC_BIASES`, planted in the runner's
+draft-model verification (`runnercheck.impl.draft_proposer`): the proposer's `SpecVerifier.verify` is replaced,
+for that runner only, by the float64 twin `runnercheck.checks.chisq_spec.SpecTwin` with one knob turned,
 run per request on the device inside the step's verify closure (its outputs land in the verifier's
 own buffers, which the scatter kernel reads as usual).  Each is killed by the differential on the
 ``draft-model`` workload (temperatures 2.5..4, micro-draft: some, all and no drafts accepted):
@@ -37,8 +37,8 @@ from typing import Any
 
 import logging
 
-from stress.mutant_kernels import MutantTargetError
-from stress.mutant_registry import AppliedMutant, _mutant
+from runnercheck.stress.mutant_kernels import MutantTargetError
+from runnercheck.stress.mutant_registry import AppliedMutant, _mutant
 
 _log = logging.getLogger(__name__)
 
@@ -71,10 +71,10 @@ def _plant_biased_verifier(runner: Any, m: AppliedMutant, **variant: str) -> Non
     """Replace the draft-model proposer's `SpecVerifier.verify` by `SpecTwin` with ``variant``."""
     import torch
 
-    from checks.chisq_spec import SpecTwin, SpecVariant
-    from checks.sync import allow_host_sync
-    from impl.draft_proposer import DraftModelProposer
-    from impl.sample.spec_verify import SpecVerifyOutput
+    from runnercheck.checks.chisq_spec import SpecTwin, SpecVariant
+    from runnercheck.checks.sync import allow_host_sync
+    from runnercheck.impl.draft_proposer import DraftModelProposer
+    from runnercheck.impl.sample.spec_verify import SpecVerifyOutput
 
     proposer = getattr(runner, "proposer", None)
     if not isinstance(proposer, DraftModelProposer):

@@ -1,9 +1,9 @@
 """`runnercheck mutants --campaign verify`: a mutant run through the runs of `runnercheck verify` itself.
 
-The catalogue's default campaign runs each mutant under its own `stress.mutants.Workload`, traffic
+The catalogue's default campaign runs each mutant under its own `runnercheck.stress.mutants.Workload`, traffic
 built to expose it.  A user's question is a different one: does the job I run in CI, `verify`,
 catch this bug?  Under ``--campaign verify`` a mutant's differential part runs the plan of
-``verify --device D`` (`stress.verify.plan_runs`; ``--quick``: the quick plan) in order, each run
+``verify --device D`` (`runnercheck.stress.verify.plan_runs`; ``--quick``: the quick plan) in order, each run
 with the mutant installed and the mutant runs' own strict settings (lifetime errors raise, the run
 stops at its first host sync), until one of them kills it.  On cuda the delays are calibrated on
 the measured host tick, as verify does.  ``--seeds N`` then gives the kill rate of the verify
@@ -29,12 +29,12 @@ def campaign_name(quick: bool) -> str:
 
 
 def verify_plan(device_kind: str, seed: int, quick: bool, cuda_graphs: bool) -> list[Any]:
-    from stress.runners import DEFAULT_RUNNER_SPEC
-    from stress.verify import plan_runs
+    from runnercheck.stress.runners import DEFAULT_RUNNER_SPEC
+    from runnercheck.stress.verify import plan_runs
 
     cuda_delay = None
     if device_kind == "cuda":
-        from stress.races import calibrate_cuda_delay, measure_host_tick_us
+        from runnercheck.stress.races import calibrate_cuda_delay, measure_host_tick_us
 
         warmup = plan_runs("cuda", seed, DEFAULT_RUNNER_SPEC, quick=True, ticks=12, max_runs=1, cuda_graphs=cuda_graphs)[0]
         tick_us = measure_host_tick_us(warmup.config)
@@ -47,8 +47,8 @@ def verify_plan(device_kind: str, seed: int, quick: bool, cuda_graphs: bool) -> 
 
 def plan_ticks(device_kind: str, seed: int) -> int:
     """Ticks of the whole full plan (a full control's budget; the delays do not change it)."""
-    from stress.runners import DEFAULT_RUNNER_SPEC
-    from stress.verify import plan_runs
+    from runnercheck.stress.runners import DEFAULT_RUNNER_SPEC
+    from runnercheck.stress.verify import plan_runs
 
     return sum(p.config.steps for p in plan_runs(device_kind, seed, DEFAULT_RUNNER_SPEC, quick=False))
 
@@ -58,8 +58,8 @@ def run_verify_campaign(device_kind: str, seed: int, quick: bool, check: Callabl
                         cuda_graphs: bool = True, csan: bool = False) -> Any:
     """The plan's runs in order with ``mutant`` installed until one kills it (None: a control of ``budget``
     ticks in total, default the whole plan), each through ``check(config, ops, name, isolate=)`` (the
-    catalogue's `stress.mutants_cmd.checked_differential`), summed into ``total`` (an empty `CheckRun`)."""
-    from stress.harness import ChurnOps
+    catalogue's `runnercheck.stress.mutants_cmd.checked_differential`), summed into ``total`` (an empty `CheckRun`)."""
+    from runnercheck.stress.harness import ChurnOps
 
     remaining = budget
     for planned in verify_plan(device_kind, seed, quick, cuda_graphs):

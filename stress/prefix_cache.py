@@ -12,7 +12,7 @@ A block is in exactly one of three places:
 A block's hash is `block_hash(parent, tokens)`: the hash of its ``block_size`` tokens chained with
 the hash of everything before it, so equal hashes mean equal whole prefixes.  Only full blocks
 whose positions were computed and whose tokens are known are cached (`register`), by the
-simulator (`stress.scheduler.SchedulerSim`), which also decides that a hit never covers a whole
+simulator (`runnercheck.stress.scheduler.SchedulerSim`), which also decides that a hit never covers a whole
 prefill and that a request asking for prompt logprobs never looks the cache up.
 
 Ownership: a `PrefixCache` owns its free list, LRU, hash maps and reference counts (host Python

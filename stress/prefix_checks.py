@@ -11,7 +11,7 @@ detectors)::
 Runners without the built-in runner's parts (an input batch and a block table, e.g. the simple
 runner or the oracle behind the seam) get no provenance check; the hit rate is reported anyway.
 
-Ownership: `PrefixChecks` owns its `checks.kv_provenance.KVProvenanceChecker` (see there for the
+Ownership: `PrefixChecks` owns its `runnercheck.checks.kv_provenance.KVProvenanceChecker` (see there for the
 tensors); it reads the scheduler's stats and writes nothing of the scheduler.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from checks.kv_provenance import KVProvenanceChecker, arm_kv_provenance
+from runnercheck.checks.kv_provenance import KVProvenanceChecker, arm_kv_provenance
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """runnercheck as a pytest plugin: the differential run, the detectors and the sampler chi-square
 check as fixtures, for any project that has ``pip install``-ed runnercheck (entry point
-``pytest11: runnercheck``; in a checkout without the installed entry point: ``-p stress.pytest_plugin``).
+``pytest11: runnercheck``; in a checkout without the installed entry point: ``-p runnercheck.stress.pytest_plugin``).
 
 Options (all prefixed, so they never clash with a host project's own):
 
 ``--runnercheck-runner package.module:factory``  the runner under test (default the built-in
-                                                  ``impl.runner:make_runner``; contract in `stress.runners`)
+                                                  ``runnercheck.impl.runner:make_runner``; contract in `runnercheck.stress.runners`)
 ``--runnercheck-device auto|sim|cpu|cuda``        where runs go (auto: cuda when present, else sim)
 ``--runnercheck-seed N``                          base seed of every run and chi-square draw (default 0)
 ``--runnercheck-steps N``                         scheduler ticks of a differential run (default 24)
@@ -13,7 +13,7 @@ Options (all prefixed, so they never clash with a host project's own):
                                                   test's ``tmp_path``; chi-square reports only with this option)
 ``--runnercheck-csan``                            PyTorch's CUDA stream sanitizer on for the session, enabled at
                                                   configure time (before any runner is built); needs the device
-                                                  to resolve to cuda (``stress.cli_options.resolve_csan``, else a
+                                                  to resolve to cuda (``runnercheck.stress.cli_options.resolve_csan``, else a
                                                   usage error).  A differential run records each race as a
                                                   ``csan`` finding; elsewhere CSAN raises at the racing op.
 
@@ -30,7 +30,7 @@ Fixtures:
 ``runnercheck_staging_lifetime`` ``watch(runner_or_pool)``: staging-slot lifetime assertions (error mode) until
                                  the test ends
 ``runnercheck_chisq``            ``check(sampler, cases=None, *, samples=None, ...)``: chi-square tests of a
-                                 sampler (`checks.samplers` contract) against the exact distributions; fails with
+                                 sampler (`runnercheck.checks.samplers` contract) against the exact distributions; fails with
                                  every rejection, returns the `RunSummary`
 
 Each check records what it ran as JUnit properties of the test (``pytest --junitxml``): the seed,
@@ -38,7 +38,7 @@ the steps and tokens compared, every statistical test and its p-values, every sk
 Markers ``gpu`` and ``stress`` are registered unless the host project registers them; when the
 plugin owns ``gpu`` it skips those tests without a CUDA device.  Without CUDA, the plugin sets
 ``TRITON_INTERPRET=1`` (when unset) before any test module imports Triton, so the built-in runner's
-kernels run interpreted on CPU, with the interpreter sped up (`impl.kernels.interpreter`;
+kernels run interpreted on CPU, with the interpreter sped up (`runnercheck.impl.kernels.interpreter`;
 ``RUNNERCHECK_PLAIN_INTERPRETER=1`` leaves it as Triton ships it).  See docs/PLUGIN.md for an
 example test file.
 """
@@ -88,7 +88,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_OWNED_MARKERS_KEY] = set(owned)
     if config.getoption("runnercheck_device") != "cuda" and "triton" not in sys.modules and not _cuda_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any test module imports the kernels
-    from impl.kernels.interpreter import speed_up_interpreter
+    from runnercheck.impl.kernels.interpreter import speed_up_interpreter
 
     speed_up_interpreter()
     if config.getoption("runnercheck_csan"):
@@ -97,8 +97,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _enable_csan(config: pytest.Config) -> None:
     """``--runnercheck-csan``: the shared rule (cuda only), then CSAN on before any test builds a runner."""
-    from checks.csan import CsanUnavailableError, enable
-    from stress.cli_options import CsanDeviceError, resolve_csan
+    from runnercheck.checks.csan import CsanUnavailableError, enable
+    from runnercheck.stress.cli_options import CsanDeviceError, resolve_csan
 
     kind = config.getoption("runnercheck_device")
     if kind == "auto":
@@ -132,8 +132,8 @@ def _device_kind(config: pytest.Config) -> str:
 
 
 def _load_factory(spec: str, source: str = "--runnercheck-runner") -> Callable:
-    from stress.harness import load_runner_factory
-    from stress.run_config import RunSetupError
+    from runnercheck.stress.harness import load_runner_factory
+    from runnercheck.stress.run_config import RunSetupError
 
     try:
         return load_runner_factory(spec)
@@ -148,7 +148,7 @@ def _spec_of(factory: Callable) -> str:
 @pytest.fixture(scope="session")
 def runnercheck_runner_factory(pytestconfig: pytest.Config) -> Callable:
     """The runner factory named by ``--runnercheck-runner`` (default: the built-in runner)."""
-    from stress.runners import DEFAULT_RUNNER_SPEC
+    from runnercheck.stress.runners import DEFAULT_RUNNER_SPEC
 
     return _load_factory(pytestconfig.getoption("runnercheck_runner") or DEFAULT_RUNNER_SPEC)
 
@@ -175,12 +175,12 @@ def _recorder(request: pytest.FixtureRequest) -> Callable[[str, object], None]:
 
 def checked_differential_run(spec: str, *, kind: str, seed: int, steps: int, model: str, repro_dir: Path,
                              csan: bool = False) -> tuple[Any, list[str]]:
-    """The run owner's checked run (`stress.harness.checked_run`) of a seeded churn: the driver's
+    """The run owner's checked run (`runnercheck.stress.harness.checked_run`) of a seeded churn: the driver's
     `RunResult` and the findings as lines; a divergence writes ``repro_dir/repro.json``."""
-    from impl.model.weights import preset
-    from stress.harness import ChurnOps, checked_run
-    from stress.run_config import RunConfig, RunSetupError, default_limits
-    from stress.scheduler import SchedulerConfig
+    from runnercheck.impl.model.weights import preset
+    from runnercheck.stress.harness import ChurnOps, checked_run
+    from runnercheck.stress.run_config import RunConfig, RunSetupError, default_limits
+    from runnercheck.stress.scheduler import SchedulerConfig
 
     model_config = preset(model)
     lag = {"name": "random-drain", "seed": seed} if kind == "sim" else None
@@ -252,20 +252,20 @@ def runnercheck_differential(request: pytest.FixtureRequest, runnercheck_runner_
 
 
 class NoHostSync:
-    """``with scope(): ...`` forbids host reads of device data (`checks.sync.forbid_host_sync`)."""
+    """``with scope(): ...`` forbids host reads of device data (`runnercheck.checks.sync.forbid_host_sync`)."""
 
     def __init__(self, kind: str | None):
         self.kind = kind
 
     def __call__(self, device_kind: str | None = None) -> Any:
-        from checks.sync import forbid_host_sync
+        from runnercheck.checks.sync import forbid_host_sync
 
         return forbid_host_sync(device_kind or self.kind)
 
     @staticmethod
     def allow(name: str) -> Any:
-        """The named legal wait inside a no-sync scope (`checks.sync.allow_host_sync`)."""
-        from checks.sync import allow_host_sync
+        """The named legal wait inside a no-sync scope (`runnercheck.checks.sync.allow_host_sync`)."""
+        from runnercheck.checks.sync import allow_host_sync
 
         return allow_host_sync(name)
 
@@ -279,7 +279,7 @@ def runnercheck_no_host_sync(pytestconfig: pytest.Config) -> NoHostSync:
 @pytest.fixture
 def runnercheck_staging_lifetime() -> Any:
     """``watch(runner_or_pool, mode="error") -> LifetimeChecker``: detached when the test ends."""
-    from checks.lifetime import LifetimeChecker
+    from runnercheck.checks.lifetime import LifetimeChecker
 
     attached: list[tuple[LifetimeChecker, Any]] = []
 
@@ -301,7 +301,7 @@ def runnercheck_staging_lifetime() -> Any:
 
 
 def _select_cases(cases: Any, quick: bool) -> list:
-    from checks.chisq_cases import SamplingCase, build_cases
+    from runnercheck.checks.chisq_cases import SamplingCase, build_cases
 
     if cases is None or isinstance(cases, str):
         catalogue = build_cases(quick)
@@ -338,8 +338,8 @@ class ChisqCheck:
 
         import torch
 
-        from checks import chisq, stats
-        from checks.samplers import sampler_name
+        from runnercheck.checks import chisq, stats
+        from runnercheck.checks.samplers import sampler_name
 
         selected = _select_cases(cases, quick)
         seed = self._config.getoption("runnercheck_seed") if seed is None else seed
@@ -360,7 +360,7 @@ class ChisqCheck:
             self._record(f"runnercheck.chisq.skipped.{s['case']}", s["reason"])
         out = _report_dir(self._request)
         if out is not None:
-            from checks.report import write_report
+            from runnercheck.checks.report import write_report
 
             self._record("runnercheck.chisq.report", str(write_report(out, summary)["html"]))
         failed = summary.failed_tests

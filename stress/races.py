@@ -1,6 +1,6 @@
 """Race drivers for `runnercheck verify`: churn that reuses rows quickly, and a GPU made to lag.
 
-On ``sim`` the device's seeded lag policy (`impl.device`) decides how far queued work trails the
+On ``sim`` the device's seeded lag policy (`runnercheck.impl.device`) decides how far queued work trails the
 host.  On ``cuda`` the only way to make a real GPU trail the host is to give it more to do than
 the host: before each step's device work the driver enqueues ``device.inject_delay(us)`` (a
 ``torch.cuda._sleep`` spin kernel on the runner's stream).  When the mean delay exceeds the host's
@@ -10,7 +10,7 @@ flight (``max_inflight_steps``), while finished and preempted requests free thei
 ones take them over.  Delays are random (seeded), so the lag varies and the GPU sometimes
 catches up.
 
-The delay is recorded as a ``random-delay`` policy (`stress.run_config.RandomDelay`), the
+The delay is recorded as a ``random-delay`` policy (`runnercheck.stress.run_config.RandomDelay`), the
 ``delay_policy`` field of a repro file, so `runnercheck replay` re-applies it.
 
 `calibrate_cuda_delay` turns a measured host tick into that policy; `measure_host_tick_us` measures
@@ -23,10 +23,10 @@ import time
 from dataclasses import replace
 from typing import Sequence
 
-from stress.churn import Churn, ChurnConfig
-from stress.driver import DifferentialRun
-from stress.harness import build_session
-from stress.run_config import RandomDelay, RunConfig, TargetedDelay
+from runnercheck.stress.churn import Churn, ChurnConfig
+from runnercheck.stress.driver import DifferentialRun
+from runnercheck.stress.harness import build_session
+from runnercheck.stress.run_config import RandomDelay, RunConfig, TargetedDelay
 
 # Short, frequent requests with frequent aborts and preemptions: rows are freed and re-admitted
 # every few ticks, the pattern in which a stale row or staging buffer gets read.

@@ -1,4 +1,4 @@
-"""Terminal renderers of `stress.harness.Findings` (for `stress` and `replay`).
+"""Terminal renderers of `runnercheck.stress.harness.Findings` (for `stress` and `replay`).
 
 Tables wrap (``overflow="fold"``) instead of cutting cells, so a CI log narrower than the table
 still shows every value, and the verdict is never truncated.
@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from stress.driver import summarize_ties
-from stress.run_config import describe_policy
+from runnercheck.stress.driver import summarize_ties
+from runnercheck.stress.run_config import describe_policy
 
 
 def console() -> Any:
@@ -19,7 +19,7 @@ def console() -> Any:
 
 
 def spec_line(spec: dict) -> str:
-    """One line of `stress.spec_scheduler.SpecStats.to_dict()`: drafts asked for, accepted, the rate."""
+    """One line of `runnercheck.stress.spec_scheduler.SpecStats.to_dict()`: drafts asked for, accepted, the rate."""
     return (f"{spec['accepted_tokens']} of {spec['draft_tokens']} accepted ({spec['acceptance_rate']:.0%}) over "
             f"{spec['draft_steps']} request-steps; all accepted {spec['all_accepted_steps']}, none {spec['none_accepted_steps']}")
 
@@ -58,7 +58,7 @@ def print_findings(findings: Any, title: str) -> None:
         draft = config.scheduler.draft_model
         rows.append((f"draft-model ({draft}) drafts" if draft else "n-gram drafts", spec_line(result.spec_stats)))
     if findings.cuda_graphs is not None:
-        from impl.graphs import format_graph_stats
+        from runnercheck.impl.graphs import format_graph_stats
 
         rows.append(("cuda graphs", format_graph_stats(findings.cuda_graphs)))
     if findings.crash:
@@ -87,7 +87,7 @@ def print_divergence(findings: Any) -> None:
 
 
 def run_line(r: Any) -> str:
-    """One plain line for a finished verify run (a `stress.report.RunRecord`)."""
+    """One plain line for a finished verify run (a `runnercheck.stress.report.RunRecord`)."""
     verdict = "ok  " if r.passed else "FAIL"
     extra = f"  {r.first_divergence}" if r.first_divergence else ""
     if r.host_syncs:
@@ -105,7 +105,7 @@ def print_verify_summary(doc: dict, files: list) -> None:
     """The verify job's one-screen summary: runs, coverage, statistics, findings, every report file."""
     from rich.table import Table
 
-    from stress.report import chisq_line
+    from runnercheck.stress.report import chisq_line
 
     out = console()
     verdict = "[bold green]PASSED[/]" if doc["passed"] else "[bold red]FAILED[/]"
@@ -137,7 +137,7 @@ def print_verify_summary(doc: dict, files: list) -> None:
             say(f"{f'draft-model ({draft})' if draft else 'n-gram'} drafts in {r['name']}: {spec_line(r['speculative'])}")
     graphs = [r["cuda_graphs"] for r in doc["runs"] if r.get("cuda_graphs")]
     if graphs:
-        from impl.graphs import format_graph_stats
+        from runnercheck.impl.graphs import format_graph_stats
 
         say(f"cuda graphs (first run): {format_graph_stats(graphs[0])}")
     say(f"sampler statistics: {chisq_line(doc['chisq'])}")

@@ -1,10 +1,10 @@
-"""`runnercheck replay FILE`: re-run a recorded repro file (`stress.repro`).
+"""`runnercheck replay FILE`: re-run a recorded repro file (`runnercheck.stress.repro`).
 
 Rebuilds the recorded `RunConfig` (seed, model, limits, scheduler, device kind, lag/delay policy,
 mutant, runner, CUDA graphs) and applies the recorded operation trace tick by tick instead of the
-random churn, through `stress.harness.checked_run` in a child process.  The file is checked
+random churn, through `runnercheck.stress.harness.checked_run` in a child process.  The file is checked
 before anything is built: its format version (another version is refused), its checksum, ``steps``
-against the recorded trace, model and KV sizes against the stated maxima (`stress.run_config`).
+against the recorded trace, model and KV sizes against the stated maxima (`runnercheck.stress.run_config`).
 When the recording's provenance (runnercheck version, commit, torch/triton/numpy, device) differs
 from this machine's, a warning names each difference: a replay elsewhere may not be bit-for-bit.
 
@@ -18,7 +18,7 @@ import argparse
 import sys
 from dataclasses import replace
 
-from stress.repro import Repro, ReproError
+from runnercheck.stress.repro import Repro, ReproError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,17 +29,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def provenance_warnings(repro: Repro) -> list[str]:
-    from checks.provenance import device_name, provenance, provenance_differences
+    from runnercheck.checks.provenance import device_name, provenance, provenance_differences
 
     return provenance_differences(repro.provenance, provenance(device_name(repro.config.device)))
 
 
 def run(args: argparse.Namespace) -> int:
-    from stress.harness import TraceOps, checked_run, load_runner_factory
-    from stress.isolation import isolated_run
-    from stress.progress import Progress
-    from stress.render import print_divergence, print_findings
-    from stress.run_config import RunSetupError
+    from runnercheck.stress.harness import TraceOps, checked_run, load_runner_factory
+    from runnercheck.stress.isolation import isolated_run
+    from runnercheck.stress.progress import Progress
+    from runnercheck.stress.render import print_divergence, print_findings
+    from runnercheck.stress.run_config import RunSetupError
 
     try:
         repro = Repro.load(args.file)

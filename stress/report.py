@@ -8,7 +8,7 @@
       "provenance": {...checks.provenance.provenance()...},
       "passed": true,                  # every run agreed, no unaccounted host sync, no lifetime
                                        # violation, and the sampler statistics (if they ran) passed
-      "device": "sim", "seed": 0, "runner": "impl.runner:make_runner", "quick": true,
+      "device": "sim", "seed": 0, "runner": "runnercheck.impl.runner:make_runner", "quick": true,
       "model": "micro",
       "divergences": 0,                # runs that stopped at a divergent step (each stops at its first)
       "host_syncs": 0,                 # host reads/waits in execute_model beyond the counted waits
@@ -32,7 +32,7 @@
 `validate_summary` is the schema check (`SummaryError` names the field); `write_report` checks
 before it writes.
 
-Ownership: a `RunRecord` is plain host data built once per run from its `stress.harness.Findings`
+Ownership: a `RunRecord` is plain host data built once per run from its `runnercheck.stress.harness.Findings`
 (`RunRecord.from_findings`); this module only reads it.
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from stress.run_config import describe_policy
+from runnercheck.stress.run_config import describe_policy
 
 SUMMARY_VERSION = 2
 CHISQ_STATUSES = ("ran", "not available", "error", "skipped")
@@ -77,14 +77,14 @@ class RunRecord:
     lifetime_checked: bool = True
     lifetime_violations: int = 0
     lifetime_errors: list[str] = field(default_factory=list)
-    provenance_violations: int = 0  # KV provenance (`checks.kv_provenance`)
-    csan_checked: bool = False  # the run ran under CUDA's stream sanitizer (`checks.csan`)
+    provenance_violations: int = 0  # KV provenance (`runnercheck.checks.kv_provenance`)
+    csan_checked: bool = False  # the run ran under CUDA's stream sanitizer (`runnercheck.checks.csan`)
     csan_races: int = 0
     csan_lines: list[str] = field(default_factory=list)
     csan_reports: list[str] = field(default_factory=list)  # CSAN's own messages, with stacks
-    prefix_cache: dict | None = None  # `stress.prefix_checks.PrefixCacheFindings.to_dict()`
+    prefix_cache: dict | None = None  # `runnercheck.stress.prefix_checks.PrefixCacheFindings.to_dict()`
     cuda_graphs: dict | None = None  # the runner's `cuda_graph_stats()`
-    speculative: dict | None = None  # n-gram drafts asked for / accepted (`stress.spec_scheduler.SpecStats`)
+    speculative: dict | None = None  # n-gram drafts asked for / accepted (`runnercheck.stress.spec_scheduler.SpecStats`)
     repro: str | None = None
     crash: str | None = None
     last_completed_step: int | None = None
@@ -93,8 +93,8 @@ class RunRecord:
 
     @classmethod
     def from_findings(cls, f: Any, repro: str | None = None) -> "RunRecord":
-        """The record of one `stress.harness.Findings` (``repro``: where its repro file was written)."""
-        from stress.driver import summarize_ties
+        """The record of one `runnercheck.stress.harness.Findings` (``repro``: where its repro file was written)."""
+        from runnercheck.stress.driver import summarize_ties
 
         r, config = f.result, f.config
         lines = [d.line() for d in r.divergences[:6]]
@@ -133,9 +133,9 @@ def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: 
                   provenance: dict | None = None, require_coverage: bool = False) -> dict:
     """The ``summary.json`` document for ``runs`` and the statistics section ``chisq``.
 
-    ``require_coverage``: a feature of `stress.coverage.FEATURES` that no run exercised fails the job.
+    ``require_coverage``: a feature of `runnercheck.stress.coverage.FEATURES` that no run exercised fails the job.
     """
-    from stress.coverage import merge, zero_features
+    from runnercheck.stress.coverage import merge, zero_features
 
     coverage = merge(r.coverage for r in runs)
     zero = zero_features(coverage) if require_coverage else []
@@ -341,7 +341,7 @@ def chisq_line(chisq: dict) -> str:
 def write_report(out_dir: str | Path, doc: dict) -> tuple[Path, Path]:
     """Validate ``doc`` and write ``summary.json`` and ``summary.md`` into ``out_dir``.
 
-    Commands call it inside `checks.report_folder.atomic_report_folder`, on the temporary folder.
+    Commands call it inside `runnercheck.checks.report_folder.atomic_report_folder`, on the temporary folder.
     """
     validate_summary(doc)
     out = Path(out_dir)

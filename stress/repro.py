@@ -4,7 +4,7 @@ Format (version 2)::
 
     {
       "version": 2,
-      ...every field of `stress.run_config.RunConfig.to_body` (the run configuration):
+      ...every field of `runnercheck.stress.run_config.RunConfig.to_body` (the run configuration):
       "seed": 7,                       # weights, device lag policy, scheduler and base seed
       "model": {"preset": "micro", "config": {...ModelConfig...}},
       "limits": {...RunnerLimits...},
@@ -30,7 +30,7 @@ Format (version 2)::
 the file and the field; it never lets a KeyError / TypeError / JSONDecodeError escape.  A file of
 another format version is refused with the version named.  The checksum catches hand edits (a
 tampered trace or seed would replay something else than what was recorded); it is not a security
-measure.  Model and KV sizes are checked against `stress.run_config`'s stated maxima here, before
+measure.  Model and KV sizes are checked against `runnercheck.stress.run_config`'s stated maxima here, before
 anything is allocated.
 """
 from __future__ import annotations
@@ -41,10 +41,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from impl.interface import RunnerLimits
-from impl.model.weights import ModelConfig, WeightsError
-from stress.churn import TraceError, validate_operation
-from stress.run_config import BODY_FIELDS, OPTIONAL_BODY_FIELDS, RunConfig, RunSetupError, check_model_size, seed_problem
+from runnercheck.impl.interface import RunnerLimits
+from runnercheck.impl.model.weights import ModelConfig, WeightsError
+from runnercheck.stress.churn import TraceError, validate_operation
+from runnercheck.stress.run_config import BODY_FIELDS, OPTIONAL_BODY_FIELDS, RunConfig, RunSetupError, check_model_size, seed_problem
 
 REPRO_VERSION = 2
 RECORDING_FIELDS = ("trace", "first_divergence", "provenance", "version")
@@ -206,7 +206,7 @@ def _check_schema(doc: dict, source: str) -> None:
         if doc[name] is not None and not isinstance(doc[name].get("name"), str):
             raise bad(f"field {name!r} must name its policy ('name': string)")
     if doc["logits_fault"] is not None:
-        from stress.faults import FaultSpecError, LogitsFault
+        from runnercheck.stress.faults import FaultSpecError, LogitsFault
 
         try:
             LogitsFault.from_dict(doc["logits_fault"])

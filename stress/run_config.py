@@ -4,15 +4,15 @@
 churn or a recorded trace): seed, model, limits, scheduler knobs, device kind and its lag
 (``sim``) or injected-delay (``cuda``) policy, mutant, runner spec, tick count and whether the
 runner may use CUDA graphs, and whether it runs under the CUDA stream sanitizer.  `RunConfig.to_body` / `RunConfig.from_body` are the repro file's
-fields (`stress.repro`), so a recorded run rebuilds exactly.
+fields (`runnercheck.stress.repro`), so a recorded run rebuilds exactly.
 
 Also here, because every front-end needs them with one meaning:
 
 * `check_seed`: seeds are ints in ``[0, 2**63)`` (the runner packs them into int64), one message;
 * `default_limits`: the small limits that make the scheduler chunk prefills and run out of blocks;
 * `RandomDelay`, `TargetedDelay`, `delay_policy_from_dict`: the device-delay policies of cuda race
-  runs (`stress.races`): random delays before steps, or delays right before the last device reader
-  of a targeted resource (`impl.lag_policies.DELAY_TARGETS`, the sim twin of which is the
+  runs (`runnercheck.stress.races`): random delays before steps, or delays right before the last device reader
+  of a targeted resource (`runnercheck.impl.lag_policies.DELAY_TARGETS`, the sim twin of which is the
   ``hold-at-target`` lag policy);
 * `check_model_size`: the stated maximum a recorded model may have before anything is allocated.
 """
@@ -22,9 +22,9 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from impl.interface import RunnerLimits
-from impl.model.weights import ModelConfig, WeightsError
-from stress.scheduler import SchedulerConfig, SchedulerSimError
+from runnercheck.impl.interface import RunnerLimits
+from runnercheck.impl.model.weights import ModelConfig, WeightsError
+from runnercheck.stress.scheduler import SchedulerConfig, SchedulerSimError
 
 SEED_LIMIT = 2**63
 DEVICE_KINDS = ("cuda", "cpu", "sim")
@@ -116,12 +116,12 @@ class RandomDelay:
 
 class TargetedDelay:
     """Injected device delays (cuda) aimed at resources: right before the last device reader of a
-    resource in ``targets`` (`impl.lag_policies.DELAY_TARGETS`: its ``Device.enqueue`` labels),
+    resource in ``targets`` (`runnercheck.impl.lag_policies.DELAY_TARGETS`: its ``Device.enqueue`` labels),
     with probability ``p``, up to ``max_us`` µs -- so the host reaches the resource's next reuse
     while its reader is still queued behind the delay."""
 
     def __init__(self, seed: int, max_us: float, p: float = 0.5, targets: Any = None):
-        from impl.lag_policies import DELAY_TARGETS, LagPolicyError, check_delay_targets
+        from runnercheck.impl.lag_policies import DELAY_TARGETS, LagPolicyError, check_delay_targets
 
         try:
             self.targets = check_delay_targets(DELAY_TARGETS if targets is None else targets)
@@ -144,7 +144,7 @@ class TargetedDelay:
     def hook(self, device: Any) -> Callable:
         """Wrap ``device.enqueue`` (this device instance only) to delay before each targeted reader;
         returns the per-step hook, which has nothing left to do."""
-        from impl.lag_policies import delay_target_of
+        from runnercheck.impl.lag_policies import delay_target_of
 
         enqueue = device.enqueue
 
@@ -183,9 +183,9 @@ class RunConfig:
     mutant: str | None
     runner: str
     cuda_graphs: bool = True
-    logits_fault: dict | None = None  # `stress.faults.LogitsFault.describe()`: NaN/+Inf rows planted in both
-    draft_source: str = "random"  # "oracle": drafts rewritten to the oracle's continuation (`stress.drafts`)
-    csan: bool = False  # run under PyTorch's CUDA stream sanitizer (`checks.csan`); cuda only
+    logits_fault: dict | None = None  # `runnercheck.stress.faults.LogitsFault.describe()`: NaN/+Inf rows planted in both
+    draft_source: str = "random"  # "oracle": drafts rewritten to the oracle's continuation (`runnercheck.stress.drafts`)
+    csan: bool = False  # run under PyTorch's CUDA stream sanitizer (`runnercheck.checks.csan`); cuda only
 
     def __post_init__(self) -> None:
         check_seed(self.seed)
@@ -196,7 +196,7 @@ class RunConfig:
         if self.device not in DEVICE_KINDS:
             raise RunSetupError(f"device {self.device!r} must be a resolved kind: one of {', '.join(DEVICE_KINDS)}")
         if self.csan and self.device != "cuda":
-            from checks.csan import NEEDS_CUDA
+            from runnercheck.checks.csan import NEEDS_CUDA
 
             raise RunSetupError(f"{NEEDS_CUDA} (this run's device is {self.device})")
 
@@ -223,7 +223,7 @@ class RunConfig:
 
     @classmethod
     def from_body(cls, body: dict) -> "RunConfig":
-        """Inverse of `to_body` (the body was schema-checked by `stress.repro`); `RunSetupError` otherwise."""
+        """Inverse of `to_body` (the body was schema-checked by `runnercheck.stress.repro`); `RunSetupError` otherwise."""
         try:
             model_config = ModelConfig.from_dict(body["model"]["config"])
             limits = RunnerLimits(**body["limits"])

@@ -10,23 +10,23 @@ A runner factory is any callable ::
 (factories may also take the keyword ``cuda_graphs: bool``; the harness passes it to those that
 do) returning an object with ``execute_model(sched: SchedulerOutput) -> AsyncOutput`` whose
 ``.get()`` returns the step's `ModelRunnerOutput`.  The runner must sample requests without a
-seed with ``impl.interface.effective_seed(params, req_id, base_seed)`` so the oracle (built with
+seed with ``runnercheck.impl.interface.effective_seed(params, req_id, base_seed)`` so the oracle (built with
 the same base seed) samples the same tokens.  On the command line a factory is named
-``package.module:attribute`` (``--runner``, loaded by `checks.loader.load_callable`); the default is ``impl.runner:make_runner``, the GPU
+``package.module:attribute`` (``--runner``, loaded by `runnercheck.checks.loader.load_callable`); the default is ``runnercheck.impl.runner:make_runner``, the GPU
 runner.
 
 `RunnerBoundaryMirror` is what a runner keeps of the request stream to validate each step with
-`impl.boundary.validate_scheduler_output`; the simple runner and the differential driver use it.
+`runnercheck.impl.boundary.validate_scheduler_output`; the simple runner and the differential driver use it.
 
 Factories here
 --------------
 ``simple_runner``     a deliberately simple second runner: host-side, recomputes every request's
                       whole sequence every step with a dense float32 PyTorch forward (no KV cache,
                       no paging), and samples with a float32 Gumbel-max pipeline that follows
-                      docs/SAMPLING.md using ``reference.rng``'s bits.  It proves that the seam
+                      docs/SAMPLING.md using ``runnercheck.reference.rng``'s bits.  It proves that the seam
                       takes any runner, and gives the harness an fp32 runner to test against.
-``reference_runner``  the float64 oracle (`reference.runner.ReferenceRunner`) as a runner
-                      (`reference.runner.AsyncReferenceRunner`: outputs complete on return).
+``reference_runner``  the float64 oracle (`runnercheck.reference.runner.ReferenceRunner`) as a runner
+                      (`runnercheck.reference.runner.AsyncReferenceRunner`: outputs complete on return).
 """
 from __future__ import annotations
 
@@ -37,8 +37,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from impl.boundary import validate_scheduler_output
-from impl.interface import (
+from runnercheck.impl.boundary import validate_scheduler_output
+from runnercheck.impl.interface import (
     LiveRequest,
     ModelRunnerOutput,
     RunnerLimits,
@@ -47,11 +47,11 @@ from impl.interface import (
     TokenLogprobs,
     effective_seed,
 )
-from impl.model.weights import ModelWeights
-from checks.samplers import sample_row
+from runnercheck.impl.model.weights import ModelWeights
+from runnercheck.checks.samplers import sample_row
 
 RunnerFactory = Callable[..., object]
-DEFAULT_RUNNER_SPEC = "impl.runner:make_runner"
+DEFAULT_RUNNER_SPEC = "runnercheck.impl.runner:make_runner"
 
 
 class CompletedOutput:
@@ -302,6 +302,6 @@ def simple_runner(weights: ModelWeights, limits: RunnerLimits, device: object, b
 
 def reference_runner(weights: ModelWeights, limits: RunnerLimits, device: object, base_seed: int) -> object:
     """Factory for the float64 oracle as a runner (host-side; ``device`` is accepted and unused)."""
-    from reference.runner import AsyncReferenceRunner, ReferenceRunner
+    from runnercheck.reference.runner import AsyncReferenceRunner, ReferenceRunner
 
     return AsyncReferenceRunner(ReferenceRunner(weights, limits, base_seed=base_seed))

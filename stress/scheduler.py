@@ -9,7 +9,7 @@
 * KV blocks from a finite pool of ``limits.num_kv_blocks`` blocks of ``limits.block_size`` tokens,
   handed out in a seeded order and reused last-freed-first (the most race-prone reuse);
 * prefix caching (on by default, `SchedulerConfig.prefix_caching`; hashes, reference counts and
-  LRU eviction live in `stress.prefix_cache.PrefixCache`): an admission's hit goes out as
+  LRU eviction live in `runnercheck.stress.prefix_cache.PrefixCache`): an admission's hit goes out as
   ``NewRequest.num_computed_tokens`` with the shared blocks leading its block list (never the
   whole prefill, never for prompt logprobs); ``stats.hit_rate`` is the fraction of prefill tokens
   served from the cache;
@@ -29,12 +29,12 @@
   that step's output arrives the scheduler does not know how many were accepted, so the request
   is not scheduled again before then; afterwards ``num_computed_tokens`` rolls back to the
   accepted length.  With ``ngram_spec_tokens`` the drafts come from the runner's own proposer
-  instead, by count only (`stress.spec_scheduler`).
+  instead, by count only (`runnercheck.stress.spec_scheduler`).
 
 Ownership: a `SchedulerSim` owns its request records, the block pool and the in-flight step
 records; all of it is host-side Python state, written only by its own methods.
 
-`stress.runners.RunnerBoundaryMirror` is the runner's view of the same stream; the differential
+`runnercheck.stress.runners.RunnerBoundaryMirror` is the runner's view of the same stream; the differential
 driver and the tests use it to prove every step the simulator emits is valid.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-from impl.interface import (
+from runnercheck.impl.interface import (
     CachedRequests,
     ModelRunnerOutput,
     NewRequest,
@@ -53,8 +53,8 @@ from impl.interface import (
     SamplingParams,
     SchedulerOutput,
 )
-from stress.prefix_cache import PrefixCache, PrefixCacheError
-from stress.spec_scheduler import SpecStats, device_draft_count
+from runnercheck.stress.prefix_cache import PrefixCache, PrefixCacheError
+from runnercheck.stress.spec_scheduler import SpecStats, device_draft_count
 
 
 class SchedulerSimError(RuntimeError):
@@ -75,9 +75,9 @@ class SchedulerConfig:
     max_inflight_steps: int = 1
     draft_prob: float = 0.0
     prefix_caching: bool = True
-    ngram_spec_tokens: int = 0  # > 0: decodes ask the runner's proposer for drafts (`stress.spec_scheduler`)
+    ngram_spec_tokens: int = 0  # > 0: decodes ask the runner's proposer for drafts (`runnercheck.stress.spec_scheduler`)
     # A draft-model preset: with ngram_spec_tokens > 0 the runner's proposer is that draft model
-    # (`impl.draft_proposer`) instead of the n-gram one; it takes no explicit drafts and no prefix hits.
+    # (`runnercheck.impl.draft_proposer`) instead of the n-gram one; it takes no explicit drafts and no prefix hits.
     draft_model: str = ""
 
     def __post_init__(self) -> None:

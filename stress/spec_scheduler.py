@@ -1,7 +1,7 @@
 """Device drafts in the scheduler simulator: how many drafts of the runner's n-gram proposer to ask for.
 
 With ``SchedulerConfig.ngram_spec_tokens = K > 0`` the runner under test holds an n-gram proposer
-(`impl.ngram_proposer`, `reference.ngram`) and every decode of a request may ask for ``k <= K`` of
+(`runnercheck.impl.ngram_proposer`, `runnercheck.reference.ngram`) and every decode of a request may ask for ``k <= K`` of
 its drafts through ``SchedulerOutput.num_device_drafts``: the scheduler never sees the draft ids.
 The step then schedules ``1 + k`` tokens; like explicit drafts, the request is not scheduled again
 until that step's output says how many were accepted (``len(tokens) - 1``), and its computed count
@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from impl.interface import RunnerLimits
+from runnercheck.impl.interface import RunnerLimits
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""Counts the staged-write patterns a runner's steps use (a coverage observer, `stress.coverage`).
+"""Counts the staged-write patterns a runner's steps use (a coverage observer, `runnercheck.stress.coverage`).
 
-Every `impl.staged_writes.StagedWriteTensor` reachable from the runner (two attribute levels
+Every `runnercheck.impl.staged_writes.StagedWriteTensor` reachable from the runner (two attribute levels
 deep: row state, block table, sampling parameters) is found; the ``flush`` of each group they
 belong to (the runner's one shared `StagedWriteGroup`, which packs all members at once) is wrapped
 on the instance, and before the real flush packs the pending diffs (per-item and ragged) the wrapper

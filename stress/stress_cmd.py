@@ -4,11 +4,11 @@
                        [--lag-policy P] [--delay-us N|auto [--delay-target T...]]
                        [--runner pkg.mod:factory] [--model micro|tiny] [--eager] --out DIR
 
-A front-end over `stress.harness.checked_run`: the `RunConfig` comes from the flags (on sim a
+A front-end over `runnercheck.stress.harness.checked_run`: the `RunConfig` comes from the flags (on sim a
 lag policy, by default random-drain seeded by S), the operations from the seeded churn, and the
 run executes in a child process (a crash is a finding too).  The report folder DIR is written
-atomically: ``summary.json``/``summary.md`` (`stress.report`) and, when the run found something,
-``repro.json`` (`stress.repro`; ``runnercheck replay DIR/repro.json`` re-runs it).  Exit 0 when
+atomically: ``summary.json``/``summary.md`` (`runnercheck.stress.report`) and, when the run found something,
+``repro.json`` (`runnercheck.stress.repro`; ``runnercheck replay DIR/repro.json`` re-runs it).  Exit 0 when
 runner and oracle agree and the detectors stayed silent, 1 on a finding, 2 on bad arguments.
 """
 from __future__ import annotations
@@ -18,12 +18,12 @@ import sys
 import time
 from dataclasses import replace
 
-from impl.lag_policies import DELAY_TARGETS
-from impl.model.weights import PRESETS, WeightsError, preset
-from stress.cli_options import float_type, int_type
-from stress.run_config import RandomDelay, RunConfig, RunSetupError, TargetedDelay, default_limits
-from stress.runners import DEFAULT_RUNNER_SPEC
-from stress.scheduler import SchedulerConfig
+from runnercheck.impl.lag_policies import DELAY_TARGETS
+from runnercheck.impl.model.weights import PRESETS, WeightsError, preset
+from runnercheck.stress.cli_options import float_type, int_type
+from runnercheck.stress.run_config import RandomDelay, RunConfig, RunSetupError, TargetedDelay, default_limits
+from runnercheck.stress.runners import DEFAULT_RUNNER_SPEC
+from runnercheck.stress.scheduler import SchedulerConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,7 +69,7 @@ def _delay_arg(text: str) -> float | str:
 
 def _calibrated_delay(config: RunConfig, targets: list[str] | None = None) -> dict:
     """A delay policy from the host's measured tick (a short undelayed, unmutated warm-up run)."""
-    from stress.races import calibrate_cuda_delay, measure_host_tick_us
+    from runnercheck.stress.races import calibrate_cuda_delay, measure_host_tick_us
 
     return calibrate_cuda_delay(config.seed, measure_host_tick_us(replace(config, mutant=None)), targets=targets)
 
@@ -78,7 +78,7 @@ def _default_lag_policy(mutant: str | None) -> str:
     """random-drain, or for a mutant the lag of the workload it was designed to show under."""
     if mutant is None:
         return "random-drain"
-    from stress import mutants
+    from runnercheck.stress import mutants
 
     try:
         return mutants.WORKLOADS[mutants.get(mutant).workload].lag_policy
@@ -88,7 +88,7 @@ def _default_lag_policy(mutant: str | None) -> str:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The run configuration the flags describe (``args.device`` is already resolved); `RunSetupError`."""
-    from impl.lag_policies import LagPolicyError, make_lag_policy
+    from runnercheck.impl.lag_policies import LagPolicyError, make_lag_policy
 
     kind = args.device
     try:
@@ -118,7 +118,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
                        _scheduler_config(args), lag, delay, args.mutant, args.runner,
                        cuda_graphs=not args.eager, csan=getattr(args, "csan", False))
     if args.mutant is not None:
-        from stress import mutants
+        from runnercheck.stress import mutants
 
         try:
             mutants.get(args.mutant)
@@ -145,14 +145,14 @@ def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from checks.provenance import device_name, provenance
-    from checks.report_folder import FolderNotReplaced, atomic_report_folder
-    from stress.churn import ChurnConfig
-    from stress.harness import ChurnOps, checked_run, load_runner_factory
-    from stress.isolation import isolated_run
-    from stress.progress import Progress
-    from stress.render import print_divergence, print_findings
-    from stress.report import RunRecord, build_summary, write_report
+    from runnercheck.checks.provenance import device_name, provenance
+    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.stress.churn import ChurnConfig
+    from runnercheck.stress.harness import ChurnOps, checked_run, load_runner_factory
+    from runnercheck.stress.isolation import isolated_run
+    from runnercheck.stress.progress import Progress
+    from runnercheck.stress.render import print_divergence, print_findings
+    from runnercheck.stress.report import RunRecord, build_summary, write_report
 
     started = time.perf_counter()
     name = f"stress {args.device} seed {args.seed}"

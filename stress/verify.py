@@ -4,35 +4,35 @@ then the sampler statistics, then a report folder.
     runnercheck verify [--device auto|cuda|sim|cpu] [--quick] [--seed S] [--out DIR] [--runner pkg.mod:factory]
                        [--eager] [--csan] [--junit FILE]
 
-1. Differential stress runs, each a `stress.harness.checked_run` in its own child process (a
+1. Differential stress runs, each a `runnercheck.stress.harness.checked_run` in its own child process (a
    crash is a finding with a repro), side by side on the usable cores: the host-sync detector and
-   the staging-lifetime checker in count mode, random churn (`stress.churn`) whose requests cycle
+   the staging-lifetime checker in count mode, random churn (`runnercheck.stress.churn`) whose requests cycle
    through every pair of sampling knobs.  On ``sim`` the runs cover the lag policies
    (run-immediately, lag-k-steps, random-drain, and in the full plan hold-at-target) with one or
    more steps in flight and draft tokens; on ``cuda`` the GPU is made to lag the host by injected
-   delays under heavy churn (`stress.races`), before whole steps or right before the last device
+   delays under heavy churn (`runnercheck.stress.races`), before whole steps or right before the last device
    reader of a staging slot, an output slot or the input prep (targeted runs; each target must be
    reached: a coverage feature).  Both plans end with runs whose runner holds the n-gram proposer
-   (`impl.ngram_proposer`; the scheduler asks for device drafts by count, some prompts repeat a
+   (`runnercheck.impl.ngram_proposer`; the scheduler asks for device drafts by count, some prompts repeat a
    pattern so drafts get accepted); the full sim plan and the cuda plans add runs whose runner holds
-   the draft-model proposer (`impl.draft_proposer`, rejection-sampled); the summary reports their
+   the draft-model proposer (`runnercheck.impl.draft_proposer`, rejection-sampled); the summary reports their
    acceptance rates.  Run ``i`` uses
    seed ``S + i``.
-2. The coverage table (`stress.coverage`): a count per feature over all runs; a feature at zero
+2. The coverage table (`runnercheck.stress.coverage`): a count per feature over all runs; a feature at zero
    fails the job.
-3. The sampler statistics (`run_chisq`, `stress.verify_chisq`), each named by the sampler it ran
+3. The sampler statistics (`run_chisq`, `runnercheck.stress.verify_chisq`), each named by the sampler it ran
    on: on cuda the quick chi-square matrix on the runner's sampler; on CPU the quick matrix on the
    PyTorch baseline plus a few fixed cases on the runner's sampler, interpreted (``DIR/chisq``,
    ``DIR/chisq-runner``).
-4. ``DIR/summary.json`` and ``DIR/summary.md`` (`stress.report`), and ``DIR/repros/*.json`` for
-   every divergent run (`stress.repro`; `runnercheck replay FILE` re-runs one), written
-   atomically with ``DIR/manifest.json`` (`checks.report_folder`); ``--junit FILE``: JUnit XML,
+4. ``DIR/summary.json`` and ``DIR/summary.md`` (`runnercheck.stress.report`), and ``DIR/repros/*.json`` for
+   every divergent run (`runnercheck.stress.repro`; `runnercheck replay FILE` re-runs one), written
+   atomically with ``DIR/manifest.json`` (`runnercheck.checks.report_folder`); ``--junit FILE``: JUnit XML,
    one case per run.
 
 A run passes when runner and oracle agree on every compared step, every host read/wait inside
 ``execute_model`` is one of the runner's own counted back-pressure waits
-(`stress.harness.counted_waits`), the staging checker saw no violation, and (``--csan``, cuda)
-CUDA's stream sanitizer reported no race (`checks.csan`).  Exit 0 only when
+(`runnercheck.stress.harness.counted_waits`), the staging checker saw no violation, and (``--csan``, cuda)
+CUDA's stream sanitizer reported no race (`runnercheck.checks.csan`).  Exit 0 only when
 every run, the coverage and the statistics pass; 1 otherwise; 2 for arguments or a runner that
 cannot be built.
 
@@ -48,14 +48,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from impl.lag_policies import DELAY_TARGETS
-from impl.model.weights import PRESETS, preset
-from stress.churn import ChurnConfig
-from stress.cli_options import add_shard_option, int_type
-from stress.report import RunRecord, build_summary, write_report
-from stress.run_config import RunConfig, RunSetupError, default_limits
-from stress.runners import DEFAULT_RUNNER_SPEC
-from stress.scheduler import SchedulerConfig
+from runnercheck.impl.lag_policies import DELAY_TARGETS
+from runnercheck.impl.model.weights import PRESETS, preset
+from runnercheck.stress.churn import ChurnConfig
+from runnercheck.stress.cli_options import add_shard_option, int_type
+from runnercheck.stress.report import RunRecord, build_summary, write_report
+from runnercheck.stress.run_config import RunConfig, RunSetupError, default_limits
+from runnercheck.stress.runners import DEFAULT_RUNNER_SPEC
+from runnercheck.stress.scheduler import SchedulerConfig
 
 VERIFY_CHURN = ChurnConfig(max_unfinished=8, max_prompt_len=16, max_new_tokens=10, abort_prob=0.06, preempt_prob=0.1,
                            param_plan=True)
@@ -89,7 +89,7 @@ _SIM_FULL = [
     ("lag-3 three-ahead drafts", {"name": "lag-k-steps", "k": 3}, 3, 0.2),
     ("random-drain drafts", {"name": "random-drain", "p_stall": 0.5}, 1, 0.3),
     ("random-drain stalling two-ahead", {"name": "random-drain", "p_stall": 0.8}, 2, 0.0),
-    # Targeted lag (`impl.lag_policies.HoldAtTarget`): each resource's last reader held; every target must be reached.
+    # Targeted lag (`runnercheck.impl.lag_policies.HoldAtTarget`): each resource's last reader held; every target must be reached.
     ("hold-at-target two-ahead drafts", {"name": "hold-at-target", "p": 0.5, "max_hold": 2}, 2, 0.2),
 ]
 # A token budget of 8 splits prefills into first, middle and final chunks (the coverage gate asks for each).
@@ -101,7 +101,7 @@ _CUDA_QUICK = [("delays two-ahead", 2, 0.0, None), ("delays three-ahead drafts",
                ("targeted delays two-ahead", 2, 0.0, tuple(DELAY_TARGETS))]
 _CUDA_FULL = _CUDA_QUICK + [("delays one-ahead drafts", 1, 0.3, None), ("delays three-ahead", 3, 0.0, None)] + [
     (f"targeted delays at {target} three-ahead", 3, 0.1, (target,)) for target in DELAY_TARGETS]
-# Runs with the runner's n-gram proposer on (`stress.spec_scheduler`): every decode asks for up to
+# Runs with the runner's n-gram proposer on (`runnercheck.stress.spec_scheduler`): every decode asks for up to
 # NGRAM_SPEC_TOKENS device drafts; a third of the prompts repeat a short pattern, so drafts match.
 # (name, lag policy on sim, max_inflight_steps); on cuda the lag is the calibrated delays.
 NGRAM_SPEC_TOKENS = 3
@@ -109,7 +109,7 @@ NGRAM_CHURN = replace(VERIFY_CHURN, repetitive_prompt_prob=0.35)
 _SIM_NGRAM = [("ngram lag-1 two-ahead", {"name": "lag-k-steps", "k": 1}, 2)]
 _SIM_NGRAM_FULL = _SIM_NGRAM + [("ngram random-drain", {"name": "random-drain", "p_stall": 0.5}, 1)]
 _CUDA_NGRAM = [("delays two-ahead ngram", 2)]
-# Runs with the runner's draft-model proposer (`impl.draft_proposer`, rejection-sampled): no prefix
+# Runs with the runner's draft-model proposer (`runnercheck.impl.draft_proposer`, rejection-sampled): no prefix
 # caching, no explicit drafts.  (name, draft preset, lag policy on sim, max_inflight_steps).  The
 # target's own preset as its draft (the run's weights: near-full acceptance, bonus tokens) and the
 # smaller "-draft" preset (unrelated weights: mostly rejected, residual resamples).  Not in the quick
@@ -127,7 +127,7 @@ def _config(seed: int, ticks: int, kind: str, model: str, limits: dict, inflight
     model_config = preset(model)
     if lag is not None and lag["name"] == "random-drain":
         lag = dict(lag, seed=seed)
-    from stress.faults import LogitsFault
+    from runnercheck.stress.faults import LogitsFault
 
     # NaN/+Inf rows only past every prompt that asks for prompt logprobs (VERIFY_CHURN and RACE_CHURN:
     # at most 16 tokens; longer conversation prompts ask for none).
@@ -153,8 +153,8 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
               cuda_graphs: bool = True, csan: bool = False) -> list[PlannedRun]:
     """The runs of one verify job.  ``cuda_delay(seed, targets)`` gives a run's delay policy on cuda
     (``targets``: the resources a targeted run delays the readers of; None: delays before steps);
-    ``csan``: every cuda run under the CUDA stream sanitizer (`checks.csan`)."""
-    from stress.races import RACE_CHURN
+    ``csan``: every cuda run under the CUDA stream sanitizer (`runnercheck.checks.csan`)."""
+    from runnercheck.stress.races import RACE_CHURN
 
     runs: list[PlannedRun] = []
     if kind == "sim":
@@ -202,8 +202,8 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
 def execute_run(planned: PlannedRun, repro_dir: Path, on_tick: Callable[[int], None] = lambda tick: None, *,
                 isolate: bool = True, repro_name_dir: Path | None = None) -> RunRecord:
     """One planned run through the harness (detectors in count mode); a repro on divergence."""
-    from stress.harness import ChurnOps, checked_run
-    from stress.isolation import isolated_run
+    from runnercheck.stress.harness import ChurnOps, checked_run
+    from runnercheck.stress.isolation import isolated_run
 
     findings = (isolated_run if isolate else checked_run)(planned.config, ChurnOps(planned.churn), name=planned.name,
                                                           lifetime_mode="count", on_tick=on_tick)
@@ -227,8 +227,8 @@ def record_run(planned: PlannedRun, findings: Any, repro_dir: Path, repro_name_d
 
 def run_chisq(out_dir: Path, skip: bool = False, seed: int = 0, *, device: str | None = None,
               runner_sampler: Callable | str = "impl") -> dict:
-    """The sampler statistics section, one entry per sampler it ran on: `stress.verify_chisq.run_statistics`."""
-    from stress.verify_chisq import run_statistics
+    """The sampler statistics section, one entry per sampler it ran on: `runnercheck.stress.verify_chisq.run_statistics`."""
+    from runnercheck.stress.verify_chisq import run_statistics
 
     return run_statistics(out_dir, skip, seed, device=device, runner_sampler=runner_sampler)
 
@@ -255,11 +255,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from checks.provenance import device_name, provenance
-    from checks.report_folder import FolderNotReplaced, atomic_report_folder
-    from stress.harness import load_runner_factory
-    from stress.junit_cases import check_junit_path, verify_cases, write_cases
-    from stress.render import print_verify_summary
+    from runnercheck.checks.provenance import device_name, provenance
+    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.stress.harness import load_runner_factory
+    from runnercheck.stress.junit_cases import check_junit_path, verify_cases, write_cases
+    from runnercheck.stress.render import print_verify_summary
 
     started = time.perf_counter()
     out = Path(args.out)
@@ -293,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         with atomic_report_folder(out) as tmp:
             records, chisq = _execute_plan(plan, out, tmp, args)
-            from stress.staged_writes import UNGATED_STAGED_FEATURES
+            from runnercheck.stress.staged_writes import UNGATED_STAGED_FEATURES
 
             unused = [f for f in UNGATED_STAGED_FEATURES if any(f in r.coverage for r in records)
                       and not sum(r.coverage.get(f, 0) for r in records)]
@@ -323,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _calibrate_cuda(args: argparse.Namespace) -> tuple[Callable[[int], dict], str]:
-    from stress.races import DEFAULT_LAG_FACTOR, calibrate_cuda_delay, measure_host_tick_us
+    from runnercheck.stress.races import DEFAULT_LAG_FACTOR, calibrate_cuda_delay, measure_host_tick_us
 
     warmup = plan_runs("cuda", args.seed, args.runner, quick=True, ticks=12, max_runs=1, model=args.model,
                        cuda_graphs=not args.eager)[0].config
@@ -334,10 +334,10 @@ def _calibrate_cuda(args: argparse.Namespace) -> tuple[Callable[[int], dict], st
 
 
 def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path, args: argparse.Namespace) -> tuple[list[RunRecord], dict]:
-    from stress.harness import ChurnOps
-    from stress.isolation import IsolatedJob, default_parallel, isolated_runs
-    from stress.progress import Progress
-    from stress.render import run_line
+    from runnercheck.stress.harness import ChurnOps
+    from runnercheck.stress.isolation import IsolatedJob, default_parallel, isolated_runs
+    from runnercheck.stress.progress import Progress
+    from runnercheck.stress.render import run_line
 
     by_index: dict[int, RunRecord] = {}
     ticks = [0] * len(plan)
@@ -356,7 +356,7 @@ def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path, args: argparse.N
             progress.end(run_line(by_index[i]))
 
         if args.in_process:
-            from stress.harness import checked_run
+            from runnercheck.stress.harness import checked_run
 
             for i, planned in enumerate(plan):
                 started(i)

@@ -3,7 +3,7 @@
 `run_statistics` runs the chi-square statistics on the sampler(s) the device calls for and
 returns one entry per sampler, each naming it (``sampler``, ``role``, ``scope``) with its verdict,
 so a reader of the summary can tell the runner's kernel from the PyTorch baseline.  Plain host
-data only; the report files of each run are written by `checks.report` into ``DIR/chisq`` and
+data only; the report files of each run are written by `runnercheck.checks.report` into ``DIR/chisq`` and
 ``DIR/chisq-runner``.
 """
 from __future__ import annotations
@@ -28,22 +28,22 @@ def run_statistics(out_dir: Path, skip: bool = False, seed: int = 0, *, device: 
 
     ``device`` (default: cuda when a GPU is present, else cpu) decides the plan:
 
-    * cuda: the quick matrix + calibration + power (`checks.chisq.run_quick`) on the runner's
+    * cuda: the quick matrix + calibration + power (`runnercheck.checks.chisq.run_quick`) on the runner's
       sampler, in ``DIR/chisq``;
     * cpu / sim: the quick matrix on the PyTorch baseline in ``DIR/chisq`` (the interpreted kernel
-      is far too slow for it), *and* the fixed `checks.chisq_cases.runner_sampler_cases` on the
+      is far too slow for it), *and* the fixed `runnercheck.checks.chisq_cases.runner_sampler_cases` on the
       runner's sampler, interpreted, in ``DIR/chisq-runner`` (~20 s of CPU: measured 21.5 s CPU,
       59 s wall on the 2-core dev box at load average 8.6).
 
     The section passes when every sampler's statistics that ran passed; one that is not available
-    (e.g. ``impl.sample`` not importable) is named as such and does not fail the job; an error does.
+    (e.g. ``runnercheck.impl.sample`` not importable) is named as such and does not fail the job; an error does.
     """
     if skip:
         return {"status": "skipped", "passed": None, "note": "--skip-chisq", "samplers": []}
     import importlib
 
     try:
-        chisq = importlib.import_module("checks.chisq")
+        chisq = importlib.import_module("runnercheck.checks.chisq")
     except ImportError as e:
         return {"status": "not available", "passed": None, "note": f"checks.chisq does not import ({e})", "samplers": []}
     if device is None:
@@ -82,7 +82,7 @@ def _entry(sampler: str, role: str, scope: str) -> dict:
 def _sampler_label(sampler: Callable | str) -> str:
     if isinstance(sampler, str):
         return sampler
-    from checks.samplers import sampler_name
+    from runnercheck.checks.samplers import sampler_name
 
     return sampler_name(sampler)
 
@@ -93,7 +93,7 @@ def _run_quick_matrix(chisq: Any, out_dir: Path, seed: int, sampler: Callable | 
     entry = _entry(_sampler_label(sampler), role, "quick matrix, calibration, power")
     run_quick = getattr(chisq, "run_quick", None)
     if not callable(run_quick):
-        return dict(entry, status="not available", passed=None, note="checks.chisq has no run_quick")
+        return dict(entry, status="not available", passed=None, note="runnercheck.checks.chisq has no run_quick")
     kwargs = {"seed": seed} if "seed" in inspect.signature(run_quick).parameters else {}
     try:
         result = run_quick(out_dir / "chisq", sampler=sampler, **kwargs)
@@ -123,14 +123,14 @@ def _result_summary(result: dict) -> str:
 
 
 def _run_runner_cases(chisq: Any, out_dir: Path, seed: int, sampler: Callable | str) -> dict:
-    """`checks.chisq_cases.runner_sampler_cases` on ``sampler`` on CPU, one Holm family, report in DIR/chisq-runner."""
+    """`runnercheck.checks.chisq_cases.runner_sampler_cases` on ``sampler`` on CPU, one Holm family, report in DIR/chisq-runner."""
     import torch
 
     try:
-        from checks import stats
-        from checks.chisq_cases import runner_sampler_cases
-        from checks.report import write_report as write_chisq_report
-        from checks.samplers import SamplerSpecError, SamplerUnavailableError, load_sampler, sampler_name
+        from runnercheck.checks import stats
+        from runnercheck.checks.chisq_cases import runner_sampler_cases
+        from runnercheck.checks.report import write_report as write_chisq_report
+        from runnercheck.checks.samplers import SamplerSpecError, SamplerUnavailableError, load_sampler, sampler_name
     except ImportError as e:
         return dict(_entry(_sampler_label(sampler), "runner", "runner cases"), status="not available", passed=None,
                     note=f"the chi-square pieces do not import ({e})")
@@ -143,10 +143,10 @@ def _run_runner_cases(chisq: Any, out_dir: Path, seed: int, sampler: Callable | 
         fn = load_sampler(sampler) if isinstance(sampler, str) else sampler
     except (SamplerSpecError, SamplerUnavailableError) as e:
         return dict(entry, status="not available", passed=None, note=str(e))
-    from checks.impl_sampler import impl_sampler_available
+    from runnercheck.checks.impl_sampler import impl_sampler_available
 
     if sampler == RUNNER_SAMPLER and not impl_sampler_available():
-        return dict(entry, status="not available", passed=None, note="impl.sample cannot be imported")
+        return dict(entry, status="not available", passed=None, note="runnercheck.impl.sample cannot be imported")
     alpha = chisq.DEFAULT_ALPHA
     started = time.perf_counter()
     cpu = torch.device("cpu")

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.kernels.launch import launch as launch_kernel
+from runnercheck.impl.kernels.launch import launch as launch_kernel
 
 _LOG2_E = 1.4426950408889634
 

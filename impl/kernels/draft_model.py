@@ -1,4 +1,4 @@
-"""Kernels of the draft-model proposer (`impl.draft_proposer`) and of its verification in the runner.
+"""Kernels of the draft-model proposer (`runnercheck.impl.draft_proposer`) and of its verification in the runner.
 
 * `_draft_sample_kernel`, one program per request of the draft decode batch: draft ``j`` of state
   row ``rows[i]`` is the Gumbel-max of ``log q + g`` over ``q = q_buf[row, j]`` (the draft's
@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.kernels.launch import launch
-from impl.kernels.rng import DRAFT_STREAM
-from impl.kernels.spec_verify import gumbel_max_residual
+from runnercheck.impl.kernels.launch import launch
+from runnercheck.impl.kernels.rng import DRAFT_STREAM
+from runnercheck.impl.kernels.spec_verify import gumbel_max_residual
 
 MAX_BLOCK = 1024
 

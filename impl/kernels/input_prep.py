@@ -15,7 +15,7 @@ writes, for its tokens ``[query_start_loc[i], query_start_loc[i + 1])``:
   row produces, i.e. input position + 1), and the draft prefix (row j: drafts ``d_1..d_j``,
   -1 padded; the sampler counts them as outputs for penalties).
 
-Padding requests (bucketed steps, `impl.graph_step`): a ``rows`` entry of -1 marks a request that
+Padding requests (bucketed steps, `runnercheck.impl.graph_step`): a ``rows`` entry of -1 marks a request that
 only fills the bucket.  It computes ``query_len`` tokens of id 0 at positions ``0..`` with slot -1
 (no KV write), gathers the dummy row's blocks (attention reads them; the result is discarded),
 and its logit rows read the sampling parameters of `PADDING_STATE_ROW` with an empty draft
@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.kernels.launch import launch, next_power_of_2
-from impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_ROW_FIELDS, NUM_TOKENS, PREFILL_LEN
+from runnercheck.impl.kernels.launch import launch, next_power_of_2
+from runnercheck.impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_ROW_FIELDS, NUM_TOKENS, PREFILL_LEN
 
 # The state row a padding request's logit rows read their sampling parameters from (read only;
 # their samples are never copied out and their penalty counts are never taken in).
@@ -152,7 +152,7 @@ def launch_prepare_inputs(
 ) -> None:
     """Launch the input-prep kernel (call from inside the step's enqueued device work).
 
-    ``num_tokens``: the requests' tokens, or a lower bound of them (a mixed graph, `impl.graph_step`:
+    ``num_tokens``: the requests' tokens, or a lower bound of them (a mixed graph, `runnercheck.impl.graph_step`:
     0); the tail program pads from ``cu[num_reqs]`` (device) to ``padded_num_tokens``.
     """
     needs_tail = padded_num_tokens > num_tokens or num_prompt_rows > 0

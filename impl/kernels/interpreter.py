@@ -20,8 +20,8 @@ It also memoises the interpreter's ``_get_np_dtype`` (a Triton dtype's numpy dty
 interpreted run after the patches (8% of one on the dev box).  Its answer depends on the type alone,
 and a Triton type's class and name say which type it is, so a memo returns what it would.
 
-Installed by whoever turns the interpreter on for a process (`stress.pytest_plugin`,
-`stress.cli`); a no-op on a GPU (no interpreter), under ``RUNNERCHECK_PLAIN_INTERPRETER=1`` (for a
+Installed by whoever turns the interpreter on for a process (`runnercheck.stress.pytest_plugin`,
+`runnercheck.stress.cli`); a no-op on a GPU (no interpreter), under ``RUNNERCHECK_PLAIN_INTERPRETER=1`` (for a
 comparison), and on a Triton whose interpreter lacks the parts it wraps (it logs why and leaves
 Triton as it is).
 
@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any, Callable, Iterator
 
-from impl.device import triton_interpreted
+from runnercheck.impl.device import triton_interpreted
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Lane copies: device kernels that read or write a pinned host buffer chosen by a device-side counter.
 
-A steady step's graph (`impl.lanes`) starts by copying its staging bytes from the host and ends by
+A steady step's graph (`runnercheck.impl.lanes`) starts by copying its staging bytes from the host and ends by
 copying its packed output to the host, with no separate copy calls: the pinned buffer of each lane
 is addressed from the kernel directly (CUDA's unified addressing: a pointer from ``cudaHostAlloc``,
 which backs torch's pinned memory, is valid in device code), and which lane a replay uses is
@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.kernels.launch import launch
+from runnercheck.impl.kernels.launch import launch
 
 LANE_COPY_BLOCK = 4096  # bytes per program
 

@@ -33,8 +33,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from impl.device import triton_interpreted
-from impl.hotpath import hot_path
+from runnercheck.impl.device import triton_interpreted
+from runnercheck.impl.hotpath import hot_path
 
 MAX_KEYS = 64  # specialization keys kept per kernel (a kernel whose ints change every step misses, then clears)
 _I32, _I64 = (-(2**31), 2**31 - 1), (-(2**63), 2**63 - 1)

@@ -14,7 +14,7 @@ the post-update kernel.  A request that sampled this step (``num_sampled[i] = s 
 
 ``tok[p]`` is the pinned prefill token for ``p < PREFILL_LEN`` (over UVA on CUDA), this step's
 sample for ``p >= T - s``, else ``history[row, p]``: the program never reads what it wrote (no
-barrier needed).  docs/SAMPLING.md ("N-gram proposer") is the contract; `reference.ngram` the
+barrier needed).  docs/SAMPLING.md ("N-gram proposer") is the contract; `runnercheck.reference.ngram` the
 oracle.
 
 `_gather_drafts_kernel`, one program per scheduled request, runs before input prep: draft ``r``
@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.kernels.launch import launch
-from impl.state import NUM_ROW_FIELDS, NUM_TOKENS, PREFILL_LEN
+from runnercheck.impl.kernels.launch import launch
+from runnercheck.impl.state import NUM_ROW_FIELDS, NUM_TOKENS, PREFILL_LEN
 
 
 @triton.jit

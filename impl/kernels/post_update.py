@@ -11,7 +11,7 @@ new last token, and rewinds its counts past the rejected drafts::
 It also writes, for the host, ``num_sampled[i]`` (0 for a partial chunk, else ``a + 1``; the
 request's output tokens are logit rows ``[logits_start[i], logits_start[i] + num_sampled[i])``)
 and ``row_valid`` per logit row (1 for rows whose token became an output: what the sampler's
-penalty counts take in).  A padding request (row -1, `impl.graph_step`) writes no row state, 0
+penalty counts take in).  A padding request (row -1, `runnercheck.impl.graph_step`) writes no row state, 0
 to ``num_sampled`` and 0 to its ``row_valid`` entries.
 """
 from __future__ import annotations
@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.kernels.launch import launch, next_power_of_2
-from impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_ROW_FIELDS, NUM_TOKENS
+from runnercheck.impl.kernels.launch import launch, next_power_of_2
+from runnercheck.impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_ROW_FIELDS, NUM_TOKENS
 
 
 @triton.jit(do_not_specialize=["num_reqs"])

@@ -2,7 +2,7 @@
 
 Every launch but the last is sized to fill the GPU at any batch size: the split passes run one
 program per (row, ``CHUNK``-wide vocabulary chunk); the combines run one program per row and read
-only the small per-chunk partials (`impl.kernels.sampling_split`).  Launch order (stream order is
+only the small per-chunk partials (`runnercheck.impl.kernels.sampling_split`).  Launch order (stream order is
 the only synchronisation between them):
 
 1. `sampler_block_kernel` (split): the non-finite scan, the chunk's maximum score and the chunk's
@@ -23,7 +23,7 @@ the only synchronisation between them):
    narrowing (`sampling_select.narrow_threshold`): any parameters, any data, more passes.
 
 No ``[rows, vocab]`` intermediate exists: each pass re-reads the logits and re-applies penalties
-and temperature.  Gumbel noise is `impl.kernels.rng.gumbel_noise(seed, position, token id)`
+and temperature.  Gumbel noise is `runnercheck.impl.kernels.rng.gumbel_noise(seed, position, token id)`
 (64-bit Philox draws), the same for every launch, so the tokens do not depend on the path.
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from impl.kernels.rng import gumbel_noise
-from impl.kernels.sampling_select import (
+from runnercheck.impl.kernels.rng import gumbel_noise
+from runnercheck.impl.kernels.sampling_select import (
     EMPTY_CANDIDATE,
     OUTCOME_ALL,
     OUTCOME_BRACKET,
@@ -43,7 +43,7 @@ from impl.kernels.sampling_select import (
     next_float_up,
     unpack_candidate,
 )
-from impl.kernels.sampling_split import (
+from runnercheck.impl.kernels.sampling_split import (
     MODE_DONE,
     MODE_FALLBACK,
     MODE_GATHER,
@@ -209,7 +209,7 @@ def _filtered_threshold(kept_from, tau, row_max, top_p_on, use_candidates, candi
 
     ``kept_from`` is what min-p and top-k keep, ``tau`` the top-p threshold over those; the one
     place both threshold searches (`_candidate_threshold`, `_narrowed_threshold`) end, so a
-    kernel variant that rebinds it (`stress.mutant_kernels`) changes every path.
+    kernel variant that rebinds it (`runnercheck.stress.mutant_kernels`) changes every path.
     """
     return tl.where(top_p_on, tl.maximum(kept_from, tau), kept_from), use_candidates, candidates
 

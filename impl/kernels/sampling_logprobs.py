@@ -23,7 +23,7 @@ row still yields finite output (which is not compared).  Two launches:
    one program by pivot narrowing (`sampling_select.narrow_threshold`, `gather_candidates`).
 
 Why one kernel with a last-arrival counter instead of stream-ordered combine launches (the
-sampler's way, `impl.kernels.sampling_split`): a separate combine and gather launch re-reads the
+sampler's way, `runnercheck.impl.kernels.sampling_split`): a separate combine and gather launch re-reads the
 candidate chunks from DRAM after every row's first read evicted them from L2, and each launch in
 the chain adds its own latency; here the only extra traffic is the candidate sub-blocks, from L2.
 """
@@ -32,8 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from impl.kernels.sampling_split import MODE_DONE, MODE_FALLBACK, descending_ranks, kth_largest_block_max
-from impl.kernels.sampling_select import (
+from runnercheck.impl.kernels.sampling_split import MODE_DONE, MODE_FALLBACK, descending_ranks, kth_largest_block_max
+from runnercheck.impl.kernels.sampling_select import (
     EMPTY_CANDIDATE,
     FLOAT32_MAX,
     OUTCOME_ALL,

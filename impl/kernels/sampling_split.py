@@ -3,7 +3,7 @@
 A logit row is read by ``num_blocks = cdiv(V, CHUNK)`` programs, one per vocabulary chunk, each
 writing a few per-(row, chunk) partials; a separate one-program-per-row launch combines them
 (stream order is the only synchronisation: no atomics, no last-arrival counters; the logprobs
-kernel is the exception, `impl.kernels.sampling_logprobs` says why).
+kernel is the exception, `runnercheck.impl.kernels.sampling_logprobs` says why).
 
 Threshold selection without sorting the vocabulary uses the chunk maxima: the ``k``-th largest of
 the per-chunk maxima is ``k`` distinct entries of the row, so it is at most the row's ``k``-th
@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from impl.kernels.sampling_select import EMPTY_CANDIDATE, pack_candidate, unpack_candidate
+from runnercheck.impl.kernels.sampling_select import EMPTY_CANDIDATE, pack_candidate, unpack_candidate
 
 # Per-row plan written by a combine launch and read by the later launches of the same step.
 MODE_DONE = tl.constexpr(0)       # token (and flag) final after the first combine

@@ -9,7 +9,7 @@ the sampler reads its parameters) and its noise position of target row 0 from ``
 * greedy (temperature 0): per target row one pass for ``argmax p`` (lowest index), compared with
   the draft; the loop stops deciding at the first mismatch.
 * rejection sampling: scalar loads of ``p_i(d_i)`` and ``q_i(d_i)`` per draft, the accept
-  uniform from `impl.kernels.rng` at ``(0, P + i, 0, ACCEPT_STREAM)``; then one pass over the
+  uniform from `runnercheck.impl.kernels.rng` at ``(0, P + i, 0, ACCEPT_STREAM)``; then one pass over the
   vocabulary of the row to resample (`gumbel_max_residual`), which tracks the Gumbel-max over the residual
   and over ``p`` at once, so the all-zero residual needs no second read.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from impl.kernels.rng import ACCEPT_STREAM, RESAMPLE_STREAM, gumbel_from_bits, philox_64bits, uniform_from_bits
+from runnercheck.impl.kernels.rng import ACCEPT_STREAM, RESAMPLE_STREAM, gumbel_from_bits, philox_64bits, uniform_from_bits
 
 
 @triton.jit

@@ -3,7 +3,7 @@
 Math (the same conventions as the float64 oracle): RMSNorm ``x * rsqrt(mean(x^2) + eps) * w``;
 q/k/v projections with optional bias; optional per-head RMSNorm of q and k before RoPE; RoPE
 "rotate half" over the full head_dim with ``inv_freq = theta^(-2i/head_dim)`` at each token's
-position; GQA causal attention with scale ``head_dim^-0.5`` (`impl.kernels.attention`); o_proj;
+position; GQA causal attention with scale ``head_dim^-0.5`` (`runnercheck.impl.kernels.attention`); o_proj;
 residual; RMSNorm; SwiGLU ``down(silu(gate(x)) * up(x))``; residual; final norm; lm_head.
 Weights are ``[out, in]`` applied as ``x @ W.T``.
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from impl.device import Device
-from impl.kernels.attention import paged_attention, rope_and_write_kv_cache
-from impl.model.weights import ModelConfig, ModelWeights
+from runnercheck.impl.device import Device
+from runnercheck.impl.kernels.attention import paged_attention, rope_and_write_kv_cache
+from runnercheck.impl.model.weights import ModelConfig, ModelWeights
 
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

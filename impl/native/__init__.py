@@ -42,7 +42,7 @@ class NativeBuildError(RuntimeError):
 
 def tri_state(variable: str, error: type[Exception]) -> str:
     """An ``auto`` / ``0`` / ``1`` switch from the environment (``auto`` when unset); ``error`` for any other value.
-    ``RUNNERCHECK_NATIVE`` here, ``RUNNERCHECK_LAUNCH_THREAD`` in `impl.launcher`: one rule for both."""
+    ``RUNNERCHECK_NATIVE`` here, ``RUNNERCHECK_LAUNCH_THREAD`` in `runnercheck.impl.launcher`: one rule for both."""
     value = os.environ.get(variable, "auto")
     if value not in _MODES:
         raise error(f"{variable}={value!r}: expected one of {', '.join(_MODES)}")
@@ -107,8 +107,8 @@ def _build_and_import(name: str, defines: tuple[str, ...]) -> ModuleType:
     target = cache_dir() / stamp / f"{module}{sysconfig.get_config_var('EXT_SUFFIX')}"
     if not target.exists():
         _compile(_SOURCES / f"{name}.c", module, defines, target)
-    spec = importlib.util.spec_from_file_location(module, target,
-                                                  loader=importlib.machinery.ExtensionFileLoader(module, str(target)))
+    spec = importlib.util.spec_from_file_location(f"{__name__}.{module}", target,
+                                                  loader=importlib.machinery.ExtensionFileLoader(f"{__name__}.{module}", str(target)))
     if spec is None or spec.loader is None:
         raise ImportError(f"no loader for {target}")
     loaded = importlib.util.module_from_spec(spec)

@@ -1,5 +1,5 @@
 """GPU-native sampling: per-row sampling state, the Triton sampler, and logprobs (docs/SAMPLING.md)."""
-from impl.sample.logprobs import (
+from runnercheck.impl.sample.logprobs import (
     LogprobsComputer,
     LogprobsError,
     LogprobsOutput,
@@ -8,8 +8,8 @@ from impl.sample.logprobs import (
     prompt_logprobs_chunked,
     token_logprobs,
 )
-from impl.sample.sampler import Sampler, SamplerError, SamplerOutput
-from impl.sample.state import SamplingState, SamplingStateError, prompt_bitmask_words
+from runnercheck.impl.sample.sampler import Sampler, SamplerError, SamplerOutput
+from runnercheck.impl.sample.state import SamplingState, SamplingStateError, prompt_bitmask_words
 
 __all__ = [
     "LogprobsComputer", "LogprobsError", "LogprobsOutput", "SelectionConfig", "default_selection_config",

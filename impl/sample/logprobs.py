@@ -4,7 +4,7 @@ No ``[rows, vocab]`` logprob tensor exists: one split pass over vocabulary chunk
 chunk, the log-sum-exp partials, the count above the target and the max of each ``SUB``-token
 sub-block; the row's last chunk program turns them into the logprob, the rank and the top-n,
 re-reading only the sub-blocks that reach the ``n``-th largest chunk max (from L2).  A row whose
-candidates overflow goes to the per-row fallback program (`impl.kernels.sampling_logprobs`).
+candidates overflow goes to the per-row fallback program (`runnercheck.impl.kernels.sampling_logprobs`).
 
 Ownership: a `LogprobsComputer` owns its output buffers (``logprob`` f32 ``[R]``, ``rank`` i32
 ``[R]``, ``top_ids`` i32 ``[R, max_logprobs]``, ``top_logprobs`` f32 ``[R, max_logprobs]``), its
@@ -36,10 +36,10 @@ from typing import Callable
 import torch
 import triton
 
-from impl.device import Device
-from impl.hotpath import hot_path
-from impl.kernels.launch import launch
-from impl.kernels.sampling_logprobs import logprobs_block_kernel, token_logprobs_kernel
+from runnercheck.impl.device import Device
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.kernels.launch import launch
+from runnercheck.impl.kernels.sampling_logprobs import logprobs_block_kernel, token_logprobs_kernel
 
 
 class LogprobsError(ValueError):
@@ -126,7 +126,7 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
     """Wide blocks on a GPU; small ones under the Triton interpreter (cost there is per op)."""
     if device.is_cuda:
         # logprobs in 4096-token chunks of 8 warps (16 tokens a thread, as 2048 x 4): H200 run 11's tune
-        # (`bench.tune_selection`, one run) gave 84.5 us at 256 rows against 92.8 us for 2048 x 4 and
+        # (`runnercheck.bench.tune_selection`, one run) gave 84.5 us at 256 rows against 92.8 us for 2048 x 4 and
         # 16.4 / 20.6 us at 1 / 8 rows against 21.4 / 25.9.  128-token sub-blocks keep the finish's
         # re-read at ~1/60 of the row.  The register cap: the row finish (which the last program of a
         # row runs) would otherwise take 128 registers for every program (too few loads in flight);

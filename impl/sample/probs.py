@@ -1,9 +1,9 @@
 """Per-row sampling distributions on the device: docs/SAMPLING.md steps 0-6, then the softmax.
 
-Rejection sampling (`impl.sample.spec_verify`) needs the target's and the draft's whole
+Rejection sampling (`runnercheck.impl.sample.spec_verify`) needs the target's and the draft's whole
 distributions, not a sampled token: `filtered_probs` turns logit rows into the probabilities the
 pipeline samples from, reading each row's parameters through its state row exactly as the sampler
-does (`impl.sample.state.SamplingState`):
+does (`runnercheck.impl.sample.state.SamplingState`):
 
 0. NaN counts as -inf; a row holding +inf is a point mass on its lowest +inf entry; an all -inf
    row is a point mass on token 0;
@@ -16,13 +16,13 @@ does (`impl.sample.state.SamplingState`):
 These are torch ops on the device (sorts for top-k/top-p): launches only, no host read, so it
 runs inside an enqueued closure.  It allocates its result and temporaries per call (eager steps
 only; the draft-model path does not run under CUDA graphs).  fp32 throughout; the oracle's twin is
-`reference.sampler.distribution` (float64), whose fragility report covers the fp32 boundaries.
+`runnercheck.reference.sampler.distribution` (float64), whose fragility report covers the fp32 boundaries.
 """
 from __future__ import annotations
 
 import torch
 
-from impl.sample.state import SamplingState
+from runnercheck.impl.sample.state import SamplingState
 
 
 def _penalised(logits: torch.Tensor, state: SamplingState, rows: torch.Tensor,

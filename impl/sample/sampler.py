@@ -1,9 +1,9 @@
 """The sampler: docs/SAMPLING.md on the device, in five Triton launches (plus logprobs').
 
 `Sampler.sample` is pure device work: it reads only host ints and tensor metadata, launches the
-kernels of `impl.kernels.sampling` over ``num_rows`` logit rows (split passes over vocabulary
+kernels of `runnercheck.impl.kernels.sampling` over ``num_rows`` logit rows (split passes over vocabulary
 chunks, per-row combines, the per-row fallback; see that module), the logprobs launches of
-`impl.sample.logprobs` when logprobs are asked for, and returns views of persistent output buffers.
+`runnercheck.impl.sample.logprobs` when logprobs are asked for, and returns views of persistent output buffers.
 Call it inside ``Device.enqueue`` like the rest of a step.
 
 Ownership: a `Sampler` owns, on the device for its lifetime, with persistent addresses (so a CUDA
@@ -33,18 +33,18 @@ from dataclasses import dataclass
 
 import torch
 
-from impl.device import Device
-from impl.hotpath import hot_path
-from impl.kernels.launch import launch
-from impl.kernels.sampling import (
+from runnercheck.impl.device import Device
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.kernels.launch import launch
+from runnercheck.impl.kernels.sampling import (
     sampler_block_kernel,
     sampler_finish_kernel,
     sampler_plan_kernel,
     sampler_row_kernel,
     sampler_select_kernel,
 )
-from impl.sample.logprobs import LogprobsComputer, SelectionConfig, SplitLayout, default_selection_config
-from impl.sample.state import SamplingState
+from runnercheck.impl.sample.logprobs import LogprobsComputer, SelectionConfig, SplitLayout, default_selection_config
+from runnercheck.impl.sample.state import SamplingState
 
 
 class SamplerError(ValueError):

@@ -1,4 +1,4 @@
-"""The launcher of speculative verification (`impl.kernels.spec_verify`), a batch per call.
+"""The launcher of speculative verification (`runnercheck.impl.kernels.spec_verify`), a batch per call.
 
 `SpecVerifier.verify` is pure device work: it checks shapes, dtypes and the host's own draft
 counts (ints the scheduler already holds), then launches one kernel of ``num_reqs`` programs.  It
@@ -28,17 +28,17 @@ from typing import Sequence
 import torch
 import triton
 
-from impl.device import Device
-from impl.hotpath import hot_path
-from impl.kernels.launch import launch
-from impl.interface import (
+from runnercheck.impl.device import Device
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.kernels.launch import launch
+from runnercheck.impl.interface import (
     SpecLayoutError,
     SpecProbabilityError,
     SpecTooManyDraftsError,
     SpecVerifyError,
     SpecVocabMismatchError,
 )
-from impl.kernels.spec_verify import spec_verify_kernel
+from runnercheck.impl.kernels.spec_verify import spec_verify_kernel
 
 MAX_BLOCK = 1024
 

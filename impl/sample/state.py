@@ -22,8 +22,8 @@ admission into a row until the row is reused.  Their writers:
   rows from staging: where the group's flush packed the admission records in C it listed their rows right after
   its diff table (`StagedWriteGroup.listed_rows`), else `flush` reserves them.
 
-Seeds: the runner passes ``impl.interface.effective_seed(params, req_id, base_seed)`` (asked through
-`impl.seeds.request_seed`, which derives it in C when it can): the request's own seed, or for a
+Seeds: the runner passes ``runnercheck.impl.interface.effective_seed(params, req_id, base_seed)`` (asked through
+`runnercheck.impl.seeds.request_seed`, which derives it in C when it can): the request's own seed, or for a
 request without one a seed derived from the runner's base seed and the request id (which the
 runner records and reports in ``ModelRunnerOutput.seeds``).  Noise is
 keyed by (seed, position, token id), so a resumed request continues its stream exactly.
@@ -39,14 +39,14 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from impl import native
-from impl.buffers import StagingWriter
-from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
-from impl.device import Device
-from impl.hotpath import hot_path
-from impl.interface import MAX_SEED, SamplingParams, SamplingParamsError, TokenOutOfVocabError
-from impl.kernels.launch import cdiv, launch
-from impl.kernels.sampling_counts import add_token_counts_kernel, zero_count_rows_from_header_kernel, zero_count_rows_kernel
+from runnercheck.impl import native
+from runnercheck.impl.buffers import StagingWriter
+from runnercheck.impl.staged_writes import StagedWriteGroup, StagedWriteTensor
+from runnercheck.impl.device import Device
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.interface import MAX_SEED, SamplingParams, SamplingParamsError, TokenOutOfVocabError
+from runnercheck.impl.kernels.launch import cdiv, launch
+from runnercheck.impl.kernels.sampling_counts import add_token_counts_kernel, zero_count_rows_from_header_kernel, zero_count_rows_kernel
 
 _COUNT_BLOCK = 1024
 _staging = native.load("staging")  # `prompt_bitmask`, the C twin of `_prompt_bitmask_reference`; None: numpy only
@@ -57,7 +57,7 @@ class SamplingStateError(ValueError):
 
 
 def prompt_bitmask_words(prompt_token_ids: Sequence[int], vocab_size: int) -> np.ndarray:
-    """The int32 words of one ``prompt_mask`` row for these prompt tokens (in C when `impl.native` built it)."""
+    """The int32 words of one ``prompt_mask`` row for these prompt tokens (in C when `runnercheck.impl.native` built it)."""
     if _staging is not None:
         words = np.empty((vocab_size + 31) // 32, dtype=np.int32)
         if _staging.prompt_bitmask(words, prompt_token_ids, vocab_size) is not NotImplemented:
@@ -138,7 +138,7 @@ class SamplingState:
         """Stage a request's admission into ``row`` (all checks first: a bad argument stages nothing).
 
         ``checked=True``: the caller already holds every argument to these rules (the runner, after
-        `impl.boundary.check_new_request` accepted the request under stricter limits, with its row from
+        `runnercheck.impl.boundary.check_new_request` accepted the request under stricter limits, with its row from
         `RequestStateTable.admit` and its seed from `effective_seed`): they are not run twice per admission.
         """
         if checked:  # a new request brings no outputs: no list comprehension's frame for none
@@ -184,7 +184,7 @@ class SamplingState:
     @property
     def admission_records(self) -> dict[int, tuple[tuple, Sequence[int]]] | None:
         """The deferred admission records (None: a private group, no records).  `add_request` writes them, and so
-        does the C twin of `impl.state.RequestStateTable.admit_staged`, exactly as `add_request` would (with
+        does the C twin of `runnercheck.impl.state.RequestStateTable.admit_staged`, exactly as `add_request` would (with
         ``checked=True``): the record, then the row's entry among the pending admissions."""
         return self._admission_records
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from stress.cli import main
+from runnercheck.stress.cli import main
 
 
 def test_bench_quick_writes_valid_json(tmp_path):
@@ -40,14 +40,14 @@ def test_bench_quick_writes_valid_json(tmp_path):
 
 
 def cases_in_order():
-    from bench.cli import CASE_NAMES
+    from runnercheck.bench.cli import CASE_NAMES
 
     return CASE_NAMES
 
 
 def test_bench_json_is_written_after_each_case(tmp_path, monkeypatch):
     """A run killed by its time limit keeps what it finished: bench.json exists, marked incomplete."""
-    from bench import cli as bench_cli
+    from runnercheck.bench import cli as bench_cli
 
     seen = []
     real = bench_cli._write
@@ -62,7 +62,7 @@ def test_bench_json_is_written_after_each_case(tmp_path, monkeypatch):
 
 
 def test_host_profile_reports_execute_model_time_and_the_runner_functions(capsys) -> None:
-    from bench.host_profile import main as host_profile_main
+    from runnercheck.bench.host_profile import main as host_profile_main
 
     assert host_profile_main(["--device", "cpu", "--reqs", "2", "--steps", "2", "--top", "15"]) == 0
     text = capsys.readouterr().out
@@ -71,14 +71,14 @@ def test_host_profile_reports_execute_model_time_and_the_runner_functions(capsys
 
 
 def test_host_profile_can_time_the_bookkeeping_alone(capsys) -> None:
-    from bench.host_profile import main as host_profile_main
+    from runnercheck.bench.host_profile import main as host_profile_main
 
     assert host_profile_main(["--device", "cpu", "--reqs", "4", "--steps", "3", "--top", "5", "--drop-device-work"]) == 0
     assert "device work dropped" in capsys.readouterr().out
 
 
 def test_host_primitives_writes_its_figures(tmp_path) -> None:
-    from bench.host_primitives import main as primitives_main
+    from runnercheck.bench.host_primitives import main as primitives_main
 
     out = tmp_path / "primitives.json"
     assert primitives_main(["--out", str(out)]) == 0
@@ -88,7 +88,7 @@ def test_host_primitives_writes_its_figures(tmp_path) -> None:
 
 
 def test_host_profile_times_the_pieces_of_a_step(capsys) -> None:
-    from bench.host_profile import main as host_profile_main
+    from runnercheck.bench.host_profile import main as host_profile_main
 
     assert host_profile_main(["--device", "cpu", "--reqs", "4", "--steps", "3", "--churn", "0", "--drop-device-work", "--phases"]) == 0
     text = capsys.readouterr().out
@@ -96,24 +96,24 @@ def test_host_profile_times_the_pieces_of_a_step(capsys) -> None:
 
 
 def test_host_profile_times_each_statement_of_one_method(capsys) -> None:
-    from bench.host_profile import main as host_profile_main
+    from runnercheck.bench.host_profile import main as host_profile_main
 
     assert host_profile_main(["--device", "cpu", "--reqs", "4", "--steps", "4", "--churn", "0", "--drop-device-work",
-                              "--lines", "impl.runner:ModelRunner._execute", "--depth", "1"]) == 0
+                              "--lines", "runnercheck.impl.runner:ModelRunner._execute", "--depth", "1"]) == 0
     text = capsys.readouterr().out
     assert "ModelRunner._execute ran 4 times" in text
     assert "step = self._check(sched)" in text and "self._execute_steady(step" in text  # a nested statement too
-    from impl.runner import ModelRunner
+    from runnercheck.impl.runner import ModelRunner
     assert not hasattr(ModelRunner._execute, "__code__") or "__rc_marks" not in ModelRunner._execute.__code__.co_names
 
 
 def test_host_profile_splits_each_statement_by_step_kind(capsys) -> None:
     """With churn, a statement's times are split into the steps that admitted and the others: a release runs only in
     admitting steps (none in the others' column), a statement every step runs has both and their difference."""
-    from bench.host_profile import main as host_profile_main
+    from runnercheck.bench.host_profile import main as host_profile_main
 
     assert host_profile_main(["--device", "cpu", "--reqs", "4", "--steps", "16", "--churn", "0.12", "--drop-device-work",
-                              "--lines", "impl.runner:ModelRunner._update_rows", "--depth", "1"]) == 0
+                              "--lines", "runnercheck.impl.runner:ModelRunner._update_rows", "--depth", "1"]) == 0
     text = capsys.readouterr().out
     assert "then over admitting steps / the others, and the difference" in text
     rows = {line.split("  ")[-1].strip(): line for line in text.splitlines()[1:]}
@@ -127,30 +127,30 @@ def test_host_profile_splits_each_statement_by_step_kind(capsys) -> None:
 def test_host_profile_times_several_functions_in_one_run(capsys) -> None:
     """A timed method that calls a timed module function (imported by name into the runner's module) reaches the
     timed one: both tables count their calls."""
-    from bench.host_profile import main as host_profile_main
+    from runnercheck.bench.host_profile import main as host_profile_main
 
     assert host_profile_main(["--device", "cpu", "--reqs", "4", "--steps", "4", "--churn", "0", "--drop-device-work",
-                              "--lines", "impl.runner:ModelRunner._check", "--lines", "impl.step_reader:read_steady_step"]) == 0
+                              "--lines", "runnercheck.impl.runner:ModelRunner._check", "--lines", "runnercheck.impl.step_reader:read_steady_step"]) == 0
     text = capsys.readouterr().out
     assert "ModelRunner._check ran 4 times" in text and "read_steady_step ran 4 times" in text
-    import impl.runner
-    import impl.step_reader
-    assert impl.runner.read_steady_step is impl.step_reader.read_steady_step  # put back
-    assert "__rc_marks" not in impl.step_reader.read_steady_step.__code__.co_names
+    import runnercheck.impl.runner as runner_module
+    import runnercheck.impl.step_reader as step_reader
+    assert runner_module.read_steady_step is step_reader.read_steady_step  # put back
+    assert "__rc_marks" not in step_reader.read_steady_step.__code__.co_names
 
 
 def test_host_profile_refuses_what_it_cannot_recompile(capsys) -> None:
-    from bench.host_profile import main as host_profile_main
+    from runnercheck.bench.host_profile import main as host_profile_main
 
-    for target, why in (("impl.runner:ModelRunner.nope", "no attribute"), ("impl.runner", "MODULE:QUALNAME"),
-                        ("impl.buffers:StagingLifetimeError.__init__", "closure cells")):
+    for target, why in (("runnercheck.impl.runner:ModelRunner.nope", "no attribute"), ("runnercheck.impl.runner", "MODULE:QUALNAME"),
+                        ("runnercheck.impl.buffers:StagingLifetimeError.__init__", "closure cells")):
         with pytest.raises(SystemExit):
             host_profile_main(["--device", "cpu", "--reqs", "2", "--steps", "1", "--lines", target])
         assert why in capsys.readouterr().err, target
 
 
 def test_host_instructions_refuses_bad_arguments(capsys) -> None:
-    from bench.host_instructions import main as instructions_main
+    from runnercheck.bench.host_instructions import main as instructions_main
 
     for argv in (["--reqs", "0"], ["--steps", "0"], ["--churn", "2"]):
         with pytest.raises(SystemExit):
@@ -162,7 +162,7 @@ def test_host_instructions_refuses_bad_arguments(capsys) -> None:
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind")
 def test_host_instructions_counts_the_same_steps_the_same() -> None:
     """The count is a measure that does not move: two runs of the same steps agree to well under 1%."""
-    from bench.host_instructions import count
+    from runnercheck.bench.host_instructions import count
 
     first, second = count(4, 0.01, 3), count(4, 0.01, 3)
     assert first > 10 and abs(first - second) < 0.01 * first, (first, second)
@@ -171,8 +171,8 @@ def test_host_instructions_counts_the_same_steps_the_same() -> None:
 def test_host_profile_sets_wall_time_against_cpu_time(capsys, monkeypatch) -> None:
     """``--cpu-time``: a step that sleeps half of its wall time reads so (its wall far above its CPU time), where the
     plain steps' wall and CPU time are close."""
-    from bench import host_profile
-    from impl.runner import ModelRunner
+    from runnercheck.bench import host_profile
+    from runnercheck.impl.runner import ModelRunner
 
     assert host_profile.main(["--device", "cpu", "--reqs", "4", "--steps", "6", "--churn", "0", "--drop-device-work",
                               "--cpu-time"]) == 0
@@ -192,7 +192,7 @@ def test_host_profile_sets_wall_time_against_cpu_time(capsys, monkeypatch) -> No
 
 
 def test_a_sweep_writes_every_word() -> None:
-    from bench.host_profile import sweep
+    from runnercheck.bench.host_profile import sweep
 
     words = np.zeros(1024, np.uint64)
     sweep(words)
@@ -201,7 +201,7 @@ def test_a_sweep_writes_every_word() -> None:
 
 
 def test_host_profile_reports_each_sweep_size_from_interleaved_steps(capsys) -> None:
-    from bench import host_profile
+    from runnercheck.bench import host_profile
 
     assert host_profile.main(["--device", "cpu", "--reqs", "4", "--steps", "6", "--churn", "0", "--drop-device-work",
                               "--cpu-time", "--sweep-kib", "0", "64"]) == 0
@@ -212,7 +212,7 @@ def test_host_profile_reports_each_sweep_size_from_interleaved_steps(capsys) -> 
 
 @pytest.mark.parametrize("argv", [["--sweep-kib", "64"], ["--cpu-time", "--sweep-kib", "-1"]])
 def test_host_profile_refuses_a_sweep_it_cannot_take(argv) -> None:
-    from bench import host_profile
+    from runnercheck.bench import host_profile
 
     with pytest.raises(SystemExit):
         host_profile.main(["--device", "cpu", "--reqs", "4", "--steps", "2", *argv])
@@ -223,7 +223,7 @@ def test_step_kinds_split_the_runner_steps_by_what_the_runner_did():
     the steady ones) against the baseline's steps without one."""
     from types import SimpleNamespace
 
-    from bench.case_runner import _by_step_kind
+    from runnercheck.bench.case_runner import _by_step_kind
 
     run = SimpleNamespace(host_us=[100.0, 100.0, 60.0, 60.0, 20.0, 20.0],
                           host_admitting=[True, True, False, False, False, False],

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.noise_floor import philox_xor
-from reference import rng as ref_rng
+from runnercheck.bench.noise_floor import philox_xor
+from runnercheck.reference import rng as ref_rng
 
 
 @pytest.mark.parametrize("hilo", [False, True])

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from bench.v1_baseline import V1HostBatch
+from runnercheck.bench.v1_baseline import V1HostBatch
 
 
 def test_v1_baseline_inputs_match_a_plain_loop():

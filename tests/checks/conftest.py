@@ -6,12 +6,12 @@ from typing import Callable
 
 import pytest
 
-from stress.verify import plan_runs
+from runnercheck.stress.verify import plan_runs
 
 
 def held_at(target: str, mutant: str | None = None, steps: int = 30):
     """(config, churn) of the quick sim plan's first run, its reader of ``target`` held (seeded), two steps in flight."""
-    planned = plan_runs("sim", 0, "impl.runner:make_runner", quick=True)[0]
+    planned = plan_runs("sim", 0, "runnercheck.impl.runner:make_runner", quick=True)[0]
     lag = {"name": "hold-at-target", "targets": [target], "seed": 3, "p": 0.5, "max_hold": 2}
     config = replace(planned.config, steps=steps, mutant=mutant, lag_policy=lag,
                      scheduler=replace(planned.config.scheduler, max_inflight_steps=2))

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from checks import chisq, chisq_binding, chisq_cases, samplers, stats
-from checks.chisq_binding import FILTERS, active_filters, binding_report, case_problems, detection_power
-from impl.interface import SamplingParams
+from runnercheck.checks import chisq, chisq_binding, chisq_cases, samplers, stats
+from runnercheck.checks.chisq_binding import FILTERS, active_filters, binding_report, case_problems, detection_power
+from runnercheck.impl.interface import SamplingParams
 
 
 def _catalogue(quick: bool) -> list[chisq_cases.SamplingCase]:
@@ -98,7 +98,7 @@ def test_moves_are_one_token_at_the_filters_own_boundary() -> None:
     labels = [label for label, _ in chisq_binding.filter_moves(case, "min_p")]
     kept = chisq_cases.BIND_KEPT
     assert labels == [f"min-p keeps {kept - 1}", f"min-p keeps {kept + 1}"]
-    from reference.sampler import expected_distribution
+    from runnercheck.reference.sampler import expected_distribution
 
     for _, params in chisq_binding.filter_moves(case, "min_p"):
         support = int((expected_distribution(case.logits[0].double(), params) > 0).sum())
@@ -121,7 +121,7 @@ def _min_p_cases_off_temperature_1() -> list[chisq_cases.SamplingCase]:
 
 def test_min_p_temperature_error_changes_every_min_p_binding_case_and_not_the_slack_one() -> None:
     """Exact: min-p taken before the temperature is min-p ** (1/T) after it."""
-    from reference.sampler import expected_distribution
+    from runnercheck.reference.sampler import expected_distribution
 
     def moved(case: chisq_cases.SamplingCase) -> float:
         p = case.params
@@ -160,7 +160,7 @@ def test_every_binding_case_rejects_its_filters_planted_error(bias: str, filters
 
 
 def test_params_of_binding_cases_are_valid_and_their_thresholds_sit_between_tokens() -> None:
-    from reference.sampler import sample
+    from runnercheck.reference.sampler import sample
 
     for case in chisq_cases.build_cases(True) + chisq_cases.runner_sampler_cases():
         case.params.validate(case.vocab_size, max_logprobs=0)
@@ -170,7 +170,7 @@ def test_params_of_binding_cases_are_valid_and_their_thresholds_sit_between_toke
 
 
 def test_binding_table_command_prints_every_case(capsys) -> None:
-    from checks import chisq_binding_cmd
+    from runnercheck.checks import chisq_binding_cmd
 
     assert chisq_binding_cmd.main(["--markdown"]) == 0
     out = capsys.readouterr().out

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from checks import chisq_spec as cs
-from checks import stats
-from reference.spec_verify import verify as oracle_verify
+from runnercheck.checks import chisq_spec as cs
+from runnercheck.checks import stats
+from runnercheck.reference.spec_verify import verify as oracle_verify
 
 ALPHA = 0.01
 
@@ -133,7 +133,7 @@ def test_variant_names_are_checked() -> None:
 
 
 def test_cli_runs_spec_cases_and_biases(tmp_path) -> None:
-    from stress.cli import main
+    from runnercheck.stress.cli import main
 
     rc = main(["chisq", "--quick", "--cases", "spec-q-near", "--no-calibration", "--biases", "spec-residual-abs",
                "--device", "cpu", "--out", str(tmp_path)])

@@ -1,4 +1,4 @@
-"""checks.compare on crafted outputs: ties vs divergences, logprob tolerance, near-tied ranks."""
+"""runnercheck.checks.compare on crafted outputs: ties vs divergences, logprob tolerance, near-tied ranks."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from checks.compare import compare_step, default_tie_tolerance, first_output_positions
-from impl.interface import CachedRequest, CachedRequests, ModelRunnerOutput, NewRequest, SamplingParams, SchedulerOutput, TokenLogprobs
+from runnercheck.checks.compare import compare_step, default_tie_tolerance, first_output_positions
+from runnercheck.impl.interface import CachedRequest, CachedRequests, ModelRunnerOutput, NewRequest, SamplingParams, SchedulerOutput, TokenLogprobs
 
 TOL = 1e-3
 
@@ -109,7 +109,7 @@ def test_near_tied_logits_may_swap_rank_and_top_order() -> None:
 def test_a_deep_rank_moves_only_by_the_oracles_near_tied_neighbours() -> None:
     """H200 run 12's false divergence: a prompt token at rank 185 of 256 with another token 8.9e-7
     logits away (no top-n list reaches it).  The oracle's neighbour gaps allow exactly that move."""
-    from reference.sampler import OracleTokenLogprobs, token_logprobs
+    from runnercheck.reference.sampler import OracleTokenLogprobs, token_logprobs
 
     exp_lp = OracleTokenLogprobs(170, -6.0, 185, (1,), (-0.5,), neighbour_gaps=(8.9e-7, -0.004))
     exp = out({"r0": ()}, prompt_logprobs={"r0": (exp_lp,)})
@@ -164,5 +164,5 @@ def test_first_output_positions_from_the_schedule() -> None:
 
 
 def test_default_tie_tolerance_is_the_oracles() -> None:
-    sampler = pytest.importorskip("reference.sampler")
+    sampler = pytest.importorskip("runnercheck.reference.sampler")
     assert default_tie_tolerance() == sampler.TIE_TOLERANCE

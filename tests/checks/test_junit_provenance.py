@@ -5,8 +5,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from checks.junit import JUnitCase, JUnitError, write_junit
-from checks.provenance import provenance, provenance_differences
+from runnercheck.checks.junit import JUnitCase, JUnitError, write_junit
+from runnercheck.checks.provenance import provenance, provenance_differences
 
 
 def test_junit_counts_failures_skips_and_properties(tmp_path):

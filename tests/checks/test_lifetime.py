@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from checks.lifetime import LifetimeChecker, event_completed
-from impl.buffers import SlotState, StagingLifetimeError, StagingPool, StagingWriter
-from impl.staged_writes import StagedWriteTensor
-from impl.device import Device
+from runnercheck.checks.lifetime import LifetimeChecker, event_completed
+from runnercheck.impl.buffers import SlotState, StagingLifetimeError, StagingPool, StagingWriter
+from runnercheck.impl.staged_writes import StagedWriteTensor
+from runnercheck.impl.device import Device
 
 
 def _pool(policy: str = "lag-2-steps", num_slots: int = 3, seed: int = 0) -> tuple[Device, StagingPool]:

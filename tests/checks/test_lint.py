@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from checks.lint import HOT_PATH, Finding, hot_functions, lint_paths, lint_source
-from stress.cli import main as cli_main
+from runnercheck.checks.lint import HOT_PATH, Finding, hot_functions, lint_paths, lint_source
+from runnercheck.stress.cli import main as cli_main
 
 # Every line that ends in "# <- rule" must be reported with that rule, and no other line.
 PLANTED = '''
 import numpy as np
 import torch
-from impl.hotpath import hot_path
-from impl import hotpath
+from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl import hotpath
 
 
 class Runner:
@@ -74,7 +74,7 @@ def not_hot(x: torch.Tensor):
 
 CLEAN = '''
 import torch
-from impl.hotpath import hot_path
+from runnercheck.impl.hotpath import hot_path
 
 
 @hot_path
@@ -130,7 +130,7 @@ def test_hot_function_discovery() -> None:
 
 def test_suppression_needs_a_reason() -> None:
     source = textwrap.dedent('''
-        from impl.hotpath import hot_path
+        from runnercheck.impl.hotpath import hot_path
 
         @hot_path
         def step(rows, event):

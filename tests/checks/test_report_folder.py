@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from checks.report_folder import (
+from runnercheck.checks.report_folder import (
     FolderNotReplaced,
     OutDirError,
     atomic_report_folder,

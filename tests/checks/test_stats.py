@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from checks import stats
+from runnercheck.checks import stats
 
 
 def _probs(seed: int, vocab: int, scale: float = 2.0) -> np.ndarray:

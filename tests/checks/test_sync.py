@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from checks.sync import (
+from runnercheck.checks.sync import (
     SYNC_CHECK_ENV,
     HostSyncError,
     SyncReport,
@@ -18,7 +18,7 @@ from checks.sync import (
     arm_runner,
     forbid_host_sync,
 )
-from impl.device import HOST_WAIT_HOOKS, Device
+from runnercheck.impl.device import HOST_WAIT_HOOKS, Device
 
 THIS_FILE = os.path.basename(__file__)
 needs_interpreter = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""xdist workers pinned one per visible GPU (`stress.gpu_workers`), and each worker's device in the log."""
+"""xdist workers pinned one per visible GPU (`runnercheck.stress.gpu_workers`), and each worker's device in the log."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stress.gpu_workers import pin_worker_gpu, worker_devices
+from runnercheck.stress.gpu_workers import pin_worker_gpu, worker_devices
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,7 @@ def test_two_workers_run_on_two_devices_and_the_summary_names_them(tmp_path: Pat
         "def test_b():\n    print(os.environ['CUDA_VISIBLE_DEVICES'])\n")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="3,5", PYTHONPATH=str(ROOT))
     env.pop("PYTEST_XDIST_WORKER", None)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "stress.gpu_workers", "-p", "no:cacheprovider",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "runnercheck.stress.gpu_workers", "-p", "no:cacheprovider",
                            "-n", "2", "-q", "test_probe.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from impl.device import Device
-from impl.kernels.attention import (
+from runnercheck.impl.device import Device
+from runnercheck.impl.kernels.attention import (
     AttentionArgumentError, attention_launch, paged_attention, rope_and_write_kv_cache, write_kv_cache,
 )
 

@@ -18,9 +18,9 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from impl.device import Device
-from impl.boundary import validate_scheduler_output
-from impl.interface import (
+from runnercheck.impl.device import Device
+from runnercheck.impl.boundary import validate_scheduler_output
+from runnercheck.impl.interface import (
     BlockIdError,
     CachedRequest,
     CachedRequests,
@@ -43,8 +43,8 @@ from impl.interface import (
     TokenOutOfVocabError,
     UnknownRequestError,
 )
-from impl.model.weights import preset, random_weights
-from impl.runner import ModelRunner
+from runnercheck.impl.model.weights import preset, random_weights
+from runnercheck.impl.runner import ModelRunner
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=40, block_size=4)
 PA = SamplingParams(temperature=0.8, seed=1)
@@ -330,7 +330,7 @@ def _variants_at_4(good: SchedulerOutput) -> list[Variant]:
 
 
 def _variants_at_5(good: SchedulerOutput) -> list[Variant]:
-    """A steady step (the last step's requests, order and one-token queries: `impl.step_reader.read_steady_step`)."""
+    """A steady step (the last step's requests, order and one-token queries: `runnercheck.impl.step_reader.read_steady_step`)."""
     r = dataclasses.replace
     ca, cc = good.cached_requests
     cs = good.cached_requests
@@ -435,8 +435,8 @@ def test_steady_steps_are_read_by_the_steady_reader():
 def test_planted_bug_steady_reader_trusting_the_mirror_is_caught(monkeypatch):
     """The steady variants can fail: a steady reader that takes the computed counts from its own mirror
     (never comparing the scheduler's) lets a wrong count through."""
-    import impl.runner as runner_module
-    import impl.step_reader as step_reader
+    import runnercheck.impl.runner as runner_module
+    import runnercheck.impl.step_reader as step_reader
 
     def trusting(sched, state, limits, last_step_id, last):
         cached = getattr(sched, "cached_requests", None)
@@ -479,7 +479,7 @@ def test_planted_bug_finishes_applied_before_the_step_id_check_is_caught(monkeyp
 
 def test_planted_bug_boundary_that_detects_but_does_not_raise_is_caught(monkeypatch):
     """The catalogue can fail: a boundary whose array checks flag a bad step but let it through is reported."""
-    import impl.step_reader as step_reader
+    import runnercheck.impl.step_reader as step_reader
 
     monkeypatch.setattr(step_reader, "_diagnose", lambda *args, **kwargs: None)
     runner, outputs = _runner(), []
@@ -534,7 +534,7 @@ def _spec_fingerprint(runner: ModelRunner) -> str:
 
 
 def test_bad_device_drafts_are_typed_atomic_agree_with_the_oracle_and_leave_the_run_identical() -> None:
-    from reference.runner import ReferenceRunner
+    from runnercheck.reference.runner import ReferenceRunner
 
     weights = random_weights(preset("micro"), seed=3)
 
@@ -576,7 +576,7 @@ def test_device_drafts_asked_of_a_runner_without_a_proposer_are_rejected() -> No
 def test_planted_bug_unchecked_parallel_lengths_is_caught(monkeypatch):
     """The struct's own variants can fail: a boundary that never checks the three tuples are parallel
     lets an unequal-length `CachedRequests` reach the array reads, which fail untyped (or misread)."""
-    import impl.boundary as boundary
+    import runnercheck.impl.boundary as boundary
 
     monkeypatch.setattr(boundary, "check_cached_containers", lambda cached: None)
     runner, outputs = _runner(), []

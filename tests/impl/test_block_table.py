@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from impl.block_table import BlockTable
-from impl.buffers import StagingPool, StagingWriter
-from impl.device import Device
-from impl.boundary import validate_scheduler_output
-from impl.interface import (
+from runnercheck.impl.block_table import BlockTable
+from runnercheck.impl.buffers import StagingPool, StagingWriter
+from runnercheck.impl.device import Device
+from runnercheck.impl.boundary import validate_scheduler_output
+from runnercheck.impl.interface import (
     BlockIdError,
     CachedRequest,
     CachedRequests,

@@ -1,19 +1,19 @@
-"""Staging slots (`impl.buffers`) and staged writes (`impl.staged_writes`): lifetimes, later-wins, capacity rollover, groups, races on sim."""
+"""Staging slots (`runnercheck.impl.buffers`) and staged writes (`runnercheck.impl.staged_writes`): lifetimes, later-wins, capacity rollover, groups, races on sim."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from impl.buffers import (
+from runnercheck.impl.buffers import (
     SlotState,
     StagingCapacityError,
     StagingLifetimeError,
     StagingPool,
     StagingWriter,
 )
-from impl.device import Device
-from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
+from runnercheck.impl.device import Device
+from runnercheck.impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 
 
 def _flush_all(pool: StagingPool, step: int, tensors: list[StagedWriteTensor]) -> StagingWriter:

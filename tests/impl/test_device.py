@@ -4,14 +4,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impl.device import (
+from runnercheck.impl.device import (
     Device,
     DeviceError,
     HOST_WAIT_HOOKS,
     is_device_memory,
     is_pinned_memory,
 )
-from impl.lag_policies import LagKSteps, LagPolicyError, make_lag_policy
+from runnercheck.impl.lag_policies import LagKSteps, LagPolicyError, make_lag_policy
 
 
 def _staged_copy_sequence(dev: Device, steps: int = 20) -> list[int]:
@@ -135,7 +135,7 @@ def test_lag_k_steps_runs_old_work_at_boundaries():
 
 @pytest.mark.parametrize("kind", ["sim", "cpu"])
 def test_an_unrecorded_marker_is_a_typed_error_for_every_check(kind: str):
-    from impl.device import DeviceEvent
+    from runnercheck.impl.device import DeviceEvent
 
     marker = DeviceEvent(Device(kind))
     for check in (marker.query, marker.is_complete, marker.known_complete, marker.synchronize):
@@ -145,7 +145,7 @@ def test_an_unrecorded_marker_is_a_typed_error_for_every_check(kind: str):
 
 @pytest.mark.gpu
 def test_cuda_stream_event_roundtrip():
-    from stress.env_cmd import device_selftest
+    from runnercheck.stress.env_cmd import device_selftest
 
     dev = Device("cuda")
     assert device_selftest(dev)
@@ -184,7 +184,7 @@ def test_cuda_marker_gives_its_event_back_only_once_seen_complete():
 def test_cuda_marker_seen_complete_completes_the_earlier_ones_without_asking_cuda(monkeypatch: pytest.MonkeyPatch):
     """One stream completes its work in order: a marker seen complete answers for every marker recorded before it,
     and for none after it (a watermark that reached past it would report pending work done)."""
-    import impl.device as device_module
+    import runnercheck.impl.device as device_module
 
     dev = Device("cuda")
     dev.inject_delay(20000)
@@ -205,10 +205,10 @@ def test_cuda_marker_seen_complete_completes_the_earlier_ones_without_asking_cud
 
 def _cuda_decode_runner():
     """A micro runner on cuda with a 3-request decode workload (no churn: its steps become steady)."""
-    from bench.workload import DecodeWorkload
-    from impl.interface import RunnerLimits, SamplingParams
-    from impl.model.weights import preset, random_weights
-    from impl.runner import ModelRunner
+    from runnercheck.bench.workload import DecodeWorkload
+    from runnercheck.impl.interface import RunnerLimits, SamplingParams
+    from runnercheck.impl.model.weights import preset, random_weights
+    from runnercheck.impl.runner import ModelRunner
 
     limits = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=128, max_num_batched_tokens=16, num_kv_blocks=200,
                           block_size=4)
@@ -222,7 +222,7 @@ def _cuda_decode_runner():
 def test_unread_outputs_keep_the_rows_use_list_short():
     """`mark_used` drops only markers known complete (no CUDA query); with no output read by the caller its list
     of steps in flight must still stay bounded."""
-    from impl.state import _MAX_PENDING_USES
+    from runnercheck.impl.state import _MAX_PENDING_USES
 
     runner, work = _cuda_decode_runner()
     outputs = [runner.execute_model(work.next_step()) for _ in range(_MAX_PENDING_USES + 40)]
@@ -234,7 +234,7 @@ def test_unread_outputs_keep_the_rows_use_list_short():
 @pytest.mark.gpu
 def test_steady_runner_steps_re_record_their_slots_events():
     """A run of graphed steady steps makes no new CUDA events once the first steps' markers were seen complete."""
-    import impl.device as device_module
+    import runnercheck.impl.device as device_module
 
     runner, work = _cuda_decode_runner()
     for _ in range(12):

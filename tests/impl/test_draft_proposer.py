@@ -1,7 +1,7 @@
-"""The draft-model proposer (`impl.draft_proposer`) and its rejection-sampling verification in the runner.
+"""The draft-model proposer (`runnercheck.impl.draft_proposer`) and its rejection-sampling verification in the runner.
 
-* `impl.sample.probs.filtered_probs` (the p and q the verifier reads) equals the oracle's
-  `reference.sampler.distribution` row for row;
+* `runnercheck.impl.sample.probs.filtered_probs` (the p and q the verifier reads) equals the oracle's
+  `runnercheck.reference.sampler.distribution` row for row;
 * the runner with ``speculative=DraftModelConfig(...)`` produces the oracle's tokens exactly, with
   an unrelated draft model (drafts mostly rejected: residual resamples) and with the target as its
   own draft (drafts accepted: bonus tokens), greedy and random requests mixed, logprobs included;
@@ -17,8 +17,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from impl.device import Device
-from impl.interface import (
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import (
     CachedRequest,
     CachedRequests,
     DeviceDraftsError,
@@ -28,10 +28,10 @@ from impl.interface import (
     SamplingParams,
     SchedulerOutput,
 )
-from impl.model.weights import DraftVocabMismatchError, preset, random_weights
-from impl.runner import ModelRunner, RunnerConfigError
-from impl.sample import SamplingState
-from impl.sample.probs import filtered_probs
+from runnercheck.impl.model.weights import DraftVocabMismatchError, preset, random_weights
+from runnercheck.impl.runner import ModelRunner, RunnerConfigError
+from runnercheck.impl.sample import SamplingState
+from runnercheck.impl.sample.probs import filtered_probs
 from test_sampler_harness import LogitRow, RowRequest, admit, logit_row_tensors
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=3, max_model_len=64, max_num_batched_tokens=24, num_kv_blocks=40,
@@ -43,7 +43,7 @@ LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=3, max_model_len=64, max_num_
 
 @pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_filtered_probs_equal_the_oracle_distribution(kind: str) -> None:
-    from reference.sampler import distribution
+    from runnercheck.reference.sampler import distribution
 
     dev, vocab = Device(kind), 40
     gen = torch.Generator().manual_seed(3)
@@ -79,7 +79,7 @@ def test_filtered_probs_equal_the_oracle_distribution(kind: str) -> None:
 
 def _run(spec: DraftModelConfig, steps: int = 7, kind: str = "sim") -> tuple[int, int]:
     """Runner and oracle over the same schedule (3 requests, device drafts every decode); (drafts, accepted)."""
-    from reference.runner import ReferenceRunner
+    from runnercheck.reference.runner import ReferenceRunner
 
     weights = random_weights(preset("micro"), seed=2)
     runner = ModelRunner(weights, LIMITS, Device(kind), base_seed=1, speculative=spec, cuda_graphs=False)
@@ -117,10 +117,10 @@ def test_the_target_as_its_own_draft_is_accepted_and_matches_the_oracle() -> Non
 
 
 def _differential(steps: int, kind: str = "sim", draft: str = "micro-draft", **scheduler_changes):
-    from stress.harness import ChurnOps, checked_run
-    from stress.verify import plan_runs
+    from runnercheck.stress.harness import ChurnOps, checked_run
+    from runnercheck.stress.verify import plan_runs
 
-    planned = plan_runs("sim", 0, "impl.runner:make_runner", quick=True)[0]
+    planned = plan_runs("sim", 0, "runnercheck.impl.runner:make_runner", quick=True)[0]
     if kind != "sim":
         planned = replace(planned, config=replace(planned.config, device=kind, lag_policy=None))
     churn = replace(planned.churn, max_unfinished=3, max_new_tokens=16, preempt_prob=0.05, abort_prob=0.0)
@@ -150,7 +150,7 @@ def test_draft_model_on_cuda_matches_the_oracle_with_no_host_sync(draft: str) ->
 def test_planted_bug_dropped_verification_is_caught_by_the_differential(monkeypatch) -> None:
     """Without the verify launch the sampler's own (noise-stream) tokens meet the drafts by exact match:
     other tokens than rejection sampling's, which the differential sees."""
-    from impl.draft_proposer import DraftModelProposer
+    from runnercheck.impl.draft_proposer import DraftModelProposer
 
     monkeypatch.setattr(DraftModelProposer, "enqueue_verify", lambda self, *args, **kwargs: None)
     with pytest.raises(AssertionError):
@@ -158,7 +158,7 @@ def test_planted_bug_dropped_verification_is_caught_by_the_differential(monkeypa
 
 
 def test_planted_bug_a_draft_model_that_never_proposes_is_caught(monkeypatch) -> None:
-    from impl.draft_proposer import DraftModelProposer
+    from runnercheck.impl.draft_proposer import DraftModelProposer
 
     monkeypatch.setattr(DraftModelProposer, "enqueue_propose", lambda self, *args, **kwargs: None)
     with pytest.raises(AssertionError):
@@ -169,7 +169,7 @@ def test_planted_bug_a_draft_model_that_never_proposes_is_caught(monkeypatch) ->
 
 
 def test_bad_configs_raise_typed_errors() -> None:
-    from reference.runner import ReferenceRunner
+    from runnercheck.reference.runner import ReferenceRunner
 
     weights = random_weights(preset("micro"), seed=0)
     with pytest.raises(RunnerConfigError, match="vocabulary"):
@@ -185,7 +185,7 @@ def test_bad_configs_raise_typed_errors() -> None:
 def test_bad_steps_raise_before_any_state_changes() -> None:
     """k above the configured maximum, explicit drafts, a prefix hit, drafts for an unscheduled request:
     `DeviceDraftsError` on both sides, and the next good step still matches the oracle."""
-    from reference.runner import ReferenceRunner
+    from runnercheck.reference.runner import ReferenceRunner
 
     spec = DraftModelConfig("micro-draft", 2)
     weights = random_weights(preset("micro"), seed=0)

@@ -1,4 +1,4 @@
-"""Every Triton kernel an eager step launches goes through `impl.kernels.launch.launch` with an argument
+"""Every Triton kernel an eager step launches goes through `runnercheck.impl.kernels.launch.launch` with an argument
 list the fast path can key (issue 14): a direct ``kernel[grid](...)`` costs a full ``JITFunction.run`` on
 every eager step (~70 us each on the H200 host), and so does a call the key cannot cover.
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from impl.kernels import launch as fast
+from runnercheck.impl.kernels import launch as fast
 
 interpreter = pytest.importorskip("triton.runtime.interpreter")
 
@@ -61,11 +61,11 @@ def _keyable(kernel, args: tuple, kwargs: dict) -> bool:
 
 
 def _run_eager_steps(speculative=None, draft_prob: float = 0.0, ngram_spec_tokens: int = 0) -> int:
-    from impl.device import Device
-    from impl.interface import RunnerLimits, SamplingParams
-    from impl.model.weights import preset, random_weights
-    from impl.runner import ModelRunner
-    from stress.scheduler import SchedulerSim
+    from runnercheck.impl.device import Device
+    from runnercheck.impl.interface import RunnerLimits, SamplingParams
+    from runnercheck.impl.model.weights import preset, random_weights
+    from runnercheck.impl.runner import ModelRunner
+    from runnercheck.stress.scheduler import SchedulerSim
 
     limits = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=48, max_num_batched_tokens=16, num_kv_blocks=40,
                           block_size=4, max_logprobs=3, max_num_draft_tokens=2)
@@ -99,7 +99,7 @@ def test_every_eager_launch_goes_through_the_fast_launcher_with_a_keyable_call(r
 
 
 def test_ngram_proposer_launches_go_through_the_fast_launcher(recorded):
-    from impl.interface import NgramConfig
+    from runnercheck.impl.interface import NgramConfig
 
     _run_eager_steps(speculative=NgramConfig(num_spec_tokens=2), ngram_spec_tokens=2)
     names = {kernel.fn.__name__ for kernel, *_ in recorded}

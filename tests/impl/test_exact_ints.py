@@ -1,4 +1,4 @@
-"""`impl.exact_ints`: one-pass checks that a sequence holds exact ints equal to expected values.
+"""`runnercheck.impl.exact_ints`: one-pass checks that a sequence holds exact ints equal to expected values.
 
 The steady-step reader relies on them for the scheduled and computed counts, so every kind of
 element the boundary rejects by type (``type(x) is int`` fails) must make them False, on the
@@ -12,8 +12,8 @@ import enum
 import numpy as np
 import pytest
 
-from impl import exact_ints
-from impl.exact_ints import RepeatedInt, equal_exact_ints
+from runnercheck.impl import exact_ints
+from runnercheck.impl.exact_ints import RepeatedInt, equal_exact_ints
 
 
 class _Sub(int):

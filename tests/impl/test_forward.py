@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import impl.model.forward as forward_module
-from impl.device import Device
-from impl.model.forward import ForwardInputError, PagedDecoder
-from impl.model.weights import ModelWeights, preset, random_weights
+import runnercheck.impl.model.forward as forward_module
+from runnercheck.impl.device import Device
+from runnercheck.impl.model.forward import ForwardInputError, PagedDecoder
+from runnercheck.impl.model.weights import ModelWeights, preset, random_weights
 
 
 # --------------------------------------------------------------------------- independent dense forward
@@ -192,7 +192,7 @@ def test_forward_matches_dense_float64(config, block_size):
 
 
 def test_forward_matches_reference_model():
-    reference_model = pytest.importorskip("reference.model")
+    reference_model = pytest.importorskip("runnercheck.reference.model")
     weights = random_weights(QWEN_STYLE, seed=9)
     _run_schedule(weights, Device("cpu"), dtype=torch.float32, block_size=4, atol=1e-3,
                   reference=reference_model.ReferenceModel(weights))
@@ -240,7 +240,7 @@ def test_bad_forward_arguments_raise_before_any_write():
 
 def test_forward_never_reads_device_data_on_the_host():
     """Run outside an enqueue so the sync detector watches every op; a planted `.item()` is caught."""
-    sync = pytest.importorskip("checks.sync")
+    sync = pytest.importorskip("runnercheck.checks.sync")
     dev = Device("cpu")
     decoder = PagedDecoder(random_weights(preset("micro")), dev, dtype=torch.float32, num_kv_blocks=6, block_size=4)
     tensors, counts, _ = _one_step_inputs(decoder)
@@ -280,7 +280,7 @@ def test_qwen3_shaped_forward_on_gpu(dtype, atol, rel):
 
 @pytest.mark.gpu
 def test_forward_is_sync_free_on_gpu():
-    sync = pytest.importorskip("checks.sync")
+    sync = pytest.importorskip("runnercheck.checks.sync")
     dev = Device("cuda")
     decoder = PagedDecoder(random_weights(QWEN3_ONE_LAYER), dev, dtype=torch.bfloat16, num_kv_blocks=6, block_size=16)
     tensors, counts, _ = _one_step_inputs(decoder)

@@ -1,4 +1,4 @@
-"""CUDA graphs (`impl.graphs`, `impl.graph_step`): capture sizes, buckets and fallbacks, replay equal to eager
+"""CUDA graphs (`runnercheck.impl.graphs`, `runnercheck.impl.graph_step`): capture sizes, buckets and fallbacks, replay equal to eager
 bit for bit at every capture size and padding amount (with and without drafts), padding that leaves
 live state alone, typed errors, and the replay of recorded closures catching a stale buffer on CPU."""
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impl.device import Device
-from impl.graphs import GraphCaptureError, GraphConfigError, default_capture_sizes, format_graph_stats, validate_capture_sizes
-from impl.interface import RunnerLimits, SamplingParams
-from impl.model.weights import preset, random_weights
-from impl.runner import ModelRunner, make_runner
-from stress.scheduler import SchedulerSim
+from runnercheck.impl.device import Device
+from runnercheck.impl.graphs import GraphCaptureError, GraphConfigError, default_capture_sizes, format_graph_stats, validate_capture_sizes
+from runnercheck.impl.interface import RunnerLimits, SamplingParams
+from runnercheck.impl.model.weights import preset, random_weights
+from runnercheck.impl.runner import ModelRunner, make_runner
+from runnercheck.stress.scheduler import SchedulerSim
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=48, max_num_batched_tokens=16, num_kv_blocks=40,
                       block_size=4, max_logprobs=3, max_num_draft_tokens=1)
@@ -116,8 +116,8 @@ def test_replay_equals_eager_bit_for_bit_at_every_size_and_padding(weights, capt
 
 
 def test_replay_matches_the_oracle_with_drafts_and_logprobs(weights):
-    reference = pytest.importorskip("reference.runner")
-    compare = pytest.importorskip("checks.compare")
+    reference = pytest.importorskip("runnercheck.reference.runner")
+    compare = pytest.importorskip("runnercheck.checks.compare")
     runner = make_runner(weights, LIMITS, Device("sim", seed=1), 7)
     oracle = reference.ReferenceRunner(weights, LIMITS, base_seed=7)
     sched = SchedulerSim(LIMITS, seed=2, draft_prob=1.0)
@@ -187,9 +187,9 @@ def test_a_bucket_whose_padded_tokens_exceed_the_budget_has_no_graph_and_falls_b
 
 def test_padding_requests_in_the_kernels_write_no_state_and_no_kv_slot():
     """Input prep, post-update and the pad kernel on rows [3, -1, -1] (bucket 3, one real request, q = 2)."""
-    from impl.kernels.input_prep import launch_pad_step_inputs, launch_prepare_inputs
-    from impl.kernels.post_update import launch_post_update
-    from impl.state import NUM_ROW_FIELDS
+    from runnercheck.impl.kernels.input_prep import launch_pad_step_inputs, launch_prepare_inputs
+    from runnercheck.impl.kernels.post_update import launch_post_update
+    from runnercheck.impl.state import NUM_ROW_FIELDS
 
     dev, q, size, bs = Device("cpu"), 2, 3, 4
     state = dev.zeros((4, NUM_ROW_FIELDS), torch.int32)
@@ -293,7 +293,7 @@ def test_cuda_replay_equals_eager_bit_for_bit(weights, drafts):
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")])])
 def test_replay_under_the_armed_sync_detector_counts_zero(weights, kind):
     """Async (two steps in flight), detector armed around every execute_model: replays read nothing back."""
-    sync = pytest.importorskip("checks.sync")
+    sync = pytest.importorskip("runnercheck.checks.sync")
     runner = ModelRunner(weights, LIMITS, Device(kind), base_seed=7)
     sched = SchedulerSim(LIMITS, seed=0)
     _requests(sched, logprobs=True)

@@ -5,13 +5,13 @@ import numpy as np
 import pytest
 import torch
 
-from impl.device import Device
-from impl.interface import CachedRequest, CachedRequests, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
-from impl.input_batch import plan_step
-from impl.kernels.input_prep import launch_prepare_inputs
-from impl.kernels.post_update import launch_post_update
-from impl.state import NUM_ROW_FIELDS, RequestStateTable
-from impl.step_reader import read_step
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import CachedRequest, CachedRequests, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
+from runnercheck.impl.input_batch import plan_step
+from runnercheck.impl.kernels.input_prep import launch_prepare_inputs
+from runnercheck.impl.kernels.post_update import launch_post_update
+from runnercheck.impl.state import NUM_ROW_FIELDS, RequestStateTable
+from runnercheck.impl.step_reader import read_step
 
 BS, MAX_LEN, ROWS, MAX_DRAFTS = 4, 16, 4, 2
 MAX_BLOCKS = MAX_LEN // BS
@@ -176,7 +176,7 @@ def _plans_equal(a, b) -> bool:
 
 
 def test_plain_plan_equals_the_general_plan_and_is_taken_for_plain_steps():
-    from impl.input_batch import _general_plan, _plain_plan
+    from runnercheck.impl.input_batch import _general_plan, _plain_plan
     table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=16)
     plain = SamplingParams()
     table.admit(NewRequest("a", (10, 11, 12, 13, 14, 15), plain, (0, 1)), seed=0)

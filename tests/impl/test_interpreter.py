@@ -1,4 +1,4 @@
-"""`impl.kernels.interpreter`: nested jit calls under the Triton interpreter skip re-patching the
+"""`runnercheck.impl.kernels.interpreter`: nested jit calls under the Triton interpreter skip re-patching the
 language only when the running launch has already patched every language module they see."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.device import triton_interpreted
-from impl.kernels.interpreter import NestedPatchCache, _memoised, layout_known, speed_up_interpreter
+from runnercheck.impl.device import triton_interpreted
+from runnercheck.impl.kernels.interpreter import NestedPatchCache, _memoised, layout_known, speed_up_interpreter
 
 interpreted = pytest.mark.skipif(not triton_interpreted(), reason="kernels run on a GPU, not in the interpreter")
 

@@ -1,12 +1,12 @@
-"""Lag policies of the sim device (`impl.lag_policies`), the targeted one in particular: only the last
+"""Lag policies of the sim device (`runnercheck.impl.lag_policies`), the targeted one in particular: only the last
 device reader of a targeted resource is held, with the work behind it, for whole steps."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from impl.device import Device
-from impl.lag_policies import DELAY_TARGETS, HoldAtTarget, LagPolicyError, delay_target_of, make_lag_policy
+from runnercheck.impl.device import Device
+from runnercheck.impl.lag_policies import DELAY_TARGETS, HoldAtTarget, LagPolicyError, delay_target_of, make_lag_policy
 
 
 def test_every_target_names_the_labels_of_its_last_reader():

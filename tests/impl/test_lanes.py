@@ -1,4 +1,4 @@
-"""Steady lanes (`impl.lanes`): a fused step copies its staging slot in and its output out inside its replay.
+"""Steady lanes (`runnercheck.impl.lanes`): a fused step copies its staging slot in and its output out inside its replay.
 
 The lane copies read and write pinned host buffers chosen on the device by a counter the fused
 step advances; the host only mirrors that counter.  These tests pin what that rests on: the copy
@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from bench.workload import DecodeWorkload
-from impl import lanes as lanes_module
-from impl.device import Device
-from impl.interface import RunnerLimits, SamplingParams
-from impl.kernels.lanes import launch_lane_advance, launch_lane_copy
-from impl.model.weights import preset, random_weights
-from impl.runner import ModelRunner
+from runnercheck.bench.workload import DecodeWorkload
+from runnercheck.impl import lanes as lanes_module
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import RunnerLimits, SamplingParams
+from runnercheck.impl.kernels.lanes import launch_lane_advance, launch_lane_copy
+from runnercheck.impl.model.weights import preset, random_weights
+from runnercheck.impl.runner import ModelRunner
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=48, block_size=4)
 PARAMS = SamplingParams(temperature=0.8, seed=7, max_tokens=1 << 20)
@@ -78,7 +78,7 @@ def test_a_busy_lane_is_skipped_without_a_wait_and_the_lanes_follow_the_rings_ag
     logprobs (an eager step: the rings serve it without the lanes, whose mirror stays at lane 0), so the first
     decode step finds lane 0's output slot holding the prefill's unread output.  That step takes the three
     enqueues, with no host wait, and moves the counter to the output ring's next slot; every step after it is fused."""
-    from checks import sync as sync_check
+    from runnercheck.checks import sync as sync_check
 
     device = Device("sim", seed=1, lag_policy="lag-2-steps")
     runner = _runner(device)
@@ -114,7 +114,7 @@ def test_lanes_that_fail_their_trial_are_off_and_steady_steps_still_run(monkeypa
         real(counter + 1, table, device_bytes, nbytes, to_host=to_host)
 
     monkeypatch.setattr(lanes_module, "launch_lane_copy", off_by_one)
-    with caplog.at_level(logging.WARNING, logger="impl.lanes"):
+    with caplog.at_level(logging.WARNING, logger="runnercheck.impl.lanes"):
         runner = _runner()
     assert not runner.lanes.usable and "steady lanes off" in caplog.text
     assert runner.graphs.fused(runner._steady_key) is None and runner.graphs.lanes is None
@@ -149,7 +149,7 @@ def test_a_mirror_that_drifts_from_the_counter_is_wrong_tokens():
 def test_fused_steady_steps_on_cuda_match_unfused_ones_with_one_enqueue_and_no_host_sync():
     """On the GPU the lane copies read and write pinned memory from the kernels (unified addressing):
     async steady steps, each one enqueue, give the tokens of a runner whose steady steps take the three."""
-    from checks import sync as sync_check
+    from runnercheck.checks import sync as sync_check
 
     limits = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=128, max_num_batched_tokens=16, num_kv_blocks=200,
                           block_size=4)

@@ -1,4 +1,4 @@
-"""The cheap Triton launch path (`impl.kernels.launch`): its specialization key on CPU; on a GPU, fast launches
+"""The cheap Triton launch path (`runnercheck.impl.kernels.launch`): its specialization key on CPU; on a GPU, fast launches
 that pick the compiled kernel Triton itself picks and compute what ``kernel[grid](...)`` computes."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
-from impl.kernels import launch as fast
+from runnercheck.impl.kernels import launch as fast
 
 
 def _scaled_copy(src_ptr, dst_ptr, n, scale, offset, BLOCK: tl.constexpr):
@@ -103,11 +103,11 @@ def test_fast_launches_pick_tritons_kernel_and_compute_the_same(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_runner_outputs_are_the_same_with_and_without_fast_launches(monkeypatch):
-    from impl.device import Device
-    from impl.interface import RunnerLimits, SamplingParams
-    from impl.model.weights import preset, random_weights
-    from impl.runner import ModelRunner
-    from stress.scheduler import SchedulerSim
+    from runnercheck.impl.device import Device
+    from runnercheck.impl.interface import RunnerLimits, SamplingParams
+    from runnercheck.impl.model.weights import preset, random_weights
+    from runnercheck.impl.runner import ModelRunner
+    from runnercheck.stress.scheduler import SchedulerSim
 
     limits = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=48, max_num_batched_tokens=16, num_kv_blocks=40,
                           block_size=4, max_logprobs=3, max_num_draft_tokens=1)

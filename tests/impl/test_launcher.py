@@ -1,4 +1,4 @@
-"""The device's launch thread (`impl.launcher`, `impl/native/launcher.c`).
+"""The device's launch thread (`runnercheck.impl.launcher`, `impl/native/launcher.c`).
 
 On CPU the native worker runs with stand-ins for the driver's calls (ctypes callbacks with their signatures): jobs
 are issued in push order and only once pushed, a paused worker issues nothing, a failed call is named by the next
@@ -15,8 +15,8 @@ import time
 import pytest
 import torch
 
-from impl import native
-from impl.launcher import LaunchThread, LaunchThreadError, _driver_calls, idle_settings, mode
+from runnercheck.impl import native
+from runnercheck.impl.launcher import LaunchThread, LaunchThreadError, _driver_calls, idle_settings, mode
 
 _HANDLE_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _CONTEXT_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
@@ -266,7 +266,7 @@ def test_bad_idle_settings_are_typed_errors(monkeypatch, settings, named):
 
 
 def test_cpu_and_sim_devices_have_no_launch_thread():
-    from impl.device import Device
+    from runnercheck.impl.device import Device
 
     for kind in ("cpu", "sim"):
         assert Device(kind).launcher is None
@@ -278,7 +278,7 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GP
 
 def _captured_add(device):
     """A CUDA graph adding 1 to a device counter, captured on the device's stream, and the counter."""
-    from impl.device import GraphLaunch
+    from runnercheck.impl.device import GraphLaunch
 
     counter = device.zeros(1, torch.int64)
     device.synchronize()
@@ -295,7 +295,7 @@ def _captured_add(device):
 @needs_gpu
 def test_gpu_a_marker_the_worker_has_not_recorded_is_not_complete(monkeypatch):
     monkeypatch.setenv("RUNNERCHECK_LAUNCH_THREAD", "1")
-    from impl.device import Device
+    from runnercheck.impl.device import Device
 
     device = Device("cuda")
     launch, counter = _captured_add(device)
@@ -328,7 +328,7 @@ def test_gpu_planted_bug_a_marker_answered_before_its_record_is_issued_is_caught
     once pushed: the query asks CUDA about the spare event's old record and answers complete while the replay
     before it has not even been launched."""
     monkeypatch.setenv("RUNNERCHECK_LAUNCH_THREAD", "1")
-    from impl.device import Device
+    from runnercheck.impl.device import Device
 
     device = Device("cuda")
     launch, counter = _captured_add(device)
@@ -355,9 +355,9 @@ def test_gpu_planted_bug_a_marker_answered_before_its_record_is_issued_is_caught
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_runner_outputs_with_the_launch_thread_equal_those_without(monkeypatch):
-    from bench.common import BenchContext
-    from bench.case_runner import host_cost_setup
-    from impl.device import Device
+    from runnercheck.bench.common import BenchContext
+    from runnercheck.bench.case_runner import host_cost_setup
+    from runnercheck.impl.device import Device
 
     outputs = {}
     for setting in ("1", "0"):
@@ -378,8 +378,8 @@ def test_gpu_runner_outputs_with_the_launch_thread_equal_those_without(monkeypat
 def test_a_captured_graph_is_enqueued_as_a_graph_launch_with_its_exec_handle():
     """`StepGraph.set_cuda_graph` (any object with a CUDA graph's two methods): what `run` enqueues is a `GraphLaunch`,
     which a device without a launch thread replays itself."""
-    from impl.device import Device, GraphLaunch
-    from impl.graphs import StepGraph
+    from runnercheck.impl.device import Device, GraphLaunch
+    from runnercheck.impl.graphs import StepGraph
 
     class Captured:
         replays = 0

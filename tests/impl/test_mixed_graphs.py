@@ -1,4 +1,4 @@
-"""Mixed CUDA graphs (`impl.graphs`, `impl.graph_step` mode MIXED): a batch whose query lengths differ -- decodes next
+"""Mixed CUDA graphs (`runnercheck.impl.graphs`, `runnercheck.impl.graph_step` mode MIXED): a batch whose query lengths differ -- decodes next
 to admitted prompts and prefill chunks -- replays one graph padded to a token size.  Its tokens equal the unpadded
 eager step's, its padding touches no free row, penalty count or KV slot, and bad sizes are typed errors."""
 from __future__ import annotations
@@ -8,15 +8,15 @@ from dataclasses import replace
 import pytest
 import torch
 
-from impl.device import Device
-from impl.graph_step import MIXED
-from impl.graphs import GraphConfigError, default_mixed_sizes
-from impl.interface import RunnerLimits, SamplingParams
-from impl.model.weights import preset, random_weights
-from impl.runner import ModelRunner
-from checks.kv_provenance import arm_kv_provenance
-from stress import mutants as catalogue
-from stress.scheduler import SchedulerSim
+from runnercheck.impl.device import Device
+from runnercheck.impl.graph_step import MIXED
+from runnercheck.impl.graphs import GraphConfigError, default_mixed_sizes
+from runnercheck.impl.interface import RunnerLimits, SamplingParams
+from runnercheck.impl.model.weights import preset, random_weights
+from runnercheck.impl.runner import ModelRunner
+from runnercheck.checks.kv_provenance import arm_kv_provenance
+from runnercheck.stress import mutants as catalogue
+from runnercheck.stress.scheduler import SchedulerSim
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=48, max_num_batched_tokens=24, num_kv_blocks=40,
                       block_size=4, max_logprobs=3, max_num_draft_tokens=0)
@@ -51,7 +51,7 @@ def churn(runners: list[ModelRunner], seed: int = 0, max_steps: int = 60, oracle
         for other in got[1:]:
             _assert_same_output(other, got[0], step.step_id)
         if oracle is not None:
-            compare = pytest.importorskip("checks.compare")
+            compare = pytest.importorskip("runnercheck.checks.compare")
             cmp = compare.compare_step(got[0], oracle.execute_model(step), oracle.last_results,
                                        positions=compare.first_output_positions(step))
             assert cmp.ok, "\n".join(d.line() for d in cmp.divergences)
@@ -166,7 +166,7 @@ def test_a_mixed_step_whose_padding_tokens_keep_stale_slots_is_caught(weights):
 
 
 def test_mixed_replay_matches_the_oracle(weights):
-    reference = pytest.importorskip("reference.runner")
+    reference = pytest.importorskip("runnercheck.reference.runner")
     runner = ModelRunner(weights, LIMITS, Device("sim", seed=1), base_seed=7)
     churn([runner], oracle=reference.ReferenceRunner(weights, LIMITS, base_seed=7))
     assert runner.cuda_graph_stats()["mixed_replays"] > 0
@@ -177,8 +177,8 @@ def test_mixed_replay_matches_the_oracle(weights):
 def test_cuda_mixed_replay_equals_padded_eager_and_the_oracle_with_no_host_sync(weights):
     """Captured mixed graphs on the GPU: tokens equal the same padded launches run eagerly and the oracle's,
     and a detector armed around every execute_model counts no host read."""
-    reference = pytest.importorskip("reference.runner")
-    sync = pytest.importorskip("checks.sync")
+    reference = pytest.importorskip("runnercheck.reference.runner")
+    sync = pytest.importorskip("runnercheck.checks.sync")
     graphed = ModelRunner(weights, LIMITS, Device("cuda"), base_seed=7)
     padded_eager = ModelRunner(weights, LIMITS, Device("cuda"), base_seed=7, cuda_graphs=False)
     report = sync.arm_runner(graphed, mode="count")
@@ -192,7 +192,7 @@ def test_cuda_mixed_replay_equals_padded_eager_and_the_oracle_with_no_host_sync(
 @pytest.mark.parametrize("lanes", [True, False])
 def test_an_admission_step_is_one_fused_replay_or_one_h2d_one_replay_and_one_output_copy(lanes):
     """The admissions' diffs and their rows' count reset are named in the step header and run inside the graph;
-    with the lanes (`impl.lanes`) the replay copies the slot in and the output out itself: one enqueue."""
+    with the lanes (`runnercheck.impl.lanes`) the replay copies the slot in and the output out itself: one enqueue."""
     runner = ModelRunner(random_weights(preset("micro"), seed=11), LIMITS, Device("cpu"), base_seed=1)
     if not lanes:
         runner.graphs.fused_in_bytes.clear()

@@ -2,7 +2,7 @@
 
 The steady reader:
 
-The Python reader (`impl.step_reader._read_steady`) is the reference: on every generated step
+The Python reader (`runnercheck.impl.step_reader._read_steady`) is the reference: on every generated step
 near a steady state -- ids swapped, renamed or mistyped, scheduled counts off, computed counts
 off by one or of another type, block lists empty, out of range, too long or of another type --
 the C reader returns the same verdict (None, or `StepArrays` equal field by field) or
@@ -34,13 +34,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import impl.native as native
-import impl.staged_writes as staged_writes
-import impl.state as state_module
-import impl.step_reader as step_reader
-from impl.interface import (CachedRequests, DuplicateRequestError, NewRequest, RunnerLimits, SamplingParams,
+import runnercheck.impl.native as native
+import runnercheck.impl.staged_writes as staged_writes
+import runnercheck.impl.state as state_module
+import runnercheck.impl.step_reader as step_reader
+from runnercheck.impl.interface import (CachedRequests, DuplicateRequestError, NewRequest, RunnerLimits, SamplingParams,
                             SchedulerOutput, SchedulerOutputError, StepIdError)
-from impl.step_reader import StepArrays, _read_steady, read_steady_native
+from runnercheck.impl.step_reader import StepArrays, _read_steady, read_steady_native
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=8, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=48,
                       block_size=4)
@@ -498,7 +498,7 @@ def test_a_count_that_wraps_the_total_is_rejected_by_both_checks():
 
 @pytest.fixture
 def fresh_loader(monkeypatch, tmp_path):
-    """`impl.native.load` with an empty module cache and an empty build directory."""
+    """`runnercheck.impl.native.load` with an empty module cache and an empty build directory."""
     monkeypatch.setattr(native, "_loaded", {})
     monkeypatch.setenv("RUNNERCHECK_NATIVE_CACHE", str(tmp_path))
     return tmp_path
@@ -528,7 +528,7 @@ def test_a_bad_native_setting_is_a_typed_error(fresh_loader, monkeypatch):
 def test_without_a_compiler_auto_warns_and_falls_back(fresh_loader, monkeypatch, caplog):
     monkeypatch.setenv("RUNNERCHECK_NATIVE", "auto")
     _without_compiler(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="impl.native"):
+    with caplog.at_level(logging.WARNING, logger="runnercheck.impl.native"):
         assert native.load("steady") is None
     assert "Python twin" in caplog.text
 

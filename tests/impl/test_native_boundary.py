@@ -1,4 +1,4 @@
-"""The admission boundary's C twin (`impl/native/boundary.c`) against `impl.boundary.check_new_request`.
+"""The admission boundary's C twin (`impl/native/boundary.c`) against `runnercheck.impl.boundary.check_new_request`.
 
 On generated new requests -- every field valid, out of its range, or of another type (bools, numpy
 scalars, str subclasses, floats for ints, ints beyond 64 bits, subclasses of the request and of its
@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import impl.native as native
-import impl.step_reader as step_reader
-from impl.boundary import check_new_request
-from impl.interface import MAX_SEED, NewRequest, RunnerLimits, SamplingParams, SchedulerOutputError, blocks_per_request
+import runnercheck.impl.native as native
+import runnercheck.impl.step_reader as step_reader
+from runnercheck.impl.boundary import check_new_request
+from runnercheck.impl.interface import MAX_SEED, NewRequest, RunnerLimits, SamplingParams, SchedulerOutputError, blocks_per_request
 from test_native import Odd, _Counting, _planted, admitting_run
 
 LIMITS = RunnerLimits(vocab_size=64, max_num_reqs=8, max_model_len=32, max_num_batched_tokens=32, num_kv_blocks=40,

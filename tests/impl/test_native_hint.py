@@ -1,4 +1,4 @@
-"""The cached reader's batch hint (`impl.state.RequestStateTable.batch_hint`, `impl/native/general.c` read_cached).
+"""The cached reader's batch hint (`runnercheck.impl.state.RequestStateTable.batch_hint`, `impl/native/general.c` read_cached).
 
 A cached id that is the same object as one of the last planned batch's next few ids (past requests
 that left) takes that batch's row instead of a look-up in ``req_to_row``.  The hint is an accelerator,
@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import impl.step_reader as step_reader
-from impl.device import Device
-from impl.interface import CachedRequests, NewRequest, SamplingParams, SchedulerOutput
-from impl.state import RequestStateTable
+import runnercheck.impl.step_reader as step_reader
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import CachedRequests, NewRequest, SamplingParams, SchedulerOutput
+from runnercheck.impl.state import RequestStateTable
 from test_native import LIMITS, MAX_BLOCKS, _planted, general, needs_native
 
 NUM_ROWS = LIMITS.max_num_reqs

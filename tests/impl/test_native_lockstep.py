@@ -19,11 +19,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-import impl.step_reader as step_reader
-from bench import case_runner
-from bench.common import BenchContext
-from impl.device import Device
-from impl.interface import CachedRequests, SchedulerOutput
+import runnercheck.impl.step_reader as step_reader
+from runnercheck.bench import case_runner
+from runnercheck.bench.common import BenchContext
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import CachedRequests, SchedulerOutput
 from test_native import Odd, _planted, general, needs_native
 
 PASSES_ONLY = "RUNNERCHECK_GENERAL_PASSES_ONLY"

@@ -1,4 +1,4 @@
-"""The plain step plan in C (`impl/native/plans.c` plain_plan) against its reference, `impl.input_batch._plain_plan`.
+"""The plain step plan in C (`impl/native/plans.c` plain_plan) against its reference, `runnercheck.impl.input_batch._plain_plan`.
 
 On generated steps (any request count, rows, query lengths and bounds, a shared query length or none) the C plan
 holds every field the reference's holds, each array with the same dtype and values; what it does not read (a step
@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import impl.input_batch as input_batch
-import impl.native as native
-from impl.input_batch import StepPlan, _plain_parts, _plain_plan
-from impl.step_reader import StepArrays
+import runnercheck.impl.input_batch as input_batch
+import runnercheck.impl.native as native
+from runnercheck.impl.input_batch import StepPlan, _plain_parts, _plain_plan
+from runnercheck.impl.step_reader import StepArrays
 from test_native import _Counting, _planted, admitting_run
 
 plans = native.load("plans")

@@ -16,14 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import impl.native as native
-import impl.state as state_module
-from impl.device import Device
-from impl.interface import NewRequest, SamplingParams, effective_seed
-from impl.block_table import BlockTable
-from impl.sample.state import SamplingState
-from impl.staged_writes import StagedWriteGroup
-from impl.state import AdmissionWriters, RequestStateTable
+import runnercheck.impl.native as native
+import runnercheck.impl.state as state_module
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import NewRequest, SamplingParams, effective_seed
+from runnercheck.impl.block_table import BlockTable
+from runnercheck.impl.sample.state import SamplingState
+from runnercheck.impl.staged_writes import StagedWriteGroup
+from runnercheck.impl.state import AdmissionWriters, RequestStateTable
 from test_native import _planted
 
 rows_module = native.load("rows")
@@ -168,7 +168,7 @@ def admissions(draw):
 
 
 def _table_after(c_module, act, history_reads: bool = False) -> RequestStateTable:
-    """A 3-row table after ``act(table)``, run with ``c_module`` as `impl.state`'s C twin (None: the reference)."""
+    """A 3-row table after ``act(table)``, run with ``c_module`` as `runnercheck.impl.state`'s C twin (None: the reference)."""
     table = RequestStateTable(Device("cpu"), max_num_reqs=3, max_model_len=MODEL_LEN)
     table.history_reads = history_reads
     saved, state_module._rows = state_module._rows, c_module
@@ -382,7 +382,7 @@ def _staged_owners(c_module, block_cells: bool = False):
 
 def _staged(c_module, req: NewRequest, block_cells: bool = False) -> list:
     """Everything an admission of ``req`` next to a live request leaves in the table, the block table and the sampling
-    state, and the seeds it notes (``c_module``: `admit_staged`'s C twin, with `impl.state`'s; None: the reference)."""
+    state, and the seeds it notes (``c_module``: `admit_staged`'s C twin, with `runnercheck.impl.state`'s; None: the reference)."""
     saved, state_module._rows = state_module._rows, c_module
     try:
         table, blocks, sampling, writers = _staged_owners(c_module, block_cells)

@@ -1,8 +1,8 @@
-"""A request's derived seed in C (`impl/native/seeds.c`) against its reference, `impl.interface.effective_seed`.
+"""A request's derived seed in C (`impl/native/seeds.c`) against its reference, `runnercheck.impl.interface.effective_seed`.
 
 On generated ids (any text, lengths across BLAKE2b's 128-byte blocks) and base seeds (all of int64) the C twin
 gives the reference's seed, declines what it does not take (a bool, an int past 64 bits, bytes, a str subclass,
-an id UTF-8 cannot encode) with NotImplemented, and `impl.seeds.request_seed` -- what the runner asks -- always
+an id UTF-8 cannot encode) with NotImplemented, and `runnercheck.impl.seeds.request_seed` -- what the runner asks -- always
 answers as the reference does.  A build one mixing round short (-DRUNNERCHECK_PLANT_SEED_ROUNDS) is caught by
 the same comparison.
 """
@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import impl.native as native
-import impl.seeds as seeds_module
-from impl.interface import SamplingParams, effective_seed
-from impl.seeds import request_seed
+import runnercheck.impl.native as native
+import runnercheck.impl.seeds as seeds_module
+from runnercheck.impl.interface import SamplingParams, effective_seed
+from runnercheck.impl.seeds import request_seed
 from test_native import Odd, _planted
 
 seeds_c = native.load("seeds")

@@ -4,7 +4,7 @@ On generated writes the C functions produce exactly the words their references p
 one-ragged diff table (`StagedWriteGroup._flush_one_ragged`'s numpy code), a general flush's diff
 table from its gathered parts (`_join_parts` + `_fill_diff_table`: row diffs of three element types,
 single-element cells, ragged sets and whole array rows in one group) and the prompt-token bitmask
-(`impl.sample.state._prompt_bitmask_reference`); a sampling state's admission records packed in C
+(`runnercheck.impl.sample.state._prompt_bitmask_reference`); a sampling state's admission records packed in C
 leave every member as their reference (`SamplingState._stage_admissions`, then the numpy flush)
 leaves it, and keep their order against other writes.  Each declines what it does not take --
 another type, dtype or length -- with NotImplemented and writes nothing.  Builds with planted bugs
@@ -19,14 +19,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import impl.native as native
-import impl.sample.state as sampling_state_module
-import impl.staged_writes as staged_writes
-from impl.buffers import StagingPool, StagingWriter
-from impl.device import Device
-from impl.interface import SamplingParams
-from impl.sample.state import SamplingState, _prompt_bitmask_reference
-from impl.staged_writes import StagedWriteGroup, StagedWriteTensor
+import runnercheck.impl.native as native
+import runnercheck.impl.sample.state as sampling_state_module
+import runnercheck.impl.staged_writes as staged_writes
+from runnercheck.impl.buffers import StagingPool, StagingWriter
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.sample.state import SamplingState, _prompt_bitmask_reference
+from runnercheck.impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from test_native import _Counting, _planted, admitting_run
 
 staging = native.load("staging")

@@ -1,4 +1,4 @@
-"""The n-gram proposer kernels (`impl.kernels.ngram`) against the oracle's rule (`reference.ngram`),
+"""The n-gram proposer kernels (`runnercheck.impl.kernels.ngram`) against the oracle's rule (`runnercheck.reference.ngram`),
 and the runner's device drafts end to end against the oracle under lag (0 divergences, 0 host syncs)."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from impl.device import Device
-from impl.interface import NgramConfig
-from impl.kernels.ngram import launch_gather_drafts, launch_ngram_propose
-from impl.state import NUM_ROW_FIELDS, NUM_TOKENS, PREFILL_LEN
-from reference.ngram import propose_ngram
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import NgramConfig
+from runnercheck.impl.kernels.ngram import launch_gather_drafts, launch_ngram_propose
+from runnercheck.impl.state import NUM_ROW_FIELDS, NUM_TOKENS, PREFILL_LEN
+from runnercheck.reference.ngram import propose_ngram
 
 MAX_LEN = 48
 
@@ -85,10 +85,10 @@ def test_the_gather_takes_placeholders_from_the_proposal_and_keeps_explicit_draf
 
 
 def _ngram_run(steps: int, kind: str = "sim", **scheduler_changes):
-    from stress.harness import ChurnOps, checked_run
-    from stress.verify import plan_runs
+    from runnercheck.stress.harness import ChurnOps, checked_run
+    from runnercheck.stress.verify import plan_runs
 
-    planned = plan_runs("sim", 0, "impl.runner:make_runner", quick=True)[0]
+    planned = plan_runs("sim", 0, "runnercheck.impl.runner:make_runner", quick=True)[0]
     if kind != "sim":
         planned = replace(planned, config=replace(planned.config, device=kind, lag_policy=None))
     # Greedy requests on repeated patterns: the random-weight model sometimes continues the pattern,
@@ -125,7 +125,7 @@ def test_device_drafts_on_cuda_match_the_oracle_with_no_host_sync() -> None:
 def test_planted_bug_a_runner_that_never_proposes_is_caught_by_the_differential(monkeypatch) -> None:
     """The run above can fail: with the propose launch dropped, the gathered drafts are stale (zeros, or an
     earlier step's), the runner accepts fewer than the oracle and produces another number of tokens."""
-    from impl.ngram_proposer import NgramProposer
+    from runnercheck.impl.ngram_proposer import NgramProposer
 
     monkeypatch.setattr(NgramProposer, "enqueue_propose", lambda self, *args, **kwargs: None)
     findings = _ngram_run(30, max_inflight_steps=2)
@@ -135,10 +135,10 @@ def test_planted_bug_a_runner_that_never_proposes_is_caught_by_the_differential(
 def test_uniform_device_draft_decodes_replay_the_bucketed_graph_and_match_the_oracle() -> None:
     """Every request decoding with the same k device drafts is a bucketed step: the gathered drafts reach the
     padded inputs of the graph replay (on cpu the recorded launches), and the tokens equal the oracle's."""
-    from impl.interface import CachedRequest, CachedRequests, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
-    from impl.model.weights import preset, random_weights
-    from impl.runner import ModelRunner
-    from reference.runner import ReferenceRunner
+    from runnercheck.impl.interface import CachedRequest, CachedRequests, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
+    from runnercheck.impl.model.weights import preset, random_weights
+    from runnercheck.impl.runner import ModelRunner
+    from runnercheck.reference.runner import ReferenceRunner
 
     # Graphs are captured for 1 and 1 + max_num_draft_tokens tokens a request: k = max_num_draft_tokens.
     limits = RunnerLimits(vocab_size=256, max_num_reqs=2, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=40,

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from impl.device import Device
-from impl.output import OutputLayout, OutputSlots, StepOutputMeta, decode_output
+from runnercheck.impl.device import Device
+from runnercheck.impl.output import OutputLayout, OutputSlots, StepOutputMeta, decode_output
 
 
 def _results(num_rows: int, num_top: int, base: int) -> dict:

@@ -8,9 +8,9 @@ import hashlib
 import pytest
 import torch
 
-from impl.device import Device
-from impl.boundary import validate_prefix_hit
-from impl.interface import (
+from runnercheck.impl.device import Device
+from runnercheck.impl.boundary import validate_prefix_hit
+from runnercheck.impl.interface import (
     CachedRequest,
     CachedRequests,
     NewRequest,
@@ -24,10 +24,10 @@ from impl.interface import (
     SchedulerOutput,
     SchedulerOutputError,
 )
-from impl.model.weights import preset, random_weights
-from impl.runner import ModelRunner, make_runner
-from impl.state import NUM_COMPUTED
-from reference.runner import ReferenceRunner
+from runnercheck.impl.model.weights import preset, random_weights
+from runnercheck.impl.runner import ModelRunner, make_runner
+from runnercheck.impl.state import NUM_COMPUTED
+from runnercheck.reference.runner import ReferenceRunner
 
 BS = 4
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=12, block_size=BS)

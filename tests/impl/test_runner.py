@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from impl.device import Device
-from impl.interface import (
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import (
     BlockIdError,
     CachedRequest,
     CachedRequests,
@@ -29,12 +29,12 @@ from impl.interface import (
     TokenOutOfVocabError,
     UnknownRequestError,
 )
-from impl.model.weights import preset, random_weights
-from impl.runner import ModelRunner, make_runner
+from runnercheck.impl.model.weights import preset, random_weights
+from runnercheck.impl.runner import ModelRunner, make_runner
 
-reference_runner = pytest.importorskip("reference.runner")
-compare = pytest.importorskip("checks.compare")
-sync_check = pytest.importorskip("checks.sync")
+reference_runner = pytest.importorskip("runnercheck.reference.runner")
+compare = pytest.importorskip("runnercheck.checks.compare")
+sync_check = pytest.importorskip("runnercheck.checks.sync")
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=40, block_size=4)
 
@@ -239,10 +239,10 @@ def test_runner_matches_oracle_cpu(oracle_checked_trace):
 
 
 def test_runner_matches_oracle_cpu_all_sampling_features(monkeypatch):
-    import impl.eager_step
+    import runnercheck.impl.eager_step as eager_step
 
     # Prompt logprobs in chunks of two positions: several chunks per step, still equal to the oracle.
-    monkeypatch.setattr(impl.eager_step, "PROMPT_CHUNK_ROWS", 2)
+    monkeypatch.setattr(eager_step, "PROMPT_CHUNK_ROWS", 2)
     trace, stats, _ = _oracle_run(Device("cpu"), "full")
     assert stats["tokens"] >= 30
     assert any(out.prompt_logprobs for _, out in trace) and any(lp for _, out in trace for lp in out.logprobs)
@@ -380,7 +380,7 @@ def test_step_stats_and_no_wait_in_steady_state():
     # under a prefill step that also carries the admission's staged diffs.
     assert 0 < decode_stats.h2d_bytes < prefill_stats.h2d_bytes
     # The 32-byte header (the step's counts, 6 words aligned) and the compact arrays, and room for a block append
-    # per request: what the fused step's lane copy reads (`impl.lanes.SteadyLanes.in_bytes`).
+    # per request: what the fused step's lane copy reads (`runnercheck.impl.lanes.SteadyLanes.in_bytes`).
     assert decode_stats.h2d_bytes == runner.lanes.in_bytes(1) <= 8 * 16 + 48
     # The steady decode step is one enqueue: its bucket's fused graph (the slot's copy in, apply, pad, input
     # prep .. post-update, the output's copy out).
@@ -442,7 +442,7 @@ def test_one_h2d_and_one_apply_launch_per_step():
     staging copy and one apply launch (two admissions: more than a mixed bucket's lane copy holds); a
     graphed decode's diffs (a new block) ride in its staging slot and are applied inside its graph
     replay, with no apply of their own; it and the steady step after it are their bucket's fused replay
-    alone, which copies the slot in itself (`impl.lanes`)."""
+    alone, which copies the slot in itself (`runnercheck.impl.lanes`)."""
     device = Device("sim", seed=1, lag_policy="run-immediately")
     runner = make_runner(_weights(), LIMITS, device, 0)
     device.trace = []
@@ -514,7 +514,7 @@ def test_steady_decode_step_has_no_python_loop_over_requests():
 
 def test_planted_per_request_loop_is_caught(monkeypatch):
     """The test above can fail: a mirror update that walks the batch in Python shows up as extra lines."""
-    from impl.state import RequestStateTable
+    from runnercheck.impl.state import RequestStateTable
 
     original = RequestStateTable.advance
 

@@ -12,13 +12,13 @@ import random
 import pytest
 import torch
 
-from impl.device import Device
-from impl.interface import SamplingParams
-from impl.sample import Sampler, SamplingState
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.sample import Sampler, SamplingState
 from test_sampler_harness import Agreement, LogitRow, RowRequest, admit, reference_results, run_sampler
 
 pytestmark = pytest.mark.gpu
-ref = pytest.importorskip("reference.sampler")
+ref = pytest.importorskip("runnercheck.reference.sampler")
 
 VOCAB = 151936
 
@@ -96,7 +96,7 @@ def test_large_vocab_filters_keep_the_reference_set(gpu):
 
 
 def test_no_host_sync_on_cuda(gpu):
-    sync = pytest.importorskip("checks.sync")
+    sync = pytest.importorskip("runnercheck.checks.sync")
     sampler = Sampler(gpu, VOCAB, max_logprobs=5, max_num_rows=8)
     state = SamplingState(gpu, 2, VOCAB)
     admit(gpu, state, {0: RowRequest(SamplingParams(top_k=50, top_p=0.9, presence_penalty=0.5), 1, (3,), (4,))})

@@ -6,10 +6,10 @@ from typing import Sequence
 
 import torch
 
-from impl.buffers import StagingPool, StagingWriter
-from impl.device import Device
-from impl.interface import SamplingParams
-from impl.sample import Sampler, SamplingState
+from runnercheck.impl.buffers import StagingPool, StagingWriter
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.sample import Sampler, SamplingState
 
 
 @dataclass
@@ -71,8 +71,8 @@ def run_sampler(device: Device, sampler: Sampler, state: SamplingState, logits: 
 
 
 def reference_results(logits: torch.Tensor, requests: dict[int, RowRequest], rows: Sequence[LogitRow]) -> list:
-    """`reference.sampler.sample` for every logit row (drafts count as outputs, per docs/SAMPLING.md)."""
-    import reference.sampler as ref
+    """`runnercheck.reference.sampler.sample` for every logit row (drafts count as outputs, per docs/SAMPLING.md)."""
+    import runnercheck.reference.sampler as ref
 
     out = []
     for i, lr in enumerate(rows):
@@ -91,7 +91,7 @@ class Agreement:
     mismatches: list = field(default_factory=list)
 
     def add(self, runner_token: int, result, context: object = None) -> None:
-        import reference.sampler as ref
+        import runnercheck.reference.sampler as ref
 
         self.rows += 1
         if runner_token == result.token:

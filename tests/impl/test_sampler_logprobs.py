@@ -12,12 +12,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from impl.device import Device
-from impl.interface import SamplingParams
-from impl.sample import LogprobsComputer, LogprobsError, LogprobsOutput, SelectionConfig, prompt_logprobs_chunked
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.sample import LogprobsComputer, LogprobsError, LogprobsOutput, SelectionConfig, prompt_logprobs_chunked
 from test_sampler_harness import LogitRow, RowRequest, admit, run_sampler
 
-ref = pytest.importorskip("reference.sampler")
+ref = pytest.importorskip("runnercheck.reference.sampler")
 # The interpreter runs kernels in numpy, which warns on the -inf arithmetic of all -inf rows.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
@@ -94,7 +94,7 @@ def test_logprobs_random_rows(dev, seed, scale, quantum, num_top, capacity, fini
 
 
 def test_sampler_reports_logprobs_of_its_tokens(dev):
-    from impl.sample import Sampler, SamplingState
+    from runnercheck.impl.sample import Sampler, SamplingState
 
     config = SelectionConfig(block=64, narrow_block=64, candidates=16, num_warps=4)
     sampler = Sampler(dev, VOCAB, max_logprobs=MAX_LOGPROBS, max_num_rows=4, config=config)

@@ -1,6 +1,6 @@
 """The split-row paths of the sampler and logprobs kernels, on CPU (interpreted) against the oracle.
 
-Small vocabulary, 32-entry chunks: every path of `impl.kernels.sampling` is taken on purpose and
+Small vocabulary, 32-entry chunks: every path of `runnercheck.impl.kernels.sampling` is taken on purpose and
 asserted (the plan is read back), so a change that silently routes rows to the fallback fails
 here.  Planted bugs in the chunk combines (a private copy of the kernel module with one device
 function rebound) must be caught by the same oracle comparison.
@@ -17,13 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.device import Device
-from impl.interface import SamplingParams
-from impl.kernels.sampling_split import MODE_DONE, MODE_FALLBACK, MODE_GATHER, MODE_THRESHOLD
-from impl.sample import LogprobsComputer, Sampler, SamplingState, SelectionConfig
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.kernels.sampling_split import MODE_DONE, MODE_FALLBACK, MODE_GATHER, MODE_THRESHOLD
+from runnercheck.impl.sample import LogprobsComputer, Sampler, SamplingState, SelectionConfig
 from test_sampler_harness import LogitRow, RowRequest, admit, reference_results, run_sampler
 
-ref = pytest.importorskip("reference.sampler")
+ref = pytest.importorskip("runnercheck.reference.sampler")
 
 VOCAB = 300  # 10 chunks of 32, the last one partial
 CONFIG = SelectionConfig(block=64, narrow_block=64, candidates=32, num_warps=4, chunk=32, slots=8, split_warps=1)
@@ -99,14 +99,14 @@ def _argmax_skipping_last_chunk(best_ptr, token_ptr, base, num_blocks, vocab_siz
 
 def test_planted_combine_bug_is_caught(dev, monkeypatch):
     """A combine that drops the last chunk's partial: the oracle comparison must fail."""
-    variant = _kernel_copy("impl.kernels.sampling", "skip_last", reduce_block_argmax=_argmax_skipping_last_chunk)
+    variant = _kernel_copy("runnercheck.impl.kernels.sampling", "skip_last", reduce_block_argmax=_argmax_skipping_last_chunk)
     sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=CONFIG)
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.5)]
     logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(6))
     logits[:, 295] = 9.0  # the head sits in the last chunk
     tokens, expected, _ = _run(dev, sampler, params, logits)
     assert tokens == expected == [295, 295]
-    monkeypatch.setattr(sys.modules["impl.sample.sampler"], "sampler_plan_kernel", variant.sampler_plan_kernel)
+    monkeypatch.setattr(sys.modules["runnercheck.impl.sample.sampler"], "sampler_plan_kernel", variant.sampler_plan_kernel)
     tokens, expected, _ = _run(dev, sampler, params, logits)
     assert tokens != expected
 
@@ -143,6 +143,6 @@ def test_logprobs_top_lists_and_a_planted_bound_bug(dev, monkeypatch):
     assert computer.mode[:4].tolist() == [MODE_DONE] * 4
     assert computer.arrivals.tolist() == [0] * 8  # each row's last program reset its counter
     assert top_ids(computer) == order.tolist()  # ... so a second launch finishes every row again
-    variant = _kernel_copy("impl.kernels.sampling_logprobs", "bound_high", kth_largest_block_max=_bound_one_too_high)
-    monkeypatch.setattr(sys.modules["impl.sample.logprobs"], "logprobs_block_kernel", variant.logprobs_block_kernel)
+    variant = _kernel_copy("runnercheck.impl.kernels.sampling_logprobs", "bound_high", kth_largest_block_max=_bound_one_too_high)
+    monkeypatch.setattr(sys.modules["runnercheck.impl.sample.logprobs"], "logprobs_block_kernel", variant.logprobs_block_kernel)
     assert top_ids(LogprobsComputer(dev, VOCAB, 5, 8, config)) != order.tolist()  # fresh (zeroed) outputs

@@ -14,14 +14,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from impl.device import Device
-from impl.interface import SamplingParams
-from impl.kernels.sampling_split import MODE_DONE, MODE_FALLBACK, MODE_GATHER, MODE_THRESHOLD
-from impl.sample import LogprobsComputer, Sampler, SamplingState
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.kernels.sampling_split import MODE_DONE, MODE_FALLBACK, MODE_GATHER, MODE_THRESHOLD
+from runnercheck.impl.sample import LogprobsComputer, Sampler, SamplingState
 from test_sampler_harness import Agreement, LogitRow, RowRequest, admit, logit_row_tensors, reference_results, run_sampler
 
 pytestmark = pytest.mark.gpu
-ref = pytest.importorskip("reference.sampler")
+ref = pytest.importorskip("runnercheck.reference.sampler")
 
 VOCAB = 151936
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from impl.buffers import StagingPool, StagingWriter
-from impl.device import Device
-from impl.interface import SamplingParams, SamplingParamsError, TokenOutOfVocabError
-from impl.sample import SamplingState, SamplingStateError, prompt_bitmask_words
+from runnercheck.impl.buffers import StagingPool, StagingWriter
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import SamplingParams, SamplingParamsError, TokenOutOfVocabError
+from runnercheck.impl.sample import SamplingState, SamplingStateError, prompt_bitmask_words
 
 VOCAB = 300
 ROWS = 4

@@ -18,9 +18,9 @@ import pytest
 import torch
 from scipy.stats import binomtest
 
-from impl.device import Device
-from impl.interface import SamplingParams
-from impl.sample import Sampler, SamplingState
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.sample import Sampler, SamplingState
 from test_sampler_harness import RowRequest, admit
 
 VOCAB = 151936

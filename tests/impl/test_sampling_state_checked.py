@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from impl.device import Device
-from impl.interface import SamplingParams, TokenOutOfVocabError
-from impl.sample.state import SamplingState
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import SamplingParams, TokenOutOfVocabError
+from runnercheck.impl.sample.state import SamplingState
 
 
 def _staged(state: SamplingState) -> list:

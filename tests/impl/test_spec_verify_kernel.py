@@ -10,11 +10,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from impl.device import Device
-from impl.interface import SpecLayoutError, SpecProbabilityError, SpecTooManyDraftsError, SpecVocabMismatchError
-from impl.sample import spec_verify as launcher
-from impl.sample.spec_verify import SpecVerifier
-from reference.spec_verify import verify as oracle_verify
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import SpecLayoutError, SpecProbabilityError, SpecTooManyDraftsError, SpecVocabMismatchError
+from runnercheck.impl.sample import spec_verify as launcher
+from runnercheck.impl.sample.spec_verify import SpecVerifier
+from runnercheck.reference.spec_verify import verify as oracle_verify
 
 MAX_K = 3
 
@@ -199,7 +199,7 @@ def test_the_good_batch_passes_the_checks() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="sim kernels run interpreted")
 def test_verify_reads_no_device_data_on_the_host() -> None:
-    sync = pytest.importorskip("checks.sync")
+    sync = pytest.importorskip("runnercheck.checks.sync")
     batch = _good_batch()
     dev = Device("sim", seed=3, lag_policy="lag-1-steps")
     verifier = SpecVerifier(dev, 8, max_num_reqs=4, max_spec_tokens=MAX_K)

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import impl.input_batch as input_batch
-import impl.native as native
-from impl.buffers import StagingPool, StagingWriter
-from impl.device import Device
-from impl.input_batch import InputBatch, StepPlan
+import runnercheck.impl.input_batch as input_batch
+import runnercheck.impl.native as native
+from runnercheck.impl.buffers import StagingPool, StagingWriter
+from runnercheck.impl.device import Device
+from runnercheck.impl.input_batch import InputBatch, StepPlan
 from test_native import _planted
 
 staging = native.load("staging")

@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from impl.buffers import StagingPool, StagingWriter
-from impl.device import Device, DeviceEvent
-from impl.interface import (
+from runnercheck.impl.buffers import StagingPool, StagingWriter
+from runnercheck.impl.device import Device, DeviceEvent
+from runnercheck.impl.interface import (
     CachedRequest, CachedRequests, CapacityError, NewRequest, RunnerLimits, SamplingParams, ScheduledTokensError, SchedulerOutput,
 )
-import impl.state as state_module
-from impl.step_reader import read_step
-from impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_TOKENS, PREFILL_LEN, PROMPT_LEN, RequestStateTable, RowStateError
+import runnercheck.impl.state as state_module
+from runnercheck.impl.step_reader import read_step
+from runnercheck.impl.state import LAST_TOKEN, NUM_COMPUTED, NUM_TOKENS, PREFILL_LEN, PROMPT_LEN, RequestStateTable, RowStateError
 
 P = SamplingParams(temperature=0.0)
 

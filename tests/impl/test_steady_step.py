@@ -1,4 +1,4 @@
-"""The steady decode step: `impl.step_reader.read_steady_step` reads what `read_step` reads, rejects what it rejects.
+"""The steady decode step: `runnercheck.impl.step_reader.read_steady_step` reads what `read_step` reads, rejects what it rejects.
 
 The host side of a graphed steady step is counted too: it makes no torch call outside its fused graph
 replay (each costs ~5-25 us of host time on the H200 box; the replay copies the step in and out itself).
@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from torch.overrides import TorchFunctionMode
 
-from bench.workload import DecodeWorkload
-from impl.device import Device
-from impl.interface import BlockIdError, RunnerLimits, SamplingParams
-from impl.model.weights import preset, random_weights
-from impl.runner import ModelRunner
-from impl.step_reader import read_steady_step, read_step
+from runnercheck.bench.workload import DecodeWorkload
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import BlockIdError, RunnerLimits, SamplingParams
+from runnercheck.impl.model.weights import preset, random_weights
+from runnercheck.impl.runner import ModelRunner
+from runnercheck.impl.step_reader import read_steady_step, read_step
 from test_bad_inputs import fingerprint
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=48, block_size=4)
@@ -169,7 +169,7 @@ def test_fused_steady_steps_match_the_general_path_token_for_token_and_in_device
 
 def test_every_step_with_tokens_passes_through_the_device_step_hook():
     """`_enqueue_device_step` is where checks that follow a step's device work attach
-    (`checks.kv_provenance`): the fused steady path must go through it too."""
+    (`runnercheck.checks.kv_provenance`): the fused steady path must go through it too."""
     runner, work = _setup()
     seen = []
     enqueue_device_step = runner._enqueue_device_step
@@ -190,8 +190,8 @@ def test_every_step_with_tokens_passes_through_the_device_step_hook():
 
 def test_limits_past_int32_are_refused_before_anything_is_allocated():
     """Counts and block ids live in int32 device tensors, and the steady reader compares the scheduler's
-    counts with the mirror's as int32 (`impl.exact_ints`): a limit past that range is a config error."""
-    from impl.runner import RunnerConfigError
+    counts with the mirror's as int32 (`runnercheck.impl.exact_ints`): a limit past that range is a config error."""
+    from runnercheck.impl.runner import RunnerConfigError
 
     too_many_blocks = dataclasses.replace(LIMITS, num_kv_blocks=2**31)
     with pytest.raises(RunnerConfigError, match="int32"):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from impl.buffers import StagingPool, StagingWriter
-from impl.device import Device
-from impl.interface import RunnerLimits, SamplingParams
-from impl.model.weights import preset, random_weights
-from impl.runner import ModelRunner
-from impl.staged_writes import StagedWriteGroup, StagedWriteTensor, launch_apply_from_header
-from stress.scheduler import SchedulerSim
+from runnercheck.impl.buffers import StagingPool, StagingWriter
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import RunnerLimits, SamplingParams
+from runnercheck.impl.model.weights import preset, random_weights
+from runnercheck.impl.runner import ModelRunner
+from runnercheck.impl.staged_writes import StagedWriteGroup, StagedWriteTensor, launch_apply_from_header
+from runnercheck.stress.scheduler import SchedulerSim
 
 
 def _group_with_diffs(dev: Device) -> tuple[StagedWriteGroup, StagedWriteTensor, StagedWriteTensor]:
@@ -103,7 +103,7 @@ LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=64, max_num_
 
 def test_a_steady_graphed_decode_step_is_one_fused_replay():
     """Every bucketed decode step -- the first after the prefill (the general step) and the steady steps after
-    it -- is one enqueue, its bucket's fused replay (`impl.lanes`), block appends included."""
+    it -- is one enqueue, its bucket's fused replay (`runnercheck.impl.lanes`), block appends included."""
     runner = ModelRunner(random_weights(preset("micro"), seed=2), LIMITS, Device("cpu"), base_seed=1)
     sched = SchedulerSim(LIMITS, seed=0)
     for i in range(4):

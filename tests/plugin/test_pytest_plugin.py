@@ -1,4 +1,4 @@
-"""The pytest plugin (`stress.pytest_plugin`) as another project uses it.
+"""The pytest plugin (`runnercheck.stress.pytest_plugin`) as another project uses it.
 
 Every test runs pytest in a subprocess on a fresh rootdir (`pytester`): no conftest of this
 repository, plugin autoload off, the plugin loaded with ``-p`` exactly as its ``pytest11`` entry
@@ -18,7 +18,7 @@ import pytest
 pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parents[2]
-PLUGIN = "stress.pytest_plugin"
+PLUGIN = "runnercheck.stress.pytest_plugin"
 
 EXAMPLE = REPO / "docs" / "examples" / "test_runnercheck_plugin.py"
 USER_TESTS = EXAMPLE.read_text()
@@ -52,7 +52,7 @@ def test_user_file_checks_builtin_runner_and_own_sampler_with_junit(user_project
     result.assert_outcomes(passed=2)
     assert set(cases) == {"test_builtin_runner_matches_the_oracle", "test_my_sampler_by_chi_square"}
     diff = _props(cases["test_builtin_runner_matches_the_oracle"])
-    assert diff["runnercheck.differential.runner"] == "impl.runner:make_runner"
+    assert diff["runnercheck.differential.runner"] == "runnercheck.impl.runner:make_runner"
     assert diff["runnercheck.differential.device"] == "sim" and int(diff["runnercheck.differential.tokens_compared"]) > 0
     chi = _props(cases["test_my_sampler_by_chi_square"])
     for name in ("temperature-0.5-v97", "greedy-v97", "top-k-10-v97"):
@@ -75,7 +75,7 @@ def test_planted_bug_in_the_users_sampler_fails_its_check(user_project: pytest.P
 
 
 BUGGY_RUNNER = '''
-import stress.runners as runners
+import runnercheck.stress.runners as runners
 
 
 def off_by_one_runner(weights, limits, device, base_seed):
@@ -101,7 +101,7 @@ def test_runner_option_and_a_planted_runner_bug_fails_with_divergence_and_repro(
             runnercheck_differential(steps=12)
 
         def test_simple_runner_is_fine(runnercheck_differential):
-            runnercheck_differential("stress.runners:simple_runner", steps=12)
+            runnercheck_differential("runnercheck.stress.runners:simple_runner", steps=12)
     """)
     user_project.syspathinsert()
     result, cases = _run(user_project, "--runnercheck-runner", "my_runner:off_by_one_runner",
@@ -133,9 +133,9 @@ def test_detector_fixtures_catch_planted_bugs(user_project: pytest.Pytester) -> 
     user_project.makepyfile(test_detectors="""
         import pytest
         import torch
-        from checks.sync import HostSyncError
-        from impl.buffers import StagingLifetimeError, StagingPool
-        from impl.device import Device
+        from runnercheck.checks.sync import HostSyncError
+        from runnercheck.impl.buffers import StagingLifetimeError, StagingPool
+        from runnercheck.impl.device import Device
 
         def test_host_read_in_scope_is_caught(runnercheck_no_host_sync):
             dev = Device("sim", seed=0)

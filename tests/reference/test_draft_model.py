@@ -1,15 +1,15 @@
-"""The oracle's draft-model proposer (`reference.draft_model`): docs/SAMPLING.md "Draft-model proposer"."""
+"""The oracle's draft-model proposer (`runnercheck.reference.draft_model`): docs/SAMPLING.md "Draft-model proposer"."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from impl.interface import DraftModelConfig, SamplingParams
-from impl.model.weights import DraftVocabMismatchError, preset
-from reference.draft_model import ReferenceDraftModel
-from reference.rng import DRAFT_STREAM
-from reference.sampler import distribution, sample
-from reference.spec_verify import resample
+from runnercheck.impl.interface import DraftModelConfig, SamplingParams
+from runnercheck.impl.model.weights import DraftVocabMismatchError, preset
+from runnercheck.reference.draft_model import ReferenceDraftModel
+from runnercheck.reference.rng import DRAFT_STREAM
+from runnercheck.reference.sampler import distribution, sample
+from runnercheck.reference.spec_verify import resample
 
 TOKENS = [3, 17, 3, 17, 5]
 

@@ -1,10 +1,10 @@
-"""The oracle's n-gram proposer (`reference.ngram`) on hand-worked cases of docs/SAMPLING.md's rule."""
+"""The oracle's n-gram proposer (`runnercheck.reference.ngram`) on hand-worked cases of docs/SAMPLING.md's rule."""
 from __future__ import annotations
 
 import pytest
 
-from impl.interface import NgramConfig
-from reference.ngram import propose_ngram
+from runnercheck.impl.interface import NgramConfig
+from runnercheck.reference.ngram import propose_ngram
 
 
 @pytest.mark.parametrize("tokens, config, drafts", [

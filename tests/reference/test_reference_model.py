@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from impl.interface import MaxModelLenError, TokenOutOfVocabError
-from impl.model.weights import ModelWeights, WeightsError, preset, random_weights
-from reference.model import ReferenceModel
+from runnercheck.impl.interface import MaxModelLenError, TokenOutOfVocabError
+from runnercheck.impl.model.weights import ModelWeights, WeightsError, preset, random_weights
+from runnercheck.reference.model import ReferenceModel
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 

@@ -1,7 +1,7 @@
 """ReferenceRunner driven by hand-written SchedulerOutputs.
 
 The expected tokens come from `generate`, a plain decode loop over `ReferenceModel` and
-`reference.sampler.sample` with no scheduling at all: chunking, preemption, drafts and tie
+`runnercheck.reference.sampler.sample` with no scheduling at all: chunking, preemption, drafts and tie
 adoption must not change what a request produces.
 """
 from __future__ import annotations
@@ -10,8 +10,8 @@ import dataclasses
 
 import pytest
 
-from impl import interface as itf
-from impl.interface import (
+from runnercheck.impl import interface as itf
+from runnercheck.impl.interface import (
     AsyncOutput,
     CachedRequest,
     CachedRequests,
@@ -24,10 +24,10 @@ from impl.interface import (
     TokenLogprobs,
     effective_seed,
 )
-from impl.model.weights import preset, random_weights
-from reference.model import ReferenceModel
-from reference.runner import AsyncReferenceRunner, ReadyOutput, ReferenceRunner, ReferenceRunnerError
-from reference.sampler import sample, token_logprobs
+from runnercheck.impl.model.weights import preset, random_weights
+from runnercheck.reference.model import ReferenceModel
+from runnercheck.reference.runner import AsyncReferenceRunner, ReadyOutput, ReferenceRunner, ReferenceRunnerError
+from runnercheck.reference.sampler import sample, token_logprobs
 
 WEIGHTS = random_weights(preset("micro"), seed=0)
 LIMITS = RunnerLimits(

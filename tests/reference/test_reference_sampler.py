@@ -12,9 +12,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from impl.interface import SamplingParams, SamplingParamsError, TokenOutOfVocabError
-from reference.rng import gumbel_noise
-from reference.sampler import (
+from runnercheck.impl.interface import SamplingParams, SamplingParamsError, TokenOutOfVocabError
+from runnercheck.reference.rng import gumbel_noise
+from runnercheck.reference.sampler import (
     BOUNDARY_RTOL,
     TIE_TOLERANCE,
     SamplerInputError,

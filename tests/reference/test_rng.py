@@ -8,16 +8,16 @@ import torch
 import triton
 import triton.language as tl
 
-from impl.kernels.rng import gumbel_from_bits as kernel_gumbel_from_bits
-from impl.kernels.rng import philox_64bits, philox_64bits_hilo
-from reference import rng as ref_rng
+from runnercheck.impl.kernels.rng import gumbel_from_bits as kernel_gumbel_from_bits
+from runnercheck.impl.kernels.rng import philox_64bits, philox_64bits_hilo
+from runnercheck.reference import rng as ref_rng
 
 SEEDS = [0, 1, 12345, 2**31 - 1, 2**32, 2**32 + 7, 2**40 + 3, 2**62 + 99, 2**63 - 1]
 POSITIONS = [0, 1, 17, 4095, 2**20 + 5, 2**31 - 1]
 
 
 def _kernel_tables(device: str, vocab: int):
-    from impl.kernels.rng import philox_table
+    from runnercheck.impl.kernels.rng import philox_table
 
     seeds, positions = [], []
     for s in SEEDS:
@@ -31,7 +31,7 @@ def _kernel_tables(device: str, vocab: int):
 
 # ---------------------------------------------------------------------- what fp32 allows
 #
-# The kernel (`impl.kernels.rng`) computes, in fp32 from the same 64 bits,
+# The kernel (`runnercheck.impl.kernels.rng`) computes, in fp32 from the same 64 bits,
 #   u = fl(fl(hi) 2^-32 + fl(fl(lo) + 0.5) 2^-64),  x = -log1p(-u) (Goldberg's identity),  g = -log(x).
 # Powers of two are exact, so u carries at most three roundings: |u32 - u| <= 3 * 2^-24 * u
 # (relative to u itself, however small: the form resolves u down to 2^-65).  That moves x by

@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from checks import stats
-from impl.interface import (
+from runnercheck.checks import stats
+from runnercheck.impl.interface import (
     SpecLayoutError,
     SpecProbabilityError,
     SpecTooManyDraftsError,
     SpecVerifyError,
     SpecVocabMismatchError,
 )
-from reference import spec_verify
-from reference.rng import DRAFT_STREAM, gumbel_from_bits, philox_64bits
-from reference.spec_verify import accept_uniform, resample, verify
+from runnercheck.reference import spec_verify
+from runnercheck.reference.rng import DRAFT_STREAM, gumbel_from_bits, philox_64bits
+from runnercheck.reference.spec_verify import accept_uniform, resample, verify
 
 
 def _rows(seed: int, rows: int, vocab: int, zeros: int = 0) -> torch.Tensor:

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stress.cli import COMMANDS, main
-from stress.cli_options import resolve_device
+from runnercheck.stress.cli import COMMANDS, main
+from runnercheck.stress.cli_options import resolve_device
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_bad_seed_is_one_line_in_every_command(tmp_path, capsys, command: str, s
 
 
 def test_the_largest_seed_is_accepted_by_the_parser() -> None:
-    from stress.cli_options import seed_type
+    from runnercheck.stress.cli_options import seed_type
 
     assert seed_type(str(2**63 - 1)) == 2**63 - 1
 
@@ -146,7 +146,7 @@ PACKAGES = ("impl", "reference", "checks", "stress", "bench")
 
 
 def _module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = ("runnercheck", *path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -227,22 +227,22 @@ def test_no_import_cycle_among_the_projects_modules() -> None:
 
 def test_the_cycle_finder_finds_a_planted_cycle() -> None:
     graph = import_graph()
-    graph["checks.compare"] = graph["checks.compare"] | {"stress.harness"}  # harness imports compare
-    assert any("checks.compare" in c and "stress.harness" in c for c in cycles(graph))
+    graph["runnercheck.checks.compare"] = graph["runnercheck.checks.compare"] | {"runnercheck.stress.harness"}  # harness imports compare
+    assert any("runnercheck.checks.compare" in c and "runnercheck.stress.harness" in c for c in cycles(graph))
 
 
 def test_layering_checks_never_imports_stress_and_impl_imports_neither() -> None:
     graph = import_graph()
     bad = [(m, d) for m, deps in graph.items() for d in deps
-           if (m.startswith("checks") and d.startswith("stress"))
-           or (m.startswith("impl") and d.split(".")[0] in ("checks", "stress", "reference"))]
+           if (m.startswith("runnercheck.checks") and d.startswith("runnercheck.stress"))
+           or (m.startswith("runnercheck.impl") and d.split(".")[1] in ("checks", "stress", "reference"))]
     assert bad == []
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 7])
 def test_shards_partition_a_campaign_exactly(count):
     """No item twice, none lost, campaign order kept within a shard."""
-    from stress.cli_options import Shard
+    from runnercheck.stress.cli_options import Shard
 
     items = list(range(23))
     shares = [Shard(i, count).select(items) for i in range(count)]
@@ -252,7 +252,7 @@ def test_shards_partition_a_campaign_exactly(count):
 
 @pytest.mark.parametrize("text", ["2/2", "1", "a/b", "-1/3", "0/0", "1/2/3"])
 def test_a_bad_shard_is_one_line_and_exit_2(text, capsys):
-    from stress.cli import main
+    from runnercheck.stress.cli import main
 
     assert main(["mutants", "--device", "sim", "--seeds", "4", f"--shard={text}", "--out", "x"]) == 2
     err = capsys.readouterr().err

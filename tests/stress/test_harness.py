@@ -14,9 +14,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from stress.cli import main
-from stress.repro import Repro
-from stress.runners import simple_runner
+from runnercheck.stress.cli import main
+from runnercheck.stress.repro import Repro
+from runnercheck.stress.runners import simple_runner
 
 PLANTED = "runnercheck_harness_plants"
 
@@ -149,14 +149,14 @@ def test_an_interrupted_verify_leaves_the_previous_report_intact(tmp_path, capsy
     out = tmp_path / "v"
     out.mkdir()
     (out / "summary.json").write_text("the previous report")
-    from stress import verify
+    from runnercheck.stress import verify
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(verify, "run_chisq", interrupted)
     rc = main(["verify", "--device", "sim", "--quick", "--steps", "3", "--runs", "1", "--no-progress",
-               "--runner", "stress.runners:simple_runner", "--out", str(out)])
+               "--runner", "runnercheck.stress.runners:simple_runner", "--out", str(out)])
     assert rc == 130
     assert "previous report there is left intact" in capsys.readouterr().err
     assert [p.name for p in out.iterdir()] == ["summary.json"]
@@ -176,7 +176,7 @@ def test_replay_warns_when_provenance_differs(tmp_path, capsys, plants) -> None:
 
 
 def test_replay_refuses_another_format_version(tmp_path, capsys, plants) -> None:
-    from stress.repro import checksum
+    from runnercheck.stress.repro import checksum
 
     out = tmp_path / "out"
     assert stress(out, f"{plants}:fewer_rows") == 1
@@ -194,8 +194,8 @@ def test_replay_refuses_another_format_version(tmp_path, capsys, plants) -> None
 
 
 def test_coverage_at_zero_fails_the_campaign() -> None:
-    from stress.coverage import FEATURES
-    from stress.report import RunRecord, build_summary, render_markdown
+    from runnercheck.stress.coverage import FEATURES
+    from runnercheck.stress.report import RunRecord, build_summary, render_markdown
 
     full = {f: 1 for f in FEATURES}
     record = RunRecord(name="r", seed=0, lag_policy=None, delay_policy=None, scheduler={}, ticks=1, steps=1,
@@ -210,10 +210,10 @@ def test_coverage_at_zero_fails_the_campaign() -> None:
 
 
 def test_the_coverage_counter_counts_what_a_run_does() -> None:
-    from checks.compare import StepComparison
-    from impl.interface import CachedRequest, CachedRequests, ModelRunnerOutput, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
-    from stress.coverage import CoverageCounter
-    from stress.driver import StepReport
+    from runnercheck.checks.compare import StepComparison
+    from runnercheck.impl.interface import CachedRequest, CachedRequests, ModelRunnerOutput, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
+    from runnercheck.stress.coverage import CoverageCounter
+    from runnercheck.stress.driver import StepReport
 
     limits = RunnerLimits(vocab_size=16, max_num_reqs=2, max_model_len=64, max_num_batched_tokens=8, num_kv_blocks=8,
                           block_size=4)
@@ -238,18 +238,18 @@ def test_the_coverage_counter_counts_what_a_run_does() -> None:
 
 
 def _sim_config(runner: str, ticks: int, **changes):
-    from stress.verify import plan_runs
+    from runnercheck.stress.verify import plan_runs
 
     config = plan_runs("sim", 1, runner, quick=True, ticks=ticks)[1].config
     return dataclasses.replace(config, **changes)
 
 
 def test_faults_planted_in_both_agree_and_are_counted() -> None:
-    from stress.harness import ChurnOps, checked_run
-    from stress.verify import VERIFY_CHURN
+    from runnercheck.stress.harness import ChurnOps, checked_run
+    from runnercheck.stress.verify import VERIFY_CHURN
 
-    config = _sim_config("impl.runner:make_runner", 14, scheduler=dataclasses.replace(
-        _sim_config("impl.runner:make_runner", 1).scheduler, draft_prob=0.0),
+    config = _sim_config("runnercheck.impl.runner:make_runner", 14, scheduler=dataclasses.replace(
+        _sim_config("runnercheck.impl.runner:make_runner", 1).scheduler, draft_prob=0.0),
         logits_fault={"name": "nan-inf-rows", "min_position": 4, "modulus": 3, "nan_residue": 0, "inf_residue": 1})
     findings = checked_run(config, ChurnOps(dataclasses.replace(VERIFY_CHURN, max_prompt_len=4)))
     assert findings.result.ok, findings.first_divergence_line()
@@ -259,12 +259,12 @@ def test_faults_planted_in_both_agree_and_are_counted() -> None:
 def test_the_fault_hook_is_in_place_when_the_graphs_are_captured_again() -> None:
     """A CUDA graph replays what ran at capture: installing the hook must capture the runner's steps
     again with the hooked sampler (on the H200 both delayed verify runs diverged on nan_flag without it)."""
-    from impl.device import Device
-    from impl.model.weights import preset, random_weights
-    from impl.runner import make_runner
-    from reference.runner import ReferenceRunner
-    from stress.faults import LogitsFault
-    from stress.run_config import default_limits
+    from runnercheck.impl.device import Device
+    from runnercheck.impl.model.weights import preset, random_weights
+    from runnercheck.impl.runner import make_runner
+    from runnercheck.reference.runner import ReferenceRunner
+    from runnercheck.stress.faults import LogitsFault
+    from runnercheck.stress.run_config import default_limits
 
     config = preset("micro")
     limits = default_limits(config, max_num_reqs=4)
@@ -289,14 +289,14 @@ def test_only_prompts_within_max_prompt_len_ask_for_prompt_logprobs() -> None:
     """A conversation or system-prompt prefix makes prompts longer than max_prompt_len; those ask for no
     prompt logprobs, so a logits fault past max_prompt_len never feeds them (on the H200 a 30-token
     conversation prompt got an oracle-only +Inf into its prompt logprobs)."""
-    from impl.device import Device
-    from impl.model.weights import preset, random_weights
-    from reference.runner import ReferenceRunner
-    from stress.churn import Churn
-    from stress.driver import DifferentialRun
-    from stress.run_config import default_limits
-    from stress.scheduler import SchedulerSim
-    from stress.verify import VERIFY_CHURN
+    from runnercheck.impl.device import Device
+    from runnercheck.impl.model.weights import preset, random_weights
+    from runnercheck.reference.runner import ReferenceRunner
+    from runnercheck.stress.churn import Churn
+    from runnercheck.stress.driver import DifferentialRun
+    from runnercheck.stress.run_config import default_limits
+    from runnercheck.stress.scheduler import SchedulerSim
+    from runnercheck.stress.verify import VERIFY_CHURN
 
     limits = default_limits(preset("micro"), max_num_reqs=4, num_kv_blocks=32)
     weights = random_weights(preset("micro"), seed=0)
@@ -312,9 +312,9 @@ def test_only_prompts_within_max_prompt_len_ask_for_prompt_logprobs() -> None:
 
 def test_a_fault_the_oracle_does_not_apply_is_caught(monkeypatch) -> None:
     """The hook is effective: planted in the runner alone, the differential sees the NaN rule fire."""
-    from stress import faults
-    from stress.harness import ChurnOps, checked_run
-    from stress.verify import VERIFY_CHURN
+    from runnercheck.stress import faults
+    from runnercheck.stress.harness import ChurnOps, checked_run
+    from runnercheck.stress.verify import VERIFY_CHURN
 
     original = faults.LogitsFault.install
 
@@ -327,7 +327,7 @@ def test_a_fault_the_oracle_does_not_apply_is_caught(monkeypatch) -> None:
         return original(self, runner, shadow)
 
     monkeypatch.setattr(faults.LogitsFault, "install", runner_only)
-    config = _sim_config("impl.runner:make_runner", 14,
+    config = _sim_config("runnercheck.impl.runner:make_runner", 14,
                          logits_fault={"name": "nan-inf-rows", "min_position": 4, "modulus": 3, "nan_residue": 0,
                                        "inf_residue": 1})
     findings = checked_run(config, ChurnOps(dataclasses.replace(VERIFY_CHURN, max_prompt_len=4)))
@@ -336,11 +336,11 @@ def test_a_fault_the_oracle_does_not_apply_is_caught(monkeypatch) -> None:
 
 
 def test_oracle_drafts_get_accepted_all_some_and_none() -> None:
-    from stress.harness import ChurnOps, checked_run
-    from stress.scheduler import SchedulerConfig
-    from stress.verify import VERIFY_CHURN
+    from runnercheck.stress.harness import ChurnOps, checked_run
+    from runnercheck.stress.scheduler import SchedulerConfig
+    from runnercheck.stress.verify import VERIFY_CHURN
 
-    config = _sim_config("stress.runners:simple_runner", 30, scheduler=SchedulerConfig(1, 1.0), draft_source="oracle",
+    config = _sim_config("runnercheck.stress.runners:simple_runner", 30, scheduler=SchedulerConfig(1, 1.0), draft_source="oracle",
                          logits_fault=None)
     findings = checked_run(config, ChurnOps(dataclasses.replace(VERIFY_CHURN, max_new_tokens=10, max_prompt_len=6)))
     assert findings.result.ok, findings.first_divergence_line()
@@ -351,10 +351,10 @@ def test_oracle_drafts_get_accepted_all_some_and_none() -> None:
 def test_staged_write_patterns_of_the_runner_are_observed_through_its_shared_group() -> None:
     """The runner flushes one shared group, not its tensors: the observer must still see every diff
     (it counted nothing on the H200 until it wrapped the group's flush)."""
-    from stress.harness import ChurnOps, checked_run
-    from stress.verify import VERIFY_CHURN
+    from runnercheck.stress.harness import ChurnOps, checked_run
+    from runnercheck.stress.verify import VERIFY_CHURN
 
-    config = _sim_config("impl.runner:make_runner", 12, logits_fault=None)
+    config = _sim_config("runnercheck.impl.runner:make_runner", 12, logits_fault=None)
     findings = checked_run(config, ChurnOps(VERIFY_CHURN))
     assert findings.result.ok, findings.first_divergence_line()
     cov = findings.coverage
@@ -363,7 +363,7 @@ def test_staged_write_patterns_of_the_runner_are_observed_through_its_shared_gro
 
 
 def test_staged_write_patterns_are_classified() -> None:
-    from stress.staged_writes import StagedWriteObserver
+    from runnercheck.stress.staged_writes import StagedWriteObserver
 
     obs = StagedWriteObserver(object())
     assert not obs.active
@@ -376,8 +376,8 @@ def test_staged_write_patterns_are_classified() -> None:
 
 
 def test_mutants_junit_has_one_case_per_mutant_and_control(tmp_path) -> None:
-    from stress.junit_cases import mutants_cases, write_cases
-    from stress.mutants_report import ControlResult, MutantResult, MutantsReport
+    from runnercheck.stress.junit_cases import mutants_cases, write_cases
+    from runnercheck.stress.mutants_report import ControlResult, MutantResult, MutantsReport
 
     def mutant(name, killed_by, designed=("differential",), status=None):
         return MutantResult(name=name, cls="state", description="d", needs_gpu=False, designed=list(designed),

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-import stress.machine as machine
-from impl.device import Device
-from impl.interface import NewRequest, SamplingParams
-from impl.state import RequestStateTable
-from stress.machine import MachineInvariantError, RunnerMachine, check_row_table, sampling_params
-from stress.run_config import default_limits
+import runnercheck.stress.machine as machine
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import NewRequest, SamplingParams
+from runnercheck.impl.state import RequestStateTable
+from runnercheck.stress.machine import MachineInvariantError, RunnerMachine, check_row_table, sampling_params
+from runnercheck.stress.run_config import default_limits
 
 # Collected here so the CI run and the long run are part of this module's tests.
 TestRunnerMachine = machine.TestRunnerMachine
@@ -152,7 +152,7 @@ class StaleStagingWriteMachine(PlantedMachine):
     """After a step is submitted, the host writes into the staging slot that is still in flight."""
 
     def plant(self, runner) -> None:
-        from impl.buffers import SlotState
+        from runnercheck.impl.buffers import SlotState
 
         original = runner.execute_model
 
@@ -170,7 +170,7 @@ class CachedBlockRewriteMachine(PlantedMachine):
     """Admission with a prefix hit starts one block early: the prefill re-writes a shared cached block."""
 
     def plant(self, runner) -> None:
-        from impl.state import NUM_COMPUTED
+        from runnercheck.impl.state import NUM_COMPUTED
 
         state, original = runner.state, runner.state.admit
 

@@ -1,4 +1,4 @@
-"""The mutant catalogue (`stress.mutants`) and `runnercheck mutants` (`stress.mutants_cmd`).
+"""The mutant catalogue (`runnercheck.stress.mutants`) and `runnercheck mutants` (`runnercheck.stress.mutants_cmd`).
 
 The CI test runs the whole quick catalogue on ``sim`` and asserts every CPU-manifesting mutant is
 killed by the check it was built for, with clean controls.  The others prove the harness can fail:
@@ -14,18 +14,18 @@ from types import ModuleType
 import pytest
 import torch
 
-import impl.runner as runner_module
-import impl.sample.sampler as sampler_module
-from checks.chisq_cases import power_cases
-from impl.device import Device
-from impl.model.weights import preset, random_weights
-from stress import cli
-from stress import mutants as catalogue
-from stress.mutants import CATALOGUE, CHECKS, CLASSES, WORKLOADS, MutantTargetError, UnknownMutantError
-from stress.mutants_cmd import MutantsOptions, run_catalogue, run_differential
-from stress.mutants_report import ControlResult, MutantResult, MutantsReport, markdown
-from stress.runners import simple_runner
-from stress.run_config import default_limits
+import runnercheck.impl.runner as runner_module
+import runnercheck.impl.sample.sampler as sampler_module
+from runnercheck.checks.chisq_cases import power_cases
+from runnercheck.impl.device import Device
+from runnercheck.impl.model.weights import preset, random_weights
+from runnercheck.stress import cli
+from runnercheck.stress import mutants as catalogue
+from runnercheck.stress.mutants import CATALOGUE, CHECKS, CLASSES, WORKLOADS, MutantTargetError, UnknownMutantError
+from runnercheck.stress.mutants_cmd import MutantsOptions, run_catalogue, run_differential
+from runnercheck.stress.mutants_report import ControlResult, MutantResult, MutantsReport, markdown
+from runnercheck.stress.runners import simple_runner
+from runnercheck.stress.run_config import default_limits
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def _patchable(runner) -> dict[str, object]:
                   for t in owner._staged})
     parts.update({"graphs.inputs": runner.graphs.inputs, "state.row_state": runner.state.row_state,
                   **{f"graphs.{key.describe()}": g for key, g in runner.graphs.graphs.items()}})
-    parts.update({"impl.runner": runner_module, "impl.sample.sampler": sampler_module})
+    parts.update({"runnercheck.impl.runner": runner_module, "runnercheck.impl.sample.sampler": sampler_module})
     if runner.proposer is not None and hasattr(runner.proposer, "verifier"):  # the draft-model proposer's verifier
         parts["proposer.verifier"] = runner.proposer.verifier
     return parts
@@ -94,10 +94,10 @@ def _snapshot(parts: dict[str, object]) -> dict[str, dict[str, int]]:
 
 @pytest.mark.parametrize("name", list(CATALOGUE))
 def test_apply_patches_the_runner_and_undo_restores_it(name, micro_runner):
-    from stress.scheduler import SchedulerSim
+    from runnercheck.stress.scheduler import SchedulerSim
 
     if CATALOGUE[name].workload == "draft-model":  # the rejection-sampling mutants patch the draft-model proposer
-        from impl.interface import DraftModelConfig
+        from runnercheck.impl.interface import DraftModelConfig
 
         config = preset("micro")
         micro_runner = runner_module.make_runner(random_weights(config, seed=0), default_limits(config), Device("sim", seed=0),
@@ -114,15 +114,15 @@ def test_apply_patches_the_runner_and_undo_restores_it(name, micro_runner):
 
 
 def test_stress_command_installs_mutants_through_apply():
-    from stress.scheduler import SchedulerConfig
-    from stress.harness import build_session
-    from stress.run_config import RunConfig, RunSetupError
+    from runnercheck.stress.scheduler import SchedulerConfig
+    from runnercheck.stress.harness import build_session
+    from runnercheck.stress.run_config import RunConfig, RunSetupError
 
     config = preset("micro")
 
     def stress_config(mutant: str) -> RunConfig:
         return RunConfig(0, 1, "sim", "micro", config, default_limits(config), SchedulerConfig(), None, None,
-                            mutant, "impl.runner:make_runner")
+                            mutant, "runnercheck.impl.runner:make_runner")
 
     session = build_session(stress_config("reuse_staging_early"))
     assert len(session.runner.staging.slots) == 1
@@ -190,9 +190,9 @@ NOISE_WITNESS = (20240601, 33406, 53)
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter evaluates log(0) and 0/0 on discarded lanes
 @pytest.mark.parametrize("name", ["fp16_gumbel_noise", "u24_uniform"])
 def test_noise_mutants_give_a_tiny_uniform_infinite_noise(name):
-    from impl.interface import SamplingParams
-    from reference.rng import philox_64bits
-    from checks.impl_sampler import ImplSampler
+    from runnercheck.impl.interface import SamplingParams
+    from runnercheck.reference.rng import philox_64bits
+    from runnercheck.checks.impl_sampler import ImplSampler
 
     seed, position, token = NOISE_WITNESS
     assert int(philox_64bits(seed, position, torch.tensor([token]))[0]) < 128
@@ -270,6 +270,6 @@ def test_every_mutants_workload_is_known_to_a_child_that_imports_only_the_harnes
             "from stress.mutant_workloads import WORKLOADS\n"
             "missing = [n for n in sys.argv[1:] if n not in WORKLOADS]\n"
             "assert not missing, missing\n"
-            "assert 'stress.mutants' not in sys.modules\n")
+            "assert 'runnercheck.stress.mutants' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

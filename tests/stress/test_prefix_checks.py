@@ -1,21 +1,21 @@
-"""`stress.prefix_checks` (what a checked run reports about the prefix cache and KV provenance) and
-the prefix-caching mutants of `stress.mutants_prefix`."""
+"""`runnercheck.stress.prefix_checks` (what a checked run reports about the prefix cache and KV provenance) and
+the prefix-caching mutants of `runnercheck.stress.mutants_prefix`."""
 from __future__ import annotations
 
 import pytest
 
-from impl.device import Device
-from impl.model.weights import preset, random_weights
-from impl.runner import make_runner
-from stress import mutants as catalogue
-from stress.churn import Churn
-from stress.driver import DifferentialRun
-from stress.mutants_cmd import MutantsOptions, run_catalogue
-from stress.mutants_prefix import PREFIX_MUTANTS, PREFIX_WORKLOAD
-from stress.prefix_checks import arm_prefix_checks
-from stress.runners import simple_runner
-from stress.scheduler import SchedulerSim
-from stress.run_config import default_limits
+from runnercheck.impl.device import Device
+from runnercheck.impl.model.weights import preset, random_weights
+from runnercheck.impl.runner import make_runner
+from runnercheck.stress import mutants as catalogue
+from runnercheck.stress.churn import Churn
+from runnercheck.stress.driver import DifferentialRun
+from runnercheck.stress.mutants_cmd import MutantsOptions, run_catalogue
+from runnercheck.stress.mutants_prefix import PREFIX_MUTANTS, PREFIX_WORKLOAD
+from runnercheck.stress.prefix_checks import arm_prefix_checks
+from runnercheck.stress.runners import simple_runner
+from runnercheck.stress.scheduler import SchedulerSim
+from runnercheck.stress.run_config import default_limits
 
 
 def _limits():
@@ -25,7 +25,7 @@ def _limits():
 
 
 def _run(runner, mutant: str | None = None, ticks: int = 8):
-    from reference.runner import ReferenceRunner
+    from runnercheck.reference.runner import ReferenceRunner
 
     limits = _limits()
     weights = random_weights(preset("micro"), seed=0)

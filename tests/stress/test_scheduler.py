@@ -13,9 +13,9 @@ from collections import deque
 
 import pytest
 
-from impl.interface import ModelRunnerOutput, RunnerLimits, SamplingParams, SchedulerOutput
-from stress.runners import RunnerBoundaryMirror
-from stress.scheduler import RequestStatus, SchedulerSim, SchedulerSimError
+from runnercheck.impl.interface import ModelRunnerOutput, RunnerLimits, SamplingParams, SchedulerOutput
+from runnercheck.stress.runners import RunnerBoundaryMirror
+from runnercheck.stress.scheduler import RequestStatus, SchedulerSim, SchedulerSimError
 
 VOCAB = 8  # small, so that drafts guessed from history get accepted now and then
 
@@ -319,7 +319,7 @@ def test_boundary_mirror_catches_a_planted_scheduling_bug() -> None:
     """The mirror exists to reject invalid steps: plant one (a decode past the known tokens)."""
     from dataclasses import replace
 
-    from impl.interface import ScheduledTokensError
+    from runnercheck.impl.interface import ScheduledTokensError
 
     lim = limits()
     sim = SchedulerSim(lim, seed=0, max_inflight_steps=0)

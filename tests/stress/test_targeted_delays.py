@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from impl.lag_policies import DELAY_TARGETS
-from stress.cli import main
-from stress.harness import ChurnOps, checked_run
-from stress.run_config import RunSetupError, TargetedDelay, delay_policy_from_dict
-from stress.verify import plan_runs
+from runnercheck.impl.lag_policies import DELAY_TARGETS
+from runnercheck.stress.cli import main
+from runnercheck.stress.harness import ChurnOps, checked_run
+from runnercheck.stress.run_config import RunSetupError, TargetedDelay, delay_policy_from_dict
+from runnercheck.stress.verify import plan_runs
 
 
 def _first_line(text: str) -> str:
@@ -19,7 +19,7 @@ def _first_line(text: str) -> str:
 
 
 def test_a_targeted_sim_run_passes_and_reaches_every_target() -> None:
-    planned = plan_runs("sim", 0, "impl.runner:make_runner", quick=True)[2]
+    planned = plan_runs("sim", 0, "runnercheck.impl.runner:make_runner", quick=True)[2]
     config = replace(planned.config, steps=40, lag_policy={"name": "hold-at-target", "seed": 5, "p": 0.5, "max_hold": 2})
     findings = checked_run(config, ChurnOps(planned.churn), name="targeted")
     assert findings.passed, findings.first_divergence_line()

@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from impl.lag_policies import DELAY_TARGETS
-from impl.runner import make_runner
-from stress import verify
-from stress.races import calibrate_cuda_delay
-from stress.report import RunRecord, SummaryError, build_summary, load_summary, render_markdown, validate_summary
-from stress.repro import Repro
+from runnercheck.impl.lag_policies import DELAY_TARGETS
+from runnercheck.impl.runner import make_runner
+from runnercheck.stress import verify
+from runnercheck.stress.races import calibrate_cuda_delay
+from runnercheck.stress.report import RunRecord, SummaryError, build_summary, load_summary, render_markdown, validate_summary
+from runnercheck.stress.repro import Repro
 
 PLANTED_MODULE = "runnercheck_planted_runners"
 
 
 def run_verify(tmp_path: Path, *argv: str) -> tuple[int, Path]:
-    from stress.cli import main
+    from runnercheck.stress.cli import main
 
     out = tmp_path / "verify"
     return main(["verify", "--out", str(out), "--no-progress", *argv]), out
@@ -56,27 +56,27 @@ def test_quick_job_on_sim_passes_and_writes_a_valid_report(tmp_path: Path, capsy
 
 
 def test_the_plan_covers_lag_policies_in_flight_depths_and_drafts() -> None:
-    sim = verify.plan_runs("sim", 5, "impl.runner:make_runner", quick=False)
+    sim = verify.plan_runs("sim", 5, "runnercheck.impl.runner:make_runner", quick=False)
     assert [p.config.seed for p in sim] == list(range(5, 5 + len(sim)))
     assert {p.config.lag_policy["name"] for p in sim} == {"run-immediately", "lag-k-steps", "random-drain", "hold-at-target"}
     assert {p.config.scheduler.max_inflight_steps for p in sim} == {1, 2, 3}
     assert any(p.config.scheduler.draft_prob > 0 for p in sim)
     for kind in ("sim", "cuda"):  # every plan runs the n-gram proposer on repetitive prompts
         for quick in (True, False):
-            plan = verify.plan_runs(kind, 0, "impl.runner:make_runner", quick=quick)
+            plan = verify.plan_runs(kind, 0, "runnercheck.impl.runner:make_runner", quick=quick)
             ngram = [p for p in plan if p.config.scheduler.ngram_spec_tokens > 0 and not p.config.scheduler.draft_model]
             assert ngram and all(p.churn.repetitive_prompt_prob > 0 for p in ngram), (kind, quick)
             # every plan but the quick sim one (CPU CI time) runs the draft-model proposer, without prefix caching
             drafted = [p.config.scheduler for p in plan if p.config.scheduler.draft_model]
             assert bool(drafted) == (kind == "cuda" or not quick), (kind, quick)
             assert all(not s.prefix_caching and s.draft_prob == 0 for s in drafted)
-    assert {p.config.scheduler.draft_model for p in verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=True)} \
+    assert {p.config.scheduler.draft_model for p in verify.plan_runs("cuda", 0, "runnercheck.impl.runner:make_runner", quick=True)} \
         >= {"micro", "micro-draft"}  # the target drafting for itself (accepted) and a smaller model (rejected)
-    cuda = verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=True, cuda_delay=lambda s, targets=None: calibrate_cuda_delay(s, 1000.0, targets=targets))
+    cuda = verify.plan_runs("cuda", 0, "runnercheck.impl.runner:make_runner", quick=True, cuda_delay=lambda s, targets=None: calibrate_cuda_delay(s, 1000.0, targets=targets))
     assert all(p.config.lag_policy is None for p in cuda)
     assert {p.config.delay_policy["name"] for p in cuda} == {"random-delay", "targeted-delay"}
     assert max(p.config.scheduler.max_inflight_steps for p in cuda) >= 3  # the GPU may trail by several steps
-    full = verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=False,
+    full = verify.plan_runs("cuda", 0, "runnercheck.impl.runner:make_runner", quick=False,
                             cuda_delay=lambda s, targets=None: calibrate_cuda_delay(s, 1000.0, targets=targets))
     single = [tuple(p.config.delay_policy["targets"]) for p in full if p.config.delay_policy["name"] == "targeted-delay"]
     assert {t for t in single if len(t) == 1} == {(t,) for t in DELAY_TARGETS}  # the full campaign cycles the targets
@@ -131,7 +131,7 @@ def host_read_runner(weights, limits, device, base_seed):
 
 def stale_staging_runner(weights, limits, device, base_seed):
     """The real runner, plus a host write into staging slots that are still in flight."""
-    from impl.buffers import SlotState
+    from runnercheck.impl.buffers import SlotState
 
     runner = make_runner(weights, limits, device, base_seed)
     original = runner.execute_model
@@ -168,7 +168,7 @@ def test_planted_wrong_token_fails_the_job_with_a_replayable_repro(tmp_path: Pat
     assert repro.config.lag_policy == doc["runs"][0]["lag_policy"]
     assert "DIVERGENCE" in capsys.readouterr().out and "## Findings" in (out / "summary.md").read_text()
 
-    from stress import replay
+    from runnercheck.stress import replay
 
     parser = argparse.ArgumentParser()
     replay.add_arguments(parser)
@@ -210,7 +210,7 @@ def test_cuda_without_a_gpu_exits_2(tmp_path: Path) -> None:
 
 
 def test_statistics_not_importable_is_a_note_not_a_failure(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "checks.chisq", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "runnercheck.checks.chisq", None)  # import raises ImportError
     section = verify.run_chisq(tmp_path)
     assert section["status"] == "not available" and section["passed"] is None
     doc = build_summary([_record()], section, device="sim", seed=0, runner="r:f", model="micro", quick=True, elapsed_s=1.0)
@@ -226,9 +226,9 @@ def test_statistics_not_importable_is_a_note_not_a_failure(tmp_path: Path, monke
     ids=["failed", "passed-with-nan", "no-verdict", "raises"],
 )
 def test_statistics_verdict_decides(tmp_path: Path, monkeypatch, run_quick, status: str, passed: bool) -> None:
-    fake = types.ModuleType("checks.chisq")
+    fake = types.ModuleType("runnercheck.checks.chisq")
     fake.run_quick = run_quick
-    monkeypatch.setitem(sys.modules, "checks.chisq", fake)
+    monkeypatch.setitem(sys.modules, "runnercheck.checks.chisq", fake)
     section = verify.run_chisq(tmp_path)
     assert (section["status"], section["passed"]) == (status, passed)
     doc = build_summary([_record()], section, device="sim", seed=0, runner="r:f", model="micro", quick=True, elapsed_s=1.0)
@@ -246,7 +246,7 @@ def _stub_run_quick(calls: list):
 
 def test_statistics_on_cpu_run_the_runner_cases_too_and_a_planted_bias_there_fails_the_job(tmp_path: Path, monkeypatch) -> None:
     """The runner cases reject a min-p/temperature error even when the baseline's matrix passes."""
-    from checks import chisq, samplers
+    from runnercheck.checks import chisq, samplers
 
     calls: list = []
     monkeypatch.setattr(chisq, "run_quick", _stub_run_quick(calls))
@@ -263,7 +263,7 @@ def test_statistics_on_cpu_run_the_runner_cases_too_and_a_planted_bias_there_fai
 
 
 def test_statistics_on_cuda_run_on_the_runners_sampler(tmp_path: Path, monkeypatch) -> None:
-    from checks import chisq
+    from runnercheck.checks import chisq
 
     calls: list = []
     monkeypatch.setattr(chisq, "run_quick", _stub_run_quick(calls))
@@ -318,8 +318,8 @@ def test_summary_schema_rejects_inconsistent_documents(corrupt, message: str) ->
 
 
 def test_cuda_delay_calibration_makes_the_mean_delay_exceed_the_host_tick() -> None:
-    from stress.races import DEFAULT_DELAY_PROB, DEFAULT_LAG_FACTOR
-    from stress.run_config import RandomDelay
+    from runnercheck.stress.races import DEFAULT_DELAY_PROB, DEFAULT_LAG_FACTOR
+    from runnercheck.stress.run_config import RandomDelay
 
     policy = calibrate_cuda_delay(7, host_tick_us=2000.0)
     delay = RandomDelay.from_dict(policy)  # the repro format `runnercheck replay` reads
@@ -333,12 +333,12 @@ def test_cuda_delay_calibration_makes_the_mean_delay_exceed_the_host_tick() -> N
 
 def test_the_cuda_plan_runs_end_to_end_off_cuda(tmp_path: Path) -> None:
     """Calibration, the race churn, the CUDA limits and the delay hook, on cpu (where delays are no-ops)."""
-    from stress.races import measure_host_tick_us
+    from runnercheck.stress.races import measure_host_tick_us
 
-    warmup = dataclasses.replace(verify.plan_runs("cuda", 3, "impl.runner:make_runner", quick=True)[0].config, device="cpu")
+    warmup = dataclasses.replace(verify.plan_runs("cuda", 3, "runnercheck.impl.runner:make_runner", quick=True)[0].config, device="cpu")
     tick_us = measure_host_tick_us(warmup, ticks=3)
     assert tick_us > 0
-    planned = verify.plan_runs("cuda", 3, "impl.runner:make_runner", quick=True, ticks=4,
+    planned = verify.plan_runs("cuda", 3, "runnercheck.impl.runner:make_runner", quick=True, ticks=4,
                                cuda_delay=lambda seed, targets=None: calibrate_cuda_delay(seed, tick_us, targets=targets))[1]
     planned = dataclasses.replace(planned, config=dataclasses.replace(planned.config, device="cpu"))
     record = verify.execute_run(planned, tmp_path)
@@ -347,12 +347,12 @@ def test_the_cuda_plan_runs_end_to_end_off_cuda(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 def test_delays_make_the_gpu_trail_the_host_and_the_job_passes(tmp_path: Path) -> None:
-    from stress.driver import DifferentialRun
-    from stress.races import measure_host_tick_us
-    from stress.harness import build_session
-    from stress.run_config import RandomDelay
+    from runnercheck.stress.driver import DifferentialRun
+    from runnercheck.stress.races import measure_host_tick_us
+    from runnercheck.stress.harness import build_session
+    from runnercheck.stress.run_config import RandomDelay
 
-    plan = verify.plan_runs("cuda", 0, "impl.runner:make_runner", quick=True, ticks=60)
+    plan = verify.plan_runs("cuda", 0, "runnercheck.impl.runner:make_runner", quick=True, ticks=60)
     tick_us = measure_host_tick_us(plan[0].config)
     config = dataclasses.replace(plan[1].config, delay_policy=calibrate_cuda_delay(1, tick_us))
     session = build_session(config)
@@ -367,8 +367,8 @@ def test_delays_make_the_gpu_trail_the_host_and_the_job_passes(tmp_path: Path) -
         return out
 
     session.runner.execute_model = execute_model
-    from stress.churn import Churn
-    from stress.races import RACE_CHURN
+    from runnercheck.stress.churn import Churn
+    from runnercheck.stress.races import RACE_CHURN
 
     result = DifferentialRun(session.runner, session.oracle, session.scheduler, before_tick=Churn(config.limits, 1, RACE_CHURN),
                              before_enqueue=RandomDelay.from_dict(config.delay_policy).hook(session.device)).run(60)
@@ -385,9 +385,9 @@ def test_every_plan_has_a_run_that_chunks_prefills_into_three(kind, quick):
     """The coverage gate asks for first, middle and final prefill chunks: some run's token budget must
     split the campaign's longer prompts in three (the cuda quick plan and the full sim plan lacked one;
     measured on sim over their traffic: 4 and 18 middle chunks)."""
-    from stress.verify import plan_runs
+    from runnercheck.stress.verify import plan_runs
 
-    runs = plan_runs(kind, 0, "impl.runner:make_runner", quick=quick)
+    runs = plan_runs(kind, 0, "runnercheck.impl.runner:make_runner", quick=quick)
     longest = lambda churn: 2 * churn.max_prompt_len + churn.system_prompt_len  # noqa: E731 -- a conversation's prompt
     assert any(2 * r.config.limits.max_num_batched_tokens < longest(r.churn) for r in runs)
 
