@@ -26,7 +26,7 @@
 #   draft_bench_ab  `bench --only spec_draft` twice with the fast launcher and once without it, side by side
 #   spec_benches  `bench --only spec_draft`, then `bench --only spec_ngram`, each alone (tokens/s and acceptance)
 #   spec_mutant_rates  the four rejection-sampling mutants and accepted_count_read_on_host, 5 seeds each (kill rates)
-#   spec_profile  `python -m runnercheck.bench.spec_profile --device cuda --reqs 8 --draft qwen3-0.6b-draft|ngram|off` side by side
+#   spec_profile  `python -m runnercheck.bench.lab.spec_profile --device cuda --reqs 8 --draft qwen3-0.6b-draft|ngram|off` side by side
 #   gpu_launch    the gpu tests of the cached Triton launcher alone (`tests/impl/test_launch.py`)
 #   capture_probe `python ci/capture_probe.py` (the spec_draft bench's 64-request runner built alone; its graph capture
 #                 passes or fails) with the default logprobs launch shape and with 2048 x 4, side by side
@@ -44,7 +44,7 @@
 #                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves)
 #   bench_host_python  the same host_cost bench with RUNNERCHECK_NATIVE=0: the Python twins of impl/native/*.c (the
 #                 readers, the rows writes, the diff tables), to compare with bench_host's C parts through each pass's own ratio
-#   host_primitives  `python -m runnercheck.bench.host_primitives` alone: host us of the steady step's pieces (numpy ops, the
+#   host_primitives  `python -m runnercheck.bench.lab.host_primitives` alone: host us of the steady step's pieces (numpy ops, the
 #                 type check, H2D/D2H copy_, event record new and re-recorded, enqueue, stream switch, graph replay) on this
 #                 machine, the step's three submissions in situ (after Python work, GPU idle or busy), and one Triton launch
 #                 with the eager kernels' argument shape by piece (Triton's path, the cached launcher, its key, its gate)
@@ -66,8 +66,8 @@
 #                 `git archive COMMIT | tar x -C DIR`; the device's own git metadata may be stale), alternating
 #                 (the base first in odd passes, this tree first in even ones), $AB_PASSES each (default 3), so both
 #                 are timed under one host's conditions; then the pairs'
-#                 ratios compared (`python -m runnercheck.bench.ab_compare`: medians, pairs down, Wilcoxon p; ab.json)
-#   bench_tree_ab alone: this tree against the one at $AB_BASE in lockstep (`python -m runnercheck.bench.tree_ab --device cuda`):
+#                 ratios compared (`python -m runnercheck.bench.lab.ab_compare`: medians, pairs down, Wilcoxon p; ab.json)
+#   bench_tree_ab alone: this tree against the one at $AB_BASE in lockstep (`python -m runnercheck.bench.lab.tree_ab --device cuda`):
 #                 a worker process per tree, the host_cost runner and workload each, asked for blocks of 10 steps in
 #                 turn, $TREE_AB_PAIRS fresh pairs (default 4) at $TREE_AB_REQS requests (default "64 256"), 1% churn:
 #                 both trees timed under the host's speed of the moment; AB_NEW (default this tree): the new side;
@@ -92,12 +92,12 @@
 #                 other memory written before each step, the sizes in turn (`--sweep-kib`): what cold caches cost a step
 #                 (600 steps at 256: the workload's longest requests outgrow max_model_len in 1200; CACHE_REQS="256": one size)
 #   host_siblings alone: a Python loop pinned to CPU 0 and to CPU 8, beside a busy loop on each other CPU in turn
-#                 (`runnercheck.bench.host_siblings`): hidden SMT siblings among the CPUs the VM shows
-#   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m runnercheck.bench.host_profile`;
+#                 (`runnercheck.bench.lab.host_siblings`): hidden SMT siblings among the CPUs the VM shows
+#   host_profile  cProfile of execute_model, 256 decode requests, 1% churn and uniform decode (`python -m runnercheck.bench.lab.host_profile`;
 #                 prints host enqueues per step and how many Triton launches took the cached launcher), then 1% churn
 #                 with RUNNERCHECK_SLOW_LAUNCH=1
 #   tune_logprobs (alone, after bench) the logprobs launch shapes (chunk x warps x sub-block x finish capacity x
-#                 register cap), timed with and without top-n and checked equal (`python -m runnercheck.bench.tune_selection`)
+#                 register cap), timed with and without top-n and checked equal (`python -m runnercheck.bench.lab.tune_selection`)
 #   gpu_events    the gpu-marked tests of events, the steady step, its lanes, the launch thread and slot lifetimes
 #                 alone (test_device, test_steady_step, test_lanes, test_launcher, test_lifetime: ~45 s)
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
@@ -173,39 +173,39 @@ want bench_host_ab && job bench_host_ab "${BENCH_LIMIT_S:-500}" bash -c 'base() 
   for i in $(seq "${AB_PASSES:-3}"); do  # odd passes run the base first, even ones this tree: neither always goes first
     if [ $((i % 2)) = 1 ]; then base "$0/base_$i" && new "$0/new_$i" || exit 1
     else new "$0/new_$i" && base "$0/base_$i" || exit 1; fi
-  done; python3 -m runnercheck.bench.ab_compare "$0" --out "$0/ab.json"' "$out/bench_host_ab"
-want bench_tree_ab && job bench_tree_ab "${BENCH_LIMIT_S:-500}" python3 -m runnercheck.bench.tree_ab "${AB_BASE:?an exported tree of the commit to compare with}" \
+  done; python3 -m runnercheck.bench.lab.ab_compare "$0" --out "$0/ab.json"' "$out/bench_host_ab"
+want bench_tree_ab && job bench_tree_ab "${BENCH_LIMIT_S:-500}" python3 -m runnercheck.bench.lab.tree_ab "${AB_BASE:?an exported tree of the commit to compare with}" \
   --new "${AB_NEW:-.}" --device cuda --reqs ${TREE_AB_REQS:-64 256} --pairs "${TREE_AB_PAIRS:-4}" ${TREE_AB_PIN:+--pin "$TREE_AB_PIN"} \
   --out "$out/bench_tree_ab.json"
-want bench_tree_env && job bench_tree_env "${BENCH_LIMIT_S:-500}" python3 -m runnercheck.bench.tree_ab . --device cuda \
+want bench_tree_env && job bench_tree_env "${BENCH_LIMIT_S:-500}" python3 -m runnercheck.bench.lab.tree_ab . --device cuda \
   --reqs ${TREE_AB_REQS:-64} --pairs "${TREE_AB_PAIRS:-4}" --new-env "${TREE_AB_ENV:?NAME=VALUE for the new side}" \
   --out "$out/bench_tree_env.json"
-want bench_tree_native && job bench_tree_native "${BENCH_LIMIT_S:-500}" python3 -m runnercheck.bench.tree_ab . --device cuda \
+want bench_tree_native && job bench_tree_native "${BENCH_LIMIT_S:-500}" python3 -m runnercheck.bench.lab.tree_ab . --device cuda \
   --reqs ${TREE_AB_REQS:-64 256} --pairs "${TREE_AB_PAIRS:-4}" --new-env RUNNERCHECK_NATIVE=0 --out "$out/bench_tree_native.json"
 want host_launch_thread && job host_launch_thread "${BENCH_LIMIT_S:-420}" bash -c 'off() { RUNNERCHECK_LAUNCH_THREAD=0 python3 -m runnercheck.stress.cli bench --device cuda --only host_cost --out "$1"; }
   on() { RUNNERCHECK_LAUNCH_THREAD=1 python3 -m runnercheck.stress.cli bench --device cuda --only host_cost --out "$1"; }
   for i in $(seq "${AB_PASSES:-3}"); do  # odd passes run the thread off first, even ones on first
     if [ $((i % 2)) = 1 ]; then off "$0/base_$i" && on "$0/new_$i" || exit 1
     else on "$0/new_$i" && off "$0/base_$i" || exit 1; fi
-  done; python3 -m runnercheck.bench.ab_compare "$0" --out "$0/ab.json"' "$out/host_launch_thread"
+  done; python3 -m runnercheck.bench.lab.ab_compare "$0" --out "$0/ab.json"' "$out/host_launch_thread"
 want host_affinity && job host_affinity "${BENCH_LIMIT_S:-420}" bash -c 'free() { python3 -m runnercheck.stress.cli bench --device cuda --only host_cost --out "$1"; }
   held() { taskset -c "${AFFINITY_CPUS:-4,5}" python3 -m runnercheck.stress.cli bench --device cuda --only host_cost --out "$1"; }
   for i in $(seq "${AB_PASSES:-4}"); do  # odd passes run free first, even ones held first
     if [ $((i % 2)) = 1 ]; then free "$0/base_$i" && held "$0/new_$i" || exit 1
     else held "$0/new_$i" && free "$0/base_$i" || exit 1; fi
-  done; python3 -m runnercheck.bench.ab_compare "$0" --out "$0/ab.json"' "$out/host_affinity"
+  done; python3 -m runnercheck.bench.lab.ab_compare "$0" --out "$0/ab.json"' "$out/host_affinity"
 want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host" &&
   RUNNERCHECK_SLOW_LAUNCH=1 job bench_host_slow_launch "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost \
   --out "$out/bench_host_slow_launch"
-want host_primitives && job host_primitives 120 python3 -m runnercheck.bench.host_primitives --out "$out/host_primitives.json"
-want graph_census && job graph_census 200 python3 -m runnercheck.bench.graph_census --out "$out/graph_census.json"
-want host_trace && job host_trace 300 bash -c "python3 -m runnercheck.bench.host_profile --device cuda --reqs 256 --steps 200 --churn 0 --phases &&
-  python3 -m runnercheck.bench.host_profile --device cuda --reqs 64 --steps 200 --churn 0 --phases &&
-  python3 -m runnercheck.bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 --trace --top 30"
-want host_trace_eager && job host_trace_eager 300 bash -c "python3 -m runnercheck.bench.host_profile --device cuda --reqs 256 --steps 200 --churn 0.01 --phases &&
-  python3 -m runnercheck.bench.host_profile --device cuda --reqs 64 --steps 200 --churn 0.01 --phases &&
-  python3 -m runnercheck.bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0.01 --trace --top 45"
-hp="python3 -m runnercheck.bench.host_profile --device cuda --steps 300"
+want host_primitives && job host_primitives 120 python3 -m runnercheck.bench.lab.host_primitives --out "$out/host_primitives.json"
+want graph_census && job graph_census 200 python3 -m runnercheck.bench.lab.graph_census --out "$out/graph_census.json"
+want host_trace && job host_trace 300 bash -c "python3 -m runnercheck.bench.lab.host_profile --device cuda --reqs 256 --steps 200 --churn 0 --phases &&
+  python3 -m runnercheck.bench.lab.host_profile --device cuda --reqs 64 --steps 200 --churn 0 --phases &&
+  python3 -m runnercheck.bench.lab.host_profile --device cuda --reqs 256 --steps 100 --churn 0 --trace --top 30"
+want host_trace_eager && job host_trace_eager 300 bash -c "python3 -m runnercheck.bench.lab.host_profile --device cuda --reqs 256 --steps 200 --churn 0.01 --phases &&
+  python3 -m runnercheck.bench.lab.host_profile --device cuda --reqs 64 --steps 200 --churn 0.01 --phases &&
+  python3 -m runnercheck.bench.lab.host_profile --device cuda --reqs 256 --steps 100 --churn 0.01 --trace --top 45"
+hp="python3 -m runnercheck.bench.lab.host_profile --device cuda --steps 300"
 want host_lines && job host_lines 300 bash -c "$hp --reqs 64 --churn 0 --lines runnercheck.impl.runner:ModelRunner._execute_steady &&
   $hp --reqs 64 --churn 0.01 --lines runnercheck.impl.runner:ModelRunner._execute && $hp --reqs 64 --churn 0.01 --lines runnercheck.impl.runner:ModelRunner._update_rows &&
   $hp --reqs 256 --churn 0.01 --lines runnercheck.impl.runner:ModelRunner._execute && $hp --reqs 256 --churn 0.01 --lines runnercheck.impl.runner:ModelRunner._check"
@@ -226,12 +226,12 @@ want host_spin && job host_spin 300 bash -c "for pass in 1 2; do for spin in 0 3
   RUNNERCHECK_LAUNCH_THREAD=0 $hp --reqs 64 --churn 0.01 --cpu-time"
 want host_cache && job host_cache 300 bash -c "for reqs in ${CACHE_REQS:-64 256}; do $hp --reqs \$reqs --churn 0.01 --cpu-time \
   --steps \$((reqs > 64 ? 600 : 1200)) --sweep-kib 0 512 2048 8192 32768 131072 || exit 1; done"
-want host_siblings && job host_siblings 200 bash -c "python3 -m runnercheck.bench.host_siblings --cpu 0 --out $out/host_siblings_cpu0.json &&
-  python3 -m runnercheck.bench.host_siblings --cpu 8 --out $out/host_siblings_cpu8.json"
-want tune_logprobs && job tune_logprobs 300 python3 -m runnercheck.bench.tune_selection --device cuda --out "$out/tune_logprobs"
-want host_profile && job host_profile "$limit" bash -c "python3 -m runnercheck.bench.host_profile --device cuda --reqs 256 --steps 100 &&
-  python3 -m runnercheck.bench.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&
-  RUNNERCHECK_SLOW_LAUNCH=1 python3 -m runnercheck.bench.host_profile --device cuda --reqs 256 --steps 100" &
+want host_siblings && job host_siblings 200 bash -c "python3 -m runnercheck.bench.lab.host_siblings --cpu 0 --out $out/host_siblings_cpu0.json &&
+  python3 -m runnercheck.bench.lab.host_siblings --cpu 8 --out $out/host_siblings_cpu8.json"
+want tune_logprobs && job tune_logprobs 300 python3 -m runnercheck.bench.lab.tune_selection --device cuda --out "$out/tune_logprobs"
+want host_profile && job host_profile "$limit" bash -c "python3 -m runnercheck.bench.lab.host_profile --device cuda --reqs 256 --steps 100 &&
+  python3 -m runnercheck.bench.lab.host_profile --device cuda --reqs 256 --steps 100 --churn 0 &&
+  RUNNERCHECK_SLOW_LAUNCH=1 python3 -m runnercheck.bench.lab.host_profile --device cuda --reqs 256 --steps 100" &
 want gpu_events && job gpu_events "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" \
   tests/impl/test_device.py tests/impl/test_steady_step.py tests/impl/test_lanes.py tests/impl/test_launcher.py \
   tests/checks/test_lifetime.py
@@ -313,7 +313,7 @@ want spec_mutant_rates && job spec_mutant_rates "$limit" $rc mutants --device cu
   spec_accept_ratio_normalised spec_residual_abs spec_accept_uses_draft_noise spec_bonus_dropped accepted_count_read_on_host \
   --out "$out/spec_mutant_rates" &
 want spec_profile && (  # where a speculative decode step's time goes (host enqueue vs wait, cProfile), 8 requests
-  for d in qwen3-0.6b-draft ngram off; do job spec_profile_$d 240 python3 -m runnercheck.bench.spec_profile --device cuda --reqs 8 \
+  for d in qwen3-0.6b-draft ngram off; do job spec_profile_$d 240 python3 -m runnercheck.bench.lab.spec_profile --device cuda --reqs 8 \
     --draft $d & done
   wait
 ) &

@@ -37,7 +37,7 @@ def _staged_tensors(runner: Any) -> list[Any]:
             for value in list(getattr(obj, "__dict__", {}).values()):
                 if type(value).__name__ == "StagedWriteTensor" and hasattr(value, "_pending"):
                     found[id(value)] = value
-                elif hasattr(value, "__dict__") and type(value).__module__.startswith("impl"):
+                elif hasattr(value, "__dict__") and type(value).__module__.startswith("runnercheck.impl"):
                     nxt.append(value)
         frontier = nxt
     return list(found.values())

@@ -126,7 +126,7 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
     """Wide blocks on a GPU; small ones under the Triton interpreter (cost there is per op)."""
     if device.is_cuda:
         # logprobs in 4096-token chunks of 8 warps (16 tokens a thread, as 2048 x 4): H200 run 11's tune
-        # (`runnercheck.bench.tune_selection`, one run) gave 84.5 us at 256 rows against 92.8 us for 2048 x 4 and
+        # (`runnercheck.bench.lab.tune_selection`, one run) gave 84.5 us at 256 rows against 92.8 us for 2048 x 4 and
         # 16.4 / 20.6 us at 1 / 8 rows against 21.4 / 25.9.  128-token sub-blocks keep the finish's
         # re-read at ~1/60 of the row.  The register cap: the row finish (which the last program of a
         # row runs) would otherwise take 128 registers for every program (too few loads in flight);

@@ -1,10 +1,10 @@
 """The host_cost runner's CUDA graph replays: what each costs the host inside a step, and alone.
 
-    python -m runnercheck.bench.graph_census [--reqs 64 256] [--churn 0.01 0] [--steps 200] [--out FILE.json]
+    python -m runnercheck.bench.lab.graph_census [--reqs 64 256] [--churn 0.01 0] [--steps 200] [--out FILE.json]
 
 Under `host_profile --lines` on the H200 the churn step's mixed-graph replay cost the host 2-3x the steady
 step's fused replay (runs 66 and 76: 28-35 us against 11-14, clock reads included), while a graph of 50
-small kernels replays in ~5 us (`runnercheck.bench.host_primitives`).  This drives the `host_cost` workload (1% churn: admitting, general and steady
+small kernels replays in ~5 us (`runnercheck.bench.lab.host_primitives`).  This drives the `host_cost` workload (1% churn: admitting, general and steady
 steps; churn 0: steady steps), notes which graphs the runner replayed and how often, then for each of them alone:
 
 * host us of ``CudaGraphManager.run`` as the runner called it in those steps, and of the replay call inside it

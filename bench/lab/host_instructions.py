@@ -1,6 +1,6 @@
 """Instructions per ``execute_model`` call, counted by valgrind's callgrind: a host-cost measure that does not move.
 
-    python -m runnercheck.bench.host_instructions [--reqs 64] [--churn 0.01] [--steps 50]
+    python -m runnercheck.bench.lab.host_instructions [--reqs 64] [--churn 0.01] [--steps 50]
 
 The dev box's timings drift by up to 2x within a minute (a shared VM), so two trees timed one after
 the other cannot be told apart by a 5-10% change; the instruction count of the same steps can (it is
@@ -56,7 +56,7 @@ def count(num_reqs: int, churn: float, steps: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "callgrind.out")
         cmd = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
-               "--toggle-collect=starmap_next", f"--callgrind-out-file={out}", sys.executable, "-m", "runnercheck.bench.host_instructions",
+               "--toggle-collect=starmap_next", f"--callgrind-out-file={out}", sys.executable, "-m", "runnercheck.bench.lab.host_instructions",
                "--reqs", str(num_reqs), "--churn", str(churn), "--steps", str(steps)]
         env = dict(os.environ, **{_CHILD: "1", "CUDA_VISIBLE_DEVICES": ""})
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from runnercheck.bench import host_siblings
+from runnercheck.bench.lab import host_siblings
 
 
 def test_a_cpu_that_slows_the_loop_well_past_the_rest_is_named():

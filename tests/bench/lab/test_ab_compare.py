@@ -1,4 +1,4 @@
-"""`runnercheck.bench.ab_compare`: pass pairs of two trees' host_cost ratios, their medians and a paired test that can tell
+"""`runnercheck.bench.lab.ab_compare`: pass pairs of two trees' host_cost ratios, their medians and a paired test that can tell
 a change that held in every pair from one that did not."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runnercheck.bench.ab_compare import RATIO_PREFIX, compare, main, pairs
+from runnercheck.bench.lab.ab_compare import RATIO_PREFIX, compare, main, pairs
 
 ROW = "64 decode reqs, 1% churn"
 

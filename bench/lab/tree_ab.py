@@ -1,6 +1,6 @@
 """Two trees' runner host steps on this machine, interleaved: what a host-side change moved (cpu or a GPU).
 
-    python -m runnercheck.bench.tree_ab BASE_DIR [--new DIR] [--device cpu|cuda] [--pin CPUS] [--new-env NAME=VALUE]
+    python -m runnercheck.bench.lab.tree_ab BASE_DIR [--new DIR] [--device cpu|cuda] [--pin CPUS] [--new-env NAME=VALUE]
                             [--reqs 64 256] [--pairs 5] [--blocks 30] [--block-steps 10] [--out FILE]
 
 A pair is one worker process per tree -- this checkout (or ``--new``) and BASE_DIR, an earlier commit (`git archive
@@ -57,9 +57,16 @@ import json, os, sys, time
 device_kind = os.environ.get("RUNNERCHECK_TREE_AB_DEVICE", "cpu")
 if device_kind == "cpu":
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-from runnercheck.bench import case_runner
-from runnercheck.bench.common import BenchContext
-from runnercheck.impl.device import Device
+if os.path.isfile(os.path.join("runnercheck", "__init__.py")):
+    from runnercheck.bench import case_runner
+    from runnercheck.bench.common import BenchContext
+    from runnercheck.impl.device import Device
+else:  # a tree from before the runnercheck.* namespace
+    from bench import case_runner
+    from bench.common import BenchContext
+    from impl.device import Device
+if not os.path.realpath(case_runner.__file__).startswith(os.path.realpath(os.getcwd()) + os.sep):
+    sys.exit(f"tree_ab: {case_runner.__file__} is not this tree's (an installed runnercheck shadows it)")
 
 delay = float(os.environ.get("RUNNERCHECK_TREE_AB_DELAY_US", "0")) / 1e6
 steps = None
@@ -232,7 +239,7 @@ def compare_trees(base_tree: Path, new_tree: Path, num_reqs: int, churn: float =
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("base", type=Path, help="the earlier tree (an exported commit)")
-    parser.add_argument("--new", type=Path, default=Path(__file__).resolve().parent.parent,
+    parser.add_argument("--new", type=Path, default=Path(__file__).resolve().parents[2],
                         help="the tree to compare (default: this checkout)")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="cpu: device work dropped (the dev box); cuda: the GPU benchmark's steps")

@@ -1,6 +1,6 @@
 """Sweep the launch shape of the top-n logprobs kernels (`runnercheck.impl.sample.logprobs.SelectionConfig`).
 
-    python -m runnercheck.bench.tune_selection --device cuda --out DIR     (job ``tune_logprobs`` of ci/h200.sh)
+    python -m runnercheck.bench.lab.tune_selection --device cuda --out DIR     (job ``tune_logprobs`` of ci/h200.sh)
 
 For every shape in `SHAPES` (``logprobs_chunk``, ``logprobs_warps``, ``logprobs_sub``, ``logprobs_candidates``,
 ``logprobs_maxnreg`` over the GPU default): device time of top-20 logprobs on the benchmark's

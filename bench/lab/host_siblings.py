@@ -1,6 +1,6 @@
 """Which of this machine's CPUs slow a Python loop on another when they compute: hidden SMT siblings.
 
-    python -m runnercheck.bench.host_siblings [--cpu 0] [--out FILE.json]
+    python -m runnercheck.bench.lab.host_siblings [--cpu 0] [--out FILE.json]
 
 A lent VM can present two hyperthreads of one physical core as two cores with one thread each (`lscpu` then
 says nothing).  The runner's launch thread polls on one CPU while the step's Python runs on another; if the two

@@ -1,6 +1,6 @@
 """Host microseconds of the primitives one steady decode step is built from, on this machine.
 
-    python -m runnercheck.bench.host_primitives [--out FILE.json]
+    python -m runnercheck.bench.lab.host_primitives [--out FILE.json]
 
 The runner's steady step (`runnercheck.impl.step_reader.read_steady_step`, one graph replay) is a few dozen
 of these: small numpy operations over a 256-request batch, C-level passes over the scheduler's
@@ -112,7 +112,7 @@ def _launch_pieces(device: Device) -> dict[str, float]:
     """One Triton launch with the argument shape of the runner's eager kernels (16 tensors, 4 ints, a
     constexpr), whole and by piece: Triton's own ``kernel[grid]``, `runnercheck.impl.kernels.launch.launch` (a seen
     key), its gate, its key, and the compiled launcher alone."""
-    from runnercheck.bench.launch_probe import probe_kernel
+    from runnercheck.bench.lab.launch_probe import probe_kernel
     from runnercheck.impl.kernels import launch as fast
 
     tensors = [device.zeros(64, torch.int32) for _ in range(16)]

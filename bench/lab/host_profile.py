@@ -1,6 +1,6 @@
 """Where the host time of a decode step goes: cProfile of ``execute_model`` (forward stubbed).
 
-    python -m runnercheck.bench.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0]
+    python -m runnercheck.bench.lab.host_profile [--device cuda] [--reqs 64] [--steps 100] [--top 40] [--churn 0]
                                  [--phases | --trace | --cpu-time [--sweep-kib KIB ...] | --lines MODULE:QUALNAME [--lines ...]
                                   [--depth N]]
 

@@ -1,4 +1,4 @@
-"""`runnercheck.bench.tree_ab`: two trees' host steps interleaved on the dev box, over fresh worker pairs.  A tree whose every
+"""`runnercheck.bench.lab.tree_ab`: two trees' host steps interleaved on the dev box, over fresh worker pairs.  A tree whose every
 step is planted 400 us slower is seen slower in every pair; bad trees and counts are refused with typed errors."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from runnercheck.bench.tree_ab import MAX_STEPS, TreeAbError, compare_trees, main
+from runnercheck.bench.lab.tree_ab import MAX_STEPS, TreeAbError, compare_trees, main
 
-HERE = Path(__file__).resolve().parents[2]  # this checkout: both sides of the comparison
+HERE = Path(__file__).resolve().parents[3]  # this checkout: both sides of the comparison
 
 
 def test_a_planted_slowdown_is_seen_in_every_pair() -> None:
@@ -53,7 +53,7 @@ def test_the_cli_writes_its_figures(tmp_path: Path, capsys) -> None:
 
 
 def test_a_cuda_worker_is_not_pinned_to_one_core() -> None:
-    from runnercheck.bench.tree_ab import _placement
+    from runnercheck.bench.lab.tree_ab import _placement
     cpu, cuda = _placement("cpu"), _placement("cuda")
     if not cpu:
         pytest.skip("no setarch/taskset here")
@@ -80,7 +80,7 @@ def test_the_cli_plants_new_env_in_the_new_workers_only(tmp_path: Path) -> None:
 
 
 def test_pinned_workers_run_where_asked_and_bad_lists_are_refused() -> None:
-    from runnercheck.bench.tree_ab import _placement
+    from runnercheck.bench.lab.tree_ab import _placement
     if not _placement("cpu"):
         pytest.skip("no setarch/taskset here")
     assert _placement("cuda", "0")[-2:] == ["-c", "0"]

@@ -1,4 +1,4 @@
-"""A Triton kernel with the argument shape of the runner's eager kernels, for `runnercheck.bench.host_primitives`."""
+"""A Triton kernel with the argument shape of the runner's eager kernels, for `runnercheck.bench.lab.host_primitives`."""
 from __future__ import annotations
 
 import triton

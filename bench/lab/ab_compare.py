@@ -1,6 +1,6 @@
 """Two trees' host_cost passes, paired: whether the new tree's ratios differ from the base's beyond a host's drift.
 
-    python -m runnercheck.bench.ab_compare DIR [DIR ...] [--out ab.json]
+    python -m runnercheck.bench.lab.ab_compare DIR [DIR ...] [--out ab.json]
 
 Each DIR holds ``base_<i>/bench.json`` and ``new_<i>/bench.json`` (the `ci/h200.sh` job ``bench_host_ab``:
 the two trees' passes alternating on one host).  Passes ``base_i`` and ``new_i`` ran next to each other, so

@@ -1,6 +1,6 @@
 """Where a speculative decode step's time goes: host enqueue vs waiting, and cProfile of both.
 
-    python -m runnercheck.bench.spec_profile [--device cuda] [--reqs 8] [--draft qwen3-0.6b-draft|self|ngram|off] [--steps 16]
+    python -m runnercheck.bench.lab.spec_profile [--device cuda] [--reqs 8] [--draft qwen3-0.6b-draft|self|ngram|off] [--steps 16]
 
 The `spec_draft` bench's set-up (`runnercheck.bench.case_spec`: Qwen3-0.6B shape on a GPU, micro on CPU, 256-token
 prompts, k = 3 device drafts per decode, temperature 1), prefills untimed, then ``--steps`` decode
