@@ -181,11 +181,14 @@ class RunOptions:
 
 
 def resolve_device(kind: str) -> torch.device:
-    """chisq has no host/device races to simulate: ``sim`` and ``cpu`` both sample on CPU tensors."""
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise SamplerUnavailableError("--device cuda asked for, but no CUDA device is present")
+    """The shared device rule (`runnercheck.impl.device.resolve_device_kind`: auto is cuda when present, else sim);
+    chisq has no host/device races to simulate, so ``sim`` and ``cpu`` both sample on CPU tensors."""
+    from runnercheck.impl.device import DeviceError, resolve_device_kind
+
+    try:
+        kind = resolve_device_kind(kind)
+    except DeviceError as e:
+        raise SamplerUnavailableError(f"--device {kind}: {e}") from None
     return torch.device("cuda" if kind == "cuda" else "cpu")
 
 

@@ -134,9 +134,10 @@ class KernelVerifier:
     name = "spec-kernel"
 
     def __init__(self, device_kind: str = "auto", max_num_reqs: int = 4096):
-        from runnercheck.impl.device import Device
+        from runnercheck.impl.device import Device, resolve_device_kind
 
-        self.device = Device(device_kind if device_kind != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+        kind = resolve_device_kind(device_kind)
+        self.device = Device("cpu" if kind == "sim" else kind)  # no races to simulate here: sim samples on CPU tensors
         self.max_num_reqs = max_num_reqs
         self._verifiers: dict[tuple[int, int], object] = {}
 

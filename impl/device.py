@@ -315,16 +315,24 @@ class _QueuedWork:
 # --------------------------------------------------------------------------- device
 
 
+def resolve_device_kind(kind: str) -> str:
+    """The one rule for a device kind, everywhere it is asked for (CLI, pytest plugin, `Device`):
+    ``auto`` is ``cuda`` when torch sees a GPU, else ``sim``; ``cuda`` must be present when named.
+    `DeviceError` for an unknown kind or a missing GPU."""
+    if kind == "auto":
+        return "cuda" if torch.cuda.is_available() else "sim"
+    if kind not in DEVICE_KINDS:
+        raise DeviceError(f"unknown device kind {kind!r}; expected one of {DEVICE_KINDS} or 'auto'")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("device kind 'cuda' asked for, but torch sees no CUDA device")
+    return kind
+
+
 class Device:
     """One device and its single always-enqueueing stream (or sim queue).  See the module docstring."""
 
     def __init__(self, kind: str = "auto", *, seed: int = 0, lag_policy: str | LagPolicy | dict = "random-drain", cuda_index: int = 0):
-        if kind == "auto":
-            kind = "cuda" if torch.cuda.is_available() else "sim"
-        if kind not in DEVICE_KINDS:
-            raise DeviceError(f"unknown device kind {kind!r}; expected one of {DEVICE_KINDS} or 'auto'")
-        if kind == "cuda" and not torch.cuda.is_available():
-            raise DeviceError("device kind 'cuda' asked for, but torch sees no CUDA device")
+        kind = resolve_device_kind(kind)
         self.kind = kind
         self.seed = seed
         self.step_index = 0

@@ -51,14 +51,16 @@ def resolve_csan(csan: bool, device: str) -> bool:
 
 
 def resolve_device(device: str) -> str:
-    """The one rule: auto -> cuda when a GPU is present, else sim; cuda must be present when asked for."""
-    import torch
+    """`runnercheck.impl.device.resolve_device_kind`'s rule (auto -> cuda when a GPU is present, else sim) for
+    ``--device``; a missing GPU is `DeviceUnavailableError`."""
+    from runnercheck.impl.device import DeviceError, resolve_device_kind
 
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "sim"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise DeviceUnavailableError("--device cuda asked for, but torch sees no CUDA device")
-    return device
+    try:
+        return resolve_device_kind(device)
+    except DeviceError:
+        if device == "cuda":
+            raise DeviceUnavailableError("--device cuda asked for, but torch sees no CUDA device") from None
+        raise
 
 
 def seed_message(text: object) -> str:

@@ -102,7 +102,7 @@ def _enable_csan(config: pytest.Config) -> None:
 
     kind = config.getoption("runnercheck_device")
     if kind == "auto":
-        kind = "cuda" if _cuda_available() else "sim"
+        kind = _device_kind(config)
     try:
         resolve_csan(True, kind)
         enable()
@@ -123,9 +123,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _device_kind(config: pytest.Config) -> str:
+    from runnercheck.impl.device import resolve_device_kind
+
     kind = config.getoption("runnercheck_device")
     if kind == "auto":
-        return "cuda" if _cuda_available() else "sim"
+        return resolve_device_kind(kind)
     if kind == "cuda" and not _cuda_available():
         pytest.skip("--runnercheck-device cuda: no CUDA device here")
     return kind

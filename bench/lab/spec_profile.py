@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--top", type=int, default=30)
     args = parser.parse_args(argv)
-    device = Device(args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = Device(args.device)
     if not device.is_cuda and args.draft == "qwen3-0.6b-draft":
         args.draft = "micro-draft"
     print(profile_spec(device, args.reqs, args.draft, args.steps, args.top))

@@ -298,3 +298,33 @@ def test_cuda_on_stream_switches_at_its_first_enqueue_and_restores_the_callers_s
     assert torch.cuda.current_stream() == caller
     dev.enqueue(lambda: seen.append(torch.cuda.current_stream()), "probe")  # outside: enqueue switches per call
     assert seen == [dev.stream, dev.stream, dev.stream] and torch.cuda.current_stream() == caller
+
+
+def test_auto_means_one_thing_in_every_front_end(monkeypatch) -> None:
+    """``--device auto`` (CLI, chisq, the pytest plugin, `Device`) is cuda when present, else sim -- one function."""
+    import types
+
+    import runnercheck.impl.device as device_module
+    from runnercheck.checks.chisq import resolve_device as chisq_device
+    from runnercheck.stress.cli_options import resolve_device as cli_device
+    from runnercheck.stress.pytest_plugin import _device_kind
+
+    plugin_config = types.SimpleNamespace(getoption=lambda name: "auto")
+    monkeypatch.setattr(device_module.torch.cuda, "is_available", lambda: False)
+    assert device_module.resolve_device_kind("auto") == "sim"
+    assert cli_device("auto") == "sim" and _device_kind(plugin_config) == "sim"
+    assert device_module.Device("auto").kind == "sim"
+    assert chisq_device("auto").type == "cpu"  # chisq samples sim on CPU tensors
+    seen = []
+    monkeypatch.setattr(device_module, "resolve_device_kind", lambda kind: seen.append(kind) or "sim")
+    cli_device("auto"), chisq_device("auto"), _device_kind(plugin_config), device_module.Device("auto")
+    assert seen == ["auto"] * 4  # each front end asks the one rule
+
+
+def test_a_missing_gpu_or_an_unknown_kind_is_a_typed_error(monkeypatch) -> None:
+    import runnercheck.impl.device as device_module
+
+    monkeypatch.setattr(device_module.torch.cuda, "is_available", lambda: False)
+    for kind in ("cuda", "tpu"):
+        with pytest.raises(device_module.DeviceError):
+            device_module.resolve_device_kind(kind)
