@@ -36,6 +36,11 @@ class JUnitCase:
             raise JUnitError(f"case {self.name!r} is both failed and skipped")
 
 
+def suite_name(command: str) -> str:
+    """The suite name of a command's results: the command that produced them (``runnercheck verify``)."""
+    return f"runnercheck {command}"
+
+
 def _properties(parent: ET.Element, props: Mapping[str, object]) -> None:
     if not props:
         return

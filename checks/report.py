@@ -225,9 +225,9 @@ def junit_cases(summary: RunSummary) -> list:
 
 def write_chisq_junit(path: str | Path, summary: RunSummary) -> Path:
     """``--junit FILE``: the run as one JUnit suite (`junit_cases`), sampler and device as suite properties."""
-    from runnercheck.checks.junit import write_junit
+    from runnercheck.checks.junit import suite_name, write_junit
 
-    return write_junit(path, "runnercheck.chisq", junit_cases(summary),
+    return write_junit(path, suite_name("chisq"), junit_cases(summary),
                        properties={"sampler": summary.sampler, "device": summary.device, "seed": summary.seed,
                                    "alpha": summary.alpha, "correction": summary.correction})
 

@@ -1,5 +1,8 @@
 """JUnit renderings of `verify` and `mutants` results (`runnercheck.checks.junit` writes the XML).
 
+A suite is named after the command that ran (`runnercheck.checks.junit.suite_name`), and so are
+its cases' class names.
+
 verify: one case per run (failure: its first divergence, crash, host sync, lifetime, kv provenance
 violation or csan race;
 properties: seed and repro path), plus one for the coverage gate and one for the statistics.
@@ -14,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from runnercheck.checks.junit import JUnitCase, write_junit
+from runnercheck.stress.report import coverage_tally
 from runnercheck.stress.run_config import RunSetupError
 
 
@@ -58,18 +62,21 @@ def verify_cases(doc: dict) -> list[JUnitCase]:
         props = {"seed": run["seed"], "steps": run["steps"], "tokens_compared": run["tokens_compared"]}
         if run.get("repro"):
             props["repro"] = run["repro"]
-        cases.append(JUnitCase(name=f"{run['name']} (seed {run['seed']})", classname=f"runnercheck.verify.{doc['device']}",
+        cases.append(JUnitCase(name=f"{run['name']} (seed {run['seed']})", classname=f"runnercheck.{doc['command']}.{doc['device']}",
                                time_s=float(run.get("elapsed_s", 0.0)), failure=_run_failure(run),
                                failure_details="\n".join(run.get("divergence_lines", []) + run.get("csan_reports", [])),
                                properties=props))
     zero = doc.get("coverage_zero", [])
-    cases.append(JUnitCase(name="coverage", classname=f"runnercheck.verify.{doc['device']}",
+    coverage = coverage_tally(doc)
+    cases.append(JUnitCase(name="coverage", classname=f"runnercheck.{doc['command']}.{doc['device']}",
                            failure=f"features not exercised: {', '.join(zero)}" if zero else None,
-                           properties={"features": len(doc.get("coverage", {}))}))
+                           # features at zero that this run did not gate (stress, a shard, --no-coverage-gate)
+                           skipped=f"not gated: {coverage.headline()}" if coverage.unreached_gated and not zero else None,
+                           properties={"features": coverage.total, "exercised": coverage.exercised}))
     chisq = doc["chisq"]
     status = chisq.get("status")
     cases.append(JUnitCase(
-        name="sampler statistics", classname=f"runnercheck.verify.{doc['device']}",
+        name="sampler statistics", classname=f"runnercheck.{doc['command']}.{doc['device']}",
         failure=None if status in ("not available", "skipped") or chisq.get("passed") else f"{status}: {chisq.get('summary') or chisq.get('note', '')}",
         skipped=f"{status}: {chisq.get('note', '')}" if status in ("not available", "skipped") else None))
     return cases

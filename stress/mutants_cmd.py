@@ -346,6 +346,7 @@ def run(args: argparse.Namespace) -> int:
     if args.merge:
         return _merge(args)
     from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.checks.junit import suite_name
     from runnercheck.stress.junit_cases import check_junit_path, mutants_cases, write_cases
     from runnercheck.stress.run_config import RunSetupError, seed_problem
 
@@ -406,7 +407,7 @@ def run(args: argparse.Namespace) -> int:
     json_path, md_path = Path(args.out) / "mutants.json", Path(args.out) / "mutants.md"
     files = [md_path, json_path, Path(args.out) / "manifest.json"]
     if args.junit:
-        files.append(write_cases(args.junit, "runnercheck mutants", mutants_cases(report), {"seed": args.seed}))
+        files.append(write_cases(args.junit, suite_name("mutants"), mutants_cases(report), {"seed": args.seed}))
     table = Table(title=f"runnercheck mutants: {'PASS' if report.passed else 'FAIL'}", show_header=False)
     run_mutants = [m for m in report.mutants if m.status != "skipped"]
     table.add_row("device, seed", f"{device}, {args.seed}{' (quick)' if args.quick else ''}")
@@ -450,12 +451,13 @@ def _report_rates(args: argparse.Namespace, rates: Any, console: Any, note: str 
     """JUnit (``--junit``), the terminal table and the file list of a kill-rates folder; the exit status."""
     from rich.table import Table
 
+    from runnercheck.checks.junit import suite_name
     from runnercheck.stress.junit_cases import rates_cases, write_cases
 
     out = Path(args.out)
     files = [out / "rates.md", out / "rates.json", out / "manifest.json"]
     if args.junit:
-        files.append(write_cases(args.junit, "runnercheck mutants", rates_cases(rates),
+        files.append(write_cases(args.junit, suite_name("mutants"), rates_cases(rates),
                                  {"seed": args.seed, "seeds": len(rates.seeds)}))
     table = Table(title=f"runnercheck mutants over {len(rates.seeds)} seeds: {'PASS' if rates.passed else 'FAIL'}",
                   show_header=False)

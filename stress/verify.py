@@ -258,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
     from runnercheck.checks.provenance import device_name, provenance
     from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
     from runnercheck.stress.harness import load_runner_factory
+    from runnercheck.checks.junit import suite_name
     from runnercheck.stress.junit_cases import check_junit_path, verify_cases, write_cases
     from runnercheck.stress.render import print_verify_summary
 
@@ -317,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
     for folder in sorted({e["folder"] for e in doc["chisq"].get("samplers", []) if e.get("folder")}):
         files += sorted(p for p in Path(folder).glob("*") if p.is_file())
     if args.junit:
-        files.append(write_cases(args.junit, "runnercheck verify", verify_cases(doc)))
+        files.append(write_cases(args.junit, suite_name(doc["command"]), verify_cases(doc)))
     print_verify_summary(doc, files)
     return 0 if doc["passed"] else 1
 
