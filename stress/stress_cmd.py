@@ -28,7 +28,7 @@ from runnercheck.stress.scheduler import SchedulerConfig
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(out="out/stress")
-    parser.add_argument("--steps", type=int_type(0), default=200, help="scheduler ticks (at most one step each)")
+    parser.add_argument("--steps", type=int_type(1), default=200, help="scheduler ticks (at most one step each)")
     parser.add_argument("--mutant", default=None, help="apply a deliberate bug from stress.mutants")
     parser.add_argument("--lag-policy", default=None, help="sim only: run-immediately, lag-K-steps, random-drain (default, seeded by --seed; with --mutant, the lag of the mutant's workload), hold-at-target or hold-at-<target> (targeted lag: see --delay-target)")
     parser.add_argument("--delay-us", type=_delay_arg, default=0.0,
