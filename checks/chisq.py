@@ -216,6 +216,7 @@ def run_cases(sampler: Callable, cases: Sequence[SamplingCase], opts: RunOptions
             skipped.append({"case": case.name, "reason": why})
             continue
         seed, offset = case_seed(opts.seed, case.name)
+        started = time.perf_counter()
         try:
             tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device, n_samples=opts.samples or case.n_samples,
                           progress=lambda m, c=case: tick(c.name, m * c.rows * c.vocab_size), max_rows_per_call=max_rows)
@@ -224,10 +225,13 @@ def run_cases(sampler: Callable, cases: Sequence[SamplingCase], opts: RunOptions
             continue
         except SamplerContractError as e:
             violations.append(contract_failure(case.name, {**case.describe(), "seed": seed, "position_offset": offset}, e))
+            stats.share_wall_time(violations[-1:], time.perf_counter() - started)
             continue
-        for result in evaluate(case, tokens, expected_rows(case), opts.alpha):
+        case_results = evaluate(case, tokens, expected_rows(case), opts.alpha)
+        for result in case_results:
             result.config.update(seed=seed, position_offset=offset)  # what a rerun of this case needs
-            results.append(result)
+        stats.share_wall_time(case_results, time.perf_counter() - started)
+        results += case_results
     stats.apply_correction(results, opts.correction, opts.alpha)
     return results + violations, skipped
 
@@ -258,12 +262,15 @@ def run_calibration(sampler: Callable, opts: RunOptions, device: torch.device, t
         raise SamplerUnsupportedError(why)
     expected = expected_rows(case)
     p_values = []
+    started = time.perf_counter()
     for r in range(runs):
         seed, offset = case_seed(opts.seed, case.name, r)
         tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device, max_rows_per_call=max_rows,
                       progress=lambda m: tick(case.name, m * case.vocab_size))
         p_values.append(evaluate(case, tokens, expected, CALIBRATION_ALPHA)[0].p_value)
-    return stats.calibration_result(p_values, alpha=CALIBRATION_ALPHA, config_name=case.name, sampler=sampler_name(sampler))
+    result = stats.calibration_result(p_values, alpha=CALIBRATION_ALPHA, config_name=case.name, sampler=sampler_name(sampler))
+    result.elapsed_s = time.perf_counter() - started
+    return result
 
 
 def run_power(opts: RunOptions, device: torch.device, tick, biases: Sequence[str] | None = None) -> list[stats.PowerResult]:
@@ -277,6 +284,7 @@ def run_power(opts: RunOptions, device: torch.device, tick, biases: Sequence[str
         sampler = planted_sampler(bias)
         expected = expected_rows(case)
         min_ps = []
+        started = time.perf_counter()
         for r in range(repeats):
             seed, offset = case_seed(opts.seed, f"power:{bias}", r)
             tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device,
@@ -285,7 +293,8 @@ def run_power(opts: RunOptions, device: torch.device, tick, biases: Sequence[str
         results.append(stats.PowerResult(bias=bias, config_name=case.name, repeats=repeats,
                                          rejections=sum(p < opts.alpha for p in min_ps), alpha=opts.alpha,
                                          required_power=1.0 if repeats < 5 else 0.8, min_p_values=min_ps,
-                                         description=PLANTED_BIASES[bias].description))
+                                         description=PLANTED_BIASES[bias].description,
+                                         elapsed_s=time.perf_counter() - started))
     return results
 
 

@@ -77,6 +77,7 @@ def verify_cases(doc: dict) -> list[JUnitCase]:
     status = chisq.get("status")
     cases.append(JUnitCase(
         name="sampler statistics", classname=f"runnercheck.{doc['command']}.{doc['device']}",
+        time_s=float(chisq.get("elapsed_s", 0.0)),
         failure=None if status in ("not available", "skipped") or chisq.get("passed") else f"{status}: {chisq.get('summary') or chisq.get('note', '')}",
         skipped=f"{status}: {chisq.get('note', '')}" if status in ("not available", "skipped") else None))
     return cases
@@ -109,19 +110,20 @@ def rates_cases(rates: Any) -> list[JUnitCase]:
         if m.seeds_run and m.rate != 1.0:
             failure = (f"killed as designed in {len(m.seeds_killed_as_designed)} of {len(m.seeds_run)} seeds; "
                        f"survived in {m.survived_in}")
-        cases.append(JUnitCase(name=m.name, classname=f"runnercheck.mutants.{m.cls}", failure=failure,
+        cases.append(JUnitCase(name=m.name, classname=f"runnercheck.mutants.{m.cls}", time_s=m.seconds, failure=failure,
                                skipped=None if m.seeds_run else (m.skip_reason or "skipped"),
                                properties={"seeds_run": len(m.seeds_run), "kill_rate": m.rate if m.rate is not None else ""}))
     for c in rates.controls:
-        cases.append(JUnitCase(name=f"control {c.kind} {c.name}", classname="runnercheck.mutants.controls",
+        cases.append(JUnitCase(name=f"control {c.kind} {c.name}", classname="runnercheck.mutants.controls", time_s=c.seconds,
                                failure=None if c.clean else f"a check fired without a mutant in seeds {c.fired_in}",
                                failure_details="\n".join(f"{k}: {v}" for k, v in c.fired.items()),
                                properties={"seeds_run": len(c.seeds_run)}))
     return cases
 
 
-def write_cases(path: str | os.PathLike, suite: str, cases: Sequence[JUnitCase], properties: dict | None = None) -> Path:
-    return Path(write_junit(path, suite, cases, properties))
+def write_cases(path: str | os.PathLike, suite: str, cases: Sequence[JUnitCase], properties: dict | None = None,
+                elapsed_s: float | None = None) -> Path:
+    return Path(write_junit(path, suite, cases, properties, elapsed_s))
 
 
 __all__ = ["check_junit_path", "verify_cases", "mutants_cases", "rates_cases", "write_cases"]

@@ -407,7 +407,8 @@ def run(args: argparse.Namespace) -> int:
     json_path, md_path = Path(args.out) / "mutants.json", Path(args.out) / "mutants.md"
     files = [md_path, json_path, Path(args.out) / "manifest.json"]
     if args.junit:
-        files.append(write_cases(args.junit, suite_name("mutants"), mutants_cases(report), {"seed": args.seed}))
+        files.append(write_cases(args.junit, suite_name("mutants"), mutants_cases(report), {"seed": args.seed},
+                                 elapsed_s=report.elapsed_s))
     table = Table(title=f"runnercheck mutants: {'PASS' if report.passed else 'FAIL'}", show_header=False)
     run_mutants = [m for m in report.mutants if m.status != "skipped"]
     table.add_row("device, seed", f"{device}, {args.seed}{' (quick)' if args.quick else ''}")

@@ -318,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
     for folder in sorted({e["folder"] for e in doc["chisq"].get("samplers", []) if e.get("folder")}):
         files += sorted(p for p in Path(folder).glob("*") if p.is_file())
     if args.junit:
-        files.append(write_cases(args.junit, suite_name(doc["command"]), verify_cases(doc)))
+        files.append(write_cases(args.junit, suite_name(doc["command"]), verify_cases(doc), elapsed_s=doc["elapsed_s"]))
     print_verify_summary(doc, files)
     return 0 if doc["passed"] else 1
 
@@ -371,7 +371,9 @@ def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path, args: argparse.N
         progress.start("sampler statistics (chisq)")
         records = [by_index[i] for i in range(len(plan))]
         skip = args.skip_chisq or args.shard.index != 0  # one campaign's statistics, in its first shard
+        chisq_started = time.perf_counter()
         chisq = _retarget(run_chisq(tmp, skip=skip, seed=args.seed, device=args.device), str(tmp), str(out))
+        chisq["elapsed_s"] = round(time.perf_counter() - chisq_started, 2)
         progress.end(f"sampler statistics: {chisq.get('status')}")
     return records, chisq
 
