@@ -370,13 +370,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=None, help="draws per case (default: each case's own)")
     parser.add_argument("--sampler", default=None,
                         help="gumbel | torch | impl | bias-<name> | package.module:function (default: impl on a GPU, else gumbel)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="base seed of the draws (each case derives its own from it)")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="family-wise level after correction")
-    parser.add_argument("--correction", default="holm", choices=list(stats.CORRECTIONS))
-    parser.add_argument("--no-calibration", action="store_true")
-    parser.add_argument("--no-power", action="store_true")
+    parser.add_argument("--correction", default="holm", choices=list(stats.CORRECTIONS),
+                        help="multiple-testing correction over the run's tests")
+    parser.add_argument("--no-calibration", action="store_true",
+                        help="skip the calibration self-test (the sampler on fresh seeds must reject at the stated rate)")
+    parser.add_argument("--no-power", action="store_true", help="skip the power self-test (planted biased samplers must fail)")
     parser.add_argument("--deep-tail", action="store_true", help="add the 2^17-token 25/30-logit tail cases (GPU-sized)")
-    parser.add_argument("--cases", default=None, help="only cases whose name contains this")
+    parser.add_argument("--cases", default=None, help="only cases whose name contains this (default: every case)")
     parser.add_argument("--no-matrix", action="store_true", help="skip the configuration matrix (calibration/power only)")
     parser.add_argument("--no-spec", action="store_true",
                         help="skip the speculative-verification cases and their planted biases (checks/chisq_spec.py)")
@@ -386,7 +388,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-rows-per-call", type=int, default=None, metavar="N",
                         help="hand the sampler at most N logit rows per call (default: the sampler's max_rows_per_call, else unbounded)")
     parser.add_argument("--junit", type=Path, default=None, metavar="FILE",
-                        help="also write JUnit XML: one test case per statistical test, calibration and planted bias")
+                        help="also write JUnit XML: one test case per statistical test, calibration and planted bias "
+                             "(default: not written)")
     parser.add_argument("--out", required=True, type=Path, help="report folder")
 
 

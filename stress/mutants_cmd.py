@@ -281,14 +281,17 @@ def run_catalogue(opts: MutantsOptions, *, command: str = "", on_result: Callabl
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="short tick budgets (every run stops at its first kill)")
-    parser.add_argument("--only", nargs="+", default=(), metavar="NAME", help="run only these mutants")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="report folder (written atomically; checked before any work); required, except with --list")
+    parser.add_argument("--only", nargs="+", default=(), metavar="NAME", help="run only these mutants (default: every mutant)")
     parser.add_argument("--campaign", choices=("workloads", "verify"), default="workloads",
                         help="the traffic each mutant runs under: its own workload (default), or the runs of "
                              "'runnercheck verify' on the device (--quick: its quick plan), in order, until one kills it")
     chisq = parser.add_mutually_exclusive_group()
     chisq.add_argument("--chisq", dest="chisq", action="store_true", default=None,
                        help="run the chi-square probes on any device (slow when interpreted)")
-    chisq.add_argument("--no-chisq", dest="chisq", action="store_false")
+    chisq.add_argument("--no-chisq", dest="chisq", action="store_false",
+                       help="never run the chi-square probes (without either flag they run on cuda only)")
     parser.add_argument("--chisq-samples", type=int_type(1), default=None,
                         help="draws per chi-square probe (default: the case's own)")
     parser.add_argument("--seeds", type=int_type(1), default=1, metavar="N",
@@ -296,9 +299,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shard_option(parser, "seeds of --seeds")
     parser.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                         help="run nothing: the kill rates of one campaign from the report folders of its "
-                             "--seeds --shard jobs (every seed once), written to --out")
+                             "--seeds --shard jobs (every seed once), written to --out (default: run the catalogue)")
     parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
-    parser.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one case per mutant and control)")
+    parser.add_argument("--junit", default=None, metavar="FILE",
+                        help="also write JUnit XML (one case per mutant and control; default: not written)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
 
 

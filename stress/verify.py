@@ -241,8 +241,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(out="out/verify")
     parser.add_argument("--quick", action="store_true", help="a short job (2 to 3 minutes on an idle 2-core CPU)")
     parser.add_argument("--runner", default=DEFAULT_RUNNER_SPEC, help="runner factory 'package.module:factory'")
-    parser.add_argument("--model", default="micro", choices=sorted(PRESETS))
-    parser.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one case per run)")
+    parser.add_argument("--model", default="micro", choices=sorted(PRESETS), help="model preset of the runner and the oracle")
+    parser.add_argument("--junit", default=None, metavar="FILE",
+                        help="also write JUnit XML (one case per run; default: not written)")
     # Sizing knobs for tests and experiments, not part of the job's contract.
     parser.add_argument("--steps", type=int_type(1), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int_type(1), default=None, help=argparse.SUPPRESS)
