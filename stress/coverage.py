@@ -213,17 +213,17 @@ class CoverageTally:
         return len(self.unreached_gated) + len(self.unreached_ungated)
 
     def headline(self) -> str:
-        """E.g. ``22 of 46 features exercised (24 never reached: 21 gated, failing the run; 3 shown only, ...)``."""
+        """E.g. ``22 of 46 features exercised (24 never reached: 21 gated, failing the run; 3 shown only,
+        patterns a runner need not produce)``."""
         line = f"{self.exercised} of {self.total} features exercised"
         if not self.unreached:
             return line
-        parts = []
-        if self.unreached_gated:
-            n = len(self.unreached_gated)
-            parts.append(f"{n} gated, failing the run" if self.gated else f"{n} not gated in this run")
-        if self.unreached_ungated:
-            parts.append(f"{len(self.unreached_ungated)} shown only (patterns a runner need not produce)")
-        return f"{line} ({self.unreached} never reached: {'; '.join(parts)})"
+        gated, shown = len(self.unreached_gated), len(self.unreached_ungated)
+        shown_only = f"{shown} shown only, patterns a runner need not produce"
+        if self.gated and gated:
+            return f"{line} ({self.unreached} never reached: {gated} gated, failing the run" + (f"; {shown_only})" if shown else ")")
+        split = f": {gated} the coverage gate checks; {shown_only}" if gated and shown else ""
+        return f"{line} ({self.unreached} never reached, not gated in this run{split})"
 
 
 def tally(totals: Mapping[str, int], *, gated: bool) -> CoverageTally:
