@@ -5,7 +5,9 @@ its cases' class names.
 
 verify: one case per run (failure: its first divergence, crash, host sync, lifetime, kv provenance
 violation or csan race;
-properties: seed and repro path), plus one for the coverage gate and one for the statistics.
+properties: seed and repro path), plus one for the coverage gate (skipped when the run did not gate
+coverage and left gated features at zero) and one for the statistics.  A case's time is its own
+measured wall time (a run's, the statistics'; the gate does no work).
 mutants: one case per mutant (failure: it survived, or was killed by other checks than it was
 built for; skipped: needs a GPU) and one per control (failure: a check fired on the unmutated
 runner).

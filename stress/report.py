@@ -22,7 +22,8 @@ schema) and ``summary.md``, titled by the command that ran (``command``).
                   {"sampler": "impl", "role": "the runner's sampler (impl.sample)",
                    "scope": "2 cases x 160 draws, interpreted", "status": "ran", "passed": true,
                    "summary": "0 of 2 tests failed", "folder": ".../chisq-runner", "result": {...}},
-                  ...], ...},
+                  ...],
+                "elapsed_s": 41.2, ...},       # the statistics' wall time (verify)
       "runs": [{...one `RunRecord`...}, ...],
       "coverage": {"feature": count, ...},   # totals over the runs (stress.coverage)
       "coverage_zero": ["feature", ...],      # features no run exercised (verify fails on them)
