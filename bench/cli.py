@@ -39,9 +39,10 @@ BENCH_FORMAT_VERSION = 1
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (CPU smoke test)")
-    parser.add_argument("--only", nargs="+", choices=CASE_NAMES, metavar="NAME", help=f"cases to run: {', '.join(CASE_NAMES)}")
-    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu", "sim"])
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", nargs="+", choices=CASE_NAMES, metavar="NAME", help=f"cases to run: {', '.join(CASE_NAMES)} (default: every case)")
+    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu", "sim"],
+                        help="auto: cuda when torch sees a GPU, else sim (the same rule in every command)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the benchmarks' requests and weights")
     parser.add_argument("--out", default="out/bench", help="output folder (bench.json, bench.md)")
 
 

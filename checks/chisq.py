@@ -219,6 +219,7 @@ def run_cases(sampler: Callable, cases: Sequence[SamplingCase], opts: RunOptions
             skipped.append({"case": case.name, "reason": why})
             continue
         seed, offset = case_seed(opts.seed, case.name)
+        started = time.perf_counter()
         try:
             tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device, n_samples=opts.samples or case.n_samples,
                           progress=lambda m, c=case: tick(c.name, m * c.rows * c.vocab_size), max_rows_per_call=max_rows)
@@ -227,10 +228,13 @@ def run_cases(sampler: Callable, cases: Sequence[SamplingCase], opts: RunOptions
             continue
         except SamplerContractError as e:
             violations.append(contract_failure(case.name, {**case.describe(), "seed": seed, "position_offset": offset}, e))
+            stats.share_wall_time(violations[-1:], time.perf_counter() - started)
             continue
-        for result in evaluate(case, tokens, expected_rows(case), opts.alpha):
+        case_results = evaluate(case, tokens, expected_rows(case), opts.alpha)
+        for result in case_results:
             result.config.update(seed=seed, position_offset=offset)  # what a rerun of this case needs
-            results.append(result)
+        stats.share_wall_time(case_results, time.perf_counter() - started)
+        results += case_results
     stats.apply_correction(results, opts.correction, opts.alpha)
     return results + violations, skipped
 
@@ -261,12 +265,15 @@ def run_calibration(sampler: Callable, opts: RunOptions, device: torch.device, t
         raise SamplerUnsupportedError(why)
     expected = expected_rows(case)
     p_values = []
+    started = time.perf_counter()
     for r in range(runs):
         seed, offset = case_seed(opts.seed, case.name, r)
         tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device, max_rows_per_call=max_rows,
                       progress=lambda m: tick(case.name, m * case.vocab_size))
         p_values.append(evaluate(case, tokens, expected, CALIBRATION_ALPHA)[0].p_value)
-    return stats.calibration_result(p_values, alpha=CALIBRATION_ALPHA, config_name=case.name, sampler=sampler_name(sampler))
+    result = stats.calibration_result(p_values, alpha=CALIBRATION_ALPHA, config_name=case.name, sampler=sampler_name(sampler))
+    result.elapsed_s = time.perf_counter() - started
+    return result
 
 
 def run_power(opts: RunOptions, device: torch.device, tick, biases: Sequence[str] | None = None) -> list[stats.PowerResult]:
@@ -280,6 +287,7 @@ def run_power(opts: RunOptions, device: torch.device, tick, biases: Sequence[str
         sampler = planted_sampler(bias)
         expected = expected_rows(case)
         min_ps = []
+        started = time.perf_counter()
         for r in range(repeats):
             seed, offset = case_seed(opts.seed, f"power:{bias}", r)
             tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device,
@@ -288,7 +296,8 @@ def run_power(opts: RunOptions, device: torch.device, tick, biases: Sequence[str
         results.append(stats.PowerResult(bias=bias, config_name=case.name, repeats=repeats,
                                          rejections=sum(p < opts.alpha for p in min_ps), alpha=opts.alpha,
                                          required_power=1.0 if repeats < 5 else 0.8, min_p_values=min_ps,
-                                         description=PLANTED_BIASES[bias].description))
+                                         description=PLANTED_BIASES[bias].description,
+                                         elapsed_s=time.perf_counter() - started))
     return results
 
 
@@ -364,13 +373,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", type=int, default=None, help="draws per case (default: each case's own)")
     parser.add_argument("--sampler", default=None,
                         help="gumbel | torch | impl | bias-<name> | package.module:function (default: impl on a GPU, else gumbel)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="base seed of the draws (each case derives its own from it)")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="family-wise level after correction")
-    parser.add_argument("--correction", default="holm", choices=list(stats.CORRECTIONS))
-    parser.add_argument("--no-calibration", action="store_true")
-    parser.add_argument("--no-power", action="store_true")
+    parser.add_argument("--correction", default="holm", choices=list(stats.CORRECTIONS),
+                        help="multiple-testing correction over the run's tests")
+    parser.add_argument("--no-calibration", action="store_true",
+                        help="skip the calibration self-test (the sampler on fresh seeds must reject at the stated rate)")
+    parser.add_argument("--no-power", action="store_true", help="skip the power self-test (planted biased samplers must fail)")
     parser.add_argument("--deep-tail", action="store_true", help="add the 2^17-token 25/30-logit tail cases (GPU-sized)")
-    parser.add_argument("--cases", default=None, help="only cases whose name contains this")
+    parser.add_argument("--cases", default=None, help="only cases whose name contains this (default: every case)")
     parser.add_argument("--no-matrix", action="store_true", help="skip the configuration matrix (calibration/power only)")
     parser.add_argument("--no-spec", action="store_true",
                         help="skip the speculative-verification cases and their planted biases (checks/chisq_spec.py)")
@@ -380,7 +391,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-rows-per-call", type=int, default=None, metavar="N",
                         help="hand the sampler at most N logit rows per call (default: the sampler's max_rows_per_call, else unbounded)")
     parser.add_argument("--junit", type=Path, default=None, metavar="FILE",
-                        help="also write JUnit XML: one test case per statistical test, calibration and planted bias")
+                        help="also write JUnit XML: one test case per statistical test, calibration and planted bias "
+                             "(default: not written)")
     parser.add_argument("--out", required=True, type=Path, help="report folder")
 
 

@@ -23,6 +23,7 @@ plant the biases of `SPEC_BIASES`; and `KernelVerifier`, the Triton kernel throu
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -345,10 +346,13 @@ def run_spec_cases(verifier: SpecVerifierFn, *, quick: bool, seed: int, alpha: f
         if case_filter and case_filter not in case.name:
             continue
         s, offset = spec_seed(seed, case.name)
+        started = time.perf_counter()
         pairs, lengths = draw_spec(case, verifier, seed=s, position_offset=offset, n_samples=samples)
-        for r in evaluate_spec(case, pairs, lengths, alpha):
+        case_results = evaluate_spec(case, pairs, lengths, alpha)
+        for r in case_results:
             r.config.update(seed=s, position_offset=offset, verifier=getattr(verifier, "name", "?"))
-            results.append(r)
+        stats.share_wall_time(case_results, time.perf_counter() - started)
+        results += case_results
     stats.apply_correction(results, correction, alpha)
     return results
 
@@ -363,6 +367,7 @@ def run_spec_power(*, quick: bool, seed: int, alpha: float, repeats: int,
             continue
         case = cases[bias.case]
         min_ps = []
+        started = time.perf_counter()
         for r in range(repeats):
             s, offset = spec_seed(seed, f"power:{name}", r)
             pairs, lengths = draw_spec(case, SpecTwin(bias.variant, name=f"bias-{name}"), seed=s, position_offset=offset)
@@ -370,7 +375,7 @@ def run_spec_power(*, quick: bool, seed: int, alpha: float, repeats: int,
         out.append(stats.PowerResult(bias=name, config_name=case.name, repeats=repeats,
                                      rejections=sum(p < alpha for p in min_ps), alpha=alpha,
                                      required_power=1.0 if repeats < 5 else 0.8, min_p_values=min_ps,
-                                     description=bias.description))
+                                     description=bias.description, elapsed_s=time.perf_counter() - started))
     return out
 
 

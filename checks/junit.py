@@ -23,7 +23,7 @@ class JUnitError(ValueError):
 class JUnitCase:
     name: str
     classname: str
-    time_s: float = 0.0
+    time_s: float = 0.0  # the case's own measured wall time; 0 for a case that ran no work (a gate, a skip)
     failure: str | None = None
     failure_details: str = ""
     skipped: str | None = None
@@ -36,6 +36,11 @@ class JUnitCase:
             raise JUnitError(f"case {self.name!r} is both failed and skipped")
 
 
+def suite_name(command: str) -> str:
+    """The suite name of a command's results: the command that produced them (``runnercheck verify``)."""
+    return f"runnercheck {command}"
+
+
 def _properties(parent: ET.Element, props: Mapping[str, object]) -> None:
     if not props:
         return
@@ -44,10 +49,13 @@ def _properties(parent: ET.Element, props: Mapping[str, object]) -> None:
         ET.SubElement(node, "property", name=str(key), value=str(value))
 
 
-def junit_tree(suite_name: str, cases: Sequence[JUnitCase], properties: Mapping[str, object] | None = None) -> ET.ElementTree:
+def junit_tree(suite_name: str, cases: Sequence[JUnitCase], properties: Mapping[str, object] | None = None,
+               elapsed_s: float | None = None) -> ET.ElementTree:
+    """The XML tree; the suite's time is ``elapsed_s`` (the command's wall time: cases may run side by
+    side, or time go to work outside any case), else the sum of its cases' times."""
     failures = sum(c.failure is not None for c in cases)
     skipped = sum(c.skipped is not None for c in cases)
-    total_time = sum(max(c.time_s, 0.0) for c in cases)
+    total_time = max(elapsed_s, 0.0) if elapsed_s is not None else sum(max(c.time_s, 0.0) for c in cases)
     suites = ET.Element("testsuites", name=suite_name, tests=str(len(cases)), failures=str(failures),
                         errors="0", skipped=str(skipped), time=f"{total_time:.3f}")
     suite = ET.SubElement(suites, "testsuite", name=suite_name, tests=str(len(cases)), failures=str(failures),
@@ -68,11 +76,11 @@ def junit_tree(suite_name: str, cases: Sequence[JUnitCase], properties: Mapping[
 
 
 def write_junit(path: str | Path, suite_name: str, cases: Sequence[JUnitCase],
-                properties: Mapping[str, object] | None = None) -> Path:
-    """Write the cases as JUnit XML to `path` (parents created); returns the path."""
+                properties: Mapping[str, object] | None = None, elapsed_s: float | None = None) -> Path:
+    """Write the cases as JUnit XML to `path` (parents created); returns the path (``elapsed_s``: `junit_tree`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tree = junit_tree(suite_name, cases, properties)
+    tree = junit_tree(suite_name, cases, properties, elapsed_s)
     tmp = path.with_name(path.name + ".tmp")
     tree.write(tmp, encoding="utf-8", xml_declaration=True)
     tmp.replace(path)

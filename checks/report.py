@@ -189,7 +189,8 @@ def write_report(out_dir: str | Path, summary: RunSummary) -> dict[str, Path]:
 
 def junit_cases(summary: RunSummary) -> list:
     """One JUnit case per statistical test (rejection as the failure), per skipped case (with the
-    reason), for the calibration and per planted bias; the case's seed and position offset as properties."""
+    reason), for the calibration and per planted bias; the case's seed and position offset as properties.
+    Each case's time is its measured wall time (a test's share of its case's draws)."""
     from runnercheck.checks.junit import JUnitCase
 
     cases = []
@@ -199,7 +200,7 @@ def junit_cases(summary: RunSummary) -> list:
             failure = (f"{t.name}: sampler contract violated: {t.notes}" if t.kind == "contract" else
                        f"{t.name} rejected ({t.kind}): adjusted p = {_fmt_p(t.adjusted_p_value)} < alpha {summary.alpha:g} "
                        f"(p = {_fmt_p(t.p_value)}, {t.n_samples} draws){'; ' + t.notes if t.notes else ''}")
-        cases.append(JUnitCase(t.name, f"runnercheck.chisq.{t.config.get('group', t.kind)}", failure=failure,
+        cases.append(JUnitCase(t.name, f"runnercheck.chisq.{t.config.get('group', t.kind)}", time_s=t.elapsed_s, failure=failure,
                                properties={"run_seed": summary.seed, "case_seed": t.config.get("seed"), "position_offset": t.config.get("position_offset"),
                                            "kind": t.kind, "p_value": t.p_value, "adjusted_p_value": t.adjusted_p_value}))
     for s in summary.skipped:
@@ -208,7 +209,7 @@ def junit_cases(summary: RunSummary) -> list:
     if c is not None:
         failure = None if c.passed else (f"calibration out of band: {c.rejections}/{c.runs} rejections at {c.alpha:g}, "
                                          f"band [{c.band[0]}, {c.band[1]}]")
-        cases.append(JUnitCase(f"calibration/{c.config_name}", "runnercheck.chisq.calibration", failure=failure,
+        cases.append(JUnitCase(f"calibration/{c.config_name}", "runnercheck.chisq.calibration", time_s=c.elapsed_s, failure=failure,
                                properties={"run_seed": summary.seed, "runs": c.runs, "rejections": c.rejections}))
     if summary.csan is not None:
         races = summary.csan.get("races", 0)
@@ -218,16 +219,16 @@ def junit_cases(summary: RunSummary) -> list:
     for p in summary.power:
         failure = None if p.passed else (f"planted bias {p.bias} not caught: power {p.power:.2f} < required "
                                          f"{p.required_power:.2f} on {p.config_name}")
-        cases.append(JUnitCase(f"power/{p.bias}", "runnercheck.chisq.power", failure=failure,
+        cases.append(JUnitCase(f"power/{p.bias}", "runnercheck.chisq.power", time_s=p.elapsed_s, failure=failure,
                                properties={"run_seed": summary.seed, "case": p.config_name, "repeats": p.repeats}))
     return cases
 
 
 def write_chisq_junit(path: str | Path, summary: RunSummary) -> Path:
     """``--junit FILE``: the run as one JUnit suite (`junit_cases`), sampler and device as suite properties."""
-    from runnercheck.checks.junit import write_junit
+    from runnercheck.checks.junit import suite_name, write_junit
 
-    return write_junit(path, "runnercheck.chisq", junit_cases(summary),
+    return write_junit(path, suite_name("chisq"), junit_cases(summary), elapsed_s=summary.elapsed_s,
                        properties={"sampler": summary.sampler, "device": summary.device, "seed": summary.seed,
                                    "alpha": summary.alpha, "correction": summary.correction})
 

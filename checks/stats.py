@@ -28,7 +28,7 @@ import numpy as np
 from scipy import stats as sps
 
 # The result records live in checks.stats_results; re-exported here, where callers have always found them.
-from runnercheck.checks.stats_results import BinCount, CalibrationResult, PowerResult, RunSummary, TestResult  # noqa: F401
+from runnercheck.checks.stats_results import BinCount, CalibrationResult, PowerResult, RunSummary, TestResult, share_wall_time  # noqa: F401
 
 DEFAULT_MIN_EXPECTED = 5.0
 CORRECTIONS = ("holm", "bh", "none")

@@ -43,6 +43,7 @@ class TestResult:
     passed: bool = True
     impossible_tokens: tuple[int, ...] = ()
     notes: str = ""
+    elapsed_s: float = 0.0  # this test's share of its case's wall time (`share_wall_time`)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +58,7 @@ class TestResult:
             "passed": self.passed,
             "impossible_tokens": list(self.impossible_tokens),
             "notes": self.notes,
+            "elapsed_s": self.elapsed_s,
             "bins": [
                 {"label": b.label, "observed": b.observed, "expected": b.expected, "num_tokens": b.num_tokens}
                 for b in self.bins
@@ -83,6 +85,7 @@ class CalibrationResult:
     p_values: list[float]
     ks_p_value: float
     passed: bool
+    elapsed_s: float = 0.0  # wall time of every calibration run
 
     @property
     def rejection_rate(self) -> float:
@@ -101,6 +104,7 @@ class CalibrationResult:
             "ks_p_value": self.ks_p_value,
             "passed": self.passed,
             "p_values": self.p_values,
+            "elapsed_s": self.elapsed_s,
         }
 
 
@@ -116,6 +120,7 @@ class PowerResult:
     required_power: float
     min_p_values: list[float]
     description: str = ""
+    elapsed_s: float = 0.0  # wall time of every repeat
 
     @property
     def power(self) -> float:
@@ -137,7 +142,15 @@ class PowerResult:
             "required_power": self.required_power,
             "passed": self.passed,
             "min_p_values": self.min_p_values,
+            "elapsed_s": self.elapsed_s,
         }
+
+
+def share_wall_time(results: list[TestResult], seconds: float) -> None:
+    """Give each test of one case an equal share of the case's wall time: its draws serve every one
+    of them, and the shares add up to the case's time (a JUnit suite sums its cases)."""
+    for r in results:
+        r.elapsed_s = seconds / len(results)
 
 
 @dataclass

@@ -65,6 +65,23 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{self.prog}: {message}")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """The one rule for defaults in ``--help``: an option that takes a value shows ``(default: X)``
+    after its help, unless its help already says what its default is (it contains "default").  An
+    option whose default is None words it that way ("default: not written") or says it is required;
+    flags show none (off unless given)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (action.nargs == 0 or not action.option_strings or action.required
+                or action.default in (None, argparse.SUPPRESS) or "default" in text):
+            return text
+        value = action.default
+        if isinstance(value, (list, tuple)):
+            value = " ".join(map(str, value)) or "none"
+        return f"{text} (default: {str(value).replace('%', '%%')})"  # help is %-formatted by argparse
+
+
 def version() -> str:
     try:
         return metadata.version("runnercheck")
@@ -86,7 +103,8 @@ def command_parser(name: str, module) -> argparse.ArgumentParser:
     cmd = COMMANDS[name]
     # conflict_handler="resolve": a command from another package may still declare a shared
     # option itself (its default/choices win); the shared checks below run on it all the same.
-    parser = _Parser(prog=f"runnercheck {name}", description=cmd.help, conflict_handler="resolve")
+    parser = _Parser(prog=f"runnercheck {name}", description=cmd.help, conflict_handler="resolve",
+                     formatter_class=HelpFormatter)
     if cmd.run_options:
         add_run_options(parser, eager=cmd.eager, csan=cmd.csan)
     if cmd.shard is not None:

@@ -135,6 +135,9 @@ class Shard:
     def describe(self) -> str:
         return f"{self.index}/{self.count}"
 
+    def __str__(self) -> str:  # as `--shard` takes it (and `--help` shows the default)
+        return self.describe()
+
 
 def shard_type(text: str) -> Shard:
     """``I/N`` with ``0 <= I < N``."""

@@ -17,13 +17,16 @@ output that the oracle agreed with) and counts, per feature of `FEATURES`:
 
 Features counted by other observers (staged-write patterns: `runnercheck.stress.staged_writes`) are merged in
 with `add`.  A campaign whose total for a feature is zero did not test it: `zero_features` names
-those, and `verify` fails on them.
+those, and `verify` fails on them.  `CoverageTally` words the headline every report shows: how many
+features a campaign exercised (a count above zero), and of those it never reached, which the gate
+fails it for and which are only shown.
 
 Ownership: a counter owns its per-request bookkeeping (host dicts, one run).
 """
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from runnercheck.checks.compare import first_output_positions
@@ -189,4 +192,48 @@ def zero_features(totals: Mapping[str, int]) -> list[str]:
     return [f for f in totals if totals[f] == 0 and f not in UNGATED_STAGED_FEATURES]
 
 
-__all__ = ["CoverageCounter", "FEATURES", "FAULT_FEATURES", "PARAM_PAIRS", "param_features", "merge", "zero_features"]
+@dataclass(frozen=True)
+class CoverageTally:
+    """A campaign's feature totals sorted for its headline.
+
+    ``gated``: whether this run fails on a gated feature it never reached (``verify``'s gate; off in
+    ``stress``, in a shard and under ``--no-coverage-gate``).  ``unreached_gated`` lists the features
+    at zero the gate applies to (failures when ``gated``); ``unreached_ungated`` those it never
+    applies to (staged-write patterns a runner need not issue).
+    """
+
+    total: int
+    exercised: int
+    unreached_gated: tuple[str, ...]
+    unreached_ungated: tuple[str, ...]
+    gated: bool
+
+    @property
+    def unreached(self) -> int:
+        return len(self.unreached_gated) + len(self.unreached_ungated)
+
+    def headline(self) -> str:
+        """E.g. ``22 of 46 features exercised (24 never reached: 21 gated, failing the run; 3 shown only,
+        patterns a runner need not produce)``."""
+        line = f"{self.exercised} of {self.total} features exercised"
+        if not self.unreached:
+            return line
+        gated, shown = len(self.unreached_gated), len(self.unreached_ungated)
+        shown_only = f"{shown} shown only, patterns a runner need not produce"
+        if self.gated and gated:
+            return f"{line} ({self.unreached} never reached: {gated} gated, failing the run" + (f"; {shown_only})" if shown else ")")
+        split = f": {gated} the coverage gate checks; {shown_only}" if gated and shown else ""
+        return f"{line} ({self.unreached} never reached, not gated in this run{split})"
+
+
+def tally(totals: Mapping[str, int], *, gated: bool) -> CoverageTally:
+    """The headline numbers of ``totals`` (`merge`'s output); ``gated``: see `CoverageTally`."""
+    zero = [f for f, n in totals.items() if n == 0]
+    gate_applies = set(zero_features(totals))
+    return CoverageTally(total=len(totals), exercised=len(totals) - len(zero),
+                         unreached_gated=tuple(f for f in zero if f in gate_applies),
+                         unreached_ungated=tuple(f for f in zero if f not in gate_applies), gated=gated)
+
+
+__all__ = ["CoverageCounter", "CoverageTally", "FEATURES", "FAULT_FEATURES", "PARAM_PAIRS", "param_features", "merge",
+           "tally", "zero_features"]

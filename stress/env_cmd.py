@@ -6,7 +6,8 @@ import platform
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu", "sim"])
+    parser.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu", "sim"],
+                        help="auto: cuda when torch sees a GPU, else sim (the same rule in every command)")
     parser.add_argument("--no-selftest", action="store_true", help="skip the device self-test")
 
 

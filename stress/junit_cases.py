@@ -1,8 +1,13 @@
 """JUnit renderings of `verify` and `mutants` results (`runnercheck.checks.junit` writes the XML).
 
+A suite is named after the command that ran (`runnercheck.checks.junit.suite_name`), and so are
+its cases' class names.
+
 verify: one case per run (failure: its first divergence, crash, host sync, lifetime, kv provenance
 violation or csan race;
-properties: seed and repro path), plus one for the coverage gate and one for the statistics.
+properties: seed and repro path), plus one for the coverage gate (skipped when the run did not gate
+coverage and left gated features at zero) and one for the statistics.  A case's time is its own
+measured wall time (a run's, the statistics'; the gate does no work).
 mutants: one case per mutant (failure: it survived, or was killed by other checks than it was
 built for; skipped: needs a GPU) and one per control (failure: a check fired on the unmutated
 runner).
@@ -14,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from runnercheck.checks.junit import JUnitCase, write_junit
+from runnercheck.stress.report import coverage_tally
 from runnercheck.stress.run_config import RunSetupError
 
 
@@ -58,18 +64,22 @@ def verify_cases(doc: dict) -> list[JUnitCase]:
         props = {"seed": run["seed"], "steps": run["steps"], "tokens_compared": run["tokens_compared"]}
         if run.get("repro"):
             props["repro"] = run["repro"]
-        cases.append(JUnitCase(name=f"{run['name']} (seed {run['seed']})", classname=f"runnercheck.verify.{doc['device']}",
+        cases.append(JUnitCase(name=f"{run['name']} (seed {run['seed']})", classname=f"runnercheck.{doc['command']}.{doc['device']}",
                                time_s=float(run.get("elapsed_s", 0.0)), failure=_run_failure(run),
                                failure_details="\n".join(run.get("divergence_lines", []) + run.get("csan_reports", [])),
                                properties=props))
     zero = doc.get("coverage_zero", [])
-    cases.append(JUnitCase(name="coverage", classname=f"runnercheck.verify.{doc['device']}",
+    coverage = coverage_tally(doc)
+    cases.append(JUnitCase(name="coverage", classname=f"runnercheck.{doc['command']}.{doc['device']}",
                            failure=f"features not exercised: {', '.join(zero)}" if zero else None,
-                           properties={"features": len(doc.get("coverage", {}))}))
+                           # features at zero that this run did not gate (stress, a shard, --no-coverage-gate)
+                           skipped=f"not gated: {coverage.headline()}" if coverage.unreached_gated and not zero else None,
+                           properties={"features": coverage.total, "exercised": coverage.exercised}))
     chisq = doc["chisq"]
     status = chisq.get("status")
     cases.append(JUnitCase(
-        name="sampler statistics", classname=f"runnercheck.verify.{doc['device']}",
+        name="sampler statistics", classname=f"runnercheck.{doc['command']}.{doc['device']}",
+        time_s=float(chisq.get("elapsed_s", 0.0)),
         failure=None if status in ("not available", "skipped") or chisq.get("passed") else f"{status}: {chisq.get('summary') or chisq.get('note', '')}",
         skipped=f"{status}: {chisq.get('note', '')}" if status in ("not available", "skipped") else None))
     return cases
@@ -102,19 +112,20 @@ def rates_cases(rates: Any) -> list[JUnitCase]:
         if m.seeds_run and m.rate != 1.0:
             failure = (f"killed as designed in {len(m.seeds_killed_as_designed)} of {len(m.seeds_run)} seeds; "
                        f"survived in {m.survived_in}")
-        cases.append(JUnitCase(name=m.name, classname=f"runnercheck.mutants.{m.cls}", failure=failure,
+        cases.append(JUnitCase(name=m.name, classname=f"runnercheck.mutants.{m.cls}", time_s=m.seconds, failure=failure,
                                skipped=None if m.seeds_run else (m.skip_reason or "skipped"),
                                properties={"seeds_run": len(m.seeds_run), "kill_rate": m.rate if m.rate is not None else ""}))
     for c in rates.controls:
-        cases.append(JUnitCase(name=f"control {c.kind} {c.name}", classname="runnercheck.mutants.controls",
+        cases.append(JUnitCase(name=f"control {c.kind} {c.name}", classname="runnercheck.mutants.controls", time_s=c.seconds,
                                failure=None if c.clean else f"a check fired without a mutant in seeds {c.fired_in}",
                                failure_details="\n".join(f"{k}: {v}" for k, v in c.fired.items()),
                                properties={"seeds_run": len(c.seeds_run)}))
     return cases
 
 
-def write_cases(path: str | os.PathLike, suite: str, cases: Sequence[JUnitCase], properties: dict | None = None) -> Path:
-    return Path(write_junit(path, suite, cases, properties))
+def write_cases(path: str | os.PathLike, suite: str, cases: Sequence[JUnitCase], properties: dict | None = None,
+                elapsed_s: float | None = None) -> Path:
+    return Path(write_junit(path, suite, cases, properties, elapsed_s))
 
 
 __all__ = ["check_junit_path", "verify_cases", "mutants_cases", "rates_cases", "write_cases"]

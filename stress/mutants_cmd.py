@@ -281,14 +281,17 @@ def run_catalogue(opts: MutantsOptions, *, command: str = "", on_result: Callabl
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="short tick budgets (every run stops at its first kill)")
-    parser.add_argument("--only", nargs="+", default=(), metavar="NAME", help="run only these mutants")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help="report folder (written atomically; checked before any work); required, except with --list")
+    parser.add_argument("--only", nargs="+", default=(), metavar="NAME", help="run only these mutants (default: every mutant)")
     parser.add_argument("--campaign", choices=("workloads", "verify"), default="workloads",
                         help="the traffic each mutant runs under: its own workload (default), or the runs of "
                              "'runnercheck verify' on the device (--quick: its quick plan), in order, until one kills it")
     chisq = parser.add_mutually_exclusive_group()
     chisq.add_argument("--chisq", dest="chisq", action="store_true", default=None,
                        help="run the chi-square probes on any device (slow when interpreted)")
-    chisq.add_argument("--no-chisq", dest="chisq", action="store_false")
+    chisq.add_argument("--no-chisq", dest="chisq", action="store_false",
+                       help="never run the chi-square probes (without either flag they run on cuda only)")
     parser.add_argument("--chisq-samples", type=int_type(1), default=None,
                         help="draws per chi-square probe (default: the case's own)")
     parser.add_argument("--seeds", type=int_type(1), default=1, metavar="N",
@@ -296,9 +299,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shard_option(parser, "seeds of --seeds")
     parser.add_argument("--merge", nargs="+", default=None, metavar="DIR",
                         help="run nothing: the kill rates of one campaign from the report folders of its "
-                             "--seeds --shard jobs (every seed once), written to --out")
+                             "--seeds --shard jobs (every seed once), written to --out (default: run the catalogue)")
     parser.add_argument("--list", action="store_true", help="print the catalogue and exit")
-    parser.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one case per mutant and control)")
+    parser.add_argument("--junit", default=None, metavar="FILE",
+                        help="also write JUnit XML (one case per mutant and control; default: not written)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
 
 
@@ -346,6 +350,7 @@ def run(args: argparse.Namespace) -> int:
     if args.merge:
         return _merge(args)
     from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.checks.junit import suite_name
     from runnercheck.stress.junit_cases import check_junit_path, mutants_cases, write_cases
     from runnercheck.stress.run_config import RunSetupError, seed_problem
 
@@ -406,7 +411,8 @@ def run(args: argparse.Namespace) -> int:
     json_path, md_path = Path(args.out) / "mutants.json", Path(args.out) / "mutants.md"
     files = [md_path, json_path, Path(args.out) / "manifest.json"]
     if args.junit:
-        files.append(write_cases(args.junit, "runnercheck mutants", mutants_cases(report), {"seed": args.seed}))
+        files.append(write_cases(args.junit, suite_name("mutants"), mutants_cases(report), {"seed": args.seed},
+                                 elapsed_s=report.elapsed_s))
     table = Table(title=f"runnercheck mutants: {'PASS' if report.passed else 'FAIL'}", show_header=False)
     run_mutants = [m for m in report.mutants if m.status != "skipped"]
     table.add_row("device, seed", f"{device}, {args.seed}{' (quick)' if args.quick else ''}")
@@ -450,12 +456,13 @@ def _report_rates(args: argparse.Namespace, rates: Any, console: Any, note: str 
     """JUnit (``--junit``), the terminal table and the file list of a kill-rates folder; the exit status."""
     from rich.table import Table
 
+    from runnercheck.checks.junit import suite_name
     from runnercheck.stress.junit_cases import rates_cases, write_cases
 
     out = Path(args.out)
     files = [out / "rates.md", out / "rates.json", out / "manifest.json"]
     if args.junit:
-        files.append(write_cases(args.junit, "runnercheck mutants", rates_cases(rates),
+        files.append(write_cases(args.junit, suite_name("mutants"), rates_cases(rates),
                                  {"seed": args.seed, "seeds": len(rates.seeds)}))
     table = Table(title=f"runnercheck mutants over {len(rates.seeds)} seeds: {'PASS' if rates.passed else 'FAIL'}",
                   show_header=False)

@@ -36,6 +36,7 @@ class KillRate:
     seeds_killed_as_designed: list[int]
     fired: dict[str, int]  # check -> seeds in which it fired
     skip_reason: str | None = None
+    seconds: float = 0.0  # wall time over the seeds it ran in
 
     @property
     def rate(self) -> float | None:
@@ -56,6 +57,7 @@ class ControlRate:
     seeds_run: list[int]
     fired_in: list[int]
     fired: dict[str, str] = field(default_factory=dict)  # the first dirty seed's evidence
+    seconds: float = 0.0  # wall time over the seeds
 
     @property
     def clean(self) -> bool:
@@ -100,6 +102,7 @@ def kill_rates(reports: Sequence[MutantsReport], *, command: str = "") -> KillRa
                 rate.skip_reason = m.skip_reason
                 continue
             rate.seeds_run.append(report.seed)
+            rate.seconds += m.seconds
             if m.as_designed:
                 rate.seeds_killed_as_designed.append(report.seed)
             for check in m.killed_by:
@@ -107,6 +110,7 @@ def kill_rates(reports: Sequence[MutantsReport], *, command: str = "") -> KillRa
         for c in report.controls:
             control = controls.setdefault((c.kind, c.name), ControlRate(c.kind, c.name, [], []))
             control.seeds_run.append(report.seed)
+            control.seconds += c.seconds
             if not c.clean:
                 control.fired_in.append(report.seed)
                 control.fired = control.fired or dict(c.fired)

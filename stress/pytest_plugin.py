@@ -228,7 +228,11 @@ class DifferentialCheck:
             raise pytest.UsageError(f"runnercheck_differential: factory {spec} is not importable by that name; "
                                     "pass it as 'package.module:factory'")
         seed = config.getoption("runnercheck_seed") if seed is None else seed
+        source = "--runnercheck-steps" if steps is None else "steps"
         steps = config.getoption("runnercheck_steps") if steps is None else steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:  # checked before any work
+            raise pytest.UsageError(f"runnercheck_differential: {source} must be an integer >= 1 "
+                                    f"(a run of 0 ticks compares nothing), got {steps!r}")
         kind = _device_kind(config)
         repro_dir = _report_dir(self._request) or self._request.getfixturevalue("tmp_path")
         result, findings = checked_differential_run(spec, kind=kind, seed=seed, steps=steps, model=model, repro_dir=repro_dir,

@@ -61,6 +61,10 @@ def print_findings(findings: Any, title: str) -> None:
         from runnercheck.impl.graphs import format_graph_stats
 
         rows.append(("cuda graphs", format_graph_stats(findings.cuda_graphs)))
+    if findings.coverage:
+        from runnercheck.stress.coverage import merge, tally
+
+        rows.append(("coverage (not gated)", tally(merge([findings.coverage]), gated=False).headline()))
     if findings.crash:
         rows.append(("crash", f"{findings.crash} after step {findings.last_completed_step}"))
     rows.append(("elapsed", f"{findings.elapsed_s:.1f} s"))
@@ -102,14 +106,15 @@ def run_line(r: Any) -> str:
 
 
 def print_verify_summary(doc: dict, files: list) -> None:
-    """The verify job's one-screen summary: runs, coverage, statistics, findings, every report file."""
+    """A summary document's one-screen summary (titled by its command): runs, coverage, statistics,
+    findings, every report file."""
     from rich.table import Table
 
-    from runnercheck.stress.report import chisq_line
+    from runnercheck.stress.report import chisq_line, coverage_tally
 
     out = console()
     verdict = "[bold green]PASSED[/]" if doc["passed"] else "[bold red]FAILED[/]"
-    table = Table(title=f"runnercheck verify: {verdict}", show_header=True)
+    table = Table(title=f"runnercheck {doc['command']}: {verdict}", show_header=True)
     for col in ("run", "seed", "steps", "tokens", "ties", "syncs", "waits", "lifetime", "result"):
         table.add_column(col, justify="left" if col in ("run", "result") else "right",
                          overflow="fold", no_wrap=col == "result", min_width=6 if col == "result" else None)
@@ -121,6 +126,7 @@ def print_verify_summary(doc: dict, files: list) -> None:
     out.print(table)
     print_coverage(doc["coverage"], out)
     say = lambda text: out.print(text, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
+    say(f"coverage: {coverage_tally(doc).headline()}")
     say(f"device {doc['device']}, runner {doc['runner']}, {doc['elapsed_s']:.1f} s")
     say(f"divergences {doc['divergences']}, host syncs {doc['host_syncs']}, lifetime violations "
         f"{doc['lifetime_violations']}, kv provenance violations {doc.get('provenance_violations', 0)}, ties {doc['ties']}"

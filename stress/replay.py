@@ -24,7 +24,7 @@ from runnercheck.stress.repro import Repro, ReproError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="a repro.json written by `runnercheck stress` or `verify`")
     parser.add_argument("--runner", default=None, help="replay against another runner factory (default: the recorded one)")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--in-process", action="store_true", help="run in this process (no crash isolation; for debugging)")
 
 

@@ -1,4 +1,5 @@
-"""`runnercheck verify`'s report folder: ``summary.json`` (checked schema) and ``summary.md``.
+"""The report folder of `runnercheck verify` and `runnercheck stress`: ``summary.json`` (checked
+schema) and ``summary.md``, titled by the command that ran (``command``).
 
 ``summary.json`` (version 2; `runnercheck stress` writes the same document for its one run)::
 
@@ -21,7 +22,8 @@
                   {"sampler": "impl", "role": "the runner's sampler (impl.sample)",
                    "scope": "2 cases x 160 draws, interpreted", "status": "ran", "passed": true,
                    "summary": "0 of 2 tests failed", "folder": ".../chisq-runner", "result": {...}},
-                  ...], ...},
+                  ...],
+                "elapsed_s": 41.2, ...},       # the statistics' wall time (verify)
       "runs": [{...one `RunRecord`...}, ...],
       "coverage": {"feature": count, ...},   # totals over the runs (stress.coverage)
       "coverage_zero": ["feature", ...],      # features no run exercised (verify fails on them)
@@ -40,9 +42,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from runnercheck.stress.run_config import describe_policy
+
+if TYPE_CHECKING:
+    from runnercheck.stress.coverage import CoverageTally
 
 SUMMARY_VERSION = 2
 CHISQ_STATUSES = ("ran", "not available", "error", "skipped")
@@ -267,7 +272,7 @@ def render_markdown(doc: dict) -> str:
     """``summary.md``: the verdict, the totals, one table row per run, findings, the statistics."""
     verdict = "PASSED" if doc["passed"] else "FAILED"
     lines = [
-        f"# runnercheck verify: {verdict}",
+        f"# runnercheck {doc['command']}: {verdict}",
         "",
         f"device `{doc['device']}`, seed {doc['seed']}, runner `{doc['runner']}`, model `{doc['model']}`"
         f"{', quick' if doc['quick'] else ''}; {doc['elapsed_s']:.1f} s",
@@ -279,7 +284,7 @@ def render_markdown(doc: dict) -> str:
         f"| slot lifetime (staging, output) | {doc['lifetime_violations']} violation(s) |",
         f"| KV provenance | {doc.get('provenance_violations', 0)} violation(s) |",
         f"| sampler statistics | {chisq_line(doc['chisq'])} |",
-        f"| coverage | {len(doc['coverage']) - len(doc['coverage_zero'])} of {len(doc['coverage'])} features exercised"
+        f"| coverage | {coverage_tally(doc).headline()}"
         f"{'; NOT exercised: ' + ', '.join(doc['coverage_zero']) if doc['coverage_zero'] else ''} |",
         "",
         "## Runs",
@@ -324,6 +329,15 @@ def render_markdown(doc: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def coverage_tally(doc: dict) -> "CoverageTally":
+    """The coverage headline's numbers of a summary document (`runnercheck.stress.coverage.tally`)."""
+    from runnercheck.stress.coverage import tally
+
+    # coverage_zero is non-empty exactly when the gate was on and failed (with the gate off it is
+    # empty), and the gate's wording only matters then: so it tells gated runs from ungated ones.
+    return tally(doc["coverage"], gated=bool(doc["coverage_zero"]))
+
+
 def _policy(p: dict | None) -> str:
     return describe_policy(p) if p else ""
 
@@ -363,4 +377,4 @@ def load_summary(path: str | Path) -> dict:
 
 
 __all__ = ["RunRecord", "SummaryError", "SUMMARY_VERSION", "build_summary", "validate_summary", "render_markdown",
-           "write_report", "load_summary", "chisq_passed", "chisq_line"]
+           "write_report", "load_summary", "chisq_passed", "chisq_line", "coverage_tally"]

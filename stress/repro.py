@@ -14,7 +14,7 @@ Format (version 2)::
       "delay_policy": {...} | null,    # injected device delays (cuda)
       "mutant": "name" | null,
       "runner": "package.module:factory",
-      "steps": 120,                    # scheduler ticks run; at most len(trace)
+      "steps": 120,                    # scheduler ticks run; at most len(trace); 0 only with a divergence
       "cuda_graphs": true,
       "logits_fault": {...stress.faults.LogitsFault.describe()...} | null,
       "draft_source": "random" | "oracle",   # stress.drafts
@@ -212,6 +212,9 @@ def _check_schema(doc: dict, source: str) -> None:
             LogitsFault.from_dict(doc["logits_fault"])
         except FaultSpecError as e:
             raise bad(f"field 'logits_fault': {e}") from None
+    if doc["steps"] == 0 and doc["first_divergence"] is None:
+        # 0 ticks record something only when the run failed before its first tick (building the runner)
+        raise bad("field 'steps' is 0 and no divergence is recorded: a replay would compare nothing")
     if doc["steps"] > len(doc["trace"]):
         raise bad(f"field 'steps' is {doc['steps']} but the recorded trace holds {len(doc['trace'])} ticks")
     try:

@@ -28,8 +28,9 @@ from runnercheck.stress.scheduler import SchedulerConfig
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(out="out/stress")
-    parser.add_argument("--steps", type=int_type(0), default=200, help="scheduler ticks (at most one step each)")
-    parser.add_argument("--mutant", default=None, help="apply a deliberate bug from stress.mutants")
+    parser.add_argument("--steps", type=int_type(1), default=200, help="scheduler ticks (at most one step each)")
+    parser.add_argument("--mutant", default=None,
+                        help="apply a deliberate bug from the catalogue (runnercheck mutants --list; default: none)")
     parser.add_argument("--lag-policy", default=None, help="sim only: run-immediately, lag-K-steps, random-drain (default, seeded by --seed; with --mutant, the lag of the mutant's workload), hold-at-target or hold-at-<target> (targeted lag: see --delay-target)")
     parser.add_argument("--delay-us", type=_delay_arg, default=0.0,
                         help="cuda only: random injected device delays up to this many µs, or 'auto': "
@@ -37,13 +38,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delay-target", nargs="+", choices=sorted(DELAY_TARGETS), default=None, metavar="TARGET",
                         help="cuda only, with --delay-us: delay only right before the last device reader of these "
                              f"resources ({', '.join(sorted(DELAY_TARGETS))}) instead of before whole steps "
-                             "(on sim: --lag-policy hold-at-<target>)")
+                             "(the default; on sim: --lag-policy hold-at-<target>)")
     parser.add_argument("--runner", default=DEFAULT_RUNNER_SPEC, help="runner factory 'package.module:factory'")
-    parser.add_argument("--model", default="micro", choices=sorted(PRESETS))
-    parser.add_argument("--max-num-reqs", type=int_type(1), default=4)
-    parser.add_argument("--block-size", type=int_type(1), default=8)
-    parser.add_argument("--num-kv-blocks", type=int_type(1), default=16)
-    parser.add_argument("--max-batched-tokens", type=int_type(1), default=32)
+    parser.add_argument("--model", default="micro", choices=sorted(PRESETS), help="model preset of the runner and the oracle")
+    parser.add_argument("--max-num-reqs", type=int_type(1), default=4, help="requests the runner holds at once (its rows)")
+    parser.add_argument("--block-size", type=int_type(1), default=8, help="tokens per KV-cache block")
+    parser.add_argument("--num-kv-blocks", type=int_type(1), default=16,
+                        help="KV-cache blocks (few blocks force preemptions)")
+    parser.add_argument("--max-batched-tokens", type=int_type(1), default=32, help="token budget of one step")
     parser.add_argument("--max-inflight", type=int_type(0), default=1, help="steps scheduled ahead of their outputs")
     parser.add_argument("--draft-prob", type=float_type(0.0, 1.0), default=0.0, help="probability a decode carries draft tokens")
     parser.add_argument("--proposer", choices=("none", "ngram", "draft"), default="none",

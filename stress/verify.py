@@ -241,8 +241,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(out="out/verify")
     parser.add_argument("--quick", action="store_true", help="a short job (2 to 3 minutes on an idle 2-core CPU)")
     parser.add_argument("--runner", default=DEFAULT_RUNNER_SPEC, help="runner factory 'package.module:factory'")
-    parser.add_argument("--model", default="micro", choices=sorted(PRESETS))
-    parser.add_argument("--junit", default=None, metavar="FILE", help="also write JUnit XML (one case per run)")
+    parser.add_argument("--model", default="micro", choices=sorted(PRESETS), help="model preset of the runner and the oracle")
+    parser.add_argument("--junit", default=None, metavar="FILE",
+                        help="also write JUnit XML (one case per run; default: not written)")
     # Sizing knobs for tests and experiments, not part of the job's contract.
     parser.add_argument("--steps", type=int_type(1), default=None, help=argparse.SUPPRESS)
     parser.add_argument("--runs", type=int_type(1), default=None, help=argparse.SUPPRESS)
@@ -258,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
     from runnercheck.checks.provenance import device_name, provenance
     from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
     from runnercheck.stress.harness import load_runner_factory
+    from runnercheck.checks.junit import suite_name
     from runnercheck.stress.junit_cases import check_junit_path, verify_cases, write_cases
     from runnercheck.stress.render import print_verify_summary
 
@@ -317,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
     for folder in sorted({e["folder"] for e in doc["chisq"].get("samplers", []) if e.get("folder")}):
         files += sorted(p for p in Path(folder).glob("*") if p.is_file())
     if args.junit:
-        files.append(write_cases(args.junit, "runnercheck verify", verify_cases(doc)))
+        files.append(write_cases(args.junit, suite_name(doc["command"]), verify_cases(doc), elapsed_s=doc["elapsed_s"]))
     print_verify_summary(doc, files)
     return 0 if doc["passed"] else 1
 
@@ -370,7 +372,9 @@ def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path, args: argparse.N
         progress.start("sampler statistics (chisq)")
         records = [by_index[i] for i in range(len(plan))]
         skip = args.skip_chisq or args.shard.index != 0  # one campaign's statistics, in its first shard
+        chisq_started = time.perf_counter()
         chisq = _retarget(run_chisq(tmp, skip=skip, seed=args.seed, device=args.device), str(tmp), str(out))
+        chisq["elapsed_s"] = round(time.perf_counter() - chisq_started, 2)
         progress.end(f"sampler statistics: {chisq.get('status')}")
     return records, chisq
 

@@ -121,6 +121,15 @@ def test_bad_runner_spec_is_a_usage_error(user_project: pytest.Pytester) -> None
     result.stdout.fnmatch_lines(["*--runnercheck-runner*no_such_mod*"])
 
 
+def test_zero_steps_is_a_usage_error_not_a_passing_run(user_project: pytest.Pytester) -> None:
+    user_project.makepyfile(test_x="def test_explicit(runnercheck_differential):\n    runnercheck_differential(steps=0)\n\n"
+                                   "def test_from_the_option(runnercheck_differential):\n    runnercheck_differential()\n")
+    result = user_project.runpytest_subprocess("-p", PLUGIN, "-p", "no:cacheprovider", "--runnercheck-steps", "0")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*UsageError: runnercheck_differential: steps must be an integer >= 1*got 0*"])
+    result.stdout.fnmatch_lines(["*UsageError: runnercheck_differential: --runnercheck-steps must be an integer >= 1*"])
+
+
 def test_csan_option_off_cuda_is_a_usage_error_before_any_test(user_project: pytest.Pytester) -> None:
     user_project.makepyfile(test_x="def test_x(runnercheck_differential):\n    runnercheck_differential()\n")
     result = user_project.runpytest_subprocess("-p", PLUGIN, "--runnercheck-csan", "--runnercheck-device", "sim")

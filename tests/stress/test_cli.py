@@ -69,6 +69,8 @@ def test_out_under_a_file_is_refused(tmp_path, capsys) -> None:
     "argv, message",
     [
         (["stress", "--steps", "-1"], "--steps"),
+        (["stress", "--steps", "0"], "--steps"),  # a run of 0 ticks compares nothing: not a PASS
+        (["mutants", "--steps", "0"], "unrecognized arguments: --steps"),  # mutants sizes its own runs
         (["stress", "--draft-prob", "2"], "--draft-prob"),
         (["stress", "--max-num-reqs", "0"], "--max-num-reqs"),
         (["stress", "--max-inflight", "x"], "--max-inflight"),

@@ -93,6 +93,7 @@ def test_malformed_text(tmp_path, text: str, message: str) -> None:
     [
         (lambda d: d.update(version=1), "unknown repro version 1"),
         (lambda d: d.update(steps=4), "recorded trace holds 3 ticks"),
+        (lambda d: d.update(steps=0, first_divergence=None), "a replay would compare nothing"),
         (lambda d: d.update(seed=2**63), r"integer in \[0, 2\^63\)"),
         (lambda d: (d["model"]["config"].update(vocab_size=10**9, hidden_size=4096), d["limits"].update(vocab_size=10**9)),
          "parameters, above the maximum"),
@@ -200,6 +201,21 @@ def test_replay_of_a_bad_file_is_a_message_not_a_traceback(tmp_path, capsys) -> 
     assert "checksum mismatch" in err and "Traceback" not in err
     assert cli_main(["replay", str(tmp_path / "missing.json")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_replay_of_a_file_that_compares_nothing_is_a_usage_error(tmp_path, capsys) -> None:
+    from runnercheck.stress.repro import checksum
+
+    doc = json.loads(make_repro().to_json())
+    doc.pop("checksum")
+    doc.update(steps=0, first_divergence=None)
+    doc["checksum"] = checksum(doc)
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps(doc))
+    assert cli_main(["replay", str(path), "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "a replay would compare nothing" in lines[0] and not captured.out
 
 
 @pytest.mark.parametrize(
