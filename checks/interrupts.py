@@ -40,6 +40,28 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+class CatchInterrupt:
+    """A context that stops a `KeyboardInterrupt` at its end and keeps it in `interrupt`, so the
+    code after the block can report what finished before it (``enabled=False``: it lets it through)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.interrupt: KeyboardInterrupt | None = None
+
+    def __enter__(self) -> "CatchInterrupt":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        if self.enabled and isinstance(exc, KeyboardInterrupt):
+            self.interrupt = exc
+            return True
+        return False
+
+    def note(self) -> str | None:
+        """``interrupted (SIGINT)``-style words when the block was interrupted, else None."""
+        return None if self.interrupt is None else f"interrupted ({signal_name(self.interrupt)})"
+
+
 def signal_name(interrupt: BaseException) -> str:
     """``SIGTERM`` for `Terminated`, else ``SIGINT``."""
     return "SIGTERM" if isinstance(interrupt, Terminated) else "SIGINT"
@@ -50,5 +72,5 @@ def incomplete_banner(note: str) -> str:
     return f"> **INCOMPLETE REPORT**: {note}\n\n"
 
 
-__all__ = ["EXIT_INTERRUPTED", "STATUS_COMPLETE", "STATUS_INCOMPLETE", "STATUSES", "Terminated", "sigterm_as_interrupt",
+__all__ = ["EXIT_INTERRUPTED", "STATUS_COMPLETE", "STATUS_INCOMPLETE", "STATUSES", "Terminated", "CatchInterrupt", "sigterm_as_interrupt",
            "signal_name", "incomplete_banner"]
