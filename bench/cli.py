@@ -14,7 +14,7 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from runnercheck.bench.common import BenchContext, Row
 
