@@ -1,19 +1,20 @@
 """`runnercheck bench [--quick] [--only NAME...] [--device ...] --out DIR`.
 
 Each case runs its comparison in one process and returns result rows; the command writes
-``DIR/bench.json`` and ``DIR/bench.md``.  Absolute times mean something only on a GPU (CUDA events
+``DIR/bench.json`` and ``DIR/bench.md`` as a report folder (`runnercheck.checks.report_folder`).
+Interrupted (Ctrl-C, SIGTERM -- e.g. ``timeout``), it writes the cases that finished in a report
+marked incomplete and exits 130.  Absolute times mean something only on a GPU (CUDA events
 via ``triton.testing.do_bench``); on CPU (``--quick`` in CI) the run is a smoke test.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from runnercheck.bench.common import BenchContext, Row
 
@@ -46,7 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="out/bench", help="output folder (bench.json, bench.md)")
 
 
-def _markdown(meta: dict, rows: list[Row]) -> str:
+def _markdown(meta: dict, rows: list[Row], prov: dict) -> str:
+    from runnercheck.checks.interrupts import incomplete_banner
+    from runnercheck.checks.provenance import markdown_lines
+
     lines = [
         f"# runnercheck bench — {meta['date']}",
         "",
@@ -59,24 +63,31 @@ def _markdown(meta: dict, rows: list[Row]) -> str:
     for r in rows:
         met = "" if r.met is None else ("yes" if r.met else "**no**")
         lines.append(f"| {r.case} | {r.name} | {r.value:.4g} | {r.unit} | {r.target or ''} | {met} | {r.note} |")
-    return "\n".join(lines) + "\n"
+    lines += ["", "## Provenance", ""] + markdown_lines(prov)
+    banner = incomplete_banner(meta["interrupted"]) if meta.get("interrupted") else ""
+    return banner + "\n".join(lines) + "\n"
 
 
-def _write(out: Path, meta: dict, rows: list, failures: dict, dev: Any, *, cases_done: list[str], complete: bool) -> None:
-    """``bench.json`` (rows, failures, which cases ran, whether the run completed) and ``bench.md``."""
-    from runnercheck.checks.provenance import provenance
+def _write(out: Path, meta: dict, rows: list, failures: dict, prov: dict, *, cases_done: list[str],
+           interrupted: str | None = None) -> None:
+    """``bench.json`` (rows, failures, which cases ran, whether the run completed) and ``bench.md``.
 
-    doc = {"format_version": BENCH_FORMAT_VERSION, "provenance": provenance(meta["device_name"] if dev.is_cuda else dev.kind),
-           "meta": dict(meta, cases_done=list(cases_done), complete=complete), "rows": [r.to_dict() for r in rows],
-           "failures": failures}
+    ``interrupted``: where an interrupted run stopped; its report is marked incomplete."""
+    complete = interrupted is None and len(cases_done) == len(meta["cases"])
+    meta = dict(meta, cases_done=list(cases_done), complete=complete, interrupted=interrupted)
+    doc = {"format_version": BENCH_FORMAT_VERSION, "status": "complete" if complete else "incomplete",
+           "provenance": prov, "meta": meta, "rows": [r.to_dict() for r in rows], "failures": failures}
     (out / "bench.json").write_text(json.dumps(doc, indent=2))
-    (out / "bench.md").write_text(_markdown(meta, rows))
+    (out / "bench.md").write_text(_markdown(meta, rows, prov))
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
     import triton
 
+    from runnercheck.checks.interrupts import EXIT_INTERRUPTED, signal_name
+    from runnercheck.checks.provenance import provenance
+    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
     from runnercheck.impl.device import Device
 
     dev = Device(args.device, seed=args.seed, lag_policy="run-immediately")
@@ -85,32 +96,53 @@ def run(args: argparse.Namespace) -> int:
     names = args.only or list(CASE_NAMES)
     rows: list[Row] = []
     failures: dict[str, str] = {}
+    device_name = torch.cuda.get_device_name(0) if dev.is_cuda else platform.processor() or "CPU"
+    prov = provenance(device_name if dev.is_cuda else dev.kind)
     meta = {
-        "date": _dt.date.today().isoformat(),
-        "command": "runnercheck bench " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["bench"] else sys.argv[1:]),
+        "date": prov["date"],
+        "command": prov["command_line"],
         "device": dev.kind,
-        "device_name": torch.cuda.get_device_name(0) if dev.is_cuda else platform.processor() or "CPU",
+        "device_name": device_name,
         "torch": torch.__version__,
         "triton": triton.__version__,
         "quick": args.quick,
         "python": platform.python_version(),
+        "cases": list(names),
     }
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for i, name in enumerate(names):
-        t0 = time.perf_counter()
-        print(f"bench {name} ...", flush=True)
-        try:
-            got = cases[name](ctx)
-        except Exception as e:  # a broken case is reported, the others still run
-            failures[name] = f"{type(e).__name__}: {e}"
-            print(f"  FAILED: {failures[name]}", file=sys.stderr)
-            got = []
-        rows.extend(got)
-        for r in got:
-            print(f"  {r.name:<55} {r.value:>12.4g} {r.unit}")
-        print(f"  ({time.perf_counter() - t0:.1f} s)")
-        # Written after every case: a run cut short by its time limit keeps the cases it finished.
-        _write(out, meta, rows, failures, dev, cases_done=names[: i + 1], complete=i + 1 == len(names))
+    done: list[str] = []
+    interrupted = None
+    folder = atomic_report_folder(out, force=getattr(args, "force", False))
+    try:
+        with folder as tmp:
+            try:
+                for name in names:
+                    t0 = time.perf_counter()
+                    print(f"bench {name} ...", flush=True)
+                    try:
+                        got = cases[name](ctx)
+                    except Exception as e:  # a broken case is reported, the others still run
+                        failures[name] = f"{type(e).__name__}: {e}"
+                        print(f"  FAILED: {failures[name]}", file=sys.stderr)
+                        got = []
+                    rows.extend(got)
+                    done.append(name)
+                    for r in got:
+                        print(f"  {r.name:<55} {r.value:>12.4g} {r.unit}")
+                    print(f"  ({time.perf_counter() - t0:.1f} s)")
+                    # Written after every case: killed outright, the temporary folder keeps the finished cases.
+                    _write(tmp, meta, rows, failures, prov, cases_done=done)
+            except KeyboardInterrupt as e:  # keep the cases that finished, in a report marked incomplete
+                interrupted = (f"interrupted ({signal_name(e)}) after {len(done)} of {len(names)} case(s); "
+                               f"only those are reported")
+            _write(tmp, meta, rows, failures, prov, cases_done=done, interrupted=interrupted)
+    except FolderNotReplaced as e:
+        print(f"runnercheck bench: {e}", file=sys.stderr)
+        return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
+    if folder.moved_aside_line():
+        print(folder.moved_aside_line())
     print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")
+    if interrupted:
+        print(f"runnercheck bench: {interrupted}; incomplete report in {out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 1 if failures else 0

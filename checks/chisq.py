@@ -321,13 +321,22 @@ def _named(biases: tuple[str, ...] | None, known) -> tuple[str, ...] | None:
     return None if biases is None else tuple(b for b in biases if b in known)
 
 
-def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) -> stats.RunSummary:
-    """Matrix, then calibration and power as asked; returns the summary the report is written from."""
+def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True,
+            keep_partial: bool = False) -> stats.RunSummary:
+    """Matrix, then calibration and power as asked; returns the summary the report is written from.
+
+    ``keep_partial``: an interrupt (`KeyboardInterrupt`) ends the run with the phases that finished,
+    in a summary marked incomplete, instead of propagating."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from runnercheck.checks.interrupts import CatchInterrupt
 
     device = resolve_device(opts.device)
     started = time.perf_counter()
-    with single_threaded_on_cpu(device), Progress(TextColumn("{task.description:<40}"), BarColumn(), TextColumn("{task.fields[done]:.3g} token-draws"),
+    # Each phase's results are bound once it finished: an interrupt keeps exactly the finished ones.
+    results, skipped, calibration, power = [], [], None, []
+    stopped = CatchInterrupt(enabled=keep_partial)
+    with stopped, single_threaded_on_cpu(device), Progress(TextColumn("{task.description:<40}"), BarColumn(), TextColumn("{task.fields[done]:.3g} token-draws"),
                   TimeElapsedColumn(), disable=not show_progress, transient=True) as bar:
         task = bar.add_task("chisq", total=None, done=0.0)
 
@@ -360,6 +369,7 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True) 
         sampler=used, device=str(device), quick=opts.quick, seed=opts.seed, alpha=opts.alpha,
         correction=opts.correction, tests=results, skipped=skipped, calibration=calibration, power=power,
         elapsed_s=time.perf_counter() - started, shard=None if opts.shard[1] == 1 else "{}/{}".format(*opts.shard),
+        interrupted=stopped.note() and f"{stopped.note()}; only the parts that finished are reported",
     )
 
 
@@ -397,7 +407,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from runnercheck.checks.interrupts import EXIT_INTERRUPTED
     from runnercheck.checks.report import print_summary, write_report
+    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
 
     if args.samples is not None and args.samples < 1:
         print("runnercheck chisq: --samples must be >= 1", file=sys.stderr)
@@ -442,18 +454,29 @@ def run(args: argparse.Namespace) -> int:
                       max_rows_per_call=args.max_rows_per_call,
                       shard=(args.shard.index, args.shard.count) if getattr(args, "shard", None) else (0, 1))
     try:
-        summary = run_all(sampler, opts)
+        summary = run_all(sampler, opts, keep_partial=True)
     finally:
         if monitor is not None:
             monitor.disarm()
     if monitor is not None:
         summary.csan = {"races": monitor.count, "lines": monitor.lines(), "reports": [r.text for r in monitor.races[:3]]}
-    write_report(args.out, summary)
+    folder = atomic_report_folder(args.out, force=getattr(args, "force", False))
+    try:
+        with folder as tmp:
+            write_report(tmp, summary)
+    except FolderNotReplaced as e:
+        print(f"runnercheck chisq: {e}", file=sys.stderr)
+        return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
     if args.junit is not None:
         from runnercheck.checks.report import write_chisq_junit
 
         write_chisq_junit(args.junit, summary)
+    if folder.moved_aside_line():
+        print(folder.moved_aside_line())
     print_summary(summary, args.out, junit=args.junit)
+    if summary.interrupted:
+        print(f"runnercheck chisq: {summary.interrupted}; incomplete report in {args.out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0 if summary.passed else 1
 
 

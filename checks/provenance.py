@@ -1,14 +1,24 @@
-"""Where a result came from: the runnercheck version and commit, the library versions, the device.
+"""Where a result came from: when, the runnercheck version and commit, the library versions, the
+device and the exact command line.
 
 Every JSON a command writes (repro, summary, chisq, mutants, bench) carries a ``provenance``
-block, so a figure or a repro can be traced to the code and machine that produced it, and
-`replay` can say clearly when it runs on something else than what recorded.
+block, and every report's top Markdown its `markdown_lines`, so a figure or a repro can be traced
+to the code and machine that produced it, and `replay` can say clearly when it runs on something
+else than what recorded.
+
+The commit is reported only when the package runs from a runnercheck checkout (the folder above
+the package holds a ``pyproject.toml`` naming runnercheck): installed from a wheel into a venv
+inside a user's repository, git would otherwise answer with the user's commit.
 """
 from __future__ import annotations
 
+import datetime as _dt
 import functools
 import platform
+import shlex
 import subprocess
+import sys
+import tomllib
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,9 +37,40 @@ def _version(dist: str) -> str | None:
         return None
 
 
+_command_line: str | None = None
+
+
+def record_command_line(argv: list[str], program: str = "runnercheck") -> None:
+    """Remember the command line a CLI was given (``program`` and its arguments), for every report it writes."""
+    global _command_line
+    _command_line = shlex.join([program, *argv])
+
+
+def command_line() -> str:
+    """The recorded command line, else this process's own ``sys.argv``."""
+    return _command_line if _command_line is not None else shlex.join(sys.argv)
+
+
+def utc_now() -> str:
+    """Now, as an ISO 8601 UTC timestamp to the second (``2025-01-31T12:00:00Z``)."""
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def is_runnercheck_checkout(root: Path) -> bool:
+    """Whether ``root`` is a runnercheck source checkout: its ``pyproject.toml`` names the project runnercheck."""
+    try:
+        doc = tomllib.loads((root / "pyproject.toml").read_text())
+    except (OSError, ValueError):
+        return False
+    return doc.get("project", {}).get("name") == "runnercheck"
+
+
 @functools.lru_cache(maxsize=1)
 def git_commit() -> str | None:
-    """The checkout's commit (with ``-dirty`` when the tree has changes), or None outside git."""
+    """The runnercheck checkout's commit (with ``-dirty`` when the tree has changes); None when the
+    package does not run from a runnercheck checkout or git cannot tell."""
+    if not is_runnercheck_checkout(_REPO_ROOT):
+        return None
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=_REPO_ROOT, capture_output=True, text=True, timeout=5)
         if head.returncode != 0:
@@ -62,6 +103,8 @@ def provenance(device_name: str | None = None) -> dict[str, Any]:
     import numpy
 
     return {
+        "date": utc_now(),
+        "command_line": command_line(),
         "runnercheck": _version("runnercheck") or "unknown",
         "git_commit": git_commit(),
         "python": platform.python_version(),
@@ -71,6 +114,16 @@ def provenance(device_name: str | None = None) -> dict[str, Any]:
         "device_name": device_name,
         "platform": platform.platform(),
     }
+
+
+def markdown_lines(prov: dict[str, Any]) -> list[str]:
+    """The lines a report's Markdown shows its provenance with: date, versions, command line."""
+    commit = f" (commit {prov['git_commit']})" if prov.get("git_commit") else ""
+    libraries = ", ".join(f"{name} {prov[name]}" for name in ("python", "torch", "triton", "numpy") if prov.get(name))
+    device = f"; device {prov['device_name']}" if prov.get("device_name") else ""
+    return [f"- date: {prov.get('date', 'unknown')}",
+            f"- runnercheck {prov.get('runnercheck', 'unknown')}{commit}; {libraries}{device}",
+            f"- command: `{prov.get('command_line', 'unknown')}`"]
 
 
 def device_name(kind: str) -> str:

@@ -40,17 +40,31 @@ def _fmt_p(p: float | None) -> str:
     return "0" if p == 0 else f"{p:.3g}"
 
 
-def write_json(path: Path, summary: RunSummary) -> None:
+def write_json(path: Path, summary: RunSummary, prov: dict | None = None) -> None:
     """``chisq.json``: the summary plus its format version and provenance (`runnercheck.checks.provenance`)."""
-    from runnercheck.checks.provenance import device_name, provenance
-
-    doc = {"format_version": CHISQ_FORMAT_VERSION, "provenance": provenance(device_name(summary.device.split(":")[0])),
-           **summary.to_dict()}
+    doc = {"format_version": CHISQ_FORMAT_VERSION, "provenance": prov or run_provenance(summary), **summary.to_dict()}
     path.write_text(json.dumps(_json_safe(doc), indent=1, allow_nan=False) + "\n")
 
 
-def markdown(summary: RunSummary) -> str:
+def run_provenance(summary: RunSummary) -> dict:
+    """The provenance block (`runnercheck.checks.provenance`) for the run ``summary`` reports, written now."""
+    from runnercheck.checks.provenance import device_name, provenance
+
+    return provenance(device_name(summary.device.split(":")[0]))
+
+
+def markdown(summary: RunSummary, prov: dict | None = None) -> str:
+    """``chisq.md``: an incomplete run's banner, the tables, then the provenance (``prov``: default written now)."""
+    from runnercheck.checks.interrupts import incomplete_banner
+    from runnercheck.checks.provenance import markdown_lines
+
     verdict = "PASS" if summary.passed else "FAIL"
+    banner = incomplete_banner(summary.interrupted) if summary.interrupted else ""
+    provenance_lines = markdown_lines(prov or run_provenance(summary))
+    return banner + _markdown_body(summary, verdict) + "\n## Provenance\n\n" + "\n".join(provenance_lines) + "\n"
+
+
+def _markdown_body(summary: RunSummary, verdict: str) -> str:
     lines = [
         f"# Sampler chi-square report: {verdict}",
         "",
@@ -155,7 +169,7 @@ def _power_figure(summary: RunSummary):
     return fig
 
 
-def html_report(summary: RunSummary) -> str:
+def html_report(summary: RunSummary, prov: dict | None = None) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -169,7 +183,7 @@ def html_report(summary: RunSummary) -> str:
         images.append(("power of the planted biases", _png(_power_figure(summary))))
     body = "\n".join(f'<h3>{html.escape(title)}</h3><img alt="{html.escape(title)}" src="data:image/png;base64,{data}">'
                      for title, data in images)
-    md = html.escape(markdown(summary))
+    md = html.escape(markdown(summary, prov))
     verdict = "PASS" if summary.passed else "FAIL"
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>chisq {verdict}</title>"
             "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}pre{white-space:pre-wrap;font-size:12px}</style>"
@@ -181,9 +195,10 @@ def write_report(out_dir: str | Path, summary: RunSummary) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "chisq.json", "markdown": out / "chisq.md", "html": out / "report.html"}
-    write_json(paths["json"], summary)
-    paths["markdown"].write_text(markdown(summary))
-    paths["html"].write_text(html_report(summary))
+    prov = run_provenance(summary)  # one block for the three files
+    write_json(paths["json"], summary, prov)
+    paths["markdown"].write_text(markdown(summary, prov))
+    paths["html"].write_text(html_report(summary, prov))
     return paths
 
 

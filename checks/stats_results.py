@@ -170,6 +170,11 @@ class RunSummary:
     elapsed_s: float = 0.0
     csan: dict[str, Any] | None = None  # ``--csan``: {"races": n, "lines": [...], "reports": [...]} (`runnercheck.checks.csan`)
     shard: str | None = None  # ``--shard I/N``: this job's share of the campaign (None: the whole campaign)
+    interrupted: str | None = None  # where an interrupted run stopped; its report is incomplete and never passes
+
+    @property
+    def status(self) -> str:
+        return "complete" if self.interrupted is None else "incomplete"
 
     @property
     def failed_tests(self) -> list[TestResult]:
@@ -179,6 +184,7 @@ class RunSummary:
     def passed(self) -> bool:
         return (
             bool(self.tests or self.calibration is not None or self.power)  # a run that tested something
+            and self.interrupted is None
             and not self.failed_tests
             and (self.calibration is None or self.calibration.passed)
             and all(p.passed for p in self.power)
@@ -197,6 +203,8 @@ class RunSummary:
             "seed": self.seed,
             "alpha": self.alpha,
             "correction": self.correction,
+            "status": self.status,
+            "interrupted": self.interrupted,
             "passed": self.passed,
             "num_tests": len(self.tests),
             "num_failed": len(self.failed_tests),

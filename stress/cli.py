@@ -5,9 +5,16 @@ Each command lives in its own module exposing ``add_arguments(parser)`` and
 built from the table below without importing any command, as vLLM's CLI does).  The shared
 options (`runnercheck.stress.cli_options`) are added here, once, with one rule each: ``--device auto`` is
 cuda when torch sees a GPU, else sim, in every command; ``--seed`` is an integer in [0, 2^63);
-``--out`` must be creatable and writable and not a file; ``--csan`` (stress, verify, chisq) needs the
-resolved device to be cuda; ``-v``/``-q`` set the log level.  They
-are checked after parsing and before the command runs: a bad value exits 2 with one line.
+``--out`` must be creatable and writable, not a file, not the current folder or one of its
+ancestors, ``/`` or ``$HOME``, and not a non-empty folder holding no runnercheck report unless
+``--force``; ``--csan`` (stress, verify, chisq) needs the resolved device to be cuda; ``-v``/``-q``
+set the log level.  They are checked after parsing and before the command runs: a bad value exits 2
+with one line.
+
+Interrupts have one rule, installed here: SIGTERM (a CI job cancelled) is turned into
+`runnercheck.checks.interrupts.Terminated`, a `KeyboardInterrupt`, so it unwinds like Ctrl-C; a
+command writes what finished as a report marked incomplete, and an interrupt that reaches this
+function is one line on stderr.  Either way the exit status is 130.
 """
 from __future__ import annotations
 
@@ -159,7 +166,7 @@ def check_shared(args: argparse.Namespace) -> None:
             raise UsageError(str(e)) from None
     if getattr(args, "out", None) is not None:
         try:
-            check_out_dir(args.out)
+            check_out_dir(args.out, force=getattr(args, "force", False))
         except OutDirError as e:
             raise UsageError(str(e)) from None
 
@@ -176,6 +183,19 @@ def main(argv: list[str] | None = None) -> int:
             return int(e.code or 0)
         return 2
     name, rest = argv[0], argv[1:]
+    from runnercheck.checks.interrupts import EXIT_INTERRUPTED, sigterm_as_interrupt, signal_name
+    from runnercheck.checks.provenance import record_command_line
+
+    record_command_line(argv)
+    try:
+        with sigterm_as_interrupt():
+            return _run_command(name, rest)
+    except KeyboardInterrupt as e:  # one the command did not turn into an incomplete report
+        print(f"runnercheck {name}: interrupted ({signal_name(e)}); no report was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run_command(name: str, rest: list[str]) -> int:
     prepare_triton_env(rest)
     cmd = COMMANDS[name]
     try:

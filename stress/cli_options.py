@@ -4,8 +4,12 @@
   every command (`resolve_device`); asking for cuda without one is a usage error.
 * ``--seed S``: an integer in ``[0, 2^63)`` everywhere (`runnercheck.stress.run_config.seed_problem` words
   the message).
-* ``--out DIR``: a report folder that can be created and written and is not a file
-  (`runnercheck.checks.report_folder.check_out_dir`), checked before any work.
+* ``--out DIR``: a report folder that can be created and written and is not a file, never the
+  current folder, an ancestor of it, ``/`` or ``$HOME``, and -- unless ``--force`` -- not a
+  non-empty folder that holds no runnercheck report (`runnercheck.checks.report_folder.check_out_dir`),
+  checked before any work.  What DIR held before is moved aside, never deleted.
+* ``--force``: a non-empty ``--out`` folder that is not a runnercheck report is moved aside to
+  ``DIR.prev-<UTC time>`` and the report written in its place.
 * ``--no-progress``: no progress bar (progress lines still go to a non-terminal log).
 * ``-v`` / ``-q``: more / less logging (`logging`, to stderr).
 * ``--eager``: run the runner without CUDA graphs (``cuda_graphs=False`` to factories that take it).
@@ -164,7 +168,12 @@ def add_run_options(parser: argparse.ArgumentParser, *, eager: bool, csan: bool 
     group.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
                        help="auto: cuda when torch sees a GPU, else sim (the same rule in every command)")
     group.add_argument("--seed", type=seed_type, default=0, help="an integer in [0, 2^63)")
-    group.add_argument("--out", default=None, help="report folder (written atomically; checked before any work)")
+    group.add_argument("--out", default=None,
+                       help="report folder (written atomically; checked before any work; what it held before is "
+                            "moved to DIR.prev-<UTC time>, never deleted)")
+    group.add_argument("--force", action="store_true",
+                       help="write the report even when --out is a non-empty folder that is not a runnercheck report "
+                            "(it is moved aside to DIR.prev-<UTC time>, nothing is deleted)")
     group.add_argument("--no-progress", action="store_true", help="no progress bar")
     if eager:
         group.add_argument("--eager", action="store_true", help="run the runner without CUDA graphs")

@@ -9,7 +9,10 @@ the crashing tick and the last completed step, and returns a `Findings` whose fi
 kind ``crash`` (``killed by signal SIGSEGV``); its repro replays into the same crash.
 
 Children are forked on cpu/sim (fast, and in-process test plants survive) and spawned on cuda
-(CUDA cannot cross a fork).  Each child runs torch single-threaded: interpreted kernels on tiny
+(CUDA cannot cross a fork).  Interrupts belong to the parent: a child starts with SIGINT ignored
+and SIGTERM at its default (so Ctrl-C in a terminal, which signals the whole process group, reaches
+only the parent's `KeyboardInterrupt`), and the parent kills and reaps every running child before
+the interrupt leaves `isolated_runs`.  Each child runs torch single-threaded: interpreted kernels on tiny
 tensors gain nothing from intra-op threads, and parallel runs would only contend for the cores.
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -52,6 +56,8 @@ def default_parallel() -> int:
 
 def _child(conn: Any, job: IsolatedJob) -> None:
     """The isolated run: streams ("tick", t, ops), ("enqueue", id), ("step", id); ends with ("done", findings)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles interrupts and stops its children
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         if job.config.device != "cuda":
             import torch
@@ -128,7 +134,16 @@ def _start(index: int, job: IsolatedJob) -> _Running:
     sys.stdout.flush()
     sys.stderr.flush()
     proc = ctx.Process(target=_child, args=(send, job), daemon=True)
-    proc.start()
+    # Started with SIGINT ignored, which a spawned interpreter keeps until `_child` runs: a Ctrl-C
+    # while it imports must not print its traceback.
+    if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
+        proc.start()
+    else:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            proc.start()
+        finally:
+            signal.signal(signal.SIGINT, previous)
     send.close()
     return _Running(index, job, proc, receive)
 

@@ -19,12 +19,12 @@ default only on cuda (the interpreted CPU sampler draws ~30 rows a second).
 
 Writes DIR/mutants.json and the Markdown matrix DIR/mutants.md (`runnercheck.stress.mutants_report`).  Exit 0
 only when every mutant run was killed as designed and every control stayed silent; 1 otherwise; 2 on
-bad arguments.
+bad arguments; 130 when interrupted (Ctrl-C, SIGTERM): the report, marked incomplete, holds the
+mutants that finished.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -255,24 +255,37 @@ def run_controls(results: Sequence[MutantResult], opts: MutantsOptions) -> list[
     return controls
 
 
-def run_catalogue(opts: MutantsOptions, *, command: str = "", on_result: Callable[[Any], None] | None = None) -> MutantsReport:
-    started = time.perf_counter()
-    selected = [CATALOGUE[n] for n in opts.only] if opts.only else list(CATALOGUE.values())
-    results = []
-    for mutant in selected:
-        results.append(run_mutant(mutant, opts))
-        if on_result is not None:
-            on_result(results[-1])
-    controls = run_controls(results, opts)
-    for c in controls:
-        if on_result is not None:
-            on_result(c)
+def run_catalogue(opts: MutantsOptions, *, command: str = "", on_result: Callable[[Any], None] | None = None,
+                  keep_partial: bool = False) -> MutantsReport:
+    """Every selected mutant, then the controls.  ``keep_partial``: an interrupt ends the run with the
+    mutants that finished (controls only if they finished) in a report marked incomplete."""
+    from runnercheck.checks.interrupts import CatchInterrupt
     from runnercheck.checks.provenance import device_name, provenance
 
+    started = time.perf_counter()
+    selected = [CATALOGUE[n] for n in opts.only] if opts.only else list(CATALOGUE.values())
+    results: list[MutantResult] = []
+    controls: list[ControlResult] = []
+    stopped = CatchInterrupt(enabled=keep_partial)
+    with stopped:
+        for mutant in selected:
+            results.append(run_mutant(mutant, opts))
+            if on_result is not None:
+                on_result(results[-1])
+        controls = run_controls(results, opts)
+        for c in controls:
+            if on_result is not None:
+                on_result(c)
+    interrupted = None
+    if stopped.interrupt is not None:
+        interrupted = (f"{stopped.note()} after {len(results)} of {len(selected)} mutant(s)"
+                       f"{'' if controls else ', before the controls'}; only what finished is reported")
+    prov = provenance(device_name(opts.device))
     return MutantsReport(
         device=opts.device, quick=opts.quick, seed=opts.seed, chisq=opts.runs_chisq, command=command,
-        date=_dt.datetime.now().isoformat(timespec="seconds"), mutants=results, controls=controls,
-        elapsed_s=time.perf_counter() - started, provenance=provenance(device_name(opts.device)),
+        date=prov["date"], mutants=results, controls=controls,
+        elapsed_s=time.perf_counter() - started, provenance=prov,
+        status="complete" if interrupted is None else "incomplete", interrupted=interrupted,
     )
 
 
@@ -331,12 +344,15 @@ def _merge(args: argparse.Namespace) -> int:
     except (RatesMergeError, RunSetupError) as e:
         print(f"runnercheck mutants: {e}", file=sys.stderr)
         return 2
+    folder = atomic_report_folder(args.out, force=args.force)
     try:
-        with atomic_report_folder(args.out) as tmp:
+        with folder as tmp:
             write_rates(rates, tmp)
     except FolderNotReplaced as e:
         print(f"runnercheck mutants: {e}", file=sys.stderr)
         return 1
+    if folder.moved_aside_line():
+        print(folder.moved_aside_line())
     return _report_rates(args, rates, Console(), f" (merged from {len(args.merge)} folder(s))")
 
 
@@ -349,6 +365,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.merge:
         return _merge(args)
+    from runnercheck.checks.interrupts import EXIT_INTERRUPTED
     from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
     from runnercheck.checks.junit import suite_name
     from runnercheck.stress.junit_cases import check_junit_path, mutants_cases, write_cases
@@ -401,13 +418,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seeds > 1:  # (a shard needs --seeds >= its count: checked above)
         return _run_seeds(args, opts, command, show, console)
+    folder = atomic_report_folder(args.out, force=args.force)
     try:
-        with atomic_report_folder(args.out) as tmp:
-            report = run_catalogue(opts, command=command, on_result=show)
+        with folder as tmp:
+            report = run_catalogue(opts, command=command, on_result=show, keep_partial=True)
             write_report(report, tmp)
     except FolderNotReplaced as e:
         print(f"runnercheck mutants: {e}", file=sys.stderr)
-        return 1
+        return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
+    if folder.moved_aside_line():
+        console.print(folder.moved_aside_line(), highlight=False, markup=False)
     json_path, md_path = Path(args.out) / "mutants.json", Path(args.out) / "mutants.md"
     files = [md_path, json_path, Path(args.out) / "manifest.json"]
     if args.junit:
@@ -424,6 +444,9 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("elapsed", f"{report.elapsed_s:.0f} s")
     console.print(table)
     console.print("report files:\n" + "\n".join(f"  {f}" for f in files), highlight=False, markup=False)
+    if report.interrupted:
+        print(f"runnercheck mutants: {report.interrupted}; incomplete report in {args.out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0 if report.passed else 1
 
 
@@ -434,22 +457,34 @@ def _run_seeds(args: argparse.Namespace, opts: MutantsOptions, command: str, sho
     from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
     from runnercheck.stress.mutants_rates import kill_rates, write_rates
 
+    from runnercheck.checks.interrupts import EXIT_INTERRUPTED
+
     reports = []
+    folder = atomic_report_folder(args.out, force=args.force)
     try:
-        with atomic_report_folder(args.out) as tmp:
+        with folder as tmp:
             seeds = args.shard.select(range(args.seed, args.seed + args.seeds))
             for k, seed in enumerate(seeds):
                 seed_opts = replace(opts, seed=seed)
                 console.print(f"seed {seed} ({k + 1}/{len(seeds)}, shard {args.shard.describe()})", highlight=False)
-                reports.append(run_catalogue(seed_opts, command=command, on_result=show))
+                reports.append(run_catalogue(seed_opts, command=command, on_result=show, keep_partial=True))
                 write_report(reports[-1], tmp / f"seed-{seed_opts.seed}")
+                if reports[-1].interrupted:  # the seeds after it never ran
+                    break
             rates = kill_rates(reports, command=command)
             write_rates(rates, tmp)
     except FolderNotReplaced as e:
         print(f"runnercheck mutants: {e}", file=sys.stderr)
-        return 1
+        return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
+    if folder.moved_aside_line():
+        console.print(folder.moved_aside_line(), highlight=False, markup=False)
     shard = "" if args.shard.whole else f" (shard {args.shard.describe()})"
-    return _report_rates(args, rates, console, shard)
+    status = _report_rates(args, rates, console, shard)
+    if reports[-1].interrupted:
+        print(f"runnercheck mutants: seed {reports[-1].seed} {reports[-1].interrupted}; incomplete report in {args.out}",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return status
 
 
 def _report_rates(args: argparse.Namespace, rates: Any, console: Any, note: str = "") -> int:

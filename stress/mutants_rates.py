@@ -76,10 +76,12 @@ class KillRates:
     provenance: dict = field(default_factory=dict)
     version: int = RATES_VERSION
 
+    status: str = "complete"  # "incomplete": a seed's run was interrupted (its report holds what finished)
+
     @property
     def passed(self) -> bool:
         ran = [m for m in self.mutants if m.seeds_run]
-        return all(m.rate == 1.0 for m in ran) and all(c.clean for c in self.controls)
+        return self.status == "complete" and all(m.rate == 1.0 for m in ran) and all(c.clean for c in self.controls)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -87,6 +89,13 @@ class KillRates:
         d["controls"] = [dict(asdict(c), clean=c.clean) for c in self.controls]
         d["passed"] = self.passed
         return d
+
+
+def _provenance_now(recorded: dict) -> dict:
+    """The seeds' provenance (the code and libraries that ran them), dated and named by this command."""
+    from runnercheck.checks.provenance import command_line, utc_now
+
+    return dict(recorded, date=utc_now(), command_line=command_line()) if recorded else {}
 
 
 def kill_rates(reports: Sequence[MutantsReport], *, command: str = "") -> KillRates:
@@ -116,10 +125,22 @@ def kill_rates(reports: Sequence[MutantsReport], *, command: str = "") -> KillRa
                 control.fired = control.fired or dict(c.fired)
     return KillRates(device=reports[0].device, quick=reports[0].quick, seeds=[r.seed for r in reports], command=command,
                      mutants=list(mutants.values()), controls=list(controls.values()),
-                     elapsed_s=round(sum(r.elapsed_s for r in reports), 1), provenance=dict(reports[0].provenance))
+                     elapsed_s=round(sum(r.elapsed_s for r in reports), 1), provenance=_provenance_now(reports[0].provenance),
+                     status="complete" if all(r.status == "complete" for r in reports) else "incomplete")
 
 
 def markdown(rates: KillRates) -> str:
+    """rates.md: an incomplete campaign's banner first, the rates table, the provenance last."""
+    from runnercheck.checks.interrupts import incomplete_banner
+    from runnercheck.checks.provenance import markdown_lines
+
+    banner = incomplete_banner("a seed's run was interrupted: these rates count only what finished") \
+        if rates.status != "complete" else ""
+    provenance = ("\n## Provenance\n\n" + "\n".join(markdown_lines(rates.provenance)) + "\n") if rates.provenance else ""
+    return banner + _rates_markdown(rates) + provenance
+
+
+def _rates_markdown(rates: KillRates) -> str:
     n = len(rates.seeds)
     lines = [
         f"# runnercheck mutants: kill rates over {n} seed(s): {'PASS' if rates.passed else 'FAIL'}",
@@ -163,6 +184,9 @@ def merge_shards(folders: Sequence[str | Path], *, command: str = "") -> KillRat
                 report = read_report(path)
             except MutantsReportError as e:
                 raise RatesMergeError(str(e)) from None
+            if report.status != "complete":
+                raise RatesMergeError(f"{path}: seed {report.seed} was interrupted (an incomplete report); "
+                                      f"rerun its shard before merging")
             if report.seed in where:
                 raise RatesMergeError(f"seed {report.seed} is in both {where[report.seed]} and {path}: shards overlap")
             where[report.seed] = path

@@ -67,11 +67,13 @@ class MutantsReport:
     elapsed_s: float
     provenance: dict = field(default_factory=dict)
     version: int = MUTANTS_VERSION
+    status: str = "complete"  # "incomplete": interrupted; holds the mutants (and controls) that finished
+    interrupted: str | None = None  # where an incomplete run stopped
 
     @property
     def passed(self) -> bool:
         run = [m for m in self.mutants if m.status != "skipped"]
-        return all(m.as_designed for m in run) and all(c.clean for c in self.controls)
+        return self.status == "complete" and all(m.as_designed for m in run) and all(c.clean for c in self.controls)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -98,7 +100,8 @@ def read_report(path: str | Path) -> MutantsReport:
         controls = [ControlResult(**{k: v for k, v in c.items() if k != "clean"}) for c in d["controls"]]
         return MutantsReport(device=d["device"], quick=d["quick"], seed=d["seed"], chisq=d["chisq"], command=d["command"],
                              date=d["date"], mutants=mutants, controls=controls, elapsed_s=d["elapsed_s"],
-                             provenance=d.get("provenance", {}), version=d["version"])
+                             provenance=d.get("provenance", {}), version=d["version"],
+                             status=d.get("status", "complete"), interrupted=d.get("interrupted"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise MutantsReportError(f"{path}: not a readable mutants report ({type(e).__name__}: {e})") from None
 
@@ -117,7 +120,17 @@ def _cell(result: MutantResult, check: str) -> str:
 
 
 def markdown(report: MutantsReport) -> str:
-    """The kill matrix, the controls and each mutant's evidence, as the text of DIR/mutants.md."""
+    """The kill matrix, the controls and each mutant's evidence, as the text of DIR/mutants.md
+    (an incomplete run's banner first, the provenance last)."""
+    from runnercheck.checks.interrupts import incomplete_banner
+    from runnercheck.checks.provenance import markdown_lines
+
+    banner = incomplete_banner(report.interrupted or "interrupted") if report.status != "complete" else ""
+    provenance = ("\n## Provenance\n\n" + "\n".join(markdown_lines(report.provenance)) + "\n") if report.provenance else ""
+    return banner + _matrix_markdown(report) + provenance
+
+
+def _matrix_markdown(report: MutantsReport) -> str:
     run = [m for m in report.mutants if m.status != "skipped"]
     killed = sum(m.as_designed for m in run)
     lines = [

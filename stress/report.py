@@ -6,6 +6,8 @@ schema) and ``summary.md``, titled by the command that ran (``command``).
     {
       "version": 2,
       "command": "verify" | "stress",
+      "status": "complete" | "incomplete",   # incomplete: interrupted; holds the runs that finished
+                                             # (possibly none) and never passes
       "provenance": {...checks.provenance.provenance()...},
       "passed": true,                  # every run agreed, no unaccounted host sync, no lifetime
                                        # violation, and the sampler statistics (if they ran) passed
@@ -44,6 +46,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from runnercheck.checks.interrupts import STATUS_COMPLETE, STATUS_INCOMPLETE, STATUSES, incomplete_banner
+from runnercheck.checks.provenance import markdown_lines
 from runnercheck.stress.run_config import describe_policy
 
 if TYPE_CHECKING:
@@ -135,11 +139,16 @@ def chisq_passed(chisq: dict) -> bool:
 
 def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: int, runner: str, model: str,
                   quick: bool, elapsed_s: float, notes: Sequence[str] = (), command: str = "verify",
-                  provenance: dict | None = None, require_coverage: bool = False) -> dict:
+                  provenance: dict | None = None, require_coverage: bool = False,
+                  status: str = STATUS_COMPLETE) -> dict:
     """The ``summary.json`` document for ``runs`` and the statistics section ``chisq``.
 
     ``require_coverage``: a feature of `runnercheck.stress.coverage.FEATURES` that no run exercised fails the job.
+    ``status``: ``incomplete`` for a job that was interrupted (``runs``: those that finished; its
+    ``notes`` should say where it stopped); it never passes and its coverage is not gated.
     """
+    complete = status == STATUS_COMPLETE
+    require_coverage = require_coverage and complete
     from runnercheck.stress.coverage import merge, zero_features
 
     coverage = merge(r.coverage for r in runs)
@@ -152,8 +161,9 @@ def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: 
     doc = {
         "version": SUMMARY_VERSION,
         "command": command,
+        "status": status,
         "provenance": provenance if provenance is not None else {},
-        "passed": bool(runs) and divergences == 0 and host_syncs == 0 and lifetime == 0 and provenance_violations == 0
+        "passed": complete and bool(runs) and divergences == 0 and host_syncs == 0 and lifetime == 0 and provenance_violations == 0
         and csan_races == 0 and chisq_passed(chisq)
         and not zero,
         "device": device,
@@ -212,9 +222,12 @@ def validate_summary(doc: Any) -> None:
     if chisq["status"] == "ran" and not isinstance(chisq.get("passed"), bool):
         raise SummaryError("chisq.passed must be a bool when the statistics ran")
     _validate_chisq_samplers(chisq)
+    status = doc.get("status", STATUS_COMPLETE)  # summaries written before the field were complete
+    if status not in STATUSES:
+        raise SummaryError(f"field 'status' must be one of {STATUSES}, got {status!r}")
     runs = doc.get("runs")
-    if not isinstance(runs, list) or not runs:
-        raise SummaryError("field 'runs' must be a non-empty list")
+    if not isinstance(runs, list) or (not runs and status == STATUS_COMPLETE):
+        raise SummaryError("field 'runs' must be a list, non-empty unless the status is incomplete")
     for i, run in enumerate(runs):
         if not isinstance(run, dict):
             raise SummaryError(f"runs[{i}] must be an object")
@@ -241,7 +254,7 @@ def validate_summary(doc: Any) -> None:
     if not isinstance(coverage, dict) or not all(_is_count(v) for v in coverage.values()) or not isinstance(zero, list) \
             or any(coverage.get(f) != 0 for f in zero):
         raise SummaryError("field 'coverage' must map features to counts and 'coverage_zero' list features counted 0")
-    expected = all(r["passed"] for r in runs) and chisq_passed(chisq) and not zero
+    expected = status == STATUS_COMPLETE and all(r["passed"] for r in runs) and chisq_passed(chisq) and not zero
     if doc["passed"] != expected:
         raise SummaryError(f"field 'passed' is {doc['passed']} but the runs and statistics say {expected}")
 
@@ -326,7 +339,13 @@ def render_markdown(doc: dict) -> str:
     lines += [f"| {name} | {'**0**' if n == 0 else n} |" for name, n in doc["coverage"].items()]
     if doc.get("notes"):
         lines += ["", "## Notes", ""] + [f"- {n}" for n in doc["notes"]]
-    return "\n".join(lines).rstrip() + "\n"
+    if doc.get("provenance"):
+        lines += ["", "## Provenance", ""] + markdown_lines(doc["provenance"])
+    text = "\n".join(lines).rstrip() + "\n"
+    if doc.get("status") == STATUS_INCOMPLETE:
+        text = incomplete_banner("the run was interrupted; this report holds only what finished before it stopped "
+                                 "(see Notes)") + text
+    return text
 
 
 def coverage_tally(doc: dict) -> "CoverageTally":

@@ -9,7 +9,9 @@ lag policy, by default random-drain seeded by S), the operations from the seeded
 run executes in a child process (a crash is a finding too).  The report folder DIR is written
 atomically: ``summary.json``/``summary.md`` (`runnercheck.stress.report`) and, when the run found something,
 ``repro.json`` (`runnercheck.stress.repro`; ``runnercheck replay DIR/repro.json`` re-runs it).  Exit 0 when
-runner and oracle agree and the detectors stayed silent, 1 on a finding, 2 on bad arguments.
+runner and oracle agree and the detectors stayed silent, 1 on a finding, 2 on bad arguments,
+130 when interrupted (Ctrl-C, SIGTERM): the child is stopped and the report, marked incomplete,
+says at which tick (an unfinished run's findings are not reported).
 """
 from __future__ import annotations
 
@@ -147,6 +149,7 @@ def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from runnercheck.checks.interrupts import EXIT_INTERRUPTED, STATUS_COMPLETE, STATUS_INCOMPLETE, signal_name
     from runnercheck.checks.provenance import device_name, provenance
     from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
     from runnercheck.stress.churn import ChurnConfig
@@ -158,42 +161,68 @@ def run(args: argparse.Namespace) -> int:
 
     started = time.perf_counter()
     name = f"stress {args.device} seed {args.seed}"
+    findings = None
+    interrupt: KeyboardInterrupt | None = None
+    reached = [0]  # the last tick the run reported
     try:
         config = config_from_args(args)
         load_runner_factory(config.runner)
         with Progress(name, config.steps, enabled=not args.no_progress) as progress:
             progress.start(name)
+
+            def ticked(tick: int) -> None:
+                reached[0] = tick
+                progress.advance(tick)
+
             run = checked_run if args.in_process else isolated_run
             churn = ChurnOps(ChurnConfig(repetitive_prompt_prob=0.35)) if config.scheduler.ngram_spec_tokens else ChurnOps()
-            findings = run(config, churn, name=name, lifetime_mode="error", on_tick=progress.advance)
-            progress.end(f"{'ok  ' if findings.passed else 'FAIL'} {name}: {findings.result.steps} steps, "
-                         f"{findings.result.tokens_compared} tokens, {findings.elapsed_s:.1f} s")
+            try:
+                findings = run(config, churn, name=name, lifetime_mode="error", on_tick=ticked)
+            except KeyboardInterrupt as e:  # the child is already stopped (isolation); keep a report
+                interrupt = e
+            if findings is not None:
+                progress.end(f"{'ok  ' if findings.passed else 'FAIL'} {name}: {findings.result.steps} steps, "
+                             f"{findings.result.tokens_compared} tokens, {findings.elapsed_s:.1f} s")
     except RunSetupError as e:
         print(f"runnercheck stress: {e}", file=sys.stderr)
         return 2
     out = args.out
     repro_path = None
+    notes = []
+    if interrupt is not None:
+        stopped = f"interrupted ({signal_name(interrupt)}) at tick {reached[0]} of {config.steps}"
+        notes.append(f"{stopped}: the run did not finish, so nothing about it is reported")
+    folder = atomic_report_folder(out, force=args.force)
     try:
-        with atomic_report_folder(out) as tmp:
-            if findings.diverged:
-                findings.repro().save(tmp / "repro.json")
-                repro_path = f"{out}/repro.json"
-            record = RunRecord.from_findings(findings, repro_path)
-            doc = build_summary([record], {"status": "skipped", "passed": None, "note": "stress runs no statistics"},
+        with folder as tmp:
+            records = []
+            if findings is not None:
+                if findings.diverged:
+                    findings.repro().save(tmp / "repro.json")
+                    repro_path = f"{out}/repro.json"
+                records.append(RunRecord.from_findings(findings, repro_path))
+            doc = build_summary(records, {"status": "skipped", "passed": None, "note": "stress runs no statistics"},
                                 device=config.device, seed=config.seed, runner=config.runner,
                                 model=config.model_preset or "custom", quick=False,
-                                elapsed_s=time.perf_counter() - started, command="stress",
-                                provenance=provenance(device_name(config.device)))
+                                elapsed_s=time.perf_counter() - started, command="stress", notes=notes,
+                                provenance=provenance(device_name(config.device)),
+                                status=STATUS_COMPLETE if interrupt is None else STATUS_INCOMPLETE)
             write_report(tmp, doc)
     except FolderNotReplaced as e:
         print(f"runnercheck stress: {e}", file=sys.stderr)
-        return 1
+        return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
+    if folder.moved_aside_line():
+        print(folder.moved_aside_line())
+    files = [f"{out}/summary.json", f"{out}/summary.md"] + ([repro_path] if repro_path else [])
+    if findings is None:
+        print(f"report (incomplete): {'  '.join(files)}")
+        print(f"runnercheck stress: {stopped}; incomplete report in {out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if findings.passed:
         print_findings(findings, "runnercheck stress: runner and oracle agree")
     else:
         print_findings(findings, "runnercheck stress: FINDINGS")
         print_divergence(findings)
-    files = [f"{out}/summary.json", f"{out}/summary.md"] + ([repro_path] if repro_path else [])
     if repro_path:
         print(f"repro written to {repro_path}  (runnercheck replay {repro_path})")
     print(f"report: {'  '.join(files)}")

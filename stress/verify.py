@@ -29,6 +29,9 @@ then the sampler statistics, then a report folder.
    atomically with ``DIR/manifest.json`` (`runnercheck.checks.report_folder`); ``--junit FILE``: JUnit XML,
    one case per run.
 
+Interrupted (Ctrl-C, SIGTERM), the job stops its runs' child processes and still writes the report
+folder, marked ``incomplete``: the runs that finished (and the statistics if they finished); exit 130.
+
 A run passes when runner and oracle agree on every compared step, every host read/wait inside
 ``execute_model`` is one of the runner's own counted back-pressure waits
 (`runnercheck.stress.harness.counted_waits`), the staging checker saw no violation, and (``--csan``, cuda)
@@ -256,6 +259,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from runnercheck.checks.interrupts import EXIT_INTERRUPTED, STATUS_COMPLETE, STATUS_INCOMPLETE
     from runnercheck.checks.provenance import device_name, provenance
     from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
     from runnercheck.stress.harness import load_runner_factory
@@ -292,9 +296,12 @@ def run(args: argparse.Namespace) -> int:
     except RunSetupError as e:
         print(f"runnercheck verify: {e}", file=sys.stderr)
         return 2
+    folder = atomic_report_folder(out, force=args.force)
     try:
-        with atomic_report_folder(out) as tmp:
-            records, chisq = _execute_plan(plan, out, tmp, args)
+        with folder as tmp:
+            records, chisq, stopped = _execute_plan(plan, out, tmp, args)
+            if stopped:
+                notes.insert(0, stopped)
             from runnercheck.stress.staged_writes import UNGATED_STAGED_FEATURES
 
             unused = [f for f in UNGATED_STAGED_FEATURES if any(f in r.coverage for r in records)
@@ -306,14 +313,17 @@ def run(args: argparse.Namespace) -> int:
             doc = build_summary(records, chisq, device=kind, seed=args.seed, runner=args.runner, model=args.model,
                                 quick=args.quick, elapsed_s=time.perf_counter() - started, notes=notes,
                                 provenance=provenance(device_name(kind)),
-                                require_coverage=not args.no_coverage_gate and args.shard.whole)
+                                require_coverage=not args.no_coverage_gate and args.shard.whole,
+                                status=STATUS_INCOMPLETE if stopped else STATUS_COMPLETE)
             write_report(tmp, doc)
     except RunSetupError as e:
         print(f"runnercheck verify: {e}", file=sys.stderr)
         return 2
     except FolderNotReplaced as e:
         print(f"runnercheck verify: {e}", file=sys.stderr)
-        return 130 if isinstance(e.__cause__, KeyboardInterrupt) else 1
+        return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
+    if folder.moved_aside_line():
+        print(folder.moved_aside_line())
     files = [out / "summary.json", out / "summary.md", out / "manifest.json"]
     files += [Path(r["repro"]) for r in doc["runs"] if r.get("repro")]
     for folder in sorted({e["folder"] for e in doc["chisq"].get("samplers", []) if e.get("folder")}):
@@ -321,6 +331,9 @@ def run(args: argparse.Namespace) -> int:
     if args.junit:
         files.append(write_cases(args.junit, suite_name(doc["command"]), verify_cases(doc), elapsed_s=doc["elapsed_s"]))
     print_verify_summary(doc, files)
+    if stopped:
+        print(f"runnercheck verify: {stopped}; incomplete report in {out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0 if doc["passed"] else 1
 
 
@@ -335,7 +348,11 @@ def _calibrate_cuda(args: argparse.Namespace) -> tuple[Callable[[int], dict], st
     return (lambda seed, targets=None: calibrate_cuda_delay(seed, tick_us, targets=targets)), note
 
 
-def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path, args: argparse.Namespace) -> tuple[list[RunRecord], dict]:
+def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path,
+                  args: argparse.Namespace) -> tuple[list[RunRecord], dict, str | None]:
+    """The runs' records, the statistics section, and None -- or, when interrupted, the records of
+    the runs that finished, the statistics if they finished, and a note saying where it stopped."""
+    from runnercheck.checks.interrupts import signal_name
     from runnercheck.stress.harness import ChurnOps
     from runnercheck.stress.isolation import IsolatedJob, default_parallel, isolated_runs
     from runnercheck.stress.progress import Progress
@@ -357,26 +374,41 @@ def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path, args: argparse.N
             by_index[i] = record_run(plan[i], findings, tmp / "repros", out / "repros")
             progress.end(run_line(by_index[i]))
 
-        if args.in_process:
-            from runnercheck.stress.harness import checked_run
+        try:
+            if args.in_process:
+                from runnercheck.stress.harness import checked_run
 
-            for i, planned in enumerate(plan):
-                started(i)
-                done(i, checked_run(planned.config, ChurnOps(planned.churn), name=planned.name, lifetime_mode="count",
-                                    on_tick=lambda t, i=i: ticked(i, t)))
-        else:
-            jobs = [IsolatedJob(p.config, ChurnOps(p.churn), p.name, "count") for p in plan]
-            # On cuda one run at a time: the delays are calibrated for a GPU that runs one step stream.
-            parallel = args.jobs or (1 if args.device == "cuda" else default_parallel())
-            isolated_runs(jobs, parallel=parallel, on_start=started, on_tick=ticked, on_done=done)
+                for i, planned in enumerate(plan):
+                    started(i)
+                    done(i, checked_run(planned.config, ChurnOps(planned.churn), name=planned.name, lifetime_mode="count",
+                                        on_tick=lambda t, i=i: ticked(i, t)))
+            else:
+                jobs = [IsolatedJob(p.config, ChurnOps(p.churn), p.name, "count") for p in plan]
+                # On cuda one run at a time: the delays are calibrated for a GPU that runs one step stream.
+                parallel = args.jobs or (1 if args.device == "cuda" else default_parallel())
+                isolated_runs(jobs, parallel=parallel, on_start=started, on_tick=ticked, on_done=done)
+        except KeyboardInterrupt as e:  # the running children are stopped (isolation): keep what finished
+            records = [by_index[i] for i in sorted(by_index)]
+            return records, _not_run("interrupted before the sampler statistics"), (
+                f"interrupted ({signal_name(e)}) after {len(records)} of {len(plan)} run(s) finished "
+                f"({', '.join(r.name for r in records) or 'none'}); the statistics did not run")
         progress.start("sampler statistics (chisq)")
         records = [by_index[i] for i in range(len(plan))]
         skip = args.skip_chisq or args.shard.index != 0  # one campaign's statistics, in its first shard
         chisq_started = time.perf_counter()
-        chisq = _retarget(run_chisq(tmp, skip=skip, seed=args.seed, device=args.device), str(tmp), str(out))
+        try:
+            chisq = _retarget(run_chisq(tmp, skip=skip, seed=args.seed, device=args.device), str(tmp), str(out))
+        except KeyboardInterrupt as e:
+            return records, _not_run("interrupted during the sampler statistics"), (
+                f"interrupted ({signal_name(e)}) during the sampler statistics, after all {len(plan)} run(s) finished")
         chisq["elapsed_s"] = round(time.perf_counter() - chisq_started, 2)
         progress.end(f"sampler statistics: {chisq.get('status')}")
-    return records, chisq
+    return records, chisq, None
+
+
+def _not_run(note: str) -> dict:
+    """The statistics section of a job that stopped before (or during) them."""
+    return {"status": "skipped", "passed": None, "note": note}
 
 
 def _retarget(value: Any, tmp: str, out: str) -> Any:

@@ -41,19 +41,41 @@ def cases_in_order():
 
 
 def test_bench_json_is_written_after_each_case(tmp_path, monkeypatch):
-    """A run killed by its time limit keeps what it finished: bench.json exists, marked incomplete."""
+    """A run killed outright keeps what it finished in its temporary folder: bench.json after every case."""
     from runnercheck.bench import cli as bench_cli
 
     seen = []
     real = bench_cli._write
 
-    def spy(out, meta, rows, failures, dev, *, cases_done, complete):
-        real(out, meta, rows, failures, dev, cases_done=cases_done, complete=complete)
+    def spy(out, meta, rows, failures, prov, *, cases_done, interrupted=None):
+        real(out, meta, rows, failures, prov, cases_done=cases_done, interrupted=interrupted)
         seen.append(json.loads((out / "bench.json").read_text())["meta"])
 
     monkeypatch.setattr(bench_cli, "_write", spy)
     assert main(["bench", "--quick", "--device", "sim", "--only", "staged_writes", "sampler", "--out", str(tmp_path)]) == 0
-    assert [(m["cases_done"], m["complete"]) for m in seen] == [(["staged_writes"], False), (["staged_writes", "sampler"], True)]
+    assert [(m["cases_done"], m["complete"]) for m in seen] == [(["staged_writes"], False), (["staged_writes", "sampler"], True),
+                                                                (["staged_writes", "sampler"], True)]
+
+
+def test_an_interrupted_bench_keeps_the_cases_that_finished(tmp_path, monkeypatch, capsys):
+    """Ctrl-C (or SIGTERM from a time limit) in the second case: exit 130, a report marked incomplete with the first."""
+    from runnercheck.bench import cli as bench_cli
+    from runnercheck.bench.common import Row
+
+    def interrupted(ctx):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_cli, "_cases", lambda: {"staged_writes": lambda ctx: [Row("staged_writes", "x", 1.0, "us")],
+                                                      "sampler": interrupted})
+    out = tmp_path / "bench"
+    assert main(["bench", "--quick", "--device", "sim", "--only", "staged_writes", "sampler", "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted (SIGINT) after 1 of 2 case(s)" in err and "Traceback" not in err
+    data = json.loads((out / "bench.json").read_text())
+    assert data["status"] == "incomplete" and data["meta"]["cases_done"] == ["staged_writes"]
+    assert [r["name"] for r in data["rows"]] == ["x"]
+    assert (out / "bench.md").read_text().startswith("> **INCOMPLETE REPORT**")
+    assert [p.name for p in tmp_path.iterdir()] == ["bench"]
 
 
 def test_step_kinds_split_the_runner_steps_by_what_the_runner_did():

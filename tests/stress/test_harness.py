@@ -145,11 +145,13 @@ def test_verify_reports_a_crashing_run_and_keeps_going(tmp_path, capsys, plants)
     assert "CRASH" in capsys.readouterr().out
 
 
-def test_an_interrupted_verify_leaves_the_previous_report_intact(tmp_path, capsys, monkeypatch) -> None:
-    out = tmp_path / "v"
-    out.mkdir()
-    (out / "summary.json").write_text("the previous report")
+def test_an_interrupted_verify_keeps_its_finished_runs_and_the_previous_report(tmp_path, capsys, monkeypatch) -> None:
+    from runnercheck.checks.report_folder import atomic_report_folder
     from runnercheck.stress import verify
+
+    out = tmp_path / "v"
+    with atomic_report_folder(out) as tmp:
+        (tmp / "summary.json").write_text("the previous report")
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -158,10 +160,15 @@ def test_an_interrupted_verify_leaves_the_previous_report_intact(tmp_path, capsy
     rc = main(["verify", "--device", "sim", "--quick", "--steps", "3", "--runs", "1", "--no-progress",
                "--runner", "runnercheck.stress.runners:simple_runner", "--out", str(out)])
     assert rc == 130
-    assert "previous report there is left intact" in capsys.readouterr().err
-    assert [p.name for p in out.iterdir()] == ["summary.json"]
-    assert (out / "summary.json").read_text() == "the previous report"
-    assert [p.name for p in tmp_path.iterdir()] == ["v"]
+    captured = capsys.readouterr()
+    assert "interrupted (SIGINT) during the sampler statistics" in captured.err and "Traceback" not in captured.err
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["status"] == "incomplete" and doc["passed"] is False and len(doc["runs"]) == 1
+    assert (out / "summary.md").read_text().startswith("> **INCOMPLETE REPORT**")
+    (aside,) = tmp_path.glob("v.prev-*")
+    assert (aside / "summary.json").read_text() == "the previous report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["v", aside.name])
+    assert f"moved to {aside}" in captured.out
 
 
 def test_replay_warns_when_provenance_differs(tmp_path, capsys, plants) -> None:
