@@ -157,6 +157,7 @@ class RunSummary:
     elapsed_s: float = 0.0
     csan: dict[str, Any] | None = None  # ``--csan``: {"races": n, "lines": [...], "reports": [...]} (`runnercheck.checks.csan`)
     shard: str | None = None  # ``--shard I/N``: this job's share of the campaign (None: the whole campaign)
+    not_run: str | None = None  # why the matrix, asked for, tested no case at all (the run then fails)
 
     @property
     def failed_tests(self) -> list[TestResult]:
@@ -166,6 +167,7 @@ class RunSummary:
     def passed(self) -> bool:
         return (
             bool(self.tests or self.calibration is not None or self.power)  # a run that tested something
+            and self.not_run is None
             and not self.failed_tests
             and (self.calibration is None or self.calibration.passed)
             and all(p.passed for p in self.power)
@@ -194,4 +196,5 @@ class RunSummary:
             "power": [p.to_dict() for p in self.power],
             "csan": self.csan,
             "shard": self.shard,
+            "not_run": self.not_run,
         }
