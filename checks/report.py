@@ -261,7 +261,7 @@ def print_summary(summary: RunSummary, out_dir: str | Path | None = None, junit:
     for s in summary.skipped:
         console.print(f"skipped {s['case']}: {s['reason']}")
     if summary.not_run is not None:
-        console.print(f"[red]{summary.not_run}[/red]", highlight=False)
+        console.print(f"[red]{summary.not_run}[/red]", highlight=False, soft_wrap=True)
     if summary.csan is not None:
         console.print(f"csan: {summary.csan['races']} race(s)", highlight=False)
         for line in summary.csan["lines"][:3]:
