@@ -194,14 +194,17 @@ def load_callable(spec: str, what: str = "object") -> Callable:
     return value
 
 
-def spec_of(fn: Callable) -> str:
+def spec_of(fn: Callable, *, by_file: bool = False) -> str:
     """The spec that names ``fn`` (for a child process or a repro line); a callable loaded from a
-    file spec is named by its file.  Whether it loads back to ``fn`` is the caller's check."""
+    file spec is named by its file, and with ``by_file`` any top-level callable of a module that has
+    a ``.py`` file (a command run from elsewhere loads it without the caller's ``sys.path``).
+    Whether it loads back to ``fn`` is the caller's check."""
     module_name = getattr(fn, "__module__", None) or "?"
     qualname = getattr(fn, "__qualname__", None) or type(fn).__name__
     module = sys.modules.get(module_name)
-    if module_name.startswith(USER_PACKAGE + ".") and getattr(module, "__file__", None):
-        return f"{module.__file__}:{qualname}"
+    file = getattr(module, "__file__", None)
+    if file and (module_name.startswith(USER_PACKAGE + ".") or (by_file and file.endswith(".py") and qualname.isidentifier())):
+        return f"{file}:{qualname}"
     return f"{module_name}:{qualname}"
 
 

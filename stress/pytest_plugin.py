@@ -98,6 +98,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in owned:
         config.addinivalue_line("markers", f"{name}: {MARKERS[name]} [runnercheck]")
     config.stash[_OWNED_MARKERS_KEY] = set(owned)
+    _timeout(config)  # a bad --runnercheck-timeout / ini value is a usage error before any test runs
     if config.getoption("runnercheck_device") != "cuda" and "triton" not in sys.modules and not _cuda_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any test module imports the kernels
     from runnercheck.impl.kernels.interpreter import speed_up_interpreter
@@ -383,7 +384,6 @@ class ChisqCheck:
     def _sampler(self, sampler: Callable | str, device: Any) -> tuple[Callable, Any]:
         """The callable and its `Isolation` (None for ours); `pytest.fail` for a spec that does not load."""
         from runnercheck.checks import chisq
-        from runnercheck.checks.loader import load_callable
         from runnercheck.checks.samplers import SamplerSpecError, SamplerUnavailableError, load_sampler
 
         if isinstance(sampler, str):
@@ -395,17 +395,16 @@ class ChisqCheck:
         if not callable(sampler):
             pytest.fail(f"runnercheck_chisq: the sampler must be a callable or a spec string, got {type(sampler).__name__}",
                         pytrace=False)
-        spec = _spec_of(sampler)
-        if spec.startswith("runnercheck."):  # ours (a file-loaded sampler's spec names its file)
+        if _spec_of(sampler).startswith("runnercheck."):  # ours (a file-loaded sampler's spec names its file)
             return sampler, None
-        if device.type == "cuda":  # spawned: the child must load it again by name
-            try:
-                same = load_callable(spec, "sampler") is sampler
-            except Exception:
-                same = False
-            if not same:
-                pytest.fail(f"runnercheck_chisq: sampler {spec} is not importable by that name, and on cuda it runs in a "
-                            "spawned process; pass it as 'package.module:function' or 'path/to/file.py:function'", pytrace=False)
+        from runnercheck.checks.loader import spec_of
+
+        spec = spec_of(sampler, by_file=True)  # what the repro command (and a spawned child) loads
+        named = getattr(sampler, "__qualname__", None)  # a callable object has none: it cannot be loaded by name
+        if device.type == "cuda" and not (isinstance(named, str) and named.isidentifier()):
+            pytest.fail(f"runnercheck_chisq: sampler {spec} is not a module-level callable, and on cuda it runs in a "
+                        "spawned process that loads it by name; define it at module level or pass "
+                        "'package.module:function' or 'path/to/file.py:function'", pytrace=False)
         return sampler, chisq.isolation_for(spec, _timeout(self._config) or 0, False)
 
     def __call__(self, sampler: Callable | str, cases: str | Sequence[Any] | None = None, *, samples: int | None = None,
@@ -427,7 +426,7 @@ class ChisqCheck:
         started = time.perf_counter()
         with chisq.single_threaded_on_cpu(device):
             results, skipped = chisq.run_cases(fn, selected, opts, device)
-        summary = stats.RunSummary(sampler=isolation.spec if isolation else sampler_name(fn), device=str(device),
+        summary = stats.RunSummary(sampler=sampler if isinstance(sampler, str) else sampler_name(fn), device=str(device),
                                    quick=quick, seed=seed, alpha=alpha, correction=opts.correction, tests=results,
                                    skipped=skipped, elapsed_s=time.perf_counter() - started,
                                    not_run=None if results else chisq.zero_cases_reason(len(selected), len(selected), skipped, opts))
