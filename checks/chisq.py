@@ -24,7 +24,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -45,13 +45,11 @@ from runnercheck.checks.sampler_contract import (
     rows_per_call_bound,
 )
 from runnercheck.checks.child import DEFAULT_TIMEOUT_S
+from runnercheck.checks.chisq_isolated import CALIBRATION, CaseOutcome, Isolation, run_units_isolated
 from runnercheck.checks.samplers import (
     PLANTED_BIASES, SamplerSpecError, SamplerUnavailableError, SamplerUnsupportedError, accepts_keyword, has_penalties,
     is_builtin_sampler, load_sampler, planted_sampler, sampler_name,
 )
-
-if TYPE_CHECKING:
-    from runnercheck.checks.chisq_isolated import Isolation
 
 DEFAULT_ALPHA = 0.01
 CALIBRATION_ALPHA = 0.05
@@ -207,23 +205,6 @@ def default_sampler_spec(device: torch.device) -> str:
     return "gumbel"
 
 
-@dataclass
-class CaseOutcome:
-    """What one unit of a run (a matrix case, or the calibration) came to, before correction: its
-    statistical tests, its failures outside the family (a contract violation, a crash, a timeout),
-    or why it was skipped.  It crosses the pipe from an isolated child (`runnercheck.checks.chisq_isolated`)."""
-
-    case: str
-    results: list = field(default_factory=list)
-    failures: list = field(default_factory=list)
-    skipped: str | None = None
-    calibration: stats.CalibrationResult | None = None
-
-
-# The calibration as a unit of `run_units`, beside the matrix cases.
-CALIBRATION = "calibration"
-
-
 def run_case(sampler: Callable, case: SamplingCase, opts: RunOptions, device: torch.device,
              tick: Callable[[str, int], None], max_rows: int | None) -> CaseOutcome:
     """Draw and test one case (uncorrected); a decline is a skip, a contract violation a failure."""
@@ -262,12 +243,17 @@ def run_units(sampler: Callable, units: Sequence[SamplingCase | str], opts: RunO
     """Each unit (a case, or `CALIBRATION`) on ``sampler``: here, or with ``opts.isolation`` in a
     child process where a crash or a hang is the unit's failure (`runnercheck.checks.chisq_isolated`)."""
     if opts.isolation is not None:
-        from runnercheck.checks.chisq_isolated import run_units_isolated
-
-        return run_units_isolated(sampler, units, opts, device, tick)
+        return run_units_isolated(run_unit, sampler, units, opts, device, tick)
     max_rows = rows_per_call_bound(sampler, opts.max_rows_per_call)
-    return [run_calibration_unit(sampler, opts, device, tick) if unit == CALIBRATION
-            else run_case(sampler, unit, opts, device, tick, max_rows) for unit in units]
+    return [run_unit(sampler, unit, opts, device, tick, max_rows) for unit in units]
+
+
+def run_unit(sampler: Callable, unit: SamplingCase | str, opts: RunOptions, device: torch.device,
+             tick: Callable[[str, int], None], max_rows: int | None) -> CaseOutcome:
+    """One unit: a matrix case (`run_case`) or `CALIBRATION` (`run_calibration_unit`)."""
+    if unit == CALIBRATION:
+        return run_calibration_unit(sampler, opts, device, tick)
+    return run_case(sampler, unit, opts, device, tick, max_rows)  # type: ignore[arg-type]
 
 
 def collect(outcomes: Sequence[CaseOutcome], opts: RunOptions) -> tuple[list, list]:
@@ -500,7 +486,6 @@ def isolation_for(spec: str, timeout_s: float, in_process: bool) -> Isolation | 
     or hangs without warning, and its run must still end in a report."""
     if in_process or is_builtin_sampler(spec):
         return None
-    from runnercheck.checks.chisq_isolated import Isolation
     from runnercheck.checks.loader import canonical_spec
 
     return Isolation(canonical_spec(spec, "sampler"), timeout_s or None)

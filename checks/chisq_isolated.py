@@ -19,18 +19,36 @@ import math
 import shlex
 import time
 import traceback
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from runnercheck.checks.chisq import (
-    CALIBRATION, CaseOutcome, RunOptions, run_calibration_unit, run_case,
-)
 from runnercheck.checks.chisq_cases import SamplingCase, calibration_case
 from runnercheck.checks.child import DEFAULT_TIMEOUT_S, ChildGone, ChildTimeout, describe_timeout, start_child
 from runnercheck.checks.sampler_contract import rows_per_call_bound
-from runnercheck.checks.stats import TestResult
+from runnercheck.checks.stats import CalibrationResult, TestResult
+
+if TYPE_CHECKING:  # `runnercheck.checks.chisq` imports this module; it hands in its `run_unit`
+    from runnercheck.checks.chisq import RunOptions
+
+# The calibration as a unit of a run, beside the matrix cases.
+CALIBRATION = "calibration"
+# ``run_unit(sampler, unit, opts, device, tick, max_rows) -> CaseOutcome``: `runnercheck.checks.chisq.run_unit`.
+UnitRunner = Callable[..., "CaseOutcome"]
+
+
+@dataclass
+class CaseOutcome:
+    """What one unit of a run (a matrix case, or the calibration) came to, before correction: its
+    statistical tests, its failures outside the family (a contract violation, a crash, a timeout),
+    or why it was skipped.  It crosses the pipe from the child."""
+
+    case: str
+    results: list[TestResult] = field(default_factory=list)
+    failures: list[TestResult] = field(default_factory=list)
+    skipped: str | None = None
+    calibration: CalibrationResult | None = None
 
 
 @dataclass(frozen=True)
@@ -80,7 +98,8 @@ def died(opts: RunOptions, unit: SamplingCase | str, kind: str, how: str, device
     return CaseOutcome(name, failures=[failure])
 
 
-def _child(conn: Any, sampler: Callable | str, units: Sequence[SamplingCase | str], opts: RunOptions, device_type: str) -> None:
+def _child(conn: Any, run_unit: UnitRunner, sampler: Callable | str, units: Sequence[SamplingCase | str], opts: RunOptions,
+           device_type: str) -> None:
     """The units, in order: ("start", i), ("tick", label, work)..., ("outcome", CaseOutcome); then ("done",)."""
     try:
         if isinstance(sampler, str):  # spawned: load it again by its spec
@@ -97,9 +116,7 @@ def _child(conn: Any, sampler: Callable | str, units: Sequence[SamplingCase | st
 
         for i, unit in enumerate(units):
             conn.send(("start", i))
-            outcome = (run_calibration_unit(sampler, opts, device, tick) if unit == CALIBRATION
-                       else run_case(sampler, unit, opts, device, tick, max_rows))  # type: ignore[arg-type]
-            conn.send(("outcome", outcome))
+            conn.send(("outcome", run_unit(sampler, unit, opts, device, tick, max_rows)))
         conn.send(("done",))
     except BaseException as e:  # a harness bug: reported in the parent with the child's traceback
         conn.send(("error", f"{type(e).__name__}: {e}", traceback.format_exc()))
@@ -107,16 +124,17 @@ def _child(conn: Any, sampler: Callable | str, units: Sequence[SamplingCase | st
         conn.close()
 
 
-def run_units_isolated(sampler: Callable, units: Sequence[SamplingCase | str], opts: RunOptions, device: torch.device,
-                       tick: Callable[[str, int], None]) -> list[CaseOutcome]:
-    """`runnercheck.checks.chisq.run_units` in child processes (module docstring); outcomes in unit order."""
+def run_units_isolated(run_unit: UnitRunner, sampler: Callable, units: Sequence[SamplingCase | str], opts: RunOptions,
+                       device: torch.device, tick: Callable[[str, int], None]) -> list[CaseOutcome]:
+    """Each unit through ``run_unit`` in child processes (module docstring); outcomes in unit order."""
     isolation = opts.isolation
     assert isolation is not None
     spawn = device.type == "cuda"  # CUDA cannot cross a fork; a spawned child loads the sampler by its spec
     outcomes: list[CaseOutcome] = []
     while len(outcomes) < len(units):
         first = len(outcomes)
-        child = start_child(_child, (isolation.spec if spawn else sampler, list(units[first:]), opts, device.type), spawn=spawn)
+        child = start_child(_child, (run_unit, isolation.spec if spawn else sampler, list(units[first:]), opts, device.type),
+                            spawn=spawn)
         started = time.perf_counter()
         try:
             while True:
@@ -150,4 +168,4 @@ def run_units_isolated(sampler: Callable, units: Sequence[SamplingCase | str], o
     return outcomes
 
 
-__all__ = ["Isolation", "run_units_isolated", "repro_command", "died"]
+__all__ = ["CALIBRATION", "CaseOutcome", "Isolation", "run_units_isolated", "repro_command", "died"]
