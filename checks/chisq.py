@@ -18,6 +18,7 @@ their own correction family; ``--no-spec`` leaves them out.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from contextlib import contextmanager
@@ -43,9 +44,11 @@ from runnercheck.checks.sampler_contract import (
     SamplerContractError, SamplerLimitError, check_sampler_output, contract_failure, declared_unsupported, describe_exception,
     rows_per_call_bound,
 )
+from runnercheck.checks.child import DEFAULT_TIMEOUT_S
+from runnercheck.checks.chisq_isolated import CALIBRATION, CaseOutcome, Isolation, run_units_isolated
 from runnercheck.checks.samplers import (
     PLANTED_BIASES, SamplerSpecError, SamplerUnavailableError, SamplerUnsupportedError, accepts_keyword, has_penalties,
-    load_sampler, planted_sampler, sampler_name,
+    is_builtin_sampler, load_sampler, planted_sampler, sampler_name,
 )
 
 DEFAULT_ALPHA = 0.01
@@ -178,6 +181,8 @@ class RunOptions:
     max_rows_per_call: int | None = None  # bound on the logit rows of one sampler call (None: the sampler's own or none)
     spec: bool = True  # the speculative-verification cases (`runnercheck.checks.chisq_spec`), with the matrix
     shard: tuple[int, int] = (0, 1)  # (I, N): every N-th matrix case and planted bias from I; spec cases, calibration in I = 0
+    # The sampler is third-party code: run it in a child process (`runnercheck.checks.chisq_isolated.Isolation`).
+    isolation: Isolation | None = None
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -203,40 +208,94 @@ def default_sampler_spec(device: torch.device) -> str:
     return "gumbel"
 
 
+def run_case(sampler: Callable, case: SamplingCase, opts: RunOptions, device: torch.device,
+             tick: Callable[[str, int], None], max_rows: int | None) -> CaseOutcome:
+    """Draw and test one case (uncorrected); a decline is a skip, a contract violation a failure."""
+    why = sampler_can_run(sampler, case, max_rows)
+    if why:
+        return CaseOutcome(case.name, skipped=why)
+    seed, offset = case_seed(opts.seed, case.name)
+    started = time.perf_counter()
+    try:
+        tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device, n_samples=opts.samples or case.n_samples,
+                      progress=lambda m: tick(case.name, m * case.rows * case.vocab_size), max_rows_per_call=max_rows)
+    except SamplerUnsupportedError as e:
+        return CaseOutcome(case.name, skipped=f"sampler raised SamplerUnsupportedError: {e}")
+    except SamplerContractError as e:
+        failures = [contract_failure(case.name, {**case.describe(), "seed": seed, "position_offset": offset}, e)]
+        stats.share_wall_time(failures, time.perf_counter() - started)
+        return CaseOutcome(case.name, failures=failures)
+    results = evaluate(case, tokens, expected_rows(case), opts.alpha)
+    for result in results:
+        result.config.update(seed=seed, position_offset=offset)  # what a rerun of this case needs
+    stats.share_wall_time(results, time.perf_counter() - started)  # each test's share of its case's time (JUnit)
+    return CaseOutcome(case.name, results=results)
+
+
+def run_calibration_unit(sampler: Callable, opts: RunOptions, device: torch.device,
+                         tick: Callable[[str, int], None]) -> CaseOutcome:
+    """`run_calibration` as a unit: a decline is a skip, a contract violation a failure."""
+    name = calibration_case().name
+    try:
+        return CaseOutcome(name, calibration=run_calibration(sampler, opts, device, tick))
+    except SamplerUnsupportedError as e:
+        return CaseOutcome(name, skipped=f"calibration not run: {e}")
+    except SamplerContractError as e:
+        return CaseOutcome(name, failures=[contract_failure(name, {}, e)])
+
+
+def run_units(sampler: Callable, units: Sequence[SamplingCase | str], opts: RunOptions, device: torch.device,
+              tick: Callable[[str, int], None] = lambda label, work: None) -> list[CaseOutcome]:
+    """Each unit (a case, or `CALIBRATION`) on ``sampler``: here, or with ``opts.isolation`` in a
+    child process where a crash or a hang is the unit's failure (`runnercheck.checks.chisq_isolated`)."""
+    if opts.isolation is not None:
+        return run_units_isolated(run_unit, sampler, units, opts, device, tick)
+    max_rows = rows_per_call_bound(sampler, opts.max_rows_per_call)
+    return [run_unit(sampler, unit, opts, device, tick, max_rows) for unit in units]
+
+
+def run_unit(sampler: Callable, unit: SamplingCase | str, opts: RunOptions, device: torch.device,
+             tick: Callable[[str, int], None], max_rows: int | None) -> CaseOutcome:
+    """One unit: a matrix case (`run_case`) or `CALIBRATION` (`run_calibration_unit`)."""
+    if unit == CALIBRATION:
+        return run_calibration_unit(sampler, opts, device, tick)
+    return run_case(sampler, unit, opts, device, tick, max_rows)  # type: ignore[arg-type]
+
+
+def collect(outcomes: Sequence[CaseOutcome], opts: RunOptions) -> tuple[list, list]:
+    """(corrected results + failures, skipped) of the outcomes: the tests form one correction family;
+    failures are not p-values and stay outside it."""
+    results = [r for o in outcomes for r in o.results]
+    stats.apply_correction(results, opts.correction, opts.alpha)
+    skipped = [{"case": o.case, "reason": o.skipped} for o in outcomes if o.skipped is not None]
+    return results + [f for o in outcomes for f in o.failures], skipped
+
+
 def run_cases(sampler: Callable, cases: Sequence[SamplingCase], opts: RunOptions, device: torch.device,
               tick: Callable[[str, int], None] = lambda label, work: None) -> tuple[list, list]:
     """Draw and test every case ``sampler`` can run; (corrected results, skipped cases).
 
     A case the sampler declines (declared, or `SamplerUnsupportedError` from a call) is skipped with
-    the reason; a contract violation becomes a failed ``contract`` result of that case, outside the
-    correction family (it is not a p-value), and the remaining cases still run.
+    the reason; a contract violation (or, isolated, a crash or a timeout) becomes a failed result of
+    that case outside the correction family (it is not a p-value), and the remaining cases still run.
     """
-    max_rows = rows_per_call_bound(sampler, opts.max_rows_per_call)
-    results, violations, skipped = [], [], []
-    for case in cases:
-        why = sampler_can_run(sampler, case, max_rows)
-        if why:
-            skipped.append({"case": case.name, "reason": why})
-            continue
-        seed, offset = case_seed(opts.seed, case.name)
-        started = time.perf_counter()
-        try:
-            tokens = draw(sampler, case, seed=seed, position_offset=offset, device=device, n_samples=opts.samples or case.n_samples,
-                          progress=lambda m, c=case: tick(c.name, m * c.rows * c.vocab_size), max_rows_per_call=max_rows)
-        except SamplerUnsupportedError as e:
-            skipped.append({"case": case.name, "reason": f"sampler raised SamplerUnsupportedError: {e}"})
-            continue
-        except SamplerContractError as e:
-            violations.append(contract_failure(case.name, {**case.describe(), "seed": seed, "position_offset": offset}, e))
-            stats.share_wall_time(violations[-1:], time.perf_counter() - started)
-            continue
-        case_results = evaluate(case, tokens, expected_rows(case), opts.alpha)
-        for result in case_results:
-            result.config.update(seed=seed, position_offset=offset)  # what a rerun of this case needs
-        stats.share_wall_time(case_results, time.perf_counter() - started)
-        results += case_results
-    stats.apply_correction(results, opts.correction, opts.alpha)
-    return results + violations, skipped
+    return collect(run_units(sampler, cases, opts, device, tick), opts)
+
+
+def zero_cases_reason(matched: int, selected: int, skipped: Sequence[dict], opts: RunOptions) -> str:
+    """Why a run whose matrix was asked for tested no case (such a run fails): ``matched`` cases
+    met ``--cases``, ``selected`` of them fell to this shard, the rest of those were ``skipped``."""
+    which = f"--cases {opts.case_filter}" if opts.case_filter else "the catalogue"
+    if matched == 0:
+        return f"0 cases matched {which}"
+    if selected == 0:
+        return f"0 cases ran: shard {opts.shard[0]}/{opts.shard[1]} got none of the {matched} cases of {which}"
+    reasons: dict[str, int] = {}
+    for s in skipped:
+        reasons[s["reason"]] = reasons.get(s["reason"], 0) + 1
+    if len(reasons) == 1:
+        return f"0 cases ran: {len(skipped)} skipped because {next(iter(reasons))}"
+    return f"0 cases ran: {len(skipped)} skipped (" + "; ".join(f"{n} because {why}" for why, n in reasons.items()) + ")"
 
 
 def _share(items: list, shard: tuple[int, int]) -> list:
@@ -245,11 +304,16 @@ def _share(items: list, shard: tuple[int, int]) -> list:
     return items[index::count]
 
 
-def run_matrix(sampler: Callable, opts: RunOptions, device: torch.device, tick: Callable[[str, int], None]) -> tuple[list, list]:
+def matching_cases(opts: RunOptions) -> list[SamplingCase]:
+    """The matrix cases ``opts`` asks for (catalogue, deep tails, ``--cases``), before sharding."""
     cases = build_cases(opts.quick) + (deep_tail_cases() if opts.deep_tail else [])
     if opts.case_filter:
         cases = [c for c in cases if opts.case_filter in c.name]
-    return run_cases(sampler, _share(cases, opts.shard), opts, device, tick)
+    return cases
+
+
+def run_matrix(sampler: Callable, opts: RunOptions, device: torch.device, tick: Callable[[str, int], None]) -> tuple[list, list]:
+    return run_cases(sampler, _share(matching_cases(opts), opts.shard), opts, device, tick)
 
 
 def run_calibration(sampler: Callable, opts: RunOptions, device: torch.device, tick) -> stats.CalibrationResult:
@@ -334,7 +398,7 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True,
     device = resolve_device(opts.device)
     started = time.perf_counter()
     # Each phase's results are bound once it finished: an interrupt keeps exactly the finished ones.
-    results, skipped, calibration, power = [], [], None, []
+    results, skipped, calibration, power, not_run = [], [], None, [], None
     stopped = CatchInterrupt(enabled=keep_partial)
     with stopped, single_threaded_on_cpu(device), Progress(TextColumn("{task.description:<40}"), BarColumn(), TextColumn("{task.fields[done]:.3g} token-draws"),
                   TimeElapsedColumn(), disable=not show_progress, transient=True) as bar:
@@ -343,21 +407,24 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True,
         def tick(label: str, work: int) -> None:
             bar.update(task, description=label, done=bar.tasks[0].fields["done"] + work)
 
-        results, skipped = run_matrix(sampler, opts, device, tick) if opts.matrix else ([], [])
         first_shard = opts.shard[0] == 0
+        matched = matching_cases(opts) if opts.matrix else []
+        cases = _share(matched, opts.shard)
+        # The sampler's units in one go (with isolation: one child for all of them, unless one crashes).
+        outcomes = run_units(sampler, [*cases, *([CALIBRATION] if opts.calibration and first_shard else [])],
+                             opts, device, tick)
+        results, skipped = collect(outcomes[:len(cases)], opts)
         if opts.matrix and opts.spec and first_shard:
             tick("speculative verification", 0)
             results += run_spec_cases(default_spec_verifier(device.type), quick=opts.quick, seed=opts.seed,
                                       alpha=opts.alpha, correction=opts.correction, samples=opts.samples,
                                       case_filter=opts.case_filter)
+        not_run = zero_cases_reason(len(matched), len(cases), skipped, opts) if opts.matrix and not results else None
         calibration = None
-        if opts.calibration and first_shard:
-            try:
-                calibration = run_calibration(sampler, opts, device, tick)
-            except SamplerUnsupportedError as e:
-                skipped.append({"case": calibration_case().name, "reason": f"calibration not run: {e}"})
-            except SamplerContractError as e:
-                results.append(contract_failure(calibration_case().name, {}, e))
+        for unit in outcomes[len(cases):]:
+            calibration = unit.calibration
+            results += unit.failures
+            skipped += [{"case": unit.case, "reason": unit.skipped}] if unit.skipped is not None else []
         power = run_power(opts, device, tick, biases=_named(opts.biases, power_cases())) if opts.power else []
         if opts.power and opts.spec and first_shard:
             power += run_spec_power(quick=opts.quick, seed=opts.seed, alpha=opts.alpha,
@@ -370,6 +437,7 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True,
         correction=opts.correction, tests=results, skipped=skipped, calibration=calibration, power=power,
         elapsed_s=time.perf_counter() - started, shard=None if opts.shard[1] == 1 else "{}/{}".format(*opts.shard),
         interrupted=stopped.note() and f"{stopped.note()}; only the parts that finished are reported",
+        not_run=not_run,
     )
 
 
@@ -382,7 +450,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where to sample (sim samples on CPU: chisq has no host/device races)")
     parser.add_argument("--samples", type=int, default=None, help="draws per case (default: each case's own)")
     parser.add_argument("--sampler", default=None,
-                        help="gumbel | torch | impl | bias-<name> | package.module:function (default: impl on a GPU, else gumbel)")
+                        help="gumbel | torch | impl | bias-<name> (ours) | package.module:function | path/to/file.py:function "
+                             "(default: impl on a GPU, else gumbel). A module is looked up on sys.path, then in the working "
+                             "folder (appended: an installed module of the same name wins); a file is loaded as it is named. "
+                             "A sampler not of ours runs in a child process: a crash or a timeout fails its case with a "
+                             "repro command, and the report is still written")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                        help=f"fail a case (or the calibration) of an isolated sampler that runs longer, killing its "
+                             f"process group (default {DEFAULT_TIMEOUT_S:g}; 0: no limit)")
+    parser.add_argument("--no-isolation", action="store_true",
+                        help="run a third-party sampler in this process (for a debugger): a crash then ends the run "
+                             "with no report, and --timeout does not apply")
     parser.add_argument("--seed", type=int, default=0, help="base seed of the draws (each case derives its own from it)")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="family-wise level after correction")
     parser.add_argument("--correction", default="holm", choices=list(stats.CORRECTIONS),
@@ -391,7 +469,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the calibration self-test (the sampler on fresh seeds must reject at the stated rate)")
     parser.add_argument("--no-power", action="store_true", help="skip the power self-test (planted biased samplers must fail)")
     parser.add_argument("--deep-tail", action="store_true", help="add the 2^17-token 25/30-logit tail cases (GPU-sized)")
-    parser.add_argument("--cases", default=None, help="only cases whose name contains this (default: every case)")
+    parser.add_argument("--cases", default=None,
+                        help="only cases whose name contains this (matching no case at all is a usage error, status 2; "
+                             "a run whose matching cases were all skipped fails, status 1)")
     parser.add_argument("--no-matrix", action="store_true", help="skip the configuration matrix (calibration/power only)")
     parser.add_argument("--no-spec", action="store_true",
                         help="skip the speculative-verification cases and their planted biases (checks/chisq_spec.py)")
@@ -404,6 +484,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write JUnit XML: one test case per statistical test, calibration and planted bias "
                              "(default: not written)")
     parser.add_argument("--out", required=True, type=Path, help="report folder")
+
+
+def unmatched_cases(args: argparse.Namespace) -> str | None:
+    """A usage error when ``--cases`` matches no case at all (matrix, deep tail or speculative), else None."""
+    if args.cases is None or args.no_matrix:
+        return None
+    opts = RunOptions(quick=args.quick, deep_tail=args.deep_tail, case_filter=args.cases)
+    if matching_cases(opts):
+        return None
+    if not args.no_spec:
+        from runnercheck.checks.chisq_spec import build_spec_cases
+
+        if any(args.cases in c.name for c in build_spec_cases(args.quick)):
+            return None
+    return f"--cases {args.cases!r} matches no case of the {'quick' if args.quick else 'full'} catalogue " \
+           "(`runnercheck chisq --help`; docs/CHISQ.md lists them)"
+
+
+def isolation_for(spec: str, timeout_s: float, in_process: bool) -> Isolation | None:
+    """A third-party sampler runs in a child process (`runnercheck.checks.chisq_isolated`); ours in this one.
+
+    Ours (`is_builtin_sampler`) are tested by this project and a spawn on cuda would cost the
+    runner's sampler a second CUDA context and its Triton compile; a user's code is what crashes
+    or hangs without warning, and its run must still end in a report."""
+    if in_process or is_builtin_sampler(spec):
+        return None
+    from runnercheck.checks.loader import canonical_spec
+
+    return Isolation(canonical_spec(spec, "sampler"), timeout_s or None)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -430,6 +539,13 @@ def run(args: argparse.Namespace) -> int:
     if args.max_rows_per_call is not None and args.max_rows_per_call < 1:
         print("runnercheck chisq: --max-rows-per-call must be >= 1", file=sys.stderr)
         return 2
+    if args.timeout < 0 or not math.isfinite(args.timeout):
+        print("runnercheck chisq: --timeout must be a number of seconds >= 0 (0: no limit)", file=sys.stderr)
+        return 2
+    no_case = unmatched_cases(args)
+    if no_case:
+        print(f"runnercheck chisq: {no_case}", file=sys.stderr)
+        return 2
     monitor = None
     if getattr(args, "csan", False):  # armed before the sampler allocates: CSAN must see its init writes
         from runnercheck.checks.csan import CsanMonitor, CsanUnavailableError
@@ -440,7 +556,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"runnercheck chisq: {e}", file=sys.stderr)
             return 2
     try:
-        sampler = load_sampler(args.sampler or default_sampler_spec(resolve_device(args.device)))
+        spec = args.sampler or default_sampler_spec(resolve_device(args.device))
+        sampler = load_sampler(spec)
         rows_per_call_bound(sampler, args.max_rows_per_call)
     except (SamplerSpecError, SamplerUnavailableError, SamplerLimitError) as e:
         if monitor is not None:
@@ -452,7 +569,8 @@ def run(args: argparse.Namespace) -> int:
                       deep_tail=args.deep_tail, case_filter=args.cases, matrix=not args.no_matrix, spec=not args.no_spec,
                       biases=tuple(args.biases) if args.biases else None, power_repeats=args.power_repeats,
                       max_rows_per_call=args.max_rows_per_call,
-                      shard=(args.shard.index, args.shard.count) if getattr(args, "shard", None) else (0, 1))
+                      shard=(args.shard.index, args.shard.count) if getattr(args, "shard", None) else (0, 1),
+                      isolation=isolation_for(spec, args.timeout, args.no_isolation))
     try:
         summary = run_all(sampler, opts, keep_partial=True)
     finally:

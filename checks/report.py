@@ -19,6 +19,8 @@ from runnercheck.checks.stats import RunSummary, TestResult
 # Version of chisq.json's layout; raised when a key changes meaning or disappears.
 CHISQ_FORMAT_VERSION = 1
 MAX_BIN_PLOTS = 6
+# Result kinds of a case whose isolated sampler process died in it (`runnercheck.checks.chisq_isolated`).
+SAMPLER_DIED = ("crash", "timeout")
 MAX_BINS_PER_PLOT = 40
 
 
@@ -71,6 +73,7 @@ def _markdown_body(summary: RunSummary, verdict: str) -> str:
         f"sampler `{summary.sampler}` on `{summary.device}`, {'quick' if summary.quick else 'full'} matrix, seed {summary.seed}, "
         f"{len(summary.tests)} tests, {summary.correction} correction at alpha {summary.alpha:g}, {summary.elapsed_s:.1f} s",
         "",
+        *([f"**{summary.not_run}**", ""] if summary.not_run else []),
         "| test | kind | n | statistic | dof | p | adjusted p | passed | notes |",
         "|---|---|---:|---:|---:|---:|---:|:---:|---|",
     ]
@@ -213,6 +216,7 @@ def junit_cases(summary: RunSummary) -> list:
         failure = None
         if not t.passed:
             failure = (f"{t.name}: sampler contract violated: {t.notes}" if t.kind == "contract" else
+                       f"{t.name}: {t.notes}" if t.kind in SAMPLER_DIED else
                        f"{t.name} rejected ({t.kind}): adjusted p = {_fmt_p(t.adjusted_p_value)} < alpha {summary.alpha:g} "
                        f"(p = {_fmt_p(t.p_value)}, {t.n_samples} draws){'; ' + t.notes if t.notes else ''}")
         cases.append(JUnitCase(t.name, f"runnercheck.chisq.{t.config.get('group', t.kind)}", time_s=t.elapsed_s, failure=failure,
@@ -220,6 +224,8 @@ def junit_cases(summary: RunSummary) -> list:
                                            "kind": t.kind, "p_value": t.p_value, "adjusted_p_value": t.adjusted_p_value}))
     for s in summary.skipped:
         cases.append(JUnitCase(s["case"], "runnercheck.chisq.skipped", skipped=s["reason"], properties={"run_seed": summary.seed}))
+    if summary.not_run is not None:
+        cases.append(JUnitCase("matrix", "runnercheck.chisq.matrix", failure=summary.not_run, properties={"run_seed": summary.seed}))
     c = summary.calibration
     if c is not None:
         failure = None if c.passed else (f"calibration out of band: {c.rejections}/{c.runs} rejections at {c.alpha:g}, "
@@ -266,8 +272,12 @@ def print_summary(summary: RunSummary, out_dir: str | Path | None = None, junit:
     for t in failed:
         if t.kind == "contract":
             console.print(f"[red]sampler contract[/red] {t.name}: {t.notes}")
+        elif t.kind in SAMPLER_DIED:
+            console.print(f"[red]sampler {t.kind}[/red] {t.name}: {t.notes}", highlight=False, soft_wrap=True)
     for s in summary.skipped:
         console.print(f"skipped {s['case']}: {s['reason']}")
+    if summary.not_run is not None:
+        console.print(f"[red]{summary.not_run}[/red]", highlight=False, soft_wrap=True)
     if summary.csan is not None:
         console.print(f"csan: {summary.csan['races']} race(s)", highlight=False)
         for line in summary.csan["lines"][:3]:

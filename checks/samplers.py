@@ -20,7 +20,8 @@ Shipped samplers (`load_sampler` names):
 * ``torch``: `torch_multinomial_sampler`, softmax + ``torch.multinomial`` (no penalties).
 * ``impl``: `runnercheck.checks.impl_sampler.ImplSampler`, the runner's Triton sampler, imported lazily.
 * ``bias-*``: `PLANTED_BIASES`, each `GumbelSampler` with one knob of `GumbelVariant` turned.
-* ``package.module:function``: any callable that fits the contract.
+* ``package.module:function`` or ``path/to/file.py:function``: any callable that fits the contract
+  (third-party code: `runnercheck chisq` runs it in a child process, `runnercheck.checks.chisq_isolated`).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from runnercheck.checks.loader import LoaderError, SpecNotCallableError, SpecNotFoundError, load_callable, split_spec
+from runnercheck.checks.loader import LoaderError, SpecNotCallableError, SpecNotFoundError, SpecSyntaxError, load_callable, spec_of
 from runnercheck.impl.interface import SamplingParams
 
 MASK32 = 0xFFFFFFFF
@@ -445,8 +446,16 @@ def _impl_sampler() -> Callable:
     return load_callable("runnercheck.checks.impl_sampler:ImplSampler", "sampler")()
 
 
+def is_builtin_sampler(spec: str) -> bool:
+    """Whether ``spec`` names one of our samplers (a `BUILTIN_SAMPLERS` name or ``bias-<name>``), not third-party code."""
+    spec = spec.strip()
+    return spec in BUILTIN_SAMPLERS or spec.startswith("bias-")
+
+
 def load_sampler(spec: str) -> Callable:
-    """A builtin name (``gumbel``, ``torch``, ``impl``, ``bias-<name>``) or ``package.module:function``."""
+    """A builtin name (``gumbel``, ``torch``, ``impl``, ``bias-<name>``), ``package.module:function`` or
+    ``path/to/file.py:function`` (`runnercheck.checks.loader`: the working folder is appended to the
+    import path; a file is loaded under a private module name)."""
     if not isinstance(spec, str) or not spec.strip():
         raise SamplerSpecError(f"sampler spec must be a non-empty string, got {spec!r}")
     spec = spec.strip()
@@ -454,32 +463,31 @@ def load_sampler(spec: str) -> Callable:
         return BUILTIN_SAMPLERS[spec]()
     if spec.startswith("bias-"):
         return planted_sampler(spec[len("bias-"):])
-    if spec.count(":") != 1:
+    if ":" not in spec:
         known = ", ".join([*BUILTIN_SAMPLERS, *(f"bias-{b}" for b in PLANTED_BIASES)])
-        raise SamplerSpecError(f"sampler {spec!r} is neither a builtin ({known}) nor 'package.module:function'")
-    try:
-        module_name, attr = split_spec(spec, "sampler")
-    except LoaderError as e:
-        raise SamplerSpecError(f"sampler {spec!r}: both the module and the function must be named") from e
+        raise SamplerSpecError(f"sampler {spec!r} is neither a builtin ({known}) nor 'package.module:function' "
+                               "or 'path/to/file.py:function'")
     try:
         return load_callable(spec, "sampler")
+    except SpecSyntaxError as e:
+        raise SamplerSpecError(str(e)) from None
     except SpecNotFoundError as e:
-        if isinstance(e.__cause__, ImportError):
-            raise SamplerNotFoundError(f"sampler {spec!r}: module {module_name!r} not found ({e.__cause__})") from e
-        raise SamplerNotFoundError(f"sampler {spec!r}: {module_name} has no attribute {attr!r}") from e
+        raise SamplerNotFoundError(str(e)) from None
     except SpecNotCallableError as e:
-        raise SamplerNotCallableError(str(e)) from e
+        raise SamplerNotCallableError(str(e)) from None
+    except LoaderError as e:  # found, but raised on import
+        raise SamplerSpecError(str(e)) from None
 
 
 def sampler_name(fn: Callable) -> str:
     name = getattr(fn, "name", None)
     if isinstance(name, str):
         return name
-    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', type(fn).__name__)}"
+    return spec_of(fn)  # a function loaded from a file is named by its file
 
 
 __all__ = [
     "SamplerFn", "TokenHistory", "GumbelSampler", "GumbelVariant", "PlantedBias", "PLANTED_BIASES",
-    "load_sampler", "planted_sampler", "torch_multinomial_sampler", "philox_bits", "sample_row",
+    "load_sampler", "is_builtin_sampler", "planted_sampler", "torch_multinomial_sampler", "philox_bits", "sample_row",
     "gumbel_noise", "accepts_keyword",
 ]

@@ -171,6 +171,7 @@ class RunSummary:
     csan: dict[str, Any] | None = None  # ``--csan``: {"races": n, "lines": [...], "reports": [...]} (`runnercheck.checks.csan`)
     shard: str | None = None  # ``--shard I/N``: this job's share of the campaign (None: the whole campaign)
     interrupted: str | None = None  # where an interrupted run stopped; its report is incomplete and never passes
+    not_run: str | None = None  # why the matrix, asked for, tested no case at all (the run then fails)
 
     @property
     def status(self) -> str:
@@ -185,6 +186,7 @@ class RunSummary:
         return (
             bool(self.tests or self.calibration is not None or self.power)  # a run that tested something
             and self.interrupted is None
+            and self.not_run is None
             and not self.failed_tests
             and (self.calibration is None or self.calibration.passed)
             and all(p.passed for p in self.power)
@@ -215,4 +217,5 @@ class RunSummary:
             "power": [p.to_dict() for p in self.power],
             "csan": self.csan,
             "shard": self.shard,
+            "not_run": self.not_run,
         }

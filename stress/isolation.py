@@ -8,27 +8,24 @@ interpreted kernel reading past a buffer, an abort, a kill -- the parent still h
 the crashing tick and the last completed step, and returns a `Findings` whose first divergence is of
 kind ``crash`` (``killed by signal SIGSEGV``); its repro replays into the same crash.
 
-Children are forked on cpu/sim (fast, and in-process test plants survive) and spawned on cuda
-(CUDA cannot cross a fork).  Interrupts belong to the parent: a child starts with SIGINT ignored
-and SIGTERM at its default (so Ctrl-C in a terminal, which signals the whole process group, reaches
-only the parent's `KeyboardInterrupt`), and the parent kills and reaps every running child before
-the interrupt leaves `isolated_runs`.  Each child runs torch single-threaded: interpreted kernels on tiny
-tensors gain nothing from intra-op threads, and parallel runs would only contend for the cores.
+A job with ``timeout_s`` that runs longer is killed with its process group and reported the same
+way, its crash ``timed out after N s``.  The child machinery (fork on cpu/sim, spawn on cuda, own
+process group, exit descriptions, interrupts left to the parent) is `runnercheck.checks.child`: the
+parent kills and reaps every running child before an interrupt leaves `isolated_runs`.  Each child
+runs torch single-threaded: interpreted kernels on tiny tensors gain nothing from intra-op threads,
+and parallel runs would only contend for the cores.
 """
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import multiprocessing.connection
 import os
-import signal
-import sys
-import threading
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from runnercheck.checks.child import ChildProcess, describe_exit, describe_timeout, start_child
 from runnercheck.checks.compare import Divergence
 from runnercheck.stress.driver import RunResult
 from runnercheck.stress.harness import ChurnOps, Findings, TraceOps, checked_run
@@ -44,6 +41,7 @@ class IsolatedJob:
     name: str = ""
     lifetime_mode: str = "count"
     stop_on_sync: bool = False
+    timeout_s: float | None = None  # wall-clock limit of the run (None: none); past it the run is a crash finding
 
 
 def default_parallel() -> int:
@@ -56,8 +54,6 @@ def default_parallel() -> int:
 
 def _child(conn: Any, job: IsolatedJob) -> None:
     """The isolated run: streams ("tick", t, ops), ("enqueue", id), ("step", id); ends with ("done", findings)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles interrupts and stops its children
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         if job.config.device != "cuda":
             import torch
@@ -76,22 +72,13 @@ def _child(conn: Any, job: IsolatedJob) -> None:
         conn.close()
 
 
-def _describe_exit(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with status {code} before reporting"
-
-
 @dataclass
 class _Running:
     index: int
     job: IsolatedJob
-    proc: Any
-    conn: Any
+    child: ChildProcess
     started: float = field(default_factory=time.perf_counter)
+    timed_out: bool = False
     trace: list = field(default_factory=list)
     last_step: int | None = None
     last_enqueued: int | None = None
@@ -116,7 +103,7 @@ class _Running:
             raise RunSetupError(self.outcome[1])
         if self.outcome is not None:
             raise RuntimeError(f"the isolated run failed in the harness: {self.outcome[1]}\n{self.outcome[2]}")
-        crash = _describe_exit(self.proc.exitcode)
+        crash = describe_timeout(self.job.timeout_s or 0.0) if self.timed_out else describe_exit(self.child.proc.exitcode)
         after = f"step {self.last_step}" if self.last_step is not None else "no completed step"
         _log.warning("run %s crashed: %s after %s", self.job.name, crash, after)
         elapsed = time.perf_counter() - self.started
@@ -129,23 +116,11 @@ class _Running:
 
 
 def _start(index: int, job: IsolatedJob) -> _Running:
-    ctx = multiprocessing.get_context("spawn" if job.config.device == "cuda" else "fork")
-    receive, send = ctx.Pipe(duplex=False)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    proc = ctx.Process(target=_child, args=(send, job), daemon=True)
-    # Started with SIGINT ignored, which a spawned interpreter keeps until `_child` runs: a Ctrl-C
-    # while it imports must not print its traceback.
-    if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
-        proc.start()
-    else:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            proc.start()
-        finally:
-            signal.signal(signal.SIGINT, previous)
-    send.close()
-    return _Running(index, job, proc, receive)
+    return _Running(index, job, start_child(_child, (job,), spawn=job.config.device == "cuda"))
+
+
+def _deadline(run: _Running) -> float | None:
+    return None if run.job.timeout_s is None else run.started + run.job.timeout_s
 
 
 def isolated_runs(jobs: Sequence[IsolatedJob], *, parallel: int = 1,
@@ -168,22 +143,33 @@ def isolated_runs(jobs: Sequence[IsolatedJob], *, parallel: int = 1,
                 if on_start is not None:
                     on_start(index)
                 run = _start(index, job)
-                running[run.conn] = run
+                running[run.child.conn] = run
             if not running:
                 break
-            for conn in multiprocessing.connection.wait(list(running)):
-                run = running[conn]
-                try:
-                    while run.outcome is None and conn.poll():
-                        run.handle(conn.recv(), on_tick)
-                    finished = run.outcome is not None
-                except EOFError:
-                    finished = True
+            deadlines = [d for d in map(_deadline, running.values()) if d is not None]
+            wait_s = max(0.0, min(deadlines) - time.perf_counter()) if deadlines else None
+            ready = set(multiprocessing.connection.wait(list(running), timeout=wait_s))
+            now = time.perf_counter()
+            for conn, run in list(running.items()):
+                deadline = _deadline(run)
+                if conn in ready:
+                    try:
+                        while run.outcome is None and conn.poll():
+                            run.handle(conn.recv(), on_tick)
+                        finished = run.outcome is not None
+                    except EOFError:
+                        finished = True
+                    if finished:
+                        run.child.finish()
+                elif deadline is not None and now >= deadline:
+                    _log.warning("run %s: %s", job_name(run), describe_timeout(run.job.timeout_s or 0.0))
+                    run.timed_out = finished = True
+                    run.child.kill()
+                else:
+                    finished = False
                 if not finished:
                     continue
                 del running[conn]
-                run.proc.join()
-                conn.close()
                 try:
                     results[run.index] = run.findings()
                 except RunSetupError as e:
@@ -193,18 +179,22 @@ def isolated_runs(jobs: Sequence[IsolatedJob], *, parallel: int = 1,
                     on_done(run.index, results[run.index])
     finally:
         for run in running.values():  # an interrupt: stop the children, the caller reports it
-            run.proc.kill()
-            run.proc.join()
+            run.child.kill()
     if setup_error is not None:
         raise setup_error
     return [results[i] for i in range(len(jobs))]
 
 
 def isolated_run(config: RunConfig, source: ChurnOps | TraceOps, *, name: str = "", lifetime_mode: str = "count",
-                 stop_on_sync: bool = False, on_tick: Callable[[int], None] | None = None) -> Findings:
-    """One checked run in a child process."""
+                 stop_on_sync: bool = False, on_tick: Callable[[int], None] | None = None,
+                 timeout_s: float | None = None) -> Findings:
+    """One checked run in a child process (``timeout_s``: its wall-clock limit, None for none)."""
     tick = (lambda _i, t: on_tick(t)) if on_tick is not None else None
-    return isolated_runs([IsolatedJob(config, source, name, lifetime_mode, stop_on_sync)], on_tick=tick)[0]
+    return isolated_runs([IsolatedJob(config, source, name, lifetime_mode, stop_on_sync, timeout_s)], on_tick=tick)[0]
+
+
+def job_name(run: _Running) -> str:
+    return run.job.name or f"#{run.index}"
 
 
 __all__ = ["IsolatedJob", "isolated_runs", "isolated_run", "default_parallel"]

@@ -11,6 +11,8 @@ Options (all prefixed, so they never clash with a host project's own):
 ``--runnercheck-steps N``                         scheduler ticks of a differential run (default 24)
 ``--runnercheck-report-dir DIR``                  reports and repro files under ``DIR/<test>`` (default: the
                                                   test's ``tmp_path``; chi-square reports only with this option)
+``--runnercheck-timeout SECONDS``                 (or ini ``runnercheck_timeout``) limit of a differential run and of
+                                                  one chi-square case of a user's sampler (default 600; 0: none)
 ``--runnercheck-csan``                            PyTorch's CUDA stream sanitizer on for the session, enabled at
                                                   configure time (before any runner is built); needs the device
                                                   to resolve to cuda (``runnercheck.stress.cli_options.resolve_csan``, else a
@@ -30,8 +32,12 @@ Fixtures:
 ``runnercheck_staging_lifetime`` ``watch(runner_or_pool)``: staging-slot lifetime assertions (error mode) until
                                  the test ends
 ``runnercheck_chisq``            ``check(sampler, cases=None, *, samples=None, ...)``: chi-square tests of a
-                                 sampler (`runnercheck.checks.samplers` contract) against the exact distributions; fails with
-                                 every rejection, returns the `RunSummary`
+                                 sampler (a callable or a spec string; `runnercheck.checks.samplers` contract) against the
+                                 exact distributions; fails with every rejection, returns the `RunSummary`
+
+The user's runner and sampler run in child processes (`runnercheck.checks.child`): a segfault, an
+abort or a hang past the timeout fails that test with the signal or the timeout and a repro, and
+the session goes on.
 
 Each check records what it ran as JUnit properties of the test (``pytest --junitxml``): the seed,
 the steps and tokens compared, every statistical test and its p-values, every skipped case.
@@ -52,6 +58,7 @@ from typing import Any, Callable, Sequence
 import pytest
 
 DEFAULT_STEPS = 24
+DEFAULT_TIMEOUT_S = 600.0  # `runnercheck.checks.child.DEFAULT_TIMEOUT_S`, spelled here so the plugin imports no torch at load
 MARKERS = {
     "gpu": "needs a CUDA device (skipped cleanly without one)",
     "stress": "long stress runs; select with -m stress",
@@ -72,6 +79,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "instead of the test's tmp_path (for CI artifacts)")
     group.addoption("--runnercheck-csan", action="store_true", default=False,
                     help="run under PyTorch's CUDA stream sanitizer (needs --runnercheck-device cuda, or auto on a GPU)")
+    group.addoption("--runnercheck-timeout", type=float, default=None, metavar="SECONDS",
+                    help="a differential run, or one chi-square case of a user's sampler, that runs longer fails its "
+                         f"test, its process group killed (default: the runnercheck_timeout ini value, else {DEFAULT_TIMEOUT_S:g}; 0: none)")
+    parser.addini("runnercheck_timeout", f"seconds before an isolated run or chi-square case fails (default {DEFAULT_TIMEOUT_S:g}; 0: none)",
+                  default=None)
 
 
 def _cuda_available() -> bool:
@@ -86,6 +98,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for name in owned:
         config.addinivalue_line("markers", f"{name}: {MARKERS[name]} [runnercheck]")
     config.stash[_OWNED_MARKERS_KEY] = set(owned)
+    _timeout(config)  # a bad --runnercheck-timeout / ini value is a usage error before any test runs
     if config.getoption("runnercheck_device") != "cuda" and "triton" not in sys.modules and not _cuda_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any test module imports the kernels
     from runnercheck.impl.kernels.interpreter import speed_up_interpreter
@@ -133,6 +146,23 @@ def _device_kind(config: pytest.Config) -> str:
     return kind
 
 
+def _timeout(config: pytest.Config) -> float | None:
+    """``--runnercheck-timeout``, else the ``runnercheck_timeout`` ini value, else the default; 0: None (no limit)."""
+    value = config.getoption("runnercheck_timeout")
+    source = "--runnercheck-timeout"
+    if value is None:
+        value, source = config.getini("runnercheck_timeout"), "runnercheck_timeout (ini)"
+    if value in (None, ""):
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise pytest.UsageError(f"{source}: {value!r} is not a number of seconds") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise pytest.UsageError(f"{source}: {value!r} must be a number of seconds >= 0 (0: no limit)")
+    return seconds or None
+
+
 def _load_factory(spec: str, source: str = "--runnercheck-runner") -> Callable:
     from runnercheck.stress.harness import load_runner_factory
     from runnercheck.stress.run_config import RunSetupError
@@ -143,8 +173,20 @@ def _load_factory(spec: str, source: str = "--runnercheck-runner") -> Callable:
         raise pytest.UsageError(f"{source}: {e}") from None
 
 
-def _spec_of(factory: Callable) -> str:
-    return f"{getattr(factory, '__module__', '?')}:{getattr(factory, '__qualname__', type(factory).__name__)}"
+def _spec_of(fn: Callable) -> str:
+    from runnercheck.checks.loader import spec_of
+
+    return spec_of(fn)
+
+
+def _canonical(spec: str) -> str:
+    """``spec`` as a child process loads it (a file spec's path made absolute); as given if it does not parse."""
+    from runnercheck.checks.loader import LoaderError, canonical_spec
+
+    try:
+        return canonical_spec(spec)
+    except LoaderError:
+        return spec
 
 
 @pytest.fixture(scope="session")
@@ -152,7 +194,7 @@ def runnercheck_runner_factory(pytestconfig: pytest.Config) -> Callable:
     """The runner factory named by ``--runnercheck-runner`` (default: the built-in runner)."""
     from runnercheck.stress.runners import DEFAULT_RUNNER_SPEC
 
-    return _load_factory(pytestconfig.getoption("runnercheck_runner") or DEFAULT_RUNNER_SPEC)
+    return _load_factory(_canonical(pytestconfig.getoption("runnercheck_runner") or DEFAULT_RUNNER_SPEC))
 
 
 def _report_dir(request: pytest.FixtureRequest) -> Path | None:
@@ -176,11 +218,13 @@ def _recorder(request: pytest.FixtureRequest) -> Callable[[str, object], None]:
 
 
 def checked_differential_run(spec: str, *, kind: str, seed: int, steps: int, model: str, repro_dir: Path,
-                             csan: bool = False) -> tuple[Any, list[str]]:
-    """The run owner's checked run (`runnercheck.stress.harness.checked_run`) of a seeded churn: the driver's
-    `RunResult` and the findings as lines; a divergence writes ``repro_dir/repro.json``."""
+                             csan: bool = False, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> tuple[Any, list[str]]:
+    """The run owner's checked run of a seeded churn, in a child process (`runnercheck.stress.isolation`:
+    a crash, or a run past ``timeout_s``, is a finding with a repro rather than the end of the session):
+    the driver's `RunResult` and the findings as lines; a divergence writes ``repro_dir/repro.json``."""
     from runnercheck.impl.model.weights import preset
-    from runnercheck.stress.harness import ChurnOps, checked_run
+    from runnercheck.stress.harness import ChurnOps
+    from runnercheck.stress.isolation import isolated_run
     from runnercheck.stress.run_config import RunConfig, RunSetupError, default_limits
     from runnercheck.stress.scheduler import SchedulerConfig
 
@@ -189,7 +233,7 @@ def checked_differential_run(spec: str, *, kind: str, seed: int, steps: int, mod
     try:
         config = RunConfig(seed, steps, kind, model, model_config, default_limits(model_config), SchedulerConfig(2, 0.2),
                            lag, None, None, spec, csan=csan)
-        findings = checked_run(config, ChurnOps())
+        findings = isolated_run(config, ChurnOps(), name="runnercheck_differential", timeout_s=timeout_s)
     except RunSetupError as e:
         raise pytest.UsageError(f"runnercheck_differential: {e}") from None
     result = findings.result
@@ -223,7 +267,7 @@ class DifferentialCheck:
     def __call__(self, runner: Callable | str | None = None, *, steps: int | None = None, seed: int | None = None,
                  model: str = "micro") -> Any:
         config = self._request.config
-        spec = runner if isinstance(runner, str) else _spec_of(runner or self._factory)
+        spec = _canonical(runner) if isinstance(runner, str) else _spec_of(runner or self._factory)
         if not isinstance(runner, str) and _load_factory(spec, "runnercheck_differential") is not (runner or self._factory):
             raise pytest.UsageError(f"runnercheck_differential: factory {spec} is not importable by that name; "
                                     "pass it as 'package.module:factory'")
@@ -236,7 +280,7 @@ class DifferentialCheck:
         kind = _device_kind(config)
         repro_dir = _report_dir(self._request) or self._request.getfixturevalue("tmp_path")
         result, findings = checked_differential_run(spec, kind=kind, seed=seed, steps=steps, model=model, repro_dir=repro_dir,
-                                                    csan=bool(config.getoption("runnercheck_csan")))
+                                                    csan=bool(config.getoption("runnercheck_csan")), timeout_s=_timeout(config))
         for key, value in (("runner", spec), ("device", kind), ("seed", seed), ("ticks", result.ticks),
                            ("steps_compared", result.steps), ("tokens_compared", result.tokens_compared),
                            ("ties", len(result.ties))):
@@ -329,8 +373,13 @@ def _select_cases(cases: Any, quick: bool) -> list:
 class ChisqCheck:
     """``check(sampler, cases=None, *, samples=None, seed=None, alpha=0.01, max_rows_per_call=None, quick=True)``.
 
-    ``cases``: None (the quick catalogue), a substring of case names, names, or `SamplingCase`s.
-    Cases the sampler declines are skipped (recorded); any rejection or contract violation fails.
+    ``sampler``: a callable, or a spec string as ``runnercheck chisq --sampler`` takes it (a builtin
+    name, ``package.module:function`` or ``path/to/file.py:function``).  A sampler that is not one of
+    ours runs in a child process (`runnercheck.checks.chisq_isolated`): a crash or a case past
+    ``--runnercheck-timeout`` fails the test with the signal or the timeout and a repro command, and
+    the session goes on.  ``cases``: None (the quick catalogue), a substring of case names, names, or
+    `SamplingCase`s.  Cases the sampler declines are skipped (recorded); any rejection, contract
+    violation or crash fails, and so does a check in which no case ran.
     """
 
     def __init__(self, request: pytest.FixtureRequest, record: Callable[[str, object], None]):
@@ -338,30 +387,60 @@ class ChisqCheck:
         self._config = request.config
         self._record = record
 
-    def __call__(self, sampler: Callable, cases: str | Sequence[Any] | None = None, *, samples: int | None = None,
+    def _sampler(self, sampler: Callable | str, device: Any) -> tuple[Callable, Any]:
+        """The callable and its `Isolation` (None for ours); `pytest.fail` for a spec that does not load."""
+        from runnercheck.checks import chisq
+        from runnercheck.checks.samplers import SamplerSpecError, SamplerUnavailableError, load_sampler
+
+        if isinstance(sampler, str):
+            try:
+                fn = load_sampler(sampler)
+            except (SamplerSpecError, SamplerUnavailableError) as e:
+                pytest.fail(f"runnercheck_chisq: {e}", pytrace=False)
+            return fn, chisq.isolation_for(sampler, _timeout(self._config) or 0, False)
+        if not callable(sampler):
+            pytest.fail(f"runnercheck_chisq: the sampler must be a callable or a spec string, got {type(sampler).__name__}",
+                        pytrace=False)
+        if _spec_of(sampler).startswith("runnercheck."):  # ours (a file-loaded sampler's spec names its file)
+            return sampler, None
+        from runnercheck.checks.loader import spec_of
+
+        spec = spec_of(sampler, by_file=True)  # what the repro command (and a spawned child) loads
+        named = getattr(sampler, "__qualname__", None)  # a callable object has none: it cannot be loaded by name
+        if device.type == "cuda" and not (isinstance(named, str) and named.isidentifier()):
+            pytest.fail(f"runnercheck_chisq: sampler {spec} is not a module-level callable, and on cuda it runs in a "
+                        "spawned process that loads it by name; define it at module level or pass "
+                        "'package.module:function' or 'path/to/file.py:function'", pytrace=False)
+        return sampler, chisq.isolation_for(spec, _timeout(self._config) or 0, False)
+
+    def __call__(self, sampler: Callable | str, cases: str | Sequence[Any] | None = None, *, samples: int | None = None,
                  seed: int | None = None, alpha: float = 0.01, max_rows_per_call: int | None = None, quick: bool = True) -> Any:
         import time
 
         import torch
 
         from runnercheck.checks import chisq, stats
+        from runnercheck.checks.report import SAMPLER_DIED
         from runnercheck.checks.samplers import sampler_name
 
         selected = _select_cases(cases, quick)
         seed = self._config.getoption("runnercheck_seed") if seed is None else seed
         device = torch.device("cuda" if _cuda_available() else "cpu")
-        opts = chisq.RunOptions(quick=quick, samples=samples, seed=seed, alpha=alpha, max_rows_per_call=max_rows_per_call)
+        fn, isolation = self._sampler(sampler, device)
+        opts = chisq.RunOptions(quick=quick, samples=samples, seed=seed, alpha=alpha, max_rows_per_call=max_rows_per_call,
+                                isolation=isolation)
         started = time.perf_counter()
         with chisq.single_threaded_on_cpu(device):
-            results, skipped = chisq.run_cases(sampler, selected, opts, device)
-        summary = stats.RunSummary(sampler=sampler_name(sampler), device=str(device), quick=quick, seed=seed, alpha=alpha,
-                                   correction=opts.correction, tests=results, skipped=skipped,
-                                   elapsed_s=time.perf_counter() - started)
+            results, skipped = chisq.run_cases(fn, selected, opts, device)
+        summary = stats.RunSummary(sampler=sampler if isinstance(sampler, str) else sampler_name(fn), device=str(device),
+                                   quick=quick, seed=seed, alpha=alpha, correction=opts.correction, tests=results,
+                                   skipped=skipped, elapsed_s=time.perf_counter() - started,
+                                   not_run=None if results else chisq.zero_cases_reason(len(selected), len(selected), skipped, opts))
         for t in results:
             verdict = "passed" if t.passed else "REJECTED"
             self._record(f"runnercheck.chisq.{t.name}", f"{verdict} ({t.kind}) p={t.p_value:.3g} "
                          f"adjusted={t.adjusted_p_value if t.adjusted_p_value is None else format(t.adjusted_p_value, '.3g')}"
-                         + (f" {t.notes}" if t.kind == "contract" else ""))
+                         + (f" {t.notes}" if t.kind == "contract" or t.kind in SAMPLER_DIED else ""))
         for s in skipped:
             self._record(f"runnercheck.chisq.skipped.{s['case']}", s["reason"])
         out = _report_dir(self._request)
@@ -370,10 +449,10 @@ class ChisqCheck:
 
             self._record("runnercheck.chisq.report", str(write_report(out, summary)["html"]))
         failed = summary.failed_tests
-        if failed or not results:
-            lines = [f"{t.name}: {t.notes}" if t.kind == "contract" else
+        if failed or summary.not_run:
+            lines = [f"{t.name}: {t.notes}" if t.kind == "contract" or t.kind in SAMPLER_DIED else
                      f"{t.name} ({t.kind}): adjusted p = {t.adjusted_p_value:.3g} < {alpha:g}; {t.notes}".rstrip("; ")
-                     for t in failed] or [f"no case ran: {len(skipped)} skipped ({'; '.join(s['reason'] for s in skipped[:3])})"]
+                     for t in failed] or [str(summary.not_run)]
             pytest.fail(f"runnercheck chi-square of {summary.sampler} (seed {seed}): {len(failed)} of {len(results)} "
                         "tests rejected\n  " + "\n  ".join(lines), pytrace=False)
         return summary

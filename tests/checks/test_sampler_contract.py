@@ -164,10 +164,13 @@ def test_declared_parameters_skip_before_any_call(user_module, tmp_path) -> None
 
 
 def test_max_rows_per_call_bounds_every_call(user_module, tmp_path) -> None:
-    rc, report = _chisq(tmp_path, "user_samplers_mod:counting", "--cases", "drafts-2rows", "--max-rows-per-call", "50")
+    # In this process (--no-isolation), where the sampler's call log can be read.
+    rc, report = _chisq(tmp_path, "user_samplers_mod:counting", "--cases", "drafts-2rows", "--max-rows-per-call", "50",
+                        "--no-isolation")
     assert rc == 0 and user_module.calls and max(user_module.calls) <= 50 and sum(user_module.calls) == 800
     user_module.calls.clear()
-    rc, report = _chisq(tmp_path, "user_samplers_mod:counting", "--cases", "drafts-2rows", "--max-rows-per-call", "1")
+    rc, report = _chisq(tmp_path, "user_samplers_mod:counting", "--cases", "drafts-2rows", "--max-rows-per-call", "1",
+                        "--no-isolation")
     assert report["skipped"][0]["reason"].startswith("one request of this case has 2 rows > 1")
     assert not user_module.calls
 
@@ -216,8 +219,10 @@ def test_junit_has_one_case_per_test_with_rejections_and_seeds(tmp_path) -> None
 def test_junit_marks_skipped_cases_and_json_has_provenance(user_module, tmp_path) -> None:
     junit = tmp_path / "skip.xml"
     rc, report = _chisq(tmp_path, "user_samplers_mod:no_min_p", "--cases", "min-p", "--junit", str(junit))
-    [case] = ET.parse(junit).getroot().iter("testcase")
-    assert case.find("skipped").get("message").endswith("min-p is not implemented")
+    skipped, matrix = ET.parse(junit).getroot().iter("testcase")
+    assert skipped.find("skipped").get("message").endswith("min-p is not implemented")
+    # Every matching case skipped: the run tested nothing, which fails with the reason.
+    assert rc == 1 and matrix.get("name") == "matrix" and matrix.find("failure").get("message").startswith("0 cases ran: 1 skipped")
     assert report["format_version"] == 1
     assert {"runnercheck", "torch", "triton", "numpy", "device_name"} <= set(report["provenance"])
     assert report["provenance"]["device_name"] == "cpu"

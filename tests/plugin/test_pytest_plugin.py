@@ -197,3 +197,117 @@ def test_docs_show_the_tested_example() -> None:
     doc = (REPO / "docs" / "PLUGIN.md").read_text()
     shown = doc.split("```python\n")[1].split("```")[0]
     assert shown.strip() in USER_TESTS and len(shown.strip().splitlines()) >= 20
+
+
+USER_SAMPLERS = '''
+import ctypes
+import time
+
+from runnercheck.checks.samplers import GumbelSampler
+
+_gumbel = GumbelSampler()
+
+
+def good(logits, params, seeds, positions):
+    return _gumbel(logits, params, seeds, positions)
+
+
+def temperature_only(logits, params, seeds, positions):
+    return _gumbel(logits, params, seeds, positions)
+
+
+temperature_only.supported_params = {"temperature"}
+
+
+def segfaults(logits, params, seeds, positions):
+    ctypes.string_at(0)  # a read of address 0: SIGSEGV
+
+
+def hangs(logits, params, seeds, positions):
+    while True:
+        time.sleep(1)
+'''
+
+HANGING_RUNNER = '''
+import time
+
+import runnercheck.stress.runners as runners
+
+
+def hanging_runner(weights, limits, device, base_seed):
+    """The simple runner, stuck forever in its third step."""
+    runner = runners.simple_runner(weights, limits, device, base_seed)
+    execute = runner.execute_model
+
+    def execute_model(sched):
+        if sched.step_id == 2:
+            while True:
+                time.sleep(1)
+        return execute(sched)
+
+    runner.execute_model = execute_model
+    return runner
+'''
+
+
+def test_crashing_and_hanging_user_code_fails_its_test_and_the_session_goes_on(user_project: pytest.Pytester) -> None:
+    """A segfaulting sampler, a hanging sampler and a hanging runner each fail their own test with the
+    signal or the timeout; the spec-string samplers pass, a check with every case skipped fails with
+    the reason, and junit.xml is written."""
+    user_project.makeini("[pytest]\nrunnercheck_timeout = 4\n")
+    user_project.mkpydir("lib")
+    (user_project.path / "lib" / "user_samplers.py").write_text(USER_SAMPLERS)
+    (user_project.path / "my_samplers.py").write_text(USER_SAMPLERS)
+    (user_project.path / "my_runner.py").write_text(HANGING_RUNNER)
+    user_project.makepyfile(test_user_code="""
+        import sys
+
+        sys.path.insert(0, "lib")
+        import user_samplers
+
+        CASE = dict(cases=["temperature-0.5-v97"], samples=300)
+
+        def test_segfaulting_sampler(runnercheck_chisq):
+            runnercheck_chisq(user_samplers.segfaults, **CASE)
+
+        def test_hanging_sampler(runnercheck_chisq):
+            runnercheck_chisq(user_samplers.hangs, **CASE)
+
+        def test_file_spec_string(runnercheck_chisq):
+            runnercheck_chisq("./lib/user_samplers.py:good", **CASE)
+
+        def test_module_spec_string_from_the_working_folder(runnercheck_chisq):
+            runnercheck_chisq("my_samplers:good", **CASE)
+
+        def test_every_case_skipped(runnercheck_chisq):
+            runnercheck_chisq(user_samplers.temperature_only, cases=["top-k-10-v97"], samples=300)
+
+        def test_hanging_runner(runnercheck_differential):
+            runnercheck_differential("my_runner:hanging_runner", steps=6)
+    """)
+    result, cases = _run(user_project, "--runnercheck-timeout", "4")
+    result.assert_outcomes(failed=4, passed=2)
+    assert set(cases) >= {"test_file_spec_string", "test_module_spec_string_from_the_working_folder"}
+
+    def failure(name: str) -> str:
+        element = cases[name].find("failure")
+        return element.get("message") + (element.text or "")
+
+    crash = failure("test_segfaulting_sampler")
+    assert "temperature-0.5-v97/crash: sampler killed by signal SIGSEGV in temperature-0.5-v97" in crash
+    assert "repro: runnercheck chisq --sampler " in crash and "user_samplers.py:segfaults --cases temperature-0.5-v97" in crash
+    assert "sampler timed out after 4 s (process group killed)" in failure("test_hanging_sampler")
+    assert ("0 cases ran: 1 skipped because sampler declares no support for top_k (supported_params)"
+            in failure("test_every_case_skipped"))
+    hang = failure("test_hanging_runner")
+    assert "timed out after 4 s" in hang and "repro:" in hang
+    result.stdout.no_fnmatch_line("*Traceback*")
+
+
+def test_timeout_option_must_be_seconds(user_project: pytest.Pytester) -> None:
+    user_project.makepyfile(test_x="def test_x(runnercheck_differential):\n    runnercheck_differential()\n")
+    result = user_project.runpytest_subprocess("-p", PLUGIN, "-o", "runnercheck_timeout=soon")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*runnercheck_timeout (ini): 'soon' is not a number of seconds*"])
+    result = user_project.runpytest_subprocess("-p", PLUGIN, "--runnercheck-timeout", "-1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
