@@ -16,7 +16,6 @@ import shutil
 import site
 import subprocess
 import sys
-import textwrap
 import tomllib
 import zipfile
 from pathlib import Path
