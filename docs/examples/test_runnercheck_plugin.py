@@ -1,6 +1,7 @@
 """An example of runnercheck's pytest plugin in another project's suite (docs/PLUGIN.md).
 
-Run it from any directory once runnercheck is installed: ``pytest --junitxml=junit.xml test_runnercheck_plugin.py``.
+Run it from any directory once runnercheck is installed, with the Python that has it installed:
+``python -m pytest --junitxml=junit.xml test_runnercheck_plugin.py``.
 """
 
 import torch
