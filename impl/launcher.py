@@ -1,7 +1,7 @@
 """The device's launch thread: a cuda step's graph replay and its marker issued by a worker, not by the step.
 
 On an H200 host a graph launch called from inside a host step costs 10-30 us, against ~3 us for the same call made
-back to back (docs/BENCHMARKS.md, runs 79-82: the step's own work leaves the driver's code and data cold in the
+back to back (H200 runs 79-82, 2026-12-02, in git history of docs/BENCHMARKS.md: the step's own work leaves the driver's code and data cold in the
 caches), and the marker after it ~3 us more.  A worker thread that does nothing else keeps them warm.  The step
 pushes the two jobs (~1 us) and goes on with its bookkeeping while the worker issues them, in push order, on the
 device's stream; `runnercheck.impl.device.Device` makes every other use of the stream wait until the worker has issued what
@@ -16,7 +16,7 @@ Idle, it polls for a job for ``RUNNERCHECK_LAUNCH_SPIN_US`` (default 300) after 
 no naps), then sleeps.  A step tells it that it begins (`Device.on_stream`), so it is polling again by the time the
 step pushes.  A polling or napping worker finds that out by itself; only a sleeping one must be woken, and that wake
 is a system call (a futex wake) on the step's thread, some microseconds on the H200's virtual machine
-(docs/BENCHMARKS.md, run 118).  The naps keep that call out of steps that come closer together than the naps last.
+(H200 run 118, 2026-12-04, in git history of docs/BENCHMARKS.md).  The naps keep that call out of steps that come closer together than the naps last.
 Polling is most of the worker's CPU time (`LaunchThread.cpu_seconds`; the host_cost benchmark reports it per step,
 and the wakes per step: `LaunchThread.signals`).
 

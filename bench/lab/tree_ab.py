@@ -20,7 +20,7 @@ new tree ran faster, and the Wilcoxon signed-rank p of the pairs' log ratios (`s
 cannot go below 1/16).
 
 On the lent H200 hosts a worker process brings a speed of its own as well, pinned or not: same-tree pairs there read
-0.69-1.33, half of them within 5% (22 pairs, runs 111-114; docs/BENCHMARKS.md).  At that spread a 3% change needs
+0.69-1.33, half of them within 5% (22 pairs, H200 runs 111-114, 2026-12-03, in git history of docs/BENCHMARKS.md).  At that spread a 3% change needs
 120-200 pairs to be seen, a 10% one 12-20.  A fixed piece of Python timed in each worker did not track that speed
 (r = 0.4; dividing by it widened the spread) and was dropped.
 
