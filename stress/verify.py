@@ -51,6 +51,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from runnercheck.checks.loader import accepts_keyword
 from runnercheck.impl.lag_policies import DELAY_TARGETS
 from runnercheck.impl.model.weights import PRESETS, preset
 from runnercheck.stress.churn import ChurnConfig
@@ -199,6 +200,19 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
     return runs[:max_runs] if max_runs else runs
 
 
+def without_proposer_runs(plan: list[PlannedRun], factory: Callable, spec: str) -> tuple[list[PlannedRun], str | None]:
+    """The plan less its proposer runs when ``factory`` cannot build a runner with a proposer (it takes no
+    ``speculative`` keyword: `runnercheck.stress.runners`' contract makes it optional), and the note that says so."""
+    if accepts_keyword(factory, "speculative"):
+        return plan, None
+    kept = [p for p in plan if not p.config.scheduler.ngram_spec_tokens]
+    skipped = [p.name for p in plan if p.config.scheduler.ngram_spec_tokens]
+    if not skipped:
+        return plan, None
+    return kept, (f"{len(skipped)} proposer run(s) not run ({', '.join(skipped)}): runner factory {spec!r} takes no "
+                  f"'speculative' keyword, so it cannot run the n-gram or draft-model proposer")
+
+
 # --------------------------------------------------------------------------- one run
 
 
@@ -273,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.junit:
             check_junit_path(args.junit)
-        load_runner_factory(args.runner)
+        factory = load_runner_factory(args.runner)
         notes: list[str] = []
         cuda_delay = None
         if kind == "cuda":
@@ -282,6 +296,9 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_runs(kind, args.seed, args.runner, quick=args.quick, ticks=args.steps, max_runs=args.runs,
                          model=args.model, cuda_delay=cuda_delay, cuda_graphs=not args.eager,
                          csan=getattr(args, "csan", False))
+        plan, skipped_note = without_proposer_runs(plan, factory, args.runner)
+        if skipped_note:
+            notes.append(skipped_note)
         if getattr(args, "csan", False):
             notes.append("differential runs under CUDA's stream sanitizer (--csan): a race it reports fails the run; "
                          "the sampler statistics run without it (runnercheck chisq --csan)")

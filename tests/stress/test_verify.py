@@ -403,3 +403,19 @@ def test_a_shard_runs_its_share_of_the_campaign_and_leaves_the_statistics_to_sha
 def test_a_shard_without_runs_is_a_usage_error(tmp_path: Path, capsys) -> None:
     rc, _ = run_verify(tmp_path, "--device", "sim", "--quick", "--runs", "1", "--shard", "1/2")
     assert rc == 2 and "none for this shard" in capsys.readouterr().err
+
+
+def test_a_runner_factory_without_a_proposer_skips_the_proposer_runs_and_says_so() -> None:
+    """A factory without the optional ``speculative`` keyword (the runner contract allows that) cannot run the
+    n-gram or draft-model runs: verify leaves them out with a note instead of failing setup."""
+    from runnercheck.stress.runners import simple_runner
+
+    for kind in ("sim", "cuda"):
+        plan = verify.plan_runs(kind, 0, "runnercheck.stress.runners:simple_runner", quick=True)
+        proposer = [p.name for p in plan if p.config.scheduler.ngram_spec_tokens]
+        assert proposer, kind  # the campaign has proposer runs to skip
+        kept, note = verify.without_proposer_runs(plan, simple_runner, "runnercheck.stress.runners:simple_runner")
+        assert [p.name for p in kept] == [p.name for p in plan if p.name not in proposer]
+        assert note is not None and all(name in note for name in proposer) and "'speculative'" in note
+    full = verify.plan_runs("sim", 0, "runnercheck.impl.runner:make_runner", quick=True)
+    assert verify.without_proposer_runs(full, make_runner, "runnercheck.impl.runner:make_runner") == (full, None)

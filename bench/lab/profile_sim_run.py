@@ -1,6 +1,6 @@
 """Where a quick sim run's time goes: cProfile of one `verify --quick` run, grouped by component.
 
-    TRITON_INTERPRET=1 python ci/profile_sim_run.py [--run 1] [--ticks 60]
+    TRITON_INTERPRET=1 python bench/lab/profile_sim_run.py [--run 1] [--ticks 60]
 
 Groups (cumulative own time of the functions in each): the Triton interpreter (interpreted
 kernels), the oracle (``reference/``), the runner's host bookkeeping (``impl/``), the harness

@@ -1,6 +1,6 @@
 """Which configuration fails to capture the 64-request Qwen3-0.6B runner's graphs (run 13's spec_draft failure).
 
-    python ci/capture_probe.py [--logprobs-shape 2048x4] [--after-arm off|draft|self]
+    python bench/lab/capture_probe.py [--logprobs-shape 2048x4] [--after-arm off|draft|self]
 
 Builds the `spec_draft` bench's no-speculation runner (64 requests, 256-token prompts, graphs on) in a fresh
 process and prints whether its capture passed; ``--logprobs-shape CHUNKxWARPS`` overrides the GPU default
