@@ -51,12 +51,15 @@ FEATURES: tuple[str, ...] = (
     "combo: all three filters", "combo: all three penalties", "combo: greedy + penalties",
     "penalty over prompt tokens", "penalty over output tokens",
     "request admitted", "request resumed after preemption", "request preempted", "request finished or aborted",
-    "row taken over by another request",
+    "row taken over by another request",  # ROW_FEATURE
     "drafts: none accepted", "drafts: some accepted", "drafts: all accepted",
     "prefill in one step", "prefill chunk: first", "prefill chunk: middle", "prefill chunk: final",
     "chunk ends on a block boundary", "decode step",
 )
 # Counted only in runs whose runner took the logits fault hook (`runnercheck.stress.faults`).
+# Counted from the runner's own row table (``state.req_to_row``); a runner without one cannot show it,
+# so its runs leave it out rather than report a zero the gate would fail on.
+ROW_FEATURE = "row taken over by another request"
 FAULT_FEATURES: tuple[str, ...] = ("logits: NaN row sampled", "logits: +Inf row sampled")
 
 
@@ -86,9 +89,10 @@ def param_features(p: SamplingParams) -> list[str]:
 class CoverageCounter:
     """Counts `FEATURES` over one run's delivered steps (see the module docstring)."""
 
-    def __init__(self, limits: RunnerLimits, fault: Any = None):
+    def __init__(self, limits: RunnerLimits, fault: Any = None, *, rows_observable: bool = True):
         self.limits = limits
         self.fault = fault
+        self.rows_observable = rows_observable
         self.counts: Counter[str] = Counter()
         if fault is not None:
             self.counts.update({f: 0 for f in FAULT_FEATURES})
@@ -173,7 +177,8 @@ class CoverageCounter:
             c["chunk ends on a block boundary"] += 1
 
     def totals(self) -> dict[str, int]:
-        return {f: int(self.counts.get(f, 0)) for f in FEATURES} | {
+        features = FEATURES if self.rows_observable else tuple(f for f in FEATURES if f != ROW_FEATURE)
+        return {f: int(self.counts.get(f, 0)) for f in features} | {
             k: int(v) for k, v in self.counts.items() if k not in FEATURES}
 
 

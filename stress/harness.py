@@ -415,7 +415,9 @@ def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps |
                          started: float) -> Findings:
     detectors = Detectors(session.runner, lifetime_mode, session.scheduler, session.csan)
     ops = make_ops(source, config)
-    coverage = CoverageCounter(config.limits, session.fault)
+    state = getattr(session.runner, "state", None)
+    rows_observable = state is not None and isinstance(getattr(state, "req_to_row", None), dict)
+    coverage = CoverageCounter(config.limits, session.fault, rows_observable=rows_observable)
     from runnercheck.stress.staged_writes import StagedWriteObserver
 
     staged = StagedWriteObserver(session.runner)
@@ -440,11 +442,9 @@ def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps |
         if on_tick_ops is not None:
             on_tick_ops(tick, list(ops.trace[tick]) if tick < len(ops.trace) else [])
 
-    state = getattr(session.runner, "state", None)
-
     def observe(report: StepReport) -> None:
         coverage.observe(report)
-        if state is not None and isinstance(getattr(state, "req_to_row", None), dict):
+        if rows_observable:
             coverage.observe_rows(state.req_to_row)
         if report.comparison.ok and report.got is not None:
             last_step[:] = [report.sched.step_id]

@@ -407,3 +407,16 @@ def test_mutants_junit_has_one_case_per_mutant_and_control(tmp_path) -> None:
     assert cases["b"].find("failure").get("message").startswith("survived")
     assert cases["c"].find("skipped") is not None
     assert "a check fired without a mutant" in cases["control workload decode"].find("failure").get("message")
+
+
+def test_a_runner_without_a_row_table_is_not_counted_for_row_reuse() -> None:
+    """``row taken over by another request`` is read from ``state.req_to_row``: a runner without one (the runner
+    contract does not ask for it) leaves the feature out, so the verify gate cannot fail on what it cannot see."""
+    from runnercheck.stress.coverage import ROW_FEATURE
+    from runnercheck.stress.harness import ChurnOps, checked_run
+    from runnercheck.stress.verify import VERIFY_CHURN
+
+    simple = checked_run(_sim_config("runnercheck.stress.runners:simple_runner", 12), ChurnOps(VERIFY_CHURN))
+    assert simple.result.ok and ROW_FEATURE not in simple.coverage and simple.coverage["decode step"] > 0
+    ours = checked_run(_sim_config("runnercheck.impl.runner:make_runner", 12), ChurnOps(VERIFY_CHURN))
+    assert ours.result.ok and ROW_FEATURE in ours.coverage
