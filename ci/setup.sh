@@ -11,7 +11,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 vpy=.venv/bin/python
 stamp=.venv/.runnercheck-installed
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
+# The install also compiles impl/native's C modules in place (setup.py): a changed C source or header installs again.
+if [ -f "$stamp" ] && [ -z "$(find pyproject.toml setup.py impl/native -newer "$stamp" \( -name '*.toml' -o -name '*.py' -o -name '*.c' -o -name '*.h' \) -print -quit)" ]; then
   exit 0
 fi
 if ! "$vpy" -c "import torch" >/dev/null 2>&1; then

@@ -35,7 +35,7 @@ from runnercheck.impl.native import sources
 log = logging.getLogger(__name__)
 
 _MODES = ("auto", "0", "1")
-BUILD_HINT = ("build them with `pip install -e .` (an install) or `python setup.py build_ext --inplace` "
+BUILD_HINT = ("build impl/native with `pip install -e .` (an install) or `python setup.py build_ext --inplace` "
               "(a source checkout used on PYTHONPATH)")
 _loaded: dict[str, ModuleType | None] = {}
 _warned = False  # the one warning of this process about modules not built (or stale) was given
@@ -92,8 +92,8 @@ def _import_built(name: str, required: bool) -> ModuleType | None:
     global _warned
     if not _warned:
         _warned = True
-        log.warning("%s, and maybe others: the runner uses their Python twins (a slower host side); %s "
-                    "(RUNNERCHECK_NATIVE=0 uses the twins without this warning)", problem, BUILD_HINT)
+        log.warning("%s; the runner uses the Python twin of each C module not built or stale (a slower host side): "
+                    "%s (RUNNERCHECK_NATIVE=0 uses the twins without this warning)", problem, BUILD_HINT)
     return None
 
 
