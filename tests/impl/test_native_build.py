@@ -90,7 +90,7 @@ def test_a_missing_build_warns_once_and_gives_the_python_twins(not_built, no_pro
     assert got == [None] * len(sources.MODULES)
     warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
     assert len(warnings) == 1  # one per process, not one per module
-    assert "Python twins" in warnings[0].getMessage()
+    assert "Python twin" in warnings[0].getMessage()
     assert "pip install -e ." in warnings[0].getMessage() and "build_ext --inplace" in warnings[0].getMessage()
     assert native.describe("steady") == "Python"
     assert not any(not_built.iterdir())  # nothing was built
