@@ -246,3 +246,18 @@ def test_a_variant_without_a_compiler_is_a_native_build_error(monkeypatch, tmp_p
     with pytest.raises(native.NativeBuildError, match="variant 'seed_rounds' of native module 'seeds'"):
         variants.build_variant("seeds", "seed_rounds", native_plants.sources("seed_rounds", "seeds"))
     assert not [path for path in tmp_path.rglob("*") if path.is_file()]
+
+
+# --------------------------------------------------------------------------- the launch thread's module
+
+def test_the_launch_thread_loads_its_module_the_same_way(not_built, no_process, monkeypatch):
+    """Not built: the launch thread is off (``auto``) or names the build (``RUNNERCHECK_LAUNCH_THREAD=1``); nothing is
+    compiled either way."""
+    from runnercheck.impl.launcher import LaunchThread, LaunchThreadError
+
+    monkeypatch.setenv("RUNNERCHECK_LAUNCH_THREAD", "auto")
+    assert LaunchThread.start(0) is None
+    monkeypatch.setenv("RUNNERCHECK_LAUNCH_THREAD", "1")
+    with pytest.raises(LaunchThreadError, match="launcher.c is not loaded.*build_ext --inplace"):
+        LaunchThread.start(0)
+    assert not any(not_built.iterdir())
