@@ -19,5 +19,6 @@ if ! "$vpy" -c "import torch" >/dev/null 2>&1; then
   "$vpy" -m pip install -q "torch==2.13.0"
 fi
 if ! "$vpy" -m pip install -q -e . >.venv/pip.log 2>&1; then cat .venv/pip.log >&2; exit 1; fi
-"$vpy" -c "import torch, triton, numpy, scipy, hypothesis, runnercheck.impl" 
+# Loading impl/native's modules here says (one warning) when the install could not compile them.
+"$vpy" -c "import torch, triton, numpy, scipy, hypothesis, runnercheck.impl.native as n; [n.load(m) for m in n.sources.MODULES]"
 touch "$stamp"
