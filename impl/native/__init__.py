@@ -15,7 +15,8 @@ install loads them too.  Nothing is compiled when the package is imported.
 
 *Switches.*  ``RUNNERCHECK_NATIVE``: ``auto`` (default: use what is built; anything missing or stale gives ONE
 warning per process, naming how to build it, and the Python twins run), ``0`` (never: the Python twins always),
-``1`` (required: a missing or stale module raises `NativeBuildError`).
+``1`` (required: a missing or stale module raises `NativeBuildError`).  ``RUNNERCHECK_NATIVE_CACHE``: where the
+tests' variants are compiled and kept (default ``~/.cache/runnercheck/native``); the product never uses it.
 
 Each C module has a Python twin that stays the reference and the fallback: the runner is whole without them, only
 its host side is slower.  Variants with a planted bug are the tests' business: `runnercheck.impl.native.variants`
