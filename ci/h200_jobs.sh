@@ -19,7 +19,15 @@ job() {  # job NAME LIMIT_S command...: run one job under a time limit, logging 
 want() { [[ "$jobs" == *" $1 "* ]]; }
 
 python3 -c "import torch, triton, numpy; print('torch', torch.__version__, 'triton', triton.__version__, 'numpy', numpy.__version__, torch.cuda.get_device_name())" | tee "$out/versions.txt"
-# The C parts (impl/native) built once here, before jobs run side by side; a failed build is logged, and the jobs
-# then use the Python twins (each host_cost row says whether its step reading and diff packing ran in C or Python).
-python3 -c "import runnercheck.impl.native as n; print('native step reading, boundary, staging, rows, seeds, plans and launch thread (impl/native/*.c):', *map(n.load, ('steady', 'general', 'boundary', 'staging', 'rows', 'seeds', 'plans', 'launcher')))" \
+# The C parts (impl/native) built in place here, before jobs run side by side: the checkout is used on PYTHONPATH,
+# not installed, and nothing compiles at import (setup.py; no network needed).  A failed build is logged, and the
+# jobs then use the Python twins (each host_cost row says whether its step reading and diff packing ran in C or Python).
+python3 setup.py -q build_ext --inplace >"$out/native_build.log" 2>&1 || echo "impl/native build failed: $out/native_build.log"
+# An A/B base tree (AB_BASE: the lab's bench_host_ab, bench_tree_ab) is built the same way, or its side would run the
+# Python twins; a tree older than setup.py builds its C at first use itself.
+if [ -n "${AB_BASE:-}" ] && [ -f "$AB_BASE/setup.py" ]; then
+  (cd "$AB_BASE" && python3 setup.py -q build_ext --inplace) >"$out/native_build_base.log" 2>&1 \
+    || echo "impl/native build of AB_BASE failed: $out/native_build_base.log"
+fi
+python3 -c "import runnercheck.impl.native as n; print('native step reading, boundary, staging, rows, seeds, plans and launch thread (impl/native/*.c):', *map(n.describe, n.sources.MODULES))" \
   2>&1 | tee -a "$out/versions.txt"

@@ -11,12 +11,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 vpy=.venv/bin/python
 stamp=.venv/.runnercheck-installed
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
+# The install also compiles impl/native's C modules in place (setup.py): a changed C source or header installs again.
+if [ -f "$stamp" ] && [ -z "$(find pyproject.toml setup.py impl/native -newer "$stamp" \( -name '*.toml' -o -name '*.py' -o -name '*.c' -o -name '*.h' \) -print -quit)" ]; then
   exit 0
 fi
 if ! "$vpy" -c "import torch" >/dev/null 2>&1; then
   "$vpy" -m pip install -q "torch==2.13.0"
 fi
 if ! "$vpy" -m pip install -q -e . >.venv/pip.log 2>&1; then cat .venv/pip.log >&2; exit 1; fi
-"$vpy" -c "import torch, triton, numpy, scipy, hypothesis, runnercheck.impl" 
+# Loading impl/native's modules here says (one warning) when the install could not compile them.
+"$vpy" -c "import torch, triton, numpy, scipy, hypothesis, runnercheck.impl.native as n; [n.load(m) for m in n.sources.MODULES]"
 touch "$stamp"

@@ -111,7 +111,7 @@ class LaunchThread:
         try:
             module = native.load("launcher")
             if module is None:
-                raise OSError("impl/native/launcher.c is not built (RUNNERCHECK_NATIVE=0 or no compiler)")
+                raise OSError(f"impl/native/launcher.c is not loaded (RUNNERCHECK_NATIVE=0, or {native.BUILD_HINT})")
             graph, event, set_context, context = _driver_calls()
             return cls(module.Launcher(graph, event, set_context, context, *idle), stream_handle, module.LaunchError)
         except (OSError, AttributeError, native.NativeBuildError) as err:

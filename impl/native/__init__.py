@@ -1,43 +1,49 @@
-"""C parts of the runner's host side, built at first use with the interpreter's own compiler settings.
+"""C parts of the runner's host side: optional extension modules, built when the package is installed or built.
 
-Each C module here has a Python twin that stays the reference and the fallback: the runner is
-whole without a compiler, only its host side is slower.  A module is compiled once per source,
-interpreter and numpy version into a cache directory (``RUNNERCHECK_NATIVE_CACHE``, else
-``~/.cache/runnercheck/native``, else the temporary directory), written under a temporary name
-and renamed into place, so parallel test workers may race to build it.
+Native code
+-----------
+*What is built when.*  Each ``impl/native/<name>.c`` (`sources.MODULES`) is the extension module
+``runnercheck.impl.native._<name>``, declared in ``setup.py`` as optional: ``pip install .`` and ``pip install -e .``
+compile them (numpy's headers come from the build requirements), and an install without a working compiler still
+succeeds, without them.  An editable install and ``python setup.py build_ext --inplace`` put the built files beside
+the sources in ``impl/native/`` (git ignores them), so a source checkout used with ``PYTHONPATH=<checkout>`` and no
+install loads them too.  Nothing is compiled when the package is imported.
 
-``RUNNERCHECK_NATIVE``: ``auto`` (default: build if a compiler works, else warn once and use the
-Python twins), ``0`` (never), ``1`` (required: a failed build raises `NativeBuildError`).
+*How to rebuild.*  After changing a ``.c`` or ``.h`` file, run ``python setup.py build_ext --inplace`` (or
+``pip install -e .`` again).  Every built module carries the stamp of the sources it was built from
+(`sources.stamp`); one whose sources have changed since is stale and is not used.
 
-Owner: this module owns the loaded modules (`load` caches one per name and variant); it holds no
-tensor or array.
+*Switches.*  ``RUNNERCHECK_NATIVE``: ``auto`` (default: use what is built; anything missing or stale gives ONE
+warning per process, naming how to build it, and the Python twins run), ``0`` (never: the Python twins always),
+``1`` (required: a missing or stale module raises `NativeBuildError`).  ``RUNNERCHECK_NATIVE_CACHE``: where the
+tests' variants are compiled and kept (default ``~/.cache/runnercheck/native``); the product never uses it.
+
+Each C module has a Python twin that stays the reference and the fallback: the runner is whole without them, only
+its host side is slower.  Variants with a planted bug are the tests' business: `runnercheck.impl.native.variants`
+compiles a patched copy of the sources under a private module name.
+
+Owner: this module owns the loaded modules (`load` caches one per name); it holds no tensor or array.
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.machinery
-import importlib.util
+import importlib
 import logging
 import os
-import shlex
-import subprocess
-import sys
-import sysconfig
-import tempfile
-from pathlib import Path
 from types import ModuleType
 
-import numpy as np
+from runnercheck.impl.native import sources
 
 log = logging.getLogger(__name__)
 
-_SOURCES = Path(__file__).resolve().parent
 _MODES = ("auto", "0", "1")
-_loaded: dict[tuple[str, tuple[str, ...]], ModuleType | None] = {}
+BUILD_HINT = ("build impl/native with `pip install -e .` (an install) or `python setup.py build_ext --inplace` "
+              "(a source checkout used on PYTHONPATH)")
+_loaded: dict[str, ModuleType | None] = {}
+_warned = False  # the one warning of this process about modules not built (or stale) was given
 
 
 class NativeBuildError(RuntimeError):
-    """A C module could not be built or loaded while ``RUNNERCHECK_NATIVE=1`` asked for it (or a variant was asked for)."""
+    """A C module is missing or stale while ``RUNNERCHECK_NATIVE=1`` asks for it, or a variant failed to build."""
 
 
 def tri_state(variable: str, error: type[Exception]) -> str:
@@ -53,26 +59,14 @@ def mode() -> str:
     return tri_state("RUNNERCHECK_NATIVE", NativeBuildError)
 
 
-def load(name: str, defines: tuple[str, ...] = ()) -> ModuleType | None:
-    """The C module ``impl/native/<name>.c``, built if needed; None when native code is off or cannot be built.
-
-    ``defines``: preprocessor symbols of a variant (the planted-bug tests' mutants); a variant is its
-    own module (``<name>__<defines>``), and failing to build one always raises.
-    """
-    key = (name, defines)
-    if key not in _loaded:
+def load(name: str) -> ModuleType | None:
+    """The built C module of ``impl/native/<name>.c``; None when native code is off, or (``auto``) when the module
+    is not built or is stale -- the caller then runs its Python twin.  Never compiles."""
+    sources.check_name(name)
+    if name not in _loaded:
         wanted = mode()
-        if wanted == "0" and not defines:
-            _loaded[key] = None
-        else:
-            try:
-                _loaded[key] = _build_and_import(name, defines)
-            except (OSError, subprocess.SubprocessError, ImportError) as err:
-                if wanted == "1" or defines:
-                    raise NativeBuildError(f"native module {name!r} {defines or ''}: {err}") from err
-                log.warning("native module %s not built (%s); the runner uses its Python twin", name, err)
-                _loaded[key] = None
-    return _loaded[key]
+        _loaded[name] = None if wanted == "0" else _import_built(name, required=wanted == "1")
+    return _loaded[name]
 
 
 def describe(name: str = "steady") -> str:
@@ -80,57 +74,28 @@ def describe(name: str = "steady") -> str:
     return "C" if load(name) is not None else "Python"
 
 
-def cache_dir() -> Path:
-    configured = os.environ.get("RUNNERCHECK_NATIVE_CACHE")
-    if configured:
-        return Path(configured)
-    home = Path.home() / ".cache" / "runnercheck" / "native"
+def _import_built(name: str, required: bool) -> ModuleType | None:
     try:
-        home.mkdir(parents=True, exist_ok=True)
-        if os.access(home, os.W_OK):
-            return home
-    except OSError:
-        pass
-    return Path(tempfile.gettempdir()) / f"runnercheck-native-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+        module = importlib.import_module(f"{__name__}._{name}")
+    except ImportError as err:  # not built (ModuleNotFoundError), or built against another numpy / Python
+        problem = f"native module {name!r} is not built ({err})"
+    else:
+        built_from = getattr(module, "source_sha", None)
+        try:
+            current = sources.stamp(sources.read_sources(name))
+        except OSError:  # an install that ships no sources: nothing to compare with
+            current = built_from
+        if built_from == current:
+            return module
+        problem = f"native module {name!r} is stale: its sources changed since it was built"
+    if required:
+        raise NativeBuildError(f"{problem}; RUNNERCHECK_NATIVE=1 asks for it: {BUILD_HINT}")
+    global _warned
+    if not _warned:
+        _warned = True
+        log.warning("%s; the runner uses the Python twin of each C module not built or stale (a slower host side): "
+                    "%s (RUNNERCHECK_NATIVE=0 uses the twins without this warning)", problem, BUILD_HINT)
+    return None
 
 
-def _module_name(name: str, defines: tuple[str, ...]) -> str:
-    return "_" + name + "".join("__" + d.lower() for d in defines)
-
-
-def _build_and_import(name: str, defines: tuple[str, ...]) -> ModuleType:
-    source = (_SOURCES / f"{name}.c").read_bytes()
-    headers = [path.read_bytes() for path in sorted(_SOURCES.glob("*.h"))]  # included by every module
-    module = _module_name(name, defines)
-    stamp = hashlib.sha256(b"\0".join([source, *headers, sys.version.encode(), np.__version__.encode(),
-                                       repr(defines).encode()])).hexdigest()[:16]
-    target = cache_dir() / stamp / f"{module}{sysconfig.get_config_var('EXT_SUFFIX')}"
-    if not target.exists():
-        _compile(_SOURCES / f"{name}.c", module, defines, target)
-    spec = importlib.util.spec_from_file_location(f"{__name__}.{module}", target,
-                                                  loader=importlib.machinery.ExtensionFileLoader(f"{__name__}.{module}", str(target)))
-    if spec is None or spec.loader is None:
-        raise ImportError(f"no loader for {target}")
-    loaded = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loaded)
-    return loaded
-
-
-def _compile(source: Path, module: str, defines: tuple[str, ...], target: Path) -> None:
-    cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
-    ldshared = shlex.split(sysconfig.get_config_var("LDSHARED") or "cc -shared")
-    # LDSHARED names the compiler as its first word; keep its linker flags (-shared, macOS's -bundle ...).
-    command = [*cc, *ldshared[1:], *shlex.split(sysconfig.get_config_var("CCSHARED") or ""), "-O2",
-               "-I", sysconfig.get_paths()["include"], "-I", np.get_include(), "-I", str(source.parent),
-               f"-DMODULE_NAME={module}", *(f"-D{d}" for d in defines), str(source)]
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-    result = subprocess.run([*command, "-o", str(partial)], capture_output=True, text=True, timeout=120)
-    if result.returncode != 0:
-        partial.unlink(missing_ok=True)
-        raise OSError(f"{shlex.join(command)} failed: {result.stderr.strip()[-2000:]}")
-    os.replace(partial, target)
-    log.info("built native module %s at %s", module, target)
-
-
-__all__ = ["NativeBuildError", "cache_dir", "describe", "load", "mode"]
+__all__ = ["BUILD_HINT", "NativeBuildError", "describe", "load", "mode"]

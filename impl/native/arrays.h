@@ -1,7 +1,7 @@
 /* What the C modules of `impl.native` share: the module-name macros, 1-D array views, new int64 arrays, the
  * exact-int read, the blocks a request can hold, the attribute read by interned name, a step's fields read and
  * checked (the step readers') and the module definition.
- * Included by each module's source (the build hashes this header into every module's cache stamp). */
+ * Included by each module's source (every header is part of every module's source stamp: sources.py). */
 #ifndef RUNNERCHECK_NATIVE_ARRAYS_H
 #define RUNNERCHECK_NATIVE_ARRAYS_H
 
@@ -12,6 +12,11 @@
 
 #ifndef MODULE_NAME
 #error "impl.native builds each module with -DMODULE_NAME"
+#endif
+/* The stamp of the sources this module is built from (impl/native/sources.py): `load` compares it with the sources
+ * beside the built file, so a module built before its C changed is never used. */
+#ifndef RUNNERCHECK_SOURCE_SHA
+#error "impl.native builds each module with -DRUNNERCHECK_SOURCE_SHA"
 #endif
 #define CONCAT_(a, b) a##b
 #define CONCAT(a, b) CONCAT_(a, b)
@@ -180,12 +185,8 @@ static inline int read_step_fields(PyObject *sched, PyObject *sched_type, PyObje
     long long step_id, last = -1;
     if (exact_int(fields[STEP_ID], &step_id) != EXACT_INT || step_id < 0)
         return 0;
-#ifndef RUNNERCHECK_PLANT_STALE_STEP_ID
     if (last_step_id != Py_None && (exact_int(last_step_id, &last) != EXACT_INT || step_id <= last))
         return 0;
-#else
-    (void)last;
-#endif
     return 1;
 }
 
@@ -206,7 +207,10 @@ static inline void release_step_fields(PyObject **fields, PyObject **cached)
     PyMODINIT_FUNC CONCAT(PyInit_, MODULE_NAME)(void)                                                        \
     {                                                                                                        \
         import_array();                                                                                      \
-        return PyModule_Create(&module);                                                                     \
+        PyObject *created = PyModule_Create(&module);                                                        \
+        if (created != NULL && PyModule_AddStringConstant(created, "source_sha", RUNNERCHECK_SOURCE_SHA) < 0) \
+            Py_CLEAR(created);                                                                               \
+        return created;                                                                                      \
     }
 
 #endif

@@ -17,8 +17,9 @@
  *     the values.  On any other request it returns NotImplemented before deciding, and the reference
  *     decides.  It only reads.
  *
- * Built at run time by `impl.native`; the planted-bug test builds a variant with
- * -DRUNNERCHECK_PLANT_TOP_P_ZERO (a top_p of 0 accepted).
+ * Built by setup.py as the extension `runnercheck.impl.native._boundary` (impl/native/__init__.py says when and how).
+ * The tests' planted bugs are not switches in this file: each is a patch applied to a copy of it
+ * (tests/impl/native_plants.py).
  */
 #include "arrays.h"
 
@@ -93,11 +94,7 @@ static int sampling_params(PyObject *params, long long vocab_size, long long max
     double temperature = value[0], top_p = value[1], min_p = value[2], repetition = value[3];
     if (!isfinite(temperature) || temperature < 0)
         verdict = REJECT;
-#ifdef RUNNERCHECK_PLANT_TOP_P_ZERO
-    if (!(top_p >= 0.0 && top_p <= 1.0))
-#else
     if (!(top_p > 0.0 && top_p <= 1.0))
-#endif
         verdict = REJECT;
     if (!(min_p >= 0.0 && min_p <= 1.0))
         verdict = REJECT;

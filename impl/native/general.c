@@ -63,17 +63,9 @@
  *     same object as its cached id and in that order, then the new ids -- is read in one pass (read_in_lockstep:
  *     each request checked as the parts check it); any other step, or one where a rule fails, goes to the parts.
  *
- * Built at run time by `impl.native`; the planted-bug tests build variants with
- * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (readers that never compare the scheduler's computed counts with the mirror),
- * -DRUNNERCHECK_PLANT_HINT_OFF_BY_ONE (a cached reader that takes the row after the hint's),
- * -DRUNNERCHECK_PLANT_NEW_HIT_ZERO (a general reader that reads every new request from token 0),
- * -DRUNNERCHECK_PLANT_LIVE_ID_READMITTED (a general reader that takes a new request under a live id),
- * -DRUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD (a one-pass general reader that never reads the tokens known),
- * -DRUNNERCHECK_PLANT_HINT_TRUSTED (readers that take any hint's ids as exact strs, not only the batch they checked),
- * -DRUNNERCHECK_PLANT_STEP_SLOTS_SWAPPED (a read_general_of whose StepArrays holds starts and ends swapped) and
- * -DRUNNERCHECK_PLANT_STALE_STEP_ID (a read_general that accepts a step id not past the last: arrays.h's
- * `read_step_fields`, shared with the steady reader);
- * -DRUNNERCHECK_GENERAL_PASSES_ONLY builds read_general without its one pass: the reference its tests compare with.
+ * Built by setup.py as the extension `runnercheck.impl.native._general` (impl/native/__init__.py says when and how).
+ * The tests' planted bugs are not switches in this file: each is a patch applied to a copy of it
+ * (tests/impl/native_plants.py).
  */
 #include "arrays.h"
 
@@ -109,11 +101,7 @@ static int hinted_row(PyObject *rid, PyObject *hint_ids, ArrayView hint_rows, Py
         if (PyTuple_GET_ITEM(hint_ids, k) == rid) {
             if (AT(hint_rows, k) < 0 || AT(hint_rows, k) >= num_rows)
                 return 0;
-#ifndef RUNNERCHECK_PLANT_HINT_OFF_BY_ONE
             *row = AT(hint_rows, k);
-#else
-            *row = (AT(hint_rows, k) + 1) % num_rows;
-#endif
             *next_hint = k + 1;
             return 1;
         }
@@ -136,11 +124,7 @@ typedef struct {
 static PyObject *checked_batch = NULL;
 
 /* Whether a hint of ``num_hints`` ids holds only exact strs: it is `checked_batch`. */
-#ifndef RUNNERCHECK_PLANT_HINT_TRUSTED
 #define HINT_CHECKED(hint_ids, num_hints) ((num_hints) > 0 && (hint_ids) == checked_batch)
-#else
-#define HINT_CHECKED(hint_ids, num_hints) ((num_hints) > 0)
-#endif
 
 enum { ENTRY_ERROR = -2, ENTRY_TYPE = -1, ENTRY_RULE = 0, ENTRY_OK = 1 };
 
@@ -177,10 +161,8 @@ static int cached_entry(PyObject *rid, PyObject *computed, PyObject *blocks, con
     int kind = exact_int(computed, &claimed);
     if (!kind)
         return ENTRY_TYPE;
-#ifndef RUNNERCHECK_PLANT_TRUST_COMPUTED
     if (kind != EXACT_INT || (found && claimed != AT(m->mirror_computed, *row)))
         verdict = ENTRY_RULE;
-#endif
     if (!PyTuple_CheckExact(blocks) && !PyList_CheckExact(blocks))
         return ENTRY_TYPE;
     *num_new = Py_SIZE(blocks);
@@ -525,9 +507,7 @@ static int read_new(PyObject *requests, PyObject *check, PyObject *check_args, P
         PyObject *rid = NULL, *blocks = NULL, *hit = NULL, *facts = NULL;
         long long n, h;
         int ok = exact_int(length, &n) == EXACT_INT && (rid = attr(stack[0], "req_id")) && PyUnicode_CheckExact(rid)
-#ifndef RUNNERCHECK_PLANT_LIVE_ID_READMITTED
                  && PyDict_Contains(req_to_row, rid) == 0
-#endif
                  && PyDict_Contains(new, rid) == 0 && (blocks = attr(stack[0], "block_ids"))
                  && (hit = attr(stack[0], "num_computed_tokens")) && exact_int(hit, &h) == EXACT_INT;
         Py_ssize_t num_blocks = ok ? PyObject_Size(blocks) : -1;
@@ -554,9 +534,6 @@ static int new_entry(PyObject *new_requests, PyObject *rid, Py_ssize_t i, PyObje
         || exact_int(PyTuple_GET_ITEM(facts, 0), known) != EXACT_INT || exact_int(PyTuple_GET_ITEM(facts, 1), held) != EXACT_INT
         || exact_int(PyTuple_GET_ITEM(facts, 2), start) != EXACT_INT)
         return 0;
-#ifdef RUNNERCHECK_PLANT_NEW_HIT_ZERO
-    *start = 0;
-#endif
     PyObject *position = Py_BuildValue("(nO)", i, rid);
     const int ok = position != NULL && PyList_Append(positions, position) == 0;
     Py_XDECREF(position);
@@ -625,11 +602,7 @@ static PyObject *read_in_lockstep(PyObject *ids, PyObject *computed, PyObject *b
             cached_out[i] = row;
             counts_out[i] = num_new;
             start = AT(m->cached.mirror_computed, row);
-#ifndef RUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD
             have = AT(m->mirror_tokens, row);
-#else
-            have = NPY_MAX_INT64;
-#endif
         }
         else if (!PyUnicode_CheckExact(key) || (!positions && !(positions = PyList_New(0)))
                  || !new_entry(m->new_requests, key, i, positions, &have, &held, &start))
@@ -710,7 +683,6 @@ static PyObject *general_read(PyObject *self, PyObject *ids, PyObject *computed,
         goto done;
     memcpy(DATA64(gone_rows), leaving, sizeof(npy_int64) * (size_t)PyList_GET_SIZE(gone));
     const long long max_blocks = blocks_per_request(max_model_len, block_size);
-#ifndef RUNNERCHECK_GENERAL_PASSES_ONLY
     GeneralMirror mirror = {{req_to_row, hint_ids, {0}, {0}, {0}, {NULL, 0, 0}, 0, max_blocks, num_kv_blocks, 0},
                             new_requests, {0}, block_size, max_model_len, max_num_batched_tokens,
                             max_held_blocks(block_size)};
@@ -729,7 +701,6 @@ static PyObject *general_read(PyObject *self, PyObject *ids, PyObject *computed,
         if ((result = read_in_lockstep(ids, computed, block_lists, scheduled, gone_sorted, &mirror)) || PyErr_Occurred())
             goto done;
     }
-#endif
     call = Py_BuildValue("(OOOOOOOLLOO)", ids, computed, block_lists, req_to_row, gone_rows, num_computed, num_blocks,
                          max_blocks, num_kv_blocks, hint_ids, hint_rows);
     if (!call || !(cached = accepted(read_cached(self, call))))
@@ -848,10 +819,6 @@ static PyObject *step_arrays(PyObject *type, PyObject *fields, PyObject *zeros, 
         [SA_QUERY_STARTS] = PyTuple_GET_ITEM(got, 11), [SA_MAX_QUERY_LEN] = PyTuple_GET_ITEM(got, 12),
         [SA_MAX_END] = PyTuple_GET_ITEM(got, 13), [SA_UNIFORM_QUERY_LEN] = PyTuple_GET_ITEM(got, 14), [SA_STEADY] = Py_False,
     };
-#ifdef RUNNERCHECK_PLANT_STEP_SLOTS_SWAPPED
-    values[SA_STARTS] = PyTuple_GET_ITEM(got, 9);  /* the planted bug: starts and ends stored in each other's slot */
-    values[SA_ENDS] = PyTuple_GET_ITEM(got, 8);
-#endif
     PyObject *step = slots_new(&step_arrays_layout, values, NUM_STEP_ARRAYS);
     Py_DECREF(num_drafts);
     return step;

@@ -25,10 +25,9 @@
  * slots are written by the pushing thread only (one producer: every push holds the GIL) and read by the worker;
  * ``pushed`` is written by the producer, ``issued`` and the first error by the worker.
  *
- * The planted-bug test builds -DRUNNERCHECK_PLANT_ISSUED_EARLY: issued() answers with the jobs pushed, so a job
- * still in the ring passes for one on the stream (a marker query would then ask CUDA about an unrecorded event);
- * and -DRUNNERCHECK_PLANT_NAP_MISSES_PUSH: a napping worker looks only for a step's wake(), not for a pushed job, so a
- * job pushed without one waits for the naps to end.
+ * Built by setup.py as the extension `runnercheck.impl.native._launcher` (impl/native/__init__.py says when and how).
+ * The tests' planted bugs are not switches in this file: each is a patch applied to a copy of it
+ * (tests/impl/native_plants.py).
  */
 #include "arrays.h"
 
@@ -172,10 +171,6 @@ static void *work(void *arg)
                 idle_since = now_ns(); /* a step began: poll for its jobs */
             else
                 nap(l->nap_ns);
-#ifdef RUNNERCHECK_PLANT_NAP_MISSES_PUSH
-            while (!atomic_load(&l->wanted) && !atomic_load(&l->stop) && now_ns() - idle_since < l->spin_ns + l->nap_limit_ns)
-                nap(l->nap_ns);
-#endif
             continue;
         }
         pthread_mutex_lock(&l->mutex);
@@ -325,11 +320,7 @@ static PyObject *Launcher_event(Launcher *self, PyObject *args) { return push(se
 
 static uint64_t issued_count(Launcher *self)
 {
-#ifdef RUNNERCHECK_PLANT_ISSUED_EARLY
-    return atomic_load(&self->pushed);
-#else
     return atomic_load(&self->issued);
-#endif
 }
 
 static PyObject *raise_error(Launcher *self)
@@ -482,6 +473,10 @@ PyMODINIT_FUNC CONCAT(PyInit_, MODULE_NAME)(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    if (PyModule_AddStringConstant(m, "source_sha", RUNNERCHECK_SOURCE_SHA) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     LaunchError = PyErr_NewException(STRINGIFY(MODULE_NAME) ".LaunchError", PyExc_RuntimeError, NULL);
     if (LaunchError == NULL || PyModule_AddObject(m, "LaunchError", LaunchError) < 0) {
         Py_XDECREF(LaunchError);

@@ -11,8 +11,9 @@
  *     ``targets``: (StepPlan, its fields, StepArrays, its fields, the empty drafts, prompt index and prompt targets).
  *     Each instance is read and made slot by slot (slots.h): no Python frame.
  *
- * Built at run time by `impl.native`; the planted-bug test builds a variant with -DRUNNERCHECK_PLANT_PLAN_ROWS_SHIFTED
- * (a plan whose int32 rows are the step's rows each one later in the batch).
+ * Built by setup.py as the extension `runnercheck.impl.native._plans` (impl/native/__init__.py says when and how).
+ * The tests' planted bugs are not switches in this file: each is a patch applied to a copy of it
+ * (tests/impl/native_plants.py).
  */
 #include "arrays.h"
 
@@ -72,11 +73,7 @@ static PyObject *plain_plan(PyObject *self, PyObject *const *args, Py_ssize_t na
         goto done;
     npy_int32 *out = (npy_int32 *)PyArray_DATA((PyArrayObject *)rows32);
     for (npy_intp i = 0; i < n; i++)
-#ifdef RUNNERCHECK_PLANT_PLAN_ROWS_SHIFTED
-        out[i] = (npy_int32)AT(rows64, i + 1 < n ? i + 1 : i);
-#else
         out[i] = (npy_int32)AT(rows64, i);  /* rows of a checked step: within the table, int32 */
-#endif
     if (uniform >= 0 && !(shared = PyTuple_Pack(2, uniform_len, zero)))
         goto done;
     PyObject *values[NUM_PLAN_FIELDS] = {

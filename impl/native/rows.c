@@ -65,17 +65,9 @@
  *     (``req_to_row``, ``rows``, `_released_columns`, `_RELEASED_VALUES`, ``_prefilling``, ``_reads_over``, the free
  *     list's bound ``append``).
  *
- * Built at run time by `impl.native`; the planted-bug tests build variants with
- * -DRUNNERCHECK_PLANT_NO_SAMPLE (an advance that forgets the sampled token),
- * -DRUNNERCHECK_PLANT_STARTS_AFTER_APPEND (block appends placed after the counts they moved),
- * -DRUNNERCHECK_PLANT_PREFILL_SHIFTED (an admission whose prefill tokens land one column late, in admit_row and
- * admit_request),
- * -DRUNNERCHECK_PLANT_ADMIT_GENERATION_REUSED (an admitted row's RowInfo naming the generation before its own),
- * -DRUNNERCHECK_PLANT_STAGED_NEVER_JOINS (an admission whose staged lists never join the group's dirty list, so they
- * would never be flushed), -DRUNNERCHECK_PLANT_PREFILL_ENDS_EARLY (a row's prefill reads seen over once anything of it
- * is computed), -DRUNNERCHECK_PLANT_SWAP_RETURNS_NEW (a release that reads the values it wrote, not those
- * the row held, in swap_row and release_request) and -DRUNNERCHECK_PLANT_RELEASE_READS_OVER_KEPT (a release that never notes the last reading
- * step of a row still prefilling).
+ * Built by setup.py as the extension `runnercheck.impl.native._rows` (impl/native/__init__.py says when and how).
+ * The tests' planted bugs are not switches in this file: each is a patch applied to a copy of it
+ * (tests/impl/native_plants.py).
  */
 #include "arrays.h"
 
@@ -97,11 +89,7 @@ static PyObject *advance_decode(PyObject *self, PyObject *args)
             Py_RETURN_NOTIMPLEMENTED;
     for (npy_intp i = 0; i < n; i++) {
         npy_int64 row = AT(rows, i), end = AT(ends, i), have = AT(known, i);
-#ifdef RUNNERCHECK_PLANT_NO_SAMPLE
-        npy_int64 after = end;
-#else
         npy_int64 after = end + 1;  /* a request that reached the end of what is known samples one more */
-#endif
         OUT64(num_tokens, row) = have > after ? have : after;
         OUT64(num_computed, row) = end;
     }
@@ -131,9 +119,6 @@ static PyObject *append_counts(PyObject *self, PyObject *args)
         DATA64(starts)[i] = AT(num_blocks, AT(rows, i));
     for (npy_intp i = 0; i < n; i++) {
         OUT64(num_blocks, AT(rows, i)) = DATA64(starts)[i] + AT(counts, i);
-#ifdef RUNNERCHECK_PLANT_STARTS_AFTER_APPEND
-        DATA64(starts)[i] += AT(counts, i);
-#endif
     }
     return starts;
 }
@@ -179,10 +164,6 @@ static npy_int32 *prefill_row(PyObject *prefill_obj, Py_ssize_t row, Py_ssize_t 
         || n > PyArray_DIM(prefill, 1))
         return NULL;
     npy_int32 *out = (npy_int32 *)PyArray_GETPTR2(prefill, row, 0);
-#ifdef RUNNERCHECK_PLANT_PREFILL_SHIFTED
-    if (n < PyArray_DIM(prefill, 1))
-        out++;
-#endif
     return out;
 }
 
@@ -213,9 +194,6 @@ static PyObject *admit_row(PyObject *self, PyObject *args)
 static void swap_cells(ArrayView *views, PyObject *values, Py_ssize_t row, long long *held)
 {
     for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(values); c++) {
-#ifdef RUNNERCHECK_PLANT_SWAP_RETURNS_NEW
-        OUT64(views[c], row) = PyLong_AsLongLong(PyTuple_GET_ITEM(values, c));
-#endif
         held[c] = OUT64(views[c], row);
         OUT64(views[c], row) = PyLong_AsLongLong(PyTuple_GET_ITEM(values, c));
     }
@@ -324,11 +302,7 @@ static PyObject *admit_core(PyObject *targets, PyObject *req, PyObject *seed, Py
     if (resumed)
         prompt_logprobs = -1;  /* a resumed request's prompt logprobs were reported before its preemption */
     PyObject *last = resumed ? PyTuple_GET_ITEM(outputs, num_outputs - 1) : PyTuple_GET_ITEM(prompt, prompt_len - 1);
-#ifdef RUNNERCHECK_PLANT_ADMIT_GENERATION_REUSED
-    PyObject *info_generation = PyLong_FromLongLong(generation - 1);
-#else
     PyObject *info_generation = Py_NewRef(generation_obj);
-#endif
     /* Everything that can fail is made before anything is written. */
     if (!info_generation || !(row_obj = PyLong_FromSsize_t(row)) || !(prefill_len_obj = PyLong_FromSsize_t(prefill_len)))
         goto fail_generation;
@@ -425,9 +399,6 @@ static int staged_list(PyObject *target, PyObject *dirty, Py_ssize_t row, Py_ssi
     Py_XDECREF(deferred);
     Py_XDECREF(cells);
     out->joins = PyList_GET_SIZE(out->pending) == 0 && PyList_GET_SIZE(out->ragged) == 0;
-#ifdef RUNNERCHECK_PLANT_STAGED_NEVER_JOINS
-    out->joins = 0;
-#endif
     return ok;
 }
 
@@ -664,9 +635,6 @@ static PyObject *release_request(PyObject *self, PyObject *args)
         was_prefilling = 1;
         PyDict_DelItem(prefilling, row_obj);
     }
-#ifdef RUNNERCHECK_PLANT_RELEASE_READS_OVER_KEPT
-    was_prefilling = 0;
-#endif
     if (history_reads == Py_True || was_prefilling)  /* the newest marked step may have read its tokens */
         PyList_SetItem(reads_over, row, Py_NewRef(newest));
     return Py_BuildValue("(NNN)", row_obj, PyBool_FromLong(held[1] >= 0), PyBool_FromLong(held[2] >= 0));
@@ -682,9 +650,6 @@ static int prefill_ended(PyObject *row_obj, PyObject *length_obj, const ArrayVie
         || row >= computed->len || row >= unconfirmed->len || row >= num_over)
         return 0;
     *ended = AT(*computed, row) - AT(*unconfirmed, row) >= length;
-#ifdef RUNNERCHECK_PLANT_PREFILL_ENDS_EARLY
-    *ended = AT(*computed, row) >= 1;
-#endif
     return 1;
 }
 

@@ -8,19 +8,16 @@
  *     64 bits or ``req_id`` not an exact str (the reference decides those).
  *
  * Here only so that an admission's seed costs no hashlib object, bytes or int conversion on the host's step.
- * Built at run time by `impl.native`; the planted-bug test builds a variant with -DRUNNERCHECK_PLANT_SEED_ROUNDS
- * (one mixing round short of BLAKE2b's twelve).
+ * Built by setup.py as the extension `runnercheck.impl.native._seeds` (impl/native/__init__.py says when and how).
+ * The tests' planted bugs are not switches in this file: each is a patch applied to a copy of it
+ * (tests/impl/native_plants.py).
  */
 #include "arrays.h"
 
 #include <stdint.h>
 #include <string.h>
 
-#ifndef RUNNERCHECK_PLANT_SEED_ROUNDS
 enum { ROUNDS = 12 };
-#else
-enum { ROUNDS = 11 };
-#endif
 enum { BLOCK_BYTES = 128, DIGEST_BYTES = 8 };
 
 /* The initial state: SHA-512's initial hash values (RFC 7693, section 2.6). */

@@ -47,12 +47,9 @@
  *     ints within int32 or a 1-D int32 array, written from that word on; NotImplemented, nothing written, when a
  *     part is not such a pair or does not fit.
  *
- * Built at run time by `impl.native`; the planted-bug tests build variants with
- * -DRUNNERCHECK_PLANT_SOURCE_ZERO (diff tables whose every source offset is 0),
- * -DRUNNERCHECK_PLANT_MASK_BIT31_LOST (a bitmask that never sets bit 31 of a word),
- * -DRUNNERCHECK_PLANT_RECORD_ROW_STRIDE_ONE (admission records whose parameter rows are one word apart),
- * -DRUNNERCHECK_PLANT_LISTED_ROW_NEXT (admitted rows listed as the row after each) and
- * -DRUNNERCHECK_PLANT_PUT_WORDS_SHORT (a put that leaves each part's last value unwritten).
+ * Built by setup.py as the extension `runnercheck.impl.native._staging` (impl/native/__init__.py says when and how).
+ * The tests' planted bugs are not switches in this file: each is a patch applied to a copy of it
+ * (tests/impl/native_plants.py).
  */
 #include "arrays.h"
 
@@ -60,11 +57,7 @@
 #include <math.h>
 #include <string.h>
 
-#ifdef RUNNERCHECK_PLANT_SOURCE_ZERO
-#define SOURCE_OF(source) 0
-#else
 #define SOURCE_OF(source) (source)
-#endif
 
 /* ``view`` from its word ``first`` on (a slot's words from a reservation's first word: no numpy view made for it);
  * 0 when ``first`` lies outside it. */
@@ -316,11 +309,7 @@ static int emit_admissions(Packer *pk, PyObject *records, const AdmissionLayout 
             const int words_per = CODE_WORDS[layout->codes[k]];
             if (cell_words(PyTuple_GET_ITEM(values, k), (long)layout->codes[k], cell) != words_per)
                 return 0;
-#ifdef RUNNERCHECK_PLANT_RECORD_ROW_STRIDE_ONE
-            emit_meta(pk, layout->offsets[k] + row, words_per);  /* the planted bug: int64 rows one word apart */
-#else
             emit_meta(pk, layout->offsets[k] + row * words_per, words_per);
-#endif
             for (int w = 0; w < words_per; w++, pk->value_words++)
                 if (pk->words)
                     OUT32(*pk->words, table_words + pk->value_words) = cell[w];
@@ -445,11 +434,7 @@ static PyObject *pack_members(PyObject *self, PyObject *args)
         PyObject *key, *record;
         Py_ssize_t pos = 0;
         for (npy_intp i = 0; PyDict_Next(records, &pos, &key, &record); i++)  /* rows the walk read as exact ints */
-#ifdef RUNNERCHECK_PLANT_LISTED_ROW_NEXT
-            OUT32(words, table_words + i) = (npy_int32)PyLong_AsLongLong(key) + 1;
-#else
             OUT32(words, table_words + i) = (npy_int32)PyLong_AsLongLong(key);
-#endif
     }
     return list_rows == Py_None ? Py_BuildValue("(nnO)", measure.diffs, measure.value_words, Py_True)
                                 : Py_BuildValue("(nnOn)", measure.diffs, measure.value_words, Py_True, listed);
@@ -494,10 +479,6 @@ static PyObject *put_words(PyObject *self, PyObject *args)
     for (Py_ssize_t p = 0; p < PyTuple_GET_SIZE(parts); p++) {
         PyObject *part = PyTuple_GET_ITEM(parts, p);
         word_part(part, words.len, &first, &count, &values);  /* accepted above */
-#ifdef RUNNERCHECK_PLANT_PUT_WORDS_SHORT
-        if (count > 1)
-            count--;
-#endif
         if (values.data == NULL)
             for (npy_intp i = 0; i < count; i++)
                 OUT32(words, first + i) = (npy_int32)PyLong_AsLong(PyTuple_GET_ITEM(PyTuple_GET_ITEM(part, 1), i));
@@ -531,10 +512,6 @@ static PyObject *prompt_bitmask(PyObject *self, PyObject *args)
     for (Py_ssize_t i = 0; i < count; i++) {
         long long token = PyLong_AsLongLong(items[i]);
         npy_uint32 *word = (npy_uint32 *)(words.data + (npy_intp)(token >> 5) * words.stride);
-#ifdef RUNNERCHECK_PLANT_MASK_BIT31_LOST
-        if ((token & 31) == 31)
-            continue;  /* the planted bug: a signed shift's sign bit dropped */
-#endif
         *word |= (npy_uint32)1 << (token & 31);
     }
     Py_RETURN_TRUE;

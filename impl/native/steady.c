@@ -20,9 +20,9 @@
  *     appends: None, or (rows, counts, block ids) of the requests that appended blocks, in batch order;
  *     max_end: the largest end (0 for no requests).
  *
- * Built at run time by `impl.native`; the planted-bug tests build variants with
- * -DRUNNERCHECK_PLANT_TRUST_COMPUTED (a reader that never compares the scheduler's computed counts
- * with the mirror) and -DRUNNERCHECK_PLANT_STALE_STEP_ID (a reader that accepts a step id not past the last).
+ * Built by setup.py as the extension `runnercheck.impl.native._steady` (impl/native/__init__.py says when and how).
+ * The tests' planted bugs are not switches in this file: each is a patch applied to a copy of it
+ * (tests/impl/native_plants.py).
  * The general step's reading lives in general.c, the staged writes' packing in staging.c, the request state
  * table's writes in rows.c.
  */
@@ -83,10 +83,8 @@ static PyObject *read_steady_batch(PyObject *cached_ids, PyObject *scheduled, Py
         kind = exact_int(PyTuple_GET_ITEM(computed, i), &claimed);
         if (!kind)
             Py_RETURN_NOTIMPLEMENTED;
-#ifndef RUNNERCHECK_PLANT_TRUST_COMPUTED
         if (kind != EXACT_INT || claimed != AT(mirror_computed, row))
             mismatch = 1;
-#endif
         PyObject *blocks = PyTuple_GET_ITEM(block_lists, i);
         Py_ssize_t num_new;
         if (PyTuple_CheckExact(blocks))

@@ -3,7 +3,7 @@
 On CPU the native worker runs with stand-ins for the driver's calls (ctypes callbacks with their signatures): jobs
 are issued in push order and only once pushed, a paused worker issues nothing, a failed call is named by the next
 wait and every one after it, and close issues what was pushed.  A build that reports pushed jobs as issued
-(``RUNNERCHECK_PLANT_ISSUED_EARLY``) is caught.  On the GPU (``gpu``): a step's fused replay and its marker go
+(the plant ``issued_early``, tests/impl/native_plants.py) is caught.  On the GPU (``gpu``): a step's fused replay and its marker go
 through the thread, a marker whose record the worker has not issued is not complete, and runner outputs with the
 thread equal those without it.
 """
@@ -15,6 +15,7 @@ import time
 import pytest
 import torch
 
+from native_plants import planted
 from runnercheck.impl import native
 from runnercheck.impl.launcher import LaunchThread, LaunchThreadError, _driver_calls, idle_settings, mode
 
@@ -53,10 +54,13 @@ class StandIns:
         return module.Launcher(graph, event, context, 77, spin_us, nap_us, nap_for_us)
 
 
-def _module(defines: tuple[str, ...] = ()):
-    module = native.load("launcher", defines)
+def _module(plant: str | None = None):
+    """The built launch thread module, or (``plant``) a variant of it with that planted bug (native_plants.py)."""
+    if plant is not None:
+        return planted(plant, "launcher")
+    module = native.load("launcher")
     if module is None:
-        pytest.skip("impl/native is not built here (RUNNERCHECK_NATIVE=0 or no compiler)")
+        pytest.skip("impl/native is not built here (RUNNERCHECK_NATIVE=0, or not built: " + native.BUILD_HINT + ")")
     return module
 
 
@@ -114,7 +118,7 @@ def test_a_paused_launch_thread_issues_nothing_and_its_wait_raises():
 def test_planted_bug_a_launch_thread_reporting_pushed_jobs_as_issued_is_caught():
     """With issued() answering the jobs pushed, a marker still in the ring would pass for one on the stream: the
     device would ask CUDA about an event not yet recorded (whose last record completed long ago)."""
-    assert not _pushed_while_paused_is_not_issued(_module(("RUNNERCHECK_PLANT_ISSUED_EARLY",)))
+    assert not _pushed_while_paused_is_not_issued(_module("issued_early"))
 
 
 def test_a_failed_call_is_named_by_every_later_wait_and_by_close():
@@ -218,7 +222,7 @@ def test_a_napping_worker_takes_pushed_jobs_without_being_woken():
 def test_planted_bug_a_napping_worker_that_looks_only_for_wakes_is_caught():
     """A nap loop that waits for a step's ``wake`` and never looks at the ring leaves a job pushed without one in the
     ring until the naps end: the pushing step would wait for its own launch at its end."""
-    launcher = StandIns().launcher(_module(("RUNNERCHECK_PLANT_NAP_MISSES_PUSH",)), spin_us=200, nap_us=50,
+    launcher = StandIns().launcher(_module("nap_misses_push"), spin_us=200, nap_us=50,
                                    nap_for_us=1_500_000)
     try:
         assert _issued_within(launcher, 0.02) > 1.0
@@ -333,7 +337,7 @@ def test_gpu_planted_bug_a_marker_answered_before_its_record_is_issued_is_caught
     device = Device("cuda")
     launch, counter = _captured_add(device)
     device.record_event().synchronize()
-    planted = _module(("RUNNERCHECK_PLANT_ISSUED_EARLY",))
+    planted = _module("issued_early")
     real = device.launcher
     graph, event, context_call, context = _driver_calls()
     device.launcher = LaunchThread(planted.Launcher(graph, event, context_call, context, 50), real.stream_handle,

@@ -1,4 +1,4 @@
-"""The step reader's C twins (`impl/native/steady.c`, `general.c`) against their Python references, and their loader.
+"""The step reader's C twins (`impl/native/steady.c`, `general.c`) against their Python references.
 
 The steady reader:
 
@@ -20,13 +20,12 @@ that trusts the mirror is caught by the cached block's comparison too.
 
 (The general reader's one pass is tested in test_native_lockstep.py; the staged writes' packing,
 `impl/native/staging.c`, in test_native_staging.py; the request state table's writes, `impl/native/rows.c`, in
-test_native_rows.py; an admission's derived seed, `impl/native/seeds.c`, in test_native_seeds.py.)
+test_native_rows.py; an admission's derived seed, `impl/native/seeds.c`, in test_native_seeds.py; the loader and
+the patched builds of planted bugs in test_native_build.py.)
 """
 from __future__ import annotations
 
 import dataclasses
-import logging
-import sysconfig
 from types import SimpleNamespace
 
 import numpy as np
@@ -34,6 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import native_plants
 import runnercheck.impl.native as native
 import runnercheck.impl.staged_writes as staged_writes
 import runnercheck.impl.state as state_module
@@ -48,17 +48,13 @@ MAX_BLOCKS = 16  # 64 tokens / 4 per block
 
 reader = native.load("steady")
 general = native.load("general")
-needs_native = pytest.mark.skipif(reader is None or general is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
+needs_native = pytest.mark.skipif(reader is None or general is None, reason="impl/native not built (or RUNNERCHECK_NATIVE=0)")
 
 
-def _planted(define: str, name: str = "steady"):
-    """A build of impl/native/<name>.c with a planted bug; skips where nothing can be built."""
-    if native.mode() == "0":
-        pytest.skip("RUNNERCHECK_NATIVE=0")
-    try:
-        return native.load(name, (define,))
-    except native.NativeBuildError as err:
-        pytest.skip(f"no C compiler here: {err}")
+def _planted(plant: str, name: str = "steady"):
+    """A build of impl/native/<name>.c with a planted bug (a key of native_plants.PLANTS); skips where nothing can be
+    compiled, fails where the plant no longer applies."""
+    return native_plants.planted(plant, name)
 
 
 class Odd(str):
@@ -201,7 +197,7 @@ def test_c_reader_reads_a_steady_step_with_appends():
 
 def test_planted_bug_c_reader_trusting_the_mirror_is_caught():
     """The comparison can fail: a build that never compares the scheduler's computed counts with the mirror."""
-    trusting = _planted("RUNNERCHECK_PLANT_TRUST_COMPUTED")
+    trusting = _planted("trust_computed")
     rows = [1, 2]
     state = _mirror(rows, [5, 6], [1, 1])
     last = _last(("a", "b"), rows)
@@ -291,7 +287,7 @@ def test_c_reader_checks_the_step_as_the_python_checks(case, changes, last_step_
 
 def test_planted_bug_c_reader_accepting_a_stale_step_id_is_caught():
     """The comparison can fail: a build whose steady reader never compares the step id with the last one."""
-    stale = _planted("RUNNERCHECK_PLANT_STALE_STEP_ID")
+    stale = _planted("stale_step_id")
     rows = [1, 2]
     state = _mirror(rows, [5, 6], [1, 1])
     last = _last(("a", "b"), rows)
@@ -409,7 +405,7 @@ def test_c_cached_reader_agrees_with_the_python_reader(case):
 
 def test_planted_bug_c_cached_reader_trusting_the_mirror_is_caught():
     """The comparison can fail: the build whose readers never compare the computed counts with the mirror."""
-    trusting = _planted("RUNNERCHECK_PLANT_TRUST_COMPUTED", "general")
+    trusting = _planted("trust_computed", "general")
     state = _general_mirror([1, 2], [5, 6], [0, 0])
     off_by_one = SchedulerOutput(step_id=2, cached_requests=CachedRequests(("r1", "r2"), ((), ()), (5, 7)))
     if general is not None:
@@ -494,62 +490,7 @@ def test_a_count_that_wraps_the_total_is_rejected_by_both_checks():
     assert step_reader._check_batch(lens, starts, starts + 20, np.full(2, MAX_BLOCKS, np.int64), None, LIMITS) is None
 
 
-# --------------------------------------------------------------------------- the loader
-
-@pytest.fixture
-def fresh_loader(monkeypatch, tmp_path):
-    """`runnercheck.impl.native.load` with an empty module cache and an empty build directory."""
-    monkeypatch.setattr(native, "_loaded", {})
-    monkeypatch.setenv("RUNNERCHECK_NATIVE_CACHE", str(tmp_path))
-    return tmp_path
-
-
-def _without_compiler(monkeypatch):
-    real = sysconfig.get_config_var
-
-    def config_var(name):
-        return "/nonexistent/cc" if name in ("CC", "LDSHARED") else real(name)
-
-    monkeypatch.setattr(native.sysconfig, "get_config_var", config_var)
-
-
-def test_native_off_gives_the_python_twin(fresh_loader, monkeypatch):
-    monkeypatch.setenv("RUNNERCHECK_NATIVE", "0")
-    assert native.load("steady") is None
-    assert not any(fresh_loader.iterdir())  # nothing was built
-
-
-def test_a_bad_native_setting_is_a_typed_error(fresh_loader, monkeypatch):
-    monkeypatch.setenv("RUNNERCHECK_NATIVE", "yes")
-    with pytest.raises(native.NativeBuildError, match="RUNNERCHECK_NATIVE"):
-        native.load("steady")
-
-
-def test_without_a_compiler_auto_warns_and_falls_back(fresh_loader, monkeypatch, caplog):
-    monkeypatch.setenv("RUNNERCHECK_NATIVE", "auto")
-    _without_compiler(monkeypatch)
-    with caplog.at_level(logging.WARNING, logger="runnercheck.impl.native"):
-        assert native.load("steady") is None
-    assert "Python twin" in caplog.text
-
-
-def test_without_a_compiler_required_native_raises(fresh_loader, monkeypatch):
-    monkeypatch.setenv("RUNNERCHECK_NATIVE", "1")
-    _without_compiler(monkeypatch)
-    with pytest.raises(native.NativeBuildError, match="steady"):
-        native.load("steady")
-
-
-@needs_native
-def test_a_build_is_cached_and_reused(fresh_loader):
-    first = native.load("steady")
-    built = list(fresh_loader.rglob("*.so")) + list(fresh_loader.rglob("*.pyd"))
-    assert first is not None and len(built) == 1
-    native._loaded.clear()
-    mtime = built[0].stat().st_mtime_ns
-    assert native.load("steady") is not None
-    assert built[0].stat().st_mtime_ns == mtime  # loaded, not rebuilt
-
+# --------------------------------------------------------------------------- the Python twins
 
 def test_the_runner_reads_steady_steps_with_the_python_twin(monkeypatch):
     """With the C reader off, `read_steady_step` still reads steady steps (the test_steady_step run, reader off)."""
@@ -716,7 +657,7 @@ def _runner_at_step_3():
 def test_planted_bug_general_reader_admitting_a_live_id_again_is_caught(monkeypatch):
     """The comparison above can fail: a build whose read_general takes a new request under an id that is live (and
     not leaving), which `read_step` rejects as a duplicate."""
-    planted = _planted("RUNNERCHECK_PLANT_LIVE_ID_READMITTED", "general")
+    planted = _planted("live_id_readmitted", "general")
     runner, good = _runner_at_step_3()
     live = next(iter(runner.state.req_to_row))
     again = NewRequest(live, (1, 2), SamplingParams(), (9,))
@@ -729,7 +670,7 @@ def test_planted_bug_general_reader_admitting_a_live_id_again_is_caught(monkeypa
 
 def test_planted_bug_general_reader_ignoring_the_new_requests_facts_is_caught(monkeypatch):
     """The comparison above can fail: a build whose read_general leaves a new request's prefix-cache hit at 0."""
-    planted = _planted("RUNNERCHECK_PLANT_NEW_HIT_ZERO", "general")
+    planted = _planted("new_hit_zero", "general")
     runner, good = _runner_at_step_3()
     hit = NewRequest("H", (1, 2, 3, 4, 5), SamplingParams(), (9, 10), num_computed_tokens=4)
     sched = dataclasses.replace(good, new_requests=good.new_requests + (hit,),
@@ -757,7 +698,7 @@ def test_c_general_reader_makes_the_step_arrays_read_step_would_make(monkeypatch
 
 def test_planted_bug_general_reader_storing_two_slots_swapped_is_caught(monkeypatch):
     """The comparison above can fail: a build whose StepArrays holds each step's starts where its ends belong."""
-    planted = _planted("RUNNERCHECK_PLANT_STEP_SLOTS_SWAPPED", "general")
+    planted = _planted("step_slots_swapped", "general")
     runner, sched = _runner_at_step_3()
     monkeypatch.setattr(step_reader, "_native_general", _WithoutGeneral(general) if general is not None else None)
     want = _read_outcome(sched, runner)
@@ -769,7 +710,7 @@ def test_planted_bug_general_reader_storing_two_slots_swapped_is_caught(monkeypa
 def test_planted_bug_general_reader_accepting_a_stale_step_id_is_caught(monkeypatch):
     """read_general checks the step id itself (a step with no decode step before it reaches no other check
     first): a build that never compares it with the last one reads a repeated step id as a step."""
-    planted = _planted("RUNNERCHECK_PLANT_STALE_STEP_ID", "general")
+    planted = _planted("stale_step_id", "general")
     from test_bad_inputs import _runner, _schedule
 
     runner, outputs = _runner(), []

@@ -26,7 +26,7 @@ LIMITS = RunnerLimits(vocab_size=64, max_num_reqs=8, max_model_len=32, max_num_b
                       block_size=4, max_logprobs=5)
 
 boundary = native.load("boundary")
-needs_native = pytest.mark.skipif(boundary is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
+needs_native = pytest.mark.skipif(boundary is None, reason="impl/native not built (or RUNNERCHECK_NATIVE=0)")
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def test_c_new_request_check_accepts_a_plain_request():
 
 
 def test_planted_bug_c_new_request_check_accepting_top_p_zero_is_caught():
-    top_p_zero = _planted("RUNNERCHECK_PLANT_TOP_P_ZERO", "boundary")
+    top_p_zero = _planted("top_p_zero", "boundary")
     req = NewRequest("r", (1, 2, 3), replace(SamplingParams(), top_p=0.0), (0,))
     with pytest.raises(AssertionError, match="C: 3"):
         assert_verdicts_agree(top_p_zero, req, True)

@@ -94,7 +94,7 @@ def test_the_hint_finds_the_rows_a_look_up_finds_by_hand(case):
 
 @needs_native
 def test_planted_bug_a_reader_taking_the_row_after_the_hints_is_caught():
-    planted = _planted("RUNNERCHECK_PLANT_HINT_OFF_BY_ONE", "general")
+    planted = _planted("hint_off_by_one", "general")
     req_to_row = {"a": 3, "b": 5, "c": 1}
     ids = tuple(req_to_row)
     batch = (req_to_row, ids, np.array([3, 5, 1], np.int64), ids)

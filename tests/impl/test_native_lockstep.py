@@ -3,7 +3,7 @@
 A general step as a decode batch usually brings it -- the scheduled dict listing the cached requests
 first, each key the very object of its cached id and in that order, then the new requests -- is read
 in one pass; any other step, and any step where a rule fails, goes to read_cached, read_scheduled and
-check_batch as before (`-DRUNNERCHECK_GENERAL_PASSES_ONLY` builds the reader with those passes alone:
+check_batch as before (the variant ``general_passes_only`` of tests/impl/native_plants.py builds the reader with those passes alone:
 the reference here).  Over a churning decode workload (admissions and finishes every few steps, the
 runner's host side stepping its mirror with the device work dropped), each step and a set of damaged
 copies of it -- counts off by one, a block out of range, the dict reordered, an equal id that is
@@ -26,7 +26,7 @@ from runnercheck.impl.device import Device
 from runnercheck.impl.interface import CachedRequests, SchedulerOutput
 from test_native import Odd, _planted, general, needs_native
 
-PASSES_ONLY = "RUNNERCHECK_GENERAL_PASSES_ONLY"
+PASSES_ONLY = "general_passes_only"
 
 
 def _copy(rid: str) -> str:
@@ -152,7 +152,7 @@ def test_a_finishing_step_is_read_in_one_pass():
 def test_planted_bug_one_pass_reader_skipping_the_known_tokens_is_caught():
     """The comparison above can fail: a one-pass reader that never reads the tokens known accepts a cached request
     scheduled past them, which the passes (and `read_step`) reject."""
-    planted = _planted("RUNNERCHECK_PLANT_LOCKSTEP_KNOWN_UNREAD", "general")
+    planted = _planted("lockstep_known_unread", "general")
     passes = _planted(PASSES_ONLY, "general")
     runner, work, _ = _workload()
     caught = 0
@@ -185,5 +185,5 @@ def test_only_the_batch_the_one_pass_accepted_is_trusted_as_a_hint():
         num_scheduled_tokens={(odd if k == ids[0] else k): v for k, v in sched.num_scheduled_tokens.items()})
     for module in (general, _planted(PASSES_ONLY, "general")):
         assert _read_hinted(module, oddly, runner, odd_ids, rows) is NotImplemented
-    trusting = _planted("RUNNERCHECK_PLANT_HINT_TRUSTED", "general")
+    trusting = _planted("hint_trusted", "general")
     assert _read_hinted(trusting, oddly, runner, odd_ids, rows) is not NotImplemented

@@ -21,7 +21,7 @@ from runnercheck.impl.step_reader import StepArrays
 from test_native import _Counting, _planted, admitting_run
 
 plans = native.load("plans")
-needs_native = pytest.mark.skipif(plans is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
+needs_native = pytest.mark.skipif(plans is None, reason="impl/native not built (or RUNNERCHECK_NATIVE=0)")
 
 
 def _step(rows: list[int], lens: list[int], starts: list[int]) -> StepArrays:
@@ -89,6 +89,6 @@ def test_a_run_that_admits_plans_its_plain_steps_in_c(monkeypatch):
 
 
 def test_planted_bug_c_plain_plan_taking_each_row_from_the_next_request_is_caught():
-    planted = _planted("RUNNERCHECK_PLANT_PLAN_ROWS_SHIFTED", "plans")
+    planted = _planted("plan_rows_shifted", "plans")
     step = _step([3, 1, 7], [1, 4, 1], [4, 9, 2])
     assert _fields(_planned(planted, step)) != _fields(_plain_plan(step))

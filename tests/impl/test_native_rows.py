@@ -27,7 +27,7 @@ from runnercheck.impl.state import AdmissionWriters, RequestStateTable
 from test_native import _planted
 
 rows_module = native.load("rows")
-needs_native = pytest.mark.skipif(rows_module is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
+needs_native = pytest.mark.skipif(rows_module is None, reason="impl/native not built (or RUNNERCHECK_NATIVE=0)")
 
 # --------------------------------------------------------------------------- the mirror's advance
 
@@ -86,7 +86,7 @@ def test_c_advance_declines_what_it_cannot_read():
 
 
 def test_planted_bug_c_advance_forgetting_the_sampled_token_is_caught():
-    forgetting = _planted("RUNNERCHECK_PLANT_NO_SAMPLE", "rows")
+    forgetting = _planted("no_sample", "rows")
     at_the_end = (np.array([3], np.int64), np.array([10], np.int64), np.array([10], np.int64))
     with pytest.raises(AssertionError, match="C advance"):
         assert_c_agrees("advance", _advanced, forgetting, *at_the_end)
@@ -144,7 +144,7 @@ def test_c_block_appends_naming_a_row_twice_do_what_numpy_does():
 
 
 def test_planted_bug_c_appends_placed_after_their_own_blocks_are_caught():
-    planted = _planted("RUNNERCHECK_PLANT_STARTS_AFTER_APPEND", "rows")
+    planted = _planted("starts_after_append", "rows")
     one_append = (np.array([4, 0, 7], np.int64), np.array([2], np.int64), np.array([1], np.int64))
     with pytest.raises(AssertionError, match="C append_counts"):
         assert_c_agrees("append_counts", _appended, planted, *one_append)
@@ -218,7 +218,7 @@ def test_c_admission_declines_what_it_cannot_take():
 
 
 def test_planted_bug_c_admission_writing_the_prefill_one_column_late_is_caught():
-    planted = _planted("RUNNERCHECK_PLANT_PREFILL_SHIFTED", "rows")
+    planted = _planted("prefill_shifted", "rows")
     with pytest.raises(AssertionError, match="C admit_row"):
         assert_c_agrees("admit_row", _admitted, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)))
 
@@ -263,7 +263,7 @@ def test_c_admission_of_a_request_it_cannot_take_declines_before_writing():
 
 
 def test_planted_bug_c_admission_recording_the_previous_generation_is_caught():
-    planted = _planted("RUNNERCHECK_PLANT_ADMIT_GENERATION_REUSED", "rows")
+    planted = _planted("admit_generation_reused", "rows")
     with pytest.raises(AssertionError, match="C admit_request"):
         assert_c_agrees("admit_request", _admitted_table, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)))
 
@@ -319,7 +319,7 @@ def test_c_release_of_an_id_without_a_row_declines_and_the_reference_names_it():
 
 
 def test_planted_bug_c_release_forgetting_a_prefilling_rows_last_reader_is_caught():
-    planted = _planted("RUNNERCHECK_PLANT_RELEASE_READS_OVER_KEPT", "rows")
+    planted = _planted("release_reads_over_kept", "rows")
     with pytest.raises(AssertionError, match="C release_request"):
         assert_c_agrees("release_request", _released_table, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)), True)
 
@@ -343,7 +343,7 @@ def test_c_release_declines_what_it_cannot_take():
 
 
 def test_planted_bug_c_release_reading_back_what_it_wrote_is_caught():
-    planted = _planted("RUNNERCHECK_PLANT_SWAP_RETURNS_NEW", "rows")
+    planted = _planted("swap_returns_new", "rows")
     with pytest.raises(AssertionError, match="C swap_row"):
         assert_c_agrees("swap_row", _released, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)), True)
 
@@ -443,7 +443,7 @@ def test_c_staged_admission_declines_before_writing():
 
 
 def test_planted_bug_c_staged_admission_that_never_joins_the_dirty_list_is_caught():
-    planted = _planted("RUNNERCHECK_PLANT_STAGED_NEVER_JOINS", "rows")
+    planted = _planted("staged_never_joins", "rows")
     with pytest.raises(AssertionError, match="C admit_staged"):
         assert_c_agrees("admit_staged", _staged, planted, NewRequest("new", (3, 4), SamplingParams(), (0,)))
 
@@ -492,7 +492,7 @@ def test_c_end_of_prefill_reads_declines_before_writing():
 
 
 def test_planted_bug_c_prefill_reads_ended_early_are_caught():
-    planted = _planted("RUNNERCHECK_PLANT_PREFILL_ENDS_EARLY", "rows")
+    planted = _planted("prefill_ends_early", "rows")
     half_computed = ({2: 10}, np.full(NUM_ROWS, 4, np.int64), np.zeros(NUM_ROWS, np.int64))
     with pytest.raises(AssertionError, match="C end_prefill_reads"):
         assert_c_agrees("end_prefill_reads", _prefill_reads_ended, planted, *half_computed)

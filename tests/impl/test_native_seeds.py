@@ -3,7 +3,7 @@
 On generated ids (any text, lengths across BLAKE2b's 128-byte blocks) and base seeds (all of int64) the C twin
 gives the reference's seed, declines what it does not take (a bool, an int past 64 bits, bytes, a str subclass,
 an id UTF-8 cannot encode) with NotImplemented, and `runnercheck.impl.seeds.request_seed` -- what the runner asks -- always
-answers as the reference does.  A build one mixing round short (-DRUNNERCHECK_PLANT_SEED_ROUNDS) is caught by
+answers as the reference does.  A build one mixing round short (the plant ``seed_rounds``) is caught by
 the same comparison.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from runnercheck.impl.seeds import request_seed
 from test_native import Odd, _planted
 
 seeds_c = native.load("seeds")
-needs_native = pytest.mark.skipif(seeds_c is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
+needs_native = pytest.mark.skipif(seeds_c is None, reason="impl/native not built (or RUNNERCHECK_NATIVE=0)")
 
 UNSEEDED = SamplingParams()
 BASE_SEEDS = st.integers(-(2**63), 2**63 - 1)
@@ -74,5 +74,5 @@ def test_request_seed_without_the_c_twin(monkeypatch) -> None:
 @given(base_seed=BASE_SEEDS, req_id=IDS)
 def test_a_round_short_build_is_caught(base_seed: int, req_id: str) -> None:
     """The planted build differs from the reference on every input tried (a digest bit per 2**63 agrees by chance)."""
-    planted = _planted("RUNNERCHECK_PLANT_SEED_ROUNDS", "seeds")
+    planted = _planted("seed_rounds", "seeds")
     assert planted.derived_seed(base_seed, req_id) != effective_seed(UNSEEDED, req_id, base_seed)

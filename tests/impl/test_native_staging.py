@@ -30,7 +30,7 @@ from runnercheck.impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from test_native import _Counting, _planted, admitting_run
 
 staging = native.load("staging")
-needs_native = pytest.mark.skipif(staging is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
+needs_native = pytest.mark.skipif(staging is None, reason="impl/native not built (or RUNNERCHECK_NATIVE=0)")
 
 TABLE_ROWS, TABLE_COLS = 6, 8
 MASK_WORDS = 80  # a row of 64 words or more is staged as one array (`staged_writes._ARRAY_DIFF_MIN`)
@@ -105,7 +105,7 @@ def test_c_diff_table_is_the_numpy_diff_table(ragged):
 
 
 def test_planted_bug_c_diff_table_with_every_source_at_zero_is_caught():
-    zero_sources = _planted("RUNNERCHECK_PLANT_SOURCE_ZERO", "staging")
+    zero_sources = _planted("source_zero", "staging")
     two_appends = (np.array([1, 4], np.int64), np.array([2, 0], np.int64), np.ones(2, np.int64), np.array([17, 23], np.int64))
     with pytest.raises(AssertionError, match="C diff table"):
         assert_diff_tables_agree(zero_sources, *two_appends)
@@ -170,7 +170,7 @@ def test_c_general_diff_table_is_the_numpy_diff_table(writes):
 
 
 def test_planted_bug_c_general_diff_table_with_every_source_at_zero_is_caught():
-    zero_sources = _planted("RUNNERCHECK_PLANT_SOURCE_ZERO", "staging")
+    zero_sources = _planted("source_zero", "staging")
     writes = [("cell", "scale", 1, 0.5), ("cell", "seed", 2, 9), ("row", "table", 3, 1, [4, 5])]
     assert _flushed(zero_sources, _stage_all(writes)) != _flushed(None, _stage_all(writes))
 
@@ -261,7 +261,7 @@ def test_c_prompt_bitmask_is_the_numpy_bitmask(prompt):
 
 
 def test_planted_bug_c_prompt_bitmask_losing_bit_31_is_caught():
-    lost = _planted("RUNNERCHECK_PLANT_MASK_BIT31_LOST", "staging")
+    lost = _planted("mask_bit31_lost", "staging")
     tokens = (3, 31, 40)
     assert not np.array_equal(_c_bitmask(lost, tokens, 64), _prompt_bitmask_reference(tokens, 64))
 
@@ -352,7 +352,7 @@ def test_a_direct_write_and_an_admission_of_one_row_keep_their_order(c_module, d
 
 def test_planted_bug_admission_records_with_one_word_rows_are_caught():
     """The comparison above can fail: a build that puts each record's int64 seed one word per row apart."""
-    planted = _planted("RUNNERCHECK_PLANT_RECORD_ROW_STRIDE_ONE", "staging")
+    planted = _planted("record_row_stride_one", "staging")
     calls = [(3, SamplingParams(), 12345, (1, 2, 3))]
     assert _admitted(planted, calls, []) != _admitted(None, calls, [])
 
@@ -403,7 +403,7 @@ def test_c_admission_records_list_their_rows_for_the_count_reset():
 def test_planted_bug_admitted_rows_listed_one_row_off_are_caught():
     """The comparison above can fail: a build that lists each admitted row as the row after it resets the wrong
     row's counts."""
-    planted = _planted("RUNNERCHECK_PLANT_LISTED_ROW_NEXT", "staging")
+    planted = _planted("listed_row_next", "staging")
     counts, _ = _counts_after_admitting(planted, (1,))
     assert counts != _counts_after_admitting(None, (1,))[0]
 

@@ -99,7 +99,7 @@ def assert_stages_agree(c_module, rows: list[int], fill: int) -> None:
     assert got == want, f"C put_words: {got}\nnumpy: {want}"
 
 
-needs_native = pytest.mark.skipif(staging is None, reason="no C compiler here (or RUNNERCHECK_NATIVE=0)")
+needs_native = pytest.mark.skipif(staging is None, reason="impl/native not built (or RUNNERCHECK_NATIVE=0)")
 
 
 @needs_native
@@ -110,7 +110,7 @@ def test_c_stage_writes_what_numpy_writes(rows, fill):
 
 
 def test_planted_bug_c_stage_dropping_each_parts_last_value_is_caught():
-    planted = _planted("RUNNERCHECK_PLANT_PUT_WORDS_SHORT", "staging")
+    planted = _planted("put_words_short", "staging")
     with pytest.raises(AssertionError, match="C put_words"):
         assert_stages_agree(planted, [3, 1, 2], -1)
 
