@@ -183,11 +183,14 @@ class CoverageCounter:
 
 
 def merge(counts: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    """Feature totals over several runs, every feature of `FEATURES` present."""
+    """Feature totals over several runs: each feature of `FEATURES` some run could observe (all of them when
+    there is no run), then the rest."""
+    runs = list(counts)
     total: Counter[str] = Counter()
-    for c in counts:
+    for c in runs:
         total.update(c)
-    return {f: int(total.get(f, 0)) for f in FEATURES} | {k: int(v) for k, v in total.items() if k not in FEATURES}
+    observable = [f for f in FEATURES if not runs or any(f in c for c in runs)]
+    return {f: int(total.get(f, 0)) for f in observable} | {k: int(v) for k, v in total.items() if k not in FEATURES}
 
 
 def zero_features(totals: Mapping[str, int]) -> list[str]:

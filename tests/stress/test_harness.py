@@ -420,3 +420,7 @@ def test_a_runner_without_a_row_table_is_not_counted_for_row_reuse() -> None:
     assert simple.result.ok and ROW_FEATURE not in simple.coverage and simple.coverage["decode step"] > 0
     ours = checked_run(_sim_config("runnercheck.impl.runner:make_runner", 12), ChurnOps(VERIFY_CHURN))
     assert ours.result.ok and ROW_FEATURE in ours.coverage
+    from runnercheck.stress.coverage import FEATURES, merge, zero_features
+
+    assert ROW_FEATURE not in zero_features(merge([simple.coverage, simple.coverage]))  # the campaign's gate
+    assert ROW_FEATURE in merge([simple.coverage, ours.coverage]) and set(FEATURES) <= set(merge([]))
