@@ -470,7 +470,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-power", action="store_true", help="skip the power self-test (planted biased samplers must fail)")
     parser.add_argument("--deep-tail", action="store_true", help="add the 2^17-token 25/30-logit tail cases (GPU-sized)")
     parser.add_argument("--cases", default=None,
-                        help="only cases whose name contains this (matching no case at all is a usage error, status 2; "
+                        help="only cases whose name contains this (default: every case; matching no case at all is a usage error, status 2; "
                              "a run whose matching cases were all skipped fails, status 1)")
     parser.add_argument("--no-matrix", action="store_true", help="skip the configuration matrix (calibration/power only)")
     parser.add_argument("--no-spec", action="store_true",

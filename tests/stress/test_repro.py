@@ -222,7 +222,7 @@ def test_replay_of_a_file_that_compares_nothing_is_a_usage_error(tmp_path, capsy
     "extra,message",
     [
         (["--mutant", "no-such-mutant"], "no-such-mutant"),
-        (["--runner", "nowhere.at_all:factory"], "cannot import 'nowhere.at_all'"),
+        (["--runner", "nowhere.at_all:factory"], "module 'nowhere.at_all' not found"),
         (["--lag-policy", "sometimes"], "unknown lag policy"),
         (["--delay-us", "auto"], "calibrates delays on a real GPU"),
     ],
