@@ -55,6 +55,9 @@ _TORCH_DTYPES = {"float32": torch.float32, "int32": torch.int32}
 # An admission's values, read in the table's order and converted as its C twin converts them (`admission_layout`).
 _read_fields = operator.attrgetter(*SAMPLING_FIELD_NAMES)
 _CONVERTERS = tuple(int if f.is_int else float for f in SAMPLING_FIELDS)
+# The sampler kernels' parameter groups (`SamplingState.kernel_params`).
+_SCALED_NAMES = tuple(f.name for f in SAMPLING_FIELDS if f.stage != "penalty")
+_PENALTY_NAMES = tuple(f.name for f in SAMPLING_FIELDS if f.stage == "penalty")
 
 
 def _convert(to: type, value: float | int) -> float | int:
@@ -130,6 +133,13 @@ class SamplingState:
         # first word, rows) and a resumed request's earlier outputs to count again (rows, tokens, pairs).
         self._reset_rows: tuple[StagingWriter, object, int, int] | None = None
         self._earlier_outputs: tuple[torch.Tensor, torch.Tensor, int] | None = None
+
+    def kernel_params(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """The per-row parameter tensors as the sampler's kernels take them, each group in the table's order: the
+        temperature and the filters (stages "temperature", "filter"), then the penalties.  Read by name at every call:
+        a mutant samples with a copy of the state whose named parameters are rewritten (`runnercheck.stress.mutants`)."""
+        return (tuple([getattr(self, name).base for name in _SCALED_NAMES]),
+                tuple([getattr(self, name).base for name in _PENALTY_NAMES]))
 
     # ------------------------------------------------------------------ host API
     def add_request(
