@@ -168,9 +168,10 @@ class SamplingField:
 
     Everything that needs the *set* of sampling parameters reads it from that table: `SamplingParams.validate`,
     the per-row device tensors (`runnercheck.impl.sample.state.SamplingState`), the C boundary and admission
-    (handed the table's rules and layout, `boundary_rules` and `admission_layout`), the sampler contract, the
-    chi-square binding cases, random churn and coverage (`runnercheck.stress`).  What a parameter *does* (the
-    kernel's and the oracle's filter code) stays code.
+    (handed the table as data: `runnercheck.impl.step_reader.BOUNDARY_RULES`, `runnercheck.impl.state.ADMISSION_FIELDS`),
+    the sampler contract, the chi-square binding cases, random churn, coverage and the state machine
+    (`runnercheck.stress`).  What a parameter *does* (the kernels', the oracle's and the baseline samplers' code)
+    stays code.  docs/EXTENDING.md walks through adding one.
 
     ``dtype``: the per-row device tensor's element type, ``"float32"`` (a Python int or float, finite) or
     ``"int32"`` (a Python int).  ``neutral``: the value that turns the parameter off, also its default.  A value
@@ -258,8 +259,8 @@ SAMPLING_FIELDS_BY_NAME: Mapping[str, SamplingField] = {f.name: f for f in SAMPL
 class SamplingParams:
     """Per-request sampling parameters.
 
-    ``top_k = -1`` and ``top_p = 1.0`` and ``min_p = 0.0`` mean "off"; ``temperature = 0`` is
-    greedy.  ``logprobs`` / ``prompt_logprobs``: number of top logprobs to return, None for none
+    The sampling fields' neutral ("off") values and valid ranges are rows of `SAMPLING_FIELDS` (``top_k = -1``,
+    ``top_p = 1.0``, ``min_p = 0.0``, ...); ``temperature = 0`` is greedy.  ``logprobs`` / ``prompt_logprobs``: number of top logprobs to return, None for none
     (0 returns only the sampled / actual token's logprob and rank).
     """
 
