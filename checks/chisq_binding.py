@@ -13,7 +13,8 @@ The moves (both directions; a filter binds only if every move of it is detectabl
   and down, i.e. one token fewer / one more *at min-p's own boundary* (before top-k and top-p).
 * ``top_p``: moved to the midpoint of the next cumulative mass up and down over the tokens that
   min-p and top-k left, i.e. one token fewer / one more at top-p's own boundary.
-* penalties: the parameter scaled by ``1 +- PENALTY_STEP`` (for repetition, its logarithm).
+* penalties, and any other field of the interface's table without moves of its own: the parameter scaled by
+  ``1 +- PENALTY_STEP`` (for a multiplicative penalty such as repetition, its logarithm).
 
 Distributions are `runnercheck.reference.sampler.expected_distribution` (float64).  A move is *detectable*
 when the case's chi-square test at its own sample count would reject the moved distribution with
@@ -36,16 +37,16 @@ import torch
 from scipy import stats as sps
 
 from runnercheck.checks import stats
-from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.interface import SAMPLING_FIELDS, SAMPLING_FIELDS_BY_NAME, SamplingParams
 
 if TYPE_CHECKING:
     from runnercheck.checks.chisq_cases import SamplingCase
 
-THRESHOLD_FILTERS = ("top_k", "top_p", "min_p")
-PENALTIES = ("repetition_penalty", "frequency_penalty", "presence_penalty")
+# From the interface's table of sampling fields: the filters on the scaled scores, the penalties on the logits.
+THRESHOLD_FILTERS = tuple(f.name for f in SAMPLING_FIELDS if f.stage == "filter")
+PENALTIES = tuple(f.name for f in SAMPLING_FIELDS if f.stage == "penalty")
 FILTERS = THRESHOLD_FILTERS + PENALTIES
-SHORT_NAMES = {"top_k": "k", "top_p": "p", "min_p": "minp", "repetition_penalty": "rep",
-               "frequency_penalty": "freq", "presence_penalty": "pres"}
+SHORT_NAMES = {f.name: f.short for f in SAMPLING_FIELDS if f.name in FILTERS}
 PENALTY_STEP = 0.25
 BINDING_ALPHA = 1e-4
 REQUIRED_POWER = 0.99
@@ -84,9 +85,8 @@ class FilterBinding:
 
 def active_filters(params: SamplingParams) -> tuple[str, ...]:
     """The filters a case turns on; at temperature 0 only the penalties act (greedy ignores the rest)."""
-    default = SamplingParams()
     names = PENALTIES if params.temperature == 0 else FILTERS
-    return tuple(f for f in names if getattr(params, f) != getattr(default, f))
+    return tuple(f for f in names if getattr(params, f) != SAMPLING_FIELDS_BY_NAME[f].neutral)
 
 
 # --------------------------------------------------------------------------- the exact distributions
@@ -103,8 +103,7 @@ def _scores(case: SamplingCase, params: SamplingParams, *, drop: Sequence[str]) 
     """Row 0's penalised, temperature-scaled scores with the filters in ``drop`` turned off (-inf: filtered)."""
     from runnercheck.reference.sampler import filtered_scores
 
-    off = {"top_k": -1, "top_p": 1.0, "min_p": 0.0}
-    moved = replace(params, **{f: off[f] for f in drop})
+    moved = replace(params, **{f: SAMPLING_FIELDS_BY_NAME[f].neutral for f in drop})
     return filtered_scores(case.logits[0].to(torch.float64), moved, case.history.prompt_ids, case.history.output_ids).numpy()
 
 
@@ -167,12 +166,17 @@ def _top_k_moves(case: SamplingCase) -> list[tuple[str, SamplingParams | None]]:
             (f"top-k {k + 1}", replace(case.params, top_k=k + 1))]
 
 
-def _penalty_moves(case: SamplingCase, name: str) -> list[tuple[str, SamplingParams | None]]:
+def _scaled_moves(case: SamplingCase, name: str) -> list[tuple[str, SamplingParams | None]]:
+    """The parameter scaled by ``1 -+ PENALTY_STEP`` (a multiplicative penalty's logarithm: the penalty raised to
+    that power); a move outside the field's valid values does not exist.  Every field without moves of its own
+    (a new one in the table included) is moved so."""
+    spec = SAMPLING_FIELDS_BY_NAME[name]
     value = getattr(case.params, name)
     out = []
     for factor in (1 - PENALTY_STEP, 1 + PENALTY_STEP):
-        moved = value ** factor if name == "repetition_penalty" else value * factor
-        out.append((f"{SHORT_NAMES[name]} {moved:.4g}", replace(case.params, **{name: moved})))
+        moved = value ** factor if spec.neutral == 1.0 and spec.stage == "penalty" else value * factor
+        moved = round(moved) if spec.is_int else moved
+        out.append((f"{spec.short} {moved:.4g}", replace(case.params, **{name: moved}) if spec.accepts(moved) else None))
     return out
 
 
@@ -184,8 +188,8 @@ def filter_moves(case: SamplingCase, name: str) -> list[tuple[str, SamplingParam
         return _top_p_moves(case)
     if name == "min_p":
         return _min_p_moves(case)
-    if name in PENALTIES:
-        return _penalty_moves(case, name)
+    if name in FILTERS:
+        return _scaled_moves(case, name)
     raise ValueError(f"unknown filter {name!r}; known: {FILTERS}")
 
 

@@ -31,7 +31,7 @@ import torch
 
 from runnercheck.checks.chisq_binding import FILTERS, PENALTIES, SHORT_NAMES, THRESHOLD_FILTERS
 from runnercheck.checks.samplers import TokenHistory
-from runnercheck.impl.interface import MAX_SEED, SamplingParams
+from runnercheck.impl.interface import MAX_SEED, SAMPLING_FIELDS, SAMPLING_FIELDS_BY_NAME, SamplingParams
 
 # Positions are a 32-bit Philox counter word; offsets stay below 2^31 so offset + draws never wraps.
 MAX_POSITION_OFFSET = 2**31
@@ -74,9 +74,7 @@ class SamplingCase:
 
     def describe(self) -> dict[str, Any]:
         p = self.params
-        params = {k: getattr(p, k) for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty",
-                                              "frequency_penalty", "presence_penalty")
-                  if getattr(p, k) != getattr(SamplingParams(), k)}
+        params = {f.name: getattr(p, f.name) for f in SAMPLING_FIELDS if getattr(p, f.name) != f.neutral}
         return {"case": self.name, "group": self.group, "vocab_size": self.vocab_size, "rows": self.rows,
                 "params": params, "n_samples": self.n_samples, "prompt_len": len(self.history.prompt_ids),
                 "num_outputs": len(self.history.output_ids), "binds": list(self.binds), "description": self.description}
@@ -181,7 +179,8 @@ def binding_case(binders: tuple[str, ...], slack: tuple[str, ...], temperature: 
     name = f"bind-{label}-t{temperature:g}-v{vocab}"
     base = _normal(vocab, scale, zlib.crc32(name.encode()))
     logits = _row(base * temperature)
-    penalties = {f: PENALTY_VALUES[f] for f in binders if f in PENALTIES}
+    # A penalty without a tuned value (a new one of the table's) takes the top of its table row's draw range.
+    penalties = {f: PENALTY_VALUES.get(f, SAMPLING_FIELDS_BY_NAME[f].draw[1]) for f in binders if f in PENALTIES}
     history = _ranked_history(base) if penalties else TokenHistory()
     params = SamplingParams(temperature=temperature, **penalties)
     if set(binders + slack) & set(THRESHOLD_FILTERS):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import traceback
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,9 +30,10 @@ import numpy as np
 import torch
 
 from runnercheck.checks.stats_results import TestResult
-from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.interface import SAMPLING_FIELD_NAMES, SAMPLING_FIELDS, SamplingParams
 
-PARAM_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty")
+# The fields a sampler may declare (``supported_params``): the interface's table of sampling fields.
+PARAM_FIELDS = SAMPLING_FIELD_NAMES
 
 
 class SamplerContractError(RuntimeError):
@@ -45,10 +45,8 @@ class SamplerLimitError(ValueError):
 
 
 def params_in_use(params: SamplingParams) -> set[str]:
-    """The sampling fields ``params`` sets away from their defaults."""
-    default = SamplingParams()
-    names = {f.name for f in fields(SamplingParams)} & set(PARAM_FIELDS)
-    return {name for name in names if getattr(params, name) != getattr(default, name)}
+    """The sampling fields ``params`` sets away from their neutral ("off") values."""
+    return {f.name for f in SAMPLING_FIELDS if getattr(params, f.name) != f.neutral}
 
 
 def declared_unsupported(sampler: Callable, params: SamplingParams) -> str | None:

@@ -34,7 +34,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from runnercheck.checks.loader import LoaderError, SpecNotCallableError, SpecNotFoundError, SpecSyntaxError, load_callable, spec_of
-from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.interface import SAMPLING_FIELDS, SamplingParams
 
 MASK32 = 0xFFFFFFFF
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
@@ -96,7 +96,8 @@ def accepts_keyword(fn: Callable, name: str) -> bool:
 
 
 def has_penalties(params: SamplingParams) -> bool:
-    return params.repetition_penalty != 1.0 or params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
+    """Whether any penalty of the interface's table is on (away from its neutral value)."""
+    return any(getattr(params, f.name) != f.neutral for f in SAMPLING_FIELDS if f.stage == "penalty")
 
 
 # --------------------------------------------------------------------------- RNG (the spec's bits)

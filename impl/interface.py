@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 MAX_SEED = 2**63 - 1
@@ -163,11 +163,104 @@ class SpecLayoutError(SpecVerifyError):
 
 
 @dataclass(frozen=True)
+class SamplingField:
+    """One per-row sampling parameter: a row of `SAMPLING_FIELDS`, the one list of them.
+
+    Everything that needs the *set* of sampling parameters reads it from that table: `SamplingParams.validate`,
+    the per-row device tensors (`runnercheck.impl.sample.state.SamplingState`), the C boundary and admission
+    (handed the table as data: `runnercheck.impl.step_reader.BOUNDARY_RULES`, `runnercheck.impl.state.ADMISSION_FIELDS`),
+    the sampler contract, the chi-square binding cases, random churn, coverage and the state machine
+    (`runnercheck.stress`).  What a parameter *does* (the kernels', the oracle's and the baseline samplers' code)
+    stays code.  docs/EXTENDING.md walks through adding one.
+
+    ``dtype``: the per-row device tensor's element type, ``"float32"`` (a Python int or float, finite) or
+    ``"int32"`` (a Python int).  ``neutral``: the value that turns the parameter off, also its default.  A value
+    is valid when it is ``neutral`` or lies within ``low``/``high`` (None: unbounded; ``*_open``: the bound itself
+    excluded).  ``stage``: where the pipeline applies it (``"temperature"``, ``"filter"`` on the scaled scores,
+    ``"penalty"`` on the raw logits), which tells churn and coverage which combinations interact.  ``label`` and
+    ``short`` name it in reports.  ``draw``: a range of "on" values random workloads draw from (rounded to 3 places;
+    an ``int32`` draw is capped at the vocabulary size when ``counts_tokens``).
+    """
+
+    name: str
+    dtype: str
+    neutral: float | int
+    low: float | int | None
+    high: float | int | None
+    stage: str
+    label: str
+    short: str
+    draw: tuple[float, float]
+    doc: str
+    low_open: bool = False
+    high_open: bool = False
+    counts_tokens: bool = False
+
+    @property
+    def is_int(self) -> bool:
+        return self.dtype == "int32"
+
+    @property
+    def rule(self) -> str:
+        """The validation rule in words (the message of a `SamplingParamsError`)."""
+        if self.high is None:
+            bound = f"{'>' if self.low_open else '>='} {self.low:g}"
+            if not self.in_range(self.neutral):
+                return f"be {self.neutral!r} (off) or {bound}"
+            return f"be {bound}" if self.is_int else f"be a finite number {bound}"
+        span = f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+        return f"be {self.neutral!r} (off) or lie in {span}" if not self.in_range(self.neutral) else f"lie in {span}"
+
+    def in_range(self, value: float | int) -> bool:
+        """Whether ``value`` (an int, or a finite float) lies within the bounds."""
+        if self.low is not None and not (value > self.low if self.low_open else value >= self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def accepts(self, value: object) -> bool:
+        """Whether ``value`` is valid for this field (of its type, neutral or within range; a float finite)."""
+        if isinstance(value, bool):
+            return False
+        if self.is_int:
+            return isinstance(value, int) and (value == self.neutral or self.in_range(value))
+        if not isinstance(value, (int, float)):
+            return False
+        try:
+            as_float = float(value)  # an int too large for a float is rejected here, not by an OverflowError later
+        except OverflowError:
+            return False
+        return math.isfinite(as_float) and (value == self.neutral or self.in_range(value))
+
+
+# The per-row sampling parameters, in the order of their device tensors, of the C twins' layouts and of the
+# random draws in `runnercheck.stress.churn` (a new one goes last, so existing seeds keep drawing what they drew).
+SAMPLING_FIELDS: tuple[SamplingField, ...] = (
+    SamplingField("temperature", "float32", 1.0, 0.0, None, "temperature", "temperature", "T", (0.3, 1.5),
+                  "Divides the logits; 0 is greedy."),
+    SamplingField("top_k", "int32", -1, 1, None, "filter", "top-k", "k", (1, 64),
+                  "Keep the k highest-scoring tokens (ties at the k-th kept).", counts_tokens=True),
+    SamplingField("top_p", "float32", 1.0, 0.0, 1.0, "filter", "top-p", "p", (0.3, 0.99),
+                  "Keep the smallest head whose probability mass reaches p.", low_open=True),
+    SamplingField("min_p", "float32", 0.0, 0.0, 1.0, "filter", "min-p", "minp", (0.01, 0.3),
+                  "Keep tokens whose probability is at least min_p times the top one's."),
+    SamplingField("repetition_penalty", "float32", 1.0, 0.0, None, "penalty", "repetition penalty", "rep", (0.8, 1.5),
+                  "Divides positive (multiplies negative) logits of tokens seen in prompt or output.", low_open=True),
+    SamplingField("frequency_penalty", "float32", 0.0, -2.0, 2.0, "penalty", "frequency penalty", "freq", (-1.0, 1.0),
+                  "Subtracted once per occurrence of a token in the output."),
+    SamplingField("presence_penalty", "float32", 0.0, -2.0, 2.0, "penalty", "presence penalty", "pres", (-1.0, 1.0),
+                  "Subtracted once from every token present in the output."),
+)
+SAMPLING_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in SAMPLING_FIELDS)
+SAMPLING_STAGES = ("temperature", "filter", "penalty")
+SAMPLING_FIELDS_BY_NAME: Mapping[str, SamplingField] = {f.name: f for f in SAMPLING_FIELDS}
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling parameters.
 
-    ``top_k = -1`` and ``top_p = 1.0`` and ``min_p = 0.0`` mean "off"; ``temperature = 0`` is
-    greedy.  ``logprobs`` / ``prompt_logprobs``: number of top logprobs to return, None for none
+    The sampling fields' neutral ("off") values and valid ranges are rows of `SAMPLING_FIELDS` (``top_k = -1``,
+    ``top_p = 1.0``, ``min_p = 0.0``, ...); ``temperature = 0`` is greedy.  ``logprobs`` / ``prompt_logprobs``: number of top logprobs to return, None for none
     (0 returns only the sampled / actual token's logprob and rank).
     """
 
@@ -188,28 +281,14 @@ class SamplingParams:
         def bad(cls: type[SchedulerOutputError], name: str, why: str) -> SchedulerOutputError:
             return cls(f"{name}={getattr(self, name)!r}: {why}", req_id=req_id, field=name)
 
-        for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
-                     "presence_penalty", "seed", "logprobs", "prompt_logprobs", "max_tokens"):
+        for name in (*SAMPLING_FIELD_NAMES, "seed", "logprobs", "prompt_logprobs", "max_tokens"):
             if isinstance(getattr(self, name), bool):
                 raise bad(SamplingParamsError, name, "must be a number, not a bool")
         if not isinstance(self.stop_token_ids, (tuple, list)):
             raise bad(SchedulerOutputTypeError, "stop_token_ids", "must be a tuple of token ids")
-        t = self.temperature
-        if not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
-            raise bad(SamplingParamsError, "temperature", "must be a finite number >= 0")
-        if not isinstance(self.top_k, int) or self.top_k == 0 or self.top_k < -1:
-            raise bad(SamplingParamsError, "top_k", "must be -1 (off) or >= 1")
-        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
-            raise bad(SamplingParamsError, "top_p", "must lie in (0, 1]")
-        if not (isinstance(self.min_p, (int, float)) and 0.0 <= self.min_p <= 1.0):
-            raise bad(SamplingParamsError, "min_p", "must lie in [0, 1]")
-        rp = self.repetition_penalty
-        if not (isinstance(rp, (int, float)) and math.isfinite(rp) and rp > 0):
-            raise bad(SamplingParamsError, "repetition_penalty", "must be a finite number > 0")
-        for name in ("frequency_penalty", "presence_penalty"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and -2.0 <= v <= 2.0):
-                raise bad(SamplingParamsError, name, "must lie in [-2, 2]")
+        for spec in SAMPLING_FIELDS:  # one rule per row of the table, in its order
+            if not spec.accepts(getattr(self, spec.name)):
+                raise bad(SamplingParamsError, spec.name, f"must {spec.rule}")
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed <= MAX_SEED):
             raise bad(SamplingParamsError, "seed", f"must be an int in [0, {MAX_SEED}]")
         for name in ("logprobs", "prompt_logprobs"):
@@ -225,6 +304,22 @@ class SamplingParams:
         for tok in self.stop_token_ids:
             if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
                 raise bad(TokenOutOfVocabError, "stop_token_ids", f"token {tok!r} outside [0, {vocab_size})")
+
+
+def _check_sampling_table() -> None:
+    """At import: every row of `SAMPLING_FIELDS` is a `SamplingParams` field whose default is its neutral value, of
+    a known dtype and stage (a table and a dataclass that disagree would fail far from here, or not at all)."""
+    defaults = {f.name: f.default for f in fields(SamplingParams)}
+    for spec in SAMPLING_FIELDS:
+        if spec.name not in defaults or defaults[spec.name] != spec.neutral or type(defaults[spec.name]) is not type(spec.neutral):
+            raise TypeError(f"sampling field {spec.name!r}: SamplingParams needs a field {spec.name} = {spec.neutral!r}")
+        if spec.dtype not in ("float32", "int32") or spec.stage not in SAMPLING_STAGES:
+            raise TypeError(f"sampling field {spec.name!r}: dtype {spec.dtype!r} / stage {spec.stage!r} unknown")
+    if len(set(SAMPLING_FIELD_NAMES)) != len(SAMPLING_FIELDS):
+        raise TypeError(f"sampling fields named twice: {SAMPLING_FIELD_NAMES}")
+
+
+_check_sampling_table()
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,9 @@ _ARANGE = np.arange(4096, dtype=np.int64)
 _ARANGE.flags.writeable = False
 _META_WORDS = 3  # (destination word, length in words, source word) per diff
 _NP_DTYPES = {torch.int32: np.int32, torch.float32: np.float32, torch.int64: np.int64}
+# The most one-element members an admission record may fill (`defer_admissions`; impl/native/staging.c's MAX_PARAMS):
+# the sampling fields and the seed.
+MAX_ADMISSION_SCALARS = 16
 _staging = native.load("staging")  # `pack_ragged` and `pack_members`, the C twins of the diff tables; None: numpy only
 
 
@@ -264,8 +267,9 @@ class StagedWriteGroup:
 
     def defer_admissions(self, records: dict, scalars: Sequence["StagedWriteTensor"], mask: "StagedWriteTensor",
                          vocab_size: int, stage: Callable[[], None], list_rows: bool = False) -> None:
-        """Let a member owner record its admissions in ``records`` -- row -> (one value for each of the eight one-element
-        members ``scalars``, the prompt's token ids, whose bitmask is ``mask``'s row) -- for the flush to pack after
+        """Let a member owner record its admissions in ``records`` -- row -> (one value for each of the one-element
+        members ``scalars``, at most `MAX_ADMISSION_SCALARS`; the prompt's token ids, whose bitmask is ``mask``'s row)
+        -- for the flush to pack after
         everything else (`pack_members`).  ``stage`` is the reference: it stages them through the members (called
         when the C twin declines, and before any other write to one of those members, so later writes still
         win).  It must empty ``records`` before it stages through the members.  ``list_rows``: a flush that packs
@@ -273,8 +277,10 @@ class StagedWriteGroup:
         table, noted in `listed_rows` (only the owner reads them; the apply does not)."""
         if self._admissions is not None:
             raise RuntimeError(f"staged-write group {self.name!r} already packs another owner's admissions")
-        if len(scalars) != 8 or any(t.group is not self or t.num_cols != 1 for t in scalars) or mask.group is not self:
-            raise ValueError("defer_admissions takes eight one-element members and a mask member of this group")
+        if not 1 <= len(scalars) <= MAX_ADMISSION_SCALARS or any(t.group is not self or t.num_cols != 1 for t in scalars) \
+                or mask.group is not self:
+            raise ValueError(f"defer_admissions takes 1 to {MAX_ADMISSION_SCALARS} one-element members and a mask member "
+                             "of this group")
         layout = (tuple(t.word_offset for t in scalars), tuple(_CELL_CODES[t.dtype] for t in scalars), mask.word_offset,
                   mask.num_cols, vocab_size, mask.num_rows)
         self._admissions = (records, layout, stage)

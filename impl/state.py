@@ -53,6 +53,7 @@ batch is dropped unwritten).
 """
 from __future__ import annotations
 
+import sys
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
@@ -65,7 +66,7 @@ from runnercheck.impl.buffers import StagingWriter
 from runnercheck.impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from runnercheck.impl.device import Device, DeviceEvent
 from runnercheck.impl.hotpath import hot_path
-from runnercheck.impl.interface import CachedRequests, CapacityError, LiveRequest, NewRequest, SamplingParams
+from runnercheck.impl.interface import SAMPLING_FIELDS, CachedRequests, CapacityError, LiveRequest, NewRequest, SamplingParams
 from runnercheck.impl.seeds import request_seed
 
 if TYPE_CHECKING:
@@ -77,6 +78,9 @@ if TYPE_CHECKING:
 # (`_admit_reference`, `_release_reference`), `admit_staged`'s, `_end_prefill_reads` and of the mirror writes inside
 # those references (`impl/native/rows.c`); None: Python only.
 _rows = native.load("rows")
+# The sampling fields as `admit_staged`'s C twin reads them (the interface's table, handed over in the writers once):
+# (name, read as an exact int -- else `float(x)`), in `SamplingState.add_request`'s order.
+ADMISSION_FIELDS: tuple[tuple[str, bool], ...] = tuple((sys.intern(f.name), f.is_int) for f in SAMPLING_FIELDS)
 _seeds = native.load("seeds")  # `derived_seed`, read by `admit_staged`'s C twin (`AdmissionWriters.derive`)
 
 _RELEASED_VALUES = (-1, -1, -1)  # a free row: no generation, no logprobs asked (`RequestStateTable.release`)
@@ -113,7 +117,8 @@ class AdmissionWriters:
         shared = records is not None and block_table.table.group is group and sampling_state.temperature.group is group
         derive = None if _rows is None or _seeds is None or not shared else _seeds.derived_seed
         lists = tuple((t, t._pending, t._ragged, t.num_rows, t.num_cols) for t in (state.row_state, block_table.table))
-        return AdmissionWriters(block_table, sampling_state, (*lists, group._dirty, sampling_state, records), derive)
+        return AdmissionWriters(block_table, sampling_state, (*lists, group._dirty, sampling_state, records, ADMISSION_FIELDS),
+                                derive)
 
 
 @dataclass(slots=True)

@@ -34,6 +34,8 @@ except the admissions themselves.
 """
 from __future__ import annotations
 
+import math
+import sys
 from dataclasses import dataclass, fields
 from itertools import chain, compress, repeat
 from types import ModuleType, NotImplementedType
@@ -54,6 +56,7 @@ from runnercheck.impl.exact_ints import RepeatedInt, equal_exact_ints
 from runnercheck.impl.hotpath import hot_path
 from runnercheck.impl.interface import (
     MAX_SEED,
+    SAMPLING_FIELDS,
     CachedRequests,
     CapacityError,
     DuplicateRequestError,
@@ -204,6 +207,14 @@ _native_general = native.load("general")
 _native_boundary = native.load("boundary")
 
 
+# The sampling fields' rules as the C check of a new request reads them (`impl/native/boundary.c`'s field_rules): per
+# row of the interface's table (name, is int, neutral, low, high, low open, high open), bounds as floats, absent ones
+# infinite.  Made once from the table: a new field needs no C.
+BOUNDARY_RULES: tuple[tuple[str, bool, float, float, float, bool, bool], ...] = tuple(
+    (sys.intern(f.name), f.is_int, float(f.neutral), -math.inf if f.low is None else float(f.low),
+     math.inf if f.high is None else float(f.high), f.low_open, f.high_open) for f in SAMPLING_FIELDS)
+
+
 def _check_new_args(limits: RunnerLimits) -> tuple:
     """What the C check of a new request takes after the request (`_new_request_prefill`, `read_general`), made
     once for the limits asked last (a runner's never change)."""
@@ -211,7 +222,7 @@ def _check_new_args(limits: RunnerLimits) -> tuple:
     if _check_new_last[0] is not limits:
         _check_new_last = (limits, (
             NewRequest, SamplingParams, limits.vocab_size, limits.max_logprobs, limits.max_model_len, limits.num_kv_blocks,
-            blocks_per_request(limits.max_model_len, limits.block_size), limits.block_size, MAX_SEED))
+            blocks_per_request(limits.max_model_len, limits.block_size), limits.block_size, MAX_SEED, BOUNDARY_RULES))
     return _check_new_last[1]
 
 

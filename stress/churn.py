@@ -24,7 +24,7 @@ import random
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Sequence
 
-from runnercheck.impl.interface import RunnerLimits, SamplingParams
+from runnercheck.impl.interface import SAMPLING_FIELDS, RunnerLimits, SamplingField, SamplingParams
 from runnercheck.stress.scheduler import SchedulerSim
 
 OPS = ("add", "abort", "preempt")
@@ -53,10 +53,11 @@ def params_from_dict(d: Any) -> SamplingParams:
     if not isinstance(stops, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stops):
         raise TraceError(f"stop_token_ids must be a list of ints, got {stops!r}")
     kwargs["stop_token_ids"] = tuple(stops)
-    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty"):
-        if name in kwargs and (isinstance(kwargs[name], bool) or not isinstance(kwargs[name], (int, float))):
-            raise TraceError(f"{name} must be a number, got {kwargs[name]!r}")
-    for name in ("top_k", "max_tokens"):
+    for spec in SAMPLING_FIELDS:
+        if spec.name in kwargs and not spec.is_int and (isinstance(kwargs[spec.name], bool)
+                                                        or not isinstance(kwargs[spec.name], (int, float))):
+            raise TraceError(f"{spec.name} must be a number, got {kwargs[spec.name]!r}")
+    for name in (*(f.name for f in SAMPLING_FIELDS if f.is_int), "max_tokens"):
         if name in kwargs and (isinstance(kwargs[name], bool) or not isinstance(kwargs[name], int)):
             raise TraceError(f"{name} must be an int, got {kwargs[name]!r}")
     for name in ("seed", "logprobs", "prompt_logprobs"):
@@ -110,7 +111,8 @@ class ChurnConfig:
     top_k_prob: float = 0.3
     top_p_prob: float = 0.3
     min_p_prob: float = 0.2
-    penalty_prob: float = 0.2
+    penalty_prob: float = 0.2  # each penalty of the table's
+    filter_prob: float = 0.3  # each filter of the table's without a rate of its own (``<name>_prob``)
     seed_prob: float = 0.5
     logprobs_prob: float = 0.3
     prompt_logprobs_prob: float = 0.15
@@ -129,21 +131,36 @@ class ChurnConfig:
         return asdict(self)
 
 
+def draw_value(spec: SamplingField, rng: random.Random, limits: RunnerLimits) -> float | int:
+    """One "on" value of a sampling field, from its table row's ``draw`` range: an int field's ``randint`` (capped at
+    the vocabulary when it counts tokens), a float field's ``uniform`` rounded to 3 places."""
+    low, high = spec.draw
+    if spec.is_int:
+        return rng.randint(low, min(high, limits.vocab_size) if spec.counts_tokens else high)
+    return round(rng.uniform(low, high), 3)
+
+
+def field_rate(config: ChurnConfig, spec: SamplingField) -> float:
+    """How often a request turns ``spec`` on: its own ``<name>_prob`` (top_k_prob, ...), else its stage's rate
+    (``penalty_prob``, ``filter_prob``)."""
+    own = getattr(config, f"{spec.name}_prob", None)
+    return own if own is not None else getattr(config, f"{spec.stage}_prob")
+
+
+# The knobs of the interface's table (temperature aside: its knob is greedy, temperature 0), by report label.
+_KNOB_FIELDS = {f.label: f for f in SAMPLING_FIELDS if f.stage != "temperature"}
 _KNOB_SETTERS = {
-    "top-k": lambda rng, lim: {"top_k": rng.randint(1, min(64, lim.vocab_size))},
-    "top-p": lambda rng, lim: {"top_p": round(rng.uniform(0.3, 0.99), 3)},
-    "min-p": lambda rng, lim: {"min_p": round(rng.uniform(0.01, 0.3), 3)},
-    "repetition penalty": lambda rng, lim: {"repetition_penalty": round(rng.uniform(0.8, 1.5), 3)},
-    "frequency penalty": lambda rng, lim: {"frequency_penalty": round(rng.uniform(-1.0, 1.0), 3)},
-    "presence penalty": lambda rng, lim: {"presence_penalty": round(rng.uniform(-1.0, 1.0), 3)},
+    **{label: (lambda rng, lim, spec=spec: {spec.name: draw_value(spec, rng, lim)}) for label, spec in _KNOB_FIELDS.items()},
     "greedy": lambda rng, lim: {"temperature": 0.0},
 }
-_KNOBS = [k for k in _KNOB_SETTERS if k != "greedy"]
+_KNOBS = list(_KNOB_FIELDS)
+_FILTER_KNOBS = tuple(k for k, f in _KNOB_FIELDS.items() if f.stage == "filter")
+_PENALTY_KNOBS = tuple(k for k, f in _KNOB_FIELDS.items() if f.stage == "penalty")
 PARAM_PLAN: tuple[tuple[str, ...], ...] = (
     *((a, b) for i, a in enumerate(_KNOBS) for b in _KNOBS[i + 1:]),
-    ("top-k", "top-p", "min-p"),
-    ("repetition penalty", "frequency penalty", "presence penalty"),
-    ("greedy", "repetition penalty"),
+    _FILTER_KNOBS,
+    _PENALTY_KNOBS,
+    ("greedy", _PENALTY_KNOBS[0]),
 )
 
 
@@ -224,19 +241,13 @@ class Churn:
     def _params(self, max_tokens: int) -> SamplingParams:
         cfg, rng, lim = self.config, self.rng, self.limits
         kw: dict[str, Any] = {"max_tokens": max_tokens}
-        kw["temperature"] = 0.0 if rng.random() < cfg.greedy_prob else round(rng.uniform(0.3, 1.5), 3)
-        if rng.random() < cfg.top_k_prob:
-            kw["top_k"] = rng.randint(1, min(64, lim.vocab_size))
-        if rng.random() < cfg.top_p_prob:
-            kw["top_p"] = round(rng.uniform(0.3, 0.99), 3)
-        if rng.random() < cfg.min_p_prob:
-            kw["min_p"] = round(rng.uniform(0.01, 0.3), 3)
-        if rng.random() < cfg.penalty_prob:
-            kw["repetition_penalty"] = round(rng.uniform(0.8, 1.5), 3)
-        if rng.random() < cfg.penalty_prob:
-            kw["frequency_penalty"] = round(rng.uniform(-1.0, 1.0), 3)
-        if rng.random() < cfg.penalty_prob:
-            kw["presence_penalty"] = round(rng.uniform(-1.0, 1.0), 3)
+        # The table's fields in its order, one coin each (the order existing seeds drew them in): the temperature's
+        # coin picks greedy (0) or a drawn temperature; any other field's picks a drawn value or leaves it off.
+        for spec in SAMPLING_FIELDS:
+            if spec.stage == "temperature":
+                kw[spec.name] = 0.0 if rng.random() < cfg.greedy_prob else draw_value(spec, rng, lim)
+            elif rng.random() < field_rate(cfg, spec):
+                kw[spec.name] = draw_value(spec, rng, lim)
         if rng.random() < cfg.seed_prob:
             kw["seed"] = rng.randrange(2**63)
         if rng.random() < cfg.logprobs_prob:

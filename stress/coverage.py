@@ -30,18 +30,17 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from runnercheck.checks.compare import first_output_positions
-from runnercheck.impl.interface import RunnerLimits, SamplingParams
+from runnercheck.impl.interface import SAMPLING_FIELDS, RunnerLimits, SamplingField, SamplingParams
 
-_KNOBS = {
-    "top-k": lambda p: p.top_k != -1,
-    "top-p": lambda p: p.top_p < 1.0,
-    "min-p": lambda p: p.min_p > 0.0,
-    "repetition penalty": lambda p: p.repetition_penalty != 1.0,
-    "frequency penalty": lambda p: p.frequency_penalty != 0.0,
-    "presence penalty": lambda p: p.presence_penalty != 0.0,
-}
-_FILTERS = ("top-k", "top-p", "min-p")
-_PENALTIES = ("repetition penalty", "frequency penalty", "presence penalty")
+# The knobs of the interface's table of sampling fields (temperature aside: its features are greedy / temperature
+# sampling), by report label; a knob is on when its field is away from its neutral value.
+_KNOBS = {f.label: f for f in SAMPLING_FIELDS if f.stage != "temperature"}
+_FILTERS = tuple(k for k, f in _KNOBS.items() if f.stage == "filter")
+_PENALTIES = tuple(k for k, f in _KNOBS.items() if f.stage == "penalty")
+def _on(spec: SamplingField, p: SamplingParams) -> bool:
+    return getattr(p, spec.name) != spec.neutral
+
+
 PARAM_PAIRS = tuple((a, b) for i, a in enumerate(_KNOBS) for b in list(_KNOBS)[i + 1:])
 
 FEATURES: tuple[str, ...] = (
@@ -65,7 +64,7 @@ FAULT_FEATURES: tuple[str, ...] = ("logits: NaN row sampled", "logits: +Inf row 
 
 def param_features(p: SamplingParams) -> list[str]:
     """The sampling-parameter features one request exercises."""
-    on = [k for k, test in _KNOBS.items() if test(p)]
+    on = [k for k, spec in _KNOBS.items() if _on(spec, p)]
     feats = ["params: greedy" if p.temperature == 0.0 else "params: temperature sampling"]
     feats += [f"params: {k}" for k in on]
     feats += [f"combo: {a} + {b}" for a, b in PARAM_PAIRS if a in on and b in on]
@@ -143,7 +142,7 @@ class CoverageCounter:
                     c["device drafts: none accepted" if accepted <= 0 else "device drafts: all accepted"
                       if accepted == drafts else "device drafts: some accepted"] += 1
             params = self._params.get(rid)
-            if toks and params is not None and any(_KNOBS[q](params) for q in _PENALTIES):
+            if toks and params is not None and any(_on(_KNOBS[q], params) for q in _PENALTIES):
                 c["penalty over output tokens" if self._outputs.get(rid, 0) else "penalty over prompt tokens"] += 1
             self._outputs[rid] = self._outputs.get(rid, 0) + len(toks)
             if self.fault is not None and flagged.get(rid) and rid in first_positions:

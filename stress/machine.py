@@ -51,7 +51,7 @@ from hypothesis import event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from runnercheck.impl.device import Device
-from runnercheck.impl.interface import DraftModelConfig, NgramConfig, RunnerLimits, SamplingParams
+from runnercheck.impl.interface import SAMPLING_FIELDS, DraftModelConfig, NgramConfig, RunnerLimits, SamplingField, SamplingParams
 from runnercheck.impl.model.weights import ModelWeights, preset, random_weights
 from runnercheck.stress.driver import DifferentialRun, RunResult
 from runnercheck.stress.harness import Detectors, load_runner_factory, unaccounted_syncs_message
@@ -82,17 +82,25 @@ def _rounded(lo: float, hi: float) -> st.SearchStrategy[float]:
     return st.floats(lo, hi, allow_nan=False, allow_infinity=False).map(lambda x: round(x, 3))
 
 
+def _field_values(spec: SamplingField, vocab_size: int) -> st.SearchStrategy:
+    """A sampling field's "on" values: its table row's ``draw`` range (an int field's capped at the vocabulary when
+    it counts tokens)."""
+    low, high = spec.draw
+    if spec.is_int:
+        return st.integers(low, min(high, vocab_size) if spec.counts_tokens else high)
+    return _rounded(low, high)
+
+
 @st.composite
 def sampling_params(draw: st.DrawFn, vocab_size: int = _VOCAB, max_new_tokens: int = MAX_NEW_TOKENS) -> SamplingParams:
-    """Random `SamplingParams`; each knob is off in its first alternative (what shrinking aims for)."""
+    """Random `SamplingParams`; each knob is off in its first alternative (what shrinking aims for): every field of
+    the interface's table, in its order, off (its neutral value; the temperature's "off" is greedy, 0) or drawn from
+    its row's ``draw`` range."""
+    knobs = {spec.name: draw(st.one_of(st.just(0.0 if spec.stage == "temperature" else spec.neutral),
+                                       _field_values(spec, vocab_size)))
+             for spec in SAMPLING_FIELDS}
     return SamplingParams(
-        temperature=draw(st.one_of(st.just(0.0), _rounded(0.3, 1.5))),
-        top_k=draw(st.one_of(st.just(-1), st.integers(1, min(64, vocab_size)))),
-        top_p=draw(st.one_of(st.just(1.0), _rounded(0.3, 0.99))),
-        min_p=draw(st.one_of(st.just(0.0), _rounded(0.01, 0.3))),
-        repetition_penalty=draw(st.one_of(st.just(1.0), _rounded(0.8, 1.5))),
-        frequency_penalty=draw(st.one_of(st.just(0.0), _rounded(-1.0, 1.0))),
-        presence_penalty=draw(st.one_of(st.just(0.0), _rounded(-1.0, 1.0))),
+        **knobs,
         seed=draw(st.one_of(st.none(), st.integers(0, 2**63 - 1))),
         logprobs=draw(st.one_of(st.none(), st.integers(0, MAX_LOGPROBS))),
         prompt_logprobs=draw(st.one_of(st.none(), st.none(), st.integers(0, MAX_PROMPT_LOGPROBS))),

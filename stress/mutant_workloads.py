@@ -50,7 +50,7 @@ class Workload:
 
 
 _QUIET = dict(abort_prob=0.0, preempt_prob=0.0, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0, penalty_prob=0.0,
-              logprobs_prob=0.0, prompt_logprobs_prob=0.0, stop_prob=0.0, max_prompt_len=12, max_new_tokens=8)
+              filter_prob=0.0, logprobs_prob=0.0, prompt_logprobs_prob=0.0, stop_prob=0.0, max_prompt_len=12, max_new_tokens=8)
 _SAMPLING = dict(_QUIET, max_prompt_len=6, max_new_tokens=6, add_prob=0.9)
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (

@@ -6,8 +6,11 @@
  *     and prefix-cache hit as `impl.boundary.validate_prefix_hit` checks it).
  *
  *     check_new_request(req, new_request_type, sampling_params_type, vocab_size, max_logprobs, max_model_len,
- *                       num_kv_blocks, max_blocks, block_size, max_seed)
+ *                       num_kv_blocks, max_blocks, block_size, max_seed, rules)
  *       -> NotImplemented | None | prefill length
+ *
+ *     ``rules``: the sampling fields' rules from the interface's table (`impl.step_reader.BOUNDARY_RULES`), so
+ *     that a new field needs no C here.
  *
  *     It decides only requests whose every inspected object has its exact expected type: the request and
  *     its parameters of exactly the two given classes, the id a `str`, token and block lists `tuple` or
@@ -74,48 +77,64 @@ static int optional_count(PyObject *value, long long limit, int *is_none)
     return kind == EXACT_INT && v >= 0 && v <= limit ? ACCEPT : REJECT;
 }
 
-/* `SamplingParams.validate`'s rules on exactly typed fields. */
-static int sampling_params(PyObject *params, long long vocab_size, long long max_logprobs, long long max_seed,
-                           int *asks_prompt_logprobs)
+/* The sampling fields' rules, as the interface's table states them (`impl.step_reader.BOUNDARY_RULES`, handed over
+ * with the limits): per field (name, is int, neutral, low, high, low open, high open), the bounds as floats (an
+ * absent one infinite).  A value is valid when it is the neutral one or lies within the bounds, and a float field's
+ * value is finite -- `SamplingField.accepts`.  Nothing here names a field: a new one in the table needs no C. */
+enum { MAX_RULES = 16 };
+
+static int field_rules(PyObject *params, PyObject *rules)
 {
-    static const char *numbers[] = {"temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
-                                    "presence_penalty"};
-    double value[6];
+    if (!PyTuple_CheckExact(rules) || PyTuple_GET_SIZE(rules) > MAX_RULES)
+        return UNDECIDED;
     int verdict = ACCEPT;
-    for (int i = 0; i < 6; i++) {
-        PyObject *field = attr(params, numbers[i]);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(rules); i++) {
+        PyObject *rule = PyTuple_GET_ITEM(rules, i);
+        if (!PyTuple_CheckExact(rule) || PyTuple_GET_SIZE(rule) != 7 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(rule, 0))
+            || !PyFloat_CheckExact(PyTuple_GET_ITEM(rule, 2)) || !PyFloat_CheckExact(PyTuple_GET_ITEM(rule, 3))
+            || !PyFloat_CheckExact(PyTuple_GET_ITEM(rule, 4)))
+            return UNDECIDED;
+        const int is_int = PyTuple_GET_ITEM(rule, 1) == Py_True;
+        const double neutral = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(rule, 2)), low = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(rule, 3)),
+                     high = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(rule, 4));
+        const int low_open = PyTuple_GET_ITEM(rule, 5) == Py_True, high_open = PyTuple_GET_ITEM(rule, 6) == Py_True;
+        PyObject *field = PyObject_GetAttr(params, PyTuple_GET_ITEM(rule, 0));
         if (!field)
             return UNDECIDED;
-        int kind = number(field, &value[i]);
+        double v;
+        long long as_int;
+        /* An int field: an exact int of 64 bits (beyond them, valid or not by its sign: the reference decides). */
+        int kind = is_int ? (exact_int(field, &as_int) == EXACT_INT ? ACCEPT : UNDECIDED) : number(field, &v);
         Py_DECREF(field);
         if (kind == UNDECIDED)
             return UNDECIDED;
-    }
-    double temperature = value[0], top_p = value[1], min_p = value[2], repetition = value[3];
-    if (!isfinite(temperature) || temperature < 0)
-        verdict = REJECT;
-    if (!(top_p > 0.0 && top_p <= 1.0))
-        verdict = REJECT;
-    if (!(min_p >= 0.0 && min_p <= 1.0))
-        verdict = REJECT;
-    if (!isfinite(repetition) || !(repetition > 0))
-        verdict = REJECT;
-    for (int i = 4; i < 6; i++)
-        if (!isfinite(value[i]) || !(value[i] >= -2.0 && value[i] <= 2.0))
+        if (is_int)
+            v = (double)as_int;  /* compared with small bounds only: its last bits do not matter */
+        int above_low = low_open ? v > low : v >= low;
+        const int within = above_low && (high_open ? v < high : v <= high);
+        if (!isfinite(v) || !(v == neutral || within))
             verdict = REJECT;
-
-    static const char *ints[] = {"top_k", "max_tokens"};
-    long long top_k = 0, max_tokens = 0, *int_out[] = {&top_k, &max_tokens};
-    for (int i = 0; i < 2; i++) {
-        PyObject *field = attr(params, ints[i]);
-        if (!field)
-            return UNDECIDED;
-        int kind = exact_int(field, int_out[i]);
-        Py_DECREF(field);
-        if (kind != EXACT_INT)  /* another type, or beyond 64 bits (valid or not by its sign): the reference decides */
-            return UNDECIDED;
     }
-    if (top_k == 0 || top_k < -1 || max_tokens < 1)
+    return verdict;
+}
+
+/* `SamplingParams.validate`'s rules on exactly typed fields: the table's fields by ``rules``, then the rest. */
+static int sampling_params(PyObject *params, PyObject *rules, long long vocab_size, long long max_logprobs,
+                           long long max_seed, int *asks_prompt_logprobs)
+{
+    int verdict = field_rules(params, rules);
+    if (verdict == UNDECIDED)
+        return UNDECIDED;
+
+    long long max_tokens = 0;
+    PyObject *max_tokens_obj = attr(params, "max_tokens");
+    if (!max_tokens_obj)
+        return UNDECIDED;
+    int max_tokens_kind = exact_int(max_tokens_obj, &max_tokens);
+    Py_DECREF(max_tokens_obj);
+    if (max_tokens_kind != EXACT_INT)  /* another type, or beyond 64 bits (valid or not by its sign): the reference decides */
+        return UNDECIDED;
+    if (max_tokens < 1)
         verdict = REJECT;
 
     static const char *optionals[] = {"seed", "logprobs", "prompt_logprobs"};
@@ -149,9 +168,10 @@ static PyObject *check_new_request(PyObject *self, PyObject *args)
 {
     (void)self;
     PyObject *req, *request_type, *params_type;
+    PyObject *rules;
     long long vocab_size, max_logprobs, max_model_len, num_kv_blocks, max_blocks, block_size, max_seed;
-    if (!PyArg_ParseTuple(args, "OOOLLLLLLL", &req, &request_type, &params_type, &vocab_size, &max_logprobs,
-                          &max_model_len, &num_kv_blocks, &max_blocks, &block_size, &max_seed))
+    if (!PyArg_ParseTuple(args, "OOOLLLLLLLO!", &req, &request_type, &params_type, &vocab_size, &max_logprobs,
+                          &max_model_len, &num_kv_blocks, &max_blocks, &block_size, &max_seed, &PyTuple_Type, &rules))
         return NULL;
     if ((PyObject *)Py_TYPE(req) != request_type || block_size < 1)
         Py_RETURN_NOTIMPLEMENTED;
@@ -177,7 +197,7 @@ static PyObject *check_new_request(PyObject *self, PyObject *args)
     if (checks[0] == UNDECIDED || checks[1] == UNDECIDED || checks[2] == UNDECIDED || hit_kind == 0)
         goto done;
     int asks_prompt_logprobs = 0;
-    int params_verdict = sampling_params(params, vocab_size, max_logprobs, max_seed, &asks_prompt_logprobs);
+    int params_verdict = sampling_params(params, rules, vocab_size, max_logprobs, max_seed, &asks_prompt_logprobs);
     if (params_verdict == UNDECIDED) {
         PyErr_Clear();
         goto done;

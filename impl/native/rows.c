@@ -48,8 +48,9 @@
  *     admit_staged(targets, writers, req, base_seed, derive, row, generation, seeds) -> admit_request's result, or
  *     NotImplemented before writing anything: for what admit_request declines, a seed it cannot read, a tensor
  *     that would take another staging path (deferred writes, cells pending, a list too long for its row), a
- *     sampling parameter that is not an exact float or int (top_k: an exact int).  ``writers`` (row-state tensor,
- *     block-table tensor, sampling state, its admission records): `impl.state.AdmissionWriters.targets`.
+ *     sampling parameter that is not an exact float or int (an int field: an exact int).  ``writers`` (row-state
+ *     tensor, block-table tensor, sampling state, its admission records, the sampling fields as (name, is int)
+ *     pairs from the interface's table): `impl.state.AdmissionWriters.targets`.
  *
  * end_prefill_reads -- `impl.state.RequestStateTable._end_prefill_reads`: the rows of ``prefilling`` (row -> prefill
  *     length) whose computed count less their unconfirmed drafts reaches that length leave it, each noting ``event`` as
@@ -431,12 +432,12 @@ static void staged_list_undo(StagedList *list)
 }
 
 enum { NUM_ROW_STATE_VALUES = 5 };  /* the row-state values an admission stages: computed, tokens, prompt, prefill, last */
-enum { STAGED_ROW_STATE, STAGED_BLOCKS, STAGED_DIRTY, STAGED_SAMPLING, STAGED_RECORDS, NUM_STAGED_TARGETS };
-enum { NUM_SAMPLING_VALUES = 8 };
-/* `SamplingState.add_request`'s values, in its order: float, int, then floats (the seed is the eighth). */
-static const char *const SAMPLING_FIELDS[NUM_SAMPLING_VALUES - 1] = {
-    "temperature", "top_k", "top_p", "min_p", "repetition_penalty", "frequency_penalty", "presence_penalty",
-};
+enum { STAGED_ROW_STATE, STAGED_BLOCKS, STAGED_DIRTY, STAGED_SAMPLING, STAGED_RECORDS, STAGED_FIELDS,
+       NUM_STAGED_TARGETS };
+/* The sampling fields come from the interface's table, handed over once in the writers (`STAGED_FIELDS`: a tuple of
+ * (name, is int) pairs, `impl.state.ADMISSION_FIELDS`), so nothing here lists them: `SamplingState.add_request`'s
+ * values are those fields in that order, each `float(x)` or `int(x)`, then the seed. */
+enum { MAX_SAMPLING_FIELDS = 15 };
 
 typedef struct {
     Also base;
@@ -476,20 +477,30 @@ static int staged_prepare(Also *base, PyObject *params, PyObject *prompt, PyObje
         || (st->has_blocks && !staged_list(PyTuple_GET_ITEM(st->writers, STAGED_BLOCKS), dirty, row,
                                            PyTuple_GET_SIZE(blocks), &st->block_list)))
         return 0;
-    if (!(st->values = PyTuple_New(NUM_SAMPLING_VALUES)))
+    PyObject *spec = PyTuple_GET_ITEM(st->writers, STAGED_FIELDS);
+    if (!PyTuple_CheckExact(spec) || PyTuple_GET_SIZE(spec) > MAX_SAMPLING_FIELDS)
+        return 0;
+    const Py_ssize_t num_fields = PyTuple_GET_SIZE(spec);
+    if (!(st->values = PyTuple_New(num_fields + 1)))
         return -1;
-    for (int k = 0; k < NUM_SAMPLING_VALUES - 1; k++) {
-        PyObject *field = attribute(params, SAMPLING_FIELDS[k]);
-        if (field == NULL)
+    for (Py_ssize_t k = 0; k < num_fields; k++) {
+        PyObject *pair = PyTuple_GET_ITEM(spec, k);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(pair, 0)))
             return 0;
-        long long top_k;
-        PyObject *value = k == 1 ? (exact_int(field, &top_k) == EXACT_INT ? Py_NewRef(field) : NULL) : exact_float(field);
+        PyObject *field = PyObject_GetAttr(params, PyTuple_GET_ITEM(pair, 0));
+        if (field == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        long long as_int;
+        PyObject *value = PyTuple_GET_ITEM(pair, 1) == Py_True
+                              ? (exact_int(field, &as_int) == EXACT_INT ? Py_NewRef(field) : NULL) : exact_float(field);
         Py_DECREF(field);
         if (value == NULL)
             return PyErr_Occurred() ? -1 : 0;
         PyTuple_SET_ITEM(st->values, k, value);
     }
-    PyTuple_SET_ITEM(st->values, NUM_SAMPLING_VALUES - 1, Py_NewRef(st->seed));
+    PyTuple_SET_ITEM(st->values, num_fields, Py_NewRef(st->seed));
     if (!(st->row_obj = PyLong_FromSsize_t(row)) || !(st->outputs = PySequence_List(outputs))
         || (st->has_blocks && !(st->blocks = PySequence_List(blocks))))
         return -1;

@@ -26,10 +26,10 @@
  *     float32's range, or not finite), 2 int64 (exact int in range, two words).
  *     pack_members(words, members, cell_tables, (records, layout)): the sampling state's admission records too,
  *     after the cells (reference: `SamplingState._stage_admissions`, which stages them as cells and a mask row
- *     diff before the numpy path): per record (a dict row -> (eight parameter values, prompt token ids)) its
- *     eight cells, then its prompt mask row (bit t % 32 of word t // 32 for each token t) as one diff; the
- *     layout (the eight members' word offsets and element codes, the mask's word offset and words per row, the
- *     vocabulary size, the rows).
+ *     diff before the numpy path): per record (a dict row -> (parameter values, prompt token ids)) its
+ *     cells, then its prompt mask row (bit t % 32 of word t // 32 for each token t) as one diff; the layout
+ *     (the parameter members' word offsets and element codes -- the interface's sampling fields and the seed,
+ *     1 to MAX_PARAMS of them --, the mask's word offset and words per row, the vocabulary size, the rows).
  *     pack_members(words, members, cell_tables, admissions, list_rows) -> (diffs, value words, written, listed):
  *     with ``list_rows`` True, the admitted rows (the records' keys, in the dict's order) are written as ``listed``
  *     int32 words right after the table (the owner's count reset reads them there: `SamplingState.flush`); the
@@ -259,13 +259,14 @@ static int emit_ragged(Packer *pk, const Member *m, PyObject *set, npy_intp tabl
     return 1;
 }
 
-/* Admission records (`impl.sample.state.SamplingState`'s, deferred to the flush): each row's eight one-element
- * parameters and its prompt bitmask.  The layout: ((word offset of each parameter member), (its element code),
- * prompt mask word offset, mask words per row, vocabulary size, rows). */
-enum { NUM_PARAMS = 8 };
+/* Admission records (`impl.sample.state.SamplingState`'s, deferred to the flush): each row's one-element
+ * parameters (the interface's sampling fields, then the seed: as many as the layout lists, at most MAX_PARAMS,
+ * `impl.staged_writes.MAX_ADMISSION_SCALARS`) and its prompt bitmask.  The layout: ((word offset of each parameter
+ * member), (its element code), prompt mask word offset, mask words per row, vocabulary size, rows). */
+enum { MAX_PARAMS = 16 };
 
 typedef struct {
-    long long offsets[NUM_PARAMS], codes[NUM_PARAMS];
+    long long offsets[MAX_PARAMS], codes[MAX_PARAMS], num_params;
     long long mask_offset, mask_words, vocab, num_rows;
 } AdmissionLayout;
 
@@ -274,10 +275,11 @@ static int read_layout(PyObject *obj, AdmissionLayout *layout)
     if (!PyTuple_CheckExact(obj) || PyTuple_GET_SIZE(obj) != 6)
         return 0;
     PyObject *offsets = PyTuple_GET_ITEM(obj, 0), *codes = PyTuple_GET_ITEM(obj, 1);
-    if (!PyTuple_CheckExact(offsets) || !PyTuple_CheckExact(codes) || PyTuple_GET_SIZE(offsets) != NUM_PARAMS
-        || PyTuple_GET_SIZE(codes) != NUM_PARAMS)
+    if (!PyTuple_CheckExact(offsets) || !PyTuple_CheckExact(codes) || PyTuple_GET_SIZE(offsets) < 1
+        || PyTuple_GET_SIZE(offsets) > MAX_PARAMS || PyTuple_GET_SIZE(codes) != PyTuple_GET_SIZE(offsets))
         return 0;
-    for (int k = 0; k < NUM_PARAMS; k++)
+    layout->num_params = PyTuple_GET_SIZE(offsets);
+    for (int k = 0; k < layout->num_params; k++)
         if (exact_int(PyTuple_GET_ITEM(offsets, k), &layout->offsets[k]) != EXACT_INT
             || exact_int(PyTuple_GET_ITEM(codes, k), &layout->codes[k]) != EXACT_INT
             || layout->codes[k] < 0 || layout->codes[k] >= CELL_CODES)
@@ -289,7 +291,7 @@ static int read_layout(PyObject *obj, AdmissionLayout *layout)
            && layout->vocab >= 1 && layout->mask_words == (layout->vocab + 31) / 32;
 }
 
-/* Every record of ``records`` (a dict: row -> (eight parameter values, prompt token ids)) as its eight cells and
+/* Every record of ``records`` (a dict: row -> (the layout's parameter values, prompt token ids)) as its cells and
  * its mask row; 0 when one is not what the reference (`SamplingState._stage_admissions`) stages the same way. */
 static int emit_admissions(Packer *pk, PyObject *records, const AdmissionLayout *layout, npy_intp table_words)
 {
@@ -301,10 +303,10 @@ static int emit_admissions(Packer *pk, PyObject *records, const AdmissionLayout 
             || PyTuple_GET_SIZE(record) != 2)
             return 0;
         PyObject *values = PyTuple_GET_ITEM(record, 0), *tokens = PyTuple_GET_ITEM(record, 1);
-        if (!PyTuple_CheckExact(values) || PyTuple_GET_SIZE(values) != NUM_PARAMS
+        if (!PyTuple_CheckExact(values) || PyTuple_GET_SIZE(values) != layout->num_params
             || !(PyTuple_CheckExact(tokens) || PyList_CheckExact(tokens)))
             return 0;
-        for (int k = 0; k < NUM_PARAMS; k++) {
+        for (int k = 0; k < layout->num_params; k++) {
             npy_int32 cell[2];
             const int words_per = CODE_WORDS[layout->codes[k]];
             if (cell_words(PyTuple_GET_ITEM(values, k), (long)layout->codes[k], cell) != words_per)
@@ -390,7 +392,7 @@ static PyObject *pack_members(PyObject *self, PyObject *args)
         return NULL;
     if (list_rows != Py_None && !PyBool_Check(list_rows))
         Py_RETURN_NOTIMPLEMENTED;
-    AdmissionLayout layout = {{0}, {0}, 0, 0, 0, 0};
+    AdmissionLayout layout = {{0}, {0}, 0, 0, 0, 0, 0};
     if (admissions != Py_None) {
         if (!PyTuple_CheckExact(admissions) || PyTuple_GET_SIZE(admissions) != 2
             || !PyDict_CheckExact(PyTuple_GET_ITEM(admissions, 0)) || !read_layout(PyTuple_GET_ITEM(admissions, 1), &layout))

@@ -145,8 +145,9 @@ class Sampler:
         else:
             drafts, draft_stride, num_drafts = draft_prefix, draft_prefix.stride(0), draft_prefix.shape[1]
         c, lay = self.config, self.layout
-        params = (state.temperature.base, state.top_k.base, state.top_p.base, state.min_p.base)
-        penalties = (state.repetition_penalty.base, state.frequency_penalty.base, state.presence_penalty.base)
+        # The interface's table of sampling fields, in its order: (temperature, the filters), the penalties.  The
+        # kernels take them positionally in that order (a new field of the table is a new kernel argument there).
+        params, penalties = state.kernel_params()
         penalty_rows = (state.prompt_mask.base, state.prompt_mask.base.stride(0), state.output_counts,
                         state.output_counts.stride(0), drafts, draft_stride, num_drafts)
         split = (num_rows, lay.num_blocks)

@@ -6,12 +6,12 @@ Ownership (the four questions)
 indexed by the request-state row (``[max_num_reqs, ...]``), and are meaningful from a request's
 admission into a row until the row is reused.  Their writers:
 
-* ``temperature`` f32, ``top_k`` i32, ``top_p`` f32, ``min_p`` f32, ``repetition_penalty`` f32,
-  ``frequency_penalty`` f32, ``presence_penalty`` f32, ``seed`` i64 -- `StagedWriteTensor` s,
-  written only by their apply kernels from diffs staged by `add_request` (with ``group``, views
-  into that `StagedWriteGroup`'s arena, applied by the group's owner in one launch with its others;
-  an admission is then one record, row -> (the eight values, the prompt), that the group's flush
-  packs with the prompt mask's row in C: `StagedWriteGroup.defer_admissions`);
+* one tensor per row of `runnercheck.impl.interface.SAMPLING_FIELDS` (``temperature`` f32, ``top_k`` i32,
+  ``top_p`` f32, ...: the table's name, dtype and neutral value; `params` in its order), then ``seed`` i64 --
+  `StagedWriteTensor` s, written only by their apply kernels from diffs staged by `add_request` (with
+  ``group``, views into that `StagedWriteGroup`'s arena, applied by the group's owner in one launch with its
+  others; an admission is then one record, row -> (the fields' values and the seed, the prompt), that the
+  group's flush packs with the prompt mask's row in C: `StagedWriteGroup.defer_admissions`);
 * ``prompt_mask`` i32 ``[max_num_reqs, ceil(V / 32)]`` -- bit ``t % 32`` of word ``t // 32`` is set
   when token ``t`` occurs in the user's prompt (a resumed request's re-fed outputs are not
   prompt).  A `StagedWriteTensor`: the host builds the whole row of words at admission;
@@ -34,6 +34,7 @@ Host protocol per step: `add_request` (any number; the latest call for a row win
 """
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 import numpy as np
@@ -44,11 +45,23 @@ from runnercheck.impl.buffers import StagingWriter
 from runnercheck.impl.staged_writes import StagedWriteGroup, StagedWriteTensor
 from runnercheck.impl.device import Device
 from runnercheck.impl.hotpath import hot_path
-from runnercheck.impl.interface import MAX_SEED, SamplingParams, SamplingParamsError, TokenOutOfVocabError
+from runnercheck.impl.interface import (MAX_SEED, SAMPLING_FIELD_NAMES, SAMPLING_FIELDS, SamplingParams, SamplingParamsError,
+                                        TokenOutOfVocabError)
 from runnercheck.impl.kernels.launch import cdiv, launch
 from runnercheck.impl.kernels.sampling_counts import add_token_counts_kernel, zero_count_rows_from_header_kernel, zero_count_rows_kernel
 
 _COUNT_BLOCK = 1024
+_TORCH_DTYPES = {"float32": torch.float32, "int32": torch.int32}
+# An admission's values, read in the table's order and converted as its C twin converts them (`admission_layout`).
+_read_fields = operator.attrgetter(*SAMPLING_FIELD_NAMES)
+_CONVERTERS = tuple(int if f.is_int else float for f in SAMPLING_FIELDS)
+# The sampler kernels' parameter groups (`SamplingState.kernel_params`).
+_SCALED_NAMES = tuple(f.name for f in SAMPLING_FIELDS if f.stage != "penalty")
+_PENALTY_NAMES = tuple(f.name for f in SAMPLING_FIELDS if f.stage == "penalty")
+
+
+def _convert(to: type, value: float | int) -> float | int:
+    return to(value)
 _staging = native.load("staging")  # `prompt_bitmask`, the C twin of `_prompt_bitmask_reference`; None: numpy only
 
 
@@ -91,25 +104,22 @@ class SamplingState:
         self.max_num_reqs = max_num_reqs
         self.vocab_size = vocab_size
         self.num_mask_words = (vocab_size + 31) // 32
-        self.temperature = StagedWriteTensor(device, max_num_reqs, torch.float32, "temperature", fill=1.0, group=group)
-        self.top_k = StagedWriteTensor(device, max_num_reqs, torch.int32, "top_k", fill=-1, group=group)
-        self.top_p = StagedWriteTensor(device, max_num_reqs, torch.float32, "top_p", fill=1.0, group=group)
-        self.min_p = StagedWriteTensor(device, max_num_reqs, torch.float32, "min_p", fill=0.0, group=group)
-        self.repetition_penalty = StagedWriteTensor(device, max_num_reqs, torch.float32, "repetition_penalty", fill=1.0, group=group)
-        self.frequency_penalty = StagedWriteTensor(device, max_num_reqs, torch.float32, "frequency_penalty", fill=0.0, group=group)
-        self.presence_penalty = StagedWriteTensor(device, max_num_reqs, torch.float32, "presence_penalty", fill=0.0, group=group)
+        # One tensor per row of the interface's table (`SAMPLING_FIELDS`), named as the field, its neutral value in
+        # every row until an admission writes one; then the seed.
+        params = tuple(StagedWriteTensor(device, max_num_reqs, _TORCH_DTYPES[f.dtype], f.name, fill=f.neutral, group=group)
+                       for f in SAMPLING_FIELDS)
+        for spec, tensor in zip(SAMPLING_FIELDS, params):
+            setattr(self, spec.name, tensor)
+        self.params: tuple[StagedWriteTensor, ...] = params
         self.seed = StagedWriteTensor(device, max_num_reqs, torch.int64, "seed", fill=0, group=group)
         self.prompt_mask = StagedWriteTensor(device, (max_num_reqs, self.num_mask_words), torch.int32, "prompt_mask", fill=0, group=group)
         self.output_counts = device.zeros((max_num_reqs, vocab_size), torch.int32)
         self._counts_stride = self.output_counts.stride(0)
-        staged = (
-            self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty,
-            self.frequency_penalty, self.presence_penalty, self.seed, self.prompt_mask,
-        )
+        staged = (*params, self.seed, self.prompt_mask)
         # Flushed and applied here only when they have private groups; a shared group's owner does both.
         self._staged = staged if group is None else ()
-        self._scalars = staged[:8]  # one element per row, in `add_request`'s order
-        # With a shared group an admission is one record (row -> (the eight values, the prompt)), packed by the
+        self._scalars = staged[:-1]  # one element per row, in `add_request`'s order: the table's fields, the seed
+        # With a shared group an admission is one record (row -> (the fields' values, the seed; the prompt)), packed by the
         # group's flush in C (`StagedWriteGroup.defer_admissions`; another write to these tensors stages the pending
         # records first, so the later write wins).
         self._admission_records: dict[int, tuple[tuple, Sequence[int]]] | None = None
@@ -123,6 +133,13 @@ class SamplingState:
         # first word, rows) and a resumed request's earlier outputs to count again (rows, tokens, pairs).
         self._reset_rows: tuple[StagingWriter, object, int, int] | None = None
         self._earlier_outputs: tuple[torch.Tensor, torch.Tensor, int] | None = None
+
+    def kernel_params(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """The per-row parameter tensors as the sampler's kernels take them, each group in the table's order: the
+        temperature and the filters (stages "temperature", "filter"), then the penalties.  Read by name at every call:
+        a mutant samples with a copy of the state whose named parameters are rewritten (`runnercheck.stress.mutants`)."""
+        return (tuple([getattr(self, name).base for name in _SCALED_NAMES]),
+                tuple([getattr(self, name).base for name in _PENALTY_NAMES]))
 
     # ------------------------------------------------------------------ host API
     def add_request(
@@ -145,8 +162,7 @@ class SamplingState:
             prompt, outputs = prompt_token_ids, list(map(int, output_token_ids)) if output_token_ids else []
         else:
             prompt, outputs = self._check_request(row, params, seed, prompt_token_ids, output_token_ids)
-        values = (float(params.temperature), int(params.top_k), float(params.top_p), float(params.min_p),
-                  float(params.repetition_penalty), float(params.frequency_penalty), float(params.presence_penalty), seed)
+        values = (*map(_convert, _CONVERTERS, _read_fields(params)), seed)
         if self._admission_records is not None:
             self._admission_records[row] = (values, prompt)  # packed by the group's flush
         else:

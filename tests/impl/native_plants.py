@@ -40,10 +40,10 @@ PLANTS: dict[str, Plant] = {
               '    (void)last;\n'),
     ),
     'top_p_zero': Plant(
-        'a new-request check that accepts a top_p of 0',
+        'a new-request check that takes an open lower bound as closed (a top_p of 0 accepted)',
         Patch('boundary.c',
-              '    if (!(top_p > 0.0 && top_p <= 1.0))\n',
-              '    if (!(top_p >= 0.0 && top_p <= 1.0))\n'),
+              '        int above_low = low_open ? v > low : v >= low;\n',
+              '        int above_low = v >= low;\n'),
     ),
     'hint_off_by_one': Plant(
         "a cached reader that takes the row after the hint's",

@@ -20,6 +20,7 @@ import runnercheck.impl.native as native
 import runnercheck.impl.step_reader as step_reader
 from runnercheck.impl.boundary import check_new_request
 from runnercheck.impl.interface import MAX_SEED, NewRequest, RunnerLimits, SamplingParams, SchedulerOutputError, blocks_per_request
+from runnercheck.impl.step_reader import BOUNDARY_RULES
 from test_native import Odd, _Counting, _planted, admitting_run
 
 LIMITS = RunnerLimits(vocab_size=64, max_num_reqs=8, max_model_len=32, max_num_batched_tokens=32, num_kv_blocks=40,
@@ -43,7 +44,7 @@ def _c_verdict(c_module, req: object):
     return c_module.check_new_request(req, NewRequest, SamplingParams, LIMITS.vocab_size, LIMITS.max_logprobs,
                                       LIMITS.max_model_len, LIMITS.num_kv_blocks,
                                       blocks_per_request(LIMITS.max_model_len, LIMITS.block_size), LIMITS.block_size,
-                                      MAX_SEED)
+                                      MAX_SEED, BOUNDARY_RULES)
 
 
 def _reference_verdict(req: object):
