@@ -273,7 +273,7 @@ def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
 def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Row]:
     """A timed configuration's rows, with what its runner's steps issue, counted now: device operations
     (torch.profiler), host enqueues, torch calls and host syncs."""
-    from runnercheck.checks.sync import SyncReport, forbid_host_sync
+    from runnercheck.checks.detectors.sync import SyncReport, forbid_host_sync
 
     runner, work, steps, num_reqs, churn = run.runner, run.work, run.steps, run.num_reqs, run.churn
     device = runner.device

@@ -8,7 +8,7 @@ for itself (its own weights: drafts accepted, the row measures the best case's s
 as costly as the target).  The rest of this docstring describes both cases.
 
 Both arms run the same runner class on the same weights and the same greedy requests whose prompts
-repeat a short pattern (what prompt lookup is for), driven by `runnercheck.stress.scheduler.SchedulerSim`: the
+repeat a short pattern (what prompt lookup is for), driven by `runnercheck.stress.sim.scheduler.SchedulerSim`: the
 ``ngram`` arm asks for up to ``K`` device drafts per decode (`SchedulerOutput.num_device_drafts`),
 the ``off`` arm for none.  Each step's output is read before the next step is scheduled (the
 scheduler must learn the accepted count before it schedules that request again), in both arms.
@@ -48,7 +48,7 @@ def _run_arm(ctx: BenchContext, weights, limits: RunnerLimits, dtype, prompts: l
 
     ``draft_model``: the draft-model proposer of that preset (weights from the bench seed) instead of the n-gram one."""
     from runnercheck.impl.runner import ModelRunner
-    from runnercheck.stress.scheduler import SchedulerSim
+    from runnercheck.stress.sim.scheduler import SchedulerSim
 
     speculative = None
     if num_spec_tokens:

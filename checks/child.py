@@ -7,8 +7,8 @@ names the signal (``killed by signal SIGSEGV``) or the status, and on a timeout 
 child's whole process group (whatever the user's code started goes with it).
 
 Children are forked on cpu/sim (fast, and in-process test plants survive) and spawned on cuda:
-CUDA cannot cross a fork.  Used by the stress runs (`runnercheck.stress.isolation`) and by the
-chi-square runs of a user's sampler (`runnercheck.checks.chisq_isolated`).
+CUDA cannot cross a fork.  Used by the stress runs (`runnercheck.stress.run.isolation`) and by the
+chi-square runs of a user's sampler (`runnercheck.checks.chisq.isolated`).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 set -uo pipefail
 mkdir -p "$out"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$(pwd) PYTHONUNBUFFERED=1
-rc="python3 -m runnercheck.stress.cli"
+rc="python3 -m runnercheck.stress.cli.main"
 limit=${JOB_LIMIT_S:-340}
 
 job() {  # job NAME LIMIT_S command...: run one job under a time limit, logging to OUTDIR/NAME.log

@@ -101,7 +101,7 @@ clean memcheck_tests 90 memcheck python3 -m pytest -q -p no:cacheprovider \
   "tests/impl/test_sampler_gpu.py::test_large_vocab_matches_reference" \
   "tests/checks/test_lifetime.py::test_cuda_write_after_submit_is_caught" \
   "tests/impl/test_device.py::test_cuda_stream_event_roundtrip"
-clean memcheck_runner 90 memcheck python3 -m runnercheck.stress.cli stress --device cuda --eager --in-process --seed 1 \
+clean memcheck_runner 90 memcheck python3 -m runnercheck.stress.cli.main stress --device cuda --eager --in-process --seed 1 \
   --steps 16 --no-progress --out "$out/stress"
 
 # 3. racecheck (shared-memory hazards) on two kernels with block reductions.

@@ -3,7 +3,7 @@
 Staging slots
 -------------
 A `StagingSlot` is a pinned host byte buffer plus a device byte buffer of the same size.  Its
-life is a cycle enforced here (and checked harder by ``checks/lifetime.py``)::
+life is a cycle enforced here (and checked harder by ``checks/detectors/lifetime.py``)::
 
     FREE --acquire--> WRITING --submit--> IN_FLIGHT --event completed, retire--> FREE
 

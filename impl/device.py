@@ -26,7 +26,7 @@ can tell "device memory" from host memory even when both are CPU tensors
 Host-wait hooks
 ---------------
 Every host wait on device work (`DeviceEvent.synchronize`, `Device.synchronize`) first calls the
-functions in `HOST_WAIT_HOOKS` with a short description.  The sync detector (``checks/sync.py``)
+functions in `HOST_WAIT_HOOKS` with a short description.  The sync detector (``checks/detectors/sync.py``)
 installs one; `impl` itself never imports a checker.
 """
 from __future__ import annotations

@@ -233,7 +233,7 @@ class SamplingField:
 
 
 # The per-row sampling parameters, in the order of their device tensors, of the C twins' layouts and of the
-# random draws in `runnercheck.stress.churn` (a new one goes last, so existing seeds keep drawing what they drew).
+# random draws in `runnercheck.stress.sim.churn` (a new one goes last, so existing seeds keep drawing what they drew).
 SAMPLING_FIELDS: tuple[SamplingField, ...] = (
     SamplingField("temperature", "float32", 1.0, 0.0, None, "temperature", "temperature", "T", (0.3, 1.5),
                   "Divides the logits; 0 is greedy."),

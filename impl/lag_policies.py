@@ -12,7 +12,7 @@ expose happen on CPU, seeded and replayable:
                      reader of a targeted resource (`DELAY_TARGETS`), which is held, with the work
                      behind it, for one or more steps -- the host reaches the resource's next reuse
                      while that reader is still pending.  The cuda counterpart injects a spin
-                     delay right before the same readers (`runnercheck.stress.run_config.TargetedDelay`).
+                     delay right before the same readers (`runnercheck.stress.run.config.TargetedDelay`).
 
 Ownership: a policy owns only its own seeded generator and counters (host, its lifetime); it
 reads the device's queue and runs work through ``Device._run_pending`` / ``_run_leading``, never anything else.

@@ -355,7 +355,7 @@ class ModelRunner:
             writer.submit(self.graphs.inputs.step_bytes, redirect=packed is not None)
             self.staged_writes.enqueue_apply()  # only when the diffs overflowed the first slot
         # Through `_enqueue_device_step`, as every step with tokens: the hook point of the checks that
-        # follow a step's device work (`runnercheck.checks.kv_provenance`).
+        # follow a step's device work (`runnercheck.checks.detectors.kv_provenance`).
         result, _ = self._enqueue_device_step(plan, staged, key, None, fused)
         output = self._enqueue_output(step_id, plan, result, _NO_SEEDS, output_slot)
         self._close_lane(writer, fused, in_bytes, output)

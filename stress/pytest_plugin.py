@@ -5,7 +5,7 @@ check as fixtures, for any project that has ``pip install``-ed runnercheck (entr
 Options (all prefixed, so they never clash with a host project's own):
 
 ``--runnercheck-runner package.module:factory``  the runner under test (default the built-in
-                                                  ``runnercheck.impl.runner:make_runner``; contract in `runnercheck.stress.runners`)
+                                                  ``runnercheck.impl.runner:make_runner``; contract in `runnercheck.stress.run.runners`)
 ``--runnercheck-device auto|sim|cpu|cuda``        where runs go (auto: cuda when present, else sim)
 ``--runnercheck-seed N``                          base seed of every run and chi-square draw (default 0)
 ``--runnercheck-steps N``                         scheduler ticks of a differential run (default 24)
@@ -15,7 +15,7 @@ Options (all prefixed, so they never clash with a host project's own):
                                                   one chi-square case of a user's sampler (default 600; 0: none)
 ``--runnercheck-csan``                            PyTorch's CUDA stream sanitizer on for the session, enabled at
                                                   configure time (before any runner is built); needs the device
-                                                  to resolve to cuda (``runnercheck.stress.cli_options.resolve_csan``, else a
+                                                  to resolve to cuda (``runnercheck.stress.cli.options.resolve_csan``, else a
                                                   usage error).  A differential run records each race as a
                                                   ``csan`` finding; elsewhere CSAN raises at the racing op.
 
@@ -32,7 +32,7 @@ Fixtures:
 ``runnercheck_staging_lifetime`` ``watch(runner_or_pool)``: staging-slot lifetime assertions (error mode) until
                                  the test ends
 ``runnercheck_chisq``            ``check(sampler, cases=None, *, samples=None, ...)``: chi-square tests of a
-                                 sampler (a callable or a spec string; `runnercheck.checks.samplers` contract) against the
+                                 sampler (a callable or a spec string; `runnercheck.checks.chisq.samplers` contract) against the
                                  exact distributions; fails with every rejection, returns the `RunSummary`
 
 The user's runner and sampler run in child processes (`runnercheck.checks.child`): a segfault, an
@@ -110,8 +110,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _enable_csan(config: pytest.Config) -> None:
     """``--runnercheck-csan``: the shared rule (cuda only), then CSAN on before any test builds a runner."""
-    from runnercheck.checks.csan import CsanUnavailableError, enable
-    from runnercheck.stress.cli_options import CsanDeviceError, resolve_csan
+    from runnercheck.checks.detectors.csan import CsanUnavailableError, enable
+    from runnercheck.stress.cli.options import CsanDeviceError, resolve_csan
 
     kind = config.getoption("runnercheck_device")
     if kind == "auto":
@@ -164,8 +164,8 @@ def _timeout(config: pytest.Config) -> float | None:
 
 
 def _load_factory(spec: str, source: str = "--runnercheck-runner") -> Callable:
-    from runnercheck.stress.harness import load_runner_factory
-    from runnercheck.stress.run_config import RunSetupError
+    from runnercheck.stress.run.harness import load_runner_factory
+    from runnercheck.stress.run.config import RunSetupError
 
     try:
         return load_runner_factory(spec)
@@ -192,7 +192,7 @@ def _canonical(spec: str) -> str:
 @pytest.fixture(scope="session")
 def runnercheck_runner_factory(pytestconfig: pytest.Config) -> Callable:
     """The runner factory named by ``--runnercheck-runner`` (default: the built-in runner)."""
-    from runnercheck.stress.runners import DEFAULT_RUNNER_SPEC
+    from runnercheck.stress.run.runners import DEFAULT_RUNNER_SPEC
 
     return _load_factory(_canonical(pytestconfig.getoption("runnercheck_runner") or DEFAULT_RUNNER_SPEC))
 
@@ -219,14 +219,14 @@ def _recorder(request: pytest.FixtureRequest) -> Callable[[str, object], None]:
 
 def checked_differential_run(spec: str, *, kind: str, seed: int, steps: int, model: str, repro_dir: Path,
                              csan: bool = False, timeout_s: float | None = DEFAULT_TIMEOUT_S) -> tuple[Any, list[str]]:
-    """The run owner's checked run of a seeded churn, in a child process (`runnercheck.stress.isolation`:
+    """The run owner's checked run of a seeded churn, in a child process (`runnercheck.stress.run.isolation`:
     a crash, or a run past ``timeout_s``, is a finding with a repro rather than the end of the session):
     the driver's `RunResult` and the findings as lines; a divergence writes ``repro_dir/repro.json``."""
     from runnercheck.impl.model.weights import preset
-    from runnercheck.stress.harness import ChurnOps
-    from runnercheck.stress.isolation import isolated_run
-    from runnercheck.stress.run_config import RunConfig, RunSetupError, default_limits
-    from runnercheck.stress.scheduler import SchedulerConfig
+    from runnercheck.stress.run.harness import ChurnOps
+    from runnercheck.stress.run.isolation import isolated_run
+    from runnercheck.stress.run.config import RunConfig, RunSetupError, default_limits
+    from runnercheck.stress.sim.scheduler import SchedulerConfig
 
     model_config = preset(model)
     lag = {"name": "random-drain", "seed": seed} if kind == "sim" else None
@@ -302,20 +302,20 @@ def runnercheck_differential(request: pytest.FixtureRequest, runnercheck_runner_
 
 
 class NoHostSync:
-    """``with scope(): ...`` forbids host reads of device data (`runnercheck.checks.sync.forbid_host_sync`)."""
+    """``with scope(): ...`` forbids host reads of device data (`runnercheck.checks.detectors.sync.forbid_host_sync`)."""
 
     def __init__(self, kind: str | None):
         self.kind = kind
 
     def __call__(self, device_kind: str | None = None) -> Any:
-        from runnercheck.checks.sync import forbid_host_sync
+        from runnercheck.checks.detectors.sync import forbid_host_sync
 
         return forbid_host_sync(device_kind or self.kind)
 
     @staticmethod
     def allow(name: str) -> Any:
-        """The named legal wait inside a no-sync scope (`runnercheck.checks.sync.allow_host_sync`)."""
-        from runnercheck.checks.sync import allow_host_sync
+        """The named legal wait inside a no-sync scope (`runnercheck.checks.detectors.sync.allow_host_sync`)."""
+        from runnercheck.checks.detectors.sync import allow_host_sync
 
         return allow_host_sync(name)
 
@@ -329,7 +329,7 @@ def runnercheck_no_host_sync(pytestconfig: pytest.Config) -> NoHostSync:
 @pytest.fixture
 def runnercheck_staging_lifetime() -> Any:
     """``watch(runner_or_pool, mode="error") -> LifetimeChecker``: detached when the test ends."""
-    from runnercheck.checks.lifetime import LifetimeChecker
+    from runnercheck.checks.detectors.lifetime import LifetimeChecker
 
     attached: list[tuple[LifetimeChecker, Any]] = []
 
@@ -351,7 +351,7 @@ def runnercheck_staging_lifetime() -> Any:
 
 
 def _select_cases(cases: Any, quick: bool) -> list:
-    from runnercheck.checks.chisq_cases import SamplingCase, build_cases
+    from runnercheck.checks.chisq.cases import SamplingCase, build_cases
 
     if cases is None or isinstance(cases, str):
         catalogue = build_cases(quick)
@@ -375,7 +375,7 @@ class ChisqCheck:
 
     ``sampler``: a callable, or a spec string as ``runnercheck chisq --sampler`` takes it (a builtin
     name, ``package.module:function`` or ``path/to/file.py:function``).  A sampler that is not one of
-    ours runs in a child process (`runnercheck.checks.chisq_isolated`): a crash or a case past
+    ours runs in a child process (`runnercheck.checks.chisq.isolated`): a crash or a case past
     ``--runnercheck-timeout`` fails the test with the signal or the timeout and a repro command, and
     the session goes on.  ``cases``: None (the quick catalogue), a substring of case names, names, or
     `SamplingCase`s.  Cases the sampler declines are skipped (recorded); any rejection, contract
@@ -389,8 +389,8 @@ class ChisqCheck:
 
     def _sampler(self, sampler: Callable | str, device: Any) -> tuple[Callable, Any]:
         """The callable and its `Isolation` (None for ours); `pytest.fail` for a spec that does not load."""
-        from runnercheck.checks import chisq
-        from runnercheck.checks.samplers import SamplerSpecError, SamplerUnavailableError, load_sampler
+        from runnercheck.checks.chisq import run as chisq
+        from runnercheck.checks.chisq.samplers import SamplerSpecError, SamplerUnavailableError, load_sampler
 
         if isinstance(sampler, str):
             try:
@@ -419,9 +419,10 @@ class ChisqCheck:
 
         import torch
 
-        from runnercheck.checks import chisq, stats
-        from runnercheck.checks.report import SAMPLER_DIED
-        from runnercheck.checks.samplers import sampler_name
+        from runnercheck.checks.chisq import run as chisq
+        from runnercheck.checks.chisq import stats
+        from runnercheck.checks.chisq.report import SAMPLER_DIED
+        from runnercheck.checks.chisq.samplers import sampler_name
 
         selected = _select_cases(cases, quick)
         seed = self._config.getoption("runnercheck_seed") if seed is None else seed
@@ -445,7 +446,7 @@ class ChisqCheck:
             self._record(f"runnercheck.chisq.skipped.{s['case']}", s["reason"])
         out = _report_dir(self._request)
         if out is not None:
-            from runnercheck.checks.report import write_report
+            from runnercheck.checks.chisq.report import write_report
 
             self._record("runnercheck.chisq.report", str(write_report(out, summary)["html"]))
         failed = summary.failed_tests

@@ -78,8 +78,8 @@ jobs=" $* "
 want bench_host_python && RUNNERCHECK_NATIVE=0 job bench_host_python "${BENCH_LIMIT_S:-420}" $rc bench --device cuda \
   --only host_cost --out "$out/bench_host_python"
 want bench_host_ab && job bench_host_ab "${BENCH_LIMIT_S:-500}" bash -c 'base() { (cd "${AB_BASE:?an exported tree of the commit to compare with}" &&
-  PYTHONPATH=. python3 -m runnercheck.stress.cli bench --device cuda --only host_cost --out "$1"); }
-  new() { python3 -m runnercheck.stress.cli bench --device cuda --only host_cost --out "$1"; }
+  PYTHONPATH=. python3 -m runnercheck.stress.cli.main bench --device cuda --only host_cost --out "$1"); }
+  new() { python3 -m runnercheck.stress.cli.main bench --device cuda --only host_cost --out "$1"; }
   for i in $(seq "${AB_PASSES:-3}"); do  # odd passes run the base first, even ones this tree: neither always goes first
     if [ $((i % 2)) = 1 ]; then base "$0/base_$i" && new "$0/new_$i" || exit 1
     else new "$0/new_$i" && base "$0/base_$i" || exit 1; fi
@@ -92,14 +92,14 @@ want bench_tree_env && job bench_tree_env "${BENCH_LIMIT_S:-500}" python3 -m run
   --out "$out/bench_tree_env.json"
 want bench_tree_native && job bench_tree_native "${BENCH_LIMIT_S:-500}" python3 -m runnercheck.bench.lab.tree_ab . --device cuda \
   --reqs ${TREE_AB_REQS:-64 256} --pairs "${TREE_AB_PAIRS:-4}" --new-env RUNNERCHECK_NATIVE=0 --out "$out/bench_tree_native.json"
-want host_launch_thread && job host_launch_thread "${BENCH_LIMIT_S:-420}" bash -c 'off() { RUNNERCHECK_LAUNCH_THREAD=0 python3 -m runnercheck.stress.cli bench --device cuda --only host_cost --out "$1"; }
-  on() { RUNNERCHECK_LAUNCH_THREAD=1 python3 -m runnercheck.stress.cli bench --device cuda --only host_cost --out "$1"; }
+want host_launch_thread && job host_launch_thread "${BENCH_LIMIT_S:-420}" bash -c 'off() { RUNNERCHECK_LAUNCH_THREAD=0 python3 -m runnercheck.stress.cli.main bench --device cuda --only host_cost --out "$1"; }
+  on() { RUNNERCHECK_LAUNCH_THREAD=1 python3 -m runnercheck.stress.cli.main bench --device cuda --only host_cost --out "$1"; }
   for i in $(seq "${AB_PASSES:-3}"); do  # odd passes run the thread off first, even ones on first
     if [ $((i % 2)) = 1 ]; then off "$0/base_$i" && on "$0/new_$i" || exit 1
     else on "$0/new_$i" && off "$0/base_$i" || exit 1; fi
   done; python3 -m runnercheck.bench.lab.ab_compare "$0" --out "$0/ab.json"' "$out/host_launch_thread"
-want host_affinity && job host_affinity "${BENCH_LIMIT_S:-420}" bash -c 'free() { python3 -m runnercheck.stress.cli bench --device cuda --only host_cost --out "$1"; }
-  held() { taskset -c "${AFFINITY_CPUS:-4,5}" python3 -m runnercheck.stress.cli bench --device cuda --only host_cost --out "$1"; }
+want host_affinity && job host_affinity "${BENCH_LIMIT_S:-420}" bash -c 'free() { python3 -m runnercheck.stress.cli.main bench --device cuda --only host_cost --out "$1"; }
+  held() { taskset -c "${AFFINITY_CPUS:-4,5}" python3 -m runnercheck.stress.cli.main bench --device cuda --only host_cost --out "$1"; }
   for i in $(seq "${AB_PASSES:-4}"); do  # odd passes run free first, even ones held first
     if [ $((i % 2)) = 1 ]; then free "$0/base_$i" && held "$0/new_$i" || exit 1
     else held "$0/new_$i" && free "$0/base_$i" || exit 1; fi

@@ -29,8 +29,8 @@ def main() -> None:
     parser.add_argument("--run", type=int, default=1, help="which run of the quick sim plan (0-based)")
     parser.add_argument("--ticks", type=int, default=None)
     args = parser.parse_args()
-    from runnercheck.stress.harness import ChurnOps, checked_run
-    from runnercheck.stress.verify import plan_runs
+    from runnercheck.stress.run.harness import ChurnOps, checked_run
+    from runnercheck.stress.cli.verify import plan_runs
 
     planned = plan_runs("sim", 0, "runnercheck.impl.runner:make_runner", quick=True, ticks=args.ticks)[args.run]
     profile = cProfile.Profile()

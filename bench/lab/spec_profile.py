@@ -19,7 +19,6 @@ import random
 import statistics
 import time
 
-import torch
 
 from runnercheck.bench.case_spec import NUM_SPEC_TOKENS, _limits, _model
 from runnercheck.bench.common import BenchContext
@@ -30,7 +29,7 @@ from runnercheck.impl.model.weights import random_weights
 
 def profile_spec(device: Device, num_reqs: int, draft: str, steps: int, top: int) -> str:
     from runnercheck.impl.runner import ModelRunner
-    from runnercheck.stress.scheduler import SchedulerSim
+    from runnercheck.stress.sim.scheduler import SchedulerSim
 
     ctx = BenchContext(device, quick=not device.is_cuda)
     name, config, dtype = _model(ctx)

@@ -4,7 +4,7 @@ Plain PyTorch: temperature, then min-p, top-k and top-p (docs/SAMPLING.md, steps
 ``torch.multinomial``; temperature 0 is greedy.  It implements no penalties and says so with
 ``supported_params``, so cases with penalties are reported as skipped, not failed.
 
-The contract (``runnercheck.checks.samplers.SamplerFn``): ``sample(logits, params, seeds, positions)``
+The contract (``runnercheck.checks.chisq.samplers.SamplerFn``): ``sample(logits, params, seeds, positions)``
 gets float32 logits ``[N, V]``, ``N`` `SamplingParams`, and int64 ``[N]`` request seeds and noise
 positions; it returns ``N`` integer token ids in ``[0, V)``.
 """

@@ -10,7 +10,7 @@ This factory stands in for yours: it builds runnercheck's simple runner (host-si
 float32 forward of every request's whole sequence each step, float32 Gumbel-max sampling), a
 second runner written independently of the built-in GPU runner.
 """
-from runnercheck.stress.runners import SimpleRunner
+from runnercheck.stress.run.runners import SimpleRunner
 
 
 def make_runner(weights, limits, device, base_seed):

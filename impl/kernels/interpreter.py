@@ -21,7 +21,7 @@ interpreted run after the patches (8% of one on the dev box).  Its answer depend
 and a Triton type's class and name say which type it is, so a memo returns what it would.
 
 Installed by whoever turns the interpreter on for a process (`runnercheck.stress.pytest_plugin`,
-`runnercheck.stress.cli`); a no-op on a GPU (no interpreter), under ``RUNNERCHECK_PLAIN_INTERPRETER=1`` (for a
+`runnercheck.stress.cli.main`); a no-op on a GPU (no interpreter), under ``RUNNERCHECK_PLAIN_INTERPRETER=1`` (for a
 comparison), and on a Triton whose interpreter lacks the parts it wraps (it logs why and leaves
 Triton as it is).
 

@@ -209,7 +209,7 @@ def _filtered_threshold(kept_from, tau, row_max, top_p_on, use_candidates, candi
 
     ``kept_from`` is what min-p and top-k keep, ``tau`` the top-p threshold over those; the one
     place both threshold searches (`_candidate_threshold`, `_narrowed_threshold`) end, so a
-    kernel variant that rebinds it (`runnercheck.stress.mutant_kernels`) changes every path.
+    kernel variant that rebinds it (`runnercheck.stress.mutants.kernels`) changes every path.
     """
     return tl.where(top_p_on, tl.maximum(kept_from, tau), kept_from), use_candidates, candidates
 

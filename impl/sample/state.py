@@ -137,7 +137,7 @@ class SamplingState:
     def kernel_params(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
         """The per-row parameter tensors as the sampler's kernels take them, each group in the table's order: the
         temperature and the filters (stages "temperature", "filter"), then the penalties.  Read by name at every call:
-        a mutant samples with a copy of the state whose named parameters are rewritten (`runnercheck.stress.mutants`)."""
+        a mutant samples with a copy of the state whose named parameters are rewritten (`runnercheck.stress.mutants.catalogue`)."""
         return (tuple([getattr(self, name).base for name in _SCALED_NAMES]),
                 tuple([getattr(self, name).base for name in _PENALTY_NAMES]))
 

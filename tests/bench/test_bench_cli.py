@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 
-from runnercheck.stress.cli import main
+from runnercheck.stress.cli.main import main
 
 
 def test_bench_quick_writes_valid_json(tmp_path):

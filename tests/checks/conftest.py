@@ -6,7 +6,7 @@ from typing import Callable
 
 import pytest
 
-from runnercheck.stress.verify import plan_runs
+from runnercheck.stress.cli.verify import plan_runs
 
 
 def held_at(target: str, mutant: str | None = None, steps: int = 30):

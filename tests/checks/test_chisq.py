@@ -1,4 +1,4 @@
-"""checks/samplers.py and checks/chisq.py: the baselines, the loader, the quick run and its self-tests.
+"""checks/chisq/samplers.py and checks/chisq/run.py: the baselines, the loader, the quick run and its self-tests.
 
 The quick run (matrix + calibration + power + report) is done once per module and inspected by
 several tests; it is the same call `runnercheck verify` makes.
@@ -16,8 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from runnercheck.checks import chisq, chisq_cases, samplers, stats
-from runnercheck.checks.samplers import GumbelSampler, TokenHistory, load_sampler
+from runnercheck.checks.chisq import run as chisq
+from runnercheck.checks.chisq import cases as chisq_cases
+from runnercheck.checks.chisq import samplers
+from runnercheck.checks.chisq import stats
+from runnercheck.checks.chisq.samplers import GumbelSampler, TokenHistory, load_sampler
 from runnercheck.impl.interface import SamplingParams
 from runnercheck.reference.rng import gumbel_noise as reference_noise
 from runnercheck.reference.rng import philox_64bits
@@ -133,7 +136,7 @@ def test_load_sampler_builtins_and_module_paths() -> None:
     assert isinstance(load_sampler("gumbel"), GumbelSampler)
     assert load_sampler("torch") is samplers.torch_multinomial_sampler
     assert load_sampler("bias-top-k-off-by-one").variant.top_k_offset == 1
-    assert load_sampler("runnercheck.checks.samplers:torch_multinomial_sampler") is samplers.torch_multinomial_sampler
+    assert load_sampler("runnercheck.checks.chisq.samplers:torch_multinomial_sampler") is samplers.torch_multinomial_sampler
 
 
 @pytest.mark.parametrize(
@@ -144,8 +147,8 @@ def test_load_sampler_builtins_and_module_paths() -> None:
         ("a:b:c", samplers.SamplerSpecError),
         (":fn", samplers.SamplerSpecError),
         ("no_such_module_xyz:fn", samplers.SamplerNotFoundError),
-        ("runnercheck.checks.samplers:no_such_function", samplers.SamplerNotFoundError),
-        ("runnercheck.checks.samplers:MASK32", samplers.SamplerNotCallableError),
+        ("runnercheck.checks.chisq.samplers:no_such_function", samplers.SamplerNotFoundError),
+        ("runnercheck.checks.chisq.samplers:MASK32", samplers.SamplerNotCallableError),
         ("bias-no-such-bias", samplers.SamplerSpecError),
     ],
 )
@@ -155,7 +158,7 @@ def test_load_sampler_errors_are_typed(spec: str, error: type) -> None:
 
 
 def test_impl_sampler_reports_when_unavailable(monkeypatch) -> None:
-    from runnercheck.checks.impl_sampler import ImplSampler
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler
 
     monkeypatch.setitem(sys.modules, "runnercheck.impl.sample", None)  # import of impl.sample now fails
     with pytest.raises(samplers.SamplerUnavailableError):
@@ -164,7 +167,7 @@ def test_impl_sampler_reports_when_unavailable(monkeypatch) -> None:
 
 def test_impl_sampler_on_a_given_device_exposes_the_sampler_it_launches() -> None:
     """``ImplSampler(device, vocab)``: the adapter mutants patch (`sampler`), other vocabularies declined."""
-    from runnercheck.checks.impl_sampler import ImplSampler, impl_sampler_available
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler, impl_sampler_available
     from runnercheck.impl.device import Device
 
     if not impl_sampler_available():
@@ -189,7 +192,7 @@ def test_impl_sampler_on_a_given_device_exposes_the_sampler_it_launches() -> Non
 
 
 def test_impl_sampler_agrees_with_the_baseline() -> None:
-    from runnercheck.checks.impl_sampler import ImplSampler, impl_sampler_available
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler, impl_sampler_available
 
     if not impl_sampler_available():
         pytest.skip("runnercheck.impl.sample is not built")
@@ -206,7 +209,7 @@ def test_impl_sampler_agrees_with_the_baseline() -> None:
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter evaluates both sides of tl.where
 def test_fused_kernel_matches_the_pytorch_path() -> None:
-    from runnercheck.checks.gumbel_kernel import FUSED_VARIANTS, gumbel_argmax, noise_from_bits
+    from runnercheck.checks.chisq.gumbel_kernel import FUSED_VARIANTS, gumbel_argmax, noise_from_bits
 
     hi = torch.tensor([0, 0, 255, 256, 2**31, 2**32 - 1, 12345])
     lo = torch.tensor([0, 2**32 - 1, 7, 0, 5, 2**32 - 1, 99])
@@ -257,7 +260,7 @@ def test_quick_calibration_within_band(quick_run) -> None:
 
 def test_every_quick_planted_bias_is_rejected(quick_run) -> None:
     power = {p["bias"]: p for p in quick_run[1]["power"]}
-    from runnercheck.checks.chisq_spec import SPEC_BIASES
+    from runnercheck.checks.chisq.spec import SPEC_BIASES
 
     assert set(power) == set(chisq_cases.power_plan(True, torch.device("cpu"))) | set(SPEC_BIASES)
     assert {"top-k-off-by-one", "top-p-drop-boundary", "top-p-extra-token", "temperature-twice",
@@ -286,7 +289,7 @@ def test_plain_pytorch_adapter_passes() -> None:
 
 
 def test_cli_exit_status_follows_the_verdict(tmp_path) -> None:
-    from runnercheck.stress.cli import main
+    from runnercheck.stress.cli.main import main
 
     common = ["chisq", "--quick", "--cases", "top-k", "--no-calibration", "--no-power", "--device", "cpu"]
     assert main(common + ["--sampler", "gumbel", "--out", str(tmp_path / "ok")]) == 0
@@ -296,7 +299,7 @@ def test_cli_exit_status_follows_the_verdict(tmp_path) -> None:
 
 
 def test_cli_rejects_bad_arguments_with_status_2(tmp_path, capsys) -> None:
-    from runnercheck.stress.cli import main
+    from runnercheck.stress.cli.main import main
 
     assert main(["chisq", "--quick", "--sampler", "no_such_module_xyz:f", "--out", str(tmp_path)]) == 2
     assert "not found" in capsys.readouterr().err
@@ -308,7 +311,7 @@ def test_cli_rejects_bad_arguments_with_status_2(tmp_path, capsys) -> None:
 
 
 def test_cli_power_only_run_of_chosen_biases(tmp_path) -> None:
-    from runnercheck.stress.cli import main
+    from runnercheck.stress.cli.main import main
 
     rc = main(["chisq", "--quick", "--no-matrix", "--no-calibration", "--biases", "top-k-off-by-one",
                "--power-repeats", "2", "--device", "cpu", "--out", str(tmp_path)])
@@ -372,7 +375,7 @@ def test_impl_sampler_reads_logits_written_on_the_callers_stream() -> None:
     Without ordering the two (H200, this session) the kernels read stale logits and positions:
     one call drew the same tail token in all 2048 rows.
     """
-    from runnercheck.checks.impl_sampler import ImplSampler
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler
 
     sampler = ImplSampler()
     params = [SamplingParams(temperature=0.0)] * 8192
@@ -386,8 +389,8 @@ def test_impl_sampler_reads_logits_written_on_the_callers_stream() -> None:
 
 def test_shards_partition_the_matrix_and_the_biases_and_shard_0_keeps_the_calibration(tmp_path) -> None:
     """The two shards' runs, against the whole quick campaign's plan (its matrix and its planted biases)."""
-    from runnercheck.checks.chisq_cases import build_cases, power_plan
-    from runnercheck.stress.cli import main
+    from runnercheck.checks.chisq.cases import build_cases, power_plan
+    from runnercheck.stress.cli.main import main
 
     def names(*extra: str) -> tuple[set, set, dict]:
         out = tmp_path / "-".join(extra).replace("/", "of")

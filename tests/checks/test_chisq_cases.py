@@ -1,4 +1,4 @@
-"""checks/chisq_cases.py and checks/chisq_binding.py: every case's declared filters bind, the matrix
+"""checks/chisq/cases.py and checks/chisq/binding.py: every case's declared filters bind, the matrix
 has a binding case for every filter and pair at temperatures below and above 1, the check fails a
 case whose filter is slack, and the binding cases reject the planted errors of their own filters."""
 from __future__ import annotations
@@ -10,8 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from runnercheck.checks import chisq, chisq_binding, chisq_cases, samplers, stats
-from runnercheck.checks.chisq_binding import FILTERS, active_filters, binding_report, case_problems, detection_power
+from runnercheck.checks.chisq import run as chisq
+from runnercheck.checks.chisq import binding as chisq_binding
+from runnercheck.checks.chisq import cases as chisq_cases
+from runnercheck.checks.chisq import samplers
+from runnercheck.checks.chisq import stats
+from runnercheck.checks.chisq.binding import FILTERS, active_filters, binding_report, case_problems, detection_power
 from runnercheck.impl.interface import SamplingParams
 
 
@@ -170,7 +174,7 @@ def test_params_of_binding_cases_are_valid_and_their_thresholds_sit_between_toke
 
 
 def test_binding_table_command_prints_every_case(capsys) -> None:
-    from runnercheck.checks import chisq_binding_cmd
+    from runnercheck.checks.chisq import binding_cmd as chisq_binding_cmd
 
     assert chisq_binding_cmd.main(["--markdown"]) == 0
     out = capsys.readouterr().out

@@ -16,15 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from runnercheck.checks import chisq, loader, samplers
-from runnercheck.stress.cli import main
+from runnercheck.checks.chisq import run as chisq
+from runnercheck.checks import loader
+from runnercheck.checks.chisq import samplers
+from runnercheck.stress.cli.main import main
 
 PLANTS = textwrap.dedent('''
     import ctypes
     import os
     import time
 
-    from runnercheck.checks.samplers import GumbelSampler
+    from runnercheck.checks.chisq.samplers import GumbelSampler
 
     _gumbel = GumbelSampler()
 

@@ -1,4 +1,4 @@
-"""checks/chisq_spec.py: the twin equals the oracle and the kernel, the exact laws, the planted biases."""
+"""checks/chisq/spec.py: the twin equals the oracle and the kernel, the exact laws, the planted biases."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from runnercheck.checks import chisq_spec as cs
-from runnercheck.checks import stats
+from runnercheck.checks.chisq import stats
 from runnercheck.reference.spec_verify import verify as oracle_verify
 
 ALPHA = 0.01
@@ -133,7 +133,7 @@ def test_variant_names_are_checked() -> None:
 
 
 def test_cli_runs_spec_cases_and_biases(tmp_path) -> None:
-    from runnercheck.stress.cli import main
+    from runnercheck.stress.cli.main import main
 
     rc = main(["chisq", "--quick", "--cases", "spec-q-near", "--no-calibration", "--biases", "spec-residual-abs",
                "--device", "cpu", "--out", str(tmp_path)])

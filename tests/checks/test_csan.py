@@ -1,4 +1,4 @@
-"""CUDA's stream sanitizer as a run mode (`runnercheck.checks.csan`, ``--csan``): the plumbing, on CPU.
+"""CUDA's stream sanitizer as a run mode (`runnercheck.checks.detectors.csan`, ``--csan``): the plumbing, on CPU.
 
 CSAN itself needs CUDA; what is tested here is everything around it: the one ``--csan`` rule and its
 usage error off cuda (before any work), the monitor's recording hook on CSAN's own race logic
@@ -16,12 +16,12 @@ import pytest
 import torch
 from torch.cuda import _sanitizer as torch_csan
 
-from runnercheck.checks.csan import CsanMonitor, CsanUnavailableError, race_from_error
+from runnercheck.checks.detectors.csan import CsanMonitor, CsanUnavailableError, race_from_error
 from runnercheck.impl.model.weights import preset
-from runnercheck.stress import cli
-from runnercheck.stress.cli_options import CsanDeviceError, resolve_csan
-from runnercheck.stress.run_config import RunConfig, RunSetupError, default_limits
-from runnercheck.stress.scheduler import SchedulerConfig
+from runnercheck.stress.cli import main as cli
+from runnercheck.stress.cli.options import CsanDeviceError, resolve_csan
+from runnercheck.stress.run.config import RunConfig, RunSetupError, default_limits
+from runnercheck.stress.sim.scheduler import SchedulerConfig
 
 MUTANT = "runner_stream_reads_default_stream_write"
 MM = torch.ops.aten.mm.default._schema
@@ -155,7 +155,7 @@ def _race_error(ptr: int = 0xBEEF):
 
 def _inject_on(monkeypatch) -> list:
     """Sim runs whose sessions carry a monitor (unarmed: no CUDA) for the test to hand CSAN reports to."""
-    import runnercheck.stress.harness as harness
+    import runnercheck.stress.run.harness as harness
 
     monitors: list[CsanMonitor] = []
     build = harness.build_session
@@ -171,9 +171,9 @@ def _inject_on(monkeypatch) -> list:
 
 
 def test_an_injected_csan_report_is_a_csan_finding_in_findings_summary_and_junit(monkeypatch, tmp_path):
-    from runnercheck.stress.harness import ChurnOps, checked_run
-    from runnercheck.stress.junit_cases import verify_cases, write_cases
-    from runnercheck.stress.report import RunRecord, build_summary, validate_summary
+    from runnercheck.stress.run.harness import ChurnOps, checked_run
+    from runnercheck.stress.report.junit_cases import verify_cases, write_cases
+    from runnercheck.stress.report.summary import RunRecord, build_summary, validate_summary
 
     monitors = _inject_on(monkeypatch)
 
@@ -201,11 +201,11 @@ def test_an_injected_csan_report_is_a_csan_finding_in_findings_summary_and_junit
 
 
 def test_an_injected_csan_report_kills_as_csan_in_the_mutants_matrix(monkeypatch):
-    from runnercheck.stress.mutants import WORKLOADS
-    from runnercheck.stress.mutants_cmd import run_differential
+    from runnercheck.stress.mutants.catalogue import WORKLOADS
+    from runnercheck.stress.cli.mutants_cmd import run_differential
 
     monitors = _inject_on(monkeypatch)
-    import runnercheck.stress.harness as harness
+    import runnercheck.stress.run.harness as harness
 
     checked = harness.checked_run
 
@@ -233,8 +233,8 @@ def test_race_from_error_survives_a_report_without_an_allocation_stack():
 
 def test_the_stream_mutant_is_a_device_mutant_skipped_off_cuda():
     from runnercheck.impl.device import Device
-    from runnercheck.stress import mutants
-    from runnercheck.stress.mutants_cmd import MutantsOptions, run_mutant
+    from runnercheck.stress.mutants import catalogue as mutants
+    from runnercheck.stress.cli.mutants_cmd import MutantsOptions, run_mutant
 
     mutant = mutants.get(MUTANT)
     assert (mutant.checks, mutant.needs_gpu, mutant.target) == (("csan",), True, "device")
@@ -249,7 +249,7 @@ def test_the_stream_mutant_is_a_device_mutant_skipped_off_cuda():
 def test_the_harness_installs_a_device_mutant_before_the_runner_is_built(monkeypatch):
     """The ordering is lost at allocation time: the mutant must be in place when the runner allocates."""
     import runnercheck.impl.device as device_module
-    from runnercheck.stress.harness import build_session
+    from runnercheck.stress.run.harness import build_session
 
     seen: list[bool] = []
     to_device = device_module.Device.to_device
@@ -268,8 +268,8 @@ def test_the_harness_installs_a_device_mutant_before_the_runner_is_built(monkeyp
 
 @pytest.mark.gpu
 def test_csan_kills_the_stream_mutant_and_the_control_is_clean_under_csan():
-    from runnercheck.stress.mutants import WORKLOADS
-    from runnercheck.stress.mutants_cmd import MutantsOptions, run_catalogue, run_differential
+    from runnercheck.stress.mutants.catalogue import WORKLOADS
+    from runnercheck.stress.cli.mutants_cmd import MutantsOptions, run_catalogue, run_differential
 
     report = run_catalogue(MutantsOptions(device="cuda", quick=True, only=(MUTANT,), chisq=False))
     (result,) = report.mutants
@@ -287,8 +287,8 @@ def test_stress_with_csan_on_cuda_is_clean(tmp_path):
 
 
 def test_a_csan_race_in_a_chisq_run_fails_it_in_json_and_junit():
-    from runnercheck.checks.report import junit_cases
-    from runnercheck.checks.stats_results import RunSummary
+    from runnercheck.checks.chisq.report import junit_cases
+    from runnercheck.checks.chisq.stats_results import RunSummary
 
     monitor = CsanMonitor()
     monitor.record([_race_error(0x77)])

@@ -6,10 +6,10 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from runnercheck.checks import chisq
+from runnercheck.checks.chisq import run as chisq
 from runnercheck.checks.junit import JUnitCase, write_junit
-from runnercheck.checks.report import junit_cases, write_chisq_junit
-from runnercheck.checks.samplers import load_sampler
+from runnercheck.checks.chisq.report import junit_cases, write_chisq_junit
+from runnercheck.checks.chisq.samplers import load_sampler
 
 SLOW_CASE, SLOW_S = "temperature-2-v97", 0.2
 
@@ -50,8 +50,8 @@ def test_a_suite_takes_its_commands_wall_time_when_given(tmp_path: Path) -> None
 
 
 def test_verify_cases_time_the_runs_and_the_statistics() -> None:
-    from runnercheck.stress.junit_cases import verify_cases
-    from runnercheck.stress.report import RunRecord, build_summary
+    from runnercheck.stress.report.junit_cases import verify_cases
+    from runnercheck.stress.report.summary import RunRecord, build_summary
 
     record = RunRecord(name="r", seed=0, lag_policy=None, delay_policy=None, scheduler={}, ticks=3, steps=3, requests=1,
                        finished=0, tokens_compared=3, logprobs_compared=0, ties=0, elapsed_s=2.5)
@@ -64,9 +64,9 @@ def test_verify_cases_time_the_runs_and_the_statistics() -> None:
 
 
 def test_kill_rates_sum_each_mutants_time_over_the_seeds() -> None:
-    from runnercheck.stress.junit_cases import rates_cases
-    from runnercheck.stress.mutants_rates import kill_rates
-    from runnercheck.stress.mutants_report import ControlResult, MutantResult, MutantsReport
+    from runnercheck.stress.report.junit_cases import rates_cases
+    from runnercheck.stress.mutants.rates import kill_rates
+    from runnercheck.stress.mutants.report import ControlResult, MutantResult, MutantsReport
 
     def report(seed: int, seconds: float) -> MutantsReport:
         mutant = MutantResult(name="m", cls="race", description="", needs_gpu=False, designed=["differential"], workload="w",
@@ -81,7 +81,7 @@ def test_kill_rates_sum_each_mutants_time_over_the_seeds() -> None:
 
 
 def test_speculative_cases_and_biases_carry_their_own_wall_time(monkeypatch) -> None:
-    from runnercheck.checks import chisq_spec
+    from runnercheck.checks.chisq import spec as chisq_spec
 
     real_draw = chisq_spec.draw_spec
 

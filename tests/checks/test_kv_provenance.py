@@ -1,4 +1,4 @@
-"""The KV provenance check (`runnercheck.checks.kv_provenance`): clean on a correct runner with prefix hits, and
+"""The KV provenance check (`runnercheck.checks.detectors.kv_provenance`): clean on a correct runner with prefix hits, and
 naming the step, request, block, slot and provenance of each planted KV bug.
 
 The scenario: request ``a`` (an 8-token system prompt + 2 tokens) is computed, then ``b`` (the same
@@ -11,14 +11,14 @@ from collections import deque
 import pytest
 import torch
 
-from runnercheck.checks.kv_provenance import KVProvenanceError, arm_kv_provenance, prefix_hashes
+from runnercheck.checks.detectors.kv_provenance import KVProvenanceError, arm_kv_provenance, prefix_hashes
 from runnercheck.impl.device import Device
 from runnercheck.impl.interface import SamplingParams
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import make_runner
 from runnercheck.impl.state import NUM_COMPUTED
-from runnercheck.stress.scheduler import SchedulerSim, SchedulerSimError
-from runnercheck.stress.run_config import default_limits
+from runnercheck.stress.sim.scheduler import SchedulerSim, SchedulerSimError
+from runnercheck.stress.run.config import default_limits
 
 SYSTEM = [11, 12, 13, 14, 15, 16, 17, 18]
 BLOCK = 4
@@ -165,8 +165,8 @@ def test_the_device_record_path_keeps_the_first_violation_without_host_reads() -
 def test_on_cuda_the_sampled_check_is_clean_catches_a_planted_bug_and_never_syncs() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    from runnercheck.checks.sync import arm_runner
-    from runnercheck.stress.machine import unaccounted_syncs_message
+    from runnercheck.checks.detectors.sync import arm_runner
+    from runnercheck.stress.run.machine import unaccounted_syncs_message
 
     runner, sim = _setup("cuda")
     report = arm_runner(runner, "count")

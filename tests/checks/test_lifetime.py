@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from runnercheck.checks.lifetime import LifetimeChecker, event_completed
+from runnercheck.checks.detectors.lifetime import LifetimeChecker, event_completed
 from runnercheck.impl.buffers import SlotState, StagingLifetimeError, StagingPool, StagingWriter
 from runnercheck.impl.staged_writes import StagedWriteTensor
 from runnercheck.impl.device import Device

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from runnercheck.checks.lint import HOT_PATH, Finding, hot_functions, lint_paths, lint_source
-from runnercheck.stress.cli import main as cli_main
+from runnercheck.stress.cli.main import main as cli_main
 
 # Every line that ends in "# <- rule" must be reported with that rule, and no other line.
 PLANTED = '''

@@ -1,4 +1,4 @@
-"""Output-slot checksums (`runnercheck.checks.output_slots`): the bytes a step decodes from its pinned output slot
+"""Output-slot checksums (`runnercheck.checks.detectors.output_slots`): the bytes a step decodes from its pinned output slot
 must be the bytes its D2H copied; a slot overwritten before its holder read it is named with the
 steps that overwrote it, and a correct runner under lag is clean without any host wait in a step."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from runnercheck.checks.checksums import device_checksum as _device_checksum, weighted_checksum_host
-from runnercheck.stress.harness import ChurnOps, checked_run
+from runnercheck.checks.detectors.checksums import device_checksum as _device_checksum, weighted_checksum_host
+from runnercheck.stress.run.harness import ChurnOps, checked_run
 
 
 def test_host_and_device_checksums_agree_and_see_one_changed_byte() -> None:

@@ -1,4 +1,4 @@
-"""The third-party sampler seam (`runnercheck.checks.sampler_contract`): declined parameters are skipped with a
+"""The third-party sampler seam (`runnercheck.checks.chisq.sampler_contract`): declined parameters are skipped with a
 reason, the batch is bounded, and every bad return is a failed check of its case with the report
 written -- never a traceback.  Each bad return is planted in a user sampler module."""
 from __future__ import annotations
@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from runnercheck.checks import chisq
-from runnercheck.checks.sampler_contract import (
+from runnercheck.checks.chisq import run as chisq
+from runnercheck.checks.chisq.sampler_contract import (
     SamplerContractError, SamplerLimitError, check_sampler_output, declared_unsupported, rows_per_call_bound,
 )
-from runnercheck.checks.samplers import GumbelSampler, SamplerUnsupportedError
+from runnercheck.checks.chisq.samplers import GumbelSampler, SamplerUnsupportedError
 from runnercheck.impl.interface import SamplingParams
 
 CPU = torch.device("cpu")
@@ -62,7 +62,7 @@ def test_declared_support_and_rows_bound() -> None:
 
 USER_SAMPLERS = textwrap.dedent('''
     import torch
-    from runnercheck.checks.samplers import GumbelSampler, SamplerUnsupportedError
+    from runnercheck.checks.chisq.samplers import GumbelSampler, SamplerUnsupportedError
 
     _good = GumbelSampler()
 
@@ -118,7 +118,7 @@ def user_module(tmp_path, monkeypatch):
 
 
 def _chisq(tmp_path, sampler: str, *extra: str) -> tuple[int, dict]:
-    from runnercheck.stress.cli import main
+    from runnercheck.stress.cli.main import main
 
     out = tmp_path / f"out-{sampler.split(':')[-1]}"
     rc = main(["chisq", "--quick", "--device", "cpu", "--sampler", sampler, "--no-power", "--no-calibration",
@@ -176,7 +176,7 @@ def test_max_rows_per_call_bounds_every_call(user_module, tmp_path) -> None:
 
 
 def test_contract_failure_in_calibration_is_a_failed_check(user_module, tmp_path) -> None:
-    from runnercheck.stress.cli import main
+    from runnercheck.stress.cli.main import main
 
     out = tmp_path / "calib"
     rc = main(["chisq", "--quick", "--device", "cpu", "--sampler", "user_samplers_mod:float_ids", "--no-matrix", "--no-power",
@@ -186,7 +186,7 @@ def test_contract_failure_in_calibration_is_a_failed_check(user_module, tmp_path
 
 
 def test_bad_max_rows_is_rejected_up_front(tmp_path, capsys) -> None:
-    from runnercheck.stress.cli import main
+    from runnercheck.stress.cli.main import main
 
     assert main(["chisq", "--quick", "--max-rows-per-call", "0", "--out", str(tmp_path / "x")]) == 2
     assert "--max-rows-per-call must be >= 1" in capsys.readouterr().err
@@ -199,7 +199,7 @@ def test_bad_max_rows_is_rejected_up_front(tmp_path, capsys) -> None:
 
 
 def test_junit_has_one_case_per_test_with_rejections_and_seeds(tmp_path) -> None:
-    from runnercheck.stress.cli import main
+    from runnercheck.stress.cli.main import main
 
     junit = tmp_path / "chisq.xml"
     rc = main(["chisq", "--quick", "--device", "cpu", "--sampler", "bias-top-k-off-by-one", "--cases", "top-",

@@ -1,4 +1,4 @@
-"""Staging-slot checksums (`runnercheck.checks.staging_slots`): the bytes a step's kernels read from a staging slot
+"""Staging-slot checksums (`runnercheck.checks.detectors.staging_slots`): the bytes a step's kernels read from a staging slot
 must be the bytes its host staged; a slot the host rewrote before its H2D ran is named with the step
 that took it, a device buffer written by anything but its own copy is named too, and a correct
 runner under staging lag is clean."""
@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from runnercheck.stress.harness import ChurnOps, checked_run
-from runnercheck.stress.verify import plan_runs
+from runnercheck.stress.run.harness import ChurnOps, checked_run
+from runnercheck.stress.cli.verify import plan_runs
 
 
 def test_a_correct_runner_under_staging_lag_is_clean(held_sim_run) -> None:
@@ -58,8 +58,8 @@ def test_a_device_write_into_a_staging_buffer_is_caught_without_any_race(monkeyp
 
 @pytest.mark.gpu
 def test_on_cuda_a_slot_rewritten_before_its_copy_ran_is_caught_by_the_device_checksum() -> None:
-    from runnercheck.stress.isolation import isolated_run
-    from runnercheck.stress.races import calibrate_cuda_delay, measure_host_tick_us
+    from runnercheck.stress.run.isolation import isolated_run
+    from runnercheck.stress.sim.races import calibrate_cuda_delay, measure_host_tick_us
 
     planned = plan_runs("cuda", 0, "runnercheck.impl.runner:make_runner", quick=True)[0]
     tick_us = measure_host_tick_us(replace(planned.config, steps=12))

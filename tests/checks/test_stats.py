@@ -1,4 +1,4 @@
-"""checks/stats.py: binning, the three tests, corrections and calibration, on numpy-made samples.
+"""checks/chisq/stats.py: binning, the three tests, corrections and calibration, on numpy-made samples.
 
 Every test that exists to catch something is shown catching it (a planted excess, an impossible
 token, dependent pairs, miscalibrated p-values); calibration of the chi-square itself is checked
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from runnercheck.checks import stats
+from runnercheck.checks.chisq import stats
 
 
 def _probs(seed: int, vocab: int, scale: float = 2.0) -> np.ndarray:

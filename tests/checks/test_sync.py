@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from runnercheck.checks.sync import (
+from runnercheck.checks.detectors.sync import (
     SYNC_CHECK_ENV,
     HostSyncError,
     SyncReport,

@@ -97,7 +97,7 @@ def _invocations() -> list[tuple[str, list[str]]]:
 
 @pytest.mark.parametrize("command", ["verify", "stress", "chisq", "mutants"])
 def test_workflow_invocations_use_declared_flags(command: str) -> None:
-    from runnercheck.stress.cli import main
+    from runnercheck.stress.cli.main import main
 
     calls = [args for name, args in _invocations() if name == command]
     assert calls, f"no workflow runs runnercheck {command}"

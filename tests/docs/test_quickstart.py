@@ -47,7 +47,7 @@ def _fake_venv(folder: Path) -> None:
     bin_dir.mkdir(parents=True)
     checkout = shlex.quote(str(REPO))
     py = shlex.quote(sys.executable)
-    for name, run in (("python", f"{py}"), ("runnercheck", f"{py} -m runnercheck.stress.cli")):
+    for name, run in (("python", f"{py}"), ("runnercheck", f"{py} -m runnercheck.stress.cli.main")):
         script = bin_dir / name
         script.write_text(f'#!/bin/sh\nexport PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}"{checkout}\nexec {run} "$@"\n')
         script.chmod(0o755)
@@ -142,7 +142,7 @@ def test_example_samplers_on_the_whole_quick_catalogue(tmp_path: Path) -> None:
     reports = {}
     for name in ("good_sampler", "buggy_sampler"):
         out = tmp_path / name
-        done = subprocess.run([sys.executable, "-m", "runnercheck.stress.cli", "chisq", "--quick", "--device", "cpu",
+        done = subprocess.run([sys.executable, "-m", "runnercheck.stress.cli.main", "chisq", "--quick", "--device", "cpu",
                                "--no-calibration", "--no-power", "--sampler", f"{name}:sample", "--out", str(out)],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         reports[name] = (done.returncode, json.loads((out / "chisq.json").read_text()))

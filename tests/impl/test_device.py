@@ -145,7 +145,7 @@ def test_an_unrecorded_marker_is_a_typed_error_for_every_check(kind: str):
 
 @pytest.mark.gpu
 def test_cuda_stream_event_roundtrip():
-    from runnercheck.stress.env_cmd import device_selftest
+    from runnercheck.stress.cli.env_cmd import device_selftest
 
     dev = Device("cuda")
     assert device_selftest(dev)
@@ -305,8 +305,8 @@ def test_auto_means_one_thing_in_every_front_end(monkeypatch) -> None:
     import types
 
     import runnercheck.impl.device as device_module
-    from runnercheck.checks.chisq import resolve_device as chisq_device
-    from runnercheck.stress.cli_options import resolve_device as cli_device
+    from runnercheck.checks.chisq.run import resolve_device as chisq_device
+    from runnercheck.stress.cli.options import resolve_device as cli_device
     from runnercheck.stress.pytest_plugin import _device_kind
 
     plugin_config = types.SimpleNamespace(getoption=lambda name: "auto")

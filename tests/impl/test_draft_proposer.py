@@ -117,8 +117,8 @@ def test_the_target_as_its_own_draft_is_accepted_and_matches_the_oracle() -> Non
 
 
 def _differential(steps: int, kind: str = "sim", draft: str = "micro-draft", **scheduler_changes):
-    from runnercheck.stress.harness import ChurnOps, checked_run
-    from runnercheck.stress.verify import plan_runs
+    from runnercheck.stress.run.harness import ChurnOps, checked_run
+    from runnercheck.stress.cli.verify import plan_runs
 
     planned = plan_runs("sim", 0, "runnercheck.impl.runner:make_runner", quick=True)[0]
     if kind != "sim":

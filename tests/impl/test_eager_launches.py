@@ -65,7 +65,7 @@ def _run_eager_steps(speculative=None, draft_prob: float = 0.0, ngram_spec_token
     from runnercheck.impl.interface import RunnerLimits, SamplingParams
     from runnercheck.impl.model.weights import preset, random_weights
     from runnercheck.impl.runner import ModelRunner
-    from runnercheck.stress.scheduler import SchedulerSim
+    from runnercheck.stress.sim.scheduler import SchedulerSim
 
     limits = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=48, max_num_batched_tokens=16, num_kv_blocks=40,
                           block_size=4, max_logprobs=3, max_num_draft_tokens=2)

@@ -240,7 +240,7 @@ def test_bad_forward_arguments_raise_before_any_write():
 
 def test_forward_never_reads_device_data_on_the_host():
     """Run outside an enqueue so the sync detector watches every op; a planted `.item()` is caught."""
-    sync = pytest.importorskip("runnercheck.checks.sync")
+    sync = pytest.importorskip("runnercheck.checks.detectors.sync")
     dev = Device("cpu")
     decoder = PagedDecoder(random_weights(preset("micro")), dev, dtype=torch.float32, num_kv_blocks=6, block_size=4)
     tensors, counts, _ = _one_step_inputs(decoder)
@@ -280,7 +280,7 @@ def test_qwen3_shaped_forward_on_gpu(dtype, atol, rel):
 
 @pytest.mark.gpu
 def test_forward_is_sync_free_on_gpu():
-    sync = pytest.importorskip("runnercheck.checks.sync")
+    sync = pytest.importorskip("runnercheck.checks.detectors.sync")
     dev = Device("cuda")
     decoder = PagedDecoder(random_weights(QWEN3_ONE_LAYER), dev, dtype=torch.bfloat16, num_kv_blocks=6, block_size=16)
     tensors, counts, _ = _one_step_inputs(decoder)

@@ -11,7 +11,7 @@ from runnercheck.impl.graphs import GraphCaptureError, GraphConfigError, default
 from runnercheck.impl.interface import RunnerLimits, SamplingParams
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import ModelRunner, make_runner
-from runnercheck.stress.scheduler import SchedulerSim
+from runnercheck.stress.sim.scheduler import SchedulerSim
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=48, max_num_batched_tokens=16, num_kv_blocks=40,
                       block_size=4, max_logprobs=3, max_num_draft_tokens=1)
@@ -293,7 +293,7 @@ def test_cuda_replay_equals_eager_bit_for_bit(weights, drafts):
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")])])
 def test_replay_under_the_armed_sync_detector_counts_zero(weights, kind):
     """Async (two steps in flight), detector armed around every execute_model: replays read nothing back."""
-    sync = pytest.importorskip("runnercheck.checks.sync")
+    sync = pytest.importorskip("runnercheck.checks.detectors.sync")
     runner = ModelRunner(weights, LIMITS, Device(kind), base_seed=7)
     sched = SchedulerSim(LIMITS, seed=0)
     _requests(sched, logprobs=True)

@@ -107,7 +107,7 @@ def test_runner_outputs_are_the_same_with_and_without_fast_launches(monkeypatch)
     from runnercheck.impl.interface import RunnerLimits, SamplingParams
     from runnercheck.impl.model.weights import preset, random_weights
     from runnercheck.impl.runner import ModelRunner
-    from runnercheck.stress.scheduler import SchedulerSim
+    from runnercheck.stress.sim.scheduler import SchedulerSim
 
     limits = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=48, max_num_batched_tokens=16, num_kv_blocks=40,
                           block_size=4, max_logprobs=3, max_num_draft_tokens=1)

@@ -14,9 +14,9 @@ from runnercheck.impl.graphs import GraphConfigError, default_mixed_sizes
 from runnercheck.impl.interface import RunnerLimits, SamplingParams
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import ModelRunner
-from runnercheck.checks.kv_provenance import arm_kv_provenance
+from runnercheck.checks.detectors.kv_provenance import arm_kv_provenance
 from runnercheck.stress import mutants as catalogue
-from runnercheck.stress.scheduler import SchedulerSim
+from runnercheck.stress.sim.scheduler import SchedulerSim
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=48, max_num_batched_tokens=24, num_kv_blocks=40,
                       block_size=4, max_logprobs=3, max_num_draft_tokens=0)
@@ -178,7 +178,7 @@ def test_cuda_mixed_replay_equals_padded_eager_and_the_oracle_with_no_host_sync(
     """Captured mixed graphs on the GPU: tokens equal the same padded launches run eagerly and the oracle's,
     and a detector armed around every execute_model counts no host read."""
     reference = pytest.importorskip("runnercheck.reference.runner")
-    sync = pytest.importorskip("runnercheck.checks.sync")
+    sync = pytest.importorskip("runnercheck.checks.detectors.sync")
     graphed = ModelRunner(weights, LIMITS, Device("cuda"), base_seed=7)
     padded_eager = ModelRunner(weights, LIMITS, Device("cuda"), base_seed=7, cuda_graphs=False)
     report = sync.arm_runner(graphed, mode="count")

@@ -85,8 +85,8 @@ def test_the_gather_takes_placeholders_from_the_proposal_and_keeps_explicit_draf
 
 
 def _ngram_run(steps: int, kind: str = "sim", **scheduler_changes):
-    from runnercheck.stress.harness import ChurnOps, checked_run
-    from runnercheck.stress.verify import plan_runs
+    from runnercheck.stress.run.harness import ChurnOps, checked_run
+    from runnercheck.stress.cli.verify import plan_runs
 
     planned = plan_runs("sim", 0, "runnercheck.impl.runner:make_runner", quick=True)[0]
     if kind != "sim":

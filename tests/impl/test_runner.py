@@ -34,7 +34,7 @@ from runnercheck.impl.runner import ModelRunner, make_runner
 
 reference_runner = pytest.importorskip("runnercheck.reference.runner")
 compare = pytest.importorskip("runnercheck.checks.compare")
-sync_check = pytest.importorskip("runnercheck.checks.sync")
+sync_check = pytest.importorskip("runnercheck.checks.detectors.sync")
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=64, max_num_batched_tokens=16, num_kv_blocks=40, block_size=4)
 

@@ -269,7 +269,7 @@ def test_bad_arguments_raise_before_any_launch(dev, samplers):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="sim kernels run interpreted; the GPU twin is in test_sampler_gpu")
 def test_sample_reads_no_device_data_on_the_host():
     """On a lagging sim device, sampling (with logprobs) inside an enqueue trips no host-read trap."""
-    sync = pytest.importorskip("runnercheck.checks.sync")
+    sync = pytest.importorskip("runnercheck.checks.detectors.sync")
     dev = Device("sim", seed=3, lag_policy="lag-1-steps")
     sampler = Sampler(dev, VOCAB, max_logprobs=3, max_num_rows=4, candidate_capacity=16)
     state = SamplingState(dev, NUM_STATE_ROWS, VOCAB)

@@ -96,7 +96,7 @@ def test_large_vocab_filters_keep_the_reference_set(gpu):
 
 
 def test_no_host_sync_on_cuda(gpu):
-    sync = pytest.importorskip("runnercheck.checks.sync")
+    sync = pytest.importorskip("runnercheck.checks.detectors.sync")
     sampler = Sampler(gpu, VOCAB, max_logprobs=5, max_num_rows=8)
     state = SamplingState(gpu, 2, VOCAB)
     admit(gpu, state, {0: RowRequest(SamplingParams(top_k=50, top_p=0.9, presence_penalty=0.5), 1, (3,), (4,))})

@@ -85,10 +85,10 @@ def test_a_table_row_without_its_dataclass_field_fails_at_import(monkeypatch):
 # names them as plain identifiers and is not matched.  The exceptions say why they are not a list of the fields.
 _PRODUCT = ("impl", "checks", "stress", "reference")
 _ALLOWED = {
-    ("checks/sampler_contract.py", '``{"temperature", "top_k", "top_p"}``'): "a docstring's example declaration",
-    ("checks/samplers.py", "torch_multinomial_sampler.supported_params"): "what that sampler implements",
-    ("checks/chisq_cases.py", "PENALTY_VALUES = "): "tuned binding-case values (a field without one has a default)",
-    ("checks/chisq_cases.py", 'case(("min_p",), ("top_k",), 0.6)'): "two chosen cases of the catalogue",
+    ("checks/chisq/sampler_contract.py", '``{"temperature", "top_k", "top_p"}``'): "a docstring's example declaration",
+    ("checks/chisq/samplers.py", "torch_multinomial_sampler.supported_params"): "what that sampler implements",
+    ("checks/chisq/cases.py", "PENALTY_VALUES = "): "tuned binding-case values (a field without one has a default)",
+    ("checks/chisq/cases.py", 'case(("min_p",), ("top_k",), 0.6)'): "two chosen cases of the catalogue",
 }
 
 
@@ -121,10 +121,12 @@ def test_the_hand_list_scan_finds_a_hand_list(tmp_path, monkeypatch):
 
 
 def test_every_reader_s_field_set_is_the_table_s():
-    from runnercheck.checks import chisq_binding, sampler_contract
+    from runnercheck.checks.chisq import binding as chisq_binding
+    from runnercheck.checks.chisq import sampler_contract
     from runnercheck.impl import state as state_module
     from runnercheck.impl import step_reader
-    from runnercheck.stress import churn, coverage
+    from runnercheck.stress.sim import churn
+    from runnercheck.stress.run import coverage
 
     names = set(SAMPLING_FIELD_NAMES)
     assert set(sampler_contract.PARAM_FIELDS) == names
@@ -174,11 +176,13 @@ interface.SAMPLING_FIELD_NAMES = tuple(f.name for f in table)
 interface.SAMPLING_FIELDS_BY_NAME = {f.name: f for f in table}
 interface.SamplingParams = FakeParams
 
-from runnercheck.checks import chisq_binding, sampler_contract
+from runnercheck.checks.chisq import binding as chisq_binding
+from runnercheck.checks.chisq import sampler_contract
 from runnercheck.impl.device import Device
 from runnercheck.impl.sample.state import SamplingState
 from runnercheck.impl import step_reader, state as state_module
-from runnercheck.stress import churn, coverage
+from runnercheck.stress.sim import churn
+from runnercheck.stress.run import coverage
 
 out = {}
 FakeParams(typical_p=0.5).validate(10, 5)
@@ -260,7 +264,7 @@ def test_a_fake_field_is_drawn_by_churn_and_counted_by_coverage(fake_field):
 def test_existing_fields_draw_as_before_with_a_fake_field_appended(fake_field):
     """A new field goes last in the table, so a churn seed's first request draws the existing fields as it did (what
     follows its coin -- seed, logprobs, stop tokens, later requests -- moves on: repro files keep traces, not seeds)."""
-    from runnercheck.stress.churn import Churn
+    from runnercheck.stress.sim.churn import Churn
 
     before = [Churn(LIMITS, seed)._params(4) for seed in range(30)]  # this process: the table as it is
     assert fake_field["old_fields_after"] == [[getattr(p, n) for n in SAMPLING_FIELD_NAMES] for p in before]

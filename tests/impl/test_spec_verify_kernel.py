@@ -199,7 +199,7 @@ def test_the_good_batch_passes_the_checks() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="sim kernels run interpreted")
 def test_verify_reads_no_device_data_on_the_host() -> None:
-    sync = pytest.importorskip("runnercheck.checks.sync")
+    sync = pytest.importorskip("runnercheck.checks.detectors.sync")
     batch = _good_batch()
     dev = Device("sim", seed=3, lag_policy="lag-1-steps")
     verifier = SpecVerifier(dev, 8, max_num_reqs=4, max_spec_tokens=MAX_K)

@@ -169,7 +169,7 @@ def test_fused_steady_steps_match_the_general_path_token_for_token_and_in_device
 
 def test_every_step_with_tokens_passes_through_the_device_step_hook():
     """`_enqueue_device_step` is where checks that follow a step's device work attach
-    (`runnercheck.checks.kv_provenance`): the fused steady path must go through it too."""
+    (`runnercheck.checks.detectors.kv_provenance`): the fused steady path must go through it too."""
     runner, work = _setup()
     seen = []
     enqueue_device_step = runner._enqueue_device_step

@@ -12,7 +12,7 @@ from runnercheck.impl.interface import RunnerLimits, SamplingParams
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import ModelRunner
 from runnercheck.impl.staged_writes import StagedWriteGroup, StagedWriteTensor, launch_apply_from_header
-from runnercheck.stress.scheduler import SchedulerSim
+from runnercheck.stress.sim.scheduler import SchedulerSim
 
 
 def _group_with_diffs(dev: Device) -> tuple[StagedWriteGroup, StagedWriteTensor, StagedWriteTensor]:

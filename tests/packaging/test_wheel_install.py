@@ -105,7 +105,7 @@ def test_wheel_holds_every_module_under_runnercheck_only(wheel: Path) -> None:
     assert built == {f"_{m}" for m in MODULES}, f"the wheel's compiled C parts: {sorted(built)}"
     entry_points = zipfile.ZipFile(wheel).read(f"{dist_info}/entry_points.txt").decode()
     assert "runnercheck = runnercheck.stress.pytest_plugin" in entry_points
-    assert "runnercheck = runnercheck.stress.cli:main" in entry_points
+    assert "runnercheck = runnercheck.stress.cli.main:main" in entry_points
 
 
 # --------------------------------------------------------------------------- installed, in a user project

@@ -75,7 +75,7 @@ def test_planted_bug_in_the_users_sampler_fails_its_check(user_project: pytest.P
 
 
 BUGGY_RUNNER = '''
-import runnercheck.stress.runners as runners
+import runnercheck.stress.run.runners as runners
 
 
 def off_by_one_runner(weights, limits, device, base_seed):
@@ -101,7 +101,7 @@ def test_runner_option_and_a_planted_runner_bug_fails_with_divergence_and_repro(
             runnercheck_differential(steps=12)
 
         def test_simple_runner_is_fine(runnercheck_differential):
-            runnercheck_differential("runnercheck.stress.runners:simple_runner", steps=12)
+            runnercheck_differential("runnercheck.stress.run.runners:simple_runner", steps=12)
     """)
     user_project.syspathinsert()
     result, cases = _run(user_project, "--runnercheck-runner", "my_runner:off_by_one_runner",
@@ -142,7 +142,7 @@ def test_detector_fixtures_catch_planted_bugs(user_project: pytest.Pytester) -> 
     user_project.makepyfile(test_detectors="""
         import pytest
         import torch
-        from runnercheck.checks.sync import HostSyncError
+        from runnercheck.checks.detectors.sync import HostSyncError
         from runnercheck.impl.buffers import StagingLifetimeError, StagingPool
         from runnercheck.impl.device import Device
 
@@ -203,7 +203,7 @@ USER_SAMPLERS = '''
 import ctypes
 import time
 
-from runnercheck.checks.samplers import GumbelSampler
+from runnercheck.checks.chisq.samplers import GumbelSampler
 
 _gumbel = GumbelSampler()
 
@@ -231,7 +231,7 @@ def hangs(logits, params, seeds, positions):
 HANGING_RUNNER = '''
 import time
 
-import runnercheck.stress.runners as runners
+import runnercheck.stress.run.runners as runners
 
 
 def hanging_runner(weights, limits, device, base_seed):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from runnercheck.checks import stats
+from runnercheck.checks.chisq import stats
 from runnercheck.impl.interface import (
     SpecLayoutError,
     SpecProbabilityError,

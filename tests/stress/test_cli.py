@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runnercheck.stress.cli import COMMANDS, main
-from runnercheck.stress.cli_options import resolve_device
+from runnercheck.stress.cli.main import COMMANDS, main
+from runnercheck.stress.cli.options import resolve_device
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_bad_seed_is_one_line_in_every_command(tmp_path, capsys, command: str, s
 
 
 def test_the_largest_seed_is_accepted_by_the_parser() -> None:
-    from runnercheck.stress.cli_options import seed_type
+    from runnercheck.stress.cli.options import seed_type
 
     assert seed_type(str(2**63 - 1)) == 2**63 - 1
 
@@ -130,7 +130,7 @@ def test_library_code_never_raises_systemexit() -> None:
     offenders = []
     for path in sorted(ROOT.glob("*/**/*.py")):
         rel = path.relative_to(ROOT)
-        if rel.parts[0] not in ("impl", "reference", "checks", "stress") or rel.as_posix() == "stress/cli.py":
+        if rel.parts[0] not in ("impl", "reference", "checks", "stress") or rel.as_posix() == "stress/cli/main.py":
             continue
         tree = ast.parse(path.read_text())
         script_entry = [n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
@@ -229,8 +229,8 @@ def test_no_import_cycle_among_the_projects_modules() -> None:
 
 def test_the_cycle_finder_finds_a_planted_cycle() -> None:
     graph = import_graph()
-    graph["runnercheck.checks.compare"] = graph["runnercheck.checks.compare"] | {"runnercheck.stress.harness"}  # harness imports compare
-    assert any("runnercheck.checks.compare" in c and "runnercheck.stress.harness" in c for c in cycles(graph))
+    graph["runnercheck.checks.compare"] = graph["runnercheck.checks.compare"] | {"runnercheck.stress.run.harness"}  # harness imports compare
+    assert any("runnercheck.checks.compare" in c and "runnercheck.stress.run.harness" in c for c in cycles(graph))
 
 
 def test_layering_checks_never_imports_stress_and_impl_imports_neither() -> None:
@@ -244,7 +244,7 @@ def test_layering_checks_never_imports_stress_and_impl_imports_neither() -> None
 @pytest.mark.parametrize("count", [1, 2, 3, 7])
 def test_shards_partition_a_campaign_exactly(count):
     """No item twice, none lost, campaign order kept within a shard."""
-    from runnercheck.stress.cli_options import Shard
+    from runnercheck.stress.cli.options import Shard
 
     items = list(range(23))
     shares = [Shard(i, count).select(items) for i in range(count)]
@@ -254,7 +254,7 @@ def test_shards_partition_a_campaign_exactly(count):
 
 @pytest.mark.parametrize("text", ["2/2", "1", "a/b", "-1/3", "0/0", "1/2/3"])
 def test_a_bad_shard_is_one_line_and_exit_2(text, capsys):
-    from runnercheck.stress.cli import main
+    from runnercheck.stress.cli.main import main
 
     assert main(["mutants", "--device", "sim", "--seeds", "4", f"--shard={text}", "--out", "x"]) == 2
     err = capsys.readouterr().err

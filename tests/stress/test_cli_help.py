@@ -1,5 +1,5 @@
 """`--help` documents every option of every command: each has help text, and each that takes a
-value shows its default (`runnercheck.stress.cli.HelpFormatter`, the one rule) or says it is required."""
+value shows its default (`runnercheck.stress.cli.main.HelpFormatter`, the one rule) or says it is required."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-from runnercheck.stress.cli import COMMANDS, HelpFormatter, command_parser, main
+from runnercheck.stress.cli.main import COMMANDS, HelpFormatter, command_parser, main
 
 # Options hidden on purpose: sizing knobs for tests and experiments, not part of a command's contract.
 DELIBERATELY_HIDDEN = {

@@ -6,16 +6,16 @@ from dataclasses import dataclass
 
 import pytest
 
-import runnercheck.stress.runners as runners_mod
+import runnercheck.stress.run.runners as runners_mod
 from runnercheck.impl.device import Device
 from runnercheck.impl.model.weights import preset, random_weights
-from runnercheck.stress.churn import Churn, ChurnConfig
-from runnercheck.stress.driver import DifferentialRun
-from runnercheck.stress.harness import load_runner_factory
-from runnercheck.stress.run_config import RunSetupError
-from runnercheck.stress.runners import SimpleRunner, reference_runner, simple_runner
-from runnercheck.stress.scheduler import SchedulerSim
-from runnercheck.stress.run_config import default_limits
+from runnercheck.stress.sim.churn import Churn, ChurnConfig
+from runnercheck.stress.run.driver import DifferentialRun
+from runnercheck.stress.run.harness import load_runner_factory
+from runnercheck.stress.run.config import RunSetupError
+from runnercheck.stress.run.runners import SimpleRunner, reference_runner, simple_runner
+from runnercheck.stress.sim.scheduler import SchedulerSim
+from runnercheck.stress.run.config import default_limits
 
 TOL = 1e-3
 
@@ -144,8 +144,8 @@ def test_runner_exception_is_recorded_as_a_divergence(micro) -> None:
 
 
 def test_runner_spec_resolution() -> None:
-    assert load_runner_factory("runnercheck.stress.runners:simple_runner") is simple_runner
-    for bad in ("runnercheck.stress.runners", "no_such_mod:f", "runnercheck.stress.runners:nope", ":x"):
+    assert load_runner_factory("runnercheck.stress.run.runners:simple_runner") is simple_runner
+    for bad in ("runnercheck.stress.run.runners", "no_such_mod:f", "runnercheck.stress.run.runners:nope", ":x"):
         with pytest.raises(RunSetupError):
             load_runner_factory(bad)
 

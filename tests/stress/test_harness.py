@@ -14,9 +14,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from runnercheck.stress.cli import main
-from runnercheck.stress.repro import Repro
-from runnercheck.stress.runners import simple_runner
+from runnercheck.stress.cli.main import main
+from runnercheck.stress.run.repro import Repro
+from runnercheck.stress.run.runners import simple_runner
 
 PLANTED = "runnercheck_harness_plants"
 
@@ -147,7 +147,7 @@ def test_verify_reports_a_crashing_run_and_keeps_going(tmp_path, capsys, plants)
 
 def test_an_interrupted_verify_keeps_its_finished_runs_and_the_previous_report(tmp_path, capsys, monkeypatch) -> None:
     from runnercheck.checks.report_folder import atomic_report_folder
-    from runnercheck.stress import verify
+    from runnercheck.stress.cli import verify
 
     out = tmp_path / "v"
     with atomic_report_folder(out) as tmp:
@@ -158,7 +158,7 @@ def test_an_interrupted_verify_keeps_its_finished_runs_and_the_previous_report(t
 
     monkeypatch.setattr(verify, "run_chisq", interrupted)
     rc = main(["verify", "--device", "sim", "--quick", "--steps", "3", "--runs", "1", "--no-progress",
-               "--runner", "runnercheck.stress.runners:simple_runner", "--out", str(out)])
+               "--runner", "runnercheck.stress.run.runners:simple_runner", "--out", str(out)])
     assert rc == 130
     captured = capsys.readouterr()
     assert "interrupted (SIGINT) during the sampler statistics" in captured.err and "Traceback" not in captured.err
@@ -183,7 +183,7 @@ def test_replay_warns_when_provenance_differs(tmp_path, capsys, plants) -> None:
 
 
 def test_replay_refuses_another_format_version(tmp_path, capsys, plants) -> None:
-    from runnercheck.stress.repro import checksum
+    from runnercheck.stress.run.repro import checksum
 
     out = tmp_path / "out"
     assert stress(out, f"{plants}:fewer_rows") == 1
@@ -201,8 +201,8 @@ def test_replay_refuses_another_format_version(tmp_path, capsys, plants) -> None
 
 
 def test_coverage_at_zero_fails_the_campaign() -> None:
-    from runnercheck.stress.coverage import FEATURES
-    from runnercheck.stress.report import RunRecord, build_summary, render_markdown
+    from runnercheck.stress.run.coverage import FEATURES
+    from runnercheck.stress.report.summary import RunRecord, build_summary, render_markdown
 
     full = {f: 1 for f in FEATURES}
     record = RunRecord(name="r", seed=0, lag_policy=None, delay_policy=None, scheduler={}, ticks=1, steps=1,
@@ -219,8 +219,8 @@ def test_coverage_at_zero_fails_the_campaign() -> None:
 def test_the_coverage_counter_counts_what_a_run_does() -> None:
     from runnercheck.checks.compare import StepComparison
     from runnercheck.impl.interface import CachedRequest, CachedRequests, ModelRunnerOutput, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
-    from runnercheck.stress.coverage import CoverageCounter
-    from runnercheck.stress.driver import StepReport
+    from runnercheck.stress.run.coverage import CoverageCounter
+    from runnercheck.stress.run.driver import StepReport
 
     limits = RunnerLimits(vocab_size=16, max_num_reqs=2, max_model_len=64, max_num_batched_tokens=8, num_kv_blocks=8,
                           block_size=4)
@@ -245,15 +245,15 @@ def test_the_coverage_counter_counts_what_a_run_does() -> None:
 
 
 def _sim_config(runner: str, ticks: int, **changes):
-    from runnercheck.stress.verify import plan_runs
+    from runnercheck.stress.cli.verify import plan_runs
 
     config = plan_runs("sim", 1, runner, quick=True, ticks=ticks)[1].config
     return dataclasses.replace(config, **changes)
 
 
 def test_faults_planted_in_both_agree_and_are_counted() -> None:
-    from runnercheck.stress.harness import ChurnOps, checked_run
-    from runnercheck.stress.verify import VERIFY_CHURN
+    from runnercheck.stress.run.harness import ChurnOps, checked_run
+    from runnercheck.stress.cli.verify import VERIFY_CHURN
 
     config = _sim_config("runnercheck.impl.runner:make_runner", 14, scheduler=dataclasses.replace(
         _sim_config("runnercheck.impl.runner:make_runner", 1).scheduler, draft_prob=0.0),
@@ -270,8 +270,8 @@ def test_the_fault_hook_is_in_place_when_the_graphs_are_captured_again() -> None
     from runnercheck.impl.model.weights import preset, random_weights
     from runnercheck.impl.runner import make_runner
     from runnercheck.reference.runner import ReferenceRunner
-    from runnercheck.stress.faults import LogitsFault
-    from runnercheck.stress.run_config import default_limits
+    from runnercheck.stress.sim.faults import LogitsFault
+    from runnercheck.stress.run.config import default_limits
 
     config = preset("micro")
     limits = default_limits(config, max_num_reqs=4)
@@ -299,11 +299,11 @@ def test_only_prompts_within_max_prompt_len_ask_for_prompt_logprobs() -> None:
     from runnercheck.impl.device import Device
     from runnercheck.impl.model.weights import preset, random_weights
     from runnercheck.reference.runner import ReferenceRunner
-    from runnercheck.stress.churn import Churn
-    from runnercheck.stress.driver import DifferentialRun
-    from runnercheck.stress.run_config import default_limits
-    from runnercheck.stress.scheduler import SchedulerSim
-    from runnercheck.stress.verify import VERIFY_CHURN
+    from runnercheck.stress.sim.churn import Churn
+    from runnercheck.stress.run.driver import DifferentialRun
+    from runnercheck.stress.run.config import default_limits
+    from runnercheck.stress.sim.scheduler import SchedulerSim
+    from runnercheck.stress.cli.verify import VERIFY_CHURN
 
     limits = default_limits(preset("micro"), max_num_reqs=4, num_kv_blocks=32)
     weights = random_weights(preset("micro"), seed=0)
@@ -319,9 +319,9 @@ def test_only_prompts_within_max_prompt_len_ask_for_prompt_logprobs() -> None:
 
 def test_a_fault_the_oracle_does_not_apply_is_caught(monkeypatch) -> None:
     """The hook is effective: planted in the runner alone, the differential sees the NaN rule fire."""
-    from runnercheck.stress import faults
-    from runnercheck.stress.harness import ChurnOps, checked_run
-    from runnercheck.stress.verify import VERIFY_CHURN
+    from runnercheck.stress.sim import faults
+    from runnercheck.stress.run.harness import ChurnOps, checked_run
+    from runnercheck.stress.cli.verify import VERIFY_CHURN
 
     original = faults.LogitsFault.install
 
@@ -343,11 +343,11 @@ def test_a_fault_the_oracle_does_not_apply_is_caught(monkeypatch) -> None:
 
 
 def test_oracle_drafts_get_accepted_all_some_and_none() -> None:
-    from runnercheck.stress.harness import ChurnOps, checked_run
-    from runnercheck.stress.scheduler import SchedulerConfig
-    from runnercheck.stress.verify import VERIFY_CHURN
+    from runnercheck.stress.run.harness import ChurnOps, checked_run
+    from runnercheck.stress.sim.scheduler import SchedulerConfig
+    from runnercheck.stress.cli.verify import VERIFY_CHURN
 
-    config = _sim_config("runnercheck.stress.runners:simple_runner", 30, scheduler=SchedulerConfig(1, 1.0), draft_source="oracle",
+    config = _sim_config("runnercheck.stress.run.runners:simple_runner", 30, scheduler=SchedulerConfig(1, 1.0), draft_source="oracle",
                          logits_fault=None)
     findings = checked_run(config, ChurnOps(dataclasses.replace(VERIFY_CHURN, max_new_tokens=10, max_prompt_len=6)))
     assert findings.result.ok, findings.first_divergence_line()
@@ -358,8 +358,8 @@ def test_oracle_drafts_get_accepted_all_some_and_none() -> None:
 def test_staged_write_patterns_of_the_runner_are_observed_through_its_shared_group() -> None:
     """The runner flushes one shared group, not its tensors: the observer must still see every diff
     (it counted nothing on the H200 until it wrapped the group's flush)."""
-    from runnercheck.stress.harness import ChurnOps, checked_run
-    from runnercheck.stress.verify import VERIFY_CHURN
+    from runnercheck.stress.run.harness import ChurnOps, checked_run
+    from runnercheck.stress.cli.verify import VERIFY_CHURN
 
     config = _sim_config("runnercheck.impl.runner:make_runner", 12, logits_fault=None)
     findings = checked_run(config, ChurnOps(VERIFY_CHURN))
@@ -370,7 +370,7 @@ def test_staged_write_patterns_of_the_runner_are_observed_through_its_shared_gro
 
 
 def test_staged_write_patterns_are_classified() -> None:
-    from runnercheck.stress.staged_writes import StagedWriteObserver
+    from runnercheck.stress.run.staged_writes import StagedWriteObserver
 
     obs = StagedWriteObserver(object())
     assert not obs.active
@@ -383,8 +383,8 @@ def test_staged_write_patterns_are_classified() -> None:
 
 
 def test_mutants_junit_has_one_case_per_mutant_and_control(tmp_path) -> None:
-    from runnercheck.stress.junit_cases import mutants_cases, write_cases
-    from runnercheck.stress.mutants_report import ControlResult, MutantResult, MutantsReport
+    from runnercheck.stress.report.junit_cases import mutants_cases, write_cases
+    from runnercheck.stress.mutants.report import ControlResult, MutantResult, MutantsReport
 
     def mutant(name, killed_by, designed=("differential",), status=None):
         return MutantResult(name=name, cls="state", description="d", needs_gpu=False, designed=list(designed),
@@ -412,15 +412,15 @@ def test_mutants_junit_has_one_case_per_mutant_and_control(tmp_path) -> None:
 def test_a_runner_without_a_row_table_is_not_counted_for_row_reuse() -> None:
     """``row taken over by another request`` is read from ``state.req_to_row``: a runner without one (the runner
     contract does not ask for it) leaves the feature out, so the verify gate cannot fail on what it cannot see."""
-    from runnercheck.stress.coverage import ROW_FEATURE
-    from runnercheck.stress.harness import ChurnOps, checked_run
-    from runnercheck.stress.verify import VERIFY_CHURN
+    from runnercheck.stress.run.coverage import ROW_FEATURE
+    from runnercheck.stress.run.harness import ChurnOps, checked_run
+    from runnercheck.stress.cli.verify import VERIFY_CHURN
 
-    simple = checked_run(_sim_config("runnercheck.stress.runners:simple_runner", 12), ChurnOps(VERIFY_CHURN))
+    simple = checked_run(_sim_config("runnercheck.stress.run.runners:simple_runner", 12), ChurnOps(VERIFY_CHURN))
     assert simple.result.ok and ROW_FEATURE not in simple.coverage and simple.coverage["decode step"] > 0
     ours = checked_run(_sim_config("runnercheck.impl.runner:make_runner", 12), ChurnOps(VERIFY_CHURN))
     assert ours.result.ok and ROW_FEATURE in ours.coverage
-    from runnercheck.stress.coverage import FEATURES, merge, zero_features
+    from runnercheck.stress.run.coverage import FEATURES, merge, zero_features
 
     assert ROW_FEATURE not in zero_features(merge([simple.coverage, simple.coverage]))  # the campaign's gate
     assert ROW_FEATURE in merge([simple.coverage, ours.coverage]) and set(FEATURES) <= set(merge([]))

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-import runnercheck.stress.machine as machine
+import runnercheck.stress.run.machine as machine
 from runnercheck.impl.device import Device
 from runnercheck.impl.interface import NewRequest, SamplingParams
 from runnercheck.impl.state import RequestStateTable
-from runnercheck.stress.machine import MachineInvariantError, RunnerMachine, check_row_table, sampling_params
-from runnercheck.stress.run_config import default_limits
+from runnercheck.stress.run.machine import MachineInvariantError, RunnerMachine, check_row_table, sampling_params
+from runnercheck.stress.run.config import default_limits
 
 # Collected here so the CI run and the long run are part of this module's tests.
 TestRunnerMachine = machine.TestRunnerMachine

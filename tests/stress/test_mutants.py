@@ -1,4 +1,4 @@
-"""The mutant catalogue (`runnercheck.stress.mutants`) and `runnercheck mutants` (`runnercheck.stress.mutants_cmd`).
+"""The mutant catalogue (`runnercheck.stress.mutants.catalogue`) and `runnercheck mutants` (`runnercheck.stress.cli.mutants_cmd`).
 
 The CI test runs the whole quick catalogue on ``sim`` and asserts every CPU-manifesting mutant is
 killed by the check it was built for, with clean controls.  The others prove the harness can fail:
@@ -16,16 +16,16 @@ import torch
 
 import runnercheck.impl.runner as runner_module
 import runnercheck.impl.sample.sampler as sampler_module
-from runnercheck.checks.chisq_cases import power_cases
+from runnercheck.checks.chisq.cases import power_cases
 from runnercheck.impl.device import Device
 from runnercheck.impl.model.weights import preset, random_weights
-from runnercheck.stress import cli
+from runnercheck.stress.cli import main as cli
 from runnercheck.stress import mutants as catalogue
-from runnercheck.stress.mutants import CATALOGUE, CHECKS, CLASSES, WORKLOADS, MutantTargetError, UnknownMutantError
-from runnercheck.stress.mutants_cmd import MutantsOptions, run_catalogue, run_differential
-from runnercheck.stress.mutants_report import ControlResult, MutantResult, MutantsReport, markdown
-from runnercheck.stress.runners import simple_runner
-from runnercheck.stress.run_config import default_limits
+from runnercheck.stress.mutants.catalogue import CATALOGUE, CHECKS, CLASSES, WORKLOADS, MutantTargetError, UnknownMutantError
+from runnercheck.stress.cli.mutants_cmd import MutantsOptions, run_catalogue, run_differential
+from runnercheck.stress.mutants.report import ControlResult, MutantResult, MutantsReport, markdown
+from runnercheck.stress.run.runners import simple_runner
+from runnercheck.stress.run.config import default_limits
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def _snapshot(parts: dict[str, object]) -> dict[str, dict[str, int]]:
 
 @pytest.mark.parametrize("name", list(CATALOGUE))
 def test_apply_patches_the_runner_and_undo_restores_it(name, micro_runner):
-    from runnercheck.stress.scheduler import SchedulerSim
+    from runnercheck.stress.sim.scheduler import SchedulerSim
 
     if CATALOGUE[name].workload == "draft-model":  # the rejection-sampling mutants patch the draft-model proposer
         from runnercheck.impl.interface import DraftModelConfig
@@ -114,9 +114,9 @@ def test_apply_patches_the_runner_and_undo_restores_it(name, micro_runner):
 
 
 def test_stress_command_installs_mutants_through_apply():
-    from runnercheck.stress.scheduler import SchedulerConfig
-    from runnercheck.stress.harness import build_session
-    from runnercheck.stress.run_config import RunConfig, RunSetupError
+    from runnercheck.stress.sim.scheduler import SchedulerConfig
+    from runnercheck.stress.run.harness import build_session
+    from runnercheck.stress.run.config import RunConfig, RunSetupError
 
     config = preset("micro")
 
@@ -192,7 +192,7 @@ NOISE_WITNESS = (20240601, 33406, 53)
 def test_noise_mutants_give_a_tiny_uniform_infinite_noise(name):
     from runnercheck.impl.interface import SamplingParams
     from runnercheck.reference.rng import philox_64bits
-    from runnercheck.checks.impl_sampler import ImplSampler
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler
 
     seed, position, token = NOISE_WITNESS
     assert int(philox_64bits(seed, position, torch.tensor([token]))[0]) < 128
@@ -270,6 +270,6 @@ def test_every_mutants_workload_is_known_to_a_child_that_imports_only_the_harnes
             "from stress.mutant_workloads import WORKLOADS\n"
             "missing = [n for n in sys.argv[1:] if n not in WORKLOADS]\n"
             "assert not missing, missing\n"
-            "assert 'runnercheck.stress.mutants' not in sys.modules\n")
+            "assert 'runnercheck.stress.mutants.catalogue' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""The CUDA-graph mutants (`runnercheck.stress.mutants_graphs`): each is killed on sim by the check it was built
+"""The CUDA-graph mutants (`runnercheck.stress.mutants.graphs`): each is killed on sim by the check it was built
 for, within the quick tick budget of its workload, and the unmutated workload stays silent."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from runnercheck.impl.device import Device
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import make_runner
 from runnercheck.stress import mutants as catalogue
-from runnercheck.stress.mutants import CATALOGUE, WORKLOADS
-from runnercheck.stress.mutants_cmd import run_differential
-from runnercheck.stress.run_config import default_limits
+from runnercheck.stress.mutants.catalogue import CATALOGUE, WORKLOADS
+from runnercheck.stress.cli.mutants_cmd import run_differential
+from runnercheck.stress.run.config import default_limits
 
 GRAPH_MUTANTS = ("graph_buffer_reallocated", "padding_row_writes_live_state", "predicate_admits_larger_batch",
                  "graph_init_only_at_capture", "mixed_tail_left_stale",

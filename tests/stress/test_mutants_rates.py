@@ -1,4 +1,4 @@
-"""Kill rates over seeds (`runnercheck mutants --seeds N`, `runnercheck.stress.mutants_rates`): the aggregation
+"""Kill rates over seeds (`runnercheck mutants --seeds N`, `runnercheck.stress.mutants.rates`): the aggregation
 names every seed a mutant survived in and every seed a control fired in, and fails the campaign
 for either; the CLI writes one report per seed and the rates next to them."""
 from __future__ import annotations
@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from runnercheck.stress import cli
-from runnercheck.stress.junit_cases import rates_cases
-from runnercheck.stress.mutants_rates import kill_rates, markdown
-from runnercheck.stress.mutants_report import ControlResult, MutantResult, MutantsReport
+from runnercheck.stress.cli import main as cli
+from runnercheck.stress.report.junit_cases import rates_cases
+from runnercheck.stress.mutants.rates import kill_rates, markdown
+from runnercheck.stress.mutants.report import ControlResult, MutantResult, MutantsReport
 
 
 def _mutant(name: str, *, killed: bool, skipped: bool = False) -> MutantResult:
@@ -110,7 +110,7 @@ def test_the_shards_of_a_campaign_merge_into_its_rates_and_overlaps_are_refused(
 
 
 def test_a_report_round_trips_through_its_json(tmp_path):
-    from runnercheck.stress.mutants_report import MutantsReportError, read_report, write_report
+    from runnercheck.stress.mutants.report import MutantsReportError, read_report, write_report
 
     report = _report(3, b_killed=False, control_fired=True)
     write_report(report, tmp_path)

@@ -1,9 +1,9 @@
-"""The speculative-decoding mutants (`runnercheck.stress.mutants_spec`): the accepted count read on the host in
+"""The speculative-decoding mutants (`runnercheck.stress.mutants.spec`): the accepted count read on the host in
 the step is killed on sim by the sync detector within the ``ngram`` workload's quick budget, and
 the unmutated workload (the n-gram proposer on) stays silent; the four rejection-sampling biases planted
 in the draft-model runner's verification are killed by the differential on the ``draft-model`` workload,
 which stays silent unmutated.  (Accepting with ``p/q`` without the min is unobservable -- ``u < 1`` --
-so its observable form, the row-normalised ratio, is the mutant; see `runnercheck.stress.mutants_spec`.)"""
+so its observable form, the row-normalised ratio, is the mutant; see `runnercheck.stress.mutants.spec`.)"""
 from __future__ import annotations
 
 import pytest
@@ -12,9 +12,9 @@ from runnercheck.impl.device import Device
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import make_runner
 from runnercheck.stress import mutants as catalogue
-from runnercheck.stress.mutants import CATALOGUE, WORKLOADS
-from runnercheck.stress.mutants_cmd import run_differential
-from runnercheck.stress.run_config import default_limits
+from runnercheck.stress.mutants.catalogue import CATALOGUE, WORKLOADS
+from runnercheck.stress.cli.mutants_cmd import run_differential
+from runnercheck.stress.run.config import default_limits
 
 
 def test_the_host_read_mutant_is_killed_by_the_sync_detector() -> None:
@@ -58,7 +58,7 @@ def test_the_rejection_sampling_biases_are_designed_for_the_differential_on_the_
 
 def test_a_bias_mutant_needs_the_draft_model_proposer_and_undo_restores_the_verifier() -> None:
     from runnercheck.impl.interface import DraftModelConfig, NgramConfig
-    from runnercheck.stress.mutant_kernels import MutantTargetError
+    from runnercheck.stress.mutants.kernels import MutantTargetError
 
     config = preset("micro")
     weights, limits = random_weights(config, seed=0), default_limits(config)

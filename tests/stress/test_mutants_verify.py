@@ -2,9 +2,9 @@
 kills it; the control runs the same plan unmutated for the ticks the kill took."""
 from __future__ import annotations
 
-from runnercheck.stress.mutants import CATALOGUE
-from runnercheck.stress.mutants_cmd import MutantsOptions, run_controls, run_mutant
-from runnercheck.stress.mutants_verify import plan_ticks, verify_plan
+from runnercheck.stress.mutants.catalogue import CATALOGUE
+from runnercheck.stress.cli.mutants_cmd import MutantsOptions, run_controls, run_mutant
+from runnercheck.stress.mutants.verify_campaign import plan_ticks, verify_plan
 
 
 def test_the_campaign_is_verifys_own_plan() -> None:
@@ -24,7 +24,7 @@ def test_a_race_mutant_is_killed_by_the_verify_plan_and_its_control_is_clean() -
 
 
 def test_an_unknown_campaign_is_a_usage_error(capsys) -> None:
-    from runnercheck.stress.cli import main
+    from runnercheck.stress.cli.main import main
 
     assert main(["mutants", "--campaign", "nightly", "--out", "/tmp/never"]) == 2
     assert "--campaign" in capsys.readouterr().err

@@ -1,5 +1,5 @@
-"""`runnercheck.stress.prefix_checks` (what a checked run reports about the prefix cache and KV provenance) and
-the prefix-caching mutants of `runnercheck.stress.mutants_prefix`."""
+"""`runnercheck.stress.run.prefix_checks` (what a checked run reports about the prefix cache and KV provenance) and
+the prefix-caching mutants of `runnercheck.stress.mutants.prefix`."""
 from __future__ import annotations
 
 import pytest
@@ -8,14 +8,14 @@ from runnercheck.impl.device import Device
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import make_runner
 from runnercheck.stress import mutants as catalogue
-from runnercheck.stress.churn import Churn
-from runnercheck.stress.driver import DifferentialRun
-from runnercheck.stress.mutants_cmd import MutantsOptions, run_catalogue
-from runnercheck.stress.mutants_prefix import PREFIX_MUTANTS, PREFIX_WORKLOAD
-from runnercheck.stress.prefix_checks import arm_prefix_checks
-from runnercheck.stress.runners import simple_runner
-from runnercheck.stress.scheduler import SchedulerSim
-from runnercheck.stress.run_config import default_limits
+from runnercheck.stress.sim.churn import Churn
+from runnercheck.stress.run.driver import DifferentialRun
+from runnercheck.stress.cli.mutants_cmd import MutantsOptions, run_catalogue
+from runnercheck.stress.mutants.prefix import PREFIX_MUTANTS, PREFIX_WORKLOAD
+from runnercheck.stress.run.prefix_checks import arm_prefix_checks
+from runnercheck.stress.run.runners import simple_runner
+from runnercheck.stress.sim.scheduler import SchedulerSim
+from runnercheck.stress.run.config import default_limits
 
 
 def _limits():

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from runnercheck.checks.junit import suite_name
-from runnercheck.stress.coverage import FEATURES, merge, tally
-from runnercheck.stress.junit_cases import verify_cases, write_cases
-from runnercheck.stress.report import RunRecord, build_summary, render_markdown
-from runnercheck.stress.staged_writes import STAGED_FEATURES, UNGATED_STAGED_FEATURES
+from runnercheck.stress.run.coverage import FEATURES, merge, tally
+from runnercheck.stress.report.junit_cases import verify_cases, write_cases
+from runnercheck.stress.report.summary import RunRecord, build_summary, render_markdown
+from runnercheck.stress.run.staged_writes import STAGED_FEATURES, UNGATED_STAGED_FEATURES
 
 GATED_STAGED = tuple(f for f in STAGED_FEATURES if f not in UNGATED_STAGED_FEATURES)
 
@@ -73,7 +73,7 @@ def test_summary_md_is_titled_by_the_command_that_ran(command: str) -> None:
 
 
 def test_the_terminal_summary_is_titled_by_the_command_that_ran(capsys) -> None:
-    from runnercheck.stress.render import print_verify_summary
+    from runnercheck.stress.report.render import print_verify_summary
 
     print_verify_summary(_summary(_coverage(3), command="stress"), [])
     out = capsys.readouterr().out

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runnercheck.stress.cli import main
+from runnercheck.stress.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = ["verify", "stress", "mutants", "chisq", "bench"]
@@ -110,7 +110,7 @@ def _children(pid: int) -> set[int]:
 def test_a_signal_during_stress_writes_an_incomplete_report_and_stops_the_child(tmp_path, sig) -> None:
     out = tmp_path / "stress"
     env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1")
-    proc = subprocess.Popen([sys.executable, "-m", "runnercheck.stress.cli", "stress", "--device", "sim",
+    proc = subprocess.Popen([sys.executable, "-m", "runnercheck.stress.cli.main", "stress", "--device", "sim",
                              "--steps", "100000", "--no-progress", "--out", str(out)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -135,7 +135,7 @@ def test_a_signal_during_stress_writes_an_incomplete_report_and_stops_the_child(
 
 
 def test_an_interrupted_chisq_keeps_the_finished_matrix(tmp_path, capsys, monkeypatch) -> None:
-    from runnercheck.checks import chisq
+    from runnercheck.checks.chisq import run as chisq
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -152,8 +152,8 @@ def test_an_interrupted_chisq_keeps_the_finished_matrix(tmp_path, capsys, monkey
 
 
 def test_an_interrupted_mutants_run_keeps_the_mutants_that_finished(tmp_path, capsys, monkeypatch) -> None:
-    from runnercheck.stress import mutants_cmd
-    from runnercheck.stress.mutants_report import MutantResult
+    from runnercheck.stress.cli import mutants_cmd
+    from runnercheck.stress.mutants.report import MutantResult
 
     calls = []
 

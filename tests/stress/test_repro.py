@@ -7,9 +7,9 @@ import types
 
 import pytest
 
-from runnercheck.stress.cli import main as cli_main
-from runnercheck.stress.repro import Repro, ReproError
-from runnercheck.stress.runners import SimpleRunner
+from runnercheck.stress.cli.main import main as cli_main
+from runnercheck.stress.run.repro import Repro, ReproError
+from runnercheck.stress.run.runners import SimpleRunner
 
 
 def make_repro(**changes) -> Repro:
@@ -26,7 +26,7 @@ def make_repro(**changes) -> Repro:
         lag_policy={"name": "random-drain", "seed": 7, "p_stall": 0.5},
         delay_policy=None,
         mutant=None,
-        runner="runnercheck.stress.runners:simple_runner",
+        runner="runnercheck.stress.run.runners:simple_runner",
         steps=3,
         trace=[
             [{"op": "add", "req_id": "r0", "prompt": [1, 2, 3], "params": {"temperature": 0.7, "seed": None, "stop_token_ids": [5]}}],
@@ -36,7 +36,7 @@ def make_repro(**changes) -> Repro:
         first_divergence="step 2: request 'r0' position 4: expected token 9, got 8",
     )
     fields.update(changes)
-    from runnercheck.stress.run_config import RunConfig
+    from runnercheck.stress.run.config import RunConfig
 
     config = RunConfig.from_body(dict(fields, cuda_graphs=fields.get("cuda_graphs", True)))
     return Repro(config, fields["trace"], fields["first_divergence"], {"runnercheck": "test", "device_name": "sim"})
@@ -112,7 +112,7 @@ def test_malformed_text(tmp_path, text: str, message: str) -> None:
     ],
 )
 def test_schema_violations_with_a_valid_checksum(change, message: str) -> None:
-    from runnercheck.stress.repro import checksum
+    from runnercheck.stress.run.repro import checksum
 
     doc = json.loads(make_repro().to_json())
     doc.pop("checksum")
@@ -166,7 +166,7 @@ def stress_args(out_dir, runner: str, *extra: str) -> list[str]:
 
 def test_stress_passes_with_the_simple_runner(tmp_path, capsys) -> None:
     pytest.importorskip("runnercheck.reference.runner")
-    assert cli_main(stress_args(tmp_path, "runnercheck.stress.runners:simple_runner", "--draft-prob", "0.3")) == 0
+    assert cli_main(stress_args(tmp_path, "runnercheck.stress.run.runners:simple_runner", "--draft-prob", "0.3")) == 0
     out = capsys.readouterr().out
     assert "agree" in out and "tokens / logprobs compared" in out
     assert not (tmp_path / "repro.json").exists()
@@ -189,7 +189,7 @@ def test_stress_divergence_writes_a_repro_that_replays(tmp_path, capsys, planted
     assert f"DIVERGENCE {line}" in out and "the recorded divergence" in out
 
     # replayed against a fixed runner, the recorded trace no longer diverges
-    assert cli_main(["replay", str(tmp_path / "repro.json"), "--runner", "runnercheck.stress.runners:simple_runner", "--no-progress"]) == 0
+    assert cli_main(["replay", str(tmp_path / "repro.json"), "--runner", "runnercheck.stress.run.runners:simple_runner", "--no-progress"]) == 0
     assert "no divergence any more" in capsys.readouterr().out
 
 
@@ -204,7 +204,7 @@ def test_replay_of_a_bad_file_is_a_message_not_a_traceback(tmp_path, capsys) -> 
 
 
 def test_replay_of_a_file_that_compares_nothing_is_a_usage_error(tmp_path, capsys) -> None:
-    from runnercheck.stress.repro import checksum
+    from runnercheck.stress.run.repro import checksum
 
     doc = json.loads(make_repro().to_json())
     doc.pop("checksum")
@@ -229,7 +229,7 @@ def test_replay_of_a_file_that_compares_nothing_is_a_usage_error(tmp_path, capsy
 )
 def test_stress_setup_errors_exit_2(tmp_path, capsys, extra, message: str) -> None:
     pytest.importorskip("runnercheck.reference.runner")
-    args = stress_args(tmp_path, "runnercheck.stress.runners:simple_runner")
+    args = stress_args(tmp_path, "runnercheck.stress.run.runners:simple_runner")
     args += extra
     assert cli_main(args) == 2
     assert message in capsys.readouterr().err
@@ -240,8 +240,8 @@ def test_stress_setup_errors_exit_2(tmp_path, capsys, extra, message: str) -> No
 
 def sim_config(runner: str, seed: int, steps: int):
     from runnercheck.impl.model.weights import preset
-    from runnercheck.stress.scheduler import SchedulerConfig
-    from runnercheck.stress.run_config import RunConfig, default_limits
+    from runnercheck.stress.sim.scheduler import SchedulerConfig
+    from runnercheck.stress.run.config import RunConfig, default_limits
 
     config = preset("micro")
     return RunConfig(seed=seed, steps=steps, device="sim", model_preset="micro", model_config=config,
@@ -251,7 +251,7 @@ def sim_config(runner: str, seed: int, steps: int):
 
 
 def record_outputs(config, ops) -> tuple[list, list]:
-    from runnercheck.stress.harness import checked_run
+    from runnercheck.stress.run.harness import checked_run
 
     seen = []
     findings = checked_run(config, ops, on_step=lambda report: seen.append(report.got))
@@ -259,14 +259,14 @@ def record_outputs(config, ops) -> tuple[list, list]:
     return seen, findings.trace
 
 
-@pytest.mark.parametrize("runner,steps", [("runnercheck.stress.runners:simple_runner", 30), ("runnercheck.impl.runner:make_runner", 8)])
+@pytest.mark.parametrize("runner,steps", [("runnercheck.stress.run.runners:simple_runner", 30), ("runnercheck.impl.runner:make_runner", 8)])
 def test_trace_replay_is_bit_for_bit_on_sim(runner: str, steps: int) -> None:
     """Replaying the recorded trace re-creates every step's output exactly (the async runner on a
     randomly draining sim device included): what `runnercheck replay` relies on."""
     pytest.importorskip("runnercheck.reference.runner")
     pytest.importorskip(runner.split(":")[0])
-    from runnercheck.stress.churn import ChurnConfig
-    from runnercheck.stress.harness import ChurnOps, TraceOps
+    from runnercheck.stress.sim.churn import ChurnConfig
+    from runnercheck.stress.run.harness import ChurnOps, TraceOps
 
     config = sim_config(runner, seed=11, steps=steps)
     # greedy/temperature only: what every runner in this repository samples today

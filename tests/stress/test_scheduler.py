@@ -14,8 +14,8 @@ from collections import deque
 import pytest
 
 from runnercheck.impl.interface import ModelRunnerOutput, RunnerLimits, SamplingParams, SchedulerOutput
-from runnercheck.stress.runners import RunnerBoundaryMirror
-from runnercheck.stress.scheduler import RequestStatus, SchedulerSim, SchedulerSimError
+from runnercheck.stress.run.runners import RunnerBoundaryMirror
+from runnercheck.stress.sim.scheduler import RequestStatus, SchedulerSim, SchedulerSimError
 
 VOCAB = 8  # small, so that drafts guessed from history get accepted now and then
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from runnercheck.stress.cli import main
+from runnercheck.stress.cli.main import main
 
 
 def _first_line(text: str) -> str:

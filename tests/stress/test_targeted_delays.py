@@ -8,10 +8,10 @@ from dataclasses import replace
 import pytest
 
 from runnercheck.impl.lag_policies import DELAY_TARGETS
-from runnercheck.stress.cli import main
-from runnercheck.stress.harness import ChurnOps, checked_run
-from runnercheck.stress.run_config import RunSetupError, TargetedDelay, delay_policy_from_dict
-from runnercheck.stress.verify import plan_runs
+from runnercheck.stress.cli.main import main
+from runnercheck.stress.run.harness import ChurnOps, checked_run
+from runnercheck.stress.run.config import RunSetupError, TargetedDelay, delay_policy_from_dict
+from runnercheck.stress.cli.verify import plan_runs
 
 
 def _first_line(text: str) -> str:

@@ -14,16 +14,16 @@ import torch
 
 from runnercheck.impl.lag_policies import DELAY_TARGETS
 from runnercheck.impl.runner import make_runner
-from runnercheck.stress import verify
-from runnercheck.stress.races import calibrate_cuda_delay
-from runnercheck.stress.report import RunRecord, SummaryError, build_summary, load_summary, render_markdown, validate_summary
-from runnercheck.stress.repro import Repro
+from runnercheck.stress.cli import verify
+from runnercheck.stress.sim.races import calibrate_cuda_delay
+from runnercheck.stress.report.summary import RunRecord, SummaryError, build_summary, load_summary, render_markdown, validate_summary
+from runnercheck.stress.run.repro import Repro
 
 PLANTED_MODULE = "runnercheck_planted_runners"
 
 
 def run_verify(tmp_path: Path, *argv: str) -> tuple[int, Path]:
-    from runnercheck.stress.cli import main
+    from runnercheck.stress.cli.main import main
 
     out = tmp_path / "verify"
     return main(["verify", "--out", str(out), "--no-progress", *argv]), out
@@ -168,7 +168,7 @@ def test_planted_wrong_token_fails_the_job_with_a_replayable_repro(tmp_path: Pat
     assert repro.config.lag_policy == doc["runs"][0]["lag_policy"]
     assert "DIVERGENCE" in capsys.readouterr().out and "## Findings" in (out / "summary.md").read_text()
 
-    from runnercheck.stress import replay
+    from runnercheck.stress.cli import replay
 
     parser = argparse.ArgumentParser()
     replay.add_arguments(parser)
@@ -210,7 +210,7 @@ def test_cuda_without_a_gpu_exits_2(tmp_path: Path) -> None:
 
 
 def test_statistics_not_importable_is_a_note_not_a_failure(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "runnercheck.checks.chisq", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "runnercheck.checks.chisq.run", None)  # import raises ImportError
     section = verify.run_chisq(tmp_path)
     assert section["status"] == "not available" and section["passed"] is None
     doc = build_summary([_record()], section, device="sim", seed=0, runner="r:f", model="micro", quick=True, elapsed_s=1.0)
@@ -226,9 +226,9 @@ def test_statistics_not_importable_is_a_note_not_a_failure(tmp_path: Path, monke
     ids=["failed", "passed-with-nan", "no-verdict", "raises"],
 )
 def test_statistics_verdict_decides(tmp_path: Path, monkeypatch, run_quick, status: str, passed: bool) -> None:
-    fake = types.ModuleType("runnercheck.checks.chisq")
+    fake = types.ModuleType("runnercheck.checks.chisq.run")
     fake.run_quick = run_quick
-    monkeypatch.setitem(sys.modules, "runnercheck.checks.chisq", fake)
+    monkeypatch.setitem(sys.modules, "runnercheck.checks.chisq.run", fake)
     section = verify.run_chisq(tmp_path)
     assert (section["status"], section["passed"]) == (status, passed)
     doc = build_summary([_record()], section, device="sim", seed=0, runner="r:f", model="micro", quick=True, elapsed_s=1.0)
@@ -246,7 +246,8 @@ def _stub_run_quick(calls: list):
 
 def test_statistics_on_cpu_run_the_runner_cases_too_and_a_planted_bias_there_fails_the_job(tmp_path: Path, monkeypatch) -> None:
     """The runner cases reject a min-p/temperature error even when the baseline's matrix passes."""
-    from runnercheck.checks import chisq, samplers
+    from runnercheck.checks.chisq import run as chisq
+    from runnercheck.checks.chisq import samplers
 
     calls: list = []
     monkeypatch.setattr(chisq, "run_quick", _stub_run_quick(calls))
@@ -263,7 +264,7 @@ def test_statistics_on_cpu_run_the_runner_cases_too_and_a_planted_bias_there_fai
 
 
 def test_statistics_on_cuda_run_on_the_runners_sampler(tmp_path: Path, monkeypatch) -> None:
-    from runnercheck.checks import chisq
+    from runnercheck.checks.chisq import run as chisq
 
     calls: list = []
     monkeypatch.setattr(chisq, "run_quick", _stub_run_quick(calls))
@@ -318,8 +319,8 @@ def test_summary_schema_rejects_inconsistent_documents(corrupt, message: str) ->
 
 
 def test_cuda_delay_calibration_makes_the_mean_delay_exceed_the_host_tick() -> None:
-    from runnercheck.stress.races import DEFAULT_DELAY_PROB, DEFAULT_LAG_FACTOR
-    from runnercheck.stress.run_config import RandomDelay
+    from runnercheck.stress.sim.races import DEFAULT_DELAY_PROB, DEFAULT_LAG_FACTOR
+    from runnercheck.stress.run.config import RandomDelay
 
     policy = calibrate_cuda_delay(7, host_tick_us=2000.0)
     delay = RandomDelay.from_dict(policy)  # the repro format `runnercheck replay` reads
@@ -333,7 +334,7 @@ def test_cuda_delay_calibration_makes_the_mean_delay_exceed_the_host_tick() -> N
 
 def test_the_cuda_plan_runs_end_to_end_off_cuda(tmp_path: Path) -> None:
     """Calibration, the race churn, the CUDA limits and the delay hook, on cpu (where delays are no-ops)."""
-    from runnercheck.stress.races import measure_host_tick_us
+    from runnercheck.stress.sim.races import measure_host_tick_us
 
     warmup = dataclasses.replace(verify.plan_runs("cuda", 3, "runnercheck.impl.runner:make_runner", quick=True)[0].config, device="cpu")
     tick_us = measure_host_tick_us(warmup, ticks=3)
@@ -347,10 +348,10 @@ def test_the_cuda_plan_runs_end_to_end_off_cuda(tmp_path: Path) -> None:
 
 @pytest.mark.gpu
 def test_delays_make_the_gpu_trail_the_host_and_the_job_passes(tmp_path: Path) -> None:
-    from runnercheck.stress.driver import DifferentialRun
-    from runnercheck.stress.races import measure_host_tick_us
-    from runnercheck.stress.harness import build_session
-    from runnercheck.stress.run_config import RandomDelay
+    from runnercheck.stress.run.driver import DifferentialRun
+    from runnercheck.stress.sim.races import measure_host_tick_us
+    from runnercheck.stress.run.harness import build_session
+    from runnercheck.stress.run.config import RandomDelay
 
     plan = verify.plan_runs("cuda", 0, "runnercheck.impl.runner:make_runner", quick=True, ticks=60)
     tick_us = measure_host_tick_us(plan[0].config)
@@ -367,8 +368,8 @@ def test_delays_make_the_gpu_trail_the_host_and_the_job_passes(tmp_path: Path) -
         return out
 
     session.runner.execute_model = execute_model
-    from runnercheck.stress.churn import Churn
-    from runnercheck.stress.races import RACE_CHURN
+    from runnercheck.stress.sim.churn import Churn
+    from runnercheck.stress.sim.races import RACE_CHURN
 
     result = DifferentialRun(session.runner, session.oracle, session.scheduler, before_tick=Churn(config.limits, 1, RACE_CHURN),
                              before_enqueue=RandomDelay.from_dict(config.delay_policy).hook(session.device)).run(60)
@@ -385,7 +386,7 @@ def test_every_plan_has_a_run_that_chunks_prefills_into_three(kind, quick):
     """The coverage gate asks for first, middle and final prefill chunks: some run's token budget must
     split the campaign's longer prompts in three (the cuda quick plan and the full sim plan lacked one;
     measured on sim over their traffic: 4 and 18 middle chunks)."""
-    from runnercheck.stress.verify import plan_runs
+    from runnercheck.stress.cli.verify import plan_runs
 
     runs = plan_runs(kind, 0, "runnercheck.impl.runner:make_runner", quick=quick)
     longest = lambda churn: 2 * churn.max_prompt_len + churn.system_prompt_len  # noqa: E731 -- a conversation's prompt
@@ -408,13 +409,13 @@ def test_a_shard_without_runs_is_a_usage_error(tmp_path: Path, capsys) -> None:
 def test_a_runner_factory_without_a_proposer_skips_the_proposer_runs_and_says_so() -> None:
     """A factory without the optional ``speculative`` keyword (the runner contract allows that) cannot run the
     n-gram or draft-model runs: verify leaves them out with a note instead of failing setup."""
-    from runnercheck.stress.runners import simple_runner
+    from runnercheck.stress.run.runners import simple_runner
 
     for kind in ("sim", "cuda"):
-        plan = verify.plan_runs(kind, 0, "runnercheck.stress.runners:simple_runner", quick=True)
+        plan = verify.plan_runs(kind, 0, "runnercheck.stress.run.runners:simple_runner", quick=True)
         proposer = [p.name for p in plan if p.config.scheduler.ngram_spec_tokens]
         assert proposer, kind  # the campaign has proposer runs to skip
-        kept, note = verify.without_proposer_runs(plan, simple_runner, "runnercheck.stress.runners:simple_runner")
+        kept, note = verify.without_proposer_runs(plan, simple_runner, "runnercheck.stress.run.runners:simple_runner")
         assert [p.name for p in kept] == [p.name for p in plan if p.name not in proposer]
         assert note is not None and all(name in note for name in proposer) and "'speculative'" in note
     full = verify.plan_runs("sim", 0, "runnercheck.impl.runner:make_runner", quick=True)

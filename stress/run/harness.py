@@ -1,0 +1,507 @@
+"""The run owner: build a session from a `RunConfig`, arm the detectors, drive the differential
+run, and return one typed `Findings` -- the only loop behind `verify`, `stress`, `replay`,
+`mutants` (and, rule by rule, the Hypothesis machine, which uses `build_session` and
+`Detectors`).
+
+* `build_session`: weights, `Device` (with its lag policy), the runner through its factory
+  (``cuda_graphs`` passed to factories that accept it), an optional mutant, the oracle and the
+  scheduler simulator.  Every setup problem is a `RunSetupError`.
+* `Detectors`: the host-sync detector in count mode around ``execute_model``, the
+  staging-lifetime checker (``count`` or ``error`` mode) on the runner's staging pool, when it has
+  one, the output-slot checksums on its output ring (`runnercheck.checks.detectors.output_slots`: their violations count
+  as lifetime violations, the slots' lifetime), and the KV provenance check with the prefix-cache statistics (`runnercheck.stress.run.prefix_checks`),
+  armed after any mutant.  A host sync beyond the runner's own counted back-pressure waits is a
+  finding; so is a KV provenance violation.  With ``config.csan`` (cuda) the session also holds a
+  `runnercheck.checks.detectors.csan.CsanMonitor`, armed *before* the runner is built (CSAN must see the init-time writes
+  the first steps read) and before a device mutant is installed: every race CSAN reports during
+  the run is a finding of check ``csan``, recorded, not raised.
+* `checked_run(config, ops)`: the differential run with ``ops`` (`ChurnOps` or `TraceOps`) as
+  the operation source, in this process; `runnercheck.stress.run.isolation.isolated_runs` runs it in child
+  processes (a crash becomes a finding with a repro).
+
+Ownership: a `Session` owns one run's device, runner, oracle and scheduler; `Detectors` own the
+sync report and lifetime checker for that session; `Findings` is plain host data (picklable:
+it crosses the process boundary).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from runnercheck.checks.loader import LoaderError, accepts_keyword, load_callable
+from runnercheck.stress.sim.churn import Churn, ChurnConfig, TraceReplay
+from runnercheck.stress.run.coverage import CoverageCounter
+from runnercheck.stress.run.driver import DifferentialRun, RunResult, StepReport
+from runnercheck.stress.run.repro import Repro
+from runnercheck.stress.run.config import RunConfig, RunSetupError, check_model_size, delay_policy_from_dict
+from runnercheck.stress.sim.scheduler import SchedulerSim
+
+_log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- session
+
+
+@dataclass
+class Session:
+    device: Any
+    runner: Any
+    oracle: Any
+    scheduler: SchedulerSim
+    fault: Any = None  # the installed `runnercheck.stress.sim.faults.LogitsFault`, if the config asks for one and the runner takes it
+    csan: Any = None  # the armed `runnercheck.checks.detectors.csan.CsanMonitor` of a ``config.csan`` run (disarmed by `checked_run`)
+
+
+def load_runner_factory(spec: str) -> Callable:
+    """The ``package.module:factory`` runner factory; `RunSetupError` when it cannot be loaded."""
+    try:
+        return load_callable(spec, "runner")
+    except LoaderError as e:
+        raise RunSetupError(str(e)) from None
+
+
+def build_session(config: RunConfig) -> Session:
+    """Weights, device, runner (+ mutant), oracle and scheduler for ``config`` (and the CSAN monitor)."""
+    from runnercheck.impl.device import Device, DeviceError
+
+    check_model_size(config.model_config, config.limits)
+    try:
+        device = Device(config.device, seed=config.seed, lag_policy=config.lag_policy or "random-drain")
+    except DeviceError as e:
+        raise RunSetupError(str(e)) from None
+    monitor = arm_csan() if config.csan else None
+    try:
+        session = _build_on(device, config)
+    except BaseException:
+        if monitor is not None:
+            monitor.disarm()
+        raise
+    session.csan = monitor
+    return session
+
+
+def arm_csan() -> Any:
+    """An armed `runnercheck.checks.detectors.csan.CsanMonitor`; `RunSetupError` when this torch or machine has no CSAN."""
+    from runnercheck.checks.detectors.csan import CsanMonitor, CsanUnavailableError
+
+    try:
+        return CsanMonitor().arm()
+    except CsanUnavailableError as e:
+        raise RunSetupError(str(e)) from None
+
+
+def _build_on(device: Any, config: RunConfig) -> Session:
+    from runnercheck.impl.model.weights import random_weights
+
+    if config.mutant is not None and _mutant_target(config.mutant) == "device":
+        apply_mutant(config.mutant, device=device)  # before the runner allocates through the device
+    factory = load_runner_factory(config.runner)
+    weights = random_weights(config.model_config, seed=config.seed)
+    kwargs = {"cuda_graphs": config.cuda_graphs} if accepts_keyword(factory, "cuda_graphs") else {}
+    try:
+        proposer = ngram_config(config)
+    except ValueError as e:  # a draft preset that does not exist or fit the model: a setup problem
+        raise RunSetupError(f"proposer: {e}") from None
+    if proposer is not None:
+        if not accepts_keyword(factory, "speculative"):
+            raise RunSetupError(f"runner factory {config.runner!r} takes no 'speculative' keyword: it cannot run a proposer")
+        kwargs["speculative"] = proposer
+    try:
+        runner = factory(weights, config.limits, device, config.seed, **kwargs)
+    except Exception as e:  # a runner that cannot be built for this config is a setup problem
+        raise RunSetupError(f"runner factory {config.runner!r} failed: {type(e).__name__}: {e}") from None
+    scheduler = SchedulerSim(config.limits, seed=config.seed, max_inflight_steps=config.scheduler.max_inflight_steps,
+                             draft_prob=config.scheduler.draft_prob, prefix_caching=config.scheduler.prefix_caching,
+                             ngram_spec_tokens=config.scheduler.ngram_spec_tokens, draft_model=config.scheduler.draft_model)
+    if config.mutant is not None and _mutant_target(config.mutant) != "device":
+        apply_mutant(config.mutant, runner, scheduler)
+    from runnercheck.reference.runner import ReferenceRunner, ReferenceRunnerError
+
+    try:
+        oracle = ReferenceRunner(weights, config.limits, base_seed=config.seed, proposer=proposer)
+    except ReferenceRunnerError as e:
+        raise RunSetupError(f"oracle: {e}") from None
+    fault = None
+    if config.logits_fault is not None:
+        from runnercheck.stress.sim.faults import FaultSpecError, LogitsFault
+
+        try:
+            fault = LogitsFault.from_dict(config.logits_fault)
+        except FaultSpecError as e:
+            raise RunSetupError(str(e)) from None
+        if not fault.install(runner, oracle):
+            _log.info("runner %s has no sampler to hook: logits faults not planted", config.runner)
+            fault = None
+    return Session(device, runner, oracle, scheduler, fault)
+
+
+def ngram_config(config: RunConfig) -> Any:
+    """The proposer config the runner and the oracle run with (None: the proposer is off).
+
+    `runnercheck.impl.interface.NgramConfig`, or with ``scheduler.draft_model`` a `DraftModelConfig` of that
+    preset whose weights come from the run's seed (the target's preset as its own draft drafts
+    with the target's weights: near-full acceptance).  A preset that does not fit raises ValueError."""
+    from runnercheck.impl.interface import DraftModelConfig, NgramConfig
+    from runnercheck.impl.model.weights import preset
+
+    k = config.scheduler.ngram_spec_tokens
+    if k and config.scheduler.draft_model:
+        draft = preset(config.scheduler.draft_model)
+        if draft.vocab_size != config.model_config.vocab_size:
+            raise ValueError(f"draft model {config.scheduler.draft_model!r} has vocabulary {draft.vocab_size}, "
+                             f"the model {config.model_config.vocab_size}")
+        return DraftModelConfig(config.scheduler.draft_model, k, weights_seed=config.seed)
+    return NgramConfig(num_spec_tokens=k) if k else None
+
+
+def _mutant_target(name: str) -> str:
+    from runnercheck.stress.mutants import catalogue as mutants
+
+    try:
+        return mutants.get(name).target
+    except LookupError as e:
+        raise RunSetupError(f"mutant {name!r}: {e}") from None
+
+
+def apply_mutant(name: str, runner: Any = None, scheduler: Any = None, *, device: Any = None) -> Any:
+    """Install mutant ``name`` into ``runner`` (or, for a scheduler mutant, ``scheduler``; for a device
+    mutant, ``device``; `runnercheck.stress.mutants.catalogue`); `RunSetupError` when it cannot be."""
+    from runnercheck.stress.mutants import catalogue as mutants
+
+    try:
+        return mutants.apply(name, runner=runner, scheduler=scheduler, device=device)
+    except (LookupError, ValueError) as e:
+        raise RunSetupError(f"mutant {name!r}: {e}") from None
+
+
+# --------------------------------------------------------------------------- detectors
+
+
+def counted_waits(runner: Any) -> int:
+    """Host waits ``runner`` counts itself (back-pressure), as `runnercheck.impl.runner.ModelRunner` exposes them; 0 otherwise."""
+    counters = (("state", "num_quarantine_waits"), ("staging", "num_backpressure_waits"), ("outputs", "num_backpressure_waits"))
+    return sum(int(getattr(getattr(runner, owner, None), name, 0) or 0) for owner, name in counters)
+
+
+def unaccounted_syncs_message(report: Any, runner: Any) -> str | None:
+    """None when every host sync in ``report`` is one of the runner's counted waits, else a description."""
+    waits = counted_waits(runner)
+    if report.count <= waits:
+        return None
+    return f"{report.count - waits} host sync(s) beyond the runner's {waits} counted back-pressure wait(s); {report.summary()}"
+
+
+class Detectors:
+    """The sync detector (count mode), the staging-lifetime checker, the staging- and output-slot checksums and the KV provenance check,
+    armed on one session's runner (``scheduler``: whose prefix cache the findings describe); and
+    ``csan``, the session's CSAN monitor when the run has one."""
+
+    def __init__(self, runner: Any, lifetime_mode: str = "count", scheduler: Any = None, csan: Any = None):
+        from runnercheck.checks.detectors.lifetime import LifetimeChecker
+        from runnercheck.checks.detectors.output_slots import arm_output_checksums
+        from runnercheck.checks.detectors.staging_slots import arm_staging_checksums
+        from runnercheck.checks.detectors.sync import arm_runner
+        from runnercheck.stress.run.prefix_checks import arm_prefix_checks
+
+        self.runner = runner
+        self.sync_report = arm_runner(runner, "count")
+        pool = getattr(runner, "staging", None)
+        self.pool = pool if pool is not None and hasattr(pool, "observers") else None
+        self.lifetime = LifetimeChecker(lifetime_mode).attach(self.pool) if self.pool is not None else None
+        self.outputs = arm_output_checksums(runner)
+        self.staging = arm_staging_checksums(runner)
+        self.prefix = arm_prefix_checks(runner, scheduler) if scheduler is not None else None
+        self.csan = csan
+
+    def disarm(self) -> None:
+        if self.lifetime is not None:
+            self.lifetime.detach(self.pool)
+        for checksums in (self.outputs, self.staging):
+            if checksums is not None:
+                checksums.detach()
+
+    def slot_lifetimes(self) -> tuple[bool, int, list[str]]:
+        """(checked, violations, first messages) of the staging and output slots, once the device is drained."""
+        checked, violations, errors = False, 0, []
+        if self.lifetime is not None:
+            checked, violations, errors = True, self.lifetime.violations, [str(e) for e in self.lifetime.errors[:10]]
+        for checksums in (self.staging, self.outputs):
+            if checksums is None:
+                continue
+            try:
+                checksums.finish()
+            except Exception as e:  # the device died: the checksums cannot be read back (the run's finding stands)
+                _log.info("slot checksums not read back: %s: %s", type(e).__name__, e)
+                return checked, violations, errors
+            checked, violations = True, violations + checksums.violations
+            errors += checksums.errors[:5]  # each checker's first findings, however many the others had
+        return checked, violations, errors
+
+    def fired(self) -> str | None:
+        """What stops a ``stop_on_sync`` run early: a host sync, a CSAN race, or (cpu/sim, as it happens)
+        a KV provenance violation."""
+        if self.prefix is not None and self.prefix.fired():
+            return "kv provenance violation"
+        if self.csan is not None and self.csan.count:
+            return "csan race"
+        return self.sync_message()
+
+    @property
+    def counted_waits(self) -> int:
+        return counted_waits(self.runner)
+
+    @property
+    def host_syncs(self) -> int:
+        return max(0, self.sync_report.count - self.counted_waits)
+
+    def sync_message(self) -> str | None:
+        return unaccounted_syncs_message(self.sync_report, self.runner)
+
+    def sync_sites(self, limit: int = 10) -> list[str]:
+        if not self.host_syncs:
+            return []
+        return [f"{n} x {what} at {where}" for (what, where), n in Counter(self.sync_report.events).most_common(limit)]
+
+
+# --------------------------------------------------------------------------- operation sources
+
+
+@dataclass(frozen=True)
+class ChurnOps:
+    """Seeded random churn (`runnercheck.stress.sim.churn.Churn`); ``workload`` names a mutant workload's params."""
+
+    churn: ChurnConfig = field(default_factory=ChurnConfig)
+    workload: str | None = None
+
+
+@dataclass(frozen=True)
+class TraceOps:
+    """A recorded operation trace (`runnercheck.stress.sim.churn.TraceReplay`)."""
+
+    trace: list
+
+
+def make_ops(source: ChurnOps | TraceOps, config: RunConfig) -> Any:
+    """The ``before_tick`` callable for ``source``; its ``trace`` lists the operations applied per tick."""
+    if isinstance(source, TraceOps):
+        return TraceReplay(source.trace)
+    if source.workload is None:
+        return Churn(config.limits, config.seed, source.churn)
+    from runnercheck.stress.mutants.workloads import WORKLOADS
+
+    params = WORKLOADS[source.workload].params
+
+    class WorkloadChurn(Churn):
+        def _params(self, max_tokens: int):  # noqa: ANN202 - Churn's hook
+            return super()._params(max_tokens) if params is None else params(self.rng, max_tokens)
+
+    return WorkloadChurn(config.limits, seed=config.seed, config=source.churn)
+
+
+# --------------------------------------------------------------------------- findings
+
+
+@dataclass
+class Findings:
+    """What one checked run found; renderers (terminal, JSON, Markdown, JUnit) read only this."""
+
+    name: str
+    config: RunConfig
+    result: RunResult
+    trace: list
+    host_syncs: int = 0
+    counted_waits: int = 0
+    host_sync_sites: list[str] = field(default_factory=list)
+    lifetime_checked: bool = False
+    lifetime_violations: int = 0
+    lifetime_errors: list[str] = field(default_factory=list)
+    prefix: Any = None  # `runnercheck.stress.run.prefix_checks.PrefixCacheFindings` (hit rate, KV provenance), None if not armed
+    csan_checked: bool = False  # the run ran under CSAN (`runnercheck.checks.detectors.csan`)
+    csan_races: int = 0  # races CSAN reported
+    csan_lines: list[str] = field(default_factory=list)  # the first races, one line each (tensor, ops, streams, sites)
+    csan_reports: list[str] = field(default_factory=list)  # CSAN's own messages (stacks) of the first races
+    cuda_graphs: dict | None = None  # the runner's `cuda_graph_stats()` (replays, fallbacks by reason), if it has them
+    coverage: dict[str, int] = field(default_factory=dict)
+    crash: str | None = None  # "killed by signal SIGSEGV" when the isolated run died
+    last_completed_step: int | None = None
+    stopped_on_sync: bool = False
+    elapsed_s: float = 0.0
+
+    @property
+    def diverged(self) -> bool:
+        return not self.result.ok
+
+    @property
+    def passed(self) -> bool:
+        return (self.result.ok and self.host_syncs == 0 and self.lifetime_violations == 0 and self.provenance_violations == 0
+                and self.csan_races == 0)
+
+    @property
+    def provenance_violations(self) -> int:
+        return self.prefix.provenance_violations if self.prefix is not None else 0
+
+    def first_divergence_line(self) -> str | None:
+        return self.result.first_divergence_line()
+
+    def repro(self) -> Repro:
+        """The repro file of this run: its configuration, the trace it applied, its first divergence."""
+        from runnercheck.checks.provenance import device_name, provenance
+
+        steps = min(self.result.ticks, len(self.trace))
+        return Repro(replace(self.config, steps=steps), [list(ops) for ops in self.trace[:steps]], self.first_divergence_line(),
+                     provenance(device_name(self.config.device)))
+
+
+# --------------------------------------------------------------------------- the checked run
+
+
+class _StopRun(Exception):
+    """Raised from ``before_tick`` once the sync detector fired and the caller asked to stop there."""
+
+
+def _device_fault(result: RunResult, error: Exception, when: str) -> Any:
+    """The runner-error divergence of device work that failed after the last compared step."""
+    from runnercheck.checks.compare import Divergence
+
+    return Divergence(result.steps, None, None, "runner-error", None, type(error).__name__, f"{when}: {error}")
+
+
+def targeted_delay_hits(device: Any, delay_policy: Any) -> dict[str, int]:
+    """``{"targeted delay: <target>": readers delayed}`` for each target of the run's targeted lag
+    (sim ``hold-at-target``) or delay (cuda ``targeted-delay``) policy; empty for other runs.  As
+    coverage features, a target never reached fails the campaign's coverage gate."""
+    if device.kind == "sim":
+        source = getattr(device, "policy", None)
+        counts = getattr(source, "holds", None)
+    else:
+        source = delay_policy
+        counts = getattr(source, "delays", None)
+    if counts is None:
+        return {}
+    return {f"targeted delay: {t}": int(counts.get(t, 0)) for t in source.targets}
+
+
+def checked_run(config: RunConfig, source: ChurnOps | TraceOps, *, name: str = "", lifetime_mode: str = "count",
+                stop_on_sync: bool = False, on_tick: Callable[[int], None] | None = None,
+                on_step: Callable[[StepReport], None] | None = None,
+                on_tick_ops: Callable[[int, list], None] | None = None,
+                on_delivered: Callable[[int], None] | None = None,
+                on_enqueue: Callable[[int], None] | None = None) -> Findings:
+    """Run ``config`` fed by ``source`` in this process with every detector armed (module docstring).
+
+    Observers: ``on_tick(tick)`` as each tick starts, ``on_step`` for each delivered step,
+    ``on_tick_ops(tick, ops)`` after a tick's operations were applied, ``on_delivered(step_id)``
+    after a step agreed, ``on_enqueue(step_id)`` before a step is enqueued (`runnercheck.stress.run.isolation`
+    streams the last three to the parent process).
+    """
+    started = time.perf_counter()
+    session = build_session(config)
+    try:
+        return _checked_session_run(session, config, source, name=name, lifetime_mode=lifetime_mode,
+                                    stop_on_sync=stop_on_sync, on_tick=on_tick, on_step=on_step, on_tick_ops=on_tick_ops,
+                                    on_delivered=on_delivered, on_enqueue=on_enqueue, started=started)
+    finally:
+        if session.csan is not None:
+            session.csan.disarm()
+
+
+def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps | TraceOps, *, name: str,
+                         lifetime_mode: str, stop_on_sync: bool, on_tick: Callable[[int], None] | None,
+                         on_step: Callable[[StepReport], None] | None, on_tick_ops: Callable[[int, list], None] | None,
+                         on_delivered: Callable[[int], None] | None, on_enqueue: Callable[[int], None] | None,
+                         started: float) -> Findings:
+    detectors = Detectors(session.runner, lifetime_mode, session.scheduler, session.csan)
+    ops = make_ops(source, config)
+    state = getattr(session.runner, "state", None)
+    rows_observable = state is not None and isinstance(getattr(state, "req_to_row", None), dict)
+    coverage = CoverageCounter(config.limits, session.fault, rows_observable=rows_observable)
+    from runnercheck.stress.run.staged_writes import StagedWriteObserver
+
+    staged = StagedWriteObserver(session.runner)
+    delay_policy = delay_policy_from_dict(config.delay_policy) if config.delay_policy else None
+    delay = delay_policy.hook(session.device) if delay_policy is not None else None
+
+    def before_enqueue(sched: Any) -> None:
+        if on_enqueue is not None:
+            on_enqueue(sched.step_id)
+        if delay is not None:
+            delay(sched)
+
+    stopped = False
+    last_step: list[int] = []
+
+    def before_tick(tick: int, scheduler: SchedulerSim) -> None:
+        if stop_on_sync and detectors.fired():
+            raise _StopRun
+        if on_tick is not None:
+            on_tick(tick)
+        ops(tick, scheduler)
+        if on_tick_ops is not None:
+            on_tick_ops(tick, list(ops.trace[tick]) if tick < len(ops.trace) else [])
+
+    def observe(report: StepReport) -> None:
+        coverage.observe(report)
+        if rows_observable:
+            coverage.observe_rows(state.req_to_row)
+        if report.comparison.ok and report.got is not None:
+            last_step[:] = [report.sched.step_id]
+            if on_delivered is not None:
+                on_delivered(report.sched.step_id)
+        if on_step is not None:
+            on_step(report)
+
+    rewrite = None
+    if config.draft_source == "oracle":
+        from runnercheck.stress.sim.drafts import OracleDrafts
+
+        rewrite = OracleDrafts(session.oracle, config.seed, config.limits.vocab_size)
+    driver = DifferentialRun(session.runner, session.oracle, session.scheduler, on_step=observe,
+                             before_tick=before_tick, before_enqueue=before_enqueue, rewrite=rewrite)
+    result = RunResult()
+    try:
+        result = driver.run(config.steps)
+    except _StopRun:
+        stopped = True
+        driver.drain_uncompared()
+        result.ticks = len(ops.trace)
+    finally:
+        detectors.disarm()
+        try:  # drain what the run left queued (sim runs it now) before the provenance record is read
+            session.device.synchronize()
+        except Exception as e:
+            if result.ok and not stopped:  # device work failed after the last compared step: a runner error
+                result.divergences.append(_device_fault(result, e, "draining the device work queued by the run"))
+            # else the run already failed; its device fault is reported or moot
+    slots_checked, slot_violations, slot_errors = detectors.slot_lifetimes()
+    prefix = None
+    if detectors.prefix is not None:
+        try:  # reads the provenance record back (cuda: a sync)
+            prefix = detectors.prefix.findings()
+        except Exception as e:
+            # The device died (a CUDA device-side assert is sticky): the provenance record cannot be
+            # read.  A run that already failed keeps its finding; otherwise this is the finding.
+            _log.info("kv provenance not read back: %s: %s", type(e).__name__, e)
+            if result.ok and not stopped:
+                result.divergences.append(_device_fault(result, e, "reading the kv provenance record back"))
+    stats = getattr(session.runner, "cuda_graph_stats", None)
+    if staged.active:
+        coverage.add(staged.totals())
+    coverage.add(targeted_delay_hits(session.device, delay_policy))
+    csan = session.csan
+    return Findings(
+        csan_checked=csan is not None, csan_races=csan.count if csan is not None else 0,
+        csan_lines=csan.lines() if csan is not None else [], csan_reports=[r.text for r in csan.races[:3]] if csan is not None else [],
+        name=name, config=config, result=result, trace=[list(t) for t in ops.trace[: max(result.ticks, 0)]],
+        host_syncs=detectors.host_syncs, counted_waits=detectors.counted_waits, host_sync_sites=detectors.sync_sites(),
+        lifetime_checked=slots_checked, lifetime_violations=slot_violations, lifetime_errors=slot_errors,
+        prefix=prefix, cuda_graphs=stats() if callable(stats) else None, coverage=coverage.totals(), last_completed_step=last_step[0] if last_step else None,
+        stopped_on_sync=stopped, elapsed_s=time.perf_counter() - started,
+    )
+
+
+__all__ = ["Session", "Detectors", "Findings", "ChurnOps", "TraceOps", "RunSetupError", "build_session", "checked_run",
+           "make_ops",
+           "apply_mutant", "load_runner_factory", "counted_waits", "unaccounted_syncs_message"]
