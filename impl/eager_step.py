@@ -12,7 +12,7 @@ here only by the launches those components document as its writers.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
@@ -21,14 +21,28 @@ from runnercheck.impl.draft_proposer import DraftModelProposer
 from runnercheck.impl.kernels.post_update import launch_post_update
 from runnercheck.impl.sample import LogprobsOutput, prompt_logprobs_chunked
 
-if TYPE_CHECKING:
-    from runnercheck.impl.runner import ModelRunner
+
+
+class EagerRunner(Protocol):
+    """The parts of a `runnercheck.impl.runner.ModelRunner` an eager step reads (a protocol: the runner imports
+    this module, so this module does not import the runner)."""
+
+    device: Any
+    input_batch: Any
+    limits: Any
+    model: Any
+    outputs: Any
+    prompt_logprobs: Any
+    proposer: Any
+    sampler: Any
+    sampling_state: Any
+    state: Any
 
 # Prompt-logprob positions whose logits exist at once (x vocab fp32): 256 x 151936 x 4 B = 156 MB.
 PROMPT_CHUNK_ROWS = 256
 
 
-def enqueue_eager_step(runner: ModelRunner, plan: StepPlan, staged: StagedStepArrays) -> dict:
+def enqueue_eager_step(runner: EagerRunner, plan: StepPlan, staged: StagedStepArrays) -> dict:
     """Enqueue the step's forward, sampling (and prompt logprobs), the draft model's verify, post-update and the
     penalty-count update, shaped by ``plan``; returns the dict the sampler's output lands in when they run."""
     ib, result = runner.input_batch, {}
@@ -72,7 +86,7 @@ def enqueue_eager_step(runner: ModelRunner, plan: StepPlan, staged: StagedStepAr
     return result
 
 
-def _prompt_logprobs(runner: ModelRunner, hidden: torch.Tensor, targets: torch.Tensor, num_rows: int, num_top: int) -> LogprobsOutput:
+def _prompt_logprobs(runner: EagerRunner, hidden: torch.Tensor, targets: torch.Tensor, num_rows: int, num_top: int) -> LogprobsOutput:
     """Prompt logprobs a chunk of positions at a time: peak memory is PROMPT_CHUNK_ROWS x vocab logits."""
     computer = runner.prompt_logprobs
     out = LogprobsOutput(computer.logprob[:num_rows], computer.rank[:num_rows], computer.top_ids[:num_rows, :num_top],

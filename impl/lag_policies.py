@@ -21,10 +21,20 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import TYPE_CHECKING, Iterable
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
-if TYPE_CHECKING:
-    from runnercheck.impl.device import Device
+
+class SimQueue(Protocol):
+    """What a lag policy reads and drives of a ``sim`` `runnercheck.impl.device.Device` (a protocol, so this
+    module, which the device imports, does not import it back)."""
+
+    step_index: int
+    _queue: Sequence[Any]  # the queued work, oldest first; each item has ``seq`` and ``step_index``
+    _done_seq: int
+
+    def _run_pending(self, n: int) -> None: ...
+
+    def _run_leading(self, runnable: Callable[[Any], bool]) -> None: ...
 
 LAG_POLICIES = ("run-immediately", "lag-k-steps", "random-drain", "hold-at-target")
 
@@ -65,13 +75,13 @@ class LagPolicy:
 
     name = "base"
 
-    def on_enqueue(self, dev: "Device") -> None:
+    def on_enqueue(self, dev: SimQueue) -> None:
         pass
 
-    def on_step_boundary(self, dev: "Device") -> None:
+    def on_step_boundary(self, dev: SimQueue) -> None:
         pass
 
-    def on_query(self, dev: "Device") -> None:
+    def on_query(self, dev: SimQueue) -> None:
         pass
 
     def describe(self) -> dict:
@@ -83,7 +93,7 @@ class RunImmediately(LagPolicy):
 
     name = "run-immediately"
 
-    def on_enqueue(self, dev: "Device") -> None:
+    def on_enqueue(self, dev: SimQueue) -> None:
         dev._run_pending(len(dev._queue))
 
 
@@ -100,11 +110,11 @@ class LagKSteps(LagPolicy):
             raise LagPolicyError(f"lag-k-steps needs k >= 0, got {k}")
         self.k = k
 
-    def on_enqueue(self, dev: "Device") -> None:
+    def on_enqueue(self, dev: SimQueue) -> None:
         if self.k == 0:
             dev._run_pending(len(dev._queue))
 
-    def on_step_boundary(self, dev: "Device") -> None:
+    def on_step_boundary(self, dev: SimQueue) -> None:
         cutoff = dev.step_index - self.k - 1
         dev._run_leading(lambda item: item.step_index <= cutoff)
 
@@ -122,7 +132,7 @@ class RandomDrain(LagPolicy):
         self.p_stall = p_stall
         self.rng = random.Random(seed)
 
-    def _drain_some(self, dev: "Device") -> None:
+    def _drain_some(self, dev: SimQueue) -> None:
         pending = len(dev._queue)
         if pending == 0 or self.rng.random() < self.p_stall:
             return
@@ -157,7 +167,7 @@ class HoldAtTarget(LagPolicy):
         self.holds: Counter[str] = Counter()
         self._release: dict[int, int] = {}  # seq of a held item -> the step index from which it may run
 
-    def on_enqueue(self, dev: "Device") -> None:
+    def on_enqueue(self, dev: SimQueue) -> None:
         item = dev._queue[-1]
         target = delay_target_of(item.label, self.targets)
         if target is not None and self.rng.random() < self.p:
@@ -165,7 +175,7 @@ class HoldAtTarget(LagPolicy):
             self.holds[target] += 1
         self._drain(dev)
 
-    def _drain(self, dev: "Device") -> None:
+    def _drain(self, dev: SimQueue) -> None:
         dev._run_leading(lambda item: self._release.get(item.seq, -1) <= dev.step_index)
         for seq in [s for s in self._release if s <= dev._done_seq]:
             del self._release[seq]

@@ -351,7 +351,8 @@ def runnercheck_staging_lifetime() -> Any:
 
 
 def _select_cases(cases: Any, quick: bool) -> list:
-    from runnercheck.checks.chisq.cases import SamplingCase, build_cases
+    from runnercheck.checks.chisq.case import SamplingCase
+    from runnercheck.checks.chisq.cases import build_cases
 
     if cases is None or isinstance(cases, str):
         catalogue = build_cases(quick)

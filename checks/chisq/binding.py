@@ -30,17 +30,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 from scipy import stats as sps
 
 from runnercheck.checks.chisq import stats
+from runnercheck.checks.chisq.case import SamplingCase
 from runnercheck.impl.interface import SAMPLING_FIELDS, SAMPLING_FIELDS_BY_NAME, SamplingParams
 
-if TYPE_CHECKING:
-    from runnercheck.checks.chisq.cases import SamplingCase
 
 # From the interface's table of sampling fields: the filters on the scaled scores, the penalties on the logits.
 THRESHOLD_FILTERS = tuple(f.name for f in SAMPLING_FIELDS if f.stage == "filter")

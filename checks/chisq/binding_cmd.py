@@ -12,7 +12,8 @@ import sys
 from typing import Sequence
 
 from runnercheck.checks.chisq.binding import SHORT_NAMES, binding_report, case_problems
-from runnercheck.checks.chisq.cases import SamplingCase, build_cases, power_cases
+from runnercheck.checks.chisq.case import SamplingCase
+from runnercheck.checks.chisq.cases import build_cases, power_cases
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import combinations
 from typing import Any
 
@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 from runnercheck.checks.chisq.binding import FILTERS, PENALTIES, SHORT_NAMES, THRESHOLD_FILTERS
+from runnercheck.checks.chisq.case import SamplingCase
 from runnercheck.checks.chisq.samplers import TokenHistory
-from runnercheck.impl.interface import MAX_SEED, SAMPLING_FIELDS, SAMPLING_FIELDS_BY_NAME, SamplingParams
+from runnercheck.impl.interface import MAX_SEED, SAMPLING_FIELDS_BY_NAME, SamplingParams
 
 # Positions are a 32-bit Philox counter word; offsets stay below 2^31 so offset + draws never wraps.
 MAX_POSITION_OFFSET = 2**31
@@ -41,43 +42,6 @@ def case_seed(run_seed: int, case_name: str, repeat: int = 0) -> tuple[int, int]
     """(request seed, position offset) for one run of one case: independent across cases and repeats."""
     digest = hashlib.blake2b(f"{run_seed}:{case_name}:{repeat}".encode(), digest_size=16).digest()
     return int.from_bytes(digest[:8], "little") & MAX_SEED, int.from_bytes(digest[8:], "little") % MAX_POSITION_OFFSET
-
-
-@dataclass(frozen=True, eq=False)
-class SamplingCase:
-    """One configuration of the matrix.
-
-    ``logits`` float32 ``[rows, V]`` (rows > 1: a target row and draft rows of one request, drawn
-    together).  ``tail_tokens``: the token set of the exact tail-mass test (None: no tail test).
-    ``index_bins``: test on this many contiguous token-index ranges instead of per-token bins (for
-    biases that act by index, e.g. tie-breaking); None: per-token bins, sparse ones pooled.
-    """
-
-    name: str
-    group: str
-    logits: torch.Tensor
-    params: SamplingParams
-    n_samples: int
-    history: TokenHistory = TokenHistory()
-    tail_tokens: range | None = None
-    index_bins: int | None = None
-    description: str = ""
-    binds: tuple[str, ...] = ()
-
-    @property
-    def rows(self) -> int:
-        return self.logits.shape[0]
-
-    @property
-    def vocab_size(self) -> int:
-        return self.logits.shape[1]
-
-    def describe(self) -> dict[str, Any]:
-        p = self.params
-        params = {f.name: getattr(p, f.name) for f in SAMPLING_FIELDS if getattr(p, f.name) != f.neutral}
-        return {"case": self.name, "group": self.group, "vocab_size": self.vocab_size, "rows": self.rows,
-                "params": params, "n_samples": self.n_samples, "prompt_len": len(self.history.prompt_ids),
-                "num_outputs": len(self.history.output_ids), "binds": list(self.binds), "description": self.description}
 
 
 def _normal(vocab: int, scale: float, seed: int) -> torch.Tensor:

@@ -20,17 +20,16 @@ import shlex
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from runnercheck.checks.chisq.cases import SamplingCase, calibration_case
+from runnercheck.checks.chisq.case import SamplingCase
+from runnercheck.checks.chisq.cases import calibration_case
 from runnercheck.checks.child import DEFAULT_TIMEOUT_S, ChildGone, ChildTimeout, describe_timeout, start_child
 from runnercheck.checks.chisq.sampler_contract import rows_per_call_bound
 from runnercheck.checks.chisq.stats import CalibrationResult, TestResult
 
-if TYPE_CHECKING:  # `runnercheck.checks.chisq.run` imports this module; it hands in its `run_unit`
-    from runnercheck.checks.chisq.run import RunOptions
 
 # The calibration as a unit of a run, beside the matrix cases.
 CALIBRATION = "calibration"
@@ -49,6 +48,18 @@ class CaseOutcome:
     failures: list[TestResult] = field(default_factory=list)
     skipped: str | None = None
     calibration: CalibrationResult | None = None
+
+
+class RunOptions(Protocol):
+    """The options of `runnercheck.checks.chisq.run.RunOptions` an isolated run reads (a protocol: that module
+    imports this one and hands in its `run_unit`, so this one does not import it back)."""
+
+    quick: bool
+    seed: int
+    samples: int | None
+    deep_tail: bool
+    max_rows_per_call: int | None
+    isolation: Isolation | None
 
 
 @dataclass(frozen=True)

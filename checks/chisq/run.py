@@ -31,8 +31,8 @@ import torch
 
 from runnercheck.checks.chisq import stats
 from runnercheck.checks.chisq.spec import SPEC_BIASES, default_spec_verifier, run_spec_cases, run_spec_power
+from runnercheck.checks.chisq.case import SamplingCase
 from runnercheck.checks.chisq.cases import (
-    SamplingCase,
     build_cases,
     calibration_case,
     case_seed,

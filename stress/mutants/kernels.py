@@ -30,7 +30,7 @@ from runnercheck.impl.kernels.rng import neg_log1p_neg, philox_64bits, uniform_f
 from runnercheck.impl.kernels.sampling_select import next_float_up
 
 if TYPE_CHECKING:
-    from runnercheck.stress.mutants.catalogue import AppliedMutant
+    from runnercheck.stress.mutants.registry import AppliedMutant
 
 
 # Defined here because the kernel machinery raises it and `runnercheck.stress.mutants.catalogue` (which re-exports it)

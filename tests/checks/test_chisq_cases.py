@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from runnercheck.checks.chisq import run as chisq
+from runnercheck.checks.chisq.case import SamplingCase
 from runnercheck.checks.chisq import binding as chisq_binding
 from runnercheck.checks.chisq import cases as chisq_cases
 from runnercheck.checks.chisq import samplers
@@ -19,7 +20,7 @@ from runnercheck.checks.chisq.binding import FILTERS, active_filters, binding_re
 from runnercheck.impl.interface import SamplingParams
 
 
-def _catalogue(quick: bool) -> list[chisq_cases.SamplingCase]:
+def _catalogue(quick: bool) -> list[SamplingCase]:
     """Every case a run tests for a bias.  Not the calibration case: it is drawn 40-400 times at
     2000 draws to check that p-values are uniform, and detects nothing by itself."""
     cases = chisq_cases.build_cases(quick) + chisq_cases.deep_tail_cases()
@@ -112,14 +113,14 @@ def test_moves_are_one_token_at_the_filters_own_boundary() -> None:
 # --------------------------------------------------------------------------- the binding cases reject their filter's errors
 
 
-def _rejects(bias: str, case: chisq_cases.SamplingCase, n: int) -> float:
+def _rejects(bias: str, case: SamplingCase, n: int) -> float:
     seed, offset = chisq.case_seed(0, f"test:{bias}:{case.name}")
     tokens = chisq.draw(samplers.planted_sampler(bias), case, seed=seed, position_offset=offset,
                         device=torch.device("cpu"), n_samples=n)
     return stats.family_min_p(chisq.evaluate(case, tokens, chisq.expected_rows(case), 0.01))
 
 
-def _min_p_cases_off_temperature_1() -> list[chisq_cases.SamplingCase]:
+def _min_p_cases_off_temperature_1() -> list[SamplingCase]:
     return [c for c in chisq_cases.build_cases(True) if "min_p" in c.binds and c.params.temperature != 1.0]
 
 
@@ -127,7 +128,7 @@ def test_min_p_temperature_error_changes_every_min_p_binding_case_and_not_the_sl
     """Exact: min-p taken before the temperature is min-p ** (1/T) after it."""
     from runnercheck.reference.sampler import expected_distribution
 
-    def moved(case: chisq_cases.SamplingCase) -> float:
+    def moved(case: SamplingCase) -> float:
         p = case.params
         wrong = replace(p, min_p=p.min_p ** (1.0 / p.temperature))
         a = expected_distribution(case.logits[0].double(), p, case.history.prompt_ids, case.history.output_ids)
