@@ -81,7 +81,7 @@ def _site(stack: Any) -> str:
     frames = list(stack or ())
     for frame in reversed(frames):
         name = frame.filename.replace(os.sep, "/")
-        if "/torch/" not in name and "/checks/csan.py" not in name and "/site-packages/" not in name:
+        if "/torch/" not in name and "/checks/detectors/csan.py" not in name and "/site-packages/" not in name:
             return f"{_short_path(frame.filename)}:{frame.lineno} in {frame.name}"
     return f"{_short_path(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from runnercheck.checks import chisq_spec as cs
+from runnercheck.checks.chisq import spec as cs
 from runnercheck.checks.chisq import stats
 from runnercheck.reference.spec_verify import verify as oracle_verify
 

@@ -78,7 +78,7 @@ def test_a_busy_lane_is_skipped_without_a_wait_and_the_lanes_follow_the_rings_ag
     logprobs (an eager step: the rings serve it without the lanes, whose mirror stays at lane 0), so the first
     decode step finds lane 0's output slot holding the prefill's unread output.  That step takes the three
     enqueues, with no host wait, and moves the counter to the output ring's next slot; every step after it is fused."""
-    from runnercheck.checks import sync as sync_check
+    from runnercheck.checks.detectors import sync as sync_check
 
     device = Device("sim", seed=1, lag_policy="lag-2-steps")
     runner = _runner(device)
@@ -149,7 +149,7 @@ def test_a_mirror_that_drifts_from_the_counter_is_wrong_tokens():
 def test_fused_steady_steps_on_cuda_match_unfused_ones_with_one_enqueue_and_no_host_sync():
     """On the GPU the lane copies read and write pinned memory from the kernels (unified addressing):
     async steady steps, each one enqueue, give the tokens of a runner whose steady steps take the three."""
-    from runnercheck.checks import sync as sync_check
+    from runnercheck.checks.detectors import sync as sync_check
 
     limits = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=128, max_num_batched_tokens=16, num_kv_blocks=200,
                           block_size=4)
