@@ -29,6 +29,7 @@ schema) and ``summary.md``, titled by the command that ran (``command``).
       "runs": [{...one `RunRecord`...}, ...],
       "coverage": {"feature": count, ...},   # totals over the runs (stress.coverage)
       "coverage_zero": ["feature", ...],      # features no run exercised (verify fails on them)
+      "coverage_gated": bool,                 # whether the coverage gate applied (verify, whole campaign)
       "elapsed_s": 97.3,
       "notes": ["..."]
     }
@@ -185,6 +186,7 @@ def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: 
         "runs": [r.to_dict() for r in runs],
         "coverage": coverage,
         "coverage_zero": zero,
+        "coverage_gated": require_coverage,
         "elapsed_s": round(elapsed_s, 2),
         "notes": list(notes),
     }
@@ -250,6 +252,8 @@ def validate_summary(doc: Any) -> None:
             raise SummaryError(f"field {key!r} is {doc[key]} but the runs add up to {total}")
     if not isinstance(doc.get("provenance"), dict) or not isinstance(doc.get("command"), str):
         raise SummaryError("fields 'provenance' (an object) and 'command' (a string) are required")
+    if not isinstance(doc.get("coverage_gated", False), bool):
+        raise SummaryError("field 'coverage_gated' must be true or false")
     coverage, zero = doc.get("coverage"), doc.get("coverage_zero")
     if not isinstance(coverage, dict) or not all(_is_count(v) for v in coverage.values()) or not isinstance(zero, list) \
             or any(coverage.get(f) != 0 for f in zero):
@@ -349,12 +353,11 @@ def render_markdown(doc: dict) -> str:
 
 
 def coverage_tally(doc: dict) -> "CoverageTally":
-    """The coverage headline's numbers of a summary document (`runnercheck.stress.run.coverage.tally`)."""
+    """The coverage headline's numbers of a summary document; whether the gate was on is its ``coverage_gated``
+    (a summary written before that field: on exactly when ``coverage_zero`` lists a failure)."""
     from runnercheck.stress.run.coverage import tally
 
-    # coverage_zero is non-empty exactly when the gate was on and failed (with the gate off it is
-    # empty), and the gate's wording only matters then: so it tells gated runs from ungated ones.
-    return tally(doc["coverage"], gated=bool(doc["coverage_zero"]))
+    return tally(doc["coverage"], gated=bool(doc.get("coverage_gated", doc["coverage_zero"])))
 
 
 def _policy(p: dict | None) -> str:

@@ -227,8 +227,9 @@ class CoverageTally:
             return line
         gated, shown = len(self.unreached_gated), len(self.unreached_ungated)
         shown_only = f"{shown} shown only, patterns a runner need not produce"
-        if self.gated and gated:
-            return f"{line} ({self.unreached} never reached: {gated} gated, failing the run" + (f"; {shown_only})" if shown else ")")
+        if self.gated:
+            parts = [f"{gated} gated, failing the run"] * bool(gated) + [shown_only] * bool(shown)
+            return f"{line} ({self.unreached} never reached: {'; '.join(parts)})"
         split = f": {gated} the coverage gate checks; {shown_only}" if gated and shown else ""
         return f"{line} ({self.unreached} never reached, not gated in this run{split})"
 

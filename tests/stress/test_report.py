@@ -61,6 +61,13 @@ def test_the_headline_tells_gated_from_shown_only_features() -> None:
     assert f"{unreached_gated} the coverage gate checks; {len(UNGATED_STAGED_FEATURES)} shown only" in ungated
 
 
+def test_a_gated_run_that_passed_names_its_shown_only_features_not_an_ungated_run() -> None:
+    """A verify whose gate passed with only shown-only patterns at zero (an H100 run said "not gated in this run")."""
+    counts = {f: 1 for f in FEATURES + STAGED_FEATURES} | {f: 0 for f in UNGATED_STAGED_FEATURES}
+    row = _coverage_row(render_markdown(_summary(counts, gate=True)))
+    assert f"never reached: {len(UNGATED_STAGED_FEATURES)} shown only" in row and "not gated" not in row
+
+
 def test_a_fully_covered_run_says_so_without_a_remainder() -> None:
     counts = {f: 1 for f in FEATURES + STAGED_FEATURES}
     assert tally(counts, gated=True).headline() == f"{len(counts)} of {len(counts)} features exercised"
