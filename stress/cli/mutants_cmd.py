@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from runnercheck.stress import mutants as catalogue
+from runnercheck.stress.mutants import catalogue
 from runnercheck.stress.cli.options import add_shard_option, int_type
 from runnercheck.stress.mutants.catalogue import CATALOGUE, WORKLOADS, Mutant, Workload, known_checks
 from runnercheck.stress.mutants.report import ControlResult, MutantResult, MutantsReport, markdown, write_report

@@ -15,7 +15,7 @@ from runnercheck.impl.interface import RunnerLimits, SamplingParams
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import ModelRunner
 from runnercheck.checks.detectors.kv_provenance import arm_kv_provenance
-from runnercheck.stress import mutants as catalogue
+from runnercheck.stress.mutants import catalogue
 from runnercheck.stress.sim.scheduler import SchedulerSim
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=4, max_model_len=48, max_num_batched_tokens=24, num_kv_blocks=40,

@@ -20,7 +20,7 @@ from runnercheck.checks.chisq.cases import power_cases
 from runnercheck.impl.device import Device
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.stress.cli import main as cli
-from runnercheck.stress import mutants as catalogue
+from runnercheck.stress.mutants import catalogue
 from runnercheck.stress.mutants.catalogue import CATALOGUE, CLASSES, WORKLOADS, MutantTargetError, UnknownMutantError, known_checks
 from runnercheck.stress.cli.mutants_cmd import MutantsOptions, run_catalogue, run_differential
 from runnercheck.stress.mutants.report import ControlResult, MutantResult, MutantsReport, markdown
@@ -266,8 +266,8 @@ def test_every_mutants_workload_is_known_to_a_child_that_imports_only_the_harnes
     import sys
 
     names = sorted({m.workload for m in CATALOGUE.values()})
-    code = ("import sys, stress.harness\n"
-            "from stress.mutant_workloads import WORKLOADS\n"
+    code = ("import sys, runnercheck.stress.run.harness\n"
+            "from runnercheck.stress.mutants.workloads import WORKLOADS\n"
             "missing = [n for n in sys.argv[1:] if n not in WORKLOADS]\n"
             "assert not missing, missing\n"
             "assert 'runnercheck.stress.mutants.catalogue' not in sys.modules\n")

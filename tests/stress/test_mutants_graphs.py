@@ -7,7 +7,7 @@ import pytest
 from runnercheck.impl.device import Device
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import make_runner
-from runnercheck.stress import mutants as catalogue
+from runnercheck.stress.mutants import catalogue
 from runnercheck.stress.mutants.catalogue import CATALOGUE, WORKLOADS
 from runnercheck.stress.cli.mutants_cmd import run_differential
 from runnercheck.stress.run.config import default_limits

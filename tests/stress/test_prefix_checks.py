@@ -7,7 +7,7 @@ import pytest
 from runnercheck.impl.device import Device
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import make_runner
-from runnercheck.stress import mutants as catalogue
+from runnercheck.stress.mutants import catalogue
 from runnercheck.stress.sim.churn import Churn
 from runnercheck.stress.run.driver import DifferentialRun
 from runnercheck.stress.cli.mutants_cmd import MutantsOptions, run_catalogue
