@@ -24,9 +24,9 @@ Fixtures:
 ``runnercheck_runner_factory``   the factory named by ``--runnercheck-runner``
 ``runnercheck_differential``     ``check(runner=None, *, steps=None, seed=None, model="micro")``: a seeded
                                  churn (adds, aborts, preemptions, drafts) through the runner and the float64
-                                 oracle with the host-sync and staging-lifetime detectors armed; fails the test
-                                 with the first divergence (a repro file is written and named), returns the
-                                 driver's `RunResult` otherwise
+                                 oracle with every detector of `runnercheck.checks.detectors.registry` armed;
+                                 fails the test with the first divergence (a repro file is written and named)
+                                 or any detector's finding, returns the driver's `RunResult` otherwise
 ``runnercheck_no_host_sync``     ``with runnercheck_no_host_sync(): ...`` raises `HostSyncError` on any host read
                                  of device data inside (``runnercheck_no_host_sync.allow(name)`` is the legal wait)
 ``runnercheck_staging_lifetime`` ``watch(runner_or_pool)``: staging-slot lifetime assertions (error mode) until
@@ -222,6 +222,7 @@ def checked_differential_run(spec: str, *, kind: str, seed: int, steps: int, mod
     """The run owner's checked run of a seeded churn, in a child process (`runnercheck.stress.run.isolation`:
     a crash, or a run past ``timeout_s``, is a finding with a repro rather than the end of the session):
     the driver's `RunResult` and the findings as lines; a divergence writes ``repro_dir/repro.json``."""
+    from runnercheck.checks.detectors.registry import in_report_order
     from runnercheck.impl.model.weights import preset
     from runnercheck.stress.run.harness import ChurnOps
     from runnercheck.stress.run.isolation import isolated_run
@@ -240,13 +241,10 @@ def checked_differential_run(spec: str, *, kind: str, seed: int, steps: int, mod
     lines = [f"first divergence: {findings.first_divergence_line()}"] if findings.diverged else []
     if result.runner_traceback:
         lines.append(result.runner_traceback.rstrip().splitlines()[-1])
-    if findings.host_syncs:
-        lines.append(f"host sync in execute_model: {findings.host_syncs} beyond the runner's counted waits; "
-                     + "; ".join(findings.host_sync_sites[:3]))
-    if findings.lifetime_violations:
-        lines.append(f"slot lifetime (staging, output): {findings.lifetime_violations} violation(s); first: {findings.lifetime_errors[0]}")
-    if findings.csan_races:
-        lines.append(f"csan: {findings.csan_races} race(s); " + "; ".join(findings.csan_lines[:3]))
+    for d in in_report_order(findings.detectors):  # every detector of the registry that found something
+        failure = d.failure(findings.detectors[d.name])
+        if failure:
+            lines.append(f"{d.label}: {failure}")
     if findings.diverged:
         path = findings.repro().save(repro_dir / "repro.json")
         lines.append(f"repro: {path} (runnercheck replay {path})")

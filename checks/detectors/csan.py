@@ -26,7 +26,10 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
+from runnercheck.checks.detectors.base import ArmContext, BaseDetector, DetectorResult
+
 _log = logging.getLogger(__name__)
+_THIS_FILE = os.path.abspath(__file__).replace(os.sep, "/")  # its own frames (the recording wrapper) are no site
 
 CHECK_NAME = "csan"
 NEEDS_CUDA = "--csan needs --device cuda"
@@ -81,7 +84,7 @@ def _site(stack: Any) -> str:
     frames = list(stack or ())
     for frame in reversed(frames):
         name = frame.filename.replace(os.sep, "/")
-        if "/torch/" not in name and "/checks/detectors/csan.py" not in name and "/site-packages/" not in name:
+        if "/torch/" not in name and name != _THIS_FILE and "/site-packages/" not in name:
             return f"{_short_path(frame.filename)}:{frame.lineno} in {frame.name}"
     return f"{_short_path(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
 
@@ -209,5 +212,46 @@ class CsanMonitor:
         return f"{self.count} unsynchronized access(es) between streams; first: {self.races[0].line()}"
 
 
-__all__ = ["CHECK_NAME", "NEEDS_CUDA", "CsanMonitor", "CsanRace", "CsanUnavailableError", "enable", "enabled",
+# --------------------------------------------------------------------------- the registered detector
+
+
+class _ArmedCsan:
+    """The run's `CsanMonitor` read as a detector.  The monitor was armed before the runner was
+    built and is disarmed by whoever armed it (the run owner, after the results are read)."""
+
+    def __init__(self, monitor: CsanMonitor):
+        self.monitor = monitor
+
+    def disarm(self) -> None:
+        pass  # the monitor outlives the detectors: device work drained after them may still race
+
+    def fired(self) -> str | None:
+        return self.monitor.summary()
+
+    def result(self) -> DetectorResult:
+        m = self.monitor
+        return DetectorResult(checked=True, violations=m.count, lines=m.lines(),
+                              extra={"reports": [r.text for r in m.races[:3]]})
+
+
+class CsanDetector(BaseDetector):
+    """CUDA stream races CSAN reports (runs under ``--csan`` only: the context carries the monitor)."""
+
+    name = CHECK_NAME
+    label = "csan races"
+    noun = "csan race(s)"
+    tag = "CSAN"
+    column = "csan"
+
+    def arm(self, runner: Any, context: ArmContext) -> _ArmedCsan | None:
+        return _ArmedCsan(context.csan) if context.csan is not None else None
+
+    def describe(self, result: DetectorResult) -> str:
+        return str(result.violations) + "".join(f"\n{line}" for line in result.lines[:3])
+
+    def details(self, result: DetectorResult) -> list[str]:
+        return list(result.extra.get("reports", []))
+
+
+__all__ = ["CHECK_NAME", "NEEDS_CUDA", "CsanDetector", "CsanMonitor", "CsanRace", "CsanUnavailableError", "enable", "enabled",
            "race_from_error"]

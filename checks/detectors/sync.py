@@ -58,6 +58,7 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
+from runnercheck.checks.detectors.base import ArmContext, BaseDetector, DetectorResult
 from runnercheck.checks.detectors.sync_ops import WATCHED, mark_derived
 from runnercheck.impl import device as device_layer
 
@@ -481,3 +482,62 @@ def arm_runner(runner: Any, mode: str | None = None) -> SyncReport:
     runner.execute_model = execute_model
     return report
 
+
+# --------------------------------------------------------------------------- the registered detector
+
+
+def counted_waits(runner: Any) -> int:
+    """Host waits ``runner`` counts itself (back-pressure), as `runnercheck.impl.runner.ModelRunner` exposes them; 0 otherwise."""
+    counters = (("state", "num_quarantine_waits"), ("staging", "num_backpressure_waits"), ("outputs", "num_backpressure_waits"))
+    return sum(int(getattr(getattr(runner, owner, None), name, 0) or 0) for owner, name in counters)
+
+
+def unaccounted_syncs_message(report: SyncReport, runner: Any) -> str | None:
+    """None when every host sync in ``report`` is one of the runner's counted waits, else a description."""
+    waits = counted_waits(runner)
+    if report.count <= waits:
+        return None
+    return f"{report.count - waits} host sync(s) beyond the runner's {waits} counted back-pressure wait(s); {report.summary()}"
+
+
+class _ArmedSync:
+    """`arm_runner` in count mode on one runner; a host sync beyond its counted waits is a finding."""
+
+    def __init__(self, runner: Any):
+        self.runner = runner
+        self.report = arm_runner(runner, "count")
+
+    def disarm(self) -> None:
+        pass  # the wrapper stays on the runner: a checked runner is discarded after its run
+
+    def fired(self) -> str | None:
+        return unaccounted_syncs_message(self.report, self.runner)
+
+    def result(self) -> DetectorResult:
+        waits = counted_waits(self.runner)
+        beyond = max(0, self.report.count - waits)
+        sites = [f"{n} x {what} at {where}" for (what, where), n in Counter(self.report.events).most_common(10)] if beyond else []
+        return DetectorResult(checked=True, violations=beyond, lines=sites, extra={"counted_waits": waits})
+
+
+class SyncDetector(BaseDetector):
+    """Host reads of device data in ``execute_model``, beyond the runner's own counted back-pressure waits."""
+
+    name = "sync"
+    label = "host syncs in execute_model"
+    noun = "host sync(s)"
+    tag = "HOST SYNC"
+    column = "syncs"
+
+    def arm(self, runner: Any, context: ArmContext) -> _ArmedSync:
+        return _ArmedSync(runner)
+
+    def describe(self, result: DetectorResult) -> str:
+        return f"{result.violations} beyond {result.extra.get('counted_waits', 0)} counted back-pressure wait(s)"
+
+    def cell(self, result: DetectorResult) -> str:
+        return f"{result.violations} ({result.extra.get('counted_waits', 0)} waits)"
+
+    def total(self, results: list[DetectorResult]) -> str:
+        waits = sum(int(r.extra.get("counted_waits", 0)) for r in results)
+        return f"{sum(r.violations for r in results)} (plus {waits} counted back-pressure wait(s))"

@@ -35,7 +35,7 @@ import torch
 
 from runnercheck.stress.mutants import catalogue
 from runnercheck.stress.cli.options import add_shard_option, int_type
-from runnercheck.stress.mutants.catalogue import CATALOGUE, CHECKS, WORKLOADS, Mutant, Workload
+from runnercheck.stress.mutants.catalogue import CATALOGUE, WORKLOADS, Mutant, Workload, known_checks
 from runnercheck.stress.mutants.report import ControlResult, MutantResult, MutantsReport, markdown, write_report
 
 MODEL_PRESET = "micro"
@@ -107,26 +107,24 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
 
 
 def checked_differential(config: Any, ops: Any, name: str, *, isolate: bool = True) -> CheckRun:
-    """One differential run of ``config`` (its mutant installed) fed by ``ops``: which checks fired, with evidence."""
+    """One differential run of ``config`` (its mutant installed) fed by ``ops``: which checks fired, with
+    evidence -- every detector of the registry that reported a finding, and the differential."""
+    from runnercheck.checks.detectors.registry import in_report_order
     from runnercheck.stress.run.harness import checked_run
     from runnercheck.stress.run.isolation import isolated_run
 
     findings = (isolated_run if isolate else checked_run)(config, ops, name=name, lifetime_mode="error", stop_on_sync=True)
-    outcome = CheckRun(ran=["sync", "lifetime", "differential", "provenance"] + (["csan"] if config.csan else []),
-                       ticks=findings.result.ticks, tokens=findings.result.tokens_compared, seconds=findings.elapsed_s)
-    if findings.csan_races:
-        outcome.fired["csan"] = f"{findings.csan_races} race(s); first: {findings.csan_lines[0]}"
-    if findings.host_syncs:
-        outcome.fired["sync"] = (f"{findings.host_syncs} host sync(s) beyond the runner's {findings.counted_waits} "
-                                 f"counted back-pressure wait(s); {'; '.join(findings.host_sync_sites[:3])}")
-    if findings.provenance_violations:
-        outcome.fired["provenance"] = (f"{findings.provenance_violations} violation(s); first: "
-                                       f"{findings.prefix.provenance_lines[0]}")
-    if findings.lifetime_violations:
-        outcome.fired["lifetime"] = f"{findings.lifetime_violations} violation(s); first: {findings.lifetime_errors[0]}"
+    outcome = CheckRun(ran=[*findings.detectors, "differential"], ticks=findings.result.ticks,
+                       tokens=findings.result.tokens_compared, seconds=findings.elapsed_s)
+    raised_by_detector: set[str] = set()  # exception names a fired detector raises from the runner in error mode
+    for d in in_report_order(findings.detectors):
+        failure = d.failure(findings.detectors[d.name])
+        if failure:
+            outcome.fired[d.name] = failure
+            raised_by_detector.update(d.raises)
     first = findings.result.first_divergence
-    if first is not None and not (first.kind == "runner-error" and findings.lifetime_violations
-                                  and first.got == "StagingLifetimeError"):
+    # A runner error that is a fired detector raising (lifetime_mode="error") is that detector's kill, not the differential's.
+    if first is not None and not (first.kind == "runner-error" and first.got in raised_by_detector):
         outcome.fired["differential"] = first.line()
     return outcome
 
@@ -214,10 +212,10 @@ def run_mutant(mutant: Mutant, opts: MutantsOptions) -> MutantResult:
     fired: dict[str, str] = {}
     for r in runs:
         fired.update({check: " ".join(text.split()) for check, text in r.fired.items()})  # one line each
-    killed_by = [c for c in CHECKS if c in fired]
+    killed_by = [c for c in known_checks() if c in fired]
     return MutantResult(
         **base, status="killed" if killed_by else "survived", killed=bool(killed_by), killed_by=killed_by,
-        as_designed=bool(set(killed_by) & set(mutant.checks)), checks_run=[c for c in CHECKS if any(c in r.ran for r in runs)],
+        as_designed=bool(set(killed_by) & set(mutant.checks)), checks_run=[c for c in known_checks() if any(c in r.ran for r in runs)],
         evidence=fired, ticks=sum(r.ticks for r in runs), seconds=sum(r.seconds for r in runs),
     )
 

@@ -32,10 +32,12 @@ then the sampler statistics, then a report folder.
 Interrupted (Ctrl-C, SIGTERM), the job stops its runs' child processes and still writes the report
 folder, marked ``incomplete``: the runs that finished (and the statistics if they finished); exit 130.
 
-A run passes when runner and oracle agree on every compared step, every host read/wait inside
+A run passes when runner and oracle agree on every compared step and no detector of the registry
+(`runnercheck.checks.detectors.registry`) found anything: every host read/wait inside
 ``execute_model`` is one of the runner's own counted back-pressure waits
-(`runnercheck.stress.run.harness.counted_waits`), the staging checker saw no violation, and (``--csan``, cuda)
-CUDA's stream sanitizer reported no race (`runnercheck.checks.detectors.csan`).  Exit 0 only when
+(`runnercheck.checks.detectors.sync.counted_waits`), the slot-lifetime checks saw no violation, KV
+provenance is clean, and (``--csan``, cuda) CUDA's stream sanitizer reported no race
+(`runnercheck.checks.detectors.csan`).  Exit 0 only when
 every run, the coverage and the statistics pass; 1 otherwise; 2 for arguments or a runner that
 cannot be built.
 
@@ -56,7 +58,7 @@ from runnercheck.impl.lag_policies import DELAY_TARGETS
 from runnercheck.impl.model.weights import PRESETS, preset
 from runnercheck.stress.sim.churn import ChurnConfig
 from runnercheck.stress.cli.options import add_shard_option, int_type
-from runnercheck.stress.report.summary import RunRecord, build_summary, write_report
+from runnercheck.stress.report.summary import RunRecord, build_summary, unchecked_notes, write_report
 from runnercheck.stress.run.config import RunConfig, RunSetupError, default_limits
 from runnercheck.stress.run.runners import DEFAULT_RUNNER_SPEC
 from runnercheck.stress.sim.scheduler import SchedulerConfig
@@ -325,8 +327,7 @@ def run(args: argparse.Namespace) -> int:
                       and not sum(r.coverage.get(f, 0) for r in records)]
             if unused:
                 notes.append(f"not produced by this runner (counted, not gated): {', '.join(unused)}")
-            if any(not r.lifetime_checked for r in records):
-                notes.append("the runner has no staging pool (runner.staging): staging lifetimes were not checked")
+            notes += unchecked_notes(records)
             doc = build_summary(records, chisq, device=kind, seed=args.seed, runner=args.runner, model=args.model,
                                 quick=args.quick, elapsed_s=time.perf_counter() - started, notes=notes,
                                 provenance=provenance(device_name(kind)),

@@ -42,7 +42,7 @@ import torch
 
 from runnercheck.impl.buffers import SlotState
 from runnercheck.impl.state import NUM_COMPUTED, NUM_ROW_FIELDS
-from runnercheck.stress.mutants.registry import CATALOGUE, CHECKS, CLASSES, AppliedMutant, Mutant, UnknownMutantError, _mutant
+from runnercheck.stress.mutants.registry import CATALOGUE, CLASSES, RUN_CHECKS, AppliedMutant, Mutant, UnknownMutantError, _mutant, known_checks
 from runnercheck.stress.mutants.workloads import WORKLOADS, Workload
 from runnercheck.stress.mutants.kernels import (
     MutantTargetError,
@@ -419,5 +419,5 @@ import runnercheck.stress.mutants.prefix  # noqa: E402,F401
 import runnercheck.stress.mutants.streams  # noqa: E402,F401
 import runnercheck.stress.mutants.spec  # noqa: E402,F401
 
-__all__ = ["CATALOGUE", "CHECKS", "CLASSES", "WORKLOADS", "AppliedMutant", "Mutant", "MutantTargetError",
+__all__ = ["CATALOGUE", "CLASSES", "RUN_CHECKS", "known_checks", "WORKLOADS", "AppliedMutant", "Mutant", "MutantTargetError",
            "UnknownMutantError", "Workload", "apply", "get"]

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from runnercheck.stress.mutants.registry import CHECKS
+from runnercheck.stress.mutants.registry import known_checks
 from runnercheck.stress.mutants.report import MutantsReport, MutantsReportError, read_report
 
 RATES_VERSION = 1
@@ -106,7 +106,7 @@ def kill_rates(reports: Sequence[MutantsReport], *, command: str = "") -> KillRa
     controls: dict[tuple[str, str], ControlRate] = {}
     for report in reports:
         for m in report.mutants:
-            rate = mutants.setdefault(m.name, KillRate(m.name, m.cls, list(m.designed), [], [], {c: 0 for c in CHECKS}))
+            rate = mutants.setdefault(m.name, KillRate(m.name, m.cls, list(m.designed), [], [], {c: 0 for c in known_checks()}))
             if m.status == "skipped":
                 rate.skip_reason = m.skip_reason
                 continue
@@ -142,23 +142,24 @@ def markdown(rates: KillRates) -> str:
 
 def _rates_markdown(rates: KillRates) -> str:
     n = len(rates.seeds)
+    checks = known_checks()
     lines = [
         f"# runnercheck mutants: kill rates over {n} seed(s): {'PASS' if rates.passed else 'FAIL'}",
         "",
         f"device `{rates.device}`{', quick' if rates.quick else ''}, seeds {', '.join(map(str, rates.seeds))}; "
         f"{rates.elapsed_s:.0f} s. `{rates.command}`",
         "",
-        "| mutant | class | built for | killed as designed | " + " | ".join(CHECKS) + " | survived in seeds |",
-        "|---|---|---|---|" + "---|" * len(CHECKS) + "---|",
+        "| mutant | class | built for | killed as designed | " + " | ".join(checks) + " | survived in seeds |",
+        "|---|---|---|---|" + "---|" * len(checks) + "---|",
     ]
     for m in rates.mutants:
         if not m.seeds_run:
             lines.append(f"| {m.name} | {m.cls} | {', '.join(m.designed)} | skipped: {m.skip_reason} |"
-                         + " |" * len(CHECKS) + " |")
+                         + " |" * len(checks) + " |")
             continue
         killed = f"{len(m.seeds_killed_as_designed)}/{len(m.seeds_run)}"
         lines.append(f"| {m.name} | {m.cls} | {', '.join(m.designed)} | {killed if m.rate == 1.0 else '**' + killed + '**'} | "
-                     + " | ".join(str(m.fired[c]) for c in CHECKS)
+                     + " | ".join(str(m.fired.get(c, 0)) for c in checks)
                      + f" | {', '.join(map(str, m.survived_in)) or '-'} |")
     lines += ["", "| control | seeds clean | fired in seeds |", "|---|---|---|"]
     for c in rates.controls:

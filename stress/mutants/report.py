@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runnercheck.stress.mutants.catalogue import CHECKS
+from runnercheck.stress.mutants.registry import known_checks
 
 
 # --------------------------------------------------------------------------- results
@@ -131,6 +131,7 @@ def markdown(report: MutantsReport) -> str:
 
 
 def _matrix_markdown(report: MutantsReport) -> str:
+    checks = known_checks()
     run = [m for m in report.mutants if m.status != "skipped"]
     killed = sum(m.as_designed for m in run)
     lines = [
@@ -142,14 +143,14 @@ def _matrix_markdown(report: MutantsReport) -> str:
         f"controls {'clean' if all(c.clean for c in report.controls) else 'NOT CLEAN'}.", "",
         "KILL: the check fired; -: armed and silent until the run stopped (at the first kill or the tick budget); "
         "blank: not run; bold: a check the mutant is designed to be killed by.", "",
-        "| mutant | class | " + " | ".join(CHECKS) + " | status | ticks | seconds |",
-        "|---|---|" + "---|" * len(CHECKS) + "---|---:|---:|",
+        "| mutant | class | " + " | ".join(checks) + " | status | ticks | seconds |",
+        "|---|---|" + "---|" * len(checks) + "---|---:|---:|",
     ]
     for m in report.mutants:
         status = m.status if m.status != "killed" or m.as_designed else "killed (not as designed)"
         if m.skip_reason:
             status += f" ({m.skip_reason})"
-        lines.append(f"| `{m.name}` | {m.cls} | " + " | ".join(_cell(m, c) for c in CHECKS)
+        lines.append(f"| `{m.name}` | {m.cls} | " + " | ".join(_cell(m, c) for c in checks)
                      + f" | {status} | {m.ticks} | {m.seconds:.1f} |")
     lines += ["", "## Controls (no mutant: every check must stay silent)", "",
               "| control | ticks | fired | seconds |", "|---|---:|---|---:|"]

@@ -3,9 +3,9 @@
 A suite is named after the command that ran (`runnercheck.checks.junit.suite_name`), and so are
 its cases' class names.
 
-verify: one case per run (failure: its first divergence, crash, host sync, lifetime, kv provenance
-violation or csan race;
-properties: seed and repro path), plus one for the coverage gate (skipped when the run did not gate
+verify: one case per run (failure: its crash, first divergence, or else the first finding of the
+detector registry in its order -- `runnercheck.checks.detectors.registry`, so a new detector fails
+the case without a change here; properties: seed and repro path), plus one for the coverage gate (skipped when the run did not gate
 coverage and left gated features at zero) and one for the statistics.  A case's time is its own
 measured wall time (a run's, the statistics'; the gate does no work).
 mutants: one case per mutant (failure: it survived, or was killed by other checks than it was
@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from runnercheck.checks.detectors.base import DetectorResult
+from runnercheck.checks.detectors.registry import in_report_order
 from runnercheck.checks.junit import JUnitCase, write_junit
 from runnercheck.stress.report.summary import coverage_tally
 from runnercheck.stress.run.config import RunSetupError
@@ -43,19 +45,19 @@ def _run_failure(run: dict) -> str | None:
         return f"crash: {run['crash']} after step {run.get('last_completed_step')}"
     if run.get("first_divergence"):
         return f"divergence: {run['first_divergence']}"
-    if run.get("host_syncs"):
-        sites = run.get("host_sync_sites") or ["?"]
-        return f"{run['host_syncs']} host sync(s): {sites[0]}"
-    if run.get("lifetime_violations"):
-        errors = run.get("lifetime_errors") or ["?"]
-        return f"{run['lifetime_violations']} slot lifetime violation(s) (staging, output): {errors[0]}"
-    if run.get("provenance_violations"):
-        lines = (run.get("prefix_cache") or {}).get("provenance_lines") or ["?"]
-        return f"{run['provenance_violations']} kv provenance violation(s): {lines[0]}"
-    if run.get("csan_races"):
-        lines = run.get("csan_lines") or ["?"]
-        return f"{run['csan_races']} csan race(s): {lines[0]}"
+    for d in in_report_order(run["detectors"]):  # the first detector that found something, in registry order
+        failure = d.failure(DetectorResult.from_dict(run["detectors"][d.name]))
+        if failure:
+            return failure
     return None
+
+
+def _run_failure_details(run: dict) -> str:
+    """The divergences, then each detector's long text (e.g. CSAN's stacks)."""
+    details = list(run.get("divergence_lines", []))
+    for d in in_report_order(run["detectors"]):
+        details += d.details(DetectorResult.from_dict(run["detectors"][d.name]))
+    return "\n".join(details)
 
 
 def verify_cases(doc: dict) -> list[JUnitCase]:
@@ -66,7 +68,7 @@ def verify_cases(doc: dict) -> list[JUnitCase]:
             props["repro"] = run["repro"]
         cases.append(JUnitCase(name=f"{run['name']} (seed {run['seed']})", classname=f"runnercheck.{doc['command']}.{doc['device']}",
                                time_s=float(run.get("elapsed_s", 0.0)), failure=_run_failure(run),
-                               failure_details="\n".join(run.get("divergence_lines", []) + run.get("csan_reports", [])),
+                               failure_details=_run_failure_details(run),
                                properties=props))
     zero = doc.get("coverage_zero", [])
     coverage = coverage_tally(doc)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from runnercheck.checks.detectors.base import DetectorResult
+from runnercheck.checks.detectors.registry import in_report_order
 from runnercheck.stress.run.driver import summarize_ties
 from runnercheck.stress.run.config import describe_policy
 
@@ -42,18 +44,13 @@ def print_findings(findings: Any, title: str) -> None:
         ("requests added / finished", f"{result.requests} / {result.finished}"),
         ("tokens / logprobs compared", f"{result.tokens_compared} / {result.logprobs_compared}"),
         ("ties adopted", str(len(result.ties))),
-        ("host syncs (beyond counted waits)", f"{findings.host_syncs} ({findings.counted_waits} counted waits)"),
-        ("slot lifetime violations (staging, output)", str(findings.lifetime_violations) if findings.lifetime_checked else "not checked"),
     ]
-    if findings.csan_checked:
-        rows.append(("csan races", str(findings.csan_races) + "".join(f"\n{line}" for line in findings.csan_lines[:3])))
+    rows += [(d.label, d.describe(findings.detectors[d.name])) for d in in_report_order(findings.detectors)]
     if stats is not None:
         rows += [
             ("preempted blocks/forced, resumed", f"{stats.preempted_for_blocks} / {stats.preempted_forced}, {stats.resumed}"),
             ("aborted, late dropped, drafts", f"{stats.aborted}, {stats.dropped_tokens}, {stats.draft_steps}"),
         ]
-    if findings.prefix is not None:
-        rows.append(("prefix cache, kv provenance", findings.prefix.line()))
     if result.spec_stats:
         draft = config.scheduler.draft_model
         rows.append((f"draft-model ({draft}) drafts" if draft else "n-gram drafts", spec_line(result.spec_stats)))
@@ -82,10 +79,10 @@ def print_divergence(findings: Any) -> None:
         print(f"DIVERGENCE {result.first_divergence_line()}")
         for d in result.divergences[1:6]:
             print(f"  also: {d.line()}")
-    for site in findings.host_sync_sites[:3]:
-        print(f"HOST SYNC {site}")
-    for err in findings.lifetime_errors[:3]:
-        print(f"LIFETIME {err}")
+    for d in in_report_order(findings.detectors):
+        found = findings.detectors[d.name]
+        for line in found.lines[:3] if found.violations else []:
+            print(f"{d.tag} {line}")
     if result.runner_traceback:
         print(result.runner_traceback.rstrip(), file=sys.stderr)
 
@@ -94,14 +91,10 @@ def run_line(r: Any) -> str:
     """One plain line for a finished verify run (a `runnercheck.stress.report.summary.RunRecord`)."""
     verdict = "ok  " if r.passed else "FAIL"
     extra = f"  {r.first_divergence}" if r.first_divergence else ""
-    if r.host_syncs:
-        extra += f"  {r.host_syncs} host sync(s)"
-    if r.lifetime_violations:
-        extra += f"  {r.lifetime_violations} lifetime violation(s)"
-    if r.provenance_violations:
-        extra += f"  {r.provenance_violations} kv provenance violation(s)"
-    if r.csan_races:
-        extra += f"  {r.csan_races} csan race(s): {r.csan_lines[0]}"
+    for d in in_report_order(r.detectors):
+        failure = d.failure(r.detectors[d.name])
+        if failure:
+            extra += f"  {failure}"
     return f"{verdict} {r.name} (seed {r.seed}): {r.steps} steps, {r.tokens_compared} tokens, {r.ties} ties, {r.elapsed_s:.1f} s{extra}"
 
 
@@ -110,33 +103,27 @@ def print_verify_summary(doc: dict, files: list) -> None:
     findings, every report file."""
     from rich.table import Table
 
-    from runnercheck.stress.report.summary import chisq_line, coverage_tally
+    from runnercheck.stress.report.summary import chisq_line, coverage_tally, detector_results
 
     out = console()
     verdict = "[bold green]PASSED[/]" if doc["passed"] else "[bold red]FAILED[/]"
     table = Table(title=f"runnercheck {doc['command']}: {verdict}", show_header=True)
-    for col in ("run", "seed", "steps", "tokens", "ties", "syncs", "waits", "lifetime", "result"):
+    detectors = in_report_order(doc["detectors"])
+    for col in ("run", "seed", "steps", "tokens", "ties", *(d.column for d in detectors), "result"):
         table.add_column(col, justify="left" if col in ("run", "result") else "right",
                          overflow="fold", no_wrap=col == "result", min_width=6 if col == "result" else None)
     for r in doc["runs"]:
-        lifetime = str(r["lifetime_violations"]) if r["lifetime_checked"] else "n/a"
         result = "ok" if r["passed"] else ("[red]CRASH[/]" if r.get("crash") else "[red]FAIL[/]")
-        table.add_row(r["name"], str(r["seed"]), str(r["steps"]), str(r["tokens_compared"]), str(r["ties"]),
-                      str(r["host_syncs"]), str(r["counted_waits"]), lifetime, result)
+        cells = [d.cell(DetectorResult.from_dict(r["detectors"][d.name])) if d.name in r["detectors"] else "-" for d in detectors]
+        table.add_row(r["name"], str(r["seed"]), str(r["steps"]), str(r["tokens_compared"]), str(r["ties"]), *cells, result)
     out.print(table)
     print_coverage(doc["coverage"], out)
     say = lambda text: out.print(text, highlight=False, markup=False, soft_wrap=True)  # noqa: E731
     say(f"coverage: {coverage_tally(doc).headline()}")
     say(f"device {doc['device']}, runner {doc['runner']}, {doc['elapsed_s']:.1f} s")
-    say(f"divergences {doc['divergences']}, host syncs {doc['host_syncs']}, lifetime violations "
-        f"{doc['lifetime_violations']}, kv provenance violations {doc.get('provenance_violations', 0)}, ties {doc['ties']}"
-        + (f", csan races {doc['csan_races']}" if any(r.get("csan_checked") for r in doc["runs"]) else ""))
-    for r in doc["runs"]:
-        for line in r.get("csan_lines", [])[:3]:
-            say(f"csan race in {r['name']}: {line}")
-    hit_rates = [r["prefix_cache"]["hit_rate"] for r in doc["runs"] if r.get("prefix_cache")]
-    if hit_rates:
-        say(f"prefix cache hit rate: {min(hit_rates):.0%}..{max(hit_rates):.0%} of prefill tokens over {len(hit_rates)} run(s)")
+    say(f"divergences {doc['divergences']}, ties {doc['ties']}")
+    for d in detectors:
+        say(f"{d.label}: {d.total(detector_results(doc['runs'], d.name))}")
     for r in doc["runs"]:
         if r.get("speculative"):
             draft = (r.get("scheduler") or {}).get("draft_model")
@@ -155,12 +142,10 @@ def print_verify_summary(doc: dict, files: list) -> None:
         if r["first_divergence"]:
             say(f"DIVERGENCE {r['name']}: {r['first_divergence']}")
             say(f"  repro: {r['repro']}  (runnercheck replay {r['repro']})")
-        for site in r["host_sync_sites"][:3]:
-            say(f"HOST SYNC {r['name']}: {site}")
-        for err in r["lifetime_errors"][:3]:
-            say(f"LIFETIME {r['name']}: {err}")
-        for line in ((r.get("prefix_cache") or {}).get("provenance_lines") or [])[:3]:
-            say(f"KV PROVENANCE {r['name']}: {line}")
+        for d in in_report_order(r["detectors"]):
+            found = r["detectors"][d.name]
+            for line in found["lines"][:3] if found["violations"] else []:
+                say(f"{d.tag} {r['name']}: {line}")
     for note in doc["notes"]:
         say(f"note: {note}")
     say("report files:")

@@ -1,22 +1,26 @@
 """The report folder of `runnercheck verify` and `runnercheck stress`: ``summary.json`` (checked
 schema) and ``summary.md``, titled by the command that ran (``command``).
 
-``summary.json`` (version 2; `runnercheck stress` writes the same document for its one run)::
+``summary.json`` (version 3; `runnercheck stress` writes the same document for its one run).
+Version 3 replaced version 2's per-detector fields (``host_syncs``, ``counted_waits``,
+``lifetime_*``, ``provenance_violations``, ``csan_*``, a run's ``prefix_cache``) by one
+``detectors`` mapping, keyed by the names of the detector registry
+(`runnercheck.checks.detectors.registry`), so a new detector appears without a schema change::
 
     {
-      "version": 2,
+      "version": 3,
       "command": "verify" | "stress",
       "status": "complete" | "incomplete",   # incomplete: interrupted; holds the runs that finished
                                              # (possibly none) and never passes
       "provenance": {...checks.provenance.provenance()...},
-      "passed": true,                  # every run agreed, no unaccounted host sync, no lifetime
-                                       # violation, and the sampler statistics (if they ran) passed
+      "passed": true,                  # every run agreed, no detector found a violation, and the
+                                       # sampler statistics (if they ran) passed
       "device": "sim", "seed": 0, "runner": "runnercheck.impl.runner:make_runner", "quick": true,
       "model": "micro",
       "divergences": 0,                # runs that stopped at a divergent step (each stops at its first)
-      "host_syncs": 0,                 # host reads/waits in execute_model beyond the counted waits
-      "counted_waits": 3,              # the runner's own back-pressure waits (reported, allowed)
-      "lifetime_violations": 0,
+      "detectors": {                   # totals per detector over the runs that armed it
+        "sync": {"violations": 0, "runs_checked": 3, "runs": 3},   # host syncs beyond counted waits
+        "lifetime": {...}, "provenance": {...}, "csan": {...}},    # (csan: --csan runs only)
       "steps": 90, "requests": 41, "ties": 0, "tokens_compared": 212,
       "chisq": {"status": "ran" | "not available" | "error" | "skipped", "passed": bool | null,
                 "summary": "...",      # one clause per sampler, naming it
@@ -26,7 +30,9 @@ schema) and ``summary.md``, titled by the command that ran (``command``).
                    "summary": "0 of 2 tests failed", "folder": ".../chisq-runner", "result": {...}},
                   ...],
                 "elapsed_s": 41.2, ...},       # the statistics' wall time (verify)
-      "runs": [{...one `RunRecord`...}, ...],
+      "runs": [{...one `RunRecord`...,       # its "detectors": {name: {"checked": bool, "violations": n,
+                                             #   "lines": [first findings], "extra": {...}}}
+                ...}, ...],
       "coverage": {"feature": count, ...},   # totals over the runs (stress.coverage)
       "coverage_zero": ["feature", ...],      # features no run exercised (verify fails on them)
       "coverage_gated": bool,                 # whether the coverage gate applied (verify, whole campaign)
@@ -47,6 +53,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from runnercheck.checks.detectors.base import DetectorResult, DetectorResultError
+from runnercheck.checks.detectors.registry import in_report_order
 from runnercheck.checks.interrupts import STATUS_COMPLETE, STATUS_INCOMPLETE, STATUSES, incomplete_banner
 from runnercheck.checks.provenance import markdown_lines
 from runnercheck.stress.run.config import describe_policy
@@ -54,7 +62,7 @@ from runnercheck.stress.run.config import describe_policy
 if TYPE_CHECKING:
     from runnercheck.stress.run.coverage import CoverageTally
 
-SUMMARY_VERSION = 2
+SUMMARY_VERSION = 3
 CHISQ_STATUSES = ("ran", "not available", "error", "skipped")
 
 
@@ -81,18 +89,7 @@ class RunRecord:
     tie_lines: list[str] = field(default_factory=list)
     first_divergence: str | None = None
     divergence_lines: list[str] = field(default_factory=list)
-    host_syncs: int = 0  # beyond counted_waits
-    host_sync_sites: list[str] = field(default_factory=list)
-    counted_waits: int = 0
-    lifetime_checked: bool = True
-    lifetime_violations: int = 0
-    lifetime_errors: list[str] = field(default_factory=list)
-    provenance_violations: int = 0  # KV provenance (`runnercheck.checks.detectors.kv_provenance`)
-    csan_checked: bool = False  # the run ran under CUDA's stream sanitizer (`runnercheck.checks.detectors.csan`)
-    csan_races: int = 0
-    csan_lines: list[str] = field(default_factory=list)
-    csan_reports: list[str] = field(default_factory=list)  # CSAN's own messages, with stacks
-    prefix_cache: dict | None = None  # `runnercheck.stress.run.prefix_checks.PrefixCacheFindings.to_dict()`
+    detectors: dict[str, DetectorResult] = field(default_factory=dict)  # `runnercheck.stress.run.harness.Findings.detectors`
     cuda_graphs: dict | None = None  # the runner's `cuda_graph_stats()`
     speculative: dict | None = None  # n-gram drafts asked for / accepted (`runnercheck.stress.sim.spec_scheduler.SpecStats`)
     repro: str | None = None
@@ -115,22 +112,26 @@ class RunRecord:
             scheduler=config.scheduler.to_dict(), ticks=r.ticks, steps=r.steps, requests=r.requests, finished=r.finished,
             tokens_compared=r.tokens_compared, logprobs_compared=r.logprobs_compared, ties=len(r.ties),
             tie_lines=summarize_ties(r.ties, limit=10), first_divergence=r.first_divergence_line(), divergence_lines=lines,
-            host_syncs=f.host_syncs, counted_waits=f.counted_waits, host_sync_sites=list(f.host_sync_sites),
-            lifetime_checked=f.lifetime_checked, lifetime_violations=f.lifetime_violations,
-            lifetime_errors=list(f.lifetime_errors), provenance_violations=f.provenance_violations,
-            csan_checked=f.csan_checked, csan_races=f.csan_races, csan_lines=list(f.csan_lines),
-            csan_reports=list(f.csan_reports),
-            prefix_cache=f.prefix.to_dict() if f.prefix is not None else None, cuda_graphs=f.cuda_graphs, speculative=r.spec_stats, repro=repro, crash=f.crash,
+            detectors=dict(f.detectors), cuda_graphs=f.cuda_graphs, speculative=r.spec_stats, repro=repro, crash=f.crash,
             last_completed_step=f.last_completed_step, coverage=dict(f.coverage), elapsed_s=round(f.elapsed_s, 2),
         )
 
     @property
     def passed(self) -> bool:
-        return (self.first_divergence is None and self.host_syncs == 0 and self.lifetime_violations == 0
-                and self.provenance_violations == 0 and self.csan_races == 0)
+        return self.first_divergence is None and all(r.clean for r in self.detectors.values())
+
+    def violations(self, detector: str) -> int:
+        found = self.detectors.get(detector)
+        return found.violations if found is not None else 0
 
     def to_dict(self) -> dict:
-        return dict(asdict(self), passed=self.passed)
+        return dict(asdict(self), detectors={name: r.to_dict() for name, r in self.detectors.items()}, passed=self.passed)
+
+
+def unchecked_notes(runs: Sequence[RunRecord]) -> list[str]:
+    """The report's note of each detector that declares one and that some run armed but could not check."""
+    unchecked = {name for r in runs for name, result in r.detectors.items() if not result.checked}
+    return [d.unchecked_note for d in in_report_order(unchecked) if d.unchecked_note]
 
 
 def chisq_passed(chisq: dict) -> bool:
@@ -155,35 +156,28 @@ def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: 
     coverage = merge(r.coverage for r in runs)
     zero = zero_features(coverage) if require_coverage else []
     divergences = sum(r.first_divergence is not None for r in runs)
-    host_syncs = sum(r.host_syncs for r in runs)
-    lifetime = sum(r.lifetime_violations for r in runs)
-    provenance_violations = sum(r.provenance_violations for r in runs)
-    csan_races = sum(r.csan_races for r in runs)
+    run_dicts = [r.to_dict() for r in runs]
+    detectors = detector_totals(run_dicts)
     doc = {
         "version": SUMMARY_VERSION,
         "command": command,
         "status": status,
         "provenance": provenance if provenance is not None else {},
-        "passed": complete and bool(runs) and divergences == 0 and host_syncs == 0 and lifetime == 0 and provenance_violations == 0
-        and csan_races == 0 and chisq_passed(chisq)
-        and not zero,
+        "passed": complete and bool(runs) and divergences == 0 and all(t["violations"] == 0 for t in detectors.values())
+        and chisq_passed(chisq) and not zero,
         "device": device,
         "seed": seed,
         "runner": runner,
         "model": model,
         "quick": quick,
         "divergences": divergences,
-        "host_syncs": host_syncs,
-        "counted_waits": sum(r.counted_waits for r in runs),
-        "lifetime_violations": lifetime,
-        "provenance_violations": provenance_violations,
-        "csan_races": csan_races,
+        "detectors": detectors,
         "steps": sum(r.steps for r in runs),
         "requests": sum(r.requests for r in runs),
         "ties": sum(r.ties for r in runs),
         "tokens_compared": sum(r.tokens_compared for r in runs),
         "chisq": chisq,
-        "runs": [r.to_dict() for r in runs],
+        "runs": run_dicts,
         "coverage": coverage,
         "coverage_zero": zero,
         "coverage_gated": require_coverage,
@@ -194,10 +188,24 @@ def build_summary(runs: Sequence[RunRecord], chisq: dict, *, device: str, seed: 
     return doc
 
 
-_INT_KEYS = ("divergences", "host_syncs", "counted_waits", "lifetime_violations", "steps", "requests", "ties",
-             "tokens_compared", "seed")
-_RUN_INT_KEYS = ("seed", "ticks", "steps", "requests", "finished", "tokens_compared", "logprobs_compared", "ties",
-                 "host_syncs", "counted_waits", "lifetime_violations")
+_INT_KEYS = ("divergences", "steps", "requests", "ties", "tokens_compared", "seed")
+_RUN_INT_KEYS = ("seed", "ticks", "steps", "requests", "finished", "tokens_compared", "logprobs_compared", "ties")
+
+
+def detector_totals(runs: Sequence[dict]) -> dict[str, dict[str, int]]:
+    """``{name: {"violations", "runs_checked", "runs"}}`` over the runs' ``detectors`` (registry order):
+    ``runs`` counts the runs that armed the detector, ``runs_checked`` those it could watch."""
+    totals: dict[str, dict[str, int]] = {}
+    for d in in_report_order({name for r in runs for name in r["detectors"]}):
+        results = [r["detectors"][d.name] for r in runs if d.name in r["detectors"]]
+        totals[d.name] = {"violations": sum(x["violations"] for x in results),
+                          "runs_checked": sum(bool(x["checked"]) for x in results), "runs": len(results)}
+    return totals
+
+
+def detector_results(runs: Sequence[dict], name: str) -> list[DetectorResult]:
+    """Detector ``name``'s results over the runs of a summary document that armed it."""
+    return [DetectorResult.from_dict(r["detectors"][name]) for r in runs if name in r["detectors"]]
 
 
 def _is_count(v: Any) -> bool:
@@ -238,18 +246,17 @@ def validate_summary(doc: Any) -> None:
                 raise SummaryError(f"runs[{i}].{key} must be an int >= 0, got {run.get(key)!r}")
         if not isinstance(run.get("passed"), bool) or not isinstance(run.get("name"), str):
             raise SummaryError(f"runs[{i}] needs a string 'name' and a bool 'passed'")
+        _validate_run_detectors(i, run)
     totals = {
         "divergences": sum(r.get("first_divergence") is not None for r in runs),
-        "host_syncs": sum(r["host_syncs"] for r in runs),
-        "lifetime_violations": sum(r["lifetime_violations"] for r in runs),
-        "provenance_violations": sum(r.get("provenance_violations", 0) for r in runs),
-        "csan_races": sum(r.get("csan_races", 0) for r in runs),
         "steps": sum(r["steps"] for r in runs),
         "ties": sum(r["ties"] for r in runs),
     }
     for key, total in totals.items():
         if doc.get(key, 0) != total:
             raise SummaryError(f"field {key!r} is {doc[key]} but the runs add up to {total}")
+    if doc.get("detectors") != detector_totals(runs):
+        raise SummaryError(f"field 'detectors' is {doc.get('detectors')!r} but the runs add up to {detector_totals(runs)!r}")
     if not isinstance(doc.get("provenance"), dict) or not isinstance(doc.get("command"), str):
         raise SummaryError("fields 'provenance' (an object) and 'command' (a string) are required")
     if not isinstance(doc.get("coverage_gated", False), bool):
@@ -261,6 +268,21 @@ def validate_summary(doc: Any) -> None:
     expected = status == STATUS_COMPLETE and all(r["passed"] for r in runs) and chisq_passed(chisq) and not zero
     if doc["passed"] != expected:
         raise SummaryError(f"field 'passed' is {doc['passed']} but the runs and statistics say {expected}")
+
+
+def _validate_run_detectors(i: int, run: dict) -> None:
+    """A run's ``detectors`` maps names to results, and its verdict follows them and its divergence."""
+    detectors = run.get("detectors")
+    if not isinstance(detectors, dict):
+        raise SummaryError(f"runs[{i}].detectors must be an object mapping detector names to results")
+    for name, result in detectors.items():
+        try:
+            DetectorResult.from_dict(result)
+        except DetectorResultError as e:
+            raise SummaryError(f"runs[{i}].detectors.{name}: {e}") from None
+    expected = run.get("first_divergence") is None and all(r["violations"] == 0 for r in detectors.values())
+    if run["passed"] != expected:
+        raise SummaryError(f"runs[{i}].passed is {run['passed']} but its divergence and detectors say {expected}")
 
 
 def _validate_chisq_samplers(chisq: dict) -> None:
@@ -297,24 +319,27 @@ def render_markdown(doc: dict) -> str:
         "| check | result |",
         "|---|---|",
         f"| runner vs oracle | {doc['divergences']} divergent run(s); {doc['steps']} steps, {doc['tokens_compared']} tokens compared, {doc['ties']} tie(s) adopted |",
-        f"| host syncs in execute_model | {doc['host_syncs']} (plus {doc['counted_waits']} counted back-pressure wait(s)) |",
-        f"| slot lifetime (staging, output) | {doc['lifetime_violations']} violation(s) |",
-        f"| KV provenance | {doc.get('provenance_violations', 0)} violation(s) |",
+    ]
+    detectors = in_report_order(doc["detectors"])
+    lines += [f"| {d.label} | {d.total(detector_results(doc['runs'], d.name))} |" for d in detectors]
+    lines += [
         f"| sampler statistics | {chisq_line(doc['chisq'])} |",
         f"| coverage | {coverage_tally(doc).headline()}"
         f"{'; NOT exercised: ' + ', '.join(doc['coverage_zero']) if doc['coverage_zero'] else ''} |",
         "",
         "## Runs",
         "",
-        "| run | seed | lag / delay | ticks | steps | requests | tokens | ties | syncs | waits | lifetime | result |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| run | seed | lag / delay | ticks | steps | requests | tokens | ties | " + "".join(f"{d.column} | " for d in detectors)
+        + "result |",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(detectors) + "---|",
     ]
     for r in doc["runs"]:
         policy = _policy(r.get("lag_policy")) or _policy(r.get("delay_policy")) or "-"
-        lifetime = str(r["lifetime_violations"]) if r.get("lifetime_checked", True) else "n/a"
+        cells = "".join(f"{d.cell(DetectorResult.from_dict(r['detectors'][d.name])) if d.name in r['detectors'] else '-'} | "
+                        for d in detectors)
         lines.append(
             f"| {r['name']} | {r['seed']} | {policy} | {r['ticks']} | {r['steps']} | {r['requests']} | {r['tokens_compared']} "
-            f"| {r['ties']} | {r['host_syncs']} | {r['counted_waits']} | {lifetime} | {'ok' if r['passed'] else '**FAIL**'} |"
+            f"| {r['ties']} | {cells}{'ok' if r['passed'] else '**FAIL**'} |"
         )
     findings = [r for r in doc["runs"] if not r["passed"]]
     if findings:
@@ -329,10 +354,10 @@ def render_markdown(doc: dict) -> str:
                 lines += [f"  - also: `{d}`" for d in r.get("divergence_lines", [])[1:]]
             if r.get("repro"):
                 lines.append(f"- repro: `{r['repro']}` (`runnercheck replay {r['repro']}`)")
-            lines += [f"- host sync: `{s}`" for s in r.get("host_sync_sites", [])]
-            lines += [f"- slot lifetime: `{e}`" for e in r.get("lifetime_errors", [])]
-            if (r.get("prefix_cache") or {}).get("provenance_lines"):
-                lines += [f"- kv provenance: `{v}`" for v in r["prefix_cache"]["provenance_lines"]]
+            for d in in_report_order(r["detectors"]):
+                result = r["detectors"][d.name]
+                if result["violations"]:
+                    lines += [f"- {d.tag.lower()}: `{line}`" for line in result["lines"]]
             lines.append("")
     ties = [t for r in doc["runs"] for t in r.get("tie_lines", [])]
     if ties:
@@ -398,5 +423,5 @@ def load_summary(path: str | Path) -> dict:
     return doc
 
 
-__all__ = ["RunRecord", "SummaryError", "SUMMARY_VERSION", "build_summary", "validate_summary", "render_markdown",
+__all__ = ["RunRecord", "SummaryError", "SUMMARY_VERSION", "build_summary", "detector_results", "detector_totals", "unchecked_notes", "validate_summary", "render_markdown",
            "write_report", "load_summary", "chisq_passed", "chisq_line", "coverage_tally"]

@@ -1,4 +1,4 @@
 """One checked differential run: its typed configuration (`config`), the runner seam (`runners`), the
 run owner that arms the detectors and returns findings (`harness`), the step-by-step driver
 (`driver`), child-process isolation (`isolation`), repro files (`repro`), coverage and its observers
-(`coverage`, `staged_writes`, `prefix_checks`) and the Hypothesis state machine (`machine`)."""
+(`coverage`, `staged_writes`) and the Hypothesis state machine (`machine`)."""

@@ -1,36 +1,35 @@
 """The run owner: build a session from a `RunConfig`, arm the detectors, drive the differential
 run, and return one typed `Findings` -- the only loop behind `verify`, `stress`, `replay`,
-`mutants` (and, rule by rule, the Hypothesis machine, which uses `build_session` and
-`Detectors`).
+`mutants` (and, rule by rule, the Hypothesis machine, which uses `build_session`'s parts and the
+detector registry).
 
 * `build_session`: weights, `Device` (with its lag policy), the runner through its factory
   (``cuda_graphs`` passed to factories that accept it), an optional mutant, the oracle and the
-  scheduler simulator.  Every setup problem is a `RunSetupError`.
-* `Detectors`: the host-sync detector in count mode around ``execute_model``, the
-  staging-lifetime checker (``count`` or ``error`` mode) on the runner's staging pool, when it has
-  one, the output-slot checksums on its output ring (`runnercheck.checks.detectors.output_slots`: their violations count
-  as lifetime violations, the slots' lifetime), and the KV provenance check with the prefix-cache statistics (`runnercheck.stress.run.prefix_checks`),
-  armed after any mutant.  A host sync beyond the runner's own counted back-pressure waits is a
-  finding; so is a KV provenance violation.  With ``config.csan`` (cuda) the session also holds a
-  `runnercheck.checks.detectors.csan.CsanMonitor`, armed *before* the runner is built (CSAN must see the init-time writes
-  the first steps read) and before a device mutant is installed: every race CSAN reports during
-  the run is a finding of check ``csan``, recorded, not raised.
+  scheduler simulator.  Every setup problem is a `RunSetupError`.  With ``config.csan`` (cuda) the
+  session also holds a `runnercheck.checks.detectors.csan.CsanMonitor`, armed *before* the runner
+  is built (CSAN must see the init-time writes the first steps read) and before a device mutant is
+  installed.
+* `arm_detectors`: every detector of the registry (`runnercheck.checks.detectors.registry`),
+  armed on the runner after any mutant, with the session's scheduler and CSAN monitor in the arm
+  context.  Each detector's result lands in `Findings.detectors` under its name; any violation
+  fails the run, and a detector that fires stops a ``stop_on_sync`` run at the next tick.
 * `checked_run(config, ops)`: the differential run with ``ops`` (`ChurnOps` or `TraceOps`) as
   the operation source, in this process; `runnercheck.stress.run.isolation.isolated_runs` runs it in child
   processes (a crash becomes a finding with a repro).
 
-Ownership: a `Session` owns one run's device, runner, oracle and scheduler; `Detectors` own the
-sync report and lifetime checker for that session; `Findings` is plain host data (picklable:
-it crosses the process boundary).
+Ownership: a `Session` owns one run's device, runner, oracle and scheduler (and the CSAN monitor);
+the `ArmedDetectors` own what they patched on the runner until disarmed; `Findings` is plain host
+data (picklable: it crosses the process boundary).
 """
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from runnercheck.checks.detectors.base import ArmContext, DetectorResult
+from runnercheck.checks.detectors.registry import ArmedDetectors
 from runnercheck.checks.loader import LoaderError, accepts_keyword, load_callable
 from runnercheck.stress.sim.churn import Churn, ChurnConfig, TraceReplay
 from runnercheck.stress.run.coverage import CoverageCounter
@@ -180,90 +179,11 @@ def apply_mutant(name: str, runner: Any = None, scheduler: Any = None, *, device
 # --------------------------------------------------------------------------- detectors
 
 
-def counted_waits(runner: Any) -> int:
-    """Host waits ``runner`` counts itself (back-pressure), as `runnercheck.impl.runner.ModelRunner` exposes them; 0 otherwise."""
-    counters = (("state", "num_quarantine_waits"), ("staging", "num_backpressure_waits"), ("outputs", "num_backpressure_waits"))
-    return sum(int(getattr(getattr(runner, owner, None), name, 0) or 0) for owner, name in counters)
-
-
-def unaccounted_syncs_message(report: Any, runner: Any) -> str | None:
-    """None when every host sync in ``report`` is one of the runner's counted waits, else a description."""
-    waits = counted_waits(runner)
-    if report.count <= waits:
-        return None
-    return f"{report.count - waits} host sync(s) beyond the runner's {waits} counted back-pressure wait(s); {report.summary()}"
-
-
-class Detectors:
-    """The sync detector (count mode), the staging-lifetime checker, the staging- and output-slot checksums and the KV provenance check,
-    armed on one session's runner (``scheduler``: whose prefix cache the findings describe); and
-    ``csan``, the session's CSAN monitor when the run has one."""
-
-    def __init__(self, runner: Any, lifetime_mode: str = "count", scheduler: Any = None, csan: Any = None):
-        from runnercheck.checks.detectors.lifetime import LifetimeChecker
-        from runnercheck.checks.detectors.output_slots import arm_output_checksums
-        from runnercheck.checks.detectors.staging_slots import arm_staging_checksums
-        from runnercheck.checks.detectors.sync import arm_runner
-        from runnercheck.stress.run.prefix_checks import arm_prefix_checks
-
-        self.runner = runner
-        self.sync_report = arm_runner(runner, "count")
-        pool = getattr(runner, "staging", None)
-        self.pool = pool if pool is not None and hasattr(pool, "observers") else None
-        self.lifetime = LifetimeChecker(lifetime_mode).attach(self.pool) if self.pool is not None else None
-        self.outputs = arm_output_checksums(runner)
-        self.staging = arm_staging_checksums(runner)
-        self.prefix = arm_prefix_checks(runner, scheduler) if scheduler is not None else None
-        self.csan = csan
-
-    def disarm(self) -> None:
-        if self.lifetime is not None:
-            self.lifetime.detach(self.pool)
-        for checksums in (self.outputs, self.staging):
-            if checksums is not None:
-                checksums.detach()
-
-    def slot_lifetimes(self) -> tuple[bool, int, list[str]]:
-        """(checked, violations, first messages) of the staging and output slots, once the device is drained."""
-        checked, violations, errors = False, 0, []
-        if self.lifetime is not None:
-            checked, violations, errors = True, self.lifetime.violations, [str(e) for e in self.lifetime.errors[:10]]
-        for checksums in (self.staging, self.outputs):
-            if checksums is None:
-                continue
-            try:
-                checksums.finish()
-            except Exception as e:  # the device died: the checksums cannot be read back (the run's finding stands)
-                _log.info("slot checksums not read back: %s: %s", type(e).__name__, e)
-                return checked, violations, errors
-            checked, violations = True, violations + checksums.violations
-            errors += checksums.errors[:5]  # each checker's first findings, however many the others had
-        return checked, violations, errors
-
-    def fired(self) -> str | None:
-        """What stops a ``stop_on_sync`` run early: a host sync, a CSAN race, or (cpu/sim, as it happens)
-        a KV provenance violation."""
-        if self.prefix is not None and self.prefix.fired():
-            return "kv provenance violation"
-        if self.csan is not None and self.csan.count:
-            return "csan race"
-        return self.sync_message()
-
-    @property
-    def counted_waits(self) -> int:
-        return counted_waits(self.runner)
-
-    @property
-    def host_syncs(self) -> int:
-        return max(0, self.sync_report.count - self.counted_waits)
-
-    def sync_message(self) -> str | None:
-        return unaccounted_syncs_message(self.sync_report, self.runner)
-
-    def sync_sites(self, limit: int = 10) -> list[str]:
-        if not self.host_syncs:
-            return []
-        return [f"{n} x {what} at {where}" for (what, where), n in Counter(self.sync_report.events).most_common(limit)]
+def arm_detectors(session: Session, lifetime_mode: str = "count") -> ArmedDetectors:
+    """Every registered detector (`runnercheck.checks.detectors.registry`) armed on ``session``'s
+    runner, after any mutant: the scheduler (prefix cache) and the CSAN monitor travel in the context."""
+    return ArmedDetectors(session.runner, ArmContext(lifetime_mode=lifetime_mode, scheduler=session.scheduler,
+                                                     csan=session.csan))
 
 
 # --------------------------------------------------------------------------- operation sources
@@ -312,17 +232,7 @@ class Findings:
     config: RunConfig
     result: RunResult
     trace: list
-    host_syncs: int = 0
-    counted_waits: int = 0
-    host_sync_sites: list[str] = field(default_factory=list)
-    lifetime_checked: bool = False
-    lifetime_violations: int = 0
-    lifetime_errors: list[str] = field(default_factory=list)
-    prefix: Any = None  # `runnercheck.stress.run.prefix_checks.PrefixCacheFindings` (hit rate, KV provenance), None if not armed
-    csan_checked: bool = False  # the run ran under CSAN (`runnercheck.checks.detectors.csan`)
-    csan_races: int = 0  # races CSAN reported
-    csan_lines: list[str] = field(default_factory=list)  # the first races, one line each (tensor, ops, streams, sites)
-    csan_reports: list[str] = field(default_factory=list)  # CSAN's own messages (stacks) of the first races
+    detectors: dict[str, DetectorResult] = field(default_factory=dict)  # by detector name, in registry order
     cuda_graphs: dict | None = None  # the runner's `cuda_graph_stats()` (replays, fallbacks by reason), if it has them
     coverage: dict[str, int] = field(default_factory=dict)
     crash: str | None = None  # "killed by signal SIGSEGV" when the isolated run died
@@ -336,12 +246,12 @@ class Findings:
 
     @property
     def passed(self) -> bool:
-        return (self.result.ok and self.host_syncs == 0 and self.lifetime_violations == 0 and self.provenance_violations == 0
-                and self.csan_races == 0)
+        return self.result.ok and all(r.clean for r in self.detectors.values())
 
-    @property
-    def provenance_violations(self) -> int:
-        return self.prefix.provenance_violations if self.prefix is not None else 0
+    def violations(self, detector: str) -> int:
+        """Findings of detector ``detector`` in this run (0 when it was not armed)."""
+        found = self.detectors.get(detector)
+        return found.violations if found is not None else 0
 
     def first_divergence_line(self) -> str | None:
         return self.result.first_divergence_line()
@@ -413,7 +323,7 @@ def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps |
                          on_step: Callable[[StepReport], None] | None, on_tick_ops: Callable[[int, list], None] | None,
                          on_delivered: Callable[[int], None] | None, on_enqueue: Callable[[int], None] | None,
                          started: float) -> Findings:
-    detectors = Detectors(session.runner, lifetime_mode, session.scheduler, session.csan)
+    detectors = arm_detectors(session, lifetime_mode)
     ops = make_ops(source, config)
     state = getattr(session.runner, "state", None)
     rows_observable = state is not None and isinstance(getattr(state, "req_to_row", None), dict)
@@ -475,33 +385,24 @@ def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps |
             if result.ok and not stopped:  # device work failed after the last compared step: a runner error
                 result.divergences.append(_device_fault(result, e, "draining the device work queued by the run"))
             # else the run already failed; its device fault is reported or moot
-    slots_checked, slot_violations, slot_errors = detectors.slot_lifetimes()
-    prefix = None
-    if detectors.prefix is not None:
-        try:  # reads the provenance record back (cuda: a sync)
-            prefix = detectors.prefix.findings()
-        except Exception as e:
-            # The device died (a CUDA device-side assert is sticky): the provenance record cannot be
-            # read.  A run that already failed keeps its finding; otherwise this is the finding.
-            _log.info("kv provenance not read back: %s: %s", type(e).__name__, e)
-            if result.ok and not stopped:
-                result.divergences.append(_device_fault(result, e, "reading the kv provenance record back"))
+    results, unread = detectors.results()  # reads device memory back (cuda: a sync)
+    if unread and result.ok and not stopped:
+        # The device died (a CUDA device-side assert is sticky): a record cannot be read back.  A run
+        # that already failed keeps its finding; otherwise this is the finding.
+        unread_name, error = next(iter(unread.items()))
+        result.divergences.append(_device_fault(result, error, f"reading the {unread_name} detector's record back"))
     stats = getattr(session.runner, "cuda_graph_stats", None)
     if staged.active:
         coverage.add(staged.totals())
     coverage.add(targeted_delay_hits(session.device, delay_policy))
-    csan = session.csan
     return Findings(
-        csan_checked=csan is not None, csan_races=csan.count if csan is not None else 0,
-        csan_lines=csan.lines() if csan is not None else [], csan_reports=[r.text for r in csan.races[:3]] if csan is not None else [],
         name=name, config=config, result=result, trace=[list(t) for t in ops.trace[: max(result.ticks, 0)]],
-        host_syncs=detectors.host_syncs, counted_waits=detectors.counted_waits, host_sync_sites=detectors.sync_sites(),
-        lifetime_checked=slots_checked, lifetime_violations=slot_violations, lifetime_errors=slot_errors,
-        prefix=prefix, cuda_graphs=stats() if callable(stats) else None, coverage=coverage.totals(), last_completed_step=last_step[0] if last_step else None,
+        detectors=results,
+        cuda_graphs=stats() if callable(stats) else None, coverage=coverage.totals(), last_completed_step=last_step[0] if last_step else None,
         stopped_on_sync=stopped, elapsed_s=time.perf_counter() - started,
     )
 
 
-__all__ = ["Session", "Detectors", "Findings", "ChurnOps", "TraceOps", "RunSetupError", "build_session", "checked_run",
+__all__ = ["Session", "Findings", "ChurnOps", "TraceOps", "RunSetupError", "build_session", "checked_run",
            "make_ops",
-           "apply_mutant", "load_runner_factory", "counted_waits", "unaccounted_syncs_message"]
+           "apply_mutant", "arm_detectors", "load_runner_factory"]

@@ -21,7 +21,7 @@ this order:
 1. no divergence between runner and oracle (a runner exception counts as one);
 2. zero host syncs beyond the runner's own counted back-pressure waits: `runnercheck.checks.detectors.sync.arm_runner`
    counts every host read / wait inside ``execute_model`` (``AsyncOutput.get`` is the allowed
-   wait), and the count must equal `counted_waits(runner)` -- the waits the runner documents and
+   wait), and the count must equal `runnercheck.checks.detectors.sync.counted_waits(runner)` -- the waits the runner documents and
    counts itself (a freed row still quarantined, no free staging or output slot) when the device
    lags further behind than its rows and slots cover.  Those are designed waits, not failures
    (``error`` mode would raise on the first of them); any other read or wait is a failure;
@@ -32,6 +32,9 @@ this order:
 5. the scheduler simulator's own bookkeeping (`SchedulerSim.check_invariants`: block pool,
    reference counts, prefix-cache maps);
 6. zero KV provenance violations (`runnercheck.checks.detectors.kv_provenance`, armed on runners with an input batch).
+
+Invariants 2, 3 and 6 are the detector registry (`runnercheck.checks.detectors.registry`), checked together
+right after the divergence check in registry order: a detector added there is an invariant here too.
 
 `TestRunnerMachine` is the CI test case (the settings profile decides ``max_examples``; the
 step count is kept small because interpreted Triton costs ~0.5 s per step on CPU);
@@ -54,7 +57,9 @@ from runnercheck.impl.device import Device
 from runnercheck.impl.interface import SAMPLING_FIELDS, DraftModelConfig, NgramConfig, RunnerLimits, SamplingField, SamplingParams
 from runnercheck.impl.model.weights import ModelWeights, preset, random_weights
 from runnercheck.stress.run.driver import DifferentialRun, RunResult
-from runnercheck.stress.run.harness import Detectors, load_runner_factory, unaccounted_syncs_message
+from runnercheck.checks.detectors.base import ArmContext
+from runnercheck.checks.detectors.registry import ArmedDetectors
+from runnercheck.stress.run.harness import load_runner_factory
 from runnercheck.stress.run.config import default_limits
 from runnercheck.stress.run.runners import DEFAULT_RUNNER_SPEC
 from runnercheck.stress.sim.scheduler import SchedulerSim
@@ -209,7 +214,6 @@ class RunnerMachine(RuleBasedStateMachine):
     def build(self, seed: int, lag: dict, max_inflight: int, draft_prob: float, ngram_k: int, draft_k: int,
               first_requests: list[tuple[list[int], SamplingParams]]) -> None:
         from runnercheck.reference.runner import ReferenceRunner
-        from runnercheck.stress.run.prefix_checks import arm_prefix_checks
 
         self.healthy = False
         config = preset(MACHINE_PRESET)
@@ -227,13 +231,12 @@ class RunnerMachine(RuleBasedStateMachine):
         self.runner = self.build_runner(self.weights, self.limits, self.device, seed)
         if getattr(self.runner, "proposer", None) is None:
             self.ngram = None
-        self.detectors = Detectors(self.runner, "error")  # the harness's detectors, armed the harness's way
-        self.sync_report, self.lifetime = self.detectors.sync_report, self.detectors.lifetime
         self.oracle = ReferenceRunner(self.weights, self.limits, base_seed=seed, proposer=self.ngram)
         self.scheduler = SchedulerSim(self.limits, seed=seed, max_inflight_steps=max_inflight, draft_prob=draft_prob,
                                       ngram_spec_tokens=self.ngram.num_spec_tokens if self.ngram else 0,
                                       prefix_caching=not (draft_model and self.ngram), draft_model=draft_model if self.ngram else "")
-        self.prefix = arm_prefix_checks(self.runner, self.scheduler)
+        # the harness's detectors (the whole registry), armed the harness's way but raising on a lifetime violation
+        self.detectors = ArmedDetectors(self.runner, ArmContext(lifetime_mode="error", scheduler=self.scheduler))
         self.prompts: dict[str, tuple[int, ...]] = {}
         self.driver = DifferentialRun(self.runner, self.oracle, self.scheduler)
         self.next_req = 0
@@ -361,13 +364,9 @@ class RunnerMachine(RuleBasedStateMachine):
             if result.runner_traceback:
                 lines.append(result.runner_traceback.rstrip())
             raise MachineInvariantError("\n".join(lines))
-        sync_problem = unaccounted_syncs_message(self.sync_report, self.runner)
-        if sync_problem:
-            raise MachineInvariantError(sync_problem)
-        if self.lifetime is not None and self.lifetime.violations:
-            raise MachineInvariantError(self.lifetime.summary())
-        if self.prefix.fired():
-            raise MachineInvariantError(self.prefix.checker.summary())
+        fired = self.detectors.fired()  # in registry order: host syncs, slot lifetimes, kv provenance, ...
+        if fired:
+            raise MachineInvariantError(fired)
         state = getattr(self.runner, "state", None)
         if state is not None and hasattr(state, "req_to_row"):
             check_row_table(state, self.driver.mirror.live)

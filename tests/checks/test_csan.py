@@ -182,16 +182,17 @@ def test_an_injected_csan_report_is_a_csan_finding_in_findings_summary_and_junit
             monitors[0].record([_race_error()])
 
     findings = checked_run(_config(), ChurnOps(), name="injected", on_tick=on_tick, stop_on_sync=True)
-    assert findings.csan_checked and findings.csan_races == 1 and not findings.passed
+    csan = findings.detectors["csan"]
+    assert csan.checked and csan.violations == 1 and not findings.passed
     assert findings.result.ok  # the run itself was fine: only the csan check fired, and it stopped the run there
     assert findings.stopped_on_sync and findings.result.ticks <= 4
-    assert "0xbeef" in findings.csan_lines[0] and "aten::mm" in findings.csan_lines[0]
-    assert "CSAN detected a possible data race" in findings.csan_reports[0]
+    assert "0xbeef" in csan.lines[0] and "aten::mm" in csan.lines[0]
+    assert "CSAN detected a possible data race" in csan.extra["reports"][0]
     record = RunRecord.from_findings(findings)
     doc = build_summary([record], {"status": "skipped"}, device="sim", seed=0, runner="r", model="micro", quick=True,
                         elapsed_s=1.0)
     validate_summary(doc)
-    assert doc["csan_races"] == 1 and not doc["passed"] and doc["runs"][0]["csan_lines"] == findings.csan_lines
+    assert doc["detectors"]["csan"]["violations"] == 1 and not doc["passed"] and doc["runs"][0]["detectors"]["csan"]["lines"] == csan.lines
     json.dumps(doc)
     path = write_cases(tmp_path / "v.xml", "runnercheck verify", verify_cases(doc))
     case = next(ET.parse(path).getroot().iter("testcase"))

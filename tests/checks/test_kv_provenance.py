@@ -166,7 +166,7 @@ def test_on_cuda_the_sampled_check_is_clean_catches_a_planted_bug_and_never_sync
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     from runnercheck.checks.detectors.sync import arm_runner
-    from runnercheck.stress.run.machine import unaccounted_syncs_message
+    from runnercheck.checks.detectors.sync import unaccounted_syncs_message
 
     runner, sim = _setup("cuda")
     report = arm_runner(runner, "count")

@@ -21,13 +21,13 @@ def test_host_and_device_checksums_agree_and_see_one_changed_byte() -> None:
 def test_a_correct_runner_under_output_slot_lag_is_clean_and_never_waits_in_a_step(held_sim_run) -> None:
     config, churn = held_sim_run("output-slot")
     findings = checked_run(config, ChurnOps(churn), name="clean")
-    assert findings.passed and findings.host_syncs == 0 and findings.lifetime_violations == 0
+    assert findings.passed and findings.violations("sync") == 0 and findings.violations("lifetime") == 0
     assert findings.coverage["targeted delay: output-slot"] > 0
 
 
 def test_a_slot_overwritten_before_its_holder_read_it_names_the_slot_and_the_overwriting_steps(held_sim_run) -> None:
     config, churn = held_sim_run("output-slot", "output_slot_overwritten_early")
     findings = checked_run(config, ChurnOps(churn), name="mutant")
-    assert findings.lifetime_violations >= 1
-    first = next(e for e in findings.lifetime_errors if e.startswith("output slot"))
+    assert findings.violations("lifetime") >= 1
+    first = next(e for e in findings.detectors["lifetime"].lines if e.startswith("output slot"))
     assert "decoded bytes its D2H did not copy" in first and "overwritten by the copy of step" in first

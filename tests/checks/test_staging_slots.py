@@ -15,15 +15,15 @@ from runnercheck.stress.cli.verify import plan_runs
 def test_a_correct_runner_under_staging_lag_is_clean(held_sim_run) -> None:
     config, churn = held_sim_run("staging-slot")
     findings = checked_run(config, ChurnOps(churn), name="clean")
-    assert findings.passed and findings.host_syncs == 0 and findings.lifetime_violations == 0
+    assert findings.passed and findings.violations("sync") == 0 and findings.violations("lifetime") == 0
     assert findings.coverage["targeted delay: staging-slot"] > 0
 
 
 def test_a_slot_rewritten_before_its_copy_ran_names_the_step_that_took_it(held_sim_run) -> None:
     config, churn = held_sim_run("staging-slot", "reuse_staging_early")
     findings = checked_run(config, ChurnOps(churn), name="mutant")
-    staging = [e for e in findings.lifetime_errors if "host did not stage" in e]
-    assert staging, findings.lifetime_errors
+    staging = [e for e in findings.detectors["lifetime"].lines if "host did not stage" in e]
+    assert staging, findings.detectors["lifetime"].lines
     assert "read bytes its host did not stage" in staging[0] and "was taken by step(s)" in staging[0]
 
 
@@ -52,8 +52,8 @@ def test_a_device_write_into_a_staging_buffer_is_caught_without_any_race(monkeyp
     monkeypatch.setattr(StagingPool, "submit_enqueued", submit_enqueued_then_scribble)
     config, churn = held_sim_run("staging-slot", steps=12)
     findings = checked_run(replace(config, lag_policy=None), ChurnOps(churn), name="scribbled")
-    staging = [e for e in findings.lifetime_errors if "host did not stage" in e]
-    assert len(staging) == 1 and "written by something else" in staging[0], findings.lifetime_errors
+    staging = [e for e in findings.detectors["lifetime"].lines if "host did not stage" in e]
+    assert len(staging) == 1 and "written by something else" in staging[0], findings.detectors["lifetime"].lines
 
 
 @pytest.mark.gpu
@@ -73,9 +73,9 @@ def test_on_cuda_a_slot_rewritten_before_its_copy_ran_is_caught_by_the_device_ch
     device_deaths = []
     for seed in range(3):
         findings = isolated_run(replace(config, seed=seed), ChurnOps(planned.churn), name="mutant")
-        caught = any("read bytes its host did not stage" in e for e in findings.lifetime_errors)
+        caught = any("read bytes its host did not stage" in e for e in findings.detectors["lifetime"].lines)
         died = [d.line() for d in findings.result.divergences if d.kind in ("runner-error", "crash")]
         if caught or not died:
             break
         device_deaths.append(died[0])
-    assert caught, (device_deaths, findings.lifetime_errors)
+    assert caught, (device_deaths, findings.detectors["lifetime"].lines)

@@ -133,7 +133,7 @@ def _differential(steps: int, kind: str = "sim", draft: str = "micro-draft", **s
 def test_draft_model_under_lag_matches_the_oracle_with_no_host_sync() -> None:
     findings = _differential(16, draft="micro", max_inflight_steps=2)
     assert findings.crash is None and findings.passed, findings.first_divergence_line()
-    assert findings.host_syncs == 0 and findings.lifetime_violations == 0
+    assert findings.violations("sync") == 0 and findings.violations("lifetime") == 0
     spec = findings.result.spec_stats
     assert spec["draft_tokens"] > 0 and spec["accepted_tokens"] > 0
 
@@ -143,7 +143,7 @@ def test_draft_model_under_lag_matches_the_oracle_with_no_host_sync() -> None:
 def test_draft_model_on_cuda_matches_the_oracle_with_no_host_sync(draft: str) -> None:
     findings = _differential(120, "cuda", draft=draft, max_inflight_steps=2)
     assert findings.crash is None and findings.passed, findings.first_divergence_line()
-    assert findings.host_syncs == 0 and findings.lifetime_violations == 0
+    assert findings.violations("sync") == 0 and findings.violations("lifetime") == 0
     assert findings.result.spec_stats["draft_tokens"] > 0
 
 

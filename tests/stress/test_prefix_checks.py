@@ -1,4 +1,4 @@
-"""`runnercheck.stress.run.prefix_checks` (what a checked run reports about the prefix cache and KV provenance) and
+"""`runnercheck.checks.detectors.prefix_cache` (what a checked run reports about the prefix cache and KV provenance) and
 the prefix-caching mutants of `runnercheck.stress.mutants.prefix`."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from runnercheck.stress.sim.churn import Churn
 from runnercheck.stress.run.driver import DifferentialRun
 from runnercheck.stress.cli.mutants_cmd import MutantsOptions, run_catalogue
 from runnercheck.stress.mutants.prefix import PREFIX_MUTANTS, PREFIX_WORKLOAD
-from runnercheck.stress.run.prefix_checks import arm_prefix_checks
+from runnercheck.checks.detectors.prefix_cache import arm_prefix_checks
 from runnercheck.stress.run.runners import simple_runner
 from runnercheck.stress.sim.scheduler import SchedulerSim
 from runnercheck.stress.run.config import default_limits

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from runnercheck.checks.detectors.base import DetectorResult
 from runnercheck.impl.lag_policies import DELAY_TARGETS
 from runnercheck.impl.runner import make_runner
 from runnercheck.stress.cli import verify
@@ -37,7 +38,7 @@ def test_quick_job_on_sim_passes_and_writes_a_valid_report(tmp_path: Path, capsy
     doc = load_summary(out / "summary.json")  # schema-checked
     assert rc == 0 and doc["passed"] is True, (out / "summary.md").read_text()
     assert doc["device"] == "sim" and doc["seed"] == 0 and doc["divergences"] == 0
-    assert doc["host_syncs"] == 0 and doc["lifetime_violations"] == 0
+    assert doc["detectors"]["sync"]["violations"] == 0 and doc["detectors"]["lifetime"]["violations"] == 0
     assert [r["seed"] for r in doc["runs"]] == [0, 1, 2, 3]
     ngram = doc["runs"][3]  # the n-gram proposer's run: device drafts asked for, the rate reported
     assert ngram["scheduler"]["ngram_spec_tokens"] == 3 and ngram["speculative"]["draft_tokens"] > 0
@@ -178,15 +179,15 @@ def test_planted_wrong_token_fails_the_job_with_a_replayable_repro(tmp_path: Pat
 
 @pytest.mark.parametrize(
     "factory, key, evidence",
-    [("host_read_runner", "host_syncs", "int() on device memory"),
-     ("stale_staging_runner", "lifetime_violations", "changed while it was in flight")],
+    [("host_read_runner", "sync", "int() on device memory"),
+     ("stale_staging_runner", "lifetime", "changed while it was in flight")],
 )
 def test_planted_detector_findings_fail_the_job(tmp_path: Path, planted: str, factory: str, key: str, evidence: str) -> None:
     rc, out = run_verify(tmp_path, "--device", "sim", "--quick", "--steps", "4", "--runs", "1", "--skip-chisq",
                          "--runner", f"{planted}:{factory}")
     doc = load_summary(out / "summary.json")
-    assert rc == 1 and doc["passed"] is False and doc[key] > 0 and doc["divergences"] == 0
-    sites = doc["runs"][0]["host_sync_sites"] + doc["runs"][0]["lifetime_errors"]
+    assert rc == 1 and doc["passed"] is False and doc["detectors"][key]["violations"] > 0 and doc["divergences"] == 0
+    sites = doc["runs"][0]["detectors"][key]["lines"]
     assert any(evidence in s for s in sites), sites
 
 
@@ -279,16 +280,17 @@ def test_statistics_on_cuda_run_on_the_runners_sampler(tmp_path: Path, monkeypat
 def _record(**changes) -> RunRecord:
     base = RunRecord(name="r", seed=0, lag_policy={"name": "lag-k-steps", "k": 1}, delay_policy=None,
                      scheduler={"max_inflight_steps": 1, "draft_prob": 0.0}, ticks=5, steps=4, requests=3, finished=1,
-                     tokens_compared=6, logprobs_compared=2, ties=0)
+                     tokens_compared=6, logprobs_compared=2, ties=0,
+                     detectors={"sync": DetectorResult(True, 0, [], {"counted_waits": 0}), "lifetime": DetectorResult(True)})
     return dataclasses.replace(base, **changes)
 
 
 def test_summary_totals_and_verdict_follow_the_runs(tmp_path: Path) -> None:
     runs = [_record(), _record(name="bad", seed=1, first_divergence="step 2: request 'r0' position 5: expected token 1, got 2"),
-            _record(name="sync", seed=2, host_syncs=2, host_sync_sites=["2 x .item() at x.py:1"])]
+            _record(name="sync", seed=2, detectors={"sync": DetectorResult(True, 2, ["2 x .item() at x.py:1"], {"counted_waits": 0})})]
     doc = build_summary(runs, {"status": "skipped", "passed": None}, device="sim", seed=0, runner="r:f", model="micro",
                         quick=True, elapsed_s=1.0)
-    assert (doc["passed"], doc["divergences"], doc["host_syncs"], doc["steps"]) == (False, 1, 2, 12)
+    assert (doc["passed"], doc["divergences"], doc["detectors"]["sync"]["violations"], doc["steps"]) == (False, 1, 2, 12)
     md = render_markdown(doc)
     assert "FAILED" in md and "expected token 1, got 2" in md and ".item() at x.py:1" in md
 
@@ -297,14 +299,16 @@ def test_summary_totals_and_verdict_follow_the_runs(tmp_path: Path) -> None:
     "corrupt, message",
     [(lambda d: d.update(steps=d["steps"] + 1), "runs add up"),
      (lambda d: d.update(passed=False), "'passed'"),
-     (lambda d: d.pop("host_syncs"), "'host_syncs'"),
+     (lambda d: d.pop("divergences"), "'divergences'"),
+     (lambda d: d["detectors"]["sync"].update(violations=1), "'detectors'"),
+     (lambda d: d["runs"][0]["detectors"]["sync"].update(violations="0"), "runs\\[0\\].detectors.sync"),
      (lambda d: d.update(chisq={"status": "ran"}), "chisq.passed"),
      (lambda d: d.update(runs=[]), "non-empty"),
      (lambda d: d.update(device="tpu"), "'device'"),
      (lambda d: d.update(chisq={"status": "ran", "passed": True}), "name the sampler"),
      (lambda d: d.update(chisq={"status": "ran", "passed": True, "samplers": [
          {"sampler": "impl", "role": "runner", "scope": "2 cases", "status": "ran", "passed": False}]}), "its samplers say")],
-    ids=["steps-total", "verdict", "missing-key", "chisq-verdict", "no-runs", "device", "chisq-no-sampler", "chisq-sampler-verdict"],
+    ids=["steps-total", "verdict", "missing-key", "detector-total", "detector-result", "chisq-verdict", "no-runs", "device", "chisq-no-sampler", "chisq-sampler-verdict"],
 )
 def test_summary_schema_rejects_inconsistent_documents(corrupt, message: str) -> None:
     doc = build_summary([_record()], {"status": "skipped", "passed": None}, device="sim", seed=0, runner="r:f",

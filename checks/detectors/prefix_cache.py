@@ -1,11 +1,13 @@
 """Prefix caching in a checked run: the KV provenance check armed on the runner, and what the run
-reports about the scheduler's prefix cache (hit rate, evictions) and about provenance.
+reports about the scheduler's prefix cache (hit rate, evictions) and about provenance -- the
+registered detector ``provenance`` (`ProvenanceDetector`).
 
-The one call a run owner makes (after installing any mutant, next to the sync and lifetime
-detectors)::
+The scheduler reaches it through the arm context (`runnercheck.checks.detectors.base.ArmContext`:
+``checks`` never imports the simulator in ``stress``); any object with ``stats`` (hit_rate,
+prefill_tokens, cached_tokens, prefix_hits, evictions) and ``config.prefix_caching`` will do::
 
-    prefix = arm_prefix_checks(session.runner, session.scheduler)
-    ...  # in before_tick: stop the run once prefix.fired() (like the sync detector)
+    prefix = arm_prefix_checks(runner, scheduler)
+    ...  # between ticks: prefix.fired() once a violation was recorded
     findings = prefix.findings()  # after the run (drains the device); findings.passed, .to_dict(), .line()
 
 Runners without the built-in runner's parts (an input batch and a block table, e.g. the simple
@@ -16,9 +18,10 @@ tensors); it reads the scheduler's stats and writes nothing of the scheduler.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from runnercheck.checks.detectors.base import ArmContext, BaseDetector, DetectorResult
 from runnercheck.checks.detectors.kv_provenance import KVProvenanceChecker, arm_kv_provenance
 
 
@@ -84,4 +87,51 @@ def arm_prefix_checks(runner: Any, scheduler: Any, *, sample_every: int | None =
     return PrefixChecks(checker, scheduler)
 
 
-__all__ = ["PrefixCacheFindings", "PrefixChecks", "arm_prefix_checks"]
+class _ArmedProvenance:
+    def __init__(self, checks: PrefixChecks):
+        self.checks = checks
+
+    def disarm(self) -> None:
+        pass  # the shadow is read back by `result`, after the device drained the run's work
+
+    def fired(self) -> str | None:
+        return self.checks.checker.summary() if self.checks.fired() else None
+
+    def result(self) -> DetectorResult:
+        findings = self.checks.findings()
+        cache = {f.name: getattr(findings, f.name) for f in fields(findings)
+                 if not f.name.startswith("provenance_")}
+        return DetectorResult(checked=findings.provenance_checked, violations=findings.provenance_violations,
+                              lines=list(findings.provenance_lines), extra=cache)
+
+
+def _cache_findings(result: DetectorResult) -> PrefixCacheFindings:
+    return PrefixCacheFindings(**result.extra, provenance_checked=result.checked,
+                               provenance_violations=result.violations, provenance_lines=tuple(result.lines))
+
+
+class ProvenanceDetector(BaseDetector):
+    """KV-cache slots read with contents another (token, position, prefix) wrote; reports the
+    prefix cache's hit rate alongside (``extra``), checked or not."""
+
+    name = "provenance"
+    label = "KV provenance"
+    noun = "kv provenance violation(s)"
+    tag = "KV PROVENANCE"
+    column = "kv prov"
+
+    def arm(self, runner: Any, context: ArmContext) -> _ArmedProvenance | None:
+        return _ArmedProvenance(arm_prefix_checks(runner, context.scheduler)) if context.scheduler is not None else None
+
+    def describe(self, result: DetectorResult) -> str:
+        return _cache_findings(result).line()
+
+    def total(self, results: list[DetectorResult]) -> str:
+        text = super().total(results)
+        rates = [r.extra["hit_rate"] for r in results if r.extra.get("prefix_caching")]
+        if rates:
+            text += f"; prefix cache hit rate {min(rates):.0%}..{max(rates):.0%} of prefill tokens over {len(rates)} run(s)"
+        return text
+
+
+__all__ = ["PrefixCacheFindings", "PrefixChecks", "ProvenanceDetector", "arm_prefix_checks"]
