@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             _write(tmp, meta, rows, failures, prov, cases_done=done, interrupted=interrupted)
     except FolderNotReplaced as e:
         print(f"runnercheck bench: {e}", file=sys.stderr)
-        return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
+        return e.exit_status
     if folder.moved_aside_line():
         print(folder.moved_aside_line())
     print(f"wrote {out / 'bench.json'} and {out / 'bench.md'}")

@@ -56,6 +56,13 @@ class OutDirError(ValueError):
 class FolderNotReplaced(RuntimeError):
     """A run stopped before its report was complete; the previous folder was left intact."""
 
+    @property
+    def exit_status(self) -> int:
+        """The command's exit status: `EXIT_INTERRUPTED` (130) when an interrupt stopped the run, else 1."""
+        from runnercheck.checks.interrupts import EXIT_INTERRUPTED
+
+        return EXIT_INTERRUPTED if isinstance(self.__cause__, KeyboardInterrupt) else 1
+
 
 def _refused_place(out: Path) -> str | None:
     """Why ``out`` is a place no report may replace, or None."""

@@ -584,7 +584,7 @@ def run(args: argparse.Namespace) -> int:
             write_report(tmp, summary)
     except FolderNotReplaced as e:
         print(f"runnercheck chisq: {e}", file=sys.stderr)
-        return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
+        return e.exit_status
     if args.junit is not None:
         from runnercheck.checks.chisq.report import write_chisq_junit
 

@@ -424,7 +424,7 @@ def run(args: argparse.Namespace) -> int:
             write_report(report, tmp)
     except FolderNotReplaced as e:
         print(f"runnercheck mutants: {e}", file=sys.stderr)
-        return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
+        return e.exit_status
     if folder.moved_aside_line():
         console.print(folder.moved_aside_line(), highlight=False, markup=False)
     json_path, md_path = Path(args.out) / "mutants.json", Path(args.out) / "mutants.md"
@@ -474,7 +474,7 @@ def _run_seeds(args: argparse.Namespace, opts: MutantsOptions, command: str, sho
             write_rates(rates, tmp)
     except FolderNotReplaced as e:
         print(f"runnercheck mutants: {e}", file=sys.stderr)
-        return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
+        return e.exit_status
     if folder.moved_aside_line():
         console.print(folder.moved_aside_line(), highlight=False, markup=False)
     shard = "" if args.shard.whole else f" (shard {args.shard.describe()})"

@@ -210,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             write_report(tmp, doc)
     except FolderNotReplaced as e:
         print(f"runnercheck stress: {e}", file=sys.stderr)
-        return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
+        return e.exit_status
     if folder.moved_aside_line():
         print(folder.moved_aside_line())
     files = [f"{out}/summary.json", f"{out}/summary.md"] + ([repro_path] if repro_path else [])

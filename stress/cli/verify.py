@@ -339,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except FolderNotReplaced as e:
         print(f"runnercheck verify: {e}", file=sys.stderr)
-        return EXIT_INTERRUPTED if isinstance(e.__cause__, KeyboardInterrupt) else 1
+        return e.exit_status
     if folder.moved_aside_line():
         print(folder.moved_aside_line())
     files = [out / "summary.json", out / "summary.md", out / "manifest.json"]
