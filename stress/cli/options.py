@@ -157,6 +157,27 @@ def add_shard_option(parser: argparse.ArgumentParser, what: str) -> None:
                         help=f"run only this job's share of the {what}: items I, I+N, ... (0-based)")
 
 
+RUNNER_HELP = "runner factory: 'package.module:factory' or 'path/file.py:factory'"
+
+
+def runner_spec_type(text: str) -> str:
+    """A runner factory spec in the form every process loads again: a file spec's path made
+    absolute against the folder the command was started in (a repro file replayed from elsewhere,
+    or a child process, finds the same file).  Only the syntax is checked here; loading happens
+    when the command runs."""
+    from runnercheck.checks.loader import SpecSyntaxError, canonical_spec
+
+    try:
+        return canonical_spec(text, "runner")
+    except SpecSyntaxError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_runner_option(parser: argparse.ArgumentParser, default: str | None, help: str) -> None:
+    """``--runner``: the one definition every command that takes a runner factory uses."""
+    parser.add_argument("--runner", type=runner_spec_type, default=default, metavar="SPEC", help=help)
+
+
 def add_logging_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("output")
     group.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")

@@ -18,12 +18,14 @@ import argparse
 import sys
 from dataclasses import replace
 
+from runnercheck.stress.cli.options import add_runner_option
 from runnercheck.stress.run.repro import Repro, ReproError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", help="a repro.json written by `runnercheck stress` or `verify`")
-    parser.add_argument("--runner", default=None, help="replay against another runner factory (default: the recorded one)")
+    add_runner_option(parser, None, "replay against another runner factory, 'package.module:factory' or "
+                                    "'path/file.py:factory' (default: the recorded one)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--in-process", action="store_true", help="run in this process (no crash isolation; for debugging)")
 

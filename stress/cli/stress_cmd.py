@@ -22,7 +22,7 @@ from dataclasses import replace
 
 from runnercheck.impl.lag_policies import DELAY_TARGETS
 from runnercheck.impl.model.weights import PRESETS, WeightsError, preset
-from runnercheck.stress.cli.options import float_type, int_type
+from runnercheck.stress.cli.options import RUNNER_HELP, add_runner_option, float_type, int_type
 from runnercheck.stress.run.config import RandomDelay, RunConfig, RunSetupError, TargetedDelay, default_limits
 from runnercheck.stress.run.runners import DEFAULT_RUNNER_SPEC
 from runnercheck.stress.sim.scheduler import SchedulerConfig
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cuda only, with --delay-us: delay only right before the last device reader of these "
                              f"resources ({', '.join(sorted(DELAY_TARGETS))}) instead of before whole steps "
                              "(the default; on sim: --lag-policy hold-at-<target>)")
-    parser.add_argument("--runner", default=DEFAULT_RUNNER_SPEC, help="runner factory 'package.module:factory'")
+    add_runner_option(parser, DEFAULT_RUNNER_SPEC, RUNNER_HELP)
     parser.add_argument("--model", default="micro", choices=sorted(PRESETS), help="model preset of the runner and the oracle")
     parser.add_argument("--max-num-reqs", type=int_type(1), default=4, help="requests the runner holds at once (its rows)")
     parser.add_argument("--block-size", type=int_type(1), default=8, help="tokens per KV-cache block")

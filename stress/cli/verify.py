@@ -57,7 +57,7 @@ from runnercheck.checks.loader import accepts_keyword
 from runnercheck.impl.lag_policies import DELAY_TARGETS
 from runnercheck.impl.model.weights import PRESETS, preset
 from runnercheck.stress.sim.churn import ChurnConfig
-from runnercheck.stress.cli.options import add_shard_option, int_type
+from runnercheck.stress.cli.options import RUNNER_HELP, add_runner_option, add_shard_option, int_type
 from runnercheck.stress.report.summary import RunRecord, build_summary, unchecked_notes, write_report
 from runnercheck.stress.run.config import RunConfig, RunSetupError, default_limits
 from runnercheck.stress.run.runners import DEFAULT_RUNNER_SPEC
@@ -259,7 +259,7 @@ def run_chisq(out_dir: Path, skip: bool = False, seed: int = 0, *, device: str |
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(out="out/verify")
     parser.add_argument("--quick", action="store_true", help="a short job (2 to 3 minutes on an idle 2-core CPU)")
-    parser.add_argument("--runner", default=DEFAULT_RUNNER_SPEC, help="runner factory 'package.module:factory'")
+    add_runner_option(parser, DEFAULT_RUNNER_SPEC, RUNNER_HELP)
     parser.add_argument("--model", default="micro", choices=sorted(PRESETS), help="model preset of the runner and the oracle")
     parser.add_argument("--junit", default=None, metavar="FILE",
                         help="also write JUnit XML (one case per run; default: not written)")

@@ -80,6 +80,8 @@ def test_out_under_a_file_is_refused(tmp_path, capsys) -> None:
         (["mutants", "--chisq-samples", "0"], "--chisq-samples"),
         (["stress", "--device", "tpu"], "--device"),
         (["stress", "--no-such-flag"], "unrecognized arguments"),
+        (["stress", "--runner", "no_colon"], "--runner"),
+        (["verify", "--runner", "dir/file:factory"], "a file spec names a .py file"),
         (["stress", "--proposer", "draft", "--draft-prob", "0.3"], "--draft-prob"),
         (["stress", "--proposer", "draft", "--draft-model", "tiny-draft"], "vocabulary"),
     ],
@@ -90,6 +92,23 @@ def test_bad_numeric_and_unknown_flags_exit_2_with_one_line(tmp_path, capsys, ar
     line = one_line_error(capsys)
     assert line.startswith(f"runnercheck {argv[0]}: ") and message in line
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["stress", "verify", "replay"])
+def test_a_relative_file_runner_spec_is_made_absolute_where_the_command_starts(tmp_path, monkeypatch, command) -> None:
+    """A repro file (or a child process) started from another folder must find the same file."""
+    import argparse
+
+    import importlib
+
+    from runnercheck.stress.cli.main import command_parser
+
+    monkeypatch.chdir(tmp_path)
+    parser = command_parser(command, importlib.import_module(COMMANDS[command].module))
+    argv = ["repro.json"] if command == "replay" else []
+    args = parser.parse_args([*argv, "--runner", "sub/my_runner.py:make"])
+    assert isinstance(args, argparse.Namespace) and args.runner == f"{tmp_path / 'sub' / 'my_runner.py'}:make"
+    assert parser.parse_args([*argv, "--runner", "pkg.mod:make"]).runner == "pkg.mod:make"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
