@@ -24,6 +24,9 @@ from typing import Any, Callable
 
 # How long a hung third-party call may take before it is a finding (per case or per run).
 DEFAULT_TIMEOUT_S = 600.0
+# A differential run (stress, verify) lasts longer than a chi-square case: a full verify run on sim
+# takes minutes on a 2-core CPU, so its default limit only catches a hang.
+DEFAULT_RUN_TIMEOUT_S = 1800.0
 
 
 class ChildTimeout(Exception):
@@ -117,5 +120,5 @@ def start_child(target: Callable[..., None], args: tuple, *, spawn: bool) -> Chi
     return ChildProcess(proc, receive)
 
 
-__all__ = ["ChildProcess", "ChildTimeout", "ChildGone", "DEFAULT_TIMEOUT_S", "describe_exit", "describe_timeout",
+__all__ = ["ChildProcess", "ChildTimeout", "ChildGone", "DEFAULT_TIMEOUT_S", "DEFAULT_RUN_TIMEOUT_S", "describe_exit", "describe_timeout",
            "start_child"]

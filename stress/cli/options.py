@@ -178,6 +178,20 @@ def add_runner_option(parser: argparse.ArgumentParser, default: str | None, help
     parser.add_argument("--runner", type=runner_spec_type, default=default, metavar="SPEC", help=help)
 
 
+def add_timeout_option(parser: argparse.ArgumentParser, default: float, unit: str) -> None:
+    """``--timeout SECONDS``: the wall-clock limit of each isolated ``unit`` (a run, a case); past it
+    the unit's process group is killed and the unit fails, naming the limit.  0 means no limit.  One
+    definition for every command that isolates third-party code; ``--in-process``/``--no-isolation``
+    runs have no child to kill, so the limit does not apply to them."""
+    parser.add_argument("--timeout", type=float_type(0.0), default=default, metavar="SECONDS",
+                        help=f"fail {unit} that runs longer, killing its process group (default {default:g}; 0: no limit)")
+
+
+def timeout_seconds(value: float) -> float | None:
+    """The ``timeout_s`` an isolated job takes for a ``--timeout`` value (0: None, no limit)."""
+    return value or None
+
+
 def add_logging_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("output")
     group.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)")

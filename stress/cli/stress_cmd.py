@@ -22,7 +22,8 @@ from dataclasses import replace
 
 from runnercheck.impl.lag_policies import DELAY_TARGETS
 from runnercheck.impl.model.weights import PRESETS, WeightsError, preset
-from runnercheck.stress.cli.options import RUNNER_HELP, add_runner_option, float_type, int_type
+from runnercheck.checks.child import DEFAULT_RUN_TIMEOUT_S
+from runnercheck.stress.cli.options import RUNNER_HELP, add_runner_option, add_timeout_option, float_type, int_type, timeout_seconds
 from runnercheck.stress.run.config import RandomDelay, RunConfig, RunSetupError, TargetedDelay, default_limits
 from runnercheck.stress.run.runners import DEFAULT_RUNNER_SPEC
 from runnercheck.stress.sim.scheduler import SchedulerConfig
@@ -57,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-model", default=None, choices=sorted(PRESETS),
                         help="with --proposer draft: the draft preset (default: MODEL-draft; MODEL itself drafts with the target's weights)")
     parser.add_argument("--in-process", action="store_true", help="run in this process (no crash isolation; for debugging)")
+    add_timeout_option(parser, DEFAULT_RUN_TIMEOUT_S, "the run (it runs in its own process)")
 
 
 def _delay_arg(text: str) -> float | str:
@@ -177,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
             run = checked_run if args.in_process else isolated_run
             churn = ChurnOps(ChurnConfig(repetitive_prompt_prob=0.35)) if config.scheduler.ngram_spec_tokens else ChurnOps()
             try:
-                findings = run(config, churn, name=name, lifetime_mode="error", on_tick=ticked)
+                isolation = {} if args.in_process else {"timeout_s": timeout_seconds(args.timeout)}
+                findings = run(config, churn, name=name, lifetime_mode="error", on_tick=ticked, **isolation)
             except KeyboardInterrupt as e:  # the child is already stopped (isolation); keep a report
                 interrupt = e
             if findings is not None:

@@ -57,7 +57,8 @@ from runnercheck.checks.loader import accepts_keyword
 from runnercheck.impl.lag_policies import DELAY_TARGETS
 from runnercheck.impl.model.weights import PRESETS, preset
 from runnercheck.stress.sim.churn import ChurnConfig
-from runnercheck.stress.cli.options import RUNNER_HELP, add_runner_option, add_shard_option, int_type
+from runnercheck.checks.child import DEFAULT_RUN_TIMEOUT_S
+from runnercheck.stress.cli.options import RUNNER_HELP, add_runner_option, add_shard_option, add_timeout_option, int_type, timeout_seconds
 from runnercheck.stress.report.summary import RunRecord, build_summary, unchecked_notes, write_report
 from runnercheck.stress.run.config import RunConfig, RunSetupError, default_limits
 from runnercheck.stress.run.runners import DEFAULT_RUNNER_SPEC
@@ -271,6 +272,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int_type(1), default=None,
                         help="runs side by side, each in its own process (default: the usable cores)")
     parser.add_argument("--in-process", action="store_true", help=argparse.SUPPRESS)
+    add_timeout_option(parser, DEFAULT_RUN_TIMEOUT_S, "a run (each runs in its own process)")
     add_shard_option(parser, "campaign's runs")
 
 
@@ -401,7 +403,8 @@ def _execute_plan(plan: list[PlannedRun], out: Path, tmp: Path,
                     done(i, checked_run(planned.config, ChurnOps(planned.churn), name=planned.name, lifetime_mode="count",
                                         on_tick=lambda t, i=i: ticked(i, t)))
             else:
-                jobs = [IsolatedJob(p.config, ChurnOps(p.churn), p.name, "count") for p in plan]
+                jobs = [IsolatedJob(p.config, ChurnOps(p.churn), p.name, "count", timeout_s=timeout_seconds(args.timeout))
+                        for p in plan]
                 # On cuda one run at a time: the delays are calibrated for a GPU that runs one step stream.
                 parallel = args.jobs or (1 if args.device == "cuda" else default_parallel())
                 isolated_runs(jobs, parallel=parallel, on_start=started, on_tick=ticked, on_done=done)

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import sys
+import time
 import types
 import xml.etree.ElementTree as ET
 
@@ -79,6 +80,19 @@ def _segfault_at_step_4(weights, limits, device, base_seed):
     return runner
 
 
+def _hang_at_step_4(weights, limits, device, base_seed):
+    runner = simple_runner(weights, limits, device, base_seed)
+    original = runner.execute_model
+
+    def execute_model(sched):
+        if sched.step_id == 4:
+            time.sleep(3600)  # a deadlocked kernel or a wait on an event nobody records
+        return original(sched)
+
+    runner.execute_model = execute_model
+    return runner
+
+
 @pytest.fixture
 def plants(monkeypatch):
     module = types.ModuleType(PLANTED)
@@ -86,6 +100,7 @@ def plants(monkeypatch):
                      ("none_output", _none), ("wrong_step", _wrong_step)):
         setattr(module, name, _wrap(fn))
     module.segfault = _segfault_at_step_4
+    module.hang = _hang_at_step_4
     monkeypatch.setitem(sys.modules, PLANTED, module)
     return PLANTED
 
@@ -125,6 +140,20 @@ def test_a_crash_is_a_finding_with_a_repro_that_replays_into_the_same_crash(tmp_
     assert repro.first_divergence == line and 0 < repro.config.steps == len(repro.trace)
     assert main(["replay", str(out / "repro.json"), "--no-progress"]) == 1
     assert "the recorded divergence" in capsys.readouterr().out
+
+
+def test_a_hanging_runner_is_stopped_by_the_timeout_and_reported_as_a_crash(tmp_path, capsys, plants) -> None:
+    out = tmp_path / "out"
+    started = time.monotonic()
+    assert stress(out, f"{plants}:hang", "--timeout", "3") == 1
+    assert time.monotonic() - started < 120
+    run = json.loads((out / "summary.json").read_text())["runs"][0]
+    assert run["crash"] == "timed out after 3 s (process group killed)"
+    v = tmp_path / "v"
+    assert main(["verify", "--device", "sim", "--quick", "--steps", "8", "--runs", "1", "--skip-chisq", "--no-progress",
+                 "--runner", f"{plants}:hang", "--timeout", "3", "--out", str(v)]) == 1
+    assert json.loads((v / "summary.json").read_text())["runs"][0]["crash"] == run["crash"]
+    capsys.readouterr()
 
 
 def test_verify_reports_a_crashing_run_and_keeps_going(tmp_path, capsys, plants) -> None:
