@@ -11,18 +11,22 @@ its work is on the stream as before.  A marker pushed and not yet issued is not 
 
 The worker is C (`impl/native/launcher.c`): it calls the driver's ``cuGraphLaunch`` and ``cuEventRecord`` (found
 in ``libcuda.so.1`` through ctypes; runtime and driver handles are the same objects) and never takes the GIL.
-Idle, it polls for a job for ``RUNNERCHECK_LAUNCH_SPIN_US`` (default 300) after its last one, then naps
-``RUNNERCHECK_LAUNCH_NAP_US`` (default 20) at a time for ``RUNNERCHECK_LAUNCH_NAP_FOR_US`` more (default 50000; 0:
-no naps), then sleeps.  A step tells it that it begins (`Device.on_stream`), so it is polling again by the time the
-step pushes.  A polling or napping worker finds that out by itself; only a sleeping one must be woken, and that wake
-is a system call (a futex wake) on the step's thread, some microseconds on the H200's virtual machine
-(H200 run 118, 2026-12-04, in git history of docs/BENCHMARKS.md).  The naps keep that call out of steps that come closer together than the naps last.
-Polling is most of the worker's CPU time (`LaunchThread.cpu_seconds`; the host_cost benchmark reports it per step,
-and the wakes per step: `LaunchThread.signals`).
+Idle, it polls for a job, then (optionally) naps, then sleeps in a blocking wait that uses no CPU.  Its polling
+after a burst of jobs adapts to the steps: at most ``RUNNERCHECK_LAUNCH_SPIN_PERCENT`` (default 10) percent of the
+median interval between its recent bursts, capped at ``RUNNERCHECK_LAUNCH_SPIN_US`` (default 300), so steps far
+apart do not keep a core busy.  A step tells it that it begins (`Device.on_stream`): the worker then polls the
+whole cap, so it is polling by the time the step pushes.  A polling or napping worker finds that out by itself
+(no system call on the step's thread); only a sleeping one must be woken, and that wake is a system call (a futex
+wake) on the step's thread, some microseconds on the H200's virtual machine (H200 run 118 in git history of
+docs/BENCHMARKS.md).  Naps (``RUNNERCHECK_LAUNCH_NAP_US`` at a time for ``RUNNERCHECK_LAUNCH_NAP_FOR_US``, default 0:
+none) keep that call out of steps that come closer together than the naps last, at a nap's CPU each.
+Polling is most of the worker's CPU time (`LaunchThread.cpu_seconds`; the host_cost benchmark counts it in the
+host CPU per step, and reports the wakes per step: `LaunchThread.signals`).
 
-``RUNNERCHECK_LAUNCH_THREAD``: ``auto`` (default: on for cuda when the C module builds and the driver's calls are
-found, else off with one log line), ``0`` (off: the step launches and records itself, as without the thread),
-``1`` (required: raises `LaunchThreadError` when it cannot start).
+``RUNNERCHECK_LAUNCH_THREAD``: ``auto`` (default: on for cuda when `on_by_default` says the machine has a spare
+core for each GPU, the C module builds and the driver's calls are found, else off with one log line), ``0`` (off:
+the step launches and records itself, as without the thread), ``1`` (required: raises `LaunchThreadError` when it
+cannot start, whatever the core count).
 
 Ownership: `LaunchThread` owns the native launcher (its ring of jobs, host memory, and its worker thread) for
 the device's lifetime; only the device's thread pushes, only the worker issues.
@@ -38,8 +42,9 @@ from runnercheck.impl import native
 log = logging.getLogger(__name__)
 
 DEFAULT_SPIN_US = 300
+DEFAULT_SPIN_PERCENT = 10
 DEFAULT_NAP_US = 20
-DEFAULT_NAP_FOR_US = 50_000
+DEFAULT_NAP_FOR_US = 0
 
 
 class LaunchThreadError(RuntimeError):
@@ -48,6 +53,31 @@ class LaunchThreadError(RuntimeError):
 
 def mode() -> str:
     return native.tri_state("RUNNERCHECK_LAUNCH_THREAD", LaunchThreadError)
+
+
+def spare_cores(cpus: int | None = None) -> int:
+    """Cores this process may run on besides the caller's own: ``os.sched_getaffinity(0)`` minus 1 (``cpus``: that
+    count given, for tests)."""
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, cpus - 1)
+
+
+def on_by_default(cpus: int | None = None, gpus: int | None = None) -> bool:
+    """The ``auto`` rule: a launch thread per device only where each has a spare core (`spare_cores` >= GPUs).  With
+    fewer, the workers' polling would take cores the callers' steps need.  ``cpus`` / ``gpus``: counts given (tests);
+    by default this process's affinity and ``torch.cuda.device_count()``."""
+    if gpus is None:
+        gpus = torch_gpus()
+    return spare_cores(cpus) >= max(1, gpus)
+
+
+def spin_percent() -> int:
+    """``RUNNERCHECK_LAUNCH_SPIN_PERCENT``: the most of the recent step interval the idle worker polls (1-100)."""
+    percent = _micros("RUNNERCHECK_LAUNCH_SPIN_PERCENT", DEFAULT_SPIN_PERCENT, 100)
+    if percent < 1:
+        raise LaunchThreadError("RUNNERCHECK_LAUNCH_SPIN_PERCENT=0: expected an int in [1, 100] (percent)")
+    return percent
 
 
 def idle_settings() -> tuple[int, int, int]:
@@ -69,7 +99,8 @@ def _micros(name: str, default: int, most: int) -> int:
     except ValueError:
         micros = -1
     if not 0 <= micros <= most:
-        raise LaunchThreadError(f"{name}={value!r}: expected an int in [0, {most}] (microseconds)")
+        unit = "percent" if name.endswith("PERCENT") else "microseconds"
+        raise LaunchThreadError(f"{name}={value!r}: expected an int in [0, {most}] ({unit})")
     return micros
 
 
@@ -99,6 +130,8 @@ class LaunchThread:
         self.wake = launcher.wake  # () -> None: a step begins (a system call only when the worker sleeps)
         self.signals = launcher.signals  # () -> times a pushing thread has woken the sleeping worker
         self.cpu_seconds = launcher.cpu_seconds  # () -> CPU seconds the worker has used (its polling is the most of it)
+        self.sleeps = launcher.sleeps  # () -> times the worker has gone to its blocking wait
+        self.idle_window = launcher.idle_window  # () -> (median ns between burst starts, ns it polls after a burst)
 
     @classmethod
     def start(cls, stream_handle: int) -> "LaunchThread | None":
@@ -107,7 +140,11 @@ class LaunchThread:
         wanted = mode()
         if wanted == "0":
             return None
-        idle = idle_settings()
+        idle = (*idle_settings(), spin_percent())
+        if wanted == "auto" and not on_by_default():
+            log.info("launch thread off: %d spare core(s) for %d GPU(s) (RUNNERCHECK_LAUNCH_THREAD=1 turns it on)",
+                     spare_cores(), torch_gpus())
+            return None
         try:
             module = native.load("launcher")
             if module is None:
@@ -142,5 +179,11 @@ class LaunchThread:
             raise LaunchThreadError(str(err)) from err
 
 
-__all__ = ["DEFAULT_NAP_FOR_US", "DEFAULT_NAP_US", "DEFAULT_SPIN_US", "LaunchThread", "LaunchThreadError", "idle_settings",
-           "mode"]
+def torch_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+__all__ = ["DEFAULT_NAP_FOR_US", "DEFAULT_NAP_US", "DEFAULT_SPIN_PERCENT", "DEFAULT_SPIN_US", "LaunchThread",
+           "LaunchThreadError", "idle_settings", "mode", "on_by_default", "spare_cores", "spin_percent", "torch_gpus"]

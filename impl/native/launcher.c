@@ -1,14 +1,19 @@
 /* The device's launch thread (`impl.launcher`): a worker that issues CUDA graph launches and event records on a
  * stream, in the order the device's thread pushed them, so that the host step does not wait on the driver.
  *
- * Launcher(graph_launch, event_record, set_context, context, spin_us[, nap_us, nap_limit_us]) -- addresses of the
- *     driver's cuGraphLaunch, cuEventRecord and cuCtxSetCurrent (or of stand-ins with their signatures: int
- *     f(void *, void *), int f(void *)), the context the worker makes current before its first call (0: none), how
- *     long the worker polls for the next job after its last one, then how long each of its naps lasts and for how
- *     long after the polling it naps (0, 0: not at all) before it sleeps.  The worker starts at construction.
- *     Idle, the worker polls, then naps, then sleeps.  Polling or napping, it finds a pushed job by itself (a nap
- *     ends within nap_us); only a sleeping worker has to be woken, and waking it is a system call on the pushing
- *     thread (a futex wake: several microseconds on a virtual machine's host, inside the step that pays it).
+ * Launcher(graph_launch, event_record, set_context, context, spin_us[, nap_us, nap_limit_us, spin_percent]) --
+ *     addresses of the driver's cuGraphLaunch, cuEventRecord and cuCtxSetCurrent (or of stand-ins with their
+ *     signatures: int f(void *, void *), int f(void *)), the context the worker makes current before its first call
+ *     (0: none), the most the worker polls for the next job after its last one, then how long each of its naps
+ *     lasts and for how long after the polling it naps (0, 0: not at all) before it sleeps, and the share of the
+ *     recent step interval it may poll (percent, default 100: the cap alone).  The worker starts at construction.
+ *     Idle, the worker polls, then naps, then sleeps.  How long it polls adapts: after a burst of jobs it polls at
+ *     most ``spin_percent`` of the median interval between the starts of its last bursts (a burst: jobs each pushed
+ *     within BURST_NS of the previous one's issue), capped at spin_us; after a step's wake() it polls spin_us (that
+ *     step is about to push).  Polling or napping, it finds a pushed job by itself (a nap ends within nap_us); only
+ *     a sleeping worker has to be woken, and waking it is a system call on the pushing thread (a futex wake:
+ *     several microseconds on a virtual machine's host, inside the step that pays it).  The sleep is a plain
+ *     condition-variable wait with no timeout: an idle worker uses no CPU, and a lost wakeup would show as a hang.
  *     graph(exec, stream) -> seq     push a graph launch; seq numbers the jobs from 1, in push order
  *     event(event, stream) -> seq    push an event record
  *     wait(seq=-1)                   return once every job up to ``seq`` (-1: every job pushed) is issued; raises
@@ -18,6 +23,9 @@
  *                                    (no system call), a sleeping one is woken
  *     signals() -> int               how many times a pushing thread has woken the sleeping worker (a system call each)
  *     cpu_seconds() -> float         CPU time the worker has used (its polling included); after close, its total
+ *     sleeps() -> int                how many times the worker has gone to its blocking wait
+ *     idle_window() -> (int, int)    (median interval between burst starts in ns, 0 before there are
+ *                                    MIN_GAPS; the poll after a burst in ns) as the worker last computed them
  *     pause() / resume()             hold issuing (tests: a job pushed and not yet issued); wait() raises while paused
  *     close()                        stop and join the worker (pushed jobs are issued first)
  *
@@ -44,6 +52,11 @@ typedef int (*HandleCall)(void *handle, void *stream);
 typedef int (*ContextCall)(void *context);
 
 enum { JOB_GRAPH = 0, JOB_EVENT = 1, RING_SIZE = 1024 };
+/* Burst starts the polling adapts to: the last GAP_HISTORY intervals between them, used from MIN_GAPS on.  A job
+ * found within BURST_NS of the previous one's issue belongs to that burst (a step's graph launch and its marker are
+ * pushed microseconds apart: their interval is not the step's). */
+enum { GAP_HISTORY = 16, MIN_GAPS = 3 };
+#define BURST_NS 50000LL
 
 typedef struct {
     int kind;
@@ -69,6 +82,11 @@ typedef struct {
     ContextCall set_context;
     void *context;
     long long spin_ns, nap_ns, nap_limit_ns;
+    long long spin_percent;
+    long long gaps[GAP_HISTORY]; /* the worker's only */
+    int gap_count;
+    atomic_llong median_gap_ns, window_ns; /* written by the worker, read by idle_window() */
+    atomic_uint_fast64_t sleeps;
     _Atomic double cpu_at_exit; /* the worker's CPU seconds, written by it as it exits */
 } Launcher;
 
@@ -127,9 +145,32 @@ static void nap(long long ns)
         ;
 }
 
+/* Record one interval between burst starts and return the poll after a burst: spin_percent of the median of the
+ * recent intervals, at most spin_ns (spin_ns itself until there are MIN_GAPS of them). */
+static long long adapt_window(Launcher *l, long long gap)
+{
+    l->gaps[l->gap_count % GAP_HISTORY] = gap;
+    l->gap_count++;
+    const int n = l->gap_count < GAP_HISTORY ? l->gap_count : GAP_HISTORY;
+    if (n < MIN_GAPS)
+        return l->spin_ns;
+    long long sorted[GAP_HISTORY];
+    for (int i = 0; i < n; i++) { /* insertion sort of at most 16: once a burst, not per poll */
+        long long v = l->gaps[i];
+        int j = i;
+        for (; j > 0 && sorted[j - 1] > v; j--)
+            sorted[j] = sorted[j - 1];
+        sorted[j] = v;
+    }
+    const long long median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+    atomic_store(&l->median_gap_ns, median);
+    const long long share = median / 100 * l->spin_percent;
+    return share < l->spin_ns ? share : l->spin_ns;
+}
+
 /* The worker: issue every pushed job in order, poll ``spin_ns`` after the last, nap ``nap_ns`` at a time for
  * ``nap_limit_ns`` more (a step's wake() or a pushed job found after a nap: it polls again), then sleep until a push
- * wakes it.  The sleep is the other half of the producer's (store ``pushed``, load ``sleeping``): both sequentially
+ * wakes it (the poll after a burst adapts: `adapt_window`).  The sleep is the other half of the producer's (store ``pushed``, load ``sleeping``): both sequentially
  * consistent, so either the worker sees the job before it sleeps or the producer sees it asleep and wakes it. */
 static void *work(void *arg)
 {
@@ -145,9 +186,21 @@ static void *work(void *arg)
     }
     uint64_t done = atomic_load(&l->issued);
     long long idle_since = now_ns();
+    long long window = l->spin_ns; /* this idle spell's polling */
+    long long burst_start = 0;     /* when the current burst's first job was found (0: none yet) */
+    long long last_issue = 0;      /* when the last job was issued (a wake or a sleep does not move it) */
+    atomic_store(&l->window_ns, window);
     while (!atomic_load(&l->stop) || atomic_load(&l->pushed) != done) {
         uint64_t pushed = atomic_load(&l->pushed);
         if (pushed != done && !atomic_load(&l->paused)) {
+            const long long found = now_ns();
+            if (burst_start == 0 || found - last_issue > BURST_NS) { /* a new burst */
+                if (burst_start != 0) {
+                    window = adapt_window(l, found - burst_start);
+                    atomic_store(&l->window_ns, window);
+                }
+                burst_start = found;
+            }
             while (done != pushed) {
                 Job job = l->ring[done % RING_SIZE];
                 int code = job.kind == JOB_GRAPH ? l->graph_launch(job.handle, job.stream)
@@ -158,39 +211,39 @@ static void *work(void *arg)
                 atomic_store(&l->issued, done);
             }
             atomic_store(&l->wanted, 0); /* the step that asked is pushing: polling from here serves it */
-            idle_since = now_ns();
+            idle_since = last_issue = now_ns();
             continue;
         }
         const long long idle = now_ns() - idle_since;
-        if (idle < l->spin_ns) {
+        if (idle < window) {
             relax();
             continue;
         }
-        if (idle < l->spin_ns + l->nap_limit_ns && !atomic_load(&l->stop)) {
-            if (atomic_exchange(&l->wanted, 0))
-                idle_since = now_ns(); /* a step began: poll for its jobs */
-            else
+        if (idle < window + l->nap_limit_ns && !atomic_load(&l->stop)) {
+            if (atomic_exchange(&l->wanted, 0)) {
+                idle_since = now_ns(); /* a step began: poll for its jobs, the whole cap */
+                window = l->spin_ns;
+            } else {
                 nap(l->nap_ns);
+            }
             continue;
         }
         pthread_mutex_lock(&l->mutex);
         atomic_store(&l->sleeping, 1);
+        const int sleeps = !l->woken && !atomic_load(&l->stop) && !atomic_load(&l->wanted)
+                           && (atomic_load(&l->pushed) == done || atomic_load(&l->paused));
+        if (sleeps)
+            atomic_fetch_add(&l->sleeps, 1);
         while (!l->woken && !atomic_load(&l->stop) && !atomic_load(&l->wanted)
-               && (atomic_load(&l->pushed) == done || atomic_load(&l->paused))) {
-            struct timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += 50 * 1000 * 1000; /* a belt to the wake's braces */
-            if (until.tv_nsec >= 1000000000L) {
-                until.tv_sec += 1;
-                until.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&l->wake, &l->mutex, &until);
-        }
+               && (atomic_load(&l->pushed) == done || atomic_load(&l->paused)))
+            pthread_cond_wait(&l->wake, &l->mutex); /* no timeout: woken by a push, wake(), resume() or close() */
         l->woken = 0;
+        /* Woken by a step's wake() (or by its push): that step's jobs come now, so poll the whole cap for them. */
         atomic_store(&l->wanted, 0);
         atomic_store(&l->sleeping, 0);
         pthread_mutex_unlock(&l->mutex);
         idle_since = now_ns();
+        window = l->spin_ns;
     }
     atomic_store(&l->cpu_at_exit, thread_cpu_seconds(CLOCK_THREAD_CPUTIME_ID));
     return NULL;
@@ -209,13 +262,13 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
 {
     (void)kwds;
     PyObject *graph_obj, *event_obj, *context_call_obj, *context_obj;
-    long long spin_us, nap_us = 0, nap_limit_us = 0;
+    long long spin_us, nap_us = 0, nap_limit_us = 0, spin_percent = 100;
     if (self->running) {
         PyErr_SetString(PyExc_RuntimeError, "Launcher already started");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOOOL|LL", &graph_obj, &event_obj, &context_call_obj, &context_obj, &spin_us, &nap_us,
-                          &nap_limit_us))
+    if (!PyArg_ParseTuple(args, "OOOOL|LLL", &graph_obj, &event_obj, &context_call_obj, &context_obj, &spin_us, &nap_us,
+                          &nap_limit_us, &spin_percent))
         return -1;
     void *graph, *event, *context_call, *context;
     if (!address(graph_obj, &graph) || !address(event_obj, &event) || !address(context_call_obj, &context_call)
@@ -232,6 +285,10 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
                                           "0 <= nap_limit_us <= 3.6e9 and spin_us <= 3.6e9");
         return -1;
     }
+    if (spin_percent < 1 || spin_percent > 100) {
+        PyErr_SetString(PyExc_ValueError, "Launcher needs 1 <= spin_percent <= 100");
+        return -1;
+    }
     self->graph_launch = (HandleCall)graph;
     self->event_record = (HandleCall)event;
     self->set_context = (ContextCall)context_call;
@@ -239,6 +296,11 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
     self->spin_ns = spin_us * 1000;
     self->nap_ns = nap_us * 1000;
     self->nap_limit_ns = nap_limit_us * 1000;
+    self->spin_percent = spin_percent;
+    self->gap_count = 0;
+    atomic_store(&self->median_gap_ns, 0);
+    atomic_store(&self->window_ns, self->spin_ns);
+    atomic_store(&self->sleeps, 0);
     atomic_store(&self->pushed, 0);
     atomic_store(&self->issued, 0);
     atomic_store(&self->stop, 0);
@@ -393,6 +455,18 @@ static PyObject *Launcher_signals(Launcher *self, PyObject *unused)
     return PyLong_FromUnsignedLongLong(atomic_load(&self->signals));
 }
 
+static PyObject *Launcher_sleeps(Launcher *self, PyObject *unused)
+{
+    (void)unused;
+    return PyLong_FromUnsignedLongLong(atomic_load(&self->sleeps));
+}
+
+static PyObject *Launcher_idle_window(Launcher *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_BuildValue("(LL)", (long long)atomic_load(&self->median_gap_ns), (long long)atomic_load(&self->window_ns));
+}
+
 static PyObject *Launcher_cpu_seconds(Launcher *self, PyObject *unused)
 {
     (void)unused;
@@ -441,6 +515,9 @@ static PyMethodDef Launcher_methods[] = {
     {"pushed", (PyCFunction)Launcher_pushed, METH_NOARGS, "Jobs pushed so far."},
     {"wake", (PyCFunction)Launcher_wake, METH_NOARGS, "A step is about to push: end the worker's nap or sleep."},
     {"signals", (PyCFunction)Launcher_signals, METH_NOARGS, "Wakes of the sleeping worker so far (a system call each)."},
+    {"sleeps", (PyCFunction)Launcher_sleeps, METH_NOARGS, "Times the worker has gone to its blocking wait."},
+    {"idle_window", (PyCFunction)Launcher_idle_window, METH_NOARGS,
+     "(median interval between burst starts, the poll after a burst), in ns."},
     {"cpu_seconds", (PyCFunction)Launcher_cpu_seconds, METH_NOARGS, "CPU time the worker has used, its polling included."},
     {"pause", (PyCFunction)Launcher_pause, METH_NOARGS, "Hold issuing (tests)."},
     {"resume", (PyCFunction)Launcher_resume, METH_NOARGS, "Issue again."},

@@ -104,13 +104,21 @@ PLANTS: dict[str, Plant] = {
     'nap_misses_push': Plant(
         "a napping launch worker that looks only for a step's wake(), not for a pushed job, so a job pushed without one waits for the naps to end",
         Patch('launcher.c',
-              ('            else\n'
+              ('            } else {\n'
                  '                nap(l->nap_ns);\n'),
-              ('            else\n'
+              ('            } else {\n'
                  '                nap(l->nap_ns);\n'
-                 '            while (!atomic_load(&l->wanted) && !atomic_load(&l->stop) && now_ns() - idle_since < l->spin_ns + l->nap_limit_ns)\n'
-                 '                nap(l->nap_ns);\n')),
+                 '                while (!atomic_load(&l->wanted) && !atomic_load(&l->stop) && now_ns() - idle_since < window + l->nap_limit_ns)\n'
+                 '                    nap(l->nap_ns);\n')),
     ),
+    'push_skips_sleeper': Plant(
+        "a push that wakes the launch worker only when it is not asleep: a job pushed to a sleeping worker is never "
+        "issued (a lost wakeup)",
+        Patch('launcher.c',
+              ('    atomic_store(&self->pushed, seq + 1);\n'
+               '    if (atomic_load(&self->sleeping))\n'),
+              ('    atomic_store(&self->pushed, seq + 1);\n'
+               '    if (!atomic_load(&self->sleeping))\n'))),
     'plan_rows_shifted': Plant(
         "a plan whose int32 rows are the step's rows each one later in the batch",
         Patch('plans.c',

@@ -257,7 +257,7 @@ def test_the_launch_thread_is_off_on_request_and_without_a_driver(monkeypatch):
     ({"RUNNERCHECK_LAUNCH_NAP_US": "x"}, "RUNNERCHECK_LAUNCH_NAP_US"),
     ({"RUNNERCHECK_LAUNCH_NAP_US": "2000000"}, "RUNNERCHECK_LAUNCH_NAP_US"),
     ({"RUNNERCHECK_LAUNCH_NAP_FOR_US": "-1"}, "RUNNERCHECK_LAUNCH_NAP_FOR_US"),
-    ({"RUNNERCHECK_LAUNCH_NAP_US": "0"}, "RUNNERCHECK_LAUNCH_NAP_FOR_US=0"),
+    ({"RUNNERCHECK_LAUNCH_NAP_US": "0", "RUNNERCHECK_LAUNCH_NAP_FOR_US": "50000"}, "RUNNERCHECK_LAUNCH_NAP_FOR_US=0"),
 ])
 def test_bad_idle_settings_are_typed_errors(monkeypatch, settings, named):
     for name, value in settings.items():

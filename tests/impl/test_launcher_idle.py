@@ -1,0 +1,145 @@
+"""The launch thread when idle (`runnercheck.impl.launcher`, `impl/native/launcher.c`): it sleeps, it is woken.
+
+On CPU with stand-ins for the driver's calls (`test_launcher.StandIns`): a worker given no work goes to its blocking
+wait and its CPU time stays low; its polling after a burst is bounded by the measured interval between bursts; a
+stress loop of pushes around its going to sleep never leaves a job unissued (no lost wakeup), and a build whose push
+skips the wake when the worker is asleep (the plant ``push_skips_sleeper``, tests/impl/native_plants.py) is caught
+by that loop.  The ``auto`` rule (a spare core per GPU) is checked with given core counts.  Bounds are generous
+correctness bounds for a busy 2-core box, not speed targets.
+"""
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from runnercheck.impl import launcher as launcher_module
+from runnercheck.impl.launcher import LaunchThread, LaunchThreadError, on_by_default, spare_cores, spin_percent
+from test_launcher import StandIns, _address, _module
+
+
+def _launcher(module=None, spin_us: int = 300, percent: int = 10):
+    """A native launcher on stand-ins, no naps (the default): poll, then sleep."""
+    stand_ins = StandIns()
+    module = module or _module()
+    graph, event, context = (_address(f) for f in stand_ins._keep)
+    return stand_ins, module.Launcher(graph, event, context, 0, spin_us, 0, 0, percent)
+
+
+def _until(predicate, seconds: float) -> bool:
+    """Poll ``predicate`` (never the launcher's own wait, which wakes a sleeping worker itself) for ``seconds``."""
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.0002)
+    return predicate()
+
+
+def test_an_idle_worker_sleeps_and_its_cpu_time_stays_low():
+    """After its last job a worker polls at most its cap (300 us), then sleeps: over 0.5 s without work it uses a
+    small fraction of that in CPU time (it spun the whole time before: `test_launcher`'s spinning worker)."""
+    _, launcher = _launcher()
+    try:
+        launcher.graph(1, 9)
+        assert _until(lambda: launcher.issued() == 1, 2.0)
+        assert _until(lambda: launcher.sleeps() >= 1, 2.0)
+        before = launcher.cpu_seconds()
+        time.sleep(0.5)
+        used = launcher.cpu_seconds() - before
+        assert used < 0.05, used  # asleep: no polling, no timed wake-ups
+        assert launcher.sleeps() == 1  # it did not wake up on its own
+    finally:
+        launcher.close()
+
+
+def test_polling_after_a_burst_is_bounded_by_the_measured_interval():
+    """Bursts 20 ms apart: the worker measures their interval (median) and polls after a burst ``percent`` of it,
+    capped; a step's ``wake`` makes it poll the cap (its jobs come next), and no push to a polling worker is a
+    system call (``signals``)."""
+    _, capped = _launcher(spin_us=300, percent=10)
+    _, shared = _launcher(spin_us=1_000_000, percent=10)
+    try:
+        for i in range(8):
+            for launcher in (capped, shared):
+                launcher.graph(i + 1, 9)
+                launcher.event(i + 100, 9)  # the same burst: microseconds after the graph
+            time.sleep(0.02)
+        assert _until(lambda: capped.issued() == shared.issued() == 16, 2.0)
+        for launcher, cap in ((capped, 300_000), (shared, 1_000_000_000)):
+            median, window = launcher.idle_window()
+            assert 0.015e9 < median < 0.5e9, median  # the burst interval, not the graph-to-marker one
+            assert window == min(cap, median // 100 * 10), (median, window)
+        assert capped.idle_window()[1] == 300_000
+    finally:
+        capped.close()
+        shared.close()
+
+
+def _push_around_sleep(module, rounds: int, seconds_each: float) -> tuple[int, float]:
+    """Alternate pushes and pauses that end before, around and after the worker goes to sleep (polling 50 us); return
+    the rounds done before one's job went unissued for ``seconds_each`` (``rounds``: none did) and the time taken."""
+    rng = random.Random(61)
+    _, launcher = _launcher(module, spin_us=50, percent=100)
+    began = time.perf_counter()
+    try:
+        for done in range(rounds):
+            kind = done % 3
+            if kind == 0:  # asleep (40 times its polling)
+                time.sleep(0.002)
+            elif kind == 1:  # about when it goes to sleep
+                time.sleep(rng.uniform(0.0, 0.0003))
+            seq = launcher.graph(done + 1, 9)
+            if not _until(lambda: launcher.issued() >= seq, seconds_each):
+                return done, time.perf_counter() - began
+        return rounds, time.perf_counter() - began
+    finally:
+        launcher.close()  # wakes the worker itself: a planted build's stuck job is issued here
+
+
+def test_no_lost_wakeup_under_a_stress_loop_of_pushes_and_sleeps():
+    """Every job pushed, whether the worker is polling, going to sleep or asleep, is issued promptly."""
+    done, took = _push_around_sleep(_module(), 300, 2.0)
+    assert done == 300, f"round {done}: a job pushed was not issued within 2 s (lost wakeup)"
+    assert took < 60, took  # a generous bound: the rounds themselves last ~0.1 s
+
+
+def test_planted_bug_a_push_that_skips_waking_a_sleeping_worker_is_caught():
+    done, _ = _push_around_sleep(_module("push_skips_sleeper"), 300, 1.0)
+    assert done < 300  # the first round that finds it asleep leaves its job in the ring
+
+
+@pytest.mark.parametrize("cpus, gpus, on", [
+    (2, 1, True), (1, 1, False), (2, 2, False), (8, 8, False), (9, 8, True), (16, 8, True), (1, 0, False), (4, 0, True),
+])
+def test_the_launch_thread_is_on_by_default_only_with_a_spare_core_per_gpu(cpus, gpus, on):
+    assert spare_cores(cpus) == cpus - 1
+    assert on_by_default(cpus, gpus) is on
+
+
+def test_auto_with_too_few_spare_cores_starts_no_thread_and_1_still_forces_it(monkeypatch):
+    def no_load(name):
+        raise AssertionError("auto with too few spare cores must not load the launcher")
+
+    monkeypatch.setattr(launcher_module, "on_by_default", lambda cpus=None, gpus=None: False)
+    monkeypatch.setattr(launcher_module.native, "load", no_load)
+    monkeypatch.setenv("RUNNERCHECK_LAUNCH_THREAD", "auto")
+    assert LaunchThread.start(0) is None
+    monkeypatch.setenv("RUNNERCHECK_LAUNCH_THREAD", "1")
+    with pytest.raises(AssertionError, match="must not load"):  # forced on: it goes on to load the worker
+        LaunchThread.start(0)
+
+
+@pytest.mark.parametrize("value", ["0", "101", "x", "-5"])
+def test_bad_spin_percent_is_a_typed_error(monkeypatch, value):
+    monkeypatch.setenv("RUNNERCHECK_LAUNCH_SPIN_PERCENT", value)
+    with pytest.raises(LaunchThreadError, match="RUNNERCHECK_LAUNCH_SPIN_PERCENT"):
+        spin_percent()
+
+
+def test_bad_spin_percent_argument_is_a_value_error():
+    module = _module()
+    for percent in (0, 101):
+        with pytest.raises(ValueError, match="spin_percent"):
+            module.Launcher(1, 1, 0, 0, 10, 0, 0, percent)
