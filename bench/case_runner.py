@@ -11,12 +11,13 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from runnercheck.bench.common import BenchContext, Row
+from runnercheck.bench.host_cpu import StepCpu, host_cpu_rows
 from runnercheck.bench.v1_baseline import V1HostBatch
 from runnercheck.bench.workload import DecodeWorkload
 from runnercheck.impl import native
 from runnercheck.impl.device import Device
 from runnercheck.impl.interface import RunnerLimits, SamplingParams
-from runnercheck.impl.launcher import idle_settings
+from runnercheck.impl.launcher import idle_settings, spin_percent
 from runnercheck.impl.model.weights import ModelConfig, preset, random_weights
 
 PARAMS = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_tokens=1 << 20)
@@ -60,8 +61,9 @@ class _RunnerSteps:
     """The runner's steps one at a time.  Async mode: a step's output is read after the next one is issued;
     otherwise at once.  ``around``: a context-manager factory entered around each execute_model call."""
 
-    def __init__(self, runner, work: DecodeWorkload, *, async_mode: bool = True, around=None):
+    def __init__(self, runner, work: DecodeWorkload, *, async_mode: bool = True, around=None, cpu: StepCpu | None = None):
         self.runner, self.work, self.async_mode, self.around, self.pending = runner, work, async_mode, around, None
+        self.cpu = cpu  # per-step CPU time of this thread and the launch thread (`runnercheck.bench.host_cpu`)
         self.admitting: list[bool] = []  # per step issued: whether it admitted a request
         self.steady: list[bool] = []  # per step issued: whether the runner read it as steady (`_execute_steady`)
 
@@ -69,6 +71,7 @@ class _RunnerSteps:
         """Issue the next step; its host microseconds inside execute_model."""
         sched = self.work.next_step()
         self.admitting.append(bool(sched.new_requests))
+        cpu0 = self.cpu.begin() if self.cpu is not None else 0.0
         t0 = time.perf_counter()
         if self.around is None:
             out = self.runner.execute_model(sched)
@@ -76,6 +79,8 @@ class _RunnerSteps:
             with self.around():
                 out = self.runner.execute_model(sched)
         elapsed = (time.perf_counter() - t0) * 1e6
+        if self.cpu is not None:
+            self.cpu.end(cpu0)
         stats = self.runner.last_step_stats  # read after the clock: not part of the step
         self.steady.append(stats is not None and stats.steady)
         if not self.async_mode:
@@ -87,6 +92,8 @@ class _RunnerSteps:
         return elapsed
 
     def finish(self) -> None:
+        if self.cpu is not None:
+            self.cpu.finish()
         if self.pending is not None:
             self.pending.get()
             self.pending = None
@@ -114,6 +121,8 @@ class _PairedSteps:
     runner_admitting: list[bool]
     baseline_admitting: list[bool]
     runner_steady: list[bool]
+    runner_cpu: StepCpu  # the runner's steps: CPU time of the caller's thread and the launch thread's
+    baseline_cpu: list[float]  # the baseline's steps: CPU seconds of the caller's thread
 
 
 def _drive_paired(runner, work: DecodeWorkload, batch: V1HostBatch, bwork: DecodeWorkload, steps: int) -> _PairedSteps:
@@ -125,9 +134,10 @@ def _drive_paired(runner, work: DecodeWorkload, batch: V1HostBatch, bwork: Decod
     one that finds the other side's, is a tenth of the samples and does not move the median).
     """
     _warm_baseline(batch, bwork)
-    runner_steps = _RunnerSteps(runner, work)
+    runner_steps = _RunnerSteps(runner, work, cpu=StepCpu(getattr(runner.device, "launcher", None)))
     runner_us: list[float] = []
     baseline_us: list[float] = []
+    baseline_cpu: list[float] = []
     baseline_admitting: list[bool] = []
     while len(runner_us) < steps:
         n = min(PAIRED_BLOCK_STEPS, steps - len(runner_us))
@@ -135,9 +145,10 @@ def _drive_paired(runner, work: DecodeWorkload, batch: V1HostBatch, bwork: Decod
         for _ in range(n):
             sched = bwork.next_step()
             baseline_admitting.append(bool(sched.new_requests))
-            baseline_us.append(_baseline_step(batch, sched))
+            baseline_us.append(_baseline_step(batch, sched, baseline_cpu))
     runner_steps.finish()
-    return _PairedSteps(runner_us, baseline_us, runner_steps.admitting, baseline_admitting, runner_steps.steady)
+    return _PairedSteps(runner_us, baseline_us, runner_steps.admitting, baseline_admitting, runner_steps.steady,
+                        runner_steps.cpu, baseline_cpu)
 
 
 def _warm_to_decode(runner, work: DecodeWorkload) -> None:
@@ -234,6 +245,9 @@ class _HostCostRun:
     waits: int
     row_waits: int  # admissions that waited for a freed row's last step (`RequestStateTable.num_quarantine_waits`)
     thread_cpu: tuple[float, float, float] | None  # the alone steps, per step: launch-thread CPU and wall seconds, wakes
+    paired_cpu: StepCpu  # the interleaved runner steps' CPU time (caller + launch thread)
+    baseline_cpu: list[float]  # the interleaved baseline steps' CPU seconds
+    alone_cpu: StepCpu  # the alone steps' CPU time
 
 
 def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, num_reqs: int, churn: float,
@@ -260,14 +274,17 @@ def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
     launcher = getattr(runner.device, "launcher", None)
     cpu_before, wall_before = (launcher.cpu_seconds() if launcher else 0.0), time.perf_counter()
     signals_before = launcher.signals() if launcher else 0
-    alone_us = _drive(runner, work, steps // 2)
+    alone_steps = _RunnerSteps(runner, work, cpu=StepCpu(launcher))
+    alone_us = [alone_steps.step() for _ in range(steps // 2)]
+    alone_steps.finish()
     thread_cpu = ((launcher.cpu_seconds() - cpu_before) / (steps // 2), (time.perf_counter() - wall_before) / (steps // 2),
                   (launcher.signals() - signals_before) / (steps // 2)) if launcher else None
     graphs_after = runner.cuda_graph_stats()
     bucketed = (graphs_after["replays"] + graphs_after["padded_eager"]) - (graphs_before["replays"] + graphs_before["padded_eager"])
     return _HostCostRun(num_reqs, churn, steps, runner, work, paired.runner_us, paired.baseline_us, alone_us,
                         paired.runner_admitting, paired.baseline_admitting, paired.runner_steady, baseline.h2d_bytes_last_step,
-                        bucketed, runner.last_step_stats.steady, waits, row_waits, thread_cpu)
+                        bucketed, runner.last_step_stats.steady, waits, row_waits, thread_cpu, paired.runner_cpu,
+                        paired.baseline_cpu, alone_steps.cpu)
 
 
 def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Row]:
@@ -310,6 +327,8 @@ def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Ro
         Row("host_cost", f"runner / baseline host time, {tag}", ratio, "x", target="<= 0.333 (issue 14)",
             met=(ratio <= 1 / 3) if (device.is_cuda and not ctx.quick) else None,
             note=f"{'H200 target' if device.is_cuda else 'runner device work dropped: bookkeeping vs bookkeeping'}"),
+        *host_cpu_rows(tag, churn, run.paired_cpu, run.baseline_cpu, run.alone_cpu,
+                       targeted=device.is_cuda and not ctx.quick),
         Row("host_cost", f"host syncs per step, {tag}", report.count / max(1, len(counted_us)), "syncs",
             target="0", met=report.count == 0, note=f"detector in count mode over {len(counted_us)} steps"),
     ]
@@ -318,9 +337,12 @@ def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Ro
     if run.thread_cpu is not None:
         cpu, wall, signals = run.thread_cpu
         spin, nap, nap_for = idle_settings()
+        median_gap, window = runner.device.launcher.idle_window()
         out.append(Row("host_cost", f"launch thread CPU time per step, {tag}", 1e6 * cpu, "us",
-                       note=f"impl.launcher's worker over the alone steps, its polling ({spin} us) and naps ({nap} us "
-                            f"each for {nap_for} us) included: {cpu / wall:.0%} of a core while steps run back to back "
+                       note=f"impl.launcher's worker over the alone steps, its polling (after a burst {window / 1e3:.0f} us: "
+                            f"{spin_percent()}% of the {median_gap / 1e3:.0f} us median burst interval, at most {spin} us; "
+                            f"after a step's wake {spin} us) and naps ({nap} us each for {nap_for} us) included, "
+                            f"{runner.device.launcher.sleeps()} sleeps so far: {cpu / wall:.0%} of a core while steps run back to back "
                             f"({1e6 * wall:.0f} us a step, the workload's and output reads' time included); "
                             f"wakes of the sleeping worker (a system call in the step) per step: {signals:.2f}"))
     out.append(Row("host_cost", f"host enqueues per step, {tag}", enqueues, "enqueues",
@@ -381,8 +403,10 @@ class TorchCallCounter(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _baseline_step(batch: V1HostBatch, sched) -> float:
-    """One step through the V1-style host batch (bookkeeping + prepare + upload); its host microseconds."""
+def _baseline_step(batch: V1HostBatch, sched, cpu: list[float] | None = None) -> float:
+    """One step through the V1-style host batch (bookkeeping + prepare + upload); its host microseconds (and its
+    thread's CPU seconds appended to ``cpu``)."""
+    cpu0 = time.thread_time()
     t0 = time.perf_counter()
     for rid in sched.finished_req_ids:
         batch.remove(rid)
@@ -394,7 +418,10 @@ def _baseline_step(batch: V1HostBatch, sched) -> float:
         row = batch.row_of[rid]
         if batch.num_computed[row] >= batch.num_tokens[row]:
             batch.append_token(rid, 1)  # the sampled token a real step would append
-    return (time.perf_counter() - t0) * 1e6
+    elapsed = (time.perf_counter() - t0) * 1e6
+    if cpu is not None:
+        cpu.append(time.thread_time() - cpu0)
+    return elapsed
 
 
 def _warm_baseline(batch: V1HostBatch, work: DecodeWorkload) -> None:

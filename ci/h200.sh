@@ -33,7 +33,8 @@
 #   gpu_logprobs  the gpu-marked logprobs tests alone (row finish vs float64 at V=151936, ties at the bound,
 #                 overflow to the fallback, counters reset, graph replay)
 #   bench_host    `runnercheck bench --device cuda --only host_cost` alone (runner vs V1-style baseline, 1% and 0% churn;
-#                 host enqueues per step, target 1 at 0% churn: the fused replay, H2D and D2H inside), then the same with
+#                 host enqueues per step, target 1 at 0% churn: the fused replay, H2D and D2H inside; total host CPU
+#                 per step, caller + launch thread, target <= 1/2 of the baseline's at 1% churn), then the same with
 #                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves)
 #   gpu_events    the gpu-marked tests of events, the steady step, its lanes, the launch thread and slot lifetimes
 #                 alone (test_device, test_steady_step, test_lanes, test_launcher, test_lifetime: ~45 s)
