@@ -9,6 +9,7 @@ correctness bounds for a busy 2-core box, not speed targets.
 """
 from __future__ import annotations
 
+import os
 import random
 import time
 
@@ -37,21 +38,50 @@ def _until(predicate, seconds: float) -> bool:
     return predicate()
 
 
+def _tasks() -> set[int]:
+    return {int(name) for name in os.listdir("/proc/self/task")}
+
+
+def _proc_cpu_seconds(tid: int) -> float:
+    """A thread's user + system CPU time as the kernel counts it (/proc/self/task/<tid>/stat, clock ticks): a reading
+    independent of the launcher's own `cpu_seconds`."""
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15 of stat
+
+
+def _started_with_tid(**kwargs):
+    before = _tasks()
+    stand_ins, launcher = _launcher(**kwargs)
+    (tid,) = _tasks() - before  # the worker thread it started
+    return launcher, tid
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux /proc")
 def test_an_idle_worker_sleeps_and_its_cpu_time_stays_low():
     """After its last job a worker polls at most its cap (300 us), then sleeps: over 0.5 s without work it uses a
-    small fraction of that in CPU time (it spun the whole time before: `test_launcher`'s spinning worker)."""
-    _, launcher = _launcher()
+    small fraction of that in CPU time, by its own clock and by the kernel's count; a worker that polls the whole
+    time (a 2 s cap, the whole interval) shows up in the same readings."""
+    launcher, tid = _started_with_tid()
+    spinning, spinning_tid = _started_with_tid(spin_us=2_000_000, percent=100)
     try:
-        launcher.graph(1, 9)
-        assert _until(lambda: launcher.issued() == 1, 2.0)
-        assert _until(lambda: launcher.sleeps() >= 1, 2.0)
-        before = launcher.cpu_seconds()
+        for thread in (launcher, spinning):
+            thread.graph(1, 9)
+        assert _until(lambda: launcher.issued() == 1 and spinning.issued() == 1, 2.0)
+        time.sleep(0.05)  # past its 300 us of polling after the job
+        slept = launcher.sleeps()
+        assert slept >= 1
+        before, kernel_before = launcher.cpu_seconds(), _proc_cpu_seconds(tid)
+        spun_before = _proc_cpu_seconds(spinning_tid)
         time.sleep(0.5)
-        used = launcher.cpu_seconds() - before
-        assert used < 0.05, used  # asleep: no polling, no timed wake-ups
-        assert launcher.sleeps() == 1  # it did not wake up on its own
+        used, kernel_used = launcher.cpu_seconds() - before, _proc_cpu_seconds(tid) - kernel_before
+        spun = _proc_cpu_seconds(spinning_tid) - spun_before
+        assert used < 0.05 and kernel_used <= 0.05, (used, kernel_used)  # asleep: no polling, no timed wake-ups
+        assert launcher.sleeps() == slept  # it did not wake up on its own
+        assert spun > 0.03, spun  # the readings see a polling worker (a busy 2-core box still gives it a share)
     finally:
         launcher.close()
+        spinning.close()
 
 
 def test_polling_after_a_burst_is_bounded_by_the_measured_interval():
