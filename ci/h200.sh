@@ -37,7 +37,8 @@
 #                 per step, caller + launch thread, target <= 1/2 of the baseline's at 1% churn), then the same with
 #                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves)
 #   gpu_events    the gpu-marked tests of events, the steady step, its lanes, the launch thread and slot lifetimes
-#                 alone (test_device, test_steady_step, test_lanes, test_launcher, test_lifetime: ~45 s)
+#                 alone (test_device, test_steady_step, test_lanes, test_launcher, test_launcher_idle, test_lifetime:
+#                 ~45 s)
 #   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
@@ -86,7 +87,7 @@ want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cud
   --out "$out/bench_host_slow_launch"
 want gpu_events && job gpu_events "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" \
   tests/impl/test_device.py tests/impl/test_steady_step.py tests/impl/test_lanes.py tests/impl/test_launcher.py \
-  tests/checks/test_lifetime.py
+  tests/impl/test_launcher_idle.py tests/checks/test_lifetime.py
 want gpu_tests && job gpu_tests "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" tests \
   --deselect tests/stress/test_mutants.py::test_cuda_run_kills_every_mutant_including_the_noise_bugs \
   --deselect tests/impl/test_sampler_tail.py &

@@ -173,3 +173,38 @@ def test_bad_spin_percent_argument_is_a_value_error():
     for percent in (0, 101):
         with pytest.raises(ValueError, match="spin_percent"):
             module.Launcher(1, 1, 0, 0, 10, 0, 0, percent)
+
+
+# ---------------------------------------------------------------------------------------------------------- GPU
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU")
+def test_gpu_runner_steps_far_apart_let_the_launch_thread_sleep_with_outputs_unchanged(monkeypatch):
+    """Steps 20 ms apart on cuda: between them the worker sleeps (its CPU time a small share of the wall time), each
+    step's wake gets its jobs issued (no hang: every output is read), and the outputs equal those of steps back to
+    back with the thread off."""
+    import torch
+
+    from runnercheck.bench.case_runner import host_cost_setup
+    from runnercheck.bench.common import BenchContext
+    from runnercheck.impl.device import Device
+
+    outputs = {}
+    for setting in ("1", "0"):
+        monkeypatch.setenv("RUNNERCHECK_LAUNCH_THREAD", setting)
+        device = Device("cuda", seed=0)
+        torch.manual_seed(0)
+        runner, work, _ = host_cost_setup(BenchContext(device, quick=False, seed=0), 64, 0.05)
+        got = []
+        cpu_before, wall_before = (device.launcher.cpu_seconds(), time.perf_counter()) if setting == "1" else (0, 0)
+        sleeps_before = device.launcher.sleeps() if setting == "1" else 0
+        for _ in range(30):
+            got.append(runner.execute_model(work.next_step()).get())
+            if setting == "1":
+                time.sleep(0.02)
+        if setting == "1":
+            cpu, wall = device.launcher.cpu_seconds() - cpu_before, time.perf_counter() - wall_before
+            assert device.launcher.sleeps() - sleeps_before >= 25  # it slept between (nearly) every two steps
+            assert cpu < 0.25 * wall, (cpu, wall)  # a generous bound: it polled a core the whole time before
+        outputs[setting] = got
+    assert outputs["1"] == outputs["0"]
