@@ -168,9 +168,10 @@ static long long adapt_window(Launcher *l, long long gap)
     return share < l->spin_ns ? share : l->spin_ns;
 }
 
-/* The worker: issue every pushed job in order, poll ``spin_ns`` after the last, nap ``nap_ns`` at a time for
- * ``nap_limit_ns`` more (a step's wake() or a pushed job found after a nap: it polls again), then sleep until a push
- * wakes it (the poll after a burst adapts: `adapt_window`).  The sleep is the other half of the producer's (store ``pushed``, load ``sleeping``): both sequentially
+/* The worker: issue every pushed job in order, poll ``window`` after the last (after a burst `adapt_window`'s share
+ * of the burst interval; after a wake ``spin_ns``), nap ``nap_ns`` at a time for ``nap_limit_ns`` more (a step's
+ * wake() or a pushed job found after a nap: it polls again), then sleep until a push, wake(), resume() or close()
+ * wakes it.  The sleep is the other half of the producer's (store ``pushed``, load ``sleeping``): both sequentially
  * consistent, so either the worker sees the job before it sleeps or the producer sees it asleep and wakes it. */
 static void *work(void *arg)
 {
