@@ -150,3 +150,28 @@ def _bounds(hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     low = torch.empty_like(up)
     _bounds_kernel[(1,)](hi, up, low, hi.numel(), BLOCK=triton.next_power_of_2(hi.numel()))
     return up.cpu(), low.cpu()
+
+
+# --------------------------------------------------------------------------- v2's mutants
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", [None, "v2_refine_top_only", "v2_lo_from_hi_stream", "v2_lo_from_accept_stream"])
+def test_refinement_probe_passes_the_sampler_and_kills_each_v2_mutant(name) -> None:
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler
+    from runnercheck.checks.chisq.refinement import collision_rows, refinement_mismatches
+    from runnercheck.impl.device import Device
+    from runnercheck.stress.mutants.kernels import launch_variant, v2_kernel_variant
+    from runnercheck.stress.mutants.registry import AppliedMutant
+
+    dev = _device()
+    probe = ImplSampler(Device(dev), VOCAB, rows_per_launch=8, max_requests=8)
+    logits, _, _ = collision_rows(VOCAB, 8)
+    assert bool(((logits > -30.0).sum(dim=1) >= 2).all())  # every row holds a planted near-collision
+    if name is None:
+        assert refinement_mismatches(probe, VOCAB, rows=8, device=dev) == []
+        return
+    with AppliedMutant(None) as applied:
+        launch_variant(probe, applied, v2_kernel_variant(name))
+        assert len(refinement_mismatches(probe, VOCAB, rows=8, device=dev)) >= 2, name
+    assert refinement_mismatches(probe, VOCAB, rows=8, device=dev) == []  # undone
