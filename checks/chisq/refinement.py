@@ -29,15 +29,16 @@ def collision_rows(vocab: int, rows: int, seed: int = 0, per_row: int = 2) -> tu
     tokens = torch.arange(vocab)
     found: list[tuple[int, int, torch.Tensor]] = []
     base = 0
+    batch = max(1, 2**22 // vocab)  # positions searched at once: ~4M int64 words per Philox temporary
     while len(found) < rows:
-        positions = torch.arange(base, base + 4096).view(-1, 1)
+        positions = torch.arange(base, base + batch).view(-1, 1)
         hi = ref_rng.noise_hi(seed, positions, tokens.view(1, -1))
         small = hi < SMALL_HI
         for r in torch.nonzero(small.sum(dim=1) >= per_row).view(-1).tolist():
             found.append((seed, base + r, torch.nonzero(small[r]).view(-1)))
             if len(found) == rows:
                 break
-        base += 4096
+        base += batch
     logits = torch.full((rows, vocab), REST, dtype=torch.float64)
     for i, (s, p, planted) in enumerate(found):
         hi = ref_rng.noise_hi(s, p, planted)

@@ -78,3 +78,22 @@ def test_all_greedy_must_be_a_bool(dev) -> None:
     state_rows, positions, _ = logit_row_tensors(dev, [LogitRow(0, 0)])
     with pytest.raises(SamplerError, match="all_greedy"):
         sampler.sample(dev.to_device(torch.zeros(1, VOCAB)), state, state_rows, positions, num_rows=1, all_greedy=1)
+
+
+@pytest.mark.gpu
+def test_all_greedy_launch_at_the_full_vocabulary_cuda() -> None:
+    """Compiled, [256, 151936]: the one-launch argmax equals the split passes and torch.argmax (no penalties)."""
+    device = Device("cuda")
+    vocab, rows = 151936, 256
+    sampler = Sampler(device, vocab, max_logprobs=0, max_num_rows=rows)
+    state = SamplingState(device, 1, vocab)
+    admit(device, state, {0: RowRequest(SamplingParams(temperature=0.0), 1, (0,))})
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.round(torch.randn(rows, vocab, generator=gen) * 4)  # many exact ties at the top
+    logits[3, 151935] = 1e30
+    logits[4] = -math.inf
+    logits[5, 17] = math.nan
+    table = [LogitRow(0, i) for i in range(rows)]
+    fast = _run(device, sampler, state, logits, table, all_greedy=True)
+    assert fast == _run(device, sampler, state, logits, table, all_greedy=False)
+    assert fast[0] == torch.argmax(torch.nan_to_num(logits, nan=-math.inf), dim=1).tolist()

@@ -175,3 +175,39 @@ def test_refinement_probe_passes_the_sampler_and_kills_each_v2_mutant(name) -> N
         launch_variant(probe, applied, v2_kernel_variant(name))
         assert len(refinement_mismatches(probe, VOCAB, rows=8, device=dev)) >= 2, name
     assert refinement_mismatches(probe, VOCAB, rows=8, device=dev) == []  # undone
+
+
+@pytest.mark.gpu
+def test_refinement_probe_at_the_full_vocabulary_cuda() -> None:
+    """Compiled: the probe passes the sampler and kills each v2 mutant at [64, 151936]."""
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler
+    from runnercheck.checks.chisq.refinement import refinement_mismatches
+    from runnercheck.impl.device import Device
+    from runnercheck.stress.mutants.kernels import V2_KERNEL_MUTANTS, launch_variant, v2_kernel_variant
+    from runnercheck.stress.mutants.registry import AppliedMutant
+
+    vocab = 151936
+    probe = ImplSampler(Device("cuda"), vocab, max_requests=64)
+    assert refinement_mismatches(probe, vocab, rows=64, device="cuda") == []
+    for name in V2_KERNEL_MUTANTS:
+        with AppliedMutant(None) as applied:
+            launch_variant(probe, applied, v2_kernel_variant(name))
+            assert len(refinement_mismatches(probe, vocab, rows=64, device="cuda")) >= 8, name
+
+
+@pytest.mark.gpu
+def test_refined_sampler_equals_the_dense_argmax_at_the_full_vocabulary_cuda() -> None:
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler
+    from runnercheck.impl.device import Device
+
+    vocab, rows = 151936, 64
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    logits[::4] = torch.round(logits[::4])  # exact logit ties
+    seeds = torch.randint(0, 2**62, (rows,), generator=gen)
+    positions = torch.randint(0, 2**31, (rows,), generator=gen)
+    probe = ImplSampler(Device("cuda"), vocab, max_requests=rows)
+    for temperature in (1.0, 0.3):
+        got = probe(logits.cuda(), [SamplingParams(temperature=temperature)] * rows, seeds.cuda(), positions.cuda())
+        dense = gumbel_argmax((logits / temperature).cuda(), seeds.cuda(), positions.cuda())
+        assert got.cpu().tolist() == dense.cpu().tolist(), temperature
