@@ -66,7 +66,7 @@ def greedy_argmax_kernel(
     tl.atomic_max(flag_ptr + row, nonfinite)
     if tl.atomic_add(arrivals_ptr + row, 1) == num_blocks - 1:  # acq_rel: the row's other atomics are visible
         tl.store(arrivals_ptr + row, 0)
-        packed = tl.atomic_xchg(packed_ptr + row, -9223372036854775808)
+        packed = tl.atomic_xchg(packed_ptr + row, tl.full((), -9223372036854775807, tl.int64) - 1)  # PACKED_RESET
         inf_token = tl.atomic_xchg(inf_ptr + row, 2147483647)
         flagged = tl.atomic_xchg(flag_ptr + row, 0)
         token = tl.where(inf_token < vocab_size, inf_token, unpack_token(packed))
