@@ -31,3 +31,8 @@ def torch_topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
     """Full log_softmax then topk: materialises a [rows, vocab] logprob tensor."""
     lp = torch.log_softmax(logits, dim=-1)
     return torch.topk(lp, k, dim=-1)
+
+
+def torch_greedy(logits: torch.Tensor) -> torch.Tensor:
+    """``torch.argmax`` over the vocabulary (first index on ties): the greedy rows' baseline."""
+    return torch.argmax(logits, dim=-1)

@@ -23,7 +23,8 @@
 #   spec_benches  `bench --only spec_draft`, then `bench --only spec_ngram`, each alone (tokens/s and acceptance)
 #   spec_mutant_rates  the four rejection-sampling mutants and accepted_count_read_on_host, 5 seeds each (kill rates)
 #   gpu_launch    the gpu tests of the cached Triton launcher alone (`tests/impl/test_launch.py`)
-#   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issue 16's "Done when" in one run
+#   bench_sampler `runnercheck bench --device cuda --only sampler logprobs` alone: issues 16 and 58's "Done when" in one run
+#                 (greedy all-greedy launch vs torch.argmax vs the floor, temperature on RNG v2, top-k/top-p, logprobs)
 #                 (the runner's sampler and logprobs at 1/8/64/256 rows, the memory floor, the Philox compute floor
 #                 and noise bound, the PyTorch baselines, peak extra memory)
 #   gpu_sampler   the sampler/logprobs/RNG gpu-marked tests alone (tokens vs the oracle at V=151936, both
@@ -60,7 +61,7 @@
 #   chisq_matrix  the chi-square matrix, 2e6 draws per case, + calibration (the runner's sampler)
 #   chisq_power   power of every CPU-affordable planted bias
 #   chisq_capped  power of the capped-noise biases (~1e12 token-draws each)
-#   chisq_deep    2^12..2^17-token tails 12..30 logits below the head (the runner's sampler)
+#   chisq_deep    2^12..2^17-token tails 12..30 logits below the head (the runner's sampler; RNG v2: ~51 hits expected)
 #   csan          CUDA's stream sanitizer: the stream mutant killed by csan with its control clean
 #                 (`mutants --only runner_stream_reads_default_stream_write`), then `stress --csan` and
 #                 `chisq --csan --quick` (both must be clean)

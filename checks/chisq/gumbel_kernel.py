@@ -2,8 +2,10 @@
 
 Deep-tail tests need ~1e12 (row, token) noise draws; eager PyTorch materialises ~130 int64
 temporaries per draw for the Philox rounds (~1.5e9 draws/s on an H200), a fused kernel keeps them
-in registers.  Same math as the PyTorch path (`runnercheck.checks.chisq.samplers.gumbel_noise`): the spec's Philox
-bits from `runnercheck.impl.kernels.rng`, then the uniform of the chosen variant, the spec's Gumbel transform,
+in registers.  Same math as the PyTorch path (`runnercheck.checks.chisq.samplers.gumbel_noise`): every token's full
+64 bits under RNG contract v2 (`runnercheck.impl.kernels.rng`: hi words four tokens per Philox call,
+lo words from their own stream; no interval bounds, no refinement, so this is the dense fp32
+argmax the runner's refined sampler must equal bit for bit), then the uniform of the chosen variant, the spec's Gumbel transform,
 and ``argmax(scores + noise)`` with the lowest index winning exact ties.  Precision variants that
 need fp16/bf16 arithmetic stay on the PyTorch path (`FUSED_VARIANTS` lists what runs here).
 """
@@ -13,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from runnercheck.impl.kernels.rng import neg_log1p_neg, philox_64bits, uniform_from_bits
+from runnercheck.impl.kernels.rng import neg_log1p_neg, noise_hi_at, noise_hi_chunk, noise_lo, uniform_from_bits
 
 FUSED_VARIANTS = {"u64": 0, "u32": 1, "floor31": 2, "u24": 3}
 
@@ -46,7 +48,11 @@ def _gumbel_argmax_kernel(scores_ptr, stride, seeds_ptr, positions_ptr, out_ptr,
         offs = start + lane
         mask = offs < vocab
         s = tl.load(scores_ptr + row * stride + offs, mask=mask, other=float("-inf"))
-        hi, lo = philox_64bits(seed, position, offs, 0)
+        if BLOCK >= 4:
+            hi = noise_hi_chunk(seed, position, start, BLOCK)
+        else:
+            hi = noise_hi_at(seed, position, offs)
+        lo = noise_lo(seed, position, offs)
         value = tl.where(mask & (s > float("-inf")), s + _variant_noise(hi, lo, VARIANT), float("-inf"))
         take = value > best
         best_index = tl.where(take, offs, best_index)

@@ -1,25 +1,31 @@
 """The sampling RNG as Triton device functions (the spec; `reference/rng.py` is its PyTorch twin).
 
-Specification (runnercheck RNG v1)
-----------------------------------
-A stateless counter-based generator: Philox4x32 with 10 rounds, keyed by the request seed and
-counted by (vocabulary index, token position, stream):
+Specification (runnercheck RNG v2; docs/SAMPLING.md "RNG contract v2" has the proof)
+-------------------------------------------------------------------------------------
+A stateless counter-based generator: Philox4x32 with 10 rounds (`philox4x32`), keyed by the
+request seed, counter ``(c0, position, 0, stream)``:
 
 * key     ``(k0, k1) = (seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF)``  (seed in [0, 2^63))
-* counter ``(c0, c1, c2, c3) = (token_id, position, 0, stream)``; ``stream`` is 0 for
-  sampling noise, 1 for a proposer's draft sampling, 2 for the speculative accept test and 3 for
-  the speculative residual/bonus resample (docs/SAMPLING.md, "Probabilistic speculative
-  verification"); other streams are reserved.
 * one round, with ``M0 = 0xD2511F53``, ``M1 = 0xCD9E8D57`` and all arithmetic mod 2^32::
 
       (c0, c1, c2, c3) <- (mulhi(M1, c2) ^ c1 ^ k0,  M1 * c2,  mulhi(M0, c0) ^ c3 ^ k1,  M0 * c0)
 
   followed by the key bump ``k0 += 0x9E3779B9; k1 += 0xBB67AE85``.  Ten rounds; the key is bumped
   after each of the first nine (the tenth round's output is the result).
-* the 64 random bits of the draw are ``hi = c0``, ``lo = c1`` of the result.
 
-This is standard Philox4x32-10 (Salmon et al. 2011); counter 0 / key 0 gives Random123's
-published answer ``0x6627e8d5, 0xe169c58d, ...`` (pinned in ``tests/reference/test_rng.py``).
+Standard Philox4x32-10 (Salmon et al. 2011); counter 0 / key 0 gives Random123's published answer
+``0x6627e8d5, 0xe169c58d, ...`` (pinned in ``tests/reference/test_rng.py``).
+
+Streams: 0 ``NOISE_STREAM`` (the sampler's hi words), 1 ``DRAFT_STREAM`` (a proposer's draft
+sampling), 2 ``ACCEPT_STREAM`` (speculative accept test), 3 ``RESAMPLE_STREAM`` (residual/bonus
+resample), 4 ``NOISE_LO_STREAM`` (the sampler's lo words); others reserved.
+
+* The **sampler's** 64 bits of token ``t``: ``hi`` = word ``t % 4`` of the call at
+  ``c0 = t // 4`` on stream 0 (four tokens per call, all 128 bits used; `noise_hi_chunk`,
+  `noise_hi_at`), ``lo`` = word 0 of the call at ``c0 = t`` on stream 4 (`noise_lo`), computed
+  only for the tokens whose key interval given ``hi`` can still hold the maximum (`noise_key_bounds`).
+* The **speculative** streams keep one call per token: ``(hi, lo) = (c0, c1)`` at ``c0 = token``
+  (`philox_64bits`; the accept test uses ``c0 = 0``).
 
 Uniform and Gumbel noise
 ------------------------
@@ -30,7 +36,8 @@ identity, see `neg_log1p_neg`); its winning tail sits at u -> 0, where ``-log1p(
 relative precision in fp32, so the largest noise is ``65 ln 2 ~ 45.05`` (>= 40).  A 32-bit
 uniform would cap the noise near 22-23 and truncate deep tails (a token 25 logits below the head
 is then never sampled).  The clamp at ``1 - 2^-24`` only touches the losing end (probability
-2^-24, noise about -2.8 instead of lower) and is what fp32 rounding would do anyway.
+2^-24, noise about -2.8 instead of lower) and is what fp32 rounding would do anyway.  ``g`` is
+decreasing in ``u``: for a fixed ``hi`` the largest noise is at ``lo = 0``.
 
 The kernels compute ``u`` and ``g`` in fp32; the reference computes them in float64 from the same
 bits.  The 64 bits are bit-exact between the two; the noise agrees to fp32 rounding.
@@ -44,11 +51,12 @@ PHILOX_M0 = 0xD2511F53
 PHILOX_M1 = 0xCD9E8D57
 PHILOX_W0 = 0x9E3779B9
 PHILOX_W1 = 0xBB67AE85
-NOISE_STREAM = 0
+NOISE_STREAM = tl.constexpr(0)
 # constexpr: jit functions may read only constexpr globals (docs/SAMPLING.md assigns the streams)
 DRAFT_STREAM = tl.constexpr(1)
 ACCEPT_STREAM = tl.constexpr(2)
 RESAMPLE_STREAM = tl.constexpr(3)
+NOISE_LO_STREAM = tl.constexpr(4)
 
 
 @triton.jit
@@ -71,16 +79,16 @@ def philox_round_hilo(c0, c1, c2, c3, k0, k1):
 
 
 @triton.jit
-def philox_64bits(seed, position, token_id, stream):
-    """64 random bits ``(hi, lo)`` (uint32 each) for int64 ``seed``, int ``position``/``token_id``.
+def philox4x32(seed, counter, position, stream):
+    """The four words of Philox4x32-10 at ``(counter, position, 0, stream)`` under int64 ``seed``.
 
-    Broadcasts like ordinary Triton arithmetic (e.g. a scalar seed/position and a block of ids).
+    Broadcasts like ordinary Triton arithmetic (e.g. a scalar seed/position and a block of counters).
     The first round is written out: its counter has ``c2 = 0`` (``M1 * c2 = 0``, no multiply) and
-    ``c1``, ``c3`` per row, so only ``M0 * c0`` varies per token.
+    ``c1``, ``c3`` per row, so only ``M0 * c0`` varies per call.
     """
     k0 = (seed & 0xFFFFFFFF).to(tl.uint32)
     k1 = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
-    c0 = token_id.to(tl.uint32)
+    c0 = counter.to(tl.uint32)
     p0 = c0.to(tl.uint64) * 0xD2511F53
     zero = c0 * 0  # broadcast the per-row words to the counter's shape
     c0, c1, c2, c3 = (position.to(tl.uint32) ^ k0) + zero, zero, (p0 >> 32).to(tl.uint32) ^ stream ^ k1, \
@@ -91,8 +99,40 @@ def philox_64bits(seed, position, token_id, stream):
         c0, c1, c2, c3 = philox_round(c0, c1, c2, c3, k0, k1)
         k0 = k0 + 0x9E3779B9
         k1 = k1 + 0xBB67AE85
-    c0, c1, c2, c3 = philox_round(c0, c1, c2, c3, k0, k1)
+    return philox_round(c0, c1, c2, c3, k0, k1)
+
+
+@triton.jit
+def philox_64bits(seed, position, token_id, stream):
+    """64 bits ``(hi, lo) = (c0, c1)`` at counter ``(token_id, position, 0, stream)``: the
+    speculative streams' draws (one call per token; the sampler's noise is `noise_hi_chunk` +
+    `noise_lo`)."""
+    c0, c1, c2, c3 = philox4x32(seed, token_id, position, stream)
     return c0, c1
+
+
+@triton.jit
+def noise_hi_chunk(seed, position, start, CHUNK: tl.constexpr):
+    """The hi words of tokens ``start .. start + CHUNK - 1`` (``start`` a multiple of 4): one call
+    per four tokens, its words interleaved so lane ``i`` holds token ``start + i``'s word."""
+    quads = start // 4 + tl.arange(0, CHUNK // 4)
+    w0, w1, w2, w3 = philox4x32(seed, quads, position, NOISE_STREAM)
+    return tl.interleave(tl.interleave(w0, w2), tl.interleave(w1, w3))
+
+
+@triton.jit
+def noise_hi_at(seed, position, token_id):
+    """The hi word of arbitrary token ids (a candidate list): one call per token, one word kept."""
+    w0, w1, w2, w3 = philox4x32(seed, token_id // 4, position, NOISE_STREAM)
+    r = token_id % 4
+    return tl.where(r == 0, w0, tl.where(r == 1, w1, tl.where(r == 2, w2, w3)))
+
+
+@triton.jit
+def noise_lo(seed, position, token_id):
+    """The lo word of token ids: word 0 of the call at ``(token_id, position, 0, NOISE_LO_STREAM)``."""
+    c0, c1, c2, c3 = philox4x32(seed, token_id, position, NOISE_LO_STREAM)
+    return c0
 
 
 @triton.jit
@@ -140,9 +180,29 @@ def gumbel_from_bits(hi, lo):
 
 @triton.jit
 def gumbel_noise(seed, position, token_id):
-    """fp32 Gumbel(0, 1) noise for (seed, position, token id), stream 0."""
-    hi, lo = philox_64bits(seed, position, token_id, 0)
-    return gumbel_from_bits(hi, lo)
+    """fp32 Gumbel(0, 1) noise of arbitrary token ids from their full 64 bits (candidate lists)."""
+    return gumbel_from_bits(noise_hi_at(seed, position, token_id), noise_lo(seed, position, token_id))
+
+
+@triton.jit
+def noise_key_bounds(hi):
+    """``(upper, lower)`` fp32 bounds on the fp32 noise ``gumbel_from_bits(hi, lo)`` for every ``lo``.
+
+    docs/SAMPLING.md "RNG contract v2" proves them.  ``upper`` is the noise at ``lo = 0`` (the
+    fp32 uniform is monotone in ``lo`` and ``g`` decreasing) plus ``2^-16 (1 + |g|)``, which covers
+    twice the fp32 evaluation error of the transform (a few 2^-24 (1 + |g|)).  ``lower`` subtracts
+    the same margin and the interval's width ``(2 / hi + 2^-20) / (1 - (hi + 2) 2^-32)`` (the
+    slope ``1 / (u (1 - u))`` bounds ``|dg/du|``; ``2^-20`` covers fp32's own spacing of ``u``);
+    ``hi = 0`` (the deep tail, noise 22.2 .. 45.05) and ``u`` within 2^-20 of 1 get ``-inf``: such
+    a token never raises the bar others must reach, and is refined whenever its upper bound reaches it.
+    """
+    g = gumbel_from_bits(hi, hi * 0)
+    margin = (1.0 + tl.abs(g)) * 1.52587890625e-05  # 2^-16
+    hif = hi.to(tl.float32)
+    one_minus = 1.0 - (hif + 2.0) * 2.3283064365386963e-10
+    safe = (hi != 0) & (one_minus >= 9.5367431640625e-07)  # 2^-20
+    width = (2.0 / tl.where(safe, hif, 1.0) + 9.5367431640625e-07) / tl.where(safe, one_minus, 1.0)
+    return g + margin, tl.where(safe, g - (width + margin), float("-inf"))
 
 
 @triton.jit
@@ -153,14 +213,15 @@ def _philox_table_kernel(seed_ptr, pos_ptr, hi_ptr, lo_ptr, noise_ptr, vocab, BL
     pos = tl.load(pos_ptr + row)
     offs = blk * BLOCK + tl.arange(0, BLOCK)
     mask = offs < vocab
-    hi, lo = philox_64bits(seed, pos, offs, 0)
+    hi = noise_hi_at(seed, pos, offs)
+    lo = noise_lo(seed, pos, offs)
     tl.store(hi_ptr + row * vocab + offs, hi.to(tl.int64), mask=mask)
     tl.store(lo_ptr + row * vocab + offs, lo.to(tl.int64), mask=mask)
     tl.store(noise_ptr + row * vocab + offs, gumbel_from_bits(hi, lo), mask=mask)
 
 
 def philox_table(seeds, positions, vocab: int):
-    """Test helper: the (hi, lo, fp32 noise) tables ``[rows, vocab]`` for per-row seeds/positions."""
+    """Test helper: the sampler's (hi, lo, fp32 noise) tables ``[rows, vocab]`` for per-row seeds/positions."""
     import torch
 
     rows = seeds.shape[0]

@@ -23,15 +23,18 @@ the only synchronisation between them):
    narrowing (`sampling_select.narrow_threshold`): any parameters, any data, more passes.
 
 No ``[rows, vocab]`` intermediate exists: each pass re-reads the logits and re-applies penalties
-and temperature.  Gumbel noise is `runnercheck.impl.kernels.rng.gumbel_noise(seed, position, token id)`
-(64-bit Philox draws), the same for every launch, so the tokens do not depend on the path.
+and temperature.  Gumbel noise follows RNG contract v2 (`runnercheck.impl.kernels.rng`): a vocabulary chunk draws
+the hi words only (`_noisy_chunk_argmax`: four tokens per Philox call) and refines with the lo word
+just the tokens whose key interval can hold the maximum; a candidate list draws each token's full
+64 bits (`gumbel_noise`).  Both give the argmax of the full 64-bit keys, so the tokens do not depend
+on the path.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from runnercheck.impl.kernels.rng import gumbel_noise
+from runnercheck.impl.kernels.rng import gumbel_from_bits, gumbel_noise, noise_hi_chunk, noise_key_bounds, noise_lo
 from runnercheck.impl.kernels.sampling_select import (
     EMPTY_CANDIDATE,
     OUTCOME_ALL,
@@ -95,6 +98,52 @@ def _chunk_argmax(score, offs, vocab_size):
     return best, tl.min(tl.where(score == best, offs, vocab_size), axis=0)
 
 
+@triton.jit
+def _refine_candidates(score, hi, offs, candidate, seed, position, start, REFINE_LOOP: tl.constexpr):
+    """``(best key, lowest token at it)`` over ``candidate`` lanes from their full 64-bit noise.
+
+    Few candidates (the usual 1-2): one at a time in increasing token order, strict ``>`` (ties ->
+    lowest index), one `noise_lo` call each.  More than ``REFINE_LOOP``: every lane's lo word at once.
+    No candidate: ``(-inf, start)``, as a plain argmax of an all ``-inf`` chunk.
+    """
+    count = tl.sum(candidate.to(tl.int32), axis=0)
+    best = tl.full((), float("-inf"), tl.float32)
+    best_token = tl.full((), 0, tl.int32) + start
+    if count > REFINE_LOOP:
+        key = tl.where(candidate, score + gumbel_from_bits(hi, noise_lo(seed, position, offs)), float("-inf"))
+        best = tl.max(key, axis=0)
+        best_token = tl.min(tl.where(candidate & (key == best), offs, 2147483647), axis=0)
+    else:
+        remaining = candidate
+        for _ in range(count):
+            token = tl.min(tl.where(remaining, offs, 2147483647), axis=0)
+            pick = offs == token
+            s = tl.max(tl.where(pick, score, float("-inf")), axis=0)
+            h = tl.max(tl.where(pick, hi, 0), axis=0)
+            key = s + gumbel_from_bits(h, noise_lo(seed, position, token))
+            better = key > best
+            best = tl.where(better, key, best)
+            best_token = tl.where(better, token, best_token)
+            remaining = remaining & (offs != token)
+    return best, best_token
+
+
+@triton.jit
+def _noisy_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr):
+    """Gumbel-max over one chunk (``offs = start + arange(CHUNK)``, ``start % 4 == 0``; lanes with
+    ``score == -inf`` excluded): ``(best full key, lowest token at it)``, RNG contract v2.
+
+    The hi words bound every key (`noise_key_bounds`); only lanes whose upper bound reaches the
+    chunk's best lower bound can hold the argmax of the full keys, and only those are refined.
+    """
+    hi = noise_hi_chunk(seed, position, start, CHUNK)
+    upper, lower = noise_key_bounds(hi)
+    valid = score > float("-inf")
+    bar = tl.max(tl.where(valid, score + lower, float("-inf")), axis=0)
+    candidate = valid & (score + upper >= bar)
+    return _refine_candidates(score, hi, offs, candidate, seed, position, start, 8)
+
+
 @triton.jit(do_not_specialize=["num_drafts", "num_blocks"])
 def sampler_block_kernel(
     logits_ptr, logits_stride, state_row_ptr, position_ptr,
@@ -118,8 +167,9 @@ def sampler_block_kernel(
     if (temperature != 0.0) & (~filtered):
         seed = tl.load(seed_ptr + state_row)
         position = tl.load(position_ptr + row)
-        score = score + gumbel_noise(seed, position, offs)
-    best, best_token = _chunk_argmax(score, offs, vocab_size)
+        best, best_token = _noisy_chunk_argmax(score, offs, seed, position, blk * CHUNK, CHUNK)
+    else:
+        best, best_token = _chunk_argmax(score, offs, vocab_size)
     at = row.to(tl.int64) * num_blocks + blk
     tl.store(part_best_ptr + at, best)
     tl.store(part_token_ptr + at, best_token)
@@ -195,8 +245,8 @@ def sampler_select_kernel(
             else:
                 seed = tl.load(seed_ptr + state_row)
                 position = tl.load(position_ptr + row)
-                noisy = tl.where(keep, score + gumbel_noise(seed, position, offs), float("-inf"))
-                best, best_token = _chunk_argmax(noisy, offs, vocab_size)
+                best, best_token = _noisy_chunk_argmax(tl.where(keep, score, float("-inf")), offs, seed, position,
+                                                       blk * CHUNK, CHUNK)
                 tl.store(part_best_ptr + at, best)
                 tl.store(part_token_ptr + at, best_token)
         if mode == MODE_GATHER:
@@ -425,7 +475,9 @@ def sampler_row_kernel(
                 nonfinite |= ((raw != raw) | (raw == float("inf"))).to(tl.int32)
                 first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, vocab_size))
                 if temperature > 0.0:
-                    score = score + gumbel_noise(seed, position, offs)
+                    block_best, block_token = _noisy_chunk_argmax(score, offs, seed, position, start, BLOCK)
+                    # one lane carries the block's winner: the lane-wise running maxima keep their rule
+                    score = tl.where(offs == block_token, block_best, float("-inf"))
                 better = score > best
                 best = tl.where(better, score, best)
                 best_token = tl.where(better, offs, best_token)
@@ -456,7 +508,9 @@ def sampler_row_kernel(
                         score, raw = load_row_scores(logits_row, offs, in_vocab, divisor, has_penalty, repetition,
                                                    frequency, presence, prompt_mask_row, counts_row, draft_row,
                                                    num_drafts, True)
-                        noisy = tl.where(score >= threshold, score + gumbel_noise(seed, position, offs), float("-inf"))
+                        block_best, block_token = _noisy_chunk_argmax(
+                            tl.where(score >= threshold, score, float("-inf")), offs, seed, position, start, BLOCK)
+                        noisy = tl.where(offs == block_token, block_best, float("-inf"))
                         better = noisy > best
                         best = tl.where(better, noisy, best)
                         best_token = tl.where(better, offs, best_token)

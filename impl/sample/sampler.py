@@ -18,7 +18,11 @@ first ``layout.cand`` of them used by the split path):
   written by the split kernels, read by the next combine of the same step;
 * per-row plan ``mode`` i32, ``bound`` f32, ``row_max`` f32 (``[R]``): written by the plan kernel
   (``mode`` also by the finish kernel on overflow), read by the later launches of the step;
-* ``scratch`` i64 ``[R, CAND]``: candidate compaction (finish kernel) and the fallback's gathers.
+* ``scratch`` i64 ``[R, CAND]``: candidate compaction (finish kernel) and the fallback's gathers;
+* the all-greedy launch's per-row accumulators ``greedy_packed`` i64, ``greedy_inf``,
+  ``greedy_flag`` and ``greedy_arrivals`` i32 (``[R]``): written only by
+  `sampling_greedy.greedy_argmax_kernel`, whose last program per row resets them, so they hold
+  their reset values between steps.
 
 Nothing is meaningful between steps.  Its `LogprobsComputer` owns the logprob buffers.  A step's outputs are valid until the next `sample` call, so the runner
 copies them out (one async D2H into a pinned output slot) in the same enqueue.
@@ -36,6 +40,7 @@ import torch
 from runnercheck.impl.device import Device
 from runnercheck.impl.hotpath import hot_path
 from runnercheck.impl.kernels.launch import launch
+from runnercheck.impl.kernels.sampling_greedy import INF_RESET, PACKED_RESET, greedy_argmax_kernel
 from runnercheck.impl.kernels.sampling import (
     sampler_block_kernel,
     sampler_finish_kernel,
@@ -99,6 +104,10 @@ class Sampler:
         self.row_max = device.zeros(max_num_rows, torch.float32)
         self.scratch = device.zeros((max_num_rows, self.config.candidates), torch.int64)
         self._no_drafts = device.full(1, -1, torch.int32)
+        self.greedy_packed = device.full(max_num_rows, PACKED_RESET, torch.int64)
+        self.greedy_inf = device.full(max_num_rows, INF_RESET, torch.int32)
+        self.greedy_flag = device.zeros(max_num_rows, torch.int32)
+        self.greedy_arrivals = device.zeros(max_num_rows, torch.int32)
         self.logprobs = LogprobsComputer(device, vocab_size, max_logprobs, max_num_rows, self.config)
 
     def _check(self, logits: torch.Tensor, state: SamplingState, rows_map: torch.Tensor, positions: torch.Tensor,
@@ -126,14 +135,19 @@ class Sampler:
     @hot_path
     def sample(self, logits: torch.Tensor, state: SamplingState, logit_rows_to_state_rows: torch.Tensor,
                positions: torch.Tensor, *, num_rows: int, draft_prefix: torch.Tensor | None = None,
-               max_num_logprobs: int = -1) -> SamplerOutput:
+               max_num_logprobs: int = -1, all_greedy: bool = False) -> SamplerOutput:
         """Sample rows ``[0, num_rows)`` of ``logits`` (float32 ``[>= num_rows, V]``).
 
         ``logit_rows_to_state_rows`` int32, ``positions`` int64 (noise positions), both
         ``[>= num_rows]``; ``draft_prefix`` int32 ``[num_rows, max_drafts]`` or None.  Launches
-        only; reads no device data on the host.
+        only; reads no device data on the host.  ``all_greedy``: the caller knows (from its own
+        host copy of the parameters) that every row has temperature 0; the rows are then decided
+        by one launch that reads the logits once (`sampling_greedy`) instead of the split passes.
+        A row that is not greedy would be sampled greedily: the caller must not guess.
         """
         self._check(logits, state, logit_rows_to_state_rows, positions, num_rows, draft_prefix, max_num_logprobs)
+        if not isinstance(all_greedy, bool):
+            raise SamplerError(f"all_greedy must be a bool, not {all_greedy!r}")
         views = self._row_views.get(num_rows)
         if views is None:
             views = self._row_views[num_rows] = (self.tokens[:num_rows], self.nan_flags[:num_rows])
@@ -151,6 +165,12 @@ class Sampler:
         penalty_rows = (state.prompt_mask.base, state.prompt_mask.base.stride(0), state.output_counts,
                         state.output_counts.stride(0), drafts, draft_stride, num_drafts)
         split = (num_rows, lay.num_blocks)
+        if all_greedy:
+            launch(greedy_argmax_kernel, split,
+                logits, logits.stride(0), logit_rows_to_state_rows, *penalties, *penalty_rows, self.greedy_packed,
+                self.greedy_inf, self.greedy_flag, self.greedy_arrivals, tokens, flags, lay.num_blocks,
+                self.vocab_size, CHUNK=lay.chunk, num_warps=c.split_warps)
+            return self._with_logprobs(logits, tokens, flags, num_rows, max_num_logprobs)
         launch(sampler_block_kernel, split,
             logits, logits.stride(0), logit_rows_to_state_rows, positions, *params, *penalties, state.seed.base,
             *penalty_rows, self.part_best, self.part_token, self.part_max, self.part_flag, self.part_inf,
@@ -174,6 +194,10 @@ class Sampler:
             *penalty_rows, self.scratch, self.mode, tokens, flags, self.vocab_size,
             BLOCK=c.block, NARROW_BLOCK=c.narrow_block, CAND=c.candidates,
             NPIV=c.pivots, MAX_PASSES=c.max_passes, num_warps=c.num_warps)
+        return self._with_logprobs(logits, tokens, flags, num_rows, max_num_logprobs)
+
+    def _with_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, flags: torch.Tensor, num_rows: int,
+                       max_num_logprobs: int) -> SamplerOutput:
         if max_num_logprobs < 0:
             return SamplerOutput(tokens, flags)
         lp = self.logprobs.launch(logits, tokens, num_rows, max_num_logprobs)

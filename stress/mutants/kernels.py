@@ -4,8 +4,13 @@ A kernel bug cannot be planted by patching a Python attribute: the kernel calls 
 by name at compile time.  So a mutant loads a private copy of `runnercheck.impl.kernels.sampling` (registered in
 ``sys.modules`` under ``runnercheck.stress._mutant_sampling_<tag>``) with one device function rebound, and
 `launch_variant` makes one sampler launch that copy's kernels for its own calls only.  The rebound
-device functions live here: `fp16_gumbel_noise`, `u24_gumbel_noise`, and `strict_top_p_threshold`
-(generated from `runnercheck.impl.kernels.sampling._filtered_threshold`'s signature).
+device functions live here: the precision bugs (`fp16_chunk_argmax` / `fp16_gumbel_noise`,
+`u24_chunk_argmax` / `u24_gumbel_noise`: the whole noise of a chunk and of a candidate list
+computed wrongly, dense, as a sampler with that bug would), RNG contract v2's own failure modes
+(`V2_KERNEL_MUTANTS`: refinement skipped for all but the top candidate, lo words from the hi
+stream, lo words from the accept stream; killed by `runnercheck.checks.chisq.refinement`'s bitwise
+probe), and `strict_top_p_threshold` (generated from
+`runnercheck.impl.kernels.sampling._filtered_threshold`'s signature).
 
 Ownership: this module owns the cache of kernel copies (host, process lifetime, written once per
 variant) and the temporary folder of the generated wrapper (removed at exit).
@@ -26,7 +31,10 @@ import triton
 import triton.language as tl
 
 import runnercheck.impl.kernels.sampling  # noqa: F401 - the module the kernel variants copy
-from runnercheck.impl.kernels.rng import neg_log1p_neg, philox_64bits, uniform_from_bits
+from runnercheck.impl.kernels.rng import (
+    ACCEPT_STREAM, NOISE_STREAM, gumbel_from_bits, neg_log1p_neg, noise_hi_at, noise_hi_chunk, noise_key_bounds,
+    noise_lo, philox4x32, uniform_from_bits,
+)
 from runnercheck.impl.kernels.sampling_select import next_float_up
 
 if TYPE_CHECKING:
@@ -81,20 +89,102 @@ def launch_variant(target: Any, m: "AppliedMutant", variant: ModuleType) -> None
     m.set(sampler, "sample", sample_with_variant)
 
 
-# The `gumbel_noise` device function of the ``fp16_gumbel_noise`` mutant.
 @triton.jit
-def fp16_gumbel_noise(seed, position, token_id):
-    hi, lo = philox_64bits(seed, position, token_id, 0)
+def _fp16_noise(hi, lo):
     u = uniform_from_bits(hi, lo).to(tl.float16).to(tl.float32)
     return (-tl.log(neg_log1p_neg(u))).to(tl.float16).to(tl.float32)
 
 
-# The `gumbel_noise` device function of the ``u24_uniform`` mutant.
 @triton.jit
-def u24_gumbel_noise(seed, position, token_id):
-    hi, lo = philox_64bits(seed, position, token_id, 0)
+def _u24_noise(hi):
     u = (hi >> 8).to(tl.float32) * 5.9604644775390625e-08  # 2^-24: torch.rand-style, can be exactly 0
     return -tl.log(neg_log1p_neg(u))
+
+
+@triton.jit
+def _dense_argmax(score, key, offs, start):
+    key = tl.where(score > float("-inf"), key, float("-inf"))
+    best = tl.max(key, axis=0)
+    return best, tl.min(tl.where(key == best, offs, 2147483647), axis=0) + start * 0
+
+
+# The ``fp16_gumbel_noise`` mutant: `_noisy_chunk_argmax` and `gumbel_noise` of the sampling copy.
+@triton.jit
+def fp16_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr):
+    hi = noise_hi_chunk(seed, position, start, CHUNK)
+    return _dense_argmax(score, score + _fp16_noise(hi, noise_lo(seed, position, offs)), offs, start)
+
+
+@triton.jit
+def fp16_gumbel_noise(seed, position, token_id):
+    return _fp16_noise(noise_hi_at(seed, position, token_id), noise_lo(seed, position, token_id))
+
+
+# The ``u24_uniform`` mutant: the same two device functions.
+@triton.jit
+def u24_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr):
+    return _dense_argmax(score, score + _u24_noise(noise_hi_chunk(seed, position, start, CHUNK)), offs, start)
+
+
+@triton.jit
+def u24_gumbel_noise(seed, position, token_id):
+    return _u24_noise(noise_hi_at(seed, position, token_id))
+
+
+# RNG contract v2's failure modes (`V2_KERNEL_MUTANTS`).
+@triton.jit
+def refine_top_only(score, hi, offs, candidate, seed, position, start, REFINE_LOOP: tl.constexpr):
+    """`sampling._refine_candidates` that refines only the candidate with the largest upper bound."""
+    upper, lower = noise_key_bounds(hi)
+    bound = tl.where(candidate, score + upper, float("-inf"))
+    top = tl.max(bound, axis=0)
+    token = tl.min(tl.where(candidate & (bound == top), offs, 2147483647), axis=0)
+    pick = offs == token
+    s = tl.max(tl.where(pick, score, float("-inf")), axis=0)
+    h = tl.max(tl.where(pick, hi, 0), axis=0)
+    key = s + gumbel_from_bits(h, noise_lo(seed, position, token))
+    found = tl.sum(candidate.to(tl.int32), axis=0) > 0
+    return tl.where(found, key, float("-inf")), tl.where(found, token, start)
+
+
+@triton.jit
+def lo_from_hi_stream(seed, position, token_id):
+    """`noise_lo` drawn from the hi words' stream: token t's lo is token 4t's hi."""
+    c0, c1, c2, c3 = philox4x32(seed, token_id, position, NOISE_STREAM)
+    return c0
+
+
+@triton.jit
+def gumbel_noise_lo_from_hi_stream(seed, position, token_id):
+    return gumbel_from_bits(noise_hi_at(seed, position, token_id), lo_from_hi_stream(seed, position, token_id))
+
+
+@triton.jit
+def lo_from_accept_stream(seed, position, token_id):
+    """`noise_lo` drawn from the speculative accept stream: token 0's lo is the accept test's hi word."""
+    c0, c1, c2, c3 = philox4x32(seed, token_id, position, ACCEPT_STREAM)
+    return c0
+
+
+@triton.jit
+def gumbel_noise_lo_from_accept_stream(seed, position, token_id):
+    return gumbel_from_bits(noise_hi_at(seed, position, token_id), lo_from_accept_stream(seed, position, token_id))
+
+
+# name -> (description, the sampling copy's rebound device functions)
+V2_KERNEL_MUTANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "v2_refine_top_only": ("refinement skipped for every candidate but the one with the largest upper bound",
+                           {"_refine_candidates": refine_top_only}),
+    "v2_lo_from_hi_stream": ("lo words drawn from the hi words' stream (token t's lo = token 4t's hi)",
+                             {"noise_lo": lo_from_hi_stream, "gumbel_noise": gumbel_noise_lo_from_hi_stream}),
+    "v2_lo_from_accept_stream": ("lo words drawn from the speculative accept stream",
+                                 {"noise_lo": lo_from_accept_stream, "gumbel_noise": gumbel_noise_lo_from_accept_stream}),
+}
+
+
+def v2_kernel_variant(name: str) -> ModuleType:
+    """The sampling copy of one `V2_KERNEL_MUTANTS` entry (for `launch_variant`)."""
+    return sampling_kernels_variant(name, **V2_KERNEL_MUTANTS[name][1])
 
 
 def strict_top_p_threshold() -> Any:

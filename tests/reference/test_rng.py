@@ -104,7 +104,7 @@ def _check_tables(device: str, vocab: int) -> None:
     seeds, positions, (hi, lo, noise) = _kernel_tables(device, vocab)
     hi, lo, noise = hi.cpu(), lo.cpu(), noise.cpu()
     for r, (s, p) in enumerate(zip(seeds, positions)):
-        rhi, rlo = ref_rng.philox_64bits(s, p, torch.arange(vocab))
+        rhi, rlo = ref_rng.noise_bits(s, p, torch.arange(vocab))
         assert torch.equal(hi[r], rhi), (s, p)
         assert torch.equal(lo[r], rlo), (s, p)
         excess, worst = _excess(noise[r], rhi, rlo)
@@ -216,7 +216,7 @@ def _check_streams(device: str, vocab: int) -> None:
     """Both Philox forms (widening multiplies with the first round folded; umulhi + *) on every stream."""
     seeds = torch.tensor([s for s in SEEDS for _ in POSITIONS[-2:]], dtype=torch.int64, device=device)
     positions = torch.tensor(POSITIONS[-2:] * len(SEEDS), dtype=torch.int64, device=device)
-    for stream in (0, 1, 2, 3):
+    for stream in (0, 1, 2, 3, 4):
         for hilo in (False, True):
             hi = torch.empty((len(seeds), vocab), dtype=torch.int64, device=device)
             lo = torch.empty_like(hi)
@@ -234,3 +234,37 @@ def test_both_philox_forms_match_reference_on_every_stream_cpu():
 @pytest.mark.gpu
 def test_both_philox_forms_match_reference_on_every_stream_cuda():
     _check_streams("cuda", 4099)
+
+
+# ---------------------------------------------------------------------- contract v2's layout
+
+
+def test_v2_noise_bits_layout():
+    """hi: word t % 4 of the stream-0 call at t // 4 (all four words used); lo: word 0 of the stream-4 call at t."""
+    seed, position = 2**40 + 3, 4095
+    tokens = torch.arange(12)
+    hi, lo = ref_rng.noise_bits(seed, position, tokens)
+    words = ref_rng.philox4x32(seed, torch.arange(3), position, ref_rng.NOISE_STREAM)
+    assert hi.tolist() == [int(words[t % 4][t // 4]) for t in range(12)]
+    assert lo.tolist() == ref_rng.philox4x32(seed, tokens, position, ref_rng.NOISE_LO_STREAM)[0].tolist()
+    # the word layout is Philox's own: counter (0, 0, 0, 0) under key 0 is Random123's answer
+    assert ref_rng.noise_hi(0, 0, torch.arange(4)).tolist() == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+
+
+def test_v2_streams_are_distinct():
+    """The lo stream is neither the hi stream nor any speculative stream (one shared word correlates them)."""
+    streams = (ref_rng.NOISE_STREAM, ref_rng.DRAFT_STREAM, ref_rng.ACCEPT_STREAM, ref_rng.RESAMPLE_STREAM,
+               ref_rng.NOISE_LO_STREAM)
+    assert len(set(streams)) == len(streams)
+    hi, lo = ref_rng.noise_bits(7, 3, torch.arange(64))
+    accept_hi, _ = ref_rng.philox_64bits(7, 3, torch.zeros(1, dtype=torch.int64), ref_rng.ACCEPT_STREAM)
+    assert int(lo[0]) != int(accept_hi[0])
+    assert not set(lo.tolist()) & set(hi.tolist())
+
+
+def test_v2_uniform_is_uniform():
+    from scipy import stats
+
+    hi, lo = ref_rng.noise_bits(42, 3, torch.arange(20000))
+    assert stats.kstest(ref_rng.uniform_from_bits(hi, lo).numpy(), "uniform").pvalue > 1e-4
+    assert stats.kstest(hi.double().numpy() / 2**32, "uniform").pvalue > 1e-4

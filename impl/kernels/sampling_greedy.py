@@ -1,0 +1,74 @@
+"""Greedy rows in one launch: docs/SAMPLING.md steps 0-2 at one read of the logits.
+
+`greedy_argmax_kernel` runs one program per (row, ``CHUNK``-wide vocabulary chunk), like the split
+passes of `runnercheck.impl.kernels.sampling`, but combines across chunks with atomics instead of a
+second launch: each program folds its chunk's argmax into the row's packed key (`atomic_max` on
+``ordered float bits << 32 | (2^31 - 1 - token)``: the larger score wins, then the lower index),
+its first raw ``+inf`` index (`atomic_min`) and its non-finite flag (`atomic_max`), then bumps the
+row's arrival counter; the row's last program reads the three accumulators back while resetting
+them (`atomic_xchg`), applies the non-finite rule and writes the token and the flag.  So the
+accumulators are at their reset values between launches (CUDA-graph replays included).
+
+Only for batches whose every row is greedy (temperature 0): `runnercheck.impl.sample.Sampler.sample`
+takes it when its caller says so (``all_greedy=True``); mixed batches use the split passes, whose
+greedy rows are exact too.  Penalties are applied (the same `load_row_scores`).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from runnercheck.impl.kernels.sampling_select import load_row_scores
+
+PACKED_RESET = -(2**63)  # below every packed key
+INF_RESET = 2**31 - 1  # above every token id
+
+
+@triton.jit
+def pack_argmax(best, token):
+    """``best`` (fp32, not NaN) and ``token`` as one int64 whose signed order is (best, then lower token)."""
+    bits = (best + 0.0).to(tl.int32, bitcast=True)  # + 0.0: -0.0 becomes +0.0, equal scores pack equal
+    ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (2147483647 - token).to(tl.int64)
+
+
+@triton.jit
+def unpack_token(packed):
+    return (2147483647 - (packed & 0xFFFFFFFF)).to(tl.int32)
+
+
+@triton.jit(do_not_specialize=["num_drafts", "num_blocks"])
+def greedy_argmax_kernel(
+    logits_ptr, logits_stride, state_row_ptr, repetition_ptr, frequency_ptr, presence_ptr,
+    prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts,
+    packed_ptr, inf_ptr, flag_ptr, arrivals_ptr, token_out_ptr, flag_out_ptr, num_blocks, vocab_size,
+    CHUNK: tl.constexpr,
+):
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    state_row = tl.load(state_row_ptr + row).to(tl.int64)
+    repetition = tl.load(repetition_ptr + state_row)
+    frequency = tl.load(frequency_ptr + state_row)
+    presence = tl.load(presence_ptr + state_row)
+    has_penalty = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
+    offs = blk * CHUNK + tl.arange(0, CHUNK)
+    in_vocab = offs < vocab_size
+    score, raw = load_row_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, in_vocab, 1.0, has_penalty,
+                                 repetition, frequency, presence, prompt_mask_ptr + state_row * prompt_mask_stride,
+                                 counts_ptr + state_row * counts_stride, draft_ptr + row.to(tl.int64) * draft_stride,
+                                 num_drafts, True)
+    best = tl.max(score, axis=0)
+    token = tl.min(tl.where(score == best, offs, vocab_size), axis=0)
+    nonfinite = tl.max(((raw != raw) | (raw == float("inf"))).to(tl.int32), axis=0)
+    first_inf = tl.min(tl.where(raw == float("inf"), offs, 2147483647), axis=0)
+    tl.atomic_max(packed_ptr + row, pack_argmax(best, token))
+    tl.atomic_min(inf_ptr + row, first_inf)
+    tl.atomic_max(flag_ptr + row, nonfinite)
+    if tl.atomic_add(arrivals_ptr + row, 1) == num_blocks - 1:  # acq_rel: the row's other atomics are visible
+        tl.store(arrivals_ptr + row, 0)
+        packed = tl.atomic_xchg(packed_ptr + row, tl.full((), -9223372036854775807, tl.int64) - 1)  # PACKED_RESET
+        inf_token = tl.atomic_xchg(inf_ptr + row, 2147483647)
+        flagged = tl.atomic_xchg(flag_ptr + row, 0)
+        token = tl.where(inf_token < vocab_size, inf_token, unpack_token(packed))
+        tl.store(token_out_ptr + row, token.to(tl.int64))
+        tl.store(flag_out_ptr + row, flagged)

@@ -1,0 +1,99 @@
+"""The all-greedy launch (`runnercheck.impl.kernels.sampling_greedy`) against the split passes and the oracle.
+
+Lowest index on exact ties (also across chunks and for -0.0 == +0.0), the non-finite rule (NaN as
+-inf and flagged; the lowest +inf wins; all -inf -> 0), penalties and draft prefixes, and repeated
+launches (the per-row accumulators reset themselves).  Interpreted on CPU: vocabulary 300.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from runnercheck.impl.device import Device
+from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.sample import Sampler, SamplerError, SamplingState
+from test_sampler_harness import LogitRow, RowRequest, admit, logit_row_tensors, reference_results
+
+VOCAB = 300
+
+
+@pytest.fixture(scope="module")
+def dev() -> Device:
+    return Device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _run(device: Device, sampler: Sampler, state: SamplingState, logits: torch.Tensor, rows: list[LogitRow],
+         all_greedy: bool) -> tuple[list[int], list[int]]:
+    state_rows, positions, prefix = logit_row_tensors(device, rows)
+    logits_dev = device.to_device(logits.to(torch.float32))
+    box = {}
+
+    def work() -> None:
+        box["out"] = sampler.sample(logits_dev, state, state_rows, positions, num_rows=len(rows), draft_prefix=prefix,
+                                    all_greedy=all_greedy)
+
+    device.enqueue(work, "sample")
+    device.synchronize()
+    return box["out"].tokens.tolist(), box["out"].nan_flags.tolist()
+
+
+def _logits() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(8, VOCAB, generator=gen)
+    logits[1] = 0.0
+    logits[1, 0] = -0.0  # -0.0 == +0.0: the lowest index still wins
+    logits[2] = torch.round(logits[2] * 2) / 2  # coarse: exact ties across chunks
+    logits[2, [77, 250]] = 9.0
+    logits[3, 5] = math.nan
+    logits[4, [40, 290]] = math.inf
+    logits[4, 7] = math.nan
+    logits[5] = -math.inf
+    logits[6, 100] = torch.finfo(torch.float32).max  # FLT_MAX: finite, beats everything
+    return logits
+
+
+def test_all_greedy_launch_equals_the_split_passes_and_the_oracle(dev) -> None:
+    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8)
+    state = SamplingState(dev, 2, VOCAB)
+    requests = {0: RowRequest(SamplingParams(temperature=0.0), 5, (1, 2)),
+                1: RowRequest(SamplingParams(temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.3,
+                                             presence_penalty=0.2), 6, (3, 4, 5), (77, 77, 9))}
+    admit(dev, state, requests)
+    rows = [LogitRow(i % 2, 10 + i, (250,) if i == 2 else ()) for i in range(8)]
+    logits = _logits()
+    split = _run(dev, sampler, state, logits, rows, all_greedy=False)
+    for _ in range(2):  # the second launch starts from the accumulators the first reset
+        assert _run(dev, sampler, state, logits, rows, all_greedy=True) == split
+    expected = [r.token for r in reference_results(logits, requests, rows)]
+    assert split[0] == expected
+    assert split[1] == [0, 0, 0, 1, 1, 0, 0, 0]
+    assert split[0][4] == 40 and split[0][5] == 0 and split[0][1] == 0
+
+
+def test_all_greedy_must_be_a_bool(dev) -> None:
+    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=2)
+    state = SamplingState(dev, 1, VOCAB)
+    state_rows, positions, _ = logit_row_tensors(dev, [LogitRow(0, 0)])
+    with pytest.raises(SamplerError, match="all_greedy"):
+        sampler.sample(dev.to_device(torch.zeros(1, VOCAB)), state, state_rows, positions, num_rows=1, all_greedy=1)
+
+
+@pytest.mark.gpu
+def test_all_greedy_launch_at_the_full_vocabulary_cuda() -> None:
+    """Compiled, [256, 151936]: the one-launch argmax equals the split passes and torch.argmax (no penalties)."""
+    device = Device("cuda")
+    vocab, rows = 151936, 256
+    sampler = Sampler(device, vocab, max_logprobs=0, max_num_rows=rows)
+    state = SamplingState(device, 1, vocab)
+    admit(device, state, {0: RowRequest(SamplingParams(temperature=0.0), 1, (0,))})
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.round(torch.randn(rows, vocab, generator=gen) * 4)  # many exact ties at the top
+    logits[3, 151935] = 1e30
+    logits[4] = -math.inf
+    logits[5, 17] = math.nan
+    table = [LogitRow(0, i) for i in range(rows)]
+    fast = _run(device, sampler, state, logits, table, all_greedy=True)
+    assert fast == _run(device, sampler, state, logits, table, all_greedy=False)
+    assert fast[0] == torch.argmax(torch.nan_to_num(logits, nan=-math.inf), dim=1).tolist()

@@ -1,0 +1,213 @@
+"""RNG contract v2 in the runner's sampler: refinement lands on the dense argmax bit for bit.
+
+The dense reference is `runnercheck.checks.chisq.gumbel_kernel.gumbel_argmax` (fp32, every token's
+full 64 bits, no bounds); the float64 oracle (`runnercheck.reference.sampler`) must agree outside
+its documented ties.  Planted rows make many candidates per chunk need the lo word: their logits
+are chosen as ``C - g(hi, lo = 0)`` so every planted key's interval starts at the same ``C``
+(5 per chunk: the one-at-a-time refinement; 40 and whole rows: the all-lanes refinement).
+Interpreted on CPU (vocabulary 512, 64-token chunks); the gpu twin runs the same rows compiled.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from runnercheck.checks.chisq.gumbel_kernel import gumbel_argmax
+from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.kernels.rng import noise_hi_chunk, noise_key_bounds
+from runnercheck.reference import rng as ref_rng
+from runnercheck.reference.sampler import TIE_TOLERANCE
+from runnercheck.reference.sampler import sample as reference_sample
+
+VOCAB = 512
+CHUNK = 64  # the CPU split layout's chunk
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def planted_logits(seed: int, position: int, tokens: list[int], top: float = 3.0, rest: float = -20.0) -> torch.Tensor:
+    """A row whose ``tokens`` all have key intervals starting at ``top`` (fp32 rounding aside)."""
+    hi = ref_rng.noise_hi(seed, position, torch.arange(VOCAB))
+    g_top = ref_rng.gumbel_from_bits(hi, torch.zeros_like(hi))
+    row = torch.full((VOCAB,), rest, dtype=torch.float64)
+    row[tokens] = top - g_top[tokens]
+    return row.float()
+
+
+@triton.jit
+def _candidate_count_kernel(logits_ptr, seed_ptr, pos_ptr, out_ptr, vocab, CHUNK: tl.constexpr):
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    offs = blk * CHUNK + tl.arange(0, CHUNK)
+    score = tl.load(logits_ptr + row * vocab + offs, mask=offs < vocab, other=float("-inf"))
+    upper, lower = noise_key_bounds(noise_hi_chunk(tl.load(seed_ptr + row), tl.load(pos_ptr + row), blk * CHUNK, CHUNK))
+    valid = score > float("-inf")
+    bar = tl.max(tl.where(valid, score + lower, float("-inf")), axis=0)
+    tl.store(out_ptr + row * tl.num_programs(1) + blk, tl.sum((valid & (score + upper >= bar)).to(tl.int32), axis=0))
+
+
+def candidate_counts(logits: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Per (row, chunk): how many tokens the bounds leave for refinement (temperature 1 rows)."""
+    rows = logits.shape[0]
+    out = torch.empty((rows, triton.cdiv(VOCAB, CHUNK)), dtype=torch.int32, device=logits.device)
+    _candidate_count_kernel[out.shape](logits.contiguous(), seeds, positions, out, VOCAB, CHUNK=CHUNK)
+    return out.cpu()
+
+
+@pytest.fixture(scope="module")
+def impl_sampler():
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler
+
+    return ImplSampler()
+
+
+def _rows(n: int, seed0: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed0)
+    seeds = torch.randint(0, 2**62, (n,), generator=gen)
+    positions = torch.randint(0, 2**31, (n,), generator=gen)
+    planted = []
+    for i in range(n):
+        s, p = int(seeds[i]), int(positions[i])
+        kind = i % 4
+        if kind == 0:  # random logits: the usual one or two candidates per chunk
+            planted.append(torch.randn(VOCAB, generator=gen) * 2)
+        elif kind == 1:  # five planted in chunk 1: refined one at a time
+            planted.append(planted_logits(s, p, [64 + 3 * j for j in range(5)]))
+        elif kind == 2:  # forty planted in chunk 2: every lane refined at once
+            planted.append(planted_logits(s, p, list(range(128, 168))))
+        else:  # the whole row planted: hundreds of keys within fp32 rounding of each other (ties)
+            planted.append(planted_logits(s, p, list(range(VOCAB))))
+    return torch.stack(planted), seeds, positions
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter evaluates both sides of tl.where
+def test_refined_sampler_equals_the_dense_argmax_bitwise(impl_sampler) -> None:
+    logits, seeds, positions = _rows(8, 3)
+    dev = _device()
+    counts = candidate_counts(logits.to(dev), seeds.to(dev), positions.to(dev))
+    assert counts[1, 1] == 5 and counts[5, 1] == 5  # the one-at-a-time path is taken ...
+    assert counts[2, 2] >= 40 and counts[3].min() > 8  # ... and the all-lanes path
+    keys = logits[3].double() + ref_rng.gumbel_noise(int(seeds[3]), int(positions[3]), VOCAB)
+    assert int((keys > keys.max() - 1e-6).sum()) >= 2  # full keys a few fp32 ulps apart: ties in fp32
+    for temperature in (1.0, 0.5):  # powers of two: l / T is exact however the kernel divides
+        params = [SamplingParams(temperature=temperature)] * len(logits)
+        got = impl_sampler(logits.to(dev), params, seeds.to(dev), positions.to(dev)).cpu()
+        dense = gumbel_argmax((logits / temperature).to(dev), seeds.to(dev), positions.to(dev)).cpu()
+        assert got.tolist() == dense.tolist(), temperature
+    # min-p rows take the threshold pass (the same chunk refinement over s >= max + log(min_p))
+    params = [SamplingParams(temperature=1.0, min_p=1e-6)] * len(logits)
+    got = impl_sampler(logits.to(dev), params, seeds.to(dev), positions.to(dev)).cpu()
+    s = torch.where(logits >= logits.max(dim=1, keepdim=True).values + math.log(1e-6), logits, -math.inf)
+    assert got.tolist() == gumbel_argmax(s.to(dev), seeds.to(dev), positions.to(dev)).cpu().tolist()
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_refined_sampler_equals_the_float64_oracle_outside_ties(impl_sampler) -> None:
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(12, VOCAB, generator=gen) * 3
+    seeds = torch.randint(0, 2**62, (12,), generator=gen)
+    positions = torch.randint(0, 2**31, (12,), generator=gen)
+    params = [SamplingParams(temperature=t) for t in (1.0, 0.5, 2.0)] * 4
+    dev = _device()
+    got = impl_sampler(logits.to(dev), params, seeds.to(dev), positions.to(dev)).cpu().tolist()
+    for i in range(12):
+        res = reference_sample(logits[i].double(), params[i], int(seeds[i]), int(positions[i]))
+        assert got[i] == res.token or res.gap < TIE_TOLERANCE, (i, got[i], res)
+
+
+def test_bounds_hold_for_every_lo_word() -> None:
+    """The fp32 bounds contain the fp32 noise of the interval's extreme and interior lo words."""
+    from runnercheck.checks.chisq.gumbel_kernel import noise_from_bits
+
+    his = [0, 1, 2, 3, 255, 2**16, 2**23 + 1, 2**24 + 3, 2**31, 2**32 - 2**13, 2**32 - 5, 2**32 - 1]
+    los = [0, 1, 2**31, 2**32 - 2, 2**32 - 1]
+    hi = torch.tensor([h for h in his for _ in los])
+    lo = torch.tensor([w for _ in his for w in los])
+    dev = _device()
+    noise = noise_from_bits(hi.to(dev), lo.to(dev)).cpu()
+    upper, lower = _bounds(hi.to(dev))
+    assert bool((noise <= upper).all()) and bool((noise >= lower).all())
+    assert math.isinf(float(lower[0])) and float(upper[0]) > 45.0  # hi = 0 always stays a candidate
+
+
+@triton.jit
+def _bounds_kernel(hi_ptr, up_ptr, low_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    hi = tl.load(hi_ptr + offs, mask=offs < n, other=0).to(tl.uint32)
+    upper, lower = noise_key_bounds(hi)
+    tl.store(up_ptr + offs, upper, mask=offs < n)
+    tl.store(low_ptr + offs, lower, mask=offs < n)
+
+
+def _bounds(hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    up = torch.empty(hi.shape, dtype=torch.float32, device=hi.device)
+    low = torch.empty_like(up)
+    _bounds_kernel[(1,)](hi, up, low, hi.numel(), BLOCK=triton.next_power_of_2(hi.numel()))
+    return up.cpu(), low.cpu()
+
+
+# --------------------------------------------------------------------------- v2's mutants
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", [None, "v2_refine_top_only", "v2_lo_from_hi_stream", "v2_lo_from_accept_stream"])
+def test_refinement_probe_passes_the_sampler_and_kills_each_v2_mutant(name) -> None:
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler
+    from runnercheck.checks.chisq.refinement import collision_rows, refinement_mismatches
+    from runnercheck.impl.device import Device
+    from runnercheck.stress.mutants.kernels import launch_variant, v2_kernel_variant
+    from runnercheck.stress.mutants.registry import AppliedMutant
+
+    dev = _device()
+    probe = ImplSampler(Device(dev), VOCAB, rows_per_launch=8, max_requests=8)
+    logits, _, _ = collision_rows(VOCAB, 8)
+    assert bool(((logits > -30.0).sum(dim=1) >= 2).all())  # every row holds a planted near-collision
+    if name is None:
+        assert refinement_mismatches(probe, VOCAB, rows=8, device=dev) == []
+        return
+    with AppliedMutant(None) as applied:
+        launch_variant(probe, applied, v2_kernel_variant(name))
+        assert len(refinement_mismatches(probe, VOCAB, rows=8, device=dev)) >= 2, name
+    assert refinement_mismatches(probe, VOCAB, rows=8, device=dev) == []  # undone
+
+
+@pytest.mark.gpu
+def test_refinement_probe_at_the_full_vocabulary_cuda() -> None:
+    """Compiled: the probe passes the sampler and kills each v2 mutant at [64, 151936]."""
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler
+    from runnercheck.checks.chisq.refinement import refinement_mismatches
+    from runnercheck.impl.device import Device
+    from runnercheck.stress.mutants.kernels import V2_KERNEL_MUTANTS, launch_variant, v2_kernel_variant
+    from runnercheck.stress.mutants.registry import AppliedMutant
+
+    vocab = 151936
+    probe = ImplSampler(Device("cuda"), vocab, max_requests=64)
+    assert refinement_mismatches(probe, vocab, rows=64, device="cuda") == []
+    for name in V2_KERNEL_MUTANTS:
+        with AppliedMutant(None) as applied:
+            launch_variant(probe, applied, v2_kernel_variant(name))
+            assert len(refinement_mismatches(probe, vocab, rows=64, device="cuda")) >= 8, name
+
+
+@pytest.mark.gpu
+def test_refined_sampler_equals_the_dense_argmax_at_the_full_vocabulary_cuda() -> None:
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler
+    from runnercheck.impl.device import Device
+
+    vocab, rows = 151936, 64
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(rows, vocab, generator=gen) * 3
+    logits[::4] = torch.round(logits[::4])  # exact logit ties
+    seeds = torch.randint(0, 2**62, (rows,), generator=gen)
+    positions = torch.randint(0, 2**31, (rows,), generator=gen)
+    probe = ImplSampler(Device("cuda"), vocab, max_requests=rows)
+    for temperature in (1.0, 0.25):  # powers of two: l / T is exact however the kernel divides
+        got = probe(logits.cuda(), [SamplingParams(temperature=temperature)] * rows, seeds.cuda(), positions.cuda())
+        dense = gumbel_argmax((logits / temperature).cuda(), seeds.cuda(), positions.cuda())
+        assert got.cpu().tolist() == dense.cpu().tolist(), temperature
