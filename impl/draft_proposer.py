@@ -251,7 +251,9 @@ class DraftModelProposer(DeviceDraftRows):
         total = state[:, NUM_TOKENS].long()
         tokens_in = state[:, LAST_TOKEN].long()
         for j in range(k):
-            positions = (total - 1 + j).clamp(max=max_len - 1)  # drafts past the context are never asked for
+            # Drafts past the context are never asked for; a padding request may read a free row (NUM_TOKENS 0):
+            # position 0, not -1, keeps its RoPE and KV-table reads in bounds (a live row's total is >= 1).
+            positions = (total - 1 + j).clamp(min=0, max=max_len - 1)
             slots = torch.where(real, own_rows64 * stride + positions, -1)
             logits = model.forward(tokens_in, positions, slots, self.decode_qsl, (positions + 1).to(torch.int32), table,
                                    self.decode_rows[:num_reqs], num_reqs=num_reqs, num_tokens=num_reqs, max_query_len=1,
