@@ -159,3 +159,35 @@ def test_replay_under_the_armed_sync_detector_counts_zero(weights, kind):
         sched.update(pending.pop(0).get())
     assert runner.cuda_graph_stats()["replays"] > 0
     assert report.mode == "count" and report.count == 0, report.summary()
+
+
+def _replay_all_padding(runner: ModelRunner) -> None:
+    """Every captured bucket replayed with no request named (all padding, as in a CUDA capture's warm-up): the
+    proposer's live rows (drafts, q), the draft model's KV and the row state must be left as they were."""
+    proposer, gen = runner.proposer, torch.Generator().manual_seed(0)
+    proposer.proposed.copy_(torch.randint(0, 256, proposer.proposed.shape, generator=gen, dtype=torch.int32))
+    proposer.q.copy_(torch.rand(proposer.q.shape, generator=gen))
+    proposer.q[-1].zero_()
+    kv = proposer.model.kv_cache
+    kv.k.copy_(torch.randn(kv.k.shape, generator=gen))
+    kv.v.copy_(torch.randn(kv.v.shape, generator=gen))
+    before = [t.clone() for t in (proposer.proposed[:-1], proposer.q[:-1], kv.k, kv.v, runner.state.base)]
+    runner.graphs.inputs.header.zero_()
+    for graph in runner.graphs.graphs.values():
+        graph.replay()
+    after = (proposer.proposed[:-1], proposer.q[:-1], kv.k, kv.v, runner.state.base)
+    for name, b, a in zip(("proposed", "q", "draft K", "draft V", "row state"), before, after):
+        assert torch.equal(b, a), name
+    assert proposer.q[-1].any()  # the dummy row took the padding's q
+
+
+def test_padding_requests_write_no_live_proposer_row_and_no_draft_kv(weights):
+    _replay_all_padding(_runner(weights, "cpu", 3, graphs=True, capture_sizes=(1, 3)))
+
+
+def test_planted_bug_padding_on_a_live_proposer_row_is_caught(weights):
+    """The check can fail: padding requests pointed at live row 0 instead of the dummy row overwrite its q."""
+    runner = _runner(weights, "cpu", 3, graphs=True, capture_sizes=(1, 3))
+    runner.proposer.dummy_row = 0
+    with pytest.raises(AssertionError):
+        _replay_all_padding(runner)
