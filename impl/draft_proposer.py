@@ -7,9 +7,10 @@ besides the target, a `PagedDecoder` over the draft preset's weights (the target
 1. (host, before any state changes) `check_schedule` and `check`: the device-draft counts (`runnercheck.impl.boundary.check_device_drafts`)
    and what a draft-model runner refuses (`runnercheck.impl.boundary.check_draft_model_schedule`: explicit
    drafts, which carry no q; prefix-cache hits, which its own KV does not hold);
-2. (before input prep) `enqueue_gather`: the step's draft ids into ``step_drafts`` and their
+2. (before input prep) `enqueue_gather`: the step's draft ids into ``step_drafts`` (a bucketed step's:
+   into the graph's step buffer, which its pad kernel copies) and their
    distributions into ``step_q`` (the layout `SpecVerifier` reads);
-3. (between the sampler and post-update) `enqueue_verify`: the target's distributions ``p`` of
+3. (between the sampler and post-update) `enqueue_verify` (`_verify`): the target's distributions ``p`` of
    every logit row (`runnercheck.impl.sample.probs.filtered_probs`: docs/SAMPLING.md steps 0-6 + softmax, the
    draft prefix counted for penalties), `SpecVerifier` over the batch, then the verified tokens
    written over the sampler's for requests with drafts and temperature > 0 (greedy requests keep
