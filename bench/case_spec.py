@@ -5,7 +5,10 @@
 on temperature-1 requests, two draft arms: the model's smaller ``-draft`` preset (random weights of
 its own: drafts mostly rejected, so the row measures the proposer's cost) and the target drafting
 for itself (its own weights: drafts accepted, the row measures the best case's speedup with a draft
-as costly as the target).  The rest of this docstring describes both cases.
+as costly as the target).  Every arm asks for k = 3 drafts on every decode, so its decodes are uniform
+and replay the bucket's CUDA graph (a draft-model bucket holds the draft decodes and the rejection
+sampling: `runnercheck.impl.draft_proposer`); the rows' notes count the replays.  The rest of this
+docstring describes both cases.
 
 Both arms run the same runner class on the same weights and the same greedy requests whose prompts
 repeat a short pattern (what prompt lookup is for), driven by `runnercheck.stress.sim.scheduler.SchedulerSim`: the
@@ -70,9 +73,11 @@ def _run_arm(ctx: BenchContext, weights, limits: RunnerLimits, dtype, prompts: l
     produced = 0
     while sim.unfinished_ids and produced < len(prompts):  # prefills (and the first token) untimed
         produced += step()
-    # Eager steps (every draft-model step) JIT-compile the Triton specializations of their decode
+    # Eager steps (those no bucket serves) JIT-compile the Triton specializations of their decode
     # shapes on first use (H200 run 18: 7 compiles in the first 16 decode steps, seconds in all);
-    # the sequence bounds cycle through their divisibility classes within 4 steps of k = 3.
+    # the sequence bounds cycle through their divisibility classes within 4 steps of k = 3.  Bucketed
+    # decodes (a draft model's too: its k draft decodes, verification and rejection sampling are in
+    # the bucket's graph) replay what capture compiled.
     for _ in range(1 if ctx.quick else WARMUP_DECODE_STEPS):  # a quick run's requests are a few steps long
         if sim.unfinished_ids:
             step()
@@ -152,10 +157,11 @@ def bench_draft(ctx: BenchContext) -> list[Row]:
         arms = (("off", 0, ""), (f"draft {name}-draft", NUM_SPEC_TOKENS, f"{name}-draft"), (f"self-draft {name}", NUM_SPEC_TOKENS, name))
         results = {}
         for arm, k, draft in arms:
-            seconds, produced, spec, steps, _ = _run_arm(ctx, weights, limits, dtype, prompts, new_tokens, k, draft, 1.0)
+            seconds, produced, spec, steps, runner_stats = _run_arm(ctx, weights, limits, dtype, prompts, new_tokens, k,
+                                                                   draft, 1.0)
             results[arm] = produced / seconds
             rows.append(Row("spec_draft", f"decode tokens/s, {tag}, {arm}", produced / seconds, "tok/s",
-                            note=f"{produced} tokens in {steps} steps" + ("; eager (a draft-model step runs no graph)" if k else "")))
+                            note=f"{produced} tokens in {steps} steps; graph replays {runner_stats.get('replays', 0)}"))
             if k:
                 rows.append(Row("spec_draft", f"acceptance rate, {tag}, {arm}, k={k}", spec["acceptance_rate"], "fraction",
                                 note=f"{spec['accepted_tokens']} of {spec['draft_tokens']} drafts; all accepted in "

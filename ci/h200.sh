@@ -13,8 +13,13 @@
 #                 proposer on repetitive greedy prompts vs no speculation (Qwen3-0.6B shape, 8 and 64 requests)
 #   ngram         the n-gram proposer on cuda: its gpu-marked tests (kernel vs oracle, differential with 0 syncs),
 #                 a delay-injected stress run with `--proposer ngram`, and the host-read mutant (must be killed by sync)
+#   spec_draft    issue 61's draft-model run, alone: `bench --only spec_draft` (qwen3-0.6b-draft and self-draft, k=3,
+#                 8 and 64 requests: tokens/s vs no speculation, acceptance, graph replays), then the gpu tests of
+#                 draft-model buckets (replay == eager bit for bit over buckets and k=1..3, sync detector 0 during
+#                 replay), the draft graph mutants with their control, and `verify --device cuda --quick` (its cuda plan
+#                 ends with two draft-model runs: the micro-draft model and the target drafting for itself)
 #   draft         the draft-model proposer on cuda (issue 20): its gpu-marked tests (differential with 0 syncs, unrelated
-#                 and self drafts), delay-injected stress runs with `--proposer draft` (the micro-draft model, then the
+#                 and self drafts, CUDA-graph buckets), delay-injected stress runs with `--proposer draft` (the micro-draft model, then the
 #                 target drafting for itself), the four rejection-sampling mutants (must be killed by the differential;
 #                 the twin's own waits are named with allow_host_sync) with their control, and
 #                 `bench --only spec_draft` (Qwen3-0.6B with qwen3-0.6b-draft and with itself as draft, 8 and 64 requests)
@@ -95,7 +100,7 @@ want gpu_tests && job gpu_tests "$limit" python3 -m pytest -v -p no:cacheprovide
 want mutants && job mutants "$limit" $rc mutants --device cuda --out "$out/mutants" &
 want mutants_new && job mutants_new "$limit" $rc mutants --device cuda --junit "$out/mutants_new.xml" --only \
   graph_buffer_reallocated padding_row_writes_live_state predicate_admits_larger_batch graph_init_only_at_capture mixed_tail_left_stale \
-  graph_skips_admitted_count_reset \
+  graph_skips_admitted_count_reset draft_q_not_refreshed draft_propose_before_post_update \
   prefix_hit_recomputes_cached_block block_table_tail_kept prefix_hit_one_block_too_long evicted_block_still_referenced \
   refcount_dropped_on_preemption --out "$out/mutants_new" &
 want mutants_bucketed && job mutants_bucketed "$limit" $rc mutants --device cuda --no-chisq --only positions_off_by_one \
@@ -144,14 +149,24 @@ want spec_mutant_rates && job spec_mutant_rates "$limit" $rc mutants --device cu
 want gpu_launch && job gpu_launch 200 python3 -m pytest -v -p no:cacheprovider -m gpu tests/impl/test_launch.py &
 want spec_stats && job spec_stats "$limit" $rc chisq --device cuda --samples 2000000 --cases spec-q --no-calibration \
   --biases spec-ratio-normalised spec-residual-abs spec-accept-shares-draft-noise spec-bonus-dropped --out "$out/spec_stats" &
+want spec_draft && (  # alone: the bench first (timings), then the checks of the same build
+  job bench_spec_draft "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_draft --out "$out/spec_draft_bench"
+  job spec_draft_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu tests/impl/test_draft_graphs.py \
+    tests/impl/test_draft_proposer.py
+  job spec_draft_mutants 240 $rc mutants --device cuda --no-chisq --only draft_q_not_refreshed \
+    draft_propose_before_post_update --out "$out/spec_draft_mutants"
+  job spec_draft_verify "$limit" $rc verify --device cuda --quick --no-progress --out "$out/spec_draft_verify"
+)
 want draft && (
-  job draft_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu tests/impl/test_draft_proposer.py
+  job draft_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu tests/impl/test_draft_proposer.py \
+    tests/impl/test_draft_graphs.py
   job draft_stress 180 $rc stress --device cuda --seed 1 --steps 200 --delay-us auto --max-inflight 2 --proposer draft \
     --no-progress --out "$out/draft_stress"
   job draft_stress_self 180 $rc stress --device cuda --seed 2 --steps 200 --delay-us auto --max-inflight 2 --proposer draft \
     --draft-model micro --no-progress --out "$out/draft_stress_self"
   job draft_mutants 240 $rc mutants --device cuda --no-chisq --only spec_accept_ratio_normalised spec_residual_abs \
-    spec_accept_uses_draft_noise spec_bonus_dropped --out "$out/draft_mutants"
+    spec_accept_uses_draft_noise spec_bonus_dropped draft_q_not_refreshed draft_propose_before_post_update \
+    --out "$out/draft_mutants"
   job draft_bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_draft --out "$out/draft_bench"
 ) &
 want verify && job verify "$limit" $rc verify --device cuda --quick --no-progress --out "$out/verify" &

@@ -2,8 +2,9 @@
 post-update -> penalty counts, each launch shaped by the step's own plan.
 
 A step that no bucket serves (drafts that differ, prompt logprobs, above the largest bucket, a draft-model
-proposer: `runnercheck.impl.graphs.FALLBACK_REASONS`) runs these launches after the input-prep kernel; a bucketed step
-runs `runnercheck.impl.graph_step`'s padded launches instead (a graph replay, or the same launches eagerly).  The
+runner's prefills and mixed batches: `runnercheck.impl.graphs.FALLBACK_REASONS`) runs these launches after the
+input-prep kernel; a bucketed step runs `runnercheck.impl.graph_step`'s padded launches instead (a graph replay, or
+the same launches eagerly; a draft-model bucket's verify and proposal among them).  The
 forward's logits for prompt logprobs are made a chunk of positions at a time (`PROMPT_CHUNK_ROWS`).
 
 Ownership: holds no tensor.  Every buffer it binds belongs to a component of the runner (input batch,

@@ -4,8 +4,9 @@ A *bucketed* step is a uniform decode batch (every request scheduled ``query_len
 with exactly ``k`` drafts) padded from ``num_reqs`` up to a capture size ``size``, or a *mixed*
 batch (any query lengths -- decodes next to prefill chunks -- and no drafts) padded up to a
 token size ``tokens`` and ``size`` requests (`GraphKey`, mode `MIXED`).  Its device work
-is input prep -> forward -> sampler (logprobs included when the mode asks) -> post-update ->
-penalty-count update, with every shape taken from the bucket (``size``, ``query_len``, the mode's
+is input prep -> forward -> sampler (logprobs included when the mode asks) -> [a draft model's
+verification] -> post-update -> penalty-count update -> output pack -> [a draft model's proposal:
+`runnercheck.impl.draft_proposer.DraftModelProposer.padded_launches`], with every shape taken from the bucket (``size``, ``query_len``, the mode's
 top-n) and every varying fact read from device tensors, so one recording serves every batch of
 its bucket.  `build_padded_step` binds those launches to the persistent buffers *when it is
 called*: `runnercheck.impl.graphs.CudaGraphManager` calls it once per (size, mode) at capture and replays the
@@ -247,10 +248,13 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     def pack() -> None:
         outputs.pack_results(layout, result)
 
+    # A draft-model proposer's verification (after the sampler) and proposal (after post-update): in the bucket.
+    padded_launches = getattr(runner.proposer, "padded_launches", None)
+    verify, propose = padded_launches(inputs, key, result, sampler, row_state) if padded_launches else ([], [])
     step.launches += [("apply staged writes", apply_staged), ("reset admitted counts", reset_counts),
                       ("pad step inputs", pad), ("input prep", prepare),
-                      ("forward", forward), ("sample", sample), ("post update", post_update),
-                      ("count sampled tokens", count_sampled), ("pack output", pack)]
+                      ("forward", forward), ("sample", sample), *verify, ("post update", post_update),
+                      ("count sampled tokens", count_sampled), ("pack output", pack), *propose]
     return step
 
 

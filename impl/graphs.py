@@ -9,7 +9,8 @@ runs (`runnercheck.impl.graph_step.build_padded_step`).
 Per step the host picks (`select`):
 
 * a graph, when the batch is a uniform decode (every request ``query_len = 1 + k`` tokens with
-  exactly ``k`` drafts, ``k`` = 0 or the runner's ``max_num_draft_tokens``), asks no prompt
+  exactly ``k`` drafts, ``k`` = 0 or the runner's ``max_num_draft_tokens``; a draft-model runner's
+  ``num_spec_tokens``: ``spec_query_len``), asks no prompt
   logprobs, and fits a capture size.  The bucket is the smallest capture size >= the batch; its
   mode is (query_len, top-n logprobs: -1 or ``max_logprobs``).  A (size, mode) whose padded
   tokens ``size * query_len`` exceed ``max_num_batched_tokens`` (the input buffers) has no graph.  The graph's own predicate
@@ -20,6 +21,9 @@ Per step the host picks (`select`):
   max_num_reqs)`` requests; mode (`runnercheck.impl.graph_step.MIXED`, top-n).  A step of more tokens -- a long
   prefill, whose device time dwarfs its host time -- runs eager;
 * otherwise a fallback reason (`FALLBACK_REASONS`), counted; the step runs eager, unpadded.
+
+A draft-model runner gets uniform decode buckets only (no mixed sizes): its bucket's launches include
+the draft model's verification and k draft decodes (`runnercheck.impl.draft_proposer.DraftModelProposer.padded_launches`).
 
 With graphs on, the chosen graph is replayed as ONE enqueue: on ``cuda`` a ``CUDAGraph.replay``;
 on ``cpu``/``sim`` the launches recorded at capture run in order, still bound to the buffers they
@@ -52,7 +56,7 @@ from runnercheck.impl.graph_step import MIXED, GraphKey, GraphMode, PaddedInputs
 from runnercheck.impl.lanes import SteadyLanes
 
 FALLBACK_REASONS = ("prompt_logprobs", "non_uniform", "batch_above_largest_size", "bucket_above_token_budget",
-                    "no_graph_for_mode", "draft_model")
+                    "no_graph_for_mode")
 
 
 _MAX_VERDICTS = 256  # batch shapes whose `CudaGraphManager.select` verdict is kept (all dropped when full)
@@ -171,13 +175,19 @@ class CudaGraphManager:
                  max_num_batched_tokens: int, max_num_draft_tokens: int, max_logprobs: int,
                  build_step: Callable[[PaddedInputs, GraphKey], PaddedStep], staging_bytes: int,
                  staging_layout: dict[str, tuple[int, int, torch.dtype]], lanes: SteadyLanes | None = None,
-                 mixed_sizes: Sequence[int] | None = None):
+                 mixed_sizes: Sequence[int] | None = None, spec_query_len: int | None = None):
         self.device = device
         self.enabled = bool(enabled)
         self.capture_sizes = validate_capture_sizes(capture_sizes, max_num_reqs)
         self.mixed_sizes = validate_mixed_sizes(mixed_sizes, max_num_reqs, max_num_batched_tokens)
         self.max_num_reqs = max_num_reqs
-        self.query_lens = (1,) if max_num_draft_tokens == 0 else (1, 1 + max_num_draft_tokens)
+        # The drafted decode mode: 1 + max_num_draft_tokens, or a proposer's 1 + k (``spec_query_len``; its decodes
+        # never carry more drafts than it proposes).
+        if spec_query_len is None:
+            spec_query_len = 1 + max_num_draft_tokens
+        if not 1 <= spec_query_len <= 1 + max_num_draft_tokens:
+            raise GraphConfigError(f"spec_query_len {spec_query_len} is outside [1, 1 + max_num_draft_tokens]")
+        self.query_lens = (1,) if spec_query_len == 1 else (1, spec_query_len)
         self.max_logprobs = max_logprobs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.modes = tuple(GraphMode(q, top) for q in self.query_lens for top in (-1, max_logprobs))

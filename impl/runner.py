@@ -185,16 +185,20 @@ class ModelRunner:
             except (ProposerConfigError, ValueError) as e:
                 raise RunnerConfigError(f"speculative: {e}") from None
             self.state.history_reads = True  # a proposer reads every row's tokens, its prefill's too, in every step
-        graphed = self._cuda_graphs and not isinstance(self.proposer, DraftModelProposer)
+        graphed = self._cuda_graphs
+        draft_model = isinstance(self.proposer, DraftModelProposer)
         staging_layout = InputBatch.staging_layout(lim.max_num_reqs, lim.max_num_batched_tokens, lim.max_num_draft_tokens)
         offset, n, dtype = staging_layout["logits_start"]  # a decode step's compact arrays end there
+        # A proposer's steps never take the fused path (its gathers run before the replay): no lanes for a
+        # draft model, whose fused captures would double its capture time for nothing.
         self.lanes = SteadyLanes(dev, self.staging, self.outputs, offset + n * dtype.itemsize,
-                                 admission_bytes) if graphed else None
-        self.graphs = CudaGraphManager(  # a draft-model runner's steps all run eager: nothing to capture
+                                 admission_bytes) if graphed and not draft_model else None
+        self.graphs = CudaGraphManager(  # a draft model: uniform decode buckets only (its proposal is per request)
             dev, enabled=graphed, capture_sizes=self._capture_sizes, max_num_reqs=lim.max_num_reqs,
             max_num_batched_tokens=lim.max_num_batched_tokens, max_num_draft_tokens=lim.max_num_draft_tokens, max_logprobs=lim.max_logprobs,
             build_step=lambda inputs, key: build_padded_step(self, inputs, key), staging_bytes=capacity,
-            staging_layout=staging_layout, lanes=self.lanes, mixed_sizes=self._mixed_sizes,
+            staging_layout=staging_layout, lanes=self.lanes, mixed_sizes=() if draft_model else self._mixed_sizes,
+            spec_query_len=1 + self.speculative.num_spec_tokens if draft_model else None,
         )
 
     # ------------------------------------------------------------------ profile
@@ -266,7 +270,7 @@ class ModelRunner:
             key, reason = self.graphs.select(plan.num_reqs, plan.uniform, plan.num_prompt_rows, plan.max_num_logprobs,
                                              plan.num_tokens, len(plan.drafts))
             if isinstance(proposer, DraftModelProposer):
-                key, reason = None, "draft_model"  # its verify and propose run between and after the graph's launches
+                proposer.mark_bucketed(key is not None)  # a bucket verifies and proposes inside its graph
             if key is not None and proposer is None:
                 in_bytes, lane_free, output_slot = self._seek_lane(key)
             staged = self.input_batch.stage(plan, writer)

@@ -1,10 +1,11 @@
 """Kernels of the draft-model proposer (`runnercheck.impl.draft_proposer`) and of its verification in the runner.
 
-* `_draft_sample_kernel`, one program per request of the draft decode batch: draft ``j`` of state
-  row ``rows[i]`` is the Gumbel-max of ``log q + g`` over ``q = q_buf[row, j]`` (the draft's
+* `_draft_sample_kernel`, one program per request of the draft decode batch: draft ``j`` of
+  proposer row ``rows[i]`` (a bucket's padding request: the proposer's dummy row) is the Gumbel-max of ``log q + g`` over ``q = q_buf[row, j]`` (the draft's
   distribution after the request's temperature, penalties and filters) with the noise of
-  ``DRAFT_STREAM`` at the produced token's position; a greedy request's ``q`` is a point mass, so
-  the same rule returns its argmax.  Writes ``proposed[row, j]`` and the next decode input.
+  ``DRAFT_STREAM`` at the produced token's position and the seed of state row ``state_rows[i]``
+  (the same row for a live request; a padding request reads a live row's seed, never writes it);
+  a greedy request's ``q`` is a point mass, so the same rule returns its argmax.  Writes ``proposed[row, j]`` and the next decode input.
 * `_gather_draft_probs_kernel`, grid ``(num_reqs, K)``: copies ``q_buf[rows[i], j]`` into the
   step's draft-probability row ``draft_start[i] + j`` (the layout `SpecVerifier` reads).
 * `_scatter_verified_kernel`, one program per scheduled request: for a request with ``k > 0``
@@ -28,23 +29,24 @@ MAX_BLOCK = 1024
 
 
 @triton.jit(do_not_specialize=["vocab_size", "j"])
-def _draft_sample_kernel(rows_ptr, positions_ptr, seed_ptr, q_ptr, q_row_stride, q_draft_stride, proposed_ptr,
+def _draft_sample_kernel(rows_ptr, state_rows_ptr, positions_ptr, seed_ptr, q_ptr, q_row_stride, q_draft_stride, proposed_ptr,
                          proposed_stride, next_ptr, j, vocab_size, BLOCK: tl.constexpr):
     i = tl.program_id(0)
     row = tl.load(rows_ptr + i).to(tl.int64)
     position = tl.load(positions_ptr + i).to(tl.int64)
-    seed = tl.load(seed_ptr + row)
+    seed = tl.load(seed_ptr + tl.load(state_rows_ptr + i).to(tl.int64))
     q_row = q_ptr + row * q_row_stride + j * q_draft_stride
     token = gumbel_max_residual(q_row, q_row, 0, seed, position, vocab_size, BLOCK, DRAFT_STREAM)
     tl.store(proposed_ptr + row * proposed_stride + j, token.to(tl.int32))
     tl.store(next_ptr + i, token.to(tl.int64))
 
 
-def launch_draft_sample(*, rows: torch.Tensor, positions: torch.Tensor, seeds: torch.Tensor, q_buf: torch.Tensor,
+def launch_draft_sample(*, rows: torch.Tensor, state_rows: torch.Tensor, positions: torch.Tensor, seeds: torch.Tensor, q_buf: torch.Tensor,
                         proposed: torch.Tensor, next_tokens: torch.Tensor, j: int, num_reqs: int) -> None:
-    """Sample draft ``j`` of ``num_reqs`` rows from ``q_buf [R, K, V]`` (device work)."""
+    """Sample draft ``j`` of ``num_reqs`` rows from ``q_buf [R + 1, K, V]`` (device work); ``state_rows``: each
+    request's sampling-state row (its seed)."""
     vocab = q_buf.shape[2]
-    launch(_draft_sample_kernel, (num_reqs,), rows, positions, seeds, q_buf, q_buf.stride(0), q_buf.stride(1), proposed,
+    launch(_draft_sample_kernel, (num_reqs,), rows, state_rows, positions, seeds, q_buf, q_buf.stride(0), q_buf.stride(1), proposed,
                                       proposed.stride(0), next_tokens, j, vocab,
                                       BLOCK=min(MAX_BLOCK, triton.next_power_of_2(vocab)))
 

@@ -14,8 +14,8 @@ does (`runnercheck.impl.sample.state.SamplingState`):
    mass reaches ``top_p``, ties kept); then ``softmax(s)`` over the kept entries, 0 elsewhere.
 
 These are torch ops on the device (sorts for top-k/top-p): launches only, no host read, so it
-runs inside an enqueued closure.  It allocates its result and temporaries per call (eager steps
-only; the draft-model path does not run under CUDA graphs).  fp32 throughout; the oracle's twin is
+runs inside an enqueued closure or a CUDA-graph capture.  It allocates its result and temporaries per
+call (inside a capture: from the graph's memory pool, live for one replay).  fp32 throughout; the oracle's twin is
 `runnercheck.reference.sampler.distribution` (float64), whose fragility report covers the fp32 boundaries.
 """
 from __future__ import annotations

@@ -18,7 +18,13 @@ runner's graph manager (`runnercheck.impl.graphs.CudaGraphManager`, ``runner.gra
 * ``graph_skips_admitted_count_reset``: a bucketed step names its admissions' count reset in its
   header instead of running it eagerly, but the graph's reset does nothing: a row reused by a new
   request keeps the penalty counts of the one before (workload ``reuse-penalties``: two rows, short
-  penalised requests).
+  penalised requests);
+* ``draft_q_not_refreshed``: a draft-model bucket's rejection sampling reads a draft-distribution buffer
+  the gather before each replay no longer refreshes (re-allocated after capture: the graph keeps the
+  old address), so drafts are judged against stale q;
+* ``draft_propose_before_post_update``: a draft-model bucket captures its proposal before post-update,
+  so the draft decodes from the previous step's last token at stale positions (workload ``draft-model``
+  for both: uniform decodes of 3 device drafts are bucketed).
 
 They use the ``decode`` workload (up to 4 requests, buckets 1, 2, 4: a batch of 3 pads one row or,
 rounded down, loses one); the padding mutant uses ``decode-penalties`` (registered here: decode
@@ -42,6 +48,7 @@ import torch
 from runnercheck.impl import graph_step
 from runnercheck.impl.kernels.input_prep import HEADER_NUM_REQS
 
+from runnercheck.stress.mutants.kernels import MutantTargetError
 from runnercheck.stress.mutants.registry import AppliedMutant, _mutant
 
 
@@ -154,6 +161,38 @@ def _mixed_tail_left_stale(runner: Any, m: AppliedMutant) -> None:
          "row keeps the last request's penalty counts")
 def _graph_skips_admitted_count_reset(runner: Any, m: AppliedMutant) -> None:
     m.set(runner.sampling_state, "launch_reset_from_header", lambda step_words, header: None)
+    recapture_graphs(runner, m)
+
+
+def _draft_proposer(runner: Any) -> Any:
+    from runnercheck.impl.draft_proposer import DraftModelProposer
+
+    proposer = getattr(runner, "proposer", None)
+    if not isinstance(proposer, DraftModelProposer):
+        raise MutantTargetError("a draft-model graph mutant needs a runner with the draft-model proposer")
+    return proposer
+
+
+@_mutant("draft_q_not_refreshed", "state", ("differential",), "draft-model", ("graphs", "proposer"),
+         "the draft-distribution step buffer re-allocated after capture: the gather before each replay refreshes the "
+         "new one while the graph's rejection sampling reads the stale one")
+def _draft_q_not_refreshed(runner: Any, m: AppliedMutant) -> None:
+    proposer = _draft_proposer(runner)
+    m.set(proposer, "step_q", proposer.step_q.clone())  # the bucket bound (captured) the old address
+
+
+@_mutant("draft_propose_before_post_update", "state", ("differential",), "draft-model", ("graphs", "proposer"),
+         "a draft-model bucket's proposal captured before post-update: the draft decodes from the previous step's "
+         "last token at stale positions")
+def _draft_propose_before_post_update(runner: Any, m: AppliedMutant) -> None:
+    proposer = _draft_proposer(runner)
+    launches = proposer.padded_launches
+
+    def propose_before_post_update(inputs: Any, key: Any, result: dict, sampler: Any, row_state: Any) -> tuple:
+        verify, propose = launches(inputs, key, result, sampler, row_state)
+        return verify + propose, []  # right after the verification, ahead of post-update
+
+    m.set(proposer, "padded_launches", propose_before_post_update)
     recapture_graphs(runner, m)
 
 

@@ -103,6 +103,11 @@ def _plant_biased_verifier(runner: Any, m: AppliedMutant, **variant: str) -> Non
         return SpecVerifyOutput(tokens, accepted)
 
     m.set(verifier, "verify", biased_verify)
+    # The twin is host-driven (per-request host ints): no CUDA graph could hold it, so bucketed steps run their
+    # launches eagerly (recorded closures on sim would reach it anyway; captured CUDA graphs would not).
+    graphs = getattr(runner, "graphs", None)
+    if graphs is not None:
+        m.set(graphs, "enabled", False)
 
 
 _SPEC_REQUIRES = ("proposer",)

@@ -14,7 +14,7 @@ from runnercheck.stress.run.config import default_limits
 
 GRAPH_MUTANTS = ("graph_buffer_reallocated", "padding_row_writes_live_state", "predicate_admits_larger_batch",
                  "graph_init_only_at_capture", "mixed_tail_left_stale",
-                 "graph_skips_admitted_count_reset")
+                 "graph_skips_admitted_count_reset", "draft_q_not_refreshed", "draft_propose_before_post_update")
 
 
 def test_the_graph_mutants_are_in_the_catalogue():
