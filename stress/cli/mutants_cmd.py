@@ -95,13 +95,15 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
     limits = default_limits(model_config, max_num_reqs=workload.max_num_reqs, block_size=workload.block_size,
                             num_kv_blocks=workload.num_kv_blocks, max_num_batched_tokens=workload.max_batched_tokens)
     lag = make_lag_policy(workload.lag_policy, seed).describe() if device_kind == "sim" else None
+    if lag is not None and workload.p_hold:
+        lag["p_hold"] = workload.p_hold
     config = RunConfig(seed, ticks, device_kind, MODEL_PRESET, model_config, limits,
                        SchedulerConfig(workload.max_inflight, 0.0, prefix_caching=not workload.draft_model,
                                        ngram_spec_tokens=workload.ngram_spec_tokens, draft_model=workload.draft_model),
                        lag, None, None, DEFAULT_RUNNER_SPEC, cuda_graphs)
     if device_kind == "cuda" and workload.cuda_lag:
         config = replace(config, delay_policy=_cuda_delay(config))
-    config = replace(config, mutant=mutant, csan=csan)
+    config = replace(config, mutant=mutant, csan=csan, logits_fault=workload.logits_fault)
     return checked_differential(config, ChurnOps(workload.churn, workload.name), mutant or f"control {workload.name}",
                                 isolate=isolate)
 

@@ -105,6 +105,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if kind == "sim":
         try:
             lag = make_lag_policy(args.lag_policy or _default_lag_policy(args.mutant), args.seed).describe()
+            if args.lag_policy is None and args.mutant is None:  # the default mix reads some outputs before their events
+                from runnercheck.stress.sim.lag_mix import DEFAULT_P_HOLD
+
+                lag["p_hold"] = DEFAULT_P_HOLD
         except LagPolicyError as e:
             raise RunSetupError(str(e)) from None
     elif args.lag_policy is not None:

@@ -62,10 +62,14 @@ from runnercheck.stress.cli.options import RUNNER_HELP, add_runner_option, add_s
 from runnercheck.stress.report.summary import RunRecord, build_summary, unchecked_notes, write_report
 from runnercheck.stress.run.config import RunConfig, RunSetupError, default_limits
 from runnercheck.stress.run.runners import DEFAULT_RUNNER_SPEC
+from runnercheck.stress.sim.lag_mix import DEFAULT_P_HOLD
 from runnercheck.stress.sim.scheduler import SchedulerConfig
 
 VERIFY_CHURN = ChurnConfig(max_unfinished=8, max_prompt_len=16, max_new_tokens=10, abort_prob=0.06, preempt_prob=0.1,
                            param_plan=True)
+# The whole-row logits faults of every verify run (`runnercheck.stress.sim.faults`); residues chosen so the
+# positions 16..30 (where verify traffic samples) keep single-entry NaN (17, 24) and +Inf (19, 26) rows too.
+ROW_FAULTS = {"row_modulus": 11, "all_nan_residue": 1, "neg_residue": 3, "inf_mix_residue": 7, "tie_residue": 10}
 QUICK_LIMITS = {"max_num_reqs": 3, "block_size": 4, "num_kv_blocks": 12, "max_num_batched_tokens": 16}
 # A token budget of 8 splits 16-token prompts into three chunks when requests share a step.
 QUICK_CHUNKING_LIMITS = dict(QUICK_LIMITS, max_num_batched_tokens=8)
@@ -84,7 +88,8 @@ class PlannedRun:
 
 # (name, lag policy, max_inflight_steps, draft_prob); the seed of run i is S + i.
 _SIM_QUICK = [
-    ("random-drain", {"name": "random-drain", "p_stall": 0.5}, 1, 0.0),
+    # p_hold: the stress lag mix (`runnercheck.stress.sim.lag_mix`): some steps' outputs are read before their events.
+    ("random-drain", {"name": "random-drain", "p_stall": 0.5, "p_hold": DEFAULT_P_HOLD}, 1, 0.0),
     ("lag-1 drafts", {"name": "lag-k-steps", "k": 1}, 1, 0.5),
     ("lag-3 two-ahead", {"name": "lag-k-steps", "k": 3}, 2, 0.0),
 ]
@@ -94,7 +99,7 @@ _SIM_FULL = [
     ("lag-1 drafts", {"name": "lag-k-steps", "k": 1}, 1, 0.3),
     ("lag-2 two-ahead", {"name": "lag-k-steps", "k": 2}, 2, 0.0),
     ("lag-3 three-ahead drafts", {"name": "lag-k-steps", "k": 3}, 3, 0.2),
-    ("random-drain drafts", {"name": "random-drain", "p_stall": 0.5}, 1, 0.3),
+    ("random-drain drafts", {"name": "random-drain", "p_stall": 0.5, "p_hold": DEFAULT_P_HOLD}, 1, 0.3),
     ("random-drain stalling two-ahead", {"name": "random-drain", "p_stall": 0.8}, 2, 0.0),
     # Targeted lag (`runnercheck.impl.lag_policies.HoldAtTarget`): each resource's last reader held; every target must be reached.
     ("hold-at-target two-ahead drafts", {"name": "hold-at-target", "p": 0.5, "max_hold": 2}, 2, 0.2),
@@ -138,7 +143,8 @@ def _config(seed: int, ticks: int, kind: str, model: str, limits: dict, inflight
 
     # NaN/+Inf rows only past every prompt that asks for prompt logprobs (VERIFY_CHURN and RACE_CHURN:
     # at most 16 tokens; longer conversation prompts ask for none).
-    fault = LogitsFault(min_position=max(VERIFY_CHURN.max_prompt_len, 16)).describe()
+    # Whole rows too (all-NaN, NaN/-Inf, +Inf/-Inf, exact ties) at other positions than the single entries.
+    fault = LogitsFault(min_position=max(VERIFY_CHURN.max_prompt_len, 16), **ROW_FAULTS).describe()
     return RunConfig(seed, ticks, kind, model, model_config, default_limits(model_config, **limits),
                      SchedulerConfig(inflight, draft_prob), lag, delay, None, runner, cuda_graphs, fault,
                      draft_source="oracle" if draft_prob > 0 else "random", csan=csan)

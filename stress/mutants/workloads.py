@@ -47,6 +47,8 @@ class Workload:
     full_ticks: int = 48
     ngram_spec_tokens: int = 0  # > 0: the runner's proposer on (`runnercheck.stress.sim.spec_scheduler`), n-gram unless draft_model
     draft_model: str = ""  # a draft preset: the runner's draft-model proposer (no prefix caching, no explicit drafts)
+    logits_fault: dict | None = None  # `runnercheck.stress.sim.faults.LogitsFault.describe()` planted in runner and oracle
+    p_hold: float = 0.0  # sim random-drain: the lag mix's held steps (`runnercheck.stress.sim.lag_mix`)
 
 
 _QUIET = dict(abort_prob=0.0, preempt_prob=0.0, top_k_prob=0.0, top_p_prob=0.0, min_p_prob=0.0, penalty_prob=0.0,
@@ -131,6 +133,15 @@ PREFIX_WORKLOAD = Workload(
     max_num_reqs=3, block_size=4, num_kv_blocks=12, max_batched_tokens=16, lag_policy="random-drain", ticks=24, full_ticks=60,
 )
 WORKLOADS[PREFIX_WORKLOAD.name] = PREFIX_WORKLOAD
+
+# Traffic issue 60 added to the main job (`runnercheck.stress.mutants.reach`): whole-row logits faults from
+# position 4 (no prompt asks for prompt logprobs) and random-drain holding half the steps.
+WORKLOADS["reach"] = Workload(
+    "reach", "as steady; NaN, +Inf, all-NaN, NaN/-Inf, +Inf/-Inf and exact-tie logit rows; random-drain holding half the steps",
+    ChurnConfig(**dict(_QUIET, add_prob=0.8, greedy_prob=0.5)), ticks=24,
+    logits_fault={"name": "nan-inf-rows", "min_position": 4, "modulus": 7, "nan_residue": 3, "inf_residue": 5,
+                  "row_modulus": 5, "all_nan_residue": 0, "neg_residue": 1, "inf_mix_residue": 2, "tie_residue": 4},
+    p_hold=0.5)
 
 # Rows handed from request to request (`runnercheck.stress.mutants.graphs`): short penalised requests, two rows,
 # so every few ticks a row whose counts the last request filled is admitted into again.

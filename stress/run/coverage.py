@@ -12,7 +12,8 @@ output that the oracle agreed with) and counts, per feature of `FEATURES`:
 * draft tokens: none, some or all of a step's drafts accepted;
 * prefill chunking: a prefill in one step, the first / a middle / the final chunk of a split
   prefill, a chunk ending on a block boundary, a decode step;
-* NaN and +Inf logit rows sampled (planted by `runnercheck.stress.sim.faults` in runner and oracle alike; counted
+* NaN and +Inf logit rows sampled, and with the whole-row kinds all-NaN, NaN/-Inf, +Inf/-Inf and
+  exact-tie rows (planted by `runnercheck.stress.sim.faults` in runner and oracle alike; counted
   in runs whose runner took the hook: `FAULT_FEATURES`).
 
 Features counted by other observers (staged-write patterns: `runnercheck.stress.run.staged_writes`) are merged in
@@ -60,6 +61,12 @@ FEATURES: tuple[str, ...] = (
 # so its runs leave it out rather than report a zero the gate would fail on.
 ROW_FEATURE = "row taken over by another request"
 FAULT_FEATURES: tuple[str, ...] = ("logits: NaN row sampled", "logits: +Inf row sampled")
+# The whole-row fault kinds (`runnercheck.stress.sim.faults.ROW_KINDS`), counted when the fault sets ``row_modulus``.
+ROW_FAULT_FEATURES: dict[str, str] = {"nan": "logits: NaN row sampled", "inf": "logits: +Inf row sampled",
+                                      "all-nan": "logits: all-NaN row sampled",
+                                      "nan/-inf": "logits: NaN/-Inf row sampled (no finite entry)",
+                                      "+inf/-inf": "logits: +Inf/-Inf row sampled (no finite entry)",
+                                      "tie": "logits: exact-tie row sampled"}
 
 
 def param_features(p: SamplingParams) -> list[str]:
@@ -95,6 +102,8 @@ class CoverageCounter:
         self.counts: Counter[str] = Counter()
         if fault is not None:
             self.counts.update({f: 0 for f in FAULT_FEATURES})
+            if getattr(fault, "row_modulus", 0):
+                self.counts.update({f: 0 for f in ROW_FAULT_FEATURES.values()})
         self._params: dict[str, SamplingParams] = {}
         self._prefill_len: dict[str, int] = {}
         self._outputs: dict[str, int] = {}
@@ -145,11 +154,12 @@ class CoverageCounter:
             if toks and params is not None and any(_on(_KNOBS[q], params) for q in _PENALTIES):
                 c["penalty over output tokens" if self._outputs.get(rid, 0) else "penalty over prompt tokens"] += 1
             self._outputs[rid] = self._outputs.get(rid, 0) + len(toks)
-            if self.fault is not None and flagged.get(rid) and rid in first_positions:
+            if self.fault is not None and rid in first_positions:
                 for j in range(len(toks)):
                     kind = self.fault.kind_at(first_positions[rid] + j)
-                    if kind is not None:
-                        c["logits: NaN row sampled" if kind == "nan" else "logits: +Inf row sampled"] += 1
+                    # A non-finite row is counted when the runner flagged it (the rule fired); a tie row is finite.
+                    if kind is not None and (flagged.get(rid) or kind == "tie"):
+                        c[ROW_FAULT_FEATURES[kind]] += 1
 
     def observe_rows(self, req_to_row: Mapping[str, int]) -> None:
         """Count rows that changed hands (from a runner exposing ``state.req_to_row``)."""

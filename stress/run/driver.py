@@ -37,7 +37,7 @@ from runnercheck.checks.compare import (
 )
 from runnercheck.impl.interface import AsyncOutput, ModelRunnerOutput, Runner, SchedulerOutput
 from runnercheck.stress.run.runners import RunnerBoundaryMirror
-from runnercheck.stress.sim.scheduler import SchedulerSim, SchedulerStats
+from runnercheck.stress.sim.scheduler import SchedulerSim, SchedulerSimError, SchedulerStats
 
 
 class Oracle(Protocol):
@@ -74,6 +74,8 @@ class RunResult:
     scheduler_stats: SchedulerStats | None = None
     spec_stats: dict | None = None  # `runnercheck.stress.sim.spec_scheduler.SpecStats.to_dict()` when the n-gram proposer ran
     runner_traceback: str | None = None
+    outputs_read_early: int = 0  # outputs read while their step's device work was still queued (sim)
+    invariant_checks: int = 0  # `SchedulerSim.check_invariants` calls that passed or failed (one or two per tick)
     elapsed_s: float = 0.0
 
     @property
@@ -95,6 +97,7 @@ class _InFlight:
     output: AsyncOutput | None
     error: BaseException | None = None
     error_trace: str | None = None
+    pending: Callable[[], bool] | None = None  # whether the step's device work is still queued (``output_probe``)
 
 
 class DifferentialRun:
@@ -115,6 +118,7 @@ class DifferentialRun:
         rewrite: Callable[[SchedulerOutput], SchedulerOutput] | None = None,
         tie_tolerance: float | None = None,
         logprob_atol: float = DEFAULT_LOGPROB_ATOL,
+        output_probe: Callable[[], Callable[[], bool]] | None = None,
     ):
         self.runner = runner
         self.oracle = oracle
@@ -125,6 +129,9 @@ class DifferentialRun:
         self.rewrite = rewrite  # e.g. `runnercheck.stress.sim.drafts.OracleDrafts`: same shape, other draft values
         self.tie_tolerance = tie_tolerance
         self.logprob_atol = logprob_atol
+        # Called right after a step is enqueued; what it returns says, when the output is read, whether the
+        # step's device work had still not run: an output read before its event (a coverage feature).
+        self.output_probe = output_probe
         self.mirror = RunnerBoundaryMirror(scheduler.limits)
         self.inflight: deque[_InFlight] = deque()
 
@@ -140,6 +147,9 @@ class DifferentialRun:
                 self.before_tick(tick, sched_sim)
             if sched_sim.can_schedule:
                 self.enqueue(tick, sched_sim.schedule())
+            if not self.check_scheduler(result, "after scheduling"):
+                stopped = True
+                break
             while self.inflight and (
                 len(self.inflight) > sched_sim.config.max_inflight_steps or not sched_sim.can_schedule
             ):
@@ -170,6 +180,8 @@ class DifferentialRun:
             if self.before_enqueue is not None:
                 self.before_enqueue(sched)
             item.output = self.runner.execute_model(sched)
+            if self.output_probe is not None:
+                item.pending = self.output_probe()
         except Exception as e:  # the runner under test crashed: a finding, not a harness failure
             item.error, item.error_trace = e, traceback.format_exc()
         self.inflight.append(item)
@@ -180,6 +192,8 @@ class DifferentialRun:
         sched = item.sched
         got = None
         if item.error is None:
+            if item.pending is not None and item.pending():
+                result.outputs_read_early += 1
             try:
                 got = item.output.get()
             except Exception as e:
@@ -223,6 +237,20 @@ class DifferentialRun:
         self.mirror.observe(got)
         self.scheduler.update(got)
         self._notify(item, got, expected, cmp)
+        return self.check_scheduler(result, f"after step {sched.step_id}'s output")
+
+    def check_scheduler(self, result: RunResult, when: str) -> bool:
+        """`SchedulerSim.check_invariants` (block pool, request records) at every step; False when it fails.
+
+        A broken invariant is a divergence of kind ``scheduler-invariant``, so the run writes a repro:
+        block-pool corruption is caught where it happens, not only through its effect on the KV cache."""
+        result.invariant_checks += 1
+        try:
+            self.scheduler.check_invariants()
+        except SchedulerSimError as e:
+            result.divergences = [Divergence(result.steps, None, None, "scheduler-invariant", "consistent scheduler state",
+                                             "broken", f"{when}: {e}")]
+            return False
         return True
 
     def _stop(self, result: RunResult, item: _InFlight, got, expected, divergences: list[Divergence]) -> bool:

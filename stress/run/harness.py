@@ -67,9 +67,13 @@ def build_session(config: RunConfig) -> Session:
     from runnercheck.impl.device import Device, DeviceError
 
     check_model_size(config.model_config, config.limits)
+    from runnercheck.impl.lag_policies import LagPolicyError
+    from runnercheck.stress.sim.lag_mix import lag_policy_for
+
     try:
-        device = Device(config.device, seed=config.seed, lag_policy=config.lag_policy or "random-drain")
-    except DeviceError as e:
+        device = Device(config.device, seed=config.seed,
+                        lag_policy=lag_policy_for(config.lag_policy or "random-drain", config.seed))
+    except (DeviceError, LagPolicyError) as e:
         raise RunSetupError(str(e)) from None
     monitor = arm_csan() if config.csan else None
     try:
@@ -294,6 +298,19 @@ def targeted_delay_hits(device: Any, delay_policy: Any) -> dict[str, int]:
     return {f"targeted delay: {t}": int(counts.get(t, 0)) for t in source.targets}
 
 
+def _output_probe(device: Any) -> Callable[[], Callable[[], bool]] | None:
+    """On sim: a mark taken after a step's enqueue, saying at the output read whether that step's last queued
+    work has run (the sim device's sequence numbers; host bookkeeping, no device work)."""
+    if device.kind != "sim":
+        return None
+
+    def mark() -> Callable[[], bool]:
+        last = device._queue[-1].seq if device._queue else device._done_seq
+        return lambda: device._done_seq < last
+
+    return mark
+
+
 def checked_run(config: RunConfig, source: ChurnOps | TraceOps, *, name: str = "", lifetime_mode: str = "count",
                 stop_on_sync: bool = False, on_tick: Callable[[int], None] | None = None,
                 on_step: Callable[[StepReport], None] | None = None,
@@ -369,7 +386,8 @@ def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps |
 
         rewrite = OracleDrafts(session.oracle, config.seed, config.limits.vocab_size)
     driver = DifferentialRun(session.runner, session.oracle, session.scheduler, on_step=observe,
-                             before_tick=before_tick, before_enqueue=before_enqueue, rewrite=rewrite)
+                             before_tick=before_tick, before_enqueue=before_enqueue, rewrite=rewrite,
+                             output_probe=_output_probe(session.device))
     result = RunResult()
     try:
         result = driver.run(config.steps)
@@ -395,6 +413,9 @@ def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps |
     if staged.active:
         coverage.add(staged.totals())
     coverage.add(targeted_delay_hits(session.device, delay_policy))
+    coverage.add({"scheduler invariants checked every step": result.invariant_checks})
+    if session.device.kind == "sim":
+        coverage.add({"output read before its event": result.outputs_read_early})
     return Findings(
         name=name, config=config, result=result, trace=[list(t) for t in ops.trace[: max(result.ticks, 0)]],
         detectors=results,

@@ -6,7 +6,16 @@ identically without sharing state:
 
 * rows with ``p >= min_position`` and ``p % modulus == nan_residue`` get a NaN at column
   ``(p * 7919 + 13) % vocab``;
-* rows with ``p >= min_position`` and ``p % modulus == inf_residue`` get a +Inf there.
+* rows with ``p >= min_position`` and ``p % modulus == inf_residue`` get a +Inf there;
+* with ``row_modulus`` set (0: off), whole rows are rewritten where ``p % row_modulus`` is one of
+  the row residues (these take precedence over the single-entry rule above):
+  ``all_nan_residue``: every entry NaN (the non-finite rule's "every entry -inf" case: token 0);
+  ``neg_residue``: NaN and -Inf alternating by column (token 0 too, through the NaN -> -inf step);
+  ``inf_mix_residue``: that NaN/-Inf row with +Inf at two columns (the lower index wins);
+  ``tie_residue``: three more columns set to the row's maximum, so four or more entries tie
+  exactly at the top (greedy's lowest-index rule, top-k's "ties at t_k all kept", top-p's
+  threshold and the top-n logprob order by lower index are all reached; bf16-quantised logits
+  tie the same way).  A tie row is finite and not flagged; its logprobs are compared.
 
 ``min_position`` is at least the longest prompt that asks for prompt logprobs (`runnercheck.stress.sim.churn`
 asks only for prompts of at most ``max_prompt_len`` tokens; a conversation's or system prompt's
@@ -35,6 +44,8 @@ from typing import Any
 import torch
 
 _COLUMN_MUL, _COLUMN_ADD = 7919, 13
+_TIE_STRIDE = 17  # the tied columns: c, c + 17, c + 34 (mod vocab)
+ROW_KINDS = ("all-nan", "nan/-inf", "+inf/-inf", "tie")
 
 
 class FaultSpecError(ValueError):
@@ -47,13 +58,28 @@ class LogitsFault:
     modulus: int = 7
     nan_residue: int = 3
     inf_residue: int = 5
+    # Whole-row kinds (module docstring); off unless row_modulus > 0, so repros written before them replay unchanged.
+    row_modulus: int = 0
+    all_nan_residue: int = 0
+    neg_residue: int = 1
+    inf_mix_residue: int = 2
+    tie_residue: int = 3
 
     def __post_init__(self) -> None:
-        ints = (self.min_position, self.modulus, self.nan_residue, self.inf_residue)
+        ints = (self.min_position, self.modulus, self.nan_residue, self.inf_residue, self.row_modulus,
+                *self._row_residues())
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints) or self.min_position < 0 \
                 or self.modulus < 2 or not 0 <= self.nan_residue < self.modulus or not 0 <= self.inf_residue < self.modulus \
                 or self.nan_residue == self.inf_residue:
             raise FaultSpecError(f"invalid logits fault {self!r}")
+        if self.row_modulus and (self.row_modulus < len(ROW_KINDS) or len(set(self._row_residues())) != len(ROW_KINDS)
+                                 or not all(0 <= r < self.row_modulus for r in self._row_residues())):
+            raise FaultSpecError(f"invalid logits fault {self!r}: row residues must be distinct and below row_modulus")
+        if self.row_modulus < 0:
+            raise FaultSpecError(f"invalid logits fault {self!r}: row_modulus must be >= 0")
+
+    def _row_residues(self) -> tuple[int, int, int, int]:
+        return self.all_nan_residue, self.neg_residue, self.inf_mix_residue, self.tie_residue
 
     @classmethod
     def from_dict(cls, d: Any) -> "LogitsFault":
@@ -68,9 +94,14 @@ class LogitsFault:
         return {"name": "nan-inf-rows", **asdict(self)}
 
     def kind_at(self, position: int) -> str | None:
-        """"nan", "inf" or None: what the rule plants in the row that samples ``position``."""
+        """"nan", "inf", one of `ROW_KINDS` or None: what the rule plants in the row that samples ``position``."""
         if position < self.min_position:
             return None
+        if self.row_modulus:
+            rr = position % self.row_modulus
+            for kind, residue in zip(ROW_KINDS, self._row_residues()):
+                if rr == residue:
+                    return kind
         r = position % self.modulus
         return "nan" if r == self.nan_residue else "inf" if r == self.inf_residue else None
 
@@ -84,6 +115,11 @@ class LogitsFault:
         rows = torch.arange(n, device=logits.device)
         cols = (pos * _COLUMN_MUL + _COLUMN_ADD) % vocab
         eligible = pos >= self.min_position
+        row_kind = [torch.zeros_like(eligible)] * len(ROW_KINDS)
+        if self.row_modulus:
+            rr = pos % self.row_modulus
+            row_kind = [eligible & (rr == r) for r in self._row_residues()]
+            eligible = eligible & ~(row_kind[0] | row_kind[1] | row_kind[2] | row_kind[3])
         residue = pos % self.modulus
         current = logits[rows, cols]
         nan = torch.full_like(current, float("nan"))
@@ -91,6 +127,27 @@ class LogitsFault:
         planted = torch.where(eligible & (residue == self.nan_residue), nan,
                               torch.where(eligible & (residue == self.inf_residue), inf, current))
         logits[rows, cols] = planted
+        if self.row_modulus:
+            self._apply_row_kinds(logits[:n], row_kind, rows, cols)
+
+    @staticmethod
+    def _apply_row_kinds(logits: torch.Tensor, kind: list[torch.Tensor], rows: torch.Tensor, cols: torch.Tensor) -> None:
+        """The whole-row kinds, with device ops only (masks, never a host read of which rows they hit)."""
+        vocab = logits.shape[-1]
+        all_nan, neg, inf_mix, tie = kind
+        # The tie value is read before any row is rewritten (a tie row is otherwise untouched, so finite).
+        top = logits.amax(dim=-1)
+        tied = torch.stack([cols, (cols + _TIE_STRIDE) % vocab, (cols + 2 * _TIE_STRIDE) % vocab], dim=1)
+        alternating = torch.where(torch.arange(vocab, device=logits.device) % 2 == 0,
+                                  torch.tensor(float("nan"), dtype=logits.dtype, device=logits.device),
+                                  torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+        logits.copy_(torch.where(all_nan[:, None], torch.full_like(logits, float("nan")),
+                                 torch.where((neg | inf_mix)[:, None], alternating.expand_as(logits), logits)))
+        second = (cols + vocab // 2) % vocab
+        for c in (cols, second):
+            logits[rows, c] = torch.where(inf_mix, torch.full_like(top, float("inf")), logits[rows, c])
+        for j in range(tied.shape[1]):
+            logits[rows, tied[:, j]] = torch.where(tie, top, logits[rows, tied[:, j]])
 
     def install(self, runner: Any, oracle: Any) -> bool:
         """Hook the runner's sampler and the oracle's model; False (nothing patched) when the runner has no sampler."""
@@ -121,4 +178,4 @@ class LogitsFault:
         return True
 
 
-__all__ = ["LogitsFault", "FaultSpecError"]
+__all__ = ["LogitsFault", "FaultSpecError", "ROW_KINDS"]
