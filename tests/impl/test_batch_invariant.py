@@ -56,3 +56,19 @@ def test_batch_invariant_forward_matches_the_default_forward():
             num_reqs=1, num_tokens=n, max_query_len=n, max_seq_len=n)
         outs.append(logits)
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_and_norm_rows_do_not_depend_on_the_batch_on_cuda(dtype):
+    """On a GPU the library kernels change tiling with M; the fixed tiles must not."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(300, 1024, device="cuda", generator=g).to(dtype)
+    w = torch.randn(3072, 1024, device="cuda", generator=g).to(dtype)
+    full = bi.linear(x, w)
+    for rows in (slice(0, 1), slice(7, 10), slice(100, 229)):
+        assert torch.equal(bi.linear(x[rows].contiguous(), w), full[rows]), rows
+    norm_w = torch.randn(1024, device="cuda", generator=g).to(dtype)
+    normed = bi.rms_norm(x, norm_w, 1e-6)
+    assert torch.equal(bi.rms_norm(x[5:6].contiguous(), norm_w, 1e-6), normed[5:6])
+    torch.testing.assert_close(full.float(), x.float() @ w.float().T, rtol=2e-2, atol=2e-1)

@@ -98,3 +98,20 @@ def test_cli_passes_and_reports_a_mutant(tmp_path, capsys):
     assert "sampler-path" in doc["first_difference"] and "batch" in doc["first_difference"]
     assert "FAILED" in capsys.readouterr().out
     assert cli.main(args + ["--mutant", "no_such_bug", "--out", str(tmp_path / "x")]) == 2
+
+
+@pytest.mark.gpu
+def test_the_builtin_runner_passes_on_cuda_with_every_scenario():
+    from runnercheck.impl.runner import make_runner
+
+    config = replace(mutant_config("cuda", 0), kinds=("batch", "permuted", "mixed", "staggered", "size", "chunked",
+                                                      "prefix-hit"), num_probes=3, batch_sizes=None)
+    result = check_invariance(make_runner, config, runner_name="make_runner")
+    assert result.passed, result.failure_lines()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mutant", BATCH_MUTANTS)
+def test_each_batch_mutant_is_killed_on_cuda(mutant):
+    _, first = run_mutant_check(mutant, "cuda", 0)
+    assert first is not None, f"{mutant} survived on cuda"
