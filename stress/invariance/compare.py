@@ -89,7 +89,10 @@ class Difference:
         alone = self.alone_step.describe() if self.alone_step else "no step"
         tok = (f"token {self.alone_token} alone vs {self.batched_token} batched"
                if self.alone_token != self.batched_token else f"token {self.alone_token} in both")
-        margin = "margin unknown (token outside the reported top-n)" if self.margin is None else f"margin {self.margin:.3g}"
+        if self.alone_token == self.batched_token:
+            margin = "same token"
+        else:
+            margin = "margin unknown (token outside the reported top-n)" if self.margin is None else f"margin {self.margin:.3g}"
         return (f"{self.kind}: {self.probe} in scenario {self.scenario!r} ({self.change}) at {where}: {tok}; "
                 f"{margin}, logprob drift {self.drift:.3g}; batched {step}; alone {alone}")
 
