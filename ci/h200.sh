@@ -67,6 +67,11 @@
 #   chisq_power   power of every CPU-affordable planted bias
 #   chisq_capped  power of the capped-noise biases (~1e12 token-draws each)
 #   chisq_deep    2^12..2^17-token tails 12..30 logits below the head (the runner's sampler; RNG v2: ~51 hits expected)
+#   invariance    batch invariance (docs/INVARIANCE.md): `runnercheck invariance --device cuda` on our runner (micro with
+#                 4 rows, then tiny with 8: must exit 0), each batch-dependence mutant of stress/mutants/batch.py through
+#                 `invariance --mutant` (each must exit 1), their kill rates over 5 seeds (`mutants --seeds 5 --only ...`:
+#                 exit 0 = all killed as designed), and the gpu tests of tests/stress/test_invariance.py and
+#                 tests/impl/test_batch_invariant.py
 #   csan          CUDA's stream sanitizer: the stream mutant killed by csan with its control clean
 #                 (`mutants --only runner_stream_reads_default_stream_write`), then `stress --csan` and
 #                 `chisq --csan --quick` (both must be clean)
@@ -76,7 +81,7 @@
 out=${1:?usage: ci/h200.sh OUTDIR JOB...}
 shift
 jobs=" $* "
-[ "$jobs" = " all " ] && jobs=" bench bench_host bench_sampler bench_logprobs spec_benches gpu_tests mutants_new mutants_bucketed mutants_rest mutant_logprobs_rates race_rates verify_kills spec_mutant_rates output_slots staging_slots verify stress ngram draft spec_stats chisq_matrix chisq_power chisq_capped chisq_deep csan "
+[ "$jobs" = " all " ] && jobs=" bench bench_host bench_sampler bench_logprobs spec_benches gpu_tests mutants_new mutants_bucketed mutants_rest mutant_logprobs_rates race_rates verify_kills spec_mutant_rates output_slots staging_slots verify stress ngram draft invariance spec_stats chisq_matrix chisq_power chisq_capped chisq_deep csan "
 . "$(dirname "${BASH_SOURCE[0]}")/h200_jobs.sh"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
 want bench_spec && job bench_spec "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_ngram --out "$out/bench_spec"
@@ -176,6 +181,17 @@ want stress && (
   job replay_mutant 60 $rc replay "$out/stress_mutant/repro.json" --no-progress
   job stress_clean 120 $rc stress --device cuda --seed 1 --steps 200 --delay-us auto --max-inflight 3 \
     --no-progress --out "$out/stress_clean"
+) &
+want invariance && (
+  job invariance 300 $rc invariance --device cuda --no-progress --out "$out/invariance"
+  job invariance_tiny 400 $rc invariance --device cuda --model tiny --max-num-reqs 8 --no-progress --out "$out/invariance_tiny"
+  for m in sampler_path_by_batch_size noise_keyed_by_batch_slot norm_block_from_num_tokens; do
+    job invariance_$m 200 $rc invariance --device cuda --mutant $m --no-progress --out "$out/invariance_$m"
+  done
+  job invariance_mutant_rates "$limit" $rc mutants --device cuda --no-chisq --seeds 5 --only sampler_path_by_batch_size \
+    noise_keyed_by_batch_slot norm_block_from_num_tokens --out "$out/invariance_mutant_rates"
+  job invariance_gpu_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu tests/stress/test_invariance.py \
+    tests/impl/test_batch_invariant.py
 ) &
 want chisq_matrix && job chisq_matrix "$limit" $rc chisq --device cuda --samples 2000000 --no-power --out "$out/chisq_matrix" &
 want chisq_power && job chisq_power "$limit" $rc chisq --device cuda --no-matrix --no-calibration \

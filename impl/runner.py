@@ -113,7 +113,7 @@ class ModelRunner:
         self, weights: ModelWeights, limits: RunnerLimits, device: Device, *, base_seed: int = 0,
         dtype: torch.dtype | None = None, staging_slots: int = 8, staging_bytes: int | None = None, output_slots: int = 8,
         cuda_graphs: bool = True, capture_sizes: Sequence[int] | None = None, mixed_sizes: Sequence[int] | None = None,
-        speculative: NgramConfig | DraftModelConfig | None = None,
+        speculative: NgramConfig | DraftModelConfig | None = None, batch_invariant: bool = False,
     ):
         _check_limits(weights, limits)
         validate_capture_sizes(capture_sizes, limits.max_num_reqs)  # typed errors before anything is allocated
@@ -137,6 +137,7 @@ class ModelRunner:
         self._cuda_graphs = cuda_graphs
         self._capture_sizes = capture_sizes
         self._mixed_sizes = mixed_sizes
+        self.batch_invariant = batch_invariant  # the decoder's fixed-tile kernels (`PagedDecoder`)
         self.speculative = speculative  # the proposer's config (None: drafts come only from the scheduler)
         self._device_drafts: dict[str, int] = {}  # the step being executed: request -> device drafts asked for
         self._init()
@@ -153,7 +154,8 @@ class ModelRunner:
             dev, max_num_reqs=lim.max_num_reqs, max_num_batched_tokens=lim.max_num_batched_tokens,
             max_blocks_per_req=self.block_table.max_blocks_per_req, max_num_draft_tokens=lim.max_num_draft_tokens,
         )
-        self.model = PagedDecoder(self.weights, dev, dtype=self.dtype, num_kv_blocks=lim.num_kv_blocks, block_size=lim.block_size)
+        self.model = PagedDecoder(self.weights, dev, dtype=self.dtype, num_kv_blocks=lim.num_kv_blocks, block_size=lim.block_size,
+                                  batch_invariant=self.batch_invariant)
         self.sampling_state = SamplingState(dev, lim.max_num_reqs, lim.vocab_size, group=self.staged_writes)
         self.staged_writes.seal()
         # An admission's stagings past the table's own (block list, sampling record): one C call with its row.
@@ -516,10 +518,14 @@ def _check_limits(weights: ModelWeights, limits: RunnerLimits) -> None:
 
 
 def make_runner(weights: ModelWeights, limits: RunnerLimits, device: Device, base_seed: int = 0, *,
-                cuda_graphs: bool = True, speculative: NgramConfig | DraftModelConfig | None = None) -> ModelRunner:
+                cuda_graphs: bool = True, speculative: NgramConfig | DraftModelConfig | None = None,
+                batch_invariant: bool = False) -> ModelRunner:
     """The factory `runnercheck stress` and the differential driver use (``runnercheck.impl.runner:make_runner``).
 
     ``cuda_graphs=False`` (the CLI's ``--eager``) runs bucketed steps eagerly instead of replaying graphs;
-    ``speculative`` turns the n-gram (`runnercheck.impl.ngram_proposer`) or draft-model (`runnercheck.impl.draft_proposer`) proposer on.
+    ``speculative`` turns the n-gram (`runnercheck.impl.ngram_proposer`) or draft-model (`runnercheck.impl.draft_proposer`) proposer on;
+    ``batch_invariant=True`` makes the target model's forward batch-invariant (fixed-tile kernels,
+    `runnercheck.impl.kernels.batch_invariant`; `runnercheck invariance` asks for it).
     """
-    return ModelRunner(weights, limits, device, base_seed=base_seed, cuda_graphs=cuda_graphs, speculative=speculative)
+    return ModelRunner(weights, limits, device, base_seed=base_seed, cuda_graphs=cuda_graphs, speculative=speculative,
+                       batch_invariant=batch_invariant)

@@ -34,6 +34,10 @@ Fixtures:
 ``runnercheck_chisq``            ``check(sampler, cases=None, *, samples=None, ...)``: chi-square tests of a
                                  sampler (a callable or a spec string; `runnercheck.checks.chisq.samplers` contract) against the
                                  exact distributions; fails with every rejection, returns the `RunSummary`
+``runnercheck_invariance``       ``check(runner=None, *, seed=None, model="micro", probes=3, ...)``: the same
+                                 requests alone and in batches of other sizes and compositions must give
+                                 bitwise-equal tokens and logprobs (docs/INVARIANCE.md); fails with every
+                                 difference, returns the `InvarianceResult` (runs in the test's process)
 
 The user's runner and sampler run in child processes (`runnercheck.checks.child`): a segfault, an
 abort or a hang past the timeout fails that test with the signal or the timeout and a repro, and
@@ -462,3 +466,65 @@ class ChisqCheck:
 def runnercheck_chisq(request: pytest.FixtureRequest) -> ChisqCheck:
     """Chi-square tests of a sampler against the exact float64 distributions (see `ChisqCheck`)."""
     return ChisqCheck(request, _recorder(request))
+
+
+# --------------------------------------------------------------------------- batch invariance
+
+
+class InvarianceCheck:
+    """``check(runner=None, *, seed=None, model="micro", probes=3, max_tokens=6, scenarios=None,
+    batch_sizes=None, tolerance=0.0)`` -> `runnercheck.stress.invariance.checker.InvarianceResult`;
+    fails the test with every difference (docs/INVARIANCE.md).  ``runner``: a factory callable (used
+    as given) or ``package.module:factory`` (default: ``--runnercheck-runner``).  Runs in the test's
+    process; with ``--runnercheck-report-dir`` the report's ``summary.json``/``summary.md`` go there.
+    """
+
+    def __init__(self, request: pytest.FixtureRequest, factory: Callable, record: Callable[[str, object], None]):
+        self._request = request
+        self._factory = factory
+        self._record = record
+
+    def __call__(self, runner: Callable | str | None = None, *, seed: int | None = None, model: str = "micro",
+                 probes: int = 3, max_tokens: int = 6, scenarios: Sequence[str] | None = None,
+                 batch_sizes: Sequence[int] | None = None, tolerance: float = 0.0) -> Any:
+        from runnercheck.impl.model.weights import WeightsError, preset
+        from runnercheck.stress.invariance.checker import InvarianceConfig, check_invariance
+        from runnercheck.stress.invariance.report import build_summary, write_report
+        from runnercheck.stress.invariance.scenarios import SCENARIO_KINDS
+        from runnercheck.stress.run.config import default_limits
+
+        config = self._request.config
+        factory = _load_factory(_canonical(runner), "runnercheck_invariance") if isinstance(runner, str) else (runner or self._factory)
+        kinds = tuple(scenarios) if scenarios is not None else SCENARIO_KINDS
+        unknown = sorted(set(kinds) - set(SCENARIO_KINDS))
+        if unknown or not kinds:
+            raise pytest.UsageError(f"runnercheck_invariance: unknown scenario kinds {unknown} (known: {', '.join(SCENARIO_KINDS)})")
+        try:
+            model_config = preset(model)
+        except WeightsError as e:
+            raise pytest.UsageError(f"runnercheck_invariance: {e}") from None
+        seed = config.getoption("runnercheck_seed") if seed is None else seed
+        kind = _device_kind(config)
+        check = InvarianceConfig(kind, seed, model_config, default_limits(model_config, num_kv_blocks=64), num_probes=probes,
+                                 max_tokens=max_tokens, batch_sizes=tuple(batch_sizes) if batch_sizes else None,
+                                 kinds=kinds, tolerance=tolerance)
+        name = runner if isinstance(runner, str) else getattr(factory, "__qualname__", repr(factory))
+        result = check_invariance(factory, check, runner_name=name)
+        report = _report_dir(self._request)
+        if report is not None:
+            write_report(report, build_summary(result))
+        for key, value in (("runner", name), ("device", kind), ("seed", seed), ("scenarios", len(result.scenarios)),
+                           ("differences", len(result.differences))):
+            self._record(f"runnercheck.invariance.{key}", value)
+        lines = result.failure_lines()
+        if lines:
+            self._record("runnercheck.invariance.first_difference", lines[0])
+            pytest.fail(f"runnercheck invariance ({name} on {kind}, seed {seed}): output depends on the batch:\n  "
+                        + "\n  ".join(lines), pytrace=False)
+        return result
+
+
+@pytest.fixture
+def runnercheck_invariance(request: pytest.FixtureRequest, runnercheck_runner_factory: Callable) -> InvarianceCheck:
+    """The same requests alone and in batches must give bitwise-equal tokens and logprobs (see `InvarianceCheck`)."""
+    return InvarianceCheck(request, runnercheck_runner_factory, _recorder(request))

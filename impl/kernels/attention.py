@@ -229,6 +229,11 @@ class AttentionLaunch:
     num_stages: int
 
 
+# A prefill-sized query length: the tiles `attention_launch` picks for it (with no program-count
+# hint) are the ones every batch-invariant launch uses, decodes included.
+BATCH_INVARIANT_QUERY_LEN = 1 << 20
+
+
 def attention_launch(max_query_len: int, queries_per_kv: int, head_dim: int, on_gpu: bool, num_programs_hint: int = 1 << 30) -> AttentionLaunch:
     """Pick tiles: small query tiles when the batch is all decodes, larger ones for prefills.
 
@@ -377,13 +382,16 @@ def paged_attention(
     query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, out: torch.Tensor, *,
     num_reqs: int, num_tokens: int, max_query_len: int, scale: float, check: bool = True,
+    batch_invariant: bool = False,
 ) -> None:
     """Causal attention of query rows ``[0, num_tokens)`` ``[T, heads, head_dim]`` into ``out``.
 
     Reads keys/values of request r through ``block_table[r]`` (int32 physical block ids);
     ``query_start_loc`` (int32, ``num_reqs + 1`` used) and ``seq_lens`` (int32) describe the batch
     (see the module docstring).  Rows not covered by any request are left untouched.
-    ``check=False`` skips the argument checks, as in `write_kv_cache`.
+    ``check=False`` skips the argument checks, as in `write_kv_cache`.  ``batch_invariant`` fixes
+    the tiles (`BATCH_INVARIANT_QUERY_LEN`): the key tile, and with it the order in which a query's
+    online softmax accumulates, no longer follows the batch's longest query or its request count.
     """
     if check:
         _check_attention_args(query, k_cache, v_cache, block_table, query_start_loc, seq_lens, out,
@@ -391,7 +399,10 @@ def paged_attention(
     _, block_size, kv_heads, head_dim = k_cache.shape
     num_heads = query.shape[1]
     queries_per_kv = num_heads // kv_heads
-    launch = attention_launch(max_query_len, queries_per_kv, head_dim, query.is_cuda, num_reqs * kv_heads)
+    if batch_invariant:
+        launch = attention_launch(BATCH_INVARIANT_QUERY_LEN, queries_per_kv, head_dim, query.is_cuda)
+    else:
+        launch = attention_launch(max_query_len, queries_per_kv, head_dim, query.is_cuda, num_reqs * kv_heads)
     fp32 = query.dtype == torch.float32
     grid = (num_tokens // launch.block_q + num_reqs, kv_heads)
     launch_kernel(_paged_attention_kernel, grid,

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from runnercheck.impl.device import Device
+from runnercheck.impl.kernels import batch_invariant as bi
 from runnercheck.impl.kernels.attention import paged_attention, rope_and_write_kv_cache
 from runnercheck.impl.model.weights import ModelConfig, ModelWeights
 
@@ -93,15 +94,23 @@ class PagedDecoder:
 
     Precision: matmuls in the model dtype with fp32 accumulation; RMSNorm statistics, q/k norm and
     RoPE in fp32; attention softmax in fp32; logits returned as fp32.
+
+    ``batch_invariant=True``: every matmul and RMSNorm runs through `runnercheck.impl.kernels.batch_invariant`
+    (fixed tiles, one reduction order per row) and attention with fixed tiles, so a token's logits do
+    not depend on which other tokens share the step (docs/INVARIANCE.md).  Off by default: the
+    library kernels are faster.  `_rms_norm` is the one place a norm is computed (a mutant of
+    `runnercheck.stress.mutants.batch` replaces it per instance).
     """
 
-    def __init__(self, weights: ModelWeights, device: Device, *, dtype: torch.dtype, num_kv_blocks: int, block_size: int):
+    def __init__(self, weights: ModelWeights, device: Device, *, dtype: torch.dtype, num_kv_blocks: int, block_size: int,
+                 batch_invariant: bool = False):
         _require(dtype in SUPPORTED_DTYPES, f"model dtype {dtype} not in {SUPPORTED_DTYPES}")
         config = weights.config
         self.config = config
         self.device = device
         self.dtype = dtype
         self.eps = config.rms_norm_eps
+        self.batch_invariant = bool(batch_invariant)
         self.scale = config.head_dim ** -0.5
 
         def put(t: torch.Tensor) -> torch.Tensor:
@@ -195,14 +204,15 @@ class PagedDecoder:
                                  logits_indices, num_reqs, num_tokens, max_query_len, max_seq_len)
         c = self.config
         T = num_tokens
-        hidden = (c.hidden_size,)
         # Few, large launches: host time per step is dominated by launch count (RMSNorm is one
         # torch op with fp32 statistics, the residual adds ride in addmm, q/k norm + RoPE + cache
         # write are one kernel).
+        invariant = self.batch_invariant
+        linear = bi.linear if invariant else F.linear
         x = F.embedding(input_ids[:T], self.embed)
         for layer, k_cache, v_cache in zip(self.layers, self.kv_cache.layer_k, self.kv_cache.layer_v):
-            h = F.rms_norm(x, hidden, layer.input_norm, self.eps)
-            q, k, v = F.linear(h, layer.qkv_weight, layer.qkv_bias).split(self._qkv_split, dim=-1)
+            h = self._rms_norm(x, layer.input_norm)
+            q, k, v = linear(h, layer.qkv_weight, layer.qkv_bias).split(self._qkv_split, dim=-1)
             q_rotated = torch.empty((T, c.num_heads, c.head_dim), dtype=self.dtype, device=x.device)
             rope_and_write_kv_cache(
                 q.view(T, c.num_heads, c.head_dim), k.view(T, c.num_kv_heads, c.head_dim),
@@ -211,17 +221,32 @@ class PagedDecoder:
             )
             attn = torch.empty_like(q_rotated)
             paged_attention(q_rotated, k_cache, v_cache, block_table, query_start_loc, seq_lens, attn,
-                            num_reqs=num_reqs, num_tokens=T, max_query_len=max_query_len, scale=self.scale, check=False)
-            x = torch.addmm(x, attn.view(T, c.num_heads * c.head_dim), layer.o_proj.t())
-            h = F.rms_norm(x, hidden, layer.post_attn_norm, self.eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = torch.addmm(x, F.silu(gate) * up, layer.down_proj.t())
+                            num_reqs=num_reqs, num_tokens=T, max_query_len=max_query_len, scale=self.scale, check=False,
+                            batch_invariant=invariant)
+            if invariant:
+                x = bi.linear(attn.view(T, c.num_heads * c.head_dim), layer.o_proj, residual=x)
+            else:
+                x = torch.addmm(x, attn.view(T, c.num_heads * c.head_dim), layer.o_proj.t())
+            h = self._rms_norm(x, layer.post_attn_norm)
+            gate, up = linear(h, layer.gate_up).chunk(2, dim=-1)
+            if invariant:
+                x = bi.linear((F.silu(gate) * up).contiguous(), layer.down_proj, residual=x)
+            else:
+                x = torch.addmm(x, F.silu(gate) * up, layer.down_proj.t())
 
-        h = F.rms_norm(x.index_select(0, logits_indices), hidden, self.final_norm, self.eps)
+        h = self._rms_norm(x.index_select(0, logits_indices), self.final_norm)
         return h if return_hidden else self.compute_logits(h)
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm over the hidden dim (fp32 statistics); one program per row when batch-invariant."""
+        if self.batch_invariant:
+            return bi.rms_norm(x, weight, self.eps)
+        return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """float32 logits ``[rows, vocab]`` of final-normed hidden states (from ``return_hidden``)."""
+        if self.batch_invariant:
+            return bi.linear(hidden_states.contiguous(), self.lm_head).float()
         return F.linear(hidden_states, self.lm_head).float()
 
 

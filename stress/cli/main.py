@@ -56,6 +56,7 @@ COMMANDS: dict[str, Command] = {
     "chisq": Command("runnercheck.checks.chisq.run", "chi-square tests of a sampler against the exact distributions", csan=True,
                      shard="matrix cases and planted biases (the spec cases and the calibration run in shard 0; "
                            "each shard corrects its own tests)"),
+    "invariance": Command("runnercheck.stress.cli.invariance_cmd", "the same requests alone and in batches must give bitwise-equal tokens and logprobs", eager=True),
     "mutants": Command("runnercheck.stress.cli.mutants_cmd", "run the checks against the catalogue of deliberate bugs", eager=True),
     "bench": Command("runnercheck.bench.cli", "benchmarks (results are data, not tests)", eager=True),
     "lint": Command("runnercheck.checks.lint", "static scan of hot-path functions for host reads of device data", run_options=False),

@@ -131,6 +131,19 @@ def checked_differential(config: Any, ops: Any, name: str, *, isolate: bool = Tr
     return outcome
 
 
+def run_invariance(mutant: str, device_kind: str, seed: int) -> CheckRun:
+    """The batch-invariance check (`runnercheck.stress.invariance.checker.mutant_config`) with ``mutant`` installed."""
+    from runnercheck.stress.invariance.checker import run_mutant_check
+
+    started = time.perf_counter()
+    result, first = run_mutant_check(mutant, device_kind, seed)
+    outcome = CheckRun(ran=["invariance"], ticks=sum(s.steps for s in result.scenarios),
+                       seconds=time.perf_counter() - started)
+    if first is not None:
+        outcome.fired["invariance"] = first
+    return outcome
+
+
 def run_chisq(case_key: str, device_kind: str, seed: int, *, mutant: str | None = None, samples: int | None = None) -> CheckRun:
     """The chi-square / tail-mass tests of `runnercheck.checks.chisq.run`'s probe case ``case_key`` on the runner's sampler."""
     from runnercheck.checks.chisq import run as chisq
@@ -204,7 +217,9 @@ def run_mutant(mutant: Mutant, opts: MutantsOptions) -> MutantResult:
     runs: list[CheckRun] = []
     if mutant.chisq_case and opts.runs_chisq:
         runs.append(run_chisq(mutant.chisq_case, opts.device, opts.seed, mutant=mutant.name, samples=opts.chisq_samples))
-    if verify and not (opts.quick and runs and runs[0].fired):
+    if mutant.checks == ("invariance",):  # a batch-dependence mutant: only the invariance check looks for it
+        runs.append(run_invariance(mutant.name, opts.device, opts.seed))
+    elif verify and not (opts.quick and runs and runs[0].fired):
         runs.append(run_verify_campaign(opts.device, opts.seed, opts.quick, checked_differential, CheckRun(), mutant=mutant.name, isolate=opts.isolate,
                                         cuda_graphs=opts.cuda_graphs, csan=_csan(mutant, opts)))
     elif not (opts.quick and runs and runs[0].fired):

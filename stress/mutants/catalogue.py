@@ -423,6 +423,7 @@ import runnercheck.stress.mutants.prefix  # noqa: E402,F401
 import runnercheck.stress.mutants.streams  # noqa: E402,F401
 import runnercheck.stress.mutants.spec  # noqa: E402,F401
 import runnercheck.stress.mutants.reach  # noqa: E402,F401
+import runnercheck.stress.mutants.batch  # noqa: E402,F401
 
 __all__ = ["CATALOGUE", "CLASSES", "RUN_CHECKS", "known_checks", "WORKLOADS", "AppliedMutant", "Mutant", "MutantTargetError",
            "UnknownMutantError", "Workload", "apply", "get"]

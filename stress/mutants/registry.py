@@ -17,8 +17,9 @@ from typing import Any, Callable
 from runnercheck.stress.mutants.workloads import WORKLOADS
 
 CLASSES = ("race", "sync", "state", "sampler")
-# The checks that are not detectors of a live runner: runner vs oracle, and the sampler statistics.
-RUN_CHECKS = ("differential", "chisq")
+# The checks that are not detectors of a live runner: runner vs oracle, the sampler statistics, and
+# the batch-invariance check (`runnercheck.stress.invariance`: a request alone vs in batches).
+RUN_CHECKS = ("differential", "chisq", "invariance")
 
 
 def known_checks() -> tuple[str, ...]:

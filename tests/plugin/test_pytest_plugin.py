@@ -311,3 +311,25 @@ def test_timeout_option_must_be_seconds(user_project: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["*runnercheck_timeout (ini): 'soon' is not a number of seconds*"])
     result = user_project.runpytest_subprocess("-p", PLUGIN, "--runnercheck-timeout", "-1")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
+
+
+def test_invariance_fixture_passes_our_runner_and_fails_a_batch_dependent_one(user_project: pytest.Pytester) -> None:
+    user_project.makepyfile(test_inv="""
+        from runnercheck.impl.runner import make_runner
+        from runnercheck.stress.mutants import catalogue
+
+        def slot_keyed_runner(weights, limits, device, base_seed, *, cuda_graphs=True, batch_invariant=False):
+            runner = make_runner(weights, limits, device, base_seed, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
+            runner._bug = catalogue.apply("noise_keyed_by_batch_slot", runner=runner)
+            return runner
+
+        def test_ours(runnercheck_invariance):
+            assert runnercheck_invariance(probes=2, max_tokens=4, scenarios=["batch"]).passed
+
+        def test_buggy(runnercheck_invariance):
+            runnercheck_invariance(slot_keyed_runner, probes=2, max_tokens=6, scenarios=["batch"])
+    """)
+    result, cases = _run(user_project)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*output depends on the batch*", "*sampler-path: p1 in scenario 'batch'*"])
+    assert _props(cases["test_ours"])["runnercheck.invariance.differences"] == "0"

@@ -76,7 +76,7 @@ def test_a_runner_without_the_patched_parts_is_refused_untouched():
 
 def _patchable(runner) -> dict[str, object]:
     parts = {"runner": runner, **{name: getattr(runner, name) for name in (
-        "staging", "outputs", "state", "sampling_state", "input_batch", "block_table", "sampler", "graphs")}}
+        "staging", "outputs", "state", "sampling_state", "input_batch", "block_table", "sampler", "graphs", "model")}}
     parts.update({f"{n}.{t.name}": t for n, owner in (("sampling_state", runner.sampling_state),)
                   for t in owner._staged})
     parts.update({"graphs.inputs": runner.graphs.inputs, "state.row_state": runner.state.row_state,
