@@ -195,6 +195,7 @@ def build_cases(quick: bool = True) -> list[SamplingCase]:
                               description="logits within ~1e-3 of each other"))
     cases.append(SamplingCase("exact-ties-v16-index-bins", "near-ties", torch.zeros(1, 16), SamplingParams(), n,
                               index_bins=4, description="16 equal logits; 4 contiguous index bins expose tie-breaking by index"))
+    cases.append(top_p_ties_case(n))
     base1000 = _normal(1000, 2.0, 1000)
     p1000 = _top_p_between_tokens(base1000.numpy() / 1.2, 0.3)
     cases.append(SamplingCase(f"v1000-t1.2-p{p1000:g}", "vocab", _row(base1000), SamplingParams(temperature=1.2, top_p=p1000),
@@ -218,6 +219,16 @@ def build_cases(quick: bool = True) -> list[SamplingCase]:
         cases.append(_tail_case("tail-d16-65536-v65537", 16.0, 65536, 20_000,
                                 "one head token, 2^16 tokens 16 logits below: ~150 expected tail hits"))
     return cases
+
+
+def top_p_ties_case(n: int) -> SamplingCase:
+    """Four exactly tied tokens under the head, top-p reached halfway through them: the contract keeps all
+    four, a sort-position cut (vLLM, transformers, SGLang torch) keeps two (`runnercheck.checks.chisq.conventions`)."""
+    scores = torch.tensor([2.0, 1.0, 1.0, 1.0, 1.0] + [0.5 - 0.25 * i for i in range(11)], dtype=torch.float64)
+    probs = torch.softmax(scores, 0)
+    top_p = round(float(probs[0] + 1.5 * probs[1]), 6)
+    return SamplingCase("top-p-ties-v16", "near-ties", _row(scores), SamplingParams(top_p=top_p), n, tie_filter="top_p",
+                        description=f"tokens 1-4 tied; top_p={top_p} is reached after two of them")
 
 
 def deep_tail_cases() -> list[SamplingCase]:
