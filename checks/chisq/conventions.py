@@ -129,7 +129,8 @@ CONVENTIONS: Mapping[str, Convention] = {c.name: c for c in (
                 "is renormalised over top-k's tokens only",
         citation="huggingface/transformers src/transformers/generation/utils.py _get_logits_processor (Temperature, TopK, "
                  "TopP, MinP warpers appended in that order) and generation/logits_process.py (TopPLogitsWarper: ascending "
-                 "sort, cumsum <= 1 - top_p removed; MinPLogitsWarper: probs < min_p * top prob removed), 4.4x-4.5x"),
+                 "sort, cumsum <= 1 - top_p removed; MinPLogitsWarper: probs < min_p * top prob removed), 5.25.0 "
+                 "(the same order in the 4.x source of the search index)"),
     Convention(
         "sglang-torch", "SGLang sampler, PyTorch backend (top_k_top_p_min_p_sampling_from_probs_torch)",
         _order("top_k -> top_p -> min_p"), top_p_mass="full", top_k_ties="lower-id-first", top_p_ties="lower-id-first",
