@@ -66,6 +66,9 @@
 #   chisq_matrix  the chi-square matrix, 2e6 draws per case, + calibration (the runner's sampler)
 #   chisq_power   power of every CPU-affordable planted bias
 #   chisq_capped  power of the capped-noise biases (~1e12 token-draws each)
+#   chisq_coarse  power over 10 seeds of the coarse-arithmetic biases quick mode cannot see (fp16 probabilities,
+#                 16-bit uniforms; inverse-CDF samplers on their full-mode probes, ~1.3e10 token-draws a repeat),
+#                 then their gpu test (the fp16 bias rejected, the full-precision control passing on the same probe)
 #   chisq_deep    2^12..2^17-token tails 12..30 logits below the head (the runner's sampler; RNG v2: ~51 hits expected)
 #   invariance    batch invariance (docs/INVARIANCE.md): `runnercheck invariance --device cuda` on our runner (micro with
 #                 4 rows, then tiny with 8: must exit 0), each batch-dependence mutant of stress/mutants/batch.py through
@@ -81,7 +84,7 @@
 out=${1:?usage: ci/h200.sh OUTDIR JOB...}
 shift
 jobs=" $* "
-[ "$jobs" = " all " ] && jobs=" bench bench_host bench_sampler bench_logprobs spec_benches gpu_tests mutants_new mutants_bucketed mutants_rest mutant_logprobs_rates race_rates verify_kills spec_mutant_rates output_slots staging_slots verify stress ngram draft invariance spec_stats chisq_matrix chisq_power chisq_capped chisq_deep csan "
+[ "$jobs" = " all " ] && jobs=" bench bench_host bench_sampler bench_logprobs spec_benches gpu_tests mutants_new mutants_bucketed mutants_rest mutant_logprobs_rates race_rates verify_kills spec_mutant_rates output_slots staging_slots verify stress ngram draft invariance spec_stats chisq_matrix chisq_power chisq_capped chisq_coarse chisq_deep csan "
 . "$(dirname "${BASH_SOURCE[0]}")/h200_jobs.sh"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
 want bench_spec && job bench_spec "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_ngram --out "$out/bench_spec"
@@ -199,6 +202,11 @@ want chisq_power && job chisq_power "$limit" $rc chisq --device cuda --no-matrix
   draft-shared-noise bf16-noise u24-uniform fp16-noise min-p-before-temperature --out "$out/chisq_power" &
 want chisq_capped && job chisq_capped "$limit" $rc chisq --device cuda --no-matrix --no-calibration \
   --biases u31-floor u32-uniform --power-repeats 2 --out "$out/chisq_capped" &
+want chisq_coarse && (
+  job chisq_coarse "$limit" $rc chisq --device cuda --no-matrix --no-calibration --no-spec \
+    --biases fp16-probabilities u16-uniform --power-repeats 10 --out "$out/chisq_coarse"
+  job chisq_coarse_gpu "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu tests/checks/test_chisq_coarse.py
+) &
 want chisq_deep && job chisq_deep "$limit" $rc chisq --device cuda --deep-tail --cases tail-d --no-calibration \
   --no-power --out "$out/chisq_deep" &
 want csan && (

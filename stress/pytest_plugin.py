@@ -81,6 +81,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--runnercheck-report-dir", default=None, metavar="DIR",
                     help="write each check's report (chi-square JSON/Markdown/HTML, repro.json) under DIR/<test> "
                          "instead of the test's tmp_path (for CI artifacts)")
+    group.addoption("--runnercheck-convention", default="contract", metavar="NAME",
+                    help="the sampling convention runnercheck_chisq's expected distributions follow "
+                         "(runnercheck.checks.chisq.conventions; default contract: docs/SAMPLING.md)")
     group.addoption("--runnercheck-csan", action="store_true", default=False,
                     help="run under PyTorch's CUDA stream sanitizer (needs --runnercheck-device cuda, or auto on a GPU)")
     group.addoption("--runnercheck-timeout", type=float, default=None, metavar="SECONDS",
@@ -431,15 +434,22 @@ class ChisqCheck:
         seed = self._config.getoption("runnercheck_seed") if seed is None else seed
         device = torch.device("cuda" if _cuda_available() else "cpu")
         fn, isolation = self._sampler(sampler, device)
+        from runnercheck.checks.chisq.conventions import ConventionError, get_convention
+
+        try:
+            convention = get_convention(self._config.getoption("runnercheck_convention")).name
+        except ConventionError as e:
+            raise pytest.UsageError(f"--runnercheck-convention: {e}") from None
         opts = chisq.RunOptions(quick=quick, samples=samples, seed=seed, alpha=alpha, max_rows_per_call=max_rows_per_call,
-                                isolation=isolation)
+                                isolation=isolation, convention=convention)
         started = time.perf_counter()
         with chisq.single_threaded_on_cpu(device):
             results, skipped = chisq.run_cases(fn, selected, opts, device)
         summary = stats.RunSummary(sampler=sampler if isinstance(sampler, str) else sampler_name(fn), device=str(device),
                                    quick=quick, seed=seed, alpha=alpha, correction=opts.correction, tests=results,
                                    skipped=skipped, elapsed_s=time.perf_counter() - started,
-                                   not_run=None if results else chisq.zero_cases_reason(len(selected), len(selected), skipped, opts))
+                                   not_run=None if results else chisq.zero_cases_reason(len(selected), len(selected), skipped, opts),
+                                   convention=convention)
         for t in results:
             verdict = "passed" if t.passed else "REJECTED"
             self._record(f"runnercheck.chisq.{t.name}", f"{verdict} ({t.kind}) p={t.p_value:.3g} "
@@ -456,6 +466,7 @@ class ChisqCheck:
         if failed or summary.not_run:
             lines = [f"{t.name}: {t.notes}" if t.kind == "contract" or t.kind in SAMPLER_DIED else
                      f"{t.name} ({t.kind}): adjusted p = {t.adjusted_p_value:.3g} < {alpha:g}; {t.notes}".rstrip("; ")
+                     + (f"\n    {t.diagnosis['verdict']}" if t.diagnosis else "")
                      for t in failed] or [str(summary.not_run)]
             pytest.fail(f"runnercheck chi-square of {summary.sampler} (seed {seed}): {len(failed)} of {len(results)} "
                         "tests rejected\n  " + "\n  ".join(lines), pytrace=False)

@@ -222,13 +222,37 @@ def case_problems(case: SamplingCase, report: dict[str, FilterBinding] | None = 
     report = binding_report(case, alpha) if report is None else report
     active = active_filters(case.params)
     problems = []
-    if active and not case.binds:
+    if case.tie_filter is not None:
+        problems += tie_problems(case, alpha)
+    elif active and not case.binds:
         problems.append(f"{case.name}: turns on {', '.join(active)} but declares no binding filter")
     for name in case.binds:
         if name not in active:
             problems.append(f"{case.name}: declares {name} binding, but {name} is not on")
         elif not report[name].binds:
             problems.append(f"{case.name}: {report[name].line()}")
+    return problems
+
+
+def tie_problems(case: SamplingCase, alpha: float = BINDING_ALPHA) -> list[str]:
+    """Why ``case`` cannot tell its tie rule from the sort-position rules (`runnercheck.checks.chisq.conventions`); [] if it can."""
+    from runnercheck.checks.chisq.conventions import CONTRACT, TIE_RULES, convention_distribution
+
+    name = case.tie_filter
+    if name not in active_filters(case.params):
+        return [f"{case.name}: tests ties at {name}, but {name} is not on"]
+    field = {"top_k": "top_k_ties", "top_p": "top_p_ties"}.get(name)
+    if field is None:
+        return [f"{case.name}: no tie rule exists for {name}"]
+    base = _expected(case, case.params)
+    problems = []
+    for rule in TIE_RULES[1:]:
+        other = replace(CONTRACT, name=f"ties-{rule}", **{field: rule})
+        moved = [convention_distribution(case.logits[j], case.params, other, case.history.prompt_ids,
+                                         case.history.output_ids) for j in range(case.rows)]
+        power = 1.0 - math.prod(1.0 - detection_power(b, m, case.n_samples, alpha) for b, m in zip(base, moved))
+        if power < REQUIRED_POWER:
+            problems.append(f"{case.name}: {name} ties cut {rule} are not detectable (power {power:.3g})")
     return problems
 
 

@@ -21,6 +21,9 @@ class SamplingCase:
     together).  ``tail_tokens``: the token set of the exact tail-mass test (None: no tail test).
     ``index_bins``: test on this many contiguous token-index ranges instead of per-token bins (for
     biases that act by index, e.g. tie-breaking); None: per-token bins, sparse ones pooled.
+    ``tie_filter``: the case puts exact ties at this filter's threshold, so it tests the tie rule
+    (keep every tied token, or cut by sort position: `runnercheck.checks.chisq.conventions`), not a move of
+    the threshold; ``binds`` is then empty (a move of a threshold inside a tie changes nothing).
     """
 
     name: str
@@ -33,6 +36,7 @@ class SamplingCase:
     index_bins: int | None = None
     description: str = ""
     binds: tuple[str, ...] = ()
+    tie_filter: str | None = None  # the case tests the tie rule at this filter's threshold (`binding.case_problems`)
 
     @property
     def rows(self) -> int:
@@ -47,7 +51,7 @@ class SamplingCase:
         params = {f.name: getattr(p, f.name) for f in SAMPLING_FIELDS if getattr(p, f.name) != f.neutral}
         return {"case": self.name, "group": self.group, "vocab_size": self.vocab_size, "rows": self.rows,
                 "params": params, "n_samples": self.n_samples, "prompt_len": len(self.history.prompt_ids),
-                "num_outputs": len(self.history.output_ids), "binds": list(self.binds), "description": self.description}
+                "num_outputs": len(self.history.output_ids), "binds": list(self.binds), "tie_filter": self.tie_filter, "description": self.description}
 
 
 __all__ = ["SamplingCase"]

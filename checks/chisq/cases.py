@@ -195,6 +195,7 @@ def build_cases(quick: bool = True) -> list[SamplingCase]:
                               description="logits within ~1e-3 of each other"))
     cases.append(SamplingCase("exact-ties-v16-index-bins", "near-ties", torch.zeros(1, 16), SamplingParams(), n,
                               index_bins=4, description="16 equal logits; 4 contiguous index bins expose tie-breaking by index"))
+    cases.append(top_p_ties_case(n))
     base1000 = _normal(1000, 2.0, 1000)
     p1000 = _top_p_between_tokens(base1000.numpy() / 1.2, 0.3)
     cases.append(SamplingCase(f"v1000-t1.2-p{p1000:g}", "vocab", _row(base1000), SamplingParams(temperature=1.2, top_p=p1000),
@@ -217,7 +218,40 @@ def build_cases(quick: bool = True) -> list[SamplingCase]:
                                   n, binds=("min_p",), description=f"min_p={min_p} keeps 120 tokens, top-k 200 on but slack"))
         cases.append(_tail_case("tail-d16-65536-v65537", 16.0, 65536, 20_000,
                                 "one head token, 2^16 tokens 16 logits below: ~150 expected tail hits"))
+        cases += coarse_probe_cases()
     return cases
+
+
+def _probe_depth(tail: int, p_token: float) -> float:
+    """Logits below a head at 0 at which each of ``tail`` equal tokens has probability ``p_token``."""
+    return -math.log(p_token / (1.0 - tail * p_token))
+
+
+def coarse_probe_cases(n: int = 200_000) -> list[SamplingCase]:
+    """Full-mode probes of coarse arithmetic (`runnercheck.checks.chisq.planted_cdf`; power: `power_table`):
+
+    * fp16 probabilities: 2^16 tail tokens of probability 1.25 * 2^-24 each, which fp16 stores as 2^-24
+      (tail mass 4.9e-3 drawn 20% too rarely: the tail test sees it in ~1e5 draws);
+    * 16-bit uniforms: 4096 tokens of probability 2.5 * 2^-16 each, which a 2^16-point uniform draws
+      with 2 or 3 points' probability (+-20% per token; per-token bins need >= 1.3e5 draws).
+    """
+    fp16_tail, u16_tail = 1 << 16, 4096
+    fp16_depth = _probe_depth(fp16_tail, 1.25 * 2.0**-24)
+    u16_depth = _probe_depth(u16_tail, 2.5 * 2.0**-16)
+    return [_tail_case("fp16-probe-65536-v65537", fp16_depth, fp16_tail, n,
+                       f"2^16 tokens {fp16_depth:.3f} logits below the head: 1.25 * 2^-24 each (fp16 keeps 2^-24)"),
+            replace(_tail_case("u16-probe-4096-v4097", u16_depth, u16_tail, n,
+                               f"4096 tokens {u16_depth:.3f} logits below the head: 2.5 * 2^-16 each"), tail_tokens=None)]
+
+
+def top_p_ties_case(n: int) -> SamplingCase:
+    """Four exactly tied tokens under the head, top-p reached halfway through them: the contract keeps all
+    four, a sort-position cut (vLLM, transformers, SGLang torch) keeps two (`runnercheck.checks.chisq.conventions`)."""
+    scores = torch.tensor([2.0, 1.0, 1.0, 1.0, 1.0] + [0.5 - 0.25 * i for i in range(11)], dtype=torch.float64)
+    probs = torch.softmax(scores, 0)
+    top_p = round(float(probs[0] + 1.5 * probs[1]), 6)
+    return SamplingCase("top-p-ties-v16", "near-ties", _row(scores), SamplingParams(top_p=top_p), n, tie_filter="top_p",
+                        description=f"tokens 1-4 tied; top_p={top_p} is reached after two of them")
 
 
 def deep_tail_cases() -> list[SamplingCase]:
@@ -241,6 +275,7 @@ def power_cases() -> dict[str, tuple[SamplingCase, str]]:
     near 22-23, which only a deep tail shows, ~1e12 token-draws (full mode on CUDA).
     """
     by_name = {c.name: c for c in build_cases(quick=True)}
+    coarse = {c.name: c for c in coarse_probe_cases()}
     probe = _tail_case("inf-noise-probe-d30-32767-v32768", 30.0, 32767, 12_000,
                        "2^15 tokens 30 logits below (correct: ~4e-5 expected hits); +inf noise picks them")
     deep = _tail_case("deep-tail-d24-65536-v65537", 24.0, 65536, 16_000_000,
@@ -256,6 +291,8 @@ def power_cases() -> dict[str, tuple[SamplingCase, str]]:
         "bf16-noise": (replace(by_name["exact-ties-v16-index-bins"], n_samples=2_000_000), "quick"),
         "u24-uniform": (replace(probe, n_samples=6_000), "full"),
         "fp16-noise": (probe, "full"),
+        "fp16-probabilities": (coarse["fp16-probe-65536-v65537"], "gpu"),
+        "u16-uniform": (coarse["u16-probe-4096-v4097"], "full"),
         "u31-floor": (deep, "gpu"),
         "u32-uniform": (deep, "gpu"),
     }

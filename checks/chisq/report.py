@@ -22,6 +22,9 @@ MAX_BIN_PLOTS = 6
 # Result kinds of a case whose isolated sampler process died in it (`runnercheck.checks.chisq.isolated`).
 SAMPLER_DIED = ("crash", "timeout")
 MAX_BINS_PER_PLOT = 40
+MAX_RESIDUAL_PLOTS = 6
+QUICK_BLIND_NOTE = ("Quick mode cannot detect probabilities rounded to fp16 or 16-bit uniforms in inverse-CDF sampling "
+                    "(too few draws; docs/CHISQ.md, what each mode can detect): run full mode on CUDA for those.")
 
 
 def _json_safe(value: Any) -> Any:
@@ -71,8 +74,10 @@ def _markdown_body(summary: RunSummary, verdict: str) -> str:
         f"# Sampler chi-square report: {verdict}",
         "",
         f"sampler `{summary.sampler}` on `{summary.device}`, {'quick' if summary.quick else 'full'} matrix, seed {summary.seed}, "
-        f"{len(summary.tests)} tests, {summary.correction} correction at alpha {summary.alpha:g}, {summary.elapsed_s:.1f} s",
+        f"convention `{summary.convention}`, {len(summary.tests)} tests of the sampler, {summary.correction} correction at "
+        f"alpha {summary.alpha:g}, {summary.elapsed_s:.1f} s",
         "",
+        *([QUICK_BLIND_NOTE, ""] if summary.quick else []),
         *([f"**{summary.not_run}**", ""] if summary.not_run else []),
         "| test | kind | n | statistic | dof | p | adjusted p | passed | notes |",
         "|---|---|---:|---:|---:|---:|---:|:---:|---|",
@@ -81,6 +86,16 @@ def _markdown_body(summary: RunSummary, verdict: str) -> str:
         stat = "inf" if not math.isfinite(t.statistic) else f"{t.statistic:.4g}"
         lines.append(f"| {t.name} | {t.kind} | {t.n_samples} | {stat} | {t.dof} | {_fmt_p(t.p_value)} | "
                      f"{_fmt_p(t.adjusted_p_value)} | {'yes' if t.passed else '**NO**'} | {t.notes} |")
+    from runnercheck.checks.chisq.diagnosis_report import markdown_lines as diagnosis_lines
+
+    lines += diagnosis_lines(summary)
+    if summary.builtin_tests:
+        lines += ["", "## Built-in speculative verifier (not the sampler under test)", "",
+                  "These cases run on runnercheck's own verifier (checks/chisq/spec.py); they are not counted as the "
+                  "sampler's result. A failure here is a bug of runnercheck and still fails the run.", "",
+                  "| test | kind | n | p | adjusted p | passed | notes |", "|---|---|---:|---:|---:|:---:|---|"]
+        lines += [f"| {t.name} | {t.kind} | {t.n_samples} | {_fmt_p(t.p_value)} | {_fmt_p(t.adjusted_p_value)} | "
+                  f"{'yes' if t.passed else '**NO**'} | {t.notes} |" for t in summary.builtin_tests]
     if summary.skipped:
         lines += ["", "Skipped cases:", ""] + [f"* {s['case']}: {s['reason']}" for s in summary.skipped]
     c = summary.calibration
@@ -90,7 +105,9 @@ def _markdown_body(summary: RunSummary, verdict: str) -> str:
                   f"(rate {c.rejection_rate:.3f}); {c.coverage:.1%} binomial band [{c.band[0]}, {c.band[1]}]: "
                   f"{'in band' if c.passed else '**OUT OF BAND**'}. KS p-value of the p-values vs U(0,1): {c.ks_p_value:.3g}."]
     if summary.power:
-        lines += ["", "## Power (planted biases)", "", "| bias | case | repeats | rejected | power | required | passed |",
+        lines += ["", "## Power self-test (built-in sampler with planted biases, not the sampler under test)", "",
+                  "Each planted bias is runnercheck's own sampler with one deliberate error: this says what the tests "
+                  "can catch, not how the sampler under test did.", "", "| bias | case | repeats | rejected | power | required | passed |",
                   "|---|---|---:|---:|---:|---:|:---:|"]
         for p in summary.power:
             lines.append(f"| {p.bias} | {p.config_name} | {p.repeats} | {p.rejections} | {p.power:.2f} | "
@@ -182,8 +199,13 @@ def html_report(summary: RunSummary, prov: dict | None = None) -> str:
         images.append(("observed vs expected, lowest adjusted p first", _png(_bins_figure(worst[:MAX_BIN_PLOTS]))))
         hist, qq = _pvalue_figures(summary)
         images += [("p-value histogram", _png(hist)), ("QQ plot", _png(qq))]
+    from runnercheck.checks.chisq.diagnosis_report import diagnosed, residual_figure
+
+    failed = diagnosed(summary)[:MAX_RESIDUAL_PLOTS]
+    if failed:
+        images.append(("residuals of the kept tokens (linear scale), failed cases", _png(residual_figure(failed))))
     if summary.power:
-        images.append(("power of the planted biases", _png(_power_figure(summary))))
+        images.append(("power of the planted biases (built-in sampler self-test)", _png(_power_figure(summary))))
     body = "\n".join(f'<h3>{html.escape(title)}</h3><img alt="{html.escape(title)}" src="data:image/png;base64,{data}">'
                      for title, data in images)
     md = html.escape(markdown(summary, prov))
@@ -212,14 +234,15 @@ def junit_cases(summary: RunSummary) -> list:
     from runnercheck.checks.junit import JUnitCase
 
     cases = []
-    for t in summary.tests:
+    for t in [*summary.tests, *summary.builtin_tests]:
         failure = None
         if not t.passed:
             failure = (f"{t.name}: sampler contract violated: {t.notes}" if t.kind == "contract" else
                        f"{t.name}: {t.notes}" if t.kind in SAMPLER_DIED else
                        f"{t.name} rejected ({t.kind}): adjusted p = {_fmt_p(t.adjusted_p_value)} < alpha {summary.alpha:g} "
                        f"(p = {_fmt_p(t.p_value)}, {t.n_samples} draws){'; ' + t.notes if t.notes else ''}")
-        cases.append(JUnitCase(t.name, f"runnercheck.chisq.{t.config.get('group', t.kind)}", time_s=t.elapsed_s, failure=failure,
+        where = "builtin." if any(t is b for b in summary.builtin_tests) else ""
+        cases.append(JUnitCase(t.name, f"runnercheck.chisq.{where}{t.config.get('group', t.kind)}", time_s=t.elapsed_s, failure=failure,
                                properties={"run_seed": summary.seed, "case_seed": t.config.get("seed"), "position_offset": t.config.get("position_offset"),
                                            "kind": t.kind, "p_value": t.p_value, "adjusted_p_value": t.adjusted_p_value}))
     for s in summary.skipped:
@@ -267,8 +290,18 @@ def print_summary(summary: RunSummary, out_dir: str | Path | None = None, junit:
     if failed:
         table = Table("failed test", "p", "adjusted p", "notes", title="failures (first 15)")
         for t in failed[:15]:
-            table.add_row(t.name, _fmt_p(t.p_value), _fmt_p(t.adjusted_p_value), t.notes[:60])
+            table.add_row(t.name, _fmt_p(t.p_value), _fmt_p(t.adjusted_p_value), t.notes)
         console.print(table)
+    from runnercheck.checks.chisq.diagnosis_report import terminal_lines
+
+    for line in terminal_lines(summary):
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+    builtin_failed = [t for t in summary.builtin_tests if not t.passed]
+    if summary.builtin_tests:
+        console.print(f"built-in speculative verifier (not the sampler under test): {len(summary.builtin_tests)} tests, "
+                      f"{len(builtin_failed)} failed" + (": " + ", ".join(t.name for t in builtin_failed) if builtin_failed else ""))
+    if summary.quick:
+        console.print(QUICK_BLIND_NOTE, highlight=False, soft_wrap=True)
     for t in failed:
         if t.kind == "contract":
             console.print(f"[red]sampler contract[/red] {t.name}: {t.notes}")
@@ -288,7 +321,8 @@ def print_summary(summary: RunSummary, out_dir: str | Path | None = None, junit:
                       f"-> {'ok' if c.passed else 'OUT OF BAND'}")
     if summary.power:
         weak = [p for p in summary.power if not p.passed]
-        console.print(f"power: {len(summary.power) - len(weak)}/{len(summary.power)} planted biases rejected as required"
+        console.print(f"power self-test (built-in sampler, not the sampler under test): "
+                      f"{len(summary.power) - len(weak)}/{len(summary.power)} planted biases rejected as required"
                       + (": weak " + ", ".join(f"{p.bias} ({p.power:.2f})" for p in weak) if weak else ""))
     if out_dir is not None:
         console.print(f"report: {Path(out_dir) / 'report.html'}")

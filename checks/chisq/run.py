@@ -116,10 +116,16 @@ def draw(
     return out
 
 
-def expected_rows(case: SamplingCase) -> list[np.ndarray]:
-    """The exact float64 distribution of each row (`runnercheck.reference.sampler.expected_distribution`)."""
+def expected_rows(case: SamplingCase, convention: str = "contract") -> list[np.ndarray]:
+    """The exact float64 distribution of each row: `runnercheck.reference.sampler.expected_distribution` under the
+    contract, `runnercheck.checks.chisq.conventions.convention_distribution` under another convention."""
     from runnercheck.reference.sampler import expected_distribution
 
+    if convention != "contract":
+        from runnercheck.checks.chisq.conventions import convention_distribution
+
+        return [convention_distribution(case.logits[j], case.params, convention, case.history.prompt_ids,
+                                        case.history.output_ids) for j in range(case.rows)]
     return [
         expected_distribution(case.logits[j].to(torch.float64), case.params,
                               case.history.prompt_ids, case.history.output_ids).numpy()
@@ -183,6 +189,7 @@ class RunOptions:
     shard: tuple[int, int] = (0, 1)  # (I, N): every N-th matrix case and planted bias from I; spec cases, calibration in I = 0
     # The sampler is third-party code: run it in a child process (`runnercheck.checks.chisq.isolated.Isolation`).
     isolation: Isolation | None = None
+    convention: str = "contract"  # `runnercheck.checks.chisq.conventions.CONVENTIONS` name the expected distributions follow
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -225,11 +232,26 @@ def run_case(sampler: Callable, case: SamplingCase, opts: RunOptions, device: to
         failures = [contract_failure(case.name, {**case.describe(), "seed": seed, "position_offset": offset}, e)]
         stats.share_wall_time(failures, time.perf_counter() - started)
         return CaseOutcome(case.name, failures=failures)
-    results = evaluate(case, tokens, expected_rows(case), opts.alpha)
+    expected = expected_rows(case, opts.convention)
+    results = evaluate(case, tokens, expected, opts.alpha)
+    attach_diagnoses(case, tokens, expected, results, opts)
     for result in results:
         result.config.update(seed=seed, position_offset=offset)  # what a rerun of this case needs
     stats.share_wall_time(results, time.perf_counter() - started)  # each test's share of its case's time (JUnit)
     return CaseOutcome(case.name, results=results)
+
+
+def attach_diagnoses(case: SamplingCase, tokens: np.ndarray, expected: Sequence[np.ndarray],
+                     results: Sequence[stats.TestResult], opts: RunOptions) -> None:
+    """A row test that rejects (uncorrected) gets its diagnosis (`runnercheck.checks.chisq.diagnosis`): cheap, and
+    the correction that decides pass/fail comes later, over the whole family."""
+    from runnercheck.checks.chisq.diagnosis import diagnose
+
+    for j in range(case.rows):
+        name = f"{case.name}/row{j}" if case.rows > 1 else case.name
+        for r in results:
+            if r.name == name and r.kind == "chisq" and r.p_value < opts.alpha:
+                r.diagnosis = diagnose(case, stats.token_counts(tokens[:, j], case.vocab_size), expected[j], opts.convention, j)
 
 
 def run_calibration_unit(sampler: Callable, opts: RunOptions, device: torch.device,
@@ -398,7 +420,7 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True,
     device = resolve_device(opts.device)
     started = time.perf_counter()
     # Each phase's results are bound once it finished: an interrupt keeps exactly the finished ones.
-    results, skipped, calibration, power, not_run = [], [], None, [], None
+    results, skipped, calibration, power, not_run, builtin = [], [], None, [], None, []
     stopped = CatchInterrupt(enabled=keep_partial)
     with stopped, single_threaded_on_cpu(device), Progress(TextColumn("{task.description:<40}"), BarColumn(), TextColumn("{task.fields[done]:.3g} token-draws"),
                   TimeElapsedColumn(), disable=not show_progress, transient=True) as bar:
@@ -416,10 +438,10 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True,
         results, skipped = collect(outcomes[:len(cases)], opts)
         if opts.matrix and opts.spec and first_shard:
             tick("speculative verification", 0)
-            results += run_spec_cases(default_spec_verifier(device.type), quick=opts.quick, seed=opts.seed,
+            builtin = run_spec_cases(default_spec_verifier(device.type), quick=opts.quick, seed=opts.seed,
                                       alpha=opts.alpha, correction=opts.correction, samples=opts.samples,
                                       case_filter=opts.case_filter)
-        not_run = zero_cases_reason(len(matched), len(cases), skipped, opts) if opts.matrix and not results else None
+        not_run = zero_cases_reason(len(matched), len(cases), skipped, opts) if opts.matrix and not (results or builtin) else None
         calibration = None
         for unit in outcomes[len(cases):]:
             calibration = unit.calibration
@@ -437,7 +459,7 @@ def run_all(sampler: Callable, opts: RunOptions, *, show_progress: bool = True,
         correction=opts.correction, tests=results, skipped=skipped, calibration=calibration, power=power,
         elapsed_s=time.perf_counter() - started, shard=None if opts.shard[1] == 1 else "{}/{}".format(*opts.shard),
         interrupted=stopped.note() and f"{stopped.note()}; only the parts that finished are reported",
-        not_run=not_run,
+        not_run=not_run, convention=opts.convention, builtin_tests=builtin,
     )
 
 
@@ -461,6 +483,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-isolation", action="store_true",
                         help="run a third-party sampler in this process (for a debugger): a crash then ends the run "
                              "with no report, and --timeout does not apply")
+    from runnercheck.checks.chisq.conventions import CONVENTIONS
+
+    parser.add_argument("--convention", default="contract", choices=list(CONVENTIONS), metavar="NAME",
+                        help="the sampling convention the expected distributions follow: " + ", ".join(CONVENTIONS)
+                             + " (default contract: docs/SAMPLING.md; docs/CHISQ.md cites each engine's source)")
     parser.add_argument("--seed", type=int, default=0, help="base seed of the draws (each case derives its own from it)")
     parser.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help="family-wise level after correction")
     parser.add_argument("--correction", default="holm", choices=list(stats.CORRECTIONS),
@@ -570,7 +597,7 @@ def run(args: argparse.Namespace) -> int:
                       biases=tuple(args.biases) if args.biases else None, power_repeats=args.power_repeats,
                       max_rows_per_call=args.max_rows_per_call,
                       shard=(args.shard.index, args.shard.count) if getattr(args, "shard", None) else (0, 1),
-                      isolation=isolation_for(spec, args.timeout, args.no_isolation))
+                      isolation=isolation_for(spec, args.timeout, args.no_isolation), convention=args.convention)
     try:
         summary = run_all(sampler, opts, keep_partial=True)
     finally:

@@ -420,9 +420,20 @@ torch_multinomial_sampler.supported_params = frozenset({"temperature", "top_k", 
 
 @dataclass(frozen=True)
 class PlantedBias:
+    """One planted bias: a `GumbelVariant` of the baseline, or (``factory``) another sampler of ours."""
+
     name: str
     variant: GumbelVariant
     description: str
+    factory: Callable[[], Callable] | None = None
+
+
+def _inverse_cdf(**knobs) -> Callable[[], Callable]:
+    def make() -> Callable:
+        from runnercheck.checks.chisq.planted_cdf import InverseCdfSampler
+
+        return InverseCdfSampler(**knobs)
+    return make
 
 
 PLANTED_BIASES: dict[str, PlantedBias] = {
@@ -441,13 +452,19 @@ PLANTED_BIASES: dict[str, PlantedBias] = {
         PlantedBias("draft-shared-noise", GumbelVariant(share_request_noise=True), "draft rows reuse the target row's noise position"),
         PlantedBias("min-p-before-temperature", GumbelVariant(min_p_before_temperature=True),
                     "min-p threshold taken on the logits before temperature scaling"),
+        PlantedBias("fp16-probabilities", GumbelVariant(), "inverse-CDF sampling from probabilities stored in fp16",
+                    factory=_inverse_cdf(probs="fp16", name="bias-fp16-probabilities")),
+        PlantedBias("u16-uniform", GumbelVariant(), "inverse-CDF sampling with a 16-bit uniform",
+                    factory=_inverse_cdf(uniform_bits=16, name="bias-u16-uniform")),
     )
 }
 
 
-def planted_sampler(name: str) -> GumbelSampler:
+def planted_sampler(name: str) -> Callable:
     if name not in PLANTED_BIASES:
         raise SamplerSpecError(f"unknown planted bias {name!r}; known: {', '.join(PLANTED_BIASES)}")
+    if PLANTED_BIASES[name].factory is not None:
+        return PLANTED_BIASES[name].factory()
     return GumbelSampler(PLANTED_BIASES[name].variant, name=f"bias-{name}")
 
 

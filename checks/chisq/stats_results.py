@@ -44,6 +44,7 @@ class TestResult:
     impossible_tokens: tuple[int, ...] = ()
     notes: str = ""
     elapsed_s: float = 0.0  # this test's share of its case's wall time (`share_wall_time`)
+    diagnosis: dict[str, Any] | None = None  # a failed row test: `runnercheck.checks.chisq.diagnosis.diagnose`
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -59,6 +60,7 @@ class TestResult:
             "impossible_tokens": list(self.impossible_tokens),
             "notes": self.notes,
             "elapsed_s": self.elapsed_s,
+            "diagnosis": self.diagnosis,
             "bins": [
                 {"label": b.label, "observed": b.observed, "expected": b.expected, "num_tokens": b.num_tokens}
                 for b in self.bins
@@ -172,6 +174,10 @@ class RunSummary:
     shard: str | None = None  # ``--shard I/N``: this job's share of the campaign (None: the whole campaign)
     interrupted: str | None = None  # where an interrupted run stopped; its report is incomplete and never passes
     not_run: str | None = None  # why the matrix, asked for, tested no case at all (the run then fails)
+    convention: str = "contract"  # the sampling convention the expected distributions follow (`conventions`)
+    # Tests that ran on the built-in speculative verifier, not on the sampler under test: reported in their own
+    # section and never counted as the sampler's result (a failure still fails the run: it is ours).
+    builtin_tests: list[TestResult] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -188,6 +194,7 @@ class RunSummary:
             and self.interrupted is None
             and self.not_run is None
             and not self.failed_tests
+            and all(t.passed for t in self.builtin_tests)
             and (self.calibration is None or self.calibration.passed)
             and all(p.passed for p in self.power)
             and not (self.csan or {}).get("races")
@@ -212,6 +219,8 @@ class RunSummary:
             "num_failed": len(self.failed_tests),
             "elapsed_s": self.elapsed_s,
             "tests": tests,
+            "convention": self.convention,
+            "builtin_tests": [t.to_dict() for t in self.builtin_tests],
             "skipped": self.skipped,
             "calibration": self.calibration.to_dict() if self.calibration else None,
             "power": [p.to_dict() for p in self.power],

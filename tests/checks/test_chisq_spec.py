@@ -138,8 +138,8 @@ def test_cli_runs_spec_cases_and_biases(tmp_path) -> None:
     rc = main(["chisq", "--quick", "--cases", "spec-q-near", "--no-calibration", "--biases", "spec-residual-abs",
                "--device", "cpu", "--out", str(tmp_path)])
     report = json.loads((tmp_path / "chisq.json").read_text())
-    names = {t["name"] for t in report["tests"]}
-    assert rc == 0 and names == {"spec-q-near-k2-v6/first-two-joint", "spec-q-near-k2-v6/emitted-length"}
+    names = {t["name"] for t in report["builtin_tests"]}
+    assert rc == 0 and report["tests"] == [] and names == {"spec-q-near-k2-v6/first-two-joint", "spec-q-near-k2-v6/emitted-length"}
     assert [(p["bias"], p["rejections"]) for p in report["power"]] == [("spec-residual-abs", 1)]
     # With the spec cases off, the filter matches no case at all: a usage error, nothing written.
     rc = main(["chisq", "--quick", "--cases", "spec-q-near", "--no-calibration", "--no-power", "--no-spec",
