@@ -81,11 +81,14 @@ def filtered_probs(logits: torch.Tensor, state: SamplingState, rows_map: torch.T
     num_kept = keep.sum(dim=1, keepdim=True)
     top_k = state.top_k.base.index_select(0, rows).unsqueeze(1).long()
     kth = ordered.gather(1, (top_k.clamp(1, vocab) - 1))
-    keep &= (top_k == -1) | (top_k >= num_kept) | (s >= kth)
+    no_top_k = (top_k == -1) | (top_k >= num_kept)
+    keep &= no_top_k | (s >= kth)
 
     top_p = state.top_p.base.index_select(0, rows).unsqueeze(1)
-    kept = torch.where(keep, s, neg_inf)
-    ordered = torch.sort(kept, dim=1, descending=True, stable=True).values
+    # The kept values after top-k, sorted: top-k keeps the prefix of ``ordered`` at or above kth, so masking
+    # the sorted values is the sort of the new kept row (values only: equal values are interchangeable) --
+    # one full-vocabulary sort per row instead of two.
+    ordered = torch.where(no_top_k | (ordered >= kth), ordered, neg_inf)
     cumulative = torch.cumsum(torch.softmax(ordered, dim=1), dim=1)
     reaching = cumulative >= top_p
     first = torch.where(reaching.any(dim=1, keepdim=True), torch.argmax(reaching.to(torch.int8), dim=1, keepdim=True),

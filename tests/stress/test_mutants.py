@@ -82,8 +82,8 @@ def _patchable(runner) -> dict[str, object]:
     parts.update({"graphs.inputs": runner.graphs.inputs, "state.row_state": runner.state.row_state,
                   **{f"graphs.{key.describe()}": g for key, g in runner.graphs.graphs.items()}})
     parts.update({"runnercheck.impl.runner": runner_module, "runnercheck.impl.sample.sampler": sampler_module})
-    if runner.proposer is not None and hasattr(runner.proposer, "verifier"):  # the draft-model proposer's verifier
-        parts["proposer.verifier"] = runner.proposer.verifier
+    if runner.proposer is not None and hasattr(runner.proposer, "verifier"):  # the draft-model proposer, its verifier
+        parts["proposer"], parts["proposer.verifier"] = runner.proposer, runner.proposer.verifier
     return parts
 
 
