@@ -111,6 +111,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from runnercheck.impl.kernels.interpreter import speed_up_interpreter
 
     speed_up_interpreter()
+    _convention(config)  # an unknown --runnercheck-convention is a usage error too (after TRITON_INTERPRET is set)
     if config.getoption("runnercheck_csan"):
         _enable_csan(config)
 
@@ -151,6 +152,16 @@ def _device_kind(config: pytest.Config) -> str:
     if kind == "cuda" and not _cuda_available():
         pytest.skip("--runnercheck-device cuda: no CUDA device here")
     return kind
+
+
+def _convention(config: pytest.Config) -> str:
+    """``--runnercheck-convention``: a shipped convention's name (`runnercheck.checks.chisq.conventions`), else a usage error."""
+    from runnercheck.checks.chisq.conventions import ConventionError, get_convention
+
+    try:
+        return get_convention(config.getoption("runnercheck_convention")).name
+    except ConventionError as e:
+        raise pytest.UsageError(f"--runnercheck-convention: {e}") from None
 
 
 def _timeout(config: pytest.Config) -> float | None:
@@ -434,12 +445,7 @@ class ChisqCheck:
         seed = self._config.getoption("runnercheck_seed") if seed is None else seed
         device = torch.device("cuda" if _cuda_available() else "cpu")
         fn, isolation = self._sampler(sampler, device)
-        from runnercheck.checks.chisq.conventions import ConventionError, get_convention
-
-        try:
-            convention = get_convention(self._config.getoption("runnercheck_convention")).name
-        except ConventionError as e:
-            raise pytest.UsageError(f"--runnercheck-convention: {e}") from None
+        convention = _convention(self._config)
         opts = chisq.RunOptions(quick=quick, samples=samples, seed=seed, alpha=alpha, max_rows_per_call=max_rows_per_call,
                                 isolation=isolation, convention=convention)
         started = time.perf_counter()

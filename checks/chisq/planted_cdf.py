@@ -17,7 +17,7 @@ behind their sizes are `runnercheck.checks.chisq.power_table`.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -65,4 +65,9 @@ class InverseCdfSampler:
         return token[:, 0]
 
 
-__all__ = ["InverseCdfSampler"]
+def inverse_cdf_factory(**knobs) -> Callable[[], Callable]:
+    """A `runnercheck.checks.chisq.samplers.PlantedBias` factory: an `InverseCdfSampler` with these knobs."""
+    return lambda: InverseCdfSampler(**knobs)
+
+
+__all__ = ["InverseCdfSampler", "inverse_cdf_factory"]

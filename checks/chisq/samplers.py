@@ -33,6 +33,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from runnercheck.checks.chisq.planted_cdf import inverse_cdf_factory
 from runnercheck.checks.loader import LoaderError, SpecNotCallableError, SpecNotFoundError, SpecSyntaxError, load_callable, spec_of
 from runnercheck.impl.interface import SAMPLING_FIELDS, SamplingParams
 
@@ -428,14 +429,6 @@ class PlantedBias:
     factory: Callable[[], Callable] | None = None
 
 
-def _inverse_cdf(**knobs) -> Callable[[], Callable]:
-    def make() -> Callable:
-        from runnercheck.checks.chisq.planted_cdf import InverseCdfSampler
-
-        return InverseCdfSampler(**knobs)
-    return make
-
-
 PLANTED_BIASES: dict[str, PlantedBias] = {
     b.name: b
     for b in (
@@ -453,9 +446,9 @@ PLANTED_BIASES: dict[str, PlantedBias] = {
         PlantedBias("min-p-before-temperature", GumbelVariant(min_p_before_temperature=True),
                     "min-p threshold taken on the logits before temperature scaling"),
         PlantedBias("fp16-probabilities", GumbelVariant(), "inverse-CDF sampling from probabilities stored in fp16",
-                    factory=_inverse_cdf(probs="fp16", name="bias-fp16-probabilities")),
+                    factory=inverse_cdf_factory(probs="fp16", name="bias-fp16-probabilities")),
         PlantedBias("u16-uniform", GumbelVariant(), "inverse-CDF sampling with a 16-bit uniform",
-                    factory=_inverse_cdf(uniform_bits=16, name="bias-u16-uniform")),
+                    factory=inverse_cdf_factory(uniform_bits=16, name="bias-u16-uniform")),
     )
 }
 
