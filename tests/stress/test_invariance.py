@@ -115,3 +115,16 @@ def test_the_builtin_runner_passes_on_cuda_with_every_scenario():
 def test_each_batch_mutant_is_killed_on_cuda(mutant):
     _, first = run_mutant_check(mutant, "cuda", 0)
     assert first is not None, f"{mutant} survived on cuda"
+
+
+def test_fixture_arguments_that_name_nothing_are_refused_before_any_run():
+    from runnercheck.stress.invariance.fixture import FixtureArgumentError, invariance_for_test
+
+    def never_built(*args, **kwargs):
+        raise AssertionError("no runner may be built for a bad argument")
+
+    common = dict(kind="sim", seed=0, probes=1, max_tokens=1, batch_sizes=None, tolerance=0.0, report_dir=None)
+    with pytest.raises(FixtureArgumentError, match="unknown scenario kinds"):
+        invariance_for_test(never_built, "x", model="micro", scenarios=["sideways"], **common)
+    with pytest.raises(FixtureArgumentError, match="preset"):
+        invariance_for_test(never_built, "x", model="huge", scenarios=None, **common)
