@@ -504,32 +504,19 @@ class InvarianceCheck:
     def __call__(self, runner: Callable | str | None = None, *, seed: int | None = None, model: str = "micro",
                  probes: int = 3, max_tokens: int = 6, scenarios: Sequence[str] | None = None,
                  batch_sizes: Sequence[int] | None = None, tolerance: float = 0.0) -> Any:
-        from runnercheck.impl.model.weights import WeightsError, preset
-        from runnercheck.stress.invariance.checker import InvarianceConfig, check_invariance
-        from runnercheck.stress.invariance.report import build_summary, write_report
-        from runnercheck.stress.invariance.scenarios import SCENARIO_KINDS
-        from runnercheck.stress.run.config import default_limits
+        from runnercheck.stress.invariance.fixture import FixtureArgumentError, invariance_for_test
 
         config = self._request.config
         factory = _load_factory(_canonical(runner), "runnercheck_invariance") if isinstance(runner, str) else (runner or self._factory)
-        kinds = tuple(scenarios) if scenarios is not None else SCENARIO_KINDS
-        unknown = sorted(set(kinds) - set(SCENARIO_KINDS))
-        if unknown or not kinds:
-            raise pytest.UsageError(f"runnercheck_invariance: unknown scenario kinds {unknown} (known: {', '.join(SCENARIO_KINDS)})")
-        try:
-            model_config = preset(model)
-        except WeightsError as e:
-            raise pytest.UsageError(f"runnercheck_invariance: {e}") from None
         seed = config.getoption("runnercheck_seed") if seed is None else seed
         kind = _device_kind(config)
-        check = InvarianceConfig(kind, seed, model_config, default_limits(model_config, num_kv_blocks=64), num_probes=probes,
-                                 max_tokens=max_tokens, batch_sizes=tuple(batch_sizes) if batch_sizes else None,
-                                 kinds=kinds, tolerance=tolerance)
         name = runner if isinstance(runner, str) else getattr(factory, "__qualname__", repr(factory))
-        result = check_invariance(factory, check, runner_name=name)
-        report = _report_dir(self._request)
-        if report is not None:
-            write_report(report, build_summary(result))
+        try:
+            result = invariance_for_test(factory, name, kind=kind, seed=seed, model=model, probes=probes,
+                                         max_tokens=max_tokens, scenarios=scenarios, batch_sizes=batch_sizes,
+                                         tolerance=tolerance, report_dir=_report_dir(self._request))
+        except FixtureArgumentError as e:
+            raise pytest.UsageError(f"runnercheck_invariance: {e}") from None
         for key, value in (("runner", name), ("device", kind), ("seed", seed), ("scenarios", len(result.scenarios)),
                            ("differences", len(result.differences))):
             self._record(f"runnercheck.invariance.{key}", value)

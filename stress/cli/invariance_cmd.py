@@ -2,7 +2,7 @@
 
     runnercheck invariance --device {auto,sim,cuda,cpu} --seed S [--runner SPEC] [--model micro|tiny]
                            [--probes N] [--max-tokens N] [--batch-sizes N ...] [--scenarios KIND ...]
-                           [--tolerance X] [--mutant NAME] [--eager] --out DIR
+                           [--tolerance X] [--mutant NAME] [--eager] [--timeout S] [--in-process] --out DIR
 
 A front-end over `runnercheck.stress.invariance.checker.check_invariance` (docs/INVARIANCE.md): each
 probe request runs alone, then in batches of other sizes and compositions, and its tokens and
@@ -10,8 +10,8 @@ logprobs must match bit for bit.  ``batch_invariant=True`` goes to runner factor
 The report folder DIR is written atomically: ``summary.json`` and ``summary.md``
 (`runnercheck.stress.invariance.report`).  Exit 0 when every scenario matches, 1 on a difference or a
 crash, 2 on bad arguments, 130 when interrupted (the scenarios that finished are reported, marked
-incomplete).  The check runs in this process: a runner that hangs is stopped by the caller's own
-timeout, not by this command.
+incomplete).  The check runs in a child process (`runnercheck.stress.invariance.isolated`): a runner
+that crashes, or runs past ``--timeout``, fails the check with the scenarios that finished reported.
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ import argparse
 import sys
 
 from runnercheck.impl.model.weights import PRESETS
-from runnercheck.stress.cli.options import RUNNER_HELP, add_runner_option, float_type, int_type
+from runnercheck.checks.child import DEFAULT_RUN_TIMEOUT_S
+from runnercheck.stress.cli.options import RUNNER_HELP, add_runner_option, add_timeout_option, float_type, int_type, timeout_seconds
 from runnercheck.stress.invariance.scenarios import SCENARIO_KINDS
 from runnercheck.stress.run.runners import DEFAULT_RUNNER_SPEC
 
@@ -43,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mutant", default=None,
                         help="install a deliberate bug from the catalogue into every runner (e.g. a batch-dependence "
                              "mutant of runnercheck.stress.mutants.batch; default: none)")
+    parser.add_argument("--in-process", action="store_true", help="run in this process (no crash isolation; for debugging)")
+    add_timeout_option(parser, DEFAULT_RUN_TIMEOUT_S, "the check (it runs in its own process)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
     from runnercheck.impl.model.weights import preset
     from runnercheck.stress.invariance.checker import InvarianceConfig, InvarianceSetupError, check_invariance
+    from runnercheck.stress.invariance.isolated import isolated_invariance
     from runnercheck.stress.invariance.report import build_summary, print_result, scenario_line, write_report
     from runnercheck.stress.run.config import RunSetupError, check_model_size, default_limits
     from runnercheck.stress.run.harness import apply_mutant, load_runner_factory
@@ -90,8 +94,12 @@ def run(args: argparse.Namespace) -> int:
     partial: list = []
     interrupt: KeyboardInterrupt | None = None
     try:
-        result = check_invariance(factory, config, runner_name=args.runner, prepare=prepare, on_scenario=progress,
-                                  partial=partial)
+        if args.in_process:
+            result = check_invariance(factory, config, runner_name=args.runner, prepare=prepare, on_scenario=progress,
+                                      partial=partial)
+        else:
+            result = isolated_invariance(args.runner, config, mutant=args.mutant, timeout_s=timeout_seconds(args.timeout),
+                                         on_scenario=progress, partial=partial)
     except (InvarianceSetupError, RunSetupError) as e:
         print(f"runnercheck invariance: {e}", file=sys.stderr)
         return 2

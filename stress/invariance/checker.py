@@ -115,11 +115,13 @@ def runner_kwargs(factory: Callable, cuda_graphs: bool) -> dict:
 def check_invariance(factory: Callable, config: InvarianceConfig, *, runner_name: str = "",
                      prepare: Callable[[Any], Any] | None = None,
                      on_scenario: Callable[[ScenarioOutcome, int, int], None] | None = None,
-                     partial: list[InvarianceResult] | None = None) -> InvarianceResult:
+                     partial: list[InvarianceResult] | None = None,
+                     on_start: Callable[[InvarianceResult], None] | None = None) -> InvarianceResult:
     """Run every scenario of ``config`` through runners from ``factory``; see the module docstring.
 
     ``partial``: the result is appended to it before the first scenario runs and filled in as they
-    finish, so a caller interrupted mid-check still holds the scenarios that finished."""
+    finish, so a caller interrupted mid-check still holds the scenarios that finished; ``on_start``
+    gets the (empty) result as soon as the probes are known."""
     from runnercheck.impl.device import Device
     from runnercheck.impl.model.weights import random_weights
 
@@ -141,6 +143,8 @@ def check_invariance(factory: Callable, config: InvarianceConfig, *, runner_name
     result = InvarianceResult(config, runner_name, kwargs, [p.describe() for p in probes])
     if partial is not None:
         partial.append(result)
+    if on_start is not None:
+        on_start(result)
     total = len(plan.alone) + len(plan.batched)
     alone: dict[str, Any] = {}
     for i, scenario in enumerate(plan.alone + plan.batched):

@@ -12,8 +12,9 @@ only what shares its steps:
                 top-p, min-p, penalties, prompt logprobs) interleaved: batchmates that switch paths
 ``staggered``   probes arriving one every two steps: the batch grows and shrinks, prefills share
                 steps with decodes, num_tokens changes every step
-``size-N``      the first probe with N - 1 companions (N from ``batch_sizes``; by default every size
-                from 2 to max_num_reqs, so every CUDA-graph bucket and its edges are crossed)
+``size-N``      one probe with N - 1 companions (N from ``batch_sizes``; by default every size from 2 to
+                max_num_reqs, so every CUDA-graph bucket and its edges are crossed; the probes take the
+                sizes in turn)
 ``chunked``     all probes with a step budget of a few tokens: prefills split at other boundaries
 ``prefix-hit``  each probe after a warm-up request with the same prompt has finished, prefix
                 caching on: its leading blocks come from the cache (the alone runs are misses)
@@ -166,11 +167,11 @@ def plan_scenarios(probes: tuple[ProbeRequest, ...], limits: RunnerLimits, *, se
                             tuple(Arrival(p.name, p, tick=2 * i) for i, p in enumerate(probes))))
     if "size" in kinds:
         sizes = batch_sizes if batch_sizes is not None else tuple(range(2, limits.max_num_reqs + 1))
-        first = probes[0]
         for n in sizes:
+            probe = probes[(n - 2) % len(probes)]  # sizes take the probes in turn: each sampling path meets a size
             mates = tuple(Arrival(f"{c.name}", c, probe=False) for c in companions[: n - 1])
-            out.append(Scenario(f"size-{n}", "size", f"{first.name} in a batch of {n} (with {n - 1} companions)",
-                                (Arrival(first.name, first),) + mates))
+            out.append(Scenario(f"size-{n}", "size", f"{probe.name} in a batch of {n} (with {n - 1} companions)",
+                                (Arrival(probe.name, probe),) + mates))
     if "chunked" in kinds:
         budget = max(2, min(limits.block_size // 2 + 1, limits.max_num_batched_tokens - 1))
         out.append(Scenario("chunked", "chunked", f"all probes, step budget {budget} tokens (prefills chunked)",

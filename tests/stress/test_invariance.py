@@ -115,3 +115,41 @@ def test_the_builtin_runner_passes_on_cuda_with_every_scenario():
 def test_each_batch_mutant_is_killed_on_cuda(mutant):
     _, first = run_mutant_check(mutant, "cuda", 0)
     assert first is not None, f"{mutant} survived on cuda"
+
+
+def test_fixture_arguments_that_name_nothing_are_refused_before_any_run():
+    from runnercheck.stress.invariance.fixture import FixtureArgumentError, invariance_for_test
+
+    def never_built(*args, **kwargs):
+        raise AssertionError("no runner may be built for a bad argument")
+
+    common = dict(kind="sim", seed=0, probes=1, max_tokens=1, batch_sizes=None, tolerance=0.0, report_dir=None)
+    with pytest.raises(FixtureArgumentError, match="unknown scenario kinds"):
+        invariance_for_test(never_built, "x", model="micro", scenarios=["sideways"], **common)
+    with pytest.raises(FixtureArgumentError, match="preset"):
+        invariance_for_test(never_built, "x", model="huge", scenarios=None, **common)
+
+
+def test_a_runner_that_dies_in_a_batch_is_a_failed_check_with_the_scenarios_before_it(tmp_path, capsys):
+    """The check runs in a child: a runner killed by a signal in its batched run ends the child, and the
+    command reports the alone runs that finished plus the crash."""
+    plugin = tmp_path / "dying_runner.py"
+    plugin.write_text(
+        "import os, signal\n"
+        "from runnercheck.impl.runner import make_runner\n"
+        "def factory(weights, limits, device, base_seed, *, cuda_graphs=True, batch_invariant=False):\n"
+        "    runner = make_runner(weights, limits, device, base_seed, cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)\n"
+        "    execute = runner.execute_model\n"
+        "    def execute_model(sched):\n"
+        "        if len(sched.num_scheduled_tokens) > 1:\n"
+        "            os.kill(os.getpid(), signal.SIGKILL)\n"
+        "        return execute(sched)\n"
+        "    runner.execute_model = execute_model\n"
+        "    return runner\n")
+    rc = cli.main(["invariance", "--device", "sim", "--probes", "2", "--max-tokens", "2", "--scenarios", "batch",
+                   "--runner", f"{plugin}:factory", "--no-progress", "--out", str(tmp_path / "out")])
+    doc = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert rc == 1 and not doc["passed"]
+    names = [s["name"] for s in doc["scenarios"]]
+    assert names == ["alone p0", "alone p1", "(check process)"]
+    assert "SIGKILL" in doc["scenarios"][-1]["error"]
