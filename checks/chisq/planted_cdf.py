@@ -1,7 +1,7 @@
 """Inverse-CDF samplers with coarse arithmetic: the planted biases a Gumbel-max variant cannot express.
 
-`InverseCdfSampler` computes the contract's filtered probabilities (docs/SAMPLING.md, via the baseline's
-float64 filters), then draws ``token = first i with cumsum(p)_i > u``.  Two knobs:
+`InverseCdfSampler` takes the contract's exact distribution (docs/SAMPLING.md, the float64 oracle's
+`expected_distribution`), then draws ``token = first i with cumsum(p)_i > u``.  Two knobs:
 
 * ``probs="fp16"``: the probabilities are stored in fp16 before the cumulative sum (a kernel that keeps its
   softmax in half precision).  fp16's subnormal spacing is 2^-24 (6e-8): a token of probability 1.25 * 2^-24
@@ -36,17 +36,11 @@ class InverseCdfSampler:
         self.name = name or f"inverse-cdf-{probs}-u{uniform_bits}"
 
     def _probs(self, logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-        from runnercheck.checks.chisq.samplers import GumbelVariant, _keep_mask
+        # The oracle's exact distribution (no import of the baseline samplers: they list this sampler as a bias).
+        from runnercheck.reference.sampler import expected_distribution
 
-        rows = []
-        for row, p in zip(logits.to(torch.float64), params):
-            if p.temperature == 0:
-                rows.append(torch.nn.functional.one_hot(row.argmax(), row.numel()).to(torch.float64))
-                continue
-            s = (row / p.temperature).unsqueeze(0)
-            keep = _keep_mask(s, p, GumbelVariant(), row.unsqueeze(0))
-            rows.append(torch.softmax(s.masked_fill(~keep, -float("inf")), dim=1)[0])
-        return torch.stack(rows)
+        rows = [expected_distribution(row, p) for row, p in zip(logits.detach().to("cpu", torch.float64), params)]
+        return torch.stack([torch.as_tensor(r, dtype=torch.float64) for r in rows])
 
     def __call__(self, logits: torch.Tensor, params: Sequence[SamplingParams], seeds: torch.Tensor,
                  positions: torch.Tensor) -> torch.Tensor:
