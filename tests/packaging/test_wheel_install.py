@@ -185,7 +185,9 @@ def _fresh_venv(root: Path, wheel: Path) -> Path:
     subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True, timeout=120)
     python = venv / "bin" / "python"
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
-                    str(wheel)], check=True, capture_output=True, text=True, timeout=300)
+                    str(wheel)], check=True, capture_output=True, text=True, timeout=300,
+                   # A PYTHONPATH naming the checkout would make pip see runnercheck as installed already.
+                   env={k: v for k, v in os.environ.items() if not k.startswith("PYTHON")})
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True).stdout.strip()
     # Lines of a .pth file are appended to sys.path after the venv's own site-packages, and .pth
