@@ -14,8 +14,8 @@ then the sampler statistics, then a report folder.
    reader of a staging slot, an output slot or the input prep (targeted runs; each target must be
    reached: a coverage feature).  Both plans end with runs whose runner holds the n-gram proposer
    (`runnercheck.impl.ngram_proposer`; the scheduler asks for device drafts by count, some prompts repeat a
-   pattern so drafts get accepted); the full sim plan and the cuda plans add runs whose runner holds
-   the draft-model proposer (`runnercheck.impl.draft_proposer`, rejection-sampled); the summary reports their
+   pattern so drafts get accepted); every plan adds runs whose runner holds
+   the draft-model proposer (the quick sim plan one short run) (`runnercheck.impl.draft_proposer`, rejection-sampled); the summary reports their
    acceptance rates.  Run ``i`` uses
    seed ``S + i``.
 2. The coverage table (`runnercheck.stress.run.coverage`): a count per feature over all runs; a feature at zero
@@ -62,11 +62,12 @@ from runnercheck.stress.cli.options import RUNNER_HELP, add_runner_option, add_s
 from runnercheck.stress.report.summary import RunRecord, build_summary, unchecked_notes, write_report
 from runnercheck.stress.run.config import RunConfig, RunSetupError, default_limits
 from runnercheck.stress.run.runners import DEFAULT_RUNNER_SPEC
-from runnercheck.stress.sim.lag_mix import DEFAULT_P_HOLD
 from runnercheck.stress.sim.scheduler import SchedulerConfig
 
+# Half the requests ask for prompt logprobs, half of those with a prompt of one or two token budgets
+# (`ChurnConfig.full_chunk_prob`): some step's prompt-logprob rows then fill the budget (a coverage feature).
 VERIFY_CHURN = ChurnConfig(max_unfinished=8, max_prompt_len=16, max_new_tokens=10, abort_prob=0.06, preempt_prob=0.1,
-                           param_plan=True)
+                           param_plan=True, prompt_logprobs_prob=0.5, full_chunk_prob=0.5)
 # The whole-row logits faults of every verify run (`runnercheck.stress.sim.faults`); residues chosen so the
 # positions 16..30 (where verify traffic samples) keep single-entry NaN (17, 24) and +Inf (19, 26) rows too.
 ROW_FAULTS = {"row_modulus": 11, "all_nan_residue": 1, "neg_residue": 3, "inf_mix_residue": 7, "tie_residue": 10}
@@ -88,8 +89,7 @@ class PlannedRun:
 
 # (name, lag policy, max_inflight_steps, draft_prob); the seed of run i is S + i.
 _SIM_QUICK = [
-    # p_hold: the stress lag mix (`runnercheck.stress.sim.lag_mix`): some steps' outputs are read before their events.
-    ("random-drain", {"name": "random-drain", "p_stall": 0.5, "p_hold": DEFAULT_P_HOLD}, 1, 0.0),
+    ("random-drain", {"name": "random-drain", "p_stall": 0.5}, 1, 0.0),
     ("lag-1 drafts", {"name": "lag-k-steps", "k": 1}, 1, 0.5),
     ("lag-3 two-ahead", {"name": "lag-k-steps", "k": 3}, 2, 0.0),
 ]
@@ -99,7 +99,7 @@ _SIM_FULL = [
     ("lag-1 drafts", {"name": "lag-k-steps", "k": 1}, 1, 0.3),
     ("lag-2 two-ahead", {"name": "lag-k-steps", "k": 2}, 2, 0.0),
     ("lag-3 three-ahead drafts", {"name": "lag-k-steps", "k": 3}, 3, 0.2),
-    ("random-drain drafts", {"name": "random-drain", "p_stall": 0.5, "p_hold": DEFAULT_P_HOLD}, 1, 0.3),
+    ("random-drain drafts", {"name": "random-drain", "p_stall": 0.5}, 1, 0.3),
     ("random-drain stalling two-ahead", {"name": "random-drain", "p_stall": 0.8}, 2, 0.0),
     # Targeted lag (`runnercheck.impl.lag_policies.HoldAtTarget`): each resource's last reader held; every target must be reached.
     ("hold-at-target two-ahead drafts", {"name": "hold-at-target", "p": 0.5, "max_hold": 2}, 2, 0.2),
@@ -124,10 +124,14 @@ _CUDA_NGRAM = [("delays two-ahead ngram", 2)]
 # Runs with the runner's draft-model proposer (`runnercheck.impl.draft_proposer`, rejection-sampled): no prefix
 # caching, no explicit drafts.  (name, draft preset, lag policy on sim, max_inflight_steps).  The
 # target's own preset as its draft (the run's weights: near-full acceptance, bonus tokens) and the
-# smaller "-draft" preset (unrelated weights: mostly rejected, residual resamples).  Not in the quick
-# sim plan (CPU CI time); the full sim plan and both cuda plans.
+# smaller "-draft" preset (unrelated weights: mostly rejected, residual resamples).  The quick sim
+# plan holds one short run of the latter (`_SIM_DRAFT_QUICK`); the full sim plan and both cuda plans all.
 _SIM_DRAFT_FULL = [("draft-model lag-1 two-ahead", "", {"name": "lag-k-steps", "k": 1}, 2),
                    ("self-draft random-drain", "self", {"name": "random-drain", "p_stall": 0.5}, 1)]
+# The quick sim plan's one draft-model run: the "-draft" preset (mostly rejected: residual resamples),
+# short, so ``verify --quick`` reaches the draft-model proposer's code at a bounded cost.
+_SIM_DRAFT_QUICK = [("draft-model lag-1", "", {"name": "lag-k-steps", "k": 1}, 1)]
+DRAFT_QUICK_TICKS = 24
 _CUDA_DRAFT = [("delays two-ahead draft-model", "", None, 2), ("delays two-ahead self-draft", "self", None, 2)]
 # A token budget of 8 chunks prefills on cuda too (the coverage gate asks for middle and final chunks).
 _CUDA_RUN_LIMITS = {"delays two-ahead": dict(CUDA_LIMITS, max_num_batched_tokens=8)}
@@ -180,8 +184,9 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
             cfg = _config(seed + len(runs), ticks, kind, model, QUICK_LIMITS if quick else FULL_LIMITS, inflight, 0.0, lag,
                           None, runner, cuda_graphs)
             runs.append(PlannedRun(name, _with_ngram(cfg), NGRAM_CHURN))
-        for name, draft, lag, inflight in () if quick else _SIM_DRAFT_FULL:
-            cfg = _config(seed + len(runs), ticks, kind, model, FULL_LIMITS, inflight, 0.0, lag, None, runner, cuda_graphs)
+        for name, draft, lag, inflight in _SIM_DRAFT_QUICK if quick else _SIM_DRAFT_FULL:
+            draft_ticks, limits = (min(ticks, DRAFT_QUICK_TICKS), QUICK_LIMITS) if quick else (ticks, FULL_LIMITS)
+            cfg = _config(seed + len(runs), draft_ticks, kind, model, limits, inflight, 0.0, lag, None, runner, cuda_graphs)
             runs.append(PlannedRun(name, _with_draft_model(cfg, draft), VERIFY_CHURN))
     elif kind == "cuda":
         ticks = ticks or (120 if quick else 500)

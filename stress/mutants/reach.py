@@ -7,8 +7,10 @@ campaign under the ``reach`` workload (the same faults and lag mix, short):
   a row of NaN and -Inf goes through the max reduction, which keeps the last index -- reached by
   the whole-row logits faults (`runnercheck.stress.sim.faults`, NaN/-Inf rows);
 * ``output_read_before_event`` (race): ``get()`` decodes the pinned output slot without waiting on
-  the step's event when it is called right after the step -- reached by the lag mix that holds
-  whole steps (`runnercheck.stress.sim.lag_mix`): the slot still holds an older step's output;
+  the step's event when it is called right after the step -- reached by verify's lag-k runs and,
+  in default ``stress`` and the ``reach`` workload, by the random-drain mix that holds whole steps
+  (`runnercheck.stress.sim.lag_mix`): the slot still holds an older step's output (the output-slot
+  lifetime check sees the early read too);
 * ``block_leaked_on_release`` (state, scheduler): the scheduler's release of a request's blocks
   drops its last block's reference nowhere (an off-by-one ``blocks[:-1]``): the pool leaks, which
   no KV read ever shows; `runnercheck.stress.sim.scheduler.SchedulerSim.check_invariants`, now run
@@ -55,7 +57,7 @@ def _neg_inf_row_not_token_zero(target: Any, m: AppliedMutant) -> None:
     _recapture(target, m)
 
 
-@_mutant("output_read_before_event", "race", ("differential",), "reach", ("outputs",),
+@_mutant("output_read_before_event", "race", ("lifetime", "differential"), "reach", ("outputs",),
          "get() decodes the pinned output slot without waiting on the step's event (the event is taken as "
          "complete when get() follows the step): the slot still holds an older step's output")
 def _output_read_before_event(runner: Any, m: AppliedMutant) -> None:

@@ -11,7 +11,8 @@ output that the oracle agreed with) and counts, per feature of `FEATURES`:
   aborted, a row taken over by another request;
 * draft tokens: none, some or all of a step's drafts accepted;
 * prefill chunking: a prefill in one step, the first / a middle / the final chunk of a split
-  prefill, a chunk ending on a block boundary, a decode step;
+  prefill, a chunk ending on a block boundary, a decode step, a prompt-logprob prefill chunk that
+  fills the step's token budget;
 * NaN and +Inf logit rows sampled, and with the whole-row kinds all-NaN, NaN/-Inf, +Inf/-Inf and
   exact-tie rows (planted by `runnercheck.stress.sim.faults` in runner and oracle alike; counted
   in runs whose runner took the hook: `FAULT_FEATURES`).
@@ -55,7 +56,9 @@ FEATURES: tuple[str, ...] = (
     "drafts: none accepted", "drafts: some accepted", "drafts: all accepted",
     "prefill in one step", "prefill chunk: first", "prefill chunk: middle", "prefill chunk: final",
     "chunk ends on a block boundary", "decode step",
+    "prompt logprobs: a chunk fills the token budget",  # FULL_CHUNK_FEATURE
 )
+FULL_CHUNK_FEATURE = "prompt logprobs: a chunk fills the token budget"
 # Counted only in runs whose runner took the logits fault hook (`runnercheck.stress.sim.faults`).
 # Counted from the runner's own row table (``state.req_to_row``); a runner without one cannot show it,
 # so its runs leave it out rather than report a zero the gate would fail on.
@@ -141,6 +144,10 @@ class CoverageCounter:
             start, prefill = starts.get(rid, 0), self._prefill_len.get(rid, 0)
             drafts = sched.num_drafts(rid)
             self._count_chunk(start, n, prefill, drafts)
+            asked = self._params.get(rid)
+            if asked is not None and asked.prompt_logprobs is not None and start < prefill \
+                    and n == self.limits.max_num_batched_tokens:
+                c[FULL_CHUNK_FEATURE] += 1
             toks = produced.get(rid, ())
             if drafts:
                 accepted = len(toks) - 1

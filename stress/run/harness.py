@@ -414,6 +414,8 @@ def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps |
         coverage.add(staged.totals())
     coverage.add(targeted_delay_hits(session.device, delay_policy))
     coverage.add({"scheduler invariants checked every step": result.invariant_checks})
+    if config.scheduler.draft_model:  # the device drafts of this run are the draft model's
+        coverage.add({"draft-model drafts verified": coverage.counts.get("device drafts (n-gram)", 0)})
     if session.device.kind == "sim":
         coverage.add({"output read before its event": result.outputs_read_early})
     return Findings(

@@ -126,6 +126,10 @@ class ChurnConfig:
     param_plan: bool = False
     # A new prompt is a short pattern repeated (the n-gram proposer's drafts then match); 0: never drawn.
     repetitive_prompt_prob: float = 0.0
+    # A request asking for prompt logprobs gets a fresh prompt of exactly one or two token budgets
+    # (``max_num_batched_tokens``, when that fits ``max_prompt_len``): a step scheduling it alone fills
+    # the budget with prompt-logprob rows (full chunks); 0: never drawn (the draws of older configs stay).
+    full_chunk_prob: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -225,7 +229,20 @@ class Churn:
             # Prompt logprobs only for prompts of at most max_prompt_len tokens: a logits fault
             # (`runnercheck.stress.sim.faults`) placed past that position never reaches a row that feeds them.
             params = replace(params, prompt_logprobs=None)
+        if cfg.full_chunk_prob and params.prompt_logprobs is not None and rng.random() < cfg.full_chunk_prob:
+            prompt, params = self._full_chunk_prompt(prompt, params, longest)
+            self._prompts[req_id] = prompt
         return {"op": "add", "req_id": req_id, "prompt": prompt, "params": params_to_dict(params)}
+
+    def _full_chunk_prompt(self, prompt: list[int], params: SamplingParams, longest: int) -> tuple[list[int], SamplingParams]:
+        """A fresh prompt of one or two token budgets (no shared prefix: no hit moves its chunk boundaries)."""
+        budget, cfg, rng = self.limits.max_num_batched_tokens, self.config, self.rng
+        chunks = min(2, cfg.max_prompt_len // budget, (longest - 1) // budget)
+        if chunks < 1:
+            return prompt, params
+        n = budget * rng.randint(1, chunks)
+        prompt = [rng.randrange(self.limits.vocab_size) for _ in range(n)]
+        return prompt, replace(params, max_tokens=max(1, min(params.max_tokens, longest - n)))
 
     def _shared_prefix(self, fresh: list[int], scheduler: SchedulerSim) -> list[int]:
         """``fresh`` user tokens behind a finished conversation or a system prompt (or alone)."""

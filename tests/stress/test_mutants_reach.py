@@ -23,12 +23,12 @@ def _run(index: int, ticks: int, mutant: str | None):
 
 def test_reach_mutants_are_in_the_catalogue() -> None:
     for name in REACH_MUTANTS:
-        assert catalogue.get(name).checks == ("differential",)
+        assert "differential" in catalogue.get(name).checks
 
 
 @pytest.mark.parametrize("name,index,ticks,kind", [
     pytest.param("neg_inf_row_not_token_zero", 0, 60, ("token",), marks=pytest.mark.slow),
-    ("output_read_before_event", 0, 30, None),
+    ("output_read_before_event", 1, 30, None),  # the lag-1 run reads outputs before their events
     ("block_leaked_on_release", 0, 30, ("scheduler-invariant",)),
 ])
 def test_killed_by_the_quick_plan(name: str, index: int, ticks: int, kind) -> None:

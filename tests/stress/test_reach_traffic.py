@@ -61,8 +61,9 @@ def test_the_lag_mix_reads_outputs_before_their_events_and_agrees() -> None:
     from runnercheck.stress.cli.verify import VERIFY_CHURN
     from runnercheck.stress.run.harness import ChurnOps, checked_run
 
-    config = _sim_config(20)
-    assert config.lag_policy["p_hold"] > 0  # the quick plan's random-drain run holds some steps
+    from runnercheck.stress.sim.lag_mix import DEFAULT_P_HOLD
+
+    config = _sim_config(20, lag_policy={"name": "random-drain", "seed": 0, "p_stall": 0.5, "p_hold": DEFAULT_P_HOLD})
     findings = checked_run(config, ChurnOps(VERIFY_CHURN))
     assert findings.result.ok, findings.first_divergence_line()
     assert findings.coverage["output read before its event"] > 0
@@ -78,3 +79,25 @@ def test_lag_mix_validates_and_old_repros_keep_plain_random_drain() -> None:
     assert isinstance(mix, HoldingDrain) and isinstance(mix, RandomDrain) and mix.describe()["p_hold"] == 0.5
     with pytest.raises(LagPolicyError):
         lag_policy_for({"name": "random-drain", "p_hold": 2.0}, 0)
+
+
+def test_full_chunk_prompts_fill_the_budget_with_prompt_logprob_rows() -> None:
+    from runnercheck.stress.cli.verify import VERIFY_CHURN
+    from runnercheck.stress.run.harness import ChurnOps, checked_run
+    from runnercheck.stress.sim.churn import Churn
+
+    config = _sim_config(30)
+    budget = config.limits.max_num_batched_tokens
+    churn = Churn(config.limits, 0, dataclasses.replace(VERIFY_CHURN, prompt_logprobs_prob=1.0, full_chunk_prob=1.0))
+    prompt = churn._new_request(_NoScheduler())
+    assert len(prompt["prompt"]) in (budget, 2 * budget) and prompt["params"]["prompt_logprobs"] is not None
+    findings = checked_run(config, ChurnOps(dataclasses.replace(VERIFY_CHURN, prompt_logprobs_prob=0.5)))
+    assert findings.result.ok, findings.first_divergence_line()
+    assert findings.coverage["prompt logprobs: a chunk fills the token budget"] > 0
+
+
+class _NoScheduler:
+    """A scheduler with nothing finished (the churn's shared-prefix draw reads ``finished``)."""
+
+    finished: dict = {}
+    request_ids: tuple = ()

@@ -39,7 +39,7 @@ def test_quick_job_on_sim_passes_and_writes_a_valid_report(tmp_path: Path, capsy
     assert rc == 0 and doc["passed"] is True, (out / "summary.md").read_text()
     assert doc["device"] == "sim" and doc["seed"] == 0 and doc["divergences"] == 0
     assert doc["detectors"]["sync"]["violations"] == 0 and doc["detectors"]["lifetime"]["violations"] == 0
-    assert [r["seed"] for r in doc["runs"]] == [0, 1, 2, 3]
+    assert [r["seed"] for r in doc["runs"]] == [0, 1, 2, 3, 4]
     ngram = doc["runs"][3]  # the n-gram proposer's run: device drafts asked for, the rate reported
     assert ngram["scheduler"]["ngram_spec_tokens"] == 3 and ngram["speculative"]["draft_tokens"] > 0
     printed = capsys.readouterr().out
@@ -67,9 +67,11 @@ def test_the_plan_covers_lag_policies_in_flight_depths_and_drafts() -> None:
             plan = verify.plan_runs(kind, 0, "runnercheck.impl.runner:make_runner", quick=quick)
             ngram = [p for p in plan if p.config.scheduler.ngram_spec_tokens > 0 and not p.config.scheduler.draft_model]
             assert ngram and all(p.churn.repetitive_prompt_prob > 0 for p in ngram), (kind, quick)
-            # every plan but the quick sim one (CPU CI time) runs the draft-model proposer, without prefix caching
+            # every plan runs the draft-model proposer, without prefix caching (the quick sim plan one short run)
             drafted = [p.config.scheduler for p in plan if p.config.scheduler.draft_model]
-            assert bool(drafted) == (kind == "cuda" or not quick), (kind, quick)
+            assert drafted, (kind, quick)
+            if kind == "sim" and quick:
+                assert [p.config.steps for p in plan if p.config.scheduler.draft_model] == [verify.DRAFT_QUICK_TICKS]
             assert all(not s.prefix_caching and s.draft_prob == 0 for s in drafted)
     assert {p.config.scheduler.draft_model for p in verify.plan_runs("cuda", 0, "runnercheck.impl.runner:make_runner", quick=True)} \
         >= {"micro", "micro-draft"}  # the target drafting for itself (accepted) and a smaller model (rejected)
@@ -401,7 +403,7 @@ def test_a_shard_runs_its_share_of_the_campaign_and_leaves_the_statistics_to_sha
     rc, out = run_verify(tmp_path, "--device", "sim", "--quick", "--steps", "4", "--shard", "1/3", "--in-process")
     doc = json.loads((out / "summary.json").read_text())
     assert rc == 0, doc
-    assert [r["name"] for r in doc["runs"]] == ["lag-1 drafts"]  # the quick sim plan's second run
+    assert [r["name"] for r in doc["runs"]] == ["lag-1 drafts", "draft-model lag-1"]  # the quick sim plan's 2nd and 5th
     assert doc["chisq"]["status"] == "skipped" and any("shard 1/3" in n for n in doc["notes"])
 
 
