@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
-from runnercheck.impl.interface import RunnerLimits, SamplingParams
+from runnercheck.impl.interface import SAMPLING_FIELDS, RunnerLimits, SamplingParams
 
 SCENARIO_KINDS = ("batch", "permuted", "mixed", "staggered", "size", "chunked", "prefix-hit")
 
@@ -42,14 +42,9 @@ class ProbeRequest:
     def describe(self) -> str:
         p = self.params
         parts = ["greedy" if p.temperature == 0 else f"T={p.temperature:g}"]
-        if p.top_k > 0:
-            parts.append(f"top_k={p.top_k}")
-        if p.top_p < 1:
-            parts.append(f"top_p={p.top_p:g}")
-        if p.min_p > 0:
-            parts.append(f"min_p={p.min_p:g}")
-        if p.repetition_penalty != 1 or p.frequency_penalty or p.presence_penalty:
-            parts.append("penalties")
+        # Every other field of the interface's table that is on, by its short name.
+        parts += [f"{f.short}={getattr(p, f.name):g}" for f in SAMPLING_FIELDS
+                  if f.name != "temperature" and getattr(p, f.name) != f.neutral]
         if p.prompt_logprobs is not None:
             parts.append(f"prompt_logprobs={p.prompt_logprobs}")
         return f"{self.name} ({len(self.prompt)}-token prompt, {', '.join(parts)})"
