@@ -21,6 +21,7 @@ from runnercheck.impl.interface import DraftModelConfig, RunnerLimits, SamplingP
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import ModelRunner
 from runnercheck.stress.sim.scheduler import SchedulerSim
+from test_graphs import _record
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=3, max_model_len=64, max_num_batched_tokens=24, num_kv_blocks=48,
                       block_size=4, max_logprobs=2, max_num_draft_tokens=3)
@@ -54,18 +55,6 @@ def _scheduler(k: int, limits: RunnerLimits, seed: int = 0, draft: str = "micro"
     sched.add_request("b", (9, 9, 9), sp(temperature=1.5, seed=4, max_tokens=8, logprobs=2))
     sched.add_request("c", (1, 2, 3), sp(temperature=2.0, top_k=60, repetition_penalty=1.3, max_tokens=12))
     return sched
-
-
-def _record(runner: ModelRunner, trace: list) -> None:
-    execute = runner.execute_model
-
-    def execute_and_record(sched):
-        out = execute(sched)
-        stats = runner.last_step_stats
-        trace.append((stats.num_reqs, stats.graph_replayed))
-        return out
-
-    runner.execute_model = execute_and_record
 
 
 def lockstep(runners: list, k: int, oracle=None, max_steps: int = 60) -> None:
