@@ -45,7 +45,8 @@
 #   gpu_events    the gpu-marked tests of events, the steady step, its lanes, the launch thread and slot lifetimes
 #                 alone (test_device, test_steady_step, test_lanes, test_launcher, test_launcher_idle, test_lifetime:
 #                 ~45 s)
-#   gpu_tests     the gpu-marked tests (the two deep-tail kernel tests are chisq_deep's cases)
+#   gpu_tests     the gpu-marked tests, four pytest workers sharing the GPU (the two deep-tail kernel tests are
+#                 chisq_deep's cases)
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
 #   mutants_bucketed  the mutants planted into bucketed (mixed and decode) steps' launches -- input prep, post-update,
@@ -102,7 +103,7 @@ want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cud
 want gpu_events && job gpu_events "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" \
   tests/impl/test_device.py tests/impl/test_steady_step.py tests/impl/test_lanes.py tests/impl/test_launcher.py \
   tests/impl/test_launcher_idle.py tests/checks/test_lifetime.py
-want gpu_tests && job gpu_tests "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" tests \
+want gpu_tests && job gpu_tests "$limit" python3 -m pytest -v -n 4 -p no:cacheprovider --durations=15 -m "gpu and not stats" tests \
   --deselect tests/stress/test_mutants.py::test_cuda_run_kills_every_mutant_including_the_noise_bugs \
   --deselect tests/impl/test_sampler_tail.py &
 want mutants && job mutants "$limit" $rc mutants --device cuda --out "$out/mutants" &
