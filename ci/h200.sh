@@ -11,6 +11,8 @@
 #                 sync: 8 Qwen3-0.6B runners), then the others side by side:
 #   bench_spec    `runnercheck bench --device cuda --only spec_ngram` alone: tokens/s and acceptance with the n-gram
 #                 proposer on repetitive greedy prompts vs no speculation (Qwen3-0.6B shape, 8 and 64 requests)
+#   bench_spec_draft `runnercheck bench --device cuda --only spec_draft` alone: issue 61's tokens/s of draft-model
+#                 speculation (qwen3-0.6b-draft and self-draft, k=3, 8 and 64 requests) vs none, acceptance, graph replays
 #   ngram         the n-gram proposer on cuda: its gpu-marked tests (kernel vs oracle, differential with 0 syncs),
 #                 a delay-injected stress run with `--proposer ngram`, and the host-read mutant (must be killed by sync)
 #   spec_draft    issue 61's draft-model run, alone: `bench --only spec_draft` (qwen3-0.6b-draft and self-draft, k=3,
@@ -88,6 +90,8 @@ jobs=" $* "
 [ "$jobs" = " all " ] && jobs=" bench bench_host bench_sampler bench_logprobs spec_benches gpu_tests mutants_new mutants_bucketed mutants_rest mutant_logprobs_rates race_rates verify_kills spec_mutant_rates output_slots staging_slots verify stress ngram draft invariance spec_stats chisq_matrix chisq_power chisq_capped chisq_coarse chisq_deep csan "
 . "$(dirname "${BASH_SOURCE[0]}")/h200_jobs.sh"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
+want bench_spec_draft && job bench_spec_draft "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_draft \
+  --out "$out/bench_spec_draft"
 want bench_spec && job bench_spec "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_ngram --out "$out/bench_spec"
 want gpu_logprobs && job gpu_logprobs "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" \
   tests/impl/test_sampler_split_gpu.py tests/impl/test_sampler_gpu.py -k "logprobs or row_finish or graph"
