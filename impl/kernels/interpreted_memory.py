@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 _INSTALLED_ATTR = "_runnercheck_memory_checked"
 OFF_ENV = "RUNNERCHECK_UNCHECKED_MEMORY"
 
+_MIN, _MAX, _UINT64_MAX = np.minimum.reduce, np.maximum.reduce, np.uint64(2**64 - 1)
+
 MEMORY_FAULT_HOOKS: list[Callable[["KernelMemoryError"], None]] = []
 
 
@@ -144,7 +146,6 @@ class _Launch:
     """One running launch: its kernel's name and the extents of its arguments, sorted by start and merged."""
 
     kernel: str
-    kernel_file: str | None
     extents: list[Extent] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
@@ -190,18 +191,16 @@ def _argument_extents(value: Any, name: str, out: list[Extent]) -> None:
 # --------------------------------------------------------------------------- the check
 
 
-def _where(kernel_file: str | None) -> str | None:
-    """``file:line`` of the innermost frame of kernel code (the rewritten kernel keeps its file's name and lines)."""
-    frame = sys._getframe(2)
-    fallback = None
+def _where() -> str | None:
+    """``file:line`` of the kernel code that made the access: the innermost frame outside Triton and this module
+    (the interpreter runs a rewritten kernel, or a nested jit function, under its own file's name and lines)."""
+    frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if kernel_file is not None and filename == kernel_file:
+        if f"{os.sep}triton{os.sep}" not in filename and filename != __file__:
             return f"{os.path.basename(filename)}:{frame.f_lineno}"
-        if fallback is None and f"{os.sep}triton{os.sep}" not in filename and filename != __file__:
-            fallback = f"{os.path.basename(filename)}:{frame.f_lineno}"
         frame = frame.f_back
-    return fallback
+    return None
 
 
 def check_access(addresses: np.ndarray, mask: np.ndarray | None, nbytes: int, operation: str) -> None:
@@ -212,32 +211,32 @@ def check_access(addresses: np.ndarray, mask: np.ndarray | None, nbytes: int, op
         return
     launch = stack[-1]
     if mask is None:
-        active = addresses.ravel()
+        lo, hi = int(_MIN(addresses, axis=None)), int(_MAX(addresses, axis=None))
     else:
         if mask.shape != addresses.shape:
             mask = np.broadcast_to(mask, addresses.shape)
-        active = addresses[mask]
-    if active.size == 0:
-        return
-    lo, hi = int(active.min()), int(active.max())
+        # One pass each, no copy of the active lanes: masked-off lanes count as +inf / 0.
+        lo, hi = int(_MIN(addresses, axis=None, where=mask, initial=_UINT64_MAX)), int(_MAX(addresses, axis=None, where=mask, initial=0))
+        if lo > hi:
+            return  # no active lane
     i = bisect.bisect_right(launch.starts, lo) - 1
     if i >= 0 and hi + nbytes <= launch.ends[i]:
         return  # every lane inside one extent: the common case
-    _fault(launch, active, nbytes, operation)
+    _fault(launch, addresses.ravel() if mask is None else addresses[mask], nbytes, operation)
 
 
 def _fault(launch: _Launch, active: np.ndarray, nbytes: int, operation: str) -> None:
     index = np.searchsorted(launch.np_starts, active, side="right").astype(np.int64) - 1
     inside = index >= 0
     ends = launch.np_ends[np.maximum(index, 0)] if launch.ends else np.zeros_like(active)
-    inside &= active + np.uint64(nbytes) <= ends
+    inside &= active <= ends - np.uint64(nbytes)  # not ``active + nbytes``: an address near 2**64 would wrap
     bad = active[~inside]
     if bad.size == 0:
         return
     address = int(bad[0])
     nearest = min((e.distance(address) for e in launch.extents), default=(0, None))[1]
     error = KernelMemoryError(launch.kernel, operation, address, nbytes, int(bad.size), int(active.size), nearest,
-                              _where(launch.kernel_file))
+                              _where())
     for hook in list(MEMORY_FAULT_HOOKS):
         hook(error)
     raise error
@@ -301,10 +300,8 @@ def check_interpreted_memory() -> bool:
     atomic_rmw, atomic_cas = builder.create_atomic_rmw, builder.create_atomic_cas
 
     def launch(self: Any, *args: Any, **kwargs: Any) -> Any:
-        fn = self.fn
-        code = getattr(fn, "__code__", None)
         stack = _stack()
-        stack.append(_Launch(getattr(fn, "__name__", "?"), code.co_filename if code is not None else None))
+        stack.append(_Launch(getattr(self.fn, "__name__", "?")))
         try:
             return run_launch(self, *args, **kwargs)
         except Exception as e:

@@ -57,7 +57,7 @@ def test_the_detector_counts_faults_while_armed_even_swallowed_ones() -> None:
     from runnercheck.impl.kernels import interpreted_memory
 
     armed = MemoryDetector().arm(SimpleNamespace(), ArmContext())
-    launch = interpreted_memory._Launch("planted_kernel", None)
+    launch = interpreted_memory._Launch("planted_kernel")
     launch.set_extents([interpreted_memory.Extent(0x100, 0x140, "argument 'x'")])
     interpreted_memory._stack().append(launch)
     try:
