@@ -26,10 +26,13 @@ if not _cuda_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
+    from runnercheck.impl.kernels.interpreted_memory import check_interpreted_memory
     from runnercheck.impl.kernels.interpreter import speed_up_interpreter
 
-    # Here, not only in the pytest plugin: the suite runs at the same speed with `-p no:runnercheck`.
+    # Here, not only in the pytest plugin: the suite runs at the same speed, and with the same memory
+    # checks, with `-p no:runnercheck`.
     speed_up_interpreter()
+    check_interpreted_memory()
 
     # xdist already runs one worker per core; intra-op threads on top only oversubscribe
     # (measured: a smoke run took 11-19 s with the default threads vs 0.9 s with one).

@@ -81,7 +81,8 @@ class Divergence:
     req_id: str | None
     position: int | None
     kind: str  # token, tie-length, length, batch, nan_flag, logprob, rank, top, presence, seed,
-    # runner-error, output-contract, crash (the run's process died: ``got`` says how)
+    # runner-error, kernel-memory (a runner error that is a kernel's out-of-bounds access:
+    # `runnercheck.checks.detectors.memory`), output-contract, crash (the run's process died: ``got`` says how)
     expected: object
     got: object
     detail: str = ""
@@ -89,6 +90,8 @@ class Divergence:
     def line(self) -> str:
         if self.kind == "runner-error":
             return f"step {self.step}: runner raised {self.got}: {self.detail}"
+        if self.kind == "kernel-memory":
+            return f"step {self.step}: kernel memory fault ({self.got}): {self.detail}"
         if self.kind == "crash":
             return f"step {self.step}: the run crashed ({self.got}); last completed: {self.expected}{' (' + self.detail + ')' if self.detail else ''}"
         if self.kind == "output-contract":

@@ -44,6 +44,7 @@ import torch
 from runnercheck.impl.buffers import StagingPool, StagingWriter
 from runnercheck.impl.device import Device, _run_as_device_work
 from runnercheck.impl.hotpath import hot_path
+from runnercheck.impl.kernels.interpreted_memory import reachable_through
 from runnercheck.impl.kernels.lanes import launch_lane_advance, launch_lane_copy
 from runnercheck.impl.output import OutputSlots
 
@@ -74,6 +75,7 @@ class SteadyLanes:
     def _addresses(self, buffers: list[torch.Tensor]) -> torch.Tensor:
         table = self.device.empty(len(buffers), torch.int64)
         table.copy_(torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64))
+        reachable_through(table, buffers)  # the lane copies dereference these (interpreted: bounds-checked against them)
         self.device._stream_waits_for_current()
         return table
 

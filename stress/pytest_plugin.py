@@ -108,9 +108,11 @@ def pytest_configure(config: pytest.Config) -> None:
     _timeout(config)  # a bad --runnercheck-timeout / ini value is a usage error before any test runs
     if config.getoption("runnercheck_device") != "cuda" and "triton" not in sys.modules and not _cuda_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any test module imports the kernels
+    from runnercheck.impl.kernels.interpreted_memory import check_interpreted_memory
     from runnercheck.impl.kernels.interpreter import speed_up_interpreter
 
     speed_up_interpreter()
+    check_interpreted_memory()  # an interpreted kernel's stray access is a KernelMemoryError, not a SIGSEGV
     _convention(config)  # an unknown --runnercheck-convention is a usage error too (after TRITON_INTERPRET is set)
     if config.getoption("runnercheck_csan"):
         _enable_csan(config)

@@ -138,6 +138,9 @@ class BaseDetector:
     tag: str = ""
     column: str = ""
     raises: tuple[str, ...] = ()
+    # Kinds of run divergence that are this detector's finding (the memory detector's ``kernel-memory``):
+    # ``runnercheck mutants`` credits such a divergence to it, not to the differential.  Optional: read with getattr.
+    divergence_kinds: tuple[str, ...] = ()
     unchecked_note: str | None = None
 
     def arm(self, runner: Any, context: ArmContext) -> Armed | None:

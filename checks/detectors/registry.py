@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 from runnercheck.checks.detectors.base import ArmContext, Armed, BaseDetector, Detector, DetectorResult
 from runnercheck.checks.detectors.csan import CsanDetector
+from runnercheck.checks.detectors.memory import MemoryDetector
 from runnercheck.checks.detectors.prefix_cache import ProvenanceDetector
 from runnercheck.checks.detectors.slot_lifetime import SlotLifetimeDetector
 from runnercheck.checks.detectors.sync import SyncDetector
@@ -29,6 +30,7 @@ DETECTORS: tuple[Detector, ...] = (
     SlotLifetimeDetector(),
     ProvenanceDetector(),
     CsanDetector(),
+    MemoryDetector(),
 )
 
 

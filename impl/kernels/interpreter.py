@@ -128,7 +128,8 @@ def layout_known(interpreter: Any) -> bool:
     class whose calls look ``_patch_lang`` up by name."""
 
     def looks_up_patch(cls: Any) -> bool:
-        code = getattr(getattr(cls, "__call__", None), "__code__", None)
+        call = getattr(cls, "__call__", None)  # under another wrapper of ours (the memory checks): the original's code
+        code = getattr(inspect.unwrap(call), "__code__", None) if call is not None else None
         return code is not None and "_patch_lang" in code.co_names
 
     return (callable(getattr(interpreter, "_patch_lang", None)) and callable(getattr(interpreter, "_get_np_dtype", None))
@@ -161,6 +162,7 @@ def speed_up_interpreter() -> bool:
         with cache.launch():
             return run_launch(self, *args, **kwargs)
 
+    launch.__wrapped__ = run_launch  # type: ignore[attr-defined]
     interpreter._patch_lang = cache.patch_lang
     interpreter._get_np_dtype = _memoised(dtype_of)
     launch_cls.__call__ = launch

@@ -41,7 +41,9 @@ def _lane_advance_kernel(counter_ptr, num_lanes):
 def launch_lane_copy(counter: torch.Tensor, table: torch.Tensor, device_bytes: torch.Tensor, nbytes: int,
                      *, to_host: bool) -> None:
     """Copy ``nbytes`` between ``device_bytes`` (uint8, device) and the pinned buffer whose address is
-    ``table[counter % len(table)]`` (int64 addresses): into it when ``to_host``, out of it otherwise."""
+    ``table[counter % len(table)]`` (int64 addresses): into it when ``to_host``, out of it otherwise.
+    Interpreted, the buffers must be declared reachable through ``table``
+    (`runnercheck.impl.kernels.interpreted_memory.reachable_through`), or the access is a memory fault."""
     grid = (max(1, triton.cdiv(nbytes, LANE_COPY_BLOCK)),)
     launch(_lane_copy_kernel, grid, counter, table, device_bytes, nbytes, table.numel(), TO_HOST=to_host,
            BLOCK=LANE_COPY_BLOCK)

@@ -127,12 +127,14 @@ def command_parser(name: str, module) -> argparse.ArgumentParser:
 
 def prepare_triton_env(argv: list[str]) -> None:
     """Set TRITON_INTERPRET before triton is imported, unless a real GPU will run the kernels; an
-    interpreter gets `speed_up_interpreter`."""
+    interpreter gets `speed_up_interpreter` and `check_interpreted_memory`."""
     if "TRITON_INTERPRET" not in os.environ:
         _choose_interpreter(argv)
+    from runnercheck.impl.kernels.interpreted_memory import check_interpreted_memory
     from runnercheck.impl.kernels.interpreter import speed_up_interpreter
 
     speed_up_interpreter()
+    check_interpreted_memory()
 
 
 def _choose_interpreter(argv: list[str]) -> None:

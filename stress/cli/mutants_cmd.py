@@ -111,7 +111,7 @@ def run_differential(workload: Workload, device_kind: str, seed: int, ticks: int
 def checked_differential(config: Any, ops: Any, name: str, *, isolate: bool = True) -> CheckRun:
     """One differential run of ``config`` (its mutant installed) fed by ``ops``: which checks fired, with
     evidence -- every detector of the registry that reported a finding, and the differential."""
-    from runnercheck.checks.detectors.registry import in_report_order
+    from runnercheck.checks.detectors.registry import in_report_order, registered
     from runnercheck.stress.run.harness import checked_run
     from runnercheck.stress.run.isolation import isolated_run
 
@@ -125,8 +125,11 @@ def checked_differential(config: Any, ops: Any, name: str, *, isolate: bool = Tr
             outcome.fired[d.name] = failure
             raised_by_detector.update(d.raises)
     first = findings.result.first_divergence
+    owners = {kind: d.name for d in registered() for kind in getattr(d, "divergence_kinds", ())}
+    if first is not None and first.kind in owners:  # a detector's own kind of divergence (kernel-memory): its kill
+        outcome.fired.setdefault(owners[first.kind], first.line())
     # A runner error that is a fired detector raising (lifetime_mode="error") is that detector's kill, not the differential's.
-    if first is not None and not (first.kind == "runner-error" and first.got in raised_by_detector):
+    elif first is not None and not (first.kind == "runner-error" and first.got in raised_by_detector):
         outcome.fired["differential"] = first.line()
     return outcome
 

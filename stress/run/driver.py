@@ -13,7 +13,7 @@ Order within one tick (async scheduling, as a serving engine runs):
 
 The run stops at the first step with a divergence (outputs still in flight are drained, not
 compared).  An exception raised by the runner is recorded as a divergence of kind
-``runner-error``, and an output that breaks the runner-output contract
+``runner-error`` (``kernel-memory`` when it is a kernel's out-of-bounds access: `runner_error`), and an output that breaks the runner-output contract
 (`runnercheck.checks.compare.check_output_contract`: ids, row counts, token ranges) as one of kind
 ``output-contract``, so that stress runs write a repro for those too; exceptions from the
 scheduler, the mirror or the oracle are harness bugs and propagate.
@@ -35,6 +35,8 @@ from runnercheck.checks.compare import (
     compare_step,
     first_output_positions,
 )
+from runnercheck.checks.detectors.memory import DIVERGENCE_KIND as MEMORY_DIVERGENCE
+from runnercheck.checks.detectors.memory import memory_fault
 from runnercheck.impl.interface import AsyncOutput, ModelRunnerOutput, Runner, SchedulerOutput
 from runnercheck.stress.run.runners import RunnerBoundaryMirror
 from runnercheck.stress.sim.scheduler import SchedulerSim, SchedulerSimError, SchedulerStats
@@ -200,9 +202,7 @@ class DifferentialRun:
                 item.error, item.error_trace = e, traceback.format_exc()
         if item.error is not None:
             cmp = StepComparison(step=sched.step_id)
-            cmp.divergences.append(
-                Divergence(sched.step_id, None, None, "runner-error", "an output", type(item.error).__name__, str(item.error))
-            )
+            cmp.divergences.append(runner_error(sched.step_id, item.error, "an output"))
             result.divergences = cmp.divergences
             result.runner_traceback = item.error_trace
             self._notify(item, None, None, cmp)
@@ -272,6 +272,16 @@ class DifferentialRun:
                     item.output.get()
                 except Exception:
                     pass  # the run already stopped on an earlier finding
+
+
+def runner_error(step: int, error: BaseException, expected: object, when: str = "") -> Divergence:
+    """The divergence of an exception from the runner: kind ``kernel-memory`` when it is a kernel's out-of-bounds
+    access (`runnercheck.checks.detectors.memory.memory_fault`: interpreted, or a sticky CUDA fault), else ``runner-error``."""
+    fault = memory_fault(error)
+    detail = f"{when}: {error}" if when else str(error)
+    if fault is not None:
+        return Divergence(step, None, None, MEMORY_DIVERGENCE, "in-bounds kernel memory accesses", fault, detail)
+    return Divergence(step, None, None, "runner-error", expected, type(error).__name__, detail)
 
 
 def summarize_ties(ties: Sequence[Tie], limit: int = 5) -> list[str]:

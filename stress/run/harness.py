@@ -277,10 +277,10 @@ class _StopRun(Exception):
 
 
 def _device_fault(result: RunResult, error: Exception, when: str) -> Any:
-    """The runner-error divergence of device work that failed after the last compared step."""
-    from runnercheck.checks.compare import Divergence
+    """The runner-error (or kernel-memory) divergence of device work that failed after the last compared step."""
+    from runnercheck.stress.run.driver import runner_error
 
-    return Divergence(result.steps, None, None, "runner-error", None, type(error).__name__, f"{when}: {error}")
+    return runner_error(result.steps, error, None, when)
 
 
 def targeted_delay_hits(device: Any, delay_policy: Any) -> dict[str, int]:

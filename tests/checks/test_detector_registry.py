@@ -86,7 +86,7 @@ def planted_findings() -> Any:
 
 def test_the_protocol_and_the_registry_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
     assert all(isinstance(d, Detector) for d in registry.registered())
-    assert registry.names() == ("sync", "lifetime", "provenance", "csan")
+    assert registry.names() == ("sync", "lifetime", "provenance", "csan", "memory")
     with pytest.raises(registry.DetectorRegistryError, match="registered: sync, lifetime"):
         registry.find("nope")
     monkeypatch.setattr(registry, "DETECTORS", registry.DETECTORS + (BatchLimitDetector(0), BatchLimitDetector(1)))

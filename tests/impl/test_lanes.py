@@ -20,6 +20,7 @@ from runnercheck.bench.workload import DecodeWorkload
 from runnercheck.impl import lanes as lanes_module
 from runnercheck.impl.device import Device
 from runnercheck.impl.interface import RunnerLimits, SamplingParams
+from runnercheck.impl.kernels.interpreted_memory import reachable_through
 from runnercheck.impl.kernels.lanes import launch_lane_advance, launch_lane_copy
 from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import ModelRunner
@@ -49,6 +50,7 @@ def test_the_copies_follow_the_device_counter():
     for i, h in enumerate(hosts):
         h.copy_(torch.arange(40, dtype=torch.uint8) + 10 * i)
     table = torch.tensor([h.data_ptr() for h in hosts], dtype=torch.int64)
+    reachable_through(table, hosts)  # interpreted, the kernels' accesses are bounds-checked: declare what the table reaches
     counter = torch.tensor([4], dtype=torch.int64)  # lane 4 % 3 = 1
     into = torch.zeros(40, dtype=torch.uint8)
     launch_lane_copy(counter, table, into, 33, to_host=False)

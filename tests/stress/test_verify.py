@@ -143,9 +143,7 @@ def stale_staging_runner(weights, limits, device, base_seed):
         out = original(sched)
         for slot in runner.staging.slots:
             if slot.state is SlotState.IN_FLIGHT and slot.used_bytes:
-                # The low bit of the first word: a row index or count stays inside a power-of-two table, so the
-                # bug shows as the detector's finding, not as a crash of the stale read it makes.
-                slot.host[0] = int(slot.host[0]) ^ 1
+                slot.host[0] = (int(slot.host[0]) + 1) % 256
         return out
 
     runner.execute_model = execute_model
