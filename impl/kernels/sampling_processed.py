@@ -24,6 +24,13 @@ import triton.language as tl
 from runnercheck.impl.kernels.sampling import _chunk_scores
 
 
+@triton.jit
+def _kept_scores(score, bound, temperature):
+    """The processed row of a chunk: the score where it reaches the kept threshold, else -inf (``temperature``
+    unused here; the one place the processed-logprob mutants of `runnercheck.stress.mutants.logprobs` rebind)."""
+    return tl.where(score >= bound, score, float("-inf"))
+
+
 @triton.jit(do_not_specialize=["num_drafts", "row_offset"])
 def processed_scores_kernel(
     logits_ptr, logits_stride, state_row_ptr, temperature_ptr, repetition_ptr, frequency_ptr, presence_ptr,
@@ -45,7 +52,7 @@ def processed_scores_kernel(
                                    repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride,
                                    counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts)
         bound = tl.where(temperature == 0.0, float("-inf"), tl.load(bound_ptr + row))
-        tl.store(out_row + offs, tl.where(score >= bound, score, float("-inf")), mask=in_vocab)
+        tl.store(out_row + offs, _kept_scores(score, bound, temperature), mask=in_vocab)
     else:
         raw = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + offs, mask=in_vocab, other=float("-inf"))
         tl.store(out_row + offs, raw, mask=in_vocab)
