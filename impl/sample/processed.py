@@ -50,7 +50,7 @@ class ProcessedScores:
                              computer.top_logprobs[:num_rows, :num_top])
         if num_rows == 0:
             return out
-        penalties = (state.repetition_penalty.base, state.frequency_penalty.base, state.presence_penalty.base)
+        penalties = state.kernel_params()[1]  # the table's penalties, in its order (as the sampler's kernels take them)
         blocks = cdiv(self.vocab_size, self.chunk)
         for start in range(0, num_rows, self.chunk_rows):
             n = min(self.chunk_rows, num_rows - start)
