@@ -58,6 +58,8 @@
 #                 stream and speculative mutants; `mutants --only ...`, chi-square probes included), with their controls
 #   mutant_logprobs_rates  logprobs_from_processed over 3 seeds (`mutants --seeds 3 --only ...`): it patches the sampler's
 #                 Python, so it recaptures the graphs (run 52 found it surviving graph-replayed logprob steps)
+#   mutant_processed_rates  the processed-logprob mutants over 5 seeds (`mutants --seeds 5 --no-chisq --only ...`):
+#                 the processed-scores pass on the GPU (issue 60 item 3)
 #   race_rates    kill rates of the race mutants over 10 seeds (`mutants --seeds 10 --only ...`)
 #   verify_kills  the race mutants through verify's own quick cuda plan (`mutants --campaign verify`), 5 seeds: kill rates
 #   output_slots  the output-slot checksums on cuda: a clean delayed stress run, then output_slot_overwritten_early
@@ -87,7 +89,7 @@
 out=${1:?usage: ci/h200.sh OUTDIR JOB...}
 shift
 jobs=" $* "
-[ "$jobs" = " all " ] && jobs=" bench bench_host bench_sampler bench_logprobs spec_benches gpu_tests mutants_new mutants_bucketed mutants_rest mutant_logprobs_rates race_rates verify_kills spec_mutant_rates output_slots staging_slots verify stress ngram draft invariance spec_stats chisq_matrix chisq_power chisq_capped chisq_coarse chisq_deep csan "
+[ "$jobs" = " all " ] && jobs=" bench bench_host bench_sampler bench_logprobs spec_benches gpu_tests mutants_new mutants_bucketed mutants_rest mutant_logprobs_rates mutant_processed_rates race_rates verify_kills spec_mutant_rates output_slots staging_slots verify stress ngram draft invariance spec_stats chisq_matrix chisq_power chisq_capped chisq_coarse chisq_deep csan "
 . "$(dirname "${BASH_SOURCE[0]}")/h200_jobs.sh"
 want bench && job bench "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --out "$out/bench"
 want bench_spec_draft && job bench_spec_draft "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_draft \
@@ -127,6 +129,9 @@ want mutants_rest && job mutants_rest "$limit" $rc mutants --device cuda --only 
   --out "$out/mutants_rest" &
 want mutant_logprobs_rates && job mutant_logprobs_rates "$limit" $rc mutants --device cuda --no-chisq --seeds 3 \
   --only logprobs_from_processed --out "$out/mutant_logprobs_rates" &
+want mutant_processed_rates && job mutant_processed_rates "$limit" $rc mutants --device cuda --no-chisq --seeds 5 \
+  --only processed_logprobs_without_temperature processed_logprobs_before_filters processed_logprobs_mode_kept_on_reuse \
+  --out "$out/mutant_processed_rates" &
 want race_rates && job race_rates "$limit" $rc mutants --device cuda --seeds 10 --no-chisq --only \
   reuse_staging_early pageable_nonblocking_copy output_slot_overwritten_early --out "$out/race_rates" &
 want verify_kills && (  # two shards side by side (seeds 0,2,4 and 1,3), then their kill rates merged

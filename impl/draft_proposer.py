@@ -172,7 +172,7 @@ class DraftModelProposer(DeviceDraftRows):
         return dataclasses.replace(staged, drafts=drafts_out)
 
     @hot_path
-    def enqueue_verify(self, result: dict, plan: Any, staged: Any, sampler: Any) -> None:
+    def enqueue_verify(self, result: dict, plan: Any, staged: Any, sampler: Any, processed_logprobs: bool = False) -> None:
         """Rejection-sampling verification of the step's drafts (after the sampler, before post-update)."""
         if not self._verify_step:
             return
@@ -182,13 +182,13 @@ class DraftModelProposer(DeviceDraftRows):
 
         def verify() -> None:
             self._verify(result["logits"], staged.rows, staged.draft_start, staged.logits_start, staged.drafts, counts,
-                         num_rows, sampler, max_num_logprobs, self.step_q)
+                         num_rows, sampler, max_num_logprobs, self.step_q, processed_logprobs)
 
         self.device.enqueue(verify, "rejection-sampling verify")
 
     def _verify(self, logits: torch.Tensor, rows32: torch.Tensor, draft_start: torch.Tensor, logits_start: torch.Tensor,
                 drafts: torch.Tensor, counts: list[int], num_rows: int, sampler: Any, max_num_logprobs: int,
-                step_q: torch.Tensor) -> None:
+                step_q: torch.Tensor, processed_logprobs: bool = False) -> None:
         """Launches of the verification (device work, or a capture): the same ops for an eager step and a bucket.
 
         ``rows32`` may hold padding requests (-1): they read `PADDING_STATE_ROW`'s seed and temperature (in
@@ -204,7 +204,12 @@ class DraftModelProposer(DeviceDraftRows):
                                 temperature=ss.temperature.base, verified=out.tokens, accepted=out.accepted,
                                 sampled=sampler.tokens, drafts=drafts, num_reqs=num_reqs)
         if max_num_logprobs >= 0:  # the sampler scored its own tokens; score the verified ones
-            sampler.logprobs.launch(logits, sampler.tokens[:num_rows], num_rows, max_num_logprobs)
+            processed = None
+            if processed_logprobs:  # the emitted token is distributed as p: the sampler's own kept rows
+                prefix = ib.logits_draft_prefix
+                processed = (ss, ib.logits_state_rows, (ss.prompt_mask.base, ss.prompt_mask.base.stride(0),
+                             ss.output_counts, ss.output_counts.stride(0), prefix, prefix.stride(0), prefix.shape[1]))
+            sampler.score_tokens(logits, sampler.tokens[:num_rows], num_rows, max_num_logprobs, processed)
 
     @hot_path
     def enqueue_propose(self, staged: Any, num_reqs: int, num_sampled: torch.Tensor, sampled: torch.Tensor,

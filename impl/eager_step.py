@@ -34,6 +34,7 @@ class EagerRunner(Protocol):
     model: Any
     outputs: Any
     prompt_logprobs: Any
+    processed_logprobs_reqs: Any  # live request ids asking for processed logprobs
     proposer: Any
     sampler: Any
     sampling_state: Any
@@ -52,6 +53,7 @@ def enqueue_eager_step(runner: EagerRunner, plan: StepPlan, staged: StagedStepAr
     max_query_len, max_seq_len, max_num_logprobs = plan.max_query_len, plan.max_seq_len, plan.max_num_logprobs
     draft_prefix = ib.logits_draft_prefix if len(plan.drafts) else None
     prompt_top = plan.max_num_prompt_logprobs
+    processed = max_num_logprobs >= 0 and bool(runner.processed_logprobs_reqs)  # host: a live request asks for them
 
     def forward() -> None:
         hidden = runner.model.forward(
@@ -66,6 +68,7 @@ def enqueue_eager_step(runner: EagerRunner, plan: StepPlan, staged: StagedStepAr
         result["out"] = runner.sampler.sample(
             result["logits"], runner.sampling_state, ib.logits_state_rows, ib.logits_positions,
             num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=max_num_logprobs,
+            **({"processed_logprobs": True} if processed else {}),
         )
         if num_prompt_rows:
             result["prompt"] = _prompt_logprobs(runner, result["hidden"][num_rows:], staged.prompt_targets, num_prompt_rows, prompt_top)
@@ -81,7 +84,7 @@ def enqueue_eager_step(runner: EagerRunner, plan: StepPlan, staged: StagedStepAr
     runner.device.enqueue(forward, "forward")
     runner.device.enqueue(sample, "sample")
     if isinstance(runner.proposer, DraftModelProposer):
-        runner.proposer.enqueue_verify(result, plan, staged, runner.sampler)
+        runner.proposer.enqueue_verify(result, plan, staged, runner.sampler, processed)
     runner.device.enqueue(post_update, "post update")
     runner.sampling_state.enqueue_post_update(ib.logits_state_rows, runner.sampler.tokens, runner.outputs.row_valid, num_rows)
     return result

@@ -93,6 +93,10 @@ class LogprobsLimitError(SchedulerOutputError):
     """More (prompt) logprobs asked for than the runner's ``max_logprobs``."""
 
 
+class LogprobsModeError(SamplingParamsError):
+    """A ``logprobs_mode`` that is not one of `LOGPROBS_MODES` (``"raw"``, ``"processed"``)."""
+
+
 class FinishedAndScheduledError(SchedulerOutputError):
     """A request listed as finished or preempted and also scheduled or cached in the same step."""
 
@@ -254,6 +258,12 @@ SAMPLING_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in SAMPLING_FIELDS)
 SAMPLING_STAGES = ("temperature", "filter", "penalty")
 SAMPLING_FIELDS_BY_NAME: Mapping[str, SamplingField] = {f.name: f for f in SAMPLING_FIELDS}
 
+# What a request's logprobs describe (`SamplingParams.logprobs_mode`, docs/SAMPLING.md "Logprobs"):
+# "raw": log_softmax of the model's raw logits; "processed": the log of the exact distribution the
+# sampler drew the token from (penalties, temperature, min-p/top-k/top-p; filtered tokens -inf).  Not a row
+# of `SAMPLING_FIELDS`: it changes what is reported, never which token is sampled.
+LOGPROBS_MODES: tuple[str, ...] = ("raw", "processed")
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -261,7 +271,9 @@ class SamplingParams:
 
     The sampling fields' neutral ("off") values and valid ranges are rows of `SAMPLING_FIELDS` (``top_k = -1``,
     ``top_p = 1.0``, ``min_p = 0.0``, ...); ``temperature = 0`` is greedy.  ``logprobs`` / ``prompt_logprobs``: number of top logprobs to return, None for none
-    (0 returns only the sampled / actual token's logprob and rank).
+    (0 returns only the sampled / actual token's logprob and rank).  ``logprobs_mode`` (one of `LOGPROBS_MODES`)
+    says what the sampled tokens' logprobs describe: ``"raw"`` (the model's log-softmax) or ``"processed"``
+    (the log of the distribution the sampler drew from); prompt logprobs are always raw.
     """
 
     temperature: float = 1.0
@@ -276,6 +288,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     max_tokens: int = 16
     stop_token_ids: tuple[int, ...] = ()
+    logprobs_mode: str = "raw"
 
     def validate(self, vocab_size: int, max_logprobs: int, req_id: str | None = None) -> None:
         def bad(cls: type[SchedulerOutputError], name: str, why: str) -> SchedulerOutputError:
@@ -301,6 +314,8 @@ class SamplingParams:
                 raise bad(LogprobsLimitError, name, f"at most {max_logprobs} allowed")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise bad(SamplingParamsError, "max_tokens", "must be an int >= 1")
+        if type(self.logprobs_mode) is not str or self.logprobs_mode not in LOGPROBS_MODES:
+            raise bad(LogprobsModeError, "logprobs_mode", f"must be one of {', '.join(map(repr, LOGPROBS_MODES))}")
         for tok in self.stop_token_ids:
             if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
                 raise bad(TokenOutOfVocabError, "stop_token_ids", f"token {tok!r} outside [0, {vocab_size})")
@@ -428,10 +443,11 @@ class SchedulerOutput:
 
 @dataclass(frozen=True)
 class TokenLogprobs:
-    """Logprobs of one position, from the raw model logits (log-softmax before any processing).
+    """Logprobs of one position: from the raw model logits (log-softmax before any processing), or, for a
+    sampled token of a request with ``logprobs_mode="processed"``, of the distribution it was sampled from.
 
     ``token_id`` is the sampled token (or, for prompt logprobs, the actual next prompt token);
-    ``rank`` is 1 + the number of tokens with a strictly larger logit.
+    ``rank`` is 1 + the number of tokens with a strictly larger score (logit, or processed logprob).
     """
 
     token_id: int

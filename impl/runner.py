@@ -162,6 +162,8 @@ class ModelRunner:
         self._admission_writers = AdmissionWriters.of(self.state, self.block_table, self.sampling_state)
         self.sampler = Sampler(dev, lim.vocab_size, lim.max_logprobs, max_num_rows=self.input_batch.max_sampling_rows)
         self.prompt_logprobs = LogprobsComputer(dev, lim.vocab_size, lim.max_logprobs, self.input_batch.max_prompt_rows)
+        # Host: the live requests asking for processed logprobs (their steps' logprobs take the processed pass).
+        self.processed_logprobs_reqs: set[str] = set()
         self.outputs = OutputSlots(
             dev, num_slots=self._output_slots, max_num_reqs=lim.max_num_reqs,
             max_logit_rows=self.input_batch.max_sampling_rows, max_prompt_rows=self.input_batch.max_prompt_rows,
@@ -271,6 +273,9 @@ class ModelRunner:
                 proposer.mark_placeholders(plan, device_drafts)
             key, reason = self.graphs.select(plan.num_reqs, plan.uniform, plan.num_prompt_rows, plan.max_num_logprobs,
                                              plan.num_tokens, len(plan.drafts))
+            if key is not None and plan.max_num_logprobs >= 0 and self.processed_logprobs_reqs:
+                # graphs capture raw logprobs only; a live request asking for processed ones runs the step eager
+                key, reason = None, "processed logprobs"
             if isinstance(proposer, DraftModelProposer):
                 proposer.mark_bucketed(key is not None)  # a bucket verifies and proposes inside its graph
             if key is not None and proposer is None:
@@ -431,11 +436,18 @@ class ModelRunner:
         step = self._step
         for req_id in step.gone:
             self.state.release(req_id)
+        if self.processed_logprobs_reqs:
+            self.processed_logprobs_reqs.difference_update(step.gone)
         seeds: dict[str, int] = {}
         if sched.new_requests:  # `read_step` checked each request: its sampling record is staged unchecked
             admit, writers, base_seed = self.state.admit_staged, self._admission_writers, self.base_seed
+            note_mode, processed_reqs = self.sampling_state.note_logprobs_mode, self.processed_logprobs_reqs
             for req in sched.new_requests:
-                admit(req, base_seed, writers, seeds)
+                row = admit(req, base_seed, writers, seeds)
+                processed = req.sampling_params.logprobs_mode == "processed"
+                note_mode(row, processed)
+                if processed:
+                    processed_reqs.add(req.req_id)
         for i, req_id in step.new_positions:
             step.rows[i] = self.state.req_to_row[req_id]
         if step.cached_computed is not None:  # rejected drafts reported: the computed counts move

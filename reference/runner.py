@@ -60,7 +60,8 @@ from runnercheck.impl.model.weights import ModelWeights
 from runnercheck.reference.draft_model import DraftProposal, ReferenceDraftModel
 from runnercheck.reference.model import ReferenceModel
 from runnercheck.reference.ngram import propose_ngram
-from runnercheck.reference.sampler import SampleResult, distribution, is_flagged, sample, token_logprobs
+from runnercheck.reference.sampler import (SampleResult, distribution, is_flagged, request_token_logprobs, sample,
+                                           token_logprobs)
 from runnercheck.reference.spec_verify import verify_rejection
 
 
@@ -293,7 +294,8 @@ class ReferenceRunner:
                     continue
                 break
         if params.logprobs is not None:
-            step.logprobs = tuple(token_logprobs(rows[j], tok, params.logprobs) for j, tok in enumerate(produced))
+            step.logprobs = tuple(request_token_logprobs(rows[j], tok, params, prompt, outputs + list(drafts[:j]))
+                                  for j, tok in enumerate(produced))
         st.tokens.extend(produced)
         st.sampled_since_admission = True
         st.num_computed = len(st.tokens) - 1

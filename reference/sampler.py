@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -303,7 +303,8 @@ MAX_RANK_NEIGHBOURS = 64  # at most this many (the closest): enough for any tole
 class OracleTokenLogprobs(TokenLogprobs):
     """`TokenLogprobs` plus what only the oracle, holding the whole row, can say about its rank.
 
-    ``neighbour_gaps``: ``l[j] - l[token_id]`` for the other tokens within `RANK_NEIGHBOUR_WINDOW`
+    ``fragile``: (processed logprobs) a filter boundary of the row lay within ``BOUNDARY_RTOL`` of flipping, so
+    an fp32 sampler may keep another set and normalise over it.  ``neighbour_gaps``: ``l[j] - l[token_id]`` for the other tokens within `RANK_NEIGHBOUR_WINDOW`
     of the target's logit (the closest `MAX_RANK_NEIGHBOURS`), ascending by distance.  A float32
     runner may order such a token on the other side of the target at any rank, not only inside the
     top-n list (`runnercheck.checks.compare`): a rank may move by the neighbours within the comparison's
@@ -311,6 +312,7 @@ class OracleTokenLogprobs(TokenLogprobs):
     """
 
     neighbour_gaps: tuple[float, ...] = ()
+    fragile: bool = False  # processed logprobs: a filter boundary within fp32 reach, the kept set may differ
 
 
 def token_logprobs(logits: torch.Tensor, token_id: int, num_top: int) -> TokenLogprobs:
@@ -319,7 +321,50 @@ def token_logprobs(logits: torch.Tensor, token_id: int, num_top: int) -> TokenLo
     ``rank = 1 + #{j : l[j] > l[token_id]}``; the top list is by logit, descending, ties by lower
     index.  NaN counts as -inf (such rows are flagged and their logprobs are not compared).
     """
-    row = _without_nan(_row(logits))
+    return _row_logprobs(_without_nan(_row(logits)), token_id, num_top)
+
+
+def processed_scores(
+    logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int] = (), output_ids: Sequence[int] = ()
+) -> tuple[torch.Tensor, bool]:
+    """``(scores [V] float64, fragile)`` whose log-softmax is what processed logprobs report.
+
+    Temperature > 0: the kept scores of `distribution` (penalties, ``/ T``, min-p, top-k, top-p; -inf where
+    filtered), so ``exp(log_softmax)`` is exactly the distribution the token is sampled from.  Greedy: the
+    penalised logits at temperature 1, unfiltered -- the distribution whose argmax the greedy token is (a
+    point mass would report 0 and -inf, nothing a user can read, and flip wholesale at every near tie).
+    ``fragile``: a filter boundary lay within ``BOUNDARY_RTOL`` of flipping (an fp32 kept set may differ).
+    A row holding +inf keeps its +inf entries only (flagged: not compared).
+    """
+    row = _row(logits)
+    vocab = row.numel()
+    _check_params(params, vocab)
+    penalised = apply_penalties(_without_nan(row), params, prompt_ids, output_ids)
+    if params.temperature == 0:
+        return penalised, False
+    s = penalised / float(params.temperature)
+    keep, fragile = _filters(s, params)
+    return torch.where(keep, s, torch.tensor(-math.inf, dtype=torch.float64)), fragile
+
+
+def request_token_logprobs(
+    logits: torch.Tensor, token_id: int, params: SamplingParams, prompt_ids: Sequence[int] = (),
+    output_ids: Sequence[int] = (),
+) -> TokenLogprobs:
+    """A sampled token's `TokenLogprobs` in the request's ``logprobs_mode`` (``params.logprobs`` top entries):
+    `token_logprobs` for ``"raw"``; for ``"processed"`` the same over `processed_scores`, whose ``fragile`` is
+    reported (`OracleTokenLogprobs.fragile`: the comparison skips a row whose kept set fp32 may choose otherwise)."""
+    if params.logprobs_mode != "processed":
+        return token_logprobs(logits, token_id, params.logprobs)
+    scores, fragile = processed_scores(logits, params, prompt_ids, output_ids)
+    if torch.isposinf(scores).any():  # a flagged row: its logprobs are not compared; keep them finite-shaped
+        scores = torch.where(torch.isposinf(scores), torch.tensor(0.0, dtype=torch.float64),
+                             torch.tensor(-math.inf, dtype=torch.float64))
+    return replace(_row_logprobs(scores, token_id, params.logprobs), fragile=fragile)
+
+
+def _row_logprobs(row: torch.Tensor, token_id: int, num_top: int) -> OracleTokenLogprobs:
+    """`token_logprobs` of a float64 row already free of NaN (raw logits, or processed scores)."""
     vocab = row.numel()
     _check_ids([token_id], vocab, "token_id")
     if not isinstance(num_top, int) or isinstance(num_top, bool) or not 0 <= num_top <= vocab:
@@ -346,5 +391,6 @@ def token_logprobs(logits: torch.Tensor, token_id: int, num_top: int) -> TokenLo
 __all__ = [
     "TIE_TOLERANCE", "BOUNDARY_RTOL", "SampleResult", "SamplerInputError", "apply_penalties",
     "filtered_scores", "expected_distribution", "distribution", "sample", "token_logprobs", "is_flagged",
+    "processed_scores", "request_token_logprobs",
     "OracleTokenLogprobs", "RANK_NEIGHBOUR_WINDOW",
 ]

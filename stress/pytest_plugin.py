@@ -462,7 +462,7 @@ class ChisqCheck:
             verdict = "passed" if t.passed else "REJECTED"
             self._record(f"runnercheck.chisq.{t.name}", f"{verdict} ({t.kind}) p={t.p_value:.3g} "
                          f"adjusted={t.adjusted_p_value if t.adjusted_p_value is None else format(t.adjusted_p_value, '.3g')}"
-                         + (f" {t.notes}" if t.kind == "contract" or t.kind in SAMPLER_DIED else ""))
+                         + (f" {t.notes}" if t.kind in ("contract", "logprobs") or t.kind in SAMPLER_DIED else ""))
         for s in skipped:
             self._record(f"runnercheck.chisq.skipped.{s['case']}", s["reason"])
         out = _report_dir(self._request)
@@ -472,7 +472,7 @@ class ChisqCheck:
             self._record("runnercheck.chisq.report", str(write_report(out, summary)["html"]))
         failed = summary.failed_tests
         if failed or summary.not_run:
-            lines = [f"{t.name}: {t.notes}" if t.kind == "contract" or t.kind in SAMPLER_DIED else
+            lines = [f"{t.name}: {t.notes}" if t.kind in ("contract", "logprobs") or t.kind in SAMPLER_DIED else
                      f"{t.name} ({t.kind}): adjusted p = {t.adjusted_p_value:.3g} < {alpha:g}; {t.notes}".rstrip("; ")
                      + (f"\n    {t.diagnosis['verdict']}" if t.diagnosis else "")
                      for t in failed] or [str(summary.not_run)]

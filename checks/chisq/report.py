@@ -238,6 +238,7 @@ def junit_cases(summary: RunSummary) -> list:
         failure = None
         if not t.passed:
             failure = (f"{t.name}: sampler contract violated: {t.notes}" if t.kind == "contract" else
+                       f"{t.name}: returned logprobs do not match: {t.notes}" if t.kind == "logprobs" else
                        f"{t.name}: {t.notes}" if t.kind in SAMPLER_DIED else
                        f"{t.name} rejected ({t.kind}): adjusted p = {_fmt_p(t.adjusted_p_value)} < alpha {summary.alpha:g} "
                        f"(p = {_fmt_p(t.p_value)}, {t.n_samples} draws){'; ' + t.notes if t.notes else ''}")
@@ -305,6 +306,8 @@ def print_summary(summary: RunSummary, out_dir: str | Path | None = None, junit:
     for t in failed:
         if t.kind == "contract":
             console.print(f"[red]sampler contract[/red] {t.name}: {t.notes}")
+        elif t.kind == "logprobs":
+            console.print(f"[red]sampler logprobs[/red] {t.name}: {t.notes}", highlight=False, soft_wrap=True)
         elif t.kind in SAMPLER_DIED:
             console.print(f"[red]sampler {t.kind}[/red] {t.name}: {t.notes}", highlight=False, soft_wrap=True)
     for s in summary.skipped:

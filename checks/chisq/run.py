@@ -40,6 +40,7 @@ from runnercheck.checks.chisq.cases import (
     power_cases,
     power_plan,
 )
+from runnercheck.checks.chisq.logprobs import check_case_logprobs, returns_logprobs
 from runnercheck.checks.chisq.sampler_contract import (
     SamplerContractError, SamplerLimitError, check_sampler_output, contract_failure, declared_unsupported, describe_exception,
     rows_per_call_bound,
@@ -237,8 +238,16 @@ def run_case(sampler: Callable, case: SamplingCase, opts: RunOptions, device: to
     attach_diagnoses(case, tokens, expected, results, opts)
     for result in results:
         result.config.update(seed=seed, position_offset=offset)  # what a rerun of this case needs
-    stats.share_wall_time(results, time.perf_counter() - started)  # each test's share of its case's time (JUnit)
-    return CaseOutcome(case.name, results=results)
+    failures: list = []
+    if returns_logprobs(sampler):  # a sampler that returns logprobs: they must describe what it drew from
+        try:
+            more, failures = check_case_logprobs(sampler, case, expected, seed=seed, position_offset=offset + len(tokens) * case.rows,
+                                                 device=device, n_samples=len(tokens), alpha=opts.alpha, max_rows_per_call=max_rows)
+        except SamplerContractError as e:
+            more, failures = [], [contract_failure(case.name, {**case.describe(), "seed": seed, "position_offset": offset}, e)]
+        results += more
+    stats.share_wall_time(results + failures, time.perf_counter() - started)  # each test's share of its case's time (JUnit)
+    return CaseOutcome(case.name, results=results, failures=failures)
 
 
 def attach_diagnoses(case: SamplingCase, tokens: np.ndarray, expected: Sequence[np.ndarray],

@@ -205,6 +205,8 @@ def sampler_plan_kernel(
                     tl.where(can_gather, MODE_GATHER,
                              tl.where(top_k_on | top_p_on, MODE_FALLBACK, MODE_THRESHOLD)))
     bound = tl.where(mode == MODE_GATHER, tl.maximum(kth, min_p_threshold), min_p_threshold)
+    # a decided row keeps everything (the kept threshold processed logprobs read; greedy rows are not filtered)
+    bound = tl.where(mode == MODE_DONE, float("-inf"), bound)
     token = tl.where(inf_token < vocab_size, inf_token, tl.where(filtered & (row_max == float("-inf")), 0, token))
     tl.store(mode_ptr + row, mode)
     tl.store(bound_ptr + row, bound)
@@ -296,7 +298,7 @@ def _candidate_threshold(candidates, scratch_row, row_max, top_k, top_k_on, top_
 def sampler_finish_kernel(
     state_row_ptr, position_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr,
     mode_ptr, row_max_ptr, part_best_ptr, part_token_ptr, part_count_ptr, slots_ptr, scratch_ptr, num_blocks,
-    token_out_ptr, vocab_size,
+    token_out_ptr, bound_ptr, vocab_size,
     NB_P2: tl.constexpr, SCRATCH: tl.constexpr, CAND: tl.constexpr, SLOT: tl.constexpr, GROUP: tl.constexpr,
     COLS: tl.constexpr,
 ):
@@ -318,6 +320,7 @@ def sampler_finish_kernel(
             row_max = tl.load(row_max_ptr + row)
             threshold, use_candidates, candidates = _candidate_threshold(
                 candidates, scratch_row, row_max, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on, CAND, COLS)
+            tl.store(bound_ptr + row, threshold)  # the kept set's threshold (processed logprobs read it)
             values, token_ids = unpack_candidate(candidates)
             kept = (candidates != EMPTY_CANDIDATE) & (values >= threshold)
             seed = tl.load(seed_ptr + state_row)
@@ -410,7 +413,7 @@ def sampler_row_kernel(
     logits_ptr, logits_stride, state_row_ptr, position_ptr,
     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, repetition_ptr, frequency_ptr, presence_ptr, seed_ptr,
     prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts,
-    scratch_ptr, mode_ptr, token_out_ptr, flag_out_ptr, vocab_size,
+    scratch_ptr, mode_ptr, token_out_ptr, flag_out_ptr, bound_ptr, vocab_size,
     BLOCK: tl.constexpr, NARROW_BLOCK: tl.constexpr, CAND: tl.constexpr,
     NPIV: tl.constexpr, MAX_PASSES: tl.constexpr,
 ):
@@ -493,6 +496,7 @@ def sampler_row_kernel(
                     logits_row, divisor, has_penalty, repetition, frequency, presence, prompt_mask_row, counts_row,
                     draft_row, vocab_size, row_max, row_min, top_k, top_k_on, top_p, top_p_on, min_p, min_p_on,
                     scratch_row, num_drafts, CAND, NPIV, NARROW_BLOCK, MAX_PASSES)
+                tl.store(bound_ptr + row, threshold)  # the kept set's threshold (processed logprobs read it)
                 if use_candidates != 0:
                     values, token_ids = unpack_candidate(candidates)
                     kept = (candidates != EMPTY_CANDIDATE) & (values >= threshold)

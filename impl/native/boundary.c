@@ -153,6 +153,16 @@ static int sampling_params(PyObject *params, PyObject *rules, long long vocab_si
             *asks_prompt_logprobs = !is_none;
     }
 
+    /* ``logprobs_mode``: the default "raw" is decided here; anything else ("processed", or a bad value the
+       reference names with `LogprobsModeError`) is left to the reference. */
+    PyObject *mode = attr(params, "logprobs_mode");
+    if (!mode)
+        return UNDECIDED;
+    int raw_mode = PyUnicode_CheckExact(mode) && PyUnicode_CompareWithASCIIString(mode, "raw") == 0;
+    Py_DECREF(mode);
+    if (!raw_mode)
+        return UNDECIDED;
+
     PyObject *stops = attr(params, "stop_token_ids");
     if (!stops)
         return UNDECIDED;

@@ -17,14 +17,17 @@ first ``layout.cand`` of them used by the split path):
   i32, ``part_inf`` i32, ``part_count`` i32 (``[R, NB]``) and ``chunk_slots`` i64 ``[R, NB, SLOT]``:
   written by the split kernels, read by the next combine of the same step;
 * per-row plan ``mode`` i32, ``bound`` f32, ``row_max`` f32 (``[R]``): written by the plan kernel
-  (``mode`` also by the finish kernel on overflow), read by the later launches of the step;
+  (``mode`` also by the finish kernel on overflow), read by the later launches of the step; after the
+  step's last launch ``bound`` holds each row's kept threshold (the finish and fallback kernels write
+  theirs; -inf for a row the plan decided), which processed logprobs read (`ProcessedScores`);
 * ``scratch`` i64 ``[R, CAND]``: candidate compaction (finish kernel) and the fallback's gathers;
 * the all-greedy launch's per-row accumulators ``greedy_packed`` i64, ``greedy_inf``,
   ``greedy_flag`` and ``greedy_arrivals`` i32 (``[R]``): written only by
   `sampling_greedy.greedy_argmax_kernel`, whose last program per row resets them, so they hold
   their reset values between steps.
 
-Nothing is meaningful between steps.  Its `LogprobsComputer` owns the logprob buffers.  A step's outputs are valid until the next `sample` call, so the runner
+Nothing is meaningful between steps.  Its `LogprobsComputer` owns the logprob buffers, its `ProcessedScores` the
+processed-score rows.  A step's outputs are valid until the next `sample` call, so the runner
 copies them out (one async D2H into a pinned output slot) in the same enqueue.
 
 Per logit row ``i`` the kernel reads the state row ``logit_rows_to_state_rows[i]`` (several logit
@@ -48,7 +51,9 @@ from runnercheck.impl.kernels.sampling import (
     sampler_row_kernel,
     sampler_select_kernel,
 )
-from runnercheck.impl.sample.logprobs import LogprobsComputer, SelectionConfig, SplitLayout, default_selection_config
+from runnercheck.impl.sample.logprobs import (LogprobsComputer, LogprobsOutput, SelectionConfig, SplitLayout,
+                                               default_selection_config)
+from runnercheck.impl.sample.processed import ProcessedScores
 from runnercheck.impl.sample.state import SamplingState
 
 
@@ -77,7 +82,8 @@ class Sampler:
     """Samples one token per logit row from a `SamplingState` (see the module docstring)."""
 
     def __init__(self, device: Device, vocab_size: int, max_logprobs: int = 20, *, max_num_rows: int = 256,
-                 candidate_capacity: int | None = None, config: SelectionConfig | None = None):
+                 candidate_capacity: int | None = None, config: SelectionConfig | None = None,
+                 processed_rows: int | None = None):
         if vocab_size < 1 or max_num_rows < 1 or max_logprobs < 0:
             raise SamplerError("need vocab_size >= 1, max_num_rows >= 1 and max_logprobs >= 0")
         self.device = device
@@ -109,6 +115,7 @@ class Sampler:
         self.greedy_flag = device.zeros(max_num_rows, torch.int32)
         self.greedy_arrivals = device.zeros(max_num_rows, torch.int32)
         self.logprobs = LogprobsComputer(device, vocab_size, max_logprobs, max_num_rows, self.config)
+        self.processed = ProcessedScores(device, vocab_size, max_num_rows, self.layout.chunk, processed_rows)
 
     def _check(self, logits: torch.Tensor, state: SamplingState, rows_map: torch.Tensor, positions: torch.Tensor,
                num_rows: int, draft_prefix: torch.Tensor | None, max_num_logprobs: int) -> None:
@@ -135,7 +142,7 @@ class Sampler:
     @hot_path
     def sample(self, logits: torch.Tensor, state: SamplingState, logit_rows_to_state_rows: torch.Tensor,
                positions: torch.Tensor, *, num_rows: int, draft_prefix: torch.Tensor | None = None,
-               max_num_logprobs: int = -1, all_greedy: bool = False) -> SamplerOutput:
+               max_num_logprobs: int = -1, all_greedy: bool = False, processed_logprobs: bool = False) -> SamplerOutput:
         """Sample rows ``[0, num_rows)`` of ``logits`` (float32 ``[>= num_rows, V]``).
 
         ``logit_rows_to_state_rows`` int32, ``positions`` int64 (noise positions), both
@@ -144,10 +151,14 @@ class Sampler:
         host copy of the parameters) that every row has temperature 0; the rows are then decided
         by one launch that reads the logits once (`sampling_greedy`) instead of the split passes.
         A row that is not greedy would be sampled greedily: the caller must not guess.
+        ``processed_logprobs``: some row's state row may ask for processed logprobs (the caller's host
+        mirror says a live request does); the logprobs then run on `ProcessedScores`' rows (raw rows copied
+        as they are), else straight on ``logits`` (all raw: no extra pass).
         """
         self._check(logits, state, logit_rows_to_state_rows, positions, num_rows, draft_prefix, max_num_logprobs)
-        if not isinstance(all_greedy, bool):
-            raise SamplerError(f"all_greedy must be a bool, not {all_greedy!r}")
+        for name, flag in (("all_greedy", all_greedy), ("processed_logprobs", processed_logprobs)):
+            if not isinstance(flag, bool):
+                raise SamplerError(f"{name} must be a bool, not {flag!r}")
         views = self._row_views.get(num_rows)
         if views is None:
             views = self._row_views[num_rows] = (self.tokens[:num_rows], self.nan_flags[:num_rows])
@@ -170,7 +181,8 @@ class Sampler:
                 logits, logits.stride(0), logit_rows_to_state_rows, *penalties, *penalty_rows, self.greedy_packed,
                 self.greedy_inf, self.greedy_flag, self.greedy_arrivals, tokens, flags, lay.num_blocks,
                 self.vocab_size, CHUNK=lay.chunk, num_warps=c.split_warps)
-            return self._with_logprobs(logits, tokens, flags, num_rows, max_num_logprobs)
+            return self._with_logprobs(logits, tokens, flags, num_rows, max_num_logprobs,
+                                       (state, logit_rows_to_state_rows, penalty_rows) if processed_logprobs else None)
         launch(sampler_block_kernel, split,
             logits, logits.stride(0), logit_rows_to_state_rows, positions, *params, *penalties, state.seed.base,
             *penalty_rows, self.part_best, self.part_token, self.part_max, self.part_flag, self.part_inf,
@@ -187,18 +199,32 @@ class Sampler:
         launch(sampler_finish_kernel, (num_rows,),
             logit_rows_to_state_rows, positions, *params, state.seed.base, self.mode, self.row_max,
             self.part_best, self.part_token, self.part_count, self.chunk_slots, self.scratch, lay.num_blocks,
-            tokens, self.vocab_size, NB_P2=lay.nb_p2, SCRATCH=c.candidates, CAND=lay.cand, SLOT=lay.slot,
+            tokens, self.bound, self.vocab_size, NB_P2=lay.nb_p2, SCRATCH=c.candidates, CAND=lay.cand, SLOT=lay.slot,
             GROUP=lay.group, COLS=lay.cols, num_warps=c.num_warps)
         launch(sampler_row_kernel, (num_rows,),
             logits, logits.stride(0), logit_rows_to_state_rows, positions, *params, *penalties, state.seed.base,
-            *penalty_rows, self.scratch, self.mode, tokens, flags, self.vocab_size,
+            *penalty_rows, self.scratch, self.mode, tokens, flags, self.bound, self.vocab_size,
             BLOCK=c.block, NARROW_BLOCK=c.narrow_block, CAND=c.candidates,
             NPIV=c.pivots, MAX_PASSES=c.max_passes, num_warps=c.num_warps)
-        return self._with_logprobs(logits, tokens, flags, num_rows, max_num_logprobs)
+        return self._with_logprobs(logits, tokens, flags, num_rows, max_num_logprobs,
+                                   (state, logit_rows_to_state_rows, penalty_rows) if processed_logprobs else None)
 
     def _with_logprobs(self, logits: torch.Tensor, tokens: torch.Tensor, flags: torch.Tensor, num_rows: int,
-                       max_num_logprobs: int) -> SamplerOutput:
+                       max_num_logprobs: int, processed: tuple | None) -> SamplerOutput:
         if max_num_logprobs < 0:
             return SamplerOutput(tokens, flags)
-        lp = self.logprobs.launch(logits, tokens, num_rows, max_num_logprobs)
+        lp = self.score_tokens(logits, tokens, num_rows, max_num_logprobs, processed)
         return SamplerOutput(tokens, flags, lp.logprob, lp.rank, lp.top_ids, lp.top_logprobs)
+
+    @hot_path
+    def score_tokens(self, logits: torch.Tensor, tokens: torch.Tensor, num_rows: int, num_top: int,
+                     processed: tuple | None = None) -> LogprobsOutput:
+        """Logprobs of ``tokens`` (launches only) into this sampler's logprob buffers: on the raw ``logits``, or
+        with ``processed = (state, logit_rows_to_state_rows, penalty_rows)`` of this step's `sample` call, on the
+        processed scores of the rows that ask for them (`ProcessedScores`; the kept thresholds are the ones
+        this step's sampling left in ``bound``).  The draft model's verification re-scores its tokens here."""
+        if processed is None:
+            return self.logprobs.launch(logits, tokens, num_rows, num_top)
+        state, rows_map, penalty_rows = processed
+        return self.processed.launch(logits, state, rows_map, penalty_rows, self.bound, tokens, num_rows, num_top,
+                                     self.logprobs)

@@ -12,6 +12,8 @@ admission into a row until the row is reused.  Their writers:
   ``group``, views into that `StagedWriteGroup`'s arena, applied by the group's owner in one launch with its
   others; an admission is then one record, row -> (the fields' values and the seed, the prompt), that the
   group's flush packs with the prompt mask's row in C: `StagedWriteGroup.defer_admissions`);
+* ``logprobs_mode`` i32 ``[max_num_reqs]`` -- 1 where the row's request asks for processed logprobs; a
+  `StagedWriteTensor` in the same group, staged by `note_logprobs_mode` when a row's mode changes;
 * ``prompt_mask`` i32 ``[max_num_reqs, ceil(V / 32)]`` -- bit ``t % 32`` of word ``t // 32`` is set
   when token ``t`` occurs in the user's prompt (a resumed request's re-fed outputs are not
   prompt).  A `StagedWriteTensor`: the host builds the whole row of words at admission;
@@ -115,9 +117,13 @@ class SamplingState:
         self.prompt_mask = StagedWriteTensor(device, (max_num_reqs, self.num_mask_words), torch.int32, "prompt_mask", fill=0, group=group)
         self.output_counts = device.zeros((max_num_reqs, vocab_size), torch.int32)
         self._counts_stride = self.output_counts.stride(0)
+        # 1 where the row's request asks for processed logprobs (`runnercheck.impl.interface.LOGPROBS_MODES`), else 0:
+        # staged by `note_logprobs_mode` only when a row's mode changes (the host keeps `_processed_rows`).
+        self.logprobs_mode = StagedWriteTensor(device, max_num_reqs, torch.int32, "logprobs_mode", fill=0, group=group)
+        self._processed_rows: set[int] = set()  # host mirror: the rows whose ``logprobs_mode`` holds 1
         staged = (*params, self.seed, self.prompt_mask)
         # Flushed and applied here only when they have private groups; a shared group's owner does both.
-        self._staged = staged if group is None else ()
+        self._staged = (*staged, self.logprobs_mode) if group is None else ()
         self._scalars = staged[:-1]  # one element per row, in `add_request`'s order: the table's fields, the seed
         # With a shared group an admission is one record (row -> (the fields' values, the seed; the prompt)), packed by the
         # group's flush in C (`StagedWriteGroup.defer_admissions`; another write to these tensors stages the pending
@@ -192,6 +198,18 @@ class SamplingState:
             raise SamplingParamsError(f"seed={seed!r}: must be an int in [0, {MAX_SEED}]", field="seed")
         return (_check_tokens(prompt_token_ids, self.vocab_size, "prompt_token_ids"),
                 _check_tokens(output_token_ids, self.vocab_size, "output_token_ids"))
+
+    @hot_path
+    def note_logprobs_mode(self, row: int, processed: bool) -> None:
+        """Stage the row's ``logprobs_mode`` (after its admission) when it changes: a row keeps its last
+        request's mode until another request with the other mode is admitted into it."""
+        if processed == (row in self._processed_rows):
+            return
+        if processed:
+            self._processed_rows.add(row)
+        else:
+            self._processed_rows.discard(row)
+        self.logprobs_mode.stage_scalar(row, 1 if processed else 0)
 
     @property
     def num_pending(self) -> int:

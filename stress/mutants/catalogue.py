@@ -365,8 +365,9 @@ def _logprobs_from_processed(target: Any, m: AppliedMutant) -> None:
     sample = sampler.sample
 
     def sample_then_logprobs_of_scores(logits: Any, state: Any, rows: Any, positions: Any, *, num_rows: int,
-                                       draft_prefix: Any = None, max_num_logprobs: int = -1) -> Any:
-        out = sample(logits, state, rows, positions, num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=-1)
+                                       draft_prefix: Any = None, max_num_logprobs: int = -1, **flags: Any) -> Any:
+        out = sample(logits, state, rows, positions, num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=-1,
+                     **flags)
         if max_num_logprobs < 0 or num_rows == 0:
             return out
         temperature = state.temperature.base[rows[:num_rows].long()]
@@ -424,6 +425,7 @@ import runnercheck.stress.mutants.streams  # noqa: E402,F401
 import runnercheck.stress.mutants.spec  # noqa: E402,F401
 import runnercheck.stress.mutants.reach  # noqa: E402,F401
 import runnercheck.stress.mutants.batch  # noqa: E402,F401
+import runnercheck.stress.mutants.logprobs  # noqa: E402,F401
 
 __all__ = ["CATALOGUE", "CLASSES", "RUN_CHECKS", "known_checks", "WORKLOADS", "AppliedMutant", "Mutant", "MutantTargetError",
            "UnknownMutantError", "Workload", "apply", "get"]

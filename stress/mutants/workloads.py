@@ -149,3 +149,20 @@ WORKLOADS["reuse-penalties"] = Workload(
     "reuse-penalties", "short requests with frequency and presence penalties through two rows (counts reset at reuse)",
     ChurnConfig(**dict(_QUIET, add_prob=0.9, max_prompt_len=6, max_new_tokens=4)), _penalised, max_num_reqs=2,
     max_batched_tokens=8, ticks=28)
+
+
+def _processed_logprobs(rng: random.Random, max_tokens: int) -> SamplingParams:
+    """Temperatures far from 1 and one filter each, so that a processed logprob missing the temperature or the
+    kept mask is off by far more than the tolerance; ~60% of the requests ask for processed logprobs, the rest
+    raw, so rows pass from one mode to the other."""
+    filters = rng.choice(({"top_k": rng.randint(2, 6)}, {"top_p": round(rng.uniform(0.4, 0.8), 3)},
+                          {"min_p": round(rng.uniform(0.05, 0.2), 3)}))
+    return _params(rng, max_tokens, temperature=round(rng.uniform(1.6, 2.5), 3), logprobs=rng.randint(1, 3),
+                   logprobs_mode="processed" if rng.random() < 0.6 else "raw", **filters)
+
+
+# Processed logprobs (`runnercheck.stress.mutants.logprobs`): short filtered requests through two rows, half of them
+# asking for processed logprobs, so a row's mode changes at reuse and every step compares some processed rows.
+WORKLOADS["processed-logprobs"] = Workload(
+    "processed-logprobs", "temperature 1.6..2.5 with top-k, top-p or min-p, top-1..3 logprobs, ~60% processed, two rows",
+    ChurnConfig(**dict(_SAMPLING, max_new_tokens=4)), _processed_logprobs, max_num_reqs=2, ticks=16, full_ticks=40)

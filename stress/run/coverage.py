@@ -13,6 +13,7 @@ output that the oracle agreed with) and counts, per feature of `FEATURES`:
 * prefill chunking: a prefill in one step, the first / a middle / the final chunk of a split
   prefill, a chunk ending on a block boundary, a decode step, a prompt-logprob prefill chunk that
   fills the step's token budget;
+* processed logprobs: sampled tokens whose processed logprobs a compared step reported;
 * NaN and +Inf logit rows sampled, and with the whole-row kinds all-NaN, NaN/-Inf, +Inf/-Inf and
   exact-tie rows (planted by `runnercheck.stress.sim.faults` in runner and oracle alike; counted
   in runs whose runner took the hook: `FAULT_FEATURES`).
@@ -57,8 +58,11 @@ FEATURES: tuple[str, ...] = (
     "prefill in one step", "prefill chunk: first", "prefill chunk: middle", "prefill chunk: final",
     "chunk ends on a block boundary", "decode step",
     "prompt logprobs: a chunk fills the token budget",  # FULL_CHUNK_FEATURE
+    "logprobs: processed rows compared",  # PROCESSED_FEATURE
 )
 FULL_CHUNK_FEATURE = "prompt logprobs: a chunk fills the token budget"
+# Sampled tokens whose processed logprobs (`SamplingParams.logprobs_mode`) a compared step reported.
+PROCESSED_FEATURE = "logprobs: processed rows compared"
 # Counted only in runs whose runner took the logits fault hook (`runnercheck.stress.sim.faults`).
 # Counted from the runner's own row table (``state.req_to_row``); a runner without one cannot show it,
 # so its runs leave it out rather than report a zero the gate would fail on.
@@ -161,6 +165,8 @@ class CoverageCounter:
             if toks and params is not None and any(_on(_KNOBS[q], params) for q in _PENALTIES):
                 c["penalty over output tokens" if self._outputs.get(rid, 0) else "penalty over prompt tokens"] += 1
             self._outputs[rid] = self._outputs.get(rid, 0) + len(toks)
+            if toks and params is not None and params.logprobs is not None and params.logprobs_mode == "processed":
+                c[PROCESSED_FEATURE] += len(toks)
             if self.fault is not None and rid in first_positions:
                 for j in range(len(toks)):
                     kind = self.fault.kind_at(first_positions[rid] + j)

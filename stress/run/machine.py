@@ -54,7 +54,8 @@ from hypothesis import event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from runnercheck.impl.device import Device
-from runnercheck.impl.interface import SAMPLING_FIELDS, DraftModelConfig, NgramConfig, RunnerLimits, SamplingField, SamplingParams
+from runnercheck.impl.interface import (LOGPROBS_MODES, SAMPLING_FIELDS, DraftModelConfig, NgramConfig, RunnerLimits,
+                                        SamplingField, SamplingParams)
 from runnercheck.impl.model.weights import ModelWeights, preset, random_weights
 from runnercheck.stress.run.driver import DifferentialRun, RunResult
 from runnercheck.checks.detectors.base import ArmContext
@@ -111,6 +112,8 @@ def sampling_params(draw: st.DrawFn, vocab_size: int = _VOCAB, max_new_tokens: i
         prompt_logprobs=draw(st.one_of(st.none(), st.none(), st.integers(0, MAX_PROMPT_LOGPROBS))),
         max_tokens=draw(st.integers(1, max_new_tokens)),
         stop_token_ids=tuple(draw(st.lists(st.integers(0, vocab_size - 1), max_size=2))),
+        # raw first (what shrinking aims for); processed: the log of the distribution the sampler drew from
+        logprobs_mode=draw(st.sampled_from(LOGPROBS_MODES)),
     )
 
 

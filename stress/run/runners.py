@@ -286,7 +286,12 @@ class SimpleRunner:
             outputs = state.tokens[state.prompt_len :] + drafts[:j]
             tok = sample_row(row, params, state.seed, known + j, prompt, outputs)
             produced.append(tok)
-            if params.logprobs is not None:
+            if params.logprobs is not None and params.logprobs_mode == "processed":
+                # the oracle's construction over this runner's fp32 logits: its sampler is the spec's fp32 twin
+                from runnercheck.reference.sampler import request_token_logprobs
+
+                lps.append(request_token_logprobs(row, tok, params, prompt, outputs))
+            elif params.logprobs is not None:
                 lps.append(token_logprobs_fp32(row, tok, params.logprobs))
             if j == len(drafts) or tok != drafts[j]:
                 break

@@ -60,6 +60,8 @@ def params_from_dict(d: Any) -> SamplingParams:
     for name in (*(f.name for f in SAMPLING_FIELDS if f.is_int), "max_tokens"):
         if name in kwargs and (isinstance(kwargs[name], bool) or not isinstance(kwargs[name], int)):
             raise TraceError(f"{name} must be an int, got {kwargs[name]!r}")
+    if "logprobs_mode" in kwargs and not isinstance(kwargs["logprobs_mode"], str):
+        raise TraceError(f"logprobs_mode must be a string, got {kwargs['logprobs_mode']!r}")
     for name in ("seed", "logprobs", "prompt_logprobs"):
         v = kwargs.get(name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
@@ -130,6 +132,9 @@ class ChurnConfig:
     # (``max_num_batched_tokens``, when that fits ``max_prompt_len``): a step scheduling it alone fills
     # the budget with prompt-logprob rows (full chunks); 0: never drawn (the draws of older configs stay).
     full_chunk_prob: float = 0.0
+    # A request asking for logprobs asks for processed ones (`SamplingParams.logprobs_mode`) with this rate, drawn
+    # from a stream of its own (``Churn.mode_rng``), so every other draw of a seed stays what it was.
+    processed_logprobs_prob: float = 0.3
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -175,6 +180,7 @@ class Churn:
         self.limits = limits
         self.config = config or ChurnConfig()
         self.rng = random.Random(seed)
+        self.mode_rng = random.Random(f"logprobs_mode:{seed}")  # the processed-logprobs coin only
         self.trace: list[list[dict]] = []
         self._next_id = 0
         # Drawn first, so they depend on the seed alone; the trace records whole prompts anyway.
@@ -269,6 +275,8 @@ class Churn:
             kw["seed"] = rng.randrange(2**63)
         if rng.random() < cfg.logprobs_prob:
             kw["logprobs"] = rng.randint(0, min(5, lim.max_logprobs))
+            if self.mode_rng.random() < cfg.processed_logprobs_prob:
+                kw["logprobs_mode"] = "processed"
         if rng.random() < cfg.prompt_logprobs_prob:
             kw["prompt_logprobs"] = rng.randint(0, min(3, lim.max_logprobs))
         if rng.random() < cfg.stop_prob:
