@@ -212,6 +212,22 @@ def _staged_writes_wrong_order(runner: Any, m: AppliedMutant) -> None:
     m.set(row_state, "_merged_diffs", first_write_wins)
 
 
+@_mutant("greedy_count_drops_every_release", "state", ("differential",), "row-reuse", ("state",),
+         "the host's count of live requests sampling with temperature > 0 -- the guard of the all-greedy sampler "
+         "launch -- drops at every release, a greedy request's too: after one, rows with a temperature are argmaxed")
+def _greedy_count_drops_every_release(runner: Any, m: AppliedMutant) -> None:
+    state = runner.state
+    release = state.release
+
+    def release_dropping_the_count(req_id: str) -> int:
+        greedy = state.info(req_id).params.temperature == 0  # the real release drops the count for the others
+        row = release(req_id)
+        state.num_random_rows -= greedy
+        return row
+
+    m.set(state, "release", release_dropping_the_count)
+
+
 @_mutant("num_computed_not_advanced", "state", ("differential", "provenance"), "steady", ("state",),
          "post-update stores NUM_TOKENS and LAST_TOKEN but lost the NUM_COMPUTED store")
 def _num_computed_not_advanced(runner: Any, m: AppliedMutant) -> None:
@@ -365,8 +381,9 @@ def _logprobs_from_processed(target: Any, m: AppliedMutant) -> None:
     sample = sampler.sample
 
     def sample_then_logprobs_of_scores(logits: Any, state: Any, rows: Any, positions: Any, *, num_rows: int,
-                                       draft_prefix: Any = None, max_num_logprobs: int = -1) -> Any:
-        out = sample(logits, state, rows, positions, num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=-1)
+                                       draft_prefix: Any = None, max_num_logprobs: int = -1, all_greedy: bool = False) -> Any:
+        out = sample(logits, state, rows, positions, num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=-1,
+                     all_greedy=all_greedy)
         if max_num_logprobs < 0 or num_rows == 0:
             return out
         temperature = state.temperature.base[rows[:num_rows].long()]
