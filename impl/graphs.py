@@ -22,6 +22,14 @@ Per step the host picks (`select`):
   prefill, whose device time dwarfs its host time -- runs eager;
 * otherwise a fallback reason (`FALLBACK_REASONS`), counted; the step runs eager, unpadded.
 
+Greedy twins: every (size, mode) is captured twice, its sampler once as the split passes and once as the
+all-greedy launch (`GraphMode.greedy`); `select` takes the greedy twin when the host knows every live request
+has temperature 0 (``all_greedy``: `runnercheck.impl.state.RequestStateTable.all_greedy`).  Twice the graphs
+and twice the capture time (fused graphs included; the memory pool is shared, and a twin allocates nothing
+the sampler does not own from init), chosen over taking the greedy launch in eager steps only: a steady
+greedy decode -- the traffic the launch is for -- is a graph replay, and the choice cannot be made at replay
+time without the host reading the device.  Measured: docs/CONFIGURATION.md, "CUDA graphs".
+
 A draft-model runner gets uniform decode buckets only (no mixed sizes): its bucket's launches include
 the draft model's verification and k draft decodes (`runnercheck.impl.draft_proposer.DraftModelProposer.padded_launches`).
 
