@@ -6,8 +6,8 @@ Asserted: all-greedy traffic (penalties, filters that temperature 0 switches off
 tokens through the greedy launch as through the split passes, eagerly and replayed, and as the float64 oracle; a
 batch with one row at temperature > 0 takes the split passes, and the greedy launch comes back once that request
 is released; the count survives admission and release (C twins or not) and a bad release leaves it as it was; a
-runner that says "all greedy" while a row samples with temperature (the catalogue's
-``greedy_count_drops_every_release``) is caught by the differential check.  Interpreted on CPU: the micro model.
+runner that says "all greedy" while a row samples with temperature (the catalogue's ``greedy_from_first_request``)
+is caught by the differential check.  Interpreted on CPU: the micro model.
 """
 from __future__ import annotations
 
@@ -146,8 +146,8 @@ def test_the_count_moves_at_admission_and_release_and_a_bad_release_leaves_it(mo
 
 
 def test_a_runner_that_says_all_greedy_while_a_row_samples_is_caught_by_the_differential(weights):
-    """The planted bug (the catalogue's ``greedy_count_drops_every_release``): releasing the greedy request drops the
-    count of the temperature row that stays, so its next tokens are argmaxed; the oracle comparison names the step."""
+    """The planted bug (the catalogue's ``greedy_from_first_request``): the launch chosen from the batch's first
+    request, greedy here, so the temperature row behind it is argmaxed; the oracle comparison names the step."""
     reference = pytest.importorskip("runnercheck.reference.runner")
     compare = pytest.importorskip("runnercheck.checks.compare")
     from runnercheck.stress.mutants import catalogue
@@ -155,12 +155,12 @@ def test_a_runner_that_says_all_greedy_while_a_row_samples_is_caught_by_the_diff
     runner = ModelRunner(weights, LIMITS, Device("cpu"), base_seed=5)
     paths = _record_paths(runner)
     sched = SchedulerSim(LIMITS, seed=0)
-    sched.add_request("g", (3, 4, 5), SamplingParams(temperature=0.0, max_tokens=2))
-    sched.add_request("r", (6, 7), SamplingParams(temperature=1.5, seed=11, max_tokens=12))
-    with catalogue.apply("greedy_count_drops_every_release", runner=runner):
+    sched.add_request("g", (3, 4, 5), SamplingParams(temperature=0.0, max_tokens=12))
+    sched.add_request("r", (6, 7), SamplingParams(temperature=2.0, seed=11, max_tokens=12))
+    with catalogue.apply("greedy_from_first_request", runner=runner):
         with pytest.raises(AssertionError, match="expected token"):
             _drive([runner], sched, reference.ReferenceRunner(weights, LIMITS, base_seed=5), compare)
-    assert paths[0] is False and paths[-1] is True  # the split passes until "g" left, then the wrong launch
+    assert paths and all(paths)  # the greedy launch for both rows from the first step: the wrong one
 
 
 @pytest.mark.gpu
