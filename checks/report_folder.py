@@ -29,6 +29,10 @@ it inside the block, writes an incomplete report and lets the block end normally
 
 Folders are created with `os.mkdir`'s default mode, so the umask decides their permissions, the
 same for every command's report.
+
+A command writes its folder through `write_command_report` (the folder, the one stderr line when it was not
+replaced, the line saying where earlier contents went) and ends with `run_exit_status` (0 passed, 1 failed, 130
+interrupted with the "incomplete report" line): the same words and statuses from every command.
 """
 from __future__ import annotations
 
@@ -41,8 +45,11 @@ import json
 import os
 import secrets
 import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Callable, Generic, TypeVar
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -296,5 +303,53 @@ def atomic_report_folder(path: str | os.PathLike, *, force: bool = False) -> Rep
     return ReportFolder(path, force=force)
 
 
-__all__ = ["MANIFEST", "OutDirError", "FolderNotReplaced", "ReportFolder", "check_out_dir", "atomic_report_folder",
-           "is_report", "write_manifest", "read_manifest"]
+# --------------------------------------------------------------------------- a command's report and exit status
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WrittenReport(Generic[T]):
+    """What `write_command_report` did: ``value`` is what the fill returned (None when the folder was not replaced);
+    ``exit_status`` None when the report is in place, else the status the command exits with (its line printed)."""
+
+    value: T | None
+    exit_status: int | None
+
+
+def write_command_report(command: str, out: str | os.PathLike, fill: Callable[[Path], T], *, force: bool = False,
+                         echo: Callable[[str], object] = print) -> WrittenReport[T]:
+    """``runnercheck COMMAND``'s report folder ``out``, as every command writes it: ``fill(tmp)`` writes the files
+    into `atomic_report_folder`'s temporary folder (and may run the command itself: what it returns comes back in
+    ``value``).  When the folder was not replaced (`FolderNotReplaced`: the fill raised, or was interrupted) the
+    reason goes to stderr as ``runnercheck COMMAND: ...`` and ``exit_status`` is its status (1, or 130 for an
+    interrupt); else the line saying where the folder's earlier contents went, if anywhere, goes to ``echo``."""
+    folder = atomic_report_folder(out, force=force)
+    try:
+        with folder as tmp:
+            value = fill(tmp)
+    except FolderNotReplaced as e:
+        print(f"runnercheck {command}: {e}", file=sys.stderr)
+        return WrittenReport(None, e.exit_status)
+    moved = folder.moved_aside_line()
+    if moved:
+        echo(moved)
+    return WrittenReport(value, None)
+
+
+def run_exit_status(command: str, out: str | os.PathLike, passed: bool, interrupted: str | None = None, *,
+                    say_incomplete: bool = True) -> int:
+    """A finished command's exit status: `EXIT_INTERRUPTED` (130) when ``interrupted`` (why the run stopped early:
+    its report is incomplete, which, with ``say_incomplete``, stderr says as ``runnercheck COMMAND: <why>; incomplete
+    report in OUT``), else 0 when ``passed``, 1 when not."""
+    from runnercheck.checks.interrupts import EXIT_INTERRUPTED
+
+    if interrupted:
+        if say_incomplete:
+            print(f"runnercheck {command}: {interrupted}; incomplete report in {out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0 if passed else 1
+
+
+__all__ = ["MANIFEST", "OutDirError", "FolderNotReplaced", "ReportFolder", "WrittenReport", "check_out_dir",
+           "atomic_report_folder", "is_report", "write_manifest", "read_manifest", "run_exit_status", "write_command_report"]

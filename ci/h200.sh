@@ -52,8 +52,8 @@
 #   mutants       `runnercheck mutants --device cuda`
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
 #   mutants_bucketed  the mutants planted into bucketed (mixed and decode) steps' launches -- input prep, post-update,
-#                 count reset, padding -- and those moved to other workloads when prefills became mixed graphs
-#                 (`mutants --no-chisq --only ...`), with their controls
+#                 count reset, padding --, those moved to other workloads when prefills became mixed graphs, and the
+#                 greedy-mode guard's (`mutants --no-chisq --only ...`), with their controls
 #   mutants_rest  the rest of the catalogue, beside mutants_new, mutants_bucketed and staging_slots (race, sync, sampler,
 #                 stream and speculative mutants; `mutants --only ...`, chi-square probes included), with their controls
 #   mutant_logprobs_rates  logprobs_from_processed over 3 seeds (`mutants --seeds 3 --only ...`): it patches the sampler's
@@ -121,7 +121,8 @@ want mutants_new && job mutants_new "$limit" $rc mutants --device cuda --junit "
 want mutants_bucketed && job mutants_bucketed "$limit" $rc mutants --device cuda --no-chisq --only positions_off_by_one \
   slot_mapping_wrong_block idx_mapping_off_by_one num_computed_not_advanced tensor_in_python_if staged_writes_wrong_order \
   stale_row_after_preempt graph_buffer_reallocated padding_row_writes_live_state predicate_admits_larger_batch \
-  graph_init_only_at_capture mixed_tail_left_stale graph_skips_admitted_count_reset --out "$out/mutants_bucketed" &
+  graph_init_only_at_capture mixed_tail_left_stale graph_skips_admitted_count_reset greedy_from_first_request \
+  --out "$out/mutants_bucketed" &
 want mutants_rest && job mutants_rest "$limit" $rc mutants --device cuda --only pageable_nonblocking_copy \
   output_slot_overwritten_early item_in_step synchronize_in_step fp16_gumbel_noise u24_uniform top_k_off_by_one \
   top_p_boundary_dropped temperature_twice penalty_sign_flipped logprobs_from_processed runner_stream_reads_default_stream_write \

@@ -4,7 +4,8 @@ A *bucketed* step is a uniform decode batch (every request scheduled ``query_len
 with exactly ``k`` drafts) padded from ``num_reqs`` up to a capture size ``size``, or a *mixed*
 batch (any query lengths -- decodes next to prefill chunks -- and no drafts) padded up to a
 token size ``tokens`` and ``size`` requests (`GraphKey`, mode `MIXED`).  Its device work
-is input prep -> forward -> sampler (logprobs included when the mode asks) -> [a draft model's
+is input prep -> forward -> sampler (logprobs included when the mode asks; the all-greedy launch in a greedy
+mode: `GraphMode.greedy`) -> [a draft model's
 verification] -> post-update -> penalty-count update -> output pack -> [a draft model's proposal:
 `runnercheck.impl.draft_proposer.DraftModelProposer.padded_launches`], with every shape taken from the bucket (``size``, ``query_len``, the mode's
 top-n) and every varying fact read from device tensors, so one recording serves every batch of
@@ -69,13 +70,17 @@ MIXED = 0  # the `GraphMode.query_len` of a mixed step: any query lengths, no dr
 
 @dataclass(frozen=True)
 class GraphMode:
-    """What a graph was captured for besides its size: tokens per request (`MIXED`: any) and top-n logprobs (-1: none)."""
+    """What a graph was captured for besides its size: tokens per request (`MIXED`: any), top-n logprobs (-1: none)
+    and whether its sampler is the all-greedy launch (``greedy``: every live request has temperature 0, as the host
+    knows it: `runnercheck.impl.state.RequestStateTable.all_greedy`)."""
 
     query_len: int
     num_top: int
+    greedy: bool = False
 
     def describe(self) -> str:
-        return ("mixed" if self.query_len == MIXED else f"q{self.query_len}") + (f"-lp{self.num_top}" if self.num_top >= 0 else "")
+        return (("mixed" if self.query_len == MIXED else f"q{self.query_len}") + (f"-lp{self.num_top}" if self.num_top >= 0 else "")
+                + ("-greedy" if self.greedy else ""))
 
 
 @dataclass(frozen=True)
@@ -184,7 +189,7 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     row_state, prefill, table = runner.state.base, runner.state.prefill_tokens, runner.block_table.base
     num_sampled, row_valid = runner.outputs.num_sampled, runner.outputs.row_valid
     block_size, max_drafts, max_seq_len = runner.block_table.block_size, runner.limits.max_num_draft_tokens, runner.limits.max_model_len
-    size, q, num_top = key.size, key.mode.query_len, key.mode.num_top
+    size, q, num_top, greedy = key.size, key.mode.query_len, key.mode.num_top, key.mode.greedy
     num_tokens, num_rows = key.num_tokens, key.num_sampling_rows
     padded_rows, padded_drafts = inputs.rows, inputs.drafts
     if key.mixed:
@@ -234,8 +239,11 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
         result["logits"] = model.compute_logits(hidden)
 
     def sample() -> None:
+        # A greedy mode's real rows all have temperature 0 (its padding rows' tokens are never used, whatever the
+        # parameters of the row they read): one read of the logits (`runnercheck.impl.kernels.sampling_greedy`).
         result["out"] = sampler.sample(result["logits"], sampling_state, ib.logits_state_rows, ib.logits_positions,
-                                       num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=num_top)
+                                       num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=num_top,
+                                       all_greedy=greedy)
 
     def post_update() -> None:
         launch_post_update(rows=padded_rows, cu=cu, logits_start=logits_start, draft_start=draft_start, drafts=padded_drafts,

@@ -38,6 +38,9 @@ release, `apply_cached`, `append_blocks`, `advance`), each vectorised over the s
     num_logprobs                 top logprobs asked for (-1: none)
     prompt_logprobs              top prompt logprobs asked for (-1: none, or a resumed request)
 
+and counts over the live rows: those asking for logprobs, for prompt logprobs, and those sampling with
+temperature > 0 (``num_random_rows``: `all_greedy`), moved at admission and release.
+
 Quarantine: device work enqueued in earlier steps may still read a freed row's pinned prefill
 tokens (the host writes them directly, outside stream order).  A freed row therefore stays out of
 use until the event recorded after the last step that could read them completes.  Input prep reads a
@@ -168,6 +171,9 @@ class RequestStateTable:
         self._released_columns = (self.generation, self.num_logprobs, self.prompt_logprobs)
         self.num_logprob_rows = 0  # live rows asking for logprobs / prompt logprobs (plans skip both when 0)
         self.num_prompt_logprob_rows = 0
+        # Live rows whose request samples with temperature > 0 (`all_greedy`), counted from the host's own copy of each
+        # request's parameters at admission and release.
+        self.num_random_rows = 0
 
         self.req_to_row: dict[str, int] = {}
         self.rows: list[RowInfo | None] = [None] * max_num_reqs
@@ -209,6 +215,16 @@ class RequestStateTable:
     @property
     def num_live(self) -> int:
         return len(self.req_to_row)
+
+    @property
+    def all_greedy(self) -> bool:
+        """Whether every live request has temperature 0 (so every row of a step does): the sampler may then take its
+        all-greedy launch (`runnercheck.impl.sample.Sampler.sample`, ``all_greedy``), which gives every greedy row the
+        token the split passes give it -- penalties, draft prefixes, logprobs and the non-finite rule included, the
+        filters being off at temperature 0 (docs/SAMPLING.md step 2).  Conservative: a batch of greedy rows next to
+        a live request with temperature > 0 that this step does not schedule takes the split passes (same tokens).
+        O(1): a count kept at admission and release, never a read of the device's parameters."""
+        return self.num_random_rows == 0
 
     @property
     def num_free(self) -> int:
@@ -299,10 +315,13 @@ class RequestStateTable:
     def release(self, req_id: str) -> int:
         """Free a finished or preempted request's row (it stays quarantined until its last use completes)."""
         # The look-ups, the record, the mirror's row, the reads noted and the free list: one C call when built.
+        row = self.req_to_row.get(req_id)
+        random = row is not None and self.rows[row].params.temperature != 0  # read before the release clears the row
         got = NotImplemented if _rows is None else _rows.release_request(self._release_targets, req_id, self._batch_event,
                                                                           self.history_reads)
         if got is NotImplemented:
             got = self._release_reference(req_id)
+        self.num_random_rows -= random
         self._planned = None
         if got[1]:  # the counts move only for a request that asked (the usual one did not)
             self.num_logprob_rows -= 1
@@ -342,6 +361,7 @@ class RequestStateTable:
             got = self._admit_reference(req, seed, row, generation)
         self.row_state.stage_list(row, got[0])
         self._count_admission(got)
+        self.num_random_rows += req.sampling_params.temperature != 0
 
     @hot_path
     def admit_staged(self, req: NewRequest, base_seed: int, writers: AdmissionWriters, seeds: dict[str, int]) -> int:
@@ -356,15 +376,17 @@ class RequestStateTable:
             self._admit_targets, writers.targets, req, base_seed, writers.derive, row, generation, seeds)
         if got is NotImplemented:
             seed = request_seed(req.sampling_params, req.req_id, base_seed)
-            self._admit_into(req, seed, row)
+            self._admit_into(req, seed, row)  # counts a random row itself
             writers.block_table.assign(row, req.block_ids)
             writers.sampling_state.add_request(row, req.sampling_params, seed, req.prompt_token_ids,
                                                req.output_token_ids, checked=True)
             seeds[req.req_id] = seed
-        elif got[1] or got[2]:
+            return row
+        if got[1] or got[2]:
             self._count_admission(got)
         else:  # `_count_admission` of the usual request (no logprobs asked), without its frame
             self._next_generation = generation + 1
+        self.num_random_rows += req.sampling_params.temperature != 0
         return row
 
     def _count_admission(self, got: tuple[list[int], bool, bool]) -> None:

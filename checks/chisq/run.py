@@ -552,9 +552,8 @@ def isolation_for(spec: str, timeout_s: float, in_process: bool) -> Isolation | 
 
 
 def run(args: argparse.Namespace) -> int:
-    from runnercheck.checks.interrupts import EXIT_INTERRUPTED
     from runnercheck.checks.chisq.report import print_summary, write_report
-    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.checks.report_folder import run_exit_status, write_command_report
 
     if args.samples is not None and args.samples < 1:
         print("runnercheck chisq: --samples must be >= 1", file=sys.stderr)
@@ -614,24 +613,16 @@ def run(args: argparse.Namespace) -> int:
             monitor.disarm()
     if monitor is not None:
         summary.csan = {"races": monitor.count, "lines": monitor.lines(), "reports": [r.text for r in monitor.races[:3]]}
-    folder = atomic_report_folder(args.out, force=getattr(args, "force", False))
-    try:
-        with folder as tmp:
-            write_report(tmp, summary)
-    except FolderNotReplaced as e:
-        print(f"runnercheck chisq: {e}", file=sys.stderr)
-        return e.exit_status
+    written = write_command_report("chisq", args.out, lambda tmp: write_report(tmp, summary),
+                                   force=getattr(args, "force", False))
+    if written.exit_status is not None:
+        return written.exit_status
     if args.junit is not None:
         from runnercheck.checks.chisq.report import write_chisq_junit
 
         write_chisq_junit(args.junit, summary)
-    if folder.moved_aside_line():
-        print(folder.moved_aside_line())
     print_summary(summary, args.out, junit=args.junit)
-    if summary.interrupted:
-        print(f"runnercheck chisq: {summary.interrupted}; incomplete report in {args.out}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return 0 if summary.passed else 1
+    return run_exit_status("chisq", args.out, summary.passed, summary.interrupted)
 
 
 def run_quick(out_dir: str | Path, sampler: Callable | str | None = None, *, seed: int = 0) -> dict[str, Any]:

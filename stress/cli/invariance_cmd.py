@@ -49,9 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runnercheck.checks.interrupts import EXIT_INTERRUPTED, STATUS_COMPLETE, STATUS_INCOMPLETE, signal_name
+    from runnercheck.checks.interrupts import STATUS_COMPLETE, STATUS_INCOMPLETE, signal_name
     from runnercheck.checks.provenance import device_name, provenance
-    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.checks.report_folder import run_exit_status, write_command_report
     from runnercheck.impl.model.weights import preset
     from runnercheck.stress.invariance.checker import InvarianceConfig, InvarianceSetupError, check_invariance
     from runnercheck.stress.invariance.isolated import isolated_invariance
@@ -114,19 +114,13 @@ def run(args: argparse.Namespace) -> int:
                      "the scenarios that did not run are not reported")
     doc = build_summary(result, status=STATUS_COMPLETE if interrupt is None else STATUS_INCOMPLETE, mutant=args.mutant,
                         provenance=provenance(device_name(args.device)), notes=notes)
-    folder = atomic_report_folder(args.out, force=args.force)
-    try:
-        with folder as tmp:
-            write_report(tmp, doc)
-    except FolderNotReplaced as e:
-        print(f"runnercheck invariance: {e}", file=sys.stderr)
-        return e.exit_status
-    if folder.moved_aside_line():
-        print(folder.moved_aside_line())
+    written = write_command_report("invariance", args.out, lambda tmp: write_report(tmp, doc), force=args.force)
+    if written.exit_status is not None:
+        return written.exit_status
     print_result(result, doc, args.out)
-    if interrupt is not None:
-        return EXIT_INTERRUPTED
-    return 0 if doc["passed"] else 1
+    # The report's own notes say it was interrupted: no second line.
+    return run_exit_status("invariance", args.out, doc["passed"], None if interrupt is None else notes[0],
+                           say_incomplete=False)
 
 
 __all__ = ["add_arguments", "run"]

@@ -348,7 +348,7 @@ def _merge(args: argparse.Namespace) -> int:
     """``--merge DIR...``: one campaign's kill rates from the folders its ``--seeds --shard`` jobs wrote."""
     from rich.console import Console
 
-    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.checks.report_folder import write_command_report
     from runnercheck.stress.report.junit_cases import check_junit_path
     from runnercheck.stress.mutants.rates import RatesMergeError, merge_shards, write_rates
     from runnercheck.stress.run.config import RunSetupError
@@ -363,15 +363,9 @@ def _merge(args: argparse.Namespace) -> int:
     except (RatesMergeError, RunSetupError) as e:
         print(f"runnercheck mutants: {e}", file=sys.stderr)
         return 2
-    folder = atomic_report_folder(args.out, force=args.force)
-    try:
-        with folder as tmp:
-            write_rates(rates, tmp)
-    except FolderNotReplaced as e:
-        print(f"runnercheck mutants: {e}", file=sys.stderr)
-        return 1
-    if folder.moved_aside_line():
-        print(folder.moved_aside_line())
+    written = write_command_report("mutants", args.out, lambda tmp: write_rates(rates, tmp), force=args.force)
+    if written.exit_status is not None:
+        return written.exit_status
     return _report_rates(args, rates, Console(), f" (merged from {len(args.merge)} folder(s))")
 
 
@@ -384,8 +378,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.merge:
         return _merge(args)
-    from runnercheck.checks.interrupts import EXIT_INTERRUPTED
-    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.checks.report_folder import run_exit_status, write_command_report
     from runnercheck.checks.junit import suite_name
     from runnercheck.stress.report.junit_cases import check_junit_path, mutants_cases, write_cases
     from runnercheck.stress.run.config import RunSetupError, seed_problem
@@ -437,16 +430,15 @@ def run(args: argparse.Namespace) -> int:
 
     if args.seeds > 1:  # (a shard needs --seeds >= its count: checked above)
         return _run_seeds(args, opts, command, show, console)
-    folder = atomic_report_folder(args.out, force=args.force)
-    try:
-        with folder as tmp:
-            report = run_catalogue(opts, command=command, on_result=show, keep_partial=True)
-            write_report(report, tmp)
-    except FolderNotReplaced as e:
-        print(f"runnercheck mutants: {e}", file=sys.stderr)
-        return e.exit_status
-    if folder.moved_aside_line():
-        console.print(folder.moved_aside_line(), highlight=False, markup=False)
+    def run_and_write(tmp: Path) -> MutantsReport:
+        report = run_catalogue(opts, command=command, on_result=show, keep_partial=True)
+        write_report(report, tmp)
+        return report
+
+    written = write_command_report("mutants", args.out, run_and_write, force=args.force, echo=_plain(console))
+    if written.exit_status is not None:
+        return written.exit_status
+    report = written.value
     json_path, md_path = Path(args.out) / "mutants.json", Path(args.out) / "mutants.md"
     files = [md_path, json_path, Path(args.out) / "manifest.json"]
     if args.junit:
@@ -463,47 +455,43 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("elapsed", f"{report.elapsed_s:.0f} s")
     console.print(table)
     console.print("report files:\n" + "\n".join(f"  {f}" for f in files), highlight=False, markup=False)
-    if report.interrupted:
-        print(f"runnercheck mutants: {report.interrupted}; incomplete report in {args.out}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return 0 if report.passed else 1
+    return run_exit_status("mutants", args.out, report.passed, report.interrupted)
 
 
 def _run_seeds(args: argparse.Namespace, opts: MutantsOptions, command: str, show: Callable[[Any], None],
                console: Any) -> int:
     """``--seeds N``: the catalogue once per seed of this job's shard (each seed's report in ``seed-<k>/``),
     then the kill rates over those seeds."""
-    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.checks.report_folder import run_exit_status, write_command_report
     from runnercheck.stress.mutants.rates import kill_rates, write_rates
 
-    from runnercheck.checks.interrupts import EXIT_INTERRUPTED
-
     reports = []
-    folder = atomic_report_folder(args.out, force=args.force)
-    try:
-        with folder as tmp:
-            seeds = args.shard.select(range(args.seed, args.seed + args.seeds))
-            for k, seed in enumerate(seeds):
-                seed_opts = replace(opts, seed=seed)
-                console.print(f"seed {seed} ({k + 1}/{len(seeds)}, shard {args.shard.describe()})", highlight=False)
-                reports.append(run_catalogue(seed_opts, command=command, on_result=show, keep_partial=True))
-                write_report(reports[-1], tmp / f"seed-{seed_opts.seed}")
-                if reports[-1].interrupted:  # the seeds after it never ran
-                    break
-            rates = kill_rates(reports, command=command)
-            write_rates(rates, tmp)
-    except FolderNotReplaced as e:
-        print(f"runnercheck mutants: {e}", file=sys.stderr)
-        return e.exit_status
-    if folder.moved_aside_line():
-        console.print(folder.moved_aside_line(), highlight=False, markup=False)
+
+    def run_seeds(tmp: Path) -> Any:
+        seeds = args.shard.select(range(args.seed, args.seed + args.seeds))
+        for k, seed in enumerate(seeds):
+            seed_opts = replace(opts, seed=seed)
+            console.print(f"seed {seed} ({k + 1}/{len(seeds)}, shard {args.shard.describe()})", highlight=False)
+            reports.append(run_catalogue(seed_opts, command=command, on_result=show, keep_partial=True))
+            write_report(reports[-1], tmp / f"seed-{seed_opts.seed}")
+            if reports[-1].interrupted:  # the seeds after it never ran
+                break
+        rates = kill_rates(reports, command=command)
+        write_rates(rates, tmp)
+        return rates
+
+    written = write_command_report("mutants", args.out, run_seeds, force=args.force, echo=_plain(console))
+    if written.exit_status is not None:
+        return written.exit_status
     shard = "" if args.shard.whole else f" (shard {args.shard.describe()})"
-    status = _report_rates(args, rates, console, shard)
-    if reports[-1].interrupted:
-        print(f"runnercheck mutants: seed {reports[-1].seed} {reports[-1].interrupted}; incomplete report in {args.out}",
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return status
+    status = _report_rates(args, written.value, console, shard)
+    last = reports[-1]
+    return run_exit_status("mutants", args.out, status == 0, last.interrupted and f"seed {last.seed} {last.interrupted}")
+
+
+def _plain(console: Any) -> Callable[[str], None]:
+    """A line to the console as it is (no markup, no highlighting)."""
+    return lambda line: console.print(line, highlight=False, markup=False)
 
 
 def _report_rates(args: argparse.Namespace, rates: Any, console: Any, note: str = "") -> int:

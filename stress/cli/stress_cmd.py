@@ -19,6 +19,7 @@ import argparse
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from runnercheck.impl.lag_policies import DELAY_TARGETS
 from runnercheck.impl.model.weights import PRESETS, WeightsError, preset
@@ -155,9 +156,9 @@ def _scheduler_config(args: argparse.Namespace) -> SchedulerConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runnercheck.checks.interrupts import EXIT_INTERRUPTED, STATUS_COMPLETE, STATUS_INCOMPLETE, signal_name
+    from runnercheck.checks.interrupts import STATUS_COMPLETE, STATUS_INCOMPLETE, signal_name
     from runnercheck.checks.provenance import device_name, provenance
-    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.checks.report_folder import run_exit_status, write_command_report
     from runnercheck.stress.sim.churn import ChurnConfig
     from runnercheck.stress.run.harness import ChurnOps, checked_run, load_runner_factory
     from runnercheck.stress.run.isolation import isolated_run
@@ -194,37 +195,35 @@ def run(args: argparse.Namespace) -> int:
         print(f"runnercheck stress: {e}", file=sys.stderr)
         return 2
     out = args.out
-    repro_path = None
     notes = []
     if interrupt is not None:
         stopped = f"interrupted ({signal_name(interrupt)}) at tick {reached[0]} of {config.steps}"
         notes.append(f"{stopped}: the run did not finish, so nothing about it is reported")
-    folder = atomic_report_folder(out, force=args.force)
-    try:
-        with folder as tmp:
-            records = []
-            if findings is not None:
-                if findings.diverged:
-                    findings.repro().save(tmp / "repro.json")
-                    repro_path = f"{out}/repro.json"
-                records.append(RunRecord.from_findings(findings, repro_path))
-            doc = build_summary(records, {"status": "skipped", "passed": None, "note": "stress runs no statistics"},
-                                device=config.device, seed=config.seed, runner=config.runner,
-                                model=config.model_preset or "custom", quick=False,
-                                elapsed_s=time.perf_counter() - started, command="stress", notes=notes,
-                                provenance=provenance(device_name(config.device)),
-                                status=STATUS_COMPLETE if interrupt is None else STATUS_INCOMPLETE)
-            write_report(tmp, doc)
-    except FolderNotReplaced as e:
-        print(f"runnercheck stress: {e}", file=sys.stderr)
-        return e.exit_status
-    if folder.moved_aside_line():
-        print(folder.moved_aside_line())
+    def fill(tmp: Path) -> str | None:
+        """The report's files; the repro's path when the run diverged."""
+        records, repro = [], None
+        if findings is not None:
+            if findings.diverged:
+                findings.repro().save(tmp / "repro.json")
+                repro = f"{out}/repro.json"
+            records.append(RunRecord.from_findings(findings, repro))
+        doc = build_summary(records, {"status": "skipped", "passed": None, "note": "stress runs no statistics"},
+                            device=config.device, seed=config.seed, runner=config.runner,
+                            model=config.model_preset or "custom", quick=False,
+                            elapsed_s=time.perf_counter() - started, command="stress", notes=notes,
+                            provenance=provenance(device_name(config.device)),
+                            status=STATUS_COMPLETE if interrupt is None else STATUS_INCOMPLETE)
+        write_report(tmp, doc)
+        return repro
+
+    written = write_command_report("stress", out, fill, force=args.force)
+    if written.exit_status is not None:
+        return written.exit_status
+    repro_path = written.value
     files = [f"{out}/summary.json", f"{out}/summary.md"] + ([repro_path] if repro_path else [])
     if findings is None:
         print(f"report (incomplete): {'  '.join(files)}")
-        print(f"runnercheck stress: {stopped}; incomplete report in {out}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return run_exit_status("stress", out, False, stopped)
     if findings.passed:
         print_findings(findings, "runnercheck stress: runner and oracle agree")
     else:
@@ -233,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     if repro_path:
         print(f"repro written to {repro_path}  (runnercheck replay {repro_path})")
     print(f"report: {'  '.join(files)}")
-    return 0 if findings.passed else 1
+    return run_exit_status("stress", out, findings.passed)
 
 
 __all__ = ["add_arguments", "config_from_args", "run"]

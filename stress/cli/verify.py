@@ -288,9 +288,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runnercheck.checks.interrupts import EXIT_INTERRUPTED, STATUS_COMPLETE, STATUS_INCOMPLETE
+    from runnercheck.checks.interrupts import STATUS_COMPLETE, STATUS_INCOMPLETE
     from runnercheck.checks.provenance import device_name, provenance
-    from runnercheck.checks.report_folder import FolderNotReplaced, atomic_report_folder
+    from runnercheck.checks.report_folder import run_exit_status, write_command_report
     from runnercheck.stress.run.harness import load_runner_factory
     from runnercheck.checks.junit import suite_name
     from runnercheck.stress.report.junit_cases import check_junit_path, verify_cases, write_cases
@@ -328,33 +328,30 @@ def run(args: argparse.Namespace) -> int:
     except RunSetupError as e:
         print(f"runnercheck verify: {e}", file=sys.stderr)
         return 2
-    folder = atomic_report_folder(out, force=args.force)
-    try:
-        with folder as tmp:
-            records, chisq, stopped = _execute_plan(plan, out, tmp, args)
-            if stopped:
-                notes.insert(0, stopped)
-            from runnercheck.stress.run.staged_writes import UNGATED_STAGED_FEATURES
+    def run_and_write(tmp: Path) -> tuple[dict, str | None]:
+        """The plan's runs, then the report: (its summary, why the campaign stopped early or None)."""
+        records, chisq, stopped = _execute_plan(plan, out, tmp, args)
+        if stopped:
+            notes.insert(0, stopped)
+        from runnercheck.stress.run.staged_writes import UNGATED_STAGED_FEATURES
 
-            unused = [f for f in UNGATED_STAGED_FEATURES if any(f in r.coverage for r in records)
-                      and not sum(r.coverage.get(f, 0) for r in records)]
-            if unused:
-                notes.append(f"not produced by this runner (counted, not gated): {', '.join(unused)}")
-            notes += unchecked_notes(records)
-            doc = build_summary(records, chisq, device=kind, seed=args.seed, runner=args.runner, model=args.model,
-                                quick=args.quick, elapsed_s=time.perf_counter() - started, notes=notes,
-                                provenance=provenance(device_name(kind)),
-                                require_coverage=not args.no_coverage_gate and args.shard.whole,
-                                status=STATUS_INCOMPLETE if stopped else STATUS_COMPLETE)
-            write_report(tmp, doc)
-    except RunSetupError as e:
-        print(f"runnercheck verify: {e}", file=sys.stderr)
-        return 2
-    except FolderNotReplaced as e:
-        print(f"runnercheck verify: {e}", file=sys.stderr)
-        return e.exit_status
-    if folder.moved_aside_line():
-        print(folder.moved_aside_line())
+        unused = [f for f in UNGATED_STAGED_FEATURES if any(f in r.coverage for r in records)
+                  and not sum(r.coverage.get(f, 0) for r in records)]
+        if unused:
+            notes.append(f"not produced by this runner (counted, not gated): {', '.join(unused)}")
+        notes.extend(unchecked_notes(records))
+        doc = build_summary(records, chisq, device=kind, seed=args.seed, runner=args.runner, model=args.model,
+                            quick=args.quick, elapsed_s=time.perf_counter() - started, notes=notes,
+                            provenance=provenance(device_name(kind)),
+                            require_coverage=not args.no_coverage_gate and args.shard.whole,
+                            status=STATUS_INCOMPLETE if stopped else STATUS_COMPLETE)
+        write_report(tmp, doc)
+        return doc, stopped
+
+    written = write_command_report("verify", out, run_and_write, force=args.force)
+    if written.exit_status is not None:
+        return written.exit_status
+    doc, stopped = written.value
     files = [out / "summary.json", out / "summary.md", out / "manifest.json"]
     files += [Path(r["repro"]) for r in doc["runs"] if r.get("repro")]
     for folder in sorted({e["folder"] for e in doc["chisq"].get("samplers", []) if e.get("folder")}):
@@ -362,10 +359,7 @@ def run(args: argparse.Namespace) -> int:
     if args.junit:
         files.append(write_cases(args.junit, suite_name(doc["command"]), verify_cases(doc), elapsed_s=doc["elapsed_s"]))
     print_verify_summary(doc, files)
-    if stopped:
-        print(f"runnercheck verify: {stopped}; incomplete report in {out}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    return 0 if doc["passed"] else 1
+    return run_exit_status("verify", out, doc["passed"], stopped)
 
 
 def _calibrate_cuda(args: argparse.Namespace) -> tuple[Callable[[int], dict], str]:

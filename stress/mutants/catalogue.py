@@ -212,6 +212,31 @@ def _staged_writes_wrong_order(runner: Any, m: AppliedMutant) -> None:
     m.set(row_state, "_merged_diffs", first_write_wins)
 
 
+@_mutant("greedy_from_first_request", "state", ("differential",), "greedy-mix", ("state", "_update_rows"),
+         "the all-greedy sampler launch is chosen from the batch's first request alone: when it is greedy, the rows "
+         "behind it that sample with a temperature are argmaxed")
+def _greedy_from_first_request(runner: Any, m: AppliedMutant) -> None:
+    import runnercheck.impl.runner as runner_module
+
+    state, update_rows, plan_step = runner.state, runner._update_rows, runner_module.plan_step
+    true_count = [state.num_random_rows]
+
+    def update_rows_on_the_true_count(sched: Any) -> Any:
+        state.num_random_rows = true_count[0]  # admissions and releases move the real count
+        seeds = update_rows(sched)
+        true_count[0] = state.num_random_rows
+        return seeds
+
+    def plan_then_decide_from_the_first_request(step: Any, table: Any, previous: Any = None) -> Any:
+        plan = plan_step(step, table, previous)
+        if table is state and plan.num_reqs:  # what the step then reads as `RequestStateTable.all_greedy`
+            state.num_random_rows = int(state.rows[int(plan.rows[0])].params.temperature != 0)
+        return plan
+
+    m.set(runner, "_update_rows", update_rows_on_the_true_count)
+    m.set(runner_module, "plan_step", plan_then_decide_from_the_first_request)
+
+
 @_mutant("num_computed_not_advanced", "state", ("differential", "provenance"), "steady", ("state",),
          "post-update stores NUM_TOKENS and LAST_TOKEN but lost the NUM_COMPUTED store")
 def _num_computed_not_advanced(runner: Any, m: AppliedMutant) -> None:

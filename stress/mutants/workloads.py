@@ -85,6 +85,10 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("logprobs", "top-0..2 logprobs at temperatures 1.5..2.5", ChurnConfig(**_SAMPLING),
              lambda rng, n: _params(rng, n, temperature=round(rng.uniform(1.5, 2.5), 3), logprobs=rng.randint(0, 2))),
     Workload("noise", "plain temperature-1 sampling", ChurnConfig(**dict(_SAMPLING, greedy_prob=0.0))),
+    Workload("greedy-mix", "half the requests greedy, half at temperatures 1.5..2.5 (an argmax is rarely their sample): "
+             "greedy and sampling rows in one batch, up to 4 requests", ChurnConfig(**dict(_SAMPLING, max_new_tokens=4)),
+             lambda rng, n: _params(rng, n, temperature=0.0 if rng.random() < 0.5 else round(rng.uniform(1.5, 2.5), 3)),
+             max_num_reqs=4, max_batched_tokens=16, ticks=24),
 )}
 
 
