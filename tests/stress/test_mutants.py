@@ -80,6 +80,7 @@ def _patchable(runner) -> dict[str, object]:
     parts.update({f"{n}.{t.name}": t for n, owner in (("sampling_state", runner.sampling_state),)
                   for t in owner._staged})
     parts.update({"graphs.inputs": runner.graphs.inputs, "state.row_state": runner.state.row_state,
+                  "sampler.processed": runner.sampler.processed,
                   **{f"graphs.{key.describe()}": g for key, g in runner.graphs.graphs.items()}})
     parts.update({"runnercheck.impl.runner": runner_module, "runnercheck.impl.sample.sampler": sampler_module})
     if runner.proposer is not None and hasattr(runner.proposer, "verifier"):  # the draft-model proposer, its verifier
