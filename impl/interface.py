@@ -265,6 +265,19 @@ SAMPLING_FIELDS_BY_NAME: Mapping[str, SamplingField] = {f.name: f for f in SAMPL
 LOGPROBS_MODES: tuple[str, ...] = ("raw", "processed")
 
 
+def runner_logprobs_modes(runner: object) -> tuple[str, ...]:
+    """The logprobs modes ``runner`` declares it reports (its ``logprobs_modes`` attribute, a subset of
+    `LOGPROBS_MODES`); ``("raw",)`` for a runner that declares none, so traffic generators ask a runner written
+    before processed logprobs existed for raw ones only.  A declaration naming an unknown mode is a
+    `LogprobsModeError`."""
+    declared = getattr(runner, "logprobs_modes", ("raw",))
+    modes = tuple(declared) if isinstance(declared, (tuple, list, set, frozenset)) else None
+    if modes is None or not modes or any(m not in LOGPROBS_MODES for m in modes):
+        raise LogprobsModeError(f"{type(runner).__name__}.logprobs_modes must be a non-empty collection of "
+                                f"{LOGPROBS_MODES}, not {declared!r}")
+    return tuple(m for m in LOGPROBS_MODES if m in modes)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling parameters.

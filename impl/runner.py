@@ -61,7 +61,14 @@ from runnercheck.impl.hotpath import hot_path
 from runnercheck.impl.input_batch import InputBatch, StagedStepArrays, StepPlan, plan_step
 from runnercheck.impl.lanes import SteadyLanes
 from runnercheck.impl.boundary import check_device_drafts
-from runnercheck.impl.interface import DraftModelConfig, ModelRunnerOutput, NgramConfig, RunnerLimits, SchedulerOutput
+from runnercheck.impl.interface import (
+    LOGPROBS_MODES,
+    DraftModelConfig,
+    ModelRunnerOutput,
+    NgramConfig,
+    RunnerLimits,
+    SchedulerOutput,
+)
 from runnercheck.impl.draft_proposer import DraftModelProposer
 from runnercheck.impl.ngram_proposer import NgramProposer, ProposerConfigError
 from runnercheck.impl.model.forward import PagedDecoder
@@ -111,6 +118,8 @@ class ReadyOutput:
 
 class ModelRunner:
     """A vLLM-MRV2-style runner over the built-in paged decoder.  See the module docstring."""
+
+    logprobs_modes = LOGPROBS_MODES  # raw and processed (`runnercheck.impl.interface.runner_logprobs_modes`)
 
     def __init__(
         self, weights: ModelWeights, limits: RunnerLimits, device: Device, *, base_seed: int = 0,

@@ -31,6 +31,7 @@ from typing import Any, Callable
 from runnercheck.checks.detectors.base import ArmContext, DetectorResult
 from runnercheck.checks.detectors.registry import ArmedDetectors
 from runnercheck.checks.loader import LoaderError, accepts_keyword, load_callable
+from runnercheck.impl.interface import runner_logprobs_modes
 from runnercheck.stress.sim.churn import Churn, ChurnConfig, TraceReplay
 from runnercheck.stress.run.coverage import CoverageCounter
 from runnercheck.stress.run.driver import DifferentialRun, RunResult, StepReport
@@ -208,10 +209,14 @@ class TraceOps:
     trace: list
 
 
-def make_ops(source: ChurnOps | TraceOps, config: RunConfig) -> Any:
-    """The ``before_tick`` callable for ``source``; its ``trace`` lists the operations applied per tick."""
+def make_ops(source: ChurnOps | TraceOps, config: RunConfig, runner: Any = None) -> Any:
+    """The ``before_tick`` callable for ``source``; its ``trace`` lists the operations applied per tick.  Random
+    churn asks ``runner`` for processed logprobs only where it declares them
+    (`runnercheck.impl.interface.runner_logprobs_modes`)."""
     if isinstance(source, TraceOps):
         return TraceReplay(source.trace)
+    if runner is not None and "processed" not in runner_logprobs_modes(runner):
+        source = replace(source, churn=replace(source.churn, processed_logprobs_prob=0.0))
     if source.workload is None:
         return Churn(config.limits, config.seed, source.churn)
     from runnercheck.stress.mutants.workloads import WORKLOADS
@@ -341,7 +346,7 @@ def _checked_session_run(session: Session, config: RunConfig, source: ChurnOps |
                          on_delivered: Callable[[int], None] | None, on_enqueue: Callable[[int], None] | None,
                          started: float) -> Findings:
     detectors = arm_detectors(session, lifetime_mode)
-    ops = make_ops(source, config)
+    ops = make_ops(source, config, session.runner)
     state = getattr(session.runner, "state", None)
     rows_observable = state is not None and isinstance(getattr(state, "req_to_row", None), dict)
     coverage = CoverageCounter(config.limits, session.fault, rows_observable=rows_observable)

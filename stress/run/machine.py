@@ -55,7 +55,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from runnercheck.impl.device import Device
 from runnercheck.impl.interface import (LOGPROBS_MODES, SAMPLING_FIELDS, DraftModelConfig, NgramConfig, RunnerLimits,
-                                        SamplingField, SamplingParams)
+                                        SamplingField, SamplingParams, runner_logprobs_modes)
 from runnercheck.impl.model.weights import ModelWeights, preset, random_weights
 from runnercheck.stress.run.driver import DifferentialRun, RunResult
 from runnercheck.checks.detectors.base import ArmContext
@@ -257,6 +257,8 @@ class RunnerMachine(RuleBasedStateMachine):
         self.healthy = True
 
     def _add(self, prompt: list[int], params: SamplingParams) -> None:
+        if params.logprobs_mode not in runner_logprobs_modes(self.runner):
+            params = replace(params, logprobs_mode="raw")  # a runner that declares no processed logprobs
         self.scheduler.add_request(f"r{self.next_req}", prompt, params)
         self.prompts[f"r{self.next_req}"] = tuple(prompt)
         self.next_req += 1

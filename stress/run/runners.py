@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from runnercheck.impl.boundary import validate_scheduler_output
 from runnercheck.impl.interface import (
+    LOGPROBS_MODES,
     LiveRequest,
     ModelRunnerOutput,
     RunnerLimits,
@@ -213,6 +214,7 @@ class SimpleRunner:
     only by `execute_model`).  Validates each step with `RunnerBoundaryMirror` before any change.
     """
 
+    logprobs_modes: ClassVar[tuple[str, ...]] = LOGPROBS_MODES
     weights: ModelWeights
     limits: RunnerLimits
     base_seed: int = 0

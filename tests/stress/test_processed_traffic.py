@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from runnercheck.checks.compare import StepComparison
 from runnercheck.impl.interface import ModelRunnerOutput, NewRequest, RunnerLimits, SamplingParams, SchedulerOutput
 from runnercheck.stress.run.coverage import FEATURES, PROCESSED_FEATURE, CoverageCounter, zero_features
@@ -39,3 +41,25 @@ def test_coverage_counts_processed_rows_and_gates_on_them():
     totals = counter.totals()
     assert totals[PROCESSED_FEATURE] == 1
     assert PROCESSED_FEATURE in zero_features({**totals, PROCESSED_FEATURE: 0})
+
+
+def test_a_runner_that_declares_no_processed_logprobs_is_asked_for_raw_ones():
+    from runnercheck.impl.interface import LogprobsModeError, runner_logprobs_modes
+    from types import SimpleNamespace
+
+    from runnercheck.stress.run.harness import ChurnOps, make_ops
+    from runnercheck.stress.run.runners import SimpleRunner
+
+    class OldRunner:  # written before processed logprobs: declares nothing
+        pass
+
+    class BadRunner:
+        logprobs_modes = ("raw", "log-softmax")
+
+    assert runner_logprobs_modes(OldRunner()) == ("raw",)
+    assert runner_logprobs_modes(SimpleRunner) == ("raw", "processed")
+    with pytest.raises(LogprobsModeError, match="logprobs_modes"):
+        runner_logprobs_modes(BadRunner())
+    config = SimpleNamespace(limits=LIMITS, seed=7)  # what make_ops reads of a RunConfig
+    assert make_ops(ChurnOps(), config, OldRunner()).config.processed_logprobs_prob == 0.0
+    assert make_ops(ChurnOps(), config, SimpleRunner).config.processed_logprobs_prob == 0.3
