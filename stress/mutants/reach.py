@@ -91,7 +91,87 @@ def _block_leaked_on_release(scheduler: Any, m: AppliedMutant) -> None:
     m.set(cache, "release", release_all_but_last)
 
 
+@_mutant("top_k_tie_keeps_first_k", "sampler", ("differential",), "top-k-ties", ("sampler",),
+         "top-k keeps exactly k entries (torch.topk's, ties broken by the lower index) instead of every entry tied at "
+         "the k-th value (the contract's 'ties at t_k all kept'; the path split of vLLM #50979): only an exact tie at "
+         "the k-th logit shows it")
+def _top_k_tie_keeps_first_k(target: Any, m: AppliedMutant) -> None:
+    sampler = target.sampler
+    sample = sampler.sample
+
+    def sample_keeping_first_k(logits: Any, state: Any, rows: Any, positions: Any, *, num_rows: int, **kwargs: Any) -> Any:
+        x = logits[:num_rows]
+        vocab = x.shape[-1]
+        # Device ops only (no host read): the entries tied at the k-th value that a stable descending sort puts at
+        # rank k or later, in rows whose top-k is on (finite rows: the NaN rule decides the others).
+        k = state.top_k.base.index_select(0, rows[:num_rows].long().clamp(min=0)).long()
+        on = (k >= 1) & (k < vocab) & torch.isfinite(x).all(dim=-1)
+        values, order = torch.sort(x, dim=-1, descending=True, stable=True)
+        kth = values.gather(1, (k.clamp(1, vocab) - 1)[:, None])
+        rank = torch.empty_like(order).scatter_(1, order, torch.arange(vocab, device=x.device).expand_as(order))
+        dropped = on[:, None] & (x == kth) & (rank >= k[:, None])
+        masked = logits.clone()
+        masked[:num_rows] = torch.where(dropped, torch.full_like(x, float("-inf")), x)
+        # The token from the exact-k path; everything else (logprobs of the raw logits, flags) from the real call.
+        kept = sample(masked, state, rows, positions, num_rows=num_rows, **kwargs).tokens[:num_rows].clone()
+        out = sample(logits, state, rows, positions, num_rows=num_rows, **kwargs)
+        out.tokens[:num_rows] = torch.where(dropped.any(dim=-1), kept, out.tokens[:num_rows])
+        return out
+
+    m.set(sampler, "sample", sample_keeping_first_k)
+    _recapture(target, m)
+
+
+@_mutant("prompt_logprobs_full_chunk_drops_last_row", "state", ("differential",), "full-chunk", ("prompt_logprobs",),
+         "prompt logprobs' chunk end is computed inclusively (start + chunk_rows - 1, clamped to the rows): a step whose "
+         "prompt-logprob rows fill the chunk (the token budget) never scores its last row, which keeps an older "
+         "step's values")
+def _prompt_logprobs_full_chunk_drops_last_row(runner: Any, m: AppliedMutant) -> None:
+    import runnercheck.impl.eager_step as eager_step_module
+    from runnercheck.impl.sample.logprobs import LogprobsOutput
+
+    chunked, computer = eager_step_module.prompt_logprobs_chunked, runner.prompt_logprobs
+
+    def chunked_with_inclusive_end(compute_logits: Any, target_ids: Any, num_positions: int, num_top: int,
+                                   owner: Any, out: Any, chunk_rows: int | None = None) -> Any:
+        if owner is not computer:  # another runner in this process: untouched
+            return chunked(compute_logits, target_ids, num_positions, num_top, owner, out, chunk_rows)
+        chunk_rows = chunk_rows or owner.max_num_rows
+        for start in range(0, num_positions, chunk_rows):
+            end = min(start + chunk_rows - 1, num_positions)  # the bug: an inclusive end where an exclusive one was meant
+            chunk_out = LogprobsOutput(out.logprob[start:end], out.rank[start:end], out.top_ids[start:end],
+                                       out.top_logprobs[start:end])
+            owner.launch(compute_logits(start, end), target_ids[start:end], end - start, num_top, out=chunk_out)
+        return out
+
+    m.set(eager_step_module, "prompt_logprobs_chunked", chunked_with_inclusive_end)
+
+
+@_mutant("draft_decode_position_ahead", "state", ("differential",), "draft-model", ("proposer",),
+         "the draft model's decode j runs at the position of the token it drafts (NUM_TOKENS + j) instead of its "
+         "input token's (NUM_TOKENS - 1 + j): its RoPE phase is one step ahead of the KV it attends to, so q and "
+         "the drafts differ from the contract's")
+def _draft_decode_position_ahead(runner: Any, m: AppliedMutant) -> None:
+    from runnercheck.impl.draft_proposer import DraftModelProposer
+
+    proposer = getattr(runner, "proposer", None)
+    if not isinstance(proposer, DraftModelProposer):
+        return  # the bug lives in the draft-model proposer: a runner without one has nothing to get wrong
+    model, last = proposer.model, runner.limits.max_model_len - 1
+    forward = model.forward
+
+    def forward_decodes_one_ahead(input_ids: Any, positions: Any, *args: Any, return_hidden: bool = False,
+                                  **kwargs: Any) -> Any:
+        if not return_hidden:  # the k draft decodes (the catch-up forward returns hidden states)
+            positions = (positions + 1).clamp(max=last)
+        return forward(input_ids, positions, *args, return_hidden=return_hidden, **kwargs)
+
+    m.set(model, "forward", forward_decodes_one_ahead)
+    _recapture(runner, m)
+
+
 REACH_MUTANTS = ("neg_inf_row_not_token_zero", "output_read_before_event",
-                 "block_leaked_on_release")
+                 "block_leaked_on_release", "top_k_tie_keeps_first_k", "prompt_logprobs_full_chunk_drops_last_row",
+                 "draft_decode_position_ahead")
 
 __all__ = ["REACH_MUTANTS"]

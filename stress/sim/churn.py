@@ -130,6 +130,10 @@ class ChurnConfig:
     # (``max_num_batched_tokens``, when that fits ``max_prompt_len``): a step scheduling it alone fills
     # the budget with prompt-logprob rows (full chunks); 0: never drawn (the draws of older configs stay).
     full_chunk_prob: float = 0.0
+    # A request with top-k on gets k in 1..3 instead of the table's draw: at or below the width of an exact-tie
+    # logit row (`runnercheck.stress.sim.faults`: four entries at the top), so top-k's tie rule at the k-th value
+    # is reached; 0: never drawn (the draws of older configs stay).
+    tie_top_k_prob: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -277,6 +281,8 @@ class Churn:
             for knob in PARAM_PLAN[self._planned % len(PARAM_PLAN)]:
                 kw.update(_KNOB_SETTERS[knob](rng, lim))
             self._planned += 1
+        if cfg.tie_top_k_prob and kw.get("top_k", -1) > 0 and rng.random() < cfg.tie_top_k_prob:
+            kw["top_k"] = rng.randint(1, min(3, lim.vocab_size))
         return SamplingParams(**kw)
 
 

@@ -68,6 +68,8 @@ def test_the_lag_mix_reads_outputs_before_their_events_and_agrees() -> None:
     assert findings.result.ok, findings.first_divergence_line()
     assert findings.coverage["output read before its event"] > 0
     assert findings.coverage["scheduler invariants checked every step"] >= findings.result.ticks
+    # Three rows and up to eight unfinished requests: a row freed by a finish is admitted into in the same step.
+    assert findings.coverage["staged write: a row released and re-admitted in one step"] > 0
 
 
 def test_lag_mix_validates_and_old_repros_keep_plain_random_drain() -> None:
@@ -94,6 +96,57 @@ def test_full_chunk_prompts_fill_the_budget_with_prompt_logprob_rows() -> None:
     findings = checked_run(config, ChurnOps(dataclasses.replace(VERIFY_CHURN, prompt_logprobs_prob=0.5)))
     assert findings.result.ok, findings.first_divergence_line()
     assert findings.coverage["prompt logprobs: a chunk fills the token budget"] > 0
+    assert findings.coverage["prompt logprobs: a step's rows fill the token budget"] > 0
+
+
+def test_tie_top_k_draws_stay_within_the_tie_and_leave_old_configs_alone() -> None:
+    from runnercheck.impl.interface import SamplingParams
+    from runnercheck.stress.cli.verify import VERIFY_CHURN
+    from runnercheck.stress.sim.churn import Churn
+
+    limits = _sim_config(1).limits
+    always = dataclasses.replace(VERIFY_CHURN, top_k_prob=1.0, tie_top_k_prob=1.0, param_plan=False)
+    assert all(1 <= Churn(limits, s, always)._params(4).top_k <= 3 for s in range(20))
+    off = dataclasses.replace(always, tie_top_k_prob=0.0)
+    # Off, the generator draws exactly what it drew before the knob existed (the same params, seed by seed).
+    drawn = [Churn(limits, s, off)._params(4) for s in range(5)]
+    assert all(isinstance(p, SamplingParams) for p in drawn) and any(p.top_k > 3 for p in drawn)
+
+
+def test_coverage_counts_a_tie_at_the_k_th_value_and_full_prompt_rows() -> None:
+    """The two shown features on hand-made steps: a tie row sampled under top-k 2, and prompt rows summing to the budget."""
+    from runnercheck.stress.run.coverage import FULL_ROWS_FEATURE, TIE_TOP_K_FEATURE, CoverageCounter, zero_features
+
+    limits = _sim_config(1).limits
+    fault = LogitsFault(min_position=4, **ROWS)  # tie rows at positions p % 5 == 3
+    counter = CoverageCounter(limits, fault)
+    assert counter.counts[TIE_TOP_K_FEATURE] == 0 and counter.counts[FULL_ROWS_FEATURE] == 0
+    assert TIE_TOP_K_FEATURE not in zero_features(counter.totals())  # shown, not gated
+    budget = limits.max_num_batched_tokens
+    counter.observe(_step(0, "a", [1] * 7, top_k=2, temperature=1.0, tokens=[5]))  # samples position 7 (% 5 == 2)
+    assert counter.counts[TIE_TOP_K_FEATURE] == 0
+    counter.observe(_step(1, "b", [1] * 8, top_k=2, temperature=1.0, tokens=[5]))  # samples position 8: a tie row
+    assert counter.counts[TIE_TOP_K_FEATURE] == 1
+    counter.observe(_step(2, "c", [1] * 8, top_k=2, temperature=0.0, tokens=[5]))  # greedy: the lowest index anyway
+    counter.observe(_step(3, "d", [1] * 8, top_k=9, temperature=1.0, tokens=[5]))  # k past the tie
+    assert counter.counts[TIE_TOP_K_FEATURE] == 1
+    counter.observe(_step(4, "e", [1] * (budget + 1), prompt_logprobs=1, tokens=[5]))  # budget rows (the last has no target)
+    assert counter.counts[FULL_ROWS_FEATURE] == 1
+    counter.observe(_step(5, "f", [1] * budget, prompt_logprobs=1, tokens=[5]))  # budget - 1 rows
+    assert counter.counts[FULL_ROWS_FEATURE] == 1
+
+
+def _step(step_id: int, rid: str, prompt: list, *, tokens: list, **params):
+    """A delivered step admitting ``rid`` with its whole ``prompt`` scheduled, as `CoverageCounter.observe` reads it."""
+    from types import SimpleNamespace
+
+    from runnercheck.impl.interface import CachedRequests, NewRequest, SamplingParams, SchedulerOutput
+
+    req = NewRequest(rid, tuple(prompt), SamplingParams(max_tokens=4, **params), (0,) * (len(prompt) // 4 + 1))
+    sched = SchedulerOutput(step_id, new_requests=(req,), cached_requests=CachedRequests(),
+                            num_scheduled_tokens={rid: len(prompt)})
+    got = SimpleNamespace(req_ids=(rid,), nan_flags=(0,), token_dict=lambda: {rid: tuple(tokens)})
+    return SimpleNamespace(sched=sched, got=got, comparison=SimpleNamespace(ok=True))
 
 
 class _NoScheduler:
