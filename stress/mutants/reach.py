@@ -147,31 +147,39 @@ def _prompt_logprobs_full_chunk_drops_last_row(runner: Any, m: AppliedMutant) ->
     m.set(eager_step_module, "prompt_logprobs_chunked", chunked_with_inclusive_end)
 
 
-@_mutant("draft_decode_position_ahead", "state", ("differential",), "draft-model", ("proposer",),
-         "the draft model's decode j runs at the position of the token it drafts (NUM_TOKENS + j) instead of its "
-         "input token's (NUM_TOKENS - 1 + j): its RoPE phase is one step ahead of the KV it attends to, so q and "
-         "the drafts differ from the contract's")
-def _draft_decode_position_ahead(runner: Any, m: AppliedMutant) -> None:
+@_mutant("draft_rejection_keeps_target_sample", "sampler", ("differential",), "draft-model", ("proposer", "sampler"),
+         "at a rejected draft the step emits the target sampler's own token for that position instead of the "
+         "verifier's resample from max(0, p - q) (the 'recovered' token): tokens the draft model favours come out "
+         "too often")
+def _draft_rejection_keeps_target_sample(runner: Any, m: AppliedMutant) -> None:
+    import runnercheck.impl.draft_proposer as draft_proposer_module
     from runnercheck.impl.draft_proposer import DraftModelProposer
 
-    proposer = getattr(runner, "proposer", None)
-    if not isinstance(proposer, DraftModelProposer):
-        return  # the bug lives in the draft-model proposer: a runner without one has nothing to get wrong
-    model, last = proposer.model, runner.limits.max_model_len - 1
-    forward = model.forward
+    if not isinstance(getattr(runner, "proposer", None), DraftModelProposer):
+        return  # the bug lives in the draft-model proposer's verification: a runner without one cannot have it
+    scatter, own_tokens = draft_proposer_module.launch_scatter_verified, runner.sampler.tokens
 
-    def forward_decodes_one_ahead(input_ids: Any, positions: Any, *args: Any, return_hidden: bool = False,
-                                  **kwargs: Any) -> Any:
-        if not return_hidden:  # the k draft decodes (the catch-up forward returns hidden states)
-            positions = (positions + 1).clamp(max=last)
-        return forward(input_ids, positions, *args, return_hidden=return_hidden, **kwargs)
+    def scatter_keeping_target_sample(*, rows: Any, draft_start: Any, logits_start: Any, temperature: Any, verified: Any,
+                                      accepted: Any, sampled: Any, drafts: Any, num_reqs: int) -> None:
+        args = dict(rows=rows, draft_start=draft_start, logits_start=logits_start, temperature=temperature,
+                    verified=verified, accepted=accepted, sampled=sampled, drafts=drafts, num_reqs=num_reqs)
+        if sampled is not own_tokens:  # another runner in this process: untouched
+            return scatter(**args)
+        # Device ops only: the logit row of each request's first rejected draft, and the target's token there.
+        num_accepted = accepted[:num_reqs].long()
+        num_drafts = (draft_start[1 : num_reqs + 1] - draft_start[:num_reqs]).long()
+        at = (logits_start[:num_reqs].long() + num_accepted.clamp(min=0)).clamp(max=sampled.shape[0] - 1)
+        target_token = sampled.index_select(0, at).clone()
+        scatter(**args)
+        rejected = (num_drafts > 0) & (num_accepted < num_drafts) & (temperature.index_select(0, rows[:num_reqs].long()) != 0)
+        sampled.index_copy_(0, at, torch.where(rejected, target_token, sampled.index_select(0, at)))
 
-    m.set(model, "forward", forward_decodes_one_ahead)
+    m.set(draft_proposer_module, "launch_scatter_verified", scatter_keeping_target_sample)
     _recapture(runner, m)
 
 
 REACH_MUTANTS = ("neg_inf_row_not_token_zero", "output_read_before_event",
                  "block_leaked_on_release", "top_k_tie_keeps_first_k", "prompt_logprobs_full_chunk_drops_last_row",
-                 "draft_decode_position_ahead")
+                 "draft_rejection_keeps_target_sample")
 
 __all__ = ["REACH_MUTANTS"]

@@ -14,6 +14,7 @@ from types import ModuleType
 import pytest
 import torch
 
+import runnercheck.impl.draft_proposer as draft_proposer_module
 import runnercheck.impl.eager_step as eager_step_module
 import runnercheck.impl.runner as runner_module
 import runnercheck.impl.sample.sampler as sampler_module
@@ -86,7 +87,7 @@ def _patchable(runner) -> dict[str, object]:
                   "runnercheck.impl.eager_step": eager_step_module})
     if runner.proposer is not None and hasattr(runner.proposer, "verifier"):  # the draft-model proposer, its parts
         parts["proposer"], parts["proposer.verifier"] = runner.proposer, runner.proposer.verifier
-        parts["proposer.model"] = runner.proposer.model
+        parts["runnercheck.impl.draft_proposer"] = draft_proposer_module
     return parts
 
 
