@@ -15,7 +15,20 @@ campaign under the ``reach`` workload (the same faults and lag mix, short):
   drops its last block's reference nowhere (an off-by-one ``blocks[:-1]``): the pool leaks, which
   no KV read ever shows; `runnercheck.stress.sim.scheduler.SchedulerSim.check_invariants`, now run
   at every step of every run (`runnercheck.stress.run.driver.DifferentialRun.check_scheduler`),
-  kills it as a ``scheduler-invariant`` divergence with a repro.
+  kills it as a ``scheduler-invariant`` divergence with a repro;
+* ``top_k_tie_keeps_first_k`` (sampler): top-k keeps exactly k entries (a stable sort's first k)
+  where the contract keeps every entry tied at the k-th value -- reached only by an exact tie at
+  the k-th logit: the exact-tie rows of the logits faults (four entries at the top) sampled by a
+  request with top-k 1..3 (`runnercheck.stress.sim.churn.ChurnConfig.tie_top_k_prob`; own workload
+  ``top-k-ties``);
+* ``prompt_logprobs_full_chunk_drops_last_row`` (state): the prompt-logprob chunk loop's end is
+  inclusive, so a chunk that is full (the step's prompt-logprob rows equal the token budget, the
+  runner's chunk size) never scores its last row -- reached by the full-chunk prompts
+  (`ChurnConfig.full_chunk_prob`; own workload ``full-chunk``);
+* ``draft_rejection_keeps_target_sample`` (sampler): at a rejected draft the step emits the
+  target sampler's own token instead of the verifier's resample from max(0, p - q) -- reached by
+  the draft-model run of ``verify --quick`` on sim (mostly rejected drafts: every rejection
+  changes a token); a runner without the draft-model proposer has nothing to patch.
 
 Registered into the catalogue (`runnercheck.stress.mutants.registry.CATALOGUE`) when
 `runnercheck.stress.mutants.catalogue` is imported.

@@ -30,6 +30,8 @@ def test_reach_mutants_are_in_the_catalogue() -> None:
     pytest.param("neg_inf_row_not_token_zero", 0, 60, ("token",), marks=pytest.mark.slow),
     ("output_read_before_event", 1, 30, None),  # the lag-1 run reads outputs before their events
     ("block_leaked_on_release", 0, 30, ("scheduler-invariant",)),
+    # The micro-draft run: every rejection resamples from max(0, p - q), which the bug replaces by the target's token.
+    pytest.param("draft_rejection_keeps_target_sample", 4, 8, ("token",), marks=pytest.mark.slow),
 ])
 def test_killed_by_the_quick_plan(name: str, index: int, ticks: int, kind) -> None:
     findings = _run(index, ticks, name)
