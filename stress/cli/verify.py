@@ -66,8 +66,10 @@ from runnercheck.stress.sim.scheduler import SchedulerConfig
 
 # Half the requests ask for prompt logprobs, half of those with a prompt of one or two token budgets
 # (`ChurnConfig.full_chunk_prob`): some step's prompt-logprob rows then fill the budget (a coverage feature).
+# Half the requests with top-k on get k in 1..3 (`ChurnConfig.tie_top_k_prob`): an exact-tie row of the logits
+# faults then ties at the k-th value.
 VERIFY_CHURN = ChurnConfig(max_unfinished=8, max_prompt_len=16, max_new_tokens=10, abort_prob=0.06, preempt_prob=0.1,
-                           param_plan=True, prompt_logprobs_prob=0.5, full_chunk_prob=0.5)
+                           param_plan=True, prompt_logprobs_prob=0.5, full_chunk_prob=0.5, tie_top_k_prob=0.5)
 # The whole-row logits faults of every verify run (`runnercheck.stress.sim.faults`); residues chosen so the
 # positions 16..30 (where verify traffic samples) keep single-entry NaN (17, 24) and +Inf (19, 26) rows too.
 ROW_FAULTS = {"row_modulus": 11, "all_nan_residue": 1, "neg_residue": 3, "inf_mix_residue": 7, "tie_residue": 10}

@@ -147,6 +147,20 @@ WORKLOADS["reach"] = Workload(
                   "row_modulus": 5, "all_nan_residue": 0, "neg_residue": 1, "inf_mix_residue": 2, "tie_residue": 4},
     p_hold=0.5)
 
+# Exact ties at the k-th logit (`runnercheck.stress.mutants.reach`): every request top-k 1..3 at temperature 1, and an
+# exact-tie row (four entries at the row's maximum) at every fifth position from 4, as in ``reach``.
+WORKLOADS["top-k-ties"] = Workload(
+    "top-k-ties", "temperature 1, top-k 1..3; an exact-tie logit row (four entries at the top) every fifth position",
+    ChurnConfig(**dict(_QUIET, add_prob=0.8)), lambda rng, n: _params(rng, n, top_k=rng.randint(1, 3)), ticks=24,
+    logits_fault=WORKLOADS["reach"].logits_fault)
+
+# Prompt-logprob rows that fill the token budget (`runnercheck.stress.mutants.reach`): every request asks for prompt
+# logprobs on a fresh prompt of one or two budgets (8 tokens): a 16-token prompt's first chunk scores 8 rows.
+WORKLOADS["full-chunk"] = Workload(
+    "full-chunk", "prompt logprobs on fresh prompts of 8 or 16 tokens, a token budget of 8: full prompt-logprob chunks",
+    ChurnConfig(**dict(_QUIET, add_prob=0.8, max_prompt_len=16, prompt_logprobs_prob=1.0, full_chunk_prob=1.0,
+                       system_prompt_prob=0.0, conversation_prob=0.0)), ticks=16)
+
 # Rows handed from request to request (`runnercheck.stress.mutants.graphs`): short penalised requests, two rows,
 # so every few ticks a row whose counts the last request filled is admitted into again.
 WORKLOADS["reuse-penalties"] = Workload(

@@ -16,7 +16,12 @@ output that the oracle agreed with) and counts, per feature of `FEATURES`:
 * processed logprobs: sampled tokens whose processed logprobs a compared step reported;
 * NaN and +Inf logit rows sampled, and with the whole-row kinds all-NaN, NaN/-Inf, +Inf/-Inf and
   exact-tie rows (planted by `runnercheck.stress.sim.faults` in runner and oracle alike; counted
-  in runs whose runner took the hook: `FAULT_FEATURES`).
+  in runs whose runner took the hook: `FAULT_FEATURES`);
+* shown, not gated (`SHOWN_FEATURES`: the sim plan's traffic reaches them, the cuda plan's churn
+  draws neither small top-k nor full-chunk prompts): an exact-tie row sampled by a request with
+  top-k 1..3 (a tie at the k-th value: the tie row holds four or more entries at its top) at a
+  temperature above 0, and a step whose prompt-logprob rows are exactly the token budget (the
+  runner's prompt-logprob chunk is full).
 
 Features counted by other observers (staged-write patterns: `runnercheck.stress.run.staged_writes`) are merged in
 with `add`.  A campaign whose total for a feature is zero did not test it: `zero_features` names
@@ -74,6 +79,11 @@ ROW_FAULT_FEATURES: dict[str, str] = {"nan": "logits: NaN row sampled", "inf": "
                                       "nan/-inf": "logits: NaN/-Inf row sampled (no finite entry)",
                                       "+inf/-inf": "logits: +Inf/-Inf row sampled (no finite entry)",
                                       "tie": "logits: exact-tie row sampled"}
+TIE_TOP_K_FEATURE = "logits: exact tie at the k-th value sampled (top-k 1..3)"
+FULL_ROWS_FEATURE = "prompt logprobs: a step's rows fill the token budget"
+# Counted and shown, never failing the coverage gate (module docstring).
+SHOWN_FEATURES: tuple[str, ...] = (TIE_TOP_K_FEATURE, FULL_ROWS_FEATURE)
+_TIE_WIDTH = 3  # a tie row's top holds at least this many entries past the first (`runnercheck.stress.sim.faults`)
 
 
 def param_features(p: SamplingParams) -> list[str]:
@@ -111,7 +121,10 @@ class CoverageCounter:
             self.counts.update({f: 0 for f in FAULT_FEATURES})
             if getattr(fault, "row_modulus", 0):
                 self.counts.update({f: 0 for f in ROW_FAULT_FEATURES.values()})
+                self.counts[TIE_TOP_K_FEATURE] = 0
+        self.counts[FULL_ROWS_FEATURE] = 0
         self._params: dict[str, SamplingParams] = {}
+        self._prompt_rows_len: dict[str, int] = {}  # prompt length of each live request that scores prompt logprobs
         self._prefill_len: dict[str, int] = {}
         self._outputs: dict[str, int] = {}
         self._rows_seen: dict[int, str] = {}
@@ -130,6 +143,7 @@ class CoverageCounter:
         c["request finished or aborted"] += len(sched.finished_req_ids)
         for rid in gone:
             self._params.pop(rid, None)
+            self._prompt_rows_len.pop(rid, None)
         starts: dict[str, int] = {}
         for req in sched.new_requests:
             c["request resumed after preemption" if req.is_resumed else "request admitted"] += 1
@@ -137,6 +151,10 @@ class CoverageCounter:
                 c.update(param_features(req.sampling_params))
             self._params[req.req_id] = req.sampling_params
             self._prefill_len[req.req_id] = len(req.prefill_token_ids)
+            if req.sampling_params.prompt_logprobs is not None and not req.is_resumed:
+                self._prompt_rows_len[req.req_id] = len(req.prompt_token_ids)
+            else:  # a resumed request's prompt was scored before its preemption
+                self._prompt_rows_len.pop(req.req_id, None)
             self._outputs[req.req_id] = len(req.output_token_ids)
             starts[req.req_id] = 0
         for cached in sched.cached_requests:
@@ -144,6 +162,7 @@ class CoverageCounter:
         produced = got.token_dict()
         flagged = dict(zip(got.req_ids, got.nan_flags)) if got.nan_flags else {}
         first_positions = first_output_positions(sched)
+        prompt_rows = 0
         for rid, n in sched.num_scheduled_tokens.items():
             start, prefill = starts.get(rid, 0), self._prefill_len.get(rid, 0)
             drafts = sched.num_drafts(rid)
@@ -152,6 +171,8 @@ class CoverageCounter:
             if asked is not None and asked.prompt_logprobs is not None and start < prefill \
                     and n == self.limits.max_num_batched_tokens:
                 c[FULL_CHUNK_FEATURE] += 1
+            if rid in self._prompt_rows_len:  # positions p of this step with p + 1 inside the prompt score one row each
+                prompt_rows += max(0, min(start + n - drafts, self._prompt_rows_len[rid] - 1) - start)
             toks = produced.get(rid, ())
             if drafts:
                 accepted = len(toks) - 1
@@ -173,6 +194,11 @@ class CoverageCounter:
                     # A non-finite row is counted when the runner flagged it (the rule fired); a tie row is finite.
                     if kind is not None and (flagged.get(rid) or kind == "tie"):
                         c[ROW_FAULT_FEATURES[kind]] += 1
+                    if kind == "tie" and params is not None and params.temperature > 0 \
+                            and 1 <= params.top_k <= _TIE_WIDTH:
+                        c[TIE_TOP_K_FEATURE] += 1
+        if prompt_rows and prompt_rows == self.limits.max_num_batched_tokens:
+            c[FULL_ROWS_FEATURE] += 1
 
     def observe_rows(self, req_to_row: Mapping[str, int]) -> None:
         """Count rows that changed hands (from a runner exposing ``state.req_to_row``)."""
@@ -219,7 +245,7 @@ def zero_features(totals: Mapping[str, int]) -> list[str]:
     """Features a campaign never exercised (patterns the runner never issues are shown, not gated)."""
     from runnercheck.stress.run.staged_writes import UNGATED_STAGED_FEATURES
 
-    return [f for f in totals if totals[f] == 0 and f not in UNGATED_STAGED_FEATURES]
+    return [f for f in totals if totals[f] == 0 and f not in UNGATED_STAGED_FEATURES and f not in SHOWN_FEATURES]
 
 
 @dataclass(frozen=True)
@@ -229,7 +255,7 @@ class CoverageTally:
     ``gated``: whether this run fails on a gated feature it never reached (``verify``'s gate; off in
     ``stress``, in a shard and under ``--no-coverage-gate``).  ``unreached_gated`` lists the features
     at zero the gate applies to (failures when ``gated``); ``unreached_ungated`` those it never
-    applies to (staged-write patterns a runner need not issue).
+    applies to (staged-write patterns a runner need not issue, `SHOWN_FEATURES`).
     """
 
     total: int
@@ -249,7 +275,7 @@ class CoverageTally:
         if not self.unreached:
             return line
         gated, shown = len(self.unreached_gated), len(self.unreached_ungated)
-        shown_only = f"{shown} shown only, patterns a runner need not produce"
+        shown_only = f"{shown} shown only: patterns a runner need not produce or the plan need not reach"
         if self.gated:
             parts = [f"{gated} gated, failing the run"] * bool(gated) + [shown_only] * bool(shown)
             return f"{line} ({self.unreached} never reached: {'; '.join(parts)})"
@@ -266,5 +292,5 @@ def tally(totals: Mapping[str, int], *, gated: bool) -> CoverageTally:
                          unreached_ungated=tuple(f for f in zero if f not in gate_applies), gated=gated)
 
 
-__all__ = ["CoverageCounter", "CoverageTally", "FEATURES", "FAULT_FEATURES", "PARAM_PAIRS", "param_features", "merge",
+__all__ = ["CoverageCounter", "CoverageTally", "FEATURES", "FAULT_FEATURES", "SHOWN_FEATURES", "PARAM_PAIRS", "param_features", "merge",
            "tally", "zero_features"]

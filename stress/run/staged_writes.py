@@ -9,7 +9,13 @@ classifies each member's (host data only, no device read):
 * a single cell, a run of several cells;
 * several rows in one flush;
 * several diffs to one row in one step;
-* one cell written more than once in a step (the apply must keep the last write).
+* one cell written more than once in a step (the apply must keep the last write);
+* a row released and admitted into again in the same step (a request finished or preempted and
+  another given its row, with the new request's diffs pending in the flush that follows the
+  release): counted when the runner's row table (``runner.state.release``) can be watched.  Our
+  runner stages nothing at a release, so this is where a runner that does (a row cleared or
+  poisoned at release) would write the row's cells twice in one step, and where the staged
+  writes' "later write wins" would be what keeps the admission's values.
 
 Ownership: a `StagedWriteObserver` owns its counters (host, one run); the wrappers it installs
 live as long as the runner.
@@ -26,6 +32,8 @@ STAGED_FEATURES: tuple[str, ...] = (
 # Patterns impl's host code does not produce today (it stages each row once per step): counted and
 # shown, but a campaign cannot be failed for a pattern the runner never issues.
 UNGATED_STAGED_FEATURES = STAGED_FEATURES[3:]
+# Counted (and gated) only for a runner whose row releases can be watched (``runner.state.release``).
+READMIT_FEATURE = "staged write: a row released and re-admitted in one step"
 
 
 def _staged_tensors(runner: Any) -> list[Any]:
@@ -55,12 +63,32 @@ class StagedWriteObserver:
     def __init__(self, runner: Any):
         self.counts: Counter[str] = Counter()
         self.tensors = _staged_tensors(runner)
+        # Rows released since the last flush (`_watch_releases`); None: the runner's releases cannot be watched.
+        self._released: set[int] | None = None
         groups = {id(t.group): t.group for t in self.tensors if getattr(t, "group", None) is not None}
         for group in groups.values():
             self._wrap_group(group)
         for tensor in self.tensors:
             if getattr(tensor, "group", None) is None:
                 self._wrap(tensor)
+        if self.tensors:
+            self._watch_releases(getattr(runner, "state", None))
+
+    def _watch_releases(self, state: Any) -> None:
+        """Wrap ``state.release`` (on the instance: it returns the freed row) to note the rows a step frees."""
+        release = getattr(state, "release", None)
+        if not callable(release):
+            return
+        released: set[int] = set()
+        self._released = released
+
+        def release_noting_row(req_id: str) -> Any:
+            row = release(req_id)
+            if isinstance(row, int):
+                released.add(row)
+            return row
+
+        state.release = release_noting_row
 
     @property
     def active(self) -> bool:
@@ -72,8 +100,12 @@ class StagedWriteObserver:
         observer = self
 
         def flush(writer: Any) -> None:
+            written: set[int] = set()
             for tensor in list(group._dirty):
-                observer.classify(_pending_diffs(tensor))
+                diffs = _pending_diffs(tensor)
+                observer.classify(diffs)
+                written.update(row for row, _, _ in diffs)
+            observer.note_flush(written)
             return original(writer)
 
         group.flush = flush
@@ -83,10 +115,19 @@ class StagedWriteObserver:
         observer = self
 
         def flush(writer: Any) -> None:
-            observer.classify(_pending_diffs(tensor))
+            diffs = _pending_diffs(tensor)
+            observer.classify(diffs)
+            observer.note_flush({row for row, _, _ in diffs})
             return original(writer)
 
         tensor.flush = flush
+
+    def note_flush(self, written_rows: set[int]) -> None:
+        """One step's flush: the rows it writes that a release of the same step freed were re-admitted."""
+        if self._released is None:
+            return
+        self.counts[READMIT_FEATURE] += len(self._released & written_rows)
+        self._released.clear()
 
     def classify(self, pending: list[tuple[int, int, list]]) -> None:
         c = self.counts
@@ -104,7 +145,8 @@ class StagedWriteObserver:
                     c["staged write: one cell written twice in a step"] += 1
 
     def totals(self) -> dict[str, int]:
-        return {f: int(self.counts.get(f, 0)) for f in STAGED_FEATURES}
+        watched = (READMIT_FEATURE,) if self._released is not None else ()
+        return {f: int(self.counts.get(f, 0)) for f in STAGED_FEATURES + watched}
 
 
-__all__ = ["StagedWriteObserver", "STAGED_FEATURES", "UNGATED_STAGED_FEATURES"]
+__all__ = ["StagedWriteObserver", "STAGED_FEATURES", "UNGATED_STAGED_FEATURES", "READMIT_FEATURE"]

@@ -135,6 +135,10 @@ class ChurnConfig:
     # A request asking for logprobs asks for processed ones (`SamplingParams.logprobs_mode`) with this rate, drawn
     # from a stream of its own (``Churn.mode_rng``), so every other draw of a seed stays what it was.
     processed_logprobs_prob: float = 0.3
+    # A request with top-k on gets k in 1..3 instead of the table's draw: at or below the width of an exact-tie
+    # logit row (`runnercheck.stress.sim.faults`: four entries at the top), so top-k's tie rule at the k-th value
+    # is reached; 0: never drawn (the draws of older configs stay).
+    tie_top_k_prob: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -285,6 +289,8 @@ class Churn:
             for knob in PARAM_PLAN[self._planned % len(PARAM_PLAN)]:
                 kw.update(_KNOB_SETTERS[knob](rng, lim))
             self._planned += 1
+        if cfg.tie_top_k_prob and kw.get("top_k", -1) > 0 and rng.random() < cfg.tie_top_k_prob:
+            kw["top_k"] = rng.randint(1, min(3, lim.vocab_size))
         return SamplingParams(**kw)
 
 

@@ -14,6 +14,8 @@ from types import ModuleType
 import pytest
 import torch
 
+import runnercheck.impl.draft_proposer as draft_proposer_module
+import runnercheck.impl.eager_step as eager_step_module
 import runnercheck.impl.runner as runner_module
 import runnercheck.impl.sample.sampler as sampler_module
 from runnercheck.checks.chisq.cases import power_cases
@@ -82,9 +84,11 @@ def _patchable(runner) -> dict[str, object]:
     parts.update({"graphs.inputs": runner.graphs.inputs, "state.row_state": runner.state.row_state,
                   "sampler.processed": runner.sampler.processed,
                   **{f"graphs.{key.describe()}": g for key, g in runner.graphs.graphs.items()}})
-    parts.update({"runnercheck.impl.runner": runner_module, "runnercheck.impl.sample.sampler": sampler_module})
-    if runner.proposer is not None and hasattr(runner.proposer, "verifier"):  # the draft-model proposer, its verifier
+    parts.update({"runnercheck.impl.runner": runner_module, "runnercheck.impl.sample.sampler": sampler_module,
+                  "runnercheck.impl.eager_step": eager_step_module})
+    if runner.proposer is not None and hasattr(runner.proposer, "verifier"):  # the draft-model proposer, its parts
         parts["proposer"], parts["proposer.verifier"] = runner.proposer, runner.proposer.verifier
+        parts["runnercheck.impl.draft_proposer"] = draft_proposer_module
     return parts
 
 
