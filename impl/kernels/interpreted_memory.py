@@ -56,7 +56,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from runnercheck.impl.device import triton_interpreted
+from runnercheck.impl.kernels.interpreter import interpreter_to_patch
 
 log = logging.getLogger(__name__)
 
@@ -283,17 +283,10 @@ def check_interpreted_memory() -> bool:
 
     Idempotent.  False (and Triton untouched) when kernels are not interpreted in this process, under
     ``RUNNERCHECK_UNCHECKED_MEMORY=1``, or when the interpreter's layout is not the one this wraps."""
-    if not triton_interpreted() or os.environ.get(OFF_ENV) == "1":
-        return False
-    try:
-        from triton.runtime import interpreter
-    except ImportError:
-        return False
-    if getattr(interpreter, _INSTALLED_ATTR, False):
-        return True
-    if not memory_layout_known(interpreter):
-        log.info("this Triton's interpreter is not laid out as expected; its memory accesses run unchecked")
-        return False
+    interpreter, installed = interpreter_to_patch(OFF_ENV, _INSTALLED_ATTR, memory_layout_known,
+                                                  "its memory accesses run")
+    if interpreter is None or installed:
+        return installed
     builder, launch_cls = interpreter.InterpreterBuilder, interpreter.GridExecutor
     run_launch, init_args = launch_cls.__call__, launch_cls._init_args_hst
     masked_load, masked_store = builder.create_masked_load, builder.create_masked_store

@@ -137,23 +137,37 @@ def layout_known(interpreter: Any) -> bool:
             and looks_up_patch(getattr(interpreter, "InterpretedFunction", None)))
 
 
+def interpreter_to_patch(off_env: str, installed_attr: str, layout_ok: Callable[[ModuleType], bool],
+                         what: str) -> tuple[ModuleType | None, bool]:
+    """``(triton.runtime.interpreter, already_installed)`` when a patch of ours (its flag ``installed_attr``) may go
+    into Triton's interpreter; ``(None, False)`` when kernels are not interpreted in this process, when
+    ``off_env=1``, when Triton is missing, or when ``layout_ok`` says the interpreter is not laid out as the
+    patch expects (logged: ``what`` then runs unchanged)."""
+    if not triton_interpreted() or os.environ.get(off_env) == "1":
+        return None, False
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return None, False
+    if getattr(interpreter, installed_attr, False):
+        return interpreter, True
+    if not layout_ok(interpreter):
+        log.info("this Triton's interpreter is not laid out as expected; %s unchanged", what)
+        return None, False
+    return interpreter, False
+
+
 def speed_up_interpreter() -> bool:
     """Install the nested-call patch cache and the dtype memo into Triton's interpreter; True when in place.
 
     Idempotent.  False (and Triton untouched) when kernels are not interpreted in this process, when
     ``RUNNERCHECK_PLAIN_INTERPRETER=1``, or when the interpreter's layout is not the one this wraps."""
-    if not triton_interpreted() or os.environ.get("RUNNERCHECK_PLAIN_INTERPRETER") == "1":
-        return False
-    try:
-        import triton.language as tl
-        from triton.runtime import interpreter
-    except ImportError:
-        return False
-    if getattr(interpreter, _INSTALLED_ATTR, False):
-        return True
-    if not layout_known(interpreter):
-        log.info("this Triton's interpreter is not laid out as expected; it runs unchanged")
-        return False
+    interpreter, installed = interpreter_to_patch("RUNNERCHECK_PLAIN_INTERPRETER", _INSTALLED_ATTR, layout_known,
+                                                  "it runs")
+    if interpreter is None or installed:
+        return installed
+    import triton.language as tl
+
     launch_cls, full_patch, dtype_of = interpreter.GridExecutor, interpreter._patch_lang, interpreter._get_np_dtype
     cache = NestedPatchCache(full_patch, (tl, tl.core))
     run_launch = launch_cls.__call__
