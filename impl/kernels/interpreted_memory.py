@@ -66,6 +66,14 @@ OFF_ENV = "RUNNERCHECK_UNCHECKED_MEMORY"
 _MIN, _MAX, _UINT64_MAX = np.minimum.reduce, np.maximum.reduce, np.uint64(2**64 - 1)
 
 MEMORY_FAULT_HOOKS: list[Callable[["KernelMemoryError"], None]] = []
+# The first fault raised since the last `claim_fault` (host, this process; any thread raises, the harness claims):
+# a runner may catch the error, or fail later on its consequence (a result a faulted launch never wrote).
+_UNCLAIMED: list["KernelMemoryError"] = []
+
+
+def claim_fault() -> "KernelMemoryError | None":
+    """The first `KernelMemoryError` raised since the previous claim (None if none), forgetting it."""
+    return _UNCLAIMED.pop() if _UNCLAIMED else None
 
 
 class KernelMemoryError(RuntimeError):
@@ -237,6 +245,8 @@ def _fault(launch: _Launch, active: np.ndarray, nbytes: int, operation: str) -> 
     nearest = min((e.distance(address) for e in launch.extents), default=(0, None))[1]
     error = KernelMemoryError(launch.kernel, operation, address, nbytes, int(bad.size), int(active.size), nearest,
                               _where())
+    if not _UNCLAIMED:
+        _UNCLAIMED.append(error)
     for hook in list(MEMORY_FAULT_HOOKS):
         hook(error)
     raise error
@@ -348,5 +358,5 @@ def check_interpreted_memory() -> bool:
     return True
 
 
-__all__ = ["Extent", "KernelMemoryError", "MEMORY_FAULT_HOOKS", "OFF_ENV", "check_access", "check_interpreted_memory",
+__all__ = ["Extent", "KernelMemoryError", "MEMORY_FAULT_HOOKS", "OFF_ENV", "check_access", "check_interpreted_memory", "claim_fault",
            "memory_layout_known", "reachable_through", "tensor_extent"]

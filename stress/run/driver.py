@@ -37,6 +37,7 @@ from runnercheck.checks.compare import (
 )
 from runnercheck.checks.detectors.memory import DIVERGENCE_KIND as MEMORY_DIVERGENCE
 from runnercheck.checks.detectors.memory import memory_fault
+from runnercheck.impl.kernels.interpreted_memory import claim_fault
 from runnercheck.impl.interface import AsyncOutput, ModelRunnerOutput, Runner, SchedulerOutput
 from runnercheck.stress.run.runners import RunnerBoundaryMirror
 from runnercheck.stress.sim.scheduler import SchedulerSim, SchedulerSimError, SchedulerStats
@@ -276,9 +277,14 @@ class DifferentialRun:
 
 def runner_error(step: int, error: BaseException, expected: object, when: str = "") -> Divergence:
     """The divergence of an exception from the runner: kind ``kernel-memory`` when it is a kernel's out-of-bounds
-    access (`runnercheck.checks.detectors.memory.memory_fault`: interpreted, or a sticky CUDA fault), else ``runner-error``."""
+    access (`runnercheck.checks.detectors.memory.memory_fault`: interpreted, or a sticky CUDA fault), or follows one
+    raised in the runner since the last claim (`claim_fault`: the error is its consequence), else ``runner-error``."""
     fault = memory_fault(error)
     detail = f"{when}: {error}" if when else str(error)
+    raised = claim_fault()
+    if fault is None and raised is not None:  # the runner failed on a faulted launch's consequence (or caught it)
+        fault = type(raised).__name__
+        detail = f"{raised} (the runner then raised {type(error).__name__}: {detail})"
     if fault is not None:
         return Divergence(step, None, None, MEMORY_DIVERGENCE, "in-bounds kernel memory accesses", fault, detail)
     return Divergence(step, None, None, "runner-error", expected, type(error).__name__, detail)

@@ -58,7 +58,9 @@ def test_every_mutant_names_its_checks_workload_and_probe():
             assert m.chisq_case in probes, m.name
         if m.needs_gpu:  # nothing a CPU run could kill: a cuda-only check (chi-square probe, CSAN) is its designed one
             assert m.checks in (("chisq",), ("csan",)), m.name
-    designed = {c: {m.name for m in CATALOGUE.values() if c in m.checks} for c in known_checks()}
+    # `memory` catches the consequence of other bugs (stale indices, a wrong row): no mutant is designed for it
+    # (docs/MUTANTS.md); tests/stress/test_kernel_memory.py plants the faults it exists for.
+    designed = {c: {m.name for m in CATALOGUE.values() if c in m.checks} for c in known_checks() if c != "memory"}
     assert all(designed.values()), designed
 
 
