@@ -23,7 +23,7 @@ resample), 4 ``NOISE_LO_STREAM`` (the sampler's lo words); others reserved.
 * The **sampler's** 64 bits of token ``t``: ``hi`` = word ``t % 4`` of the call at
   ``c0 = t // 4`` on stream 0 (four tokens per call, all 128 bits used; `noise_hi_chunk`,
   `noise_hi_at`), ``lo`` = word 0 of the call at ``c0 = t`` on stream 4 (`noise_lo`), computed
-  only for the tokens whose key interval given ``hi`` can still hold the maximum (`noise_key_bounds`).
+  only for the tokens whose key, bounded from ``hi`` alone, can still reach the maximum (`noise_exp_lower`).
 * The **speculative** streams keep one call per token: ``(hi, lo) = (c0, c1)`` at ``c0 = token``
   (`philox_64bits`; the accept test uses ``c0 = 0``).
 
@@ -185,24 +185,18 @@ def gumbel_noise(seed, position, token_id):
 
 
 @triton.jit
-def noise_key_bounds(hi):
-    """``(upper, lower)`` fp32 bounds on the fp32 noise ``gumbel_from_bits(hi, lo)`` for every ``lo``.
+def noise_exp_lower(hi):
+    """A lower bound on ``E = -log1p(-u)`` (fp32) for every lo word of ``hi``: no logarithm per token.
 
-    docs/SAMPLING.md "RNG contract v2" proves them.  ``upper`` is the noise at ``lo = 0`` (the
-    fp32 uniform is monotone in ``lo`` and ``g`` decreasing) plus ``2^-16 (1 + |g|)``, which covers
-    twice the fp32 evaluation error of the transform (a few 2^-24 (1 + |g|)).  ``lower`` subtracts
-    the same margin and the interval's width ``(2 / hi + 2^-20) / (1 - (hi + 2) 2^-32)`` (the
-    slope ``1 / (u (1 - u))`` bounds ``|dg/du|``; ``2^-20`` covers fp32's own spacing of ``u``);
-    ``hi = 0`` (the deep tail, noise 22.2 .. 45.05) and ``u`` within 2^-20 of 1 get ``-inf``: such
-    a token never raises the bar others must reach, and is refined whenever its upper bound reaches it.
+    ``E = u + u^2/2 + u^3/3 + ...`` (every term positive), so its first four terms at ``u0 = hi 2^-32``
+    (the interval's bottom, below every ``u`` of the hi word) bound it from below; the clamp at
+    ``1 - 2^-24`` only lowers ``u`` where ``E >= 16.6`` exceeds the four terms' 2.08.  The noise is
+    ``g = -log E``, so a key ``s + g`` is at most ``s - log(e_lo)``; the sampler compares
+    ``e_lo exp(m - s)`` across a chunk instead of taking logarithms (docs/SAMPLING.md "RNG contract v2"
+    states the fp32 margins).  ``hi = 0`` (the deep tail) gives 0: such a token is always a candidate.
     """
-    g = gumbel_from_bits(hi, hi * 0)
-    margin = (1.0 + tl.abs(g)) * 1.52587890625e-05  # 2^-16
-    hif = hi.to(tl.float32)
-    one_minus = 1.0 - (hif + 2.0) * 2.3283064365386963e-10
-    safe = (hi != 0) & (one_minus >= 9.5367431640625e-07)  # 2^-20
-    width = (2.0 / tl.where(safe, hif, 1.0) + 9.5367431640625e-07) / tl.where(safe, one_minus, 1.0)
-    return g + margin, tl.where(safe, g - (width + margin), float("-inf"))
+    u0 = hi.to(tl.float32) * 2.3283064365386963e-10
+    return u0 * (1.0 + u0 * (0.5 + u0 * (0.3333333432674408 + u0 * 0.25)))
 
 
 @triton.jit

@@ -25,7 +25,7 @@ the only synchronisation between them):
 No ``[rows, vocab]`` intermediate exists: each pass re-reads the logits and re-applies penalties
 and temperature.  Gumbel noise follows RNG contract v2 (`runnercheck.impl.kernels.rng`): a vocabulary chunk draws
 the hi words only (`_noisy_chunk_argmax`: four tokens per Philox call) and refines with the lo word
-just the tokens whose key interval can hold the maximum; a candidate list draws each token's full
+just the tokens whose key, bounded from the hi word alone, can reach the maximum; a candidate list draws each token's full
 64 bits (`gumbel_noise`).  Both give the argmax of the full 64-bit keys, so the tokens do not depend
 on the path.
 """
@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from runnercheck.impl.kernels.rng import gumbel_from_bits, gumbel_noise, noise_hi_chunk, noise_key_bounds, noise_lo
+from runnercheck.impl.kernels.rng import gumbel_from_bits, gumbel_noise, noise_exp_lower, noise_hi_chunk, noise_lo
 from runnercheck.impl.kernels.sampling_select import (
     EMPTY_CANDIDATE,
     OUTCOME_ALL,
@@ -99,20 +99,45 @@ def _chunk_argmax(score, offs, vocab_size):
 
 
 @triton.jit
-def _refine_candidates(score, hi, offs, candidate, seed, position, start, REFINE_LOOP: tl.constexpr):
-    """``(best key, lowest token at it)`` over ``candidate`` lanes from their full 64-bit noise.
+def _argmin_with_payload(c1, i1, s1, h1, c2, i2, s2, h2):
+    """`tl.reduce` combine: the smaller ``c`` (lower index on ties) with its token, score and hi word."""
+    take = (c2 < c1) | ((c2 == c1) & (i2 < i1))
+    return tl.where(take, c2, c1), tl.where(take, i2, i1), tl.where(take, s2, s1), tl.where(take, h2, h1)
 
-    Few candidates (the usual 1-2): one at a time in increasing token order, strict ``>`` (ties ->
-    lowest index), one `noise_lo` call each.  More than ``REFINE_LOOP``: every lane's lo word at once.
-    No candidate: ``(-inf, start)``, as a plain argmax of an all ``-inf`` chunk.
+
+@triton.jit
+def _key_bounds(score, valid, hi):
+    """``(m, e_lo exp(m - s))``: the chunk's maximum score and, per valid lane, a value that is at most
+    ``exp(m - key)`` for every lo word (`noise_exp_lower`); ``inf`` where the lane cannot win."""
+    m = tl.max(score, axis=0)
+    w = tl.exp(m - score)
+    # a lane over ~88 below the chunk's maximum (w = inf) cannot win: its key is below m - 2.82
+    return m, tl.where(valid & (w < float("inf")), noise_exp_lower(hi) * w, float("inf"))
+
+
+@triton.jit
+def _refinement_bar(m, ref_key):
+    """``exp(m - ref_key)`` widened by the fp32 margin (docs/SAMPLING.md): a lane whose `_key_bounds` value
+    exceeds it has a key below ``ref_key``."""
+    margin = 4.8828125e-04 + (tl.abs(m) + tl.abs(ref_key)) * 1.9073486328125e-06  # 2^-11 + 2^-19 (|m| + |key|)
+    return tl.exp((m - ref_key) + margin)
+
+
+@triton.jit
+def _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, REFINE_LOOP: tl.constexpr):
+    """Fold the ``candidate`` lanes' full 64-bit keys into ``(best, best_token)`` (ties -> lowest index).
+
+    Few candidates (the usual 0-2): one at a time, one `noise_lo` call each.  More than ``REFINE_LOOP``
+    (planted collisions, near-flat rows): every lane's lo word at once.
     """
     count = tl.sum(candidate.to(tl.int32), axis=0)
-    best = tl.full((), float("-inf"), tl.float32)
-    best_token = tl.full((), 0, tl.int32) + start
     if count > REFINE_LOOP:
         key = tl.where(candidate, score + gumbel_from_bits(hi, noise_lo(seed, position, offs)), float("-inf"))
-        best = tl.max(key, axis=0)
-        best_token = tl.min(tl.where(candidate & (key == best), offs, 2147483647), axis=0)
+        top = tl.max(key, axis=0)
+        at = tl.min(tl.where(candidate & (key == top), offs, 2147483647), axis=0)
+        take = (top > best) | ((top == best) & (at < best_token))
+        best = tl.where(take, top, best)
+        best_token = tl.where(take, at, best_token)
     else:
         remaining = candidate
         for _ in range(count):
@@ -121,9 +146,9 @@ def _refine_candidates(score, hi, offs, candidate, seed, position, start, REFINE
             s = tl.max(tl.where(pick, score, float("-inf")), axis=0)
             h = tl.max(tl.where(pick, hi, 0), axis=0)
             key = s + gumbel_from_bits(h, noise_lo(seed, position, token))
-            better = key > best
-            best = tl.where(better, key, best)
-            best_token = tl.where(better, token, best_token)
+            take = (key > best) | ((key == best) & (token < best_token))
+            best = tl.where(take, key, best)
+            best_token = tl.where(take, token, best_token)
             remaining = remaining & (offs != token)
     return best, best_token
 
@@ -133,15 +158,24 @@ def _noisy_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr)
     """Gumbel-max over one chunk (``offs = start + arange(CHUNK)``, ``start % 4 == 0``; lanes with
     ``score == -inf`` excluded): ``(best full key, lowest token at it)``, RNG contract v2.
 
-    The hi words bound every key (`noise_key_bounds`); only lanes whose upper bound reaches the
-    chunk's best lower bound can hold the argmax of the full keys, and only those are refined.
+    The hi words alone bound every key from above by ``s - log(e_lo)`` (`noise_exp_lower`), compared in
+    exponential space as ``e_lo exp(m - s)`` (``m`` the chunk's maximum score: no logarithm per token).
+    The lane where that is smallest is the *reference*: its full key is a lower bound on the chunk's
+    best.  Only the lanes whose bound reaches it (within the fp32 margin of docs/SAMPLING.md) are
+    refined.  No valid lane: ``(-inf, start)``, as a plain argmax of an all ``-inf`` chunk.
     """
     hi = noise_hi_chunk(seed, position, start, CHUNK)
-    upper, lower = noise_key_bounds(hi)
     valid = score > float("-inf")
-    bar = tl.max(tl.where(valid, score + lower, float("-inf")), axis=0)
-    candidate = valid & (score + upper >= bar)
-    return _refine_candidates(score, hi, offs, candidate, seed, position, start, 8)
+    m, bound = _key_bounds(score, valid, hi)
+    c_ref, ref, s_ref, h_ref = tl.reduce((bound, offs, score, hi), 0, _argmin_with_payload)
+    best = tl.full((), float("-inf"), tl.float32)
+    best_token = tl.full((), 0, tl.int32) + start
+    if c_ref < float("inf"):
+        best = s_ref + gumbel_from_bits(h_ref, noise_lo(seed, position, ref))
+        best_token = ref
+        candidate = valid & (bound <= _refinement_bar(m, best)) & (offs != ref)
+        best, best_token = _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, 8)
+    return best, best_token
 
 
 @triton.jit(do_not_specialize=["num_drafts", "num_blocks"])
@@ -198,7 +232,9 @@ def sampler_plan_kernel(
 
     open_row = filtered & (inf_token >= vocab_size) & (row_max > float("-inf"))
     min_p_threshold = tl.where(min_p_on, row_max + tl.log(tl.where(min_p_on, min_p, 1.0)), float("-inf"))
-    kth = kth_largest_block_max(part_max_ptr, base, num_blocks, top_k, NB_P2, COLS)
+    kth = tl.full((), float("-inf"), tl.float32)
+    if top_k_on & open_row:  # the counting selection costs an [NB, COLS] pass per row: only where it is read
+        kth = kth_largest_block_max(part_max_ptr, base, num_blocks, top_k, NB_P2, COLS)
     # k above half the candidate capacity would mostly overflow it: straight to the fallback
     can_gather = top_k_on & (top_k <= num_blocks) & (top_k <= CAND // 2) & (kth > float("-inf"))
     mode = tl.where(~open_row, MODE_DONE,

@@ -1,13 +1,16 @@
 """Greedy rows in one launch: docs/SAMPLING.md steps 0-2 at one read of the logits.
 
-`greedy_argmax_kernel` runs one program per (row, ``CHUNK``-wide vocabulary chunk), like the split
-passes of `runnercheck.impl.kernels.sampling`, but combines across chunks with atomics instead of a
-second launch: each program folds its chunk's argmax into the row's packed key (`atomic_max` on
-``ordered float bits << 32 | (2^31 - 1 - token)``: the larger score wins, then the lower index),
-its first raw ``+inf`` index (`atomic_min`) and its non-finite flag (`atomic_max`), then bumps the
-row's arrival counter; the row's last program reads the three accumulators back while resetting
-them (`atomic_xchg`), applies the non-finite rule and writes the token and the flag.  So the
-accumulators are at their reset values between launches (CUDA-graph replays included).
+`greedy_argmax_kernel` runs ``num_blocks`` programs per row, each over a contiguous ``span`` of the
+vocabulary (a multiple of ``SUB``), walked in ``SUB``-wide steps that keep a per-lane running argmax
+(strict ``>``: an earlier step, the lower token, keeps a tie), so a program reduces once whatever its
+span.  `greedy_spans` sizes the spans so that a launch has about ``programs`` programs at any row
+count (a few per SM: at 256 rows one program per row, at one row ~150).  The programs of a row combine
+with atomics: each folds its argmax into the row's packed key (`atomic_max` on ``ordered float bits <<
+32 | (2^31 - 1 - token)``: the larger score wins, then the lower index), its first raw ``+inf`` index
+(`atomic_min`) and its non-finite flag (`atomic_max`), then bumps the row's arrival counter; the row's
+last program reads the three accumulators back while resetting them (`atomic_xchg`), applies the
+non-finite rule and writes the token and the flag.  So the accumulators are at their reset values
+between launches (CUDA-graph replays included).
 
 Only for batches whose every row is greedy (temperature 0): `runnercheck.impl.sample.Sampler.sample`
 takes it when its caller says so (``all_greedy=True``); mixed batches use the split passes, whose
@@ -37,12 +40,20 @@ def unpack_token(packed):
     return (2147483647 - (packed & 0xFFFFFFFF)).to(tl.int32)
 
 
-@triton.jit(do_not_specialize=["num_drafts", "num_blocks"])
+def greedy_spans(vocab_size: int, num_rows: int, sub: int, programs: int) -> tuple[int, int]:
+    """``(num_blocks, span)`` of a launch over ``num_rows`` rows: about ``programs`` programs in all, each
+    span a multiple of ``sub``, the last one holding the remainder of the row."""
+    blocks = max(1, min(-(-programs // max(num_rows, 1)), -(-vocab_size // sub)))
+    span = -(-(-(-vocab_size // blocks)) // sub) * sub
+    return -(-vocab_size // span), span
+
+
+@triton.jit(do_not_specialize=["num_drafts", "num_blocks", "span"])
 def greedy_argmax_kernel(
     logits_ptr, logits_stride, state_row_ptr, repetition_ptr, frequency_ptr, presence_ptr,
     prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts,
-    packed_ptr, inf_ptr, flag_ptr, arrivals_ptr, token_out_ptr, flag_out_ptr, num_blocks, vocab_size,
-    CHUNK: tl.constexpr,
+    packed_ptr, inf_ptr, flag_ptr, arrivals_ptr, token_out_ptr, flag_out_ptr, num_blocks, span, vocab_size,
+    SUB: tl.constexpr,
 ):
     row = tl.program_id(0)
     blk = tl.program_id(1)
@@ -51,19 +62,30 @@ def greedy_argmax_kernel(
     frequency = tl.load(frequency_ptr + state_row)
     presence = tl.load(presence_ptr + state_row)
     has_penalty = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
-    offs = blk * CHUNK + tl.arange(0, CHUNK)
-    in_vocab = offs < vocab_size
-    score, raw = load_row_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, in_vocab, 1.0, has_penalty,
-                                 repetition, frequency, presence, prompt_mask_ptr + state_row * prompt_mask_stride,
-                                 counts_ptr + state_row * counts_stride, draft_ptr + row.to(tl.int64) * draft_stride,
-                                 num_drafts, True)
-    best = tl.max(score, axis=0)
-    token = tl.min(tl.where(score == best, offs, vocab_size), axis=0)
-    nonfinite = tl.max(((raw != raw) | (raw == float("inf"))).to(tl.int32), axis=0)
-    first_inf = tl.min(tl.where(raw == float("inf"), offs, 2147483647), axis=0)
-    tl.atomic_max(packed_ptr + row, pack_argmax(best, token))
-    tl.atomic_min(inf_ptr + row, first_inf)
-    tl.atomic_max(flag_ptr + row, nonfinite)
+    logits_row = logits_ptr + row.to(tl.int64) * logits_stride
+    start = blk * span
+    stop = tl.minimum(start + span, vocab_size)
+    lanes = tl.arange(0, SUB)
+    best = tl.full([SUB], float("-inf"), tl.float32)
+    best_token = start + lanes
+    nonfinite = tl.zeros([SUB], tl.int32)
+    first_inf = tl.full([SUB], 2147483647, tl.int32)
+    for first in range(start, stop, SUB):
+        offs = first + lanes
+        score, raw = load_row_scores(logits_row, offs, offs < stop, 1.0, has_penalty, repetition, frequency, presence,
+                                     prompt_mask_ptr + state_row * prompt_mask_stride,
+                                     counts_ptr + state_row * counts_stride, draft_ptr + row.to(tl.int64) * draft_stride,
+                                     num_drafts, True)
+        better = score > best
+        best = tl.where(better, score, best)
+        best_token = tl.where(better, offs, best_token)
+        nonfinite = tl.maximum(nonfinite, ((raw != raw) | (raw == float("inf"))).to(tl.int32))
+        first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, 2147483647))
+    top = tl.max(best, axis=0)
+    token = tl.min(tl.where(best == top, best_token, 2147483647), axis=0)
+    tl.atomic_max(packed_ptr + row, pack_argmax(top, token))
+    tl.atomic_min(inf_ptr + row, tl.min(first_inf, axis=0))
+    tl.atomic_max(flag_ptr + row, tl.max(nonfinite, axis=0))
     if tl.atomic_add(arrivals_ptr + row, 1) == num_blocks - 1:  # acq_rel: the row's other atomics are visible
         tl.store(arrivals_ptr + row, 0)
         packed = tl.atomic_xchg(packed_ptr + row, tl.full((), -9223372036854775807, tl.int64) - 1)  # PACKED_RESET

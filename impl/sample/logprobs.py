@@ -75,6 +75,9 @@ class SelectionConfig:
     logprobs_candidates: int = 128  # per-row entries (and sub-blocks) >= T the logprobs finish takes
     logprobs_maxnreg: int = 0  # register cap of the logprobs pass (0: the compiler's choice)
     logprobs_warps: int = 0  # warps per program of the logprobs pass (0: ``split_warps``, the sampler's)
+    greedy_sub: int = 64  # vocabulary step of the all-greedy launch's programs (`sampling_greedy`)
+    greedy_warps: int = 1
+    greedy_programs: int = 4  # programs per all-greedy launch, about (spans per row = programs / rows)
 
     @property
     def split_chunk(self) -> int:
@@ -131,9 +134,13 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
         # re-read at ~1/60 of the row.  The register cap: the row finish (which the last program of a
         # row runs) would otherwise take 128 registers for every program (too few loads in flight);
         # at 64 only the finish spills.
+        # The all-greedy launch: 2048-token steps of 8 warps, ~256 programs a launch (two per SM).  H100 lab
+        # sweep (`runnercheck.bench.lab.sampler_variants`, one lease): at 256 rows one span per row took 86 us
+        # against 191.8 us for 1024-token programs and 82.1 us for torch.argmax; 4 warps or 4096-token steps
+        # were 2.5x slower; at 1 / 8 / 64 rows the ~256-program spans were the fastest or within 10%.
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
                                  logprobs_chunk=4096, logprobs_warps=8, logprobs_sub=128, logprobs_candidates=128,
-                                 logprobs_maxnreg=64)
+                                 logprobs_maxnreg=64, greedy_sub=2048, greedy_warps=8, greedy_programs=256)
     else:
         config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4, chunk=64, slots=16,
                                  split_warps=1, logprobs_sub=16, logprobs_candidates=32)

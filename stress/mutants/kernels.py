@@ -32,7 +32,7 @@ import triton.language as tl
 
 import runnercheck.impl.kernels.sampling  # noqa: F401 - the module the kernel variants copy
 from runnercheck.impl.kernels.rng import (
-    ACCEPT_STREAM, NOISE_STREAM, gumbel_from_bits, neg_log1p_neg, noise_hi_at, noise_hi_chunk, noise_key_bounds,
+    ACCEPT_STREAM, NOISE_STREAM, gumbel_from_bits, neg_log1p_neg, noise_hi_at, noise_hi_chunk,
     noise_lo, philox4x32, uniform_from_bits,
 )
 from runnercheck.impl.kernels.sampling_select import next_float_up
@@ -133,18 +133,10 @@ def u24_gumbel_noise(seed, position, token_id):
 
 # RNG contract v2's failure modes (`V2_KERNEL_MUTANTS`).
 @triton.jit
-def refine_top_only(score, hi, offs, candidate, seed, position, start, REFINE_LOOP: tl.constexpr):
-    """`sampling._refine_candidates` that refines only the candidate with the largest upper bound."""
-    upper, lower = noise_key_bounds(hi)
-    bound = tl.where(candidate, score + upper, float("-inf"))
-    top = tl.max(bound, axis=0)
-    token = tl.min(tl.where(candidate & (bound == top), offs, 2147483647), axis=0)
-    pick = offs == token
-    s = tl.max(tl.where(pick, score, float("-inf")), axis=0)
-    h = tl.max(tl.where(pick, hi, 0), axis=0)
-    key = s + gumbel_from_bits(h, noise_lo(seed, position, token))
-    found = tl.sum(candidate.to(tl.int32), axis=0) > 0
-    return tl.where(found, key, float("-inf")), tl.where(found, token, start)
+def refine_reference_only(score, hi, offs, candidate, seed, position, best, best_token, REFINE_LOOP: tl.constexpr):
+    """`sampling._refine_candidates` that refines no candidate: the chunk's reference lane (the smallest
+    bound-based estimate, refined before the candidates are) always wins."""
+    return best, best_token
 
 
 @triton.jit
@@ -173,8 +165,8 @@ def gumbel_noise_lo_from_accept_stream(seed, position, token_id):
 
 # name -> (description, the sampling copy's rebound device functions)
 V2_KERNEL_MUTANTS: dict[str, tuple[str, dict[str, Any]]] = {
-    "v2_refine_top_only": ("refinement skipped for every candidate but the one with the largest upper bound",
-                           {"_refine_candidates": refine_top_only}),
+    "v2_refine_top_only": ("refinement skipped for every candidate but the reference (the largest bound on the key)",
+                           {"_refine_candidates": refine_reference_only}),
     "v2_lo_from_hi_stream": ("lo words drawn from the hi words' stream (token t's lo = token 4t's hi)",
                              {"noise_lo": lo_from_hi_stream, "gumbel_noise": gumbel_noise_lo_from_hi_stream}),
     "v2_lo_from_accept_stream": ("lo words drawn from the speculative accept stream",

@@ -6,6 +6,7 @@ launches (the per-row accumulators reset themselves).  Interpreted on CPU: vocab
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,7 +14,9 @@ import torch
 
 from runnercheck.impl.device import Device
 from runnercheck.impl.interface import SamplingParams
+from runnercheck.impl.kernels.sampling_greedy import greedy_spans
 from runnercheck.impl.sample import Sampler, SamplerError, SamplingState
+from runnercheck.impl.sample.logprobs import default_selection_config
 from test_sampler_harness import LogitRow, RowRequest, admit, logit_row_tensors, reference_results
 
 VOCAB = 300
@@ -54,8 +57,15 @@ def _logits() -> torch.Tensor:
     return logits
 
 
-def test_all_greedy_launch_equals_the_split_passes_and_the_oracle(dev) -> None:
-    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8)
+@pytest.mark.parametrize("programs", [None, 32], ids=["one-span-a-row", "three-spans-a-row"])
+def test_all_greedy_launch_equals_the_split_passes_and_the_oracle(dev, programs) -> None:
+    """32 programs over 8 rows: spans of 128 tokens, combined by the atomics (row 2's tie at 77 and 250 crosses
+    spans); the default: each row one program walking the whole vocabulary."""
+    config = default_selection_config(dev)
+    if programs is not None:
+        config = dataclasses.replace(config, greedy_programs=programs)
+    assert greedy_spans(VOCAB, 8, config.greedy_sub, config.greedy_programs)[0] == (1 if programs is None else 3)
+    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=config)
     state = SamplingState(dev, 2, VOCAB)
     requests = {0: RowRequest(SamplingParams(temperature=0.0), 5, (1, 2)),
                 1: RowRequest(SamplingParams(temperature=0.0, repetition_penalty=1.5, frequency_penalty=0.3,
@@ -97,3 +107,15 @@ def test_all_greedy_launch_at_the_full_vocabulary_cuda() -> None:
     fast = _run(device, sampler, state, logits, table, all_greedy=True)
     assert fast == _run(device, sampler, state, logits, table, all_greedy=False)
     assert fast[0] == torch.argmax(torch.nan_to_num(logits, nan=-math.inf), dim=1).tolist()
+    # 8 rows: ~32 spans a row, combined by the atomics
+    assert greedy_spans(vocab, 8, sampler.config.greedy_sub, sampler.config.greedy_programs)[0] > 16
+    few = _run(device, sampler, state, logits[:8], table[:8], all_greedy=True)
+    assert few == _run(device, sampler, state, logits[:8], table[:8], all_greedy=False) and few[0] == fast[0][:8]
+
+
+def test_greedy_spans_cover_the_row_in_about_the_asked_programs() -> None:
+    for vocab, rows, sub, programs in ((151936, 256, 2048, 256), (151936, 1, 2048, 256), (151936, 8, 2048, 256),
+                                       (300, 8, 64, 32), (300, 1, 64, 1000), (5, 3, 64, 4)):
+        blocks, span = greedy_spans(vocab, rows, sub, programs)
+        assert span % sub == 0 and (blocks - 1) * span < vocab <= blocks * span
+        assert blocks == 1 or rows * blocks <= programs + rows * 2

@@ -1,0 +1,341 @@
+"""Issue 58's two misses, by variant: the all-greedy launch and the temperature split pass, timed side by side.
+
+    python -m runnercheck.bench.lab.sampler_variants [--rows 1 8 64 256] [--vocab 151936] [--check-only]
+
+Greedy: the product's all-greedy launch (one program per 1024-token chunk, four atomics each) against a
+looped launch (each program walks a contiguous span in ``SUB``-wide steps keeping a per-lane running
+argmax, one reduction and one set of atomics at the end), over spans per row and warps, next to
+``torch.argmax`` and a plain read of the logits (the floor's kernel).
+
+Temperature: the product's split pass (`sampler_block_kernel`: per token the Gumbel bounds' two logs and
+three divisions) against a pass that bounds keys in exponential space (no logarithm per token: the
+series ``u + u^2/2 + u^3/3 + u^4/4`` bounds ``-log1p(-u)`` from below for every lo word, compared with
+``exp(m - s)``; one reference token's full key sets the bar) and takes the hi words as ``[CHUNK/4, 4]``
+quads (no interleave).  Both must give the same per-chunk (key, token) partials: checked first.
+
+Prints one JSON line per measurement (device microseconds, CUDA-graph replays).  Not a product feature:
+the lab.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+import triton.language as tl
+
+from runnercheck.impl.kernels.rng import gumbel_from_bits, noise_lo, philox4x32, NOISE_STREAM
+from runnercheck.impl.kernels.sampling_greedy import greedy_argmax_kernel, pack_argmax, unpack_token
+from runnercheck.impl.kernels.sampling_select import load_row_scores
+
+
+@triton.jit(do_not_specialize=["num_drafts", "num_blocks", "span"])
+def greedy_loop_kernel(
+    logits_ptr, logits_stride, state_row_ptr, repetition_ptr, frequency_ptr, presence_ptr,
+    prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts,
+    packed_ptr, inf_ptr, flag_ptr, arrivals_ptr, token_out_ptr, flag_out_ptr, num_blocks, span, vocab_size,
+    SUB: tl.constexpr,
+):
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    state_row = tl.load(state_row_ptr + row).to(tl.int64)
+    repetition = tl.load(repetition_ptr + state_row)
+    frequency = tl.load(frequency_ptr + state_row)
+    presence = tl.load(presence_ptr + state_row)
+    has_penalty = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
+    start = blk * span
+    stop = tl.minimum(start + span, vocab_size)
+    lanes = tl.arange(0, SUB)
+    best = tl.full([SUB], float("-inf"), tl.float32)
+    best_token = start + lanes
+    bad = tl.zeros([SUB], tl.int32)
+    first_inf = tl.full([SUB], 2147483647, tl.int32)
+    logits_row = logits_ptr + row.to(tl.int64) * logits_stride
+    for first in range(start, stop, SUB):
+        offs = first + lanes
+        in_span = offs < stop
+        score, raw = load_row_scores(logits_row, offs, in_span, 1.0, has_penalty, repetition, frequency, presence,
+                                     prompt_mask_ptr + state_row * prompt_mask_stride,
+                                     counts_ptr + state_row * counts_stride, draft_ptr + row.to(tl.int64) * draft_stride,
+                                     num_drafts, True)
+        better = score > best  # strict: an earlier step (lower token) keeps a tie
+        best = tl.where(better, score, best)
+        best_token = tl.where(better, offs, best_token)
+        bad = tl.maximum(bad, ((raw != raw) | (raw == float("inf"))).to(tl.int32))
+        first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, 2147483647))
+    top = tl.max(best, axis=0)
+    token = tl.min(tl.where(best == top, best_token, 2147483647), axis=0)
+    tl.atomic_max(packed_ptr + row, pack_argmax(top, token))
+    tl.atomic_min(inf_ptr + row, tl.min(first_inf, axis=0))
+    tl.atomic_max(flag_ptr + row, tl.max(bad, axis=0))
+    if tl.atomic_add(arrivals_ptr + row, 1) == num_blocks - 1:
+        tl.store(arrivals_ptr + row, 0)
+        packed = tl.atomic_xchg(packed_ptr + row, tl.full((), -9223372036854775807, tl.int64) - 1)
+        inf_token = tl.atomic_xchg(inf_ptr + row, 2147483647)
+        flagged = tl.atomic_xchg(flag_ptr + row, 0)
+        token = tl.where(inf_token < vocab_size, inf_token, unpack_token(packed))
+        tl.store(token_out_ptr + row, token.to(tl.int64))
+        tl.store(flag_out_ptr + row, flagged)
+
+
+@triton.jit
+def noise_hi_quads(seed, position, start, Q: tl.constexpr):
+    """The hi words of tokens ``start + 4 q + r`` as ``[Q, 4]`` (one Philox call per row of four)."""
+    quads = start // 4 + tl.arange(0, Q)
+    w0, w1, w2, w3 = philox4x32(seed, quads, position, NOISE_STREAM)
+    r = tl.arange(0, 4)[None, :]
+    return tl.where(r == 0, w0[:, None], tl.where(r == 1, w1[:, None], tl.where(r == 2, w2[:, None], w3[:, None])))
+
+
+@triton.jit
+def _argmin_payload(c1, i1, s1, h1, c2, i2, s2, h2):
+    take = (c2 < c1) | ((c2 == c1) & (i2 < i1))
+    return tl.where(take, c2, c1), tl.where(take, i2, i1), tl.where(take, s2, s1), tl.where(take, h2, h1)
+
+
+@triton.jit
+def exp_space_noisy_argmax(score, offs, hi, seed, position, start, REFINE_LOOP: tl.constexpr):
+    """Gumbel-max of one chunk ([Q, 4] lanes; ``score == -inf`` excluded): ``(best full key, lowest token)``.
+
+    ``e_lo = u0 + u0^2/2 + u0^3/3 + u0^4/4`` (``u0 = hi 2^-32``) is at most ``-log1p(-u)`` for every lo word,
+    so ``s - log(e_lo)`` bounds the key from above; comparing ``e_lo exp(m - s)`` with ``exp(m - key_ref)``
+    takes no logarithm per token.  The reference is the lane of smallest ``e_lo exp(m - s)`` (its full key is
+    a lower bound on the chunk's best); every lane that could reach it is refined from its full 64 bits.
+    """
+    valid = score > float("-inf")
+    m = tl.max(tl.max(score, axis=1), axis=0)
+    u0 = hi.to(tl.float32) * 2.3283064365386963e-10
+    e_lo = u0 * (1.0 + u0 * (0.5 + u0 * (0.3333333432674408 + u0 * 0.25)))
+    w = tl.exp(m - score)
+    # a lane more than ~88 below the chunk max (w = inf) cannot win: its key is below m - 2.82
+    cheap = tl.where(valid & (w < float("inf")), e_lo * w, float("inf"))
+    c_ref, ref, s_ref, h_ref = tl.reduce((cheap, offs, score, hi), 1, _argmin_payload)
+    c_ref, ref, s_ref, h_ref = tl.reduce((c_ref, ref, s_ref, h_ref), 0, _argmin_payload)
+    best = tl.full((), float("-inf"), tl.float32)
+    best_token = tl.full((), 0, tl.int32) + start
+    if c_ref < float("inf"):
+        best = s_ref + gumbel_from_bits(h_ref, noise_lo(seed, position, ref))
+        best_token = ref
+        margin = 4.8828125e-04 + (tl.abs(m) + tl.abs(best)) * 1.9073486328125e-06  # 2^-11 + 2^-19 (|m| + |key|)
+        bar = tl.exp((m - best) + margin)
+        candidate = valid & (cheap <= bar) & (offs != ref)
+        count = tl.sum(tl.sum(candidate.to(tl.int32), axis=1), axis=0)
+        if count > REFINE_LOOP:
+            key = tl.where(candidate, score + gumbel_from_bits(hi, noise_lo(seed, position, offs)), float("-inf"))
+            top = tl.max(tl.max(key, axis=1), axis=0)
+            at = tl.min(tl.min(tl.where(candidate & (key == top), offs, 2147483647), axis=1), axis=0)
+            take = (top > best) | ((top == best) & (at < best_token))
+            best = tl.where(take, top, best)
+            best_token = tl.where(take, at, best_token)
+        else:
+            remaining = candidate
+            for _ in range(count):
+                token = tl.min(tl.min(tl.where(remaining, offs, 2147483647), axis=1), axis=0)
+                pick = offs == token
+                s = tl.max(tl.max(tl.where(pick, score, float("-inf")), axis=1), axis=0)
+                h = tl.max(tl.max(tl.where(pick, hi, 0), axis=1), axis=0)
+                key = s + gumbel_from_bits(h, noise_lo(seed, position, token))
+                take = (key > best) | ((key == best) & (token < best_token))
+                best = tl.where(take, key, best)
+                best_token = tl.where(take, token, best_token)
+                remaining = remaining & (offs != token)
+    return best, best_token
+
+
+@triton.jit(do_not_specialize=["num_blocks"])
+def temperature_block_variant_kernel(logits_ptr, logits_stride, temperature, seed_ptr, position_ptr,
+                                     part_best_ptr, part_token_ptr, num_blocks, vocab_size, CHUNK: tl.constexpr):
+    """The temperature rows' share of the split pass (no penalties): the exp-space variant's partials."""
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    Q: tl.constexpr = CHUNK // 4
+    offs = blk * CHUNK + 4 * tl.arange(0, Q)[:, None] + tl.arange(0, 4)[None, :]
+    in_vocab = offs < vocab_size
+    raw = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + offs, mask=in_vocab, other=float("-inf"))
+    score = tl.where(raw != raw, float("-inf"), raw) / temperature
+    seed = tl.load(seed_ptr + row)
+    position = tl.load(position_ptr + row)
+    hi = noise_hi_quads(seed, position, blk * CHUNK, Q)
+    best, token = exp_space_noisy_argmax(score, offs, hi, seed, position, blk * CHUNK, 8)
+    at = row.to(tl.int64) * num_blocks + blk
+    tl.store(part_best_ptr + at, best)
+    tl.store(part_token_ptr + at, token)
+
+
+@triton.jit(do_not_specialize=["num_blocks"])
+def temperature_block_product_kernel(logits_ptr, logits_stride, temperature, seed_ptr, position_ptr,
+                                     part_best_ptr, part_token_ptr, num_blocks, vocab_size, CHUNK: tl.constexpr):
+    """The same share through the product's `_noisy_chunk_argmax` (the baseline of this comparison)."""
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    offs = blk * CHUNK + tl.arange(0, CHUNK)
+    in_vocab = offs < vocab_size
+    raw = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + offs, mask=in_vocab, other=float("-inf"))
+    score = tl.where(raw != raw, float("-inf"), raw) / temperature
+    seed = tl.load(seed_ptr + row)
+    position = tl.load(position_ptr + row)
+    best, token = _product_noisy_chunk_argmax(score, offs, seed, position, blk * CHUNK, CHUNK)
+    at = row.to(tl.int64) * num_blocks + blk
+    tl.store(part_best_ptr + at, best)
+    tl.store(part_token_ptr + at, token)
+
+
+from runnercheck.impl.kernels.sampling import _noisy_chunk_argmax as _product_noisy_chunk_argmax  # noqa: E402
+
+
+@triton.jit
+def _read_max_kernel(logits_ptr, logits_stride, out_ptr, vocab_size, span, SUB: tl.constexpr):
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    lanes = tl.arange(0, SUB)
+    acc = tl.full([SUB], float("-inf"), tl.float32)
+    start = blk * span
+    stop = tl.minimum(start + span, vocab_size)
+    for first in range(start, stop, SUB):
+        offs = first + lanes
+        acc = tl.maximum(acc, tl.load(logits_ptr + row.to(tl.int64) * logits_stride + offs, mask=offs < stop,
+                                      other=float("-inf")))
+    tl.store(out_ptr + row * tl.num_programs(1) + blk, tl.max(acc, axis=0))
+
+
+def _graph_us(fn, cuda: bool) -> float:
+    from runnercheck.bench.timing import device_time_us
+
+    if not cuda:
+        return device_time_us(fn, cuda=False)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return device_time_us(graph.replay, cuda=True)
+
+
+class GreedyLoop:
+    """The looped all-greedy launch over ``blocks`` spans per row (accumulators at their reset values)."""
+
+    def __init__(self, device: torch.device, rows: int):
+        self.packed = torch.full((rows,), -(2**63), dtype=torch.int64, device=device)
+        self.inf = torch.full((rows,), 2**31 - 1, dtype=torch.int32, device=device)
+        self.flag = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.arrivals = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.tokens = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.flags = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.rows_map = torch.arange(rows, dtype=torch.int32, device=device)
+        self.ones = torch.ones(rows, dtype=torch.float32, device=device)
+        self.zeros = torch.zeros(rows, dtype=torch.float32, device=device)
+        self.dummy_i32 = torch.zeros((rows, 8), dtype=torch.int32, device=device)
+        self.dummy_i64 = torch.zeros((rows, 1), dtype=torch.int64, device=device)
+
+    def __call__(self, logits: torch.Tensor, rows: int, blocks: int, sub: int, warps: int) -> torch.Tensor:
+        vocab = logits.shape[1]
+        span = triton.cdiv(triton.cdiv(vocab, blocks), sub) * sub
+        blocks = triton.cdiv(vocab, span)
+        greedy_loop_kernel[(rows, blocks)](
+            logits, logits.stride(0), self.rows_map, self.ones, self.zeros, self.zeros, self.dummy_i32,
+            self.dummy_i32.stride(0), self.dummy_i32, self.dummy_i32.stride(0), self.dummy_i64, 1, 0,
+            self.packed, self.inf, self.flag, self.arrivals, self.tokens, self.flags, blocks, span, vocab,
+            SUB=sub, num_warps=warps)
+        return self.tokens[:rows]
+
+    def product(self, logits: torch.Tensor, rows: int, chunk: int, warps: int) -> torch.Tensor:
+        """The product's all-greedy launch (`sampling_greedy.greedy_argmax_kernel`) with the same buffers."""
+        vocab = logits.shape[1]
+        blocks = triton.cdiv(vocab, chunk)
+        greedy_argmax_kernel[(rows, blocks)](
+            logits, logits.stride(0), self.rows_map, self.ones, self.zeros, self.zeros, self.dummy_i32,
+            self.dummy_i32.stride(0), self.dummy_i32, self.dummy_i32.stride(0), self.dummy_i64, 1, 0,
+            self.packed, self.inf, self.flag, self.arrivals, self.tokens, self.flags, blocks, vocab,
+            CHUNK=chunk, num_warps=warps)
+        return self.tokens[:rows]
+
+
+def _emit(**fields) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--check-only", action="store_true")
+    args = parser.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    max_rows = max(args.rows)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    logits = torch.randn(max_rows, args.vocab, generator=gen, device=dev) * 3.0
+    seeds = torch.arange(max_rows, dtype=torch.int64, device=dev) * 7919 + 1000
+    positions = torch.arange(max_rows, dtype=torch.int64, device=dev) + 100
+    chunk = 1024 if cuda else 64
+    num_blocks = triton.cdiv(args.vocab, chunk)
+    # correctness first: the variants against the product's partials and torch.argmax
+    loop = GreedyLoop(dev, max_rows)
+    ref_tokens = torch.argmax(logits, dim=1)
+    for blocks, sub, warps in ((4, chunk, 4), (16, chunk, 4), (1, chunk, 8)):
+        got = loop(logits, max_rows, blocks, sub, warps).clone()
+        _emit(check="greedy_loop", blocks=blocks, sub=sub, warps=warps, equal=bool(torch.equal(got, ref_tokens)))
+    _emit(check="greedy_product", equal=bool(torch.equal(loop.product(logits, max_rows, chunk, 4).clone(), ref_tokens)))
+    outs = {}
+    for name, kernel in (("product", temperature_block_product_kernel), ("exp_space", temperature_block_variant_kernel)):
+        best = torch.empty((max_rows, num_blocks), dtype=torch.float32, device=dev)
+        token = torch.empty((max_rows, num_blocks), dtype=torch.int32, device=dev)
+        kernel[(max_rows, num_blocks)](logits, logits.stride(0), 0.8, seeds, positions, best, token, num_blocks,
+                                       args.vocab, CHUNK=chunk, num_warps=4)
+        outs[name] = (best, token)
+    _emit(check="temperature_partials", tokens_equal=bool(torch.equal(outs["product"][1], outs["exp_space"][1])),
+          keys_equal=bool(torch.equal(outs["product"][0], outs["exp_space"][0])))
+    for scale in (0.05, 1.0, 30.0):  # near-flat rows (many candidates) and peaked ones
+        flat = logits * scale
+        for name, kernel in (("product", temperature_block_product_kernel),
+                             ("exp_space", temperature_block_variant_kernel)):
+            kernel[(max_rows, num_blocks)](flat, flat.stride(0), 0.8, seeds, positions, *outs[name], num_blocks,
+                                           args.vocab, CHUNK=chunk, num_warps=4)
+        _emit(check="temperature_partials", scale=scale,
+              tokens_equal=bool(torch.equal(outs["product"][1], outs["exp_space"][1])),
+              keys_equal=bool(torch.equal(outs["product"][0], outs["exp_space"][0])))
+    if args.check_only or not cuda:
+        return 0
+    bw_bytes = None
+    from runnercheck.bench.timing import copy_bandwidth_bytes_per_s
+
+    bw_bytes = copy_bandwidth_bytes_per_s(True)
+    for rows in args.rows:
+        part = logits[:rows]
+        floor = rows * args.vocab * 4 / bw_bytes * 1e6
+        _emit(rows=rows, case="floor", us=floor)
+        _emit(rows=rows, case="torch.argmax", us=_graph_us(lambda: torch.argmax(part, dim=1), True))
+        out = torch.empty((rows, 256), dtype=torch.float32, device=dev)
+        for blocks, sub, warps in ((16, 4096, 8), (8, 4096, 8), (32, 2048, 4)):
+            span = triton.cdiv(triton.cdiv(args.vocab, blocks), sub) * sub
+            nb = triton.cdiv(args.vocab, span)
+            _emit(rows=rows, case="read_max", blocks=nb, sub=sub, warps=warps,
+                  us=_graph_us(lambda: _read_max_kernel[(rows, nb)](part, part.stride(0), out, args.vocab, span,
+                                                                    SUB=sub, num_warps=warps), True))
+        _emit(rows=rows, case="greedy_product", chunk=1024, warps=4,
+              us=_graph_us(lambda: loop.product(logits, rows, 1024, 4), True))
+        for blocks in (1, 2, 4, 8, 16, 32, 74, 148):
+            for sub, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8)):
+                if triton.cdiv(args.vocab, blocks) < sub // 2:
+                    continue
+                _emit(rows=rows, case="greedy_loop", blocks=blocks, sub=sub, warps=warps,
+                      us=_graph_us(lambda: loop(logits, rows, blocks, sub, warps), True))
+        for name, kernel in (("product", temperature_block_product_kernel),
+                             ("exp_space", temperature_block_variant_kernel)):
+            for ch, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8)):
+                nb = triton.cdiv(args.vocab, ch)
+                best = torch.empty((rows, nb), dtype=torch.float32, device=dev)
+                token = torch.empty((rows, nb), dtype=torch.int32, device=dev)
+                _emit(rows=rows, case=f"temperature_block_{name}", chunk=ch, warps=warps,
+                      us=_graph_us(lambda: kernel[(rows, nb)](part, part.stride(0), 0.8, seeds, positions, best, token,
+                                                              nb, args.vocab, CHUNK=ch, num_warps=warps), True))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
