@@ -2,16 +2,15 @@
 
     python -m runnercheck.bench.lab.sampler_variants [--rows 1 8 64 256] [--vocab 151936] [--check-only]
 
-Greedy: the product's all-greedy launch (one program per 1024-token chunk, four atomics each) against a
-looped launch (each program walks a contiguous span in ``SUB``-wide steps keeping a per-lane running
-argmax, one reduction and one set of atomics at the end), over spans per row and warps, next to
-``torch.argmax`` and a plain read of the logits (the floor's kernel).
+Greedy: the product's all-greedy launch (`sampling_greedy`: each program walks a contiguous span in
+``SUB``-wide steps) over spans per row, steps and warps, next to ``torch.argmax`` and a plain read of the
+logits (the floor's kernel).
 
-Temperature: the product's split pass (`sampler_block_kernel`: per token the Gumbel bounds' two logs and
-three divisions) against a pass that bounds keys in exponential space (no logarithm per token: the
-series ``u + u^2/2 + u^3/3 + u^4/4`` bounds ``-log1p(-u)`` from below for every lo word, compared with
-``exp(m - s)``; one reference token's full key sets the bar) and takes the hi words as ``[CHUNK/4, 4]``
-quads (no interleave).  Both must give the same per-chunk (key, token) partials: checked first.
+Temperature: the temperature rows' share of the product's split pass (`sampling._noisy_chunk_argmax`: keys
+bounded in exponential space from the hi words, one reference token's full key as the bar) over chunk and
+warps, against the same bounds on ``[CHUNK/4, 4]`` quads (no interleave) and against two chunks per program
+(both loads issued first).  All must give the same per-chunk (key, token) partials: checked first.
+``--profile`` launches each kernel twice and exits (for ncu).
 
 Prints one JSON line per measurement (device microseconds, CUDA-graph replays).  Not a product feature:
 the lab.
@@ -26,57 +25,7 @@ import triton
 import triton.language as tl
 
 from runnercheck.impl.kernels.rng import gumbel_from_bits, noise_lo, philox4x32, NOISE_STREAM
-from runnercheck.impl.kernels.sampling_greedy import greedy_argmax_kernel, pack_argmax, unpack_token
-from runnercheck.impl.kernels.sampling_select import load_row_scores
-
-
-@triton.jit(do_not_specialize=["num_drafts", "num_blocks", "span"])
-def greedy_loop_kernel(
-    logits_ptr, logits_stride, state_row_ptr, repetition_ptr, frequency_ptr, presence_ptr,
-    prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts,
-    packed_ptr, inf_ptr, flag_ptr, arrivals_ptr, token_out_ptr, flag_out_ptr, num_blocks, span, vocab_size,
-    SUB: tl.constexpr,
-):
-    row = tl.program_id(0)
-    blk = tl.program_id(1)
-    state_row = tl.load(state_row_ptr + row).to(tl.int64)
-    repetition = tl.load(repetition_ptr + state_row)
-    frequency = tl.load(frequency_ptr + state_row)
-    presence = tl.load(presence_ptr + state_row)
-    has_penalty = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
-    start = blk * span
-    stop = tl.minimum(start + span, vocab_size)
-    lanes = tl.arange(0, SUB)
-    best = tl.full([SUB], float("-inf"), tl.float32)
-    best_token = start + lanes
-    bad = tl.zeros([SUB], tl.int32)
-    first_inf = tl.full([SUB], 2147483647, tl.int32)
-    logits_row = logits_ptr + row.to(tl.int64) * logits_stride
-    for first in range(start, stop, SUB):
-        offs = first + lanes
-        in_span = offs < stop
-        score, raw = load_row_scores(logits_row, offs, in_span, 1.0, has_penalty, repetition, frequency, presence,
-                                     prompt_mask_ptr + state_row * prompt_mask_stride,
-                                     counts_ptr + state_row * counts_stride, draft_ptr + row.to(tl.int64) * draft_stride,
-                                     num_drafts, True)
-        better = score > best  # strict: an earlier step (lower token) keeps a tie
-        best = tl.where(better, score, best)
-        best_token = tl.where(better, offs, best_token)
-        bad = tl.maximum(bad, ((raw != raw) | (raw == float("inf"))).to(tl.int32))
-        first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, 2147483647))
-    top = tl.max(best, axis=0)
-    token = tl.min(tl.where(best == top, best_token, 2147483647), axis=0)
-    tl.atomic_max(packed_ptr + row, pack_argmax(top, token))
-    tl.atomic_min(inf_ptr + row, tl.min(first_inf, axis=0))
-    tl.atomic_max(flag_ptr + row, tl.max(bad, axis=0))
-    if tl.atomic_add(arrivals_ptr + row, 1) == num_blocks - 1:
-        tl.store(arrivals_ptr + row, 0)
-        packed = tl.atomic_xchg(packed_ptr + row, tl.full((), -9223372036854775807, tl.int64) - 1)
-        inf_token = tl.atomic_xchg(inf_ptr + row, 2147483647)
-        flagged = tl.atomic_xchg(flag_ptr + row, 0)
-        token = tl.where(inf_token < vocab_size, inf_token, unpack_token(packed))
-        tl.store(token_out_ptr + row, token.to(tl.int64))
-        tl.store(flag_out_ptr + row, flagged)
+from runnercheck.impl.kernels.sampling_greedy import greedy_argmax_kernel
 
 
 @triton.jit
@@ -184,6 +133,31 @@ def temperature_block_product_kernel(logits_ptr, logits_stride, temperature, see
 from runnercheck.impl.kernels.sampling import _noisy_chunk_argmax as _product_noisy_chunk_argmax  # noqa: E402
 
 
+@triton.jit(do_not_specialize=["num_blocks"])
+def temperature_block_pair_kernel(logits_ptr, logits_stride, temperature, seed_ptr, position_ptr,
+                                  part_best_ptr, part_token_ptr, num_blocks, vocab_size, CHUNK: tl.constexpr):
+    """Two chunks per program, both loads issued before either chunk's noise (the same partials)."""
+    row = tl.program_id(0)
+    first = tl.program_id(1) * 2
+    logits_row = logits_ptr + row.to(tl.int64) * logits_stride
+    offs_a = first * CHUNK + tl.arange(0, CHUNK)
+    offs_b = offs_a + CHUNK
+    raw_a = tl.load(logits_row + offs_a, mask=offs_a < vocab_size, other=float("-inf"))
+    raw_b = tl.load(logits_row + offs_b, mask=offs_b < vocab_size, other=float("-inf"))
+    seed = tl.load(seed_ptr + row)
+    position = tl.load(position_ptr + row)
+    best, token = _product_noisy_chunk_argmax(tl.where(raw_a != raw_a, float("-inf"), raw_a) / temperature, offs_a,
+                                              seed, position, first * CHUNK, CHUNK)
+    at = row.to(tl.int64) * num_blocks + first
+    tl.store(part_best_ptr + at, best)
+    tl.store(part_token_ptr + at, token)
+    if first + 1 < num_blocks:
+        best, token = _product_noisy_chunk_argmax(tl.where(raw_b != raw_b, float("-inf"), raw_b) / temperature,
+                                                  offs_b, seed, position, (first + 1) * CHUNK, CHUNK)
+        tl.store(part_best_ptr + at + 1, best)
+        tl.store(part_token_ptr + at + 1, token)
+
+
 @triton.jit
 def _read_max_kernel(logits_ptr, logits_stride, out_ptr, vocab_size, span, SUB: tl.constexpr):
     row = tl.program_id(0)
@@ -217,7 +191,8 @@ def _graph_us(fn, cuda: bool) -> float:
 
 
 class GreedyLoop:
-    """The looped all-greedy launch over ``blocks`` spans per row (accumulators at their reset values)."""
+    """The all-greedy launch (`sampling_greedy.greedy_argmax_kernel`) over ``blocks`` spans per row, any step and
+    warps (accumulators at their reset values)."""
 
     def __init__(self, device: torch.device, rows: int):
         self.packed = torch.full((rows,), -(2**63), dtype=torch.int64, device=device)
@@ -236,22 +211,11 @@ class GreedyLoop:
         vocab = logits.shape[1]
         span = triton.cdiv(triton.cdiv(vocab, blocks), sub) * sub
         blocks = triton.cdiv(vocab, span)
-        greedy_loop_kernel[(rows, blocks)](
+        greedy_argmax_kernel[(rows, blocks)](
             logits, logits.stride(0), self.rows_map, self.ones, self.zeros, self.zeros, self.dummy_i32,
             self.dummy_i32.stride(0), self.dummy_i32, self.dummy_i32.stride(0), self.dummy_i64, 1, 0,
             self.packed, self.inf, self.flag, self.arrivals, self.tokens, self.flags, blocks, span, vocab,
             SUB=sub, num_warps=warps)
-        return self.tokens[:rows]
-
-    def product(self, logits: torch.Tensor, rows: int, chunk: int, warps: int) -> torch.Tensor:
-        """The product's all-greedy launch (`sampling_greedy.greedy_argmax_kernel`) with the same buffers."""
-        vocab = logits.shape[1]
-        blocks = triton.cdiv(vocab, chunk)
-        greedy_argmax_kernel[(rows, blocks)](
-            logits, logits.stride(0), self.rows_map, self.ones, self.zeros, self.zeros, self.dummy_i32,
-            self.dummy_i32.stride(0), self.dummy_i32, self.dummy_i32.stride(0), self.dummy_i64, 1, 0,
-            self.packed, self.inf, self.flag, self.arrivals, self.tokens, self.flags, blocks, vocab,
-            CHUNK=chunk, num_warps=warps)
         return self.tokens[:rows]
 
 
@@ -264,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--check-only", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="one launch each of the temperature split pass and the all-greedy launch at the largest "
+                             "row count, after a warm-up launch (for ncu --launch-skip 1)")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
@@ -274,31 +241,47 @@ def main(argv: list[str] | None = None) -> int:
     positions = torch.arange(max_rows, dtype=torch.int64, device=dev) + 100
     chunk = 1024 if cuda else 64
     num_blocks = triton.cdiv(args.vocab, chunk)
-    # correctness first: the variants against the product's partials and torch.argmax
     loop = GreedyLoop(dev, max_rows)
+    if args.profile:
+        best = torch.empty((max_rows, num_blocks), dtype=torch.float32, device=dev)
+        token = torch.empty((max_rows, num_blocks), dtype=torch.int32, device=dev)
+        for _ in range(2):
+            temperature_block_product_kernel[(max_rows, num_blocks)](logits, logits.stride(0), 0.8, seeds, positions,
+                                                                     best, token, num_blocks, args.vocab, CHUNK=chunk,
+                                                                     num_warps=4)
+            loop(logits, max_rows, 1, 2048 if cuda else chunk, 8)
+        if cuda:
+            torch.cuda.synchronize()
+        return 0
+    # correctness first: the variants against the product's partials and torch.argmax
     ref_tokens = torch.argmax(logits, dim=1)
     for blocks, sub, warps in ((4, chunk, 4), (16, chunk, 4), (1, chunk, 8)):
         got = loop(logits, max_rows, blocks, sub, warps).clone()
         _emit(check="greedy_loop", blocks=blocks, sub=sub, warps=warps, equal=bool(torch.equal(got, ref_tokens)))
-    _emit(check="greedy_product", equal=bool(torch.equal(loop.product(logits, max_rows, chunk, 4).clone(), ref_tokens)))
     outs = {}
-    for name, kernel in (("product", temperature_block_product_kernel), ("exp_space", temperature_block_variant_kernel)):
+    variants = (("product", temperature_block_product_kernel), ("exp_space", temperature_block_variant_kernel),
+                ("pair", temperature_block_pair_kernel))
+    for name, kernel in variants:
         best = torch.empty((max_rows, num_blocks), dtype=torch.float32, device=dev)
         token = torch.empty((max_rows, num_blocks), dtype=torch.int32, device=dev)
-        kernel[(max_rows, num_blocks)](logits, logits.stride(0), 0.8, seeds, positions, best, token, num_blocks,
-                                       args.vocab, CHUNK=chunk, num_warps=4)
+        grid = (max_rows, triton.cdiv(num_blocks, 2) if name == "pair" else num_blocks)
+        kernel[grid](logits, logits.stride(0), 0.8, seeds, positions, best, token, num_blocks, args.vocab, CHUNK=chunk,
+                     num_warps=4)
         outs[name] = (best, token)
-    _emit(check="temperature_partials", tokens_equal=bool(torch.equal(outs["product"][1], outs["exp_space"][1])),
-          keys_equal=bool(torch.equal(outs["product"][0], outs["exp_space"][0])))
+    for name in ("exp_space", "pair"):
+        _emit(check="temperature_partials", variant=name,
+              tokens_equal=bool(torch.equal(outs["product"][1], outs[name][1])),
+              keys_equal=bool(torch.equal(outs["product"][0], outs[name][0])))
     for scale in (0.05, 1.0, 30.0):  # near-flat rows (many candidates) and peaked ones
         flat = logits * scale
-        for name, kernel in (("product", temperature_block_product_kernel),
-                             ("exp_space", temperature_block_variant_kernel)):
-            kernel[(max_rows, num_blocks)](flat, flat.stride(0), 0.8, seeds, positions, *outs[name], num_blocks,
-                                           args.vocab, CHUNK=chunk, num_warps=4)
-        _emit(check="temperature_partials", scale=scale,
-              tokens_equal=bool(torch.equal(outs["product"][1], outs["exp_space"][1])),
-              keys_equal=bool(torch.equal(outs["product"][0], outs["exp_space"][0])))
+        for name, kernel in variants:
+            grid = (max_rows, triton.cdiv(num_blocks, 2) if name == "pair" else num_blocks)
+            kernel[grid](flat, flat.stride(0), 0.8, seeds, positions, *outs[name], num_blocks, args.vocab,
+                         CHUNK=chunk, num_warps=4)
+        for name in ("exp_space", "pair"):
+            _emit(check="temperature_partials", variant=name, scale=scale,
+                  tokens_equal=bool(torch.equal(outs["product"][1], outs[name][1])),
+                  keys_equal=bool(torch.equal(outs["product"][0], outs[name][0])))
     if args.check_only or not cuda:
         return 0
     bw_bytes = None
@@ -317,23 +300,23 @@ def main(argv: list[str] | None = None) -> int:
             _emit(rows=rows, case="read_max", blocks=nb, sub=sub, warps=warps,
                   us=_graph_us(lambda: _read_max_kernel[(rows, nb)](part, part.stride(0), out, args.vocab, span,
                                                                     SUB=sub, num_warps=warps), True))
-        _emit(rows=rows, case="greedy_product", chunk=1024, warps=4,
-              us=_graph_us(lambda: loop.product(logits, rows, 1024, 4), True))
-        for blocks in (1, 2, 4, 8, 16, 32, 74, 148):
-            for sub, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8)):
+        for blocks in (max(1, 256 // rows), max(1, 512 // rows)):
+            for sub, warps in ((2048, 8), (1024, 8), (2048, 16)):
                 if triton.cdiv(args.vocab, blocks) < sub // 2:
                     continue
                 _emit(rows=rows, case="greedy_loop", blocks=blocks, sub=sub, warps=warps,
                       us=_graph_us(lambda: loop(logits, rows, blocks, sub, warps), True))
-        for name, kernel in (("product", temperature_block_product_kernel),
-                             ("exp_space", temperature_block_variant_kernel)):
-            for ch, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8)):
+        for name, kernel in variants:
+            shapes = ((1024, 4), (2048, 4)) if name == "exp_space" else ((512, 2), (512, 4), (1024, 2), (1024, 4),
+                                                                           (1024, 8), (2048, 4))
+            for ch, warps in shapes:
                 nb = triton.cdiv(args.vocab, ch)
                 best = torch.empty((rows, nb), dtype=torch.float32, device=dev)
                 token = torch.empty((rows, nb), dtype=torch.int32, device=dev)
+                grid = (rows, triton.cdiv(nb, 2) if name == "pair" else nb)
                 _emit(rows=rows, case=f"temperature_block_{name}", chunk=ch, warps=warps,
-                      us=_graph_us(lambda: kernel[(rows, nb)](part, part.stride(0), 0.8, seeds, positions, best, token,
-                                                              nb, args.vocab, CHUNK=ch, num_warps=warps), True))
+                      us=_graph_us(lambda: kernel[grid](part, part.stride(0), 0.8, seeds, positions, best, token,
+                                                        nb, args.vocab, CHUNK=ch, num_warps=warps), True))
     return 0
 
 
