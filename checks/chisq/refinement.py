@@ -42,7 +42,8 @@ def _planted_positions(vocab: int, rows: int, seed: int, device: str) -> tuple[t
     while len(found) < rows:
         positions = torch.arange(base, base + batch, device=device).view(-1, 1)
         # the hi words four tokens per Philox call, as `ref_rng.noise_hi` lays them out
-        hi = torch.stack(ref_rng.philox4x32(seed, quads, positions, ref_rng.NOISE_STREAM), dim=-1).flatten(1)[:, :vocab]
+        words = ref_rng.philox4x32(torch.tensor(seed, device=device), quads, positions, ref_rng.NOISE_STREAM)
+        hi = torch.stack(words, dim=-1).flatten(1)[:, :vocab]
         for r, t in torch.nonzero(hi < SMALL_HI).tolist():
             if len(found) < rows and int(ref_rng.noise_lo(seed, base + r, torch.tensor([t]))[0]) >= LARGE_LO:
                 found.append((base + r, t))

@@ -188,14 +188,15 @@ def gumbel_noise(seed, position, token_id):
 def noise_exp_lower(hi):
     """A lower bound on ``E = -log1p(-u)`` (fp32) for every lo word of ``hi``: no logarithm per token.
 
-    ``E = u + u^2/2 + u^3/3 + ...`` (every term positive), so its first four terms at ``u0 = hi 2^-32``
-    (the interval's bottom, below every ``u`` of the hi word) bound it from below; the clamp at
-    ``1 - 2^-24`` only lowers ``u`` where ``E >= 16.6`` exceeds the four terms' 2.08.  The noise is
+    ``E = u + u^2/2 + u^3/3 + ...`` (every term positive), so its first four terms at
+    ``u0 = floor(hi / 2^9) 2^-23 <= hi 2^-32`` (below every ``u`` of the hi word; built from the bits, exact, no
+    int-to-float conversion) bound it from below; the clamp at ``1 - 2^-24`` only lowers ``u`` where
+    ``E >= 16.6`` exceeds the four terms' 2.08.  The noise is
     ``g = -log E``, so a key ``s + g`` is at most ``s - log(e_lo)``; the sampler compares
     ``e_lo exp(m - s)`` across a chunk instead of taking logarithms (docs/SAMPLING.md "RNG contract v2"
-    states the fp32 margins).  ``hi = 0`` (the deep tail) gives 0: such a token is always a candidate.
+    states the fp32 margins).  ``hi < 2^9`` (the deep tail) gives 0: such a token is always a candidate.
     """
-    u0 = hi.to(tl.float32) * 2.3283064365386963e-10
+    u0 = ((hi >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 1.0
     return u0 * (1.0 + u0 * (0.5 + u0 * (0.3333333432674408 + u0 * 0.25)))
 
 

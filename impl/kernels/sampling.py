@@ -99,13 +99,6 @@ def _chunk_argmax(score, offs, vocab_size):
 
 
 @triton.jit
-def _argmin_with_payload(c1, i1, s1, h1, c2, i2, s2, h2):
-    """`tl.reduce` combine: the smaller ``c`` (lower index on ties) with its token, score and hi word."""
-    take = (c2 < c1) | ((c2 == c1) & (i2 < i1))
-    return tl.where(take, c2, c1), tl.where(take, i2, i1), tl.where(take, s2, s1), tl.where(take, h2, h1)
-
-
-@triton.jit
 def _key_bounds(score, valid, hi):
     """``(m, e_lo exp(m - s))``: the chunk's maximum score and, per valid lane, a value that is at most
     ``exp(m - key)`` for every lo word (`noise_exp_lower`); ``inf`` where the lane cannot win."""
@@ -167,11 +160,12 @@ def _noisy_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr)
     hi = noise_hi_chunk(seed, position, start, CHUNK)
     valid = score > float("-inf")
     m, bound = _key_bounds(score, valid, hi)
-    c_ref, ref, s_ref, h_ref = tl.reduce((bound, offs, score, hi), 0, _argmin_with_payload)
+    lowest = tl.min(bound, axis=0)
     best = tl.full((), float("-inf"), tl.float32)
     best_token = tl.full((), 0, tl.int32) + start
-    if c_ref < float("inf"):
-        best = s_ref + gumbel_from_bits(h_ref, noise_lo(seed, position, ref))
+    if lowest < float("inf"):
+        ref = tl.min(tl.where(bound == lowest, offs, 2147483647), axis=0)
+        best = tl.max(tl.where(offs == ref, score, float("-inf")), axis=0) + gumbel_noise(seed, position, ref)
         best_token = ref
         candidate = valid & (bound <= _refinement_bar(m, best)) & (offs != ref)
         best, best_token = _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, 8)
@@ -195,8 +189,10 @@ def sampler_block_kernel(
     score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
                                repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride,
                                counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts)
-    nonfinite = tl.max(((raw != raw) | (raw == float("inf"))).to(tl.int32), axis=0)
-    first_inf = tl.min(tl.where(raw == float("inf"), offs, vocab_size), axis=0)
+    # one reduction for both non-finite facts: the first +inf's index, else a NaN marker, else none
+    bad = tl.min(tl.where(raw == float("inf"), offs, tl.where(raw != raw, 2147483646, 2147483647)), axis=0)
+    nonfinite = (bad < 2147483647).to(tl.int32)
+    first_inf = tl.minimum(bad, vocab_size)
     chunk_max = tl.max(score, axis=0)
     if (temperature != 0.0) & (~filtered):
         seed = tl.load(seed_ptr + state_row)

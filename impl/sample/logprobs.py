@@ -70,6 +70,7 @@ class SelectionConfig:
     slots: int = 32  # per-chunk candidate slots of the split gather (capped at ``candidates``)
     split_candidates: int = 256  # candidates per row of the split gather (capped at ``candidates``)
     split_warps: int = 4
+    block_warps: int = 0  # warps per program of the sampler's first split pass (0: ``split_warps``)
     logprobs_chunk: int = 0  # vocabulary chunk of the logprobs pass (0: ``split_chunk``, the sampler's)
     logprobs_sub: int = 128  # sub-block whose max the logprobs pass keeps (the finish re-reads these)
     logprobs_candidates: int = 128  # per-row entries (and sub-blocks) >= T the logprobs finish takes
@@ -86,6 +87,10 @@ class SelectionConfig:
     @property
     def logprobs_split_chunk(self) -> int:
         return self.logprobs_chunk or self.split_chunk
+
+    @property
+    def block_num_warps(self) -> int:
+        return self.block_warps or self.split_warps
 
     @property
     def logprobs_num_warps(self) -> int:
@@ -134,13 +139,16 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
         # re-read at ~1/60 of the row.  The register cap: the row finish (which the last program of a
         # row runs) would otherwise take 128 registers for every program (too few loads in flight);
         # at 64 only the finish spills.
-        # The all-greedy launch: 2048-token steps of 8 warps, ~256 programs a launch (two per SM).  H100 lab
-        # sweep (`runnercheck.bench.lab.sampler_variants`, one lease): at 256 rows one span per row took 86 us
-        # against 191.8 us for 1024-token programs and 82.1 us for torch.argmax; 4 warps or 4096-token steps
-        # were 2.5x slower; at 1 / 8 / 64 rows the ~256-program spans were the fastest or within 10%.
+        # The first split pass in 2 warps (16 tokens a thread): H100 lab sweep (`runnercheck.bench.lab.sampler_variants`,
+        # one lease) gave the temperature rows' pass 150 us at 256 rows against 179 us in 4 warps (ncu: 92
+        # registers, issue slots 67% busy at 31% occupancy), the same at 1 and 8 rows.  The all-greedy launch:
+        # 2048-token steps of 8 warps, ~256 programs a launch (two per SM): at 256 rows one span per row took 86 us
+        # in the same sweep against 191.8 us for 1024-token programs and 82.1 us for torch.argmax; 4 warps or
+        # 4096-token steps were 2.5x slower; at 1 / 8 / 64 rows the ~256-program spans were fastest or within 10%.
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
                                  logprobs_chunk=4096, logprobs_warps=8, logprobs_sub=128, logprobs_candidates=128,
-                                 logprobs_maxnreg=64, greedy_sub=2048, greedy_warps=8, greedy_programs=256)
+                                 logprobs_maxnreg=64, greedy_sub=2048, greedy_warps=8, greedy_programs=256,
+                                 block_warps=2)
     else:
         config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4, chunk=64, slots=16,
                                  split_warps=1, logprobs_sub=16, logprobs_candidates=32)
