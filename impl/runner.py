@@ -75,7 +75,8 @@ from runnercheck.impl.model.forward import PagedDecoder
 from runnercheck.impl.model.weights import ModelWeights
 from runnercheck.impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
 from runnercheck.impl.sample import LogprobsComputer, Sampler, SamplingState
-from runnercheck.impl.state import AdmissionWriters, RequestStateTable
+from runnercheck.impl.admission import AdmissionWriters
+from runnercheck.impl.state import RequestStateTable
 from runnercheck.impl.step_reader import StepArrays, read_steady_step, read_step
 
 
