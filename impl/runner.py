@@ -7,7 +7,7 @@ there; it uses its own scratch inputs, so it may run before or after capture), `
 runs steps and never captures.  The step's pieces live in their own modules: rows and the host mirror (`runnercheck.impl.state`),
 block tables (`runnercheck.impl.block_table`), the step plan and input buffers (`runnercheck.impl.input_batch`), the
 input-prep and post-update kernels (`runnercheck.impl.kernels`), the model (`runnercheck.impl.model.forward`), sampling
-(`runnercheck.impl.sample`), the output ring (`runnercheck.impl.output`), and a step's device work -- bucketed
+(`runnercheck.impl.sample`), the output ring and step outputs (`runnercheck.impl.output`), and a step's device work -- bucketed
 (`runnercheck.impl.graph_step`) or eager (`runnercheck.impl.eager_step`).
 
 Device work of a step, in one submit order on the one stream: H2D of the staging slot -> staged
@@ -73,7 +73,7 @@ from runnercheck.impl.draft_proposer import DraftModelProposer
 from runnercheck.impl.ngram_proposer import NgramProposer, ProposerConfigError
 from runnercheck.impl.model.forward import PagedDecoder
 from runnercheck.impl.model.weights import ModelWeights
-from runnercheck.impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
+from runnercheck.impl.output import AsyncStepOutput, OutputSlots, ReadyOutput, StepOutputMeta
 from runnercheck.impl.sample import LogprobsComputer, Sampler, SamplingState
 from runnercheck.impl.admission import AdmissionWriters
 from runnercheck.impl.state import RequestStateTable
@@ -102,19 +102,6 @@ class StepStats:
     graph_replayed: bool = False  # the step's device work was one graph replay
     graph_fallback: str | None = None  # why a step with tokens ran eager (`runnercheck.impl.graphs.FALLBACK_REASONS`)
     steady: bool = False  # read by the steady-state reader (`runnercheck.impl.step_reader.read_steady_step`), its plan reused
-
-
-class ReadyOutput:
-    """The output of a step that scheduled no tokens (admissions only): complete at once."""
-
-    def __init__(self, output: ModelRunnerOutput):
-        self._output = output
-
-    def ready(self) -> bool:
-        return True
-
-    def get(self) -> ModelRunnerOutput:
-        return self._output
 
 
 class ModelRunner:
@@ -146,7 +133,6 @@ class ModelRunner:
         # The last accepted decode step and its plan: a steady step repeats both (`read_steady_step`).
         self._last_decode: tuple[StepArrays, StepPlan] | None = None
         self._steady_key: GraphKey | None = None  # set after a bucketed decode step: its steady successors' graph
-        self._output_layouts: dict[tuple[int, ...], OutputLayout] = {}
         self._cuda_graphs = cuda_graphs
         self._capture_sizes = capture_sizes
         self._mixed_sizes = mixed_sizes
@@ -500,12 +486,8 @@ class ModelRunner:
         """The step's output: the D2H into ``slot`` (acquired here when None) and its event."""
         layout = result.get("packed")  # a bucketed step packs itself at its bucket's layout
         if layout is None:
-            shape = (plan.num_reqs, plan.num_sampling_rows, plan.max_num_logprobs, plan.num_prompt_rows, plan.max_num_prompt_logprobs)
-            layout = self._output_layouts.get(shape)
-            if layout is None:  # built once per batch shape (frozen), not per step
-                if len(self._output_layouts) >= 1024:
-                    self._output_layouts.clear()
-                layout = self._output_layouts[shape] = OutputLayout.build(*shape)
+            layout = self.outputs.layout((plan.num_reqs, plan.num_sampling_rows, plan.max_num_logprobs, plan.num_prompt_rows,
+                                          plan.max_num_prompt_logprobs))
         meta = StepOutputMeta(step_id, plan.req_ids, plan.logits_start64, plan.num_logprobs,
                               plan.prompt_requests, plan.prompt_targets, seeds)
         if slot is None:
