@@ -172,7 +172,7 @@ class SamplingField:
 
     Everything that needs the *set* of sampling parameters reads it from that table: `SamplingParams.validate`,
     the per-row device tensors (`runnercheck.impl.sample.state.SamplingState`), the C boundary and admission
-    (handed the table as data: `runnercheck.impl.step_reader.BOUNDARY_RULES`, `runnercheck.impl.state.ADMISSION_FIELDS`),
+    (handed the table as data: `runnercheck.impl.step_reader.BOUNDARY_RULES`, `runnercheck.impl.admission.ADMISSION_FIELDS`),
     the sampler contract, the chi-square binding cases, random churn, coverage and the state machine
     (`runnercheck.stress`).  What a parameter *does* (the kernels', the oracle's and the baseline samplers' code)
     stays code.  docs/EXTENDING.md walks through adding one.

@@ -138,6 +138,19 @@ class AsyncStepOutput:
         self._ring.release(self._slot, self)
 
 
+class ReadyOutput:
+    """The output of a step that scheduled no tokens (admissions only): complete at once.  Holds no slot."""
+
+    def __init__(self, output: ModelRunnerOutput):
+        self._output = output
+
+    def ready(self) -> bool:
+        return True
+
+    def get(self) -> ModelRunnerOutput:
+        return self._output
+
+
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
     # Results usually come with exactly the rows the layout packs: slicing them again costs a torch call.
     return t if t.shape[0] == n else t[:n]
@@ -208,8 +221,20 @@ class OutputSlots:
         # Per layout shape: the pack's field views and the num_sampled slice (host objects over `pack` and
         # `num_sampled`; an eager step would otherwise slice and view ~3 tensors per field every step).
         self._pack_views: dict[tuple[int, int, int, int, int], dict[str, torch.Tensor]] = {}
+        # Per batch shape, its eager step's layout (frozen): built once per shape, not per step (`layout`).
+        self._layouts: dict[tuple[int, int, int, int, int], OutputLayout] = {}
         self._next = 0
         self.num_backpressure_waits = 0
+
+    @hot_path
+    def layout(self, shape: tuple[int, int, int, int, int]) -> OutputLayout:
+        """The layout of a batch of ``shape`` (`OutputLayout.build`'s arguments), built on its first step."""
+        layout = self._layouts.get(shape)
+        if layout is None:
+            if len(self._layouts) >= 1024:
+                self._layouts.clear()
+            layout = self._layouts[shape] = OutputLayout.build(*shape)
+        return layout
 
     @hot_path
     def seek_free(self, slot: int) -> bool:

@@ -4,11 +4,15 @@ Phases are explicit: construction is ``init`` (allocate every persistent buffer)
 (`runnercheck.impl.graphs.CudaGraphManager`: one graph per (capture size, mode), recorded closures on
 cpu/sim), `profile` runs a dummy forward to measure memory (nothing correctness needs happens
 there; it uses its own scratch inputs, so it may run before or after capture), `execute_model`
-runs steps and never captures.  The step's pieces live in their own modules: rows and the host mirror (`runnercheck.impl.state`),
-block tables (`runnercheck.impl.block_table`), the step plan and input buffers (`runnercheck.impl.input_batch`), the
-input-prep and post-update kernels (`runnercheck.impl.kernels`), the model (`runnercheck.impl.model.forward`), sampling
-(`runnercheck.impl.sample`), the output ring (`runnercheck.impl.output`), and a step's device work -- bucketed
-(`runnercheck.impl.graph_step`) or eager (`runnercheck.impl.eager_step`).
+runs steps and never captures.  This module is the step's orchestration; its pieces live in their own modules:
+the limits' checks, staging sizes and the proposer's construction (`runnercheck.impl.runner_config`), rows and the
+host mirror (`runnercheck.impl.state`; the free list's quarantine: `runnercheck.impl.quarantine`; an admission's
+staging into the other owners: `runnercheck.impl.admission`), block tables (`runnercheck.impl.block_table`), the step
+plan and input buffers (`runnercheck.impl.input_batch`), the input-prep and post-update kernels
+(`runnercheck.impl.kernels`), the model (`runnercheck.impl.model.forward`) and its profile forward
+(`runnercheck.impl.model.profile`), sampling (`runnercheck.impl.sample`), the output ring and step outputs
+(`runnercheck.impl.output`), and a step's device work -- bucketed (`runnercheck.impl.graph_step`) or eager
+(`runnercheck.impl.eager_step`).
 
 Device work of a step, in one submit order on the one stream: H2D of the staging slot -> staged
 write applies -> input prep -> forward -> sampler -> post-update -> pack + one D2H into a pinned
@@ -70,24 +74,18 @@ from runnercheck.impl.interface import (
     SchedulerOutput,
 )
 from runnercheck.impl.draft_proposer import DraftModelProposer
-from runnercheck.impl.ngram_proposer import NgramProposer, ProposerConfigError
+from runnercheck.impl.ngram_proposer import NgramProposer
 from runnercheck.impl.model.forward import PagedDecoder
+from runnercheck.impl.model.profile import profile_forward
 from runnercheck.impl.model.weights import ModelWeights
-from runnercheck.impl.output import AsyncStepOutput, OutputLayout, OutputSlots, StepOutputMeta
+from runnercheck.impl.output import AsyncStepOutput, OutputSlots, ReadyOutput, StepOutputMeta
+from runnercheck.impl.runner_config import admission_staging_bytes, check_limits, make_proposer, staging_capacity
 from runnercheck.impl.sample import LogprobsComputer, Sampler, SamplingState
-from runnercheck.impl.state import AdmissionWriters, RequestStateTable
+from runnercheck.impl.admission import AdmissionWriters
+from runnercheck.impl.state import RequestStateTable
 from runnercheck.impl.step_reader import StepArrays, read_steady_step, read_step
 
-
-_INT32_MAX = 2**31 - 1
 _NO_SEEDS: dict[str, int] = {}  # a steady step admits nobody (read-only: `StepOutputMeta` copies it)
-
-# An admission's staged words besides its prompt bitmask and block ids: the row-state diff (3 + 5), the two
-# rows' table entries (3 + 3), the eight sampling-parameter cells (8 x 3 + 9), its count-reset row, alignment.
-_ADMISSION_WORDS = 64
-
-class RunnerConfigError(ValueError):
-    """Limits that do not fit the model or each other (raised at construction)."""
 
 
 @dataclass(frozen=True)
@@ -103,19 +101,6 @@ class StepStats:
     steady: bool = False  # read by the steady-state reader (`runnercheck.impl.step_reader.read_steady_step`), its plan reused
 
 
-class ReadyOutput:
-    """The output of a step that scheduled no tokens (admissions only): complete at once."""
-
-    def __init__(self, output: ModelRunnerOutput):
-        self._output = output
-
-    def ready(self) -> bool:
-        return True
-
-    def get(self) -> ModelRunnerOutput:
-        return self._output
-
-
 class ModelRunner:
     """A vLLM-MRV2-style runner over the built-in paged decoder.  See the module docstring."""
 
@@ -127,7 +112,7 @@ class ModelRunner:
         cuda_graphs: bool = True, capture_sizes: Sequence[int] | None = None, mixed_sizes: Sequence[int] | None = None,
         speculative: NgramConfig | DraftModelConfig | None = None, batch_invariant: bool = False,
     ):
-        _check_limits(weights, limits)
+        check_limits(weights, limits)
         validate_capture_sizes(capture_sizes, limits.max_num_reqs)  # typed errors before anything is allocated
         validate_mixed_sizes(mixed_sizes, limits.max_num_reqs, limits.max_num_batched_tokens)
         self.weights = weights
@@ -145,7 +130,6 @@ class ModelRunner:
         # The last accepted decode step and its plan: a steady step repeats both (`read_steady_step`).
         self._last_decode: tuple[StepArrays, StepPlan] | None = None
         self._steady_key: GraphKey | None = None  # set after a bucketed decode step: its steady successors' graph
-        self._output_layouts: dict[tuple[int, ...], OutputLayout] = {}
         self._cuda_graphs = cuda_graphs
         self._capture_sizes = capture_sizes
         self._mixed_sizes = mixed_sizes
@@ -181,25 +165,13 @@ class ModelRunner:
             max_logit_rows=self.input_batch.max_sampling_rows, max_prompt_rows=self.input_batch.max_prompt_rows,
             max_logprobs=lim.max_logprobs,
         )
-        admission_bytes = 4 * (self.sampling_state.num_mask_words + self.block_table.max_blocks_per_req + _ADMISSION_WORDS)
-        largest_alloc = max(
-            4 * lim.max_num_reqs * self.block_table.max_blocks_per_req,
-            InputBatch.staging_bytes_needed(lim.max_num_reqs, lim.max_num_batched_tokens, lim.max_num_draft_tokens),
-        )
-        capacity = self._staging_bytes or max(1 << 20, 2 * largest_alloc)
-        if capacity < largest_alloc:
-            raise RunnerConfigError(f"staging_bytes {capacity} < {largest_alloc}, the largest per-step staging allocation")
+        admission_bytes = admission_staging_bytes(self.sampling_state.num_mask_words, self.block_table.max_blocks_per_req)
+        capacity = staging_capacity(self._staging_bytes, lim, self.block_table.max_blocks_per_req)
         self.staging = StagingPool(dev, self._staging_slots, capacity)
         self.proposer: NgramProposer | DraftModelProposer | None = None
         if self.speculative is not None:
-            try:
-                if isinstance(self.speculative, DraftModelConfig):
-                    self.proposer = DraftModelProposer(dev, self.speculative, lim, self.weights.config, dtype=self.dtype,
-                                                       sampling_state=self.sampling_state, input_batch=self.input_batch)
-                else:
-                    self.proposer = NgramProposer(dev, self.speculative, lim)
-            except (ProposerConfigError, ValueError) as e:
-                raise RunnerConfigError(f"speculative: {e}") from None
+            self.proposer = make_proposer(dev, self.speculative, lim, self.weights.config, dtype=self.dtype,
+                                          sampling_state=self.sampling_state, input_batch=self.input_batch)
             self.state.history_reads = True  # a proposer reads every row's tokens, its prefill's too, in every step
         graphed = self._cuda_graphs
         draft_model = isinstance(self.proposer, DraftModelProposer)
@@ -219,39 +191,11 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ profile
     def profile(self) -> dict[str, Any]:
-        """A dummy forward over the largest batch, to measure memory.  Uses its own scratch inputs.
-
-        Padding slots (-1) keep the KV cache untouched; nothing here is needed for correctness.
-        """
-        lim, dev = self.limits, self.device
-        num_tokens = min(lim.max_num_batched_tokens, lim.max_model_len)
-        input_ids = dev.zeros(num_tokens, torch.int64)
-        positions = dev.zeros(num_tokens, torch.int64)
-        slot_mapping = dev.full(num_tokens, -1, torch.int64)
-        query_start_loc = dev.zeros(2, torch.int32)
-        seq_lens = dev.zeros(1, torch.int32)
-        block_table = dev.zeros((1, self.block_table.max_blocks_per_req), torch.int32)
-        logits_indices = dev.zeros(min(num_tokens, self.input_batch.max_sampling_rows), torch.int64)
-        if dev.is_cuda:
-            dev.synchronize()
-            torch.cuda.reset_peak_memory_stats(dev.torch_device)
-            before = torch.cuda.memory_allocated(dev.torch_device)
-
-        def dummy() -> None:
-            positions.copy_(torch.arange(num_tokens, device=positions.device))
-            query_start_loc[1] = num_tokens
-            seq_lens[0] = num_tokens
-            self.model.forward(input_ids, positions, slot_mapping, query_start_loc, seq_lens, block_table, logits_indices,
-                               num_reqs=1, num_tokens=num_tokens, max_query_len=num_tokens, max_seq_len=num_tokens)
-
-        started = time.perf_counter()
-        dev.enqueue(dummy, "profile forward")
-        dev.synchronize()
-        report: dict[str, Any] = {"num_tokens": num_tokens, "seconds": time.perf_counter() - started,
-                                  "kv_cache_bytes": 2 * self.model.kv_cache.k.numel() * self.model.kv_cache.k.element_size()}
-        if dev.is_cuda:
-            report["peak_activation_bytes"] = torch.cuda.max_memory_allocated(dev.torch_device) - before
-        return report
+        """A dummy forward over the largest batch, to measure memory (`runnercheck.impl.model.profile`)."""
+        lim = self.limits
+        return profile_forward(self.model, self.device, num_tokens=min(lim.max_num_batched_tokens, lim.max_model_len),
+                               max_blocks_per_req=self.block_table.max_blocks_per_req,
+                               max_logit_rows=self.input_batch.max_sampling_rows)
 
     # ------------------------------------------------------------------ execute
     @hot_path
@@ -499,12 +443,8 @@ class ModelRunner:
         """The step's output: the D2H into ``slot`` (acquired here when None) and its event."""
         layout = result.get("packed")  # a bucketed step packs itself at its bucket's layout
         if layout is None:
-            shape = (plan.num_reqs, plan.num_sampling_rows, plan.max_num_logprobs, plan.num_prompt_rows, plan.max_num_prompt_logprobs)
-            layout = self._output_layouts.get(shape)
-            if layout is None:  # built once per batch shape (frozen), not per step
-                if len(self._output_layouts) >= 1024:
-                    self._output_layouts.clear()
-                layout = self._output_layouts[shape] = OutputLayout.build(*shape)
+            layout = self.outputs.layout((plan.num_reqs, plan.num_sampling_rows, plan.max_num_logprobs, plan.num_prompt_rows,
+                                          plan.max_num_prompt_logprobs))
         meta = StepOutputMeta(step_id, plan.req_ids, plan.logits_start64, plan.num_logprobs,
                               plan.prompt_requests, plan.prompt_targets, seeds)
         if slot is None:
@@ -523,22 +463,6 @@ class ModelRunner:
                       graph_replayed: bool = False, graph_fallback: str | None = None, steady: bool = False) -> None:
         self._last_stats = (step_id, num_reqs, num_tokens, h2d_bytes, self.device.num_enqueued - enqueued_before,
                             time.perf_counter() - started, graph_replayed, graph_fallback, steady)
-
-
-def _check_limits(weights: ModelWeights, limits: RunnerLimits) -> None:
-    cfg = weights.config
-    if limits.vocab_size != cfg.vocab_size:
-        raise RunnerConfigError(f"limits.vocab_size {limits.vocab_size} != model vocab_size {cfg.vocab_size}")
-    if limits.max_model_len > cfg.max_model_len:
-        raise RunnerConfigError(f"limits.max_model_len {limits.max_model_len} > model max_model_len {cfg.max_model_len}")
-    for name in ("max_num_reqs", "max_model_len", "max_num_batched_tokens", "num_kv_blocks", "block_size"):
-        value = getattr(limits, name)
-        if not isinstance(value, int) or value < 1:
-            raise RunnerConfigError(f"limits.{name}={value!r} must be an int >= 1")
-        if value > _INT32_MAX:  # counts and block ids live in int32 device tensors (and `runnercheck.impl.exact_ints` reads them so)
-            raise RunnerConfigError(f"limits.{name}={value} is above {_INT32_MAX}, the int32 range of the device state")
-    if limits.max_num_draft_tokens < 0 or limits.max_logprobs < 0:
-        raise RunnerConfigError("limits.max_num_draft_tokens and limits.max_logprobs must be >= 0")
 
 
 def make_runner(weights: ModelWeights, limits: RunnerLimits, device: Device, base_seed: int = 0, *,

@@ -112,7 +112,7 @@ class StagedWriteGroup:
         self.name = name
         self.members: list[StagedWriteTensor] = []
         # Members with pending diffs, in the order they got them: one list for the group's lifetime, emptied by each
-        # flush (the C twin of an admission appends to it: `runnercheck.impl.state.AdmissionWriters`).
+        # flush (the C twin of an admission appends to it: `runnercheck.impl.admission.AdmissionWriters`).
         self._dirty: list[StagedWriteTensor] = []
         # Single-element writes (`StagedWriteTensor.stage_scalar`) of every member, by element type: destination
         # word -> value, the later write of a cell winning.  Flushed as three arrays, not member by member.
@@ -184,7 +184,7 @@ class StagedWriteGroup:
         len_parts: list[np.ndarray] = []
         word_parts: list[np.ndarray] = []
         dirty = dirty[:]
-        self._dirty.clear()  # the one list, kept (`runnercheck.impl.state.AdmissionWriters` holds it)
+        self._dirty.clear()  # the one list, kept (`runnercheck.impl.admission.AdmissionWriters` holds it)
         for t in dirty:
             words_per, base, cols = t.words_per_element, t.word_offset, t.num_cols
             if t._pending:

@@ -23,9 +23,10 @@ Tensors (owner: `RequestStateTable`; the four questions for each)
 ``prefill_tokens`` -- pinned host ``[max_num_reqs, max_model_len]`` int32, for the table's
     lifetime.  Written by the host only, at admission, into the admitted row; read by the
     input-prep kernel over UVA on CUDA (a plain host tensor on cpu/sim).
-Host-only state: row <-> request id, free list, generation numbers, the last-use step of each row, the rows
-still prefilling and each row's last reading step once it is over, the last planned batch (its ids, rows
-and counts: ``batch_hint``, cleared by every admission and release), and the host mirror -- numpy arrays
+Host-only state: row <-> request id, generation numbers, the last planned batch (its ids, rows and counts:
+``batch_hint``, cleared by every admission and release), the quarantine's (`RowQuarantine`: the free list, the
+last-use step of each row, the rows still prefilling and each row's last reading step once it is over), and the
+host mirror -- numpy arrays
 ``[max_num_reqs]`` indexed by row, owned by the table, written only by its own methods (admission,
 release, `apply_cached`, `append_blocks`, `advance`), each vectorised over the step's rows:
 
@@ -41,25 +42,14 @@ release, `apply_cached`, `append_blocks`, `advance`), each vectorised over the s
 and counts over the live rows: those asking for logprobs, for prompt logprobs, and those sampling with
 temperature > 0 (``num_random_rows``: `all_greedy`), moved at admission and release.
 
-Quarantine: device work enqueued in earlier steps may still read a freed row's pinned prefill
-tokens (the host writes them directly, outside stream order).  A freed row therefore stays out of
-use until the event recorded after the last step that could read them completes.  Input prep reads a
-row's pinned tokens only below its prefill length, so only the rows still prefilling (and, with a
-proposer -- ``history_reads`` -- every scheduled row) are marked used by a step (`mark_step`); a
-decode step of rows past their prefill marks nothing.  Admission only *queries* events and waits
-(counted in ``num_quarantine_waits``) only when every free row is still quarantined.  On cuda and cpu
-it first asks whether the row's last reading step is already known complete -- an output read saw it
-or a later one complete: no CUDA query --, then the newest marked step's marker (once it is complete
-no row is in use), and only then the row's own.  A planned batch's rows get their last-use step
-written only when the next batch comes while the batch's step is not known complete (a completed
-batch is dropped unwritten).
+The free list with its quarantine (when a freed row may be taken again: in-flight steps may still read its
+pinned prefill tokens) is `runnercheck.impl.quarantine.RowQuarantine`, a base of the table; an admission's staging
+into the block table and the sampling state is handed over by `runnercheck.impl.admission.AdmissionWriters`.
 """
 from __future__ import annotations
 
-import sys
-from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -67,27 +57,22 @@ import torch
 from runnercheck.impl import native
 from runnercheck.impl.buffers import StagingWriter
 from runnercheck.impl.staged_writes import StagedWriteGroup, StagedWriteTensor
-from runnercheck.impl.device import Device, DeviceEvent
+from runnercheck.impl.device import Device
 from runnercheck.impl.hotpath import hot_path
-from runnercheck.impl.interface import SAMPLING_FIELDS, CachedRequests, CapacityError, LiveRequest, NewRequest, SamplingParams
+from runnercheck.impl.interface import CachedRequests, LiveRequest, NewRequest, SamplingParams
+from runnercheck.impl.quarantine import RowQuarantine
 from runnercheck.impl.seeds import request_seed
 
 if TYPE_CHECKING:
-    from runnercheck.impl.block_table import BlockTable
-    from runnercheck.impl.sample.state import SamplingState
+    from runnercheck.impl.admission import AdmissionWriters
 
 # `advance_decode`, `append_counts`, `admit_request`, `admit_staged`, `release_request`, `end_prefill_reads`, `admit_row`
 # and `swap_row`: the C twins of `advance`'s no-draft update, `append_blocks`, `admit`'s and `release`'s writes
 # (`_admit_reference`, `_release_reference`), `admit_staged`'s, `_end_prefill_reads` and of the mirror writes inside
 # those references (`impl/native/rows.c`); None: Python only.
 _rows = native.load("rows")
-# The sampling fields as `admit_staged`'s C twin reads them (the interface's table, handed over in the writers once):
-# (name, read as an exact int -- else `float(x)`), in `SamplingState.add_request`'s order.
-ADMISSION_FIELDS: tuple[tuple[str, bool], ...] = tuple((sys.intern(f.name), f.is_int) for f in SAMPLING_FIELDS)
-_seeds = native.load("seeds")  # `derived_seed`, read by `admit_staged`'s C twin (`AdmissionWriters.derive`)
 
 _RELEASED_VALUES = (-1, -1, -1)  # a free row: no generation, no logprobs asked (`RequestStateTable.release`)
-_MAX_PENDING_USES = 64  # `mark_used`: steps whose markers are kept before it asks whether the oldest completed
 
 NUM_COMPUTED = 0
 NUM_TOKENS = 1
@@ -99,29 +84,6 @@ NUM_ROW_FIELDS = 5
 
 class RowStateError(RuntimeError):
     """Internal misuse of the table (freeing an unknown request, admitting a live id)."""
-
-
-@dataclass(frozen=True)
-class AdmissionWriters:
-    """The other owners an admission stages into (`RequestStateTable.admit_staged`), made once by the runner: the
-    block table and the sampling state (in the table's staged-write group, its admissions deferred as records), and
-    ``targets``/``derive`` as the C twin reads them (``derive`` None: no C twin, the owners' methods alone)."""
-
-    block_table: BlockTable
-    sampling_state: SamplingState
-    targets: tuple
-    derive: Callable[[int, str], int] | None
-
-    @staticmethod
-    def of(state: "RequestStateTable", block_table: BlockTable, sampling_state: SamplingState) -> "AdmissionWriters":
-        group = state.row_state.group
-        records = sampling_state.admission_records
-        # The C twin stages into the group's one dirty list and its deferred records: all three in one group.
-        shared = records is not None and block_table.table.group is group and sampling_state.temperature.group is group
-        derive = None if _rows is None or _seeds is None or not shared else _seeds.derived_seed
-        lists = tuple((t, t._pending, t._ragged, t.num_rows, t.num_cols) for t in (state.row_state, block_table.table))
-        return AdmissionWriters(block_table, sampling_state, (*lists, group._dirty, sampling_state, records, ADMISSION_FIELDS),
-                                derive)
 
 
 @dataclass(slots=True)
@@ -137,8 +99,9 @@ class RowInfo:
     is_resumed: bool
 
 
-class RequestStateTable:
-    """Rows, free list with quarantine, generation numbers, the host mirror, per-row device state.
+class RequestStateTable(RowQuarantine):
+    """Rows, generation numbers, the host mirror, per-row device state; the free list with its quarantine from its
+    base (`RowQuarantine`, which owns no tensor).
 
     See the module docstring for the ownership of every tensor and array.
     """
@@ -147,6 +110,7 @@ class RequestStateTable:
                  group: StagedWriteGroup | None = None):
         if max_num_reqs < 1 or max_model_len < 1:
             raise ValueError(f"need max_num_reqs >= 1 and max_model_len >= 1, got {max_num_reqs}, {max_model_len}")
+        RowQuarantine.__init__(self, device, max_num_reqs)  # the free list, its markers and the prefill reads
         self.device = device
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
@@ -177,31 +141,7 @@ class RequestStateTable:
 
         self.req_to_row: dict[str, int] = {}
         self.rows: list[RowInfo | None] = [None] * max_num_reqs
-        self._free: deque[int] = deque(range(max_num_reqs))
-        # Quarantine: the step (a sequence number) that last scheduled each row, and the events
-        # of the steps whose work may still be running (oldest first; completed ones are dropped).
-        self._last_use_seq = np.full(r, -1, np.int64)
-        # The last batch's rows and step, written into `_last_use_seq` only when another batch comes or a
-        # row's step is asked for: a steady step repeats its batch (the same rows array), one int a step.
-        self._batch_rows: np.ndarray | None = None
-        self._batch_seq = -1
-        # Its step's marker, the newest: once it is complete every use is, and the batch need never be written.
-        self._batch_event: DeviceEvent | None = None
-        # A free row's check asks the newest marker first (complete: no look-up).  Not on sim, whose queries run
-        # its lag policy: there the row's own marker is asked, as a seeded replay expects.
-        self._ask_newest_first = device.kind != "sim"
-        self._use_events: deque[tuple[int, DeviceEvent]] = deque()
-        self._use_seq = 0
-        # Rows whose prefill tokens a step may still read: admitted rows until the device's computed count passes
-        # their prefill length (row -> prefill length).  With ``history_reads`` (a proposer reads every row's
-        # tokens) every scheduled row reads them in every step.
-        self._prefilling: dict[int, int] = {}
-        self.history_reads = False
-        # Per row, the marker of the last step that could have read its prefill tokens, once no later one can (set
-        # when its prefill is computed, or at its release): known complete, the free row is out of use.
-        self._reads_over: list[DeviceEvent | None] = [None] * r
         self._next_generation = 0
-        self.num_quarantine_waits = 0
         # The rows of the last planned batch, so `advance` need not look its ids up again (and the reader's
         # `batch_hint`).  Any admission or release clears it, so it never names a row that changed hands.
         self._planned: tuple[Sequence[str], np.ndarray, np.ndarray, np.ndarray] | None = None
@@ -227,10 +167,6 @@ class RequestStateTable:
         return self.num_random_rows == 0
 
     @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
     def live(self) -> dict[str, LiveRequest]:
         """A snapshot of the mirror as `LiveRequest` s (for inspection and the per-request validator; not hot)."""
         return {rid: LiveRequest(int(self.num_tokens[row]), int(self.num_computed[row]), int(self.num_blocks[row]))
@@ -252,41 +188,6 @@ class RequestStateTable:
 
     def generation_of(self, req_id: str) -> int:
         return self.info(req_id).generation
-
-    def _use_event(self, row: int) -> DeviceEvent | None:
-        self._write_batch_uses()
-        events = self._use_events
-        # The kept markers are consecutive steps (dropped from the front only): the row's is found by its offset.
-        i = int(self._last_use_seq[row]) - events[0][0] if events else -1
-        return events[i][1] if 0 <= i < len(events) else None  # else never used, or its step was seen complete
-
-    def is_quarantined(self, row: int) -> bool:
-        if self._ask_newest_first:
-            over = self._reads_over[row]
-            if over is None or over.known_complete():  # its last reading step is over: asks CUDA nothing
-                return False
-            newest = self._batch_event
-            if newest is not None and newest.query():  # in stream order: every use is over
-                return False
-        return any(not event.query() for event in self._last_readers(row))
-
-    def _last_readers(self, row: int) -> list[DeviceEvent]:
-        """The markers after which no step reads ``row``: its own last mark while one is kept (`mark_used`), and, where
-        `mark_step` keeps none (``_ask_newest_first`` without ``history_reads``), the step its prefill reads ended with
-        (``_reads_over``: noted when its prefill is seen computed, or the newest marker at its release -- the step
-        that marked every row then prefilling, itself among them).  Callers wait for or ask each."""
-        readers = [] if (event := self._use_event(row)) is None else [event]
-        if self._ask_newest_first and not self.history_reads and (over := self._reads_over[row]) is not None:
-            readers.append(over)
-        return readers
-
-    def free_rows(self) -> tuple[int, ...]:
-        """The free list in order (quarantined rows included), for inspection."""
-        return tuple(self._free)
-
-    def quarantined_rows(self) -> tuple[int, ...]:
-        """Free rows whose last step has not completed, read without letting a sim device run work."""
-        return tuple(r for r in self._free if any(not event.is_complete() for event in self._last_readers(r)))
 
     def mirror_for(self, sched: object) -> dict[str, LiveRequest]:
         """The mirror as the per-request validator sees it, corrected for draft rejections the scheduler reports.
@@ -431,20 +332,6 @@ class RequestStateTable:
         self.req_to_row[req.req_id] = row
         return [hit, prefill_len, prompt_len, prefill_len, prefill[-1]], num_logprobs >= 0, prompt_logprobs >= 0
 
-    def _take_free_row(self, req_id: str) -> int:
-        if not self._free:
-            raise CapacityError(f"no free row for {req_id!r}: all {self.max_num_reqs} rows are live", req_id=req_id)
-        for i, row in enumerate(self._free):
-            if not self.is_quarantined(row):
-                del self._free[i]
-                return row
-        # Every free row may still be read by in-flight work: wait for the one freed first.
-        row = self._free.popleft()
-        self.num_quarantine_waits += 1
-        for event in self._last_readers(row):
-            event.synchronize()
-        return row
-
     @hot_path
     def apply_cached(self, rows: np.ndarray, num_computed: np.ndarray | None, num_new_blocks: np.ndarray | None) -> None:
         """Adopt the scheduler's (checked) computed counts and appended blocks for the cached ``rows``.
@@ -519,59 +406,6 @@ class RequestStateTable:
         for row in ended:  # usually one row: Python ints, no numpy scalars
             del prefilling[row]
             self._reads_over[row] = self._batch_event
-
-    @hot_path
-    def mark_step(self, rows: np.ndarray, event: DeviceEvent) -> None:
-        """Mark a step's use of the rows whose prefill tokens it may read (before its `advance`): every scheduled
-        row with ``history_reads``; else the rows still prefilling, scheduled or not (a superset is safe).  A step
-        that reads none -- every decode step of rows past their prefill -- records nothing.
-
-        Without ``history_reads``, where a free row's check reads its ``_reads_over`` marker first
-        (``_ask_newest_first``), the step's marker becomes the newest and no per-row mark is kept: each of those rows
-        is marked by every step until its prefill is seen computed or it is released, and both note the newest marker
-        as its last reader (`_end_prefill_reads`, `release`), which is what `_last_readers` answers for it.  On sim
-        every row keeps its own mark, as a seeded replay's queries expect."""
-        if self.history_reads:
-            self.mark_used(rows, event)
-        elif self._prefilling:
-            if self._ask_newest_first:
-                self._batch_event = event
-            else:
-                self.mark_used(list(self._prefilling), event)  # usually one row: a list, no array made
-
-    @hot_path
-    def mark_used(self, rows: Iterable[int] | np.ndarray, event: DeviceEvent) -> None:
-        """Record the event after which the step that scheduled ``rows`` no longer reads them.  ``rows``: an array, or a
-        list the caller hands over (kept as it is until the next batch comes: never changed after)."""
-        events = self._use_events
-        # In stream order: every earlier step is done too.  Only markers known complete are dropped (no CUDA
-        # query a step: a step's output marker is seen complete when it is read); a free row's check asks.
-        while events and events[0][1].known_complete():
-            events.popleft()
-        if len(events) > _MAX_PENDING_USES:  # outputs not read: ask, so the list stays short
-            while events and events[0][1].is_complete():
-                events.popleft()
-        self._use_seq += 1
-        events.append((self._use_seq, event))
-        if rows is not self._batch_rows:  # a planned batch's rows array is never changed after planning
-            if self._batch_rows is not None and self._batch_event.known_complete():
-                self._batch_rows = None  # its uses are over, and older marks point at completed steps too
-            else:
-                self._write_batch_uses()
-            self._batch_rows = rows if type(rows) is list or isinstance(rows, np.ndarray) else np.asarray(rows, dtype=np.int64)
-        self._batch_seq = self._use_seq
-        self._batch_event = event
-
-    def _write_batch_uses(self) -> None:
-        rows = self._batch_rows
-        if rows is not None:
-            if type(rows) is list:  # a few prefilling rows (`mark_step`): cell by cell, no index array
-                last_use, seq = self._last_use_seq, self._batch_seq
-                for row in rows:
-                    last_use[row] = seq
-            else:
-                self._last_use_seq[rows] = self._batch_seq
-            self._batch_rows = None
 
     @hot_path
     def flush(self, writer: StagingWriter) -> None:

@@ -438,7 +438,8 @@ class ChisqCheck:
 
         import torch
 
-        from runnercheck.checks.chisq import run as chisq
+        from runnercheck.checks.chisq import execute as chisq_execute
+        from runnercheck.checks.chisq import plan as chisq_plan
         from runnercheck.checks.chisq import stats
         from runnercheck.checks.chisq.report import SAMPLER_DIED
         from runnercheck.checks.chisq.samplers import sampler_name
@@ -448,15 +449,15 @@ class ChisqCheck:
         device = torch.device("cuda" if _cuda_available() else "cpu")
         fn, isolation = self._sampler(sampler, device)
         convention = _convention(self._config)
-        opts = chisq.RunOptions(quick=quick, samples=samples, seed=seed, alpha=alpha, max_rows_per_call=max_rows_per_call,
+        opts = chisq_plan.RunOptions(quick=quick, samples=samples, seed=seed, alpha=alpha, max_rows_per_call=max_rows_per_call,
                                 isolation=isolation, convention=convention)
         started = time.perf_counter()
-        with chisq.single_threaded_on_cpu(device):
-            results, skipped = chisq.run_cases(fn, selected, opts, device)
+        with chisq_execute.single_threaded_on_cpu(device):
+            results, skipped = chisq_execute.run_cases(fn, selected, opts, device)
         summary = stats.RunSummary(sampler=sampler if isinstance(sampler, str) else sampler_name(fn), device=str(device),
                                    quick=quick, seed=seed, alpha=alpha, correction=opts.correction, tests=results,
                                    skipped=skipped, elapsed_s=time.perf_counter() - started,
-                                   not_run=None if results else chisq.zero_cases_reason(len(selected), len(selected), skipped, opts),
+                                   not_run=None if results else chisq_plan.zero_cases_reason(len(selected), len(selected), skipped, opts),
                                    convention=convention)
         for t in results:
             verdict = "passed" if t.passed else "REJECTED"

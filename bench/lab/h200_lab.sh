@@ -120,8 +120,8 @@ want host_lines_admit && job host_lines_admit 300 bash -c "for reqs in ${LINES_R
   --lines runnercheck.impl.runner:ModelRunner._execute --lines runnercheck.impl.runner:ModelRunner._check --lines runnercheck.impl.step_reader:read_step --lines runnercheck.impl.runner:ModelRunner._update_rows --lines runnercheck.impl.state:RequestStateTable.admit_staged \
   --lines runnercheck.impl.input_batch:plan_step --lines runnercheck.impl.input_batch:InputBatch.stage --lines runnercheck.impl.graphs:CudaGraphManager.select \
   --lines runnercheck.impl.staged_writes:StagedWriteGroup.flush --lines runnercheck.impl.sample.state:SamplingState.flush \
-  --lines runnercheck.impl.runner:ModelRunner._enqueue_output --lines runnercheck.impl.state:RequestStateTable._take_free_row \
-  --lines runnercheck.impl.state:RequestStateTable.is_quarantined --lines runnercheck.impl.state:RequestStateTable._use_event \
+  --lines runnercheck.impl.runner:ModelRunner._enqueue_output --lines runnercheck.impl.quarantine:RowQuarantine._take_free_row \
+  --lines runnercheck.impl.quarantine:RowQuarantine.is_quarantined --lines runnercheck.impl.quarantine:RowQuarantine._use_event \
   --lines runnercheck.impl.device:DeviceEvent.query --lines runnercheck.impl.state:RequestStateTable.release \
   --lines runnercheck.impl.staged_writes:StagedWriteGroup._pack_members --lines runnercheck.impl.state:RequestStateTable.advance || exit 1; done"
 want host_lines_drain && job host_lines_drain 200 bash -c "for churn in 0.01 0; do $hp --reqs 64 --churn \$churn --depth 1 \

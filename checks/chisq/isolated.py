@@ -33,7 +33,7 @@ from runnercheck.checks.chisq.stats import CalibrationResult, TestResult
 
 # The calibration as a unit of a run, beside the matrix cases.
 CALIBRATION = "calibration"
-# ``run_unit(sampler, unit, opts, device, tick, max_rows) -> CaseOutcome``: `runnercheck.checks.chisq.run.run_unit`.
+# ``run_unit(sampler, unit, opts, device, tick, max_rows) -> CaseOutcome``: `runnercheck.checks.chisq.execute.run_unit`.
 UnitRunner = Callable[..., "CaseOutcome"]
 
 
@@ -51,8 +51,9 @@ class CaseOutcome:
 
 
 class RunOptions(Protocol):
-    """The options of `runnercheck.checks.chisq.run.RunOptions` an isolated run reads (a protocol: that module
-    imports this one and hands in its `run_unit`, so this one does not import it back)."""
+    """The options of `runnercheck.checks.chisq.plan.RunOptions` an isolated run reads (a protocol: that module
+    imports this one for `Isolation`, and `runnercheck.checks.chisq.execute` hands in its `run_unit`, so this one
+    imports neither back)."""
 
     quick: bool
     seed: int
@@ -119,7 +120,7 @@ def _child(conn: Any, run_unit: UnitRunner, sampler: Callable | str, units: Sequ
             sampler = load_sampler(sampler)
         device = torch.device(device_type)
         if device.type == "cpu":
-            torch.set_num_threads(1)  # small [rows, V] ops on a shared box (`runnercheck.checks.chisq.run.single_threaded_on_cpu`)
+            torch.set_num_threads(1)  # small [rows, V] ops on a shared box (`runnercheck.checks.chisq.execute.single_threaded_on_cpu`)
         max_rows = rows_per_call_bound(sampler, opts.max_rows_per_call)
 
         def tick(label: str, work: int) -> None:

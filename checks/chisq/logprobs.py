@@ -10,7 +10,7 @@ For every case such a sampler runs, `check_case_logprobs` draws the case once mo
 past the main draws) and reports:
 
 * ``<case>/logprobs`` -- ``exp(logprobs)`` of each row against the exact float64 distribution the run's
-  convention gives (`runnercheck.checks.chisq.run.expected_rows`): every token within
+  convention gives (`runnercheck.checks.chisq.draws.expected_rows`): every token within
   ``PROB_ATOL + PROB_RTOL * p``.  A failure lies outside the multiple-testing family (like a contract
   violation: no p-value) and its note names the worst token and, when one matches, what the logprobs look
   like instead (`ALTERNATIVES`: without the temperature, before the filters, the raw logits).  Greedy rows

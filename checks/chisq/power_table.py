@@ -56,7 +56,7 @@ def _tail_power(p: np.ndarray, q: np.ndarray, tail: range, n: int, alpha: float)
 
 def case_power(case: SamplingCase, bias: str, n: int | None = None, alpha: float = TABLE_ALPHA) -> float:
     """Probability that ``n`` (default: the case's) draws of row 0 from ``bias`` fail the case's tests."""
-    from runnercheck.checks.chisq.run import expected_rows
+    from runnercheck.checks.chisq.draws import expected_rows
 
     n = case.n_samples if n is None else n
     p = expected_rows(case)[0]

@@ -1,4 +1,4 @@
-"""The result records of `runnercheck.checks.chisq.stats` and `runnercheck.checks.chisq.run`: one test, a calibration, a power
+"""The result records of `runnercheck.checks.chisq.stats` and `runnercheck.checks.chisq.execute`: one test, a calibration, a power
 estimate and a whole run, each with the ``to_dict`` the JSON report is written from."""
 from __future__ import annotations
 

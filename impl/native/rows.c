@@ -50,7 +50,7 @@
  *     that would take another staging path (deferred writes, cells pending, a list too long for its row), a
  *     sampling parameter that is not an exact float or int (an int field: an exact int).  ``writers`` (row-state
  *     tensor, block-table tensor, sampling state, its admission records, the sampling fields as (name, is int)
- *     pairs from the interface's table): `impl.state.AdmissionWriters.targets`.
+ *     pairs from the interface's table): `impl.admission.AdmissionWriters.targets`.
  *
  * end_prefill_reads -- `impl.state.RequestStateTable._end_prefill_reads`: the rows of ``prefilling`` (row -> prefill
  *     length) whose computed count less their unconfirmed drafts reaches that length leave it, each noting ``event`` as
@@ -435,7 +435,7 @@ enum { NUM_ROW_STATE_VALUES = 5 };  /* the row-state values an admission stages:
 enum { STAGED_ROW_STATE, STAGED_BLOCKS, STAGED_DIRTY, STAGED_SAMPLING, STAGED_RECORDS, STAGED_FIELDS,
        NUM_STAGED_TARGETS };
 /* The sampling fields come from the interface's table, handed over once in the writers (`STAGED_FIELDS`: a tuple of
- * (name, is int) pairs, `impl.state.ADMISSION_FIELDS`), so nothing here lists them: `SamplingState.add_request`'s
+ * (name, is int) pairs, `impl.admission.ADMISSION_FIELDS`), so nothing here lists them: `SamplingState.add_request`'s
  * values are those fields in that order, each `float(x)` or `int(x)`, then the seed. */
 enum { MAX_SAMPLING_FIELDS = 15 };
 

@@ -7,7 +7,7 @@ For each mutant: build a runner, the oracle and a scheduler for the mutant's `Wo
 mutant, arm the host-sync detector (`runnercheck.checks.detectors.sync.arm_runner`) and the staging-lifetime checker
 (`runnercheck.checks.detectors.lifetime.LifetimeChecker`), and run `runnercheck.stress.run.driver.DifferentialRun` until the first check
 fires or the workload's tick budget is spent (``--quick``: the short budgets).  Sampler mutants
-with a chi-square probe also get the chi-square / tail-mass tests of `runnercheck.checks.chisq.run` on the
+with a chi-square probe also get the chi-square / tail-mass tests of `runnercheck.checks.chisq.draws` on the
 runner's own sampler kernel (`runnercheck.checks.chisq.impl_sampler.ImplSampler` on the run's device).  A check *kills* a mutant when it fires; a
 mutant is killed *as designed* when one of the checks it was built for fired.
 
@@ -148,10 +148,10 @@ def run_invariance(mutant: str, device_kind: str, seed: int) -> CheckRun:
 
 
 def run_chisq(case_key: str, device_kind: str, seed: int, *, mutant: str | None = None, samples: int | None = None) -> CheckRun:
-    """The chi-square / tail-mass tests of `runnercheck.checks.chisq.run`'s probe case ``case_key`` on the runner's sampler."""
-    from runnercheck.checks.chisq import run as chisq
+    """The chi-square / tail-mass tests (`runnercheck.checks.chisq.draws`) of the probe case ``case_key`` on the runner's sampler."""
     from runnercheck.checks.chisq import stats
-    from runnercheck.checks.chisq.cases import power_cases
+    from runnercheck.checks.chisq.cases import case_seed as seed_of, power_cases
+    from runnercheck.checks.chisq.draws import draw, evaluate, expected_rows
     from runnercheck.checks.chisq.impl_sampler import ImplSampler
     from runnercheck.impl.device import Device
 
@@ -163,12 +163,12 @@ def run_chisq(case_key: str, device_kind: str, seed: int, *, mutant: str | None 
     probe = ImplSampler(device, case.vocab_size, rows_per_launch=4096, max_requests=8)
     applied = catalogue.apply(mutant, target=probe) if mutant else None
     try:
-        case_seed, offset = chisq.case_seed(seed, case.name)
-        tokens = chisq.draw(probe, case, seed=case_seed, position_offset=offset, device=device.torch_device)
+        case_seed, offset = seed_of(seed, case.name)
+        tokens = draw(probe, case, seed=case_seed, position_offset=offset, device=device.torch_device)
     finally:
         if applied is not None:
             applied.undo()
-    results = stats.apply_correction(chisq.evaluate(case, tokens, chisq.expected_rows(case), CHISQ_ALPHA), "holm", CHISQ_ALPHA)
+    results = stats.apply_correction(evaluate(case, tokens, expected_rows(case), CHISQ_ALPHA), "holm", CHISQ_ALPHA)
     outcome = CheckRun(ran=["chisq"], seconds=time.perf_counter() - started)
     failed = [r for r in results if not r.passed]
     if failed:

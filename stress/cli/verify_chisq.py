@@ -54,7 +54,7 @@ def run_statistics(out_dir: Path, skip: bool = False, seed: int = 0, *, device: 
         entries = [_run_quick_matrix(chisq, out_dir, seed, runner_sampler, "runner")]
     else:
         entries = [_run_quick_matrix(chisq, out_dir, seed, BASELINE_SAMPLER, "baseline"),
-                   _run_runner_cases(chisq, out_dir, seed, runner_sampler)]
+                   _run_runner_cases(out_dir, seed, runner_sampler)]
     ran = [e for e in entries if e["status"] in ("ran", "error")]
     if not ran:
         return {"status": "not available", "passed": None, "samplers": entries,
@@ -122,13 +122,15 @@ def _result_summary(result: dict) -> str:
     return ", ".join(parts)
 
 
-def _run_runner_cases(chisq: Any, out_dir: Path, seed: int, sampler: Callable | str) -> dict:
+def _run_runner_cases(out_dir: Path, seed: int, sampler: Callable | str) -> dict:
     """`runnercheck.checks.chisq.cases.runner_sampler_cases` on ``sampler`` on CPU, one Holm family, report in DIR/chisq-runner."""
     import torch
 
     try:
         from runnercheck.checks.chisq import stats
-        from runnercheck.checks.chisq.cases import runner_sampler_cases
+        from runnercheck.checks.chisq.cases import case_seed as seed_of, runner_sampler_cases
+        from runnercheck.checks.chisq.draws import draw, evaluate, expected_rows
+        from runnercheck.checks.chisq.plan import DEFAULT_ALPHA
         from runnercheck.checks.chisq.report import write_report as write_chisq_report
         from runnercheck.checks.chisq.samplers import SamplerSpecError, SamplerUnavailableError, load_sampler, sampler_name
     except ImportError as e:
@@ -136,9 +138,6 @@ def _run_runner_cases(chisq: Any, out_dir: Path, seed: int, sampler: Callable | 
                     note=f"the chi-square pieces do not import ({e})")
     cases = runner_sampler_cases()
     entry = _entry(_sampler_label(sampler), "runner", f"{len(cases)} cases x {cases[0].n_samples} draws, interpreted")
-    missing = [f for f in ("case_seed", "draw", "evaluate", "expected_rows") if not callable(getattr(chisq, f, None))]
-    if missing:
-        return dict(entry, status="not available", passed=None, note=f"checks.chisq has no {', '.join(missing)}")
     try:
         fn = load_sampler(sampler) if isinstance(sampler, str) else sampler
     except (SamplerSpecError, SamplerUnavailableError) as e:
@@ -147,7 +146,7 @@ def _run_runner_cases(chisq: Any, out_dir: Path, seed: int, sampler: Callable | 
 
     if sampler == RUNNER_SAMPLER and not impl_sampler_available():
         return dict(entry, status="not available", passed=None, note="runnercheck.impl.sample cannot be imported")
-    alpha = chisq.DEFAULT_ALPHA
+    alpha = DEFAULT_ALPHA
     started = time.perf_counter()
     cpu = torch.device("cpu")
     try:
@@ -156,9 +155,9 @@ def _run_runner_cases(chisq: Any, out_dir: Path, seed: int, sampler: Callable | 
         try:
             results = []
             for case in cases:
-                case_seed, offset = chisq.case_seed(seed, case.name)
-                tokens = chisq.draw(fn, case, seed=case_seed, position_offset=offset, device=cpu)
-                results += chisq.evaluate(case, tokens, chisq.expected_rows(case), alpha)
+                case_seed, offset = seed_of(seed, case.name)
+                tokens = draw(fn, case, seed=case_seed, position_offset=offset, device=cpu)
+                results += evaluate(case, tokens, expected_rows(case), alpha)
         finally:
             torch.set_num_threads(threads)
         stats.apply_correction(results, "holm", alpha)

@@ -8,7 +8,7 @@ rebound: `runnercheck.stress.mutants.kernels`), and names the check(s) built to 
 * ``sync``: the host-sync detector (`runnercheck.checks.detectors.sync.arm_runner`);
 * ``lifetime``: the staging-slot lifetime assertions (`runnercheck.checks.detectors.lifetime.LifetimeChecker`);
 * ``differential``: runner vs the float64 oracle under stress (`runnercheck.stress.run.driver.DifferentialRun`);
-* ``chisq``: chi-square / tail-mass tests of the runner's sampler (`runnercheck.checks.chisq.run`, `runnercheck.checks.chisq.stats`);
+* ``chisq``: chi-square / tail-mass tests of the runner's sampler (`runnercheck.checks.chisq.draws`, `runnercheck.checks.chisq.stats`);
 * ``provenance``: the KV provenance shadow (`runnercheck.checks.detectors.kv_provenance.arm_kv_provenance`);
 * ``csan``: PyTorch's CUDA stream sanitizer (`runnercheck.checks.detectors.csan`), cuda only: unordered accesses between
   streams (`runnercheck.stress.mutants.streams`: device mutants, installed before the runner is built).

@@ -16,6 +16,9 @@ import numpy as np
 import pytest
 import torch
 
+from runnercheck.checks.chisq import draws as chisq_draws
+from runnercheck.checks.chisq import execute as chisq_execute
+from runnercheck.checks.chisq import plan as chisq_plan
 from runnercheck.checks.chisq import run as chisq
 from runnercheck.checks.chisq import cases as chisq_cases
 from runnercheck.checks.chisq import samplers
@@ -233,7 +236,7 @@ def test_plain_adapter_rejects_penalties_and_is_skipped_on_them() -> None:
         samplers.torch_multinomial_sampler(torch.zeros(1, 4), [SamplingParams(presence_penalty=0.5)],
                                            torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
     case = next(c for c in chisq_cases.build_cases(True) if samplers.has_penalties(c.params))
-    assert chisq.sampler_can_run(samplers.torch_multinomial_sampler, case) is not None
+    assert chisq_draws.sampler_can_run(samplers.torch_multinomial_sampler, case) is not None
 
 
 # --------------------------------------------------------------------------- runs
@@ -282,8 +285,8 @@ def test_report_files_are_written_and_valid(quick_run) -> None:
 
 
 def test_plain_pytorch_adapter_passes() -> None:
-    opts = chisq.RunOptions(quick=True, seed=3, calibration=False, power=False)
-    results, skipped = chisq.run_matrix(samplers.torch_multinomial_sampler, opts, torch.device("cpu"), lambda *a: None)
+    opts = chisq_plan.RunOptions(quick=True, seed=3, calibration=False, power=False)
+    results, skipped = chisq_execute.run_matrix(samplers.torch_multinomial_sampler, opts, torch.device("cpu"), lambda *a: None)
     assert all(r.passed for r in results), [r.name for r in results if not r.passed]
     assert {s["case"] for s in skipped} == {c.name for c in chisq_cases.build_cases(True) if samplers.has_penalties(c.params)}
 
@@ -335,7 +338,7 @@ def test_cli_arguments_are_declared() -> None:
 @pytest.mark.parametrize("bias", ["u24-uniform", "fp16-noise"])
 def test_inf_noise_biases_are_rejected_on_cpu(bias: str) -> None:
     """~2e8 token-draws each: +inf noise (2^-24 / 2^-25 per token) shows in a 2^15-token probe."""
-    result = chisq.run_power(chisq.RunOptions(quick=True), torch.device("cpu"), lambda *a: None, biases=[bias])[0]
+    result = chisq_execute.run_power(chisq_plan.RunOptions(quick=True), torch.device("cpu"), lambda *a: None, biases=[bias])[0]
     assert result.power == 1.0
 
 
@@ -345,10 +348,10 @@ def test_inf_noise_biases_are_rejected_on_cpu(bias: str) -> None:
 def test_capped_noise_biases_are_rejected_on_gpu(bias: str) -> None:
     """~1e12 token-draws: noise capped near 21.5 / 22.9 loses most hits of a tail 24 logits down."""
     case, _ = chisq_cases.power_cases()[bias]
-    seed, offset = chisq.case_seed(0, f"power:{bias}")
+    seed, offset = chisq_cases.case_seed(0, f"power:{bias}")
     started = time.perf_counter()
-    tokens = chisq.draw(samplers.planted_sampler(bias), case, seed=seed, position_offset=offset, device=torch.device("cuda"))
-    results = chisq.evaluate(case, tokens, chisq.expected_rows(case), 0.01)
+    tokens = chisq_draws.draw(samplers.planted_sampler(bias), case, seed=seed, position_offset=offset, device=torch.device("cuda"))
+    results = chisq_draws.evaluate(case, tokens, chisq_draws.expected_rows(case), 0.01)
     for r in results:
         print(f"{bias} {r.name}: p={r.p_value:.3g} {r.notes} ({time.perf_counter() - started:.1f} s)")
     assert stats.family_min_p(results) < 0.01
@@ -359,10 +362,10 @@ def test_capped_noise_biases_are_rejected_on_gpu(bias: str) -> None:
 def test_deep_tails_pass_with_the_baseline_on_gpu() -> None:
     sampler = GumbelSampler()
     for case in chisq_cases.deep_tail_cases():
-        seed, offset = chisq.case_seed(0, case.name)
+        seed, offset = chisq_cases.case_seed(0, case.name)
         started = time.perf_counter()
-        tokens = chisq.draw(sampler, case, seed=seed, position_offset=offset, device=torch.device("cuda"))
-        results = chisq.evaluate(case, tokens, chisq.expected_rows(case), 0.01)
+        tokens = chisq_draws.draw(sampler, case, seed=seed, position_offset=offset, device=torch.device("cuda"))
+        results = chisq_draws.evaluate(case, tokens, chisq_draws.expected_rows(case), 0.01)
         for r in results:
             print(f"{r.name}: p={r.p_value:.3g} {r.notes} ({time.perf_counter() - started:.1f} s)")  # for docs/CHISQ.md
         assert all(r.passed for r in results), [(r.name, r.notes) for r in results]

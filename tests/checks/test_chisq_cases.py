@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from runnercheck.checks.chisq import run as chisq
+from runnercheck.checks.chisq import draws as chisq_draws
 from runnercheck.checks.chisq.case import SamplingCase
 from runnercheck.checks.chisq import binding as chisq_binding
 from runnercheck.checks.chisq import cases as chisq_cases
@@ -114,10 +114,10 @@ def test_moves_are_one_token_at_the_filters_own_boundary() -> None:
 
 
 def _rejects(bias: str, case: SamplingCase, n: int) -> float:
-    seed, offset = chisq.case_seed(0, f"test:{bias}:{case.name}")
-    tokens = chisq.draw(samplers.planted_sampler(bias), case, seed=seed, position_offset=offset,
+    seed, offset = chisq_cases.case_seed(0, f"test:{bias}:{case.name}")
+    tokens = chisq_draws.draw(samplers.planted_sampler(bias), case, seed=seed, position_offset=offset,
                         device=torch.device("cpu"), n_samples=n)
-    return stats.family_min_p(chisq.evaluate(case, tokens, chisq.expected_rows(case), 0.01))
+    return stats.family_min_p(chisq_draws.evaluate(case, tokens, chisq_draws.expected_rows(case), 0.01))
 
 
 def _min_p_cases_off_temperature_1() -> list[SamplingCase]:

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from runnercheck.checks.chisq import power_table as pt
-from runnercheck.checks.chisq import run as chisq
+from runnercheck.checks.chisq import draws as chisq_draws
+from runnercheck.checks.chisq import execute as chisq_execute
 from runnercheck.checks.chisq.cases import coarse_probe_cases, power_cases
 from runnercheck.checks.chisq.planted_cdf import InverseCdfSampler
 from runnercheck.checks.chisq.samplers import planted_sampler
@@ -34,13 +35,13 @@ def test_quick_mode_cannot_detect_them_and_the_full_probes_can() -> None:
 
 
 def _rejects(sampler, case, seed) -> bool:
-    tokens = chisq.draw(sampler, case, seed=seed, position_offset=0, device=torch.device("cpu"))
-    return min(r.p_value for r in chisq.evaluate(case, tokens, chisq.expected_rows(case), 0.01)) < 0.01 / 2
+    tokens = chisq_draws.draw(sampler, case, seed=seed, position_offset=0, device=torch.device("cpu"))
+    return min(r.p_value for r in chisq_draws.evaluate(case, tokens, chisq_draws.expected_rows(case), 0.01)) < 0.01 / 2
 
 
 def test_sixteen_bit_uniforms_are_rejected_and_full_precision_passes() -> None:
     case = PROBES["u16-probe-4096-v4097"]
-    with chisq.single_threaded_on_cpu(torch.device("cpu")):
+    with chisq_execute.single_threaded_on_cpu(torch.device("cpu")):
         assert _rejects(planted_sampler("u16-uniform"), case, seed=3)
         assert not _rejects(InverseCdfSampler(), case, seed=3)
 
@@ -50,7 +51,7 @@ def test_fp16_probabilities_are_rejected_in_full_mode_on_cuda() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     case = PROBES["fp16-probe-65536-v65537"]
-    tokens = chisq.draw(planted_sampler("fp16-probabilities"), case, seed=1, position_offset=0, device=torch.device("cuda"))
-    assert min(r.p_value for r in chisq.evaluate(case, tokens, chisq.expected_rows(case), 0.01)) < 0.005
-    tokens = chisq.draw(InverseCdfSampler(), case, seed=1, position_offset=0, device=torch.device("cuda"))
-    assert min(r.p_value for r in chisq.evaluate(case, tokens, chisq.expected_rows(case), 0.01)) >= 0.005
+    tokens = chisq_draws.draw(planted_sampler("fp16-probabilities"), case, seed=1, position_offset=0, device=torch.device("cuda"))
+    assert min(r.p_value for r in chisq_draws.evaluate(case, tokens, chisq_draws.expected_rows(case), 0.01)) < 0.005
+    tokens = chisq_draws.draw(InverseCdfSampler(), case, seed=1, position_offset=0, device=torch.device("cuda"))
+    assert min(r.p_value for r in chisq_draws.evaluate(case, tokens, chisq_draws.expected_rows(case), 0.01)) >= 0.005

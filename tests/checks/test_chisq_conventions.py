@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from runnercheck.checks.chisq import run as chisq
+from runnercheck.checks.chisq import draws as chisq_draws
+from runnercheck.checks.chisq import execute as chisq_execute
+from runnercheck.checks.chisq import plan as chisq_plan
+from runnercheck.checks.chisq import samplers as chisq_samplers
 from runnercheck.checks.chisq.binding import case_problems
 from runnercheck.checks.chisq.cases import build_cases, top_p_ties_case
 from runnercheck.checks.chisq.conventions import (
@@ -46,9 +49,9 @@ def _cases(names):
 
 
 def _run(sampler, names, convention):
-    opts = chisq.RunOptions(quick=True, seed=5, convention=convention)
-    with chisq.single_threaded_on_cpu(torch.device("cpu")):
-        results, skipped = chisq.run_cases(sampler, _cases(names), opts, torch.device("cpu"))
+    opts = chisq_plan.RunOptions(quick=True, seed=5, convention=convention)
+    with chisq_execute.single_threaded_on_cpu(torch.device("cpu")):
+        results, skipped = chisq_execute.run_cases(sampler, _cases(names), opts, torch.device("cpu"))
     assert not skipped
     return results
 
@@ -60,7 +63,7 @@ def test_every_shipped_convention_has_a_sampler_and_separating_cases() -> None:
 
 def test_contract_is_the_reference_oracle_on_the_whole_quick_catalogue() -> None:
     for case in build_cases(quick=True):
-        expected = chisq.expected_rows(case)
+        expected = chisq_draws.expected_rows(case)
         for j in range(case.rows):
             got = convention_distribution(case.logits[j], case.params, CONTRACT, case.history.prompt_ids,
                                           case.history.output_ids)
@@ -104,7 +107,7 @@ def test_transformers_failure_says_top_p_is_measured_before_min_p(tmp_path) -> N
 
 
 def test_a_correct_sampler_failing_nowhere_gets_no_diagnosis() -> None:
-    results = _run(chisq.load_sampler("gumbel"), ("top-p-ties-v16", "bind-p-slack-k-t0.6-v32"), "contract")
+    results = _run(chisq_samplers.load_sampler("gumbel"), ("top-p-ties-v16", "bind-p-slack-k-t0.6-v32"), "contract")
     assert all(t.passed and t.diagnosis is None for t in results)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from runnercheck.checks.chisq import plan as chisq_plan
 from runnercheck.checks.chisq import run as chisq
 from runnercheck.checks import loader
 from runnercheck.checks.chisq import samplers
@@ -172,7 +173,7 @@ def test_the_cases_after_a_crash_still_run(user_dir: Path) -> None:
     ran = [t["name"] for t in tests if t["kind"] != "crash"]
     assert crashed == ["temperature-0.5-v97/crash"]
     assert ran and all(t["passed"] for t in tests if t["kind"] != "crash"), ran
-    names = [c.name for c in chisq.matching_cases(chisq.RunOptions(quick=True, case_filter="temperature-"))]
+    names = [c.name for c in chisq_plan.matching_cases(chisq_plan.RunOptions(quick=True, case_filter="temperature-"))]
     assert names.index("temperature-0.5-v97") < len(names) - 1  # a case after the crash was tested
 
 

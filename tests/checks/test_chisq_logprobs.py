@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from runnercheck.checks.chisq import run as chisq
+from runnercheck.checks.chisq import execute as chisq_execute
+from runnercheck.checks.chisq import plan as chisq_plan
 from runnercheck.checks.chisq.cases import build_cases
 from runnercheck.checks.chisq.logprobs import SamplerLogprobsError, check_logprobs_output, returns_logprobs
 from runnercheck.checks.chisq.samplers import GumbelSampler, TokenHistory
@@ -54,8 +55,8 @@ def wrong_shape_sampler(logits, params, seeds, positions, *, return_logprobs=Fal
 
 
 def _run(sampler, names, samples=3000):
-    opts = chisq.RunOptions(quick=True, samples=samples, calibration=False, power=False, spec=False)
-    return chisq.run_cases(sampler, [_CASES[n] for n in names], opts, CPU)
+    opts = chisq_plan.RunOptions(quick=True, samples=samples, calibration=False, power=False, spec=False)
+    return chisq_execute.run_cases(sampler, [_CASES[n] for n in names], opts, CPU)
 
 
 def test_logprobs_that_describe_the_draws_pass():

@@ -6,6 +6,9 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from runnercheck.checks.chisq import draws as chisq_draws
+from runnercheck.checks.chisq import execute as chisq_execute
+from runnercheck.checks.chisq import plan as chisq_plan
 from runnercheck.checks.chisq import run as chisq
 from runnercheck.checks.junit import JUnitCase, write_junit
 from runnercheck.checks.chisq.report import junit_cases, write_chisq_junit
@@ -19,15 +22,15 @@ def _times(path: Path) -> dict[str, float]:
 
 
 def test_chisq_cases_carry_their_own_wall_time(tmp_path: Path, monkeypatch) -> None:
-    real_draw = chisq.draw
+    real_draw = chisq_draws.draw
 
     def slow_for_one_case(sampler, case, **kwargs):  # a sampler that is slow on one case only
         if case.name == SLOW_CASE:
             time.sleep(SLOW_S)
         return real_draw(sampler, case, **kwargs)
 
-    monkeypatch.setattr(chisq, "draw", slow_for_one_case)
-    opts = chisq.RunOptions(quick=True, device="cpu", samples=300, case_filter="temperature-", calibration_runs=2,
+    monkeypatch.setattr(chisq_execute, "draw", slow_for_one_case)  # where the run looks it up
+    opts = chisq_plan.RunOptions(quick=True, device="cpu", samples=300, case_filter="temperature-", calibration_runs=2,
                             power_repeats=1, biases=("temperature-twice",), spec=False)
     summary = chisq.run_all(load_sampler("torch"), opts, show_progress=False)
     times = _times(write_chisq_junit(tmp_path / "chisq.xml", summary))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from runnercheck.checks.chisq import run as chisq
+from runnercheck.checks.chisq import cases as chisq_cases
 from runnercheck.checks.chisq.sampler_contract import (
     SamplerContractError, SamplerLimitError, check_sampler_output, declared_unsupported, rows_per_call_bound,
 )
@@ -212,7 +212,7 @@ def test_junit_has_one_case_per_test_with_rejections_and_seeds(tmp_path) -> None
     assert failure is not None and "top-k-10-v97 rejected (chisq): adjusted p = 0" in failure.get("message")
     assert cases["top-p-v97"].find("failure") is None
     props = {p.get("name"): p.get("value") for p in cases["top-k-10-v97"].iter("property")}
-    assert props["case_seed"] == str(chisq.case_seed(0, "top-k-10-v97")[0]) and props["run_seed"] == "0"
+    assert props["case_seed"] == str(chisq_cases.case_seed(0, "top-k-10-v97")[0]) and props["run_seed"] == "0"
     assert int(suite.get("failures")) == sum(not t["passed"] for t in report["tests"]) >= 1
 
 

@@ -222,7 +222,7 @@ def _cuda_decode_runner():
 def test_unread_outputs_keep_the_rows_use_list_short():
     """`mark_used` drops only markers known complete (no CUDA query); with no output read by the caller its list
     of steps in flight must still stay bounded."""
-    from runnercheck.impl.state import _MAX_PENDING_USES
+    from runnercheck.impl.quarantine import _MAX_PENDING_USES
 
     runner, work = _cuda_decode_runner()
     outputs = [runner.execute_model(work.next_step()) for _ in range(_MAX_PENDING_USES + 40)]

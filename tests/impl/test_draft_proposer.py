@@ -29,7 +29,8 @@ from runnercheck.impl.interface import (
     SchedulerOutput,
 )
 from runnercheck.impl.model.weights import DraftVocabMismatchError, preset, random_weights
-from runnercheck.impl.runner import ModelRunner, RunnerConfigError
+from runnercheck.impl.runner import ModelRunner
+from runnercheck.impl.runner_config import RunnerConfigError
 from runnercheck.impl.sample import SamplingState
 from runnercheck.impl.sample.probs import filtered_probs
 from test_sampler_harness import LogitRow, RowRequest, admit, logit_row_tensors

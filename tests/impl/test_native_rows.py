@@ -23,7 +23,8 @@ from runnercheck.impl.interface import NewRequest, SamplingParams, effective_see
 from runnercheck.impl.block_table import BlockTable
 from runnercheck.impl.sample.state import SamplingState
 from runnercheck.impl.staged_writes import StagedWriteGroup
-from runnercheck.impl.state import AdmissionWriters, RequestStateTable
+from runnercheck.impl.admission import AdmissionWriters
+from runnercheck.impl.state import RequestStateTable
 from test_native import _planted
 
 rows_module = native.load("rows")

@@ -123,7 +123,7 @@ def test_the_hand_list_scan_finds_a_hand_list(tmp_path, monkeypatch):
 def test_every_reader_s_field_set_is_the_table_s():
     from runnercheck.checks.chisq import binding as chisq_binding
     from runnercheck.checks.chisq import sampler_contract
-    from runnercheck.impl import state as state_module
+    from runnercheck.impl import admission
     from runnercheck.impl import step_reader
     from runnercheck.stress.sim import churn
     from runnercheck.stress.run import coverage
@@ -131,7 +131,7 @@ def test_every_reader_s_field_set_is_the_table_s():
     names = set(SAMPLING_FIELD_NAMES)
     assert set(sampler_contract.PARAM_FIELDS) == names
     assert set(chisq_binding.FILTERS) | {"temperature"} == names
-    assert {name for name, _ in state_module.ADMISSION_FIELDS} == names
+    assert {name for name, _ in admission.ADMISSION_FIELDS} == names
     assert {rule[0] for rule in step_reader.BOUNDARY_RULES} == names
     labels = {f.label for f in SAMPLING_FIELDS if f.stage != "temperature"}
     assert set(coverage._KNOBS) == labels and set(churn._KNOBS) == labels
@@ -180,7 +180,7 @@ from runnercheck.checks.chisq import binding as chisq_binding
 from runnercheck.checks.chisq import sampler_contract
 from runnercheck.impl.device import Device
 from runnercheck.impl.sample.state import SamplingState
-from runnercheck.impl import step_reader, state as state_module
+from runnercheck.impl import admission, step_reader
 from runnercheck.stress.sim import churn
 from runnercheck.stress.run import coverage
 
@@ -197,7 +197,7 @@ state._stage_admission = lambda row, values, prompt: staged.append(values)
 state.add_request(1, FakeParams(typical_p=0.25, top_k=4), 3, [1, 2])
 out["admission"] = list(staged[0])
 out["kernel_params"] = [len(group) for group in state.kernel_params()]
-out["admission_fields"] = [name for name, _ in state_module.ADMISSION_FIELDS]
+out["admission_fields"] = [name for name, _ in admission.ADMISSION_FIELDS]
 out["boundary_rules"] = [rule[0] for rule in step_reader.BOUNDARY_RULES]
 out["in_use"] = sorted(sampler_contract.params_in_use(FakeParams(typical_p=0.5, top_k=3)))
 def sampler(*args, **kwargs):

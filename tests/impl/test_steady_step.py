@@ -191,7 +191,7 @@ def test_every_step_with_tokens_passes_through_the_device_step_hook():
 def test_limits_past_int32_are_refused_before_anything_is_allocated():
     """Counts and block ids live in int32 device tensors, and the steady reader compares the scheduler's
     counts with the mirror's as int32 (`runnercheck.impl.exact_ints`): a limit past that range is a config error."""
-    from runnercheck.impl.runner import RunnerConfigError
+    from runnercheck.impl.runner_config import RunnerConfigError
 
     too_many_blocks = dataclasses.replace(LIMITS, num_kv_blocks=2**31)
     with pytest.raises(RunnerConfigError, match="int32"):

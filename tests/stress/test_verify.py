@@ -232,6 +232,8 @@ def test_statistics_verdict_decides(tmp_path: Path, monkeypatch, run_quick, stat
     fake = types.ModuleType("runnercheck.checks.chisq.run")
     fake.run_quick = run_quick
     monkeypatch.setitem(sys.modules, "runnercheck.checks.chisq.run", fake)
+    # Nor do the runner cases' pieces import (on cpu): the verdict is the fake `run_quick`'s alone.
+    monkeypatch.setitem(sys.modules, "runnercheck.checks.chisq.draws", None)
     section = verify.run_chisq(tmp_path)
     assert (section["status"], section["passed"]) == (status, passed)
     doc = build_summary([_record()], section, device="sim", seed=0, runner="r:f", model="micro", quick=True, elapsed_s=1.0)
