@@ -32,7 +32,6 @@ from runnercheck.impl.kernels.interpreted_memory import (
     MEMORY_FAULT_HOOKS,
     KernelMemoryError,
     check_interpreted_memory,
-    claim_fault,
 )
 
 _log = logging.getLogger(__name__)
@@ -66,7 +65,6 @@ class _ArmedMemory:
         self.faults: list[str] = []
         self.count = 0
         if interpreted:
-            claim_fault()  # a fault of an earlier run in this process is not this run's
             MEMORY_FAULT_HOOKS.append(self._record)
 
     def _record(self, error: KernelMemoryError) -> None:

@@ -142,6 +142,7 @@ class DifferentialRun:
         """Run ``ticks`` scheduler ticks (at most one step each), then deliver what is in flight."""
         result = RunResult()
         started = time.perf_counter()
+        claim_fault()  # a memory fault raised before this run (an earlier run in this process) is not this run's
         sched_sim = self.scheduler
         stopped = False
         for tick in range(ticks):

@@ -143,6 +143,17 @@ def test_runner_exception_is_recorded_as_a_divergence(micro) -> None:
     assert "kernel launch failed" in result.runner_traceback
 
 
+def test_a_memory_fault_of_an_earlier_run_is_not_this_runs(micro, monkeypatch) -> None:
+    """A fault left unclaimed by an earlier run in the process (a test that planted one without a run) must not
+    turn this run's plain runner error into a kernel-memory divergence."""
+    import runnercheck.impl.kernels.interpreted_memory as memory
+
+    stale = memory.KernelMemoryError("earlier_kernel", "load", 0, 4, 1, 1, None)
+    monkeypatch.setattr(memory, "_UNCLAIMED", [stale])
+    test_runner_exception_is_recorded_as_a_divergence(micro)
+    assert memory.claim_fault() is None
+
+
 def test_runner_spec_resolution() -> None:
     assert load_runner_factory("runnercheck.stress.run.runners:simple_runner") is simple_runner
     for bad in ("runnercheck.stress.run.runners", "no_such_mod:f", "runnercheck.stress.run.runners:nope", ":x"):
