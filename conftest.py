@@ -7,6 +7,7 @@ xdist worker is pinned to one of several visible GPUs (`runnercheck.stress.gpu_w
 from __future__ import annotations
 
 import os
+import re
 
 # Before anything can initialise CUDA: an xdist worker keeps one of several visible GPUs.
 import runnercheck.stress.gpu_workers  # noqa: E402,F401
@@ -75,7 +76,63 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# The CPU suite's longest tests: seconds of one `-n 2 --durations` run of `tests` on the 2-core box (a loaded one:
+# only their ratios matter).  They start first, spread over the xdist workers, so that the short tests fill the
+# end of the run: in collection order they came last (tests/stress) and one worker idled while the other finished
+# a three-minute test.  A test missing here only runs in its collection place.
+RUN_FIRST: dict[str, float] = {
+    "tests/stress/test_mutants.py::test_quick_sim_run_kills_every_cpu_mutant_as_designed": 608,
+    "tests/stress/test_machine.py::TestRunnerMachine::runTest": 395,
+    "tests/stress/test_verify.py::test_quick_job_on_sim_passes_and_writes_a_valid_report": 130,
+    "tests/stress/test_invariance.py::test_the_builtin_runner_passes_on_sim": 112,
+    "tests/impl/test_mixed_graphs.py::test_mixed_batches_replay_one_graph_and_match_the_unpadded_eager_step": 107,
+    "tests/checks/test_chisq.py::test_shards_partition_the_matrix_and_the_biases_and_shard_0_keeps_the_calibration": 104,
+    "tests/stress/test_mutants.py::test_chisq_on_the_runners_sampler_kills_temperature_twice_with_a_clean_probe_control": 93,
+    "tests/impl/test_mixed_graphs.py::test_a_mixed_step_whose_padding_tokens_keep_stale_slots_is_caught": 79,
+    "tests/plugin/test_pytest_plugin.py::test_invariance_fixture_passes_our_runner_and_fails_a_batch_dependent_one": 72,
+    "tests/plugin/test_pytest_plugin.py::test_user_file_checks_builtin_runner_and_own_sampler_with_junit": 65,
+    "tests/stress/test_cli.py::test_stress_with_the_draft_model_proposer_reports_its_acceptance": 65,
+    "tests/impl/test_mixed_graphs.py::test_a_mixed_step_above_the_largest_mixed_size_runs_eager": 58,
+    "tests/stress/test_targeted_delays.py::test_a_targeted_sim_run_passes_and_reaches_every_target": 57,
+    "tests/impl/test_lanes.py::test_a_mirror_that_drifts_from_the_counter_is_wrong_tokens": 57,
+    "tests/impl/test_lanes.py::test_fused_steps_agree_with_unfused_ones_and_the_mirror_tracks_the_counter": 56,
+    "tests/stress/test_invariance.py::test_cli_passes_and_reports_a_mutant": 52,
+}
+
+
+def _start_the_longest_first(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Reorder ``items`` (the same way on every worker, as xdist requires) so each worker's first share holds its
+    part of `RUN_FIRST`, longest first to the least loaded worker.
+
+    xdist's ``load`` scheduler first hands each worker a run of consecutive items, ``max(2, min(N // workers // 4,
+    maxschedchunk))`` of them; the rest go out as workers drain.  Outside xdist (or another ``--dist``) the longest
+    tests only move to the front, which changes nothing but the order.
+    """
+    heavy = sorted((i for i in items if i.nodeid in RUN_FIRST), key=lambda i: -RUN_FIRST[i.nodeid])
+    if not heavy:
+        return
+    rest = [i for i in items if i.nodeid not in RUN_FIRST]
+    workerinput = getattr(config, "workerinput", None)  # a worker's own ``dist`` option reads "no": ask the main argv
+    argv = " ".join(workerinput.get("mainargv", [])) if workerinput else ""
+    other_dist = "--dist" in argv and not re.search(r"--dist[= ]load(\s|$)", argv)
+    workers = int(workerinput["workercount"]) if workerinput and not other_dist else 1
+    chunk = max(2, min(len(items) // workers // 4, config.getoption("maxschedchunk", None) or len(items)))
+    loads, shares = [0.0] * workers, [[] for _ in range(workers)]
+    for item in heavy:
+        w = loads.index(min(loads))
+        shares[w].append(item)
+        loads[w] += RUN_FIRST[item.nodeid]
+    order: list[pytest.Item] = []
+    for share in shares:
+        fill = max(0, chunk - len(share)) if workers > 1 else 0
+        order += share + rest[:fill]
+        rest = rest[fill:]
+    items[:] = order + rest
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` deselected: xdist's shares are counted on the items that run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _start_the_longest_first(config, items)
     if _cuda_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
