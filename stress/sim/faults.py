@@ -138,9 +138,10 @@ class LogitsFault:
         # The tie value is read before any row is rewritten (a tie row is otherwise untouched, so finite).
         top = logits.amax(dim=-1)
         tied = torch.stack([cols, (cols + _TIE_STRIDE) % vocab, (cols + 2 * _TIE_STRIDE) % vocab], dim=1)
-        alternating = torch.where(torch.arange(vocab, device=logits.device) % 2 == 0,
-                                  torch.tensor(float("nan"), dtype=logits.dtype, device=logits.device),
-                                  torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+        # Filled on the device: a ``torch.tensor(value, device=cuda)`` is a pageable copy, a host sync that a
+        # graph capture refuses (the faults run inside the runner's captured sample op).
+        alternating = torch.full((vocab,), float("-inf"), dtype=logits.dtype, device=logits.device)
+        alternating[::2] = float("nan")
         logits.copy_(torch.where(all_nan[:, None], torch.full_like(logits, float("nan")),
                                  torch.where((neg | inf_mix)[:, None], alternating.expand_as(logits), logits)))
         second = (cols + vocab // 2) % vocab

@@ -29,6 +29,28 @@ def test_row_kinds_plant_what_the_docstring_says() -> None:
                                                            None]
 
 
+@pytest.mark.gpu
+def test_row_kinds_plant_inside_a_cuda_graph_as_they_do_eagerly() -> None:
+    """The faults run inside the runner's captured sample op: no host copy (a capture refuses one), and the
+    replay plants what the eager call plants."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    fault = LogitsFault(min_position=2, **ROWS)
+    source = torch.randn(6, 512, device="cuda")
+    positions = torch.tensor([1, 5, 6, 7, 8, 9], device="cuda")
+    eager = source.clone()
+    fault.apply_rows(eager, positions)
+    captured = source.clone()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fault.apply_rows(captured, positions)
+    captured.copy_(source)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured.nan_to_num(0.5), eager.nan_to_num(0.5))
+
+
 def test_row_residues_are_validated() -> None:
     with pytest.raises(FaultSpecError):
         LogitsFault(min_position=0, row_modulus=5, all_nan_residue=0, neg_residue=0)
