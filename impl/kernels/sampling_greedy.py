@@ -48,6 +48,45 @@ def greedy_spans(vocab_size: int, num_rows: int, sub: int, programs: int) -> tup
     return -(-vocab_size // span), span
 
 
+@triton.jit
+def _span_argmax(logits_row, start, stop, repetition, frequency, presence, prompt_mask_row, counts_row, draft_row,
+                 num_drafts, SUB: tl.constexpr, PENALTIES: tl.constexpr):
+    """``(top score, its lowest token, non-finite flag, first raw +inf token)`` of ``[start, stop)``.
+
+    Without penalties a score is its raw logit (NaN as -inf), so a lane's running best reaches +inf exactly at
+    its first raw +inf and keeps it (strict ``>``): the +inf facts are read off the running best after the loop,
+    and the loop carries only the argmax and a NaN-propagating maximum -- the fewest instructions per logit,
+    which the launch at 256 rows needs to stay at memory speed.  Penalties can move a finite logit to +inf, so
+    that loop tracks the raw facts per logit."""
+    lanes = tl.arange(0, SUB)
+    best = tl.full([SUB], float("-inf"), tl.float32)
+    best_token = start + lanes
+    if PENALTIES:
+        nonfinite = tl.zeros([SUB], tl.int32)
+        first_inf = tl.full([SUB], 2147483647, tl.int32)
+    else:
+        nan_seen = tl.full([SUB], float("-inf"), tl.float32)
+    for first in range(start, stop, SUB):
+        offs = first + lanes
+        score, raw = load_row_scores(logits_row, offs, offs < stop, 1.0, PENALTIES, repetition, frequency, presence,
+                                     prompt_mask_row, counts_row, draft_row, num_drafts, True)
+        better = score > best
+        best = tl.where(better, score, best)
+        best_token = tl.where(better, offs, best_token)
+        if PENALTIES:
+            nonfinite = tl.maximum(nonfinite, ((raw != raw) | (raw == float("inf"))).to(tl.int32))
+            first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, 2147483647))
+        else:
+            nan_seen = tl.maximum(nan_seen, raw, propagate_nan=tl.PropagateNan.ALL)
+    if not PENALTIES:
+        at_inf = best == float("inf")
+        nonfinite = ((nan_seen != nan_seen) | at_inf).to(tl.int32)
+        first_inf = tl.where(at_inf, best_token, 2147483647)
+    top = tl.max(best, axis=0)
+    token = tl.min(tl.where(best == top, best_token, 2147483647), axis=0)
+    return top, token, tl.max(nonfinite, axis=0), tl.min(first_inf, axis=0)
+
+
 @triton.jit(do_not_specialize=["num_drafts", "num_blocks", "span"])
 def greedy_argmax_kernel(
     logits_ptr, logits_stride, state_row_ptr, repetition_ptr, frequency_ptr, presence_ptr,
@@ -61,31 +100,22 @@ def greedy_argmax_kernel(
     repetition = tl.load(repetition_ptr + state_row)
     frequency = tl.load(frequency_ptr + state_row)
     presence = tl.load(presence_ptr + state_row)
-    has_penalty = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
     logits_row = logits_ptr + row.to(tl.int64) * logits_stride
+    prompt_mask_row = prompt_mask_ptr + state_row * prompt_mask_stride
+    counts_row = counts_ptr + state_row * counts_stride
+    draft_row = draft_ptr + row.to(tl.int64) * draft_stride
     start = blk * span
     stop = tl.minimum(start + span, vocab_size)
-    lanes = tl.arange(0, SUB)
-    best = tl.full([SUB], float("-inf"), tl.float32)
-    best_token = start + lanes
-    nonfinite = tl.zeros([SUB], tl.int32)
-    first_inf = tl.full([SUB], 2147483647, tl.int32)
-    for first in range(start, stop, SUB):
-        offs = first + lanes
-        score, raw = load_row_scores(logits_row, offs, offs < stop, 1.0, has_penalty, repetition, frequency, presence,
-                                     prompt_mask_ptr + state_row * prompt_mask_stride,
-                                     counts_ptr + state_row * counts_stride, draft_ptr + row.to(tl.int64) * draft_stride,
-                                     num_drafts, True)
-        better = score > best
-        best = tl.where(better, score, best)
-        best_token = tl.where(better, offs, best_token)
-        nonfinite = tl.maximum(nonfinite, ((raw != raw) | (raw == float("inf"))).to(tl.int32))
-        first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, 2147483647))
-    top = tl.max(best, axis=0)
-    token = tl.min(tl.where(best == top, best_token, 2147483647), axis=0)
+    # the branch is uniform over the program: the common penalty-free rows run a loop without the penalty code
+    if (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0):
+        top, token, nonfinite, first_inf = _span_argmax(logits_row, start, stop, repetition, frequency, presence,
+                                                        prompt_mask_row, counts_row, draft_row, num_drafts, SUB, True)
+    else:
+        top, token, nonfinite, first_inf = _span_argmax(logits_row, start, stop, repetition, frequency, presence,
+                                                        prompt_mask_row, counts_row, draft_row, num_drafts, SUB, False)
     tl.atomic_max(packed_ptr + row, pack_argmax(top, token))
-    tl.atomic_min(inf_ptr + row, tl.min(first_inf, axis=0))
-    tl.atomic_max(flag_ptr + row, tl.max(nonfinite, axis=0))
+    tl.atomic_min(inf_ptr + row, first_inf)
+    tl.atomic_max(flag_ptr + row, nonfinite)
     if tl.atomic_add(arrivals_ptr + row, 1) == num_blocks - 1:  # acq_rel: the row's other atomics are visible
         tl.store(arrivals_ptr + row, 0)
         packed = tl.atomic_xchg(packed_ptr + row, tl.full((), -9223372036854775807, tl.int64) - 1)  # PACKED_RESET

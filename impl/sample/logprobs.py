@@ -142,12 +142,13 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
         # The first split pass in 2 warps (16 tokens a thread): H100 lab sweep (`runnercheck.bench.lab.sampler_variants`,
         # one lease) gave the temperature rows' pass 150 us at 256 rows against 179 us in 4 warps (ncu: 92
         # registers, issue slots 67% busy at 31% occupancy), the same at 1 and 8 rows.  The all-greedy launch:
-        # 2048-token steps of 8 warps, ~256 programs a launch (two per SM): at 256 rows one span per row took 86 us
-        # in the same sweep against 191.8 us for 1024-token programs and 82.1 us for torch.argmax; 4 warps or
-        # 4096-token steps were 2.5x slower; at 1 / 8 / 64 rows the ~256-program spans were fastest or within 10%.
+        # 2048-token steps of 16 warps (4 tokens a thread), ~256 programs a launch (two per SM): with its
+        # penalty-free loop, at 256 rows one span per row took 78.1 us in an H100 sweep against 81.5 us in 8 warps,
+        # 80.4 us for torch.argmax and 65.0 us for a plain max over the logits; 64 rows 32.3 against 33.6 us; 4096-
+        # token steps or 4 warps (16 tokens a thread) were 2.5x slower; at 8 rows all within 10%.
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
                                  logprobs_chunk=4096, logprobs_warps=8, logprobs_sub=128, logprobs_candidates=128,
-                                 logprobs_maxnreg=64, greedy_sub=2048, greedy_warps=8, greedy_programs=256,
+                                 logprobs_maxnreg=64, greedy_sub=2048, greedy_warps=16, greedy_programs=256,
                                  block_warps=2)
     else:
         config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4, chunk=64, slots=16,

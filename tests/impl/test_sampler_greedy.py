@@ -54,6 +54,8 @@ def _logits() -> torch.Tensor:
     logits[4, 7] = math.nan
     logits[5] = -math.inf
     logits[6, 100] = torch.finfo(torch.float32).max  # FLT_MAX: finite, beats everything
+    logits[6, 200] = math.nan  # a NaN alone flags a penalty-free row
+    logits[7, 150] = math.inf  # a row with penalties: its +inf wins and flags
     return logits
 
 
@@ -78,8 +80,9 @@ def test_all_greedy_launch_equals_the_split_passes_and_the_oracle(dev, programs)
         assert _run(dev, sampler, state, logits, rows, all_greedy=True) == split
     expected = [r.token for r in reference_results(logits, requests, rows)]
     assert split[0] == expected
-    assert split[1] == [0, 0, 0, 1, 1, 0, 0, 0]
+    assert split[1] == [0, 0, 0, 1, 1, 0, 1, 1]
     assert split[0][4] == 40 and split[0][5] == 0 and split[0][1] == 0
+    assert split[0][6] == 100 and split[0][7] == 150
 
 
 def test_all_greedy_must_be_a_bool(dev) -> None:
