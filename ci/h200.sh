@@ -43,7 +43,9 @@
 #   bench_host    `runnercheck bench --device cuda --only host_cost` alone (runner vs V1-style baseline, 1% and 0% churn;
 #                 host enqueues per step, target 1 at 0% churn: the fused replay, H2D and D2H inside; total host CPU
 #                 per step, caller + launch thread, target <= 1/2 of the baseline's at 1% churn), then the same with
-#                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves)
+#                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves),
+#                 then the launch thread's two alternatives: RUNNERCHECK_LAUNCH_THREAD=0 (the caller enqueues) and
+#                 RUNNERCHECK_LAUNCH_SPIN_US=0 (the worker sleeps as soon as its jobs are done)
 #   gpu_events    the gpu-marked tests of events, the steady step, its lanes, the launch thread and slot lifetimes
 #                 alone (test_device, test_steady_step, test_lanes, test_launcher, test_launcher_idle, test_lifetime:
 #                 ~45 s)
@@ -71,9 +73,10 @@
 #   chisq_matrix  the chi-square matrix, 2e6 draws per case, + calibration (the runner's sampler)
 #   chisq_power   power of every CPU-affordable planted bias
 #   chisq_capped  power of the capped-noise biases (~1e12 token-draws each)
-#   chisq_coarse  power over 10 seeds of the coarse-arithmetic biases quick mode cannot see (fp16 probabilities,
+#   chisq_coarse  power over 5 seeds of the coarse-arithmetic biases quick mode cannot see (fp16 probabilities,
 #                 16-bit uniforms; inverse-CDF samplers on their full-mode probes, ~1.3e10 token-draws a repeat),
-#                 then their gpu test (the fp16 bias rejected, the full-precision control passing on the same probe)
+#                 then their gpu test (the fp16 bias rejected, the full-precision control passing on the same probe);
+#                 113 s to 220+ s on lent H100s: its own limit, CHISQ_COARSE_LIMIT_S (480)
 #   chisq_deep    2^12..2^17-token tails 12..30 logits below the head (the runner's sampler; RNG v2: ~51 hits expected)
 #   invariance    batch invariance (docs/INVARIANCE.md): `runnercheck invariance --device cuda` on our runner (micro with
 #                 4 rows, then tiny with 8: must exit 0), each batch-dependence mutant of stress/mutants/batch.py through
@@ -105,7 +108,11 @@ want gpu_sampler && job gpu_sampler "$limit" python3 -m pytest -v -p no:cachepro
   tests/impl/test_sampler_split_gpu.py tests/impl/test_sampler_gpu.py tests/reference/test_rng.py
 want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host" &&
   RUNNERCHECK_SLOW_LAUNCH=1 job bench_host_slow_launch "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost \
-  --out "$out/bench_host_slow_launch"
+  --out "$out/bench_host_slow_launch" &&
+  RUNNERCHECK_LAUNCH_THREAD=0 job bench_host_no_launch_thread "${BENCH_LIMIT_S:-420}" $rc bench --device cuda \
+  --only host_cost --out "$out/bench_host_no_launch_thread" &&
+  RUNNERCHECK_LAUNCH_SPIN_US=0 job bench_host_no_spin "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost \
+  --out "$out/bench_host_no_spin"
 want gpu_events && job gpu_events "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" \
   tests/impl/test_device.py tests/impl/test_steady_step.py tests/impl/test_lanes.py tests/impl/test_launcher.py \
   tests/impl/test_launcher_idle.py tests/checks/test_lifetime.py
@@ -214,8 +221,8 @@ want chisq_power && job chisq_power "$limit" $rc chisq --device cuda --no-matrix
 want chisq_capped && job chisq_capped "$limit" $rc chisq --device cuda --no-matrix --no-calibration \
   --biases u31-floor u32-uniform --power-repeats 2 --out "$out/chisq_capped" &
 want chisq_coarse && (
-  job chisq_coarse "$limit" $rc chisq --device cuda --no-matrix --no-calibration --no-spec \
-    --biases fp16-probabilities u16-uniform --power-repeats 10 --out "$out/chisq_coarse"
+  job chisq_coarse "${CHISQ_COARSE_LIMIT_S:-480}" $rc chisq --device cuda --no-matrix --no-calibration --no-spec \
+    --biases fp16-probabilities u16-uniform --power-repeats 5 --out "$out/chisq_coarse"
   job chisq_coarse_gpu "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu tests/checks/test_chisq_coarse.py
 ) &
 want chisq_deep && job chisq_deep "$limit" $rc chisq --device cuda --deep-tail --cases tail-d --no-calibration \
