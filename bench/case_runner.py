@@ -17,7 +17,7 @@ from runnercheck.bench.workload import DecodeWorkload
 from runnercheck.impl import native
 from runnercheck.impl.device import Device
 from runnercheck.impl.interface import RunnerLimits, SamplingParams
-from runnercheck.impl.launcher import idle_settings, spin_percent
+from runnercheck.impl.launcher import idle_settings, lead_margin, spin_percent
 from runnercheck.impl.model.weights import ModelConfig, preset, random_weights
 
 PARAMS = SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_tokens=1 << 20)
@@ -338,10 +338,15 @@ def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Ro
         cpu, wall, signals = run.thread_cpu
         spin, nap, nap_for = idle_settings()
         median_gap, window = runner.device.launcher.idle_window()
+        least_lead, last_lead_wait, lead_waits = runner.device.launcher.lead()
+        margin = lead_margin()
+        lead = (f"after a step's wake a lead wait ({lead_waits} so far, the last {last_lead_wait / 1e3:.0f} us: {margin} us "
+                f"before the shortest recent wake-to-push interval, {least_lead / 1e3:.0f} us), then {spin} us"
+                if margin >= 0 else f"after a step's wake {spin} us, no lead wait")
         out.append(Row("host_cost", f"launch thread CPU time per step, {tag}", 1e6 * cpu, "us",
                        note=f"impl.launcher's worker over the alone steps, its polling (after a burst {window / 1e3:.0f} us: "
                             f"{spin_percent()}% of the {median_gap / 1e3:.0f} us median burst interval, at most {spin} us; "
-                            f"after a step's wake {spin} us) and naps ({nap} us each for {nap_for} us) included, "
+                            f"{lead}) and naps ({nap} us each for {nap_for} us) included, "
                             f"{runner.device.launcher.sleeps()} sleeps so far: {cpu / wall:.0%} of a core while steps run back to back "
                             f"({1e6 * wall:.0f} us a step, the workload's and output reads' time included); "
                             f"wakes of the sleeping worker (a system call in the step) per step: {signals:.2f}"))

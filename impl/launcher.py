@@ -15,7 +15,10 @@ Idle, it polls for a job, then (optionally) naps, then sleeps in a blocking wait
 after a burst of jobs adapts to the steps: at most ``RUNNERCHECK_LAUNCH_SPIN_PERCENT`` (default 10) percent of the
 median interval between its recent bursts, capped at ``RUNNERCHECK_LAUNCH_SPIN_US`` (default 300), so steps far
 apart do not keep a core busy.  A step tells it that it begins (`Device.on_stream`): the worker then polls the
-whole cap, so it is polling by the time the step pushes.  A polling or napping worker finds that out by itself
+whole cap, so it is polling by the time the step pushes -- after a *lead wait*: it learns how long a step takes
+from its wake to its first push and waits, blocked, until ``RUNNERCHECK_LAUNCH_LEAD_MARGIN_US`` (default 30; ``off``:
+no lead wait) before the shortest of the recent ones, so a step's own host work does not keep a second core polling.
+A push that comes sooner finds it blocked and wakes it, as below (a mispredicted lead counts in `signals`).  A polling or napping worker finds that out by itself
 (no system call on the step's thread); only a sleeping one must be woken, and that wake is a system call (a futex
 wake) on the step's thread, some microseconds on the H200's virtual machine (H200 run 118 in git history of
 docs/BENCHMARKS.md).  Naps (``RUNNERCHECK_LAUNCH_NAP_US`` at a time for ``RUNNERCHECK_LAUNCH_NAP_FOR_US``, default 0:
@@ -45,6 +48,7 @@ DEFAULT_SPIN_US = 300
 DEFAULT_SPIN_PERCENT = 10
 DEFAULT_NAP_US = 20
 DEFAULT_NAP_FOR_US = 0
+DEFAULT_LEAD_MARGIN_US = 30
 
 
 class LaunchThreadError(RuntimeError):
@@ -80,6 +84,14 @@ def spin_percent() -> int:
     return percent
 
 
+def lead_margin() -> int:
+    """``RUNNERCHECK_LAUNCH_LEAD_MARGIN_US``: how long before a step's expected first push the worker's lead wait ends
+    (microseconds), or -1 for ``off`` (the worker polls from the step's wake)."""
+    if os.environ.get("RUNNERCHECK_LAUNCH_LEAD_MARGIN_US", "").strip().lower() == "off":
+        return -1
+    return _micros("RUNNERCHECK_LAUNCH_LEAD_MARGIN_US", DEFAULT_LEAD_MARGIN_US, 1_000_000)
+
+
 def idle_settings() -> tuple[int, int, int]:
     """The worker's idle phases in microseconds: (polling, one nap, naps for) from ``RUNNERCHECK_LAUNCH_SPIN_US``,
     ``RUNNERCHECK_LAUNCH_NAP_US`` and ``RUNNERCHECK_LAUNCH_NAP_FOR_US`` (typed errors for values the worker refuses)."""
@@ -100,7 +112,8 @@ def _micros(name: str, default: int, most: int) -> int:
         micros = -1
     if not 0 <= micros <= most:
         unit = "percent" if name.endswith("PERCENT") else "microseconds"
-        raise LaunchThreadError(f"{name}={value!r}: expected an int in [0, {most}] ({unit})")
+        also = " or 'off'" if name.endswith("LEAD_MARGIN_US") else ""
+        raise LaunchThreadError(f"{name}={value!r}: expected an int in [0, {most}] ({unit}){also}")
     return micros
 
 
@@ -132,6 +145,7 @@ class LaunchThread:
         self.cpu_seconds = launcher.cpu_seconds  # () -> CPU seconds the worker has used (its polling is the most of it)
         self.sleeps = launcher.sleeps  # () -> times the worker has gone to its blocking wait
         self.idle_window = launcher.idle_window  # () -> (median ns between burst starts, ns it polls after a burst)
+        self.lead = launcher.lead  # () -> (shortest recent wake-to-first-push ns, last lead wait ns, lead waits)
 
     @classmethod
     def start(cls, stream_handle: int) -> "LaunchThread | None":
@@ -140,7 +154,7 @@ class LaunchThread:
         wanted = mode()
         if wanted == "0":
             return None
-        idle = (*idle_settings(), spin_percent())
+        idle = (*idle_settings(), spin_percent(), lead_margin())
         if wanted == "auto" and not on_by_default():
             log.info("launch thread off: %d spare core(s) for %d GPU(s) (RUNNERCHECK_LAUNCH_THREAD=1 turns it on)",
                      spare_cores(), torch_gpus())
@@ -185,5 +199,5 @@ def torch_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-__all__ = ["DEFAULT_NAP_FOR_US", "DEFAULT_NAP_US", "DEFAULT_SPIN_PERCENT", "DEFAULT_SPIN_US", "LaunchThread",
-           "LaunchThreadError", "idle_settings", "mode", "on_by_default", "spare_cores", "spin_percent", "torch_gpus"]
+__all__ = ["DEFAULT_LEAD_MARGIN_US", "DEFAULT_NAP_FOR_US", "DEFAULT_NAP_US", "DEFAULT_SPIN_PERCENT", "DEFAULT_SPIN_US", "LaunchThread",
+           "LaunchThreadError", "idle_settings", "lead_margin", "mode", "on_by_default", "spare_cores", "spin_percent", "torch_gpus"]

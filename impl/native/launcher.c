@@ -1,16 +1,24 @@
 /* The device's launch thread (`impl.launcher`): a worker that issues CUDA graph launches and event records on a
  * stream, in the order the device's thread pushed them, so that the host step does not wait on the driver.
  *
- * Launcher(graph_launch, event_record, set_context, context, spin_us[, nap_us, nap_limit_us, spin_percent]) --
+ * Launcher(graph_launch, event_record, set_context, context, spin_us[, nap_us, nap_limit_us, spin_percent,
+ *          lead_margin_us]) --
  *     addresses of the driver's cuGraphLaunch, cuEventRecord and cuCtxSetCurrent (or of stand-ins with their
  *     signatures: int f(void *, void *), int f(void *)), the context the worker makes current before its first call
  *     (0: none), the most the worker polls for the next job after its last one, then how long each of its naps
  *     lasts and for how long after the polling it naps (0, 0: not at all) before it sleeps, and the share of the
- *     recent step interval it may poll (percent, default 100: the cap alone).  The worker starts at construction.
+ *     recent step interval it may poll (percent, default 100: the cap alone), and how early its wait for a woken
+ *     step's first job ends (below; -1, the default: no such wait).  The worker starts at construction.
  *     Idle, the worker polls, then naps, then sleeps.  How long it polls adapts: after a burst of jobs it polls at
  *     most ``spin_percent`` of the median interval between the starts of its last bursts (a burst: jobs each pushed
  *     within BURST_NS of the previous one's issue), capped at spin_us; after a step's wake() it polls spin_us (that
- *     step is about to push).  Polling or napping, it finds a pushed job by itself (a nap ends within nap_us); only
+ *     step is about to push).  With lead_margin_us >= 0 it first waits, blocked, for most of the time that step
+ *     will take to push (at once, if it was polling when the wake came): it learns the interval from each wake()
+ *     to the first job after it, and its *lead wait*
+ *     ends lead_margin_us before the shortest of the last LEAD_HISTORY of them (none shorter than MIN_LEAD_WAIT_NS,
+ *     none before MIN_GAPS are known), so a step's host work is not mirrored by a polling core.  A job pushed
+ *     during the lead wait wakes the worker as a sleeping one is woken (one system call, counted in ``signals``).
+ *     Polling or napping, it finds a pushed job by itself (a nap ends within nap_us); only
  *     a sleeping worker has to be woken, and waking it is a system call on the pushing thread (a futex wake:
  *     several microseconds on a virtual machine's host, inside the step that pays it).  The sleep is a plain
  *     condition-variable wait with no timeout: an idle worker uses no CPU, and a lost wakeup would show as a hang.
@@ -26,6 +34,8 @@
  *     sleeps() -> int                how many times the worker has gone to its blocking wait
  *     idle_window() -> (int, int)    (median interval between burst starts in ns, 0 before there are
  *                                    MIN_GAPS; the poll after a burst in ns) as the worker last computed them
+ *     lead() -> (int, int, int)      (the shortest recent wake-to-first-job interval in ns, 0 before there are
+ *                                    MIN_GAPS; the last lead wait's length in ns; lead waits so far)
  *     pause() / resume()             hold issuing (tests: a job pushed and not yet issued); wait() raises while paused
  *     close()                        stop and join the worker (pushed jobs are issued first)
  *
@@ -57,6 +67,9 @@ enum { JOB_GRAPH = 0, JOB_EVENT = 1, RING_SIZE = 1024 };
  * pushed microseconds apart: their interval is not the step's). */
 enum { GAP_HISTORY = 16, MIN_GAPS = 3 };
 #define BURST_NS 50000LL
+/* The wake-to-first-job intervals the lead wait learns from, and the shortest lead wait worth a system call. */
+enum { LEAD_HISTORY = 8 };
+#define MIN_LEAD_WAIT_NS 10000LL
 
 typedef struct {
     int kind;
@@ -87,6 +100,12 @@ typedef struct {
     int gap_count;
     atomic_llong median_gap_ns, window_ns; /* written by the worker, read by idle_window() */
     atomic_uint_fast64_t sleeps;
+    long long lead_margin_ns;          /* < 0: no lead wait */
+    atomic_llong wake_at_ns;           /* written by wake(): when the step that is about to push began */
+    long long leads[LEAD_HISTORY];     /* the worker's only */
+    int lead_count;
+    atomic_llong least_lead_ns, lead_wait_ns; /* written by the worker, read by lead() */
+    atomic_uint_fast64_t lead_waits;
     _Atomic double cpu_at_exit; /* the worker's CPU seconds, written by it as it exits */
 } Launcher;
 
@@ -168,6 +187,45 @@ static long long adapt_window(Launcher *l, long long gap)
     return share < l->spin_ns ? share : l->spin_ns;
 }
 
+/* Record one wake-to-first-job interval (the step's host work before its push). */
+static void note_lead(Launcher *l, long long lead)
+{
+    l->leads[l->lead_count % LEAD_HISTORY] = lead;
+    l->lead_count++;
+    const int n = l->lead_count < LEAD_HISTORY ? l->lead_count : LEAD_HISTORY;
+    long long least = l->leads[0];
+    for (int i = 1; i < n; i++)
+        least = l->leads[i] < least ? l->leads[i] : least;
+    if (n >= MIN_GAPS)
+        atomic_store(&l->least_lead_ns, least);
+}
+
+/* The lead wait after a step's wake(): blocked until lead_margin_ns before the shortest recent wake-to-first-job
+ * interval has passed since that wake, or until a push, wake(), resume() or close() ends it (``sleeping`` is set,
+ * so a push wakes it as it wakes a sleeping worker).  Returns at once when off, unlearnt or shorter than
+ * MIN_LEAD_WAIT_NS. */
+static void lead_wait(Launcher *l, uint64_t done)
+{
+    const long long least = atomic_load(&l->least_lead_ns);
+    if (l->lead_margin_ns < 0 || least == 0)
+        return;
+    const long long deadline = atomic_load(&l->wake_at_ns) + least - l->lead_margin_ns;
+    const long long length = deadline - now_ns();
+    if (length < MIN_LEAD_WAIT_NS)
+        return;
+    const struct timespec until = {deadline / 1000000000LL, deadline % 1000000000LL};
+    pthread_mutex_lock(&l->mutex);
+    atomic_store(&l->sleeping, 1);
+    atomic_store(&l->lead_wait_ns, length);
+    atomic_fetch_add(&l->lead_waits, 1);
+    while (!l->woken && !atomic_load(&l->stop) && atomic_load(&l->pushed) == done)
+        if (pthread_cond_timedwait(&l->wake, &l->mutex, &until) == ETIMEDOUT)
+            break;
+    l->woken = 0;
+    atomic_store(&l->sleeping, 0);
+    pthread_mutex_unlock(&l->mutex);
+}
+
 /* The worker: issue every pushed job in order, poll ``window`` after the last (after a burst `adapt_window`'s share
  * of the burst interval; after a wake ``spin_ns``), nap ``nap_ns`` at a time for ``nap_limit_ns`` more (a step's
  * wake() or a pushed job found after a nap: it polls again), then sleep until a push, wake(), resume() or close()
@@ -177,8 +235,8 @@ static void *work(void *arg)
 {
     Launcher *l = arg;
 #ifdef __linux__
-    if (l->nap_ns > 0)
-        prctl(PR_SET_TIMERSLACK, 1000UL); /* a nap ends within a microsecond of its time, not the default 50 */
+    if (l->nap_ns > 0 || l->lead_margin_ns >= 0)
+        prctl(PR_SET_TIMERSLACK, 1000UL); /* a nap or lead wait ends within a microsecond of its time, not 50 */
 #endif
     if (l->set_context != NULL && l->context != NULL) {
         int code = l->set_context(l->context);
@@ -196,6 +254,9 @@ static void *work(void *arg)
         if (pushed != done && !atomic_load(&l->paused)) {
             const long long found = now_ns();
             if (burst_start == 0 || found - last_issue > BURST_NS) { /* a new burst */
+                const long long asked = atomic_load(&l->wake_at_ns);
+                if (asked > last_issue && asked <= found) /* a wake() since the last burst: this burst's step's */
+                    note_lead(l, found - asked);
                 if (burst_start != 0) {
                     window = adapt_window(l, found - burst_start);
                     atomic_store(&l->window_ns, window);
@@ -217,12 +278,20 @@ static void *work(void *arg)
         }
         const long long idle = now_ns() - idle_since;
         if (idle < window) {
+            if (l->lead_margin_ns >= 0 && atomic_load(&l->wanted)) { /* a step began while it polled */
+                atomic_store(&l->wanted, 0);
+                lead_wait(l, done);
+                idle_since = now_ns();
+                window = l->spin_ns;
+                continue;
+            }
             relax();
             continue;
         }
         if (idle < window + l->nap_limit_ns && !atomic_load(&l->stop)) {
             if (atomic_exchange(&l->wanted, 0)) {
-                idle_since = now_ns(); /* a step began: poll for its jobs, the whole cap */
+                lead_wait(l, done); /* a step began: wait out most of its host work, then poll the whole cap */
+                idle_since = now_ns();
                 window = l->spin_ns;
             } else {
                 nap(l->nap_ns);
@@ -243,6 +312,8 @@ static void *work(void *arg)
         atomic_store(&l->wanted, 0);
         atomic_store(&l->sleeping, 0);
         pthread_mutex_unlock(&l->mutex);
+        if (atomic_load(&l->pushed) == done)
+            lead_wait(l, done); /* woken by a step's wake(), not by its push */
         idle_since = now_ns();
         window = l->spin_ns;
     }
@@ -263,13 +334,13 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
 {
     (void)kwds;
     PyObject *graph_obj, *event_obj, *context_call_obj, *context_obj;
-    long long spin_us, nap_us = 0, nap_limit_us = 0, spin_percent = 100;
+    long long spin_us, nap_us = 0, nap_limit_us = 0, spin_percent = 100, lead_margin_us = -1;
     if (self->running) {
         PyErr_SetString(PyExc_RuntimeError, "Launcher already started");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOOOL|LLL", &graph_obj, &event_obj, &context_call_obj, &context_obj, &spin_us, &nap_us,
-                          &nap_limit_us, &spin_percent))
+    if (!PyArg_ParseTuple(args, "OOOOL|LLLL", &graph_obj, &event_obj, &context_call_obj, &context_obj, &spin_us, &nap_us,
+                          &nap_limit_us, &spin_percent, &lead_margin_us))
         return -1;
     void *graph, *event, *context_call, *context;
     if (!address(graph_obj, &graph) || !address(event_obj, &event) || !address(context_call_obj, &context_call)
@@ -290,6 +361,10 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "Launcher needs 1 <= spin_percent <= 100");
         return -1;
     }
+    if (lead_margin_us < -1 || lead_margin_us > 1000000) {
+        PyErr_SetString(PyExc_ValueError, "Launcher needs -1 <= lead_margin_us <= 1e6 (-1: no lead wait)");
+        return -1;
+    }
     self->graph_launch = (HandleCall)graph;
     self->event_record = (HandleCall)event;
     self->set_context = (ContextCall)context_call;
@@ -298,6 +373,12 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
     self->nap_ns = nap_us * 1000;
     self->nap_limit_ns = nap_limit_us * 1000;
     self->spin_percent = spin_percent;
+    self->lead_margin_ns = lead_margin_us < 0 ? -1 : lead_margin_us * 1000;
+    self->lead_count = 0;
+    atomic_store(&self->wake_at_ns, 0);
+    atomic_store(&self->least_lead_ns, 0);
+    atomic_store(&self->lead_wait_ns, 0);
+    atomic_store(&self->lead_waits, 0);
     self->gap_count = 0;
     atomic_store(&self->median_gap_ns, 0);
     atomic_store(&self->window_ns, self->spin_ns);
@@ -315,7 +396,11 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
     atomic_store(&self->cpu_at_exit, 0.0);
     self->woken = 0;
     pthread_mutex_init(&self->mutex, NULL);
-    pthread_cond_init(&self->wake, NULL);
+    pthread_condattr_t monotonic; /* the lead wait's deadline is on CLOCK_MONOTONIC, as now_ns() */
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_cond_init(&self->wake, &monotonic);
+    pthread_condattr_destroy(&monotonic);
     int failed = pthread_create(&self->thread, NULL, work, self);
     if (failed) {
         pthread_cond_destroy(&self->wake);
@@ -444,6 +529,7 @@ static PyObject *Launcher_wake(Launcher *self, PyObject *unused)
     (void)unused;
     if (!self->running)
         Py_RETURN_NONE;
+    atomic_store(&self->wake_at_ns, now_ns()); /* before ``wanted``: a worker that sees the wake sees its time */
     atomic_store(&self->wanted, 1); /* seen at a nap's end; before the load below, so a worker going to sleep clears it */
     if (atomic_load(&self->sleeping))
         wake_worker(self);
@@ -466,6 +552,13 @@ static PyObject *Launcher_idle_window(Launcher *self, PyObject *unused)
 {
     (void)unused;
     return Py_BuildValue("(LL)", (long long)atomic_load(&self->median_gap_ns), (long long)atomic_load(&self->window_ns));
+}
+
+static PyObject *Launcher_lead(Launcher *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_BuildValue("(LLK)", (long long)atomic_load(&self->least_lead_ns), (long long)atomic_load(&self->lead_wait_ns),
+                         (unsigned long long)atomic_load(&self->lead_waits));
 }
 
 static PyObject *Launcher_cpu_seconds(Launcher *self, PyObject *unused)
@@ -519,6 +612,8 @@ static PyMethodDef Launcher_methods[] = {
     {"sleeps", (PyCFunction)Launcher_sleeps, METH_NOARGS, "Times the worker has gone to its blocking wait."},
     {"idle_window", (PyCFunction)Launcher_idle_window, METH_NOARGS,
      "(median interval between burst starts, the poll after a burst), in ns."},
+    {"lead", (PyCFunction)Launcher_lead, METH_NOARGS,
+     "(shortest recent wake-to-first-job interval, the last lead wait), in ns, and lead waits so far."},
     {"cpu_seconds", (PyCFunction)Launcher_cpu_seconds, METH_NOARGS, "CPU time the worker has used, its polling included."},
     {"pause", (PyCFunction)Launcher_pause, METH_NOARGS, "Hold issuing (tests)."},
     {"resume", (PyCFunction)Launcher_resume, METH_NOARGS, "Issue again."},

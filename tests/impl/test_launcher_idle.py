@@ -20,12 +20,12 @@ from runnercheck.impl.launcher import LaunchThread, LaunchThreadError, on_by_def
 from test_launcher import StandIns, _address, _module
 
 
-def _launcher(module=None, spin_us: int = 300, percent: int = 10):
-    """A native launcher on stand-ins, no naps (the default): poll, then sleep."""
+def _launcher(module=None, spin_us: int = 300, percent: int = 10, lead_margin_us: int = -1):
+    """A native launcher on stand-ins, no naps (the default): poll, then sleep; no lead wait unless a margin is given."""
     stand_ins = StandIns()
     module = module or _module()
     graph, event, context = (_address(f) for f in stand_ins._keep)
-    return stand_ins, module.Launcher(graph, event, context, 0, spin_us, 0, 0, percent)
+    return stand_ins, module.Launcher(graph, event, context, 0, spin_us, 0, 0, percent, lead_margin_us)
 
 
 def _until(predicate, seconds: float) -> bool:
@@ -105,6 +105,55 @@ def test_polling_after_a_burst_is_bounded_by_the_measured_interval():
     finally:
         capped.close()
         shared.close()
+
+
+def _steps(launcher, count: int, host_work_s: float) -> None:
+    """``count`` steps as the device runs them: wake, ``host_work_s`` of the caller's own work, a graph launch and its
+    marker pushed, then every job waited for (by polling ``issued``: the launcher's own wait wakes a sleeper)."""
+    for _ in range(count):
+        launcher.wake()
+        time.sleep(host_work_s)
+        seq = launcher.graph(1, 9)
+        seq = launcher.event(2, 9)
+        assert _until(lambda: launcher.issued() >= seq, 2.0), "a step's jobs were not issued within 2 s"
+
+
+def test_the_lead_wait_keeps_a_steps_host_work_from_being_polled_through():
+    """Steps whose host work takes 4 ms before they push, with a cap (20 ms) long enough to poll through all of it:
+    with the lead wait off the worker polls from each wake to the push; with it on it learns the wake-to-push interval
+    (about 4 ms), waits blocked for most of it, and uses a fraction of that CPU time; a step that pushes far sooner
+    than learnt still has its jobs issued, through a wake of the blocked worker (``signals``)."""
+    _, polling = _launcher(spin_us=20_000, percent=100)
+    _, waiting = _launcher(spin_us=20_000, percent=100, lead_margin_us=300)
+    try:
+        used = {}
+        for name, launcher in (("polling", polling), ("waiting", waiting)):
+            _steps(launcher, 4, 0.004)  # learn the interval
+            before = launcher.cpu_seconds()
+            _steps(launcher, 10, 0.004)
+            used[name] = launcher.cpu_seconds() - before
+        least, last_wait, waits = waiting.lead()
+        assert 0.004e9 <= least < 0.05e9, least  # the caller's 4 ms sleep, not the graph-to-marker gap
+        assert waits >= 8 and 0.001e9 < last_wait < least, (waits, last_wait)
+        assert polling.lead()[2] == 0
+        assert used["polling"] > 0.01, used  # ~40 ms polled on a quiet box; a busy 2-core one still gives it a share
+        assert used["waiting"] < 0.4 * used["polling"], used
+        signals = waiting.signals()
+        _steps(waiting, 1, 0.0)  # sooner than learnt: the push finds it in its lead wait and wakes it
+        assert waiting.signals() > signals
+    finally:
+        polling.close()
+        waiting.close()
+
+
+def test_a_bad_lead_margin_is_a_typed_error(monkeypatch):
+    monkeypatch.setenv("RUNNERCHECK_LAUNCH_LEAD_MARGIN_US", "off")
+    assert launcher_module.lead_margin() == -1
+    monkeypatch.setenv("RUNNERCHECK_LAUNCH_LEAD_MARGIN_US", "-3")
+    with pytest.raises(LaunchThreadError, match="LEAD_MARGIN_US.*'off'"):
+        launcher_module.lead_margin()
+    with pytest.raises(ValueError, match="lead_margin_us"):
+        _module().Launcher(1, 1, 0, 0, 10, 0, 0, 10, -2)
 
 
 def _push_around_sleep(module, rounds: int, seconds_each: float) -> tuple[int, float]:
