@@ -14,7 +14,8 @@ in ``libcuda.so.1`` through ctypes; runtime and driver handles are the same obje
 Idle, it polls for a job, then (optionally) naps, then sleeps in a blocking wait that uses no CPU.  Its polling
 after a burst of jobs adapts to the steps: at most ``RUNNERCHECK_LAUNCH_SPIN_PERCENT`` (default 10) percent of the
 median interval between its recent bursts, capped at ``RUNNERCHECK_LAUNCH_SPIN_US`` (default 300), so steps far
-apart do not keep a core busy.  A step tells it that it begins (`Device.on_stream`): the worker then polls the
+apart do not keep a core busy -- and not at all while each recent quiet after a burst (to the next step's wake or
+job) outlasted that poll: such polling never catches the next step, whose wake finds the worker asleep anyway.  A step tells it that it begins (`Device.on_stream`): the worker then polls the
 whole cap, so it is polling by the time the step pushes -- after a *lead wait*: it learns how long a step takes
 from its wake to its first push and waits, blocked, until ``RUNNERCHECK_LAUNCH_LEAD_MARGIN_US`` (default 30; ``off``:
 no lead wait) before the shortest of the recent ones, so a step's own host work does not keep a second core polling.

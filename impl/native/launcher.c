@@ -11,7 +11,8 @@
  *     step's first job ends (below; -1, the default: no such wait).  The worker starts at construction.
  *     Idle, the worker polls, then naps, then sleeps.  How long it polls adapts: after a burst of jobs it polls at
  *     most ``spin_percent`` of the median interval between the starts of its last bursts (a burst: jobs each pushed
- *     within BURST_NS of the previous one's issue), capped at spin_us; after a step's wake() it polls spin_us (that
+ *     within BURST_NS of the previous one's issue), capped at spin_us, and not at all while each of the recent quiets
+ *     after a burst (to the next wake() or job) outlasted that poll; after a step's wake() it polls spin_us (that
  *     step is about to push).  With lead_margin_us >= 0 it first waits, blocked, for most of the time that step
  *     will take to push (at once, if it was polling when the wake came): it learns the interval from each wake()
  *     to the first job after it, and its *lead wait*
@@ -98,6 +99,8 @@ typedef struct {
     long long spin_percent;
     long long gaps[GAP_HISTORY]; /* the worker's only */
     int gap_count;
+    long long quiets[GAP_HISTORY]; /* the worker's only: from a burst's last issue to the next wake() or job */
+    int quiet_count;
     atomic_llong median_gap_ns, window_ns; /* written by the worker, read by idle_window() */
     atomic_uint_fast64_t sleeps;
     long long lead_margin_ns;          /* < 0: no lead wait */
@@ -164,10 +167,15 @@ static void nap(long long ns)
         ;
 }
 
-/* Record one interval between burst starts and return the poll after a burst: spin_percent of the median of the
- * recent intervals, at most spin_ns (spin_ns itself until there are MIN_GAPS of them). */
-static long long adapt_window(Launcher *l, long long gap)
+/* Record one interval between burst starts and the quiet before this burst (from the last burst's last issue to the
+ * first wake() or job after it), and return the poll after a burst: spin_percent of the median of the recent
+ * intervals, at most spin_ns (spin_ns itself until there are MIN_GAPS of them) -- and 0 when each recent quiet
+ * outlasted that poll: polling after a burst would not have caught the next step, which wakes the sleeping worker
+ * itself, so the worker sleeps at once. */
+static long long adapt_window(Launcher *l, long long gap, long long quiet)
 {
+    l->quiets[l->quiet_count % GAP_HISTORY] = quiet;
+    l->quiet_count++;
     l->gaps[l->gap_count % GAP_HISTORY] = gap;
     l->gap_count++;
     const int n = l->gap_count < GAP_HISTORY ? l->gap_count : GAP_HISTORY;
@@ -184,7 +192,11 @@ static long long adapt_window(Launcher *l, long long gap)
     const long long median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
     atomic_store(&l->median_gap_ns, median);
     const long long share = median / 100 * l->spin_percent;
-    return share < l->spin_ns ? share : l->spin_ns;
+    const long long poll = share < l->spin_ns ? share : l->spin_ns;
+    long long least_quiet = l->quiets[0];
+    for (int i = 1; i < n; i++)
+        least_quiet = l->quiets[i] < least_quiet ? l->quiets[i] : least_quiet;
+    return least_quiet > poll ? 0 : poll;
 }
 
 /* Record one wake-to-first-job interval (the step's host work before its push). */
@@ -255,10 +267,11 @@ static void *work(void *arg)
             const long long found = now_ns();
             if (burst_start == 0 || found - last_issue > BURST_NS) { /* a new burst */
                 const long long asked = atomic_load(&l->wake_at_ns);
-                if (asked > last_issue && asked <= found) /* a wake() since the last burst: this burst's step's */
+                const int woke = asked > last_issue && asked <= found; /* a wake() since the last burst */
+                if (woke)
                     note_lead(l, found - asked);
                 if (burst_start != 0) {
-                    window = adapt_window(l, found - burst_start);
+                    window = adapt_window(l, found - burst_start, (woke ? asked : found) - last_issue);
                     atomic_store(&l->window_ns, window);
                 }
                 burst_start = found;
@@ -380,6 +393,7 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
     atomic_store(&self->lead_wait_ns, 0);
     atomic_store(&self->lead_waits, 0);
     self->gap_count = 0;
+    self->quiet_count = 0;
     atomic_store(&self->median_gap_ns, 0);
     atomic_store(&self->window_ns, self->spin_ns);
     atomic_store(&self->sleeps, 0);

@@ -85,26 +85,32 @@ def test_an_idle_worker_sleeps_and_its_cpu_time_stays_low():
 
 
 def test_polling_after_a_burst_is_bounded_by_the_measured_interval():
-    """Bursts 20 ms apart: the worker measures their interval (median) and polls after a burst ``percent`` of it,
-    capped; a step's ``wake`` makes it poll the cap (its jobs come next), and no push to a polling worker is a
-    system call (``signals``)."""
+    """Bursts 20 ms apart: the worker measures their interval (median) and would poll after a burst ``percent`` of it,
+    capped; but each quiet after a burst (20 ms to the next job) outlasts that poll, so it polls not at all and
+    sleeps at once.  Given the whole interval to poll (100%), the poll covers the quiet and is kept."""
     _, capped = _launcher(spin_us=300, percent=10)
     _, shared = _launcher(spin_us=1_000_000, percent=10)
+    _, whole = _launcher(spin_us=1_000_000, percent=100)
+    launchers = (capped, shared, whole)
     try:
         for i in range(8):
-            for launcher in (capped, shared):
+            for launcher in launchers:
                 launcher.graph(i + 1, 9)
                 launcher.event(i + 100, 9)  # the same burst: microseconds after the graph
             time.sleep(0.02)
-        assert _until(lambda: capped.issued() == shared.issued() == 16, 2.0)
-        for launcher, cap in ((capped, 300_000), (shared, 1_000_000_000)):
-            median, window = launcher.idle_window()
+        assert _until(lambda: all(launcher.issued() == 16 for launcher in launchers), 2.0)
+        for launcher in launchers:
+            median, _ = launcher.idle_window()
             assert 0.015e9 < median < 0.5e9, median  # the burst interval, not the graph-to-marker one
-            assert window == min(cap, median // 100 * 10), (median, window)
-        assert capped.idle_window()[1] == 300_000
+        assert capped.idle_window()[1] == 0 and shared.idle_window()[1] == 0  # 300 us / 2 ms: the 20 ms quiets outlast them
+        median, window = whole.idle_window()
+        assert window == median // 100 * 100, (median, window)
+        sleeps = capped.sleeps()
+        capped.graph(99, 9)
+        assert _until(lambda: capped.issued() == 17 and capped.sleeps() > sleeps, 2.0)  # asleep right after the burst
     finally:
-        capped.close()
-        shared.close()
+        for launcher in launchers:
+            launcher.close()
 
 
 def _steps(launcher, count: int, host_work_s: float) -> None:
