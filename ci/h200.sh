@@ -77,7 +77,7 @@
 #   chisq_coarse  power over 5 seeds of the coarse-arithmetic biases quick mode cannot see (fp16 probabilities,
 #                 16-bit uniforms; inverse-CDF samplers on their full-mode probes, ~1.3e10 token-draws a repeat),
 #                 then their gpu test (the fp16 bias rejected, the full-precision control passing on the same probe);
-#                 113 s to 220+ s on lent H100s: its own limit, CHISQ_COARSE_LIMIT_S (480)
+#                 113 s to 231 s on lent H100s: its own limit, CHISQ_COARSE_LIMIT_S (480)
 #   chisq_deep    2^12..2^17-token tails 12..30 logits below the head (the runner's sampler; RNG v2: ~51 hits expected)
 #   invariance    batch invariance (docs/INVARIANCE.md): `runnercheck invariance --device cuda` on our runner (micro with
 #                 4 rows, then tiny with 8: must exit 0), each batch-dependence mutant of stress/mutants/batch.py through

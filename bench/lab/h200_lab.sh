@@ -7,7 +7,7 @@
 #   bash bench/lab/h200_lab.sh OUTDIR JOB...
 #
 #   draft_rerun   `bench --only spec_draft` alone, then the four rejection-sampling mutants beside two replays of run
-#                 12's draft_stress_self divergence (docs/results/2026-12-01-h200-draft_stress_self-run12-repro.json)
+#                 12's draft_stress_self divergence (bench/lab/draft_stress_self-run12-repro.json)
 #   spec_diag     four processes side by side: `ci/capture_probe.py --after-arm off|draft|self` (one 8-request arm of
 #                 spec_draft, then the 64-request runner's capture) and `bench --only spec_draft` with the fast launcher off
 #   draft_self    `stress --proposer draft --draft-model micro` (the target drafting for itself: near ties at every rank)
@@ -144,7 +144,7 @@ want draft_rerun && (  # after run 12: the mutants with the twin's waits named, 
   job draft_mutants 240 $rc mutants --device cuda --no-chisq --only spec_accept_ratio_normalised spec_residual_abs \
     spec_accept_uses_draft_noise spec_bonus_dropped --out "$out/draft_mutants" &
   for k in 1 2; do
-    job draft_self_replay_$k 120 $rc replay docs/results/2026-12-01-h200-draft_stress_self-run12-repro.json --no-progress
+    job draft_self_replay_$k 120 $rc replay bench/lab/draft_stress_self-run12-repro.json --no-progress
   done
   wait
 )
