@@ -122,3 +122,24 @@ def test_greedy_spans_cover_the_row_in_about_the_asked_programs() -> None:
         blocks, span = greedy_spans(vocab, rows, sub, programs)
         assert span % sub == 0 and (blocks - 1) * span < vocab <= blocks * span
         assert blocks == 1 or rows * blocks <= programs + rows * 2
+
+
+def test_a_penalty_overflow_to_inf_is_not_a_raw_inf(dev) -> None:
+    """A repetition penalty below 1 divides a seen positive logit by it: near FLT_MAX that overflows to +inf.  The
+    non-finite rule is about the raw logits: a raw +inf later in the row still wins and flags, and without one the
+    overflowed score is the plain argmax (unflagged).  Both launches agree with the oracle (a launch that took the
+    first +inf *score* for a raw +inf picks token 20 in row 0)."""
+    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=2)
+    state = SamplingState(dev, 1, VOCAB)
+    requests = {0: RowRequest(SamplingParams(temperature=0.0, repetition_penalty=0.5), 3, (20, 21))}
+    admit(dev, state, requests)
+    rows = [LogitRow(0, 10), LogitRow(0, 11)]
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(5))
+    logits[:, 20] = torch.finfo(torch.float32).max / 1.5  # seen: / 0.5 overflows to +inf
+    logits[0, 260] = math.inf  # raw
+    expected = [r.token for r in reference_results(logits, requests, rows)]
+    assert expected == [260, 20]
+    for all_greedy in (False, True):
+        tokens, flags = _run(dev, sampler, state, logits, rows, all_greedy=all_greedy)
+        assert tokens == expected, all_greedy
+        assert flags == [1, 0], all_greedy
