@@ -14,14 +14,15 @@ in ``libcuda.so.1`` through ctypes; runtime and driver handles are the same obje
 Idle, it polls for a job, then (optionally) naps, then sleeps in a blocking wait that uses no CPU.  Its polling
 after a burst of jobs adapts to the steps: at most ``RUNNERCHECK_LAUNCH_SPIN_PERCENT`` (default 10) percent of the
 median interval between its recent bursts, capped at ``RUNNERCHECK_LAUNCH_SPIN_US`` (default 300), so steps far
-apart do not keep a core busy -- and not at all while each recent quiet after a burst (to the next step's wake or
-job) outlasted that poll: such polling never catches the next step, whose wake finds the worker asleep anyway.  A step tells it that it begins (`Device.on_stream`): the worker then polls the
-whole cap, so it is polling by the time the step pushes -- after a *lead wait*: it learns how long a step takes
-from its wake to its first push and waits, blocked, until ``RUNNERCHECK_LAUNCH_LEAD_MARGIN_US`` (default 30; ``off``:
-no lead wait) before the shortest of the recent ones, so a step's own host work does not keep a second core polling.
-A push that comes sooner finds it blocked and wakes it, as below (a mispredicted lead counts in `signals`).  A polling or napping worker finds that out by itself
-(no system call on the step's thread); only a sleeping one must be woken, and that wake is a system call (a futex
-wake) on the step's thread, some microseconds on the H200's virtual machine (H200 run 118 in git history of
+apart do not keep a core busy -- and not at all while each recent quiet after a burst (to the next step's wake
+or job) outlasted that poll: such polling never catches the next step, whose wake finds the worker asleep anyway.
+A step tells it that it begins (`Device.on_stream`): the worker then polls the whole cap, so it is polling by the
+time the step pushes -- after a *lead wait*: it learns how long a step takes from its wake to its first push and
+waits, blocked, until ``RUNNERCHECK_LAUNCH_LEAD_MARGIN_US`` (default 30; ``off``: no lead wait) before the shortest
+of the recent ones, so a step's own host work does not keep a second core polling.  A push that comes sooner finds
+it blocked and wakes it, as below (a mispredicted lead counts in `signals`).  A polling or napping worker finds that
+out by itself (no system call on the step's thread); only a sleeping one must be woken, and that wake is a system
+call (a futex wake) on the step's thread, some microseconds on the H200's virtual machine (H200 run 118 in git history of
 docs/BENCHMARKS.md).  Naps (``RUNNERCHECK_LAUNCH_NAP_US`` at a time for ``RUNNERCHECK_LAUNCH_NAP_FOR_US``, default 0:
 none) keep that call out of steps that come closer together than the naps last, at a nap's CPU each.
 Polling is most of the worker's CPU time (`LaunchThread.cpu_seconds`; the host_cost benchmark counts it in the
@@ -90,7 +91,7 @@ def lead_margin() -> int:
     (microseconds), or -1 for ``off`` (the worker polls from the step's wake)."""
     if os.environ.get("RUNNERCHECK_LAUNCH_LEAD_MARGIN_US", "").strip().lower() == "off":
         return -1
-    return _micros("RUNNERCHECK_LAUNCH_LEAD_MARGIN_US", DEFAULT_LEAD_MARGIN_US, 1_000_000)
+    return _micros("RUNNERCHECK_LAUNCH_LEAD_MARGIN_US", DEFAULT_LEAD_MARGIN_US, 1_000_000, also=" or 'off'")
 
 
 def idle_settings() -> tuple[int, int, int]:
@@ -105,7 +106,9 @@ def idle_settings() -> tuple[int, int, int]:
     return spin, nap, nap_for
 
 
-def _micros(name: str, default: int, most: int) -> int:
+def _micros(name: str, default: int, most: int, also: str = "") -> int:
+    """The int value of ``name`` in [0, ``most``] (``default`` when unset); ``also`` names other accepted values in
+    the error."""
     value = os.environ.get(name, str(default))
     try:
         micros = int(value)
@@ -113,7 +116,6 @@ def _micros(name: str, default: int, most: int) -> int:
         micros = -1
     if not 0 <= micros <= most:
         unit = "percent" if name.endswith("PERCENT") else "microseconds"
-        also = " or 'off'" if name.endswith("LEAD_MARGIN_US") else ""
         raise LaunchThreadError(f"{name}={value!r}: expected an int in [0, {most}] ({unit}){also}")
     return micros
 

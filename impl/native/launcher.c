@@ -167,6 +167,15 @@ static void nap(long long ns)
         ;
 }
 
+/* The least of ``values[0..n)`` (n >= 1): once a burst, not per poll. */
+static long long least_of(const long long *values, int n)
+{
+    long long least = values[0];
+    for (int i = 1; i < n; i++)
+        least = values[i] < least ? values[i] : least;
+    return least;
+}
+
 /* Record one interval between burst starts and the quiet before this burst (from the last burst's last issue to the
  * first wake() or job after it), and return the poll after a burst: spin_percent of the median of the recent
  * intervals, at most spin_ns (spin_ns itself until there are MIN_GAPS of them) -- and 0 when each recent quiet
@@ -193,10 +202,7 @@ static long long adapt_window(Launcher *l, long long gap, long long quiet)
     atomic_store(&l->median_gap_ns, median);
     const long long share = median / 100 * l->spin_percent;
     const long long poll = share < l->spin_ns ? share : l->spin_ns;
-    long long least_quiet = l->quiets[0];
-    for (int i = 1; i < n; i++)
-        least_quiet = l->quiets[i] < least_quiet ? l->quiets[i] : least_quiet;
-    return least_quiet > poll ? 0 : poll;
+    return least_of(l->quiets, n) > poll ? 0 : poll;
 }
 
 /* Record one wake-to-first-job interval (the step's host work before its push). */
@@ -205,11 +211,8 @@ static void note_lead(Launcher *l, long long lead)
     l->leads[l->lead_count % LEAD_HISTORY] = lead;
     l->lead_count++;
     const int n = l->lead_count < LEAD_HISTORY ? l->lead_count : LEAD_HISTORY;
-    long long least = l->leads[0];
-    for (int i = 1; i < n; i++)
-        least = l->leads[i] < least ? l->leads[i] : least;
     if (n >= MIN_GAPS)
-        atomic_store(&l->least_lead_ns, least);
+        atomic_store(&l->least_lead_ns, least_of(l->leads, n));
 }
 
 /* The lead wait after a step's wake(): blocked until lead_margin_ns before the shortest recent wake-to-first-job
