@@ -181,7 +181,7 @@ want spec_stats && job spec_stats "$limit" $rc chisq --device cuda --samples 200
 want spec_draft && (  # alone: the bench first (timings), then the checks of the same build
   job bench_spec_draft "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only spec_draft --out "$out/spec_draft_bench"
   job spec_draft_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m gpu tests/impl/test_draft_graphs.py \
-    tests/impl/test_draft_proposer.py
+    tests/impl/test_draft_proposer.py tests/impl/test_spec_verify_kernel.py
   job spec_draft_mutants 240 $rc mutants --device cuda --no-chisq --only draft_q_not_refreshed \
     draft_propose_before_post_update --out "$out/spec_draft_mutants"
   job spec_draft_verify "$limit" $rc verify --device cuda --quick --no-progress --out "$out/spec_draft_verify"

@@ -62,6 +62,8 @@ Ownership (all owned by this object, on the device, allocated at init, for the r
     step_q           float32 [R * max(1, D), V]: the step's draft distributions, same layout.  Written
                      by the q-gather kernel; read by that step's verifier.
     next_tokens      int64 [R]: a decode's sampled drafts, the next decode's input.  Draft-sample kernel only.
+    sample_partials  int32 [R, 4, S]: a draft sample's Gumbel-max per vocabulary span (`launch_draft_sample`),
+                     written by its partials launch, read by its combine launch; meaningless between them.
     decode_qsl       int32 [R + 1], decode_rows int64 [R]: constants ``0..R`` (one token per request).
     verifier         `SpecVerifier` (owns its output tokens / accepted counts, see its docstring).
     has_proposal     host bookkeeping (`runnercheck.impl.device_drafts.DeviceDraftRows`).
@@ -83,7 +85,8 @@ from runnercheck.impl.device import Device
 from runnercheck.impl.device_drafts import DeviceDraftRows, ProposerConfigError
 from runnercheck.impl.hotpath import hot_path
 from runnercheck.impl.interface import DraftModelConfig, RunnerLimits, SchedulerOutput
-from runnercheck.impl.kernels.draft_model import launch_draft_sample, launch_gather_draft_probs, launch_scatter_verified
+from runnercheck.impl.kernels.draft_model import (draft_sample_partials, launch_draft_sample, launch_gather_draft_probs,
+                                                  launch_scatter_verified)
 from runnercheck.impl.kernels.input_prep import PADDING_STATE_ROW as _PADDING_STATE_ROW
 from runnercheck.impl.kernels.ngram import launch_gather_drafts
 from runnercheck.impl.model.forward import PagedDecoder
@@ -126,6 +129,7 @@ class DraftModelProposer(DeviceDraftRows):
         self.step_drafts = device.zeros(max_draft_rows, torch.int32)
         self.step_q = device.zeros((max_draft_rows, v), torch.float32)
         self.next_tokens = device.zeros(r, torch.int64)
+        self.sample_partials = draft_sample_partials(device.zeros, r, v)
         self.decode_qsl = device.to_device(torch.arange(r + 1, dtype=torch.int32))
         self.decode_rows = device.to_device(torch.arange(r, dtype=torch.int64))
         self.verifier = SpecVerifier(device, v, max_num_reqs=r, max_spec_tokens=limits.max_num_draft_tokens)
@@ -267,7 +271,8 @@ class DraftModelProposer(DeviceDraftRows):
             prefix = self.proposed.index_select(0, own_rows64)[:, :j] if j else None
             self.q[:, j].index_copy_(0, own_rows64, filtered_probs(logits, ss, state_rows32, prefix, num_reqs))
             launch_draft_sample(rows=own_rows, state_rows=state_rows32, positions=total + j, seeds=ss.seed.base,
-                                q_buf=self.q, proposed=self.proposed, next_tokens=self.next_tokens, j=j, num_reqs=num_reqs)
+                                q_buf=self.q, proposed=self.proposed, next_tokens=self.next_tokens,
+                                partials=self.sample_partials, j=j, num_reqs=num_reqs)
             tokens_in = self.next_tokens[:num_reqs]
 
     # ------------------------------------------------------------------ bucketed (graph) steps

@@ -1,6 +1,6 @@
 """Issue 58's two misses, by variant: the all-greedy launch and the temperature split pass, timed side by side.
 
-    python -m runnercheck.bench.lab.sampler_variants [--rows 1 8 64 256] [--vocab 151936] [--check-only]
+    python -m runnercheck.bench.lab.sampler_variants [--rows 1 8 64 256] [--vocab 151936] [--check-only] [--greedy-only]
 
 Greedy: the product's all-greedy launch (`sampling_greedy`: each program walks a contiguous span in
 ``SUB``-wide steps) over spans per row, steps and warps, next to ``torch.argmax`` and a plain read of the
@@ -10,7 +10,8 @@ Temperature: the temperature rows' share of the product's split pass (`sampling.
 bounded in exponential space from the hi words, one reference token's full key as the bar) over chunk and
 warps, against the same bounds on ``[CHUNK/4, 4]`` quads (no interleave) and against two chunks per program
 (both loads issued first).  All must give the same per-chunk (key, token) partials: checked first.
-``--profile`` launches each kernel twice and exits (for ncu).
+``--profile`` launches each kernel twice and exits (for ncu).  ``--greedy-only``: the greedy launch alone,
+over a wider grid (spans per row 1-8, steps 1024-8192, 4-16 warps), beside the floor, argmax and the read.
 
 Prints one JSON line per measurement (device microseconds, CUDA-graph replays).  Not a product feature:
 the lab.
@@ -231,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="one launch each of the temperature split pass and the all-greedy launch at the largest "
                              "row count, after a warm-up launch (for ncu --launch-skip 1)")
+    parser.add_argument("--greedy-only", action="store_true", help="the greedy launch's wider sweep, no temperature")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
@@ -300,12 +302,21 @@ def main(argv: list[str] | None = None) -> int:
             _emit(rows=rows, case="read_max", blocks=nb, sub=sub, warps=warps,
                   us=_graph_us(lambda: _read_max_kernel[(rows, nb)](part, part.stride(0), out, args.vocab, span,
                                                                     SUB=sub, num_warps=warps), True))
-        for blocks in (max(1, 256 // rows), max(1, 512 // rows)):
-            for sub, warps in ((2048, 8), (1024, 8), (2048, 16)):
+        if args.greedy_only:
+            spans = sorted({max(1, 256 // rows) * m for m in (1, 2, 4, 8)})
+            shapes = [(sub, warps) for sub in (1024, 2048, 4096, 8192) for warps in (4, 8, 16) if sub >= 128 * warps]
+        else:
+            spans, shapes = (max(1, 256 // rows), max(1, 512 // rows)), ((2048, 8), (1024, 8), (2048, 16))
+        for blocks in spans:
+            for sub, warps in shapes:
                 if triton.cdiv(args.vocab, blocks) < sub // 2:
                     continue
-                _emit(rows=rows, case="greedy_loop", blocks=blocks, sub=sub, warps=warps,
-                      us=_graph_us(lambda: loop(logits, rows, blocks, sub, warps), True))
+                loop.tokens.zero_()
+                us = _graph_us(lambda: loop(logits, rows, blocks, sub, warps), True)
+                _emit(rows=rows, case="greedy_loop", blocks=blocks, sub=sub, warps=warps, us=us,
+                      equal=bool(torch.equal(loop.tokens[:rows], ref_tokens[:rows])))
+        if args.greedy_only:
+            continue
         for name, kernel in variants:
             shapes = ((1024, 4), (2048, 4)) if name == "exp_space" else ((512, 2), (512, 4), (1024, 2), (1024, 4),
                                                                            (1024, 8), (2048, 4))

@@ -1,11 +1,14 @@
 """Kernels of the draft-model proposer (`runnercheck.impl.draft_proposer`) and of its verification in the runner.
 
-* `_draft_sample_kernel`, one program per request of the draft decode batch: draft ``j`` of
+* `_draft_sample_partials_kernel`, one program per (request of the draft decode batch, span of ``CHUNK``
+  tokens), then `_draft_sample_combine_kernel`, one per request: draft ``j`` of
   proposer row ``rows[i]`` (a bucket's padding request: the proposer's dummy row) is the Gumbel-max of ``log q + g`` over ``q = q_buf[row, j]`` (the draft's
   distribution after the request's temperature, penalties and filters) with the noise of
   ``DRAFT_STREAM`` at the produced token's position and the seed of state row ``state_rows[i]``
   (the same row for a live request; a padding request reads a live row's seed, never writes it);
-  a greedy request's ``q`` is a point mass, so the same rule returns its argmax.  Writes ``proposed[row, j]`` and the next decode input.
+  a greedy request's ``q`` is a point mass, so the same rule returns its argmax.  The spans' partials
+  (`runnercheck.impl.kernels.spec_verify.residual_span_partials`) go through the caller's buffer; the combine
+  takes the lowest token at the largest score, the one-pass rule exactly.  Writes ``proposed[row, j]`` and the next decode input.
 * `_gather_draft_probs_kernel`, grid ``(num_reqs, K)``: copies ``q_buf[rows[i], j]`` into the
   step's draft-probability row ``draft_start[i] + j`` (the layout `SpecVerifier` reads).
 * `_scatter_verified_kernel`, one program per scheduled request: for a request with ``k > 0``
@@ -23,32 +26,63 @@ import triton.language as tl
 
 from runnercheck.impl.kernels.launch import launch
 from runnercheck.impl.kernels.rng import DRAFT_STREAM
-from runnercheck.impl.kernels.spec_verify import gumbel_max_residual
+from runnercheck.impl.kernels.spec_verify import combine_partials, residual_span_partials, store_partials
 
 MAX_BLOCK = 1024
+DRAFT_SAMPLE_CHUNK = 4096  # tokens per program of a draft sample's partials launch (as the verifier's resample)
 
 
-@triton.jit(do_not_specialize=["vocab_size", "j"])
-def _draft_sample_kernel(rows_ptr, state_rows_ptr, positions_ptr, seed_ptr, q_ptr, q_row_stride, q_draft_stride, proposed_ptr,
-                         proposed_stride, next_ptr, j, vocab_size, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["vocab_size", "j", "num_chunks"])
+def _draft_sample_partials_kernel(rows_ptr, state_rows_ptr, positions_ptr, seed_ptr, q_ptr, q_row_stride, q_draft_stride,
+                                  part_ptr, j, num_chunks, vocab_size, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (request, span): the Gumbel-max of ``log q + g`` over one ``CHUNK`` of the request's ``q`` row."""
     i = tl.program_id(0)
+    chunk = tl.program_id(1)
     row = tl.load(rows_ptr + i).to(tl.int64)
     position = tl.load(positions_ptr + i).to(tl.int64)
     seed = tl.load(seed_ptr + tl.load(state_rows_ptr + i).to(tl.int64))
     q_row = q_ptr + row * q_row_stride + j * q_draft_stride
-    token = gumbel_max_residual(q_row, q_row, 0, seed, position, vocab_size, BLOCK, DRAFT_STREAM)
+    start = chunk * CHUNK
+    top_r, tok_r, top_p, tok_p = residual_span_partials(q_row, q_row, 0, seed, position, start,
+                                                        tl.minimum(start + CHUNK, vocab_size), BLOCK, DRAFT_STREAM)
+    store_partials(part_ptr, i, chunk, num_chunks, top_r, tok_r, top_p, tok_p)
+
+
+@triton.jit(do_not_specialize=["vocab_size", "j", "num_chunks"])
+def _draft_sample_combine_kernel(rows_ptr, part_ptr, proposed_ptr, proposed_stride, next_ptr, j, num_chunks, vocab_size,
+                                 CHUNKS_P2: tl.constexpr):
+    i = tl.program_id(0)
+    row = tl.load(rows_ptr + i).to(tl.int64)
+    token = combine_partials(part_ptr, i, num_chunks, vocab_size, CHUNKS_P2)
     tl.store(proposed_ptr + row * proposed_stride + j, token.to(tl.int32))
     tl.store(next_ptr + i, token.to(tl.int64))
 
 
+def draft_sample_partials(device_zeros, max_rows: int, vocab_size: int, chunk: int = DRAFT_SAMPLE_CHUNK) -> torch.Tensor:
+    """The span-partials buffer `launch_draft_sample` needs for up to ``max_rows`` requests: int32
+    ``[max_rows, 4, ceil(V / chunk)]`` (``device_zeros(shape, dtype)`` allocates it)."""
+    chunk = _draft_chunk(vocab_size, chunk)
+    return device_zeros((max_rows, 4, triton.cdiv(vocab_size, chunk)), torch.int32)
+
+
+def _draft_chunk(vocab_size: int, chunk: int) -> int:
+    return min(chunk, max(2, triton.next_power_of_2(vocab_size)))
+
+
 def launch_draft_sample(*, rows: torch.Tensor, state_rows: torch.Tensor, positions: torch.Tensor, seeds: torch.Tensor, q_buf: torch.Tensor,
-                        proposed: torch.Tensor, next_tokens: torch.Tensor, j: int, num_reqs: int) -> None:
+                        proposed: torch.Tensor, next_tokens: torch.Tensor, partials: torch.Tensor, j: int,
+                        num_reqs: int) -> None:
     """Sample draft ``j`` of ``num_reqs`` rows from ``q_buf [R + 1, K, V]`` (device work); ``state_rows``: each
-    request's sampling-state row (its seed)."""
-    vocab = q_buf.shape[2]
-    launch(_draft_sample_kernel, (num_reqs,), rows, state_rows, positions, seeds, q_buf, q_buf.stride(0), q_buf.stride(1), proposed,
-                                      proposed.stride(0), next_tokens, j, vocab,
-                                      BLOCK=min(MAX_BLOCK, triton.next_power_of_2(vocab)))
+    request's sampling-state row (its seed); ``partials``: from `draft_sample_partials` (its span count fixes
+    the span width)."""
+    vocab, num_chunks = q_buf.shape[2], partials.shape[2]
+    chunk = max(2, triton.next_power_of_2(triton.cdiv(vocab, num_chunks)))
+    if triton.cdiv(vocab, chunk) != num_chunks or partials.shape[0] < num_reqs:
+        raise ValueError(f"partials {tuple(partials.shape)} do not fit {num_reqs} rows of {vocab} tokens")
+    launch(_draft_sample_partials_kernel, (num_reqs, num_chunks), rows, state_rows, positions, seeds, q_buf, q_buf.stride(0),
+           q_buf.stride(1), partials, j, num_chunks, vocab, CHUNK=chunk, BLOCK=min(MAX_BLOCK, chunk))
+    launch(_draft_sample_combine_kernel, (num_reqs,), rows, partials, proposed, proposed.stride(0), next_tokens, j,
+           num_chunks, vocab, CHUNKS_P2=max(2, triton.next_power_of_2(num_chunks)))
 
 
 @triton.jit(do_not_specialize=["vocab_size"])

@@ -9,12 +9,17 @@ the sampler reads its parameters) and its noise position of target row 0 from ``
 * greedy (temperature 0): per target row one pass for ``argmax p`` (lowest index), compared with
   the draft; the loop stops deciding at the first mismatch.
 * rejection sampling: scalar loads of ``p_i(d_i)`` and ``q_i(d_i)`` per draft, the accept
-  uniform from `runnercheck.impl.kernels.rng` at ``(0, P + i, 0, ACCEPT_STREAM)``; then one pass over the
-  vocabulary of the row to resample (`gumbel_max_residual`), which tracks the Gumbel-max over the residual
-  and over ``p`` at once, so the all-zero residual needs no second read.
+  uniform from `runnercheck.impl.kernels.rng` at ``(0, P + i, 0, ACCEPT_STREAM)``.  The row to resample
+  (``accepted``: the first rejected draft's, or the bonus row) is then drawn by two more launches:
+  `spec_resample_partials_kernel`, one program per (request, vocabulary span of ``CHUNK`` tokens), tracks
+  the Gumbel-max over the residual and over ``p`` at once (`residual_span_partials`: so the all-zero
+  residual needs no second read), and `spec_resample_combine_kernel`, one program per request, takes the
+  lowest token at the largest score over the spans (`combine_partials`) and writes it at column
+  ``accepted``.  Noise is per (seed, position, token), so the split gives the one-pass token exactly, and
+  every token's 64-bit Philox draw runs spread over the machine instead of on one SM per request.
 
-Every program first writes its output row to -1, so an emitted row is ``accepted + 1`` tokens then
-padding.  No intermediate tensor: the only memory written is the output.
+The first launch writes every output row to -1, so an emitted row is ``accepted + 1`` tokens then
+padding.  Memory written: the output, and the span partials (the caller's int32 ``[R, 4, spans]`` buffer).
 """
 from __future__ import annotations
 
@@ -47,37 +52,67 @@ def _greedy_argmax(p_row, vocab_size, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def gumbel_max_residual(p_row, q_row, use_residual, seed, position, vocab_size, BLOCK: tl.constexpr,
-                        STREAM: tl.constexpr):
-    """Gumbel-max of ``log r + g`` (noise of ``STREAM``) over ``r = max(0, p - q)``, or over ``p`` when
-    that residual is zero everywhere or ``use_residual`` is false (the bonus row: q is not read).
-    The draft-model proposer samples its drafts with it too (``use_residual = 0``, the draft stream)."""
+def residual_span_partials(p_row, q_row, use_residual, seed, position, start, stop, BLOCK: tl.constexpr,
+                           STREAM: tl.constexpr):
+    """Gumbel-max partials of ``[start, stop)``: ``(top_r, token_r, top_p, token_p)``, the largest ``log r + g``
+    (noise of ``STREAM``) over ``r = max(0, p - q)`` and the largest ``log p + g``, each with the lowest token
+    holding it (``token = stop`` where no token has mass).  ``use_residual`` false: q is not read (r = p)."""
     lanes = tl.arange(0, BLOCK)
     best_r = tl.full((BLOCK,), float("-inf"), tl.float32)
-    token_r = tl.full((BLOCK,), vocab_size, tl.int32)
+    token_r = tl.full((BLOCK,), stop, tl.int32)
     best_p = tl.full((BLOCK,), float("-inf"), tl.float32)
-    token_p = tl.full((BLOCK,), vocab_size, tl.int32)
-    for start in range(0, vocab_size, BLOCK):
-        offs = start + lanes
-        in_vocab = offs < vocab_size
-        p = tl.load(p_row + offs, mask=in_vocab, other=0.0)
+    token_p = tl.full((BLOCK,), stop, tl.int32)
+    for first in range(start, stop, BLOCK):
+        offs = first + lanes
+        in_span = offs < stop
+        p = tl.load(p_row + offs, mask=in_span, other=0.0)
         # the flag broadcast to the block first: the interpreter refuses a block mask & a 0-d mask
-        q = tl.load(q_row + offs, mask=in_vocab & ((offs * 0 + use_residual) != 0), other=0.0)
+        q = tl.load(q_row + offs, mask=in_span & ((offs * 0 + use_residual) != 0), other=0.0)
         hi, lo = philox_64bits(seed, position, offs, STREAM)
         g = gumbel_from_bits(hi, lo)
         r = tl.maximum(p - q, 0.0)
-        score_r = tl.where(in_vocab & (r > 0.0), tl.log(tl.where(r > 0.0, r, 1.0)) + g, float("-inf"))
-        score_p = tl.where(in_vocab & (p > 0.0), tl.log(tl.where(p > 0.0, p, 1.0)) + g, float("-inf"))
-        better_r = score_r > best_r
+        score_r = tl.where(in_span & (r > 0.0), tl.log(tl.where(r > 0.0, r, 1.0)) + g, float("-inf"))
+        score_p = tl.where(in_span & (p > 0.0), tl.log(tl.where(p > 0.0, p, 1.0)) + g, float("-inf"))
+        better_r = score_r > best_r  # strict: an earlier step keeps the lane on ties (lowest index)
         best_r = tl.where(better_r, score_r, best_r)
         token_r = tl.where(better_r, offs, token_r)
         better_p = score_p > best_p
         best_p = tl.where(better_p, score_p, best_p)
         token_p = tl.where(better_p, offs, token_p)
-    top_r, tok_r = _lowest_at_max(best_r, token_r, vocab_size)
-    top_p, tok_p = _lowest_at_max(best_p, token_p, vocab_size)
-    token = tl.where(top_r > float("-inf"), tok_r, tok_p)
-    return tl.where(token >= vocab_size, 0, token)  # a row without mass is refused by the launcher's checks
+    top_r, tok_r = _lowest_at_max(best_r, token_r, stop)
+    top_p, tok_p = _lowest_at_max(best_p, token_p, stop)
+    return top_r, tok_r, top_p, tok_p
+
+
+@triton.jit
+def store_partials(part_ptr, row, chunk, num_chunks, top_r, tok_r, top_p, tok_p):
+    """A span's partials into ``part_ptr`` (int32 ``[rows, 4, num_chunks]``: scores as their fp32 bits)."""
+    base = part_ptr + row.to(tl.int64) * 4 * num_chunks + chunk
+    tl.store(base, top_r.to(tl.int32, bitcast=True))
+    tl.store(base + num_chunks, tok_r)
+    tl.store(base + 2 * num_chunks, top_p.to(tl.int32, bitcast=True))
+    tl.store(base + 3 * num_chunks, tok_p)
+
+
+@triton.jit
+def combine_partials(part_ptr, row, num_chunks, vocab_size, CHUNKS_P2: tl.constexpr):
+    """The sampled token of ``row`` from its spans' partials: the lowest token at the largest residual score,
+    or, when the residual is zero everywhere, at the largest ``log p + g`` (0 for a row without mass, which
+    the launchers' checks refuse).  Spans cover the row in order, so this is the one-pass rule exactly."""
+    chunks = tl.arange(0, CHUNKS_P2)
+    valid = chunks < num_chunks
+    base = part_ptr + row.to(tl.int64) * 4 * num_chunks + chunks
+    top_r = tl.load(base, mask=valid, other=0).to(tl.float32, bitcast=True)
+    tok_r = tl.load(base + num_chunks, mask=valid, other=0)
+    top_p = tl.load(base + 2 * num_chunks, mask=valid, other=0).to(tl.float32, bitcast=True)
+    tok_p = tl.load(base + 3 * num_chunks, mask=valid, other=0)
+    top_r = tl.where(valid, top_r, float("-inf"))
+    top_p = tl.where(valid, top_p, float("-inf"))
+    # a span without mass names its end as its token: not a token of the row
+    best_r, token_r = _lowest_at_max(top_r, tl.where(top_r > float("-inf"), tok_r, vocab_size), vocab_size)
+    best_p, token_p = _lowest_at_max(top_p, tl.where(top_p > float("-inf"), tok_p, vocab_size), vocab_size)
+    token = tl.where(best_r > float("-inf"), token_r, token_p)
+    return tl.where(token >= vocab_size, 0, token)
 
 
 @triton.jit(do_not_specialize=["vocab_size"])
@@ -125,8 +160,41 @@ def spec_verify_kernel(
                     accepted += 1
                 else:
                     done = 1
-        token = gumbel_max_residual(target_ptr + (t_start + accepted) * target_stride,
-                                    draft_probs_ptr + (d_start + accepted) * draft_stride, (accepted < k).to(tl.int32),
-                                    seed, position + accepted, vocab_size, BLOCK, RESAMPLE_STREAM)
-        tl.store(out_row + accepted, token.to(tl.int64))
+        # the resample at row ``accepted``: `spec_resample_partials_kernel`, then `spec_resample_combine_kernel`
     tl.store(accepted_ptr + req, accepted.to(tl.int32))
+
+
+@triton.jit(do_not_specialize=["vocab_size", "num_chunks"])
+def spec_resample_partials_kernel(
+    target_ptr, target_stride, draft_probs_ptr, draft_stride, cu_drafts_ptr, idx_mapping_ptr, seed_ptr,
+    temperature_ptr, position_ptr, accepted_ptr, part_ptr, num_chunks, vocab_size,
+    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Program (request, span): the Gumbel-max partials of the request's resample row over one ``CHUNK`` of it."""
+    req = tl.program_id(0)
+    chunk = tl.program_id(1)
+    state_row = tl.load(idx_mapping_ptr + req).to(tl.int64)
+    if tl.load(temperature_ptr + state_row) != 0.0:
+        seed = tl.load(seed_ptr + state_row)
+        d_start = tl.load(cu_drafts_ptr + req).to(tl.int64)
+        k = tl.load(cu_drafts_ptr + req + 1).to(tl.int64) - d_start
+        accepted = tl.load(accepted_ptr + req).to(tl.int64)
+        position = tl.load(position_ptr + req).to(tl.int64) + accepted
+        start = chunk * CHUNK
+        top_r, tok_r, top_p, tok_p = residual_span_partials(
+            target_ptr + (d_start + req + accepted) * target_stride, draft_probs_ptr + (d_start + accepted) * draft_stride,
+            (accepted < k).to(tl.int32), seed, position, start, tl.minimum(start + CHUNK, vocab_size), BLOCK,
+            RESAMPLE_STREAM)
+        store_partials(part_ptr, req, chunk, num_chunks, top_r, tok_r, top_p, tok_p)
+
+
+@triton.jit(do_not_specialize=["vocab_size", "num_chunks"])
+def spec_resample_combine_kernel(idx_mapping_ptr, temperature_ptr, accepted_ptr, part_ptr, out_tokens_ptr, out_stride,
+                                 num_chunks, vocab_size, CHUNKS_P2: tl.constexpr):
+    """Program per request: the resampled (or bonus) token at its output column ``accepted``."""
+    req = tl.program_id(0)
+    state_row = tl.load(idx_mapping_ptr + req).to(tl.int64)
+    if tl.load(temperature_ptr + state_row) != 0.0:
+        token = combine_partials(part_ptr, req, num_chunks, vocab_size, CHUNKS_P2)
+        accepted = tl.load(accepted_ptr + req).to(tl.int64)
+        tl.store(out_tokens_ptr + req.to(tl.int64) * out_stride + accepted, token.to(tl.int64))

@@ -1,7 +1,8 @@
 """The launcher of speculative verification (`runnercheck.impl.kernels.spec_verify`), a batch per call.
 
 `SpecVerifier.verify` is pure device work: it checks shapes, dtypes and the host's own draft
-counts (ints the scheduler already holds), then launches one kernel of ``num_reqs`` programs.  It
+counts (ints the scheduler already holds), then launches the accept kernel (``num_reqs`` programs), the
+resample's span partials (``num_reqs`` x ``ceil(V / chunk)`` programs) and their combine (``num_reqs``).  It
 reads no device data and allocates nothing per call.  Probabilities are the target's and the
 draft's distributions after temperature and filters (docs/SAMPLING.md); the temperature of each
 request's state row only picks greedy (0) or rejection-sampling mode.
@@ -16,7 +17,10 @@ construction from ``max_num_reqs`` R and ``max_spec_tokens`` K):
 
 * ``tokens`` i64 ``[R, K + 1]``: emitted tokens (accepted drafts, then the resampled/bonus token,
   then -1 padding), written entirely by the kernel for the requests of a call;
-* ``accepted`` i32 ``[R]``: accepted draft counts.
+* ``accepted`` i32 ``[R]``: accepted draft counts;
+* ``partials`` i32 ``[R, 4, S]`` (``S`` spans of ``chunk`` tokens): each request's resample Gumbel-max per
+  span (`runnercheck.impl.kernels.spec_verify.store_partials`), written by the partials launch and read by the
+  combine launch of the same call; meaningless between calls.
 
 A call's outputs are valid until the next call.
 """
@@ -38,9 +42,13 @@ from runnercheck.impl.interface import (
     SpecVerifyError,
     SpecVocabMismatchError,
 )
-from runnercheck.impl.kernels.spec_verify import spec_verify_kernel
+from runnercheck.impl.kernels.spec_verify import (spec_resample_combine_kernel, spec_resample_partials_kernel,
+                                                  spec_verify_kernel)
 
 MAX_BLOCK = 1024
+# Tokens per program of the resample's partials launch: a row's 64-bit Philox draws spread over ~V/CHUNK programs
+# (151936 tokens: 38 per request), few enough that the combine reads one short row of partials.
+RESAMPLE_CHUNK = 4096
 
 
 @dataclass(frozen=True)
@@ -70,16 +78,22 @@ def _vector(t: object, name: str, dtypes: tuple[torch.dtype, ...], min_len: int)
 class SpecVerifier:
     """Verifies drafts for up to ``max_num_reqs`` requests of up to ``max_spec_tokens`` drafts each."""
 
-    def __init__(self, device: Device, vocab_size: int, *, max_num_reqs: int, max_spec_tokens: int):
+    def __init__(self, device: Device, vocab_size: int, *, max_num_reqs: int, max_spec_tokens: int,
+                 chunk: int = RESAMPLE_CHUNK):
         if vocab_size < 1 or max_num_reqs < 1 or max_spec_tokens < 0:
             raise SpecVerifyError("need vocab_size >= 1, max_num_reqs >= 1 and max_spec_tokens >= 0")
+        if not isinstance(chunk, int) or chunk < 2 or chunk & (chunk - 1):
+            raise SpecVerifyError(f"chunk must be a power of two >= 2, got {chunk!r}")
         self.device = device
         self.vocab_size = vocab_size
         self.max_num_reqs = max_num_reqs
         self.max_spec_tokens = max_spec_tokens
         self.tokens = device.full((max_num_reqs, max_spec_tokens + 1), -1, torch.int64)
         self.accepted = device.zeros(max_num_reqs, torch.int32)
-        self.block = min(MAX_BLOCK, triton.next_power_of_2(vocab_size))
+        self.chunk = min(chunk, max(2, triton.next_power_of_2(vocab_size)))
+        self.block = min(MAX_BLOCK, self.chunk)
+        self.num_chunks = triton.cdiv(vocab_size, self.chunk)
+        self.partials = device.zeros((max_num_reqs, 4, self.num_chunks), torch.int32)
 
     def check(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
               cu_num_draft_tokens: torch.Tensor, idx_mapping: torch.Tensor, seeds: torch.Tensor,
@@ -158,6 +172,13 @@ class SpecVerifier:
             target_probs, target_probs.stride(0), draft_probs, draft_probs.stride(0), draft_tokens, cu_num_draft_tokens,
             idx_mapping, seeds, temperature, positions, self.tokens, self.tokens.stride(0), self.accepted,
             self.vocab_size, OUT_WIDTH=width, OUT_P2=triton.next_power_of_2(width), BLOCK=self.block, num_warps=4)
+        launch(spec_resample_partials_kernel, (num_reqs, self.num_chunks),
+            target_probs, target_probs.stride(0), draft_probs, draft_probs.stride(0), cu_num_draft_tokens, idx_mapping,
+            seeds, temperature, positions, self.accepted, self.partials, self.num_chunks, self.vocab_size,
+            CHUNK=self.chunk, BLOCK=self.block, num_warps=4)
+        launch(spec_resample_combine_kernel, (num_reqs,),
+            idx_mapping, temperature, self.accepted, self.partials, self.tokens, self.tokens.stride(0), self.num_chunks,
+            self.vocab_size, CHUNKS_P2=max(2, triton.next_power_of_2(self.num_chunks)))
         return SpecVerifyOutput(tokens, accepted)
 
     def verify_checked(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,

@@ -7,6 +7,7 @@
   own draft (drafts accepted: bonus tokens), greedy and random requests mixed, logprobs included;
 * the differential under lag finds 0 divergences and 0 host syncs, and fails when the proposer or
   the verification is dropped (planted bugs);
+* a draft sample spread over vocabulary spans draws the oracle's token whatever the span width;
 * bad inputs raise typed errors before any state changes.
 """
 from __future__ import annotations
@@ -105,6 +106,36 @@ def _run(spec: DraftModelConfig, steps: int = 7, kind: str = "sim") -> tuple[int
         sched = SchedulerOutput(step, cached_requests=CachedRequests.of(tuple(CachedRequest(r, (), known[r] - 1) for r in asked)),
                                 num_scheduled_tokens={r: 1 + k for r, k in asked.items()}, num_device_drafts=dict(asked))
     return drafts, accepted
+
+
+@pytest.mark.parametrize("chunk", [2, 16, 4096])
+def test_a_draft_sample_over_spans_draws_the_oracle_token(chunk: int) -> None:
+    """`launch_draft_sample`: the Gumbel-max of ``log q + g`` (draft stream) per row, spans combined with the lowest
+    token at the largest score: the oracle's `resample` token, rows with exact zeros and a point mass included."""
+    from runnercheck.impl.kernels.draft_model import draft_sample_partials, launch_draft_sample
+    from runnercheck.reference.rng import DRAFT_STREAM
+    from runnercheck.reference.spec_verify import resample
+
+    dev, vocab, num_reqs, k, j = Device("cpu"), 37, 4, 2, 1
+    gen = torch.Generator().manual_seed(7)
+    q = torch.rand(num_reqs + 1, k, vocab, generator=gen, dtype=torch.float64)
+    q[:, :, ::3] = 0.0  # exact zeros: never drawn
+    q[2, j] = 0.0
+    q[2, j, 35] = 1.0  # a point mass in the last, partial span
+    q = (q / q.sum(dim=2, keepdim=True).clamp(min=1e-30)).to(torch.float32)
+    rows = torch.tensor([3, 0, 2, 1], dtype=torch.int32)
+    state_rows = torch.tensor([1, 0, 3, 2], dtype=torch.int32)
+    positions = torch.tensor([5, 9, 2**20, 0], dtype=torch.int64)
+    seeds = torch.tensor([11, 2**62 + 3, 7, 123456789], dtype=torch.int64)
+    proposed = torch.full((num_reqs + 1, k), -1, dtype=torch.int32)
+    next_tokens = torch.zeros(num_reqs, dtype=torch.int64)
+    partials = draft_sample_partials(dev.zeros, num_reqs, vocab, chunk)
+    launch_draft_sample(rows=rows, state_rows=state_rows, positions=positions, seeds=seeds, q_buf=q, proposed=proposed,
+                        next_tokens=next_tokens, partials=partials, j=j, num_reqs=num_reqs)
+    for i in range(num_reqs):
+        want, _ = resample(q[int(rows[i]), j].double(), int(seeds[int(state_rows[i])]), int(positions[i]), DRAFT_STREAM)
+        assert int(next_tokens[i]) == want == int(proposed[int(rows[i]), j]), (i, chunk)
+    assert int(next_tokens[2]) == 35
 
 
 def test_an_unrelated_draft_model_is_verified_token_for_token_like_the_oracle() -> None:

@@ -83,9 +83,10 @@ def batches(draw) -> Batch:
                  seeds, temperature, positions, num_drafts)
 
 
-def _run(batch: Batch, dev: Device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(batch: Batch, dev: Device | None = None, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     dev = dev or Device("cpu")
-    verifier = SpecVerifier(dev, batch.target.shape[1], max_num_reqs=max(4, len(batch.num_drafts)), max_spec_tokens=MAX_K)
+    verifier = SpecVerifier(dev, batch.target.shape[1], max_num_reqs=max(4, len(batch.num_drafts)), max_spec_tokens=MAX_K,
+                            chunk=chunk)
     out = verifier.verify(*batch.args(dev), num_drafts=batch.num_drafts)
     return out.tokens.clone(), out.accepted.clone()
 
@@ -106,10 +107,17 @@ def _assert_matches_oracle(batch: Batch, tokens: torch.Tensor, accepted: torch.T
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(batches())
-def test_kernel_equals_the_oracle(batch: Batch) -> None:
-    tokens, accepted = _run(batch)
+@given(batches(), st.sampled_from([2, 4, 1024]))
+def test_kernel_equals_the_oracle(batch: Batch, chunk: int) -> None:
+    """Whatever the span width of the resample: a row in one span, or in several with a partial last one."""
+    tokens, accepted = _run(batch, chunk=chunk)
     _assert_matches_oracle(batch, tokens, accepted)
+
+
+@pytest.mark.parametrize("chunk", [0, 3, 24, "4"])
+def test_a_bad_span_width_is_refused(chunk: object) -> None:
+    with pytest.raises(launcher.SpecVerifyError, match="chunk"):
+        SpecVerifier(Device("cpu"), 8, max_num_reqs=2, max_spec_tokens=MAX_K, chunk=chunk)
 
 
 def test_q_equal_p_accepts_everything_and_samples_the_bonus() -> None:
