@@ -11,8 +11,8 @@ besides the target, a `PagedDecoder` over the draft preset's weights (the target
    into the graph's step buffer, which its pad kernel copies) and their
    distributions into ``step_q`` (the layout `SpecVerifier` reads);
 3. (between the sampler and post-update) `enqueue_verify` (`_verify`): the target's distributions ``p`` of
-   every logit row (`runnercheck.impl.sample.probs.filtered_probs`: docs/SAMPLING.md steps 0-6 + softmax, the
-   draft prefix counted for penalties), `SpecVerifier` over the batch, then the verified tokens
+   every logit row (`runnercheck.impl.sample.probs.drawn_distribution`: the distribution the step's sampler
+   drew each row from, the draft prefix counted for penalties), `SpecVerifier` over the batch, then the verified tokens
    written over the sampler's for requests with drafts and temperature > 0 (greedy requests keep
    the exact-match rule, equal to the verifier's greedy mode); the accepted count reaches the
    post-update kernel through the sampler's tokens and a poisoned rejected draft, never the host;
@@ -20,7 +20,8 @@ besides the target, a `PagedDecoder` over the draft preset's weights (the target
    own input tokens (so its KV holds every position the target computed), then
    ``num_spec_tokens`` decode steps from each scheduled row's new last token: decode ``j`` feeds
    the previous draft at position ``NUM_TOKENS - 1 + j``, turns its logits into ``q`` with the
-   request's own parameters (the drafts so far counted as outputs) and samples draft ``j`` by
+   request's own parameters (the drafts so far counted as outputs; ``draft_sampler`` run on them, then
+   `drawn_distribution`) and samples draft ``j`` by
    Gumbel-max over ``log q`` with ``DRAFT_STREAM`` noise at position ``NUM_TOKENS + j`` (a greedy
    request's ``q`` is a point mass on the argmax).  Rows that did not sample this step (a partial
    prefill) decode too: their proposal is never asked for (`has_proposal`) and every KV entry
@@ -64,6 +65,9 @@ Ownership (all owned by this object, on the device, allocated at init, for the r
     next_tokens      int64 [R]: a decode's sampled drafts, the next decode's input.  Draft-sample kernel only.
     sample_partials  int32 [R, 4, S]: a draft sample's Gumbel-max per vocabulary span (`launch_draft_sample`),
                      written by its partials launch, read by its combine launch; meaningless between them.
+    draft_sampler    a `Sampler` over the draft decodes' rows (its buffers: see its docstring): run on each decode's
+                     logits so that `drawn_distribution` reads q off its kept thresholds and tokens; its tokens
+                     are not the drafts.
     decode_qsl       int32 [R + 1], decode_rows int64 [R]: constants ``0..R`` (one token per request).
     verifier         `SpecVerifier` (owns its output tokens / accepted counts, see its docstring).
     has_proposal     host bookkeeping (`runnercheck.impl.device_drafts.DeviceDraftRows`).
@@ -91,7 +95,8 @@ from runnercheck.impl.kernels.input_prep import PADDING_STATE_ROW as _PADDING_ST
 from runnercheck.impl.kernels.ngram import launch_gather_drafts
 from runnercheck.impl.model.forward import PagedDecoder
 from runnercheck.impl.model.weights import ModelConfig, WeightsError, draft_weights
-from runnercheck.impl.sample.probs import filtered_probs
+from runnercheck.impl.sample.probs import drawn_distribution
+from runnercheck.impl.sample.sampler import Sampler
 from runnercheck.impl.sample.spec_verify import SpecVerifier
 from runnercheck.impl.sample.state import SamplingState
 from runnercheck.impl.state import LAST_TOKEN, NUM_TOKENS
@@ -130,6 +135,8 @@ class DraftModelProposer(DeviceDraftRows):
         self.step_q = device.zeros((max_draft_rows, v), torch.float32)
         self.next_tokens = device.zeros(r, torch.int64)
         self.sample_partials = draft_sample_partials(device.zeros, r, v)
+        # its kept thresholds and point-mass tokens define q (`drawn_distribution`); no logprobs, one processed row
+        self.draft_sampler = Sampler(device, v, max_logprobs=0, max_num_rows=r, processed_rows=1)
         self.decode_qsl = device.to_device(torch.arange(r + 1, dtype=torch.int32))
         self.decode_rows = device.to_device(torch.arange(r, dtype=torch.int64))
         self.verifier = SpecVerifier(device, v, max_num_reqs=r, max_spec_tokens=limits.max_num_draft_tokens)
@@ -200,7 +207,7 @@ class DraftModelProposer(DeviceDraftRows):
         ib, ss, num_reqs = self.input_batch, self.sampling_state, len(counts)
         rows32 = rows32[:num_reqs]
         state_rows = torch.where(rows32 >= 0, rows32, PADDING_STATE_ROW)
-        p = filtered_probs(logits, ss, ib.logits_state_rows, ib.logits_draft_prefix, num_rows)
+        p = drawn_distribution(sampler, logits, ss, ib.logits_state_rows, ib.logits_draft_prefix, num_rows)
         positions = ib.logits_positions.index_select(0, logits_start[:num_reqs].long())
         out = self.verifier.verify(p, step_q, drafts, draft_start, state_rows, ss.seed.base, ss.temperature.base,
                                    positions, num_drafts=counts)
@@ -269,8 +276,13 @@ class DraftModelProposer(DeviceDraftRows):
                                    self.decode_rows[:num_reqs], num_reqs=num_reqs, num_tokens=num_reqs, max_query_len=1,
                                    max_seq_len=min(decode_bound + j, max_len))
             prefix = self.proposed.index_select(0, own_rows64)[:, :j] if j else None
-            self.q[:, j].index_copy_(0, own_rows64, filtered_probs(logits, ss, state_rows32, prefix, num_reqs))
-            launch_draft_sample(rows=own_rows, state_rows=state_rows32, positions=total + j, seeds=ss.seed.base,
+            # q: the distribution the draft sampler draws the row from (its tokens are not the drafts: those take the
+            # draft stream's noise below, independent of the target's)
+            noise_positions = total + j
+            self.draft_sampler.sample(logits, ss, state_rows32, noise_positions, num_rows=num_reqs, draft_prefix=prefix)
+            q = drawn_distribution(self.draft_sampler, logits, ss, state_rows32, prefix, num_reqs)
+            self.q[:, j].index_copy_(0, own_rows64, q)
+            launch_draft_sample(rows=own_rows, state_rows=state_rows32, positions=noise_positions, seeds=ss.seed.base,
                                 q_buf=self.q, proposed=self.proposed, next_tokens=self.next_tokens,
                                 partials=self.sample_partials, j=j, num_reqs=num_reqs)
             tokens_in = self.next_tokens[:num_reqs]

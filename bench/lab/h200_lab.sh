@@ -13,8 +13,8 @@
 #   draft_self    `stress --proposer draft --draft-model micro` (the target drafting for itself: near ties at every rank)
 #   draft_bench_ab  `bench --only spec_draft` twice with the fast launcher and once without it, side by side
 #   spec_profile  `python -m runnercheck.bench.lab.spec_profile --device cuda --reqs 8 --draft qwen3-0.6b-draft|ngram|off` side by side
-#   spec_kernels  `spec_profile --kernels` for the draft arm and no speculation at 8 and 64 requests, one after another:
-#                 device time per kernel over 12 decode steps (graph replays' kernels included)
+#   spec_kernels  `spec_profile --kernels`: the draft arm at 8 and 64 requests, then no speculation at 8, one after
+#                 another: device time per kernel over 12 decode steps (graph replays' kernels included)
 #   capture_probe `python ci/capture_probe.py` (the spec_draft bench's 64-request runner built alone; its graph capture
 #                 passes or fails) with the default logprobs launch shape and with 2048 x 4, side by side
 #   bench_host_python  the same host_cost bench with RUNNERCHECK_NATIVE=0: the Python twins of impl/native/*.c (the
@@ -171,9 +171,10 @@ want spec_profile && (  # where a speculative decode step's time goes (host enqu
     --draft $d & done
   wait
 ) &
-want spec_kernels && (  # device time per kernel of a speculative decode step (torch.profiler), 8 and 64 requests, one at a time
-  for r in 8 64; do for d in qwen3-0.6b-draft off; do job spec_kernels_${d}_$r 240 python3 -m runnercheck.bench.lab.spec_profile \
-    --device cuda --reqs $r --draft $d --steps 12 --kernels --top 45; done; done
+want spec_kernels && (  # device time per kernel of a speculative decode step (torch.profiler), one at a time
+  for arm in "8 qwen3-0.6b-draft" "64 qwen3-0.6b-draft" "8 off"; do set -- $arm
+    job spec_kernels_$2_$1 "${SPEC_KERNELS_LIMIT_S:-150}" python3 -m runnercheck.bench.lab.spec_profile --device cuda --reqs $1 \
+      --draft $2 --steps 12 --kernels --top 45; done
 ) &
 want draft_self && job draft_stress_self 240 $rc stress --device cuda --seed 2 --steps 200 --delay-us auto --max-inflight 2 \
   --proposer draft --draft-model micro --no-progress --out "$out/draft_stress_self" &

@@ -36,9 +36,11 @@ def processed_scores_kernel(
     logits_ptr, logits_stride, state_row_ptr, temperature_ptr, repetition_ptr, frequency_ptr, presence_ptr,
     mode_ptr, bound_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride,
     num_drafts, row_offset, out_ptr, out_stride, vocab_size,
-    CHUNK: tl.constexpr,
+    CHUNK: tl.constexpr, ALL_PROCESSED: tl.constexpr = False,
 ):
-    """Rows ``row_offset + program_id(0)`` of the step into row ``program_id(0)`` of ``out``."""
+    """Rows ``row_offset + program_id(0)`` of the step into row ``program_id(0)`` of ``out``.  ``ALL_PROCESSED``:
+    every row processed whatever its mode (``mode_ptr`` not read): the sampled distributions of
+    `runnercheck.impl.sample.probs.drawn_distribution`."""
     local = tl.program_id(0)
     blk = tl.program_id(1)
     row = local + row_offset
@@ -46,7 +48,11 @@ def processed_scores_kernel(
     offs = blk * CHUNK + tl.arange(0, CHUNK)
     in_vocab = offs < vocab_size
     out_row = out_ptr + local.to(tl.int64) * out_stride
-    if tl.load(mode_ptr + state_row) != 0:
+    if ALL_PROCESSED:
+        processed = True
+    else:
+        processed = tl.load(mode_ptr + state_row) != 0
+    if processed:
         temperature = tl.load(temperature_ptr + state_row)
         score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
                                    repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride,

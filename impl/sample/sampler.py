@@ -140,6 +140,16 @@ class Sampler:
         if isinstance(max_num_logprobs, bool) or not isinstance(max_num_logprobs, int) or not -1 <= max_num_logprobs <= self.max_logprobs:
             raise SamplerError(f"max_num_logprobs={max_num_logprobs!r} outside [-1, {self.max_logprobs}]")
 
+    def penalty_rows(self, state: SamplingState, draft_prefix: torch.Tensor | None) -> tuple:
+        """The kernels' penalty inputs: ``(prompt_mask, its stride, output_counts, its stride, drafts, draft stride,
+        num_drafts)``, the draft prefix (or none) in the kernels' form."""
+        if draft_prefix is None or draft_prefix.shape[1] == 0:
+            drafts, draft_stride, num_drafts = self._no_drafts, 0, 0
+        else:
+            drafts, draft_stride, num_drafts = draft_prefix, draft_prefix.stride(0), draft_prefix.shape[1]
+        return (state.prompt_mask.base, state.prompt_mask.base.stride(0), state.output_counts,
+                state.output_counts.stride(0), drafts, draft_stride, num_drafts)
+
     @hot_path
     def sample(self, logits: torch.Tensor, state: SamplingState, logit_rows_to_state_rows: torch.Tensor,
                positions: torch.Tensor, *, num_rows: int, draft_prefix: torch.Tensor | None = None,
@@ -166,16 +176,11 @@ class Sampler:
         tokens, flags = views
         if num_rows == 0:
             return SamplerOutput(tokens, flags)
-        if draft_prefix is None or draft_prefix.shape[1] == 0:
-            drafts, draft_stride, num_drafts = self._no_drafts, 0, 0
-        else:
-            drafts, draft_stride, num_drafts = draft_prefix, draft_prefix.stride(0), draft_prefix.shape[1]
         c, lay = self.config, self.layout
         # The interface's table of sampling fields, in its order: (temperature, the filters), the penalties.  The
         # kernels take them positionally in that order (a new field of the table is a new kernel argument there).
         params, penalties = state.kernel_params()
-        penalty_rows = (state.prompt_mask.base, state.prompt_mask.base.stride(0), state.output_counts,
-                        state.output_counts.stride(0), drafts, draft_stride, num_drafts)
+        penalty_rows = self.penalty_rows(state, draft_prefix)
         split = (num_rows, lay.num_blocks)
         if all_greedy:
             spans = self._greedy_spans.get(num_rows)

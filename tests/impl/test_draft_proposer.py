@@ -1,7 +1,7 @@
 """The draft-model proposer (`runnercheck.impl.draft_proposer`) and its rejection-sampling verification in the runner.
 
-* `runnercheck.impl.sample.probs.filtered_probs` (the p and q the verifier reads) equals the oracle's
-  `runnercheck.reference.sampler.distribution` row for row;
+* `runnercheck.impl.sample.probs.drawn_distribution` (the p and q the verifier reads: what the sampler drew
+  from) equals the oracle's `runnercheck.reference.sampler.distribution` row for row;
 * the runner with ``speculative=DraftModelConfig(...)`` produces the oracle's tokens exactly, with
   an unrelated draft model (drafts mostly rejected: residual resamples) and with the target as its
   own draft (drafts accepted: bonus tokens), greedy and random requests mixed, logprobs included;
@@ -33,7 +33,8 @@ from runnercheck.impl.model.weights import DraftVocabMismatchError, preset, rand
 from runnercheck.impl.runner import ModelRunner
 from runnercheck.impl.runner_config import RunnerConfigError
 from runnercheck.impl.sample import SamplingState
-from runnercheck.impl.sample.probs import filtered_probs
+from runnercheck.impl.sample.probs import drawn_distribution
+from runnercheck.impl.sample.sampler import Sampler
 from test_sampler_harness import LogitRow, RowRequest, admit, logit_row_tensors
 
 LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=3, max_model_len=64, max_num_batched_tokens=24, num_kv_blocks=40,
@@ -44,7 +45,7 @@ LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=3, max_model_len=64, max_num_
 
 
 @pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_filtered_probs_equal_the_oracle_distribution(kind: str) -> None:
+def test_drawn_distributions_equal_the_oracle_distribution(kind: str) -> None:
     from runnercheck.reference.sampler import distribution
 
     dev, vocab = Device(kind), 40
@@ -63,10 +64,16 @@ def test_filtered_probs_equal_the_oracle_distribution(kind: str) -> None:
     logits[7] = -math.inf  # every entry -inf: token 0
     state = SamplingState(dev, 4, vocab)
     admit(dev, state, requests)
-    state_rows, _, prefix = logit_row_tensors(dev, rows)
+    state_rows, positions, prefix = logit_row_tensors(dev, rows)
     box = {}
     logits_dev = dev.to_device(logits.to(torch.float32))
-    dev.enqueue(lambda: box.setdefault("p", filtered_probs(logits_dev, state, state_rows, prefix, len(rows))), "p")
+    sampler = Sampler(dev, vocab, max_num_rows=len(rows))
+
+    def sample_then_distribution() -> None:
+        sampler.sample(logits_dev, state, state_rows, positions, num_rows=len(rows), draft_prefix=prefix)
+        box["p"] = drawn_distribution(sampler, logits_dev, state, state_rows, prefix, len(rows))
+
+    dev.enqueue(sample_then_distribution, "p")
     dev.synchronize()
     got = box["p"].cpu()
     for i, row in enumerate(rows):
