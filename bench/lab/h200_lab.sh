@@ -14,7 +14,8 @@
 #   draft_bench_ab  `bench --only spec_draft` twice with the fast launcher and once without it, side by side
 #   spec_profile  `python -m runnercheck.bench.lab.spec_profile --device cuda --reqs 8 --draft qwen3-0.6b-draft|ngram|off` side by side
 #   spec_kernels  `spec_profile --kernels`: the draft arm at 8 and 64 requests, then no speculation at 8, one after
-#                 another: device time per kernel over 12 decode steps (graph replays' kernels included)
+#                 another (SPEC_KERNELS_ARMS="REQS DRAFT,...": others): device time per kernel over 12 decode steps
+#                 (graph replays' kernels included)
 #   capture_probe `python ci/capture_probe.py` (the spec_draft bench's 64-request runner built alone; its graph capture
 #                 passes or fails) with the default logprobs launch shape and with 2048 x 4, side by side
 #   bench_host_python  the same host_cost bench with RUNNERCHECK_NATIVE=0: the Python twins of impl/native/*.c (the
@@ -172,7 +173,8 @@ want spec_profile && (  # where a speculative decode step's time goes (host enqu
   wait
 ) &
 want spec_kernels && (  # device time per kernel of a speculative decode step (torch.profiler), one at a time
-  for arm in "8 qwen3-0.6b-draft" "64 qwen3-0.6b-draft" "8 off"; do set -- $arm
+  IFS=, read -ra arms <<< "${SPEC_KERNELS_ARMS:-8 qwen3-0.6b-draft,64 qwen3-0.6b-draft,8 off}"
+  for arm in "${arms[@]}"; do set -- $arm
     job spec_kernels_$2_$1 "${SPEC_KERNELS_LIMIT_S:-150}" python3 -m runnercheck.bench.lab.spec_profile --device cuda --reqs $1 \
       --draft $2 --steps 12 --kernels --top 45; done
 ) &
