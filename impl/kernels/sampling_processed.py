@@ -36,7 +36,7 @@ def processed_scores_kernel(
     logits_ptr, logits_stride, state_row_ptr, temperature_ptr, repetition_ptr, frequency_ptr, presence_ptr,
     mode_ptr, bound_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride,
     num_drafts, row_offset, out_ptr, out_stride, vocab_size,
-    CHUNK: tl.constexpr, ALL_PROCESSED: tl.constexpr = False,
+    CHUNK: tl.constexpr, ALL_PROCESSED: tl.constexpr,
 ):
     """Rows ``row_offset + program_id(0)`` of the step into row ``program_id(0)`` of ``out``.  ``ALL_PROCESSED``:
     every row processed whatever its mode (``mode_ptr`` not read): the sampled distributions of
