@@ -31,6 +31,20 @@ def _kept_scores(score, bound, temperature):
     return tl.where(score >= bound, score, float("-inf"))
 
 
+@triton.jit
+def _store_kept_chunk(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature_ptr, repetition_ptr,
+                      frequency_ptr, presence_ptr, bound_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr,
+                      counts_stride, draft_ptr, draft_stride, num_drafts, out_row):
+    """One chunk of a processed row: the sampler's scores, ``-inf`` below the row's kept threshold (greedy rows:
+    none)."""
+    temperature = tl.load(temperature_ptr + state_row)
+    score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
+                               repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride,
+                               counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts)
+    bound = tl.where(temperature == 0.0, float("-inf"), tl.load(bound_ptr + row))
+    tl.store(out_row + offs, _kept_scores(score, bound, temperature), mask=in_vocab)
+
+
 @triton.jit(do_not_specialize=["num_drafts", "row_offset"])
 def processed_scores_kernel(
     logits_ptr, logits_stride, state_row_ptr, temperature_ptr, repetition_ptr, frequency_ptr, presence_ptr,
@@ -49,16 +63,13 @@ def processed_scores_kernel(
     in_vocab = offs < vocab_size
     out_row = out_ptr + local.to(tl.int64) * out_stride
     if ALL_PROCESSED:
-        processed = True
-    else:
-        processed = tl.load(mode_ptr + state_row) != 0
-    if processed:
-        temperature = tl.load(temperature_ptr + state_row)
-        score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
-                                   repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride,
-                                   counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts)
-        bound = tl.where(temperature == 0.0, float("-inf"), tl.load(bound_ptr + row))
-        tl.store(out_row + offs, _kept_scores(score, bound, temperature), mask=in_vocab)
+        _store_kept_chunk(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature_ptr, repetition_ptr,
+                          frequency_ptr, presence_ptr, bound_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr,
+                          counts_stride, draft_ptr, draft_stride, num_drafts, out_row)
+    elif tl.load(mode_ptr + state_row) != 0:
+        _store_kept_chunk(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature_ptr, repetition_ptr,
+                          frequency_ptr, presence_ptr, bound_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr,
+                          counts_stride, draft_ptr, draft_stride, num_drafts, out_row)
     else:
         raw = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + offs, mask=in_vocab, other=float("-inf"))
         tl.store(out_row + offs, raw, mask=in_vocab)

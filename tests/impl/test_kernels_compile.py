@@ -1,0 +1,74 @@
+"""The speculative-sampling and processed-score kernels compile for a GPU (sm_90) on a machine without one.
+
+The CPU suite runs every kernel in Triton's interpreter, which executes the Python body and so cannot see
+what only code generation rejects (a constexpr branch the compiler resolves differently, a type a lowering
+refuses).  Here a subprocess without ``TRITON_INTERPRET`` compiles each kernel ahead of time for an H100/H200
+target (``triton.compile`` to PTX: no driver needed).  Skipped where Triton lacks the NVIDIA backend, and on a
+CUDA machine, whose gpu-marked tests compile and run them for real."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+# (module, kernel, pointer parameters' types, constexprs); every other parameter is an i32 scalar
+KERNELS = [
+    ("spec_verify", "spec_verify_kernel",
+     dict(target_ptr="*fp32", draft_probs_ptr="*fp32", draft_tokens_ptr="*i64", cu_drafts_ptr="*i32",
+          idx_mapping_ptr="*i32", seed_ptr="*i64", temperature_ptr="*fp32", position_ptr="*i64", out_tokens_ptr="*i64",
+          accepted_ptr="*i32"), dict(OUT_WIDTH=4, OUT_P2=4, BLOCK=1024)),
+    ("spec_verify", "spec_resample_partials_kernel",
+     dict(target_ptr="*fp32", draft_probs_ptr="*fp32", cu_drafts_ptr="*i32", idx_mapping_ptr="*i32", seed_ptr="*i64",
+          temperature_ptr="*fp32", position_ptr="*i64", accepted_ptr="*i32", part_ptr="*i32"), dict(CHUNK=4096, BLOCK=1024)),
+    ("spec_verify", "spec_resample_combine_kernel",
+     dict(idx_mapping_ptr="*i32", temperature_ptr="*fp32", accepted_ptr="*i32", part_ptr="*i32", out_tokens_ptr="*i64"),
+     dict(CHUNKS_P2=64)),
+    ("draft_model", "_draft_sample_partials_kernel",
+     dict(rows_ptr="*i32", state_rows_ptr="*i32", positions_ptr="*i64", seed_ptr="*i64", q_ptr="*fp32", part_ptr="*i32"),
+     dict(CHUNK=4096, BLOCK=1024)),
+    ("draft_model", "_draft_sample_combine_kernel",
+     dict(rows_ptr="*i32", part_ptr="*i32", proposed_ptr="*i32", next_ptr="*i64"), dict(CHUNKS_P2=64)),
+] + [
+    ("sampling_processed", "processed_scores_kernel",
+     dict(logits_ptr="*fp32", state_row_ptr="*i32", temperature_ptr="*fp32", repetition_ptr="*fp32",
+          frequency_ptr="*fp32", presence_ptr="*fp32", mode_ptr="*i32", bound_ptr="*fp32", prompt_mask_ptr="*i32",
+          counts_ptr="*i32", draft_ptr="*i32", out_ptr="*fp32"), dict(CHUNK=1024, ALL_PROCESSED=all_processed))
+    for all_processed in (True, False)
+]
+
+_COMPILE = textwrap.dedent("""
+    import importlib, sys
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    module, name, pointers, constexprs = eval(sys.argv[1])
+    fn = getattr(importlib.import_module("runnercheck.impl.kernels." + module), name)
+    params = [p.name for p in fn.params]
+    signature = {p: "constexpr" if p in constexprs else pointers.get(p, "i32") for p in params}
+    source = ASTSource(fn=fn, signature=signature, constexprs={(params.index(k),): v for k, v in constexprs.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    assert ".entry" in compiled.asm["ptx"], "no kernel entry in the PTX"
+""")
+
+
+def _nvidia_backend() -> bool:
+    try:
+        from triton.backends import backends
+    except ImportError:
+        return False
+    return "nvidia" in backends
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine the gpu-marked tests compile and run them")
+@pytest.mark.skipif(not _nvidia_backend(), reason="Triton without its NVIDIA backend")
+@pytest.mark.parametrize("spec", KERNELS, ids=[f"{k[1]}{'-' + str(k[3]['ALL_PROCESSED']) if 'ALL_PROCESSED' in k[3] else ''}"
+                                               for k in KERNELS])
+def test_kernel_compiles_for_sm90(spec: tuple) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE, repr(spec)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
