@@ -63,7 +63,8 @@ Ownership (all owned by this object, on the device, allocated at init, for the r
     step_q           float32 [R * max(1, D), V]: the step's draft distributions, same layout.  Written
                      by the q-gather kernel; read by that step's verifier.
     next_tokens      int64 [R]: a decode's sampled drafts, the next decode's input.  Draft-sample kernel only.
-    sample_partials  int32 [R, 4, S]: a draft sample's Gumbel-max per vocabulary span (`launch_draft_sample`),
+    sample_partials  int32 [R, 4, S]: a draft sample's Gumbel-max per vocabulary span of ``sample_span`` tokens
+                     (`runnercheck.impl.kernels.spec_verify.spans_of`; `launch_draft_sample`),
                      written by its partials launch, read by its combine launch; meaningless between them.
     draft_sampler    a `Sampler` over the draft decodes' rows (its buffers: see its docstring): run on each decode's
                      logits so that `drawn_distribution` reads q off its kept thresholds and tokens; its tokens
@@ -89,10 +90,10 @@ from runnercheck.impl.device import Device
 from runnercheck.impl.device_drafts import DeviceDraftRows, ProposerConfigError
 from runnercheck.impl.hotpath import hot_path
 from runnercheck.impl.interface import DraftModelConfig, RunnerLimits, SchedulerOutput
-from runnercheck.impl.kernels.draft_model import (draft_sample_partials, launch_draft_sample, launch_gather_draft_probs,
-                                                  launch_scatter_verified)
+from runnercheck.impl.kernels.draft_model import launch_draft_sample, launch_gather_draft_probs, launch_scatter_verified
 from runnercheck.impl.kernels.input_prep import PADDING_STATE_ROW as _PADDING_STATE_ROW
 from runnercheck.impl.kernels.ngram import launch_gather_drafts
+from runnercheck.impl.kernels.spec_verify import spans_of
 from runnercheck.impl.model.forward import PagedDecoder
 from runnercheck.impl.model.weights import ModelConfig, WeightsError, draft_weights
 from runnercheck.impl.sample.probs import drawn_distribution
@@ -134,7 +135,8 @@ class DraftModelProposer(DeviceDraftRows):
         self.step_drafts = device.zeros(max_draft_rows, torch.int32)
         self.step_q = device.zeros((max_draft_rows, v), torch.float32)
         self.next_tokens = device.zeros(r, torch.int64)
-        self.sample_partials = draft_sample_partials(device.zeros, r, v)
+        self.sample_span, spans = spans_of(v)
+        self.sample_partials = device.zeros((r, 4, spans), torch.int32)
         # its kept thresholds and point-mass tokens define q (`drawn_distribution`); no logprobs, one processed row
         self.draft_sampler = Sampler(device, v, max_logprobs=0, max_num_rows=r, processed_rows=1)
         self.decode_qsl = device.to_device(torch.arange(r + 1, dtype=torch.int32))
@@ -284,7 +286,7 @@ class DraftModelProposer(DeviceDraftRows):
             self.q[:, j].index_copy_(0, own_rows64, q)
             launch_draft_sample(rows=own_rows, state_rows=state_rows32, positions=noise_positions, seeds=ss.seed.base,
                                 q_buf=self.q, proposed=self.proposed, next_tokens=self.next_tokens,
-                                partials=self.sample_partials, j=j, num_reqs=num_reqs)
+                                partials=self.sample_partials, chunk=self.sample_span, j=j, num_reqs=num_reqs)
             tokens_in = self.next_tokens[:num_reqs]
 
     # ------------------------------------------------------------------ bucketed (graph) steps

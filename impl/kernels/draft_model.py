@@ -29,7 +29,6 @@ from runnercheck.impl.kernels.rng import DRAFT_STREAM
 from runnercheck.impl.kernels.spec_verify import combine_partials, residual_span_partials, store_partials
 
 MAX_BLOCK = 1024
-DRAFT_SAMPLE_CHUNK = 4096  # tokens per program of a draft sample's partials launch (as the verifier's resample)
 
 
 @triton.jit(do_not_specialize=["vocab_size", "j", "num_chunks"])
@@ -58,27 +57,13 @@ def _draft_sample_combine_kernel(rows_ptr, part_ptr, proposed_ptr, proposed_stri
     tl.store(next_ptr + i, token.to(tl.int64))
 
 
-def draft_sample_partials(device_zeros, max_rows: int, vocab_size: int, chunk: int = DRAFT_SAMPLE_CHUNK) -> torch.Tensor:
-    """The span-partials buffer `launch_draft_sample` needs for up to ``max_rows`` requests: int32
-    ``[max_rows, 4, ceil(V / chunk)]`` (``device_zeros(shape, dtype)`` allocates it)."""
-    chunk = _draft_chunk(vocab_size, chunk)
-    return device_zeros((max_rows, 4, triton.cdiv(vocab_size, chunk)), torch.int32)
-
-
-def _draft_chunk(vocab_size: int, chunk: int) -> int:
-    return min(chunk, max(2, triton.next_power_of_2(vocab_size)))
-
-
 def launch_draft_sample(*, rows: torch.Tensor, state_rows: torch.Tensor, positions: torch.Tensor, seeds: torch.Tensor, q_buf: torch.Tensor,
-                        proposed: torch.Tensor, next_tokens: torch.Tensor, partials: torch.Tensor, j: int,
+                        proposed: torch.Tensor, next_tokens: torch.Tensor, partials: torch.Tensor, chunk: int, j: int,
                         num_reqs: int) -> None:
     """Sample draft ``j`` of ``num_reqs`` rows from ``q_buf [R + 1, K, V]`` (device work); ``state_rows``: each
-    request's sampling-state row (its seed); ``partials``: from `draft_sample_partials` (its span count fixes
-    the span width)."""
+    request's sampling-state row (its seed); ``chunk`` and ``partials`` (int32 ``[>= num_reqs, 4, spans]``): the
+    span width and count of `runnercheck.impl.kernels.spec_verify.spans_of` for ``V``."""
     vocab, num_chunks = q_buf.shape[2], partials.shape[2]
-    chunk = max(2, triton.next_power_of_2(triton.cdiv(vocab, num_chunks)))
-    if triton.cdiv(vocab, chunk) != num_chunks or partials.shape[0] < num_reqs:
-        raise ValueError(f"partials {tuple(partials.shape)} do not fit {num_reqs} rows of {vocab} tokens")
     launch(_draft_sample_partials_kernel, (num_reqs, num_chunks), rows, state_rows, positions, seeds, q_buf, q_buf.stride(0),
            q_buf.stride(1), partials, j, num_chunks, vocab, CHUNK=chunk, BLOCK=min(MAX_BLOCK, chunk))
     launch(_draft_sample_combine_kernel, (num_reqs,), rows, partials, proposed, proposed.stride(0), next_tokens, j,

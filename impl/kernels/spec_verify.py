@@ -28,6 +28,18 @@ import triton.language as tl
 
 from runnercheck.impl.kernels.rng import ACCEPT_STREAM, RESAMPLE_STREAM, gumbel_from_bits, philox_64bits, uniform_from_bits
 
+# Tokens per program of a span-split Gumbel-max (the resample here, the draft sample of `draft_model`): a row's
+# 64-bit Philox draws spread over ~V/4096 programs (151936 tokens: 38 a row), few enough that the combine reads one
+# short row of partials.
+SPAN_TOKENS = 4096
+
+
+def spans_of(vocab_size: int, span_tokens: int = SPAN_TOKENS) -> tuple[int, int]:
+    """``(span width, span count)`` of a row of ``vocab_size`` tokens split into spans of at most ``span_tokens``
+    (a power of two): the ``CHUNK`` and the partials' last dimension of a span-split launch."""
+    width = min(span_tokens, max(2, triton.next_power_of_2(vocab_size)))
+    return width, triton.cdiv(vocab_size, width)
+
 
 @triton.jit
 def _lowest_at_max(best, best_token, vocab_size):

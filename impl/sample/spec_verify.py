@@ -42,13 +42,10 @@ from runnercheck.impl.interface import (
     SpecVerifyError,
     SpecVocabMismatchError,
 )
-from runnercheck.impl.kernels.spec_verify import (spec_resample_combine_kernel, spec_resample_partials_kernel,
-                                                  spec_verify_kernel)
+from runnercheck.impl.kernels.spec_verify import (SPAN_TOKENS, spans_of, spec_resample_combine_kernel,
+                                                  spec_resample_partials_kernel, spec_verify_kernel)
 
 MAX_BLOCK = 1024
-# Tokens per program of the resample's partials launch: a row's 64-bit Philox draws spread over ~V/CHUNK programs
-# (151936 tokens: 38 per request), few enough that the combine reads one short row of partials.
-RESAMPLE_CHUNK = 4096
 
 
 @dataclass(frozen=True)
@@ -79,7 +76,7 @@ class SpecVerifier:
     """Verifies drafts for up to ``max_num_reqs`` requests of up to ``max_spec_tokens`` drafts each."""
 
     def __init__(self, device: Device, vocab_size: int, *, max_num_reqs: int, max_spec_tokens: int,
-                 chunk: int = RESAMPLE_CHUNK):
+                 chunk: int = SPAN_TOKENS):
         if vocab_size < 1 or max_num_reqs < 1 or max_spec_tokens < 0:
             raise SpecVerifyError("need vocab_size >= 1, max_num_reqs >= 1 and max_spec_tokens >= 0")
         if not isinstance(chunk, int) or chunk < 2 or chunk & (chunk - 1):
@@ -90,9 +87,8 @@ class SpecVerifier:
         self.max_spec_tokens = max_spec_tokens
         self.tokens = device.full((max_num_reqs, max_spec_tokens + 1), -1, torch.int64)
         self.accepted = device.zeros(max_num_reqs, torch.int32)
-        self.chunk = min(chunk, max(2, triton.next_power_of_2(vocab_size)))
+        self.chunk, self.num_chunks = spans_of(vocab_size, chunk)
         self.block = min(MAX_BLOCK, self.chunk)
-        self.num_chunks = triton.cdiv(vocab_size, self.chunk)
         self.partials = device.zeros((max_num_reqs, 4, self.num_chunks), torch.int32)
 
     def check(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,

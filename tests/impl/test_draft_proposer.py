@@ -119,7 +119,8 @@ def _run(spec: DraftModelConfig, steps: int = 7, kind: str = "sim") -> tuple[int
 def test_a_draft_sample_over_spans_draws_the_oracle_token(chunk: int) -> None:
     """`launch_draft_sample`: the Gumbel-max of ``log q + g`` (draft stream) per row, spans combined with the lowest
     token at the largest score: the oracle's `resample` token, rows with exact zeros and a point mass included."""
-    from runnercheck.impl.kernels.draft_model import draft_sample_partials, launch_draft_sample
+    from runnercheck.impl.kernels.draft_model import launch_draft_sample
+    from runnercheck.impl.kernels.spec_verify import spans_of
     from runnercheck.reference.rng import DRAFT_STREAM
     from runnercheck.reference.spec_verify import resample
 
@@ -136,9 +137,10 @@ def test_a_draft_sample_over_spans_draws_the_oracle_token(chunk: int) -> None:
     seeds = torch.tensor([11, 2**62 + 3, 7, 123456789], dtype=torch.int64)
     proposed = torch.full((num_reqs + 1, k), -1, dtype=torch.int32)
     next_tokens = torch.zeros(num_reqs, dtype=torch.int64)
-    partials = draft_sample_partials(dev.zeros, num_reqs, vocab, chunk)
+    span, spans = spans_of(vocab, chunk)
+    partials = dev.zeros((num_reqs, 4, spans), torch.int32)
     launch_draft_sample(rows=rows, state_rows=state_rows, positions=positions, seeds=seeds, q_buf=q, proposed=proposed,
-                        next_tokens=next_tokens, partials=partials, j=j, num_reqs=num_reqs)
+                        next_tokens=next_tokens, partials=partials, chunk=span, j=j, num_reqs=num_reqs)
     for i in range(num_reqs):
         want, _ = resample(q[int(rows[i]), j].double(), int(seeds[int(state_rows[i])]), int(positions[i]), DRAFT_STREAM)
         assert int(next_tokens[i]) == want == int(proposed[int(rows[i]), j]), (i, chunk)
