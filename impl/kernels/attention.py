@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from runnercheck.impl.kernels.launch import launch as launch_kernel
+from runnercheck.impl.kernels.tile_dot import row_exact_dot, tile_dot
 
 _LOG2_E = 1.4426950408889634
 
@@ -144,7 +145,7 @@ def _paged_attention_kernel(
     cache_block_stride, cache_slot_stride, cache_head_stride, block_table_row_stride,
     KV_BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     QUERIES_PER_KV: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, TILE_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, ROW_EXACT_DOT: tl.constexpr,
 ):
     query_block = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -189,7 +190,7 @@ def _paged_attention_kernel(
             k_cache_ptr + slot_offset[None, :] + dims[:, None],
             mask=dim_valid[:, None] & key_valid[None, :], other=0.0,
         )
-        scores = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+        scores = tile_dot(q, k, tl.zeros([BLOCK_M, TILE_N], tl.float32), DOT_PRECISION, ROW_EXACT_DOT) * scale_log2
         visible = (key_pos[None, :] <= q_pos[:, None]) & key_valid[None, :]
         scores = tl.where(visible, scores, float("-inf"))
 
@@ -204,7 +205,8 @@ def _paged_attention_kernel(
             v_cache_ptr + slot_offset[:, None] + dims[None, :],
             mask=key_valid[:, None] & dim_valid[None, :], other=0.0,
         )
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tile_dot(p.to(v.dtype), v, tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32),
+                                              DOT_PRECISION, ROW_EXACT_DOT)
         m_i = m_new
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -413,7 +415,7 @@ def paged_attention(
         KV_BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HEAD_DIM_PAD=launch.head_dim_pad,
         QUERIES_PER_KV=queries_per_kv, BLOCK_Q=launch.block_q, BLOCK_M=launch.block_m, TILE_N=launch.tile_n,
         # fp32 models are compared with the float64 oracle at fp32 tolerances: no tf32 rounding.
-        DOT_PRECISION="ieee" if fp32 else "tf32",
+        DOT_PRECISION="ieee" if fp32 else "tf32", ROW_EXACT_DOT=row_exact_dot(),
         num_warps=launch.num_warps, num_stages=launch.num_stages,
     )
 

@@ -12,6 +12,8 @@ over ``K`` in ``BLOCK_K`` steps in one fixed order, and never split a reduction 
 each output element's arithmetic is a function of its own row and the weights only.  Rows past
 ``M`` are masked (read as 0, never written), so padding and batchmates cannot leak into a row.
 fp32 inputs use IEEE products (no tf32), so the result also stays at fp32 accuracy.
+Tile products go through `runnercheck.impl.kernels.tile_dot` so that a row's bits also do not depend
+on its place in the tile when the kernels run interpreted on a CPU.
 
 Used by `runnercheck.impl.model.forward.PagedDecoder` when built with ``batch_invariant=True``
 (`runnercheck.impl.runner.make_runner`'s keyword; the invariance checker passes it).  Launch-only
@@ -24,6 +26,7 @@ import triton
 import triton.language as tl
 
 from runnercheck.impl.kernels.launch import launch as launch_kernel
+from runnercheck.impl.kernels.tile_dot import row_exact_dot, tile_dot
 
 # Fixed tiles: they must not depend on the number of rows (that is the point).  64x64x32 keeps an
 # H100/H200 busy for the built-in model's shapes; K is walked in BLOCK_K steps in one order.
@@ -42,7 +45,7 @@ def _bi_matmul_kernel(
     a_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, M, N, K,
     stride_am, stride_wn, stride_rm, stride_om,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ROW_EXACT_DOT: tl.constexpr,
 ):
     """``out[m, n] = res[m, n] + bias[n] + sum_k a[m, k] * w[n, k]`` for one fixed tile."""
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -55,7 +58,7 @@ def _bi_matmul_kernel(
         k_ok = ks < K
         a = tl.load(a_ptr + rows[:, None] * stride_am + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptr + cols[None, :] * stride_wn + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
+        acc = tile_dot(a, w, acc, PRECISION, ROW_EXACT_DOT)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if HAS_RESIDUAL:
@@ -104,7 +107,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=NUM_WARPS)
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, ROW_EXACT_DOT=row_exact_dot(), num_warps=NUM_WARPS)
     return out
 
 

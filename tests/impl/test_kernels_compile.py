@@ -1,4 +1,4 @@
-"""The speculative-sampling and processed-score kernels compile for a GPU (sm_90) on a machine without one.
+"""The speculative-sampling, processed-score, attention and batch-invariant matmul kernels compile for a GPU (sm_90) on a machine without one.
 
 The CPU suite runs every kernel in Triton's interpreter, which executes the Python body and so cannot see
 what only code generation rejects (a constexpr branch the compiler resolves differently, a type a lowering
@@ -15,7 +15,7 @@ import textwrap
 import pytest
 import torch
 
-# (module, kernel, pointer parameters' types, constexprs); every other parameter is an i32 scalar
+# (module, kernel, pointer and float parameters' types, constexprs); every other parameter is an i32 scalar
 KERNELS = [
     ("spec_verify", "spec_verify_kernel",
      dict(target_ptr="*fp32", draft_probs_ptr="*fp32", draft_tokens_ptr="*i64", cu_drafts_ptr="*i32",
@@ -38,6 +38,17 @@ KERNELS = [
           frequency_ptr="*fp32", presence_ptr="*fp32", mode_ptr="*i32", bound_ptr="*fp32", prompt_mask_ptr="*i32",
           counts_ptr="*i32", draft_ptr="*i32", out_ptr="*fp32"), dict(CHUNK=1024, ALL_PROCESSED=all_processed))
     for all_processed in (True, False)
+] + [  # the tile products as compiled (ROW_EXACT_DOT off: tl.dot), bf16 with tf32 dots and fp32 with IEEE ones
+    ("attention", "_paged_attention_kernel",
+     dict(out_ptr=f"*{dt}", query_ptr=f"*{dt}", k_cache_ptr=f"*{dt}", v_cache_ptr=f"*{dt}", block_table_ptr="*i32",
+          query_start_loc_ptr="*i32", seq_lens_ptr="*i32", scale_log2="fp32"),
+     dict(KV_BLOCK_SIZE=16, HEAD_DIM=128, HEAD_DIM_PAD=128, QUERIES_PER_KV=2, BLOCK_Q=16, BLOCK_M=32, TILE_N=32,
+          DOT_PRECISION=precision, ROW_EXACT_DOT=False))
+    for dt, precision in (("bf16", "tf32"), ("fp32", "ieee"))
+] + [
+    ("batch_invariant", "_bi_matmul_kernel",
+     dict(a_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", res_ptr="*bf16", out_ptr="*bf16"),
+     dict(HAS_BIAS=True, HAS_RESIDUAL=True, PRECISION="tf32", BLOCK_M=64, BLOCK_N=64, BLOCK_K=32, ROW_EXACT_DOT=False)),
 ]
 
 _COMPILE = textwrap.dedent("""
@@ -66,7 +77,7 @@ def _nvidia_backend() -> bool:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine the gpu-marked tests compile and run them")
 @pytest.mark.skipif(not _nvidia_backend(), reason="Triton without its NVIDIA backend")
-@pytest.mark.parametrize("spec", KERNELS, ids=[f"{k[1]}{'-' + str(k[3]['ALL_PROCESSED']) if 'ALL_PROCESSED' in k[3] else ''}"
+@pytest.mark.parametrize("spec", KERNELS, ids=[f"{k[1]}-{k[3].get('ALL_PROCESSED', k[3].get('DOT_PRECISION', ''))}"
                                                for k in KERNELS])
 def test_kernel_compiles_for_sm90(spec: tuple) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
