@@ -219,9 +219,7 @@ class DraftModelProposer(DeviceDraftRows):
         if max_num_logprobs >= 0:  # the sampler scored its own tokens; score the verified ones
             processed = None
             if processed_logprobs:  # the emitted token is distributed as p: the sampler's own kept rows
-                prefix = ib.logits_draft_prefix
-                processed = (ss, ib.logits_state_rows, (ss.prompt_mask.base, ss.prompt_mask.base.stride(0),
-                             ss.output_counts, ss.output_counts.stride(0), prefix, prefix.stride(0), prefix.shape[1]))
+                processed = (ss, ib.logits_state_rows, sampler.penalty_rows(ss, ib.logits_draft_prefix))
             sampler.score_tokens(logits, sampler.tokens[:num_rows], num_rows, max_num_logprobs, processed)
 
     @hot_path
