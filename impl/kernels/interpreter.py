@@ -20,6 +20,9 @@ It also memoises the interpreter's ``_get_np_dtype`` (a Triton dtype's numpy dty
 interpreted run after the patches (8% of one on the dev box).  Its answer depends on the type alone,
 and a Triton type's class and name say which type it is, so a memo returns what it would.
 
+And it runs ``rng.philox4x32`` as its numpy twin (`runnercheck.impl.kernels.interpreted_philox`: the same
+bits; Philox was a third of an interpreted draft-model run).
+
 Installed by whoever turns the interpreter on for a process (`runnercheck.stress.pytest_plugin`,
 `runnercheck.stress.cli.main`); a no-op on a GPU (no interpreter), under ``RUNNERCHECK_PLAIN_INTERPRETER=1`` (for a
 comparison), and on a Triton whose interpreter lacks the parts it wraps (it logs why and leaves
@@ -41,6 +44,7 @@ from types import ModuleType
 from typing import Any, Callable, Iterator
 
 from runnercheck.impl.device import triton_interpreted
+from runnercheck.impl.kernels.interpreted_philox import install_interpreted_philox
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +162,8 @@ def interpreter_to_patch(off_env: str, installed_attr: str, layout_ok: Callable[
 
 
 def speed_up_interpreter() -> bool:
-    """Install the nested-call patch cache and the dtype memo into Triton's interpreter; True when in place.
+    """Install the nested-call patch cache, the dtype memo and the numpy Philox into Triton's interpreter; True when
+    in place.
 
     Idempotent.  False (and Triton untouched) when kernels are not interpreted in this process, when
     ``RUNNERCHECK_PLAIN_INTERPRETER=1``, or when the interpreter's layout is not the one this wraps."""
@@ -180,5 +185,6 @@ def speed_up_interpreter() -> bool:
     interpreter._patch_lang = cache.patch_lang
     interpreter._get_np_dtype = _memoised(dtype_of)
     launch_cls.__call__ = launch
+    install_interpreted_philox(interpreter)
     setattr(interpreter, _INSTALLED_ATTR, True)
     return True
