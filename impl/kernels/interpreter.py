@@ -20,8 +20,8 @@ It also memoises the interpreter's ``_get_np_dtype`` (a Triton dtype's numpy dty
 interpreted run after the patches (8% of one on the dev box).  Its answer depends on the type alone,
 and a Triton type's class and name say which type it is, so a memo returns what it would.
 
-And it runs ``rng.philox4x32`` as its numpy twin (`runnercheck.impl.kernels.interpreted_philox`: the same
-bits; Philox was a third of an interpreted draft-model run).
+And it runs two of our device functions as their numpy twins (`runnercheck.impl.kernels.interpreted_twins`:
+Philox and the candidate sort, the same bits; Philox alone was a third of an interpreted draft-model run).
 
 Installed by whoever turns the interpreter on for a process (`runnercheck.stress.pytest_plugin`,
 `runnercheck.stress.cli.main`); a no-op on a GPU (no interpreter), under ``RUNNERCHECK_PLAIN_INTERPRETER=1`` (for a
@@ -44,7 +44,7 @@ from types import ModuleType
 from typing import Any, Callable, Iterator
 
 from runnercheck.impl.device import triton_interpreted
-from runnercheck.impl.kernels.interpreted_philox import install_interpreted_philox
+from runnercheck.impl.kernels.interpreted_twins import install_interpreted_twins
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def interpreter_to_patch(off_env: str, installed_attr: str, layout_ok: Callable[
 
 
 def speed_up_interpreter() -> bool:
-    """Install the nested-call patch cache, the dtype memo and the numpy Philox into Triton's interpreter; True when
+    """Install the nested-call patch cache, the dtype memo and the numpy twins into Triton's interpreter; True when
     in place.
 
     Idempotent.  False (and Triton untouched) when kernels are not interpreted in this process, when
@@ -185,6 +185,6 @@ def speed_up_interpreter() -> bool:
     interpreter._patch_lang = cache.patch_lang
     interpreter._get_np_dtype = _memoised(dtype_of)
     launch_cls.__call__ = launch
-    install_interpreted_philox(interpreter)
+    install_interpreted_twins(interpreter)
     setattr(interpreter, _INSTALLED_ATTR, True)
     return True

@@ -260,4 +260,11 @@ def gather_candidates(logits_row, temperature, has_penalty, repetition, frequenc
     filled = (slots < count_a) | ((slots >= base_b) & (slots < base_b + count_b))
     packed = tl.load(scratch_row + slots, mask=filled, other=EMPTY_CANDIDATE)
     tl.debug_barrier()  # every thread has read before a later gather rewrites the scratch row
+    return sorted_descending(packed)
+
+
+@triton.jit
+def sorted_descending(packed):
+    """``packed`` (a 1-D int64 block) largest first; its own function so that the interpreter can run it as a numpy
+    sort (`runnercheck.impl.kernels.interpreted_twins`) rather than as ``tl.sort``'s bitonic network op by op."""
     return tl.sort(packed, descending=True)

@@ -1,24 +1,29 @@
-"""Philox4x32-10 in numpy for Triton's interpreter: the sampler's counter-based generator at numpy speed.
+"""Numpy twins of runnercheck's hottest device functions for Triton's interpreter: the same bits at numpy speed.
 
 Under ``TRITON_INTERPRET=1`` each Triton operation costs tens of microseconds of Python (type checks,
-broadcasts, casts in ``triton.language.semantic``), whatever the size of its operands.  One
-`runnercheck.impl.kernels.rng.philox4x32` call is about 60 such operations (ten rounds of widening
-multiplies, shifts, casts and xors), so on the dev box Philox alone was a third of an interpreted
-draft-model run.  `install_interpreted_philox` makes the interpreter run ``philox4x32`` as
-`philox4x32_numpy`: the same ten rounds on the calls' numpy arrays, a handful of numpy operations.
+broadcasts, casts in ``triton.language.semantic``), whatever the size of its operands.  Two of our
+device functions are long chains of such operations:
 
-Only the interpreter is affected: a compiled kernel (a GPU) runs ``rng.py``'s Triton code, and the
-interpreter still runs every caller of ``philox4x32`` (noise chunks, lo words, the speculative
-streams, the mutants' miswired streams) as written.  The twin must give the same bits as the Triton
-function for any argument shapes: ``tests/impl/test_interpreted_philox.py`` compares the two
-interpreted, on scalars, blocks and broadcasts, with the Random123 vector pinned in
-``tests/reference/test_rng.py``.
+* `runnercheck.impl.kernels.rng.philox4x32`: about 60 operations a call (ten rounds of widening
+  multiplies, shifts, casts and xors); on the dev box Philox alone was a third of an interpreted
+  draft-model run.  Twin: `philox4x32_numpy`, the same ten rounds on the call's numpy arrays.
+* `runnercheck.impl.kernels.sampling_select.sorted_descending`: ``tl.sort``'s bitonic network, a few
+  hundred operations for a 64-entry candidate row (12% of that run).  Twin: `sorted_descending_numpy`,
+  numpy's sort of the packed int64 keys (integers: every correct sort gives the same row).
+
+`install_interpreted_twins` makes the interpreter run each twin in place of its function.  Only the
+interpreter is affected, and only these functions of ours (never Triton's own ``tl.sort`` or a user's
+kernel): a compiled kernel (a GPU) runs the Triton code, and the interpreter still runs every caller
+as written (noise chunks, lo words, the speculative streams, the mutants' miswired streams, the
+candidate gathers).  Each twin must give its function's bits for any argument the kernels can pass:
+``tests/impl/test_interpreted_twins.py`` compares each pair interpreted, twin on and off.
 
 How: the interpreter keeps each nested ``@triton.jit`` function's rewritten Python body in
 ``InterpretedFunction.rewritten_fn`` (keyed by the original function) and calls that body with the
-interpreter's tensors; the twin is installed there for ``philox4x32``'s function.  Off under
-``RUNNERCHECK_PLAIN_INTERPRETER=1`` (with the other interpreter speed-ups) and on a Triton whose
-interpreter is not laid out so (logged; Triton is then left as it is).
+interpreter's tensors; a twin is installed there under its function.  Installed by
+`runnercheck.impl.kernels.interpreter.speed_up_interpreter` (off under ``RUNNERCHECK_PLAIN_INTERPRETER=1``
+with the other interpreter speed-ups); on a Triton whose interpreter is not laid out so, logged and
+left as it is.
 """
 from __future__ import annotations
 
@@ -97,27 +102,45 @@ def philox4x32_numpy(seed: Any, counter: Any, position: Any, stream: Any) -> tup
     return tuple(tl.tensor(TensorHandle(np.ascontiguousarray(w.reshape(1)), tl.uint32), tl.uint32) for w in words)
 
 
-def install_interpreted_philox(interpreter: Any) -> bool:
-    """Make ``interpreter`` (``triton.runtime.interpreter``) run ``rng.philox4x32`` as `philox4x32_numpy`; True when
-    in place.  The caller (`runnercheck.impl.kernels.interpreter.speed_up_interpreter`) decides whether to."""
-    from runnercheck.impl.kernels import rng
+def sorted_descending_numpy(packed: Any) -> Any:
+    """``sampling_select.sorted_descending`` for the interpreter: a 1-D int64 block sorted largest first."""
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
 
+    if not isinstance(packed, tl.tensor) or not isinstance(packed.type, tl.block_type) or len(packed.type.shape) != 1 \
+            or packed.dtype != tl.int64:
+        raise TypeError(f"sorted_descending takes a 1-D int64 block, got {getattr(packed, 'type', type(packed))}")
+    data = np.sort(packed.handle.data, kind="stable")[::-1]
+    return tl.tensor(TensorHandle(np.ascontiguousarray(data), tl.int64), packed.type)
+
+
+def _twins() -> dict[Any, Any]:
+    """Each twinned function's interpreter object -> its twin."""
+    from runnercheck.impl.kernels import rng, sampling_select
+
+    return {rng.philox4x32: philox4x32_numpy, sampling_select.sorted_descending: sorted_descending_numpy}
+
+
+def install_interpreted_twins(interpreter: Any) -> bool:
+    """Make ``interpreter`` (``triton.runtime.interpreter``) run each function's numpy twin; True when in place.
+    The caller (`runnercheck.impl.kernels.interpreter.speed_up_interpreter`) decides whether to."""
     table = getattr(getattr(interpreter, "InterpretedFunction", None), "rewritten_fn", None)
-    fn = getattr(rng.philox4x32, "fn", None)
-    if not isinstance(table, dict) or fn is None or not isinstance(rng.philox4x32, interpreter.InterpretedFunction):
-        log.info("this Triton's interpreter keeps no table of rewritten functions; philox4x32 runs interpreted")
+    twins = _twins()
+    if not isinstance(table, dict) or not all(isinstance(f, interpreter.InterpretedFunction) for f in twins):
+        log.info("this Triton's interpreter keeps no table of rewritten functions; the numpy twins are not used")
         return False
-    table[fn] = philox4x32_numpy
+    for function, twin in twins.items():
+        table[function.fn] = twin
     return True
 
 
-def uninstall_interpreted_philox(interpreter: Any) -> None:
-    """Undo `install_interpreted_philox` (the next call of ``philox4x32`` rewrites its Triton body again)."""
-    from runnercheck.impl.kernels import rng
-
+def uninstall_interpreted_twins(interpreter: Any) -> None:
+    """Undo `install_interpreted_twins` (the next call of each function rewrites its Triton body again)."""
     table = interpreter.InterpretedFunction.rewritten_fn
-    if table.get(rng.philox4x32.fn) is philox4x32_numpy:
-        del table[rng.philox4x32.fn]
+    for function, twin in _twins().items():
+        if table.get(function.fn) is twin:
+            del table[function.fn]
 
 
-__all__ = ["philox_rounds", "philox4x32_numpy", "install_interpreted_philox", "uninstall_interpreted_philox"]
+__all__ = ["philox_rounds", "philox4x32_numpy", "sorted_descending_numpy", "install_interpreted_twins",
+           "uninstall_interpreted_twins"]

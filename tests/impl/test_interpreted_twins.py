@@ -1,5 +1,5 @@
-"""`runnercheck.impl.kernels.interpreted_philox`: the interpreter's numpy Philox gives the Triton function's bits
-for every argument shape the kernels use (and the ones they could), and the test process runs it."""
+"""`runnercheck.impl.kernels.interpreted_twins`: each numpy twin gives its Triton function's bits for every argument
+shape the kernels use (and the ones they could), and the test process runs the twins."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,9 +9,9 @@ import triton
 import triton.language as tl
 
 from runnercheck.impl.device import triton_interpreted
-from runnercheck.impl.kernels import rng
-from runnercheck.impl.kernels.interpreted_philox import (install_interpreted_philox, philox4x32_numpy, philox_rounds,
-                                                         uninstall_interpreted_philox)
+from runnercheck.impl.kernels import rng, sampling_select
+from runnercheck.impl.kernels.interpreted_twins import (install_interpreted_twins, philox4x32_numpy, philox_rounds,
+                                                        sorted_descending_numpy, uninstall_interpreted_twins)
 
 interpreted = pytest.mark.skipif(not triton_interpreted(), reason="kernels run on a GPU, not in the interpreter")
 N = 16
@@ -48,24 +48,31 @@ def _launch(seeds: list[int], position: int, stream: int) -> torch.Tensor:
 
 
 @interpreted
-def test_the_test_process_runs_the_numpy_philox():
+def test_the_test_process_runs_the_twins():
     from triton.runtime import interpreter
 
-    assert interpreter.InterpretedFunction.rewritten_fn.get(rng.philox4x32.fn) is philox4x32_numpy
+    table = interpreter.InterpretedFunction.rewritten_fn
+    assert table.get(rng.philox4x32.fn) is philox4x32_numpy
+    assert table.get(sampling_select.sorted_descending.fn) is sorted_descending_numpy
+
+
+def _without_twins(launch):
+    """``launch()`` with the interpreter running the Triton bodies, the twins back in place afterwards."""
+    from triton.runtime import interpreter
+
+    try:
+        uninstall_interpreted_twins(interpreter)
+        return launch()
+    finally:
+        assert install_interpreted_twins(interpreter)
 
 
 @interpreted
 @pytest.mark.parametrize("stream", [0, 1, 2, 3, 4])
 def test_numpy_philox_gives_the_triton_functions_bits(stream: int):
-    from triton.runtime import interpreter
-
     seeds = [0, 1, 2**63 - 1, -(2**62) - 12345, 0x1234_5678_9ABC_DEF0]  # negative: the two's complement key words
     position = 2**33 + 7  # above 2^32: the counter word takes its low 32 bits
-    try:
-        uninstall_interpreted_philox(interpreter)
-        written = _launch(seeds, position, stream)
-    finally:
-        assert install_interpreted_philox(interpreter)
+    written = _without_twins(lambda: _launch(seeds, position, stream))
     twin = _launch(seeds, position, stream)
     assert torch.equal(twin, written)
     assert written.unique().numel() > written.numel() // 2  # real words, not a constant both got wrong
@@ -83,3 +90,28 @@ def test_a_python_int_counter_is_refused_as_the_triton_function_refuses_it():
         np.array([5], np.int64), tl.int64), tl.int64)
     with pytest.raises(TypeError, match="counter must be an integer tensor"):
         philox4x32_numpy(seed, 3, seed, 0)
+
+
+@triton.jit
+def _sort_kernel(src_ptr, dst_ptr, N: tl.constexpr):
+    lanes = tl.program_id(0) * N + tl.arange(0, N)
+    tl.store(dst_ptr + lanes, sampling_select.sorted_descending(tl.load(src_ptr + lanes)))
+
+
+@interpreted
+def test_numpy_sort_gives_the_bitonic_sorts_row():
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randint(-2**62, 2**62, (64,), generator=g),
+            torch.randint(-3, 3, (64,), generator=g),  # ties
+            torch.tensor([-2**63, 2**63 - 1, 0, -1] * 16),  # the int64 extremes and the empty-slot marker's sign
+            torch.sort(torch.randint(0, 99, (64,), generator=g)).values]  # already ascending
+    src = torch.stack(rows).contiguous()
+
+    def launch():
+        dst = torch.zeros_like(src)
+        _sort_kernel[(len(rows),)](src, dst, N=64)
+        return dst
+
+    written = _without_twins(launch)
+    assert torch.equal(launch(), written)
+    assert torch.equal(written, torch.sort(src, dim=1, descending=True).values)
