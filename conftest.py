@@ -81,22 +81,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # end of the run: in collection order they came last (tests/stress) and one worker idled while the other finished
 # a three-minute test.  A test missing here only runs in its collection place.
 RUN_FIRST: dict[str, float] = {
-    "tests/stress/test_mutants.py::test_quick_sim_run_kills_every_cpu_mutant_as_designed": 608,
-    "tests/stress/test_machine.py::TestRunnerMachine::runTest": 395,
-    "tests/stress/test_verify.py::test_quick_job_on_sim_passes_and_writes_a_valid_report": 130,
-    "tests/stress/test_invariance.py::test_the_builtin_runner_passes_on_sim": 112,
-    "tests/impl/test_mixed_graphs.py::test_mixed_batches_replay_one_graph_and_match_the_unpadded_eager_step": 107,
-    "tests/checks/test_chisq.py::test_shards_partition_the_matrix_and_the_biases_and_shard_0_keeps_the_calibration": 104,
-    "tests/stress/test_mutants.py::test_chisq_on_the_runners_sampler_kills_temperature_twice_with_a_clean_probe_control": 93,
-    "tests/impl/test_mixed_graphs.py::test_a_mixed_step_whose_padding_tokens_keep_stale_slots_is_caught": 79,
-    "tests/plugin/test_pytest_plugin.py::test_invariance_fixture_passes_our_runner_and_fails_a_batch_dependent_one": 72,
-    "tests/plugin/test_pytest_plugin.py::test_user_file_checks_builtin_runner_and_own_sampler_with_junit": 65,
-    "tests/stress/test_cli.py::test_stress_with_the_draft_model_proposer_reports_its_acceptance": 65,
-    "tests/impl/test_mixed_graphs.py::test_a_mixed_step_above_the_largest_mixed_size_runs_eager": 58,
-    "tests/stress/test_targeted_delays.py::test_a_targeted_sim_run_passes_and_reaches_every_target": 57,
-    "tests/impl/test_lanes.py::test_a_mirror_that_drifts_from_the_counter_is_wrong_tokens": 57,
-    "tests/impl/test_lanes.py::test_fused_steps_agree_with_unfused_ones_and_the_mirror_tracks_the_counter": 56,
-    "tests/stress/test_invariance.py::test_cli_passes_and_reports_a_mutant": 52,
+    "tests/stress/test_mutants.py::test_quick_sim_run_kills_every_cpu_mutant_as_designed": 246,
+    "tests/stress/test_machine.py::TestRunnerMachine::runTest": 119,
+    "tests/stress/test_verify.py::test_quick_job_on_sim_passes_and_writes_a_valid_report": 81,
+    "tests/bench/test_bench_cli.py::test_bench_quick_writes_valid_json": 44,
+    "tests/stress/test_targeted_delays.py::test_a_targeted_sim_run_passes_and_reaches_every_target": 41,
+    "tests/stress/test_invariance.py::test_the_builtin_runner_passes_on_sim": 32,
+    "tests/docs/test_quickstart.py::test_quickstart_example_pytest_file_passes": 31,
+    "tests/impl/test_draft_graphs.py::test_recorded_replay_equals_eager_and_the_oracle[3-capture_sizes0-1]": 28,
+    "tests/checks/test_chisq.py::test_shards_partition_the_matrix_and_the_biases_and_shard_0_keeps_the_calibration": 27,
+    "tests/plugin/test_pytest_plugin.py::test_invariance_fixture_passes_our_runner_and_fails_a_batch_dependent_one": 24,
+    "tests/impl/test_draft_proposer.py::test_draft_model_under_lag_matches_the_oracle_with_no_host_sync": 24,
+    "tests/impl/test_draft_graphs.py::test_padding_requests_write_no_live_proposer_row_and_no_draft_kv[cpu]": 22,
+    "tests/docs/test_quickstart.py::test_quickstart_buggy_sampler_fails_with_its_top_p_case_rejected": 22,
+    "tests/checks/test_staging_slots.py::test_a_correct_runner_under_staging_lag_is_clean": 22,
+    "tests/stress/test_invariance.py::test_cli_passes_and_reports_a_mutant": 22,
 }
 
 
