@@ -62,11 +62,11 @@ def processed_scores_kernel(
     offs = blk * CHUNK + tl.arange(0, CHUNK)
     in_vocab = offs < vocab_size
     out_row = out_ptr + local.to(tl.int64) * out_stride
-    if ALL_PROCESSED:
-        _store_kept_chunk(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature_ptr, repetition_ptr,
-                          frequency_ptr, presence_ptr, bound_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr,
-                          counts_stride, draft_ptr, draft_stride, num_drafts, out_row)
-    elif tl.load(mode_ptr + state_row) != 0:
+    if ALL_PROCESSED:  # an int1 tensor in both branches (a Python bool may not cross a constexpr branch)
+        processed = tl.full([], 1, tl.int1)
+    else:
+        processed = tl.load(mode_ptr + state_row) != 0
+    if processed:
         _store_kept_chunk(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature_ptr, repetition_ptr,
                           frequency_ptr, presence_ptr, bound_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr,
                           counts_stride, draft_ptr, draft_stride, num_drafts, out_row)
