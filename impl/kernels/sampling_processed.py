@@ -32,17 +32,17 @@ def _kept_scores(score, bound, temperature):
 
 
 @triton.jit
-def _store_kept_chunk(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature_ptr, repetition_ptr,
+def kept_chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature_ptr, repetition_ptr,
                       frequency_ptr, presence_ptr, bound_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr,
-                      counts_stride, draft_ptr, draft_stride, num_drafts, out_row):
+                      counts_stride, draft_ptr, draft_stride, num_drafts):
     """One chunk of a processed row: the sampler's scores, ``-inf`` below the row's kept threshold (greedy rows:
-    none)."""
+    none).  Also the first half of `runnercheck.impl.kernels.sampling_distribution` (the drawn distributions)."""
     temperature = tl.load(temperature_ptr + state_row)
     score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
                                repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride,
                                counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts)
     bound = tl.where(temperature == 0.0, float("-inf"), tl.load(bound_ptr + row))
-    tl.store(out_row + offs, _kept_scores(score, bound, temperature), mask=in_vocab)
+    return _kept_scores(score, bound, temperature)
 
 
 @triton.jit(do_not_specialize=["num_drafts", "row_offset"])
@@ -50,11 +50,9 @@ def processed_scores_kernel(
     logits_ptr, logits_stride, state_row_ptr, temperature_ptr, repetition_ptr, frequency_ptr, presence_ptr,
     mode_ptr, bound_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride,
     num_drafts, row_offset, out_ptr, out_stride, vocab_size,
-    CHUNK: tl.constexpr, ALL_PROCESSED: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
-    """Rows ``row_offset + program_id(0)`` of the step into row ``program_id(0)`` of ``out``.  ``ALL_PROCESSED``:
-    every row processed whatever its mode (``mode_ptr`` not read): the sampled distributions of
-    `runnercheck.impl.sample.probs.drawn_distribution`."""
+    """Rows ``row_offset + program_id(0)`` of the step into row ``program_id(0)`` of ``out``."""
     local = tl.program_id(0)
     blk = tl.program_id(1)
     row = local + row_offset
@@ -62,14 +60,11 @@ def processed_scores_kernel(
     offs = blk * CHUNK + tl.arange(0, CHUNK)
     in_vocab = offs < vocab_size
     out_row = out_ptr + local.to(tl.int64) * out_stride
-    if ALL_PROCESSED:  # an int1 tensor in both branches (a Python bool may not cross a constexpr branch)
-        processed = tl.full([], 1, tl.int1)
-    else:
-        processed = tl.load(mode_ptr + state_row) != 0
-    if processed:
-        _store_kept_chunk(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature_ptr, repetition_ptr,
-                          frequency_ptr, presence_ptr, bound_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr,
-                          counts_stride, draft_ptr, draft_stride, num_drafts, out_row)
+    if tl.load(mode_ptr + state_row) != 0:
+        kept = kept_chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature_ptr,
+                                 repetition_ptr, frequency_ptr, presence_ptr, bound_ptr, prompt_mask_ptr,
+                                 prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts)
+        tl.store(out_row + offs, kept, mask=in_vocab)
     else:
         raw = tl.load(logits_ptr + row.to(tl.int64) * logits_stride + offs, mask=in_vocab, other=float("-inf"))
         tl.store(out_row + offs, raw, mask=in_vocab)

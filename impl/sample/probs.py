@@ -5,17 +5,18 @@ distributions, not a sampled token.  `drawn_distribution` reads them off the `Sa
 sampled the same rows, so ``p`` is by construction the distribution the sampler drew from -- its kept
 threshold, its penalties, its fp32 scores -- not a second implementation of the pipeline:
 
-* one launch of the processed-scores kernel (`runnercheck.impl.kernels.sampling_processed`, every row
-  processed): the row's scores (NaN -> -inf, penalties with the row's draft prefix counted as outputs,
-  ``/ T``), ``-inf`` below the sampler's kept threshold ``Sampler.bound`` (min-p, top-k and top-p combined);
-* ``softmax`` of those scores;
+* the row's scores (NaN -> -inf, penalties with the row's draft prefix counted as outputs, ``/ T``), ``-inf``
+  below the sampler's kept threshold ``Sampler.bound`` (min-p, top-k and top-p combined) -- the same fp32
+  function as the sampler's passes and the processed logprobs (`runnercheck.impl.kernels.sampling_processed`);
+* their softmax;
 * a point mass on the sampler's own token where no noise was involved: greedy rows (temperature 0: the
   penalised argmax, lowest index), rows whose top score is ``+inf`` (the lowest raw ``+inf``; or a penalty
   that overflowed) and rows with no finite score (token 0).
 
-Launches only, no host read, so it runs inside an enqueued closure or a CUDA-graph capture, after the
+Two launches (`runnercheck.impl.kernels.sampling_distribution`: the scores with per-chunk softmax partials, then the
+probabilities in place), no host read, so it runs inside an enqueued closure or a CUDA-graph capture, after the
 `Sampler.sample` call over the same ``logits`` rows, state rows and draft prefix (stream order is the
-only synchronisation).  It allocates its result per call (inside a capture: from the graph's memory pool,
+only synchronisation).  It allocates its result and partials per call (inside a capture: from the graph's memory pool,
 live for one replay).  The oracle's twin is `runnercheck.reference.sampler.distribution` (float64), whose
 fragility report covers the fp32 boundaries.
 """
@@ -23,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from runnercheck.impl.kernels.launch import cdiv, launch
-from runnercheck.impl.kernels.sampling_processed import processed_scores_kernel
+from runnercheck.impl.kernels.launch import cdiv, launch, next_power_of_2
+from runnercheck.impl.kernels.sampling_distribution import distribution_finish_kernel, distribution_scores_kernel
 from runnercheck.impl.sample.sampler import Sampler
 from runnercheck.impl.sample.state import SamplingState
 
@@ -39,17 +40,16 @@ def drawn_distribution(sampler: Sampler, logits: torch.Tensor, state: SamplingSt
     if num_rows == 0:
         return out
     chunk = sampler.layout.chunk
-    mode_unread = sampler.mode  # ALL_PROCESSED: the kernel reads no row's logprobs mode
-    launch(processed_scores_kernel, (num_rows, cdiv(vocab, chunk)),
-           logits, logits.stride(0), rows_map, state.temperature.base, *state.kernel_params()[1], mode_unread,
-           sampler.bound, *sampler.penalty_rows(state, draft_prefix), 0, out, out.stride(0), vocab, CHUNK=chunk,
-           ALL_PROCESSED=True)
-    top = out.amax(dim=1, keepdim=True)
-    greedy = state.temperature.base.index_select(0, rows_map[:num_rows].long()).unsqueeze(1) == 0.0
-    point = greedy | torch.isinf(top)
-    probs = torch.softmax(out, dim=1)
-    mass = torch.zeros_like(probs).scatter_(1, sampler.tokens[:num_rows].view(-1, 1), 1.0)
-    return torch.where(point, mass, probs)
+    chunks = cdiv(vocab, chunk)
+    partials = torch.empty((num_rows, chunks, 2), dtype=torch.float32, device=logits.device)
+    grid = (num_rows, chunks)
+    launch(distribution_scores_kernel, grid,
+           logits, logits.stride(0), rows_map, state.temperature.base, *state.kernel_params()[1], sampler.bound,
+           *sampler.penalty_rows(state, draft_prefix), out, out.stride(0), partials, chunks, vocab, CHUNK=chunk)
+    launch(distribution_finish_kernel, grid,
+           out, out.stride(0), partials, chunks, rows_map, state.temperature.base, sampler.tokens, vocab, CHUNK=chunk,
+           CHUNKS_P2=next_power_of_2(chunks))
+    return out
 
 
 __all__ = ["drawn_distribution"]

@@ -56,8 +56,7 @@ class ProcessedScores:
             n = min(self.chunk_rows, num_rows - start)
             launch(processed_scores_kernel, (n, blocks),
                    logits, logits.stride(0), rows_map, state.temperature.base, *penalties, state.logprobs_mode.base,
-                   bound, *penalty_rows, start, self.scores, self.scores.stride(0), self.vocab_size, CHUNK=self.chunk,
-                   ALL_PROCESSED=False)
+                   bound, *penalty_rows, start, self.scores, self.scores.stride(0), self.vocab_size, CHUNK=self.chunk)
             end = start + n
             computer.launch(self.scores, tokens[start:end], n, num_top,
                             out=LogprobsOutput(out.logprob[start:end], out.rank[start:end], out.top_ids[start:end],

@@ -44,11 +44,12 @@ LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=3, max_model_len=64, max_num_
 # --------------------------------------------------------------------------- p and q
 
 
+@pytest.mark.parametrize("vocab", [40, 150, 2500])  # chunks a row: 1, 3 (a partial last one), 40 on cpu (64 tokens); 1, 1, 3 on cuda
 @pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_drawn_distributions_equal_the_oracle_distribution(kind: str) -> None:
+def test_drawn_distributions_equal_the_oracle_distribution(kind: str, vocab: int) -> None:
     from runnercheck.reference.sampler import distribution
 
-    dev, vocab = Device(kind), 40
+    dev = Device(kind)
     gen = torch.Generator().manual_seed(3)
     requests = {
         0: RowRequest(SamplingParams(temperature=0.8, top_k=5), 1, (1, 2, 3), (4,)),

@@ -1,4 +1,4 @@
-"""The speculative-sampling, processed-score, attention and batch-invariant matmul kernels compile for a GPU (sm_90) on a machine without one.
+"""The speculative-sampling, processed-score, drawn-distribution, attention and batch-invariant matmul kernels compile for a GPU (sm_90) on a machine without one.
 
 The CPU suite runs every kernel in Triton's interpreter, which executes the Python body and so cannot see
 what only code generation rejects (a constexpr branch the compiler resolves differently, a type a lowering
@@ -32,12 +32,17 @@ KERNELS = [
      dict(CHUNK=4096, BLOCK=1024)),
     ("draft_model", "_draft_sample_combine_kernel",
      dict(rows_ptr="*i32", part_ptr="*i32", proposed_ptr="*i32", next_ptr="*i64"), dict(CHUNKS_P2=64)),
-] + [
     ("sampling_processed", "processed_scores_kernel",
      dict(logits_ptr="*fp32", state_row_ptr="*i32", temperature_ptr="*fp32", repetition_ptr="*fp32",
           frequency_ptr="*fp32", presence_ptr="*fp32", mode_ptr="*i32", bound_ptr="*fp32", prompt_mask_ptr="*i32",
-          counts_ptr="*i32", draft_ptr="*i32", out_ptr="*fp32"), dict(CHUNK=1024, ALL_PROCESSED=all_processed))
-    for all_processed in (True, False)
+          counts_ptr="*i32", draft_ptr="*i32", out_ptr="*fp32"), dict(CHUNK=1024)),
+    ("sampling_distribution", "distribution_scores_kernel",
+     dict(logits_ptr="*fp32", state_row_ptr="*i32", temperature_ptr="*fp32", repetition_ptr="*fp32",
+          frequency_ptr="*fp32", presence_ptr="*fp32", bound_ptr="*fp32", prompt_mask_ptr="*i32", counts_ptr="*i32",
+          draft_ptr="*i32", out_ptr="*fp32", part_ptr="*fp32"), dict(CHUNK=1024)),
+    ("sampling_distribution", "distribution_finish_kernel",
+     dict(out_ptr="*fp32", part_ptr="*fp32", state_row_ptr="*i32", temperature_ptr="*fp32", token_ptr="*i64"),
+     dict(CHUNK=1024, CHUNKS_P2=256)),
 ] + [  # the tile products as compiled (ROW_EXACT_DOT off: tl.dot), bf16 with tf32 dots and fp32 with IEEE ones
     ("attention", "_paged_attention_kernel",
      dict(out_ptr=f"*{dt}", query_ptr=f"*{dt}", k_cache_ptr=f"*{dt}", v_cache_ptr=f"*{dt}", block_table_ptr="*i32",
@@ -77,7 +82,7 @@ def _nvidia_backend() -> bool:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a CUDA machine the gpu-marked tests compile and run them")
 @pytest.mark.skipif(not _nvidia_backend(), reason="Triton without its NVIDIA backend")
-@pytest.mark.parametrize("spec", KERNELS, ids=[f"{k[1]}-{k[3].get('ALL_PROCESSED', k[3].get('DOT_PRECISION', ''))}"
+@pytest.mark.parametrize("spec", KERNELS, ids=[k[1] + (f"-{k[3]['DOT_PRECISION']}" if "DOT_PRECISION" in k[3] else "")
                                                for k in KERNELS])
 def test_kernel_compiles_for_sm90(spec: tuple) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
