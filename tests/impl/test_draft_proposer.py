@@ -44,9 +44,11 @@ LIMITS = RunnerLimits(vocab_size=256, max_num_reqs=3, max_model_len=64, max_num_
 # --------------------------------------------------------------------------- p and q
 
 
-@pytest.mark.parametrize("vocab", [40, 150, 2500])  # chunks a row: 1, 3 (a partial last one), 40 on cpu (64 tokens); 1, 1, 3 on cuda
+# (vocabulary, widest span): one span a row; three spans (a partial last one); one span walked in four blocks of
+# 1024 (the last one empty) -- on cpu and on cuda alike
+@pytest.mark.parametrize("vocab, span", [(40, 4096), (150, 64), (2500, 4096)])
 @pytest.mark.parametrize("kind", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-def test_drawn_distributions_equal_the_oracle_distribution(kind: str, vocab: int) -> None:
+def test_drawn_distributions_equal_the_oracle_distribution(kind: str, vocab: int, span: int) -> None:
     from runnercheck.reference.sampler import distribution
 
     dev = Device(kind)
@@ -72,7 +74,7 @@ def test_drawn_distributions_equal_the_oracle_distribution(kind: str, vocab: int
 
     def sample_then_distribution() -> None:
         sampler.sample(logits_dev, state, state_rows, positions, num_rows=len(rows), draft_prefix=prefix)
-        box["p"] = drawn_distribution(sampler, logits_dev, state, state_rows, prefix, len(rows))
+        box["p"] = drawn_distribution(sampler, logits_dev, state, state_rows, prefix, len(rows), span_tokens=span)
 
     dev.enqueue(sample_then_distribution, "p")
     dev.synchronize()

@@ -39,10 +39,10 @@ KERNELS = [
     ("sampling_distribution", "distribution_scores_kernel",
      dict(logits_ptr="*fp32", state_row_ptr="*i32", temperature_ptr="*fp32", repetition_ptr="*fp32",
           frequency_ptr="*fp32", presence_ptr="*fp32", bound_ptr="*fp32", prompt_mask_ptr="*i32", counts_ptr="*i32",
-          draft_ptr="*i32", out_ptr="*fp32", part_ptr="*fp32"), dict(CHUNK=1024)),
+          draft_ptr="*i32", out_ptr="*fp32", part_ptr="*fp32"), dict(SPAN=4096, BLOCK=1024)),
     ("sampling_distribution", "distribution_finish_kernel",
      dict(out_ptr="*fp32", part_ptr="*fp32", state_row_ptr="*i32", temperature_ptr="*fp32", token_ptr="*i64"),
-     dict(CHUNK=1024, CHUNKS_P2=256)),
+     dict(SPAN=4096, BLOCK=1024, SPANS_P2=64)),
 ] + [  # the tile products as compiled (ROW_EXACT_DOT off: tl.dot), bf16 with tf32 dots and fp32 with IEEE ones
     ("attention", "_paged_attention_kernel",
      dict(out_ptr=f"*{dt}", query_ptr=f"*{dt}", k_cache_ptr=f"*{dt}", v_cache_ptr=f"*{dt}", block_table_ptr="*i32",
