@@ -26,9 +26,7 @@ import triton.language as tl
 
 from runnercheck.impl.kernels.launch import launch
 from runnercheck.impl.kernels.rng import DRAFT_STREAM
-from runnercheck.impl.kernels.spec_verify import combine_partials, residual_span_partials, store_partials
-
-MAX_BLOCK = 1024
+from runnercheck.impl.kernels.spec_verify import SPAN_BLOCK, combine_partials, residual_span_partials, store_partials
 
 
 @triton.jit(do_not_specialize=["vocab_size", "j", "num_chunks"])
@@ -65,7 +63,7 @@ def launch_draft_sample(*, rows: torch.Tensor, state_rows: torch.Tensor, positio
     span width and count of `runnercheck.impl.kernels.spec_verify.spans_of` for ``V``."""
     vocab, num_chunks = q_buf.shape[2], partials.shape[2]
     launch(_draft_sample_partials_kernel, (num_reqs, num_chunks), rows, state_rows, positions, seeds, q_buf, q_buf.stride(0),
-           q_buf.stride(1), partials, j, num_chunks, vocab, CHUNK=chunk, BLOCK=min(MAX_BLOCK, chunk))
+           q_buf.stride(1), partials, j, num_chunks, vocab, CHUNK=chunk, BLOCK=min(SPAN_BLOCK, chunk))
     launch(_draft_sample_combine_kernel, (num_reqs,), rows, partials, proposed, proposed.stride(0), next_tokens, j,
            num_chunks, vocab, CHUNKS_P2=max(2, triton.next_power_of_2(num_chunks)))
 
@@ -92,7 +90,7 @@ def launch_gather_draft_probs(*, rows: torch.Tensor, draft_start: torch.Tensor, 
     vocab = q_buf.shape[2]
     launch(_gather_draft_probs_kernel, (num_reqs, max(1, max_drafts)),
         rows, draft_start, q_buf, q_buf.stride(0), q_buf.stride(1), out, out.stride(0), vocab,
-        BLOCK=min(MAX_BLOCK, triton.next_power_of_2(vocab)))
+        BLOCK=min(SPAN_BLOCK, triton.next_power_of_2(vocab)))
 
 
 @triton.jit

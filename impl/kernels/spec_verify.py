@@ -32,6 +32,8 @@ from runnercheck.impl.kernels.rng import ACCEPT_STREAM, RESAMPLE_STREAM, gumbel_
 # 64-bit Philox draws spread over ~V/4096 programs (151936 tokens: 38 a row), few enough that the combine reads one
 # short row of partials.
 SPAN_TOKENS = 4096
+# Tokens a span-split program holds at a time: it walks its span (or a whole row it copies) in blocks of this width.
+SPAN_BLOCK = 1024
 
 
 def spans_of(vocab_size: int, span_tokens: int = SPAN_TOKENS) -> tuple[int, int]:

@@ -26,11 +26,9 @@ import torch
 
 from runnercheck.impl.kernels.launch import launch, next_power_of_2
 from runnercheck.impl.kernels.sampling_distribution import distribution_finish_kernel, distribution_scores_kernel
-from runnercheck.impl.kernels.spec_verify import SPAN_TOKENS, spans_of
+from runnercheck.impl.kernels.spec_verify import SPAN_BLOCK, SPAN_TOKENS, spans_of
 from runnercheck.impl.sample.sampler import Sampler
 from runnercheck.impl.sample.state import SamplingState
-
-DISTRIBUTION_BLOCK = 1024  # tokens a program holds at a time (its span walked in blocks)
 
 
 def drawn_distribution(sampler: Sampler, logits: torch.Tensor, state: SamplingState, rows_map: torch.Tensor,
@@ -44,7 +42,7 @@ def drawn_distribution(sampler: Sampler, logits: torch.Tensor, state: SamplingSt
     if num_rows == 0:
         return out
     span, spans = spans_of(vocab, span_tokens)
-    block = min(span, DISTRIBUTION_BLOCK)
+    block = min(span, SPAN_BLOCK)
     partials = torch.empty((num_rows, spans, 2), dtype=torch.float32, device=logits.device)
     grid = (num_rows, spans)
     launch(distribution_scores_kernel, grid,

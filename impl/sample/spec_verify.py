@@ -42,10 +42,8 @@ from runnercheck.impl.interface import (
     SpecVerifyError,
     SpecVocabMismatchError,
 )
-from runnercheck.impl.kernels.spec_verify import (SPAN_TOKENS, spans_of, spec_resample_combine_kernel,
+from runnercheck.impl.kernels.spec_verify import (SPAN_BLOCK, SPAN_TOKENS, spans_of, spec_resample_combine_kernel,
                                                   spec_resample_partials_kernel, spec_verify_kernel)
-
-MAX_BLOCK = 1024
 
 
 @dataclass(frozen=True)
@@ -88,7 +86,7 @@ class SpecVerifier:
         self.tokens = device.full((max_num_reqs, max_spec_tokens + 1), -1, torch.int64)
         self.accepted = device.zeros(max_num_reqs, torch.int32)
         self.chunk, self.num_chunks = spans_of(vocab_size, chunk)
-        self.block = min(MAX_BLOCK, self.chunk)
+        self.block = min(SPAN_BLOCK, self.chunk)
         self.partials = device.zeros((max_num_reqs, 4, self.num_chunks), torch.int32)
 
     def check(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
