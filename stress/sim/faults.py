@@ -12,7 +12,7 @@ identically without sharing state:
   ``all_nan_residue``: every entry NaN (the non-finite rule's "every entry -inf" case: token 0);
   ``neg_residue``: NaN and -Inf alternating by column (token 0 too, through the NaN -> -inf step);
   ``inf_mix_residue``: that NaN/-Inf row with +Inf at two columns (the lower index wins);
-  ``tie_residue``: three more columns set to the row's maximum, so four or more entries tie
+  ``tie_residue``: three more columns set to the row's maximum (never its own column), so four or more entries tie
   exactly at the top (greedy's lowest-index rule, top-k's "ties at t_k all kept", top-p's
   threshold and the top-n logprob order by lower index are all reached; bf16-quantised logits
   tie the same way).  A tie row is finite and not flagged; its logprobs are compared.
@@ -136,8 +136,11 @@ class LogitsFault:
         vocab = logits.shape[-1]
         all_nan, neg, inf_mix, tie = kind
         # The tie value is read before any row is rewritten (a tie row is otherwise untouched, so finite).
-        top = logits.amax(dim=-1)
+        top, top_col = logits.max(dim=-1)
         tied = torch.stack([cols, (cols + _TIE_STRIDE) % vocab, (cols + 2 * _TIE_STRIDE) % vocab], dim=1)
+        # A tied column on the row's own maximum would leave three ties, not four: move it one column on (the
+        # three stay distinct for vocab > 2 * _TIE_STRIDE + 1, and none lands on the maximum's).
+        tied = torch.where(tied == top_col[:, None], (tied + 1) % vocab, tied)
         # Filled on the device: a ``torch.tensor(value, device=cuda)`` is a pageable copy, a host sync that a
         # graph capture refuses (the faults run inside the runner's captured sample op).
         alternating = torch.full((vocab,), float("-inf"), dtype=logits.dtype, device=logits.device)

@@ -16,9 +16,11 @@ ROWS = {"row_modulus": 5, "all_nan_residue": 0, "neg_residue": 1, "inf_mix_resid
 
 def test_row_kinds_plant_what_the_docstring_says() -> None:
     fault = LogitsFault(min_position=2, **ROWS)
-    logits = torch.randn(6, 64, dtype=torch.float64)
-    before = logits.clone()
+    logits = torch.randn(6, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     positions = torch.tensor([1, 5, 6, 7, 8, 9])  # 1: below min_position; 5..9: residues 0..4 of 5
+    planted_col = (8 * 7919 + 13) % 64  # where the tie row's first tied column falls (faults' column rule)
+    logits[4, planted_col] = logits[4].max() + 1.0  # ... on the row's own maximum: still four ties
+    before = logits.clone()
     fault.apply_rows(logits, positions)
     assert torch.equal(logits[0], before[0])
     assert torch.isnan(logits[1]).all()
