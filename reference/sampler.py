@@ -177,6 +177,8 @@ def _filters(s: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, boo
     if torch.isposinf(s).any():
         return torch.isposinf(s), False
     keep = s > -math.inf
+    if not bool(keep.any()):  # nothing finite (an all-NaN / -inf row, flagged): no filter has a top to measure from
+        return keep, False
     fragile = False
     if params.min_p > 0.0:
         keep, f = _min_p(s, keep, float(params.min_p))

@@ -65,6 +65,24 @@ def test_greedy_processed_logprobs_are_the_temperature_one_distribution():
     assert lp.rank == 1 and math.isfinite(lp.logprob) and lp.logprob < 0
 
 
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.9, min_p=0.1, logprobs=2, logprobs_mode=P),
+    SamplingParams(temperature=0.9, top_p=0.8, logprobs=2, logprobs_mode=P),
+    SamplingParams(temperature=0.9, top_k=4, top_p=0.8, min_p=0.1, logprobs=2, logprobs_mode=P),
+])
+@pytest.mark.parametrize("fill", ["nan", "-inf", "nan/-inf"])
+def test_the_oracles_processed_logprobs_of_a_row_with_nothing_finite_keep_nothing(params, fill):
+    """A row with no finite entry (the faults' all-NaN and NaN/-inf rows: flagged, token 0) has no top for min-p or
+    top-p to measure from: its processed scores are all -inf, not a crash (the H100's verify run 5 died here)."""
+    logits = torch.full((16,), float("-inf"), dtype=torch.float64)
+    if fill != "-inf":
+        logits[:: 1 if fill == "nan" else 2] = float("nan")
+    scores, fragile = processed_scores(logits, params, (1,), (2, 3))
+    assert not fragile and bool((scores == -math.inf).all())
+    lp = request_token_logprobs(logits, 0, params, (1,), (2, 3))
+    assert len(lp.top_token_ids) == 2
+
+
 def _scenario() -> ScriptedScheduler:
     """Processed requests of every sampling path (greedy with a penalty, top-k, top-p, min-p) next to raw ones;
     two rows, so rows pass from processed to raw requests and back; a preemption resumes a processed request."""
