@@ -9,8 +9,9 @@
   a greedy request's ``q`` is a point mass, so the same rule returns its argmax.  The spans' partials
   (`runnercheck.impl.kernels.spec_verify.residual_span_partials`) go through the caller's buffer; the combine
   takes the lowest token at the largest score, the one-pass rule exactly.  Writes ``proposed[row, j]`` and the next decode input.
-* `_gather_draft_probs_kernel`, grid ``(num_reqs, K)``: copies ``q_buf[rows[i], j]`` into the
-  step's draft-probability row ``draft_start[i] + j`` (the layout `SpecVerifier` reads).
+* `_gather_draft_probs_kernel`, grid ``(num_reqs, K, spans)``: copies one vocabulary span (`spans_of`) of
+  ``q_buf[rows[i], j]`` into the step's draft-probability row ``draft_start[i] + j`` (the layout `SpecVerifier`
+  reads); a program per row walking all of V left a 151936-token copy to 24 programs at 8 requests.
 * `_scatter_verified_kernel`, one program per scheduled request: for a request with ``k > 0``
   drafts and temperature > 0 it writes the verifier's ``accepted + 1`` tokens into the sampler's
   token rows and, when a draft was rejected, poisons that draft (-1) in the step's draft buffer,
@@ -26,7 +27,8 @@ import triton.language as tl
 
 from runnercheck.impl.kernels.launch import launch
 from runnercheck.impl.kernels.rng import DRAFT_STREAM
-from runnercheck.impl.kernels.spec_verify import SPAN_BLOCK, combine_partials, residual_span_partials, store_partials
+from runnercheck.impl.kernels.spec_verify import (SPAN_BLOCK, SPAN_TOKENS, combine_partials, residual_span_partials, spans_of,
+                                                   store_partials)
 
 
 @triton.jit(do_not_specialize=["vocab_size", "j", "num_chunks"])
@@ -70,7 +72,7 @@ def launch_draft_sample(*, rows: torch.Tensor, state_rows: torch.Tensor, positio
 
 @triton.jit(do_not_specialize=["vocab_size"])
 def _gather_draft_probs_kernel(rows_ptr, draft_start_ptr, q_ptr, q_row_stride, q_draft_stride, out_ptr, out_stride,
-                               vocab_size, BLOCK: tl.constexpr):
+                               vocab_size, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     i = tl.program_id(0)
     j = tl.program_id(1)
     d_start = tl.load(draft_start_ptr + i)
@@ -79,18 +81,22 @@ def _gather_draft_probs_kernel(rows_ptr, draft_start_ptr, q_ptr, q_row_stride, q
         row = tl.load(rows_ptr + i).to(tl.int64)
         src = q_ptr + row * q_row_stride + j * q_draft_stride
         dst = out_ptr + (d_start + j).to(tl.int64) * out_stride
-        for start in range(0, vocab_size, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            tl.store(dst + offs, tl.load(src + offs, mask=offs < vocab_size), mask=offs < vocab_size)
+        span_start = tl.program_id(2) * CHUNK
+        span_end = tl.minimum(span_start + CHUNK, vocab_size)
+        for start in range(0, CHUNK, BLOCK):
+            offs = span_start + start + tl.arange(0, BLOCK)
+            tl.store(dst + offs, tl.load(src + offs, mask=offs < span_end), mask=offs < span_end)
 
 
 def launch_gather_draft_probs(*, rows: torch.Tensor, draft_start: torch.Tensor, q_buf: torch.Tensor, out: torch.Tensor,
-                              num_reqs: int, max_drafts: int) -> None:
-    """Copy each scheduled draft's ``q`` row into ``out`` at its step draft index (device work)."""
+                              num_reqs: int, max_drafts: int, span_tokens: int = SPAN_TOKENS) -> None:
+    """Copy each scheduled draft's ``q`` row into ``out`` at its step draft index (device work), one program per
+    (request, draft, vocabulary span of ``span_tokens``)."""
     vocab = q_buf.shape[2]
-    launch(_gather_draft_probs_kernel, (num_reqs, max(1, max_drafts)),
+    chunk, spans = spans_of(vocab, span_tokens)
+    launch(_gather_draft_probs_kernel, (num_reqs, max(1, max_drafts), spans),
         rows, draft_start, q_buf, q_buf.stride(0), q_buf.stride(1), out, out.stride(0), vocab,
-        BLOCK=min(SPAN_BLOCK, triton.next_power_of_2(vocab)))
+        CHUNK=chunk, BLOCK=min(SPAN_BLOCK, chunk))
 
 
 @triton.jit

@@ -150,6 +150,27 @@ def test_a_draft_sample_over_spans_draws_the_oracle_token(chunk: int) -> None:
     assert int(next_tokens[2]) == 35
 
 
+@pytest.mark.parametrize("span_tokens", [4, 16, 4096])
+def test_the_q_gather_copies_every_span_of_each_draft_row_and_nothing_else(span_tokens: int) -> None:
+    """`launch_gather_draft_probs`: request i's draft j lands, whole, at step row ``draft_start[i] + j``, one program
+    per (request, draft, span): 37 tokens in spans of 4 (a partial last one), 16 and one; requests with fewer
+    drafts than the launch's width, and none, write nothing past their own rows."""
+    from runnercheck.impl.kernels.draft_model import launch_gather_draft_probs
+
+    vocab, k = 37, 3
+    q = torch.rand(5, k, vocab, generator=torch.Generator().manual_seed(3))
+    rows = torch.tensor([4, 0, 2, 1], dtype=torch.int32)
+    draft_start = torch.tensor([0, 3, 3, 4, 6], dtype=torch.int32)  # 3, 0, 1 and 2 drafts
+    out = torch.full((8, vocab), -1.0)
+    launch_gather_draft_probs(rows=rows, draft_start=draft_start, q_buf=q, out=out, num_reqs=4, max_drafts=k,
+                              span_tokens=span_tokens)
+    want = torch.full((8, vocab), -1.0)
+    for i in range(4):
+        for j in range(int(draft_start[i + 1] - draft_start[i])):
+            want[int(draft_start[i]) + j] = q[int(rows[i]), j]
+    assert torch.equal(out, want), span_tokens
+
+
 def test_an_unrelated_draft_model_is_verified_token_for_token_like_the_oracle() -> None:
     drafts, accepted = _run(DraftModelConfig("micro-draft", 3, weights_seed=5), steps=5)
     assert drafts > 0 and accepted < drafts  # rejections: residual resamples

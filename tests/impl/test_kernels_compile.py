@@ -32,6 +32,8 @@ KERNELS = [
      dict(CHUNK=4096, BLOCK=1024)),
     ("draft_model", "_draft_sample_combine_kernel",
      dict(rows_ptr="*i32", part_ptr="*i32", proposed_ptr="*i32", next_ptr="*i64"), dict(CHUNKS_P2=64)),
+    ("draft_model", "_gather_draft_probs_kernel",
+     dict(rows_ptr="*i32", draft_start_ptr="*i32", q_ptr="*fp32", out_ptr="*fp32"), dict(CHUNK=4096, BLOCK=1024)),
     ("sampling_processed", "processed_scores_kernel",
      dict(logits_ptr="*fp32", state_row_ptr="*i32", temperature_ptr="*fp32", repetition_ptr="*fp32",
           frequency_ptr="*fp32", presence_ptr="*fp32", mode_ptr="*i32", bound_ptr="*fp32", prompt_mask_ptr="*i32",
