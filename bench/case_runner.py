@@ -244,7 +244,9 @@ class _HostCostRun:
     steady: bool
     waits: int
     row_waits: int  # admissions that waited for a freed row's last step (`RequestStateTable.num_quarantine_waits`)
-    thread_cpu: tuple[float, float, float] | None  # the alone steps, per step: launch-thread CPU and wall seconds, wakes
+    # the alone steps, per step: launch-thread CPU and wall seconds, wakes, and `LaunchThread.phases` (seconds in the
+    # driver's calls, polling, the caller's waits for issues; jobs)
+    thread_cpu: tuple[float, float, float, tuple[float, float, float, float]] | None
     paired_cpu: StepCpu  # the interleaved runner steps' CPU time (caller + launch thread)
     baseline_cpu: list[float]  # the interleaved baseline steps' CPU seconds
     alone_cpu: StepCpu  # the alone steps' CPU time
@@ -274,17 +276,26 @@ def _time_host_cost(ctx: BenchContext, hctx: BenchContext, config: ModelConfig, 
     launcher = getattr(runner.device, "launcher", None)
     cpu_before, wall_before = (launcher.cpu_seconds() if launcher else 0.0), time.perf_counter()
     signals_before = launcher.signals() if launcher else 0
+    phases_before = launcher.phases() if launcher else None
     alone_steps = _RunnerSteps(runner, work, cpu=StepCpu(launcher))
     alone_us = [alone_steps.step() for _ in range(steps // 2)]
     alone_steps.finish()
     thread_cpu = ((launcher.cpu_seconds() - cpu_before) / (steps // 2), (time.perf_counter() - wall_before) / (steps // 2),
-                  (launcher.signals() - signals_before) / (steps // 2)) if launcher else None
+                  (launcher.signals() - signals_before) / (steps // 2),
+                  _phases_per_step(phases_before, launcher.phases(), steps // 2)) if launcher else None
     graphs_after = runner.cuda_graph_stats()
     bucketed = (graphs_after["replays"] + graphs_after["padded_eager"]) - (graphs_before["replays"] + graphs_before["padded_eager"])
     return _HostCostRun(num_reqs, churn, steps, runner, work, paired.runner_us, paired.baseline_us, alone_us,
                         paired.runner_admitting, paired.baseline_admitting, paired.runner_steady, baseline.h2d_bytes_last_step,
                         bucketed, runner.last_step_stats.steady, waits, row_waits, thread_cpu, paired.runner_cpu,
                         paired.baseline_cpu, alone_steps.cpu)
+
+
+def _phases_per_step(before: tuple, after: tuple, steps: int) -> tuple[float, float, float, float]:
+    """`LaunchThread.phases` over ``steps`` steps, per step: (seconds in the driver's calls, seconds polling, seconds
+    the caller spun waiting for issues, jobs)."""
+    in_calls, polling, caller_waits, jobs = (b - a for a, b in zip(before, after))
+    return 1e-9 * in_calls / steps, 1e-9 * polling / steps, 1e-9 * caller_waits / steps, jobs / steps
 
 
 def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Row]:
@@ -335,7 +346,7 @@ def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Ro
     if churn > 0:
         out += _by_step_kind(run, tag)
     if run.thread_cpu is not None:
-        cpu, wall, signals = run.thread_cpu
+        cpu, wall, signals, (in_calls, polling, caller_waits, jobs) = run.thread_cpu
         spin, nap, nap_for = idle_settings()
         median_gap, window = runner.device.launcher.idle_window()
         least_lead, last_lead_wait, lead_waits = runner.device.launcher.lead()
@@ -349,7 +360,10 @@ def _count_host_cost(ctx: BenchContext, run: _HostCostRun, what: str) -> list[Ro
                             f"{lead}) and naps ({nap} us each for {nap_for} us) included, "
                             f"{runner.device.launcher.sleeps()} sleeps so far: {cpu / wall:.0%} of a core while steps run back to back "
                             f"({1e6 * wall:.0f} us a step, the workload's and output reads' time included); "
-                            f"wakes of the sleeping worker (a system call in the step) per step: {signals:.2f}"))
+                            f"wakes of the sleeping worker (a system call in the step) per step: {signals:.2f}; "
+                            f"wall time a step: {1e6 * in_calls:.0f} us in the driver's calls ({jobs:.2f} jobs), "
+                            f"{1e6 * polling:.0f} us polling, and the caller {1e6 * caller_waits:.0f} us spinning in "
+                            "its waits for the worker's issues (CPU the step spends on the worker's behalf)"))
     out.append(Row("host_cost", f"host enqueues per step, {tag}", enqueues, "enqueues",
                    target="1 at 0% churn (the fused graph replay, H2D and D2H inside: impl.lanes)" if churn == 0.0 else None,
                    met=(enqueues <= 1) if churn == 0.0 and runner.graphs.enabled else None,

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from runnercheck.bench.common import BenchContext, Row
-from runnercheck.bench.timing import copy_bandwidth_bytes_per_s, device_time_us, peak_extra_memory_bytes
+from runnercheck.bench.timing import copy_bandwidth_bytes_per_s, device_time_us, kernel_times_us, peak_extra_memory_bytes
 from runnercheck.bench.torch_baselines import (
     torch_greedy, torch_sample_temperature, torch_sample_top_k_top_p, torch_topk_logprobs,
 )
@@ -147,6 +147,10 @@ def bench_sampler(ctx: BenchContext) -> list[Row]:
             if name == "temperature":
                 note += (f"; {us / compute[rows]['philox'].us:.2f}x the v1 philox floor, "
                          f"{us / compute[rows]['noise'].us:.2f}x the v1 noise bound")
+            if cuda and rows == max_rows and name in ("temperature", "temp+top_k50+top_p0.9"):
+                kernels = kernel_times_us(call)
+                note += "; by kernel (eager, torch.profiler): " + ", ".join(
+                    f"{kernel} {t:.1f} us" for kernel, t in kernels.items())
             if all_greedy:
                 note += f"; {us / argmax_us[rows]:.2f}x torch.argmax"
             out.append(Row("sampler", f"runnercheck {name} [{rows} rows]", us, "us", target=target,

@@ -23,6 +23,24 @@ def device_time_us(fn: Callable[[], object], *, cuda: bool, warmup_ms: int = 25,
     return statistics.median(samples)
 
 
+def kernel_times_us(fn: Callable[[], object], calls: int = 20) -> dict[str, float]:
+    """Device time per call of each kernel ``fn`` launches (CUDA only; torch.profiler over ``calls`` eager calls after
+    one untimed), by kernel name, largest first: where a launch sequence's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name] = totals.get(event.name, 0.0) + event.device_time / calls
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
 def host_time_us(fn: Callable[[], object], reps: int) -> list[float]:
     """Host-side wall time of each call, microseconds."""
     out = []

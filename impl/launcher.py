@@ -147,6 +147,8 @@ class LaunchThread:
         self.signals = launcher.signals  # () -> times a pushing thread has woken the sleeping worker
         self.cpu_seconds = launcher.cpu_seconds  # () -> CPU seconds the worker has used (its polling is the most of it)
         self.sleeps = launcher.sleeps  # () -> times the worker has gone to its blocking wait
+        # () -> (ns inside the driver's calls, ns polling, ns the pushing thread spun in `wait`, jobs issued): wall time
+        self.phases = launcher.phases
         self.idle_window = launcher.idle_window  # () -> (median ns between burst starts, ns it polls after a burst)
         self.lead = launcher.lead  # () -> (shortest recent wake-to-first-push ns, last lead wait ns, lead waits)
 

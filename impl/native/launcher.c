@@ -32,6 +32,8 @@
  *                                    (no system call), a sleeping one is woken
  *     signals() -> int               how many times a pushing thread has woken the sleeping worker (a system call each)
  *     cpu_seconds() -> float         CPU time the worker has used (its polling included); after close, its total
+ *     phases() -> (int, int, int, int)  where the time went, in wall ns: the worker inside the driver's calls, the
+ *                                    worker polling, the pushing thread spinning in wait() for issues; jobs issued
  *     sleeps() -> int                how many times the worker has gone to its blocking wait
  *     idle_window() -> (int, int)    (median interval between burst starts in ns, 0 before there are
  *                                    MIN_GAPS; the poll after a burst in ns) as the worker last computed them
@@ -110,6 +112,9 @@ typedef struct {
     atomic_llong least_lead_ns, lead_wait_ns; /* written by the worker, read by lead() */
     atomic_uint_fast64_t lead_waits;
     _Atomic double cpu_at_exit; /* the worker's CPU seconds, written by it as it exits */
+    /* Where the time goes (wall ns, read by phases()): the worker inside the driver's calls and polling; the pushing
+     * thread spinning in wait() until the worker has issued (CPU the step spends on the worker's behalf). */
+    atomic_llong issue_ns, poll_ns, caller_wait_ns;
 } Launcher;
 
 static PyObject *LaunchError;
@@ -136,6 +141,15 @@ static inline void relax(void)
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
+}
+
+/* End a polling spell that began at ``*since`` (0: none running) at ``now``: its length goes to ``poll_ns``. */
+static inline void end_poll(Launcher *l, long long *since, long long now)
+{
+    if (*since) {
+        atomic_fetch_add(&l->poll_ns, now - *since);
+        *since = 0;
+    }
 }
 
 static void note_error(Launcher *l, int code, int kind, uint64_t seq)
@@ -263,11 +277,13 @@ static void *work(void *arg)
     long long window = l->spin_ns; /* this idle spell's polling */
     long long burst_start = 0;     /* when the current burst's first job was found (0: none yet) */
     long long last_issue = 0;      /* when the last job was issued (a wake or a sleep does not move it) */
+    long long polling_since = 0;   /* when the current polling spell began (0: not polling) */
     atomic_store(&l->window_ns, window);
     while (!atomic_load(&l->stop) || atomic_load(&l->pushed) != done) {
         uint64_t pushed = atomic_load(&l->pushed);
         if (pushed != done && !atomic_load(&l->paused)) {
             const long long found = now_ns();
+            end_poll(l, &polling_since, found);
             if (burst_start == 0 || found - last_issue > BURST_NS) { /* a new burst */
                 const long long asked = atomic_load(&l->wake_at_ns);
                 const int woke = asked > last_issue && asked <= found; /* a wake() since the last burst */
@@ -279,6 +295,7 @@ static void *work(void *arg)
                 }
                 burst_start = found;
             }
+            const long long issuing = now_ns();
             while (done != pushed) {
                 Job job = l->ring[done % RING_SIZE];
                 int code = job.kind == JOB_GRAPH ? l->graph_launch(job.handle, job.stream)
@@ -290,20 +307,26 @@ static void *work(void *arg)
             }
             atomic_store(&l->wanted, 0); /* the step that asked is pushing: polling from here serves it */
             idle_since = last_issue = now_ns();
+            atomic_fetch_add(&l->issue_ns, last_issue - issuing);
             continue;
         }
-        const long long idle = now_ns() - idle_since;
+        const long long now = now_ns();
+        const long long idle = now - idle_since;
         if (idle < window) {
             if (l->lead_margin_ns >= 0 && atomic_load(&l->wanted)) { /* a step began while it polled */
+                end_poll(l, &polling_since, now);
                 atomic_store(&l->wanted, 0);
                 lead_wait(l, done);
                 idle_since = now_ns();
                 window = l->spin_ns;
                 continue;
             }
+            if (!polling_since)
+                polling_since = now;
             relax();
             continue;
         }
+        end_poll(l, &polling_since, now);
         if (idle < window + l->nap_limit_ns && !atomic_load(&l->stop)) {
             if (atomic_exchange(&l->wanted, 0)) {
                 lead_wait(l, done); /* a step began: wait out most of its host work, then poll the whole cap */
@@ -333,6 +356,7 @@ static void *work(void *arg)
         idle_since = now_ns();
         window = l->spin_ns;
     }
+    end_poll(l, &polling_since, now_ns());
     atomic_store(&l->cpu_at_exit, thread_cpu_seconds(CLOCK_THREAD_CPUTIME_ID));
     return NULL;
 }
@@ -411,6 +435,9 @@ static int Launcher_init(Launcher *self, PyObject *args, PyObject *kwds)
     atomic_store(&self->error_kind, 0);
     atomic_store(&self->error_seq, 0);
     atomic_store(&self->cpu_at_exit, 0.0);
+    atomic_store(&self->issue_ns, 0);
+    atomic_store(&self->poll_ns, 0);
+    atomic_store(&self->caller_wait_ns, 0);
     self->woken = 0;
     pthread_mutex_init(&self->mutex, NULL);
     pthread_condattr_t monotonic; /* the lead wait's deadline is on CLOCK_MONOTONIC, as now_ns() */
@@ -514,6 +541,7 @@ static PyObject *Launcher_wait(Launcher *self, PyObject *args)
             return NULL;
         }
         Py_BEGIN_ALLOW_THREADS
+        const long long began = now_ns();
         int asked = 0; /* one wake: a woken worker issues before it can sleep again (the pushes woke it already) */
         while (atomic_load(&self->issued) < seq) {
             if (!asked && atomic_load(&self->sleeping)) {
@@ -522,6 +550,7 @@ static PyObject *Launcher_wait(Launcher *self, PyObject *args)
             }
             relax();
         }
+        atomic_fetch_add(&self->caller_wait_ns, now_ns() - began);
         Py_END_ALLOW_THREADS
     }
     if (atomic_load(&self->error_code))
@@ -578,6 +607,13 @@ static PyObject *Launcher_lead(Launcher *self, PyObject *unused)
                          (unsigned long long)atomic_load(&self->lead_waits));
 }
 
+static PyObject *Launcher_phases(Launcher *self, PyObject *unused)
+{
+    (void)unused;
+    return Py_BuildValue("(LLLK)", (long long)atomic_load(&self->issue_ns), (long long)atomic_load(&self->poll_ns),
+                         (long long)atomic_load(&self->caller_wait_ns), (unsigned long long)atomic_load(&self->issued));
+}
+
 static PyObject *Launcher_cpu_seconds(Launcher *self, PyObject *unused)
 {
     (void)unused;
@@ -631,6 +667,8 @@ static PyMethodDef Launcher_methods[] = {
      "(median interval between burst starts, the poll after a burst), in ns."},
     {"lead", (PyCFunction)Launcher_lead, METH_NOARGS,
      "(shortest recent wake-to-first-job interval, the last lead wait), in ns, and lead waits so far."},
+    {"phases", (PyCFunction)Launcher_phases, METH_NOARGS,
+     "(ns in the driver's calls, ns polling, ns the pushing thread spun in wait for issues, jobs issued)."},
     {"cpu_seconds", (PyCFunction)Launcher_cpu_seconds, METH_NOARGS, "CPU time the worker has used, its polling included."},
     {"pause", (PyCFunction)Launcher_pause, METH_NOARGS, "Hold issuing (tests)."},
     {"resume", (PyCFunction)Launcher_resume, METH_NOARGS, "Issue again."},

@@ -31,13 +31,16 @@ class StandIns:
     """Recording stand-ins for cuGraphLaunch, cuEventRecord and cuCtxSetCurrent; ``fail`` maps a handle to the code
     its call returns."""
 
-    def __init__(self, fail: dict[int, int] | None = None):
+    def __init__(self, fail: dict[int, int] | None = None, graph_seconds: float = 0.0):
         self.calls: list[tuple] = []
         self.fail = fail or {}
+        self.graph_seconds = graph_seconds  # how long each graph call takes (a slow driver)
         self._keep = (_HANDLE_CALL(self._graph), _HANDLE_CALL(self._event), _CONTEXT_CALL(self._context))
 
     def _graph(self, handle, stream) -> int:
         self.calls.append(("graph", handle, stream))
+        if self.graph_seconds:
+            time.sleep(self.graph_seconds)
         return self.fail.get(handle, 0)
 
     def _event(self, handle, stream) -> int:
@@ -169,6 +172,30 @@ def test_the_workers_cpu_time_counts_its_polling_and_stops_at_close():
     total = spinning.cpu_seconds()
     time.sleep(0.02)
     assert total >= polled and spinning.cpu_seconds() == total
+
+
+def test_phases_split_the_time_between_driver_calls_polling_and_the_callers_wait():
+    """`phases`: a slow driver call (40 ms) shows in the worker's time inside the calls and, as the caller waits for
+    it to be issued, in the caller's wait; a worker that polls 0.2 s between two jobs shows it as polling, one that
+    sleeps at once (spin 0) shows next to none.  Wall-clock lower bounds: a busy box only adds to them."""
+    module = _module()
+    slow = LaunchThread(StandIns(graph_seconds=0.04).launcher(module, spin_us=0), 3, module.LaunchError)
+    polling = LaunchThread(StandIns().launcher(module, spin_us=2_000_000), 3, module.LaunchError)
+    try:
+        slow.graph(1, 3)
+        slow.wait()
+        issue_ns, poll_ns, wait_ns, jobs = slow.phases()
+        assert jobs == 1 and issue_ns >= 35e6 and wait_ns >= 35e6 and poll_ns < 20e6, (issue_ns, poll_ns, wait_ns)
+        polling.graph(1, 3)
+        polling.wait()
+        time.sleep(0.2)  # inside its 2 s of polling; the next job ends the spell
+        polling.graph(2, 3)
+        polling.wait()
+        issue_ns, poll_ns, wait_ns, jobs = polling.phases()
+        assert jobs == 2 and poll_ns >= 0.15e9 and issue_ns < poll_ns, (issue_ns, poll_ns, wait_ns)
+    finally:
+        slow.close()
+        polling.close()
 
 
 def test_bad_launcher_arguments_are_typed_errors():
