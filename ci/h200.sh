@@ -44,9 +44,10 @@
 #                 host enqueues per step, target 1 at 0% churn: the fused replay, H2D and D2H inside; total host CPU
 #                 per step, caller + launch thread, target <= 1/2 of the baseline's at 1% churn), then the same with
 #                 RUNNERCHECK_SLOW_LAUNCH=1 (every Triton launch through kernel[grid]: what the cached launcher saves),
-#                 then the launch thread's two alternatives: RUNNERCHECK_LAUNCH_THREAD=0 (the caller enqueues) and
-#                 RUNNERCHECK_LAUNCH_SPIN_US=0 (the worker sleeps as soon as its jobs are done), and the default without
-#                 its lead wait, RUNNERCHECK_LAUNCH_LEAD_MARGIN_US=off (it polls from each step's wake to its push)
+#                 then the launch thread's alternatives: RUNNERCHECK_LAUNCH_THREAD=0 (the caller enqueues),
+#                 RUNNERCHECK_LAUNCH_SPIN_US=300 (the worker polls up to 300 us, adapted to the steps, after a lead
+#                 wait), and that without its lead wait, RUNNERCHECK_LAUNCH_LEAD_MARGIN_US=off (it polls from each
+#                 step's wake to its push)
 #   gpu_events    the gpu-marked tests of events, the steady step, its lanes, the launch thread and slot lifetimes
 #                 alone (test_device, test_steady_step, test_lanes, test_launcher, test_launcher_idle, test_lifetime:
 #                 ~45 s)
@@ -112,10 +113,10 @@ want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cud
   --out "$out/bench_host_slow_launch" &&
   RUNNERCHECK_LAUNCH_THREAD=0 job bench_host_no_launch_thread "${BENCH_LIMIT_S:-420}" $rc bench --device cuda \
   --only host_cost --out "$out/bench_host_no_launch_thread" &&
-  RUNNERCHECK_LAUNCH_SPIN_US=0 job bench_host_no_spin "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost \
-  --out "$out/bench_host_no_spin" &&
-  RUNNERCHECK_LAUNCH_LEAD_MARGIN_US=off job bench_host_no_lead_wait "${BENCH_LIMIT_S:-420}" $rc bench --device cuda \
-  --only host_cost --out "$out/bench_host_no_lead_wait"
+  RUNNERCHECK_LAUNCH_SPIN_US=300 job bench_host_spin "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost \
+  --out "$out/bench_host_spin" &&
+  RUNNERCHECK_LAUNCH_SPIN_US=300 RUNNERCHECK_LAUNCH_LEAD_MARGIN_US=off job bench_host_spin_no_lead_wait \
+  "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host_spin_no_lead_wait"
 want gpu_events && job gpu_events "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" \
   tests/impl/test_device.py tests/impl/test_steady_step.py tests/impl/test_lanes.py tests/impl/test_launcher.py \
   tests/impl/test_launcher_idle.py tests/checks/test_lifetime.py

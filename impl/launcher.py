@@ -11,22 +11,27 @@ its work is on the stream as before.  A marker pushed and not yet issued is not 
 
 The worker is C (`impl/native/launcher.c`): it calls the driver's ``cuGraphLaunch`` and ``cuEventRecord`` (found
 in ``libcuda.so.1`` through ctypes; runtime and driver handles are the same objects) and never takes the GIL.
-Idle, it polls for a job, then (optionally) naps, then sleeps in a blocking wait that uses no CPU.  Its polling
-after a burst of jobs adapts to the steps: at most ``RUNNERCHECK_LAUNCH_SPIN_PERCENT`` (default 10) percent of the
-median interval between its recent bursts, capped at ``RUNNERCHECK_LAUNCH_SPIN_US`` (default 300), so steps far
+By default it never polls: once its jobs are issued it sleeps in a blocking wait that uses no CPU, and the
+step's push wakes it (one futex wake, a system call on the step's thread: some microseconds on the H200's virtual
+machine, H200 run 118 in git history of docs/BENCHMARKS.md).  Polling is there to take
+that call out of the step, and it costs a core: on a lent H100 (run 147, host_cost at 64 requests, 1% churn) the
+polling worker used 191 us of CPU a step against 11 us for the sleeping one, while execute_model's host time was the
+same within 1% (0.366x against 0.368x of the baseline).  ``RUNNERCHECK_LAUNCH_SPIN_US`` > 0 (microseconds) turns
+it on: idle, the worker then polls for a job, then (optionally) naps, then sleeps.  Its polling after a burst of
+jobs adapts to the steps: at most ``RUNNERCHECK_LAUNCH_SPIN_PERCENT`` (default 10) percent of the
+median interval between its recent bursts, capped at ``RUNNERCHECK_LAUNCH_SPIN_US``, so steps far
 apart do not keep a core busy -- and not at all while each recent quiet after a burst (to the next step's wake
 or job) outlasted that poll: such polling never catches the next step, whose wake finds the worker asleep anyway.
-A step tells it that it begins (`Device.on_stream`): the worker then polls the whole cap, so it is polling by the
-time the step pushes -- after a *lead wait*: it learns how long a step takes from its wake to its first push and
-waits, blocked, until ``RUNNERCHECK_LAUNCH_LEAD_MARGIN_US`` (default 30; ``off``: no lead wait) before the shortest
-of the recent ones, so a step's own host work does not keep a second core polling.  A push that comes sooner finds
-it blocked and wakes it, as below (a mispredicted lead counts in `signals`).  A polling or napping worker finds that
-out by itself (no system call on the step's thread); only a sleeping one must be woken, and that wake is a system
-call (a futex wake) on the step's thread, some microseconds on the H200's virtual machine (H200 run 118 in git history of
-docs/BENCHMARKS.md).  Naps (``RUNNERCHECK_LAUNCH_NAP_US`` at a time for ``RUNNERCHECK_LAUNCH_NAP_FOR_US``, default 0:
+A step tells it that it begins (`Device.on_stream`; a no-op without polling): the worker then polls the whole cap,
+so it is polling by the time the step pushes -- after a *lead wait*: it learns how long a step takes from its wake
+to its first push and waits, blocked, until ``RUNNERCHECK_LAUNCH_LEAD_MARGIN_US`` (default 30; ``off``: no lead
+wait) before the shortest of the recent ones, so a step's own host work does not keep a second core polling.  A
+push that comes sooner finds it blocked and wakes it, as below (a mispredicted lead counts in `signals`).  A
+polling or napping worker finds a push by itself (no system call on the step's thread); only a sleeping one must
+be woken.  Naps (``RUNNERCHECK_LAUNCH_NAP_US`` at a time for ``RUNNERCHECK_LAUNCH_NAP_FOR_US``, default 0:
 none) keep that call out of steps that come closer together than the naps last, at a nap's CPU each.
-Polling is most of the worker's CPU time (`LaunchThread.cpu_seconds`; the host_cost benchmark counts it in the
-host CPU per step, and reports the wakes per step: `LaunchThread.signals`).
+The host_cost benchmark counts the worker's CPU time (`LaunchThread.cpu_seconds`) in the host CPU per step and reports
+the wakes per step (`LaunchThread.signals`) and where its time went (`LaunchThread.phases`).
 
 ``RUNNERCHECK_LAUNCH_THREAD``: ``auto`` (default: on for cuda when `on_by_default` says the machine has a spare
 core for each GPU, the C module builds and the driver's calls are found, else off with one log line), ``0`` (off:
@@ -46,7 +51,7 @@ from runnercheck.impl import native
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SPIN_US = 300
+DEFAULT_SPIN_US = 0  # no polling: run 147's host_cost (module docstring)
 DEFAULT_SPIN_PERCENT = 10
 DEFAULT_NAP_US = 20
 DEFAULT_NAP_FOR_US = 0

@@ -29,7 +29,8 @@
  *                                    LaunchError when any issued job failed (the first failure, kept)
  *     issued() / pushed() -> int     jobs issued (their driver call returned) / pushed so far
  *     wake()                         a step is about to push: a napping worker polls again from its next nap's end
- *                                    (no system call), a sleeping one is woken
+ *                                    (no system call), a sleeping one is woken; a no-op when spin_us is 0 (the
+ *                                    push itself wakes the worker)
  *     signals() -> int               how many times a pushing thread has woken the sleeping worker (a system call each)
  *     cpu_seconds() -> float         CPU time the worker has used (its polling included); after close, its total
  *     phases() -> (int, int, int, int)  where the time went, in wall ns: the worker inside the driver's calls, the
@@ -573,7 +574,9 @@ static PyObject *Launcher_pushed(Launcher *self, PyObject *unused)
 static PyObject *Launcher_wake(Launcher *self, PyObject *unused)
 {
     (void)unused;
-    if (!self->running)
+    /* A worker that never polls (spin_us 0) has nothing to get ready for: the step's push wakes it, and a wake now
+     * would cost a system call only for the worker to go back to sleep. */
+    if (!self->running || self->spin_ns == 0)
         Py_RETURN_NONE;
     atomic_store(&self->wake_at_ns, now_ns()); /* before ``wanted``: a worker that sees the wake sees its time */
     atomic_store(&self->wanted, 1); /* seen at a nap's end; before the load below, so a worker going to sleep clears it */

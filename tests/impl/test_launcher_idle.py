@@ -152,6 +152,32 @@ def test_the_lead_wait_keeps_a_steps_host_work_from_being_polled_through():
         waiting.close()
 
 
+def test_a_worker_that_never_polls_is_woken_by_the_push_alone():
+    """The default (no polling, spin 0): a step's wake() is no system call and leaves the sleeping worker asleep --
+    it would only go back to sleep --, the push wakes it (one signal) and its job is issued.  A worker that polls
+    (spin > 0) is woken by wake() itself (the control: a build whose wake() did nothing would fail it)."""
+    _, never = _launcher(spin_us=0)
+    _, polls = _launcher(spin_us=300, percent=100)
+    try:
+        for launcher in (never, polls):
+            launcher.graph(1, 9)
+            launcher.wait()
+            assert _until(lambda launcher=launcher: launcher.sleeps() >= 1, 2.0)
+        signals, sleeps = never.signals(), never.sleeps()
+        for _ in range(5):
+            never.wake()
+        time.sleep(0.02)
+        assert never.signals() == signals and never.sleeps() == sleeps  # no system call, never woken
+        never.graph(2, 9)
+        assert _until(lambda: never.issued() == 2, 2.0) and never.signals() == signals + 1
+        signals = polls.signals()
+        polls.wake()
+        assert polls.signals() == signals + 1
+    finally:
+        never.close()
+        polls.close()
+
+
 def test_a_bad_lead_margin_is_a_typed_error(monkeypatch):
     monkeypatch.setenv("RUNNERCHECK_LAUNCH_LEAD_MARGIN_US", "off")
     assert launcher_module.lead_margin() == -1
