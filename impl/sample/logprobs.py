@@ -78,6 +78,7 @@ class SelectionConfig:
     logprobs_warps: int = 0  # warps per program of the logprobs pass (0: ``split_warps``, the sampler's)
     greedy_sub: int = 64  # vocabulary step of the all-greedy launch's programs (`sampling_greedy`)
     greedy_warps: int = 1
+    greedy_unroll: int = 1  # steps of the all-greedy launch loaded before any is folded (1 or 2)
     greedy_programs: int = 4  # programs per all-greedy launch, about (spans per row = programs / rows)
 
     @property

@@ -1,4 +1,4 @@
-"""The speculative-sampling, processed-score, drawn-distribution, attention and batch-invariant matmul kernels compile for a GPU (sm_90) on a machine without one.
+"""The speculative-sampling, processed-score, drawn-distribution, all-greedy, attention and batch-invariant matmul kernels compile for a GPU (sm_90) on a machine without one.
 
 The CPU suite runs every kernel in Triton's interpreter, which executes the Python body and so cannot see
 what only code generation rejects (a constexpr branch the compiler resolves differently, a type a lowering
@@ -45,6 +45,12 @@ KERNELS = [
     ("sampling_distribution", "distribution_finish_kernel",
      dict(out_ptr="*fp32", part_ptr="*fp32", state_row_ptr="*i32", temperature_ptr="*fp32", token_ptr="*i64"),
      dict(SPAN=4096, BLOCK=1024, SPANS_P2=64)),
+] + [  # the all-greedy launch, one step and two steps loaded at a time
+    ("sampling_greedy", "greedy_argmax_kernel",
+     dict(logits_ptr="*fp32", state_row_ptr="*i32", repetition_ptr="*fp32", frequency_ptr="*fp32", presence_ptr="*fp32",
+          prompt_mask_ptr="*i32", counts_ptr="*i32", draft_ptr="*i32", packed_ptr="*i64", inf_ptr="*i32",
+          flag_ptr="*i32", arrivals_ptr="*i32", token_out_ptr="*i64", flag_out_ptr="*i32"), dict(SUB=2048, UNROLL=unroll))
+    for unroll in (1, 2)
 ] + [  # the tile products as compiled (ROW_EXACT_DOT off: tl.dot), bf16 with tf32 dots and fp32 with IEEE ones
     ("attention", "_paged_attention_kernel",
      dict(out_ptr=f"*{dt}", query_ptr=f"*{dt}", k_cache_ptr=f"*{dt}", v_cache_ptr=f"*{dt}", block_table_ptr="*i32",
