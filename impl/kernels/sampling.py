@@ -12,9 +12,9 @@ the only synchronisation between them):
    are final here.  A top-k row (``k`` at most the chunk count and half ``CAND``) gets the bound ``max(k-th largest chunk max, min-p threshold)``
    (``MODE_GATHER``); a min-p-only row its threshold (``MODE_THRESHOLD``); anything else (top-p
    without top-k, ``k`` above the number of chunks) goes to the fallback (``MODE_FALLBACK``).
-3. `sampler_select_kernel` (split): GATHER rows store their chunk's entries at or above the bound
-   (chunks whose maximum is below it are not read); THRESHOLD rows redo the chunk's argmax of
-   ``s + g`` over ``s >= threshold``.  Other rows exit at once.
+3. `sampler_select_kernel` (split, ``group`` chunks a program at large batches: `select_group`): GATHER rows
+   store their chunk's entries at or above the bound (chunks whose maximum is below it are not read); THRESHOLD
+   rows redo the chunk's argmax of ``s + g`` over ``s >= threshold``.  Other rows exit at once.
 4. `sampler_finish_kernel` (per row): GATHER rows compact their candidates (at most ``CAND``,
    ranked by counting, never sorted), apply min-p, top-k and top-p on them (`_candidate_threshold`) and take the Gumbel-max over the kept ones;
    THRESHOLD rows combine the argmax partials.  A GATHER row whose candidates overflowed becomes
@@ -247,44 +247,54 @@ def sampler_plan_kernel(
     tl.store(flag_out_ptr + row, flagged.to(tl.int32))
 
 
-@triton.jit(do_not_specialize=["num_drafts", "num_blocks"])
+@triton.jit(do_not_specialize=["num_drafts", "num_blocks", "group"])
 def sampler_select_kernel(
     logits_ptr, logits_stride, state_row_ptr, position_ptr, temperature_ptr, repetition_ptr, frequency_ptr,
     presence_ptr, seed_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr,
     draft_stride, num_drafts, mode_ptr, bound_ptr, part_best_ptr, part_token_ptr, part_max_ptr, part_count_ptr,
-    slots_ptr, num_blocks, vocab_size,
+    slots_ptr, num_blocks, group, vocab_size,
     CHUNK: tl.constexpr, SLOT: tl.constexpr,
 ):
+    """One program per (row, ``group`` consecutive chunks): a row that is neither GATHER nor THRESHOLD (plain
+    temperature, greedy) exits at once, so the fewer programs a launch has the less such rows cost
+    (`select_group`)."""
     row = tl.program_id(0)
-    blk = tl.program_id(1)
     mode = tl.load(mode_ptr + row)
-    at = row.to(tl.int64) * num_blocks + blk
     if (mode == MODE_GATHER) | (mode == MODE_THRESHOLD):
         bound = tl.load(bound_ptr + row)
-        # a GATHER row's chunk whose maximum is below the bound holds no candidate: not read
-        reads = (mode == MODE_THRESHOLD) | (tl.load(part_max_ptr + at) >= bound)
-        kept_count = tl.full((), 0, tl.int32)
-        if reads:
-            state_row = tl.load(state_row_ptr + row).to(tl.int64)
-            temperature = tl.load(temperature_ptr + state_row)
-            offs = blk * CHUNK + tl.arange(0, CHUNK)
-            in_vocab = offs < vocab_size
-            score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
-                                       repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr,
-                                       prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride,
-                                       num_drafts)
-            keep = in_vocab & (score >= bound) & (score > float("-inf"))
+        first = tl.program_id(1) * group
+        for blk in range(first, tl.minimum(first + group, num_blocks)):
+            at = row.to(tl.int64) * num_blocks + blk
+            # a GATHER row's chunk whose maximum is below the bound holds no candidate: not read
+            reads = (mode == MODE_THRESHOLD) | (tl.load(part_max_ptr + at) >= bound)
+            kept_count = tl.full((), 0, tl.int32)
+            if reads:
+                state_row = tl.load(state_row_ptr + row).to(tl.int64)
+                temperature = tl.load(temperature_ptr + state_row)
+                offs = blk * CHUNK + tl.arange(0, CHUNK)
+                in_vocab = offs < vocab_size
+                score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
+                                           repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr,
+                                           prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride,
+                                           num_drafts)
+                keep = in_vocab & (score >= bound) & (score > float("-inf"))
+                if mode == MODE_GATHER:
+                    kept_count = store_block_candidates(score, offs, keep, slots_ptr + at * SLOT, SLOT)
+                else:
+                    seed = tl.load(seed_ptr + state_row)
+                    position = tl.load(position_ptr + row)
+                    best, best_token = _noisy_chunk_argmax(tl.where(keep, score, float("-inf")), offs, seed,
+                                                           position, blk * CHUNK, CHUNK)
+                    tl.store(part_best_ptr + at, best)
+                    tl.store(part_token_ptr + at, best_token)
             if mode == MODE_GATHER:
-                kept_count = store_block_candidates(score, offs, keep, slots_ptr + at * SLOT, SLOT)
-            else:
-                seed = tl.load(seed_ptr + state_row)
-                position = tl.load(position_ptr + row)
-                best, best_token = _noisy_chunk_argmax(tl.where(keep, score, float("-inf")), offs, seed, position,
-                                                       blk * CHUNK, CHUNK)
-                tl.store(part_best_ptr + at, best)
-                tl.store(part_token_ptr + at, best_token)
-        if mode == MODE_GATHER:
-            tl.store(part_count_ptr + at, kept_count)
+                tl.store(part_count_ptr + at, kept_count)
+
+
+def select_group(num_rows: int, num_blocks: int, programs: int) -> int:
+    """Chunks per program of `sampler_select_kernel`: 1 while ``num_rows * num_blocks`` chunks are at most
+    ``programs``, else the fewest chunks that bring the launch to about ``programs`` programs."""
+    return max(1, -(-num_rows * num_blocks // max(1, programs)))
 
 
 @triton.jit

@@ -50,6 +50,7 @@ from runnercheck.impl.kernels.sampling import (
     sampler_plan_kernel,
     sampler_row_kernel,
     sampler_select_kernel,
+    select_group,
 )
 from runnercheck.impl.sample.logprobs import (LogprobsComputer, LogprobsOutput, SelectionConfig, SplitLayout,
                                                default_selection_config)
@@ -97,6 +98,7 @@ class Sampler:
         # slicing the same buffers every eager step costs host time on a GPU host.
         self._row_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._greedy_spans: dict[int, tuple[int, int]] = {}  # num_rows -> (num_blocks, span), host ints
+        self._select_grids: dict[int, tuple[tuple[int, int], int]] = {}  # num_rows -> (select pass grid, its group)
         self.layout = layout = SplitLayout.of(self.config, vocab_size)
         per_chunk = (max_num_rows, layout.num_blocks)
         self.part_best = device.zeros(per_chunk, torch.float32)
@@ -201,10 +203,15 @@ class Sampler:
             logit_rows_to_state_rows, *params, self.part_best, self.part_token, self.part_max, self.part_flag,
             self.part_inf, lay.num_blocks, self.mode, self.bound, self.row_max, tokens, flags, self.vocab_size,
             NB_P2=lay.nb_p2, CAND=lay.cand, COLS=lay.cols, num_warps=4)
-        launch(sampler_select_kernel, split,
+        select = self._select_grids.get(num_rows)
+        if select is None:
+            group = select_group(num_rows, lay.num_blocks, c.select_programs) if c.select_programs else 1
+            select = self._select_grids[num_rows] = ((num_rows, -(-lay.num_blocks // group)), group)
+        grid, group = select
+        launch(sampler_select_kernel, grid,
             logits, logits.stride(0), logit_rows_to_state_rows, positions, state.temperature.base, *penalties,
             state.seed.base, *penalty_rows, self.mode, self.bound, self.part_best, self.part_token,
-            self.part_max, self.part_count, self.chunk_slots, lay.num_blocks, self.vocab_size,
+            self.part_max, self.part_count, self.chunk_slots, lay.num_blocks, group, self.vocab_size,
             CHUNK=lay.chunk, SLOT=lay.slot, num_warps=c.split_warps)
         launch(sampler_finish_kernel, (num_rows,),
             logit_rows_to_state_rows, positions, *params, state.seed.base, self.mode, self.row_max,

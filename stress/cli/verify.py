@@ -196,7 +196,10 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
             delay = cuda_delay(seed + i, targets) if cuda_delay is not None else None
             limits = _CUDA_RUN_LIMITS.get(name, CUDA_LIMITS)
             cfg = _config(seed + i, ticks, kind, model, limits, inflight, drafts, None, delay, runner, cuda_graphs, csan)
-            runs.append(PlannedRun(name, cfg, RACE_CHURN))
+            # The chunking run opens with a prompt-logprob prompt of one budget, admitted alone: the coverage gate's
+            # full chunk, which the race traffic (no full-chunk draws) reached only by the timing's luck.
+            churn = replace(RACE_CHURN, full_chunk_first=True) if name in _CUDA_RUN_LIMITS else RACE_CHURN
+            runs.append(PlannedRun(name, cfg, churn))
         for name, inflight in _CUDA_NGRAM:
             delay = cuda_delay(seed + len(runs), None) if cuda_delay is not None else None
             cfg = _config(seed + len(runs), ticks, kind, model, CUDA_LIMITS, inflight, 0.0, None, delay, runner, cuda_graphs, csan)

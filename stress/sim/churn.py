@@ -132,6 +132,11 @@ class ChurnConfig:
     # (``max_num_batched_tokens``, when that fits ``max_prompt_len``): a step scheduling it alone fills
     # the budget with prompt-logprob rows (full chunks); 0: never drawn (the draws of older configs stay).
     full_chunk_prob: float = 0.0
+    # The run's first request, added at its first tick before any other, asks for prompt logprobs with a fresh
+    # prompt of exactly one token budget: admitted first into an empty step, its prompt-logprob rows fill the budget
+    # whatever the lag or the timing (verify's cuda chunking run: the coverage gate asks for such a step); its own
+    # draws come from a stream of their own, so the rest of the run draws as without it.  False: not made.
+    full_chunk_first: bool = False
     # A request asking for logprobs asks for processed ones (`SamplingParams.logprobs_mode`) with this rate, drawn
     # from a stream of its own (``Churn.mode_rng``), so every other draw of a seed stays what it was.
     processed_logprobs_prob: float = 0.3
@@ -183,6 +188,7 @@ class Churn:
     def __init__(self, limits: RunnerLimits, seed: int, config: ChurnConfig | None = None):
         self.limits = limits
         self.config = config or ChurnConfig()
+        self.seed = seed
         self.rng = random.Random(seed)
         self.mode_rng = random.Random(f"logprobs_mode:{seed}")  # the processed-logprobs coin only
         self.trace: list[list[dict]] = []
@@ -212,6 +218,11 @@ class Churn:
         running = [r for r in scheduler.running_ids if r in unfinished]
         if running and rng.random() < cfg.preempt_prob:
             ops.append({"op": "preempt", "req_id": rng.choice(running)})
+        if cfg.full_chunk_first and self._next_id == 0:
+            first = self._first_full_chunk_request()
+            if first is not None:
+                ops.append(first)
+                unfinished.append(first["req_id"])
         for _ in range(cfg.max_adds_per_tick):
             if len(unfinished) >= cfg.max_unfinished or rng.random() >= cfg.add_prob:
                 break
@@ -242,6 +253,21 @@ class Churn:
         if cfg.full_chunk_prob and params.prompt_logprobs is not None and rng.random() < cfg.full_chunk_prob:
             prompt, params = self._full_chunk_prompt(prompt, params, longest)
             self._prompts[req_id] = prompt
+        return {"op": "add", "req_id": req_id, "prompt": prompt, "params": params_to_dict(params)}
+
+    def _first_full_chunk_request(self) -> dict | None:
+        """`ChurnConfig.full_chunk_first`'s request: a fresh prompt of one token budget, greedy, one prompt logprob
+        per position, a few new tokens; None where a budget does not fit ``max_prompt_len`` (prompt-logprob prompts stay
+        short: `_new_request`), the model length or the pool."""
+        lim, rng = self.limits, random.Random(f"full_chunk_first:{self.seed}")
+        n = lim.max_num_batched_tokens
+        if n > min(self.config.max_prompt_len, lim.max_model_len - 1, lim.num_kv_blocks * lim.block_size - 1):
+            return None
+        req_id = f"r{self._next_id}"
+        self._next_id += 1
+        prompt = [rng.randrange(lim.vocab_size) for _ in range(n)]
+        self._prompts[req_id] = prompt
+        params = SamplingParams(max_tokens=rng.randint(1, 4), temperature=0.0, prompt_logprobs=1)
         return {"op": "add", "req_id": req_id, "prompt": prompt, "params": params_to_dict(params)}
 
     def _full_chunk_prompt(self, prompt: list[int], params: SamplingParams, longest: int) -> tuple[list[int], SamplingParams]:

@@ -44,8 +44,12 @@ def _run(dev: Device, sampler: Sampler, params: list[SamplingParams], logits: to
     return tokens, expected, sampler.mode[: len(params)].tolist()
 
 
-def test_every_split_path_is_taken_and_matches_the_oracle(dev):
-    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=CONFIG)
+@pytest.mark.parametrize("select_programs", [0, 20, 3], ids=["a-chunk-a-program", "groups-of-4", "a-row-a-program"])
+def test_every_split_path_is_taken_and_matches_the_oracle(dev, select_programs):
+    """The select pass one chunk a program, and in groups (`select_group`: 70 chunks over about 20 programs, groups
+    of 4 with a partial last one; over about 3, each row's 10 chunks in one program)."""
+    config = dataclasses.replace(CONFIG, select_programs=select_programs)
+    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=config)
     params = [
         SamplingParams(temperature=0.9),                          # one read, Gumbel argmax
         SamplingParams(temperature=0.0, presence_penalty=0.5),    # one read, argmax
