@@ -14,9 +14,9 @@ in ``libcuda.so.1`` through ctypes; runtime and driver handles are the same obje
 By default it never polls: once its jobs are issued it sleeps in a blocking wait that uses no CPU, and the
 step's push wakes it (one futex wake, a system call on the step's thread: some microseconds on the H200's virtual
 machine, H200 run 118 in git history of docs/BENCHMARKS.md).  Polling is there to take
-that call out of the step, and it costs a core: on a lent H100 (run 147, host_cost at 64 requests, 1% churn) the
-polling worker used 191 us of CPU a step against 11 us for the sleeping one, while execute_model's host time was the
-same within 1% (0.366x against 0.368x of the baseline).  ``RUNNERCHECK_LAUNCH_SPIN_US`` > 0 (microseconds) turns
+that call out of the step, and it costs a core: on a lent H100 (run 148, host_cost at 64 requests, 1% churn)
+the polling worker used 186 us of CPU a step (179 us of it polling) against 6 us for the sleeping one, for
+execute_model host times within 4% of each other (0.369x against 0.381x of the baseline).  ``RUNNERCHECK_LAUNCH_SPIN_US`` > 0 (microseconds) turns
 it on: idle, the worker then polls for a job, then (optionally) naps, then sleeps.  Its polling after a burst of
 jobs adapts to the steps: at most ``RUNNERCHECK_LAUNCH_SPIN_PERCENT`` (default 10) percent of the
 median interval between its recent bursts, capped at ``RUNNERCHECK_LAUNCH_SPIN_US``, so steps far
@@ -51,7 +51,7 @@ from runnercheck.impl import native
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SPIN_US = 0  # no polling: run 147's host_cost (module docstring)
+DEFAULT_SPIN_US = 0  # no polling: run 148's host_cost (module docstring)
 DEFAULT_SPIN_PERCENT = 10
 DEFAULT_NAP_US = 20
 DEFAULT_NAP_FOR_US = 0

@@ -147,13 +147,15 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
         # 2048-token steps of 16 warps (4 tokens a thread), ~256 programs a launch (two per SM): with its
         # penalty-free loop, at 256 rows one span per row took 78.1 us in an H100 sweep against 81.5 us in 8 warps,
         # 80.4 us for torch.argmax and 65.0 us for a plain max over the logits; 64 rows 32.3 against 33.6 us; 4096-
-        # token steps or 4 warps (16 tokens a thread) were 2.5x slower; at 8 rows all within 10%.  The select pass in
-        # about 4096 programs: at 256 rows one per chunk (38,912) took 24.2 us of the temperature rows' 208.7 us on an
-        # H100 (run 148, torch.profiler) doing nothing -- those rows exit at once.
+        # token steps or 4 warps (16 tokens a thread) were 2.5x slower; at 8 rows all within 10%.  The select pass
+        # still runs one program per chunk: at 256 rows (38,912) they took 24.2 us of the temperature rows' 208.7 us on
+        # an H100 (run 148, torch.profiler) doing nothing, those rows exit at once.  Grouped chunks
+        # (select_programs=4096) pass the interpreter's tests and compile for sm_90 but have not run on a GPU yet:
+        # not the default until gpu_sampler and bench_sampler have.
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
                                  logprobs_chunk=4096, logprobs_warps=8, logprobs_sub=128, logprobs_candidates=128,
                                  logprobs_maxnreg=64, greedy_sub=2048, greedy_warps=16, greedy_programs=256,
-                                 block_warps=2, select_programs=4096)
+                                 block_warps=2)
     else:
         config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4, chunk=64, slots=16,
                                  split_warps=1, logprobs_sub=16, logprobs_candidates=32)
