@@ -17,6 +17,7 @@ plus one per candidate, docs/SAMPLING.md "RNG contract v2") is timed against bot
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import torch
@@ -155,6 +156,7 @@ def bench_sampler(ctx: BenchContext) -> list[Row]:
                 note += f"; {us / argmax_us[rows]:.2f}x torch.argmax"
             out.append(Row("sampler", f"runnercheck {name} [{rows} rows]", us, "us", target=target,
                            met=met if cuda else None, note=note))
+    out += _candidate_rows(ctx, logits, rows_map, positions, max_rows, vocab, floors[max_rows])
     gen = torch.Generator(device=dev.torch_device).manual_seed(0)
     for rows in shapes:
         part = logits[:rows]
@@ -165,6 +167,39 @@ def bench_sampler(ctx: BenchContext) -> list[Row]:
         us = device_time_us(lambda: torch_sample_top_k_top_p(part, temp, 50, 0.9, gen=gen), cuda=cuda)
         out.append(Row("sampler", f"pytorch sort top-k50/top-p0.9 + multinomial [{rows} rows]", us, "us",
                        note=f"{us / floors[rows]:.2f}x floor"))
+    return out
+
+
+# Launch shapes built and tested but not the default until a GPU pass decides (SelectionConfig fields), each with the
+# sampler configurations it changes: timed beside the default rows above, at the largest batch.
+CANDIDATE_SHAPES = (
+    ("select pass in about 4096 programs (select_programs=4096)", {"select_programs": 4096},
+     ("temperature", "temp+top_k50+top_p0.9")),
+    ("all-greedy launch loading two steps at a time (greedy_unroll=2)", {"greedy_unroll": 2},
+     ("greedy, all-greedy launch",)),
+)
+
+
+def _candidate_rows(ctx: BenchContext, logits: torch.Tensor, rows_map: torch.Tensor, positions: torch.Tensor,
+                    rows: int, vocab: int, floor: float) -> list[Row]:
+    """The `CANDIDATE_SHAPES` rows: each shape's sampler over the configurations it changes, ``rows`` rows."""
+    from runnercheck.impl.sample.logprobs import default_selection_config
+    from runnercheck.impl.sample.sampler import Sampler
+
+    dev, cuda, out = ctx.device, ctx.device.is_cuda, []
+    for label, fields, names in CANDIDATE_SHAPES:
+        sampler = Sampler(dev, vocab, max_num_rows=rows,
+                          config=dataclasses.replace(default_selection_config(dev), **fields))
+        for name in names:
+            all_greedy = name == "greedy, all-greedy launch"
+            state = _prepared_state(ctx, rows, vocab, SAMPLER_CONFIGS["greedy" if all_greedy else name])
+
+            def call(state=state, all_greedy: bool = all_greedy) -> None:
+                sampler.sample(logits, state, rows_map, positions, num_rows=rows, all_greedy=all_greedy)
+
+            us = _graph_time_us(call) if cuda else device_time_us(call, cuda=False)
+            out.append(Row("sampler", f"runnercheck {name}, {label} [{rows} rows]", us, "us",
+                           note=f"{us / floor:.2f}x floor; not the default: compare with the row without it"))
     return out
 
 
