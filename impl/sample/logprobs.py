@@ -127,6 +127,11 @@ class SplitLayout:
         for name, value in (("chunk", chunk), ("slots", slot), ("split_candidates", cand)):
             if value < 1 or value & (value - 1):
                 raise LogprobsError(f"SelectionConfig {name} must be a power of two, got {value}")
+        if config.greedy_unroll not in (1, 2):  # the kernel folds one or two steps a load: others would skip steps
+            raise LogprobsError(f"SelectionConfig greedy_unroll must be 1 or 2, got {config.greedy_unroll!r}")
+        if isinstance(config.select_programs, bool) or not isinstance(config.select_programs, int) \
+                or config.select_programs < 0:
+            raise LogprobsError(f"SelectionConfig select_programs must be an int >= 0, got {config.select_programs!r}")
         num_blocks = triton.cdiv(vocab_size, chunk)
         nb_p2 = triton.next_power_of_2(num_blocks)
         return cls(chunk, num_blocks, nb_p2, slot, cand, min(nb_p2, max(1, 1024 // slot)), min(32, cand))

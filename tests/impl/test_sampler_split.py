@@ -66,6 +66,17 @@ def test_every_split_path_is_taken_and_matches_the_oracle(dev, select_programs):
     assert tokens == expected
 
 
+@pytest.mark.parametrize("field, value", [("greedy_unroll", 3), ("greedy_unroll", 0), ("select_programs", -1),
+                                          ("select_programs", 2.5)])
+def test_bad_launch_shapes_are_typed_errors(dev, field, value):
+    """A greedy launch folding three steps a load would skip steps (the kernel folds one or two): refused at
+    construction, as a negative or fractional select-pass program count is."""
+    from runnercheck.impl.sample import LogprobsError
+
+    with pytest.raises(LogprobsError, match=field):
+        Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=dataclasses.replace(CONFIG, **{field: value}))
+
+
 def test_non_finite_rows_finish_in_the_plan(dev):
     sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=CONFIG)
     params = [SamplingParams(top_k=5)] * 3
