@@ -156,7 +156,7 @@ def bench_sampler(ctx: BenchContext) -> list[Row]:
                 note += f"; {us / argmax_us[rows]:.2f}x torch.argmax"
             out.append(Row("sampler", f"runnercheck {name} [{rows} rows]", us, "us", target=target,
                            met=met if cuda else None, note=note))
-    out += _candidate_rows(ctx, logits, rows_map, positions, max_rows, vocab, floors[max_rows])
+    out += _candidate_rows(ctx, runs, logits, rows_map, positions, max_rows, vocab, floors[max_rows])
     gen = torch.Generator(device=dev.torch_device).manual_seed(0)
     for rows in shapes:
         part = logits[:rows]
@@ -180,9 +180,10 @@ CANDIDATE_SHAPES = (
 )
 
 
-def _candidate_rows(ctx: BenchContext, logits: torch.Tensor, rows_map: torch.Tensor, positions: torch.Tensor,
-                    rows: int, vocab: int, floor: float) -> list[Row]:
-    """The `CANDIDATE_SHAPES` rows: each shape's sampler over the configurations it changes, ``rows`` rows."""
+def _candidate_rows(ctx: BenchContext, runs: list[tuple[str, SamplingParams, bool]], logits: torch.Tensor,
+                    rows_map: torch.Tensor, positions: torch.Tensor, rows: int, vocab: int, floor: float) -> list[Row]:
+    """The `CANDIDATE_SHAPES` rows: each shape's sampler over the runs (``bench_sampler``'s (name, params,
+    all_greedy)) it changes, ``rows`` rows."""
     from runnercheck.impl.sample.logprobs import default_selection_config
     from runnercheck.impl.sample.sampler import Sampler
 
@@ -190,9 +191,8 @@ def _candidate_rows(ctx: BenchContext, logits: torch.Tensor, rows_map: torch.Ten
     for label, fields, names in CANDIDATE_SHAPES:
         sampler = Sampler(dev, vocab, max_num_rows=rows,
                           config=dataclasses.replace(default_selection_config(dev), **fields))
-        for name in names:
-            all_greedy = name == "greedy, all-greedy launch"
-            state = _prepared_state(ctx, rows, vocab, SAMPLER_CONFIGS["greedy" if all_greedy else name])
+        for name, params, all_greedy in (run for run in runs if run[0] in names):
+            state = _prepared_state(ctx, rows, vocab, params)
 
             def call(state=state, all_greedy: bool = all_greedy) -> None:
                 sampler.sample(logits, state, rows_map, positions, num_rows=rows, all_greedy=all_greedy)

@@ -188,9 +188,9 @@ class Churn:
     def __init__(self, limits: RunnerLimits, seed: int, config: ChurnConfig | None = None):
         self.limits = limits
         self.config = config or ChurnConfig()
-        self.seed = seed
         self.rng = random.Random(seed)
         self.mode_rng = random.Random(f"logprobs_mode:{seed}")  # the processed-logprobs coin only
+        self.first_rng = random.Random(f"full_chunk_first:{seed}")  # `ChurnConfig.full_chunk_first`'s request only
         self.trace: list[list[dict]] = []
         self._next_id = 0
         # Drawn first, so they depend on the seed alone; the trace records whole prompts anyway.
@@ -259,7 +259,7 @@ class Churn:
         """`ChurnConfig.full_chunk_first`'s request: a fresh prompt of one token budget, greedy, one prompt logprob
         per position, a few new tokens; None where a budget does not fit ``max_prompt_len`` (prompt-logprob prompts stay
         short: `_new_request`), the model length or the pool."""
-        lim, rng = self.limits, random.Random(f"full_chunk_first:{self.seed}")
+        lim, rng = self.limits, self.first_rng
         n = lim.max_num_batched_tokens
         if n > min(self.config.max_prompt_len, lim.max_model_len - 1, lim.num_kv_blocks * lim.block_size - 1):
             return None
