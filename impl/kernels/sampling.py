@@ -92,6 +92,11 @@ def _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, tem
 
 
 @triton.jit
+def _max_propagating_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _chunk_argmax(score, offs, vocab_size):
     """``(best, lowest token at best)`` of one chunk (out-of-vocab lanes hold -inf)."""
     best = tl.max(score, axis=0)
@@ -189,10 +194,13 @@ def sampler_block_kernel(
     score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
                                repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride,
                                counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts)
-    # one reduction for both non-finite facts: the first +inf's index, else a NaN marker, else none
-    bad = tl.min(tl.where(raw == float("inf"), offs, tl.where(raw != raw, 2147483646, 2147483647)), axis=0)
-    nonfinite = (bad < 2147483647).to(tl.int32)
-    first_inf = tl.minimum(bad, vocab_size)
+    # a chunk is non-finite (a NaN or a +inf) iff its NaN-propagating maximum is: one max a lane; only such a
+    # chunk pays for the exact facts (the first +inf's index, else a NaN marker)
+    probe = tl.reduce(raw, 0, _max_propagating_nan)
+    nonfinite = ((probe != probe) | (probe == float("inf"))).to(tl.int32)
+    first_inf = vocab_size
+    if nonfinite != 0:
+        first_inf = tl.minimum(tl.min(tl.where(raw == float("inf"), offs, 2147483647), axis=0), vocab_size)
     chunk_max = tl.max(score, axis=0)
     if (temperature != 0.0) & (~filtered):
         seed = tl.load(seed_ptr + state_row)

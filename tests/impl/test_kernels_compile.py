@@ -1,4 +1,4 @@
-"""The speculative-sampling, processed-score, drawn-distribution, select-pass, all-greedy, attention and batch-invariant matmul kernels compile for a GPU (sm_90) on a machine without one.
+"""The speculative-sampling, processed-score, drawn-distribution, split-pass, all-greedy, attention and batch-invariant matmul kernels compile for a GPU (sm_90) on a machine without one.
 
 The CPU suite runs every kernel in Triton's interpreter, which executes the Python body and so cannot see
 what only code generation rejects (a constexpr branch the compiler resolves differently, a type a lowering
@@ -45,7 +45,13 @@ KERNELS = [
     ("sampling_distribution", "distribution_finish_kernel",
      dict(out_ptr="*fp32", part_ptr="*fp32", state_row_ptr="*i32", temperature_ptr="*fp32", token_ptr="*i64"),
      dict(SPAN=4096, BLOCK=1024, SPANS_P2=64)),
-] + [  # the sampler's select pass (its chunk groups a runtime loop)
+] + [  # the sampler's first split pass (its non-finite probe a NaN-propagating max) and its select pass (chunk groups)
+    ("sampling", "sampler_block_kernel",
+     dict(logits_ptr="*fp32", state_row_ptr="*i32", position_ptr="*i64", temperature_ptr="*fp32", top_k_ptr="*i32",
+          top_p_ptr="*fp32", min_p_ptr="*fp32", repetition_ptr="*fp32", frequency_ptr="*fp32", presence_ptr="*fp32",
+          seed_ptr="*i64", prompt_mask_ptr="*i32", counts_ptr="*i32", draft_ptr="*i32", part_best_ptr="*fp32",
+          part_token_ptr="*i32", part_max_ptr="*fp32", part_flag_ptr="*i32", part_inf_ptr="*i32"),
+     dict(CHUNK=1024)),
     ("sampling", "sampler_select_kernel",
      dict(logits_ptr="*fp32", state_row_ptr="*i32", position_ptr="*i64", temperature_ptr="*fp32",
           repetition_ptr="*fp32", frequency_ptr="*fp32", presence_ptr="*fp32", seed_ptr="*i64", prompt_mask_ptr="*i32",
