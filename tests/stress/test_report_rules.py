@@ -106,13 +106,20 @@ def _children(pid: int) -> set[int]:
         return set()
 
 
+def _sigint_at_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_during_stress_writes_an_incomplete_report_and_stops_the_child(tmp_path, sig) -> None:
     out = tmp_path / "stress"
     env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1")
     proc = subprocess.Popen([sys.executable, "-m", "runnercheck.stress.cli.main", "stress", "--device", "sim",
                              "--steps", "100000", "--no-progress", "--out", str(out)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # as from a terminal, whatever started pytest: a job started in the background of a
+                            # script has SIGINT ignored, which the command then keeps (and the signal is lost)
+                            preexec_fn=_sigint_at_default)
     deadline = time.monotonic() + 120
     children: set[int] = set()
     while not children and time.monotonic() < deadline and proc.poll() is None:
