@@ -212,7 +212,7 @@ class Sampler:
             logits, logits.stride(0), logit_rows_to_state_rows, positions, state.temperature.base, *penalties,
             state.seed.base, *penalty_rows, self.mode, self.bound, self.part_best, self.part_token,
             self.part_max, self.part_count, self.chunk_slots, lay.num_blocks, group, self.vocab_size,
-            CHUNK=lay.chunk, SLOT=lay.slot, num_warps=c.split_warps)
+            CHUNK=lay.chunk, SLOT=lay.slot, GROUPED=group > 1, num_warps=c.split_warps)
         launch(sampler_finish_kernel, (num_rows,),
             logit_rows_to_state_rows, positions, *params, state.seed.base, self.mode, self.row_max,
             self.part_best, self.part_token, self.part_count, self.chunk_slots, self.scratch, lay.num_blocks,

@@ -45,19 +45,21 @@ KERNELS = [
     ("sampling_distribution", "distribution_finish_kernel",
      dict(out_ptr="*fp32", part_ptr="*fp32", state_row_ptr="*i32", temperature_ptr="*fp32", token_ptr="*i64"),
      dict(SPAN=4096, BLOCK=1024, SPANS_P2=64)),
-] + [  # the sampler's first split pass (its non-finite probe a NaN-propagating max) and its select pass (chunk groups)
+] + [  # the sampler's first split pass, and its select pass with and without chunk groups (a runtime loop)
     ("sampling", "sampler_block_kernel",
      dict(logits_ptr="*fp32", state_row_ptr="*i32", position_ptr="*i64", temperature_ptr="*fp32", top_k_ptr="*i32",
           top_p_ptr="*fp32", min_p_ptr="*fp32", repetition_ptr="*fp32", frequency_ptr="*fp32", presence_ptr="*fp32",
           seed_ptr="*i64", prompt_mask_ptr="*i32", counts_ptr="*i32", draft_ptr="*i32", part_best_ptr="*fp32",
           part_token_ptr="*i32", part_max_ptr="*fp32", part_flag_ptr="*i32", part_inf_ptr="*i32"),
      dict(CHUNK=1024)),
+] + [
     ("sampling", "sampler_select_kernel",
      dict(logits_ptr="*fp32", state_row_ptr="*i32", position_ptr="*i64", temperature_ptr="*fp32",
           repetition_ptr="*fp32", frequency_ptr="*fp32", presence_ptr="*fp32", seed_ptr="*i64", prompt_mask_ptr="*i32",
           counts_ptr="*i32", draft_ptr="*i32", mode_ptr="*i32", bound_ptr="*fp32", part_best_ptr="*fp32",
           part_token_ptr="*i32", part_max_ptr="*fp32", part_count_ptr="*i32", slots_ptr="*i64"),
-     dict(CHUNK=1024, SLOT=16)),
+     dict(CHUNK=1024, SLOT=16, GROUPED=grouped))
+    for grouped in (False, True)
 ] + [  # the all-greedy launch, one step and two steps loaded at a time
     ("sampling_greedy", "greedy_argmax_kernel",
      dict(logits_ptr="*fp32", state_row_ptr="*i32", repetition_ptr="*fp32", frequency_ptr="*fp32", presence_ptr="*fp32",

@@ -66,8 +66,8 @@ def test_all_greedy_launch_equals_the_split_passes_and_the_oracle(dev, programs,
     spans); the default: each row one program walking the whole vocabulary.  Two steps loaded at a time: on CPU a
     row of five 64-token steps, so the last load of two runs past the span."""
     config = dataclasses.replace(default_selection_config(dev), greedy_unroll=unroll)
-    if programs is not None:
-        config = dataclasses.replace(config, greedy_programs=programs)
+    if programs is not None:  # 64-token steps on cuda too (its default step, 2048, is a whole row of this vocabulary)
+        config = dataclasses.replace(config, greedy_programs=programs, greedy_sub=64)
     assert greedy_spans(VOCAB, 8, config.greedy_sub, config.greedy_programs)[0] == (1 if programs is None else 3)
     sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=config)
     state = SamplingState(dev, 2, VOCAB)
