@@ -208,7 +208,7 @@ class GreedyLoop:
         self.dummy_i32 = torch.zeros((rows, 8), dtype=torch.int32, device=device)
         self.dummy_i64 = torch.zeros((rows, 1), dtype=torch.int64, device=device)
 
-    def __call__(self, logits: torch.Tensor, rows: int, blocks: int, sub: int, warps: int, unroll: int = 1) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, rows: int, blocks: int, sub: int, warps: int) -> torch.Tensor:
         vocab = logits.shape[1]
         span = triton.cdiv(triton.cdiv(vocab, blocks), sub) * sub
         blocks = triton.cdiv(vocab, span)
@@ -216,7 +216,7 @@ class GreedyLoop:
             logits, logits.stride(0), self.rows_map, self.ones, self.zeros, self.zeros, self.dummy_i32,
             self.dummy_i32.stride(0), self.dummy_i32, self.dummy_i32.stride(0), self.dummy_i64, 1, 0,
             self.packed, self.inf, self.flag, self.arrivals, self.tokens, self.flags, blocks, span, vocab,
-            SUB=sub, UNROLL=unroll, num_warps=warps)
+            SUB=sub, num_warps=warps)
         return self.tokens[:rows]
 
 
@@ -251,16 +251,15 @@ def main(argv: list[str] | None = None) -> int:
             temperature_block_product_kernel[(max_rows, num_blocks)](logits, logits.stride(0), 0.8, seeds, positions,
                                                                      best, token, num_blocks, args.vocab, CHUNK=chunk,
                                                                      num_warps=4)
-            loop(logits, max_rows, 1, 2048 if cuda else chunk, 16)
+            loop(logits, max_rows, 1, 2048 if cuda else chunk, 8)
         if cuda:
             torch.cuda.synchronize()
         return 0
     # correctness first: the variants against the product's partials and torch.argmax
     ref_tokens = torch.argmax(logits, dim=1)
-    for blocks, sub, warps, unroll in ((4, chunk, 4, 1), (16, chunk, 4, 1), (1, chunk, 8, 1), (3, chunk, 4, 2)):
-        got = loop(logits, max_rows, blocks, sub, warps, unroll).clone()
-        _emit(check="greedy_loop", blocks=blocks, sub=sub, warps=warps, unroll=unroll,
-              equal=bool(torch.equal(got, ref_tokens)))
+    for blocks, sub, warps in ((4, chunk, 4), (16, chunk, 4), (1, chunk, 8)):
+        got = loop(logits, max_rows, blocks, sub, warps).clone()
+        _emit(check="greedy_loop", blocks=blocks, sub=sub, warps=warps, equal=bool(torch.equal(got, ref_tokens)))
     outs = {}
     variants = (("product", temperature_block_product_kernel), ("exp_space", temperature_block_variant_kernel),
                 ("pair", temperature_block_pair_kernel))
@@ -305,18 +304,16 @@ def main(argv: list[str] | None = None) -> int:
                                                                     SUB=sub, num_warps=warps), True))
         if args.greedy_only:
             spans = sorted({max(1, 256 // rows) * m for m in (1, 2, 4, 8)})
-            shapes = [(sub, warps, unroll) for sub in (1024, 2048, 4096, 8192) for warps in (4, 8, 16)
-                      for unroll in (1, 2) if sub >= 128 * warps]
+            shapes = [(sub, warps) for sub in (1024, 2048, 4096, 8192) for warps in (4, 8, 16) if sub >= 128 * warps]
         else:
-            spans = (max(1, 256 // rows), max(1, 512 // rows))
-            shapes = ((2048, 8, 1), (1024, 8, 1), (2048, 16, 1), (2048, 16, 2), (1024, 8, 2))
+            spans, shapes = (max(1, 256 // rows), max(1, 512 // rows)), ((2048, 8), (1024, 8), (2048, 16))
         for blocks in spans:
-            for sub, warps, unroll in shapes:
+            for sub, warps in shapes:
                 if triton.cdiv(args.vocab, blocks) < sub // 2:
                     continue
                 loop.tokens.zero_()
-                us = _graph_us(lambda: loop(logits, rows, blocks, sub, warps, unroll), True)
-                _emit(rows=rows, case="greedy_loop", blocks=blocks, sub=sub, warps=warps, unroll=unroll, us=us,
+                us = _graph_us(lambda: loop(logits, rows, blocks, sub, warps), True)
+                _emit(rows=rows, case="greedy_loop", blocks=blocks, sub=sub, warps=warps, us=us,
                       equal=bool(torch.equal(loop.tokens[:rows], ref_tokens[:rows])))
         if args.greedy_only:
             continue

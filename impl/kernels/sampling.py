@@ -291,7 +291,8 @@ def sampler_select_kernel(
     neither GATHER nor THRESHOLD (plain temperature, greedy) exits at once, so the fewer programs a launch has the
     less such rows cost (`select_group`).  The loop is compiled only where it runs: on sm_90 it holds 102
     registers a thread against 64 without it, and one program per chunk in that form took 138.8 us for the
-    temp+top-k+top-p rows at 256 rows against 75.3 us without the loop (H100, one run each)."""
+    temp+top-k+top-p rows at 256 rows (H100 run 149, docs/results/2026-12-07-h100-run149/bench_sampler.json)
+    against 75.1 us without the loop (run 150), the block pass 172.8 and 172.0 us in the two runs."""
     row = tl.program_id(0)
     mode = tl.load(mode_ptr + row)
     if (mode == MODE_GATHER) | (mode == MODE_THRESHOLD):

@@ -49,50 +49,35 @@ def greedy_spans(vocab_size: int, num_rows: int, sub: int, programs: int) -> tup
 
 
 @triton.jit
-def _fold_step(score, raw, offs, best, best_token, nonfinite, first_inf, nan_seen, PENALTIES: tl.constexpr):
-    """One ``SUB``-wide step into the lanes' running facts (strict ``>``: the earlier token keeps a tie)."""
-    better = score > best
-    best = tl.where(better, score, best)
-    best_token = tl.where(better, offs, best_token)
-    if PENALTIES:
-        nonfinite = tl.maximum(nonfinite, ((raw != raw) | (raw == float("inf"))).to(tl.int32))
-        first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, 2147483647))
-    else:
-        nan_seen = tl.maximum(nan_seen, raw, propagate_nan=tl.PropagateNan.ALL)
-    return best, best_token, nonfinite, first_inf, nan_seen
-
-
-@triton.jit
 def _span_argmax(logits_row, start, stop, repetition, frequency, presence, prompt_mask_row, counts_row, draft_row,
-                 num_drafts, SUB: tl.constexpr, UNROLL: tl.constexpr, PENALTIES: tl.constexpr):
+                 num_drafts, SUB: tl.constexpr, PENALTIES: tl.constexpr):
     """``(top score, its lowest token, non-finite flag, first raw +inf token)`` of ``[start, stop)``.
 
     Without penalties a score is its raw logit (NaN as -inf), so a lane's running best reaches +inf exactly at
     its first raw +inf and keeps it (strict ``>``): the +inf facts are read off the running best after the loop,
     and the loop carries only the argmax and a NaN-propagating maximum -- the fewest instructions per logit,
     which the launch at 256 rows needs to stay at memory speed.  Penalties can move a finite logit to +inf, so
-    that loop tracks the raw facts per logit.  ``UNROLL`` (1 or 2) steps are loaded before any is folded: twice
-    the bytes in flight per thread, for launches whose few programs per SM leave the memory system idle."""
+    that loop tracks the raw facts per logit."""
     lanes = tl.arange(0, SUB)
     best = tl.full([SUB], float("-inf"), tl.float32)
     best_token = start + lanes
-    nonfinite = tl.zeros([SUB], tl.int32)
-    first_inf = tl.full([SUB], 2147483647, tl.int32)
-    nan_seen = tl.full([SUB], float("-inf"), tl.float32)
-    for first in range(start, stop, SUB * UNROLL):
+    if PENALTIES:
+        nonfinite = tl.zeros([SUB], tl.int32)
+        first_inf = tl.full([SUB], 2147483647, tl.int32)
+    else:
+        nan_seen = tl.full([SUB], float("-inf"), tl.float32)
+    for first in range(start, stop, SUB):
         offs = first + lanes
         score, raw = load_row_scores(logits_row, offs, offs < stop, 1.0, PENALTIES, repetition, frequency, presence,
                                      prompt_mask_row, counts_row, draft_row, num_drafts, True)
-        if UNROLL == 2:
-            next_offs = offs + SUB  # past ``stop`` (a span of an odd number of steps) it loads -inf
-            next_score, next_raw = load_row_scores(logits_row, next_offs, next_offs < stop, 1.0, PENALTIES, repetition,
-                                                   frequency, presence, prompt_mask_row, counts_row, draft_row,
-                                                   num_drafts, True)
-        best, best_token, nonfinite, first_inf, nan_seen = _fold_step(score, raw, offs, best, best_token, nonfinite,
-                                                                      first_inf, nan_seen, PENALTIES)
-        if UNROLL == 2:
-            best, best_token, nonfinite, first_inf, nan_seen = _fold_step(
-                next_score, next_raw, next_offs, best, best_token, nonfinite, first_inf, nan_seen, PENALTIES)
+        better = score > best
+        best = tl.where(better, score, best)
+        best_token = tl.where(better, offs, best_token)
+        if PENALTIES:
+            nonfinite = tl.maximum(nonfinite, ((raw != raw) | (raw == float("inf"))).to(tl.int32))
+            first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, 2147483647))
+        else:
+            nan_seen = tl.maximum(nan_seen, raw, propagate_nan=tl.PropagateNan.ALL)
     if not PENALTIES:
         at_inf = best == float("inf")
         nonfinite = ((nan_seen != nan_seen) | at_inf).to(tl.int32)
@@ -107,7 +92,7 @@ def greedy_argmax_kernel(
     logits_ptr, logits_stride, state_row_ptr, repetition_ptr, frequency_ptr, presence_ptr,
     prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts,
     packed_ptr, inf_ptr, flag_ptr, arrivals_ptr, token_out_ptr, flag_out_ptr, num_blocks, span, vocab_size,
-    SUB: tl.constexpr, UNROLL: tl.constexpr,
+    SUB: tl.constexpr,
 ):
     row = tl.program_id(0)
     blk = tl.program_id(1)
@@ -124,10 +109,10 @@ def greedy_argmax_kernel(
     # the branch is uniform over the program: the common penalty-free rows run a loop without the penalty code
     if (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0):
         top, token, nonfinite, first_inf = _span_argmax(logits_row, start, stop, repetition, frequency, presence,
-                                                        prompt_mask_row, counts_row, draft_row, num_drafts, SUB, UNROLL, True)
+                                                        prompt_mask_row, counts_row, draft_row, num_drafts, SUB, True)
     else:
         top, token, nonfinite, first_inf = _span_argmax(logits_row, start, stop, repetition, frequency, presence,
-                                                        prompt_mask_row, counts_row, draft_row, num_drafts, SUB, UNROLL, False)
+                                                        prompt_mask_row, counts_row, draft_row, num_drafts, SUB, False)
     tl.atomic_max(packed_ptr + row, pack_argmax(top, token))
     tl.atomic_min(inf_ptr + row, first_inf)
     tl.atomic_max(flag_ptr + row, nonfinite)

@@ -78,7 +78,6 @@ class SelectionConfig:
     logprobs_warps: int = 0  # warps per program of the logprobs pass (0: ``split_warps``, the sampler's)
     greedy_sub: int = 64  # vocabulary step of the all-greedy launch's programs (`sampling_greedy`)
     greedy_warps: int = 1
-    greedy_unroll: int = 1  # steps of the all-greedy launch loaded before any is folded (1 or 2)
     select_programs: int = 0  # about how many programs the sampler's select pass may have (0: one per chunk)
     greedy_programs: int = 4  # programs per all-greedy launch, about (spans per row = programs / rows)
 
@@ -127,8 +126,6 @@ class SplitLayout:
         for name, value in (("chunk", chunk), ("slots", slot), ("split_candidates", cand)):
             if value < 1 or value & (value - 1):
                 raise LogprobsError(f"SelectionConfig {name} must be a power of two, got {value}")
-        if config.greedy_unroll not in (1, 2):  # the kernel folds one or two steps a load: others would skip steps
-            raise LogprobsError(f"SelectionConfig greedy_unroll must be 1 or 2, got {config.greedy_unroll!r}")
         if isinstance(config.select_programs, bool) or not isinstance(config.select_programs, int) \
                 or config.select_programs < 0:
             raise LogprobsError(f"SelectionConfig select_programs must be an int >= 0, got {config.select_programs!r}")
@@ -153,10 +150,10 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
         # penalty-free loop, at 256 rows one span per row took 78.1 us in an H100 sweep against 81.5 us in 8 warps,
         # 80.4 us for torch.argmax and 65.0 us for a plain max over the logits; 64 rows 32.3 against 33.6 us; 4096-
         # token steps or 4 warps (16 tokens a thread) were 2.5x slower; at 8 rows all within 10%.  The select pass
-        # still runs one program per chunk: at 256 rows (38,912) they took 24.2 us of the temperature rows' 208.7 us on
-        # an H100 (run 148, torch.profiler) doing nothing, those rows exit at once.  Grouped chunks
-        # (select_programs=4096) pass the interpreter's tests and compile for sm_90 but have not run on a GPU yet:
-        # not the default until gpu_sampler and bench_sampler have.
+        # runs one program per chunk: at 256 rows (38,912) they took 24.1 us of the temperature rows' 207.7 us on an
+        # H100 (run 150, torch.profiler) doing nothing, those rows exit at once.  Grouped chunks (select_programs=4096,
+        # its loop at 102 registers a thread against 64) trade that for the filtered rows' reads: in the same run
+        # temperature 187.3 us, temp+top-k+top-p 214.9 us against 205.2 -- not the default.
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
                                  logprobs_chunk=4096, logprobs_warps=8, logprobs_sub=128, logprobs_candidates=128,
                                  logprobs_maxnreg=64, greedy_sub=2048, greedy_warps=16, greedy_programs=256,

@@ -192,7 +192,7 @@ class Sampler:
             launch(greedy_argmax_kernel, (num_rows, spans[0]),
                 logits, logits.stride(0), logit_rows_to_state_rows, *penalties, *penalty_rows, self.greedy_packed,
                 self.greedy_inf, self.greedy_flag, self.greedy_arrivals, tokens, flags, *spans,
-                self.vocab_size, SUB=c.greedy_sub, UNROLL=c.greedy_unroll, num_warps=c.greedy_warps)
+                self.vocab_size, SUB=c.greedy_sub, num_warps=c.greedy_warps)
             return self._with_logprobs(logits, tokens, flags, num_rows, max_num_logprobs,
                                        (state, logit_rows_to_state_rows, penalty_rows) if processed_logprobs else None)
         launch(sampler_block_kernel, split,

@@ -60,12 +60,11 @@ KERNELS = [
           part_token_ptr="*i32", part_max_ptr="*fp32", part_count_ptr="*i32", slots_ptr="*i64"),
      dict(CHUNK=1024, SLOT=16, GROUPED=grouped))
     for grouped in (False, True)
-] + [  # the all-greedy launch, one step and two steps loaded at a time
+] + [  # the all-greedy launch
     ("sampling_greedy", "greedy_argmax_kernel",
      dict(logits_ptr="*fp32", state_row_ptr="*i32", repetition_ptr="*fp32", frequency_ptr="*fp32", presence_ptr="*fp32",
           prompt_mask_ptr="*i32", counts_ptr="*i32", draft_ptr="*i32", packed_ptr="*i64", inf_ptr="*i32",
-          flag_ptr="*i32", arrivals_ptr="*i32", token_out_ptr="*i64", flag_out_ptr="*i32"), dict(SUB=2048, UNROLL=unroll))
-    for unroll in (1, 2)
+          flag_ptr="*i32", arrivals_ptr="*i32", token_out_ptr="*i64", flag_out_ptr="*i32"), dict(SUB=2048)),
 ] + [  # the tile products as compiled (ROW_EXACT_DOT off: tl.dot), bf16 with tf32 dots and fp32 with IEEE ones
     ("attention", "_paged_attention_kernel",
      dict(out_ptr=f"*{dt}", query_ptr=f"*{dt}", k_cache_ptr=f"*{dt}", v_cache_ptr=f"*{dt}", block_table_ptr="*i32",

@@ -59,13 +59,11 @@ def _logits() -> torch.Tensor:
     return logits
 
 
-@pytest.mark.parametrize("unroll", [1, 2], ids=["one-step-a-load", "two-steps-a-load"])
 @pytest.mark.parametrize("programs", [None, 32], ids=["one-span-a-row", "three-spans-a-row"])
-def test_all_greedy_launch_equals_the_split_passes_and_the_oracle(dev, programs, unroll) -> None:
+def test_all_greedy_launch_equals_the_split_passes_and_the_oracle(dev, programs) -> None:
     """32 programs over 8 rows: spans of 128 tokens, combined by the atomics (row 2's tie at 77 and 250 crosses
-    spans); the default: each row one program walking the whole vocabulary.  Two steps loaded at a time: on CPU a
-    row of five 64-token steps, so the last load of two runs past the span."""
-    config = dataclasses.replace(default_selection_config(dev), greedy_unroll=unroll)
+    spans); the default: each row one program walking the whole vocabulary."""
+    config = default_selection_config(dev)
     if programs is not None:  # 64-token steps on cuda too (its default step, 2048, is a whole row of this vocabulary)
         config = dataclasses.replace(config, greedy_programs=programs, greedy_sub=64)
     assert greedy_spans(VOCAB, 8, config.greedy_sub, config.greedy_programs)[0] == (1 if programs is None else 3)

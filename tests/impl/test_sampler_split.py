@@ -66,11 +66,9 @@ def test_every_split_path_is_taken_and_matches_the_oracle(dev, select_programs):
     assert tokens == expected
 
 
-@pytest.mark.parametrize("field, value", [("greedy_unroll", 3), ("greedy_unroll", 0), ("select_programs", -1),
-                                          ("select_programs", 2.5)])
+@pytest.mark.parametrize("field, value", [("select_programs", -1), ("select_programs", 2.5)])
 def test_bad_launch_shapes_are_typed_errors(dev, field, value):
-    """A greedy launch folding three steps a load would skip steps (the kernel folds one or two): refused at
-    construction, as a negative or fractional select-pass program count is."""
+    """A negative or fractional select-pass program count is refused at construction."""
     from runnercheck.impl.sample import LogprobsError
 
     with pytest.raises(LogprobsError, match=field):
