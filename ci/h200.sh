@@ -36,6 +36,8 @@
 #                 and noise bound, the PyTorch baselines, peak extra memory)
 #   gpu_sampler   the sampler/logprobs/RNG gpu-marked tests alone (tokens vs the oracle at V=151936, both
 #                 logprobs paths, Philox bits on every stream, noise within the fp32 bound)
+#   sampler_shapes the sampler's launch-shape tests of the CPU suite, on cuda (small vocabularies: every split path with
+#                 and without the select pass's chunk groups, the all-greedy launch over one and three spans a row)
 #   bench_logprobs `runnercheck bench --device cuda --only logprobs` alone (top-20 at 1/8/64/256 rows vs the
 #                 memory floor, the same without top-n, extra memory; ~1 min), after
 #   gpu_logprobs  the gpu-marked logprobs tests alone (row finish vs float64 at V=151936, ties at the bound,
@@ -108,6 +110,8 @@ want bench_sampler && job bench_sampler "${BENCH_LIMIT_S:-420}" $rc bench --devi
   --out "$out/bench_sampler"
 want gpu_sampler && job gpu_sampler "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" \
   tests/impl/test_sampler_split_gpu.py tests/impl/test_sampler_gpu.py tests/reference/test_rng.py
+want sampler_shapes && job sampler_shapes "$limit" python3 -m pytest -v -p no:cacheprovider -m "not stats" \
+  tests/impl/test_sampler_split.py tests/impl/test_sampler_greedy.py
 want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host" &&
   RUNNERCHECK_SLOW_LAUNCH=1 job bench_host_slow_launch "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost \
   --out "$out/bench_host_slow_launch" &&
