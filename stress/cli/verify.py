@@ -135,8 +135,10 @@ _SIM_DRAFT_FULL = [("draft-model lag-1 two-ahead", "", {"name": "lag-k-steps", "
 _SIM_DRAFT_QUICK = [("draft-model lag-1", "", {"name": "lag-k-steps", "k": 1}, 1)]
 DRAFT_QUICK_TICKS = 24
 _CUDA_DRAFT = [("delays two-ahead draft-model", "", None, 2), ("delays two-ahead self-draft", "self", None, 2)]
-# A token budget of 8 chunks prefills on cuda too (the coverage gate asks for middle and final chunks).
-_CUDA_RUN_LIMITS = {"delays two-ahead": dict(CUDA_LIMITS, max_num_batched_tokens=8)}
+# The cuda plan's chunking run: a token budget of 8 chunks prefills on cuda too (the coverage gate asks for middle
+# and final chunks), and its first request fills one budget with prompt-logprob rows (`ChurnConfig.full_chunk_first`).
+_CUDA_CHUNKING_RUN = "delays two-ahead"
+_CUDA_RUN_LIMITS = {_CUDA_CHUNKING_RUN: dict(CUDA_LIMITS, max_num_batched_tokens=8)}
 _CPU = [("one-ahead", 1, 0.0), ("one-ahead drafts", 1, 0.3), ("two-ahead", 2, 0.0)]
 
 
@@ -198,7 +200,7 @@ def plan_runs(kind: str, seed: int, runner: str, *, quick: bool, ticks: int | No
             cfg = _config(seed + i, ticks, kind, model, limits, inflight, drafts, None, delay, runner, cuda_graphs, csan)
             # The chunking run opens with a prompt-logprob prompt of one budget, admitted alone: the coverage gate's
             # full chunk, which the race traffic (no full-chunk draws) reached only by the timing's luck.
-            churn = replace(RACE_CHURN, full_chunk_first=True) if name in _CUDA_RUN_LIMITS else RACE_CHURN
+            churn = replace(RACE_CHURN, full_chunk_first=True) if name == _CUDA_CHUNKING_RUN else RACE_CHURN
             runs.append(PlannedRun(name, cfg, churn))
         for name, inflight in _CUDA_NGRAM:
             delay = cuda_delay(seed + len(runs), None) if cuda_delay is not None else None

@@ -185,16 +185,16 @@ def test_the_cuda_chunking_run_opens_with_a_full_chunk_whatever_the_lag() -> Non
     prompt of one token budget, admitted first, so the coverage gate's full chunk comes in the run's first step under
     any lag and any seed (the race traffic, with no full-chunk draws, reached it by luck: H100 run 148 missed it).
     Without it the same short sim runs reach it in none of the seeds (the control)."""
-    from runnercheck.stress.cli.verify import CUDA_LIMITS, _CUDA_RUN_LIMITS, plan_runs
+    from runnercheck.stress.cli.verify import _CUDA_CHUNKING_RUN, CUDA_LIMITS, _CUDA_RUN_LIMITS, plan_runs
     from runnercheck.stress.run.config import default_limits
     from runnercheck.stress.run.harness import ChurnOps, checked_run
     from runnercheck.stress.sim.races import RACE_CHURN
 
-    chunking = [run for run in plan_runs("cuda", 0, RUNNER, quick=True) if run.name in _CUDA_RUN_LIMITS]
+    chunking = [run for run in plan_runs("cuda", 0, RUNNER, quick=True) if run.name == _CUDA_CHUNKING_RUN]
     assert chunking and all(run.churn.full_chunk_first for run in chunking)
     assert all(not run.churn.full_chunk_first for run in plan_runs("cuda", 0, RUNNER, quick=True)
-               if run.name not in _CUDA_RUN_LIMITS)
-    budget = _CUDA_RUN_LIMITS["delays two-ahead"]["max_num_batched_tokens"]
+               if run.name != _CUDA_CHUNKING_RUN)
+    budget = _CUDA_RUN_LIMITS[_CUDA_CHUNKING_RUN]["max_num_batched_tokens"]
     assert budget < CUDA_LIMITS["max_num_batched_tokens"]
     reached = {True: 0, False: 0}
     for seed, lag in ((0, {"name": "lag-k-steps", "k": 2}), (5, {"name": "random-drain", "p_stall": 0.5, "seed": 5})):
