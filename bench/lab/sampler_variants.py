@@ -1,6 +1,7 @@
 """Issue 58's two misses, by variant: the all-greedy launch and the temperature split pass, timed side by side.
 
-    python -m runnercheck.bench.lab.sampler_variants [--rows 1 8 64 256] [--vocab 151936] [--check-only] [--greedy-only]
+    python -m runnercheck.bench.lab.sampler_variants [--rows 1 8 64 256] [--vocab 151936] [--check-only] [--greedy-only
+        [--greedy-stages 1 2 3 4]]
 
 Greedy: the product's all-greedy launch (`sampling_greedy`: each program walks a contiguous span in
 ``SUB``-wide steps) over spans per row, steps and warps, next to ``torch.argmax`` and a plain read of the
@@ -208,7 +209,8 @@ class GreedyLoop:
         self.dummy_i32 = torch.zeros((rows, 8), dtype=torch.int32, device=device)
         self.dummy_i64 = torch.zeros((rows, 1), dtype=torch.int64, device=device)
 
-    def __call__(self, logits: torch.Tensor, rows: int, blocks: int, sub: int, warps: int) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, rows: int, blocks: int, sub: int, warps: int,
+                 stages: int = 1) -> torch.Tensor:
         vocab = logits.shape[1]
         span = triton.cdiv(triton.cdiv(vocab, blocks), sub) * sub
         blocks = triton.cdiv(vocab, span)
@@ -216,7 +218,7 @@ class GreedyLoop:
             logits, logits.stride(0), self.rows_map, self.ones, self.zeros, self.zeros, self.dummy_i32,
             self.dummy_i32.stride(0), self.dummy_i32, self.dummy_i32.stride(0), self.dummy_i64, 1, 0,
             self.packed, self.inf, self.flag, self.arrivals, self.tokens, self.flags, blocks, span, vocab,
-            SUB=sub, num_warps=warps)
+            SUB=sub, STAGES=stages, num_warps=warps)
         return self.tokens[:rows]
 
 
@@ -233,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="one launch each of the temperature split pass and the all-greedy launch at the largest "
                              "row count, after a warm-up launch (for ncu --launch-skip 1)")
     parser.add_argument("--greedy-only", action="store_true", help="the greedy launch's wider sweep, no temperature")
+    parser.add_argument("--greedy-stages", type=int, nargs="+", default=None,
+                        help="with --greedy-only: the greedy launch's software-pipelined stages over these counts, at "
+                             "the product's spans and its neighbouring steps and warps only")
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
@@ -302,7 +307,12 @@ def main(argv: list[str] | None = None) -> int:
             _emit(rows=rows, case="read_max", blocks=nb, sub=sub, warps=warps,
                   us=_graph_us(lambda: _read_max_kernel[(rows, nb)](part, part.stride(0), out, args.vocab, span,
                                                                     SUB=sub, num_warps=warps), True))
-        if args.greedy_only:
+        stage_counts = (1,)
+        if args.greedy_only and args.greedy_stages:
+            spans = sorted({max(1, 256 // rows) * m for m in (1, 2)})
+            shapes = [(2048, 16), (2048, 8), (4096, 16), (1024, 8)]
+            stage_counts = tuple(args.greedy_stages)
+        elif args.greedy_only:
             spans = sorted({max(1, 256 // rows) * m for m in (1, 2, 4, 8)})
             shapes = [(sub, warps) for sub in (1024, 2048, 4096, 8192) for warps in (4, 8, 16) if sub >= 128 * warps]
         else:
@@ -311,10 +321,11 @@ def main(argv: list[str] | None = None) -> int:
             for sub, warps in shapes:
                 if triton.cdiv(args.vocab, blocks) < sub // 2:
                     continue
-                loop.tokens.zero_()
-                us = _graph_us(lambda: loop(logits, rows, blocks, sub, warps), True)
-                _emit(rows=rows, case="greedy_loop", blocks=blocks, sub=sub, warps=warps, us=us,
-                      equal=bool(torch.equal(loop.tokens[:rows], ref_tokens[:rows])))
+                for stages in stage_counts:
+                    loop.tokens.zero_()
+                    us = _graph_us(lambda: loop(logits, rows, blocks, sub, warps, stages), True)
+                    _emit(rows=rows, case="greedy_loop", blocks=blocks, sub=sub, warps=warps, stages=stages, us=us,
+                          equal=bool(torch.equal(loop.tokens[:rows], ref_tokens[:rows])))
         if args.greedy_only:
             continue
         for name, kernel in variants:

@@ -50,14 +50,15 @@ def greedy_spans(vocab_size: int, num_rows: int, sub: int, programs: int) -> tup
 
 @triton.jit
 def _span_argmax(logits_row, start, stop, repetition, frequency, presence, prompt_mask_row, counts_row, draft_row,
-                 num_drafts, SUB: tl.constexpr, PENALTIES: tl.constexpr):
+                 num_drafts, SUB: tl.constexpr, PENALTIES: tl.constexpr, STAGES: tl.constexpr):
     """``(top score, its lowest token, non-finite flag, first raw +inf token)`` of ``[start, stop)``.
 
     Without penalties a score is its raw logit (NaN as -inf), so a lane's running best reaches +inf exactly at
     its first raw +inf and keeps it (strict ``>``): the +inf facts are read off the running best after the loop,
     and the loop carries only the argmax and a NaN-propagating maximum -- the fewest instructions per logit,
     which the launch at 256 rows needs to stay at memory speed.  Penalties can move a finite logit to +inf, so
-    that loop tracks the raw facts per logit."""
+    that loop tracks the raw facts per logit.  ``STAGES`` > 1: the loop's loads are software-pipelined (Triton
+    copies the next ``STAGES - 1`` steps to shared memory asynchronously while a step is reduced); 1: plain loads."""
     lanes = tl.arange(0, SUB)
     best = tl.full([SUB], float("-inf"), tl.float32)
     best_token = start + lanes
@@ -66,7 +67,7 @@ def _span_argmax(logits_row, start, stop, repetition, frequency, presence, promp
         first_inf = tl.full([SUB], 2147483647, tl.int32)
     else:
         nan_seen = tl.full([SUB], float("-inf"), tl.float32)
-    for first in range(start, stop, SUB):
+    for first in tl.range(start, stop, SUB, num_stages=STAGES):
         offs = first + lanes
         score, raw = load_row_scores(logits_row, offs, offs < stop, 1.0, PENALTIES, repetition, frequency, presence,
                                      prompt_mask_row, counts_row, draft_row, num_drafts, True)
@@ -92,7 +93,7 @@ def greedy_argmax_kernel(
     logits_ptr, logits_stride, state_row_ptr, repetition_ptr, frequency_ptr, presence_ptr,
     prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts,
     packed_ptr, inf_ptr, flag_ptr, arrivals_ptr, token_out_ptr, flag_out_ptr, num_blocks, span, vocab_size,
-    SUB: tl.constexpr,
+    SUB: tl.constexpr, STAGES: tl.constexpr,
 ):
     row = tl.program_id(0)
     blk = tl.program_id(1)
@@ -109,10 +110,12 @@ def greedy_argmax_kernel(
     # the branch is uniform over the program: the common penalty-free rows run a loop without the penalty code
     if (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0):
         top, token, nonfinite, first_inf = _span_argmax(logits_row, start, stop, repetition, frequency, presence,
-                                                        prompt_mask_row, counts_row, draft_row, num_drafts, SUB, True)
+                                                        prompt_mask_row, counts_row, draft_row, num_drafts, SUB, True,
+                                                        STAGES)
     else:
         top, token, nonfinite, first_inf = _span_argmax(logits_row, start, stop, repetition, frequency, presence,
-                                                        prompt_mask_row, counts_row, draft_row, num_drafts, SUB, False)
+                                                        prompt_mask_row, counts_row, draft_row, num_drafts, SUB, False,
+                                                        STAGES)
     tl.atomic_max(packed_ptr + row, pack_argmax(top, token))
     tl.atomic_min(inf_ptr + row, first_inf)
     tl.atomic_max(flag_ptr + row, nonfinite)

@@ -71,6 +71,7 @@ class SelectionConfig:
     split_candidates: int = 256  # candidates per row of the split gather (capped at ``candidates``)
     split_warps: int = 4
     block_warps: int = 0  # warps per program of the sampler's first split pass (0: ``split_warps``)
+    block_maxnreg: int = 0  # register cap of the sampler's first split pass (0: the compiler's choice)
     logprobs_chunk: int = 0  # vocabulary chunk of the logprobs pass (0: ``split_chunk``, the sampler's)
     logprobs_sub: int = 128  # sub-block whose max the logprobs pass keeps (the finish re-reads these)
     logprobs_candidates: int = 128  # per-row entries (and sub-blocks) >= T the logprobs finish takes
@@ -80,6 +81,7 @@ class SelectionConfig:
     greedy_warps: int = 1
     select_programs: int = 0  # about how many programs the sampler's select pass may have (0: one per chunk)
     greedy_programs: int = 4  # programs per all-greedy launch, about (spans per row = programs / rows)
+    greedy_stages: int = 1  # software-pipelined steps of the all-greedy launch's loop (1: plain loads)
 
     @property
     def split_chunk(self) -> int:

@@ -192,13 +192,14 @@ class Sampler:
             launch(greedy_argmax_kernel, (num_rows, spans[0]),
                 logits, logits.stride(0), logit_rows_to_state_rows, *penalties, *penalty_rows, self.greedy_packed,
                 self.greedy_inf, self.greedy_flag, self.greedy_arrivals, tokens, flags, *spans,
-                self.vocab_size, SUB=c.greedy_sub, num_warps=c.greedy_warps)
+                self.vocab_size, SUB=c.greedy_sub, STAGES=c.greedy_stages, num_warps=c.greedy_warps)
             return self._with_logprobs(logits, tokens, flags, num_rows, max_num_logprobs,
                                        (state, logit_rows_to_state_rows, penalty_rows) if processed_logprobs else None)
         launch(sampler_block_kernel, split,
             logits, logits.stride(0), logit_rows_to_state_rows, positions, *params, *penalties, state.seed.base,
             *penalty_rows, self.part_best, self.part_token, self.part_max, self.part_flag, self.part_inf,
-            lay.num_blocks, self.vocab_size, CHUNK=lay.chunk, num_warps=c.block_num_warps)
+            lay.num_blocks, self.vocab_size, CHUNK=lay.chunk, num_warps=c.block_num_warps,
+            maxnreg=c.block_maxnreg or None)
         launch(sampler_plan_kernel, (num_rows,),
             logit_rows_to_state_rows, *params, self.part_best, self.part_token, self.part_max, self.part_flag,
             self.part_inf, lay.num_blocks, self.mode, self.bound, self.row_max, tokens, flags, self.vocab_size,

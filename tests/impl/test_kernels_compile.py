@@ -64,7 +64,8 @@ KERNELS = [
     ("sampling_greedy", "greedy_argmax_kernel",
      dict(logits_ptr="*fp32", state_row_ptr="*i32", repetition_ptr="*fp32", frequency_ptr="*fp32", presence_ptr="*fp32",
           prompt_mask_ptr="*i32", counts_ptr="*i32", draft_ptr="*i32", packed_ptr="*i64", inf_ptr="*i32",
-          flag_ptr="*i32", arrivals_ptr="*i32", token_out_ptr="*i64", flag_out_ptr="*i32"), dict(SUB=2048)),
+          flag_ptr="*i32", arrivals_ptr="*i32", token_out_ptr="*i64", flag_out_ptr="*i32"), dict(SUB=2048, STAGES=stages))
+    for stages in (1, 3)  # plain loads, and the loop software-pipelined
 ] + [  # the tile products as compiled (ROW_EXACT_DOT off: tl.dot), bf16 with tf32 dots and fp32 with IEEE ones
     ("attention", "_paged_attention_kernel",
      dict(out_ptr=f"*{dt}", query_ptr=f"*{dt}", k_cache_ptr=f"*{dt}", v_cache_ptr=f"*{dt}", block_table_ptr="*i32",

@@ -59,13 +59,15 @@ def _logits() -> torch.Tensor:
     return logits
 
 
-@pytest.mark.parametrize("programs", [None, 32], ids=["one-span-a-row", "three-spans-a-row"])
-def test_all_greedy_launch_equals_the_split_passes_and_the_oracle(dev, programs) -> None:
+@pytest.mark.parametrize("programs,stages", [(None, 1), (32, 1), (32, 3)],
+                         ids=["one-span-a-row", "three-spans-a-row", "three-spans-pipelined"])
+def test_all_greedy_launch_equals_the_split_passes_and_the_oracle(dev, programs, stages) -> None:
     """32 programs over 8 rows: spans of 128 tokens, combined by the atomics (row 2's tie at 77 and 250 crosses
-    spans); the default: each row one program walking the whole vocabulary."""
+    spans); the default: each row one program walking the whole vocabulary.  Pipelined: the span loop's loads
+    software-pipelined three deep (compiled on cuda; the interpreter runs it as plain loads)."""
     config = default_selection_config(dev)
     if programs is not None:  # 64-token steps on cuda too (its default step, 2048, is a whole row of this vocabulary)
-        config = dataclasses.replace(config, greedy_programs=programs, greedy_sub=64)
+        config = dataclasses.replace(config, greedy_programs=programs, greedy_sub=64, greedy_stages=stages)
     assert greedy_spans(VOCAB, 8, config.greedy_sub, config.greedy_programs)[0] == (1 if programs is None else 3)
     sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=config)
     state = SamplingState(dev, 2, VOCAB)
@@ -110,6 +112,10 @@ def test_all_greedy_launch_at_the_full_vocabulary_cuda() -> None:
     fast = _run(device, sampler, state, logits, table, all_greedy=True)
     assert fast == _run(device, sampler, state, logits, table, all_greedy=False)
     assert fast[0] == torch.argmax(torch.nan_to_num(logits, nan=-math.inf), dim=1).tolist()
+    for stages in (1, 3):  # the span loop's loads plain and software-pipelined, whichever the default is
+        other = Sampler(device, vocab, max_logprobs=0, max_num_rows=rows,
+                        config=dataclasses.replace(sampler.config, greedy_stages=stages))
+        assert _run(device, other, state, logits, table, all_greedy=True) == fast
     # 8 rows: ~32 spans a row, combined by the atomics
     assert greedy_spans(vocab, 8, sampler.config.greedy_sub, sampler.config.greedy_programs)[0] > 16
     few = _run(device, sampler, state, logits[:8], table[:8], all_greedy=True)
