@@ -176,9 +176,8 @@ def bench_sampler(ctx: BenchContext) -> list[Row]:
 CANDIDATE_SHAPES = (
     ("select pass in about 4096 programs (select_programs=4096)", {"select_programs": 4096},
      ("temperature", "temp+top_k50+top_p0.9")),
-    ("all-greedy loop pipelined 3 deep (greedy_stages=3)", {"greedy_stages": 3}, ("greedy, all-greedy launch",)),
-    ("first split pass capped at 96 registers (block_maxnreg=96)", {"block_maxnreg": 96},
-     ("temperature", "temp+top_k50+top_p0.9")),
+    ("all-greedy loop with plain loads (greedy_stages=1)", {"greedy_stages": 1}, ("greedy, all-greedy launch",)),
+    ("first split pass uncapped (block_maxnreg=0)", {"block_maxnreg": 0}, ("temperature", "temp+top_k50+top_p0.9")),
 )
 
 

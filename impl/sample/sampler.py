@@ -43,7 +43,8 @@ import torch
 from runnercheck.impl.device import Device
 from runnercheck.impl.hotpath import hot_path
 from runnercheck.impl.kernels.launch import launch
-from runnercheck.impl.kernels.sampling_greedy import INF_RESET, PACKED_RESET, greedy_argmax_kernel, greedy_spans
+from runnercheck.impl.kernels.sampling_greedy import (INF_RESET, PACKED_RESET, greedy_argmax_kernel, greedy_spans,
+                                                         greedy_stages)
 from runnercheck.impl.kernels.sampling import (
     sampler_block_kernel,
     sampler_finish_kernel,
@@ -97,7 +98,8 @@ class Sampler:
         # (tokens[:n], nan_flags[:n]) per row count n, made once (host objects; at most max_num_rows + 1):
         # slicing the same buffers every eager step costs host time on a GPU host.
         self._row_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._greedy_spans: dict[int, tuple[int, int]] = {}  # num_rows -> (num_blocks, span), host ints
+        # num_rows -> ((num_blocks, span), pipelined stages), host ints
+        self._greedy_spans: dict[int, tuple[tuple[int, int], int]] = {}
         self._select_grids: dict[int, tuple[tuple[int, int], int]] = {}  # num_rows -> (select pass grid, its group)
         self.layout = layout = SplitLayout.of(self.config, vocab_size)
         per_chunk = (max_num_rows, layout.num_blocks)
@@ -185,14 +187,15 @@ class Sampler:
         penalty_rows = self.penalty_rows(state, draft_prefix)
         split = (num_rows, lay.num_blocks)
         if all_greedy:
-            spans = self._greedy_spans.get(num_rows)
-            if spans is None:
-                spans = self._greedy_spans[num_rows] = greedy_spans(self.vocab_size, num_rows, c.greedy_sub,
-                                                                    c.greedy_programs)
+            shape = self._greedy_spans.get(num_rows)
+            if shape is None:
+                spans = greedy_spans(self.vocab_size, num_rows, c.greedy_sub, c.greedy_programs)
+                shape = self._greedy_spans[num_rows] = (spans, greedy_stages(spans[1], c.greedy_sub, c.greedy_stages))
+            spans, stages = shape
             launch(greedy_argmax_kernel, (num_rows, spans[0]),
                 logits, logits.stride(0), logit_rows_to_state_rows, *penalties, *penalty_rows, self.greedy_packed,
                 self.greedy_inf, self.greedy_flag, self.greedy_arrivals, tokens, flags, *spans,
-                self.vocab_size, SUB=c.greedy_sub, STAGES=c.greedy_stages, num_warps=c.greedy_warps)
+                self.vocab_size, SUB=c.greedy_sub, STAGES=stages, num_warps=c.greedy_warps)
             return self._with_logprobs(logits, tokens, flags, num_rows, max_num_logprobs,
                                        (state, logit_rows_to_state_rows, penalty_rows) if processed_logprobs else None)
         launch(sampler_block_kernel, split,

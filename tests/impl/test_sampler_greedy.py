@@ -14,7 +14,7 @@ import torch
 
 from runnercheck.impl.device import Device
 from runnercheck.impl.interface import SamplingParams
-from runnercheck.impl.kernels.sampling_greedy import greedy_spans
+from runnercheck.impl.kernels.sampling_greedy import MIN_PIPELINED_STEPS, greedy_spans, greedy_stages
 from runnercheck.impl.sample import Sampler, SamplerError, SamplingState
 from runnercheck.impl.sample.logprobs import default_selection_config
 from test_sampler_harness import LogitRow, RowRequest, admit, logit_row_tensors, reference_results
@@ -59,16 +59,19 @@ def _logits() -> torch.Tensor:
     return logits
 
 
-@pytest.mark.parametrize("programs,stages", [(None, 1), (32, 1), (32, 3)],
-                         ids=["one-span-a-row", "three-spans-a-row", "three-spans-pipelined"])
-def test_all_greedy_launch_equals_the_split_passes_and_the_oracle(dev, programs, stages) -> None:
+@pytest.mark.parametrize("programs,sub,stages", [(None, 0, 1), (32, 64, 1), (8, 16, 3)],
+                         ids=["one-span-a-row", "three-spans-a-row", "one-span-pipelined"])
+def test_all_greedy_launch_equals_the_split_passes_and_the_oracle(dev, programs, sub, stages) -> None:
     """32 programs over 8 rows: spans of 128 tokens, combined by the atomics (row 2's tie at 77 and 250 crosses
-    spans); the default: each row one program walking the whole vocabulary.  Pipelined: the span loop's loads
-    software-pipelined three deep (compiled on cuda; the interpreter runs it as plain loads)."""
+    spans); the default: each row one program walking the whole vocabulary.  Pipelined: one span a row in 19
+    steps of 16 tokens, the loop's loads software-pipelined three deep (compiled on cuda; the interpreter runs
+    it as plain loads)."""
     config = default_selection_config(dev)
-    if programs is not None:  # 64-token steps on cuda too (its default step, 2048, is a whole row of this vocabulary)
-        config = dataclasses.replace(config, greedy_programs=programs, greedy_sub=64, greedy_stages=stages)
-    assert greedy_spans(VOCAB, 8, config.greedy_sub, config.greedy_programs)[0] == (1 if programs is None else 3)
+    if programs is not None:  # small steps on cuda too (its default step, 2048, is a whole row of this vocabulary)
+        config = dataclasses.replace(config, greedy_programs=programs, greedy_sub=sub, greedy_stages=stages)
+    blocks, span = greedy_spans(VOCAB, 8, config.greedy_sub, config.greedy_programs)
+    assert blocks == (3 if programs == 32 else 1)
+    assert greedy_stages(span, config.greedy_sub, config.greedy_stages) == stages
     sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=config)
     state = SamplingState(dev, 2, VOCAB)
     requests = {0: RowRequest(SamplingParams(temperature=0.0), 5, (1, 2)),
@@ -149,3 +152,9 @@ def test_a_penalty_overflow_to_inf_is_not_a_raw_inf(dev) -> None:
         tokens, flags = _run(dev, sampler, state, logits, rows, all_greedy=all_greedy)
         assert tokens == expected, all_greedy
         assert flags == [1, 0], all_greedy
+
+
+def test_short_spans_load_plainly_whatever_the_stages_asked() -> None:
+    assert greedy_stages(2048 * MIN_PIPELINED_STEPS, 2048, 3) == 3
+    assert greedy_stages(2048 * (MIN_PIPELINED_STEPS - 1), 2048, 3) == 1
+    assert greedy_stages(151552, 2048, 1) == 1
