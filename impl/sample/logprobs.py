@@ -151,11 +151,16 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
         # 2048-token steps of 16 warps (4 tokens a thread), ~256 programs a launch (two per SM): with its
         # penalty-free loop, at 256 rows one span per row took 78.1 us in an H100 sweep against 81.5 us in 8 warps,
         # 80.4 us for torch.argmax and 65.0 us for a plain max over the logits; 64 rows 32.3 against 33.6 us; 4096-
-        # token steps or 4 warps (16 tokens a thread) were 2.5x slower; at 8 rows all within 10%.  The select pass
-        # runs one program per chunk: at 256 rows (38,912) they took 24.1 us of the temperature rows' 207.7 us on an
-        # H100 (run 150, torch.profiler) doing nothing, those rows exit at once.  Grouped chunks (select_programs=4096,
-        # its loop at 102 registers a thread against 64) trade that for the filtered rows' reads: in the same run
-        # temperature 187.3 us, temp+top-k+top-p 214.9 us against 205.2 -- not the default.
+        # token steps or 4 warps (16 tokens a thread) were 2.5x slower; at 8 rows all within 10%.  Its loop's loads
+        # pipelined three deep (`greedy_stages`, where a span has 8 steps or more): H100 run 151, 75.8 us against 78.3
+        # at 256 rows (bench_sampler), 31.0 against 32.6 at 64 (lab); two stages were slower than none.  The first
+        # split pass capped at 96 registers a thread (`block_maxnreg`; Triton 3.9's sm_90 compile of it takes 128
+        # uncapped, so fewer programs fit an SM): the same run, temperature 189.2 us against 208.7, temp+top-k+top-p
+        # 190.8 against 205.1.  The select pass runs one program per chunk: at 256 rows (38,912) they took 24.1 us of
+        # the temperature rows' 207.7 us on an H100 (run 150, torch.profiler) doing nothing, those rows exit at once.
+        # Grouped chunks (select_programs=4096, its loop at 102 registers a thread against 64) trade that for the
+        # filtered rows' reads: in the same run temperature 187.3 us, temp+top-k+top-p 214.9 us against 205.2 -- not
+        # the default.
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
                                  logprobs_chunk=4096, logprobs_warps=8, logprobs_sub=128, logprobs_candidates=128,
                                  logprobs_maxnreg=64, greedy_sub=2048, greedy_warps=16, greedy_programs=256,
