@@ -37,7 +37,8 @@
 #   gpu_sampler   the sampler/logprobs/RNG gpu-marked tests alone (tokens vs the oracle at V=151936, both
 #                 logprobs paths, Philox bits on every stream, noise within the fp32 bound)
 #   sampler_shapes the sampler's launch-shape tests of the CPU suite, on cuda (small vocabularies: every split path with
-#                 and without the select pass's chunk groups, the all-greedy launch over one and three spans a row)
+#                 and without the select pass's chunk groups, the all-greedy launch over one and three spans a row and
+#                 with its loop pipelined; the full vocabulary's greedy test): over 90 s on a cold H100, give it 150
 #   bench_logprobs `runnercheck bench --device cuda --only logprobs` alone (top-20 at 1/8/64/256 rows vs the
 #                 memory floor, the same without top-n, extra memory; ~1 min), after
 #   gpu_logprobs  the gpu-marked logprobs tests alone (row finish vs float64 at V=151936, ties at the bound,
