@@ -5,7 +5,7 @@
 
 For each value of one `SelectionConfig` field, `Sampler.sample` over bench_sampler's sampling configurations
 (`runnercheck.bench.case_sampler.SAMPLER_CONFIGS`; ``greedy`` runs the all-greedy launch) at each row count,
-timed graph-replayed as bench_sampler times it, every value's sampler checked to give the default's tokens.
+timed graph-replayed as bench_sampler times it, every value's tokens compared with the first value's.
 Values alternate within each (configuration, rows) cell, so a drift of the machine touches every value alike.
 Prints one JSON line per measurement (device microseconds).  Not a product feature: the lab.
 """

@@ -128,9 +128,10 @@ class SplitLayout:
         for name, value in (("chunk", chunk), ("slots", slot), ("split_candidates", cand)):
             if value < 1 or value & (value - 1):
                 raise LogprobsError(f"SelectionConfig {name} must be a power of two, got {value}")
-        if isinstance(config.select_programs, bool) or not isinstance(config.select_programs, int) \
-                or config.select_programs < 0:
-            raise LogprobsError(f"SelectionConfig select_programs must be an int >= 0, got {config.select_programs!r}")
+        for name, least in (("select_programs", 0), ("block_maxnreg", 0), ("greedy_stages", 1)):
+            value = getattr(config, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise LogprobsError(f"SelectionConfig {name} must be an int >= {least}, got {value!r}")
         num_blocks = triton.cdiv(vocab_size, chunk)
         nb_p2 = triton.next_power_of_2(num_blocks)
         return cls(chunk, num_blocks, nb_p2, slot, cand, min(nb_p2, max(1, 1024 // slot)), min(32, cand))

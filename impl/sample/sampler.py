@@ -99,7 +99,7 @@ class Sampler:
         # slicing the same buffers every eager step costs host time on a GPU host.
         self._row_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         # num_rows -> ((num_blocks, span), pipelined stages), host ints
-        self._greedy_spans: dict[int, tuple[tuple[int, int], int]] = {}
+        self._greedy_launches: dict[int, tuple[tuple[int, int], int]] = {}
         self._select_grids: dict[int, tuple[tuple[int, int], int]] = {}  # num_rows -> (select pass grid, its group)
         self.layout = layout = SplitLayout.of(self.config, vocab_size)
         per_chunk = (max_num_rows, layout.num_blocks)
@@ -187,10 +187,11 @@ class Sampler:
         penalty_rows = self.penalty_rows(state, draft_prefix)
         split = (num_rows, lay.num_blocks)
         if all_greedy:
-            shape = self._greedy_spans.get(num_rows)
+            shape = self._greedy_launches.get(num_rows)
             if shape is None:
                 spans = greedy_spans(self.vocab_size, num_rows, c.greedy_sub, c.greedy_programs)
-                shape = self._greedy_spans[num_rows] = (spans, greedy_stages(spans[1], c.greedy_sub, c.greedy_stages))
+                stages = greedy_stages(spans[1], c.greedy_sub, c.greedy_stages)
+                shape = self._greedy_launches[num_rows] = (spans, stages)
             spans, stages = shape
             launch(greedy_argmax_kernel, (num_rows, spans[0]),
                 logits, logits.stride(0), logit_rows_to_state_rows, *penalties, *penalty_rows, self.greedy_packed,

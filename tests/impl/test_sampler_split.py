@@ -66,9 +66,11 @@ def test_every_split_path_is_taken_and_matches_the_oracle(dev, select_programs):
     assert tokens == expected
 
 
-@pytest.mark.parametrize("field, value", [("select_programs", -1), ("select_programs", 2.5)])
+@pytest.mark.parametrize("field, value", [("select_programs", -1), ("select_programs", 2.5), ("block_maxnreg", -8),
+                                          ("greedy_stages", 0), ("greedy_stages", True)])
 def test_bad_launch_shapes_are_typed_errors(dev, field, value):
-    """A negative or fractional select-pass program count is refused at construction."""
+    """A negative or fractional select-pass program count, a negative register cap and a greedy loop of no stages
+    are refused at construction."""
     from runnercheck.impl.sample import LogprobsError
 
     with pytest.raises(LogprobsError, match=field):
