@@ -44,12 +44,14 @@ class EagerRunner(Protocol):
 PROMPT_CHUNK_ROWS = 256
 
 
-def enqueue_eager_step(runner: EagerRunner, plan: StepPlan, staged: StagedStepArrays, all_greedy: bool = False) -> dict:
+def enqueue_eager_step(runner: EagerRunner, plan: StepPlan, staged: StagedStepArrays, all_greedy: bool = False,
+                       unfiltered: bool = False) -> dict:
     """Enqueue the step's forward, sampling (and prompt logprobs), the draft model's verify, post-update and the
     penalty-count update, shaped by ``plan``; returns the dict the sampler's output lands in when they run.
 
     ``all_greedy``: the host knows every row has temperature 0 (`runnercheck.impl.state.RequestStateTable.all_greedy`):
-    the sampler's all-greedy launch instead of its split passes."""
+    the sampler's all-greedy launch instead of its split passes.  ``unfiltered``: the host knows no row has a filter on
+    (`runnercheck.impl.state.RequestStateTable.unfiltered`): the split passes without their filter launches."""
     ib, result = runner.input_batch, {}
     num_reqs, num_tokens = plan.num_reqs, plan.num_tokens
     num_rows, num_prompt_rows = plan.num_sampling_rows, plan.num_prompt_rows
@@ -71,6 +73,7 @@ def enqueue_eager_step(runner: EagerRunner, plan: StepPlan, staged: StagedStepAr
         result["out"] = runner.sampler.sample(
             result["logits"], runner.sampling_state, ib.logits_state_rows, ib.logits_positions,
             num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=max_num_logprobs, all_greedy=all_greedy,
+            unfiltered=unfiltered,
             **({"processed_logprobs": True} if processed else {}),
         )
         if num_prompt_rows:

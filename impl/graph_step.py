@@ -5,7 +5,7 @@ with exactly ``k`` drafts) padded from ``num_reqs`` up to a capture size ``size`
 batch (any query lengths -- decodes next to prefill chunks -- and no drafts) padded up to a
 token size ``tokens`` and ``size`` requests (`GraphKey`, mode `MIXED`).  Its device work
 is input prep -> forward -> sampler (logprobs included when the mode asks; the all-greedy launch in a greedy
-mode: `GraphMode.greedy`) -> [a draft model's
+mode, no filter launches in an unfiltered one: `GraphMode`) -> [a draft model's
 verification] -> post-update -> penalty-count update -> output pack -> [a draft model's proposal:
 `runnercheck.impl.draft_proposer.DraftModelProposer.padded_launches`], with every shape taken from the bucket (``size``, ``query_len``, the mode's
 top-n) and every varying fact read from device tensors, so one recording serves every batch of
@@ -66,21 +66,31 @@ APPLY_PROGRAMS_CUDA = 64
 
 
 MIXED = 0  # the `GraphMode.query_len` of a mixed step: any query lengths, no drafts
+# A mode's sampler launch sets as its (``greedy``, ``unfiltered``) fields: all the split passes, the split passes
+# without the filter launches, the all-greedy launch.  Each bucket is captured once per row (`runnercheck.impl.graphs`).
+SAMPLER_TWINS: tuple[tuple[bool, bool], ...] = ((False, False), (False, True), (True, False))
 
 
 @dataclass(frozen=True)
 class GraphMode:
     """What a graph was captured for besides its size: tokens per request (`MIXED`: any), top-n logprobs (-1: none)
-    and whether its sampler is the all-greedy launch (``greedy``: every live request has temperature 0, as the host
-    knows it: `runnercheck.impl.state.RequestStateTable.all_greedy`)."""
+    and which of the sampler's launch sets it holds: the all-greedy launch (``greedy``: every live request has
+    temperature 0, as the host knows it: `runnercheck.impl.state.RequestStateTable.all_greedy`), the split passes
+    without the filter launches (``unfiltered``: no live request has a filter on:
+    `runnercheck.impl.state.RequestStateTable.unfiltered`), or all the split passes (neither).  Not both."""
 
     query_len: int
     num_top: int
     greedy: bool = False
+    unfiltered: bool = False
+
+    def __post_init__(self) -> None:
+        if self.greedy and self.unfiltered:
+            raise ValueError("a graph mode is greedy or unfiltered, not both (the greedy launch has no filter launches)")
 
     def describe(self) -> str:
         return (("mixed" if self.query_len == MIXED else f"q{self.query_len}") + (f"-lp{self.num_top}" if self.num_top >= 0 else "")
-                + ("-greedy" if self.greedy else ""))
+                + ("-greedy" if self.greedy else "") + ("-unfiltered" if self.unfiltered else ""))
 
 
 @dataclass(frozen=True)
@@ -189,7 +199,7 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
     row_state, prefill, table = runner.state.base, runner.state.prefill_tokens, runner.block_table.base
     num_sampled, row_valid = runner.outputs.num_sampled, runner.outputs.row_valid
     block_size, max_drafts, max_seq_len = runner.block_table.block_size, runner.limits.max_num_draft_tokens, runner.limits.max_model_len
-    size, q, num_top, greedy = key.size, key.mode.query_len, key.mode.num_top, key.mode.greedy
+    size, q, num_top, greedy, unfiltered = key.size, key.mode.query_len, key.mode.num_top, key.mode.greedy, key.mode.unfiltered
     num_tokens, num_rows = key.num_tokens, key.num_sampling_rows
     padded_rows, padded_drafts = inputs.rows, inputs.drafts
     if key.mixed:
@@ -240,10 +250,12 @@ def build_padded_step(runner: Any, inputs: PaddedInputs, key: GraphKey) -> Padde
 
     def sample() -> None:
         # A greedy mode's real rows all have temperature 0 (its padding rows' tokens are never used, whatever the
-        # parameters of the row they read): one read of the logits (`runnercheck.impl.kernels.sampling_greedy`).
+        # parameters of the row they read): one read of the logits (`runnercheck.impl.kernels.sampling_greedy`).  An
+        # unfiltered mode's real rows have no filter on: the plan launch decides them (padding rows' tokens, again,
+        # are never used).
         result["out"] = sampler.sample(result["logits"], sampling_state, ib.logits_state_rows, ib.logits_positions,
                                        num_rows=num_rows, draft_prefix=draft_prefix, max_num_logprobs=num_top,
-                                       all_greedy=greedy)
+                                       all_greedy=greedy, unfiltered=unfiltered)
 
     def post_update() -> None:
         launch_post_update(rows=padded_rows, cu=cu, logits_start=logits_start, draft_start=draft_start, drafts=padded_drafts,

@@ -22,13 +22,14 @@ Per step the host picks (`select`):
   prefill, whose device time dwarfs its host time -- runs eager;
 * otherwise a fallback reason (`FALLBACK_REASONS`), counted; the step runs eager, unpadded.
 
-Greedy twins: every (size, mode) is captured twice, its sampler once as the split passes and once as the
-all-greedy launch (`GraphMode.greedy`); `select` takes the greedy twin when the host knows every live request
-has temperature 0 (``all_greedy``: `runnercheck.impl.state.RequestStateTable.all_greedy`).  Twice the graphs
-and twice the capture time (fused graphs included; the memory pool is shared, and a twin allocates nothing
-the sampler does not own from init), chosen over taking the greedy launch in eager steps only: a steady
-greedy decode -- the traffic the launch is for -- is a graph replay, and the choice cannot be made at replay
-time without the host reading the device.  Measured: docs/CONFIGURATION.md, "CUDA graphs".
+Sampler twins: every (size, mode) is captured three times, its sampler as all the split passes, as the split
+passes without the filter launches (`GraphMode.unfiltered`) and as the all-greedy launch (`GraphMode.greedy`);
+`select` takes the greedy twin when the host knows every live request has temperature 0 (``all_greedy``:
+`runnercheck.impl.state.RequestStateTable.all_greedy`), else the unfiltered twin when it knows none has a filter on
+(``unfiltered``: `runnercheck.impl.state.RequestStateTable.unfiltered`).  Three times the graphs and the capture time
+(fused graphs included; the memory pool is shared, and a twin allocates nothing the sampler does not own from
+init), chosen over taking the lighter launches in eager steps only: a steady decode -- the traffic they are for --
+is a graph replay, and the choice cannot be made at replay time without the host reading the device.  Measured: docs/CONFIGURATION.md, "CUDA graphs".
 
 A draft-model runner gets uniform decode buckets only (no mixed sizes): its bucket's launches include
 the draft model's verification and k draft decodes (`runnercheck.impl.draft_proposer.DraftModelProposer.padded_launches`).
@@ -60,7 +61,7 @@ import numpy as np
 import torch
 
 from runnercheck.impl.device import Device, GraphLaunch, _run_as_device_work
-from runnercheck.impl.graph_step import MIXED, GraphKey, GraphMode, PaddedInputs, PaddedStep
+from runnercheck.impl.graph_step import MIXED, SAMPLER_TWINS, GraphKey, GraphMode, PaddedInputs, PaddedStep
 from runnercheck.impl.lanes import SteadyLanes
 
 FALLBACK_REASONS = ("prompt_logprobs", "non_uniform", "batch_above_largest_size", "bucket_above_token_budget",
@@ -198,9 +199,9 @@ class CudaGraphManager:
         self.query_lens = (1,) if spec_query_len == 1 else (1, spec_query_len)
         self.max_logprobs = max_logprobs
         self.max_num_batched_tokens = max_num_batched_tokens
-        # Every mode twice: the split sampler passes and the all-greedy launch (`GraphMode.greedy`; see `capture`).
-        self.modes = tuple(GraphMode(q, top, greedy) for q in self.query_lens for top in (-1, max_logprobs)
-                           for greedy in (False, True))
+        # Every mode thrice, one per sampler launch set (`SAMPLER_TWINS`; see the module docstring).
+        self.modes = tuple(GraphMode(q, top, greedy, unfiltered) for q in self.query_lens for top in (-1, max_logprobs)
+                           for greedy, unfiltered in SAMPLER_TWINS)
         self.inputs = PaddedInputs(device, max_num_reqs, max_num_draft_tokens, self.query_lens, staging_bytes, staging_layout)
         self._build_step = build_step
         self.graphs: dict[GraphKey, StepGraph] = {}
@@ -211,12 +212,14 @@ class CudaGraphManager:
         self.fused_replays = 0
         self.mixed_replays = 0
         self.greedy_bucketed = 0  # bucketed steps of a greedy mode: replays (fused ones too) or, graphs off, padded eager
+        self.unfiltered_bucketed = 0  # the same for the unfiltered modes
         self.captured = False
         self.replays = 0
         self.padded_eager = 0
         self.fallbacks: Counter[str] = Counter()
-        # (size or mixed tokens, query_len, num_top, greedy) -> (the graphs dict it was looked up in, the selection): `select`
-        self._keys: dict[tuple[int, int, int, bool], tuple[dict, _Selection]] = {}
+        # (size or mixed tokens, query_len, num_top, greedy, unfiltered) -> (the graphs dict it was looked up in, the
+        # selection): `select`
+        self._keys: dict[tuple[int, int, int, bool, bool], tuple[dict, _Selection]] = {}
         self._selected: _Selection | None = None  # the last `select`'s key, its graphs and fused copy-in bytes
         # batch shape -> (graphs dict, enabled, verdict, selection): `select`'s verdicts, at most `_MAX_VERDICTS`
         self._verdicts: dict[tuple, tuple] = {}
@@ -255,8 +258,8 @@ class CudaGraphManager:
         keys = [GraphKey(size, mode) for size in self.capture_sizes for mode in self.modes
                 if size * mode.query_len <= self.max_num_batched_tokens]  # no batch of a mode pads past the budget
         tops = (-1, self.max_logprobs)
-        keys += [GraphKey(min(tokens, self.max_num_reqs), GraphMode(MIXED, top, greedy), tokens)
-                 for tokens in self.mixed_sizes for top in tops for greedy in (False, True)]
+        keys += [GraphKey(min(tokens, self.max_num_reqs), GraphMode(MIXED, top, greedy, unfiltered), tokens)
+                 for tokens in self.mixed_sizes for top in tops for greedy, unfiltered in SAMPLER_TWINS]
         return sorted(keys, key=lambda k: (k.num_tokens, k.size), reverse=True)
 
     def _capture_fused(self, key: GraphKey) -> None:
@@ -329,30 +332,33 @@ class CudaGraphManager:
 
     def select(self, num_reqs: int, uniform: tuple[int, int] | None, num_prompt_rows: int,
                max_num_logprobs: int, num_tokens: int = 0, num_drafts: int = 0,
-               all_greedy: bool = False) -> tuple[GraphKey | None, str | None]:
+               all_greedy: bool = False, unfiltered: bool = False) -> tuple[GraphKey | None, str | None]:
         """(key, None) for a bucketed step, or (None, fallback reason).  Host ints only.
 
         ``uniform``: the (query_len, drafts) every request of the batch shares, None when they differ
         (`runnercheck.impl.input_batch.StepPlan.uniform`); ``num_tokens``, ``num_drafts``: the step's (a batch that is
         not a uniform decode goes to a mixed graph when it has no drafts); ``all_greedy``: the host knows every row
-        of the step has temperature 0 -- the bucket's greedy mode (`GraphMode.greedy`) is selected.
+        of the step has temperature 0 -- the bucket's greedy mode (`GraphMode.greedy`) is selected; else
+        ``unfiltered``: the host knows no row has a filter on -- its unfiltered mode (`GraphMode.unfiltered`).
         """
+        twin = SAMPLER_TWINS[2] if all_greedy else SAMPLER_TWINS[1] if unfiltered else SAMPLER_TWINS[0]
         # A batch shape seen before (the steps of a steady workload repeat a few): its verdict again, while the
         # captured set and the enabled flag it was made under hold.
-        shape = (num_reqs, uniform, num_prompt_rows, max_num_logprobs, num_tokens, num_drafts, all_greedy)
+        shape = (num_reqs, uniform, num_prompt_rows, max_num_logprobs, num_tokens, num_drafts, twin)
         seen = self._verdicts.get(shape)
         if seen is not None and seen[0] is self.graphs and seen[1] == self.enabled:
             if seen[3] is not None:
                 self._selected = seen[3]
             return seen[2]
-        verdict = self._select(num_reqs, uniform, num_prompt_rows, max_num_logprobs, num_tokens, num_drafts, all_greedy)
+        verdict = self._select(num_reqs, uniform, num_prompt_rows, max_num_logprobs, num_tokens, num_drafts, twin)
         if len(self._verdicts) >= _MAX_VERDICTS:
             self._verdicts.clear()
         self._verdicts[shape] = (self.graphs, self.enabled, verdict, self._selected if verdict[0] is not None else None)
         return verdict
 
     def _select(self, num_reqs: int, uniform: tuple[int, int] | None, num_prompt_rows: int,
-                max_num_logprobs: int, num_tokens: int, num_drafts: int, greedy: bool) -> tuple[GraphKey | None, str | None]:
+                max_num_logprobs: int, num_tokens: int, num_drafts: int,
+                twin: tuple[bool, bool]) -> tuple[GraphKey | None, str | None]:
         if num_prompt_rows:
             return None, "prompt_logprobs"
         if uniform is None or uniform[0] not in self.query_lens or uniform[1] != uniform[0] - 1:
@@ -361,28 +367,28 @@ class CudaGraphManager:
             tokens = self.mixed_bucket_for(num_tokens)
             if tokens is None:
                 return None, "batch_above_largest_size"
-            return self._bucket(tokens, MIXED, num_reqs, 0, max_num_logprobs, num_tokens, greedy)
+            return self._bucket(tokens, MIXED, num_reqs, 0, max_num_logprobs, num_tokens, twin)
         query_len, num_drafts = uniform
         size = self.bucket_for(num_reqs)
         if size is None:
             return None, "batch_above_largest_size"
         if size * query_len > self.max_num_batched_tokens:
             return None, "bucket_above_token_budget"
-        return self._bucket(size, query_len, num_reqs, num_drafts, max_num_logprobs, num_tokens, greedy)
+        return self._bucket(size, query_len, num_reqs, num_drafts, max_num_logprobs, num_tokens, twin)
 
     def _bucket(self, size: int, query_len: int, num_reqs: int, num_drafts_each: int, max_num_logprobs: int,
-                num_tokens: int, greedy: bool) -> tuple[GraphKey | None, str | None]:
-        """The key of bucket ``size`` (a mixed bucket's: its tokens) in mode (``query_len``, top-n, ``greedy``), if its
-        graph admits the batch."""
+                num_tokens: int, twin: tuple[bool, bool]) -> tuple[GraphKey | None, str | None]:
+        """The key of bucket ``size`` (a mixed bucket's: its tokens) in mode (``query_len``, top-n, ``twin``: a row of
+        `SAMPLER_TWINS`), if its graph admits the batch."""
         num_top = -1 if max_num_logprobs < 0 else self.max_logprobs
         # The key and its graph, looked up once per (size, mode) and captured set: no per-step dataclass
         # construction or hashing.  A new ``graphs`` dict (a recapture) makes every entry stale.
-        entry = self._keys.get((size, query_len, num_top, greedy))
+        entry = self._keys.get((size, query_len, num_top, *twin))
         if entry is None or entry[0] is not self.graphs:
-            mode = GraphMode(query_len, num_top, greedy)
+            mode = GraphMode(query_len, num_top, *twin)
             key = GraphKey(min(size, self.max_num_reqs), mode, size) if query_len == MIXED else GraphKey(size, mode)
             selection = (key, self.graphs.get(key), self.fused_graphs.get(key), self.fused_in_bytes.get(key))
-            entry = self._keys[(size, query_len, num_top, greedy)] = (self.graphs, selection)
+            entry = self._keys[(size, query_len, num_top, *twin)] = (self.graphs, selection)
         selection = entry[1]
         graph = selection[1]
         if self.enabled and (graph is None or not graph.admits(num_reqs, query_len, num_drafts_each, num_top, num_tokens)):
@@ -414,6 +420,7 @@ class CudaGraphManager:
             self.fused_replays += 1
             self.mixed_replays += key.mode.query_len == MIXED  # `GraphKey.mixed`, without its call
             self.greedy_bucketed += key.mode.greedy
+            self.unfiltered_bucketed += key.mode.unfiltered
             self.device.enqueue(graph.work, graph.label)
             return graph.step.result
         if not self.enabled:
@@ -422,18 +429,21 @@ class CudaGraphManager:
                 self.device.enqueue(launch, label)
             self.padded_eager += 1
             self.greedy_bucketed += key.mode.greedy
+            self.unfiltered_bucketed += key.mode.unfiltered
             return step.result
         graph = selected[1] if selected is not None and selected[0] is key else self.graphs[key]
         self.replays += 1
         if key.mode.query_len == MIXED:
             self.mixed_replays += 1
         self.greedy_bucketed += key.mode.greedy
+        self.unfiltered_bucketed += key.mode.unfiltered
         self.device.enqueue(graph.work, graph.label)
         return graph.step.result
 
     def stats(self) -> dict[str, Any]:
         return {"enabled": self.enabled, "replays": self.replays, "fused_replays": self.fused_replays,
-                "mixed_replays": self.mixed_replays, "greedy_bucketed": self.greedy_bucketed, "fallbacks": dict(self.fallbacks),
+                "mixed_replays": self.mixed_replays, "greedy_bucketed": self.greedy_bucketed,
+                "unfiltered_bucketed": self.unfiltered_bucketed, "fallbacks": dict(self.fallbacks),
                 "padded_eager": self.padded_eager, "num_graphs": len(self.graphs), "capture_sizes": list(self.capture_sizes),
                 "mixed_sizes": list(self.mixed_sizes)}
 

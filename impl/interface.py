@@ -333,6 +333,24 @@ class SamplingParams:
             if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
                 raise bad(TokenOutOfVocabError, "stop_token_ids", f"token {tok!r} outside [0, {vocab_size})")
 
+    @property
+    def filtered(self) -> bool:
+        """Whether a filter (a ``"filter"`` stage row of `SAMPLING_FIELDS`: top-k, top-p, min-p) is on at a temperature
+        above 0.  Host-side, from the values as given: every row the sampler's kernels treat as filtered (they test
+        the fp32 values, top-k also against the vocabulary) is filtered here, so a batch with none may skip the
+        filter launches (`runnercheck.impl.state.RequestStateTable.unfiltered`)."""
+        if self.temperature == 0:
+            return False
+        for name, neutral in _FILTER_NEUTRALS:
+            if getattr(self, name) != neutral:
+                return True
+        return False
+
+
+# (name, neutral value) of the filter rows of `SAMPLING_FIELDS`: `SamplingParams.filtered` reads them per admission.
+_FILTER_NEUTRALS: tuple[tuple[str, float | int], ...] = tuple((f.name, f.neutral) for f in SAMPLING_FIELDS
+                                                               if f.stage == "filter")
+
 
 def _check_sampling_table() -> None:
     """At import: every row of `SAMPLING_FIELDS` is a `SamplingParams` field whose default is its neutral value, of

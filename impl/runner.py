@@ -29,6 +29,8 @@ Other batches (drafts that differ, prompt logprobs, above the largest bucket) ru
 A step whose live requests all have temperature 0 (`runnercheck.impl.state.RequestStateTable.all_greedy`, a host
 count kept at admission and release) samples with the all-greedy launch -- eager, or its bucket's greedy mode
 (`runnercheck.impl.graph_step.GraphMode.greedy`) -- instead of the split passes: the same tokens, one read of the logits.
+Likewise a step where no live request has a filter on (`runnercheck.impl.state.RequestStateTable.unfiltered`) takes the
+split passes without their filter launches (the sampler's ``unfiltered``; `GraphMode.unfiltered`).
 A step that repeats the last decode batch (`runnercheck.impl.step_reader.read_steady_step`) reuses its plan;
 after a bucketed step it runs `ModelRunner._execute_steady`, whose host side is the read of the
 counts and blocks, a few vectorised mirror updates and ONE enqueue -- its bucket's fused graph,
@@ -228,7 +230,8 @@ class ModelRunner:
             if device_drafts:
                 proposer.mark_placeholders(plan, device_drafts)
             key, reason = self.graphs.select(plan.num_reqs, plan.uniform, plan.num_prompt_rows, plan.max_num_logprobs,
-                                             plan.num_tokens, len(plan.drafts), self.state.all_greedy)
+                                             plan.num_tokens, len(plan.drafts), self.state.all_greedy,
+                                             self.state.unfiltered)
             if key is not None and plan.max_num_logprobs >= 0 and self.processed_logprobs_reqs:
                 # graphs capture raw logprobs only; a live request asking for processed ones runs the step eager
                 key, reason = None, "processed logprobs"
@@ -431,7 +434,7 @@ class ModelRunner:
         if key is None:
             graphs.count_fallback(reason)
             self.input_batch.enqueue_prepare(plan, staged, self.state, self.block_table)
-            return enqueue_eager_step(self, plan, staged, self.state.all_greedy), reason
+            return enqueue_eager_step(self, plan, staged, self.state.all_greedy, self.state.unfiltered), reason
         return graphs.run(key, fused=True) if fused else graphs.run(key), None
 
     def cuda_graph_stats(self) -> dict[str, Any]:

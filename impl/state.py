@@ -40,7 +40,8 @@ release, `apply_cached`, `append_blocks`, `advance`), each vectorised over the s
     prompt_logprobs              top prompt logprobs asked for (-1: none, or a resumed request)
 
 and counts over the live rows: those asking for logprobs, for prompt logprobs, and those sampling with
-temperature > 0 (``num_random_rows``: `all_greedy`), moved at admission and release.
+temperature > 0 (``num_random_rows``: `all_greedy`) and those sampling with a filter on (``num_filtered_rows``:
+`unfiltered`), moved at admission and release.
 
 The free list with its quarantine (when a freed row may be taken again: in-flight steps may still read its
 pinned prefill tokens) is `runnercheck.impl.quarantine.RowQuarantine`, a base of the table; an admission's staging
@@ -138,6 +139,8 @@ class RequestStateTable(RowQuarantine):
         # Live rows whose request samples with temperature > 0 (`all_greedy`), counted from the host's own copy of each
         # request's parameters at admission and release.
         self.num_random_rows = 0
+        # Live rows whose request samples with a filter on (`SamplingParams.filtered`: `unfiltered`), counted alike.
+        self.num_filtered_rows = 0
 
         self.req_to_row: dict[str, int] = {}
         self.rows: list[RowInfo | None] = [None] * max_num_reqs
@@ -165,6 +168,14 @@ class RequestStateTable(RowQuarantine):
         a live request with temperature > 0 that this step does not schedule takes the split passes (same tokens).
         O(1): a count kept at admission and release, never a read of the device's parameters."""
         return self.num_random_rows == 0
+
+    @property
+    def unfiltered(self) -> bool:
+        """Whether no live request samples with a filter (`runnercheck.impl.interface.SamplingParams.filtered`: top-k,
+        top-p or min-p at a temperature above 0): the sampler may then stop after its plan launch, which decides every
+        unfiltered row (`runnercheck.impl.sample.Sampler.sample`, ``unfiltered``), skipping the filter launches.
+        Conservative as `all_greedy` is, and O(1): a count kept at admission and release."""
+        return self.num_filtered_rows == 0
 
     @property
     def live(self) -> dict[str, LiveRequest]:
@@ -217,12 +228,14 @@ class RequestStateTable(RowQuarantine):
         """Free a finished or preempted request's row (it stays quarantined until its last use completes)."""
         # The look-ups, the record, the mirror's row, the reads noted and the free list: one C call when built.
         row = self.req_to_row.get(req_id)
-        random = row is not None and self.rows[row].params.temperature != 0  # read before the release clears the row
+        params = None if row is None else self.rows[row].params  # read before the release clears the row
         got = NotImplemented if _rows is None else _rows.release_request(self._release_targets, req_id, self._batch_event,
                                                                           self.history_reads)
         if got is NotImplemented:
             got = self._release_reference(req_id)
-        self.num_random_rows -= random
+        if params is not None and params.temperature != 0:
+            self.num_random_rows -= 1
+            self.num_filtered_rows -= params.filtered
         self._planned = None
         if got[1]:  # the counts move only for a request that asked (the usual one did not)
             self.num_logprob_rows -= 1
@@ -262,7 +275,7 @@ class RequestStateTable(RowQuarantine):
             got = self._admit_reference(req, seed, row, generation)
         self.row_state.stage_list(row, got[0])
         self._count_admission(got)
-        self.num_random_rows += req.sampling_params.temperature != 0
+        self._count_sampling(req.sampling_params)
 
     @hot_path
     def admit_staged(self, req: NewRequest, base_seed: int, writers: AdmissionWriters, seeds: dict[str, int]) -> int:
@@ -287,8 +300,14 @@ class RequestStateTable(RowQuarantine):
             self._count_admission(got)
         else:  # `_count_admission` of the usual request (no logprobs asked), without its frame
             self._next_generation = generation + 1
-        self.num_random_rows += req.sampling_params.temperature != 0
+        self._count_sampling(req.sampling_params)
         return row
+
+    def _count_sampling(self, params: SamplingParams) -> None:
+        """An admitted request's part of `all_greedy`'s and `unfiltered`'s counts."""
+        if params.temperature != 0:
+            self.num_random_rows += 1
+            self.num_filtered_rows += params.filtered
 
     def _count_admission(self, got: tuple[list[int], bool, bool]) -> None:
         self._next_generation += 1

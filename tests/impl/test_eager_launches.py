@@ -72,9 +72,10 @@ def _run_eager_steps(speculative=None, draft_prob: float = 0.0, ngram_spec_token
     runner = ModelRunner(random_weights(preset("micro"), seed=3), limits, Device("cpu"), base_seed=5, cuda_graphs=False,
                          speculative=speculative)
     sched = SchedulerSim(limits, seed=1, draft_prob=draft_prob, ngram_spec_tokens=ngram_spec_tokens)
-    for i in range(5):  # penalties, logprobs and prompt logprobs: every kernel family of an eager step
+    for i in range(5):  # penalties, a filter, logprobs and prompt logprobs: every kernel family of an eager step
         sched.add_request(f"r{i}", tuple(range(3, 7 + i)), SamplingParams(
             temperature=0.9 if i % 2 else 0.0, seed=i, max_tokens=4, repetition_penalty=1.1, frequency_penalty=0.2,
+            top_k=3 if i == 3 else -1,
             logprobs=2 if i % 2 else None, prompt_logprobs=1 if i == 1 else None))
     steps = 0
     while sched.has_work and steps < 12:

@@ -89,10 +89,10 @@ def test_all_greedy_traffic_takes_the_greedy_launch_with_the_split_paths_tokens_
     assert stats["greedy_bucketed"] == stats["replays"] > 0  # every bucketed step replayed a greedy mode
     assert stats["fallbacks"]  # and some ran eager (`enqueue_eager_step`), greedy too
     assert split.cuda_graph_stats()["greedy_bucketed"] == split.cuda_graph_stats()["padded_eager"] > 0
-    # Every bucket twice: the split passes and the greedy launch.
+    # Every bucket's split-pass graph has its greedy twin (and its unfiltered one: test_runner_unfiltered.py).
     keys = set(graphed.graphs.graphs)
     assert {k for k in keys if k.mode.greedy} == {dataclasses.replace(k, mode=dataclasses.replace(k.mode, greedy=True))
-                                                 for k in keys if not k.mode.greedy}
+                                                 for k in keys if not (k.mode.greedy or k.mode.unfiltered)}
     assert all(k.describe().endswith("-greedy") == k.mode.greedy for k in keys)
     assert graphed.state.all_greedy and graphed.state.num_random_rows == 0
 
