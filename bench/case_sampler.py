@@ -5,6 +5,8 @@ one run, each next to the memory floor of its shape (one read of the logits at t
 bandwidth) and the PyTorch path.  The runner's calls are timed as CUDA-graph replays (how the
 runner issues them: the graphs helper captures `Sampler.sample`), i.e. device time; the note gives
 the eager time too, which at small batches is the Python cost of the five launches.
+Each configuration is sampled with the launch set the runner would take for a batch of it: rows with no filter on
+skip the filter launches (`Sampler.sample(..., unfiltered=True)`; a candidate row times temperature with them).
 Greedy is timed twice: through the split passes (a mixed batch's path) and as the all-greedy launch
 (`Sampler.sample(..., all_greedy=True)`, one read of the logits), next to ``torch.argmax``.
 RNG contract v1 cannot be launched any more (its sampler kernels are gone); what it cost is kept
@@ -137,9 +139,10 @@ def bench_sampler(ctx: BenchContext) -> list[Row]:
     runs.insert(1, ("greedy, all-greedy launch", SAMPLER_CONFIGS["greedy"], True))
     for name, params, all_greedy in runs:
         state = _prepared_state(ctx, max_rows, vocab, params)
+        flags = _runner_flags(params, all_greedy)
         for rows in shapes:
-            def call(rows: int = rows, all_greedy: bool = all_greedy) -> None:
-                sampler.sample(logits, state, rows_map, positions, num_rows=rows, all_greedy=all_greedy)
+            def call(rows: int = rows, flags: dict = flags) -> None:
+                sampler.sample(logits, state, rows_map, positions, num_rows=rows, **flags)
 
             eager = device_time_us(call, cuda=cuda)
             us = _graph_time_us(call) if cuda else eager
@@ -170,14 +173,23 @@ def bench_sampler(ctx: BenchContext) -> list[Row]:
     return out
 
 
-# Launch shapes built and tested but not the default (SelectionConfig fields), each with the sampler configurations
-# it changes: timed beside the default rows above, at the largest batch.  The grouped select pass is a trade-off
-# (H100 run 150: temperature 187.3 us against 207.7, temp+top-k+top-p 214.9 us against 205.2).
+def _runner_flags(params: SamplingParams, all_greedy: bool) -> dict[str, bool]:
+    """The launch-set flags the runner passes for a batch of rows with ``params`` (`Sampler.sample`): the all-greedy
+    launch where the run asks for it, else the split passes, without their filter launches when ``params`` has no
+    filter on (as `runnercheck.impl.state.RequestStateTable.unfiltered` would say for such a batch)."""
+    return {"all_greedy": True} if all_greedy else {"unfiltered": not params.filtered}
+
+
+# Launch shapes built and tested but not the default (SelectionConfig fields, or the sampler's flags), each with the
+# sampler configurations it changes: timed beside the default rows above, at the largest batch.  The grouped select
+# pass is a trade-off for filtered rows (H100 run 150: temp+top-k+top-p 214.9 us against 205.2); unfiltered rows no
+# longer launch it.
 CANDIDATE_SHAPES = (
-    ("select pass in about 4096 programs (select_programs=4096)", {"select_programs": 4096},
-     ("temperature", "temp+top_k50+top_p0.9")),
-    ("all-greedy loop with plain loads (greedy_stages=1)", {"greedy_stages": 1}, ("greedy, all-greedy launch",)),
-    ("first split pass uncapped (block_maxnreg=0)", {"block_maxnreg": 0}, ("temperature", "temp+top_k50+top_p0.9")),
+    ("select pass in about 4096 programs (select_programs=4096)", {"select_programs": 4096}, ("temp+top_k50+top_p0.9",),
+     {}),
+    ("all-greedy loop with plain loads (greedy_stages=1)", {"greedy_stages": 1}, ("greedy, all-greedy launch",), {}),
+    ("first split pass uncapped (block_maxnreg=0)", {"block_maxnreg": 0}, ("temperature", "temp+top_k50+top_p0.9"), {}),
+    ("every split launch, the filter launches too (unfiltered=False)", {}, ("temperature",), {"unfiltered": False}),
 )
 
 
@@ -189,14 +201,15 @@ def _candidate_rows(ctx: BenchContext, runs: list[tuple[str, SamplingParams, boo
     from runnercheck.impl.sample.sampler import Sampler
 
     dev, cuda, out = ctx.device, ctx.device.is_cuda, []
-    for label, fields, names in CANDIDATE_SHAPES:
+    for label, fields, names, overrides in CANDIDATE_SHAPES:
         sampler = Sampler(dev, vocab, max_num_rows=rows,
                           config=dataclasses.replace(default_selection_config(dev), **fields))
         for name, params, all_greedy in (run for run in runs if run[0] in names):
             state = _prepared_state(ctx, rows, vocab, params)
+            flags = {**_runner_flags(params, all_greedy), **overrides}
 
-            def call(state=state, all_greedy: bool = all_greedy) -> None:
-                sampler.sample(logits, state, rows_map, positions, num_rows=rows, all_greedy=all_greedy)
+            def call(state=state, flags: dict = flags) -> None:
+                sampler.sample(logits, state, rows_map, positions, num_rows=rows, **flags)
 
             us = _graph_time_us(call) if cuda else device_time_us(call, cuda=False)
             out.append(Row("sampler", f"runnercheck {name}, {label} [{rows} rows]", us, "us",

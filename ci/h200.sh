@@ -138,7 +138,7 @@ want mutants_bucketed && job mutants_bucketed "$limit" $rc mutants --device cuda
   slot_mapping_wrong_block idx_mapping_off_by_one num_computed_not_advanced tensor_in_python_if staged_writes_wrong_order \
   stale_row_after_preempt graph_buffer_reallocated padding_row_writes_live_state predicate_admits_larger_batch \
   graph_init_only_at_capture mixed_tail_left_stale graph_skips_admitted_count_reset greedy_from_first_request \
-  --out "$out/mutants_bucketed" &
+  unfiltered_from_first_request --out "$out/mutants_bucketed" &
 want mutants_rest && job mutants_rest "$limit" $rc mutants --device cuda --only pageable_nonblocking_copy \
   output_slot_overwritten_early item_in_step synchronize_in_step fp16_gumbel_noise u24_uniform top_k_off_by_one \
   top_p_boundary_dropped temperature_twice penalty_sign_flipped logprobs_from_processed runner_stream_reads_default_stream_write \

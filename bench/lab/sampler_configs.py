@@ -4,7 +4,8 @@
         [--values 0 64 80 96 112] [--configs temperature all+penalties]
 
 For each value of one `SelectionConfig` field, `Sampler.sample` over bench_sampler's sampling configurations
-(`runnercheck.bench.case_sampler.SAMPLER_CONFIGS`; ``greedy`` runs the all-greedy launch) at each row count,
+(`runnercheck.bench.case_sampler.SAMPLER_CONFIGS`, with the runner's launch set for each: ``greedy`` runs the
+all-greedy launch, a configuration without a filter skips the filter launches) at each row count,
 timed graph-replayed as bench_sampler times it, every value's tokens compared with the first value's.
 Values alternate within each (configuration, rows) cell, so a drift of the machine touches every value alike.
 Prints one JSON line per measurement (device microseconds).  Not a product feature: the lab.
@@ -19,7 +20,8 @@ import torch
 
 
 def main(argv: list[str] | None = None) -> int:
-    from runnercheck.bench.case_sampler import SAMPLER_CONFIGS, _graph_time_us, _prepared_state, _random_logits
+    from runnercheck.bench.case_sampler import (SAMPLER_CONFIGS, _graph_time_us, _prepared_state, _random_logits,
+                                                _runner_flags)
     from runnercheck.bench.common import BenchContext
     from runnercheck.impl.device import Device
     from runnercheck.impl.sample.logprobs import default_selection_config
@@ -45,18 +47,18 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.configs:
         params = SAMPLER_CONFIGS[name]
         state = _prepared_state(ctx, max_rows, args.vocab, params)
-        greedy = name == "greedy"
+        flags = _runner_flags(params, name == "greedy")
         for rows in args.rows:
             tokens = {}
             for v, sampler in samplers.items():
-                sampler.sample(logits, state, rows_map, positions, num_rows=rows, all_greedy=greedy)
+                sampler.sample(logits, state, rows_map, positions, num_rows=rows, **flags)
                 torch.cuda.synchronize()
                 tokens[v] = sampler.tokens[:rows].clone()
             same = {v: bool(torch.equal(t, tokens[args.values[0]])) for v, t in tokens.items()}
             for _ in range(args.repeats):
                 for v, sampler in samplers.items():
                     us = _graph_time_us(lambda s=sampler, r=rows: s.sample(logits, state, rows_map, positions,
-                                                                             num_rows=r, all_greedy=greedy))
+                                                                             num_rows=r, **flags))
                     print(json.dumps({"config": name, "rows": rows, args.field: v, "us": round(us, 2),
                                       "same_tokens": same[v]}), flush=True)
     return 0

@@ -44,11 +44,11 @@ def _sampler_path_by_batch_size(runner: Any, m: AppliedMutant) -> None:
     sample = sampler.sample
 
     def batched_path(logits: Any, state: Any, rows: Any, positions: Any, *, num_rows: int, draft_prefix: Any = None,
-                     max_num_logprobs: int = -1, all_greedy: bool = False) -> Any:
+                     max_num_logprobs: int = -1, **flags: Any) -> Any:
         if num_rows > BATCHED_PATH_ROWS:
             logits = logits[:num_rows].to(torch.bfloat16).to(torch.float32)
         return sample(logits, state, rows, positions, num_rows=num_rows, draft_prefix=draft_prefix,
-                      max_num_logprobs=max_num_logprobs, all_greedy=all_greedy)
+                      max_num_logprobs=max_num_logprobs, **flags)
 
     m.set(sampler, "sample", batched_path)
     recapture_graphs(runner, m)
@@ -62,12 +62,12 @@ def _noise_keyed_by_batch_slot(runner: Any, m: AppliedMutant) -> None:
     sample = sampler.sample
 
     def slot_keyed(logits: Any, state: Any, rows: Any, positions: Any, *, num_rows: int, draft_prefix: Any = None,
-                   max_num_logprobs: int = -1, all_greedy: bool = False) -> Any:
+                   max_num_logprobs: int = -1, **flags: Any) -> Any:
         if num_rows > 1:
             slots = torch.arange(num_rows, dtype=positions.dtype, device=positions.device)
             positions = positions[:num_rows] + slots
         return sample(logits, state, rows, positions, num_rows=num_rows, draft_prefix=draft_prefix,
-                      max_num_logprobs=max_num_logprobs, all_greedy=all_greedy)
+                      max_num_logprobs=max_num_logprobs, **flags)
 
     m.set(sampler, "sample", slot_keyed)
     recapture_graphs(runner, m)

@@ -237,6 +237,31 @@ def _greedy_from_first_request(runner: Any, m: AppliedMutant) -> None:
     m.set(runner_module, "plan_step", plan_then_decide_from_the_first_request)
 
 
+@_mutant("unfiltered_from_first_request", "state", ("differential",), "filter-mix", ("state", "_update_rows"),
+         "the sampler's unfiltered launch set (no filter launches) is chosen from the batch's first request alone: when "
+         "it has no filter on, the filtered rows behind it keep the plan's plain argmax")
+def _unfiltered_from_first_request(runner: Any, m: AppliedMutant) -> None:
+    import runnercheck.impl.runner as runner_module
+
+    state, update_rows, plan_step = runner.state, runner._update_rows, runner_module.plan_step
+    true_count = [state.num_filtered_rows]
+
+    def update_rows_on_the_true_count(sched: Any) -> Any:
+        state.num_filtered_rows = true_count[0]  # admissions and releases move the real count
+        seeds = update_rows(sched)
+        true_count[0] = state.num_filtered_rows
+        return seeds
+
+    def plan_then_decide_from_the_first_request(step: Any, table: Any, previous: Any = None) -> Any:
+        plan = plan_step(step, table, previous)
+        if table is state and plan.num_reqs:  # what the step then reads as `RequestStateTable.unfiltered`
+            state.num_filtered_rows = int(state.rows[int(plan.rows[0])].params.filtered)
+        return plan
+
+    m.set(runner, "_update_rows", update_rows_on_the_true_count)
+    m.set(runner_module, "plan_step", plan_then_decide_from_the_first_request)
+
+
 @_mutant("num_computed_not_advanced", "state", ("differential", "provenance"), "steady", ("state",),
          "post-update stores NUM_TOKENS and LAST_TOKEN but lost the NUM_COMPUTED store")
 def _num_computed_not_advanced(runner: Any, m: AppliedMutant) -> None:

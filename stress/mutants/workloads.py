@@ -89,6 +89,12 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              "greedy and sampling rows in one batch, up to 4 requests", ChurnConfig(**dict(_SAMPLING, max_new_tokens=4)),
              lambda rng, n: _params(rng, n, temperature=0.0 if rng.random() < 0.5 else round(rng.uniform(1.5, 2.5), 3)),
              max_num_reqs=4, max_batched_tokens=16, ticks=24),
+    Workload("filter-mix", "half the requests with top-p 0.95 at temperatures 2..3 (many tokens kept: their argmax is "
+             "rarely the sample), half unfiltered at the same temperatures: filtered and unfiltered rows in one batch, up "
+             "to 4 requests", ChurnConfig(**dict(_SAMPLING, max_new_tokens=4)),
+             lambda rng, n: _params(rng, n, temperature=round(rng.uniform(2.0, 3.0), 3),
+                                    top_p=0.95 if rng.random() < 0.5 else 1.0),
+             max_num_reqs=4, max_batched_tokens=16, ticks=24),
 )}
 
 
