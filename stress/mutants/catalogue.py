@@ -212,54 +212,43 @@ def _staged_writes_wrong_order(runner: Any, m: AppliedMutant) -> None:
     m.set(row_state, "_merged_diffs", first_write_wins)
 
 
-@_mutant("greedy_from_first_request", "state", ("differential",), "greedy-mix", ("state", "_update_rows"),
-         "the all-greedy sampler launch is chosen from the batch's first request alone: when it is greedy, the rows "
-         "behind it that sample with a temperature are argmaxed")
-def _greedy_from_first_request(runner: Any, m: AppliedMutant) -> None:
+def _launch_set_from_first_request(runner: Any, m: AppliedMutant, count: str, counts: Callable[[Any], bool]) -> None:
+    """The sampler launch set a host count of the request table chooses (``count``: `RequestStateTable.num_random_rows`
+    for `all_greedy`, ``num_filtered_rows`` for `unfiltered`) decided from the batch's first request alone
+    (``counts(params)``: whether that request counts), the real count kept across admissions and releases."""
     import runnercheck.impl.runner as runner_module
 
     state, update_rows, plan_step = runner.state, runner._update_rows, runner_module.plan_step
-    true_count = [state.num_random_rows]
+    true_count = [getattr(state, count)]
 
     def update_rows_on_the_true_count(sched: Any) -> Any:
-        state.num_random_rows = true_count[0]  # admissions and releases move the real count
+        setattr(state, count, true_count[0])  # admissions and releases move the real count
         seeds = update_rows(sched)
-        true_count[0] = state.num_random_rows
+        true_count[0] = getattr(state, count)
         return seeds
 
     def plan_then_decide_from_the_first_request(step: Any, table: Any, previous: Any = None) -> Any:
         plan = plan_step(step, table, previous)
-        if table is state and plan.num_reqs:  # what the step then reads as `RequestStateTable.all_greedy`
-            state.num_random_rows = int(state.rows[int(plan.rows[0])].params.temperature != 0)
+        if table is state and plan.num_reqs:  # what the step then reads as the launch set's flag
+            setattr(state, count, int(counts(state.rows[int(plan.rows[0])].params)))
         return plan
 
     m.set(runner, "_update_rows", update_rows_on_the_true_count)
     m.set(runner_module, "plan_step", plan_then_decide_from_the_first_request)
+
+
+@_mutant("greedy_from_first_request", "state", ("differential",), "greedy-mix", ("state", "_update_rows"),
+         "the all-greedy sampler launch is chosen from the batch's first request alone: when it is greedy, the rows "
+         "behind it that sample with a temperature are argmaxed")
+def _greedy_from_first_request(runner: Any, m: AppliedMutant) -> None:
+    _launch_set_from_first_request(runner, m, "num_random_rows", lambda params: params.temperature != 0)
 
 
 @_mutant("unfiltered_from_first_request", "state", ("differential",), "filter-mix", ("state", "_update_rows"),
          "the sampler's unfiltered launch set (no filter launches) is chosen from the batch's first request alone: when "
          "it has no filter on, the filtered rows behind it keep the plan's plain argmax")
 def _unfiltered_from_first_request(runner: Any, m: AppliedMutant) -> None:
-    import runnercheck.impl.runner as runner_module
-
-    state, update_rows, plan_step = runner.state, runner._update_rows, runner_module.plan_step
-    true_count = [state.num_filtered_rows]
-
-    def update_rows_on_the_true_count(sched: Any) -> Any:
-        state.num_filtered_rows = true_count[0]  # admissions and releases move the real count
-        seeds = update_rows(sched)
-        true_count[0] = state.num_filtered_rows
-        return seeds
-
-    def plan_then_decide_from_the_first_request(step: Any, table: Any, previous: Any = None) -> Any:
-        plan = plan_step(step, table, previous)
-        if table is state and plan.num_reqs:  # what the step then reads as `RequestStateTable.unfiltered`
-            state.num_filtered_rows = int(state.rows[int(plan.rows[0])].params.filtered)
-        return plan
-
-    m.set(runner, "_update_rows", update_rows_on_the_true_count)
-    m.set(runner_module, "plan_step", plan_then_decide_from_the_first_request)
+    _launch_set_from_first_request(runner, m, "num_filtered_rows", lambda params: params.filtered)
 
 
 @_mutant("num_computed_not_advanced", "state", ("differential", "provenance"), "steady", ("state",),

@@ -47,6 +47,22 @@ def _record_paths(runner: ModelRunner, *, force_split: bool = False) -> list[boo
     return paths
 
 
+def _note_live(runner: ModelRunner) -> list[set[str]]:
+    """Wrap the runner's ``execute_model``: the ids of the live requests after every step that samples (the last step
+    of a schedule only releases)."""
+    live: list[set[str]] = []
+    execute = runner.execute_model
+
+    def execute_noting_live(sched):
+        out = execute(sched)
+        if runner.last_step_stats.num_tokens:
+            live.append(set(runner.state.req_to_row))
+        return out
+
+    runner.execute_model = execute_noting_live
+    return live
+
+
 def _greedy_requests(sched: SchedulerSim) -> None:
     sp = SamplingParams
     sched.add_request("a", (3, 4, 5), sp(temperature=0.0, max_tokens=3, top_k=3, min_p=0.2))  # filters: off at T = 0
@@ -102,16 +118,7 @@ def test_a_row_with_a_temperature_takes_the_split_passes_until_its_request_is_re
     compare = pytest.importorskip("runnercheck.checks.compare")
     runner = ModelRunner(weights, LIMITS, Device("sim", seed=1), base_seed=5)
     paths = _record_paths(runner)
-    live: list[set[str]] = []
-    execute = runner.execute_model
-
-    def execute_noting_live(sched):
-        out = execute(sched)
-        if runner.last_step_stats.num_tokens:  # a step that samples (the last one only releases)
-            live.append(set(runner.state.req_to_row))
-        return out
-
-    runner.execute_model = execute_noting_live
+    live = _note_live(runner)
     sched = SchedulerSim(LIMITS, seed=0)
     sched.add_request("g", (3, 4, 5), SamplingParams(temperature=0.0, max_tokens=7, frequency_penalty=0.4))
     sched.add_request("r", (6, 7), SamplingParams(temperature=0.9, seed=11, max_tokens=2))

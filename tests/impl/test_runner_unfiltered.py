@@ -25,7 +25,7 @@ from runnercheck.impl.model.weights import preset, random_weights
 from runnercheck.impl.runner import ModelRunner
 from runnercheck.impl.state import RequestStateTable, RowStateError
 from runnercheck.stress.sim.scheduler import SchedulerSim
-from test_runner_greedy import LIMITS, _drive
+from test_runner_greedy import LIMITS, _drive, _note_live
 
 
 @pytest.fixture(scope="module")
@@ -88,16 +88,7 @@ def test_a_filtered_row_takes_every_launch_until_its_request_is_released(weights
     compare = pytest.importorskip("runnercheck.checks.compare")
     runner = ModelRunner(weights, LIMITS, Device("sim", seed=1), base_seed=5)
     paths = _record_paths(runner)
-    live: list[set[str]] = []
-    execute = runner.execute_model
-
-    def execute_noting_live(sched):
-        out = execute(sched)
-        if runner.last_step_stats.num_tokens:  # a step that samples (the last one only releases)
-            live.append(set(runner.state.req_to_row))
-        return out
-
-    runner.execute_model = execute_noting_live
+    live = _note_live(runner)
     sched = SchedulerSim(LIMITS, seed=0)
     sched.add_request("u", (3, 4, 5), SamplingParams(temperature=1.2, max_tokens=7, frequency_penalty=0.4))
     sched.add_request("f", (6, 7), SamplingParams(temperature=0.9, top_k=3, seed=11, max_tokens=2))
