@@ -39,6 +39,10 @@
 #   sampler_shapes the sampler's launch-shape tests of the CPU suite, on cuda (small vocabularies: every split path with
 #                 and without the select pass's chunk groups, the all-greedy launch over one and three spans a row and
 #                 with its loop pipelined; the full vocabulary's greedy test): over 90 s on a cold H100, give it 150
+#   graph_capture what capturing the CUDA graphs costs per sampler launch set (`bench/lab/twin_capture.py`: Qwen3-0.6B
+#                 bf16, 64 requests, 512 batched tokens; graph counts, seconds and CUDA memory after capturing one, two
+#                 and three sets; one JSON line in its log), then the gpu tests of the graph modes and their memory
+#                 (test_graphs, test_mixed_graphs, test_lanes, test_draft_graphs, test_runner_greedy, test_runner_unfiltered)
 #   bench_logprobs `runnercheck bench --device cuda --only logprobs` alone (top-20 at 1/8/64/256 rows vs the
 #                 memory floor, the same without top-n, extra memory; ~1 min), after
 #   gpu_logprobs  the gpu-marked logprobs tests alone (row finish vs float64 at V=151936, ties at the bound,
@@ -111,6 +115,12 @@ want bench_sampler && job bench_sampler "${BENCH_LIMIT_S:-420}" $rc bench --devi
   --out "$out/bench_sampler"
 want gpu_sampler && job gpu_sampler "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" \
   tests/impl/test_sampler_split_gpu.py tests/impl/test_sampler_gpu.py tests/reference/test_rng.py
+want graph_capture && {
+  job graph_capture "$limit" python3 -m runnercheck.bench.lab.twin_capture --reqs 64 --tokens 512
+  job graph_modes_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" tests/impl/test_graphs.py \
+    tests/impl/test_mixed_graphs.py tests/impl/test_lanes.py tests/impl/test_draft_graphs.py tests/impl/test_runner_greedy.py \
+    tests/impl/test_runner_unfiltered.py
+}
 want sampler_shapes && job sampler_shapes "$limit" python3 -m pytest -v -p no:cacheprovider -m "not stats" \
   tests/impl/test_sampler_split.py tests/impl/test_sampler_greedy.py
 want bench_host && job bench_host "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only host_cost --out "$out/bench_host" &&

@@ -146,7 +146,7 @@ def test_a_runner_that_says_unfiltered_while_a_row_is_filtered_is_caught_by_the_
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_cuda_unfiltered_modes_replay_every_launchs_tokens_and_the_oracles(weights):
     """Compiled and captured: the unfiltered modes' CUDA graphs (plain and fused) against eager steps forced onto every
-    launch, and the oracle."""
+    launch, and the oracle, with every capture's logits given back to the pool the later captures share."""
     reference = pytest.importorskip("runnercheck.reference.runner")
     compare = pytest.importorskip("runnercheck.checks.compare")
     graphed = ModelRunner(weights, LIMITS, Device("cuda"), base_seed=7)
@@ -159,3 +159,6 @@ def test_cuda_unfiltered_modes_replay_every_launchs_tokens_and_the_oracles(weigh
     assert stats["unfiltered_bucketed"] == stats["replays"] > 0
     assert all(graph.cuda_graph is not None for key, graph in graphed.graphs.graphs.items() if key.mode.unfiltered)
     assert every_paths and all(p == (False, True) for p in every_paths)
+    # each capture gave its logits back to the shared pool (the next capture reuses them): no graph holds a tensor
+    captured = [*graphed.graphs.graphs.values(), *graphed.graphs.fused_graphs.values()]
+    assert captured and not any(isinstance(v, torch.Tensor) for g in captured for v in g.step.result.values())
