@@ -137,3 +137,27 @@ def test_unfiltered_must_be_a_bool(dev) -> None:
 ])
 def test_filtered_is_the_filter_rows_of_the_table_at_a_temperature(params, filtered) -> None:
     assert params.filtered is filtered
+
+
+def test_every_filter_row_of_the_table_sends_a_row_past_the_plan_and_is_filtered_on_the_host(dev) -> None:
+    """The host's predicate and the kernels' agree row by row of `SAMPLING_FIELDS`: a row with one filter on (its draw's
+    low end, at temperature 1) is filtered on the host and left open by the plan launch (its mode not DONE); the same
+    row at temperature 0, or with only a penalty on, is neither.  A filter added to the table but not to the kernels'
+    ``filtered`` (or the reverse) fails here."""
+    from runnercheck.impl.interface import SAMPLING_FIELDS
+    from runnercheck.impl.kernels.sampling_split import MODE_DONE
+
+    filters = [f for f in SAMPLING_FIELDS if f.stage == "filter"]
+    cases = [SamplingParams(**{f.name: type(f.neutral)(f.draw[0])}) for f in filters]
+    cases += [SamplingParams(temperature=0.0, **{f.name: type(f.neutral)(f.draw[0])}) for f in filters]
+    cases += [SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5), SamplingParams()]
+    expected = [True] * len(filters) + [False] * (len(filters) + 2)
+    assert [p.filtered for p in cases] == expected
+    sampler = Sampler(dev, VOCAB, max_logprobs=2, max_num_rows=len(cases))
+    state = SamplingState(dev, len(cases), VOCAB)
+    admit(dev, state, {i: RowRequest(p, 7 + i, (1, 2)) for i, p in enumerate(cases)})
+    rows = [LogitRow(i, 5) for i in range(len(cases))]
+    logits = torch.randn(len(cases), VOCAB, generator=torch.Generator().manual_seed(3))
+    _run(dev, sampler, state, logits, rows, unfiltered=True)  # the block and plan launches only: the plan's modes
+    open_rows = (sampler.mode[: len(cases)].cpu() != MODE_DONE.value).tolist()  # a Triton constexpr
+    assert open_rows == expected
