@@ -64,7 +64,7 @@
 #   mutants_new   the CUDA-graph and prefix-caching mutants alone (`mutants --only ...`), with their controls
 #   mutants_bucketed  the mutants planted into bucketed (mixed and decode) steps' launches -- input prep, post-update,
 #                 count reset, padding --, those moved to other workloads when prefills became mixed graphs, and the
-#                 greedy-mode guard's (`mutants --no-chisq --only ...`), with their controls
+#                 launch-set guards' (greedy, unfiltered; `mutants --no-chisq --only ...`), with their controls
 #   mutants_rest  the rest of the catalogue, beside mutants_new, mutants_bucketed and staging_slots (race, sync, sampler,
 #                 stream and speculative mutants; `mutants --only ...`, chi-square probes included), with their controls
 #   mutant_logprobs_rates  logprobs_from_processed over 3 seeds (`mutants --seeds 3 --only ...`): it patches the sampler's
