@@ -42,7 +42,7 @@
 #   graph_capture what capturing the CUDA graphs costs per sampler launch set (`bench/lab/twin_capture.py`: Qwen3-0.6B
 #                 bf16, 64 requests, 512 batched tokens; graph counts, seconds and CUDA memory after capturing one, two
 #                 and three sets; one JSON line in its log), then the gpu tests of the graph modes and their memory
-#                 (test_graphs, test_mixed_graphs, test_lanes, test_draft_graphs, test_runner_greedy, test_runner_unfiltered)
+#                 (test_graphs, test_mixed_graphs, test_lanes, test_draft_graphs, test_runner_launch_sets)
 #   bench_logprobs `runnercheck bench --device cuda --only logprobs` alone (top-20 at 1/8/64/256 rows vs the
 #                 memory floor, the same without top-n, extra memory; ~1 min), after
 #   gpu_logprobs  the gpu-marked logprobs tests alone (row finish vs float64 at V=151936, ties at the bound,
@@ -118,8 +118,8 @@ want gpu_sampler && job gpu_sampler "$limit" python3 -m pytest -v -p no:cachepro
 want graph_capture && {
   job graph_capture "$limit" python3 -m runnercheck.bench.lab.twin_capture --reqs 64 --tokens 512
   job graph_modes_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" tests/impl/test_graphs.py \
-    tests/impl/test_mixed_graphs.py tests/impl/test_lanes.py tests/impl/test_draft_graphs.py tests/impl/test_runner_greedy.py \
-    tests/impl/test_runner_unfiltered.py
+    tests/impl/test_mixed_graphs.py tests/impl/test_lanes.py tests/impl/test_draft_graphs.py \
+    tests/impl/test_runner_launch_sets.py
 }
 want sampler_shapes && job sampler_shapes "$limit" python3 -m pytest -v -p no:cacheprovider -m "not stats" \
   tests/impl/test_sampler_split.py tests/impl/test_sampler_greedy.py

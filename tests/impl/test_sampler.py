@@ -263,6 +263,9 @@ def test_bad_arguments_raise_before_any_launch(dev, samplers):
         sampler.sample(logits, state, rows, positions, num_rows=2, max_num_logprobs=5)
     with pytest.raises(SamplerError, match="vocabulary"):
         sampler.sample(logits, SamplingState(dev, 2, VOCAB + 1), rows, positions, num_rows=2)
+    for flag in ("all_greedy", "unfiltered", "processed_logprobs"):  # the host's launch choices: bools, not truthy values
+        with pytest.raises(SamplerError, match=f"{flag} must be a bool"):
+            sampler.sample(logits, state, rows, positions, num_rows=2, **{flag: 1})
     assert torch.equal(sampler.tokens, before)
 
 

@@ -15,7 +15,7 @@ import torch
 from runnercheck.impl.device import Device
 from runnercheck.impl.interface import SamplingParams
 from runnercheck.impl.kernels.sampling_greedy import MIN_PIPELINED_STEPS, greedy_spans, greedy_stages
-from runnercheck.impl.sample import Sampler, SamplerError, SamplingState
+from runnercheck.impl.sample import Sampler, SamplingState
 from runnercheck.impl.sample.logprobs import default_selection_config
 from test_sampler_harness import LogitRow, RowRequest, admit, logit_row_tensors, reference_results
 
@@ -88,14 +88,6 @@ def test_all_greedy_launch_equals_the_split_passes_and_the_oracle(dev, programs,
     assert split[1] == [0, 0, 0, 1, 1, 0, 1, 1]
     assert split[0][4] == 40 and split[0][5] == 0 and split[0][1] == 0
     assert split[0][6] == 100 and split[0][7] == 150
-
-
-def test_all_greedy_must_be_a_bool(dev) -> None:
-    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=2)
-    state = SamplingState(dev, 1, VOCAB)
-    state_rows, positions, _ = logit_row_tensors(dev, [LogitRow(0, 0)])
-    with pytest.raises(SamplerError, match="all_greedy"):
-        sampler.sample(dev.to_device(torch.zeros(1, VOCAB)), state, state_rows, positions, num_rows=1, all_greedy=1)
 
 
 @pytest.mark.gpu

@@ -4,7 +4,7 @@ When the caller knows no row has a filter on (`SamplingParams.filtered`), the pl
 tokens, flags and logprobs (raw and processed) are those of all five launches -- temperature and greedy rows,
 penalties, draft prefixes, non-finite rows -- and the oracle's.  The flag is honoured as given: a filtered row
 under it keeps the plan's token, which the filters would change (the caller must not guess; the runner's count
-is tested in test_runner_unfiltered.py).  Interpreted on CPU: vocabulary 300.
+is tested in test_runner_launch_sets.py).  Interpreted on CPU: vocabulary 300.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 import runnercheck.impl.sample.sampler as sampler_module
 from runnercheck.impl.device import Device
 from runnercheck.impl.interface import SamplingParams
-from runnercheck.impl.sample import Sampler, SamplerError, SamplingState
+from runnercheck.impl.sample import Sampler, SamplingState
 from test_sampler_harness import LogitRow, RowRequest, admit, logit_row_tensors, reference_results
 
 VOCAB = 300
@@ -115,14 +115,6 @@ def test_the_flag_is_honoured_as_given_a_filtered_row_keeps_the_plans_token(dev)
     assert bool((top5 == filtered[:, None]).any(dim=1).all())
     assert filtered.tolist() != logits.argmax(dim=1).tolist()  # sampled among the five
     assert _run(dev, sampler, state, logits, rows, unfiltered=True)[0].tolist() == logits.argmax(dim=1).tolist()
-
-
-def test_unfiltered_must_be_a_bool(dev) -> None:
-    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=2)
-    state = SamplingState(dev, 1, VOCAB)
-    state_rows, positions, _ = logit_row_tensors(dev, [LogitRow(0, 0)])
-    with pytest.raises(SamplerError, match="unfiltered"):
-        sampler.sample(dev.to_device(torch.zeros(1, VOCAB)), state, state_rows, positions, num_rows=1, unfiltered=1)
 
 
 @pytest.mark.parametrize("params,filtered", [
