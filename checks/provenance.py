@@ -8,12 +8,15 @@ else than what recorded.
 
 The commit is reported only when the package runs from a runnercheck checkout (the folder above
 the package holds a ``pyproject.toml`` naming runnercheck): installed from a wheel into a venv
-inside a user's repository, git would otherwise answer with the user's commit.
+inside a user's repository, git would otherwise answer with the user's commit.  The sources'
+digest (`source_digest`) names the code itself, wherever it runs: a wheel has no commit, and a
+copied tree whose git metadata is older than its files reports the older commit (``-dirty``).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import functools
+import hashlib
 import platform
 import shlex
 import subprocess
@@ -27,7 +30,18 @@ _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Keys whose difference changes results (a replay on another torch may sample other bits of a
 # kernel); the rest (git commit) is reported but is expected to differ during development.
-COMPARED_KEYS = ("runnercheck", "git_commit", "torch", "triton", "numpy", "device_name")
+COMPARED_KEYS = ("runnercheck", "git_commit", "source_digest", "torch", "triton", "numpy", "device_name")
+
+# runnercheck's packages, as pyproject.toml's ``packages`` lists them (tests/packaging holds the two equal): the
+# files `source_digest` reads.  A folder outside them (bench/lab) is not shipped, so it is not part of the code.
+SOURCE_PACKAGES = (
+    "runnercheck", "runnercheck.impl", "runnercheck.impl.kernels", "runnercheck.impl.model", "runnercheck.impl.native",
+    "runnercheck.impl.sample", "runnercheck.reference", "runnercheck.checks", "runnercheck.checks.chisq",
+    "runnercheck.checks.detectors", "runnercheck.stress", "runnercheck.stress.cli", "runnercheck.stress.invariance",
+    "runnercheck.stress.mutants", "runnercheck.stress.report", "runnercheck.stress.run", "runnercheck.stress.sim",
+    "runnercheck.bench",
+)
+_SOURCE_SUFFIXES = (".py", ".c", ".h")
 
 
 def _version(dist: str) -> str | None:
@@ -82,6 +96,37 @@ def git_commit() -> str | None:
         return None
 
 
+def _package_folder(name: str) -> Path | None:
+    """The folder of package ``name`` (``runnercheck.<wing>...``): under ``runnercheck/`` in a wheel, beside it in a
+    checkout (`runnercheck.__path__` holds both places)."""
+    import runnercheck
+
+    parts = name.split(".")[1:]
+    for entry in runnercheck.__path__:
+        folder = Path(entry).joinpath(*parts)
+        if (folder / "__init__.py").is_file():
+            return folder
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def source_digest() -> str | None:
+    """The first 16 hex digits of a sha256 over runnercheck's own sources: each package's ``.py``, ``.c`` and ``.h``
+    files (`SOURCE_PACKAGES`, not their subfolders), in order, each as its package, name, size and bytes.  The same
+    code gives the same digest on any machine, from a wheel or a checkout, whatever git says; ``runnercheck env``
+    prints it, so a result can be matched to a tree by hand.  None when a package's folder cannot be found."""
+    digest = hashlib.sha256()
+    for package in SOURCE_PACKAGES:
+        folder = _package_folder(package)
+        if folder is None:
+            return None
+        for path in sorted(p for p in folder.iterdir() if p.suffix in _SOURCE_SUFFIXES and p.is_file()):
+            data = path.read_bytes()
+            digest.update(f"{package}/{path.name}\0{len(data)}\0".encode())
+            digest.update(data)
+    return digest.hexdigest()[:16]
+
+
 def _torch_version() -> str | None:
     try:
         import torch
@@ -107,6 +152,7 @@ def provenance(device_name: str | None = None) -> dict[str, Any]:
         "command_line": command_line(),
         "runnercheck": _version("runnercheck") or "unknown",
         "git_commit": git_commit(),
+        "source_digest": source_digest(),
         "python": platform.python_version(),
         "torch": _torch_version(),
         "triton": _triton_version(),
@@ -118,7 +164,9 @@ def provenance(device_name: str | None = None) -> dict[str, Any]:
 
 def markdown_lines(prov: dict[str, Any]) -> list[str]:
     """The lines a report's Markdown shows its provenance with: date, versions, command line."""
-    commit = f" (commit {prov['git_commit']})" if prov.get("git_commit") else ""
+    code = [f"commit {prov['git_commit']}"] if prov.get("git_commit") else []
+    code += [f"sources {prov['source_digest']}"] if prov.get("source_digest") else []
+    commit = f" ({', '.join(code)})" if code else ""
     libraries = ", ".join(f"{name} {prov[name]}" for name in ("python", "torch", "triton", "numpy") if prov.get(name))
     device = f"; device {prov['device_name']}" if prov.get("device_name") else ""
     return [f"- date: {prov.get('date', 'unknown')}",

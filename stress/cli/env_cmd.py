@@ -15,9 +15,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import triton
 
+    from runnercheck.checks.provenance import git_commit, source_digest
     from runnercheck.impl.device import Device, triton_interpreted
 
     dev = Device(args.device, seed=0)
+    print(f"runnercheck sources {source_digest()} (commit {git_commit() or 'none: not a runnercheck checkout'})")
     print(f"python      {platform.python_version()}")
     print(f"torch       {torch.__version__} (cuda available: {torch.cuda.is_available()})")
     print(f"triton      {triton.__version__} (interpreted: {triton_interpreted()})")

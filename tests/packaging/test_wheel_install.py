@@ -62,6 +62,9 @@ def test_pyproject_packages_name_every_package_folder() -> None:
     assert not listed & NOT_SHIPPED, f"packages kept out of the wheel on purpose are listed: {sorted(listed & NOT_SHIPPED)}"
     assert not on_disk - listed, f"package folders missing from pyproject's packages list: {sorted(on_disk - listed)}"
     assert not listed - on_disk, f"pyproject lists packages with no folder: {sorted(listed - on_disk)}"
+    from runnercheck.checks.provenance import SOURCE_PACKAGES
+
+    assert set(SOURCE_PACKAGES) == listed, "provenance's SOURCE_PACKAGES (the code its digest names) must be the wheel's"
 
 
 def _build_wheel(out: Path) -> Path:
@@ -213,14 +216,18 @@ def test_installed_wheel_runs_the_plugin_in_a_project_with_its_own_checks_stress
     (project / "tests" / "test_user.py").write_text(USER_TESTS)
     # What the child sees, before pytest runs: the wheel's runnercheck, the user's checks.
     probe = subprocess.run(
-        [str(python), "-c", "import json, sys, runnercheck, checks; "
-         "print(json.dumps({'runnercheck': runnercheck.__file__, 'checks': checks.__file__, 'path': sys.path}))"],
+        [str(python), "-c", "import json, sys, runnercheck, checks; from runnercheck.checks.provenance import source_digest; "
+         "print(json.dumps({'runnercheck': runnercheck.__file__, 'checks': checks.__file__, 'path': sys.path, "
+         "'digest': source_digest()}))"],
         cwd=project, env=_user_env(), capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0, probe.stderr
     seen = json.loads(probe.stdout)
     assert Path(seen["runnercheck"]).resolve().is_relative_to((tmp_path / "venv").resolve())
     assert Path(seen["checks"]).resolve() == (project / "checks" / "__init__.py").resolve()
     assert str(REPO) not in seen["path"]
+    from runnercheck.checks.provenance import source_digest
+
+    assert seen["digest"] == source_digest() is not None  # the same code: the same digest, installed or checked out
     result = subprocess.run(
         [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "--runnercheck-device", "sim",
          "tests/test_user.py"],
