@@ -216,7 +216,8 @@ def test_refinement_probe_at_the_full_vocabulary_cuda() -> None:
 
 
 @pytest.mark.gpu
-def test_refined_sampler_equals_the_dense_argmax_at_the_full_vocabulary_cuda() -> None:
+@pytest.mark.parametrize("fused", [False, True], ids=["reductions-as-written", "reductions-fused"])
+def test_refined_sampler_equals_the_dense_argmax_at_the_full_vocabulary_cuda(fused) -> None:
     from runnercheck.checks.chisq.impl_sampler import ImplSampler
     from runnercheck.impl.device import Device
 
@@ -226,7 +227,7 @@ def test_refined_sampler_equals_the_dense_argmax_at_the_full_vocabulary_cuda() -
     logits[::4] = torch.round(logits[::4])  # exact logit ties
     seeds = torch.randint(0, 2**62, (rows,), generator=gen)
     positions = torch.randint(0, 2**31, (rows,), generator=gen)
-    probe = ImplSampler(Device("cuda"), vocab, max_requests=rows)
+    probe = _first_pass(ImplSampler(Device("cuda"), vocab, max_requests=rows), fused)
     for temperature in (1.0, 0.25):  # powers of two: l / T is exact however the kernel divides
         got = probe(logits.cuda(), [SamplingParams(temperature=temperature)] * rows, seeds.cuda(), positions.cuda())
         dense = gumbel_argmax((logits / temperature).cuda(), seeds.cuda(), positions.cuda())
