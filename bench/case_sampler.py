@@ -190,12 +190,6 @@ CANDIDATE_SHAPES = (
     ("all-greedy loop with plain loads (greedy_stages=1)", {"greedy_stages": 1}, ("greedy, all-greedy launch",), {}),
     ("first split pass uncapped (block_maxnreg=0)", {"block_maxnreg": 0}, ("temperature", "temp+top_k50+top_p0.9"), {}),
     ("every split launch, the filter launches too (unfiltered=False)", {}, ("temperature",), {"unfiltered": False}),
-    # Fewer block reductions and barriers in the first split pass, one Philox call fewer a chunk (static sm_90 SASS:
-    # 22 barriers against 31, the same tokens); it keeps more values live, so a second cap is timed beside it.
-    ("first split pass's reductions fused (block_fused_reductions=True)", {"block_fused_reductions": True},
-     ("temperature", "temp+top_k50+top_p0.9"), {}),
-    ("first split pass's reductions fused, capped at 112 registers", {"block_fused_reductions": True, "block_maxnreg": 112},
-     ("temperature",), {}),
 )
 
 

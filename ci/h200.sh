@@ -36,7 +36,7 @@
 #                 and noise bound, the PyTorch baselines, peak extra memory)
 #   gpu_sampler   the sampler/logprobs/RNG gpu-marked tests alone (tokens vs the oracle at V=151936, both
 #                 logprobs paths, Philox bits on every stream, noise within the fp32 bound, RNG v2's refinement
-#                 against the dense argmax with the first split pass as written and fused)
+#                 against the dense argmax and its probe killing the v2 mutants)
 #   sampler_shapes the sampler's launch-shape tests of the CPU suite, on cuda (small vocabularies: every split path with
 #                 and without the select pass's chunk groups, the all-greedy launch over one and three spans a row and
 #                 with its loop pipelined; the full vocabulary's greedy test): over 90 s on a cold H100, give it 150

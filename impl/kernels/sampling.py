@@ -117,13 +117,11 @@ def _refinement_bar(m, ref_key):
 
 
 @triton.jit
-def _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, REFINE_LOOP: tl.constexpr,
-                       FUSED: tl.constexpr):
+def _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, REFINE_LOOP: tl.constexpr):
     """Fold the ``candidate`` lanes' full 64-bit keys into ``(best, best_token)`` (ties -> lowest index).
 
     Few candidates (the usual 0-2): one at a time, one `noise_lo` call each.  More than ``REFINE_LOOP``
-    (planted collisions, near-flat rows): every lane's lo word at once.  ``FUSED``: a candidate's score and hi
-    word in one reduction (`_lane_score_and_hi`), not two.
+    (planted collisions, near-flat rows): every lane's lo word at once.
     """
     count = tl.sum(candidate.to(tl.int32), axis=0)
     if count > REFINE_LOOP:
@@ -138,11 +136,8 @@ def _refine_candidates(score, hi, offs, candidate, seed, position, best, best_to
         for _ in range(count):
             token = tl.min(tl.where(remaining, offs, 2147483647), axis=0)
             pick = offs == token
-            if FUSED:
-                s, h = _lane_score_and_hi(pick, score, hi)
-            else:
-                s = tl.max(tl.where(pick, score, float("-inf")), axis=0)
-                h = tl.max(tl.where(pick, hi, 0), axis=0)
+            s = tl.max(tl.where(pick, score, float("-inf")), axis=0)
+            h = tl.max(tl.where(pick, hi, 0), axis=0)
             key = s + gumbel_from_bits(h, noise_lo(seed, position, token))
             take = (key > best) | ((key == best) & (token < best_token))
             best = tl.where(take, key, best)
@@ -173,54 +168,7 @@ def _noisy_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr)
         best = tl.max(tl.where(offs == ref, score, float("-inf")), axis=0) + gumbel_noise(seed, position, ref)
         best_token = ref
         candidate = valid & (bound <= _refinement_bar(m, best)) & (offs != ref)
-        best, best_token = _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, 8, False)
-    return best, best_token
-
-
-@triton.jit
-def _min_and_max(a0, b0, a1, b1):
-    return tl.minimum(a0, a1), tl.maximum(b0, b1)
-
-
-@triton.jit
-def _max_and_or(a0, b0, a1, b1):
-    return tl.maximum(a0, a1), b0 | b1
-
-
-@triton.jit
-def _lane_score_and_hi(pick, score, hi):
-    """``(score, hi)`` of the one lane ``pick`` holds: two values out of one reduction (one exchange across warps)."""
-    return tl.reduce((tl.where(pick, score, float("-inf")), tl.where(pick, hi, 0)), 0, _max_and_or)
-
-
-@triton.jit
-def _noisy_chunk_argmax_fused(score, offs, m, seed, position, start, CHUNK: tl.constexpr):
-    """`_noisy_chunk_argmax` in fewer reductions, given the chunk's maximum score ``m``: the same ``(best, token)``.
-
-    The reference lane comes out of one reduction of packed keys: a lane's bound (`_key_bounds`: non-negative or
-    +inf, whose fp32 bit patterns order as the values do) with its low ``log2(CHUNK)`` bits replaced by the lane's
-    index.  That is a lane whose bound is within 2^-(23 - log2(CHUNK)) of the smallest, the lowest lane among
-    equals -- not always the smallest, and it need not be: any lane's full key is a lower bound on the chunk's
-    best, and every lane whose bound reaches that key is refined, the smallest-bound lane among them.  The
-    reference's score and hi word come out of one two-operand reduction (no Philox call for its hi word).
-    """
-    hi = noise_hi_chunk(seed, position, start, CHUNK)
-    valid = score > float("-inf")
-    w = tl.exp(m - score)
-    bound = tl.where(valid & (w < float("inf")), noise_exp_lower(hi) * w, float("inf"))
-    lane_bits: tl.constexpr = CHUNK - 1
-    packed = (bound.to(tl.int32, bitcast=True) & ~lane_bits) | (offs - start)
-    top = tl.min(packed, axis=0)
-    best = tl.full((), float("-inf"), tl.float32)
-    best_token = tl.full((), 0, tl.int32) + start
-    if top < 0x7F800000:  # the bits of +inf: some lane has a finite bound
-        ref = start + (top & lane_bits)
-        pick = offs == ref
-        s, h = _lane_score_and_hi(pick, score, hi)
-        best = s + gumbel_from_bits(h, noise_lo(seed, position, ref))
-        best_token = ref
-        candidate = valid & (bound <= _refinement_bar(m, best)) & (offs != ref)
-        best, best_token = _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, 8, True)
+        best, best_token = _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, 8)
     return best, best_token
 
 
@@ -230,7 +178,7 @@ def sampler_block_kernel(
     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, repetition_ptr, frequency_ptr, presence_ptr, seed_ptr,
     prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts,
     part_best_ptr, part_token_ptr, part_max_ptr, part_flag_ptr, part_inf_ptr, num_blocks, vocab_size,
-    CHUNK: tl.constexpr, FUSED_REDUCTIONS: tl.constexpr,
+    CHUNK: tl.constexpr,
 ):
     row = tl.program_id(0)
     blk = tl.program_id(1)
@@ -242,21 +190,14 @@ def sampler_block_kernel(
                                repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride,
                                counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts)
     # one reduction for both non-finite facts: the first +inf's index, else a NaN marker, else none
-    bad_key = tl.where(raw == float("inf"), offs, tl.where(raw != raw, 2147483646, 2147483647))
-    if FUSED_REDUCTIONS:  # with the chunk's maximum: one exchange for the two
-        bad, chunk_max = tl.reduce((bad_key, score), 0, _min_and_max)
-    else:
-        bad = tl.min(bad_key, axis=0)
-        chunk_max = tl.max(score, axis=0)
+    bad = tl.min(tl.where(raw == float("inf"), offs, tl.where(raw != raw, 2147483646, 2147483647)), axis=0)
     nonfinite = (bad < 2147483647).to(tl.int32)
     first_inf = tl.minimum(bad, vocab_size)
+    chunk_max = tl.max(score, axis=0)
     if (temperature != 0.0) & (~filtered):
         seed = tl.load(seed_ptr + state_row)
         position = tl.load(position_ptr + row)
-        if FUSED_REDUCTIONS:
-            best, best_token = _noisy_chunk_argmax_fused(score, offs, chunk_max, seed, position, blk * CHUNK, CHUNK)
-        else:
-            best, best_token = _noisy_chunk_argmax(score, offs, seed, position, blk * CHUNK, CHUNK)
+        best, best_token = _noisy_chunk_argmax(score, offs, seed, position, blk * CHUNK, CHUNK)
     else:
         best, best_token = _chunk_argmax(score, offs, vocab_size)
     at = row.to(tl.int64) * num_blocks + blk

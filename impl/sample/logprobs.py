@@ -72,8 +72,6 @@ class SelectionConfig:
     split_warps: int = 4
     block_warps: int = 0  # warps per program of the sampler's first split pass (0: ``split_warps``)
     block_maxnreg: int = 0  # register cap of the sampler's first split pass (0: the compiler's choice)
-    # the first split pass's block reductions fused (`sampling._noisy_chunk_argmax_fused`: the same tokens; a candidate)
-    block_fused_reductions: bool = False
     logprobs_chunk: int = 0  # vocabulary chunk of the logprobs pass (0: ``split_chunk``, the sampler's)
     logprobs_sub: int = 128  # sub-block whose max the logprobs pass keeps (the finish re-reads these)
     logprobs_candidates: int = 128  # per-row entries (and sub-blocks) >= T the logprobs finish takes
@@ -134,8 +132,6 @@ class SplitLayout:
             value = getattr(config, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise LogprobsError(f"SelectionConfig {name} must be an int >= {least}, got {value!r}")
-        if not isinstance(config.block_fused_reductions, bool):
-            raise LogprobsError(f"SelectionConfig block_fused_reductions must be a bool, got {config.block_fused_reductions!r}")
         num_blocks = triton.cdiv(vocab_size, chunk)
         nb_p2 = triton.next_power_of_2(num_blocks)
         return cls(chunk, num_blocks, nb_p2, slot, cand, min(nb_p2, max(1, 1024 // slot)), min(32, cand))

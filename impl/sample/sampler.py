@@ -210,8 +210,8 @@ class Sampler:
         launch(sampler_block_kernel, split,
             logits, logits.stride(0), logit_rows_to_state_rows, positions, *params, *penalties, state.seed.base,
             *penalty_rows, self.part_best, self.part_token, self.part_max, self.part_flag, self.part_inf,
-            lay.num_blocks, self.vocab_size, CHUNK=lay.chunk, FUSED_REDUCTIONS=c.block_fused_reductions,
-            num_warps=c.block_num_warps, maxnreg=c.block_maxnreg or None)
+            lay.num_blocks, self.vocab_size, CHUNK=lay.chunk, num_warps=c.block_num_warps,
+            maxnreg=c.block_maxnreg or None)
         launch(sampler_plan_kernel, (num_rows,),
             logit_rows_to_state_rows, *params, self.part_best, self.part_token, self.part_max, self.part_flag,
             self.part_inf, lay.num_blocks, self.mode, self.bound, self.row_max, tokens, flags, self.vocab_size,

@@ -47,13 +47,11 @@ from runnercheck.stress.mutants.workloads import WORKLOADS, Workload
 from runnercheck.stress.mutants.kernels import (
     MutantTargetError,
     fp16_chunk_argmax,
-    fp16_chunk_argmax_fused,
     fp16_gumbel_noise,
     launch_variant,
     sampling_kernels_variant,
     strict_top_p_threshold,
     u24_chunk_argmax,
-    u24_chunk_argmax_fused,
     u24_gumbel_noise,
 )
 
@@ -359,8 +357,7 @@ def _wrap_state(target: Any, m: AppliedMutant, views: Callable[[Any], dict[str, 
          needs_gpu=True, chisq_case="fp16-noise")
 def _fp16_noise(target: Any, m: AppliedMutant) -> None:
     launch_variant(target, m, sampling_kernels_variant("fp16_noise", gumbel_noise=fp16_gumbel_noise,
-                                                       _noisy_chunk_argmax=fp16_chunk_argmax,
-                                                       _noisy_chunk_argmax_fused=fp16_chunk_argmax_fused))
+                                                       _noisy_chunk_argmax=fp16_chunk_argmax))
 
 
 @_mutant("u24_uniform", "sampler", ("chisq",), "noise", ("sampler",),
@@ -368,8 +365,7 @@ def _fp16_noise(target: Any, m: AppliedMutant) -> None:
          needs_gpu=True, chisq_case="u24-uniform")
 def _u24_uniform(target: Any, m: AppliedMutant) -> None:
     launch_variant(target, m, sampling_kernels_variant("u24_uniform", gumbel_noise=u24_gumbel_noise,
-                                                       _noisy_chunk_argmax=u24_chunk_argmax,
-                                                       _noisy_chunk_argmax_fused=u24_chunk_argmax_fused))
+                                                       _noisy_chunk_argmax=u24_chunk_argmax))
 
 
 @_mutant("top_k_off_by_one", "sampler", ("differential", "chisq"), "top-k", ("sampler",),

@@ -116,12 +116,6 @@ def fp16_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def fp16_chunk_argmax_fused(score, offs, m, seed, position, start, CHUNK: tl.constexpr):
-    """The same, in the place of `sampling._noisy_chunk_argmax_fused` (the first split pass's fused reductions)."""
-    return fp16_chunk_argmax(score, offs, seed, position, start, CHUNK)
-
-
-@triton.jit
 def fp16_gumbel_noise(seed, position, token_id):
     return _fp16_noise(noise_hi_at(seed, position, token_id), noise_lo(seed, position, token_id))
 
@@ -133,19 +127,13 @@ def u24_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def u24_chunk_argmax_fused(score, offs, m, seed, position, start, CHUNK: tl.constexpr):
-    return u24_chunk_argmax(score, offs, seed, position, start, CHUNK)
-
-
-@triton.jit
 def u24_gumbel_noise(seed, position, token_id):
     return _u24_noise(noise_hi_at(seed, position, token_id))
 
 
 # RNG contract v2's failure modes (`V2_KERNEL_MUTANTS`).
 @triton.jit
-def refine_reference_only(score, hi, offs, candidate, seed, position, best, best_token, REFINE_LOOP: tl.constexpr,
-                          FUSED: tl.constexpr):
+def refine_reference_only(score, hi, offs, candidate, seed, position, best, best_token, REFINE_LOOP: tl.constexpr):
     """`sampling._refine_candidates` that refines no candidate: the chunk's reference lane (the smallest
     bound-based estimate, refined before the candidates are) always wins."""
     return best, best_token

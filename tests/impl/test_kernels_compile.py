@@ -51,8 +51,7 @@ KERNELS = [
           top_p_ptr="*fp32", min_p_ptr="*fp32", repetition_ptr="*fp32", frequency_ptr="*fp32", presence_ptr="*fp32",
           seed_ptr="*i64", prompt_mask_ptr="*i32", counts_ptr="*i32", draft_ptr="*i32", part_best_ptr="*fp32",
           part_token_ptr="*i32", part_max_ptr="*fp32", part_flag_ptr="*i32", part_inf_ptr="*i32"),
-     dict(CHUNK=1024, FUSED_REDUCTIONS=fused))
-    for fused in (False, True)  # its block reductions as written, and fused (`block_fused_reductions`)
+     dict(CHUNK=1024)),
 ] + [
     ("sampling", "sampler_select_kernel",
      dict(logits_ptr="*fp32", state_row_ptr="*i32", position_ptr="*i64", temperature_ptr="*fp32",

@@ -67,10 +67,10 @@ def test_every_split_path_is_taken_and_matches_the_oracle(dev, select_programs):
 
 
 @pytest.mark.parametrize("field, value", [("select_programs", -1), ("select_programs", 2.5), ("block_maxnreg", -8),
-                                          ("greedy_stages", 0), ("greedy_stages", True), ("block_fused_reductions", 1)])
+                                          ("greedy_stages", 0), ("greedy_stages", True)])
 def test_bad_launch_shapes_are_typed_errors(dev, field, value):
-    """A negative or fractional select-pass program count, a negative register cap, a greedy loop of no stages and a
-    fused-reductions switch that is no bool are refused at construction."""
+    """A negative or fractional select-pass program count, a negative register cap and a greedy loop of no stages
+    are refused at construction."""
     from runnercheck.impl.sample import LogprobsError
 
     with pytest.raises(LogprobsError, match=field):
@@ -88,33 +88,6 @@ def test_non_finite_rows_finish_in_the_plan(dev):
     assert tokens == expected and tokens[:2] == [290, 0]
     assert modes[:2] == [MODE_DONE, MODE_DONE]
     assert sampler.nan_flags[:3].tolist() == [1, 0, 1]
-
-
-def test_fused_first_pass_reductions_give_every_token_and_flag_as_written(dev):
-    """`block_fused_reductions` (`sampling._noisy_chunk_argmax_fused`): temperature rows -- plain, exact logit ties
-    within and across chunks, a row of one value, non-finite values, an all -inf chunk and row, penalties -- sample the
-    same tokens and flags as the pass as written, and as the oracle (the refinement's own cases, planted key
-    collisions, are test_sampler_v2's, for both forms)."""
-    fused = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8,
-                    config=dataclasses.replace(CONFIG, block_fused_reductions=True))
-    written = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=CONFIG)
-    params = [SamplingParams(temperature=t) for t in (0.7, 1.0, 2.0, 1.3, 0.9, 1.1, 0.5)]
-    params.append(SamplingParams(temperature=1.2, repetition_penalty=1.5, frequency_penalty=0.3))
-    logits = torch.randn(len(params), VOCAB, generator=torch.Generator().manual_seed(6)) * 3
-    logits[1] = torch.round(logits[1])  # exact ties, within and across chunks
-    logits[2] = 0.5                     # every key's interval from one logit: the reference is any lane
-    logits[3, 290] = float("inf")       # +inf in the last, partial chunk wins
-    logits[3, 11] = float("nan")
-    logits[4, 32:64] = float("-inf")    # a chunk with no valid lane
-    logits[4, 100] = float("nan")       # NaN only flags
-    logits[5] = float("-inf")           # all -inf: token 0
-    got = []
-    for sampler in (written, fused):
-        tokens, expected, modes = _run(dev, sampler, params, logits)
-        assert tokens == expected and modes == [MODE_DONE] * len(params)
-        got.append((tokens, sampler.nan_flags[: len(params)].tolist()))
-    assert got[0] == got[1] and got[0][0][3] == 290 and got[0][0][5] == 0
-    assert got[0][1][3] == got[0][1][4] == 1
 
 
 def _kernel_copy(module_name: str, tag: str, **rebound) -> object:
