@@ -36,7 +36,8 @@
 #                 and noise bound, the PyTorch baselines, peak extra memory)
 #   gpu_sampler   the sampler/logprobs/RNG gpu-marked tests alone (tokens vs the oracle at V=151936, both
 #                 logprobs paths, Philox bits on every stream, noise within the fp32 bound, RNG v2's refinement
-#                 against the dense argmax and its probe killing the v2 mutants)
+#                 against the dense argmax and its probe killing the v2 mutants, the scores' reciprocal multiply and
+#                 the bounds' exp2 giving the bits of the division and exp they replace)
 #   sampler_shapes the sampler's launch-shape tests of the CPU suite, on cuda (small vocabularies: every split path with
 #                 and without the select pass's chunk groups, the all-greedy launch over one and three spans a row and
 #                 with its loop pipelined; the full vocabulary's greedy test): over 90 s on a cold H100, give it 150
@@ -115,7 +116,8 @@ want bench_logprobs && job bench_logprobs "${BENCH_LIMIT_S:-420}" $rc bench --de
 want bench_sampler && job bench_sampler "${BENCH_LIMIT_S:-420}" $rc bench --device cuda --only sampler logprobs \
   --out "$out/bench_sampler"
 want gpu_sampler && job gpu_sampler "$limit" python3 -m pytest -v -p no:cacheprovider --durations=15 -m "gpu and not stats" \
-  tests/impl/test_sampler_split_gpu.py tests/impl/test_sampler_gpu.py tests/impl/test_sampler_v2.py tests/reference/test_rng.py
+  tests/impl/test_sampler_split_gpu.py tests/impl/test_sampler_gpu.py tests/impl/test_sampler_v2.py \
+  tests/impl/test_sampler_arith_gpu.py tests/reference/test_rng.py
 want graph_capture && {
   job graph_capture "$limit" python3 -m runnercheck.bench.lab.twin_capture --reqs 64 --tokens 512
   job graph_modes_tests "$limit" python3 -m pytest -v -p no:cacheprovider -m "gpu and not stats" tests/impl/test_graphs.py \

@@ -106,7 +106,13 @@ def load_row_scores(logits_row, offs, in_vocab, temperature, has_penalty, repeti
         if has_penalty:
             logit = apply_penalties(logit, offs, in_vocab, repetition, frequency, presence, prompt_mask_row,
                                     counts_row, draft_row, num_drafts)
-        score = logit / temperature
+        # A normal divisor (2^-126 <= T <= 2^126): one reciprocal a row and a multiply a token, div.full.f32's own
+        # sequence where its range scalings are off (the same bits), without its two predicated multiplies a token;
+        # another divides as before.
+        if (temperature >= 1.1754943508222875e-38) & (temperature <= 8.507059173023462e37):
+            score = logit * (1.0 / temperature)
+        else:
+            score = logit / temperature
     else:
         # max/min return the non-NaN operand (PTX max.f32, numpy fmax): NaN -> -inf, +inf -> FLT_MAX
         # in two instructions per logit (the logprobs pass is instruction-bound, not memory-bound)
