@@ -155,18 +155,24 @@ def _noisy_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr)
 
     The hi words alone bound every key from above by ``s - log(e_lo)`` (`noise_exp_lower`), compared in
     exponential space as ``e_lo exp(m - s)`` (``m`` the chunk's maximum score: no logarithm per token).
-    The lane where that is smallest is the *reference*: its full key is a lower bound on the chunk's
+    A lane where that is smallest is the *reference*: its full key is a lower bound on the chunk's
     best.  Only the lanes whose bound reaches it (within the fp32 margin of docs/SAMPLING.md) are
     refined.  No valid lane: ``(-inf, start)``, as a plain argmax of an all ``-inf`` chunk.
+
+    The reference comes out of one reduction of packed keys: a bound's fp32 bits (non-negative or +inf: they
+    order as the values do) with the low ``log2(CHUNK)`` bits replaced by the lane.  So it is the smallest bound
+    to within 2^-(23 - log2(CHUNK)) relative, not always the smallest; any lane would do, since every lane whose
+    bound reaches the reference's key is refined, the smallest one among them (docs/SAMPLING.md).
     """
     hi = noise_hi_chunk(seed, position, start, CHUNK)
     valid = score > float("-inf")
     m, bound = _key_bounds(score, valid, hi)
-    lowest = tl.min(bound, axis=0)
+    lane_bits: tl.constexpr = CHUNK - 1
+    top = tl.min((bound.to(tl.int32, bitcast=True) & ~lane_bits) | (offs - start), axis=0)
     best = tl.full((), float("-inf"), tl.float32)
     best_token = tl.full((), 0, tl.int32) + start
-    if lowest < float("inf"):
-        ref = tl.min(tl.where(bound == lowest, offs, 2147483647), axis=0)
+    if top < 0x7F800000:  # below +inf's bits: some lane's bound is finite
+        ref = start + (top & lane_bits)
         best = tl.max(tl.where(offs == ref, score, float("-inf")), axis=0) + gumbel_noise(seed, position, ref)
         best_token = ref
         candidate = valid & (bound <= _refinement_bar(m, best)) & (offs != ref)

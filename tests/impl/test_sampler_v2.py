@@ -53,8 +53,8 @@ def _candidate_count_kernel(logits_ptr, seed_ptr, pos_ptr, out_ptr, vocab, CHUNK
     hi = noise_hi_chunk(seed, position, blk * CHUNK, CHUNK)
     valid = score > float("-inf")
     m, bound = _key_bounds(score, valid, hi)
-    lowest = tl.min(bound, axis=0)
-    ref = tl.min(tl.where(bound == lowest, offs, 2147483647), axis=0)
+    top = tl.min((bound.to(tl.int32, bitcast=True) & ~(CHUNK - 1)) | (offs - blk * CHUNK), axis=0)  # packed keys
+    ref = blk * CHUNK + (top & (CHUNK - 1))
     pick = offs == ref
     key = tl.max(tl.where(pick, score, float("-inf")), axis=0) + gumbel_from_bits(
         tl.max(tl.where(pick, hi, 0), axis=0), noise_lo(seed, position, ref))
