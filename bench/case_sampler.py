@@ -192,8 +192,8 @@ CANDIDATE_SHAPES = (
     ("every split launch, the filter launches too (unfiltered=False)", {}, ("temperature",), {"unfiltered": False}),
     # Twice the tokens a thread in the first split pass (32): its per-program work (the reference lane's full draw,
     # the reductions) spread over twice the tokens.  Static sm_90 SASS of its temperature path (`bench/lab/static_sass.py
-    # --temperature-path`): 62.7 instructions a token in one warp (123 registers, no barriers), 62.3 over 2048-token
-    # chunks in two warps (at the 128 cap), against 74.8 for the default's 16 (two warps, 1024-token chunks).
+    # --temperature-path`, at 9e1d4aa): 61.8 instructions a token in one warp (124 registers, no barriers), 61.7 over
+    # 2048-token chunks in two warps (at the 128 cap), against 73.4 for the default's 16 (two warps, 1024-token chunks).
     ("first split pass in one warp, 32 tokens a thread (block_warps=1, block_maxnreg=128)",
      {"block_warps": 1, "block_maxnreg": 128}, ("temperature", "temp+top_k50+top_p0.9"), {}),
     ("first split pass in one warp, uncapped (block_warps=1, block_maxnreg=0)", {"block_warps": 1, "block_maxnreg": 0},
