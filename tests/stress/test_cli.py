@@ -292,3 +292,12 @@ def test_stress_with_the_draft_model_proposer_reports_its_acceptance(tmp_path, c
                  "micro", "--no-progress", "--in-process", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "draft-model (micro) drafts" in printed and "accepted" in printed
+
+
+def test_env_names_the_code_it_runs(capsys) -> None:
+    """`runnercheck env` leads with the sources' digest: what a result's provenance is matched against by hand."""
+    from runnercheck.checks.provenance import source_digest
+
+    assert main(["env", "--device", "cpu", "--no-selftest"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"runnercheck sources {source_digest()} (commit ")
