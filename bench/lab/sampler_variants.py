@@ -126,7 +126,8 @@ def temperature_block_product_kernel(logits_ptr, logits_stride, temperature, see
     score = tl.where(raw != raw, float("-inf"), raw) / temperature
     seed = tl.load(seed_ptr + row)
     position = tl.load(position_ptr + row)
-    best, token = _product_noisy_chunk_argmax(score, offs, seed, position, blk * CHUNK, CHUNK)
+    best, token = _product_noisy_chunk_argmax(score, offs, seed, position, blk * CHUNK, tl.max(score, axis=0),
+                                              logits_ptr, temperature, False, CHUNK)
     at = row.to(tl.int64) * num_blocks + blk
     tl.store(part_best_ptr + at, best)
     tl.store(part_token_ptr + at, token)
@@ -148,14 +149,16 @@ def temperature_block_pair_kernel(logits_ptr, logits_stride, temperature, seed_p
     raw_b = tl.load(logits_row + offs_b, mask=offs_b < vocab_size, other=float("-inf"))
     seed = tl.load(seed_ptr + row)
     position = tl.load(position_ptr + row)
-    best, token = _product_noisy_chunk_argmax(tl.where(raw_a != raw_a, float("-inf"), raw_a) / temperature, offs_a,
-                                              seed, position, first * CHUNK, CHUNK)
+    score_a = tl.where(raw_a != raw_a, float("-inf"), raw_a) / temperature
+    best, token = _product_noisy_chunk_argmax(score_a, offs_a, seed, position, first * CHUNK, tl.max(score_a, axis=0),
+                                              logits_row, temperature, False, CHUNK)
     at = row.to(tl.int64) * num_blocks + first
     tl.store(part_best_ptr + at, best)
     tl.store(part_token_ptr + at, token)
     if first + 1 < num_blocks:
-        best, token = _product_noisy_chunk_argmax(tl.where(raw_b != raw_b, float("-inf"), raw_b) / temperature,
-                                                  offs_b, seed, position, (first + 1) * CHUNK, CHUNK)
+        score_b = tl.where(raw_b != raw_b, float("-inf"), raw_b) / temperature
+        best, token = _product_noisy_chunk_argmax(score_b, offs_b, seed, position, (first + 1) * CHUNK,
+                                                  tl.max(score_b, axis=0), logits_row, temperature, False, CHUNK)
         tl.store(part_best_ptr + at + 1, best)
         tl.store(part_token_ptr + at + 1, token)
 

@@ -1,13 +1,13 @@
 """The sampler's first split pass as sm_90 machine code, without a GPU: registers, stack, instruction counts, opcodes.
 
-    python -m runnercheck.bench.lab.static_sass [--warps 2] [--maxnreg 96] [--chunk 1024] [--temperature-path] [--top 30]
+    python -m runnercheck.bench.lab.static_sass [--warps 2] [--maxnreg 96] [--chunk 1024] [--temperature-path] [--top 30] [--sass FILE]
 
 Compiles `runnercheck.impl.kernels.sampling.sampler_block_kernel` ahead of time for an H100/H200 (``triton.compile`` to a cubin,
 Triton's own ptxas; no driver), with the pointer, stride and vocabulary arguments marked 16-divisible as the
 device's launches specialise them (without that the compile shows scalar loads the device never runs), and
 disassembles it with Triton's bundled nvdisasm.  A static count covers every path the kernel has;
-``--temperature-path`` (the sampler's first split pass only) compiles a copy whose penalty path, candidate
-refinement and abnormal-temperature division are cut away: close to what a chunk of a penalty-free temperature
+``--temperature-path`` (the sampler's first split pass only) compiles a copy whose penalty path, non-finite
+rescoring, candidate refinement and abnormal-temperature division are cut away: close to what a chunk of a penalty-free temperature
 row executes, the path `bench_sampler`'s temperature rows time.  What it cannot say: time.  Issue slots, latency
 and occupancy decide that, and only a GPU measures them (run 149's probe: 45 fewer static instructions, the
 same time).  Not a product feature: the lab.
@@ -33,13 +33,17 @@ BLOCK_POINTERS = dict(
     part_token_ptr="*i32", part_max_ptr="*fp32", part_flag_ptr="*i32", part_inf_ptr="*i32")
 
 # (module, text in its source, the text's stand-in, required) for --temperature-path: each cut keeps the values the
-# rest reads.  The temperature branch is optional: a tree before it divides every row (there is nothing to cut).
+# rest reads.
 TEMPERATURE_PATH_CUTS = (
-    ("sampling_select", "        if (temperature >= 1.1754943508222875e-38) & (temperature <= 8.507059173023462e37):\n"
-                        "            score = logit * (1.0 / temperature)\n        else:\n            score = logit / temperature\n",
-     "        score = logit * (1.0 / temperature)\n", False),
+    ("sampling_select", "    if (temperature >= 1.1754943508222875e-38) & (temperature <= 8.507059173023462e37):\n"
+                        "        if UNFUSED:\n            score = tl.fma(logit, 1.0 / temperature, 0.0)\n        else:\n"
+                        "            score = logit * (1.0 / temperature)\n    else:\n        score = logit / temperature\n",
+     "    if UNFUSED:\n        score = tl.fma(logit, 1.0 / temperature, 0.0)\n    else:\n"
+     "        score = logit * (1.0 / temperature)\n", True),
     ("sampling", "    has_penalty = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)\n",
      "    has_penalty = False\n", True),
+    ("sampling", "    if (chunk_max != chunk_max) | (chunk_max == float(\"inf\")):\n",
+     "    if False:  # static_sass: a chunk of finite logits\n", True),
     ("sampling", "        best, best_token = _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, 8)\n",
      "        best = best + tl.sum(candidate.to(tl.float32), axis=0) * 0.0\n", True),
 )
@@ -113,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temperature-path", action="store_true",
                         help="the first split pass with its penalty, refinement and abnormal-temperature paths cut away")
     parser.add_argument("--top", type=int, default=30, help="opcodes in the histogram")
+    parser.add_argument("--sass", type=Path, default=None, help="also write nvdisasm's text here")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -122,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module("runnercheck.impl.kernels.sampling")
     sass, usage = compile_sass(module.sampler_block_kernel, BLOCK_POINTERS, {"CHUNK": args.chunk}, args.warps,
                                args.maxnreg)
+    if args.sass is not None:
+        args.sass.write_text(sass)
     ops = opcodes(sass)
     regs = re.search(r"REG:(\d+)", usage)
     stack = re.search(r"STACK:(\d+)", usage)

@@ -44,6 +44,7 @@ from runnercheck.impl.kernels.sampling_select import (
     load_row_scores,
     narrow_threshold,
     next_float_up,
+    scale_by_temperature,
     unpack_candidate,
 )
 from runnercheck.impl.kernels.sampling_split import (
@@ -78,17 +79,25 @@ def _row_params(state_row_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
 @triton.jit
 def _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature, repetition_ptr,
                   frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride,
-                  draft_ptr, draft_stride, num_drafts):
-    """``(score, raw)`` of one chunk: docs/SAMPLING.md steps 0, 1 and 3 (greedy rows: divisor 1)."""
+                  draft_ptr, draft_stride, num_drafts, KEEP_NAN: tl.constexpr = False):
+    """``(score, raw, has_penalty)`` of one chunk: docs/SAMPLING.md steps 0, 1 and 3 (greedy rows: divisor 1).
+    KEEP_NAN: a NaN logit scores NaN, not ``-inf`` (`load_row_scores`)."""
     repetition = tl.load(repetition_ptr + state_row)
     frequency = tl.load(frequency_ptr + state_row)
     presence = tl.load(presence_ptr + state_row)
     has_penalty = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
     divisor = tl.where(temperature == 0.0, 1.0, temperature)
-    return load_row_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, in_vocab, divisor, has_penalty,
-                           repetition, frequency, presence, prompt_mask_ptr + state_row * prompt_mask_stride,
-                           counts_ptr + state_row * counts_stride, draft_ptr + row.to(tl.int64) * draft_stride,
-                           num_drafts, True)
+    score, raw = load_row_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, in_vocab, divisor, has_penalty,
+                                 repetition, frequency, presence, prompt_mask_ptr + state_row * prompt_mask_stride,
+                                 counts_ptr + state_row * counts_stride, draft_ptr + row.to(tl.int64) * draft_stride,
+                                 num_drafts, True, KEEP_NAN)
+    return score, raw, has_penalty
+
+
+@triton.jit
+def _nan_max(a, b):
+    """``max`` that returns NaN where either is NaN (one FMNMX.NAN)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -99,15 +108,14 @@ def _chunk_argmax(score, offs, vocab_size):
 
 
 @triton.jit
-def _key_bounds(score, valid, hi):
-    """``(m, e_lo exp(m - s))``: the chunk's maximum score and, per valid lane, a value that is at most
+def _key_bounds(score, valid, hi, m):
+    """``e_lo exp(m - s)`` (``m`` the chunk's maximum score): per valid lane, a value that is at most
     ``exp(m - key)`` for every lo word (`noise_exp_lower`); ``inf`` where the lane cannot win."""
-    m = tl.max(score, axis=0)
     # exp2 compiles to one ex2.approx.ftz; tl.exp's ex2.approx (no ftz) adds a compare and two predicated
     # multiplies a lane for results below 2^-126, which w >= 1 never is: the same bits, 3 instructions a token fewer.
     w = tl.math.exp2((m - score) * 1.4426950408889634)
     # a lane over ~88 below the chunk's maximum (w = inf) cannot win: its key is below m - 2.82
-    return m, tl.where(valid & (w < float("inf")), noise_exp_lower(hi) * w, float("inf"))
+    return tl.where(valid & (w < float("inf")), noise_exp_lower(hi) * w, float("inf"))
 
 
 @triton.jit
@@ -149,9 +157,10 @@ def _refine_candidates(score, hi, offs, candidate, seed, position, best, best_to
 
 
 @triton.jit
-def _noisy_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr):
+def _noisy_chunk_argmax(score, offs, seed, position, start, m, logits_row, temperature, reload,
+                        CHUNK: tl.constexpr):
     """Gumbel-max over one chunk (``offs = start + arange(CHUNK)``, ``start % 4 == 0``; lanes with
-    ``score == -inf`` excluded): ``(best full key, lowest token at it)``, RNG contract v2.
+    ``score == -inf`` excluded; ``m`` its maximum score): ``(best full key, lowest token at it)``, RNG contract v2.
 
     The hi words alone bound every key from above by ``s - log(e_lo)`` (`noise_exp_lower`), compared in
     exponential space as ``e_lo exp(m - s)`` (``m`` the chunk's maximum score: no logarithm per token).
@@ -163,17 +172,25 @@ def _noisy_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr)
     order as the values do) with the low ``log2(CHUNK)`` bits replaced by the lane.  So it is the smallest bound
     to within 2^-(23 - log2(CHUNK)) relative, not always the smallest; any lane would do, since every lane whose
     bound reaches the reference's key is refined, the smallest one among them (docs/SAMPLING.md).
+
+    ``reload`` (true only where ``score`` is the chunk of ``logits_row`` scaled by `scale_by_temperature`, no
+    penalties): the reference's score is its logit read again and scaled the same way (the same bits; unfused, so
+    the noise's add cannot round it away), one load instead of a reduction over the chunk.
     """
     hi = noise_hi_chunk(seed, position, start, CHUNK)
     valid = score > float("-inf")
-    m, bound = _key_bounds(score, valid, hi)
+    bound = _key_bounds(score, valid, hi, m)
     lane_bits: tl.constexpr = CHUNK - 1
     top = tl.min((bound.to(tl.int32, bitcast=True) & ~lane_bits) | (offs - start), axis=0)
     best = tl.full((), float("-inf"), tl.float32)
     best_token = tl.full((), 0, tl.int32) + start
     if top < 0x7F800000:  # below +inf's bits: some lane's bound is finite
         ref = start + (top & lane_bits)
-        best = tl.max(tl.where(offs == ref, score, float("-inf")), axis=0) + gumbel_noise(seed, position, ref)
+        if reload:
+            ref_score = scale_by_temperature(tl.load(logits_row + ref), temperature, True)
+        else:
+            ref_score = tl.max(tl.where(offs == ref, score, float("-inf")), axis=0)
+        best = ref_score + gumbel_noise(seed, position, ref)
         best_token = ref
         candidate = valid & (bound <= _refinement_bar(m, best)) & (offs != ref)
         best, best_token = _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, 8)
@@ -194,18 +211,29 @@ def sampler_block_kernel(
         state_row_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab_size)
     offs = blk * CHUNK + tl.arange(0, CHUNK)
     in_vocab = offs < vocab_size
-    score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
-                               repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride,
-                               counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts)
-    # one reduction for both non-finite facts: the first +inf's index, else a NaN marker, else none
-    bad = tl.min(tl.where(raw == float("inf"), offs, tl.where(raw != raw, 2147483646, 2147483647)), axis=0)
+    # The scores with NaN kept: one reduction gives their maximum and, as NaN or +inf, whether any logit is NaN
+    # or +inf (or a score overflowed).  Only such a chunk (rare) reads its logits again: a NaN logit's score
+    # becomes -inf (what every other pass scores it: penalties and temperature, finite and positive where they
+    # multiply or divide, keep -inf), and the chunk is scanned for the first +inf's index, else a NaN marker.
+    logits_row = logits_ptr + row.to(tl.int64) * logits_stride
+    score, raw, has_penalty = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
+                                            repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr,
+                                            prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride,
+                                            num_drafts, True)
+    chunk_max = tl.reduce(score, 0, _nan_max)
+    bad = tl.full((), 2147483647, tl.int32)
+    if (chunk_max != chunk_max) | (chunk_max == float("inf")):
+        raw = tl.load(logits_row + offs, mask=in_vocab, other=float("-inf"))
+        score = tl.where(raw != raw, float("-inf"), score)
+        bad = tl.min(tl.where(raw == float("inf"), offs, tl.where(raw != raw, 2147483646, 2147483647)), axis=0)
+        chunk_max = tl.max(score, axis=0)
     nonfinite = (bad < 2147483647).to(tl.int32)
     first_inf = tl.minimum(bad, vocab_size)
-    chunk_max = tl.max(score, axis=0)
     if (temperature != 0.0) & (~filtered):
         seed = tl.load(seed_ptr + state_row)
         position = tl.load(position_ptr + row)
-        best, best_token = _noisy_chunk_argmax(score, offs, seed, position, blk * CHUNK, CHUNK)
+        best, best_token = _noisy_chunk_argmax(score, offs, seed, position, blk * CHUNK, chunk_max, logits_row,
+                                               temperature, ~has_penalty, CHUNK)
     else:
         best, best_token = _chunk_argmax(score, offs, vocab_size)
     at = row.to(tl.int64) * num_blocks + blk
@@ -270,17 +298,19 @@ def _select_chunk(logits_ptr, logits_stride, state_row_ptr, position_ptr, temper
         temperature = tl.load(temperature_ptr + state_row)
         offs = blk * CHUNK + tl.arange(0, CHUNK)
         in_vocab = offs < vocab_size
-        score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
-                                   repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride,
-                                   counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts)
+        score, raw, has_penalty = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row,
+                                                temperature, repetition_ptr, frequency_ptr, presence_ptr,
+                                                prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride,
+                                                draft_ptr, draft_stride, num_drafts)
         keep = in_vocab & (score >= bound) & (score > float("-inf"))
         if mode == MODE_GATHER:
             kept_count = store_block_candidates(score, offs, keep, slots_ptr + at * SLOT, SLOT)
         else:
             seed = tl.load(seed_ptr + state_row)
             position = tl.load(position_ptr + row)
-            best, best_token = _noisy_chunk_argmax(tl.where(keep, score, float("-inf")), offs, seed, position,
-                                                   blk * CHUNK, CHUNK)
+            kept = tl.where(keep, score, float("-inf"))
+            best, best_token = _noisy_chunk_argmax(kept, offs, seed, position, blk * CHUNK, tl.max(kept, axis=0),
+                                                   logits_ptr, temperature, False, CHUNK)
             tl.store(part_best_ptr + at, best)
             tl.store(part_token_ptr + at, best_token)
     if mode == MODE_GATHER:
@@ -550,7 +580,9 @@ def sampler_row_kernel(
                 nonfinite |= ((raw != raw) | (raw == float("inf"))).to(tl.int32)
                 first_inf = tl.minimum(first_inf, tl.where(raw == float("inf"), offs, vocab_size))
                 if temperature > 0.0:
-                    block_best, block_token = _noisy_chunk_argmax(score, offs, seed, position, start, BLOCK)
+                    block_best, block_token = _noisy_chunk_argmax(score, offs, seed, position, start,
+                                                                  tl.max(score, axis=0), logits_row, divisor, False,
+                                                                  BLOCK)
                     # one lane carries the block's winner: the lane-wise running maxima keep their rule
                     score = tl.where(offs == block_token, block_best, float("-inf"))
                 better = score > best
@@ -584,8 +616,10 @@ def sampler_row_kernel(
                         score, raw = load_row_scores(logits_row, offs, in_vocab, divisor, has_penalty, repetition,
                                                    frequency, presence, prompt_mask_row, counts_row, draft_row,
                                                    num_drafts, True)
-                        block_best, block_token = _noisy_chunk_argmax(
-                            tl.where(score >= threshold, score, float("-inf")), offs, seed, position, start, BLOCK)
+                        kept = tl.where(score >= threshold, score, float("-inf"))
+                        block_best, block_token = _noisy_chunk_argmax(kept, offs, seed, position, start,
+                                                                      tl.max(kept, axis=0), logits_row, divisor,
+                                                                      False, BLOCK)
                         noisy = tl.where(offs == block_token, block_best, float("-inf"))
                         better = noisy > best
                         best = tl.where(better, noisy, best)

@@ -38,9 +38,10 @@ def kept_chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row,
     """One chunk of a processed row: the sampler's scores, ``-inf`` below the row's kept threshold (greedy rows:
     none).  Also the first half of `runnercheck.impl.kernels.sampling_distribution` (the drawn distributions)."""
     temperature = tl.load(temperature_ptr + state_row)
-    score, raw = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
-                               repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride,
-                               counts_ptr, counts_stride, draft_ptr, draft_stride, num_drafts)
+    score, raw, has_penalty = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
+                                            repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr,
+                                            prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride,
+                                            num_drafts)
     bound = tl.where(temperature == 0.0, float("-inf"), tl.load(bound_ptr + row))
     return _kept_scores(score, bound, temperature)
 

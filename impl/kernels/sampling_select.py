@@ -92,27 +92,46 @@ def apply_penalties(logit, offs, in_vocab, repetition, frequency, presence, prom
 
 
 @triton.jit
+def scale_by_temperature(logit, temperature, UNFUSED: tl.constexpr = False):
+    """``logit / temperature`` (a block or one value), with the same bits wherever the sampler computes it.
+
+    UNFUSED: the product as ``fma(logit, 1 / T, +0)``, one rounding like the multiply (only a zero's sign may
+    differ), which the compiler cannot contract into a following add as it may a plain multiply: for a value that
+    must keep a block's bits through ``+ noise``."""
+    # A normal divisor (2^-126 <= T <= 2^126): one reciprocal a row and a multiply a token, div.full.f32's own
+    # sequence where its range scalings are off (the same bits), without its two predicated multiplies a token;
+    # another divides as before.
+    if (temperature >= 1.1754943508222875e-38) & (temperature <= 8.507059173023462e37):
+        if UNFUSED:
+            score = tl.fma(logit, 1.0 / temperature, 0.0)
+        else:
+            score = logit * (1.0 / temperature)
+    else:
+        score = logit / temperature
+    return score
+
+
+@triton.jit
 def load_row_scores(logits_row, offs, in_vocab, temperature, has_penalty, repetition, frequency, presence,
-                    prompt_mask_row, counts_row, draft_row, num_drafts, PROCESSED: tl.constexpr):
+                    prompt_mask_row, counts_row, draft_row, num_drafts, PROCESSED: tl.constexpr,
+                    KEEP_NAN: tl.constexpr = False):
     """``(score, raw)`` for a chunk of a logit row; out-of-vocab lanes score -inf.
 
     PROCESSED: NaN -> -inf, penalties (when ``has_penalty``), then division by ``temperature``
     (the caller passes 1.0 for greedy rows).  Otherwise the logprobs rule: NaN -> -inf and +inf
     clamped to FLT_MAX so that a flagged row still yields finite selections.
+    KEEP_NAN (PROCESSED only): NaN stays NaN, for a caller that finds it in the scores' maximum and reloads.
     """
     raw = tl.load(logits_row + offs, mask=in_vocab, other=float("-inf"))
     if PROCESSED:
-        logit = tl.where(raw != raw, float("-inf"), raw)
+        if KEEP_NAN:
+            logit = raw
+        else:
+            logit = tl.where(raw != raw, float("-inf"), raw)
         if has_penalty:
             logit = apply_penalties(logit, offs, in_vocab, repetition, frequency, presence, prompt_mask_row,
                                     counts_row, draft_row, num_drafts)
-        # A normal divisor (2^-126 <= T <= 2^126): one reciprocal a row and a multiply a token, div.full.f32's own
-        # sequence where its range scalings are off (the same bits), without its two predicated multiplies a token;
-        # another divides as before.
-        if (temperature >= 1.1754943508222875e-38) & (temperature <= 8.507059173023462e37):
-            score = logit * (1.0 / temperature)
-        else:
-            score = logit / temperature
+        score = scale_by_temperature(logit, temperature)
     else:
         # max/min return the non-NaN operand (PTX max.f32, numpy fmax): NaN -> -inf, +inf -> FLT_MAX
         # in two instructions per logit (the logprobs pass is instruction-bound, not memory-bound)

@@ -110,7 +110,7 @@ def _dense_argmax(score, key, offs, start):
 
 # The ``fp16_gumbel_noise`` mutant: `_noisy_chunk_argmax` and `gumbel_noise` of the sampling copy.
 @triton.jit
-def fp16_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr):
+def fp16_chunk_argmax(score, offs, seed, position, start, m, logits_row, temperature, reload, CHUNK: tl.constexpr):
     hi = noise_hi_chunk(seed, position, start, CHUNK)
     return _dense_argmax(score, score + _fp16_noise(hi, noise_lo(seed, position, offs)), offs, start)
 
@@ -122,7 +122,7 @@ def fp16_gumbel_noise(seed, position, token_id):
 
 # The ``u24_uniform`` mutant: the same two device functions.
 @triton.jit
-def u24_chunk_argmax(score, offs, seed, position, start, CHUNK: tl.constexpr):
+def u24_chunk_argmax(score, offs, seed, position, start, m, logits_row, temperature, reload, CHUNK: tl.constexpr):
     return _dense_argmax(score, score + _u24_noise(noise_hi_chunk(seed, position, start, CHUNK)), offs, start)
 
 

@@ -3,6 +3,9 @@
 * `load_row_scores` scales a row by one reciprocal and a multiply a token where the temperature is a normal float
   (docs/SAMPLING.md step 3): the bits of ``logit / T`` as Triton compiles it (``div.full.f32``, whose range
   scalings are off for such a divisor); any other temperature still divides.
+* `_noisy_chunk_argmax` reads a penalty-free reference's logit again and scales it unfused
+  (`scale_by_temperature(..., UNFUSED=True)`): its key ``score + noise`` has the bits of the chunk's own score plus
+  the noise, which a plain multiply, contracted into the add (one rounding), need not give.
 * `_key_bounds` takes ``exp2((m - s) log2 e)`` (one ``ex2.approx.ftz``): the bits of ``tl.exp(m - s)`` (``ex2.approx``
   with a guard for results below 2^-126), since ``m - s >= 0``.
 
@@ -16,9 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from runnercheck.impl.kernels.rng import noise_exp_lower
+from runnercheck.impl.kernels.rng import gumbel_noise, noise_exp_lower
 from runnercheck.impl.kernels.sampling import _key_bounds
-from runnercheck.impl.kernels.sampling_select import load_row_scores
+from runnercheck.impl.kernels.sampling_select import load_row_scores, scale_by_temperature
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -48,7 +51,8 @@ def _bounds_kernel(score_ptr, hi_ptr, bound_ptr, expected_ptr, WIDTH: tl.constex
     score = tl.load(score_ptr + offs)
     hi = tl.load(hi_ptr + offs).to(tl.uint32)
     valid = score > float("-inf")
-    m, bound = _key_bounds(score, valid, hi)
+    m = tl.max(score, axis=0)
+    bound = _key_bounds(score, valid, hi, m)
     w = tl.exp(m - score)
     tl.store(bound_ptr + offs, bound)
     tl.store(expected_ptr + offs, tl.where(valid & (w < float("inf")), noise_exp_lower(hi) * w, float("inf")))
@@ -66,6 +70,50 @@ def test_the_reciprocal_multiply_gives_the_divisions_bits_for_every_temperature(
     same = score.view(torch.int32) == divided.view(torch.int32)
     assert bool(same.all()), [TEMPERATURES[r] for r in sorted(set(same.logical_not().nonzero()[:, 0].tolist()))]
     assert not bool(score.isnan().any())  # 0 / a subnormal T is 0 (the division), never 0 * inf
+
+
+@triton.jit
+def _reference_key_kernel(logits_ptr, temperature_ptr, picked_ptr, reloaded_ptr, WIDTH: tl.constexpr,
+                          UNFUSED: tl.constexpr):
+    """Program (row, j): token j's key from the block's scores (picked out by a reduction) and from its logit
+    read again and scaled alone, each plus the same noise."""
+    row = tl.program_id(0)
+    j = tl.program_id(1)
+    offs = tl.arange(0, WIDTH)
+    temperature = tl.load(temperature_ptr + row)
+    logits_row = logits_ptr + row * WIDTH
+    score, raw = load_row_scores(logits_row, offs, offs < WIDTH, temperature, False, 1.0, 0.0, 0.0, logits_row,
+                                 logits_row, logits_row, 0, True)
+    noise = gumbel_noise(row + 77, 5, j)
+    tl.store(picked_ptr + row * WIDTH + j, tl.max(tl.where(offs == j, score, float("-inf")), axis=0) + noise)
+    tl.store(reloaded_ptr + row * WIDTH + j, scale_by_temperature(tl.load(logits_row + j), temperature, UNFUSED) + noise)
+
+
+def _reference_keys(unfused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    width = 1024
+    logits = torch.randn(len(TEMPERATURES), width, generator=torch.Generator().manual_seed(10)) * 4.0
+    logits = logits.cuda()
+    temperature = torch.tensor(TEMPERATURES, dtype=torch.float32).cuda()
+    picked, reloaded = torch.empty_like(logits), torch.empty_like(logits)
+    _reference_key_kernel[(len(TEMPERATURES), width)](logits, temperature, picked, reloaded, WIDTH=width,
+                                                       UNFUSED=unfused)
+    return picked, reloaded
+
+
+def test_a_reloaded_reference_keeps_the_blocks_key_bits() -> None:
+    picked, reloaded = _reference_keys(unfused=True)
+    finite = picked.isfinite()
+    assert bool(finite.any())
+    assert torch.equal(picked[finite].view(torch.int32), reloaded[finite].view(torch.int32))
+    assert torch.equal(picked.isfinite(), reloaded.isfinite())
+
+
+def test_a_plain_multiply_reloaded_is_contracted_into_the_add() -> None:
+    """The planted bug: scaled by a plain multiply, the reloaded key differs from the block's in some lanes (the
+    compiler fuses the multiply into the noise's add), which the test above would catch."""
+    picked, reloaded = _reference_keys(unfused=False)
+    finite = picked.isfinite()
+    assert not torch.equal(picked[finite].view(torch.int32), reloaded[finite].view(torch.int32))
 
 
 def test_the_bounds_exp2_gives_exps_bits() -> None:

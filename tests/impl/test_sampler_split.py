@@ -90,6 +90,24 @@ def test_non_finite_rows_finish_in_the_plan(dev):
     assert sampler.nan_flags[:3].tolist() == [1, 0, 1]
 
 
+def test_non_finite_logits_in_noisy_rows(dev):
+    """Unfiltered temperature rows (the first split pass's Gumbel path, which finds NaN and +inf through its scores'
+    maximum and only then rescans), with and without penalties: NaN in every chunk is flagged and never sampled, a
+    +inf wins, as the oracle says.  Skipping the rescan loses every chunk with a NaN (its maximum is NaN)."""
+    sampler = Sampler(dev, VOCAB, max_logprobs=0, max_num_rows=8, config=CONFIG)
+    params = [SamplingParams(temperature=0.8),
+              SamplingParams(temperature=1.2, repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2)] * 2
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(8)) * 2
+    logits[:2, ::7] = float("nan")  # a NaN in every chunk
+    logits[2, [5, 150]] = float("nan")
+    logits[2, 100] = float("inf")
+    logits[3, [250, 299]] = float("inf")  # the lowest +inf wins
+    tokens, expected, modes = _run(dev, sampler, params, logits)
+    assert tokens == expected and tokens[2:] == [100, 250]
+    assert modes == [MODE_DONE] * 4
+    assert sampler.nan_flags[:4].tolist() == [1, 1, 1, 1]
+
+
 def _kernel_copy(module_name: str, tag: str, **rebound) -> object:
     """A private copy of a kernel module with device functions rebound (its kernels compile afresh)."""
     name = f"tests._split_variant_{tag}"

@@ -52,7 +52,8 @@ def _candidate_count_kernel(logits_ptr, seed_ptr, pos_ptr, out_ptr, vocab, CHUNK
     position = tl.load(pos_ptr + row)
     hi = noise_hi_chunk(seed, position, blk * CHUNK, CHUNK)
     valid = score > float("-inf")
-    m, bound = _key_bounds(score, valid, hi)
+    m = tl.max(score, axis=0)
+    bound = _key_bounds(score, valid, hi, m)
     top = tl.min((bound.to(tl.int32, bitcast=True) & ~(CHUNK - 1)) | (offs - blk * CHUNK), axis=0)  # packed keys
     ref = blk * CHUNK + (top & (CHUNK - 1))
     pick = offs == ref
