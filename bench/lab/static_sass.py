@@ -44,8 +44,9 @@ TEMPERATURE_PATH_CUTS = (
      "    has_penalty = False\n", True),
     ("sampling", "    if (chunk_max != chunk_max) | (chunk_max == float(\"inf\")):\n",
      "    if False:  # static_sass: a chunk of finite logits\n", True),
-    ("sampling", "        best, best_token = _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, 8)\n",
-     "        best = best + tl.sum(candidate.to(tl.float32), axis=0) * 0.0\n", True),
+    ("sampling", "            best, best_token = _refine_candidates(score, offs, candidate, count, seed, position, best, best_token,\n"
+                 "                                                  logits_row, temperature, reload)\n",
+     "            best = best + 0.0\n", True),
 )
 
 

@@ -127,32 +127,31 @@ def _refinement_bar(m, ref_key):
 
 
 @triton.jit
-def _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, REFINE_LOOP: tl.constexpr):
-    """Fold the ``candidate`` lanes' full 64-bit keys into ``(best, best_token)`` (ties -> lowest index).
-
-    Few candidates (the usual 0-2): one at a time, one `noise_lo` call each.  More than ``REFINE_LOOP``
-    (planted collisions, near-flat rows): every lane's lo word at once.
-    """
-    count = tl.sum(candidate.to(tl.int32), axis=0)
-    if count > REFINE_LOOP:
-        key = tl.where(candidate, score + gumbel_from_bits(hi, noise_lo(seed, position, offs)), float("-inf"))
-        top = tl.max(key, axis=0)
-        at = tl.min(tl.where(candidate & (key == top), offs, 2147483647), axis=0)
-        take = (top > best) | ((top == best) & (at < best_token))
-        best = tl.where(take, top, best)
-        best_token = tl.where(take, at, best_token)
+def _lane_score(score, offs, token, logits_row, temperature, reload):
+    """Lane ``token``'s score: picked out of ``score`` (a reduction), or, ``reload`` (``score`` is ``logits_row``'s
+    chunk scaled by `scale_by_temperature`, no penalties), its logit read again and scaled the same way -- the same
+    bits, unfused so that the noise's add cannot round it away -- one load."""
+    if reload:
+        s = scale_by_temperature(tl.load(logits_row + token), temperature, True)
     else:
-        remaining = candidate
-        for _ in range(count):
-            token = tl.min(tl.where(remaining, offs, 2147483647), axis=0)
-            pick = offs == token
-            s = tl.max(tl.where(pick, score, float("-inf")), axis=0)
-            h = tl.max(tl.where(pick, hi, 0), axis=0)
-            key = s + gumbel_from_bits(h, noise_lo(seed, position, token))
-            take = (key > best) | ((key == best) & (token < best_token))
-            best = tl.where(take, key, best)
-            best_token = tl.where(take, token, best_token)
-            remaining = remaining & (offs != token)
+        s = tl.max(tl.where(offs == token, score, float("-inf")), axis=0)
+    return s
+
+
+@triton.jit
+def _refine_candidates(score, offs, candidate, count, seed, position, best, best_token, logits_row, temperature,
+                       reload):
+    """Fold the ``count`` ``candidate`` lanes' full 64-bit keys into ``(best, best_token)`` (ties -> lowest index),
+    one lane at a time in increasing index: its score (`_lane_score`) and its full draw (`gumbel_noise`: two Philox calls).  A chunk rarely has any (docs/SAMPLING.md); drawing every lane's lo
+    word at once instead would hold a Philox state per lane in registers, which the whole pass would pay for."""
+    remaining = candidate
+    for _ in range(count):
+        token = tl.min(tl.where(remaining, offs, 2147483647), axis=0)
+        key = _lane_score(score, offs, token, logits_row, temperature, reload) + gumbel_noise(seed, position, token)
+        take = (key > best) | ((key == best) & (token < best_token))
+        best = tl.where(take, key, best)
+        best_token = tl.where(take, token, best_token)
+        remaining = remaining & (offs != token)
     return best, best_token
 
 
@@ -173,9 +172,7 @@ def _noisy_chunk_argmax(score, offs, seed, position, start, m, logits_row, tempe
     to within 2^-(23 - log2(CHUNK)) relative, not always the smallest; any lane would do, since every lane whose
     bound reaches the reference's key is refined, the smallest one among them (docs/SAMPLING.md).
 
-    ``reload`` (true only where ``score`` is the chunk of ``logits_row`` scaled by `scale_by_temperature`, no
-    penalties): the reference's score is its logit read again and scaled the same way (the same bits; unfused, so
-    the noise's add cannot round it away), one load instead of a reduction over the chunk.
+    ``reload``: see `_lane_score`.
     """
     hi = noise_hi_chunk(seed, position, start, CHUNK)
     valid = score > float("-inf")
@@ -186,14 +183,13 @@ def _noisy_chunk_argmax(score, offs, seed, position, start, m, logits_row, tempe
     best_token = tl.full((), 0, tl.int32) + start
     if top < 0x7F800000:  # below +inf's bits: some lane's bound is finite
         ref = start + (top & lane_bits)
-        if reload:
-            ref_score = scale_by_temperature(tl.load(logits_row + ref), temperature, True)
-        else:
-            ref_score = tl.max(tl.where(offs == ref, score, float("-inf")), axis=0)
-        best = ref_score + gumbel_noise(seed, position, ref)
+        best = _lane_score(score, offs, ref, logits_row, temperature, reload) + gumbel_noise(seed, position, ref)
         best_token = ref
         candidate = valid & (bound <= _refinement_bar(m, best)) & (offs != ref)
-        best, best_token = _refine_candidates(score, hi, offs, candidate, seed, position, best, best_token, 8)
+        count = tl.sum(candidate.to(tl.int32), axis=0)
+        if count > 0:
+            best, best_token = _refine_candidates(score, offs, candidate, count, seed, position, best, best_token,
+                                                  logits_row, temperature, reload)
     return best, best_token
 
 

@@ -133,7 +133,8 @@ def u24_gumbel_noise(seed, position, token_id):
 
 # RNG contract v2's failure modes (`V2_KERNEL_MUTANTS`).
 @triton.jit
-def refine_reference_only(score, hi, offs, candidate, seed, position, best, best_token, REFINE_LOOP: tl.constexpr):
+def refine_reference_only(score, offs, candidate, count, seed, position, best, best_token, logits_row, temperature,
+                          reload):
     """`sampling._refine_candidates` that refines no candidate: the chunk's reference lane (the smallest
     bound-based estimate, refined before the candidates are) always wins."""
     return best, best_token
