@@ -5,7 +5,7 @@
   scalings are off for such a divisor); any other temperature still divides.
 * `_noisy_chunk_argmax` reads a penalty-free reference's logit again and scales it unfused
   (`scale_by_temperature(..., UNFUSED=True)`): its key ``score + noise`` has the bits of the chunk's own score plus
-  the noise, which a plain multiply, contracted into the add (one rounding), need not give.
+  the noise, which the product contracted into the add (one rounding; the planted bug) does not give.
 * `_key_bounds` takes ``exp2((m - s) log2 e)`` (one ``ex2.approx.ftz``): the bits of ``tl.exp(m - s)`` (``ex2.approx``
   with a guard for results below 2^-126), since ``m - s >= 0``.
 
@@ -74,9 +74,10 @@ def test_the_reciprocal_multiply_gives_the_divisions_bits_for_every_temperature(
 
 @triton.jit
 def _reference_key_kernel(logits_ptr, temperature_ptr, picked_ptr, reloaded_ptr, WIDTH: tl.constexpr,
-                          UNFUSED: tl.constexpr):
+                          CONTRACTED: tl.constexpr):
     """Program (row, j): token j's key from the block's scores (picked out by a reduction) and from its logit
-    read again and scaled alone, each plus the same noise."""
+    read again and scaled alone (CONTRACTED, the planted bug: the product fused into the noise's add), each plus
+    the same noise."""
     row = tl.program_id(0)
     j = tl.program_id(1)
     offs = tl.arange(0, WIDTH)
@@ -84,36 +85,42 @@ def _reference_key_kernel(logits_ptr, temperature_ptr, picked_ptr, reloaded_ptr,
     logits_row = logits_ptr + row * WIDTH
     score, raw = load_row_scores(logits_row, offs, offs < WIDTH, temperature, False, 1.0, 0.0, 0.0, logits_row,
                                  logits_row, logits_row, 0, True)
-    noise = gumbel_noise(row + 77, 5, j)
+    noise = gumbel_noise((row + 77).to(tl.int64), row + 5, j)
     tl.store(picked_ptr + row * WIDTH + j, tl.max(tl.where(offs == j, score, float("-inf")), axis=0) + noise)
-    tl.store(reloaded_ptr + row * WIDTH + j, scale_by_temperature(tl.load(logits_row + j), temperature, UNFUSED) + noise)
+    if CONTRACTED:
+        key = tl.fma(tl.load(logits_row + j), 1.0 / temperature, noise)
+    else:
+        key = scale_by_temperature(tl.load(logits_row + j), temperature, True) + noise
+    tl.store(reloaded_ptr + row * WIDTH + j, key)
 
 
-def _reference_keys(unfused: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _reference_keys(contracted: bool) -> tuple[torch.Tensor, torch.Tensor]:
     width = 1024
-    logits = torch.randn(len(TEMPERATURES), width, generator=torch.Generator().manual_seed(10)) * 4.0
+    normal = [t for t in TEMPERATURES if 2.0**-126 <= t <= 2.0**126]
+    temps = TEMPERATURES if not contracted else normal
+    logits = torch.randn(len(temps), width, generator=torch.Generator().manual_seed(10)) * 4.0
     logits = logits.cuda()
-    temperature = torch.tensor(TEMPERATURES, dtype=torch.float32).cuda()
+    temperature = torch.tensor(temps, dtype=torch.float32).cuda()
     picked, reloaded = torch.empty_like(logits), torch.empty_like(logits)
-    _reference_key_kernel[(len(TEMPERATURES), width)](logits, temperature, picked, reloaded, WIDTH=width,
-                                                       UNFUSED=unfused)
+    _reference_key_kernel[(len(temps), width)](logits, temperature, picked, reloaded, WIDTH=width,
+                                               CONTRACTED=contracted)
     return picked, reloaded
 
 
+def _same_bits(picked: torch.Tensor, reloaded: torch.Tensor) -> bool:
+    finite = picked.isfinite()
+    assert bool(finite.any()) and torch.equal(finite, reloaded.isfinite())
+    return torch.equal(picked[finite].view(torch.int32), reloaded[finite].view(torch.int32))
+
+
 def test_a_reloaded_reference_keeps_the_blocks_key_bits() -> None:
-    picked, reloaded = _reference_keys(unfused=True)
-    finite = picked.isfinite()
-    assert bool(finite.any())
-    assert torch.equal(picked[finite].view(torch.int32), reloaded[finite].view(torch.int32))
-    assert torch.equal(picked.isfinite(), reloaded.isfinite())
+    assert _same_bits(*_reference_keys(contracted=False))
 
 
-def test_a_plain_multiply_reloaded_is_contracted_into_the_add() -> None:
-    """The planted bug: scaled by a plain multiply, the reloaded key differs from the block's in some lanes (the
-    compiler fuses the multiply into the noise's add), which the test above would catch."""
-    picked, reloaded = _reference_keys(unfused=False)
-    finite = picked.isfinite()
-    assert not torch.equal(picked[finite].view(torch.int32), reloaded[finite].view(torch.int32))
+def test_a_contracted_reload_is_caught() -> None:
+    """The planted bug: the product fused into the noise's add (one rounding, what a compiler may make of a plain
+    multiply) differs from the block's key in some lanes, which the test above would catch."""
+    assert not _same_bits(*_reference_keys(contracted=True))
 
 
 def test_the_bounds_exp2_gives_exps_bits() -> None:
