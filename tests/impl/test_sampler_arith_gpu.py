@@ -33,13 +33,20 @@ TEMPERATURES = (2.0**-126, 1e-30, 0.013, 0.3, 0.7, 1.0, 1.7, 3.3, 1e30, 2.0**126
 
 
 @triton.jit
-def _scores_kernel(logits_ptr, temperature_ptr, score_ptr, divided_ptr, WIDTH: tl.constexpr):
-    row = tl.program_id(0)
+def _row_scores(logits_ptr, temperature_ptr, row, WIDTH: tl.constexpr):
+    """``(offs, temperature, logits_row, score, raw)`` of a penalty-free row, scored by `load_row_scores`."""
     offs = tl.arange(0, WIDTH)
     temperature = tl.load(temperature_ptr + row)
     logits_row = logits_ptr + row * WIDTH
     score, raw = load_row_scores(logits_row, offs, offs < WIDTH, temperature, False, 1.0, 0.0, 0.0, logits_row,
                                  logits_row, logits_row, 0, True)
+    return offs, temperature, logits_row, score, raw
+
+
+@triton.jit
+def _scores_kernel(logits_ptr, temperature_ptr, score_ptr, divided_ptr, WIDTH: tl.constexpr):
+    row = tl.program_id(0)
+    offs, temperature, logits_row, score, raw = _row_scores(logits_ptr, temperature_ptr, row, WIDTH)
     tl.store(score_ptr + row * WIDTH + offs, score)
     tl.store(divided_ptr + row * WIDTH + offs, raw / temperature)
 
@@ -80,11 +87,7 @@ def _reference_key_kernel(logits_ptr, temperature_ptr, picked_ptr, reloaded_ptr,
     the same noise."""
     row = tl.program_id(0)
     j = tl.program_id(1)
-    offs = tl.arange(0, WIDTH)
-    temperature = tl.load(temperature_ptr + row)
-    logits_row = logits_ptr + row * WIDTH
-    score, raw = load_row_scores(logits_row, offs, offs < WIDTH, temperature, False, 1.0, 0.0, 0.0, logits_row,
-                                 logits_row, logits_row, 0, True)
+    offs, temperature, logits_row, score, raw = _row_scores(logits_ptr, temperature_ptr, row, WIDTH)
     noise = gumbel_noise((row + 77).to(tl.int64), row + 5, j)
     tl.store(picked_ptr + row * WIDTH + j, tl.max(tl.where(offs == j, score, float("-inf")), axis=0) + noise)
     if CONTRACTED:
