@@ -37,7 +37,8 @@
 #   gpu_sampler   the sampler/logprobs/RNG gpu-marked tests alone (tokens vs the oracle at V=151936, both
 #                 logprobs paths, Philox bits on every stream, noise within the fp32 bound, RNG v2's refinement
 #                 against the dense argmax and its probe killing the v2 mutants, the scores' reciprocal multiply and
-#                 the bounds' exp2 giving the bits of the division and exp they replace)
+#                 the bounds' exp2 giving the bits of the division and exp they replace, a reloaded reference's key the
+#                 bits of the one picked out of the chunk)
 #   sampler_shapes the sampler's launch-shape tests of the CPU suite, on cuda (small vocabularies: every split path with
 #                 and without the select pass's chunk groups, the all-greedy launch over one and three spans a row and
 #                 with its loop pipelined; the full vocabulary's greedy test): over 90 s on a cold H100, give it 150
