@@ -34,7 +34,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from runnercheck.impl.kernels.rng import gumbel_from_bits, gumbel_noise, noise_exp_lower, noise_hi_chunk, noise_lo
+from runnercheck.impl.kernels.rng import gumbel_noise, noise_exp_lower, noise_hi_chunk
 from runnercheck.impl.kernels.sampling_select import (
     EMPTY_CANDIDATE,
     OUTCOME_ALL,
@@ -142,8 +142,9 @@ def _lane_score(score, offs, token, logits_row, temperature, reload):
 def _refine_candidates(score, offs, candidate, count, seed, position, best, best_token, logits_row, temperature,
                        reload):
     """Fold the ``count`` ``candidate`` lanes' full 64-bit keys into ``(best, best_token)`` (ties -> lowest index),
-    one lane at a time in increasing index: its score (`_lane_score`) and its full draw (`gumbel_noise`: two Philox calls).  A chunk rarely has any (docs/SAMPLING.md); drawing every lane's lo
-    word at once instead would hold a Philox state per lane in registers, which the whole pass would pay for."""
+    one lane at a time in increasing index: its score (`_lane_score`) and its full draw (`gumbel_noise`: two Philox
+    calls).  A chunk rarely has any (docs/SAMPLING.md); drawing every lane's lo word at once instead would hold a
+    Philox state per lane in registers, which the whole pass would pay for."""
     remaining = candidate
     for _ in range(count):
         token = tl.min(tl.where(remaining, offs, 2147483647), axis=0)

@@ -158,11 +158,11 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
         # split pass capped at 96 registers a thread (`block_maxnreg`; Triton 3.9's sm_90 compile of it takes 128
         # uncapped, so fewer programs fit an SM): the same run, temperature 189.2 us against 208.7, temp+top-k+top-p
         # 190.8 against 205.1; H100 run 156, with refinement one candidate at a time: temperature 124.6 us at 96
-        # against 125.5 at 80, 134.0 at 112 and 133.9 uncapped.  The select pass runs one program per chunk: at 256 rows (38,912) they took 24.1 us of
-        # the temperature rows' 207.7 us on an H100 (run 150, torch.profiler) doing nothing, those rows exit at once.
-        # Grouped chunks (select_programs=4096, its loop at 102 registers a thread against 64) trade that for the
-        # filtered rows' reads: in the same run temperature 187.3 us, temp+top-k+top-p 214.9 us against 205.2 -- not
-        # the default.
+        # against 125.5 at 80, 134.0 at 112 and 133.9 uncapped.  The select pass runs one program per chunk: at 256
+        # rows (38,912) they took 24.1 us of the temperature rows' 207.7 us on an H100 (run 150, torch.profiler)
+        # doing nothing, those rows exit at once.  Grouped chunks (select_programs=4096, its loop at 102 registers a
+        # thread against 64) trade that for the filtered rows' reads: in the same run temperature 187.3 us,
+        # temp+top-k+top-p 214.9 us against 205.2 -- not the default.
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
                                  logprobs_chunk=4096, logprobs_warps=8, logprobs_sub=128, logprobs_candidates=128,
                                  logprobs_maxnreg=64, greedy_sub=2048, greedy_warps=16, greedy_programs=256,
