@@ -7,8 +7,8 @@ Triton's own ptxas; no driver), with the pointer, stride and vocabulary argument
 device's launches specialise them (without that the compile shows scalar loads the device never runs), and
 disassembles it with Triton's bundled nvdisasm.  A static count covers every path the kernel has;
 ``--temperature-path`` (the sampler's first split pass only) compiles a copy whose penalty path, non-finite
-rescoring, candidate refinement and abnormal-temperature division are cut away: close to what a chunk of a penalty-free temperature
-row executes, the path `bench_sampler`'s temperature rows time.  What it cannot say: time.  Issue slots, latency
+rescoring, candidate refinement and abnormal-temperature division are cut away: close to what a chunk of a
+penalty-free temperature row of finite logits executes, the path `bench_sampler`'s temperature rows time.  What it cannot say: time.  Issue slots, latency
 and occupancy decide that, and only a GPU measures them (run 149's probe: 45 fewer static instructions, the
 same time).  Not a product feature: the lab.
 """
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--maxnreg", type=int, default=96, help="register cap (0: the compiler's choice)")
     parser.add_argument("--chunk", type=int, default=1024, help="the CHUNK constexpr")
     parser.add_argument("--temperature-path", action="store_true",
-                        help="the first split pass with its penalty, refinement and abnormal-temperature paths cut away")
+                        help="the first split pass with its penalty, non-finite rescoring, refinement and "
+                             "abnormal-temperature paths cut away")
     parser.add_argument("--top", type=int, default=30, help="opcodes in the histogram")
     parser.add_argument("--sass", type=Path, default=None, help="also write nvdisasm's text here")
     args = parser.parse_args(argv)
