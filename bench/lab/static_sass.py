@@ -6,9 +6,9 @@ Compiles `runnercheck.impl.kernels.sampling.sampler_block_kernel` ahead of time 
 Triton's own ptxas; no driver), with the pointer, stride and vocabulary arguments marked 16-divisible as the
 device's launches specialise them (without that the compile shows scalar loads the device never runs), and
 disassembles it with Triton's bundled nvdisasm.  A static count covers every path the kernel has;
-``--temperature-path`` (the sampler's first split pass only) compiles a copy whose penalty path, non-finite
-rescoring, candidate refinement and abnormal-temperature division are cut away: close to what a chunk of a
-penalty-free temperature row of finite logits executes, the path `bench_sampler`'s temperature rows time.  What it cannot say: time.  Issue slots, latency
+``--temperature-path`` (the sampler's first split pass only) compiles a copy whose general path (penalties,
+non-finite rescoring, greedy and filtered rows), candidate refinement and abnormal-temperature division are cut
+away, leaving the logits path: close to what a chunk of a penalty-free temperature row of finite logits executes, the path `bench_sampler`'s temperature rows time.  What it cannot say: time.  Issue slots, latency
 and occupancy decide that, and only a GPU measures them (run 149's probe: 45 fewer static instructions, the
 same time).  Not a product feature: the lab.
 """
@@ -35,15 +35,14 @@ BLOCK_POINTERS = dict(
 # (module, text in its source, the text's stand-in, required) for --temperature-path: each cut keeps the values the
 # rest reads.
 TEMPERATURE_PATH_CUTS = (
-    ("sampling_select", "    if (temperature >= 1.1754943508222875e-38) & (temperature <= 8.507059173023462e37):\n"
+    ("sampling_select", "    if normal_divisor(temperature):\n"
                         "        if UNFUSED:\n            score = tl.fma(logit, 1.0 / temperature, 0.0)\n        else:\n"
                         "            score = logit * (1.0 / temperature)\n    else:\n        score = logit / temperature\n",
      "    if UNFUSED:\n        score = tl.fma(logit, 1.0 / temperature, 0.0)\n    else:\n"
      "        score = logit * (1.0 / temperature)\n", True),
-    ("sampling", "    has_penalty = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)\n",
-     "    has_penalty = False\n", True),
-    ("sampling", "    if (chunk_max != chunk_max) | (chunk_max == float(\"inf\")):\n",
-     "    if False:  # static_sass: a chunk of finite logits\n", True),
+    ("sampling", "    if noisy & normal_divisor(temperature):\n", "    if noisy:\n", True),
+    ("sampling", "    if done == 0:\n", "    if False:  # static_sass: a row without penalties, a chunk of finite logits\n",
+     True),
     ("sampling", "            best, best_token = _refine_candidates(score, offs, candidate, count, seed, position, best, best_token,\n"
                  "                                                  logits_row, temperature, reload)\n",
      "            best = best + 0.0\n", True),
@@ -116,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--maxnreg", type=int, default=96, help="register cap (0: the compiler's choice)")
     parser.add_argument("--chunk", type=int, default=1024, help="the CHUNK constexpr")
     parser.add_argument("--temperature-path", action="store_true",
-                        help="the first split pass with its penalty, non-finite rescoring, refinement and "
-                             "abnormal-temperature paths cut away")
+                        help="the first split pass's logits path alone: its general path (penalties, non-finite "
+                             "rescoring, greedy and filtered rows), refinement and abnormal-temperature paths cut away")
     parser.add_argument("--top", type=int, default=30, help="opcodes in the histogram")
     parser.add_argument("--sass", type=Path, default=None, help="also write nvdisasm's text here")
     args = parser.parse_args(argv)

@@ -41,9 +41,11 @@ from runnercheck.impl.kernels.sampling_select import (
     OUTCOME_BRACKET,
     OUTCOME_EXACT,
     gather_candidates,
+    FLOAT32_MAX,
     load_row_scores,
     narrow_threshold,
     next_float_up,
+    normal_divisor,
     scale_by_temperature,
     unpack_candidate,
 )
@@ -77,15 +79,22 @@ def _row_params(state_row_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
 
 
 @triton.jit
+def _row_penalties(repetition_ptr, frequency_ptr, presence_ptr, state_row):
+    """``(repetition, frequency, presence, has_penalty)`` of a row."""
+    repetition = tl.load(repetition_ptr + state_row)
+    frequency = tl.load(frequency_ptr + state_row)
+    presence = tl.load(presence_ptr + state_row)
+    return repetition, frequency, presence, (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
+
+
+@triton.jit
 def _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature, repetition_ptr,
                   frequency_ptr, presence_ptr, prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride,
                   draft_ptr, draft_stride, num_drafts, KEEP_NAN: tl.constexpr = False):
     """``(score, raw, has_penalty)`` of one chunk: docs/SAMPLING.md steps 0, 1 and 3 (greedy rows: divisor 1).
     KEEP_NAN: a NaN logit scores NaN, not ``-inf`` (`load_row_scores`)."""
-    repetition = tl.load(repetition_ptr + state_row)
-    frequency = tl.load(frequency_ptr + state_row)
-    presence = tl.load(presence_ptr + state_row)
-    has_penalty = (repetition != 1.0) | (frequency != 0.0) | (presence != 0.0)
+    repetition, frequency, presence, has_penalty = _row_penalties(repetition_ptr, frequency_ptr, presence_ptr,
+                                                                  state_row)
     divisor = tl.where(temperature == 0.0, 1.0, temperature)
     score, raw = load_row_scores(logits_ptr + row.to(tl.int64) * logits_stride, offs, in_vocab, divisor, has_penalty,
                                  repetition, frequency, presence, prompt_mask_ptr + state_row * prompt_mask_stride,
@@ -119,11 +128,22 @@ def _key_bounds(score, valid, hi, m):
 
 
 @triton.jit
+def _logit_key_bounds(logit, hi, m, temperature):
+    """`_key_bounds` from the logits of a row without penalties (normal ``T``, finite ``m`` below 2^126 in
+    magnitude): ``(m - s) log2(e)`` as one fma of the logit, ``s = logit / T`` never formed, and no validity test --
+    a ``-inf`` (or out-of-vocab) logit's exponent is ``+inf``, its bound ``inf`` (``0 * inf``'s NaN taken to ``inf``
+    by the minimum).  Within the fp32 margin of docs/SAMPLING.md, as `_key_bounds` is."""
+    w = tl.math.exp2(tl.fma(logit, -(1.4426950408889634 / temperature), m * 1.4426950408889634))
+    return tl.minimum(noise_exp_lower(hi) * w, float("inf"))
+
+
+@triton.jit
 def _refinement_bar(m, ref_key):
-    """``exp(m - ref_key)`` widened by the fp32 margin (docs/SAMPLING.md): a lane whose `_key_bounds` value
-    exceeds it has a key below ``ref_key``."""
+    """``exp(m - ref_key)`` widened by the fp32 margin (docs/SAMPLING.md), at most FLT_MAX: a lane whose
+    `_key_bounds` value exceeds it has a key below ``ref_key`` (an ``inf`` bound -- an invalid lane, or one
+    ~88 below ``m`` -- always does)."""
     margin = 4.8828125e-04 + (tl.abs(m) + tl.abs(ref_key)) * 1.9073486328125e-06  # 2^-11 + 2^-19 (|m| + |key|)
-    return tl.exp((m - ref_key) + margin)
+    return tl.minimum(tl.exp((m - ref_key) + margin), FLOAT32_MAX)
 
 
 @triton.jit
@@ -158,7 +178,7 @@ def _refine_candidates(score, offs, candidate, count, seed, position, best, best
 
 @triton.jit
 def _noisy_chunk_argmax(score, offs, seed, position, start, m, logits_row, temperature, reload,
-                        CHUNK: tl.constexpr):
+                        CHUNK: tl.constexpr, LOGITS: tl.constexpr = False):
     """Gumbel-max over one chunk (``offs = start + arange(CHUNK)``, ``start % 4 == 0``; lanes with
     ``score == -inf`` excluded; ``m`` its maximum score): ``(best full key, lowest token at it)``, RNG contract v2.
 
@@ -173,11 +193,14 @@ def _noisy_chunk_argmax(score, offs, seed, position, start, m, logits_row, tempe
     to within 2^-(23 - log2(CHUNK)) relative, not always the smallest; any lane would do, since every lane whose
     bound reaches the reference's key is refined, the smallest one among them (docs/SAMPLING.md).
 
-    ``reload``: see `_lane_score`.
+    ``reload``: see `_lane_score`.  LOGITS: ``score`` holds the chunk's logits (a row without penalties, ``reload``
+    true; `_logit_key_bounds`' conditions), the scores being ``logit / temperature``.
     """
     hi = noise_hi_chunk(seed, position, start, CHUNK)
-    valid = score > float("-inf")
-    bound = _key_bounds(score, valid, hi, m)
+    if LOGITS:
+        bound = _logit_key_bounds(score, hi, m, temperature)
+    else:
+        bound = _key_bounds(score, score > float("-inf"), hi, m)
     lane_bits: tl.constexpr = CHUNK - 1
     top = tl.min((bound.to(tl.int32, bitcast=True) & ~lane_bits) | (offs - start), axis=0)
     best = tl.full((), float("-inf"), tl.float32)
@@ -186,7 +209,7 @@ def _noisy_chunk_argmax(score, offs, seed, position, start, m, logits_row, tempe
         ref = start + (top & lane_bits)
         best = _lane_score(score, offs, ref, logits_row, temperature, reload) + gumbel_noise(seed, position, ref)
         best_token = ref
-        candidate = valid & (bound <= _refinement_bar(m, best)) & (offs != ref)
+        candidate = (bound <= _refinement_bar(m, best)) & (offs != ref)
         count = tl.sum(candidate.to(tl.int32), axis=0)
         if count > 0:
             best, best_token = _refine_candidates(score, offs, candidate, count, seed, position, best, best_token,
@@ -208,31 +231,54 @@ def sampler_block_kernel(
         state_row_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row, vocab_size)
     offs = blk * CHUNK + tl.arange(0, CHUNK)
     in_vocab = offs < vocab_size
-    # The scores with NaN kept: one reduction gives their maximum and, as NaN or +inf, whether any logit is NaN
-    # or +inf (or a score overflowed).  Only such a chunk (rare) reads its logits again: a NaN logit's score
-    # becomes -inf (what every other pass scores it: penalties and temperature, finite and positive where they
-    # multiply or divide, keep -inf), and the chunk is scanned for the first +inf's index, else a NaN marker.
     logits_row = logits_ptr + row.to(tl.int64) * logits_stride
-    score, raw, has_penalty = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row, temperature,
-                                            repetition_ptr, frequency_ptr, presence_ptr, prompt_mask_ptr,
-                                            prompt_mask_stride, counts_ptr, counts_stride, draft_ptr, draft_stride,
-                                            num_drafts, True)
-    chunk_max = tl.reduce(score, 0, _nan_max)
+    noisy = (temperature != 0.0) & (~filtered)
+    best = tl.full((), float("-inf"), tl.float32)
+    best_token = tl.full((), 0, tl.int32)
+    chunk_max = tl.full((), float("-inf"), tl.float32)
     bad = tl.full((), 2147483647, tl.int32)
-    if (chunk_max != chunk_max) | (chunk_max == float("inf")):
-        raw = tl.load(logits_row + offs, mask=in_vocab, other=float("-inf"))
-        score = tl.where(raw != raw, float("-inf"), score)
-        bad = tl.min(tl.where(raw == float("inf"), offs, tl.where(raw != raw, 2147483646, 2147483647)), axis=0)
-        chunk_max = tl.max(score, axis=0)
+    done = tl.full((), 0, tl.int32)
+    # A noisy row without penalties at a normal temperature (most temperature rows) bounds its keys from the logits
+    # (`_logit_key_bounds`); its chunk maximum is that of the logits, scaled (the same bits as the scores' maximum:
+    # rounding a product or quotient by a positive T is monotone).  A chunk whose maximum is not finite (a NaN or
+    # +inf logit, an overflowed score), or so large that m log2(e) could overflow, takes the general path below.
+    if noisy & normal_divisor(temperature):
+        repetition, frequency, presence, has_penalty = _row_penalties(repetition_ptr, frequency_ptr, presence_ptr,
+                                                                      state_row)
+        if ~has_penalty:
+            logit = tl.load(logits_row + offs, mask=in_vocab, other=float("-inf")).to(tl.float32)
+            m = scale_by_temperature(tl.reduce(logit, 0, _nan_max), temperature)
+            if tl.abs(m) <= 8.507059173023462e37:
+                seed = tl.load(seed_ptr + state_row)
+                position = tl.load(position_ptr + row)
+                best, best_token = _noisy_chunk_argmax(logit, offs, seed, position, blk * CHUNK, m, logits_row,
+                                                       temperature, True, CHUNK, True)
+                chunk_max = m
+                done = tl.full((), 1, tl.int32)
+    if done == 0:
+        # The scores with NaN kept: one reduction gives their maximum and, as NaN or +inf, whether any logit is NaN
+        # or +inf (or a score overflowed).  Only such a chunk (rare) reads its logits again: a NaN logit's score
+        # becomes -inf (what every other pass scores it: penalties and temperature, finite and positive where they
+        # multiply or divide, keep -inf), and the chunk is scanned for the first +inf's index, else a NaN marker.
+        score, raw, has_penalty = _chunk_scores(logits_ptr, logits_stride, row, offs, in_vocab, state_row,
+                                                temperature, repetition_ptr, frequency_ptr, presence_ptr,
+                                                prompt_mask_ptr, prompt_mask_stride, counts_ptr, counts_stride,
+                                                draft_ptr, draft_stride, num_drafts, True)
+        chunk_max = tl.reduce(score, 0, _nan_max)
+        if (chunk_max != chunk_max) | (chunk_max == float("inf")):
+            raw = tl.load(logits_row + offs, mask=in_vocab, other=float("-inf"))
+            score = tl.where(raw != raw, float("-inf"), score)
+            bad = tl.min(tl.where(raw == float("inf"), offs, tl.where(raw != raw, 2147483646, 2147483647)), axis=0)
+            chunk_max = tl.max(score, axis=0)
+        if noisy:
+            seed = tl.load(seed_ptr + state_row)
+            position = tl.load(position_ptr + row)
+            best, best_token = _noisy_chunk_argmax(score, offs, seed, position, blk * CHUNK, chunk_max, logits_row,
+                                                   temperature, ~has_penalty, CHUNK)
+        else:
+            best, best_token = _chunk_argmax(score, offs, vocab_size)
     nonfinite = (bad < 2147483647).to(tl.int32)
     first_inf = tl.minimum(bad, vocab_size)
-    if (temperature != 0.0) & (~filtered):
-        seed = tl.load(seed_ptr + state_row)
-        position = tl.load(position_ptr + row)
-        best, best_token = _noisy_chunk_argmax(score, offs, seed, position, blk * CHUNK, chunk_max, logits_row,
-                                               temperature, ~has_penalty, CHUNK)
-    else:
-        best, best_token = _chunk_argmax(score, offs, vocab_size)
     at = row.to(tl.int64) * num_blocks + blk
     tl.store(part_best_ptr + at, best)
     tl.store(part_token_ptr + at, best_token)

@@ -92,6 +92,12 @@ def apply_penalties(logit, offs, in_vocab, repetition, frequency, presence, prom
 
 
 @triton.jit
+def normal_divisor(temperature):
+    """``2^-126 <= T <= 2^126``: ``1 / T`` and ``log2(e) / T`` are normal, and `scale_by_temperature` multiplies."""
+    return (temperature >= 1.1754943508222875e-38) & (temperature <= 8.507059173023462e37)
+
+
+@triton.jit
 def scale_by_temperature(logit, temperature, UNFUSED: tl.constexpr = False):
     """``logit / temperature`` (a block or one value), with the same bits wherever the sampler computes it.
 
@@ -101,7 +107,7 @@ def scale_by_temperature(logit, temperature, UNFUSED: tl.constexpr = False):
     # A normal divisor (2^-126 <= T <= 2^126): one reciprocal a row and a multiply a token, div.full.f32's own
     # sequence where its range scalings are off (the same bits), without its two predicated multiplies a token;
     # another divides as before.
-    if (temperature >= 1.1754943508222875e-38) & (temperature <= 8.507059173023462e37):
+    if normal_divisor(temperature):
         if UNFUSED:
             score = tl.fma(logit, 1.0 / temperature, 0.0)
         else:

@@ -35,7 +35,7 @@ from runnercheck.impl.kernels.rng import (
     ACCEPT_STREAM, NOISE_STREAM, gumbel_from_bits, neg_log1p_neg, noise_hi_at, noise_hi_chunk,
     noise_lo, philox4x32, uniform_from_bits,
 )
-from runnercheck.impl.kernels.sampling_select import next_float_up
+from runnercheck.impl.kernels.sampling_select import next_float_up, scale_by_temperature
 
 if TYPE_CHECKING:
     from runnercheck.stress.mutants.registry import AppliedMutant
@@ -108,9 +108,19 @@ def _dense_argmax(score, key, offs, start):
     return best, tl.min(tl.where(key == best, offs, 2147483647), axis=0) + start * 0
 
 
+@triton.jit
+def _chunk_scores_of(score, temperature, LOGITS: tl.constexpr):
+    """The scores `_noisy_chunk_argmax` is given: as they are, or (LOGITS) the logits scaled as its reload does."""
+    if LOGITS:
+        score = scale_by_temperature(score, temperature, True)
+    return score
+
+
 # The ``fp16_gumbel_noise`` mutant: `_noisy_chunk_argmax` and `gumbel_noise` of the sampling copy.
 @triton.jit
-def fp16_chunk_argmax(score, offs, seed, position, start, m, logits_row, temperature, reload, CHUNK: tl.constexpr):
+def fp16_chunk_argmax(score, offs, seed, position, start, m, logits_row, temperature, reload, CHUNK: tl.constexpr,
+                      LOGITS: tl.constexpr = False):
+    score = _chunk_scores_of(score, temperature, LOGITS)
     hi = noise_hi_chunk(seed, position, start, CHUNK)
     return _dense_argmax(score, score + _fp16_noise(hi, noise_lo(seed, position, offs)), offs, start)
 
@@ -122,7 +132,9 @@ def fp16_gumbel_noise(seed, position, token_id):
 
 # The ``u24_uniform`` mutant: the same two device functions.
 @triton.jit
-def u24_chunk_argmax(score, offs, seed, position, start, m, logits_row, temperature, reload, CHUNK: tl.constexpr):
+def u24_chunk_argmax(score, offs, seed, position, start, m, logits_row, temperature, reload, CHUNK: tl.constexpr,
+                     LOGITS: tl.constexpr = False):
+    score = _chunk_scores_of(score, temperature, LOGITS)
     return _dense_argmax(score, score + _u24_noise(noise_hi_chunk(seed, position, start, CHUNK)), offs, start)
 
 

@@ -4,7 +4,7 @@ The dense reference is `runnercheck.checks.chisq.gumbel_kernel.gumbel_argmax` (f
 full 64 bits, no bounds); the float64 oracle (`runnercheck.reference.sampler`) must agree outside
 its documented ties.  Planted rows make many candidates per chunk need the lo word: their logits
 are chosen as ``C - g(hi, lo = 0)`` so every planted key's interval starts at the same ``C``
-(5 per chunk: the one-at-a-time refinement; 40 and whole rows: the all-lanes refinement).
+(5 and 40 per chunk, and whole rows: all refined, one lane at a time).
 Interpreted on CPU (vocabulary 512, 64-token chunks); the gpu twin runs the same rows compiled.
 """
 from __future__ import annotations
@@ -19,7 +19,8 @@ import triton.language as tl
 from runnercheck.checks.chisq.gumbel_kernel import gumbel_argmax
 from runnercheck.impl.interface import SamplingParams
 from runnercheck.impl.kernels.rng import gumbel_from_bits, noise_exp_lower, noise_hi_chunk, noise_lo
-from runnercheck.impl.kernels.sampling import _key_bounds, _refinement_bar
+from runnercheck.impl.kernels.sampling import _key_bounds, _logit_key_bounds, _refinement_bar
+from runnercheck.impl.kernels.sampling_select import scale_by_temperature
 from runnercheck.reference import rng as ref_rng
 from runnercheck.reference.sampler import TIE_TOLERANCE
 from runnercheck.reference.sampler import sample as reference_sample
@@ -111,6 +112,12 @@ def test_refined_sampler_equals_the_dense_argmax_bitwise(impl_sampler) -> None:
         got = impl_sampler(logits.to(dev), params, seeds.to(dev), positions.to(dev)).cpu()
         dense = gumbel_argmax((logits / temperature).to(dev), seeds.to(dev), positions.to(dev)).cpu()
         assert got.tolist() == dense.tolist(), temperature
+    if dev == "cpu":  # T = 0.7: the scores are l * fl(1 / T), correctly rounded here (compiled, 1 / T may differ)
+        temperature = 0.7
+        scaled = logits * temperature  # the planted keys' intervals still start together, to fp32 rounding
+        scores = scaled * (torch.tensor(1.0) / torch.tensor(temperature))
+        got = impl_sampler(scaled, [SamplingParams(temperature=temperature)] * len(logits), seeds, positions)
+        assert got.tolist() == gumbel_argmax(scores, seeds, positions).tolist()
     # min-p rows take the threshold pass (the same chunk refinement over s >= max + log(min_p))
     params = [SamplingParams(temperature=1.0, min_p=1e-6)] * len(logits)
     got = impl_sampler(logits.to(dev), params, seeds.to(dev), positions.to(dev)).cpu()
@@ -161,6 +168,75 @@ def _exp_lower(hi: torch.Tensor) -> torch.Tensor:
     out = torch.empty(hi.shape, dtype=torch.float32, device=hi.device)
     _exp_lower_kernel[(1,)](hi, out, hi.numel(), BLOCK=triton.next_power_of_2(hi.numel()))
     return out.cpu()
+
+
+# A lane whose hi word is below 2^9 (e_lo = 0: always a candidate when it can win): seed 1312, position 3,
+# token 93 (hi = 189), found with `ref_rng.noise_hi` and checked in the test.
+ZERO_BOUND_SEED, ZERO_BOUND_POSITION, ZERO_BOUND_TOKEN = 1312, 3, 93
+
+
+@triton.jit
+def _both_bounds_kernel(logits_ptr, temperature_ptr, seed_ptr, pos_ptr, by_score_ptr, by_logit_ptr, vocab,
+                        CHUNK: tl.constexpr):
+    """Per lane (out-of-vocab lanes included): `_key_bounds` of the scores and `_logit_key_bounds` of the logits."""
+    row = tl.program_id(0)
+    blk = tl.program_id(1)
+    offs = blk * CHUNK + tl.arange(0, CHUNK)
+    logit = tl.load(logits_ptr + row * vocab + offs, mask=offs < vocab, other=float("-inf"))
+    temperature = tl.load(temperature_ptr + row)
+    score = scale_by_temperature(logit, temperature)
+    m = tl.max(score, axis=0)
+    hi = noise_hi_chunk(tl.load(seed_ptr + row), tl.load(pos_ptr + row), blk * CHUNK, CHUNK)
+    out = row * tl.num_programs(1) * CHUNK + offs
+    tl.store(by_score_ptr + out, _key_bounds(score, score > float("-inf"), hi, m))
+    tl.store(by_logit_ptr + out, _logit_key_bounds(logit, hi, m, temperature))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # 0 * inf, inf - inf: the NaNs the bounds must not keep
+def test_logit_bounds_agree_with_the_score_bounds() -> None:
+    """The first split pass's bounds from the logits (rows without penalties) are those from the scores to within
+    the refinement bar's margin, and ``inf`` -- never NaN -- wherever the scores' are: a ``-inf`` logit, an
+    out-of-vocab lane, a lane ~88 below the maximum, each also at a zero ``e_lo``."""
+    _check_logit_bounds(_device())
+
+
+@pytest.mark.gpu
+def test_logit_bounds_agree_with_the_score_bounds_cuda() -> None:
+    """Compiled: the fma, ``ex2.approx.ftz`` and ``min.f32`` (NaN to the other operand) of the GPU."""
+    _check_logit_bounds("cuda")
+
+
+def _check_logit_bounds(dev: str) -> None:
+    vocab = 500  # the last chunk has 12 out-of-vocab lanes
+    hi = ref_rng.noise_hi(ZERO_BOUND_SEED, ZERO_BOUND_POSITION, torch.arange(vocab))
+    assert int(hi[ZERO_BOUND_TOKEN]) < 2**9
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(6, vocab, generator=gen) * 3
+    logits[0, ZERO_BOUND_TOKEN] = -math.inf
+    logits[1, ZERO_BOUND_TOKEN] = logits[1].max() - 100.0
+    logits[2] += 1e5  # |m| large: the margin's relative term
+    logits[3, :40] = -math.inf
+    temperatures = torch.tensor([0.7, 1.0, 1.3, 0.05, 3.0, 1e-3])
+    seeds = torch.tensor([ZERO_BOUND_SEED, ZERO_BOUND_SEED, 7, 8, ZERO_BOUND_SEED, 10])
+    positions = torch.tensor([ZERO_BOUND_POSITION, ZERO_BOUND_POSITION, 1, 2, ZERO_BOUND_POSITION, 4])
+    blocks = triton.cdiv(vocab, CHUNK)
+    by_score = torch.empty((6, blocks * CHUNK), device=dev)
+    by_logit = torch.empty_like(by_score)
+    _both_bounds_kernel[(6, blocks)](logits.to(dev), temperatures.to(dev), seeds.to(dev), positions.to(dev), by_score,
+                                     by_logit, vocab, CHUNK=CHUNK)
+    by_score, by_logit = by_score.cpu().double(), by_logit.cpu().double()
+    assert not bool(by_logit.isnan().any())
+    unbounded = by_score.isinf()
+    assert bool(by_logit[unbounded].isinf().all())
+    assert bool(unbounded[0, ZERO_BOUND_TOKEN] and unbounded[1, ZERO_BOUND_TOKEN] and unbounded[:, vocab:].all())
+    assert float(by_score[4, ZERO_BOUND_TOKEN]) == 0.0  # a finite logit at e_lo = 0: both bounds 0
+    assert bool(((by_score == 0) == (by_logit == 0)).all())
+    finite = ~unbounded & (by_score > 0)
+    m = (logits / temperatures.view(-1, 1)).max(dim=1).values.double().view(-1, 1).expand_as(logits)
+    m = torch.cat([m, m[:, : blocks * CHUNK - vocab]], dim=1)
+    gap = (by_logit.log() - by_score.log()).abs()
+    # the two roundings' sum (docs/SAMPLING.md "fp32 margins"), well inside the bar's 2^-11 + 2^-19 (|m| + |k|)
+    assert bool((gap[finite] <= 2.0**-15 + 2.0**-21 * m.abs()[finite]).all()), float(gap[finite].max())
 
 
 # --------------------------------------------------------------------------- v2's mutants
