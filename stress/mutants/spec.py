@@ -26,7 +26,9 @@ own buffers, which the scatter kernel reads as usual).  Each is killed by the di
 * ``spec_residual_abs`` -- the residual ``|p - q|`` instead of ``max(0, p - q)``;
 * ``spec_accept_uses_draft_noise`` -- the accept test's uniform taken from the draft stream's bits
   of the draft token (the very noise that made it win);
-* ``spec_bonus_dropped`` -- all drafts accepted and no bonus token emitted.
+* ``spec_bonus_dropped`` -- all drafts accepted and no bonus token emitted.  The step's last token is then the
+  twin's -1, which the proposer feeds to the draft model in the same step: on ``sim`` its embedding lookup raises
+  (a runner error, the differential's), on cuda the lookup's device-side assert is the memory detector's finding.
 
 On cuda the twin's masked writes wait on the device inside a named `allow_host_sync` scope (the
 planting's own plumbing), so there too the differential must be what kills them.
@@ -132,7 +134,7 @@ def _spec_accept_uses_draft_noise(runner: Any, m: AppliedMutant) -> None:
     _plant_biased_verifier(runner, m, accept="draft-noise")
 
 
-@_mutant("spec_bonus_dropped", "sampler", ("differential",), "draft-model", _SPEC_REQUIRES,
+@_mutant("spec_bonus_dropped", "sampler", ("differential", "memory"), "draft-model", _SPEC_REQUIRES,
          "when every draft is accepted no bonus token is emitted")
 def _spec_bonus_dropped(runner: Any, m: AppliedMutant) -> None:
     _plant_biased_verifier(runner, m, bonus="dropped")
