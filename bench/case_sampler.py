@@ -190,13 +190,16 @@ CANDIDATE_SHAPES = (
     ("all-greedy loop with plain loads (greedy_stages=1)", {"greedy_stages": 1}, ("greedy, all-greedy launch",), {}),
     ("first split pass uncapped (block_maxnreg=0)", {"block_maxnreg": 0}, ("temperature", "temp+top_k50+top_p0.9"), {}),
     ("every split launch, the filter launches too (unfiltered=False)", {}, ("temperature",), {"unfiltered": False}),
-    # The first split pass's register cap: its temperature path alone compiles to 84 registers without spills
-    # (`bench/lab/static_sass.py --temperature-path`, Triton 3.9), the whole kernel (penalties, candidate refinement,
-    # the non-finite rescan) spills 64 B a thread at the default's 96 and none at 112; with two warps an SM fits 12
-    # programs at 80, 10 at 96, 9 at 112.  H100 run 156: 112 registers 134.0 us, 80 registers 125.5 us, uncapped
-    # 133.9 us against 124.6 us at 96.
+    # The first split pass's register cap: its logits path (penalty-free temperature rows) alone compiles to 84
+    # registers without spills (`bench/lab/static_sass.py --temperature-path`, Triton 3.9); the whole kernel (the
+    # general path: penalties, greedy and filtered rows, the non-finite rescan; candidate refinement) spills 160 B a
+    # thread at the default's 80, 104 B at 88, 56 B at 96.  With two warps an SM fits 12 programs at 80, 11 at 88,
+    # 10 at 96, 9 at 112.  The default's cap against 88, 96 and 112 on the temperature rows, and against 96 on the
+    # rows whose first pass runs the general path.
+    ("first split pass capped at 88 registers (block_maxnreg=88)", {"block_maxnreg": 88}, ("temperature",), {}),
+    ("first split pass capped at 96 registers (block_maxnreg=96)", {"block_maxnreg": 96},
+     ("temperature", "temp+top_k50+top_p0.9", "all+penalties"), {}),
     ("first split pass capped at 112 registers (block_maxnreg=112)", {"block_maxnreg": 112}, ("temperature",), {}),
-    ("first split pass capped at 80 registers (block_maxnreg=80)", {"block_maxnreg": 80}, ("temperature",), {}),
 )
 
 

@@ -70,6 +70,7 @@
 #                 launch-set guards' (greedy, unfiltered; `mutants --no-chisq --only ...`), with their controls
 #   mutants_rest  the rest of the catalogue, beside mutants_new, mutants_bucketed and staging_slots (race, sync, sampler,
 #                 stream and speculative mutants; `mutants --only ...`, chi-square probes included), with their controls
+#                 (335 s for the 17 mutants on an H100, run 161: its own limit, 500 s)
 #   mutant_logprobs_rates  logprobs_from_processed over 3 seeds (`mutants --seeds 3 --only ...`): it patches the sampler's
 #                 Python, so it recaptures the graphs (run 52 found it surviving graph-replayed logprob steps)
 #   mutant_processed_rates  the processed-logprob mutants over 5 seeds (`mutants --seeds 5 --no-chisq --only ...`):
@@ -153,7 +154,7 @@ want mutants_bucketed && job mutants_bucketed "$limit" $rc mutants --device cuda
   stale_row_after_preempt graph_buffer_reallocated padding_row_writes_live_state predicate_admits_larger_batch \
   graph_init_only_at_capture mixed_tail_left_stale graph_skips_admitted_count_reset greedy_from_first_request \
   unfiltered_from_first_request --out "$out/mutants_bucketed" &
-want mutants_rest && job mutants_rest "$limit" $rc mutants --device cuda --only pageable_nonblocking_copy \
+want mutants_rest && job mutants_rest "${MUTANTS_REST_LIMIT_S:-500}" $rc mutants --device cuda --only pageable_nonblocking_copy \
   output_slot_overwritten_early item_in_step synchronize_in_step fp16_gumbel_noise u24_uniform top_k_off_by_one \
   top_p_boundary_dropped temperature_twice penalty_sign_flipped logprobs_from_processed runner_stream_reads_default_stream_write \
   accepted_count_read_on_host spec_accept_ratio_normalised spec_residual_abs spec_accept_uses_draft_noise spec_bonus_dropped \

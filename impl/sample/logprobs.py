@@ -166,7 +166,7 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
                                  logprobs_chunk=4096, logprobs_warps=8, logprobs_sub=128, logprobs_candidates=128,
                                  logprobs_maxnreg=64, greedy_sub=2048, greedy_warps=16, greedy_programs=256,
-                                 greedy_stages=3, block_warps=2, block_maxnreg=96)
+                                 greedy_stages=3, block_warps=2, block_maxnreg=80)
     else:
         config = SelectionConfig(block=512, narrow_block=256, candidates=64, num_warps=4, chunk=64, slots=16,
                                  split_warps=1, logprobs_sub=16, logprobs_candidates=32)
