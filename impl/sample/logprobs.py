@@ -155,12 +155,12 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
         # token steps or 4 warps (16 tokens a thread) were 2.5x slower; at 8 rows all within 10%.  Its loop's loads
         # pipelined three deep (`greedy_stages`, where a span has 8 steps or more): H100 run 151, 75.8 us against 78.3
         # at 256 rows (bench_sampler), 31.0 against 32.6 at 64 (lab); two stages were slower than none.  The first
-        # split pass capped at 96 registers a thread (`block_maxnreg`; Triton 3.9's sm_90 compile of it takes 128
-        # uncapped, so fewer programs fit an SM): the same run, temperature 189.2 us against 208.7, temp+top-k+top-p
-        # 190.8 against 205.1; H100 run 156, with refinement one candidate at a time: temperature 124.6 us at 96
-        # against 125.5 at 80, 134.0 at 112 and 133.9 uncapped.  The select pass runs one program per chunk: at 256
-        # rows (38,912) they took 24.1 us of the temperature rows' 207.7 us on an H100 (run 150, torch.profiler)
-        # doing nothing, those rows exit at once.  Grouped chunks (select_programs=4096, its loop at 102 registers a
+        # split pass capped at 80 registers a thread (`block_maxnreg`; uncapped, Triton's sm_90 compile of it takes
+        # 128, so fewer programs fit an SM; its logits path alone needs 84): H100 run 163, temperature at 256 rows
+        # 111.5 us at 80 against 117.0 at 88, 117.2 at 96, 127.6 at 112 and 143.4 uncapped, temp+top-k+top-p 173.6
+        # against 177.1 at 96, all filters + penalties 234.5 against 237.6 at 96.  The select pass runs one program
+        # per chunk: at 256 rows (38,912) they took 24.1 us of the temperature rows' 207.7 us on an H100 (run 150,
+        # torch.profiler) doing nothing, those rows exit at once.  Grouped chunks (select_programs=4096, its loop at 102 registers a
         # thread against 64) trade that for the filtered rows' reads: in the same run temperature 187.3 us,
         # temp+top-k+top-p 214.9 us against 205.2 -- not the default.
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
