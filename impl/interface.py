@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 MAX_SEED = 2**63 - 1
@@ -333,7 +334,7 @@ class SamplingParams:
             if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab_size:
                 raise bad(TokenOutOfVocabError, "stop_token_ids", f"token {tok!r} outside [0, {vocab_size})")
 
-    @property
+    @cached_property  # asked at admission and again at release; the params are frozen
     def filtered(self) -> bool:
         """Whether a filter (a ``"filter"`` stage row of `SAMPLING_FIELDS`: top-k, top-p, min-p) is on at a temperature
         above 0.  Host-side, from the values as given: every row the sampler's kernels treat as filtered (they test
@@ -347,7 +348,7 @@ class SamplingParams:
         return False
 
 
-# (name, neutral value) of the filter rows of `SAMPLING_FIELDS`: `SamplingParams.filtered` reads them per admission.
+# (name, neutral value) of the filter rows of `SAMPLING_FIELDS`: `SamplingParams.filtered` reads them once a request.
 _FILTER_NEUTRALS: tuple[tuple[str, float | int], ...] = tuple((f.name, f.neutral) for f in SAMPLING_FIELDS
                                                                if f.stage == "filter")
 
