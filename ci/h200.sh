@@ -38,7 +38,8 @@
 #                 logprobs paths, Philox bits on every stream, noise within the fp32 bound, RNG v2's refinement
 #                 against the dense argmax and its probe killing the v2 mutants, the scores' reciprocal multiply and
 #                 the bounds' exp2 giving the bits of the division and exp they replace, a reloaded reference's key the
-#                 bits of the one picked out of the chunk)
+#                 bits of the one picked out of the chunk, the logits path's key bounds within the margin of the
+#                 scores' and inf, never NaN, where theirs are)
 #   sampler_shapes the sampler's launch-shape tests of the CPU suite, on cuda (small vocabularies: every split path with
 #                 and without the select pass's chunk groups, the all-greedy launch over one and three spans a row and
 #                 with its loop pipelined; the full vocabulary's greedy test): over 90 s on a cold H100, give it 150
