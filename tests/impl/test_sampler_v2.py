@@ -239,6 +239,40 @@ def _check_logit_bounds(dev: str) -> None:
     assert bool((gap[finite] <= 2.0**-15 + 2.0**-21 * m.abs()[finite]).all()), float(gap[finite].max())
 
 
+@triton.jit
+def _no_lane_can_win(logit, hi, m, temperature):
+    """A planted `_logit_key_bounds`: every bound ``inf``, so a chunk on the logits path finds no reference."""
+    return tl.zeros_like(logit) + float("inf")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_penalty_free_temperature_rows_take_the_logits_path() -> None:
+    """With the logits path's bounds planted to exclude every lane, the rows that take it (noisy, no penalty, a normal
+    temperature) change their tokens; rows with a penalty on, or at a subnormal temperature, do not (the general
+    path).  A change that routed every row to the general path would pass every other test, only slower."""
+    from runnercheck.checks.chisq.impl_sampler import ImplSampler
+    from runnercheck.impl.device import Device
+    from runnercheck.stress.mutants.kernels import launch_variant, sampling_kernels_variant
+    from runnercheck.stress.mutants.registry import AppliedMutant
+
+    dev = _device()
+    rows = 12
+    gen = torch.Generator().manual_seed(4)
+    logits = torch.randn(rows, VOCAB, generator=gen) * 2
+    seeds = torch.randint(0, 2**62, (rows,), generator=gen)
+    positions = torch.randint(0, 2**31, (rows,), generator=gen)
+    params = ([SamplingParams(temperature=0.9)] * 4 + [SamplingParams(temperature=0.9, repetition_penalty=1.2)] * 4
+              + [SamplingParams(temperature=1e-39)] * 4)
+    probe = ImplSampler(Device(dev), VOCAB, rows_per_launch=rows, max_requests=rows)
+    args = (logits.to(dev), params, seeds.to(dev), positions.to(dev))
+    clean = probe(*args).cpu()
+    with AppliedMutant(None) as applied:
+        launch_variant(probe, applied, sampling_kernels_variant("no_lane_can_win", _logit_key_bounds=_no_lane_can_win))
+        planted = probe(*args).cpu()
+    assert (planted[:4] != clean[:4]).sum() >= 3
+    assert planted[4:].tolist() == clean[4:].tolist()
+
+
 # --------------------------------------------------------------------------- v2's mutants
 
 
