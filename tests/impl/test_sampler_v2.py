@@ -112,12 +112,13 @@ def test_refined_sampler_equals_the_dense_argmax_bitwise(impl_sampler) -> None:
         got = impl_sampler(logits.to(dev), params, seeds.to(dev), positions.to(dev)).cpu()
         dense = gumbel_argmax((logits / temperature).to(dev), seeds.to(dev), positions.to(dev)).cpu()
         assert got.tolist() == dense.tolist(), temperature
-    if dev == "cpu":  # T = 0.7: the scores are l * fl(1 / T), correctly rounded here (compiled, 1 / T may differ)
-        temperature = 0.7
-        scaled = logits * temperature  # the planted keys' intervals still start together, to fp32 rounding
+    # Other temperatures on CPU: the scores are l * fl(1 / T), correctly rounded here (compiled, 1 / T may differ).
+    # The planted keys' intervals still start together, to fp32 rounding; -3e5 puts |m| in the margin's relative term.
+    for temperature, offset in ((0.7, 0.0), (1.7, -3e5)) if dev == "cpu" else ():
+        scaled = logits * temperature + offset
         scores = scaled * (torch.tensor(1.0) / torch.tensor(temperature))
         got = impl_sampler(scaled, [SamplingParams(temperature=temperature)] * len(logits), seeds, positions)
-        assert got.tolist() == gumbel_argmax(scores, seeds, positions).tolist()
+        assert got.tolist() == gumbel_argmax(scores, seeds, positions).tolist(), (temperature, offset)
     # min-p rows take the threshold pass (the same chunk refinement over s >= max + log(min_p))
     params = [SamplingParams(temperature=1.0, min_p=1e-6)] * len(logits)
     got = impl_sampler(logits.to(dev), params, seeds.to(dev), positions.to(dev)).cpu()
