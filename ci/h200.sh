@@ -155,10 +155,11 @@ want mutants_bucketed && job mutants_bucketed "$limit" $rc mutants --device cuda
   stale_row_after_preempt graph_buffer_reallocated padding_row_writes_live_state predicate_admits_larger_batch \
   graph_init_only_at_capture mixed_tail_left_stale graph_skips_admitted_count_reset greedy_from_first_request \
   unfiltered_from_first_request --out "$out/mutants_bucketed" &
-want mutants_rest && job mutants_rest "${MUTANTS_REST_LIMIT_S:-500}" $rc mutants --device cuda --only pageable_nonblocking_copy \
-  output_slot_overwritten_early item_in_step synchronize_in_step fp16_gumbel_noise u24_uniform top_k_off_by_one \
-  top_p_boundary_dropped temperature_twice penalty_sign_flipped logprobs_from_processed runner_stream_reads_default_stream_write \
-  accepted_count_read_on_host spec_accept_ratio_normalised spec_residual_abs spec_accept_uses_draft_noise spec_bonus_dropped \
+want mutants_rest && job mutants_rest "${MUTANTS_REST_LIMIT_S:-500}" $rc mutants --device cuda --only \
+  pageable_nonblocking_copy output_slot_overwritten_early item_in_step synchronize_in_step fp16_gumbel_noise \
+  u24_uniform top_k_off_by_one top_p_boundary_dropped temperature_twice penalty_sign_flipped logprobs_from_processed \
+  runner_stream_reads_default_stream_write accepted_count_read_on_host spec_accept_ratio_normalised spec_residual_abs \
+  spec_accept_uses_draft_noise spec_bonus_dropped \
   --out "$out/mutants_rest" &
 want mutant_logprobs_rates && job mutant_logprobs_rates "$limit" $rc mutants --device cuda --no-chisq --seeds 3 \
   --only logprobs_from_processed --out "$out/mutant_logprobs_rates" &

@@ -1,6 +1,7 @@
 """The sampler's first split pass as sm_90 machine code, without a GPU: registers, stack, instruction counts, opcodes.
 
-    python -m runnercheck.bench.lab.static_sass [--warps 2] [--maxnreg 96] [--chunk 1024] [--temperature-path] [--top 30] [--sass FILE]
+    python -m runnercheck.bench.lab.static_sass [--warps 2] [--maxnreg 80] [--chunk 1024] [--temperature-path]
+                                                [--top 30] [--sass FILE]
 
 Compiles `runnercheck.impl.kernels.sampling.sampler_block_kernel` ahead of time for an H100/H200 (``triton.compile`` to a cubin,
 Triton's own ptxas; no driver), with the pointer, stride and vocabulary arguments marked 16-divisible as the
@@ -8,8 +9,8 @@ device's launches specialise them (without that the compile shows scalar loads t
 disassembles it with Triton's bundled nvdisasm.  A static count covers every path the kernel has;
 ``--temperature-path`` (the sampler's first split pass only) compiles a copy whose general path (penalties,
 non-finite rescoring, greedy and filtered rows), candidate refinement and abnormal-temperature division are cut
-away, leaving the logits path: close to what a chunk of a penalty-free temperature row of finite logits executes, the path `bench_sampler`'s temperature rows time.  What it cannot say: time.  Issue slots, latency
-and occupancy decide that, and only a GPU measures them (run 149's probe: 45 fewer static instructions, the
+away, leaving the logits path: close to what a chunk of a penalty-free temperature row of finite logits executes,
+the path `bench_sampler`'s temperature rows time.  What it cannot say: time.  Issue slots, latency and occupancy decide that, and only a GPU measures them (run 149's probe: 45 fewer static instructions, the
 same time).  Not a product feature: the lab.
 """
 from __future__ import annotations
@@ -112,7 +113,8 @@ def opcodes(sass: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--warps", type=int, default=2)
-    parser.add_argument("--maxnreg", type=int, default=96, help="register cap (0: the compiler's choice)")
+    parser.add_argument("--maxnreg", type=int, default=80,
+                        help="register cap (0: the compiler's choice; default: the product's, `block_maxnreg`)")
     parser.add_argument("--chunk", type=int, default=1024, help="the CHUNK constexpr")
     parser.add_argument("--temperature-path", action="store_true",
                         help="the first split pass's logits path alone: its general path (penalties, non-finite "

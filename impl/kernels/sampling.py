@@ -37,11 +37,11 @@ import triton.language as tl
 from runnercheck.impl.kernels.rng import gumbel_noise, noise_exp_lower, noise_hi_chunk
 from runnercheck.impl.kernels.sampling_select import (
     EMPTY_CANDIDATE,
+    FLOAT32_MAX,
     OUTCOME_ALL,
     OUTCOME_BRACKET,
     OUTCOME_EXACT,
     gather_candidates,
-    FLOAT32_MAX,
     load_row_scores,
     narrow_threshold,
     next_float_up,

@@ -160,9 +160,9 @@ def default_selection_config(device: Device, candidate_capacity: int | None = No
         # 111.5 us at 80 against 117.0 at 88, 117.2 at 96, 127.6 at 112 and 143.4 uncapped, temp+top-k+top-p 173.6
         # against 177.1 at 96, all filters + penalties 234.5 against 237.6 at 96.  The select pass runs one program
         # per chunk: at 256 rows (38,912) they took 24.1 us of the temperature rows' 207.7 us on an H100 (run 150,
-        # torch.profiler) doing nothing, those rows exit at once.  Grouped chunks (select_programs=4096, its loop at 102 registers a
-        # thread against 64) trade that for the filtered rows' reads: in the same run temperature 187.3 us,
-        # temp+top-k+top-p 214.9 us against 205.2 -- not the default.
+        # torch.profiler) doing nothing, those rows exit at once.  Grouped chunks (select_programs=4096, its loop at
+        # 102 registers a thread against 64) trade that for the filtered rows' reads: in the same run temperature
+        # 187.3 us, temp+top-k+top-p 214.9 us against 205.2 -- not the default.
         config = SelectionConfig(block=1024, narrow_block=256, candidates=1024, chunk=1024, slots=16,
                                  logprobs_chunk=4096, logprobs_warps=8, logprobs_sub=128, logprobs_candidates=128,
                                  logprobs_maxnreg=64, greedy_sub=2048, greedy_warps=16, greedy_programs=256,
